@@ -1,0 +1,1 @@
+"""One module per ``powerflow`` subcommand; each exposes ``register(subparsers)``."""

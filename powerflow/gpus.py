@@ -1,0 +1,68 @@
+"""GPU types: the hardware facts the models and the policy depend on.
+
+A ``GpuSpec`` is plain data. Adding a GPU type means adding one constant and
+registering it in ``GPU_SPECS``; nothing else in the core names a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from powerflow.errors import DataError
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Static facts of one GPU type.
+
+    ``f0_mhz`` is the voltage knee of the paper's energy model: below it the
+    core voltage is flat (dynamic power linear in f), above it voltage rises
+    with f (dynamic power cubic in f).
+    """
+
+    name: str
+    clocks_mhz: tuple[int, ...]
+    default_clock_mhz: int
+    idle_power_w: float
+    max_power_w: float
+    f0_mhz: int
+
+    def __post_init__(self) -> None:
+        if not self.clocks_mhz or list(self.clocks_mhz) != sorted(set(self.clocks_mhz)):
+            raise DataError(f"{self.name}: clocks must be strictly increasing")
+        if self.default_clock_mhz not in self.clocks_mhz:
+            raise DataError(f"{self.name}: default clock {self.default_clock_mhz} not supported")
+        if not self.clocks_mhz[0] <= self.f0_mhz <= self.clocks_mhz[-1]:
+            raise DataError(f"{self.name}: f0 {self.f0_mhz} outside the clock range")
+        if not 0 < self.idle_power_w < self.max_power_w:
+            raise DataError(f"{self.name}: need 0 < idle power < max power")
+
+    @property
+    def min_clock_mhz(self) -> int:
+        return self.clocks_mhz[0]
+
+    @property
+    def max_clock_mhz(self) -> int:
+        return self.clocks_mhz[-1]
+
+
+# A100 SXM4 40GB: 15 MHz steps from 210 to 1410 MHz, 52-53 W idle at the
+# lowest clock, 400 W board limit (nvidia-smi -q, see powerflow/data/README.md).
+A100 = GpuSpec(
+    name="A100",
+    clocks_mhz=tuple(range(210, 1411, 15)),
+    default_clock_mhz=1410,
+    idle_power_w=52.5,
+    max_power_w=400.0,
+    f0_mhz=1050,
+)
+
+GPU_SPECS: dict[str, GpuSpec] = {A100.name: A100}
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """Look up a GPU type by name (case-insensitive), with a clear error."""
+    for key, spec in GPU_SPECS.items():
+        if key.lower() == name.lower():
+            return spec
+    raise DataError(f"unknown GPU type {name!r}; known: {', '.join(sorted(GPU_SPECS))}")

@@ -1,0 +1,126 @@
+"""Plain data in and out of every scheduling policy.
+
+A policy (PowerFlow and each baseline) is an object with one method,
+``plan(snapshot) -> Plan``. The snapshot is frozen and self-contained: it
+carries the time (``now_s``) and each job's performance model, so a policy
+never reads a clock, NVML or the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from powerflow.gpus import GpuSpec
+from powerflow.models.protocol import PerfModel
+
+GpuSlot = tuple[str, int]
+"""One GPU: (node name, GPU index on that node)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the cluster."""
+
+    name: str
+    gpus: int
+    gpu: GpuSpec
+    powered_on: bool = True
+
+
+@dataclass(frozen=True)
+class Job:
+    """One active (submitted, unfinished) training job as the policy sees it.
+
+    ``placement`` and ``frequency_mhz`` describe what the job runs on right
+    now (empty and ``None`` while it waits). ``pinned`` asks the policy to keep
+    the job's current GPUs as they are (e.g. while it is profiling a new GPU
+    count or restarting from a checkpoint).
+    """
+
+    id: str
+    model: PerfModel
+    remaining_iterations: float
+    global_batch_size: int
+    requested_gpus: int
+    arrival_s: float
+    elapsed_s: float = 0.0
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    max_local_batch_size: int | None = None
+    placement: tuple[GpuSlot, ...] = ()
+    frequency_mhz: int | None = None
+    attained_gpu_s: float = 0.0
+    model_name: str | None = None
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The admin's power budget.
+
+    Precedence: an absolute ``limit_watts`` wins over ``eta``. With ``eta``
+    the limit is ``eta * G * p_max_watts`` (paper §5.2), ``G`` all GPUs of the
+    cluster; ``p_max_watts`` defaults to the policy's estimate of a training
+    job's average GPU power at the highest clock.
+    """
+
+    eta: float | None = None
+    limit_watts: float | None = None
+    p_max_watts: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a policy may look at to make one decision."""
+
+    nodes: tuple[Node, ...]
+    jobs: tuple[Job, ...]
+    budget: Budget
+    now_s: float
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What one job should run on. ``gpus == 0`` means it waits."""
+
+    job_id: str
+    gpus: int
+    frequency_mhz: int
+    local_batch_size: int
+    placement: tuple[GpuSlot, ...] = ()
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A running job whose GPUs change although its GPU count may not."""
+
+    job_id: str
+    source: tuple[GpuSlot, ...]
+    target: tuple[GpuSlot, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A policy's decision for the whole cluster."""
+
+    jobs: tuple[JobPlan, ...]
+    limit_watts: float
+    predicted_watts: float
+    powered_down_nodes: tuple[str, ...] = ()
+    migrations: tuple[Migration, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def job(self, job_id: str) -> JobPlan:
+        for jp in self.jobs:
+            if jp.job_id == job_id:
+                return jp
+        raise KeyError(job_id)
+
+
+class Policy(Protocol):
+    """Every scheduler: PowerFlow, its ablations and the baselines."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        """Decide GPUs, clock, local batch and placement for every job."""
+        ...
