@@ -8,7 +8,9 @@ and every fitting routine consumes it.
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -61,3 +63,66 @@ class Samples:
                 for col in ("n", "r", "bs", "f", "step_time_s", "energy_j")
             )
         )
+
+
+CSV_COLUMNS: tuple[str, ...] = (
+    "n",
+    "gpus_per_node",
+    "local_batch_size",
+    "frequency_mhz",
+    "step_time_s",
+    "energy_j",
+)
+"""Columns of a samples CSV, in ``Samples`` field order (extra columns are ignored)."""
+
+
+def read_samples_csv(path: Path, *, min_rows: int = 1) -> Samples:
+    """Load measured samples, refusing anything a fit would silently misread.
+
+    Every problem is one ``DataError`` naming the file and, where there is
+    one, the row (1-based, counting the header as row 1) and the column.
+    """
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in CSV_COLUMNS if c not in header]
+            if missing:
+                raise DataError(f"{path}: missing column(s) {', '.join(missing)}")
+            reader.fieldnames = header
+            rows = list(reader)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not a CSV file ({exc})") from exc
+    if len(rows) < min_rows:
+        raise DataError(f"{path}: {len(rows)} sample row(s); at least {min_rows} are needed")
+    values = np.empty((len(rows), len(CSV_COLUMNS)), dtype=np.float64)
+    for i, row in enumerate(rows):
+        for j, col in enumerate(CSV_COLUMNS):
+            cell = (row.get(col) or "").strip()
+            try:
+                v = float(cell)
+            except ValueError:
+                raise DataError(
+                    f"{path}: row {i + 2}, column {col}: {cell!r} is not a number"
+                ) from None
+            if not np.isfinite(v) or v <= 0:
+                raise DataError(
+                    f"{path}: row {i + 2}, column {col}: {cell!r} must be a positive finite number"
+                )
+            values[i, j] = v
+    bad = np.flatnonzero(values[:, 1] > values[:, 0])
+    if bad.size:
+        raise DataError(f"{path}: row {bad[0] + 2}: gpus_per_node exceeds n")
+    return Samples(*(values[:, j].copy() for j in range(len(CSV_COLUMNS))))
+
+
+def write_samples_csv(samples: Samples, path: Path) -> None:
+    """The inverse of ``read_samples_csv`` (for tools and tests)."""
+    cols = (samples.n, samples.r, samples.bs, samples.f, samples.step_time_s, samples.energy_j)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CSV_COLUMNS)
+        for row in zip(*cols, strict=True):
+            writer.writerow([repr(float(v)) for v in row])
