@@ -1,0 +1,246 @@
+"""The test emulator behaves as kube-apiserver does where our components depend on it.
+
+Each test pins one documented API-server behaviour, over real HTTP (httpx, and
+the official ``kubernetes`` client for the binding call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import kmock
+import kubernetes
+import pytest
+from support.kube_emulator import KubeEmulator
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+PODS = "/api/v1/namespaces/ns/pods"
+JOBS = "/apis/powerflow.io/v1alpha1/namespaces/ns/dljobs"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+JSONPATCH = {"Content-Type": "application/json-patch+json"}
+
+
+@pytest.fixture
+def emulator(kmock: KubeEmulator) -> KubeEmulator:
+    kmock.load_builtins()
+    kmock.declare("powerflow.io/v1alpha1/dljobs", "DLJob")
+    return kmock
+
+
+@pytest.fixture
+async def api(emulator: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=str(emulator.url)) as client:
+        yield client
+
+
+def pod(name: str, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+
+
+async def test_create_sets_server_fields_and_201(api: httpx.AsyncClient) -> None:
+    resp = await api.post(PODS, json=pod("a"))
+    assert resp.status_code == 201
+    meta = resp.json()["metadata"]
+    assert meta["namespace"] == "ns"
+    assert meta["uid"] and meta["creationTimestamp"].endswith("Z")
+    assert meta["generation"] == 1
+    assert int(meta["resourceVersion"]) > 0
+    again = await api.post(PODS, json=pod("a"))
+    assert again.status_code == 409
+    assert again.json()["reason"] == "AlreadyExists"
+
+
+async def test_generate_name(api: httpx.AsyncClient) -> None:
+    body = {"metadata": {"generateName": "ev-"}, "reason": "x"}
+    first = (await api.post("/api/v1/namespaces/ns/events", json=body)).json()
+    second = (await api.post("/api/v1/namespaces/ns/events", json=body)).json()
+    assert first["metadata"]["name"].startswith("ev-")
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+
+
+async def test_versions_increase_and_generation_tracks_spec_only(api: httpx.AsyncClient) -> None:
+    job = {"metadata": {"name": "j"}, "spec": {"iterations": 10}}
+    v0 = (await api.post(JOBS, json=job)).json()["metadata"]
+    label = {"metadata": {"labels": {"x": "1"}}}
+    v1 = (await api.patch(f"{JOBS}/j", json=label, headers=MERGE)).json()["metadata"]
+    spec = {"spec": {"iterations": 20}}
+    v2 = (await api.patch(f"{JOBS}/j", json=spec, headers=MERGE)).json()["metadata"]
+    status = {"status": {"phase": "Running"}}
+    v3 = (await api.patch(f"{JOBS}/j/status", json=status, headers=MERGE)).json()["metadata"]
+    rvs = [int(m["resourceVersion"]) for m in (v0, v1, v2, v3)]
+    assert rvs == sorted(set(rvs))
+    assert [m["generation"] for m in (v0, v1, v2, v3)] == [1, 1, 2, 2]
+    # a no-op patch writes nothing
+    v4 = (await api.patch(f"{JOBS}/j", json=spec, headers=MERGE)).json()["metadata"]
+    assert v4["resourceVersion"] == v3["resourceVersion"]
+
+
+async def test_status_subresource_split(api: httpx.AsyncClient) -> None:
+    created = await api.post(JOBS, json={"metadata": {"name": "j"}, "status": {"phase": "X"}})
+    assert "status" not in created.json()
+    both = {"spec": {"iterations": 5}, "status": {"phase": "Running"}}
+    main = (await api.patch(f"{JOBS}/j", json=both, headers=MERGE)).json()
+    assert main["spec"] == {"iterations": 5} and "status" not in main
+    other = {"spec": {"iterations": 9}, "status": {"phase": "Running"}}
+    sub = (await api.patch(f"{JOBS}/j/status", json=other, headers=MERGE)).json()
+    assert sub["spec"] == {"iterations": 5} and sub["status"] == {"phase": "Running"}
+
+
+async def test_stale_resource_version_conflicts(api: httpx.AsyncClient) -> None:
+    meta = (await api.post(PODS, json=pod("a"))).json()["metadata"]
+    await api.patch(f"{PODS}/a", json={"metadata": {"labels": {"x": "1"}}}, headers=MERGE)
+    stale = {"metadata": {"resourceVersion": meta["resourceVersion"], "labels": {"x": "2"}}}
+    assert (await api.patch(f"{PODS}/a", json=stale, headers=MERGE)).status_code == 409
+    put = pod("a") | {"metadata": {"name": "a", "resourceVersion": meta["resourceVersion"]}}
+    assert (await api.put(f"{PODS}/a", json=put)).status_code == 409
+
+
+async def test_json_patch_test_failure_is_422(api: httpx.AsyncClient) -> None:
+    meta = (await api.post(PODS, json=pod("a"))).json()["metadata"]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "nope"},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["f"]},
+    ]
+    assert (await api.patch(f"{PODS}/a", json=ops, headers=JSONPATCH)).status_code == 422
+    ops[0]["value"] = meta["resourceVersion"]
+    ok = await api.patch(f"{PODS}/a", json=ops, headers=JSONPATCH)
+    assert ok.status_code == 200 and ok.json()["metadata"]["finalizers"] == ["f"]
+
+
+async def test_put_replaces(api: httpx.AsyncClient) -> None:
+    created = (await api.post(PODS, json=pod("a", x="1"))).json()
+    body = pod("a", y="2") | {"metadata": {"name": "a", "labels": {"y": "2"}}}
+    replaced = (await api.put(f"{PODS}/a", json=body)).json()
+    assert replaced["metadata"]["labels"] == {"y": "2"}
+    assert replaced["metadata"]["uid"] == created["metadata"]["uid"]
+    assert (await api.put(f"{PODS}/missing", json=pod("missing"))).status_code == 404
+
+
+async def test_list_selectors_and_version(api: httpx.AsyncClient) -> None:
+    for name, role in (("a", "w"), ("b", "w"), ("c", "m")):
+        await api.post(PODS, json=pod(name, role=role))
+    listed = (await api.get(PODS, params={"labelSelector": "role=w"})).json()
+    assert sorted(o["metadata"]["name"] for o in listed["items"]) == ["a", "b"]
+    notin = (await api.get(PODS, params={"labelSelector": "role notin (w)"})).json()
+    assert [o["metadata"]["name"] for o in notin["items"]] == ["c"]
+    field = (await api.get(PODS, params={"fieldSelector": "metadata.name!=a"})).json()
+    assert sorted(o["metadata"]["name"] for o in field["items"]) == ["b", "c"]
+    last = max(int(o["metadata"]["resourceVersion"]) for o in listed["items"] + notin["items"])
+    assert int(listed["metadata"]["resourceVersion"]) >= last
+
+
+async def _watch(api: httpx.AsyncClient, n: int, **params: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    async with api.stream("GET", PODS, params={"watch": "true", **params}) as resp:
+        async for line in resp.aiter_lines():
+            if line.strip():
+                events.append(json.loads(line))
+            if len(events) >= n:
+                break
+    return events
+
+
+async def test_watch_resumes_from_version_without_replay(api: httpx.AsyncClient) -> None:
+    await api.post(PODS, json=pod("old"))
+    version = (await api.get(PODS)).json()["metadata"]["resourceVersion"]
+    await api.post(PODS, json=pod("new"))  # between list and watch: must not be lost
+    events = await asyncio.wait_for(_watch(api, 1, resourceVersion=version), 5)
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "new")]
+
+
+async def test_watch_without_version_sends_state_then_changes(api: httpx.AsyncClient) -> None:
+    await api.post(PODS, json=pod("a"))
+    task = asyncio.create_task(_watch(api, 3))
+    await asyncio.sleep(0.1)
+    await api.patch(f"{PODS}/a", json={"metadata": {"labels": {"x": "1"}}}, headers=MERGE)
+    await api.delete(f"{PODS}/a")
+    events = await asyncio.wait_for(task, 5)
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
+
+
+async def test_watch_timeout_seconds_ends_stream(api: httpx.AsyncClient) -> None:
+    events = await asyncio.wait_for(_watch(api, 1, timeoutSeconds="0.2", resourceVersion="1"), 5)
+    assert events == []
+
+
+async def test_binding_sets_node_once(emulator: KubeEmulator, api: httpx.AsyncClient) -> None:
+    await api.post(PODS, json=pod("a"))
+    config = kubernetes.client.Configuration(host=str(emulator.url))
+    with kubernetes.client.ApiClient(config) as client:
+        core = kubernetes.client.CoreV1Api(client)
+        body = kubernetes.client.V1Binding(
+            metadata=kubernetes.client.V1ObjectMeta(name="a", annotations={"k": "v"}),
+            target=kubernetes.client.V1ObjectReference(kind="Node", name="node-1"),
+        )
+
+        def bind() -> Any:
+            return core.create_namespaced_pod_binding("a", "ns", body, _preload_content=False)
+
+        resp = await asyncio.to_thread(bind)
+        assert resp.status == 201
+        assert json.loads(resp.read())["status"] == "Success"
+        resp.release_conn()
+        with pytest.raises(kubernetes.client.ApiException) as exc:
+            await asyncio.to_thread(bind)
+        assert exc.value.status == 409
+    bound = (await api.get(f"{PODS}/a")).json()
+    assert bound["spec"]["nodeName"] == "node-1"
+    assert bound["metadata"]["annotations"] == {"k": "v"}
+    assert emulator.objects["v1/pods", "ns", "a"] >= {"spec": {"nodeName": "node-1"}}
+
+
+async def test_binding_unknown_pod_is_404(api: httpx.AsyncClient) -> None:
+    body = {"metadata": {"name": "x"}, "target": {"kind": "Node", "name": "n"}}
+    assert (await api.post(f"{PODS}/x/binding", json=body)).status_code == 404
+
+
+async def test_finalizers_delay_deletion(api: httpx.AsyncClient) -> None:
+    await api.post(PODS, json=pod("a") | {"metadata": {"name": "a", "finalizers": ["f"]}})
+    marked = (await api.delete(f"{PODS}/a")).json()
+    assert marked["metadata"]["deletionTimestamp"]
+    assert (await api.get(f"{PODS}/a")).status_code == 200
+    await api.patch(f"{PODS}/a", json={"metadata": {"finalizers": None}}, headers=MERGE)
+    assert (await api.get(f"{PODS}/a")).status_code == 404
+
+
+async def test_delete_preconditions(api: httpx.AsyncClient) -> None:
+    await api.post(PODS, json=pod("a"))
+    body = {"preconditions": {"uid": "someone-else"}}
+    resp = await api.request("DELETE", f"{PODS}/a", json=body)
+    assert resp.status_code == 409
+    assert (await api.delete(f"{PODS}/missing")).status_code == 404
+
+
+async def test_garbage_collection_of_owned_objects(api: httpx.AsyncClient) -> None:
+    owner = (await api.post(JOBS, json={"metadata": {"name": "j"}})).json()
+    ref = {"apiVersion": "powerflow.io/v1alpha1", "kind": "DLJob", "name": "j"}
+    ref["uid"] = owner["metadata"]["uid"]
+    owned = pod("w") | {"metadata": {"name": "w", "ownerReferences": [ref]}}
+    await api.post(PODS, json=owned)
+    await api.post(PODS, json=pod("free"))
+    await api.delete(f"{JOBS}/j")
+    names = [o["metadata"]["name"] for o in (await api.get(PODS)).json()["items"]]
+    assert names == ["free"]
+
+
+async def test_seeded_objects_get_versions(emulator: KubeEmulator, api: httpx.AsyncClient) -> None:
+    emulator.objects["v1/pods", "ns", "seeded"] = pod("seeded")
+    fetched = (await api.get(f"{PODS}/seeded")).json()
+    assert int(fetched["metadata"]["resourceVersion"]) > 0
+
+
+def test_importable_as_support_package() -> None:
+    import support
+
+    assert support.KubeEmulator is KubeEmulator
+    assert issubclass(KubeEmulator, kmock.KubernetesEmulator)
