@@ -1,0 +1,117 @@
+"""The DLJob CRD is a valid, structural CRD, and the shipped examples satisfy it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from support.crd_schema import crd_validator
+
+from powerflow import contract
+
+ROOT = Path(__file__).resolve().parent.parent
+CRD = ROOT / "crds" / "dljob.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("*dljob*.yaml"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    return doc
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft4Validator:
+    return crd_validator(CRD, contract.VERSION)
+
+
+def test_crd_is_valid_kubernetes_strictly() -> None:
+    kubernetes_validate.validate(load(CRD), kubernetes_validate.latest_version(), strict=True)
+
+
+def test_crd_names_match_the_contract() -> None:
+    crd = load(CRD)
+    names = crd["spec"]["names"]
+    assert crd["metadata"]["name"] == f"{contract.PLURAL}.{contract.GROUP}"
+    assert crd["spec"]["group"] == contract.GROUP
+    assert (names["kind"], names["plural"]) == (contract.KIND, contract.PLURAL)
+    assert contract.SHORT_NAME in names["shortNames"]
+    assert crd["spec"]["scope"] == "Namespaced"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == contract.VERSION and "status" in version["subresources"]
+    columns = {c["name"] for c in version["additionalPrinterColumns"]}
+    assert {"Phase", "GPUs", "MHz", "Progress", "Watts", "Age"} <= columns
+
+
+def test_printer_columns_point_into_the_schema() -> None:
+    version = load(CRD)["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    for column in version["additionalPrinterColumns"]:
+        node = schema
+        path = column["jsonPath"].lstrip(".").split(".")
+        if path[0] == "metadata":
+            continue
+        for part in path:
+            node = node["properties"][part]
+        assert node["type"] in ("string", "integer", "number"), column
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate(path: Path, validator: jsonschema.Draft4Validator) -> None:
+    doc = load(path)
+    assert (doc["apiVersion"], doc["kind"]) == (contract.API_VERSION, contract.KIND)
+    validator.validate(doc)
+    # The embedded worker template must itself be a valid PodTemplateSpec.
+    pod_template = {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {"name": "t"},
+        "template": doc["spec"]["template"],
+    }
+    kubernetes_validate.validate(pod_template, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_examples_cover_resnet50_and_gpt2() -> None:
+    models = {load(p)["spec"].get("model") for p in EXAMPLES}
+    assert {"resnet50", "gpt2"} <= models
+
+
+def test_budget_configmap_example() -> None:
+    doc = load(ROOT / "examples" / "budget-configmap.yaml")
+    kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+    assert doc["metadata"]["name"] == contract.BUDGET_CONFIGMAP
+    assert "eta" in doc["data"] or "powerLimitWatts" in doc["data"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "why"),
+    [
+        (lambda s: s.pop("iterations"), "required"),
+        (lambda s: s["gpus"].update(requested=0), "minimum"),
+        (lambda s: s.update(globalBatchSize="64"), "type"),
+        (lambda s: s.update(gpuz=3), "unknown field"),
+        (lambda s: s["restart"].update(limit=-1), "minimum"),
+        (lambda s: s.update(model="bad name!"), "pattern"),
+    ],
+)
+def test_schema_rejects(mutate: Any, why: str, validator: jsonschema.Draft4Validator) -> None:
+    doc = copy.deepcopy(load(EXAMPLES[0]))
+    doc["spec"].setdefault("restart", {})
+    mutate(doc["spec"])
+    assert not validator.is_valid(doc), why
+
+
+def test_schema_rejects_unknown_phase(validator: jsonschema.Draft4Validator) -> None:
+    doc = load(EXAMPLES[0])
+    assert validator.is_valid(doc | {"status": {"phase": "Running"}})
+    assert not validator.is_valid(doc | {"status": {"phase": "Sleeping"}})
+
+
+def test_template_keeps_unknown_fields(validator: jsonschema.Draft4Validator) -> None:
+    doc = load(EXAMPLES[0])
+    doc["spec"]["template"]["spec"]["anythingGoes"] = {"x": 1}
+    assert validator.is_valid(doc)
