@@ -48,13 +48,17 @@ class GpuSpec:
 
 # A100 SXM4 40GB: 15 MHz steps from 210 to 1410 MHz, 52-53 W idle at the
 # lowest clock, 400 W board limit (nvidia-smi -q, see powerflow/data/README.md).
+# f0 = 1095 MHz is where the Perseus A100 sweep's dynamic power (power minus
+# idle) bends from slope 0.99 to 2.55 in log-log (flat voltage below, rising
+# above); powerflow.groundtruth.frequency.voltage_knee_mhz recomputes it and
+# tests/test_groundtruth.py checks the two agree.
 A100 = GpuSpec(
     name="A100",
     clocks_mhz=tuple(range(210, 1411, 15)),
     default_clock_mhz=1410,
     idle_power_w=52.5,
     max_power_w=400.0,
-    f0_mhz=1050,
+    f0_mhz=1095,
 )
 
 GPU_SPECS: dict[str, GpuSpec] = {A100.name: A100}
