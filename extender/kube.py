@@ -1,0 +1,225 @@
+"""The few Kubernetes API calls the extender makes, over one async httpx client.
+
+Async end to end, so a bind or a watch never blocks the event loop that
+answers the scheduler. The kubeconfig (or in-cluster service account) is read
+with the ``kubernetes`` client's loaders, which know every auth flavour; the
+requests themselves go through httpx.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from powerflow.errors import PowerFlowError
+
+NODES_PATH = "/api/v1/nodes"
+PODS_PATH = "/api/v1/pods"
+
+
+class ApiError(PowerFlowError):
+    """The API server refused a request (``status`` is its HTTP code)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ApiUnreachable(ApiError):
+    """No answer from the API server at all (connection refused, timeout, TLS)."""
+
+
+class WatchExpired(ApiError):
+    """The watch's resourceVersion is too old (410 Gone): relist."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the API server is and how to authenticate to it."""
+
+    host: str
+    ssl_context: ssl.SSLContext | None = None
+    token: Callable[[], str | None] | None = None
+
+
+def load_connection(kubeconfig: str | None = None, in_cluster: bool = False) -> Connection:
+    """Read a kubeconfig file (default: ``$KUBECONFIG``/``~/.kube/config``) or the pod's account.
+
+    Raises ``ApiUnreachable`` when there is no usable configuration, so that
+    the extender can start anyway and say why it is not ready.
+    """
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    cfg = k8s_client.Configuration()
+    try:
+        if in_cluster:
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        else:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
+        where = "in-cluster service account" if in_cluster else (kubeconfig or "default kubeconfig")
+        raise ApiUnreachable(f"no Kubernetes configuration ({where}): {exc}") from exc
+    context: ssl.SSLContext | None = None
+    if cfg.host.startswith("https"):
+        context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+        if not cfg.verify_ssl:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if cfg.cert_file:
+            context.load_cert_chain(cfg.cert_file, cfg.key_file)
+
+    def token() -> str | None:
+        value: str | None = cfg.get_api_key_with_prefix("authorization")
+        return value
+
+    return Connection(host=cfg.host.rstrip("/"), ssl_context=context, token=token)
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return response.reason_phrase
+
+
+class KubeApi:
+    """List, watch, get, bind and patch: everything the extender asks of the API server."""
+
+    def __init__(self, connection: Connection, timeout_s: float = 10.0) -> None:
+        self.connection = connection
+        self._client = httpx.AsyncClient(
+            base_url=connection.host,
+            verify=connection.ssl_context or True,
+            timeout=httpx.Timeout(timeout_s),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        token = self.connection.token() if self.connection.token else None
+        return {"Authorization": token} if token else {}
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {**self._headers(), **kwargs.pop("headers", {})}
+        try:
+            return await self._client.request(method, path, headers=headers, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiUnreachable(
+                f"Kubernetes API {self.connection.host} unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = await self._request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise ApiError(
+                f"{method} {path}: {response.status_code} {_message(response)}",
+                response.status_code,
+            )
+        body = response.json()
+        return body if isinstance(body, dict) else {}
+
+    async def list(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        """All objects at ``path`` and the list's resourceVersion to watch from."""
+        body = await self._json("GET", path)
+        items = body.get("items") or []
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return [i for i in items if isinstance(i, dict)], version
+
+    async def watch(
+        self, path: str, resource_version: str, timeout_s: int = 300
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Events after ``resource_version`` until the server ends the watch."""
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        try:
+            async with self._client.stream(
+                "GET",
+                path,
+                params=params,
+                headers=self._headers(),
+                timeout=httpx.Timeout(10.0, read=timeout_s + 30.0),
+            ) as response:
+                if response.status_code == 410:
+                    raise WatchExpired(f"watch {path}: resourceVersion too old", 410)
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise ApiError(
+                        f"watch {path}: {response.status_code} {_message(response)}",
+                        response.status_code,
+                    )
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object")
+                    if kind == "ERROR":
+                        code = int((obj or {}).get("code") or 0)
+                        if code == 410:
+                            raise WatchExpired(f"watch {path}: {_status_message(obj)}", 410)
+                        raise ApiError(f"watch {path}: {_status_message(obj)}", code)
+                    if isinstance(kind, str) and isinstance(obj, dict):
+                        yield kind, obj
+        except httpx.HTTPError as exc:
+            raise ApiUnreachable(
+                f"watch {path} on {self.connection.host} broke: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._json("GET", _pod_path(namespace, name))
+
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]
+    ) -> int:
+        """POST the pod's ``binding``; returns the status code (201, or 409 when already bound)."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        if annotations:
+            metadata["annotations"] = annotations
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        response = await self._request("POST", _pod_path(namespace, name) + "/binding", json=body)
+        if response.status_code in (200, 201, 409):
+            return response.status_code
+        raise ApiError(
+            f"binding {namespace}/{name} to {node}: {response.status_code} {_message(response)}",
+            response.status_code,
+        )
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        await self._json(
+            "PATCH",
+            _pod_path(namespace, name),
+            content=json.dumps({"metadata": {"annotations": annotations}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+
+
+def _status_message(obj: Any) -> str:
+    if isinstance(obj, dict) and isinstance(obj.get("message"), str):
+        return str(obj["message"])
+    return "error event"

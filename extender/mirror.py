@@ -1,0 +1,89 @@
+"""Keeps the extender's ``ClusterState`` equal to the cluster: list, watch, relist.
+
+The informer pattern without client-go: list nodes and pods, replace the
+state, then watch both from the lists' resourceVersions; a watch that the
+server ends is resumed from the last version seen, a 410 or a broken
+connection leads to a fresh list. While the API cannot be reached the state
+is marked not synced (``/readyz`` fails and PowerFlow pods get an ``Error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .kube import NODES_PATH, PODS_PATH, ApiError, KubeApi, WatchExpired
+from .state import ClusterState
+
+log = logging.getLogger(__name__)
+
+Apply = Callable[[Any], None]
+
+
+class Mirror:
+    """The background task that feeds the state from the API server."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        state: ClusterState,
+        *,
+        watch_timeout_s: int = 300,
+        backoff_s: tuple[float, float] = (0.5, 30.0),
+    ) -> None:
+        self.api = api
+        self.state = state
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff_s = backoff_s
+        self.relists = 0
+
+    async def run(self) -> None:
+        """Mirror forever; cancel the task to stop."""
+        delay = self.backoff_s[0]
+        while True:
+            listed = self.relists
+            try:
+                await self._list_and_watch()
+            except Exception as exc:  # noqa: BLE001 - the mirror must outlive any one failure
+                first = _first(exc)
+                if isinstance(first, WatchExpired):
+                    log.info("watch expired; relisting")
+                    continue
+                reason = str(first) if isinstance(first, ApiError) else f"{first!r}"
+                self.state.mark_unsynced(reason)
+                log.warning("Kubernetes API: %s; retrying in %.1f s", reason, delay)
+            if self.relists != listed:
+                delay = self.backoff_s[0]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff_s[1])
+
+    async def _list_and_watch(self) -> None:
+        nodes, node_version = await self.api.list(NODES_PATH)
+        pods, pod_version = await self.api.list(PODS_PATH)
+        self.state.replace(nodes, pods)
+        self.relists += 1
+        async with asyncio.TaskGroup() as group:
+            group.create_task(
+                self._watch(NODES_PATH, node_version, self.state.upsert_node, self.state.delete_node)
+            )
+            group.create_task(
+                self._watch(PODS_PATH, pod_version, self.state.upsert_pod, self.state.delete_pod)
+            )
+
+    async def _watch(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
+        while True:
+            async for kind, obj in self.api.watch(path, version, self.watch_timeout_s):
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind in ("ADDED", "MODIFIED"):
+                    upsert(obj)
+                elif kind == "DELETED":
+                    delete(obj)
+
+
+def _first(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (the task group wraps the watches' errors)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

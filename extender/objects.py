@@ -1,0 +1,189 @@
+"""Pure readers of Pod and Node bodies: the few fields the extender decides on.
+
+Kubernetes bodies arrive as plain dicts (from the scheduler or the API);
+every reader here tolerates missing or mistyped fields, because a malformed
+object must end in a clear answer, never in an exception deep in a route.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from powerflow.contract import (
+    GENERATION_ANNOTATION,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    JOB_LABEL,
+    PLACEMENT_ANNOTATION,
+    WORKERS_ANNOTATION,
+)
+from powerflow.errors import PlacementError
+from powerflow.policy.snapshot import GpuSlot
+
+Body = dict[str, Any]
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, order=True)
+class GangKey:
+    """One gang: the workers of one job's allocation (a rescale starts a new gang)."""
+
+    namespace: str
+    job: str
+    generation: str = ""
+
+    def __str__(self) -> str:
+        suffix = f"@{self.generation}" if self.generation else ""
+        return f"{self.namespace}/{self.job}{suffix}"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the extender keeps of a pod: enough to count GPUs and rebuild gangs."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    gpus: int
+    gang: GangKey | None
+    workers: int
+    block: tuple[GpuSlot, ...]
+    terminal: bool
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.node)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _quantity(value: Any) -> int:
+    """An extended-resource quantity (whole units; ``"8"``, ``8``, ``"8.0"``)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) and number > 0 else 0
+
+
+def name_of(body: Any) -> str:
+    name = _dict(_dict(body).get("metadata")).get("name")
+    return name if isinstance(name, str) else ""
+
+
+def node_gpus(node: Any) -> int:
+    """GPUs the kubelet offers to pods (``allocatable``, else ``capacity``)."""
+    status = _dict(_dict(node).get("status"))
+    for field in ("allocatable", "capacity"):
+        resources = _dict(status.get(field))
+        if GPU_RESOURCE in resources:
+            return _quantity(resources[GPU_RESOURCE])
+    return 0
+
+
+def node_product(node: Any) -> str:
+    label = _dict(_dict(_dict(node).get("metadata")).get("labels")).get(GPU_PRODUCT_LABEL)
+    return label if isinstance(label, str) else ""
+
+
+def node_unschedulable(node: Any) -> bool:
+    return bool(_dict(_dict(node).get("spec")).get("unschedulable"))
+
+
+def pod_gpus(pod: Any) -> int:
+    """GPUs a pod asks for: the sum over its containers (limits win, as for extended resources)."""
+    spec = _dict(_dict(pod).get("spec"))
+    total = 0
+    containers = spec.get("containers")
+    for container in containers if isinstance(containers, list) else []:
+        resources = _dict(_dict(container).get("resources"))
+        limits, requests = _dict(resources.get("limits")), _dict(resources.get("requests"))
+        total += _quantity(limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE)))
+    return total
+
+
+def job_of(pod: Any) -> str | None:
+    """The owning DLJob's name, or ``None`` for a pod that is not PowerFlow's."""
+    job = _dict(_dict(_dict(pod).get("metadata")).get("labels")).get(JOB_LABEL)
+    return job if isinstance(job, str) and job else None
+
+
+def gang_of(pod: Any) -> GangKey | None:
+    job = job_of(pod)
+    if job is None:
+        return None
+    meta = _dict(_dict(pod).get("metadata"))
+    namespace = meta.get("namespace")
+    generation = _dict(meta.get("annotations")).get(GENERATION_ANNOTATION, "")
+    return GangKey(
+        namespace if isinstance(namespace, str) and namespace else "default",
+        job,
+        generation if isinstance(generation, str) else str(generation),
+    )
+
+
+def workers_of(pod: Any) -> int:
+    """The gang size from the operator's annotation; a pod without it is a gang of one."""
+    raw = _dict(_dict(_dict(pod).get("metadata")).get("annotations")).get(WORKERS_ANNOTATION)
+    if raw is None:
+        return 1
+    try:
+        workers = int(str(raw).strip())
+    except ValueError as exc:
+        raise PlacementError(f"annotation {WORKERS_ANNOTATION}={raw!r} is not an integer") from exc
+    if workers < 1:
+        raise PlacementError(f"annotation {WORKERS_ANNOTATION}={raw!r} must be at least 1")
+    return workers
+
+
+def placement_annotation(node: str, block: tuple[GpuSlot, ...]) -> str:
+    """The ``powerflow.io/placement`` value: the pod's node and its gang's whole block."""
+    return json.dumps({"node": node, "block": [[n, i] for n, i in block]}, separators=(",", ":"))
+
+
+def parse_block(raw: Any) -> tuple[GpuSlot, ...]:
+    """The block recorded on a bound pod; empty when absent or unreadable (then it counts by GPUs)."""
+    if not isinstance(raw, str):
+        return ()
+    try:
+        block = json.loads(raw).get("block")
+        slots = tuple((str(n), int(i)) for n, i in block)
+    except (ValueError, TypeError, AttributeError):
+        return ()
+    return slots
+
+
+def pod_info(pod: Any) -> PodInfo:
+    """Read a pod body; PowerFlow-specific fields stay empty for other pods."""
+    body = _dict(pod)
+    meta, spec = _dict(body.get("metadata")), _dict(body.get("spec"))
+    gang = gang_of(body)
+    node = spec.get("nodeName")
+    phase = _dict(body.get("status")).get("phase")
+    try:
+        workers = workers_of(body) if gang else 1
+    except PlacementError:
+        workers = 1
+    annotations = _dict(meta.get("annotations"))
+    return PodInfo(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        node=node if isinstance(node, str) else "",
+        gpus=pod_gpus(body),
+        gang=gang,
+        workers=workers,
+        block=parse_block(annotations.get(PLACEMENT_ANNOTATION)) if gang else (),
+        terminal=phase in TERMINAL_PHASES,
+    )

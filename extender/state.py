@@ -1,0 +1,363 @@
+"""The extender's view of the cluster and its gang reservations; no I/O.
+
+Nodes and GPU-holding pods come in from the API watch (``upsert_*``,
+``delete_*``, ``replace``); the scheduler's questions go out as plain answers
+(``filter``, ``prioritize``, ``begin_bind``). Everything runs on one event
+loop, so no locks: a bind records its pod as *assumed* before it awaits the
+API, and the next filter already counts it.
+
+A gang's block is chosen by the core's placement module (buddy allocation
+with network packing) when its first worker is filtered, and written on each
+bound pod's ``powerflow.io/placement`` annotation; ``replace`` rebuilds the
+gangs from those annotations, so a restarted extender continues where the old
+one stopped. A gang that does not complete within ``ttl_s`` keeps only the
+GPUs of its bound workers; a late worker reserves what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from powerflow.errors import PlacementError
+from powerflow.policy.snapshot import GpuSlot
+
+from .objects import GangKey, PodInfo, node_gpus, node_product, pod_info
+from .objects import name_of as _name_of
+from .placing import choose_block
+from .wire import MAX_EXTENDER_PRIORITY
+
+PodKey = tuple[str, str]
+
+
+class NotSynced(PlacementError):
+    """The cache has not (or no longer) mirrored the cluster; deciding would be guessing."""
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    name: str
+    gpus: int
+    product: str
+
+
+@dataclass
+class Gang:
+    """A gang's reservation: its block, and which of its workers hold GPUs where."""
+
+    key: GangKey
+    block: tuple[GpuSlot, ...]
+    workers: int
+    created_s: float
+    assumed: dict[PodKey, tuple[str, int]] = field(default_factory=dict)
+    """Workers being bound (or bound but not yet seen by the watch): node and GPUs."""
+    expired: bool = False
+    started: bool = False
+    """A worker has been bound; once none is left, the gang has finished."""
+
+    def slots_on(self, node: str) -> int:
+        return sum(1 for n, _ in self.block if n == node)
+
+
+@dataclass(frozen=True)
+class FilterAnswer:
+    admitted: list[str]
+    failed: dict[str, str]
+
+
+class ClusterState:
+    """Nodes, GPU pods and gang reservations, with indexes kept for O(candidates) answers."""
+
+    def __init__(self, ttl_s: float = 120.0, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.ttl_s = ttl_s
+        self._clock = clock or time.monotonic
+        self.nodes: dict[str, NodeEntry] = {}
+        self.pods: dict[PodKey, PodInfo] = {}
+        self.gangs: dict[GangKey, Gang] = {}
+        self._bound_gpus: dict[str, int] = {}  # node -> GPUs of bound, running pods
+        self._members: dict[GangKey, dict[PodKey, str]] = {}  # bound pods of each gang
+        self.synced = False
+        self.expired_total = 0
+        self.unsynced_reason = "the Kubernetes API has not been listed yet"
+
+    # -- keeping the cache -----------------------------------------------------------------
+
+    def mark_synced(self) -> None:
+        self.synced, self.unsynced_reason = True, ""
+
+    def mark_unsynced(self, reason: str) -> None:
+        self.synced, self.unsynced_reason = False, reason
+
+    def replace(self, nodes: Iterable[Any], pods: Iterable[Any]) -> None:
+        """Take a full listing as the truth (startup and every relist)."""
+        self.nodes.clear()
+        self.pods.clear()
+        self._bound_gpus.clear()
+        self._members.clear()
+        for node in nodes:
+            self.upsert_node(node)
+        for pod in pods:
+            self._put_pod(pod_info(pod))
+        for key, gang in list(self.gangs.items()):
+            # In-memory reservations survive a relist, but a gang whose workers all
+            # went away while we were not watching has finished.
+            if gang.started and not gang.assumed and not self._members.get(key):
+                del self.gangs[key]
+        self._adopt_annotated()
+        self.mark_synced()
+
+    def upsert_node(self, body: Any) -> None:
+        name = _name_of(body)
+        if name:
+            self.nodes[name] = NodeEntry(name, node_gpus(body), node_product(body))
+
+    def delete_node(self, body: Any) -> None:
+        self.nodes.pop(_name_of(body), None)
+
+    def upsert_pod(self, body: Any) -> None:
+        info = pod_info(body)
+        self._put_pod(info)
+        if info.gang is not None and info.gang not in self.gangs and info.block and info.bound:
+            self._adopt_annotated()
+
+    def delete_pod(self, body: Any) -> None:
+        info = pod_info(body)
+        self._drop_pod(info.key)
+        self._release_if_done(info.gang)
+
+    def _put_pod(self, info: PodInfo) -> None:
+        self._drop_pod(info.key)
+        if info.terminal or (info.gang is None and info.gpus == 0):
+            self._release_if_done(info.gang)
+            return
+        self.pods[info.key] = info
+        if info.bound:
+            self._bound_gpus[info.node] = self._bound_gpus.get(info.node, 0) + info.gpus
+            if info.gang is not None:
+                self._members.setdefault(info.gang, {})[info.key] = info.node
+                gang = self.gangs.get(info.gang)
+                if gang is not None:
+                    gang.assumed.pop(info.key, None)
+                    gang.started = True
+
+    def _drop_pod(self, key: PodKey) -> None:
+        old = self.pods.pop(key, None)
+        if old is None or not old.bound:
+            return
+        left = self._bound_gpus.get(old.node, 0) - old.gpus
+        if left > 0:
+            self._bound_gpus[old.node] = left
+        else:
+            self._bound_gpus.pop(old.node, None)
+        if old.gang is not None:
+            members = self._members.get(old.gang, {})
+            members.pop(key, None)
+            if not members:
+                self._members.pop(old.gang, None)
+
+    def _release_if_done(self, key: GangKey | None) -> None:
+        """Forget a started gang once none of its workers holds GPUs (finished or rescaled).
+
+        A reservation whose first worker is still pending is kept until it binds
+        or expires.
+        """
+        gang = self.gangs.get(key) if key is not None else None
+        if gang is not None and gang.started and not gang.assumed and not self._members.get(key):
+            del self.gangs[gang.key]
+
+    def _adopt_annotated(self) -> None:
+        """Rebuild gangs from bound pods' placement annotations (restart, or another extender)."""
+        found: dict[GangKey, tuple[list[GpuSlot], int]] = {}
+        for info in self.pods.values():
+            if info.gang is None or not info.bound or not info.block or info.gang in self.gangs:
+                continue
+            slots, workers = found.setdefault(info.gang, ([], info.workers))
+            slots.extend(s for s in info.block if s not in slots)
+            found[info.gang] = (slots, max(workers, info.workers))
+        now = self._clock()
+        for key, (slots, workers) in found.items():
+            self.gangs[key] = Gang(key, tuple(slots), workers, created_s=now, started=True)
+
+    # -- reservations ----------------------------------------------------------------------
+
+    def expire(self) -> list[GangKey]:
+        """Shrink reservations of gangs that did not complete in time to their bound workers."""
+        now = self._clock()
+        expired = []
+        for key, gang in list(self.gangs.items()):
+            if gang.expired or now - gang.created_s < self.ttl_s or self._complete(gang):
+                continue
+            expired.append(key)
+            held = self._held_slots(gang)
+            if not held:
+                del self.gangs[key]
+            else:
+                gang.block, gang.expired = held, True
+        return expired
+
+    def _node_use(self, gang: Gang) -> dict[str, int]:
+        """GPUs the gang's bound and assumed workers take on each node."""
+        use: dict[str, int] = {}
+        members = self._members.get(gang.key, {})
+        for key, node in members.items():
+            use[node] = use.get(node, 0) + self.pods[key].gpus
+        for key, (node, gpus) in gang.assumed.items():
+            if key not in members:
+                use[node] = use.get(node, 0) + gpus
+        return use
+
+    def _placed(self, gang: Gang) -> dict[PodKey, str]:
+        """Where each bound or assumed worker of the gang is."""
+        placed = {key: node for key, (node, _) in gang.assumed.items()}
+        placed.update(self._members.get(gang.key, {}))
+        return placed
+
+    def _complete(self, gang: Gang) -> bool:
+        return len(self._placed(gang)) >= gang.workers
+
+    def _held_slots(self, gang: Gang) -> tuple[GpuSlot, ...]:
+        use = self._node_use(gang)
+        held: list[GpuSlot] = []
+        for node, gpus in use.items():
+            held.extend(sorted(s for s in gang.block if s[0] == node)[:gpus])
+        return tuple(held)
+
+    def used_slots(self, exclude: GangKey | None = None) -> tuple[dict[str, set[int]], dict[str, int]]:
+        """GPUs taken on each node: slots of live blocks, plus a count of GPUs outside any block."""
+        slots: dict[str, set[int]] = {}
+        covered: dict[str, int] = {}
+        for key, gang in self.gangs.items():
+            if key == exclude:
+                continue
+            for node, index in gang.block:
+                slots.setdefault(node, set()).add(index)
+            for node, gpus in self._node_use(gang).items():
+                covered[node] = covered.get(node, 0) + gpus
+        extra: dict[str, int] = {}
+        for node, gpus in self._bound_gpus.items():
+            # Bound GPUs not inside a live block: other pods, finished-reservation leftovers.
+            outside = gpus - covered.get(node, 0)
+            if outside > 0:
+                extra[node] = outside
+        return slots, extra
+
+    def reserve(self, key: GangKey, workers: int, gpus_per_pod: int) -> Gang:
+        """The gang's reservation, made now (or topped up, after expiry) if needed."""
+        gang = self.gangs.get(key)
+        if gang is not None and not gang.expired:
+            return gang
+        held = gang.block if gang is not None else ()
+        bound = len(self._placed(gang)) if gang is not None else 0
+        need = max(0, workers - bound) * gpus_per_pod
+        slots, extra = self.used_slots(exclude=key)
+        for node, index in held:
+            slots.setdefault(node, set()).add(index)
+        block = choose_block(self.nodes.values(), slots, extra, need) if need else ()
+        new = Gang(key, tuple(held) + tuple(block), workers, created_s=self._clock())
+        if gang is not None:
+            new.assumed, new.started = gang.assumed, gang.started
+        self.gangs[key] = new
+        return new
+
+    # -- the scheduler's questions ---------------------------------------------------------
+
+    def _gang_for(self, info: PodInfo) -> Gang:
+        if not self.synced:
+            raise NotSynced(f"PowerFlow cannot place this pod yet: {self.unsynced_reason}")
+        if info.gang is None or info.gpus < 1:
+            raise PlacementError(f"pod {info.namespace}/{info.name} is not a PowerFlow GPU worker")
+        self.expired_total += len(self.expire())
+        return self.reserve(info.gang, info.workers, info.gpus)
+
+    def room(self, gang: Gang) -> dict[str, int]:
+        """Free GPUs of the gang's block on each of its nodes."""
+        use = self._node_use(gang)
+        room: dict[str, int] = {}
+        for node, _ in gang.block:
+            room[node] = room.get(node, 0) + 1
+        return {node: slots - use.get(node, 0) for node, slots in room.items()}
+
+    def member_node(self, gang: Gang, info: PodInfo) -> str | None:
+        return self._placed(gang).get(info.key) or (info.node or None)
+
+    def filter(self, info: PodInfo, candidates: list[str]) -> FilterAnswer:
+        """Admit the candidates where the pod's gang block still has room for it."""
+        gang = self._gang_for(info)
+        placed = self.member_node(gang, info)
+        if placed is not None:
+            why = f"pod {info.namespace}/{info.name} is already placed on {placed}"
+            return FilterAnswer(
+                [n for n in candidates if n == placed],
+                {n: why for n in candidates if n != placed},
+            )
+        room = self.room(gang)
+        admitted: list[str] = []
+        failed: dict[str, str] = {}
+        outside = f"not in the GPU block reserved for gang {gang.key}"
+        full = f"the GPUs of gang {gang.key}'s block on this node are taken by its other workers"
+        for name in candidates:
+            free = room.get(name)
+            if free is None:
+                failed[name] = outside
+            elif free < info.gpus:
+                failed[name] = full
+            else:
+                admitted.append(name)
+        return FilterAnswer(admitted, failed)
+
+    def prioritize(self, info: PodInfo, candidates: list[str]) -> list[tuple[str, int]]:
+        """Prefer the fullest nodes of the block, so that a gang fills one node before the next."""
+        gang = self._gang_for(info)
+        room = self.room(gang)
+        in_flight: dict[str, int] = {}
+        for g in self.gangs.values():
+            for key, (node, gpus) in g.assumed.items():
+                if key not in self.pods or not self.pods[key].bound:
+                    in_flight[node] = in_flight.get(node, 0) + gpus
+        scores = []
+        for name in candidates:
+            entry = self.nodes.get(name)
+            if room.get(name, 0) < info.gpus or entry is None or entry.gpus == 0:
+                scores.append((name, 0))
+                continue
+            used = self._bound_gpus.get(name, 0) + in_flight.get(name, 0)
+            fullness = min(1.0, used / entry.gpus)
+            scores.append((name, 1 + math.floor((MAX_EXTENDER_PRIORITY - 1) * fullness)))
+        return scores
+
+    def begin_bind(self, info: PodInfo, node: str) -> Gang:
+        """Check the scheduler's pick against the block and count the pod there from now on."""
+        gang = self._gang_for(info)
+        placed = self.member_node(gang, info)
+        if placed is not None and placed != node:
+            raise PlacementError(
+                f"pod {info.namespace}/{info.name} is already placed on {placed}, not {node}"
+            )
+        if placed is None and self.room(gang).get(node, 0) < info.gpus:
+            raise PlacementError(
+                f"node {node} has no room left in the GPU block of gang {gang.key} "
+                f"for pod {info.namespace}/{info.name}"
+            )
+        gang.assumed[info.key] = (node, info.gpus)
+        return gang
+
+    def end_bind(self, info: PodInfo, node: str | None) -> None:
+        """The API answered: record the binding (``node``) or forget the attempt (``None``)."""
+        if info.gang is not None and info.gang in self.gangs:
+            self.gangs[info.gang].assumed.pop(info.key, None)
+        if node is not None and (info.gang is not None or info.gpus > 0):
+            self._put_pod(dataclasses.replace(info, node=node))
+
+    def gauges(self) -> Mapping[str, float]:
+        return {
+            "nodes": len(self.nodes),
+            "pods": len(self.pods),
+            "gangs": len(self.gangs),
+            "pending_gangs": sum(1 for g in self.gangs.values() if not self._complete(g)),
+        }
+
