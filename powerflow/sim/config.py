@@ -1,0 +1,73 @@
+"""The simulated cluster and the simulator's own knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from powerflow.errors import SimulationError
+from powerflow.gpus import A100, GpuSpec
+from powerflow.policy.snapshot import Node
+
+DEFAULT_NODES = 64
+DEFAULT_GPUS_PER_NODE = 8
+
+RESTART_S = 30.0
+"""Checkpoint-restart cost of a rescale, migration or resume. Published
+measurements put a stop-checkpoint-restart of a PyTorch data-parallel job at
+tens of seconds: Pollux (OSDI'21) reports 15-120 s per re-allocation, mostly
+container start and model load, and models it as a fixed delay; ElasticFlow
+and AFS assume similar fixed costs. 30 s is the lower-middle of that range,
+neither flattering elastic schedulers (which rescale often) nor punishing
+them."""
+
+INTERVAL_S = 300.0
+"""Periodic re-evaluation, besides arrivals, completions and profiling ends:
+short next to jobs lasting hours, long enough to keep policy calls cheap."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulator runs: cluster shape, costs, noise and seed.
+
+    ``noise`` is the relative (log-normal) noise of profiling measurements.
+    ``profile_clock_stride`` picks every k-th supported clock for a profiling
+    phase's slices (A100: 81 clocks; stride 4 gives 21 slices of ~11 s).
+    ``horizon_s`` stops a run that has not drained (a SimulationError).
+    """
+
+    nodes: int = DEFAULT_NODES
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    gpu: GpuSpec = A100
+    interval_s: float = INTERVAL_S
+    restart_s: float = RESTART_S
+    noise: float = 0.03
+    seed: int = 0
+    profile_clock_stride: int = 4
+    horizon_s: float = 120 * 86400.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise SimulationError("the cluster needs at least one node with one GPU")
+        if self.interval_s <= 0 or self.restart_s < 0 or self.noise < 0:
+            raise SimulationError("interval must be positive, restart cost and noise >= 0")
+        if self.profile_clock_stride < 1:
+            raise SimulationError("profile clock stride must be >= 1")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_names(self) -> tuple[str, ...]:
+        width = len(str(self.nodes - 1))
+        return tuple(f"node-{i:0{width}d}" for i in range(self.nodes))
+
+    def make_nodes(self, powered_down: frozenset[str] = frozenset()) -> tuple[Node, ...]:
+        return tuple(
+            Node(name, self.gpus_per_node, self.gpu, name not in powered_down)
+            for name in self.node_names()
+        )
+
+    @property
+    def profile_clocks_mhz(self) -> tuple[int, ...]:
+        clocks = self.gpu.clocks_mhz[:: -self.profile_clock_stride][::-1]
+        return tuple(clocks)

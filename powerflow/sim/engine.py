@@ -1,0 +1,526 @@
+"""The event-driven engine: replays a trace on simulated "real GPUs".
+
+Simulated time jumps from event to event: arrivals (batched per instant),
+the end of a pre-run, a checkpoint restart or a profiling phase, a
+completion, and a periodic re-evaluation. Between events every job's rate is
+constant, so progress and energy are exact integrals. At each scheduling
+event the engine is the ``Backend`` of ``schedule_once``: it builds a
+snapshot, the policy plans, the engine applies the plan. It decides nothing
+itself; what differs between schedulers comes from their ``Configured``
+(budget and profiling), never from their names.
+
+Accounting. A job computing on ``n`` GPUs draws the ground truth's
+``E_iter / T_iter`` at its actual (n, r, bs, f); GPUs time-sliced between
+jobs give each job an equal share (its throughput and its power scale by
+``1/k`` on a GPU shared by ``k`` jobs, so a GPU's energy is counted once).
+Every GPU of a powered-on node not computing (free, or held by a job that is
+restarting) draws idle power; powered-down nodes draw nothing. The offline
+pre-run's energy is counted apart from the cluster's power series.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerflow.backend import schedule_once
+from powerflow.errors import SimulationError
+from powerflow.models.samples import Samples
+from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
+from powerflow.schedulers import Configured
+from powerflow.sim.config import SimConfig
+from powerflow.sim.jobs import Phase, SimJob
+from powerflow.sim.learning import FittedLearner, Learner, OracleLearner
+from powerflow.sim.rates import TruthRates
+from powerflow.sim.result import JobRecord, RunResult, Series
+from powerflow.sim.trace import TraceJob
+from powerflow.sim.world import World
+
+EPS = 1e-6
+"""Events closer than this (seconds) are simultaneous."""
+
+
+@dataclass
+class _Totals:
+    active_j: float = 0.0
+    idle_j: float = 0.0
+    prerun_j: float = 0.0
+    busy_gpu_s: float = 0.0
+    held_gpu_s: float = 0.0
+    powered_gpu_s: float = 0.0
+    above_limit_s: float = 0.0
+    policy_calls: int = 0
+    policy_s: float = 0.0
+    events: int = 0
+
+
+class Simulation:
+    """One run of one configured scheduler over one trace on one cluster."""
+
+    def __init__(
+        self,
+        trace: tuple[TraceJob, ...],
+        configured: Configured,
+        config: SimConfig,
+        world: World,
+        learner: Learner | None = None,
+    ) -> None:
+        if not trace:
+            raise SimulationError("the trace has no jobs")
+        self.cfg = config
+        self.configured = configured
+        self.profiling = configured.profiling
+        self.world = world
+        self.rates = TruthRates(world.truth)
+        if learner is None:
+            learner = FittedLearner(config.gpu) if self.profiling.fitted_models else OracleLearner()
+        self.learner = learner
+        too_big = [j.job_id for j in trace if j.num_gpu > config.total_gpus]
+        if too_big:
+            raise SimulationError(
+                f"{len(too_big)} job(s) ask for more GPUs than the cluster's "
+                f"{config.total_gpus} (first: {too_big[0]})"
+            )
+        ordered = sorted(trace, key=lambda j: (j.submit_s, j.job_id))
+        self.jobs = [
+            SimJob(i, tj, self.rates.model(tj.model_name), config.seed)
+            for i, tj in enumerate(ordered)
+        ]
+        self._by_id = {j.trace.job_id: j for j in self.jobs}
+        self._next_arrival = 0
+        self._active: list[SimJob] = []  # submitted, not done
+        self._node_index = {name: i for i, name in enumerate(config.node_names())}
+        self._powered_down: frozenset[str] = frozenset()
+        self._nodes = config.make_nodes()
+        self._limit_w = math.inf
+        self._clocks = frozenset(config.gpu.clocks_mhz)
+        self.now = 0.0
+        self._totals = _Totals()
+        self._active_w = 0.0
+        self._busy_gpus = 0.0
+        self._held_gpus = 0
+        self._last_busy_s = 0.0
+        self._series: list[tuple[float, float, float, float, int, int, float]] = []
+
+    # ------------------------------------------------------------------ Backend
+
+    def snapshot(self) -> Snapshot:
+        jobs = tuple(self._view(j) for j in self._active if j.phase is not Phase.PRERUN)
+        return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
+
+    def apply(self, plan: Plan) -> None:
+        down = frozenset(plan.powered_down_nodes)
+        unknown = down - self._node_index.keys()
+        if unknown:
+            raise SimulationError(f"plan powers down unknown node(s) {sorted(unknown)}")
+        planned = {jp.job_id: jp for jp in plan.jobs}
+        for job in self._active:
+            if job.phase is Phase.PRERUN:
+                continue
+            jp = planned.pop(job.trace.job_id, None)
+            if jp is None or jp.gpus == 0:
+                self._release(job)
+                continue
+            self._check_slots(job, jp.placement, jp.gpus, down)
+            if jp.frequency_mhz not in self._clocks:
+                raise SimulationError(
+                    f"plan sets job {job.trace.job_id} to unsupported clock {jp.frequency_mhz}"
+                )
+            self._assign(job, jp.placement, jp.frequency_mhz, float(jp.local_batch_size))
+        if planned:
+            raise SimulationError(f"plan names job(s) not schedulable now: {sorted(planned)[:3]}")
+        if down != self._powered_down:
+            self._powered_down = down
+            self._nodes = self.cfg.make_nodes(down)
+        self._limit_w = plan.limit_watts if math.isfinite(plan.limit_watts) else math.inf
+
+    # ---------------------------------------------------------------- main loop
+
+    def run(self) -> RunResult:
+        started = time.perf_counter()
+        ordered = self.jobs
+        next_tick = math.inf
+        self.now = ordered[0].trace.submit_s
+        self._record()
+        while self._next_arrival < len(ordered) or self._active:
+            t_arrival = (
+                ordered[self._next_arrival].trace.submit_s
+                if self._next_arrival < len(ordered)
+                else math.inf
+            )
+            t_job = min((j.next_event_s for j in self._active), default=math.inf)
+            t_next = min(t_arrival, t_job, next_tick)
+            if t_next > self.cfg.horizon_s:
+                raise SimulationError(
+                    f"not drained by the horizon ({self.cfg.horizon_s:.0f} s): "
+                    f"{len(self._active)} job(s) left"
+                )
+            if not math.isfinite(t_next):
+                raise SimulationError("deadlock: jobs wait but no event is due")
+            self._advance(t_next)
+            self._totals.events += 1
+            trigger = self._arrivals()
+            for job in [j for j in self._active if j.next_event_s <= self.now + EPS]:
+                trigger |= self._job_event(job)
+            if next_tick <= self.now + EPS:
+                trigger = True
+            if trigger and any(j.phase is not Phase.PRERUN for j in self._active):
+                self._schedule()
+                next_tick = self.now + self.cfg.interval_s
+            elif next_tick <= self.now + EPS:
+                next_tick = self.now + self.cfg.interval_s
+            if not self._active:
+                next_tick = math.inf
+            self._refresh()
+            self._check_progress()
+        wall = time.perf_counter() - started
+        return self._result(wall)
+
+    def _check_progress(self) -> None:
+        """A policy that leaves an idle cluster idle while jobs wait never ends:
+        after two re-evaluations with nothing running and nothing to come, stop."""
+        if self._next_arrival < len(self.jobs) or self._held_gpus > 0:
+            self._last_busy_s = self.now
+            return
+        if any(j.phase is not Phase.QUEUED for j in self._active):
+            self._last_busy_s = self.now
+            return
+        if self._active and self.now - self._last_busy_s > 2 * self.cfg.interval_s:
+            raise SimulationError(
+                f"the policy leaves {len(self._active)} job(s) waiting on an idle cluster "
+                f"at t={self.now:.0f} s"
+            )
+
+    def _schedule(self) -> None:
+        t0 = time.perf_counter()
+        schedule_once(self.configured.policy, self)
+        self._totals.policy_s += time.perf_counter() - t0
+        self._totals.policy_calls += 1
+
+    # ------------------------------------------------------------------- events
+
+    def _arrivals(self) -> bool:
+        trigger = False
+        while (
+            self._next_arrival < len(self.jobs)
+            and self.jobs[self._next_arrival].trace.submit_s <= self.now + EPS
+        ):
+            job = self.jobs[self._next_arrival]
+            self._next_arrival += 1
+            self._active.append(job)
+            prerun = self.profiling.prerun_s
+            if prerun > 0:
+                job.phase = Phase.PRERUN
+                job.phase_end_s = job.next_event_s = self.now + prerun
+                _step, power = self.rates.sweep(
+                    job.trace.model_name,
+                    1,
+                    1,
+                    float(job.trace.global_batch_size),
+                    self.cfg.profile_clocks_mhz,
+                )
+                job.prerun_energy_j = power * prerun
+                self._totals.prerun_j += job.prerun_energy_j
+                job.samples.append(
+                    self.world.one_gpu_sweep(
+                        job.truth,
+                        float(job.trace.global_batch_size),
+                        rng=job.rng,
+                        noise=self.cfg.noise,
+                        duration_s=prerun,
+                    )
+                )
+            else:
+                trigger |= self._make_visible(job)
+        return trigger
+
+    def _make_visible(self, job: SimJob) -> bool:
+        job.phase = Phase.QUEUED
+        job.phase_end_s = job.next_event_s = math.inf
+        job.visible_s = self.now
+        samples = Samples.concat(job.samples) if job.samples else None
+        job.knowledge = self.learner.initial(job.trace.model_name, job.truth, samples)
+        return True
+
+    def _job_event(self, job: SimJob) -> bool:
+        if job.phase is Phase.PRERUN:
+            return self._make_visible(job)
+        if job.next_is_completion:
+            self._finish_profile(job, complete=False)
+            self._complete(job)
+            return True
+        if job.phase is Phase.RESTART:
+            self._start_compute(job)
+            return False
+        if job.phase is Phase.PROFILE:
+            self._finish_profile(job, complete=True)
+            job.phase = Phase.RUN
+            job.phase_end_s = math.inf
+            self._set_rates(job)
+            return True
+        raise SimulationError(f"job {job.trace.job_id}: unexpected event in phase {job.phase}")
+
+    def _complete(self, job: SimJob) -> None:
+        job.done_iters = job.trace.iterations
+        job.finish_s = self.now
+        job.phase = Phase.DONE
+        job.next_event_s = math.inf
+        job.placement = ()
+        job.n = 0
+        self._active.remove(job)
+
+    # --------------------------------------------------------------- transitions
+
+    def _check_slots(
+        self, job: SimJob, placement: tuple[GpuSlot, ...], gpus: int, down: frozenset[str]
+    ) -> None:
+        if len(placement) != gpus or len(set(placement)) != gpus:
+            raise SimulationError(
+                f"plan gives job {job.trace.job_id} {gpus} GPU(s) but places it on {placement}"
+            )
+        for node, index in placement:
+            if node not in self._node_index or not 0 <= index < self.cfg.gpus_per_node:
+                raise SimulationError(
+                    f"plan places job {job.trace.job_id} on no GPU {node}/{index}"
+                )
+            if node in down:
+                raise SimulationError(
+                    f"plan places job {job.trace.job_id} on powered-down node {node}"
+                )
+
+    def _release(self, job: SimJob) -> None:
+        if not job.holding:
+            return
+        self._finish_profile(job, complete=False)
+        job.preemptions += 1
+        job.phase = Phase.QUEUED
+        job.placement = ()
+        job.n = 0
+        job.phase_end_s = job.next_event_s = math.inf
+
+    def _assign(self, job: SimJob, placement: tuple[GpuSlot, ...], f: int, bs: float) -> None:
+        if job.holding and set(placement) == set(job.placement):
+            job.f = f
+            job.bs = bs
+            if job.phase is Phase.RUN:
+                self._set_rates(job)
+            return
+        restart = job.holding or job.started
+        if job.holding:
+            self._finish_profile(job, complete=False)
+            if len(placement) != job.n:
+                job.rescales += 1
+            else:
+                job.migrations += 1
+        job.placement = tuple(placement)
+        job.n = len(placement)
+        job.r = max(Counter(node for node, _ in placement).values())
+        job.f = f
+        job.bs = bs
+        if restart and self.cfg.restart_s > 0:
+            job.restarts += 1
+            job.phase = Phase.RESTART
+            job.phase_end_s = self.now + self.cfg.restart_s
+            job.step_s, job.power_w = math.inf, 0.0
+        else:
+            self._start_compute(job)
+
+    def _start_compute(self, job: SimJob) -> None:
+        job.started = True
+        if self.profiling.profile_s > 0 and job.n not in job.profiled:
+            job.phase = Phase.PROFILE
+            job.profilings += 1
+            job.profile_start_s = self.now
+            job.phase_end_s = self.now + self.profiling.profile_s
+            job.profile_clocks = self.cfg.profile_clocks_mhz
+        else:
+            job.phase = Phase.RUN
+            job.phase_end_s = math.inf
+        self._set_rates(job)
+
+    def _set_rates(self, job: SimJob) -> None:
+        name = job.trace.model_name
+        if job.phase is Phase.PROFILE:
+            job.step_s, job.power_w = self.rates.sweep(
+                name, job.n, job.r, job.bs, job.profile_clocks
+            )
+        else:
+            job.step_s, job.power_w = self.rates.rate(name, job.n, job.r, job.bs, job.f)
+
+    def _finish_profile(self, job: SimJob, *, complete: bool) -> None:
+        """Collect the samples of the slices run so far; refit if any arrived."""
+        if job.phase is not Phase.PROFILE:
+            return
+        clocks = job.profile_clocks
+        slice_s = self.profiling.profile_s / len(clocks)
+        done = len(clocks) if complete else int((self.now - job.profile_start_s + EPS) // slice_s)
+        if complete:
+            job.profiled.add(job.n)
+        if done <= 0:
+            return
+        f = np.asarray(clocks[:done], dtype=np.float64)
+        job.samples.append(
+            self.world.measure(
+                job.truth,
+                np.full_like(f, job.n),
+                np.full_like(f, job.r),
+                np.full_like(f, job.bs),
+                f,
+                rng=job.rng,
+                noise=self.cfg.noise,
+            )
+        )
+        if job.knowledge is not None:
+            job.knowledge = self.learner.update(
+                job.trace.model_name, job.truth, job.knowledge, Samples.concat(job.samples)
+            )
+
+    # ---------------------------------------------------------------- accounting
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt < -EPS:
+            raise SimulationError(f"time went backwards: {self.now} -> {t}")
+        if dt > 0:
+            for job in self._active:
+                if job.holding:
+                    job.attained_gpu_s += job.n * dt
+                    job.run_s += dt
+                    if job.computing:
+                        job.done_iters += dt * job.share / job.step_s
+                        job.energy_j += dt * job.share * job.power_w
+            tot = self._totals
+            powered = self._powered_gpus()
+            idle_w = (powered - self._busy_gpus) * self.cfg.gpu.idle_power_w
+            tot.active_j += dt * self._active_w
+            tot.idle_j += dt * idle_w
+            tot.busy_gpu_s += dt * self._busy_gpus
+            tot.held_gpu_s += dt * self._held_gpus
+            tot.powered_gpu_s += dt * powered
+            if self._active_w + idle_w > self._limit_w * (1 + 1e-9):
+                tot.above_limit_s += dt
+        self.now = max(t, self.now)
+
+    def _powered_gpus(self) -> int:
+        return (self.cfg.nodes - len(self._powered_down)) * self.cfg.gpus_per_node
+
+    def _refresh(self) -> None:
+        """Recompute shares, cluster power and every job's next event."""
+        holders = [j for j in self._active if j.holding]
+        load: Counter[GpuSlot] = Counter()
+        for job in holders:
+            load.update(job.placement)
+        active_w = 0.0
+        busy = 0.0
+        for job in holders:
+            job.share = 1.0 / max(load[s] for s in job.placement)
+            if job.computing:
+                active_w += job.share * job.power_w
+                busy += job.share * job.n
+        self._active_w = active_w
+        self._busy_gpus = busy
+        self._held_gpus = len(load)
+        for job in self._active:
+            end = job.phase_end_s
+            job.next_is_completion = False
+            if job.computing:
+                finish = self.now + job.remaining * job.step_s / job.share
+                if finish <= end:
+                    end = finish
+                    job.next_is_completion = True
+            job.next_event_s = end
+        self._record()
+
+    def _record(self) -> None:
+        idle_w = (self._powered_gpus() - self._busy_gpus) * self.cfg.gpu.idle_power_w
+        point = (
+            self.now,
+            self._active_w + idle_w,
+            self._busy_gpus,
+            float(self._powered_gpus()),
+            self._held_gpus,
+            sum(1 for j in self._active if j.phase is Phase.QUEUED),
+            self._limit_w,
+        )
+        if self._series and self._series[-1][0] == self.now:
+            self._series[-1] = point
+        else:
+            self._series.append(point)
+
+    # ------------------------------------------------------------------- output
+
+    def _view(self, job: SimJob) -> Job:
+        """The policy's frozen view of a job, rebuilt only when it changed."""
+        knowledge = job.knowledge
+        assert knowledge is not None
+        key = (job.done_iters, job.placement, job.f, job.phase, id(knowledge.model), job.run_s)
+        if job.view is not None and key == job.view_key:
+            return job.view
+        tj = job.trace
+        job.view = Job(
+            id=tj.job_id,
+            model=knowledge.model,
+            remaining_iterations=max(job.remaining, 1e-9),
+            global_batch_size=tj.global_batch_size,
+            requested_gpus=tj.num_gpu,
+            arrival_s=tj.submit_s,
+            elapsed_s=job.run_s,
+            placement=job.placement,
+            frequency_mhz=job.f if job.holding else None,
+            attained_gpu_s=job.attained_gpu_s,
+            model_name=tj.model_name,
+            pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
+        )
+        job.view_key = key
+        return job.view
+
+    def _result(self, wall_s: float) -> RunResult:
+        records = tuple(
+            JobRecord(
+                job_id=j.trace.job_id,
+                model_name=j.trace.model_name,
+                requested_gpus=j.trace.num_gpu,
+                submit_s=j.trace.submit_s,
+                finish_s=j.finish_s,
+                energy_j=j.energy_j + j.prerun_energy_j,
+                attained_gpu_s=j.attained_gpu_s,
+                rescales=j.rescales,
+                migrations=j.migrations,
+                preemptions=j.preemptions,
+                restarts=j.restarts,
+                profilings=j.profilings,
+                fits=j.knowledge.fits if j.knowledge else 0,
+            )
+            for j in self.jobs
+        )
+        arr = np.asarray(self._series, dtype=np.float64)
+        series = Series(
+            t_s=arr[:, 0],
+            power_w=arr[:, 1],
+            busy_gpus=arr[:, 2],
+            powered_gpus=arr[:, 3],
+            held_gpus=arr[:, 4],
+            queued_jobs=arr[:, 5],
+            limit_w=arr[:, 6],
+        )
+        tot = self._totals
+        return RunResult(
+            jobs=records,
+            series=series,
+            total_gpus=self.cfg.total_gpus,
+            active_energy_j=tot.active_j,
+            idle_energy_j=tot.idle_j,
+            prerun_energy_j=tot.prerun_j,
+            busy_gpu_s=tot.busy_gpu_s,
+            held_gpu_s=tot.held_gpu_s,
+            powered_gpu_s=tot.powered_gpu_s,
+            above_limit_s=tot.above_limit_s,
+            policy_calls=tot.policy_calls,
+            policy_s=tot.policy_s,
+            events=tot.events,
+            wall_s=wall_s,
+        )

@@ -1,0 +1,67 @@
+"""Ground-truth step time and power per configuration, cached.
+
+The simulator asks for the same (model, n, r, bs, f) over and over (every
+job of a model at its usual GPU count); the ground truth is vectorised numpy,
+so one scalar call costs far more than a dict lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from powerflow.errors import SimulationError
+from powerflow.models.protocol import PerfModel
+
+Key = tuple[str, int, int, float, float]
+
+
+class TruthRates:
+    """``(step_time_s, power_w)`` of the "real GPUs" for one configuration.
+
+    ``power_w`` is the energy per iteration over the step time: the draw of
+    all ``n`` GPUs together while the job computes.
+    """
+
+    def __init__(self, truth: Callable[[str], PerfModel]) -> None:
+        self._truth = truth
+        self._models: dict[str, PerfModel] = {}
+        self._cache: dict[Key, tuple[float, float]] = {}
+        self._sweeps: dict[tuple[str, int, int, float, tuple[int, ...]], tuple[float, float]] = {}
+
+    def model(self, name: str) -> PerfModel:
+        found = self._models.get(name)
+        if found is None:
+            found = self._models[name] = self._truth(name)
+        return found
+
+    def rate(self, name: str, n: int, r: int, bs: float, f: float) -> tuple[float, float]:
+        key = (name, n, r, bs, f)
+        hit = self._cache.get(key)
+        if hit is None:
+            truth = self.model(name)
+            t = float(truth.step_time_s(n, r, bs, f))
+            e = float(truth.energy_per_iter_j(n, r, bs, f))
+            if not (t > 0 and e > 0 and np.isfinite(t) and np.isfinite(e)):
+                raise SimulationError(f"ground truth of {name} gives t={t}, e={e} at {key}")
+            hit = self._cache[key] = (t, e / t)
+        return hit
+
+    def sweep(
+        self, name: str, n: int, r: int, bs: float, clocks: Sequence[int]
+    ) -> tuple[float, float]:
+        """Effective step time and mean power over equal time slices per clock.
+
+        Equal slices make progress ``slice * sum(1/t_k)``, so the effective
+        step time is the harmonic mean of the per-clock step times.
+        """
+        key = (name, n, r, bs, tuple(clocks))
+        hit = self._sweeps.get(key)
+        if hit is None:
+            truth = self.model(name)
+            f = np.asarray(clocks, dtype=np.float64)
+            t = np.asarray(truth.step_time_s(n, r, bs, f), dtype=np.float64)
+            e = np.asarray(truth.energy_per_iter_j(n, r, bs, f), dtype=np.float64)
+            hit = self._sweeps[key] = (float(1.0 / np.mean(1.0 / t)), float(np.mean(e / t)))
+        return hit

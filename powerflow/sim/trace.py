@@ -1,0 +1,218 @@
+"""Job traces: load, validate and turn into the jobs the simulator replays.
+
+Work is measured in iterations (the paper's termination condition). The ITP
+trace carries ``num_iteration``; the Philly trace has only durations, so, as
+the paper does for its Alibaba subset, each job gets a (model, global batch)
+drawn at random (seeded) from the pool of measured settings and its iterations
+are the duration times the ground-truth throughput at its requested GPU count.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from powerflow.errors import DataError
+from powerflow.models.protocol import PerfModel
+
+ITP_TRACE = "elasticflow-itp-24h-1901jobs.csv"
+PHILLY_TRACE = "philly-24h-1903jobs.csv"
+
+ITP_COLUMNS = ("job_id", "submit_time", "num_gpu", "model_name", "global_batch_size")
+PHILLY_COLUMNS = ("job_id", "submit_time", "num_gpu", "duration")
+
+TruthFn = Callable[[str], PerfModel]
+"""Ground truth of one model name (``powerflow.groundtruth.ground_truth``)."""
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of a trace as the simulator replays it.
+
+    ``duration_s`` is what the trace says the job took at ``num_gpu`` GPUs in
+    its original cluster (``None`` for synthetic jobs); only used to check the
+    ground truth, never to drive the simulation.
+    """
+
+    job_id: str
+    submit_s: float
+    num_gpu: int
+    model_name: str
+    global_batch_size: int
+    iterations: float
+    duration_s: float | None = None
+
+
+def bundled_trace(name: str) -> Path:
+    """Path of a trace shipped in ``powerflow/data/traces``."""
+    ref = resources.files("powerflow") / "data" / "traces" / name
+    return Path(str(ref))
+
+
+def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """CSV header and rows, with a DataError for unreadable files."""
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            header = list(reader.fieldnames or [])
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"cannot read trace {path}: {exc}") from exc
+    if not rows:
+        raise DataError(f"trace {path} has no jobs")
+    return header, rows
+
+
+def _number(row: Mapping[str, str], col: str, line: int, path: Path) -> float:
+    try:
+        value = float(row[col])
+    except (TypeError, ValueError):
+        raise DataError(f"{path}:{line}: column {col!r} is not a number: {row[col]!r}") from None
+    if not np.isfinite(value):
+        raise DataError(f"{path}:{line}: column {col!r} is not finite")
+    return value
+
+
+def _require(header: Iterable[str], columns: Iterable[str], path: Path) -> None:
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise DataError(f"trace {path} lacks column(s): {', '.join(missing)}")
+
+
+def _check_common(submit: float, gpus: float, line: int, path: Path, max_gpus: int | None) -> None:
+    if submit < 0:
+        raise DataError(f"{path}:{line}: negative submit time {submit}")
+    if gpus < 1 or gpus != int(gpus):
+        raise DataError(f"{path}:{line}: num_gpu must be a positive integer, got {gpus}")
+    if max_gpus is not None and gpus > max_gpus:
+        raise DataError(f"{path}:{line}: job asks for {int(gpus)} GPUs, the cluster has {max_gpus}")
+
+
+def load_itp(
+    path: Path, known_models: Iterable[str], *, max_gpus: int | None = None
+) -> tuple[TraceJob, ...]:
+    """An ITP-format trace (with models, batch sizes and iteration counts)."""
+    header, rows = read_rows(path)
+    _require(header, (*ITP_COLUMNS, "num_iteration"), path)
+    known = set(known_models)
+    jobs = []
+    for line, row in enumerate(rows, start=2):
+        submit = _number(row, "submit_time", line, path)
+        gpus = _number(row, "num_gpu", line, path)
+        _check_common(submit, gpus, line, path, max_gpus)
+        model = row["model_name"].strip()
+        if model not in known:
+            raise DataError(f"{path}:{line}: unknown model {model!r}; known: {sorted(known)}")
+        gbs = _number(row, "global_batch_size", line, path)
+        iters = _number(row, "num_iteration", line, path)
+        if gbs < 1 or iters <= 0:
+            raise DataError(f"{path}:{line}: batch size and iterations must be positive")
+        duration = _number(row, "duration", line, path) if "duration" in row else None
+        if duration is not None and duration < 0:
+            raise DataError(f"{path}:{line}: negative duration {duration}")
+        jobs.append(TraceJob(row["job_id"], submit, int(gpus), model, int(gbs), iters, duration))
+    return _sorted(jobs)
+
+
+def load_philly(
+    path: Path,
+    pool: Iterable[tuple[str, int]],
+    truth: TruthFn,
+    *,
+    seed: int,
+    gpus_per_node: int,
+    max_gpus: int | None = None,
+) -> tuple[TraceJob, ...]:
+    """A Philly-format trace; models and batches drawn from ``pool`` (seeded).
+
+    Iterations = duration x ground-truth throughput at the requested GPU count,
+    packed on as few nodes as possible, at the highest clock (how the trace's
+    jobs ran).
+    """
+    header, rows = read_rows(path)
+    _require(header, PHILLY_COLUMNS, path)
+    choices = sorted(set(pool))
+    if not choices:
+        raise DataError("empty model pool")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(choices), size=len(rows))
+    jobs = []
+    for line, (row, pick) in enumerate(zip(rows, picks, strict=True), start=2):
+        submit = _number(row, "submit_time", line, path)
+        gpus = _number(row, "num_gpu", line, path)
+        _check_common(submit, gpus, line, path, max_gpus)
+        duration = _number(row, "duration", line, path)
+        if duration <= 0:
+            raise DataError(f"{path}:{line}: duration must be positive, got {duration}")
+        model, gbs = choices[int(pick)]
+        n = int(gpus)
+        step = float(truth(model).step_time_s(n, min(n, gpus_per_node), max(gbs / n, 1.0), _FMAX))
+        jobs.append(TraceJob(row["job_id"], submit, n, model, gbs, duration / step, duration))
+    return _sorted(jobs)
+
+
+# Clock at which trace durations were measured (A100 default); the loaders
+# take no GPU spec to keep this module free of cluster configuration.
+_FMAX = 1410
+
+
+def _sorted(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
+    ids = [j.job_id for j in jobs]
+    if len(set(ids)) != len(ids):
+        raise DataError("trace has duplicate job ids")
+    return tuple(sorted(jobs, key=lambda j: (j.submit_s, j.job_id)))
+
+
+def load_trace(
+    path: Path,
+    known_models: Iterable[str],
+    pool: Iterable[tuple[str, int]],
+    truth: TruthFn,
+    *,
+    seed: int,
+    gpus_per_node: int,
+    max_gpus: int | None = None,
+) -> tuple[TraceJob, ...]:
+    """Any trace file: ITP format if it names models, else Philly format."""
+    header, _ = read_rows(path)
+    if "model_name" in header:
+        return load_itp(path, known_models, max_gpus=max_gpus)
+    return load_philly(path, pool, truth, seed=seed, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
+
+
+@dataclass(frozen=True)
+class DurationCheck:
+    """How well the ground truth reproduces a trace's measured durations."""
+
+    jobs: int
+    mean_abs_rel_error: float
+    median_abs_rel_error: float
+    max_abs_rel_error: float
+
+
+def check_durations(
+    jobs: Iterable[TraceJob], truth: TruthFn, *, gpus_per_node: int, f_mhz: int = _FMAX
+) -> DurationCheck:
+    """Relative error of ``iterations x step time`` against the trace duration."""
+    errors = []
+    for job in jobs:
+        if job.duration_s is None or job.duration_s <= 0:
+            continue
+        n = job.num_gpu
+        bs = max(job.global_batch_size / n, 1.0)
+        step = float(truth(job.model_name).step_time_s(n, min(n, gpus_per_node), bs, f_mhz))
+        errors.append(abs(job.iterations * step - job.duration_s) / job.duration_s)
+    if not errors:
+        raise DataError("no job with a duration to check")
+    arr = np.asarray(errors)
+    return DurationCheck(len(arr), float(arr.mean()), float(np.median(arr)), float(arr.max()))
+
+
+def window(jobs: Iterable[TraceJob], hours: float) -> tuple[TraceJob, ...]:
+    """The jobs submitted in the first ``hours`` of the trace."""
+    return tuple(j for j in jobs if j.submit_s < hours * 3600.0)

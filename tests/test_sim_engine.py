@@ -1,0 +1,191 @@
+"""The engine's accounting against hand-computed small cases.
+
+A toy world whose step time and power are simple formulas lets every expected
+number below be derived by hand; a fixed policy (requested GPUs, FIFO, first
+free slots) stands in for a scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from powerflow.errors import SimulationError
+from powerflow.gpus import A100
+from powerflow.models.protocol import ArrayLike, FloatArray
+from powerflow.models.samples import Samples
+from powerflow.policy.snapshot import Budget, JobPlan, Plan, Snapshot
+from powerflow.schedulers import ORACLE, Configured, Profiling
+from powerflow.sim.config import SimConfig
+from powerflow.sim.engine import Simulation
+from powerflow.sim.learning import OracleLearner
+from powerflow.sim.metrics import summarise
+from powerflow.sim.trace import TraceJob
+from powerflow.sim.world import World
+
+FMAX = A100.max_clock_mhz
+IDLE = A100.idle_power_w
+POWER = 250.0  # W per computing GPU in the toy world
+
+
+class ToyTruth:
+    """T = 1 s x (FMAX / f) / n per iteration; every computing GPU draws 250 W."""
+
+    def step_time_s(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike) -> FloatArray:
+        return np.asarray((FMAX / np.asarray(f, float)) / np.asarray(n, float), dtype=np.float64)
+
+    def energy_per_iter_j(
+        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
+    ) -> FloatArray:
+        return np.asarray(POWER * np.asarray(n, float) * self.step_time_s(n, r, bs, f))
+
+
+def _measure(truth, n, r, bs, f, *, rng, noise):  # type: ignore[no-untyped-def]
+    t = truth.step_time_s(n, r, bs, f)
+    e = truth.energy_per_iter_j(n, r, bs, f)
+    k = np.ones_like(t)
+    return Samples(*(np.asarray(x, float) * k for x in (n, r, bs, f)), t, e)
+
+
+def _sweep(truth, bs, *, rng, noise, duration_s):  # type: ignore[no-untyped-def]
+    f = np.array([1005.0, 1410.0])
+    return _measure(truth, 1.0, 1.0, bs, f, rng=rng, noise=noise)
+
+
+WORLD = World(lambda name: ToyTruth(), _measure, _sweep, ("toy",), (("toy", 32),))
+
+
+@dataclass
+class FixedPolicy:
+    """Requested GPUs, FIFO, first free slots of powered-on nodes; one clock.
+
+    ``overrides`` maps job id to (from time, GPUs) to force a rescale;
+    ``share`` puts every job on the same first GPUs (time-slicing);
+    ``power_down`` powers down nodes holding no job.
+    """
+
+    frequency_mhz: int = FMAX
+    overrides: dict[str, tuple[float, int]] = field(default_factory=dict)
+    share: bool = False
+    power_down: bool = False
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        free = [(node.name, i) for node in snapshot.nodes for i in range(node.gpus)]
+        plans = []
+        for job in sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.id)):
+            want = job.requested_gpus
+            when, gpus = self.overrides.get(job.id, (np.inf, want))
+            if snapshot.now_s >= when:
+                want = gpus
+            if self.share:
+                slots = tuple(free[:want])
+            elif job.placement and len(job.placement) == want:
+                slots = job.placement
+                free = [s for s in free if s not in slots]
+            elif len(free) >= want:
+                slots, free = tuple(free[:want]), free[want:]
+            else:
+                slots = ()
+            plans.append(
+                JobPlan(job.id, len(slots), self.frequency_mhz, job.global_batch_size, slots)
+            )
+        used = {node for jp in plans for node, _ in jp.placement}
+        down = (
+            tuple(n.name for n in snapshot.nodes if n.name not in used) if self.power_down else ()
+        )
+        return Plan(tuple(plans), float("inf"), 0.0, down)
+
+
+def _run(jobs, policy, *, profiling=ORACLE, nodes=1, gpus=4, restart_s=30.0, seed=0):  # type: ignore[no-untyped-def]
+    cfg = SimConfig(nodes=nodes, gpus_per_node=gpus, restart_s=restart_s, seed=seed)
+    configured = Configured(policy, Budget(eta=1.0), profiling, None, None)
+    return Simulation(tuple(jobs), configured, cfg, WORLD, OracleLearner()).run()
+
+
+def _job(i: int, submit: float, gpus: int, iters: float) -> TraceJob:
+    return TraceJob(f"j{i}", submit, gpus, "toy", 32, iters)
+
+
+def test_one_job_alone_costs_its_step_time_and_idle_neighbours() -> None:
+    res = _run([_job(0, 100.0, 2, 1000.0)], FixedPolicy())
+    m = summarise(res)
+    jct = 1000 * 1.0 / 2  # T = 1/n at full clock
+    assert m["avg_jct_s"] == pytest.approx(jct)
+    assert res.active_energy_j == pytest.approx(1000 * POWER * 2 * 0.5)
+    assert res.idle_energy_j == pytest.approx(2 * IDLE * jct)
+    assert m["gpu_utilisation"] == pytest.approx(0.5)
+
+
+def test_lower_clock_slows_the_job_in_proportion() -> None:
+    m = summarise(_run([_job(0, 0.0, 1, 600.0)], FixedPolicy(frequency_mhz=705)))
+    assert m["avg_jct_s"] == pytest.approx(600 * FMAX / 705)
+
+
+def test_prerun_and_profiling_are_counted_in_jct_and_energy() -> None:
+    profiling = Profiling(prerun_s=240.0, profile_s=240.0, fitted_models=False)
+    iters = 5000.0
+    res = _run([_job(0, 0.0, 1, iters)], FixedPolicy(), profiling=profiling)
+    clocks = np.array(SimConfig().profile_clocks_mhz, dtype=float)
+    slice_s = 240.0 / len(clocks)
+    progress = np.sum(slice_s / (FMAX / clocks))  # n = 1
+    expected = 240.0 + 240.0 + (iters - progress) * 1.0
+    assert res.jobs[0].jct_s == pytest.approx(expected)
+    assert res.jobs[0].profilings == 1
+    # the pre-run's GPU draws 250 W while it sweeps, off the cluster's books
+    assert res.prerun_energy_j == pytest.approx(240.0 * POWER)
+    assert res.active_energy_j == pytest.approx(POWER * (expected - 240.0))
+
+
+def test_rescale_charges_one_checkpoint_restart() -> None:
+    policy = FixedPolicy(overrides={"j0": (200.0, 2)})
+    res = _run([_job(0, 0.0, 1, 1000.0), _job(1, 200.0, 1, 10.0)], policy, restart_s=30.0)
+    # 200 iterations on 1 GPU by t=200; 30 s restart; 800 iterations at 0.5 s
+    assert res.jobs[0].jct_s == pytest.approx(200 + 30 + 800 * 0.5)
+    assert res.jobs[0].rescales == 1 and res.jobs[0].restarts == 1
+    free = _run([_job(0, 0.0, 1, 1000.0), _job(1, 200.0, 1, 10.0)], policy, restart_s=0.0)
+    assert free.jobs[0].jct_s == pytest.approx(200 + 800 * 0.5)
+
+
+def test_time_sliced_jobs_share_the_gpu_and_its_energy() -> None:
+    res = _run([_job(0, 0.0, 1, 100.0), _job(1, 0.0, 1, 100.0)], FixedPolicy(share=True))
+    # each runs at half speed on GPU 0 until both finish together
+    assert [j.jct_s for j in res.jobs] == pytest.approx([200.0, 200.0])
+    assert res.active_energy_j == pytest.approx(200.0 * POWER)  # one GPU busy, not two
+    assert res.idle_energy_j == pytest.approx(3 * IDLE * 200.0)
+
+
+def test_powered_down_nodes_draw_nothing() -> None:
+    jobs = [_job(0, 0.0, 2, 100.0)]
+    on = _run(jobs, FixedPolicy(), nodes=3, gpus=2)
+    down = _run(jobs, FixedPolicy(power_down=True), nodes=3, gpus=2)
+    assert on.idle_energy_j == pytest.approx(4 * IDLE * 50.0)
+    assert down.idle_energy_j == pytest.approx(0.0)
+    assert down.active_energy_j == pytest.approx(on.active_energy_j)
+
+
+def test_waiting_job_starts_when_gpus_free_up() -> None:
+    res = _run([_job(0, 0.0, 4, 400.0), _job(1, 10.0, 4, 400.0)], FixedPolicy())
+    assert res.jobs[0].finish_s == pytest.approx(100.0)
+    assert res.jobs[1].finish_s == pytest.approx(200.0)
+    assert summarise(res)["p95_jct_s"] > summarise(res)["median_jct_s"]
+
+
+def test_plan_on_unknown_gpu_is_an_error() -> None:
+    class Bad:
+        def plan(self, snapshot: Snapshot) -> Plan:
+            jobs = tuple(JobPlan(j.id, 1, FMAX, 32, (("nowhere", 0),)) for j in snapshot.jobs)
+            return Plan(jobs, float("inf"), 0.0)
+
+    with pytest.raises(SimulationError, match="no GPU"):
+        _run([_job(0, 0.0, 1, 10.0)], Bad())
+
+
+def test_policy_that_never_schedules_is_reported_not_looped() -> None:
+    class Idle:
+        def plan(self, snapshot: Snapshot) -> Plan:
+            return Plan(tuple(JobPlan(j.id, 0, FMAX, 32) for j in snapshot.jobs), 1.0, 0.0)
+
+    with pytest.raises(SimulationError, match="waiting on an idle cluster"):
+        _run([_job(0, 0.0, 1, 10.0)], Idle())
