@@ -1,0 +1,413 @@
+"""The baselines' defining behaviours on hand-built snapshots, and plan validity.
+
+Models here are a small Amdahl-style ``PerfModel`` defined below, so every
+expected outcome can be worked out by hand from its formula.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy, zeus_clock
+from powerflow.baselines.afs import Ladder, afs_l, ladder_counts
+from powerflow.errors import SnapshotError
+from powerflow.gpus import A100
+from powerflow.models.protocol import ArrayLike, FloatArray
+from powerflow.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Policy, Snapshot
+
+F_MAX = float(A100.max_clock_mhz)
+
+
+@dataclass(frozen=True)
+class Amdahl:
+    """Step time: a serial part, a parallel part split over GPUs, sync when n > 1.
+
+    The compute part slows as ``F_MAX / f`` (``mem`` of it does not); power per
+    GPU is ``static + dynamic * (f / F_MAX) ** 3``.
+    """
+
+    serial_s: float = 0.05
+    work_s: float = 1.0
+    sync_s: float = 0.02
+    cross_node: float = 3.0
+    mem: float = 0.3
+    static_w: float = 80.0
+    dynamic_w: float = 220.0
+
+    def step_time_s(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike) -> FloatArray:
+        n, r, bs, f = (np.asarray(x, dtype=np.float64) for x in (n, r, bs, f))
+        slow = self.mem + (1 - self.mem) * F_MAX / f
+        sync = np.where(n > 1, self.sync_s * np.where(n > r, self.cross_node, 1.0), 0.0)
+        return np.asarray(self.serial_s + self.work_s * bs / 64.0 * slow + sync)
+
+    def energy_per_iter_j(
+        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
+    ) -> FloatArray:
+        power = self.static_w + self.dynamic_w * (np.asarray(f, dtype=np.float64) / F_MAX) ** 3
+        return np.asarray(np.asarray(n) * power * self.step_time_s(n, r, bs, f))
+
+
+MODEL = Amdahl()
+
+
+def nodes(count: int, gpus: int = 4) -> tuple[Node, ...]:
+    return tuple(Node(f"n{i}", gpus, A100) for i in range(count))
+
+
+def job(job_id: str, gpus: int = 1, arrival: float = 0.0, **kw: object) -> Job:
+    fields: dict[str, object] = {
+        "model": MODEL,
+        "remaining_iterations": 1000.0,
+        "global_batch_size": 64,
+        "requested_gpus": gpus,
+        "arrival_s": arrival,
+    }
+    fields.update(kw)
+    return Job(id=job_id, **fields)  # type: ignore[arg-type]
+
+
+def snap(cluster: tuple[Node, ...], jobs: list[Job], now: float = 0.0) -> Snapshot:
+    return Snapshot(cluster, tuple(jobs), Budget(eta=0.8), now)
+
+
+def on(node: str, *gpus: int) -> tuple[GpuSlot, ...]:
+    return tuple((node, g) for g in gpus)
+
+
+# --------------------------------------------------------------------- Gandiva
+
+
+def test_gandiva_is_fifo_and_not_elastic() -> None:
+    cluster = nodes(1, 2)
+    late, early = job("late", 2, arrival=5.0), job("early", 2, arrival=1.0)
+    plan = GandivaPolicy(max_jobs_per_gpu=1).plan(snap(cluster, [late, early]))
+    assert plan.job("early").gpus == 2
+    assert plan.job("late").gpus == 0
+    alone = GandivaPolicy().plan(snap(nodes(2, 4), [job("one", 1)]))
+    assert alone.job("one").gpus == 1  # 7 GPUs idle, still the requested count
+
+
+def test_gandiva_time_slices_same_size_jobs_when_gpus_are_exhausted() -> None:
+    cluster = nodes(1, 2)
+    a = job("a", 2, arrival=0.0, placement=on("n0", 0, 1))
+    b, c, d = job("b", 2, arrival=1.0), job("c", 2, arrival=2.0), job("d", 1, arrival=3.0)
+    plan = GandivaPolicy().plan(snap(cluster, [a, b, c, d]))
+    assert plan.job("a").placement == on("n0", 0, 1)
+    assert sorted(plan.job("b").placement) == sorted(on("n0", 0, 1))
+    assert plan.job("c").gpus == 0  # at most two jobs per GPU
+    assert plan.job("d").gpus == 0  # only jobs of the same size share
+    solo = GandivaPolicy(max_jobs_per_gpu=1).plan(snap(cluster, [a, b]))
+    assert solo.job("b").gpus == 0
+
+
+def test_gandiva_stops_time_slicing_when_gpus_free_up() -> None:
+    shared = on("n0", 0, 1)
+    a = job("a", 2, arrival=0.0, placement=shared)
+    b = job("b", 2, arrival=1.0, placement=shared)
+    plan = GandivaPolicy().plan(snap(nodes(2, 2), [a, b]))
+    assert plan.job("a").placement == shared
+    assert {node for node, _ in plan.job("b").placement} == {"n1"}
+    assert [(m.job_id, m.source) for m in plan.migrations] == [("b", shared)]
+
+
+def test_gandiva_packs_jobs_into_one_node_with_size_affinity() -> None:
+    cluster = nodes(3, 4)
+    ones = job("ones", 1, arrival=0.0, placement=on("n1", 0))
+    twos = job("twos", 2, arrival=0.0, placement=on("n2", 0, 1))
+    new1, new2 = job("new1", 1, arrival=1.0), job("new2", 2, arrival=2.0)
+    big = job("big", 4, arrival=3.0)
+    plan = GandivaPolicy().plan(snap(cluster, [ones, twos, new1, new2, big]))
+    assert {node for node, _ in plan.job("new1").placement} == {"n1"}
+    assert {node for node, _ in plan.job("new2").placement} == {"n2"}
+    assert {node for node, _ in plan.job("big").placement} == {"n0"}
+    assert not plan.migrations
+
+
+def test_gandiva_migrates_to_defragment_for_a_blocked_job() -> None:
+    cluster = nodes(2, 4)
+    small = [
+        job("s0", 1, placement=on("n0", 0)),
+        job("s1", 1, placement=on("n0", 1)),
+        job("s2", 1, placement=on("n1", 0)),
+        job("s3", 1, placement=on("n1", 1)),
+    ]
+    big = job("big", 4, arrival=1.0)
+    plan = GandivaPolicy().plan(snap(cluster, [*small, big]))
+    assert len({node for node, _ in plan.job("big").placement}) == 1
+    assert len(plan.migrations) == 2
+    assert all(plan.job(s.id).gpus == 1 for s in small)
+    _check_valid(snap(cluster, [*small, big]), plan, max_share=1)
+
+
+def test_gandiva_consolidates_a_spread_job() -> None:
+    spread = job("x", 2, placement=(("n0", 0), ("n1", 0)))
+    plan = GandivaPolicy().plan(snap(nodes(2, 2), [spread]))
+    assert len({node for node, _ in plan.job("x").placement}) == 1
+    assert [m.job_id for m in plan.migrations] == ["x"]
+
+
+# -------------------------------------------------------------------- Tiresias
+
+
+def test_tiresias_new_job_preempts_one_with_more_attained_service() -> None:
+    old = job("old", 1, arrival=0.0, attained_gpu_s=5000.0, placement=on("n0", 0))
+    new = job("new", 1, arrival=10.0)
+    plan = TiresiasPolicy(promote_knob=None).plan(snap(nodes(1, 1), [old, new], now=5010.0))
+    assert plan.job("new").placement == on("n0", 0)
+    assert plan.job("old").gpus == 0
+
+
+@pytest.mark.parametrize(("attained", "old_runs"), [(3599.0, True), (3600.0, False)])
+def test_tiresias_demotes_across_the_queue_threshold(attained: float, old_runs: bool) -> None:
+    old = job("old", 1, arrival=0.0, attained_gpu_s=attained, placement=on("n0", 0))
+    new = job("new", 1, arrival=10.0)
+    plan = TiresiasPolicy(promote_knob=None).plan(snap(nodes(1, 1), [new, old], now=attained))
+    assert (plan.job("old").gpus == 1) is old_runs
+    assert (plan.job("new").gpus == 1) is not old_runs
+
+
+def test_tiresias_queues_follow_the_thresholds() -> None:
+    policy = TiresiasPolicy(queue_thresholds_gpu_s=(100.0, 1000.0), promote_knob=None)
+    queues = [policy.queue(job("j", attained_gpu_s=a), now_s=0.0) for a in (0, 99, 100, 999, 1e4)]
+    assert queues == [0, 0, 1, 1, 2]
+
+
+def test_tiresias_is_fifo_within_a_queue_and_backfills() -> None:
+    pinned = job("p", 1, arrival=0.0, pinned=True, placement=on("n0", 3), attained_gpu_s=1e5)
+    big, small = job("big", 4, arrival=1.0), job("small", 1, arrival=2.0)
+    late = job("late", 4, arrival=3.0)
+    plan = TiresiasPolicy().plan(snap(nodes(1, 4), [late, small, big, pinned]))
+    assert plan.job("p").placement == on("n0", 3)  # pinned jobs are never preempted
+    assert plan.job("big").gpus == 0  # does not fit next to the pinned job
+    assert plan.job("small").gpus == 1  # backfilled
+    plan = TiresiasPolicy().plan(snap(nodes(1, 4), [late, big]))
+    assert (plan.job("big").gpus, plan.job("late").gpus) == (4, 0)
+
+
+def test_tiresias_promotes_a_starving_job() -> None:
+    executed = 4000.0  # in the second queue
+    starving = job("old", 1, arrival=0.0, attained_gpu_s=executed)
+    new = job("new", 1, arrival=1.0)
+    policy = TiresiasPolicy(promote_knob=2.0)
+    before = policy.plan(snap(nodes(1, 1), [starving, new], now=executed + 7999.0))
+    after = policy.plan(snap(nodes(1, 1), [starving, new], now=executed + 8000.0))
+    assert (before.job("old").gpus, before.job("new").gpus) == (0, 1)
+    assert (after.job("old").gpus, after.job("new").gpus) == (1, 0)
+    # Running again, it keeps the promotion while it has waited >= knob/2 times
+    # its executed time: 8000 s waited, so until it has executed 8000 s.
+    for ran, keeps in ((3000.0, True), (5000.0, False)):
+        resumed = replace(starving, placement=on("n0", 0), attained_gpu_s=executed + ran)
+        later = policy.plan(snap(nodes(1, 1), [resumed, new], now=executed + 8000.0 + ran))
+        assert (later.job("old").gpus == 1) is keeps
+
+
+def test_tiresias_consolidates_new_jobs() -> None:
+    busy = [job(f"b{i}", 1, placement=on("n0", i)) for i in range(3)]
+    other = job("o", 1, placement=on("n1", 0))
+    new = job("new", 2, arrival=1.0)
+    plan = TiresiasPolicy().plan(snap(nodes(2, 4), [*busy, other, new]))
+    assert {node for node, _ in plan.job("new").placement} == {"n1"}
+
+
+# ------------------------------------------------------------------------- AFS
+
+
+def test_afs_gives_the_step_to_the_best_marginal_gain() -> None:
+    # Round 1: neither has GPUs, the sooner-finished one (short) gets one.
+    # Round 2: long has none, its gain (1) beats any sub-linear one.
+    # Round 3: short gains 1.2x - 1 = 0.2, long 1 - 1/2 = 0.5: long wins.
+    short = Ladder((1, 2), (100.0, 100.0 / 1.2))
+    long_ = Ladder((1, 2), (1000.0, 500.0))
+    assert afs_l([short, long_], 3) == [1, 2]
+
+
+def test_afs_prefers_the_short_job_at_similar_gains() -> None:
+    # Short gains 1.4x - 1 = 0.4 over its current speed; long 1 - 1/1.5 = 0.33
+    # over its new speed, though its scaling (1.5x) is the better one.
+    short = Ladder((1, 2), (100.0, 100.0 / 1.4))
+    long_ = Ladder((1, 2), (1000.0, 1000.0 / 1.5))
+    assert afs_l([long_, short], 3) == [1, 2]
+    # With equal scaling the shorter one always wins.
+    twin = Ladder((1, 2), (1000.0, 1000.0 / 1.4))
+    assert afs_l([twin, short], 3) == [1, 2]
+
+
+def test_afs_steps_are_powers_of_two_within_the_job_bounds() -> None:
+    j = job("j", 1, min_gpus=3, max_gpus=16, global_batch_size=512)
+    assert ladder_counts(j, 64) == (4, 8, 16)
+    assert ladder_counts(replace(j, global_batch_size=8), 64) == (4, 8)
+    assert ladder_counts(replace(j, max_local_batch_size=16), 64) == ()  # 32 needed, 16 allowed
+    capped = replace(j, min_gpus=1, max_local_batch_size=100)
+    assert ladder_counts(capped, 64)[0] == 8  # ceil(512 / 100) = 6 -> 8
+
+
+def test_afs_plan_is_elastic_and_uses_the_job_models() -> None:
+    lonely = AfsPolicy().plan(snap(nodes(2, 4), [job("j", 1, global_batch_size=256)]))
+    assert lonely.job("j").gpus == 8
+    assert lonely.job("j").local_batch_size == 32
+    # A job that scales (little serial time) gets more GPUs than one that does not.
+    scales = job("scales", 1, model=Amdahl(serial_s=0.0), remaining_iterations=1e5)
+    stuck = job("stuck", 1, model=Amdahl(serial_s=5.0, sync_s=1.0), remaining_iterations=1e5)
+    plan = AfsPolicy().plan(snap(nodes(1, 4), [stuck, scales]))
+    assert plan.job("scales").gpus > plan.job("stuck").gpus >= 1
+
+
+# ------------------------------------------------------------------------ Zeus
+
+
+def brute_force_clock(model: Amdahl, n: int, r: int, bs: int, eta: float) -> int:
+    best, best_cost = 0, math.inf
+    for f in A100.clocks_mhz:
+        t = float(model.step_time_s(n, r, bs, f))
+        e = float(model.energy_per_iter_j(n, r, bs, f))
+        cost = eta * e + (1 - eta) * n * A100.max_power_w * t
+        if cost < best_cost:
+            best, best_cost = f, cost
+    return best
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.25, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize(("n", "r"), [(1, 1), (4, 4), (8, 4)])
+def test_zeus_clock_minimises_the_cost(eta: float, n: int, r: int) -> None:
+    assert zeus_clock(MODEL, n, r, 16, A100, eta) == brute_force_clock(MODEL, n, r, 16, eta)
+
+
+def test_zeus_knob_ends() -> None:
+    assert zeus_clock(MODEL, 1, 1, 64, A100, 0.0) == A100.max_clock_mhz  # time only
+    interior = zeus_clock(MODEL, 1, 1, 64, A100, 0.5)
+    assert A100.min_clock_mhz < interior < A100.max_clock_mhz
+
+
+@pytest.mark.parametrize("inner", [GandivaPolicy(), TiresiasPolicy()])
+def test_zeus_only_changes_clocks_of_the_inner_plan(inner: Policy) -> None:
+    s = _random_snapshot(random.Random(3), nodes(2, 4), 8)
+    base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5).plan(s)
+    strip = [replace(jp, frequency_mhz=0) for jp in base.jobs]
+    assert [replace(jp, frequency_mhz=0) for jp in zeus.jobs] == strip
+    assert (zeus.migrations, zeus.limit_watts) == (base.migrations, base.limit_watts)
+    for jp in zeus.jobs:
+        if jp.gpus:
+            nodes_used = [node for node, _ in jp.placement]
+            r = max(nodes_used.count(x) for x in nodes_used)
+            model = next(j.model for j in s.jobs if j.id == jp.job_id)
+            assert isinstance(model, Amdahl)
+            want = brute_force_clock(model, jp.gpus, r, jp.local_batch_size, 0.5)
+            assert jp.frequency_mhz == want
+    assert zeus.predicted_watts < base.predicted_watts
+
+
+# ------------------------------------------------------------ validity (hypothesis)
+
+
+def _random_snapshot(rng: random.Random, cluster: tuple[Node, ...], count: int) -> Snapshot:
+    total = sum(n.gpus for n in cluster)
+    sizes = [s for s in (1, 2, 4, 8, 16) if s <= total]
+    jobs = [
+        job(
+            f"j{i}",
+            rng.choice(sizes),
+            arrival=float(rng.randint(0, 50)),
+            model=Amdahl(serial_s=rng.uniform(0.0, 0.5), sync_s=rng.uniform(0.0, 0.1)),
+            remaining_iterations=float(rng.randint(1, 10**5)),
+            global_batch_size=rng.choice((16, 64, 256)),
+            attained_gpu_s=float(rng.choice((0, 100, 5000, 20000))),
+        )
+        for i in range(count)
+    ]
+    return snap(cluster, jobs, now=100.0)
+
+
+def _advance(s: Snapshot, plan: Plan, rng: random.Random) -> Snapshot:
+    """The next event: jobs take their planned GPUs, run a while, some finish."""
+    dt = 600.0
+    jobs = []
+    for j in s.jobs:
+        jp = plan.job(j.id)
+        if jp.gpus and rng.random() < 0.2:
+            continue  # finished
+        jobs.append(
+            replace(
+                j,
+                placement=jp.placement,
+                frequency_mhz=jp.frequency_mhz if jp.gpus else None,
+                attained_gpu_s=j.attained_gpu_s + jp.gpus * dt,
+                pinned=bool(jp.gpus) and rng.random() < 0.1,
+            )
+        )
+    return replace(s, jobs=tuple(jobs), now_s=s.now_s + dt)
+
+
+def _check_valid(s: Snapshot, plan: Plan, max_share: int, elastic: bool = False) -> None:
+    assert [jp.job_id for jp in plan.jobs] == [j.id for j in s.jobs]
+    sizes = {node.name: node.gpus for node in s.nodes}
+    users: dict[GpuSlot, list[str]] = {}
+    by_id = {j.id: j for j in s.jobs}
+    for jp in plan.jobs:
+        j = by_id[jp.job_id]
+        assert jp.gpus == len(jp.placement) == len(set(jp.placement))
+        assert jp.frequency_mhz in A100.clocks_mhz
+        if jp.gpus:
+            assert jp.local_batch_size == math.ceil(j.global_batch_size / jp.gpus)
+            if not elastic:
+                assert jp.gpus == j.requested_gpus
+        if j.pinned and j.placement:
+            assert sorted(jp.placement) == sorted(j.placement)
+        for node, g in jp.placement:
+            assert 0 <= g < sizes[node]
+            users.setdefault((node, g), []).append(jp.job_id)
+    for ids in users.values():
+        assert len(ids) <= max_share
+        placements = {tuple(sorted(plan.job(i).placement)) for i in ids}
+        assert len(placements) == 1  # sharers time-slice one whole GPU set
+    for m in plan.migrations:
+        assert m.source == by_id[m.job_id].placement
+        assert sorted(m.target) == sorted(plan.job(m.job_id).placement)
+    assert plan.predicted_watts > 0 and plan.limit_watts > 0
+    assert not plan.powered_down_nodes
+
+
+POLICIES: list[tuple[Policy, int, bool]] = [
+    (GandivaPolicy(), 2, False),
+    (GandivaPolicy(frequency_mhz=1050, max_jobs_per_gpu=1), 1, False),
+    (TiresiasPolicy(), 1, False),
+    (TiresiasPolicy(queue_thresholds_gpu_s=(500.0, 5000.0), promote_knob=1.0), 1, False),
+    (AfsPolicy(), 1, True),
+    (ZeusPolicy(GandivaPolicy()), 2, False),
+    (ZeusPolicy(TiresiasPolicy(), eta_knob=0.8), 1, False),
+]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10**6),
+    node_count=st.integers(1, 4),
+    per_node=st.sampled_from((2, 4, 8)),
+    count=st.integers(0, 14),
+)
+def test_every_plan_is_valid_over_a_run(
+    seed: int, node_count: int, per_node: int, count: int
+) -> None:
+    for policy, max_share, elastic in POLICIES:
+        rng = random.Random(seed)
+        s = _random_snapshot(rng, nodes(node_count, per_node), count)
+        for _ in range(4):
+            plan = policy.plan(s)
+            _check_valid(s, plan, max_share, elastic)
+            assert policy.plan(s) == plan  # deterministic
+            shuffled = list(s.jobs)
+            rng.shuffle(shuffled)
+            again = policy.plan(replace(s, jobs=tuple(shuffled)))
+            assert {jp.job_id: jp for jp in again.jobs} == {jp.job_id: jp for jp in plan.jobs}
+            s = _advance(s, plan, rng)
+
+
+def test_unsupported_clock_is_refused() -> None:
+    with pytest.raises(SnapshotError, match="not a supported"):
+        GandivaPolicy(frequency_mhz=1000).plan(snap(nodes(1), [job("j")]))
