@@ -57,9 +57,8 @@ class Gang:
     expired: bool = False
     started: bool = False
     """A worker has been bound; once none is left, the gang has finished."""
-
-    def slots_on(self, node: str) -> int:
-        return sum(1 for n, _ in self.block if n == node)
+    settled: bool = False
+    """Every worker has been placed once: the block is the job's until it ends, never expires."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +80,7 @@ class ClusterState:
         self.gangs: dict[GangKey, Gang] = {}
         self._bound_gpus: dict[str, int] = {}  # node -> GPUs of bound, running pods
         self._members: dict[GangKey, dict[PodKey, str]] = {}  # bound pods of each gang
+        self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
         self.synced = False
         self.expired_total = 0
         self.unsynced_reason = "the Kubernetes API has not been listed yet"
@@ -142,8 +142,9 @@ class ClusterState:
                 self._members.setdefault(info.gang, {})[info.key] = info.node
                 gang = self.gangs.get(info.gang)
                 if gang is not None:
-                    gang.assumed.pop(info.key, None)
+                    self._unassume(gang, info.key)
                     gang.started = True
+                    gang.settled = gang.settled or self._complete(gang)
 
     def _drop_pod(self, key: PodKey) -> None:
         old = self.pods.pop(key, None)
@@ -181,7 +182,25 @@ class ClusterState:
             found[info.gang] = (slots, max(workers, info.workers))
         now = self._clock()
         for key, (slots, workers) in found.items():
-            self.gangs[key] = Gang(key, tuple(slots), workers, created_s=now, started=True)
+            gang = Gang(key, tuple(slots), workers, created_s=now, started=True)
+            gang.settled = self._complete(gang)
+            self.gangs[key] = gang
+
+    def _assume(self, gang: Gang, key: PodKey, node: str, gpus: int) -> None:
+        self._unassume(gang, key)
+        gang.assumed[key] = (node, gpus)
+        self._in_flight[node] = self._in_flight.get(node, 0) + gpus
+        gang.settled = gang.settled or self._complete(gang)
+
+    def _unassume(self, gang: Gang, key: PodKey) -> None:
+        entry = gang.assumed.pop(key, None)
+        if entry is not None:
+            node, gpus = entry
+            left = self._in_flight.get(node, 0) - gpus
+            if left > 0:
+                self._in_flight[node] = left
+            else:
+                self._in_flight.pop(node, None)
 
     # -- reservations ----------------------------------------------------------------------
 
@@ -190,14 +209,18 @@ class ClusterState:
         now = self._clock()
         expired = []
         for key, gang in list(self.gangs.items()):
-            if gang.expired or now - gang.created_s < self.ttl_s or self._complete(gang):
+            if gang.settled or now - gang.created_s < self.ttl_s or self._complete(gang):
+                continue
+            held = self._held_slots(gang)
+            if len(held) == len(gang.block):
                 continue
             expired.append(key)
-            held = self._held_slots(gang)
-            if not held:
-                del self.gangs[key]
-            else:
+            if held:
                 gang.block, gang.expired = held, True
+            else:
+                for pod in list(gang.assumed):
+                    self._unassume(gang, pod)
+                del self.gangs[key]
         return expired
 
     def _node_use(self, gang: Gang) -> dict[str, int]:
@@ -246,33 +269,43 @@ class ClusterState:
                 extra[node] = outside
         return slots, extra
 
-    def reserve(self, key: GangKey, workers: int, gpus_per_pod: int) -> Gang:
-        """The gang's reservation, made now (or topped up, after expiry) if needed."""
+    def reserve(self, key: GangKey, workers: int, gpus_per_pod: int) -> Gang | None:
+        """The gang's reservation, made now if needed; None when no aligned block is free.
+
+        A new gang reserves ``workers * gpus_per_pod`` GPUs at once. A worker of
+        an expired gang (its reservation shrank to its bound workers) finds no
+        room in the block and reserves its own GPUs, so late workers still run.
+        """
         gang = self.gangs.get(key)
-        if gang is not None and not gang.expired:
+        if gang is not None and (not gang.expired or sum(self.room(gang).values()) >= gpus_per_pod):
             return gang
-        held = gang.block if gang is not None else ()
-        bound = len(self._placed(gang)) if gang is not None else 0
-        need = max(0, workers - bound) * gpus_per_pod
+        need = gpus_per_pod if gang is not None else workers * gpus_per_pod
         slots, extra = self.used_slots(exclude=key)
+        held = gang.block if gang is not None else ()
         for node, index in held:
             slots.setdefault(node, set()).add(index)
-        block = choose_block(self.nodes.values(), slots, extra, need) if need else ()
+        block = choose_block(self.nodes.values(), slots, extra, need)
+        if block is None:
+            return None
         new = Gang(key, tuple(held) + tuple(block), workers, created_s=self._clock())
         if gang is not None:
-            new.assumed, new.started = gang.assumed, gang.started
+            new.assumed, new.started, new.expired = gang.assumed, gang.started, True
         self.gangs[key] = new
         return new
 
     # -- the scheduler's questions ---------------------------------------------------------
 
-    def _gang_for(self, info: PodInfo) -> Gang:
+    def _gang_for(self, info: PodInfo) -> Gang | None:
         if not self.synced:
             raise NotSynced(f"PowerFlow cannot place this pod yet: {self.unsynced_reason}")
         if info.gang is None or info.gpus < 1:
             raise PlacementError(f"pod {info.namespace}/{info.name} is not a PowerFlow GPU worker")
         self.expired_total += len(self.expire())
         return self.reserve(info.gang, info.workers, info.gpus)
+
+    def _no_block(self, info: PodInfo) -> str:
+        size = info.workers * info.gpus
+        return f"no aligned block of {size} free GPUs for gang {info.gang} (buddy allocation)"
 
     def room(self, gang: Gang) -> dict[str, int]:
         """Free GPUs of the gang's block on each of its nodes."""
@@ -288,6 +321,9 @@ class ClusterState:
     def filter(self, info: PodInfo, candidates: list[str]) -> FilterAnswer:
         """Admit the candidates where the pod's gang block still has room for it."""
         gang = self._gang_for(info)
+        if gang is None:
+            why = self._no_block(info)
+            return FilterAnswer([], {name: why for name in candidates})
         placed = self.member_node(gang, info)
         if placed is not None:
             why = f"pod {info.namespace}/{info.name} is already placed on {placed}"
@@ -313,12 +349,10 @@ class ClusterState:
     def prioritize(self, info: PodInfo, candidates: list[str]) -> list[tuple[str, int]]:
         """Prefer the fullest nodes of the block, so that a gang fills one node before the next."""
         gang = self._gang_for(info)
+        if gang is None:
+            return [(name, 0) for name in candidates]
         room = self.room(gang)
-        in_flight: dict[str, int] = {}
-        for g in self.gangs.values():
-            for key, (node, gpus) in g.assumed.items():
-                if key not in self.pods or not self.pods[key].bound:
-                    in_flight[node] = in_flight.get(node, 0) + gpus
+        in_flight = self._in_flight
         scores = []
         for name in candidates:
             entry = self.nodes.get(name)
@@ -333,6 +367,8 @@ class ClusterState:
     def begin_bind(self, info: PodInfo, node: str) -> Gang:
         """Check the scheduler's pick against the block and count the pod there from now on."""
         gang = self._gang_for(info)
+        if gang is None:
+            raise PlacementError(self._no_block(info))
         placed = self.member_node(gang, info)
         if placed is not None and placed != node:
             raise PlacementError(
@@ -343,13 +379,13 @@ class ClusterState:
                 f"node {node} has no room left in the GPU block of gang {gang.key} "
                 f"for pod {info.namespace}/{info.name}"
             )
-        gang.assumed[info.key] = (node, info.gpus)
+        self._assume(gang, info.key, node, info.gpus)
         return gang
 
     def end_bind(self, info: PodInfo, node: str | None) -> None:
         """The API answered: record the binding (``node``) or forget the attempt (``None``)."""
         if info.gang is not None and info.gang in self.gangs:
-            self.gangs[info.gang].assumed.pop(info.key, None)
+            self._unassume(self.gangs[info.gang], info.key)
         if node is not None and (info.gang is not None or info.gpus > 0):
             self._put_pod(dataclasses.replace(info, node=node))
 

@@ -1,0 +1,250 @@
+"""Gang placement through the extender's state: what kube-scheduler would end up doing.
+
+``schedule`` plays kube-scheduler for one pod: filter, prioritize, take the
+best admitted node (first on ties, as any tie-break would do), bind. The
+decisions themselves come from the core's buddy allocation; these tests pin
+what the extender makes of them for whole gangs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from extender_bodies import node, pod
+
+from powerflow.extender.objects import pod_info
+from powerflow.extender.state import ClusterState, NotSynced
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cluster(nodes: int, gpus: int = 8, ttl_s: float = 60.0) -> tuple[ClusterState, FakeClock]:
+    clock = FakeClock()
+    state = ClusterState(ttl_s=ttl_s, clock=clock)
+    state.replace([node(f"n{i}", gpus) for i in range(nodes)], [])
+    return state, clock
+
+
+def schedule(state: ClusterState, body: dict[str, Any]) -> str | None:
+    """One scheduling cycle and its bind, as kube-scheduler runs them against the extender."""
+    info = pod_info(body)
+    candidates = sorted(state.nodes)
+    answer = state.filter(info, candidates)
+    if not answer.admitted:
+        return None
+    assert set(answer.admitted) | set(answer.failed) == set(candidates)
+    scores = dict(state.prioritize(info, answer.admitted))
+    best = max(answer.admitted, key=lambda n: scores[n])
+    state.begin_bind(info, best)
+    state.end_bind(info, best)
+    return best
+
+
+def gang(job: str, workers: int, gpus: int = 1, **kw: Any) -> list[dict[str, Any]]:
+    prefix = f"{job}-g{kw['generation']}" if "generation" in kw else job
+    return [
+        pod(f"{prefix}-{i}", job=job, workers=workers, gpus=gpus, index=i, **kw)
+        for i in range(workers)
+    ]
+
+
+def test_gang_of_four_on_eight_gpu_nodes_lands_on_one_node() -> None:
+    state, _ = cluster(4)
+    placed = [schedule(state, p) for p in gang("a", 4)]
+    assert None not in placed
+    assert len(set(placed)) == 1
+
+
+def test_sixteen_workers_take_two_whole_nodes() -> None:
+    state, _ = cluster(4)
+    placed = Counter(schedule(state, p) for p in gang("big", 16))
+    assert None not in placed
+    assert sorted(placed.values()) == [8, 8]
+
+
+def test_filter_admits_only_the_block_and_says_why_for_the_rest() -> None:
+    state, _ = cluster(4)
+    first = pod_info(gang("a", 4)[0])
+    answer = state.filter(first, sorted(state.nodes))
+    assert len(answer.admitted) == 1
+    assert set(answer.failed) == set(state.nodes) - set(answer.admitted)
+    assert all("block reserved for gang default/a" in why for why in answer.failed.values())
+
+
+def test_gang_fills_a_node_before_the_next() -> None:
+    state, _ = cluster(4)
+    order = [schedule(state, p) for p in gang("big", 16)]
+    # Prioritize prefers the fuller node of the block: the first eight land together.
+    assert len(set(order[:8])) == 1
+    assert len(set(order[8:])) == 1
+
+
+def test_fragmentation_cannot_strand_gpus_on_two_partly_used_nodes() -> None:
+    # Jobs of 4, 2, 2, 4, 1, 1, 2 GPUs (16 in all) on 8-GPU nodes: a first-fit or
+    # spreading scheduler leaves two half-used nodes; buddy allocation with
+    # best fit packs them into exactly two full nodes.
+    state, _ = cluster(4)
+    sizes = [4, 2, 2, 4, 1, 1, 2]
+    used: Counter[str] = Counter()
+    for j, size in enumerate(sizes):
+        for p in gang(f"j{j}", size):
+            placed = schedule(state, p)
+            assert placed is not None
+            used[placed] += 1
+    assert sorted(used.values()) == [8, 8]
+    partial = [n for n, u in used.items() if 0 < u < 8]
+    assert len(partial) <= 1
+
+
+def test_fragmentation_with_finished_jobs_leaves_at_most_one_partial_node() -> None:
+    state, _ = cluster(4)
+    bodies = {j: gang(f"j{j}", 2) for j in range(8)}
+    for members in bodies.values():
+        for p in members:
+            schedule(state, p)
+    # Every other job finishes: 4 two-GPU holes spread over two nodes.
+    for j in range(0, 8, 2):
+        for p in bodies[j]:
+            state.delete_pod(p)
+    for p in gang("new", 4):
+        assert schedule(state, p) is not None
+    per_node = Counter(i.node for i in state.pods.values())
+    assert sum(per_node.values()) == 12
+    assert all(count % 2 == 0 for count in per_node.values())
+
+
+def test_concurrent_gangs_do_not_overlap() -> None:
+    state, _ = cluster(4)
+    a, b, c = gang("a", 8), gang("b", 4), gang("c", 4)
+    # Interleave the gangs' workers, as the scheduler's queue may.
+    slots_seen: dict[str, set[tuple[str, int]]] = {}
+    for trio in zip(a[:4], b, c, strict=True):
+        for p in trio:
+            assert schedule(state, p) is not None
+    for p in a[4:]:
+        assert schedule(state, p) is not None
+    for key, g in state.gangs.items():
+        slots_seen[key.job] = set(g.block)
+    assert len(slots_seen["a"]) == 8 and len(slots_seen["b"]) == 4 and len(slots_seen["c"]) == 4
+    assert not slots_seen["a"] & slots_seen["b"]
+    assert not slots_seen["a"] & slots_seen["c"]
+    assert not slots_seen["b"] & slots_seen["c"]
+    per_node = Counter(i.node for i in state.pods.values())
+    assert max(per_node.values()) <= 8
+    # b and c share one node; a has its own.
+    assert sorted(per_node.values()) == [8, 8]
+
+
+def test_pending_reservation_blocks_other_gangs_until_it_expires() -> None:
+    state, clock = cluster(1, ttl_s=60.0)
+    stuck = gang("stuck", 8)
+    assert schedule(state, stuck[0]) is not None  # reserves the whole node, 1 of 8 bound
+    other = pod_info(gang("other", 8)[0])
+    before = state.filter(other, ["n0"])
+    assert before.admitted == []
+    assert "no aligned block of 8 free GPUs" in before.failed["n0"]
+    clock.now += 61
+    # The stuck gang keeps the GPU of its bound worker only: 7 left, not 8.
+    assert state.filter(other, ["n0"]).admitted == []
+    assert state.expired_total == 1
+    assert len(state.gangs[pod_info(stuck[0]).gang].block) == 1  # type: ignore[index]
+    smaller = pod_info(gang("small", 4)[0])
+    assert state.filter(smaller, ["n0"]).admitted == ["n0"]
+
+
+def test_reservation_without_bound_workers_expires_entirely() -> None:
+    state, clock = cluster(1, ttl_s=30.0)
+    first = pod_info(gang("ghost", 8)[0])
+    assert state.filter(first, ["n0"]).admitted == ["n0"]
+    clock.now += 29
+    assert state.filter(pod_info(gang("x", 1)[0]), ["n0"]).admitted == []
+    clock.now += 2
+    assert state.filter(pod_info(gang("x", 1)[0]), ["n0"]).admitted == ["n0"]
+    assert first.gang not in state.gangs
+
+
+def test_late_worker_of_expired_gang_still_gets_gpus() -> None:
+    state, clock = cluster(2, ttl_s=10.0)
+    members = gang("slow", 4)
+    for p in members[:2]:
+        assert schedule(state, p) is not None
+    clock.now += 11
+    # Another gang arrives after expiry; then the late workers.
+    for p in gang("next", 4):
+        assert schedule(state, p) is not None
+    for p in members[2:]:
+        assert schedule(state, p) is not None
+    assert len(state.pods) == 8
+    per_node = Counter(i.node for i in state.pods.values())
+    assert max(per_node.values()) <= 8
+
+
+def test_complete_gang_never_expires_and_a_replaced_worker_returns_to_its_block() -> None:
+    state, clock = cluster(2, ttl_s=10.0)
+    members = gang("done", 4)
+    nodes = {schedule(state, p) for p in members}
+    clock.now += 100
+    state.delete_pod(members[1])  # the operator restarts one worker
+    assert schedule(state, members[1]) in nodes
+
+
+def test_gang_is_forgotten_when_its_pods_are_gone() -> None:
+    state, _ = cluster(1)
+    members = gang("j", 8)
+    for p in members:
+        schedule(state, p)
+    for p in members:
+        state.delete_pod(p)
+    assert state.gangs == {}
+    assert state.filter(pod_info(gang("k", 8)[0]), ["n0"]).admitted == ["n0"]
+
+
+def test_rescale_generation_is_a_new_gang() -> None:
+    state, _ = cluster(2)
+    old = gang("j", 4, generation="1")
+    for p in old:
+        schedule(state, p)
+    new = gang("j", 8, generation="2")
+    new_nodes = {schedule(state, p) for p in new}
+    old_nodes = {pod_info(p).node or state.pods[pod_info(p).key].node for p in old}
+    assert len(new_nodes) == 1 and new_nodes != old_nodes
+
+
+def test_other_pods_gpus_are_respected() -> None:
+    state, _ = cluster(2)
+    foreign = pod("foreign", gpus=4, node_name="n0")
+    state.upsert_pod(foreign)
+    placed = Counter(schedule(state, p) for p in gang("j", 4))
+    # Best fit: the 4 free GPUs of n0, keeping n1 empty (it can be powered down).
+    assert placed == {"n0": 4}
+    placed = Counter(schedule(state, p) for p in gang("k", 8))
+    assert placed == {"n1": 8}
+
+
+def test_non_power_of_two_gang_is_refused_clearly() -> None:
+    state, _ = cluster(2)
+    with pytest.raises(Exception, match="power-of-two"):
+        state.filter(pod_info(gang("odd", 3)[0]), ["n0", "n1"])
+
+
+def test_unsynced_state_refuses_to_decide() -> None:
+    state = ClusterState()
+    with pytest.raises(NotSynced, match="not been listed"):
+        state.filter(pod_info(gang("a", 1)[0]), ["n0"])
+
+
+def test_bind_to_a_node_outside_the_block_is_refused() -> None:
+    state, _ = cluster(2)
+    info = pod_info(gang("a", 4)[0])
+    admitted = state.filter(info, ["n0", "n1"]).admitted
+    other = ({"n0", "n1"} - set(admitted)).pop()
+    with pytest.raises(Exception, match="no room left"):
+        state.begin_bind(info, other)
