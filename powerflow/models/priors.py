@@ -45,7 +45,9 @@ def generic_prior(exclude: str | None = None) -> ModelParams:
     to evaluate a prior honestly on the model it was not fitted to)."""
     chosen = [p for name, p in shipped_priors().items() if name != exclude]
     if not chosen:
-        raise ModelError(f"no shipped priors in {priors_path()}; run `powerflow fit --write-priors`")
+        raise ModelError(
+            f"no shipped priors in {priors_path()}; run `powerflow fit --write-priors`"
+        )
     gpus = {p.gpu for p in chosen}
     if len(gpus) != 1:
         raise ModelError(f"shipped priors mix GPU types: {sorted(gpus)}")

@@ -1,0 +1,131 @@
+"""The paper's equations behave as §4 says they should."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from models_synth import TRUE, grid
+from scipy.optimize import approx_fprime
+
+from powerflow.gpus import A100
+from powerflow.models import energy, throughput
+from powerflow.models.fitted import FittedModel
+from powerflow.models.params import EnergyParams, ThroughputParams
+from powerflow.models.protocol import PerfModel
+
+TP = TRUE.throughput
+EP = TRUE.energy
+
+
+def test_sync_is_zero_on_one_gpu_and_uses_local_or_node_terms() -> None:
+    only_node = dataclasses.replace(
+        TP, alpha_sync_local=0.0, kappa_sync_local=0.0, beta_sync_local=0.0, theta_sync_local=0.0
+    )
+    n = np.array([1.0, 4.0, 4.0, 8.0])
+    r = np.array([1.0, 4.0, 2.0, 4.0])
+    s = throughput.t_sync(only_node, n, r, np.full(4, 1410.0))
+    assert s[0] == 0.0 and s[1] == 0.0  # one GPU; one node with no local cost
+    assert s[2] > 0.0 and s[3] > s[2]  # several nodes: grows with n
+
+
+def test_sync_gets_faster_with_the_clock() -> None:
+    n, r = np.array([4.0, 16.0]), np.array([4.0, 8.0])
+    slow = throughput.t_sync(TP, n, r, np.full(2, 600.0))
+    fast = throughput.t_sync(TP, n, r, np.full(2, 1410.0))
+    assert np.all(fast < slow)
+
+
+def test_overlap_spans_sum_to_max() -> None:
+    a, b, c = np.array([0.1]), np.array([0.3]), np.array([0.2])
+    no_overlap = dataclasses.replace(TP, gamma1=1.0, gamma2=1.0)
+    assert throughput.combine(no_overlap, a, b, c)[0] == pytest.approx(0.6)
+    full = dataclasses.replace(TP, gamma1=12.0, gamma2=12.0)
+    got = throughput.combine(full, a, b, c)[0]
+    assert 0.3 < got < 0.3 * 1.01
+    mid = dataclasses.replace(TP, gamma1=2.0, gamma2=2.0)
+    assert 0.3 < throughput.combine(mid, a, b, c)[0] < 0.6
+
+
+def test_large_gammas_neither_overflow_nor_underflow() -> None:
+    p = dataclasses.replace(TP, gamma1=12.0, gamma2=12.0)
+    tiny = np.array([1e-40])
+    assert np.isfinite(throughput.combine(p, tiny, tiny, np.zeros(1))).all()
+    assert throughput.combine(p, tiny, tiny, np.zeros(1))[0] > 0
+
+
+@pytest.mark.parametrize("which", ["grad", "sync", "static"])
+def test_powers_are_continuous_and_smooth_at_the_knee(which: str) -> None:
+    def power(f_rel: float) -> float:
+        x = np.array([f_rel])
+        if which == "grad":
+            return float(energy.p_grad(EP, np.array([64.0]), x)[0])
+        if which == "sync":
+            return float(energy.p_sync(EP, x)[0])
+        return float(energy.p_static(EP, x)[0])
+
+    eps = 1e-7
+    assert power(1 - eps) == pytest.approx(power(1 + eps), rel=1e-5)
+    if which != "static":  # dynamic power is C1 at the knee (see energy.py)
+        left = (power(1 - eps) - power(1 - 2 * eps)) / eps
+        right = (power(1 + 2 * eps) - power(1 + eps)) / eps
+        assert left == pytest.approx(right, rel=1e-3)
+
+
+def test_static_power_is_flat_below_the_knee_and_rises_above() -> None:
+    f_rel = np.array([0.3, 0.9, 1.1, 1.3])
+    p = energy.p_static(EP, f_rel)
+    assert p[0] == p[1] and p[1] < p[2] < p[3]
+
+
+def test_grad_power_is_sublinear_in_batch() -> None:
+    f_rel = np.ones(3)
+    p = energy.p_grad(EP, np.array([8.0, 16.0, 32.0]), f_rel)
+    assert p[0] < p[1] < p[2]
+    assert p[2] / p[1] < 2.0 and p[2] - p[1] < 2 * (p[1] - p[0])
+
+
+def test_fitted_model_is_a_perf_model_and_broadcasts() -> None:
+    m = FittedModel(TRUE)
+    assert isinstance(m, PerfModel)
+    n = np.array([[1.0], [8.0]])
+    f = np.array([600.0, 1050.0, 1410.0])
+    t = m.step_time_s(n, np.minimum(n, 8), 32, f)
+    e = m.energy_per_iter_j(n, np.minimum(n, 8), 32, f)
+    assert t.shape == e.shape == (2, 3)
+    t2, e2 = m.predict(n, np.minimum(n, 8), 32, f)
+    assert np.array_equal(t, t2) and np.array_equal(e, e2)
+    assert np.all(np.diff(t, axis=1) < 0)  # a faster clock is faster
+    assert m.step_time_s(1, 1, 32, 1410).shape == ()
+
+
+def test_analytic_jacobians_match_finite_differences() -> None:
+    n, r, bs, f = grid(clock_step=20)
+    _, jac = throughput.log_step_time_jacobian(TP, n, r, bs, f)
+    for row in range(0, len(n), 7):
+
+        def log_t(x: np.ndarray, row: int = row) -> float:
+            p = ThroughputParams.from_vector(x)
+            return float(np.log(throughput.step_time(p, n[row], r[row], bs[row], f[row])))
+
+        x0 = TP.to_vector()
+        num = approx_fprime(x0, log_t, 1e-7 * np.maximum(np.abs(x0), 1e-6))
+        np.testing.assert_allclose(jac[row], num, rtol=2e-3, atol=1e-3 * np.abs(num).max())
+    grad_s = throughput.t_grad(TP, bs, f)
+    sync_s = throughput.t_sync(TP, n, r, f)
+    it = throughput.step_time(TP, n, r, bs, f)
+    f_rel = f / A100.f0_mhz
+    _, jac = energy.log_energy_jacobian(EP, n, bs, f_rel, grad_s, sync_s, it)
+    for row in range(0, len(n), 7):
+
+        def log_e(x: np.ndarray, row: int = row) -> float:
+            p = EnergyParams.from_vector(x)
+            e = energy.energy_per_iter(
+                p, n[row], bs[row], f_rel[row], grad_s[row], sync_s[row], it[row]
+            )
+            return float(np.log(e))
+
+        x0 = EP.to_vector()
+        num = approx_fprime(x0, log_e, 1e-7 * np.maximum(np.abs(x0), 1e-3))
+        np.testing.assert_allclose(jac[row], num, rtol=2e-3, atol=1e-4 * np.abs(num).max())

@@ -1,0 +1,140 @@
+"""Fitting recovers parameters it was given, and priors carry what data lack."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from models_synth import TRUE, grid, sample
+
+from powerflow.errors import ModelError
+from powerflow.gpus import A100
+from powerflow.models.fitted import FittedModel
+from powerflow.models.fitting import (
+    MIN_SAMPLES,
+    FitOptions,
+    fit_profile,
+    fit_with_prior,
+    refit_online,
+    rescale_prior,
+)
+from powerflow.models.metrics import accuracy, split
+from powerflow.models.params import ModelParams
+from powerflow.models.samples import Samples
+
+
+@pytest.fixture(scope="module")
+def profile() -> Samples:
+    return sample(TRUE, grid(clock_step=2), noise=0.01, seed=1)
+
+
+@pytest.fixture(scope="module")
+def fitted(profile: Samples) -> ModelParams:
+    return fit_profile(profile, A100)
+
+
+# Parameters the dense profile pins down (the others trade off against each
+# other, e.g. a_io against the overlap exponent, without changing predictions).
+IDENTIFIED = {
+    "throughput": ("a_grad", "b_grad", "k_grad", "theta_sync_node", "beta_sync_node", "gamma2"),
+    "energy": ("p_grad_w", "p_sync_w", "p_static_w", "grad_low_slope", "sync_low_slope"),
+}
+
+
+def test_recovers_known_parameters(fitted: ModelParams) -> None:
+    for group, names in IDENTIFIED.items():
+        for name in names:
+            got = getattr(getattr(fitted, group), name)
+            want = getattr(getattr(TRUE, group), name)
+            assert got == pytest.approx(want, rel=0.1), name
+
+
+def test_predicts_its_own_family_to_the_noise_level(profile: Samples) -> None:
+    train, test = split(profile, seed=3)
+    acc = accuracy(FittedModel(fit_profile(train, A100)), test)
+    # 1% Gaussian noise has a mean absolute value of 0.8%.
+    assert acc.throughput_mape < 0.012
+    assert acc.energy_mape < 0.012
+
+
+def test_fit_is_deterministic(profile: Samples) -> None:
+    small = profile.take(slice(0, None, 5))
+    assert fit_profile(small, A100) == fit_profile(small, A100)
+
+
+def test_too_few_samples_are_refused(profile: Samples) -> None:
+    with pytest.raises(ModelError, match=str(MIN_SAMPLES)):
+        fit_profile(profile.take(slice(0, MIN_SAMPLES - 1)), A100)
+
+
+def _other_job(params: ModelParams, time_factor: float, power_factor: float) -> ModelParams:
+    """The same shape at another size: a DNN that computes longer on the same
+    GPU and interconnect (its synchronisation time unchanged)."""
+    tp = params.throughput
+    x = tp.to_vector()
+    x[:5] *= time_factor  # a_io, b_io, a_grad, b_grad, k_grad
+    ep = dataclasses.replace(
+        params.energy,
+        p_grad_w=params.energy.p_grad_w * power_factor,
+        p_sync_w=params.energy.p_sync_w * power_factor,
+        p_static_w=params.energy.p_static_w * power_factor,
+    )
+    return ModelParams("A100", type(tp).from_vector(x), ep, model="job")
+
+
+def _sweep(params: ModelParams, bs: float, seed: int) -> Samples:
+    f = np.asarray(A100.clocks_mhz, dtype=np.float64)
+    one = np.ones_like(f)
+    return sample(params, (one, one, bs * one, f), noise=0.01, seed=seed)
+
+
+def test_rescaled_prior_takes_the_jobs_size() -> None:
+    job = _other_job(TRUE, 2.5, 0.7)
+    anchor = rescale_prior(TRUE, _sweep(job, 64.0, 0), A100)
+    assert anchor.throughput.k_grad == pytest.approx(job.throughput.k_grad, rel=0.03)
+    assert anchor.energy.p_static_w == pytest.approx(job.energy.p_static_w, rel=0.03)
+
+
+def test_sweep_only_fit_borrows_multi_gpu_terms_from_the_prior() -> None:
+    job = _other_job(TRUE, 2.5, 0.7)
+    params = fit_with_prior(TRUE, _sweep(job, 64.0, 0), A100)
+    # Everything, multi-GPU included, follows because the prior has the right shape.
+    multi = sample(job, grid(clock_step=8), noise=0.0, seed=0)
+    acc = accuracy(FittedModel(params), multi)
+    assert acc.throughput_mape < 0.03 and acc.energy_mape < 0.03
+
+
+def test_online_refit_learns_what_the_prior_got_wrong() -> None:
+    tp = TRUE.throughput
+    job = dataclasses.replace(
+        TRUE,
+        throughput=dataclasses.replace(
+            tp,
+            theta_sync_node=3 * tp.theta_sync_node,
+            beta_sync_node=3 * tp.beta_sync_node,
+            theta_sync_local=3 * tp.theta_sync_local,
+        ),
+    )
+    everything = sample(job, grid(clock_step=8), noise=0.0, seed=0)
+    multi = everything.take(everything.n > 1)
+    sweep = _sweep(job, 64.0, 1)
+    before = fit_with_prior(TRUE, sweep, A100)
+    online = sample(job, grid(clock_step=16), noise=0.01, seed=2)
+    after = refit_online(TRUE, Samples.concat([sweep, online]), A100, current=before)
+    err_before = accuracy(FittedModel(before), multi).throughput_mape
+    err_after = accuracy(FittedModel(after), multi).throughput_mape
+    assert err_before > 0.1
+    assert err_after < 0.03
+
+
+def test_prior_for_another_gpu_is_refused(profile: Samples) -> None:
+    other = dataclasses.replace(A100, name="B100")
+    with pytest.raises(ModelError, match="B100"):
+        fit_with_prior(TRUE, profile, other)
+
+
+def test_fewer_starts_still_fit(profile: Samples) -> None:
+    params = fit_profile(profile, A100, options=FitOptions(starts=1))
+    acc = accuracy(FittedModel(params), profile)
+    assert acc.throughput_mape < 0.02 and acc.energy_mape < 0.02

@@ -1,0 +1,74 @@
+"""Fitted parameters survive JSON and refuse malformed input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from models_synth import TRUE
+
+from powerflow.errors import ModelError
+from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
+
+
+def _in_bounds(cls: type[ThroughputParams] | type[EnergyParams]) -> st.SearchStrategy[np.ndarray]:
+    parts = []
+    for name in cls.names():
+        lo, hi = cls.BOUNDS[name]
+        parts.append(st.floats(lo, hi if math.isfinite(hi) else 1e3, allow_nan=False))
+    return st.tuples(*parts).map(np.array)
+
+
+@settings(max_examples=50, deadline=None)
+@given(tp=_in_bounds(ThroughputParams), ep=_in_bounds(EnergyParams))
+def test_json_round_trip_is_exact(tp: np.ndarray, ep: np.ndarray) -> None:
+    params = ModelParams(
+        "A100", ThroughputParams.from_vector(tp), EnergyParams.from_vector(ep), model="x"
+    )
+    again = ModelParams.from_json(params.to_json())
+    assert again == params
+
+
+def test_round_trip_without_model_label() -> None:
+    params = ModelParams("A100", TRUE.throughput, TRUE.energy)
+    assert ModelParams.from_json(params.to_json()) == params
+
+
+def _doc() -> dict[str, object]:
+    doc: dict[str, object] = json.loads(TRUE.to_json())
+    return doc
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.update(version=99),
+        lambda d: d.pop("gpu"),
+        lambda d: d["throughput"].pop("gamma1"),
+        lambda d: d["energy"].update(unknown=1.0),
+        lambda d: d["throughput"].update(gamma1=0.5),
+        lambda d: d["energy"].update(p_static_w="hot"),
+        lambda d: d.update(throughput=[1, 2, 3]),
+    ],
+    ids=["version", "no-gpu", "missing", "extra", "out-of-bounds", "not-a-number", "not-a-dict"],
+)
+def test_malformed_parameters_are_refused(mutate) -> None:  # type: ignore[no-untyped-def]
+    doc = _doc()
+    mutate(doc)
+    with pytest.raises(ModelError):
+        ModelParams.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]"])
+def test_non_object_json_is_refused(text: str) -> None:
+    with pytest.raises(ModelError):
+        ModelParams.from_json(text)
+
+
+def test_vector_of_wrong_length_is_refused() -> None:
+    with pytest.raises(ModelError):
+        ThroughputParams.from_vector(np.ones(3))
