@@ -66,7 +66,9 @@ class Mirror:
         self.relists += 1
         async with asyncio.TaskGroup() as group:
             group.create_task(
-                self._watch(NODES_PATH, node_version, self.state.upsert_node, self.state.delete_node)
+                self._watch(
+                    NODES_PATH, node_version, self.state.upsert_node, self.state.delete_node
+                )
             )
             group.create_task(
                 self._watch(PODS_PATH, pod_version, self.state.upsert_pod, self.state.delete_pod)

@@ -128,7 +128,9 @@ class Extender:
             annotations[PLACEMENT_ANNOTATION] = placement_annotation(args.Node, gang.block)
         bound_to: str | None = None
         try:
-            status = await self.api.bind(namespace, args.PodName, args.PodUID, args.Node, annotations)
+            status = await self.api.bind(
+                namespace, args.PodName, args.PodUID, args.Node, annotations
+            )
             if status == 409:
                 current = pod_info(await self.api.get_pod(namespace, args.PodName))
                 if current.node != args.Node:

@@ -250,7 +250,9 @@ class ClusterState:
             held.extend(sorted(s for s in gang.block if s[0] == node)[:gpus])
         return tuple(held)
 
-    def used_slots(self, exclude: GangKey | None = None) -> tuple[dict[str, set[int]], dict[str, int]]:
+    def used_slots(
+        self, exclude: GangKey | None = None
+    ) -> tuple[dict[str, set[int]], dict[str, int]]:
         """GPUs taken on each node: slots of live blocks, plus a count of GPUs outside any block."""
         slots: dict[str, set[int]] = {}
         covered: dict[str, int] = {}
@@ -396,4 +398,3 @@ class ClusterState:
             "gangs": len(self.gangs),
             "pending_gangs": sum(1 for g in self.gangs.values() if not self._complete(g)),
         }
-

@@ -133,7 +133,9 @@ def pod(
             {
                 "name": "kube-api-access-7xq2d",
                 "projected": {
-                    "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}],
+                    "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}
+                    ],
                     "defaultMode": 420,
                 },
             }

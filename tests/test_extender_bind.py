@@ -1,0 +1,246 @@
+"""Bind, the cluster mirror and restarts, against the emulated API server over real HTTP.
+
+The extender runs as in production: its mirror lists and watches the
+emulator (``support.kube_emulator``), ``/bind`` posts the pod's ``binding``
+subresource, and a second app started on the same cluster rebuilds the gang
+reservations from the bound pods' placement annotations. Everything is
+async on pytest's loop: the extender's httpx client never blocks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+from extender_bodies import args, binding_args, go_json, node, pod
+from fastapi import FastAPI
+from support.kube_emulator import KubeEmulator
+
+from powerflow.contract import PLACEMENT_ANNOTATION
+from powerflow.extender import create_app
+from powerflow.extender.kube import Connection, KubeApi
+from powerflow.extender.state import ClusterState
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+JSON = {"Content-Type": "application/json"}
+MERGE = {"Content-Type": "application/merge-patch+json"}
+NODE_NAMES = [f"gpu-{i}" for i in range(4)]
+
+
+@pytest.fixture
+async def cluster(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    """The emulator with four 8-GPU nodes; yields a plain client to it."""
+    kmock.load_builtins()
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        for name in NODE_NAMES:
+            body = node(name)
+            status = body.pop("status")
+            assert (await api.post("/api/v1/nodes", json=body)).status_code == 201
+            patched = await api.patch(
+                f"/api/v1/nodes/{name}/status", json={"status": status}, headers=MERGE
+            )
+            assert patched.status_code == 200
+        yield api
+
+
+async def create_pod(api: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    ns = body["metadata"]["namespace"]
+    fresh = json.loads(json.dumps(body))
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        fresh["metadata"].pop(key)
+    response = await api.post(f"/api/v1/namespaces/{ns}/pods", json=fresh)
+    assert response.status_code == 201
+    created: dict[str, Any] = response.json()
+    return created
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+class Ext(httpx.AsyncClient):
+    """A client of one extender app, with a look at its state."""
+
+    @property
+    def state(self) -> ClusterState:
+        transport = self._transport
+        assert isinstance(transport, httpx.ASGITransport)
+        state: ClusterState = transport.app.state.extender.state  # type: ignore[attr-defined]
+        return state
+
+
+@pytest.fixture
+async def start(kmock: KubeEmulator) -> AsyncIterator[Callable[..., Any]]:
+    """Start extender apps on the emulator (mirror running); all are stopped at the end."""
+    apps: list[FastAPI] = []
+
+    async def _start(host: str | None = None, **kw: Any) -> Ext:
+        app = create_app(KubeApi(Connection(host or str(kmock.url).rstrip("/"))), **kw)
+        apps.append(app)
+        await app.state.extender.start()
+        return Ext(transport=httpx.ASGITransport(app=app), base_url="http://ext")
+
+    yield _start
+    for app in apps:
+        await app.state.extender.stop()
+
+
+async def ready(client: httpx.AsyncClient) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while (await client.get("/readyz")).status_code != 200:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+
+
+async def schedule(ext: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Filter, prioritize and bind one pod the way kube-scheduler does; returns node and answer."""
+    nodes = [node(n) for n in NODE_NAMES]
+    filtered = (
+        await ext.post(
+            "/filter", content=go_json(args(body, nodes, cache_capable=True)), headers=JSON
+        )
+    ).json()
+    assert filtered["Error"] == "", filtered
+    admitted = filtered["NodeNames"]
+    scored = (
+        await ext.post(
+            "/prioritize", content=go_json({"Pod": body, "NodeNames": admitted}), headers=JSON
+        )
+    ).json()
+    best = max(scored, key=lambda s: s["Score"])["Host"]
+    bound = await ext.post("/bind", content=go_json(binding_args(body, best)), headers=JSON)
+    assert bound.status_code == 200
+    return best, bound.json()
+
+
+def worker(i: int, workers: int = 4, job: str = "train") -> dict[str, Any]:
+    return pod(f"{job}-{i}", job=job, workers=workers, index=i, namespace="ml")
+
+
+async def test_bind_sets_node_and_records_the_placement(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    body = await create_pod(cluster, worker(0))
+    chosen, answer = await schedule(ext, body)
+    assert answer == {"Error": ""}
+    stored = (await cluster.get("/api/v1/namespaces/ml/pods/train-0")).json()
+    assert stored["spec"]["nodeName"] == chosen
+    placement = json.loads(stored["metadata"]["annotations"][PLACEMENT_ANNOTATION])
+    assert placement["node"] == chosen
+    assert len(placement["block"]) == 4
+    assert {n for n, _ in placement["block"]} == {chosen}
+
+
+async def test_second_bind_to_another_node_fails_cleanly_and_same_node_succeeds(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    body = await create_pod(cluster, pod("web-0", gpus=0))  # not PowerFlow's: still bound
+    first = await ext.post("/bind", content=go_json(binding_args(body, "gpu-1")), headers=JSON)
+    assert first.json() == {"Error": ""}
+    other = await ext.post("/bind", content=go_json(binding_args(body, "gpu-2")), headers=JSON)
+    assert other.status_code == 200
+    assert "already bound to gpu-1" in other.json()["Error"]
+    same = await ext.post("/bind", content=go_json(binding_args(body, "gpu-1")), headers=JSON)
+    assert same.json() == {"Error": ""}
+    stored = (await cluster.get("/api/v1/namespaces/default/pods/web-0")).json()
+    assert stored["spec"]["nodeName"] == "gpu-1"
+    assert PLACEMENT_ANNOTATION not in (stored["metadata"].get("annotations") or {})
+
+
+async def test_rebind_of_a_gang_worker_bound_behind_the_cache_is_checked_with_the_api(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    body = await create_pod(cluster, worker(0))
+    chosen, _ = await schedule(ext, body)
+    other = next(n for n in NODE_NAMES if n != chosen)
+    answer = await ext.post("/bind", content=go_json(binding_args(body, other)), headers=JSON)
+    assert f"already bound to {chosen}" in answer.json()["Error"]
+
+
+async def test_bind_of_a_missing_pod_is_a_clear_error(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    missing = {"PodName": "ghost", "PodNamespace": "ml", "PodUID": "u", "Node": "gpu-0"}
+    answer = (await ext.post("/bind", content=go_json(missing), headers=JSON)).json()
+    assert "404" in answer["Error"] and "ghost" in answer["Error"]
+
+
+async def test_a_whole_gang_over_http_and_a_restart_rebuilds_it(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    bodies = [await create_pod(cluster, worker(i, workers=16)) for i in range(16)]
+    placed = [(await schedule(ext, b))[0] for b in bodies[:12]]
+    assert sorted({placed.count(n) for n in set(placed)}) == [4, 8]
+    block = next(iter(ext.state.gangs.values())).block
+
+    # A new extender (the old one crashed) rebuilds the gang from the bound pods.
+    fresh = await start()
+    await ready(fresh)
+    state = fresh.state
+    assert [g.block for g in state.gangs.values()] == [block]
+    rest = [(await schedule(fresh, b))[0] for b in bodies[12:]]
+    counts = {n: (placed + rest).count(n) for n in set(placed + rest)}
+    assert sorted(counts.values()) == [8, 8]
+    # And another gang of 8 now gets the two remaining nodes' worth without overlap.
+    other = await create_pod(cluster, worker(0, workers=8, job="other"))
+    node_name, _ = await schedule(fresh, other)
+    assert node_name not in counts
+
+
+async def test_mirror_follows_the_watch(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    state = ext.state
+    busy = await create_pod(cluster, pod("someone-else", gpus=8))
+    del busy
+    binding = {"metadata": {"name": "someone-else"}, "target": {"kind": "Node", "name": "gpu-0"}}
+    await cluster.post("/api/v1/namespaces/default/pods/someone-else/binding", json=binding)
+    await wait_for(
+        lambda: (
+            state.pods.get(("default", "someone-else")) is not None
+            and state.pods[("default", "someone-else")].node == "gpu-0"
+        )
+    )
+    await cluster.delete("/api/v1/nodes/gpu-3")
+    await wait_for(lambda: "gpu-3" not in state.nodes)
+    await cluster.delete("/api/v1/namespaces/default/pods/someone-else")
+    await wait_for(lambda: ("default", "someone-else") not in state.pods)
+
+
+async def test_unreachable_api_is_a_clear_error(start: Callable[..., Any]) -> None:
+    ext = await start(host="http://127.0.0.1:9")
+    await wait_for(lambda: "unreachable" in ext.state.unsynced_reason)
+    ready_answer = await ext.get("/readyz")
+    assert ready_answer.status_code == 503 and "unreachable" in ready_answer.json()["reason"]
+    gang = (
+        await ext.post(
+            "/filter",
+            content=go_json(args(worker(0), [node("gpu-0")], cache_capable=True)),
+            headers=JSON,
+        )
+    ).json()
+    assert "unreachable" in gang["Error"]
+    plain = (
+        await ext.post("/bind", content=go_json(binding_args(pod("web"), "gpu-0")), headers=JSON)
+    ).json()
+    assert "unreachable" in plain["Error"]
