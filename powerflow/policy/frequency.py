@@ -1,0 +1,94 @@
+"""GPU frequency configuration (Algorithm 1, lines 22-30): spend the power left on clocks.
+
+After allocation each running job sits at its most energy-efficient clock.
+The job with the largest ``priority_F = (dJCT / JCT_total) / (dE / E_total)``
+for one more clock step is raised, its priority recomputed, and so on. As in
+``allocation.py`` the common factor ``JCT_total / E_total`` is left out of the
+heap keys, a step saving both time and energy outranks every ratio, a step
+that does not shorten the JCT is never taken, and without energy awareness
+the key is ``dJCT`` alone.
+
+Guarantee: a raise is committed only if the predicted cluster power after it
+is within the limit, so this phase never ends above the limit, nor above the
+power it started from when allocation already overshot. A job whose next step
+does not fit leaves the heap; the others go on (a smaller raise may still
+fit). The raises are returned in order so that they can be undone, last
+first, if placement powers on more GPUs than predicted.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerflow.models.protocol import FloatArray
+
+
+@dataclass(frozen=True)
+class Clocks:
+    columns: tuple[int, ...]
+    power_w: float
+    raises: tuple[tuple[int, int], ...]
+    """(row index, clock column before the raise), in the order committed."""
+
+
+def raise_clocks(
+    jct_s: FloatArray,
+    energy_j: FloatArray,
+    power_w: FloatArray,
+    start: Sequence[int],
+    order: Sequence[tuple[float, str]],
+    total_w: float,
+    limit_w: float,
+    *,
+    step: int,
+    energy_aware: bool,
+) -> Clocks:
+    """Raise clocks by ``step`` columns at a time while the limit allows.
+
+    Row ``i`` of the matrices is one running job at its GPU count (columns:
+    clocks); ``order[i]`` is its tie-break (arrival, id); ``total_w`` the
+    predicted cluster power at ``start``.
+    """
+    width = jct_s.shape[1] if jct_s.ndim == 2 else 0
+    if width < 2 or not len(start):
+        return Clocks(columns=tuple(start), power_w=total_w, raises=())
+    nxt = np.minimum(np.arange(width) + step, width - 1)
+    d_jct = jct_s - jct_s[:, nxt]
+    d_energy = energy_j[:, nxt] - energy_j
+    if energy_aware:
+        free = d_energy <= 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            value = np.where(free, -d_jct, -d_jct / np.where(free, 1.0, d_energy))
+        cls = np.where(free, 1, 2)
+    else:
+        value, cls = -d_jct, np.full(d_jct.shape, 2)
+    # Never raise at the top clock or when it does not shorten the JCT.
+    cls = np.where((d_jct > 0) & (np.arange(width) < width - 1), cls, 3)
+    cls_l, value_l = cls.tolist(), value.tolist()
+    d_power = (power_w[:, nxt] - power_w).tolist()
+    nxt_l = nxt.tolist()
+
+    columns = list(start)
+    heap = [
+        (cls_l[i][c], value_l[i][c], order[i][0], order[i][1], i)
+        for i, c in enumerate(columns)
+        if cls_l[i][c] < 3
+    ]
+    heapq.heapify(heap)
+    raises: list[tuple[int, int]] = []
+    while heap:
+        i = heapq.heappop(heap)[-1]
+        col = columns[i]
+        new_total = total_w + d_power[i][col]
+        if new_total > limit_w:
+            continue
+        total_w = new_total
+        columns[i] = up = nxt_l[col]
+        raises.append((i, col))
+        if cls_l[i][up] < 3:
+            heapq.heappush(heap, (cls_l[i][up], value_l[i][up], order[i][0], order[i][1], i))
+    return Clocks(columns=tuple(columns), power_w=total_w, raises=tuple(raises))
