@@ -59,14 +59,14 @@ class FrequencyCurves:
         inside = np.interp(f, self.freq_mhz, self.time_rel)
         a = self.compute_bound_share
         below = self.time_rel[0] * (a * lo / np.maximum(f, 1e-9) + 1.0 - a)
-        return np.where(f < lo, below, inside)
+        return np.asarray(np.where(f < lo, below, inside), dtype=np.float64)
 
     def dynamic_power_factor(self, f: ArrayLike) -> FloatArray:
         f = np.asarray(f, dtype=np.float64)
         lo = self.freq_mhz[0]
         inside = np.interp(f, self.freq_mhz, self.dyn_power_rel)
         below = self.dyn_power_rel[0] * f / lo
-        return np.where(f < lo, below, inside)
+        return np.asarray(np.where(f < lo, below, inside), dtype=np.float64)
 
 
 def _hinge_knee(freq: FloatArray, dyn_power: FloatArray) -> tuple[float, float, float]:

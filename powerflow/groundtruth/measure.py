@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from powerflow.errors import DataError
+from powerflow.gpus import A100, GpuSpec
 from powerflow.groundtruth.truth import GroundTruth
-from powerflow.models.protocol import ArrayLike, FloatArray
+from powerflow.models.protocol import ArrayLike, FloatArray, PerfModel
 from powerflow.models.samples import Samples
 
 # The dense profile must stay cheap to fit: above this many rows it keeps
@@ -29,7 +30,7 @@ def _factor(rng: np.random.Generator, sigma: FloatArray) -> FloatArray:
 
 
 def measure(
-    truth: GroundTruth,
+    truth: PerfModel,
     n: ArrayLike,
     r: ArrayLike,
     bs: ArrayLike,
@@ -42,7 +43,8 @@ def measure(
     """One sample per configuration (arguments broadcast, then flatten).
 
     ``iterations`` is how many iterations each sample averages (noise shrinks
-    as ``1/sqrt(iterations)``).
+    as ``1/sqrt(iterations)``). ``truth`` may be any ``PerfModel`` (a fitted
+    model too), not only a ``GroundTruth``.
     """
     if not noise >= 0:
         raise DataError("noise must be >= 0")
@@ -94,8 +96,14 @@ def dense_profile(truth: GroundTruth, *, rng: np.random.Generator, noise: float 
     return measure(truth, *dense_configs(truth), rng=rng, noise=noise)
 
 
+def _gpu_of(truth: PerfModel, gpu: GpuSpec | None) -> GpuSpec:
+    if gpu is not None:
+        return gpu
+    return truth.gpu if isinstance(truth, GroundTruth) else A100
+
+
 def sweep_plan(
-    truth: GroundTruth, bs: float, duration_s: float = 240.0
+    truth: PerfModel, bs: float, duration_s: float = 240.0, *, gpu: GpuSpec | None = None
 ) -> tuple[FloatArray, FloatArray]:
     """(clocks, iterations per clock) of the one-GPU pre-run.
 
@@ -103,11 +111,12 @@ def sweep_plan(
     ``duration_s``; a slice ends at the last iteration boundary within its
     share, so a clock gets ``max(1, floor(share / step time))`` iterations. When
     that overruns ``duration_s`` (slow jobs at low clocks), it visits every
-    second (third, ...) clock instead, always keeping the top one.
+    second (third, ...) clock instead, always keeping the top one. The clocks
+    are ``gpu``'s (default: the ground truth's own GPU, else the A100).
     """
     if not duration_s > 0:
         raise DataError("sweep duration must be positive")
-    clocks = np.array(truth.gpu.clocks_mhz, dtype=np.float64)
+    clocks = np.array(_gpu_of(truth, gpu).clocks_mhz, dtype=np.float64)
     for stride in range(1, len(clocks) + 1):
         chosen = clocks[::-stride][::-1]
         step = truth.step_time_s(1, 1, bs, chosen)
@@ -119,14 +128,15 @@ def sweep_plan(
 
 
 def one_gpu_sweep(
-    truth: GroundTruth,
+    truth: PerfModel,
     bs: float,
     *,
     rng: np.random.Generator,
     noise: float = 0.03,
     duration_s: float = 240.0,
+    gpu: GpuSpec | None = None,
 ) -> Samples:
     """The paper's 4-minute pre-run on one GPU: one sample per visited clock,
     the mean of that clock's iterations (``sweep_plan`` says which clocks and how many)."""
-    clocks, iters = sweep_plan(truth, bs, duration_s)
+    clocks, iters = sweep_plan(truth, bs, duration_s, gpu=gpu)
     return measure(truth, 1, 1, bs, clocks, rng=rng, noise=noise, iterations=iters)

@@ -24,7 +24,7 @@ _PROFILES = "profiles"
 def _read_rows(*parts: str) -> list[dict[str, str]]:
     node = resources.files("powerflow").joinpath("data", *parts)
     try:
-        with node.open("r", encoding="utf-8", newline="") as fh:
+        with node.open("r", encoding="utf-8") as fh:
             return list(csv.DictReader(fh))
     except FileNotFoundError as exc:
         raise DataError(f"missing data file powerflow/data/{'/'.join(parts)}") from exc

@@ -85,7 +85,8 @@ class GroundTruth:
         hi_slope = (yc[-1] - yc[-2]) / (xb[-1] - xb[-2])
         below = yc[0] + lo_slope * (bs - xb[0])
         above = yc[-1] + hi_slope * (bs - xb[-1])
-        return np.where(bs < xb[0], below, np.where(bs > xb[-1], above, inside))
+        out = np.where(bs < xb[0], below, np.where(bs > xb[-1], above, inside))
+        return np.asarray(out, dtype=np.float64)
 
     def _packed_sync_s(self, n: FloatArray, bs: FloatArray) -> FloatArray:
         """Exposed sync at full clock on ceil(n/8) nodes, from the table's grid."""
@@ -97,7 +98,8 @@ class GroundTruth:
         ln = np.clip(np.log2(np.maximum(n, 2.0)), 1.0, float(grid.shape[0]))
         s = np.exp(_bilinear(grid, ln - 1.0, gbs, clamped))
         s = s * np.exp2((log_gb - clamped) * self.sync_bs_elasticity)
-        return s * np.clip(n - 1.0, 0.0, 1.0)  # nothing to sync on one GPU
+        ramp = np.clip(n - 1.0, 0.0, 1.0)  # nothing to sync on one GPU
+        return np.asarray(s * ramp, dtype=np.float64)
 
     def sync_time_s(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike) -> FloatArray:
         """Exposed (not overlapped) synchronisation time per iteration at full clock."""
