@@ -18,7 +18,7 @@ core clock f; "full clock" = 1410 MHz):
    linear in bs). ``o`` is 15-52 ms depending on the model.
 2. Exposed synchronisation at full clock, packed (r = min(n, 8), ceil(n/8)
    nodes): at every table cell with n >= 2, the table's step time minus step 1's
-   compute time at bs = gb/n. All cells come out positive (2-64% of the step;
+   compute time at bs = gb/n. All cells come out positive (1-64% of the step;
    Pollux's T4 data shows the same range, 1-12% on one node and 19-69% across
    nodes). Between cells: bilinear in (log2 n, log2 gb) of log sync, so every
    table cell is reproduced exactly. The one empty cell (deepspeech2, gb 32,
