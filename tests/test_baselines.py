@@ -239,6 +239,60 @@ def test_afs_prefers_the_short_job_at_similar_gains() -> None:
     assert afs_l([twin, short], 3) == [1, 2]
 
 
+def reference_afs_l(ladders: list[Ladder], free: int) -> list[int]:
+    """AFS-L transcribed literally: every round a fresh tournament from the ladders."""
+    level = [-1] * len(ladders)
+
+    def remaining(i: int) -> float:
+        return ladders[i].remaining_s[level[i]] if level[i] >= 0 else math.inf
+
+    def step(i: int) -> tuple[int, float, float]:
+        """Cost, gain over current speed, gain over new speed (per GPU)."""
+        lad, k = ladders[i], level[i]
+        if k < 0:
+            return lad.counts[0], math.inf, 1.0 / lad.counts[0]
+        c = lad.counts[k + 1] - lad.counts[k]
+        s0, s1 = 1 / lad.remaining_s[k], 1 / lad.remaining_s[k + 1]
+        return c, (s1 - s0) / s0 / c, (s1 - s0) / s1 / c
+
+    while True:
+        live = [
+            i
+            for i, lad in enumerate(ladders)
+            if level[i] + 1 < len(lad.counts) and step(i)[0] <= free
+        ]
+        if not live:
+            return [lad.counts[k] if k >= 0 else 0 for lad, k in zip(ladders, level, strict=True)]
+        best = live[0]
+        for i in live[1:]:
+            short, long_ = (i, best) if remaining(i) < remaining(best) else (best, i)
+            if remaining(short) == math.inf:
+                best = i if ladders[i].remaining_s[0] < ladders[best].remaining_s[0] else best
+            else:
+                best = short if step(short)[1] > step(long_)[2] else long_
+        free -= step(best)[0]
+        level[best] += 1
+
+
+@st.composite
+def ladders(draw: st.DrawFn) -> list[Ladder]:
+    out = []
+    for _ in range(draw(st.integers(0, 12))):
+        lo = draw(st.sampled_from((1, 2, 4)))
+        counts = tuple(lo * 2**k for k in range(draw(st.integers(1, 5))))
+        r0 = draw(st.floats(1.0, 1e5))
+        speedups = draw(st.lists(st.floats(1.01, 2.2), min_size=len(counts), max_size=len(counts)))
+        remaining = tuple(r0 / math.prod(speedups[1 : k + 1]) for k in range(len(counts)))
+        out.append(Ladder(counts, remaining))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(lads=ladders(), free=st.integers(0, 64))
+def test_afs_l_matches_the_literal_tournament(lads: list[Ladder], free: int) -> None:
+    assert afs_l(lads, free) == reference_afs_l(lads, free)
+
+
 def test_afs_steps_are_powers_of_two_within_the_job_bounds() -> None:
     j = job("j", 1, min_gpus=3, max_gpus=16, global_batch_size=512)
     assert ladder_counts(j, 64) == (4, 8, 16)

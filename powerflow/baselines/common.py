@@ -18,7 +18,7 @@ import numpy.typing as npt
 from powerflow.errors import SnapshotError
 from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import FloatArray, PerfModel
-from powerflow.policy.budget import limit_watts
+from powerflow.policy.budget import estimate_p_max_w, limit_watts, resolve_limit_watts
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Migration, Node, Plan, Snapshot
 
 
@@ -198,8 +198,87 @@ class Pool:
         return math.ceil(n / biggest)
 
 
+class ModelMemo:
+    """A policy's memo of model predictions, keyed by model object and configuration.
+
+    A fitted model costs about 0.1 ms a call and the simulator plans at every
+    event, mostly for jobs whose model and configuration did not change since
+    the last event. Predictions are pure, so remembering them changes no
+    decision; the memo holds each model it has seen, so an ``id`` in a key
+    can never be reused by another object while its entry lives. It empties
+    itself when full. Policies own one each (a dataclass field excluded from
+    equality), so no state is shared between policy objects.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self._table: dict[tuple[object, ...], tuple[PerfModel, object]] = {}
+
+    def get(self, model: PerfModel, key: tuple[object, ...]) -> object | None:
+        hit = self._table.get((id(model), *key))
+        return hit[1] if hit is not None and hit[0] is model else None
+
+    def put(self, model: PerfModel, key: tuple[object, ...], value: object) -> None:
+        if len(self._table) >= self.max_entries:
+            self._table.clear()
+        self._table[(id(model), *key)] = (model, value)
+
+    def rows(
+        self, models: Sequence[PerfModel], configs: Sequence[tuple[int, int, int, int]]
+    ) -> tuple[list[float], list[float]]:
+        """Step time and energy of ``(n, r, bs, f)`` rows, model calls only for new rows."""
+        t = [0.0] * len(models)
+        e = [0.0] * len(models)
+        miss: list[int] = []
+        for i, (model, cfg) in enumerate(zip(models, configs, strict=True)):
+            hit = self.get(model, cfg)
+            if hit is None:
+                miss.append(i)
+            else:
+                t[i], e[i] = hit  # type: ignore[misc]
+        if miss:
+            cols = np.array([configs[i] for i in miss], dtype=np.float64).T
+            tm, em = evaluate([models[i] for i in miss], *cols)
+            for k, i in enumerate(miss):
+                t[i], e[i] = float(tm[k]), float(em[k])
+                self.put(models[i], configs[i], (t[i], e[i]))
+        return t, e
+
+
+def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
+    """``powerflow.policy.budget.limit_watts`` through the memo (same rule, same value).
+
+    Without an absolute limit or ``p_max_watts`` the budget estimates
+    ``P_max`` from every active job at its requested GPUs and the top clock:
+    a model call per job per event, which the memo saves.
+    """
+    budget = snapshot.budget
+    if budget.limit_watts is not None or budget.p_max_watts is not None or not snapshot.jobs:
+        return limit_watts(snapshot)
+    gpus = sum(node.gpus for node in snapshot.nodes)
+    gpn = max(node.gpus for node in snapshot.nodes)
+    top = max(node.gpu.max_clock_mhz for node in snapshot.nodes)
+    configs = [
+        (
+            j.requested_gpus,
+            min(j.requested_gpus, gpn),
+            local_batch(j.global_batch_size, j.requested_gpus),
+            top,
+        )
+        for j in snapshot.jobs
+    ]
+    t, e = memo.rows([j.model for j in snapshot.jobs], configs)
+    powers = [ei / ti / cfg[0] for ti, ei, cfg in zip(t, e, configs, strict=True)]
+    fallback = sum(n.gpus * n.gpu.max_power_w for n in snapshot.nodes) / gpus
+    return resolve_limit_watts(budget, gpus, estimate_p_max_w(powers, fallback))
+
+
 def predicted_watts(
-    snapshot: Snapshot, jobs: Sequence[JobPlan], spec: GpuSpec, models: Mapping[str, PerfModel]
+    snapshot: Snapshot,
+    jobs: Sequence[JobPlan],
+    spec: GpuSpec,
+    models: Mapping[str, PerfModel],
+    memo: ModelMemo,
 ) -> float:
     """Cluster power of a plan by the jobs' models, plus idle power of unused GPUs.
 
@@ -211,17 +290,16 @@ def predicted_watts(
     for jp in running:
         for slot in jp.placement:
             sharers[slot] += 1
-    active = 0.0
-    if running:
-        t, e = evaluate(
-            [models[jp.job_id] for jp in running],
-            [jp.gpus for jp in running],
-            [per_node(jp.placement) for jp in running],
-            [jp.local_batch_size for jp in running],
-            [jp.frequency_mhz for jp in running],
-        )
-        share = np.array([1.0 / max(sharers[jp.placement[0]], 1) for jp in running])
-        active = float(np.sum(share * e / t))
+    t, e = memo.rows(
+        [models[jp.job_id] for jp in running],
+        [
+            (jp.gpus, per_node(jp.placement), jp.local_batch_size, jp.frequency_mhz)
+            for jp in running
+        ],
+    )
+    active = sum(
+        ei / ti / sharers[jp.placement[0]] for jp, ti, ei in zip(running, t, e, strict=True)
+    )
     total = sum(node.gpus for node in snapshot.nodes)
     return active + (total - len(sharers)) * spec.idle_power_w
 
@@ -230,20 +308,23 @@ def finish(
     snapshot: Snapshot,
     spec: GpuSpec,
     jobs: Sequence[JobPlan],
+    memo: ModelMemo,
     migrations: Sequence[Migration] = (),
-    notes: Sequence[str] = (),
 ) -> Plan:
-    """Assemble a plan in the snapshot's job order with its power figures."""
+    """Assemble a plan in the snapshot's job order with its power figures.
+
+    The limit is the admin's budget as PowerFlow reads it; the baselines only
+    report it (none of them is power-capped).
+    """
     models = {job.id: job.model for job in snapshot.jobs}
     by_id = {jp.job_id: jp for jp in jobs}
     ordered = tuple(by_id[job.id] for job in snapshot.jobs)
     return Plan(
         jobs=ordered,
-        limit_watts=limit_watts(snapshot),
-        predicted_watts=predicted_watts(snapshot, ordered, spec, models),
+        limit_watts=plan_limit_watts(snapshot, memo),
+        predicted_watts=predicted_watts(snapshot, ordered, spec, models, memo),
         powered_down_nodes=(),
         migrations=tuple(migrations),
-        notes=tuple(notes),
     )
 
 

@@ -47,9 +47,10 @@ Simplifications, and why:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from powerflow.baselines.common import (
+    ModelMemo,
     Pool,
     arrival_order,
     cluster_gpu,
@@ -70,6 +71,7 @@ class GandivaPolicy:
 
     frequency_mhz: int | None = None
     max_jobs_per_gpu: int = 2
+    memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_jobs_per_gpu < 1:
@@ -78,7 +80,7 @@ class GandivaPolicy:
     def plan(self, snapshot: Snapshot) -> Plan:
         spec = cluster_gpu(snapshot)
         clock = fixed_clock(spec, self.frequency_mhz)
-        return _Round(snapshot, self.max_jobs_per_gpu).run(spec, clock)
+        return _Round(snapshot, self.max_jobs_per_gpu).run(spec, clock, self.memo)
 
 
 class _Round:
@@ -136,7 +138,7 @@ class _Round:
                     marks[node] = True
         return marks
 
-    def run(self, spec: GpuSpec, clock: int) -> Plan:
+    def run(self, spec: GpuSpec, clock: int, memo: ModelMemo) -> Plan:
         waiting_jobs = [job for job in self.jobs if job.id not in self.where]
         # 1. FIFO admission onto exclusive GPUs, defragmenting when needed.
         left: list[Job] = []
@@ -163,7 +165,7 @@ class _Round:
                 plans.append(waiting(job, clock))
             if job.id in self.moves:
                 migrations.append(Migration(job.id, job.placement, self.moves[job.id]))
-        return finish(self.snapshot, spec, plans, migrations)
+        return finish(self.snapshot, spec, plans, memo, migrations)
 
     def _exclusive(self, job: Job) -> tuple[GpuSlot, ...] | None:
         n = job.requested_gpus

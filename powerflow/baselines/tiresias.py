@@ -53,6 +53,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from powerflow.baselines.common import (
+    ModelMemo,
     Pool,
     cluster_gpu,
     finish,
@@ -71,6 +72,7 @@ class TiresiasPolicy:
     frequency_mhz: int | None = None
     queue_thresholds_gpu_s: tuple[float, ...] = field(default=(3600.0,))
     promote_knob: float | None = 2.0
+    memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         th = self.queue_thresholds_gpu_s
@@ -125,4 +127,4 @@ class TiresiasPolicy:
             running(job, where[job.id], clock) if job.id in where else waiting(job, clock)
             for job in snapshot.jobs
         ]
-        return finish(snapshot, spec, plans)
+        return finish(snapshot, spec, plans, self.memo)

@@ -35,24 +35,30 @@ Simplifications, and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from powerflow.baselines.common import cluster_gpu, evaluate, per_node, predicted_watts
+from powerflow.baselines.common import (
+    ModelMemo,
+    cluster_gpu,
+    evaluate,
+    per_node,
+    predicted_watts,
+)
 from powerflow.errors import SnapshotError
 from powerflow.gpus import GpuSpec
-from powerflow.models.protocol import PerfModel
+from powerflow.models.protocol import FloatArray, PerfModel
 from powerflow.policy.snapshot import JobPlan, Plan, Policy, Snapshot
 
 
 def zeus_cost(
     model: PerfModel, n: int, r: int, bs: int, spec: GpuSpec, eta_knob: float
-) -> np.ndarray:
+) -> FloatArray:
     """Zeus's cost per iteration at each supported clock of ``spec``."""
     t, e = evaluate([model], [[n]], [[r]], [[bs]], [spec.clocks_mhz])
-    t, e = t[0], e[0]
-    return eta_knob * e + (1.0 - eta_knob) * n * spec.max_power_w * t
+    cost: FloatArray = eta_knob * e[0] + (1.0 - eta_knob) * n * spec.max_power_w * t[0]
+    return cost
 
 
 def zeus_clock(model: PerfModel, n: int, r: int, bs: int, spec: GpuSpec, eta_knob: float) -> int:
@@ -67,6 +73,7 @@ class ZeusPolicy:
 
     inner: Policy
     eta_knob: float = 0.5
+    memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eta_knob <= 1.0:
@@ -76,31 +83,48 @@ class ZeusPolicy:
         base = self.inner.plan(snapshot)
         spec = cluster_gpu(snapshot)
         models = {job.id: job.model for job in snapshot.jobs}
-        run = [jp for jp in base.jobs if jp.gpus > 0]
-        clocks = self._clocks(run, models, spec)
+        clocks = self._clocks([jp for jp in base.jobs if jp.gpus > 0], models, spec)
         jobs = tuple(
             replace(jp, frequency_mhz=clocks[jp.job_id]) if jp.job_id in clocks else jp
             for jp in base.jobs
         )
-        return replace(
-            base, jobs=jobs, predicted_watts=predicted_watts(snapshot, jobs, spec, models)
-        )
+        watts = predicted_watts(snapshot, jobs, spec, models, self.memo)
+        return replace(base, jobs=jobs, predicted_watts=watts)
 
     def _clocks(
         self, run: list[JobPlan], models: dict[str, PerfModel], spec: GpuSpec
     ) -> dict[str, int]:
-        """All running jobs' clocks from one grouped model evaluation."""
-        if not run:
-            return {}
+        """Running jobs' clocks: remembered ones, the rest from one grouped evaluation."""
+        out: dict[str, int] = {}
+        miss: list[tuple[JobPlan, tuple[object, ...]]] = []
+        for jp in run:
+            key = (
+                "zeus",
+                spec,
+                self.eta_knob,
+                jp.gpus,
+                per_node(jp.placement),
+                jp.local_batch_size,
+            )
+            hit = self.memo.get(models[jp.job_id], key)
+            if isinstance(hit, int):
+                out[jp.job_id] = hit
+            else:
+                miss.append((jp, key))
+        if not miss:
+            return out
         f = np.asarray(spec.clocks_mhz, dtype=np.float64)[None, :]
-        n = np.array([[jp.gpus] for jp in run], dtype=np.float64)
+        n = np.array([[jp.gpus] for jp, _ in miss], dtype=np.float64)
         t, e = evaluate(
-            [models[jp.job_id] for jp in run],
+            [models[jp.job_id] for jp, _ in miss],
             n,
-            [[per_node(jp.placement)] for jp in run],
-            [[jp.local_batch_size] for jp in run],
+            [[per_node(jp.placement)] for jp, _ in miss],
+            [[jp.local_batch_size] for jp, _ in miss],
             f,
         )
         cost = self.eta_knob * e + (1.0 - self.eta_knob) * n * spec.max_power_w * t
-        best = np.argmin(cost, axis=1)
-        return {jp.job_id: int(spec.clocks_mhz[i]) for jp, i in zip(run, best, strict=True)}
+        for (jp, key), i in zip(miss, np.argmin(cost, axis=1), strict=True):
+            clock = int(spec.clocks_mhz[i])
+            self.memo.put(models[jp.job_id], key, clock)
+            out[jp.job_id] = clock
+        return out

@@ -1,0 +1,92 @@
+"""Time one ``plan`` call of every baseline on a busy cluster.
+
+The simulator calls a policy at every event of a 1,901-job trace, so a call
+should take milliseconds. The state is the steady one the simulator sees:
+jobs already placed by the policy's previous call, a few new arrivals, and
+one model object per job (as after online fitting, the expensive case: no
+two jobs share a model, so no model call is shared).
+
+    python benchmarks/baselines_bench.py [--gpus 128] [--jobs 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import replace
+
+from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
+from powerflow.gpus import A100
+from powerflow.models.fitted import FittedModel
+from powerflow.models.priors import load_prior
+from powerflow.policy.snapshot import Budget, Job, Node, Policy, Snapshot
+
+MODELS = ("bert", "deepspeech2", "gpt2", "inception3", "resnet50", "vgg16")
+SIZES = (1,) * 28 + (2, 4, 8, 16)  # about the ITP trace's mix
+
+
+def snapshot(gpus: int, jobs: int, seed: int = 0) -> Snapshot:
+    rng = random.Random(seed)
+    nodes = tuple(Node(f"n{i:02d}", 8, A100) for i in range(gpus // 8))
+    priors = {name: load_prior(name) for name in MODELS}
+    out = []
+    for i in range(jobs):
+        name = rng.choice(MODELS)
+        out.append(
+            Job(
+                id=f"job{i:03d}",
+                model=FittedModel(priors[name]),  # one object per job
+                remaining_iterations=float(rng.randint(10**3, 10**5)),
+                global_batch_size=rng.choice((64, 128, 256)),
+                requested_gpus=rng.choice(SIZES),
+                arrival_s=float(i * 40),
+                attained_gpu_s=float(rng.choice((0, 1000, 10000))),
+                model_name=name,
+            )
+        )
+    return Snapshot(nodes, tuple(out), Budget(eta=0.7), now_s=jobs * 40.0)
+
+
+def steady(policy: Policy, snap: Snapshot) -> Snapshot:
+    """Apply one plan, as the simulator would, and add time."""
+    plan = policy.plan(snap)
+    jobs = tuple(
+        replace(j, placement=plan.job(j.id).placement, attained_gpu_s=j.attained_gpu_s + 600)
+        for j in snap.jobs
+    )
+    return replace(snap, jobs=jobs, now_s=snap.now_s + 600)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=128)
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    policies: dict[str, Policy] = {
+        "gandiva": GandivaPolicy(),
+        "tiresias": TiresiasPolicy(),
+        "afs": AfsPolicy(),
+        "gandiva+zeus": ZeusPolicy(GandivaPolicy()),
+        "tiresias+zeus": ZeusPolicy(TiresiasPolicy()),
+    }
+    print(f"{args.gpus} GPUs, {args.jobs} active jobs, one fitted model object per job")
+    print(f"{'policy':<15}{'first call ms':>15}{'steady median ms':>18}{'steady best ms':>16}")
+    for name, policy in policies.items():
+        snap = snapshot(args.gpus, args.jobs)
+        t0 = time.perf_counter()
+        snap = steady(policy, snap)
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            policy.plan(snap)
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        median, best = times[len(times) // 2], times[0]
+        print(f"{name:<15}{first * 1e3:>15.2f}{median * 1e3:>18.2f}{best * 1e3:>16.2f}")
+
+
+if __name__ == "__main__":
+    main()
