@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from powerflow import __version__
 from powerflow.errors import PowerFlowError
@@ -61,9 +62,15 @@ def _reason(exc: Exception) -> str:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
         return "cannot decode the request: " + "; ".join(parts)
+    if isinstance(exc, HTTPException):
+        return f"cannot decode the request: {exc.detail}"
     if isinstance(exc, PowerFlowError):
         return str(exc)
     return f"internal error: {type(exc).__name__}: {exc}"
+
+
+_EXPECTED = (PowerFlowError, RequestValidationError, HTTPException)
+"""Failures that are answers (bad input, undecidable); anything else is logged as a bug."""
 
 
 class _VerbRoute(APIRoute):
@@ -80,7 +87,7 @@ class _VerbRoute(APIRoute):
                 response = await handler(request)
             except Exception as exc:
                 metrics.requests.labels(verb, "error").inc()
-                if not isinstance(exc, PowerFlowError | RequestValidationError):
+                if not isinstance(exc, _EXPECTED):
                     log.exception("%s failed", verb)
                 raise VerbFailed(verb, _reason(exc)) from exc
             finally:

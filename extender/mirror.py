@@ -46,7 +46,7 @@ class Mirror:
             listed = self.relists
             try:
                 await self._list_and_watch()
-            except Exception as exc:  # noqa: BLE001 - the mirror must outlive any one failure
+            except Exception as exc:
                 first = _first(exc)
                 if isinstance(first, WatchExpired):
                     log.info("watch expired; relisting")

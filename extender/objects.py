@@ -153,7 +153,7 @@ def placement_annotation(node: str, block: tuple[GpuSlot, ...]) -> str:
 
 
 def parse_block(raw: Any) -> tuple[GpuSlot, ...]:
-    """The block recorded on a bound pod; empty when absent or unreadable (then it counts by GPUs)."""
+    """The block recorded on a bound pod; empty when absent or unreadable (GPUs then count)."""
     if not isinstance(raw, str):
         return ()
     try:

@@ -1,0 +1,72 @@
+"""``powerflow extender``: serve the kube-scheduler extender (filter, prioritize, bind).
+
+Runs beside a second kube-scheduler (``powerflow-scheduler``) in the same pod,
+which reaches it on localhost (``helm/powerflow/files/kube-scheduler-config.yaml``).
+It starts even when the API server cannot be reached: ``/readyz`` then says
+why, and pods that are not PowerFlow's still pass through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from powerflow.errors import PowerFlowError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8888
+"""The port in the scheduler configuration's ``urlPrefix``; change both together."""
+
+
+class ExtenderConfigError(PowerFlowError):
+    """The extender's command-line settings are unusable."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "extender",
+        help="serve the kube-scheduler extender (buddy placement of gang workers)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to listen on (default {DEFAULT_HOST}: the scheduler shares the pod; "
+        "use 0.0.0.0 for HTTP probes from the kubelet)",
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG)")
+    where.add_argument(
+        "--in-cluster", action="store_true", help="use the pod's service account"
+    )
+    p.add_argument(
+        "--reservation-ttl",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long a gang's reservation waits for all its workers (default 120)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ExtenderConfigError(f"--port {args.port} is not a TCP port")
+    if not args.reservation_ttl > 0:
+        raise ExtenderConfigError(f"--reservation-ttl must be positive, got {args.reservation_ttl}")
+    import uvicorn
+
+    from powerflow.extender import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = create_app(
+        kubeconfig=args.kubeconfig,
+        in_cluster=args.in_cluster,
+        reservation_ttl_s=args.reservation_ttl,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
