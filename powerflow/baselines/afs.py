@@ -191,7 +191,7 @@ class AfsPolicy:
         todo: list[tuple[Job, tuple[object, ...], tuple[int, ...]]] = []
         for job in jobs:
             counts = ladder_counts(job, cluster_gpus)
-            key = ("afs", counts, per_node, clock, job.global_batch_size)
+            key: tuple[object, ...] = ("afs", counts, per_node, clock, job.global_batch_size)
             hit = self.memo.get(job.model, key)
             steps.append(hit)  # type: ignore[arg-type]
             if hit is None:

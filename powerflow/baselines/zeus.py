@@ -98,7 +98,7 @@ class ZeusPolicy:
         out: dict[str, int] = {}
         miss: list[tuple[JobPlan, tuple[object, ...]]] = []
         for jp in run:
-            key = (
+            key: tuple[object, ...] = (
                 "zeus",
                 spec,
                 self.eta_knob,
