@@ -80,7 +80,8 @@ def allowed_mask(jobs: Sequence[Job], cluster: Cluster, elastic: bool) -> npt.ND
         keep = np.zeros_like(mask)
         keep[np.arange(len(jobs)), first] = True
         mask &= keep
-    return mask.reshape(len(jobs), powers.size)
+    out: npt.NDArray[np.bool_] = mask.reshape(len(jobs), powers.size)
+    return out
 
 
 def build_tables(
@@ -188,6 +189,6 @@ def _check_predictions(
         if bad.any():
             k = int(np.argmax(bad))
             raise SnapshotError(
-                f"job {jobs[int(point_job[k])].id!r}: model predicts {what} {values[k]!r} on "
+                f"job {jobs[int(point_job[k])].id!r}: model predicts {what} {float(values[k])} on "
                 f"{int(n[k])} GPUs at {int(f[k])} MHz; need a finite positive value"
             )
