@@ -57,6 +57,11 @@ def register(subparsers: Any) -> None:
         help="fit each ground-truth model's whole profile and write DIR/<model>.json "
         "(default: the package's priors)",
     )
+    p.add_argument(
+        "--models",
+        metavar="A,B",
+        help="ground-truth models to fit (comma-separated; default all)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of profiles and splits")
     p.set_defaults(func=run)
 
@@ -143,9 +148,17 @@ def _prior_for(model: str | None, gpu: GpuSpec) -> ModelParams | None:
 def _run_ground_truth(args: argparse.Namespace, gpu: GpuSpec) -> int:
     from powerflow import groundtruth as gt
 
+    names = gt.MODEL_NAMES
+    if args.models:
+        names = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        unknown = [m for m in names if m not in gt.MODEL_NAMES]
+        if unknown or not names:
+            raise DataError(
+                f"unknown model(s) {', '.join(unknown)}; known: {', '.join(gt.MODEL_NAMES)}"
+            )
     results: list[_Result] = []
     profiles: dict[str, Samples] = {}
-    for name in gt.MODEL_NAMES:
+    for name in names:
         truth = gt.ground_truth(name, gpu=gpu)
         profile = gt.dense_profile(truth, rng=np.random.default_rng(args.seed))
         profiles[name] = profile

@@ -42,10 +42,10 @@ def plot_model(
         t, e = model.predict(1.0, 1.0, bs, clocks)
         (line,) = axes[0, 0].plot(clocks, 1.0 / t, label=f"bs={bs:g}")
         axes[0, 0].scatter(
-            profile.f[rows], 1.0 / profile.step_time_s[rows], s=6, c=line.get_color()
+            profile.f[rows], 1.0 / profile.step_time_s[rows], s=6, color=line.get_color()
         )
-        axes[0, 1].plot(clocks, e, c=line.get_color(), label=f"bs={bs:g}")
-        axes[0, 1].scatter(profile.f[rows], profile.energy_j[rows], s=6, c=line.get_color())
+        axes[0, 1].plot(clocks, e, color=line.get_color(), label=f"bs={bs:g}")
+        axes[0, 1].scatter(profile.f[rows], profile.energy_j[rows], s=6, color=line.get_color())
     axes[0, 0].set(xlabel="core clock (MHz)", ylabel="throughput (it/s)", title=f"{name}: 1 GPU")
     axes[0, 1].set(xlabel="core clock (MHz)", ylabel="energy per iteration (J)", title="1 GPU")
     global_bs = profile.n * profile.bs
@@ -67,7 +67,7 @@ def plot_model(
             y_fit = 1.0 / t if what == "t" else e
             y_meas = 1.0 / profile.step_time_s[rows] if what == "t" else profile.energy_j[rows]
             (line,) = ax.plot(ns, y_fit, label=label)
-            ax.scatter(profile.n[rows], y_meas, s=8, c=line.get_color())
+            ax.scatter(profile.n[rows], y_meas, s=8, color=line.get_color())
     axes[1, 0].set(xscale="log", xlabel="GPUs", ylabel="throughput (it/s)", title="vs GPU count")
     axes[1, 1].set(xscale="log", yscale="log", xlabel="GPUs", ylabel="energy per iteration (J)")
     for ax in axes.flat:

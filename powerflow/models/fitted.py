@@ -11,6 +11,9 @@ from powerflow.models import energy, throughput
 from powerflow.models.params import ModelParams
 from powerflow.models.protocol import ArrayLike, FloatArray
 
+BLOCK = 8192
+"""Configurations per block of a large prediction (64 KiB per temporary)."""
+
 
 def _arrays(
     n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
@@ -36,8 +39,12 @@ class FittedModel:
     def gpu(self) -> GpuSpec:
         return gpu_spec(self.params.gpu)
 
+    @property
+    def _f0_mhz(self) -> float:
+        return float(self.gpu.f0_mhz)
+
     def step_time_s(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike) -> FloatArray:
-        return throughput.step_time(self.params.throughput, *_arrays(n, r, bs, f))
+        return self.predict(n, r, bs, f)[0]
 
     def energy_per_iter_j(
         self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
@@ -47,12 +54,33 @@ class FittedModel:
     def predict(
         self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
     ) -> tuple[FloatArray, FloatArray]:
-        """Step time and energy together, sharing the step-time terms."""
-        na, ra, bsa, fa = _arrays(n, r, bs, f)
+        """Step time and energy together, sharing the step-time terms.
+
+        Large inputs go through in blocks of ``BLOCK`` configurations: the
+        temporaries then stay in cache and below malloc's mmap threshold,
+        which makes 100k predictions several times faster than one pass.
+        """
+        na, ra, bsa, fa = np.broadcast_arrays(*_arrays(n, r, bs, f))
+        shape = na.shape
+        flat = [a.ravel() for a in (na, ra, bsa, fa)]
+        size = flat[0].size
+        if size <= BLOCK:
+            t, e = self._predict_flat(*flat)
+            return t.reshape(shape), e.reshape(shape)
+        t_out = np.empty(size)
+        e_out = np.empty(size)
+        for start in range(0, size, BLOCK):
+            block = slice(start, start + BLOCK)
+            t_out[block], e_out[block] = self._predict_flat(*(a[block] for a in flat))
+        return t_out.reshape(shape), e_out.reshape(shape)
+
+    def _predict_flat(
+        self, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
         tp = self.params.throughput
-        grad = throughput.t_grad(tp, bsa, fa)
-        sync = throughput.t_sync(tp, na, ra, fa)
-        it = throughput.combine(tp, throughput.t_io(tp, ra, bsa), grad, sync)
-        f_rel = fa / self.gpu.f0_mhz
-        e = energy.energy_per_iter(self.params.energy, na, bsa, f_rel, grad, sync, it)
+        grad = throughput.t_grad(tp, bs, f)
+        sync = throughput.t_sync(tp, n, r, f)
+        it = throughput.combine(tp, throughput.t_io(tp, r, bs), grad, sync)
+        f_rel = f / self._f0_mhz
+        e = energy.energy_per_iter(self.params.energy, n, bs, f_rel, grad, sync, it)
         return it, e

@@ -51,11 +51,13 @@ def t_sync(p: ThroughputParams, n: FloatArray, r: FloatArray, f_mhz: FloatArray)
 
 
 def _pnorm(a: FloatArray, b: FloatArray, gamma: float) -> FloatArray:
-    """``(a**g + b**g)**(1/g)`` computed relative to the larger term, so that
-    large exponents neither overflow nor underflow."""
-    m = np.maximum(a, b)
-    safe = np.where(m > 0, m, 1.0)
-    out = m * ((a / safe) ** gamma + (b / safe) ** gamma) ** (1.0 / gamma)
+    """``(a**g + b**g)**(1/g)`` as ``hi * (1 + (lo/hi)**g)**(1/g)``: relative
+    to the larger term, so large exponents neither overflow nor underflow,
+    and with two powers per element instead of three."""
+    hi = np.maximum(a, b)
+    lo = np.minimum(a, b)
+    q = lo / np.where(hi > 0, hi, 1.0)
+    out = hi * (1.0 + q**gamma) ** (1.0 / gamma)
     return np.asarray(out, dtype=np.float64)
 
 

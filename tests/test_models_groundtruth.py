@@ -1,0 +1,74 @@
+"""The real check: the paper's model fitted to the ground truth, which is not
+of the model's form (it interpolates public measurements)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerflow import groundtruth as gt
+from powerflow.gpus import A100
+from powerflow.models.fitted import FittedModel
+from powerflow.models.fitting import fit_profile, fit_with_prior, refit_online
+from powerflow.models.metrics import accuracy, split
+from powerflow.models.priors import generic_prior, load_prior
+from powerflow.models.samples import Samples
+
+# Two of six models per check keeps the file fast; the benchmark covers all.
+SUBSET = ("vgg16", "gpt2")
+
+
+def _profile(name: str) -> Samples:
+    return gt.dense_profile(gt.ground_truth(name), rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_held_out_mape_meets_the_target(name: str) -> None:
+    train, test = split(_profile(name), seed=0)
+    acc = accuracy(FittedModel(fit_profile(train, A100)), test)
+    assert acc.throughput_mape <= 0.10
+    assert acc.energy_mape <= 0.10
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_one_gpu_sweep_with_a_leave_one_out_prior(name: str) -> None:
+    truth = gt.ground_truth(name)
+    profile = _profile(name)
+    bs = truth.global_batch_sizes[0]
+    sweep = gt.one_gpu_sweep(truth, bs, rng=np.random.default_rng(1))
+    params = fit_with_prior(generic_prior(exclude=name), sweep, A100)
+    one_gpu = accuracy(FittedModel(params), profile.take(profile.n == 1))
+    assert one_gpu.throughput_mape <= 0.10 and one_gpu.energy_mape <= 0.10
+
+
+def test_online_samples_fix_the_multi_gpu_terms() -> None:
+    name = "gpt2"
+    truth = gt.ground_truth(name)
+    profile = _profile(name)
+    multi = profile.take(profile.n > 1)
+    sweep = gt.one_gpu_sweep(truth, 128, rng=np.random.default_rng(1))
+    prior = generic_prior(exclude=name)
+    before = fit_with_prior(prior, sweep, A100)
+    # The scheduler then runs the job packed on 2, 8 and 32 GPUs, sweeping clocks.
+    n = np.array([2.0, 8.0, 32.0])[:, None]
+    f = np.asarray(A100.clocks_mhz[::4], dtype=np.float64)[None, :]
+    online = gt.measure(truth, n, np.minimum(n, 8), 128 / n, f, rng=np.random.default_rng(2))
+    after = refit_online(prior, Samples.concat([sweep, online]), A100, current=before)
+    err_before = accuracy(FittedModel(before), multi)
+    err_after = accuracy(FittedModel(after), multi)
+    assert err_after.throughput_mape < 0.5 * err_before.throughput_mape
+    assert err_after.throughput_mape < 0.15
+
+
+@pytest.mark.parametrize("name", gt.MODEL_NAMES)
+def test_shipped_prior_describes_its_model(name: str) -> None:
+    """The priors in powerflow/data/priors are current: regenerate them with
+    `powerflow fit --write-priors` when the ground truth or the fit changes."""
+    acc = accuracy(FittedModel(load_prior(name)), _profile(name))
+    assert acc.throughput_mape <= 0.10 and acc.energy_mape <= 0.10
+
+
+def test_unknown_or_missing_hint_gives_the_generic_prior() -> None:
+    assert load_prior(None).model == "generic"
+    assert load_prior("alexnet") == load_prior(None)
+    assert load_prior("BERT").model == "bert"
