@@ -197,6 +197,10 @@ def test_immovable_jobs_never_move(
     check_valid(nodes, later, result)
     for job in pinned:
         assert result.assignments[job] == layout.assignments[job]
+    again = [req(r.job_id, r.gpus, result.assignments.get(r.job_id, ()), r.movable) for r in later]
+    second = place(nodes, again)
+    assert second.assignments == result.assignments
+    assert second.migrations == ()
 
 
 @settings(max_examples=150, deadline=None)
@@ -296,6 +300,20 @@ def test_an_unchanged_valid_layout_stays_put_even_when_partly_used() -> None:
     assert result.assignments == {"a": block("n1", 4, 4), "b": block("n1", 2, 1)}
     assert result.migrations == ()
     assert result.powered_down_nodes == ("n0", "n2")
+
+
+def test_new_jobs_refill_the_holes_finished_jobs_leave_without_moves() -> None:
+    nodes = cluster(4)
+    first = place(nodes, [req(f"j{i}", 1 << (i % 3)) for i in range(12)])
+    assert not first.unplaced
+    finished = {"j0", "j4", "j5"}  # 1, 2 and 4 GPUs on whichever nodes they landed
+    running = [req(j, len(s), s) for j, s in first.assignments.items() if j not in finished]
+    arrivals = [req("a1", 4), req("a2", 2), req("a3", 1)]
+    result = place(nodes, running + arrivals)
+    assert result.migrations == ()
+    for r in running:
+        assert result.assignments[r.job_id] == r.current
+    assert result.powered_down_nodes == first.powered_down_nodes
 
 
 def test_a_new_job_fills_the_partly_used_node_first() -> None:

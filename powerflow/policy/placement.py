@@ -83,8 +83,6 @@ constants (``benchmarks/placement_bench.py``); memory is ``O(jobs + GPUs)``.
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_left, insort
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -98,6 +96,7 @@ from powerflow.policy.buddy import (
     preferred_block,
     resolve_slots,
 )
+from powerflow.policy.packing import Cluster, Item, allocate
 from powerflow.policy.snapshot import GpuSlot, Migration, Node
 
 __all__ = [
@@ -145,71 +144,10 @@ def is_migration(source: Collection[GpuSlot], target: Collection[GpuSlot]) -> bo
     return bool(src) and not (src <= tgt or tgt <= src)
 
 
-@dataclass(frozen=True, slots=True)
-class _Item:
-    order: int
-    job_id: str
-    size: int
-    pref: Block | None
-
-
-def _sort_key(item: _Item) -> tuple[int, bool, str]:
-    # Largest first (the buddy guarantee); jobs with a preferred block before
-    # new ones of the same size, so that new jobs do not take their blocks.
-    return (-item.size, item.pref is None, item.job_id)
-
-
-class _Cluster:
-    """Mutable occupancy during one ``place`` call (never escapes it)."""
-
-    def __init__(self, geo: Geometry) -> None:
-        self.geo = geo
-        n = geo.per_node
-        self.occ = [bytearray(n) for _ in range(geo.num_nodes)]
-        self.fill = [0] * geo.num_nodes
-        self.busy = bytearray(geo.num_nodes)
-
-    def is_free(self, b: Block) -> bool:
-        n = self.geo.per_node
-        if b.size <= n:
-            return self.occ[b.node].find(1, b.offset, b.offset + b.size) == -1
-        g = b.size // n
-        return self.busy.find(1, b.node, b.node + g) == -1
-
-    def occupy(self, b: Block) -> None:
-        n = self.geo.per_node
-        if b.size <= n:
-            self.occ[b.node][b.offset : b.offset + b.size] = b"\x01" * b.size
-            self.fill[b.node] += b.size
-            self.busy[b.node] = 1
-            return
-        for node in range(b.node, b.node + b.size // n):
-            self.occ[node][:] = b"\x01" * n
-            self.fill[node] = n
-            self.busy[node] = 1
-
-    def best_offset(self, node: int, size: int, reserved: list[int] | None) -> int | None:
-        """A free aligned ``size``-block on ``node``: fewest GPUs others prefer, then lowest."""
-        occ = self.occ[node]
-        best: int | None = None
-        best_r = 0
-        for off in range(0, self.geo.per_node, size):
-            if occ.find(1, off, off + size) != -1:
-                continue
-            if reserved is None:
-                return off
-            r = sum(reserved[off : off + size])
-            if r == 0:
-                return off
-            if best is None or r < best_r:
-                best, best_r = off, r
-        return best
-
-
 def place(nodes: Sequence[Node], requests: Sequence[PlacementRequest]) -> PlacementResult:
     """Choose exact GPUs for every request (see the module docstring for the rules)."""
     geo = geometry(nodes)
-    cluster = _Cluster(geo)
+    cluster = Cluster(geo)
     placed: dict[str, Block] = {}
     seen: set[str] = set()
     for r in requests:
@@ -235,217 +173,15 @@ def place(nodes: Sequence[Node], requests: Sequence[PlacementRequest]) -> Placem
         fixed += r.gpus
 
     left = geo.capacity - fixed
-    items: list[_Item] = []
-    for i, r in enumerate(requests):
+    items: list[Item] = []
+    for r in requests:
         if not r.movable or r.gpus > geo.max_block or r.gpus > left:
             continue
         left -= r.gpus
         slots, _ = resolve_slots(geo, r.current)
-        items.append(_Item(i, r.job_id, r.gpus, preferred_block(geo, slots, r.gpus)))
-
-    n = geo.per_node
-    big = sorted((it for it in items if it.size >= n), key=_sort_key)
-    small = sorted((it for it in items if it.size < n), key=_sort_key)
-    weight = [0] * geo.num_nodes
-    for it in items:
-        _add_weight(geo, weight, it, +1)
-    taken = _place_big(cluster, big, weight, placed)
-    _place_small(cluster, small, taken, placed)
+        items.append(Item(r.job_id, r.gpus, preferred_block(geo, slots, r.gpus)))
+    placed.update(allocate(cluster, items))
     return _result(geo, requests, placed)
-
-
-def _add_weight(geo: Geometry, weight: list[int], it: _Item, sign: int) -> None:
-    if it.pref is None:
-        return
-    if it.size <= geo.per_node:
-        weight[it.pref.node] += sign * it.size
-        return
-    for node in range(it.pref.node, it.pref.node + it.size // geo.per_node):
-        weight[node] += sign * geo.per_node
-
-
-def _place_big(
-    cluster: _Cluster, items: list[_Item], weight: list[int], placed: dict[str, Block]
-) -> bytearray:
-    """Jobs of at least one node: whole aligned node groups, in decreasing size.
-
-    Returns the nodes these jobs took. A job keeps its preferred group when
-    all of it is free; otherwise it takes the free group with the fewest
-    powered-off nodes, then the fewest GPUs that other jobs run on now.
-    """
-    geo = cluster.geo
-    off = [0 if on else 1 for on in geo.powered_on]
-    taken = bytearray(geo.num_nodes)
-    heap = [(off[i], weight[i], i) for i in range(geo.num_nodes) if not cluster.busy[i]]
-    heapq.heapify(heap)
-    for it in items:
-        g = it.size // geo.per_node
-        _add_weight(geo, weight, it, -1)
-        if it.pref is not None:
-            for node in range(it.pref.node, it.pref.node + g):
-                if not cluster.busy[node]:
-                    heapq.heappush(heap, (off[node], weight[node], node))
-        start: int | None = None
-        if it.pref is not None and cluster.is_free(it.pref):
-            start = it.pref.node
-        elif g == 1:
-            while heap:
-                _, w, node = heapq.heappop(heap)
-                if not cluster.busy[node] and w == weight[node]:
-                    start = node
-                    break
-        else:
-            best: tuple[int, int, int] | None = None
-            for s in range(0, geo.num_nodes - g + 1, g):
-                if cluster.busy.find(1, s, s + g) == -1:
-                    key = (sum(off[s : s + g]), sum(weight[s : s + g]), s)
-                    if best is None or key < best:
-                        best = key
-            start = None if best is None else best[2]
-        if start is None:
-            continue
-        block = Block(start, 0, it.size)
-        cluster.occupy(block)
-        taken[start : start + g] = b"\x01" * g
-        placed[it.job_id] = block
-    return taken
-
-
-def _place_small(
-    cluster: _Cluster, items: list[_Item], taken: bytearray, placed: dict[str, Block]
-) -> None:
-    """Jobs smaller than a node: keep exactly filled nodes, best-fit the rest."""
-    geo = cluster.geo
-    n = geo.per_node
-    by_node: dict[int, list[_Item]] = {}
-    pool_items: list[_Item] = []
-    for it in items:
-        if it.pref is None or taken[it.pref.node]:
-            pool_items.append(_Item(it.order, it.job_id, it.size, None))
-        else:
-            by_node.setdefault(it.pref.node, []).append(it)
-
-    settled = bytearray(geo.num_nodes)
-    for node in sorted(by_node):
-        stay = sorted(by_node[node], key=_sort_key)
-        mask = bytearray(cluster.occ[node])
-        kept: list[_Item] = []
-        for it in stay:
-            assert it.pref is not None
-            o, s = it.pref.offset, it.size
-            if mask.find(1, o, o + s) == -1:
-                mask[o : o + s] = b"\x01" * s
-                kept.append(it)
-        if cluster.fill[node] + sum(it.size for it in kept) == n:
-            settled[node] = 1
-            for it in kept:
-                assert it.pref is not None
-                cluster.occupy(it.pref)
-                placed[it.job_id] = it.pref
-            kept_ids = {it.job_id for it in kept}
-            pool_items.extend(
-                _Item(it.order, it.job_id, it.size, None)
-                for it in stay
-                if it.job_id not in kept_ids
-            )
-        else:
-            pool_items.extend(stay)
-    pool_items.sort(key=_sort_key)
-    _best_fit(cluster, pool_items, taken, settled, placed)
-
-
-def _best_fit(
-    cluster: _Cluster,
-    items: list[_Item],
-    taken: bytearray,
-    settled: bytearray,
-    placed: dict[str, Block],
-) -> None:
-    """Decreasing-size best fit over the nodes not yet decided (the guarantee's core)."""
-    geo = cluster.geo
-    n = geo.per_node
-    fill = cluster.fill
-    in_pool = [not taken[i] and not settled[i] and fill[i] < n for i in range(geo.num_nodes)]
-    weight = [0] * geo.num_nodes
-    reserved: list[list[int] | None] = [None] * geo.num_nodes
-    for it in items:
-        pb = it.pref
-        if pb is not None:
-            weight[pb.node] += it.size
-            res = reserved[pb.node]
-            if res is None:
-                res = reserved[pb.node] = [0] * n
-            for i in range(pb.offset, pb.offset + pb.size):
-                res[i] += 1
-
-    buckets: dict[int, list[int]] = {}
-    for i in range(geo.num_nodes):
-        if in_pool[i] and fill[i] > 0:
-            buckets.setdefault(fill[i], []).append(i)
-    empty = [
-        (not geo.powered_on[i], -weight[i], i)
-        for i in range(geo.num_nodes)
-        if in_pool[i] and fill[i] == 0
-    ]
-    heapq.heapify(empty)
-
-    for it in items:
-        s, p = it.size, it.pref
-        if p is not None:
-            # Its own preference no longer keeps others away from the block.
-            weight[p.node] -= s
-            res = reserved[p.node]
-            assert res is not None
-            for i in range(p.offset, p.offset + s):
-                res[i] -= 1
-            if fill[p.node] == 0:
-                heapq.heappush(empty, (not geo.powered_on[p.node], -weight[p.node], p.node))
-        target: Block | None = None
-        if p is not None and in_pool[p.node] and fill[p.node] > 0 and cluster.is_free(p):
-            target = p
-        if target is None:
-            target = _fullest_with_room(cluster, buckets, s, p, reserved)
-        if target is None and p is not None and in_pool[p.node] and fill[p.node] == 0:
-            target = p
-        while target is None and empty:
-            _, w, node = heapq.heappop(empty)
-            if fill[node] == 0 and -w == weight[node]:
-                o = cluster.best_offset(node, s, reserved[node])
-                if o is not None:
-                    target = Block(node, o, s)
-        if target is None:
-            continue
-        before = fill[target.node]
-        cluster.occupy(target)
-        placed[it.job_id] = target
-        if before > 0:
-            bucket = buckets[before]
-            del bucket[bisect_left(bucket, target.node)]
-        if fill[target.node] < n:
-            insort(buckets.setdefault(fill[target.node], []), target.node)
-
-
-def _fullest_with_room(
-    cluster: _Cluster,
-    buckets: dict[int, list[int]],
-    size: int,
-    pref: Block | None,
-    reserved: list[list[int] | None],
-) -> Block | None:
-    """Best fit: the most filled open node with a free aligned block (own node first on ties)."""
-    fill = cluster.fill
-    for f in range(cluster.geo.per_node - size, 0, -1):
-        bucket = buckets.get(f)
-        if not bucket:
-            continue
-        order = bucket
-        if pref is not None and fill[pref.node] == f and pref.node in bucket:
-            order = [pref.node, *(x for x in bucket if x != pref.node)]
-        for node in order:
-            o = cluster.best_offset(node, size, reserved[node])
-            if o is not None:
-                return Block(node, o, size)
-    return None
 
 
 def _result(
@@ -494,7 +230,7 @@ def reserve_block(
     if not isinstance(gpus, int) or not is_power_of_two(gpus):
         raise PlacementError(f"a gang must have a power-of-two size >= 1, got {gpus}")
     geo = geometry(nodes)
-    cluster = _Cluster(geo)
+    cluster = Cluster(geo)
     n = geo.per_node
     for name in sorted(occupied):
         node = geo.index.get(name)
