@@ -181,6 +181,22 @@ def test_synchronisation_is_light_and_barely_clock_bound(model: str) -> None:
     assert truth.sync_time_s(1, 1, 16) == 0.0
 
 
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_local_batches_beyond_the_table_extrapolate_sanely(model: str) -> None:
+    truth = ground_truth(model)
+    lo, hi = min(truth.global_batch_sizes), max(truth.global_batch_sizes)
+    for n, r in ((1, 1), (2, 1), (8, 8), (16, 2), (64, 8), (64, 1)):
+        # outside the table's global batches more samples per GPU never finish
+        # sooner (inside, the table itself is not always monotone)
+        for bs in (lo / n * np.array([1 / 8, 1 / 4, 1 / 2, 1]), hi / n * np.array([1, 2, 8, 64])):
+            step = truth.step_time_s(n, r, bs, 1410)
+            assert np.all(np.isfinite(step)) and np.all(step > 0)
+            assert np.all(np.diff(step) > 0), (n, r, bs, step)
+    # far beyond the table the step is compute-bound: linear in the batch
+    big = truth.step_time_s(1, 1, np.array([2048.0, 4096.0]), 1410)
+    assert 1.9 < big[1] / big[0] < 2.0
+
+
 def test_power_grows_sublinearly_with_local_batch() -> None:
     truth = ground_truth("resnet50")
     power = truth.power_w(1, 1, np.array([1.0, 4.0, 16.0, 64.0, 256.0]), 1410)

@@ -22,12 +22,15 @@ core clock f; "full clock" = 1410 MHz):
    Pollux's T4 data shows the same range, 1-12% on one node and 19-69% across
    nodes). Between cells: bilinear in (log2 n, log2 gb) of log sync, so every
    table cell is reproduced exactly. The one empty cell (deepspeech2, gb 32,
-   64 GPUs) is filled with the gb-ratio of its 32-GPU neighbours. Outside the
-   table's global batches, sync follows the Pollux T4 elasticity to the local
-   batch (``pollux-t4``, one intercept per (GPUs, nodes) group: -0.84 imagenet,
-   -0.27 bert, -0.14 deepspeech2; clipped to [-0.5, 0]): bigger local batches
-   hide more of the all-reduce behind the backward pass. n > 64 holds the
-   64-GPU value; 1 < n < 2 ramps from zero.
+   64 GPUs) is filled with the gb-ratio of its 32-GPU neighbours. Above the
+   table's largest global batch, bigger local batches hide more of the
+   all-reduce behind the backward pass: exposed sync shrinks as
+   (1 + extra compute / sync) ** e, with e the Pollux T4 elasticity of sync
+   time to local batch (``pollux-t4``, one intercept per (GPUs, nodes) group:
+   -0.84 imagenet, -0.27 bert, -0.14 deepspeech2; clipped to [-0.5, 0], which
+   keeps the step time growing with the batch). Below the smallest global
+   batch it holds the edge value. n > 64 holds the 64-GPU value; 1 < n < 2
+   ramps from zero.
    Nearest Pollux model: resnet50/vgg16/inception3 -> imagenet,
    bert/gpt2 -> bert, deepspeech2 -> deepspeech2.
 3. Placement (r < min(n, 8), so k = ceil(n/r) nodes instead of ceil(n/8)).

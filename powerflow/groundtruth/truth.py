@@ -97,7 +97,13 @@ class GroundTruth:
         clamped = np.clip(log_gb, gbs[0], gbs[-1])
         ln = np.clip(np.log2(np.maximum(n, 2.0)), 1.0, float(grid.shape[0]))
         s = np.exp(_bilinear(grid, ln - 1.0, gbs, clamped))
-        s = s * np.exp2((log_gb - clamped) * self.sync_bs_elasticity)
+        # Beyond the largest global batch the extra compute hides more of the
+        # all-reduce: exposed sync shrinks as (1 + extra compute / sync) ** e,
+        # e >= -0.5, so the step still grows with the batch. Below the smallest
+        # it stays at the edge value (nothing more to hide it behind).
+        edge_bs = np.exp2(clamped) / n
+        extra = np.maximum(self.compute_time_s(bs) - self.compute_time_s(edge_bs), 0.0)
+        s = s * (1.0 + extra / s) ** self.sync_bs_elasticity
         ramp = np.clip(n - 1.0, 0.0, 1.0)  # nothing to sync on one GPU
         return np.asarray(s * ramp, dtype=np.float64)
 
