@@ -39,3 +39,8 @@ rebuild its reservations from bound pods."""
 
 # The admin's budget.
 BUDGET_CONFIGMAP: Final = "powerflow-budget"
+
+# Written by the trainer (worker 0) or the node agent, read by the operator.
+PROGRESS_ANNOTATION: Final = f"{GROUP}/iterations"
+"""Pod annotation: training iterations completed so far (an integer). Without
+it the operator estimates progress from the performance model."""

@@ -27,3 +27,15 @@ class PlacementError(PowerFlowError):
 
 class SimulationError(PowerFlowError):
     """The simulator was configured or driven inconsistently."""
+
+
+class ResourceError(PowerFlowError):
+    """A Kubernetes object (DLJob, budget ConfigMap, Node) cannot be used as written.
+
+    ``reason`` is the CamelCase reason the operator puts on the object's
+    condition and Kubernetes event.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -15,7 +15,8 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   ``creationTimestamp`` and ``generation`` set on create, ``generation``
   bumped only when something outside ``metadata`` and ``status`` changes;
 - the ``status`` subresource: the main endpoint ignores ``status``, the
-  ``/status`` endpoint ignores everything else, ``status`` is dropped on create;
+  ``/status`` endpoint ignores everything else, ``status`` is dropped when
+  creating custom resources and pods (nodes keep theirs, as kubelets register);
 - optimistic concurrency: a stale ``metadata.resourceVersion`` in a merge
   patch or a ``PUT`` answers 409, a failed JSON-patch ``test`` answers 422;
 - ``generateName``; 409 ``AlreadyExists`` on create;
@@ -351,8 +352,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         key = (res, meta.get("namespace"), meta.get("name"))
         if self._live(key) is not None:
             raise Conflict(f"{res.plural} {meta.get('name')!r} already exists", "AlreadyExists")
-        if self._has_status(res):
-            obj.pop("status", None)
+        if self._has_status(res) and (res.group or res.plural == "pods"):
+            obj.pop("status", None)  # CRDs and pods; nodes keep what the kubelet registers
         self._stamp_new(obj)
         self._put(key, obj)
         await self._emit(res, "ADDED", obj)

@@ -1,0 +1,74 @@
+"""DLJob status helpers: conditions and the merge patch of what changed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from powerflow.operator.bodies import Condition
+
+
+def set_condition(
+    conditions: list[Condition] | None,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None = None,
+) -> list[Condition]:
+    """The conditions with ``type_`` set; the transition time moves only on a flip."""
+    value = "True" if status else "False"
+    out: list[Condition] = []
+    found = False
+    for cond in conditions or []:
+        if cond.get("type") != type_:
+            out.append(cond)
+            continue
+        found = True
+        changed = cond.get("status") != value
+        new: Condition = {
+            "type": type_,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now if changed else cond.get("lastTransitionTime", now),
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        out.append(new)
+    if not found:
+        new = {
+            "type": type_,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now,
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        out.append(new)
+    return out
+
+
+def merge_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) turning ``old`` into ``new``, keys of ``new`` only.
+
+    Keys absent from ``new`` are left alone (a status patch never removes what
+    another writer, e.g. a trainer, put there); ``None`` in ``new`` deletes.
+    Lists are replaced whole, as merge patches do.
+    """
+    old = old or {}
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_diff(before, value)
+            if sub:
+                patch[key] = sub
+        elif value is None:
+            if key in old:
+                patch[key] = None
+        elif before != value:
+            patch[key] = value
+    return patch
