@@ -1,0 +1,144 @@
+"""The operator's pure functions: DLJob -> job, budget, nodes, pods, status, one pass."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from powerflow.operator.budget import parse_budget
+from powerflow.operator.jobs import parse_dljob
+from powerflow.operator.nodes import FALLBACK_GPU, cluster_nodes, gpu_of, parse_node
+from powerflow.operator.reconcile import Observed, reconcile
+from powerflow.operator.status import merge_diff, set_condition
+from powerflow.operator.workers import WorkerSet, worker_pod
+
+from powerflow import contract
+from powerflow.errors import ResourceError
+from powerflow.gpus import A100
+from powerflow.policy.powerflow import PowerFlowPolicy
+from powerflow.policy.snapshot import Node
+from powerflow.policy.synthetic import SyntheticModel
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "metadata": {"name": "job", "namespace": "ml", "uid": "u1", "generation": 1},
+        "spec": {
+            "globalBatchSize": 256,
+            "iterations": 100,
+            "gpus": {"requested": 4, "min": 1, "max": 8},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
+        },
+    }
+    out["spec"].update(spec)
+    return out
+
+
+def test_parse_applies_defaults() -> None:
+    job = parse_dljob(body())
+    assert (job.min_gpus, job.max_gpus, job.trainer) == (1, 8, "trainer")
+    assert (job.master_port, job.grace_s, job.restart_limit) == (29500, 60, 3)
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ({"gpus": {"requested": 4, "min": 8, "max": 8}}, "InvalidGPURange"),
+        ({"gpus": {"requested": 3, "min": 3, "max": 3}}, "InvalidGPURange"),
+        ({"globalBatchSize": 100}, "BatchNotDivisible"),
+        ({"maxLocalBatchSize": 16}, "BatchTooLarge"),
+        ({"template": {"spec": {"containers": []}}}, "NoTrainerContainer"),
+        ({"trainerContainer": "main"}, "NoTrainerContainer"),
+        ({"iterations": "many"}, "InvalidField"),
+    ],
+)
+def test_parse_refuses_with_reason(spec: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ResourceError) as exc:
+        parse_dljob(body(**spec))
+    assert exc.value.reason == reason
+
+
+def test_parse_refuses_long_names() -> None:
+    bad = body()
+    bad["metadata"]["name"] = "x" * 60
+    with pytest.raises(ResourceError, match="DNS-1035"):
+        parse_dljob(bad)
+
+
+def test_budget() -> None:
+    cfg = parse_budget({"eta": "0.5", "pMaxWatts": "300", "schedulingIntervalSeconds": "30"})
+    assert (cfg.budget.eta, cfg.budget.p_max_watts, cfg.interval_s) == (0.5, 300.0, 30.0)
+    assert parse_budget({"powerLimitWatts": "9000"}).budget.limit_watts == 9000.0
+    for bad in ({}, {"eta": "2"}, {"eta": "x"}, {"powerLimitWatts": "-1"}, {"etta": "0.5"}):
+        with pytest.raises(ResourceError):
+            parse_budget(bad)
+
+
+def node(name: str, gpus: str, product: str | None = "NVIDIA-A100-SXM4-40GB", **extra: Any) -> Any:
+    labels = {contract.GPU_PRODUCT_LABEL: product} if product else {}
+    out: dict[str, Any] = {
+        "metadata": {"name": name, "labels": labels},
+        "status": {"allocatable": {contract.GPU_RESOURCE: gpus}},
+    }
+    out.update(extra)
+    return out
+
+
+def test_nodes() -> None:
+    assert parse_node(node("a", "8")) == Node("a", 8, A100)
+    assert parse_node(node("b", "0")) is None
+    assert parse_node(node("c", "8", spec={"unschedulable": True})) is None
+    assert gpu_of("Tesla-T4-Unknown") is FALLBACK_GPU and gpu_of(None) is FALLBACK_GPU
+    kept, left = cluster_nodes([node("a", "8"), node("b", "8"), node("c", "4")])
+    assert [n.name for n in kept] == ["a", "b"] and left == ("c",)
+
+
+def test_worker_pod_contract() -> None:
+    job = parse_dljob(body())
+    pod = worker_pod(job, WorkerSet(3, 4, 64, 1200), 2)
+    meta = pod["metadata"]
+    assert meta["name"] == "job-g3-w2"
+    assert meta["annotations"][contract.GENERATION_ANNOTATION] == "3"
+    assert meta["ownerReferences"][0]["uid"] == "u1"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "job-g3-w0.job.ml.svc"
+    assert (env["RANK"], env["WORLD_SIZE"], env["POWERFLOW_FREQUENCY_MHZ"]) == ("2", "4", "1200")
+    assert job.template["spec"]["containers"][0].get("env") is None  # template untouched
+
+
+def test_status_diff_and_conditions() -> None:
+    old = {"phase": "Running", "progress": {"iterations": 5, "throughput": 1.0}}
+    new = {"phase": "Running", "progress": {"iterations": 6, "throughput": 1.0}}
+    assert merge_diff(old, new) == {"progress": {"iterations": 6}}
+    assert merge_diff(old, copy.deepcopy(old)) == {}
+    first = set_condition(None, "Valid", True, "Ok", "", "t1")
+    same = set_condition(first, "Valid", True, "Ok", "", "t2")
+    flipped = set_condition(same, "Valid", False, "Bad", "m", "t3")
+    assert same[0]["lastTransitionTime"] == "t1" and flipped[0]["lastTransitionTime"] == "t3"
+
+
+def test_one_pass_with_the_real_policy() -> None:
+    nodes = tuple(Node(f"n{i}", 8, A100) for i in range(2))
+    observed = [Observed(body()), Observed(body(**{"gpus": {"requested": 2}}))]
+    observed[1].body["metadata"].update(name="two", uid="u2")
+    actions = reconcile(
+        observed,
+        nodes,
+        parse_budget({"eta": "0.8"}),
+        1000.0,
+        PowerFlowPolicy(),
+        lambda job: SyntheticModel(),
+    )
+    assert actions.plan is not None
+    pods = [b for b in actions.create if b["kind"] == "Pod"]
+    for jp in actions.plan.jobs:
+        name = jp.job_id.split("/")[1]
+        mine = [p for p in pods if p["metadata"]["labels"][contract.JOB_LABEL] == name]
+        assert len(mine) == jp.gpus
+        for pod in mine:
+            annotations = pod["metadata"]["annotations"]
+            assert annotations[contract.FREQUENCY_ANNOTATION] == str(jp.frequency_mhz)
+    patches = {name: patch for _, name, patch in actions.status}
+    assert patches["job"]["phase"] in ("Running", "Pending")
+    assert actions.allocated_gpus == sum(jp.gpus for jp in actions.plan.jobs) > 0
