@@ -94,10 +94,7 @@ def step_keys(
     (no JCT reduction). Smaller sorts first; values are negated gains.
     """
     n_rows = curves.efficient.size
-    idx = np.arange(n_rows)
-    jct = curves.jct_s[idx, curves.efficient]
-    energy = curves.energy_j[idx, curves.efficient]
-    power = curves.power_w[idx, curves.efficient]
+    jct, energy, power = curves.jct_s, curves.energy_j, curves.power_w
     d_jct = np.zeros(n_rows)
     d_energy = np.zeros(n_rows)
     d_jct[1:] = jct[:-1] - jct[1:]
@@ -126,15 +123,16 @@ def allocate(
 ) -> Allocation:
     """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned)."""
     cls, value, eff_power, eff_jct = step_keys(curves, energy_aware)
-    offsets = curves.tables.offsets.tolist()
+    start = curves.tables.start.tolist()
+    sizes = curves.tables.sizes.tolist()
     counts = curves.tables.counts.tolist()
     ages = curves.age_s.tolist()
     ids, arrivals = curves.job_ids, curves.arrival_s
 
     heap: list[Key] = []
     for j in candidates:
-        first = offsets[j]
-        if first == offsets[j + 1]:
+        first = start[j]
+        if sizes[j] == 0:
             continue
         service = counts[first] * (eff_jct[first] - ages[j]) if elastic else 0.0
         heap.append((0, service, arrivals[j], ids[j], first, j))
@@ -158,6 +156,6 @@ def allocate(
             continue
         rows[j], allocated, free, jobs_w = to, new_allocated, free - cost, new_jobs_w
         nxt = to + 1
-        if elastic and nxt < offsets[j + 1] and cls[nxt] < 3:
+        if elastic and nxt < start[j] + sizes[j] and cls[nxt] < 3:
             heapq.heappush(heap, (cls[nxt], value[nxt], arrivals[j], ids[j], nxt, j))
     return Allocation(rows=rows, power_w=power.total_w(jobs_w, allocated), gpus=allocated)

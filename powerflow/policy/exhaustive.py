@@ -54,8 +54,9 @@ def optimal_average_jct(snapshot: Snapshot, cap_w: float) -> float:
         shape = [1] * jobs
         shape[j] = -1
         counts = np.repeat(tables.counts[rows.start : rows.stop], len(clocks))
-        jct = jct + curves.jct_s[rows.start : rows.stop].ravel().reshape(shape)
-        power = power + curves.power_w[rows.start : rows.stop].ravel().reshape(shape)
+        job_jct, _, job_power = curves.matrices(np.arange(rows.start, rows.stop))
+        jct = jct + job_jct.ravel().reshape(shape)
+        power = power + job_power.ravel().reshape(shape)
         gpus = gpus + counts.reshape(shape)
     gpn = cluster.gpus_per_node
     idle = (-(-gpus // gpn) * gpn - gpus) * cluster.gpu.idle_power_w

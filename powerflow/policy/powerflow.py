@@ -113,10 +113,10 @@ class _Decision:
 
     def run(self) -> Plan:
         jobs = self.snapshot.jobs
-        offsets = self.curves.tables.offsets
+        first = self.curves.tables.start
         eff = self.curves.efficient
         pinned = [i for i, job in enumerate(jobs) if job.pinned]
-        base_w = sum(float(self.curves.power_w[offsets[i], eff[offsets[i]]]) for i in pinned)
+        base_w = sum(float(self.curves.power_w[first[i]]) for i in pinned)
         base_gpus = sum(len(jobs[i].placement) for i in pinned)
         power = PowerModel(
             gpus_per_node=self.cluster.gpus_per_node,
@@ -137,7 +137,7 @@ class _Decision:
             energy_aware=self.policy.energy_aware,
             elastic=self.policy.elastic,
         )
-        rows = {i: int(offsets[i]) for i in pinned} | alloc.rows
+        rows = {i: int(first[i]) for i in pinned} | alloc.rows
         running = sorted(rows)
         row_idx = np.asarray([rows[i] for i in running], dtype=np.int64)
         start = eff[row_idx].tolist()
@@ -146,9 +146,7 @@ class _Decision:
         predicted = alloc.power_w
         if self.policy.frequency_scaling:
             result = raise_clocks(
-                self.curves.jct_s[row_idx],
-                self.curves.energy_j[row_idx],
-                self.curves.power_w[row_idx],
+                *self.curves.matrices(row_idx),
                 start,
                 [(jobs[i].arrival_s, jobs[i].id) for i in running],
                 alloc.power_w,
@@ -188,7 +186,12 @@ class _Decision:
             if len(slots) != tables.counts[rows[i]]:
                 raise PlacementError(f"job {jobs[i].id!r}: placement returned {len(slots)} GPUs")
             placed[i] = slots
-        power_rows = {i: self._power_row(i, rows[i], placed[i]) for i in placed}
+        order = sorted(placed)
+        all_power = self.curves.matrices(np.asarray([rows[i] for i in order], dtype=np.int64))[2]
+        power_rows = {
+            i: self._power_row(i, rows[i], placed[i]) or row
+            for i, row in zip(order, all_power.tolist(), strict=True)
+        }
         down = set(result.powered_down_nodes)
         nodes_on = sum(1 for name in self.cluster.node_names if name not in down)
         used = sum(len(s) for s in placed.values())
@@ -238,7 +241,7 @@ class _Decision:
         if tables.levels(i) == 0:
             notes.append(f"{job.id}: no GPU count fits min/max GPUs, memory and batch; it waits")
             return JobPlan(job.id, 0, self.clocks[-1], job.global_batch_size)
-        first = int(tables.offsets[i])
+        first = tables.rows(i).start
         return JobPlan(
             job.id,
             0,
@@ -247,13 +250,19 @@ class _Decision:
         )
 
     def _power_row(self, i: int, row: int, slots: tuple[GpuSlot, ...]) -> list[float]:
-        """Power per clock on the GPUs per node the job really got (one model call if new)."""
-        nodes = [node for node, _ in slots]
-        r = max(nodes.count(n) for n in set(nodes))
+        """Power per clock if the job got other GPUs per node than its table row assumed.
+
+        Placement packs, so this is rare (pinned jobs); empty when the row holds.
+        """
         tables = self.curves.tables
+        gpn = self.cluster.gpus_per_node
+        if len(slots) <= gpn and slots[0][0] == slots[-1][0]:
+            r = len(slots)  # one node (slots are sorted)
+        else:
+            nodes = [node for node, _ in slots]
+            r = max(nodes.count(n) for n in set(nodes))
         if r == tables.gpus_per_node[row]:
-            same: list[float] = self.curves.power_w[row].tolist()
-            return same
+            return []
         job = self.snapshot.jobs[i]
         n, bs = len(slots), int(tables.local_batch[row])
         f = np.asarray(self.clocks, dtype=np.float64)

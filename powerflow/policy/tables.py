@@ -3,9 +3,9 @@
 The policy's heap loops only read these tables, so one decision costs one call
 of ``step_time_s`` and one of ``energy_per_iter_j`` per distinct model object
 (jobs sharing a model are evaluated together), however many steps the greedy
-takes. Rows of all jobs are stacked in one array (job ``j`` owns rows
-``offsets[j]:offsets[j + 1]``, smallest count first), so memory is
-``jobs x log2(G) x clocks`` floats and the bookkeeping is vectorised.
+takes. Rows of all jobs are stacked in one array (job ``j`` owns a contiguous
+run of rows, smallest count first), so memory is ``jobs x log2(G) x clocks``
+floats for the two tables and the bookkeeping is vectorised.
 
 Local batch and divisibility: a job on ``n`` GPUs runs ``ceil(global / n)``
 samples per GPU. When ``n`` does not divide the global batch the effective
@@ -34,9 +34,14 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class Tables:
-    """Stacked predictions: one row per (job, allowed GPU count), one column per clock."""
+    """Stacked predictions: one row per (job, allowed GPU count), one column per clock.
 
-    offsets: IntArray
+    Job ``j`` owns rows ``rows(j)`` (contiguous, smallest count first). Rows
+    of no job (each job's ``P_max`` point) may sit between them.
+    """
+
+    start: IntArray
+    sizes: IntArray
     counts: IntArray
     gpus_per_node: IntArray
     local_batch: IntArray
@@ -46,10 +51,11 @@ class Tables:
     """Per job: power per GPU on the requested count at the highest clock (for ``P_max``)."""
 
     def rows(self, job: int) -> range:
-        return range(int(self.offsets[job]), int(self.offsets[job + 1]))
+        first = int(self.start[job])
+        return range(first, first + int(self.sizes[job]))
 
     def levels(self, job: int) -> int:
-        return int(self.offsets[job + 1] - self.offsets[job])
+        return int(self.sizes[job])
 
 
 def ceil_div(a: IntArray | int, b: IntArray | int) -> IntArray:
@@ -87,80 +93,77 @@ def allowed_mask(jobs: Sequence[Job], cluster: Cluster, elastic: bool) -> npt.ND
 def build_tables(
     jobs: Sequence[Job], cluster: Cluster, clocks_mhz: Sequence[int], elastic: bool
 ) -> Tables:
-    """Evaluate every job's grid plus its ``P_max`` point, one call per model object."""
-    gpn = cluster.gpus_per_node
-    clocks = np.asarray(clocks_mhz, dtype=np.float64)
-    width = clocks.size
-    mask = allowed_mask(jobs, cluster, elastic) if jobs else np.zeros((0, 1), dtype=bool)
-    per_job = [np.flatnonzero(m) for m in mask]
-    counts_list: list[IntArray] = []
-    r_list: list[IntArray] = []
-    for j, job in enumerate(jobs):
-        if job.pinned:
-            nodes = [node for node, _ in job.placement]
-            counts_list.append(np.asarray([len(nodes)], dtype=np.int64))
-            r_list.append(np.asarray([max(nodes.count(n) for n in set(nodes))], dtype=np.int64))
-        else:
-            c = np.left_shift(1, per_job[j]).astype(np.int64)
-            counts_list.append(c)
-            r_list.append(np.minimum(c, gpn))
-    sizes = np.asarray([c.size for c in counts_list], dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    counts = np.concatenate(counts_list) if jobs else np.zeros(0, dtype=np.int64)
-    r = np.concatenate(r_list) if jobs else np.zeros(0, dtype=np.int64)
-    job_of_row = np.repeat(np.arange(len(jobs)), sizes)
-    batch = np.asarray([j.global_batch_size for j in jobs], dtype=np.int64)
-    bs = ceil_div(batch[job_of_row], counts)
-    req = np.asarray([j.requested_gpus for j in jobs], dtype=np.int64)
+    """Evaluate every job's grid plus its ``P_max`` point, one call per model object.
 
-    # Each job gets one extra row for its P_max point (requested count, top clock
-    # in every column), and jobs are ordered by model object, so that each
-    # model's points form one contiguous slice: one call per model, no copies.
+    Arguments go to the models as broadcasting columns (rows x 1) and a clock
+    row (1 x clocks), so no point grid is materialised. Each job gets one more
+    row for its ``P_max`` point (requested count; read at the top clock), and
+    jobs are ordered by model object, so each model's rows are one slice.
+    """
+    gpn = cluster.gpus_per_node
+    top = cluster.gpu.max_clock_mhz
+    ext_clocks = sorted({*clocks_mhz, top})
+    columns = np.asarray([ext_clocks.index(c) for c in clocks_mhz], dtype=np.int64)
+    top_column = ext_clocks.index(top)
+    f_row = np.asarray(ext_clocks, dtype=np.float64)[None, :]
+    count = len(jobs)
+    mask = allowed_mask(jobs, cluster, elastic) if jobs else np.zeros((0, 1), dtype=bool)
+
     groups: dict[int, list[int]] = {}
     for j, job in enumerate(jobs):
         groups.setdefault(id(job.model), []).append(j)
     job_order = np.asarray([j for members in groups.values() for j in members], dtype=np.int64)
+    pinned = np.asarray([job.pinned for job in jobs], dtype=bool)
+    sizes = np.where(pinned, 1, mask.sum(axis=1)).astype(np.int64)
     ext_sizes = sizes[job_order] + 1
+    ext_start = np.cumsum(ext_sizes) - ext_sizes
+    start = np.empty(count, dtype=np.int64)
+    start[job_order] = ext_start
     ext_job = np.repeat(job_order, ext_sizes)
-    pos = np.arange(ext_job.size) - np.repeat(np.cumsum(ext_sizes) - ext_sizes, ext_sizes)
+    pos = np.arange(ext_job.size) - np.repeat(ext_start, ext_sizes)
     is_req = pos == sizes[ext_job]
-    row_of_ext = np.where(is_req, counts.size, offsets[ext_job] + pos)
-    pad = np.zeros(1, dtype=np.int64)
-    n_ext = np.where(is_req, req[ext_job], np.concatenate((counts, pad))[row_of_ext])
-    r_ext = np.where(is_req, np.minimum(req[ext_job], gpn), np.concatenate((r, pad))[row_of_ext])
-    bs_ext = np.where(
-        is_req, ceil_div(batch[ext_job], req[ext_job]), np.concatenate((bs, pad))[row_of_ext]
-    )
-    n_pts, r_pts, bs_pts = (np.repeat(a.astype(np.float64), width) for a in (n_ext, r_ext, bs_ext))
-    f_pts = np.where(
-        np.repeat(is_req, width), float(cluster.gpu.max_clock_mhz), np.tile(clocks, ext_job.size)
-    )
-    t = np.empty(n_pts.size)
-    e = np.empty(n_pts.size)
+
+    # Counts per row: the k-th allowed power of two, a pinned job's own count,
+    # or the requested count on P_max rows.
+    req = np.asarray([j.requested_gpus for j in jobs], dtype=np.int64)
+    batch = np.asarray([j.global_batch_size for j in jobs], dtype=np.int64)
+    ks = np.nonzero(mask[job_order])[1] if count else np.zeros(0, dtype=np.int64)
+    counts = req[ext_job].copy()
+    counts[~is_req & ~pinned[ext_job]] = np.left_shift(1, ks)
+    r = np.minimum(counts, gpn)
+    for j in np.flatnonzero(pinned):
+        nodes = [node for node, _ in jobs[j].placement]
+        counts[start[j]] = len(nodes)
+        r[start[j]] = max(nodes.count(n) for n in set(nodes))
+    bs = ceil_div(batch[ext_job], counts)
+
+    n_col, r_col, bs_col = (a.astype(np.float64)[:, None] for a in (counts, r, bs))
+    t = np.empty((ext_job.size, f_row.shape[1]))
+    e = np.empty_like(t)
     at = 0
     for members in groups.values():
-        hi = at + (int(sum(int(sizes[j]) for j in members)) + len(members)) * width
+        hi = at + int(sum(int(sizes[j]) for j in members)) + len(members)
         model: PerfModel = jobs[members[0]].model
-        args = (n_pts[at:hi], r_pts[at:hi], bs_pts[at:hi], f_pts[at:hi])
+        args = (n_col[at:hi], r_col[at:hi], bs_col[at:hi], f_row)
         t[at:hi] = _call(model.step_time_s, args, jobs[members[0]].id, "step time")
         e[at:hi] = _call(model.energy_per_iter_j, args, jobs[members[0]].id, "energy")
         at = hi
-    _check_predictions(jobs, np.repeat(ext_job, width), n_pts, f_pts, t, e)
-    t_ext, e_ext = t.reshape(-1, width), e.reshape(-1, width)
-    step = np.empty((counts.size, width))
-    energy = np.empty((counts.size, width))
-    grid = ~is_req
-    step[row_of_ext[grid]] = t_ext[grid]
-    energy[row_of_ext[grid]] = e_ext[grid]
-    req_power = np.empty(len(jobs))
-    req_power[ext_job[is_req]] = e_ext[is_req, 0] / t_ext[is_req, 0] / req[ext_job[is_req]]
+    _check_predictions(jobs, ext_job, counts, ext_clocks, t, e)
+    req_rows = np.flatnonzero(is_req)
+    req_power = np.empty(count)
+    req_power[ext_job[req_rows]] = (
+        e[req_rows, top_column] / t[req_rows, top_column] / req[ext_job[req_rows]]
+    )
+    if columns.size != len(ext_clocks):
+        t, e = t[:, columns], e[:, columns]
     return Tables(
-        offsets=offsets,
+        start=start,
+        sizes=sizes,
         counts=counts,
         gpus_per_node=r,
         local_batch=bs,
-        step_time_s=step,
-        energy_j=energy,
+        step_time_s=t,
+        energy_j=e,
         requested_gpu_power_w=req_power,
     )
 
@@ -169,26 +172,29 @@ def _call(
     fn: Callable[..., FloatArray], args: tuple[FloatArray, ...], job_id: str, what: str
 ) -> FloatArray:
     out = np.asarray(fn(*args), dtype=np.float64)
-    if out.shape != args[0].shape:
+    shape = (args[0].shape[0], args[3].shape[1])
+    if out.shape != shape:
         raise SnapshotError(
-            f"job {job_id!r}: model returned {what} of shape {out.shape}, expected {args[0].shape}"
+            f"job {job_id!r}: model returned {what} of shape {out.shape}, expected {shape} "
+            "(PerfModel arguments broadcast)"
         )
     return out
 
 
 def _check_predictions(
     jobs: Sequence[Job],
-    point_job: IntArray,
-    n: FloatArray,
-    f: FloatArray,
+    row_job: IntArray,
+    counts: IntArray,
+    clocks: Sequence[int],
     step: FloatArray,
     energy: FloatArray,
 ) -> None:
     for what, values in (("step time", step), ("energy per iteration", energy)):
         bad = ~(np.isfinite(values) & (values > 0))
         if bad.any():
-            k = int(np.argmax(bad))
+            row, col = np.unravel_index(int(np.argmax(bad)), bad.shape)
             raise SnapshotError(
-                f"job {jobs[int(point_job[k])].id!r}: model predicts {what} {float(values[k])} on "
-                f"{int(n[k])} GPUs at {int(f[k])} MHz; need a finite positive value"
+                f"job {jobs[int(row_job[row])].id!r}: model predicts {what} "
+                f"{float(values[row, col])} on {int(counts[row])} GPUs at {clocks[col]} MHz; "
+                "need a finite positive value"
             )
