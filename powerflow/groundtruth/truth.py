@@ -101,33 +101,40 @@ class GroundTruth:
         # all-reduce: exposed sync shrinks as (1 + extra compute / sync) ** e,
         # e >= -0.5, so the step still grows with the batch. Below the smallest
         # it stays at the edge value (nothing more to hide it behind).
-        edge_bs = np.exp2(clamped) / n
-        extra = np.maximum(self.compute_time_s(bs) - self.compute_time_s(edge_bs), 0.0)
-        s = s * (1.0 + extra / s) ** self.sync_bs_elasticity
+        above = log_gb > clamped
+        if np.any(above):
+            n_a, bs_a, s_a = n[above], bs[above], s[above]
+            edge_bs = np.exp2(clamped[above]) / n_a
+            extra = self.compute_time_s(bs_a) - self.compute_time_s(edge_bs)
+            s[above] = s_a * (1.0 + extra / s_a) ** self.sync_bs_elasticity
         ramp = np.clip(n - 1.0, 0.0, 1.0)  # nothing to sync on one GPU
         return np.asarray(s * ramp, dtype=np.float64)
 
     def sync_time_s(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike) -> FloatArray:
         """Exposed (not overlapped) synchronisation time per iteration at full clock."""
-        n, r, bs = (np.asarray(x, dtype=np.float64) for x in np.broadcast_arrays(n, r, bs))
+        cols = np.broadcast_arrays(n, r, bs)
+        shape = cols[0].shape
+        n, r, bs = (np.array(x, dtype=np.float64).ravel() for x in cols)
         per_node = self.gpus_per_node
         nodes = np.ceil(n / r - 1e-9)
         packed_nodes = np.ceil(n / per_node - 1e-9)
         packed = self._packed_sync_s(n, bs)
         # n > 8: more nodes than needed; grow with the node count like the
-        # table's own multi-node diagonal does.
-        spread = packed * (nodes / packed_nodes) ** self.node_elasticity
+        # table's own multi-node diagonal does (a no-op when packed).
+        out = packed * (nodes / packed_nodes) ** self.node_elasticity
         # n <= 8 split across nodes: the table's two-node sync (16 GPUs) scaled
         # to n GPUs by ring all-reduce traffic, never below MIN_NODE_PENALTY x
         # the one-node sync, then grown with the node count.
-        two_node = self._packed_sync_s(np.full_like(n, 2.0 * per_node), bs) * (
-            _ring_share(np.maximum(n, 2.0)) / _ring_share(np.array(2.0 * per_node))
-        )
-        split = np.maximum(two_node, MIN_NODE_PENALTY * packed) * (nodes / 2.0) ** (
-            self.node_elasticity
-        )
-        out = np.where(packed_nodes >= 2, spread, np.where(nodes >= 2, split, packed))
-        return np.asarray(out, dtype=np.float64)
+        split = (packed_nodes < 2) & (nodes >= 2)
+        if np.any(split):
+            n_s, k_s, one_node = n[split], nodes[split], packed[split]
+            two_node = self._packed_sync_s(np.full_like(n_s, 2.0 * per_node), bs[split]) * (
+                _ring_share(np.maximum(n_s, 2.0)) / _ring_share(np.array(2.0 * per_node))
+            )
+            out[split] = np.maximum(two_node, MIN_NODE_PENALTY * one_node) * (k_s / 2.0) ** (
+                self.node_elasticity
+            )
+        return np.asarray(out, dtype=np.float64).reshape(shape)
 
     # -- the PerfModel protocol ------------------------------------------------
 
