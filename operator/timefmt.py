@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import functools
 
 
+@functools.lru_cache(maxsize=64)  # one loop pass formats the same instant many times
 def format_time(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
