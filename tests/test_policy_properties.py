@@ -9,6 +9,7 @@ from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.snapshot import Snapshot
 
 POLICY = PowerFlowPolicy()
+STRICT = PowerFlowPolicy(strict_power=True)
 FAST = settings(max_examples=80, deadline=None)
 
 
@@ -88,3 +89,10 @@ def test_predicted_power_is_jobs_plus_idle_gpus_on_powered_nodes(snapshot: Snaps
     on = len(snapshot.nodes) - len(plan.powered_down_nodes)
     idle = gpu.idle_power_w * (on * gpn - sum(jp.gpus for jp in plan.jobs))
     assert abs(plan.predicted_watts - (jobs_w + idle)) <= 1e-6 * max(1.0, jobs_w + idle)
+
+
+@FAST
+@given(snapshots())
+def test_strict_power_never_exceeds_the_limit(snapshot: Snapshot) -> None:
+    plan = STRICT.plan(snapshot)
+    assert plan.predicted_watts <= plan.limit_watts * (1 + 1e-9) + 1e-6

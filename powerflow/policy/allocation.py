@@ -39,7 +39,11 @@ that does not fit (GPUs or power) drops its job from the heap and the others
 go on, the generalisation of Algorithm 1's ``break`` to steps of different
 sizes (with one-GPU steps every candidate at a boundary fails alike).
 
-Guarantee: after the last passed check at most ``gpus_per_node - 1`` GPUs were
+With ``strict`` every step is checked, so allocation never ends above the
+limit (or the pinned jobs' own power), at the price of leaving GPUs of a
+powered-on node idle when the budget is tight.
+
+Guarantee (not strict): after the last passed check at most ``gpus_per_node - 1`` GPUs were
 free on powered-on nodes (without pinned jobs), so the allocation ends at
 most ``(gpus_per_node - 1) * delta`` watts above the limit (or above the
 pinned jobs' own power if that already exceeds it), ``delta`` being the
@@ -120,6 +124,7 @@ def allocate(
     *,
     energy_aware: bool,
     elastic: bool,
+    strict: bool = False,
 ) -> Allocation:
     """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned)."""
     cls, value, eff_power, eff_jct = step_keys(curves, energy_aware)
@@ -150,9 +155,8 @@ def allocate(
             continue
         new_jobs_w = jobs_w + eff_power[to] - (eff_power[frm] if frm >= 0 else 0.0)
         new_allocated = allocated + cost
-        if power.nodes_on(new_allocated) > power.nodes_on(allocated) and (
-            power.total_w(new_jobs_w, new_allocated) > power.limit_w
-        ):
+        checked = strict or power.nodes_on(new_allocated) > power.nodes_on(allocated)
+        if checked and (power.total_w(new_jobs_w, new_allocated) > power.limit_w):
             continue
         rows[j], allocated, free, jobs_w = to, new_allocated, free - cost, new_jobs_w
         nxt = to + 1

@@ -34,6 +34,10 @@ Power-limit guarantee for the returned plan (``L`` the limit, ``P`` its
 * with pinned jobs the same holds with ``L`` replaced by ``max(L, P_pinned)``,
   ``P_pinned`` the pinned jobs' power plus idle power on their nodes.
 
+With ``strict_power`` every allocation step is checked and the bound is
+``P <= max(L, P_pinned)`` (when placement packs), the choice for a hard
+facility cap; the default follows Algorithm 1.
+
 If placement leaves more GPUs powered than the packing estimate, clock raises
 are undone (latest first) until ``P`` is back within ``max(L, P_before)``.
 
@@ -75,6 +79,8 @@ class PowerFlowPolicy:
     energy_aware: bool = True
     frequency_step: int = 1
     """Hardware clock steps per raise (1: the GPU's own step, e.g. 15 MHz on A100)."""
+    strict_power: bool = False
+    """Check the power limit on every allocation step, not only at node boundaries."""
 
     def __post_init__(self) -> None:
         if self.frequency_step < 1:
@@ -136,6 +142,7 @@ class _Decision:
             power,
             energy_aware=self.policy.energy_aware,
             elastic=self.policy.elastic,
+            strict=self.policy.strict_power,
         )
         rows = {i: int(first[i]) for i in pinned} | alloc.rows
         running = sorted(rows)

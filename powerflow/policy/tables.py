@@ -131,7 +131,7 @@ def build_tables(
     counts = req[ext_job].copy()
     counts[~is_req & ~pinned[ext_job]] = np.left_shift(1, ks)
     r = np.minimum(counts, gpn)
-    for j in np.flatnonzero(pinned):
+    for j in np.flatnonzero(pinned).tolist():
         nodes = [node for node, _ in jobs[j].placement]
         counts[start[j]] = len(nodes)
         r[start[j]] = max(nodes.count(n) for n in set(nodes))
@@ -192,7 +192,7 @@ def _check_predictions(
     for what, values in (("step time", step), ("energy per iteration", energy)):
         bad = ~(np.isfinite(values) & (values > 0))
         if bad.any():
-            row, col = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            row, col = (int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
             raise SnapshotError(
                 f"job {jobs[int(row_job[row])].id!r}: model predicts {what} "
                 f"{float(values[row, col])} on {int(counts[row])} GPUs at {clocks[col]} MHz; "

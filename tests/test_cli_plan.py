@@ -1,0 +1,70 @@
+"""``powerflow plan --demo``: the policy on the built-in cluster, as a table and as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from powerflow.cli import main
+from powerflow.commands.plan import DEMO_QUEUE, demo_snapshot
+from powerflow.policy.budget import limit_watts
+from powerflow.policy.snapshot import Budget
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["plan", "--demo", "--json", *args]) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_json_plan_is_complete_and_consistent(capsys: pytest.CaptureFixture[str]) -> None:
+    out = plan_json(capsys)
+    assert out["cluster_gpus"] == 32
+    assert out["limit_watts"] == pytest.approx(limit_watts(demo_snapshot(Budget(eta=0.6))))
+    assert [j["id"] for j in out["jobs"]] == [q[0] for q in DEMO_QUEUE]
+    slots = [tuple(s) for j in out["jobs"] for s in j["placement"]]
+    assert len(slots) == len(set(slots)) == sum(j["gpus"] for j in out["jobs"])
+    for j in out["jobs"]:
+        assert len(j["placement"]) == j["gpus"]
+        assert all(node.startswith("node-") and 0 <= i < 8 for node, i in j["placement"])
+        if j["gpus"]:
+            batch = next(q[2] for q in DEMO_QUEUE if q[0] == j["id"])
+            assert j["local_batch_size"] == -(-batch // j["gpus"])
+    busy = {node for node, _ in slots}
+    assert not busy & set(out["powered_down_nodes"])
+    assert {"predicted_watts", "migrations", "notes"} <= out.keys()
+
+
+def test_absolute_limit_wins_and_strict_power_respects_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = plan_json(capsys, "--eta", "0.9", "--limit-watts", "2000", "--strict-power")
+    assert out["limit_watts"] == 2000.0
+    assert out["predicted_watts"] <= 2000.0
+    assert out["powered_down_nodes"]  # 2 kW cannot keep all four nodes busy
+
+
+def test_without_frequency_scaling_every_running_job_is_at_the_top_clock(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = plan_json(capsys, "--no-frequency-scaling")
+    assert {j["frequency_mhz"] for j in out["jobs"] if j["gpus"]} == {1410}
+
+
+def test_table_shows_jobs_and_power(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--demo", "--eta", "0.4"]) == 0
+    text = capsys.readouterr().out
+    assert "PowerFlow plan" in text
+    assert all(q[0] in text for q in DEMO_QUEUE)
+    assert "W of limit" in text
+
+
+@pytest.mark.parametrize("args", [["plan"], ["plan", "--demo", "--eta", "1.5"]])
+def test_bad_input_is_one_line_and_exit_code_2(
+    capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("powerflow plan: error:") and "\n" not in err
