@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 from powerflow.errors import PlacementError
@@ -68,7 +69,7 @@ class Geometry:
         """The block's GPUs as (node name, index), sorted by node order then index."""
         if block.size <= self.per_node:
             name = self.names[block.node]
-            return tuple((name, i) for i in range(block.offset, block.offset + block.size))
+            return tuple(zip(repeat(name), range(block.offset, block.offset + block.size)))
         g = block.size // self.per_node
         return tuple(
             (self.names[n], i)
@@ -153,6 +154,11 @@ def preferred_block(geo: Geometry, slots: set[tuple[int, int]], size: int) -> Bl
     if not slots or size > geo.max_block:
         return None
     counts: dict[tuple[int, int], int] = {}
+    if size <= geo.per_node and len(slots) == size:
+        # Fast path: the job already holds exactly an aligned block of this size.
+        node, first = min(slots)
+        if first % size == 0 and slots == {(node, i) for i in range(first, first + size)}:
+            return Block(node, first, size)
     if size <= geo.per_node:
         for n, i in slots:
             key = (n, i - i % size)

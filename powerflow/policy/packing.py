@@ -5,8 +5,9 @@ block), a dict of blocks out. The rules, the guarantee and its proof are in
 ``placement.py``'s docstring; this module holds the mechanics, in the order
 they run:
 
-0. *keep all*: if every running job can keep its preferred block and that
-   leaves at most one node partly used, nothing moves;
+0. *keep all*: every running job keeps its preferred block if free; this
+   answer stands if it places everything with at most one node partly used,
+   or if steps 1-4 do no better;
 1. *whole-node jobs*: aligned node groups, largest first;
 2. *settle*: nodes that the jobs running there fill exactly stay as they are;
 3. *keep the fullest*: just enough of the remaining nodes to hold the
@@ -40,6 +41,10 @@ def sort_key(item: Item) -> tuple[int, bool, str]:
     return (-item.size, item.pref is None, item.job_id)
 
 
+_ONES = b"\x01" * 4096
+_ZEROS = bytes(4096)
+
+
 class Cluster:
     """Mutable GPU occupancy during one placement (never escapes it)."""
 
@@ -71,14 +76,15 @@ class Cluster:
 
     def _mark(self, b: Block, value: int) -> None:
         n = self.geo.per_node
-        sign = 1 if value else -1
+        pattern = (_ONES if value else _ZEROS)[: min(b.size, n)]
         if b.size <= n:
-            self.occ[b.node][b.offset : b.offset + b.size] = bytes([value]) * b.size
-            self.fill[b.node] += sign * b.size
-            self.busy[b.node] = 1 if self.fill[b.node] else 0
+            node = b.node
+            self.occ[node][b.offset : b.offset + b.size] = pattern
+            self.fill[node] += b.size if value else -b.size
+            self.busy[node] = 1 if self.fill[node] else 0
             return
         for node in range(b.node, b.node + b.size // n):
-            self.occ[node][:] = bytes([value]) * n
+            self.occ[node][:] = pattern
             self.fill[node] = n if value else 0
             self.busy[node] = value
 
@@ -109,48 +115,72 @@ class Cluster:
             size //= 2
         return 0
 
-    def partial_and_used(self) -> tuple[int, int]:
-        n = self.geo.per_node
-        partial = sum(1 for f in self.fill if 0 < f < n)
-        return partial, sum(1 for f in self.fill if f)
+
+Metrics = tuple[int, int, int]
+"""(jobs unplaced, nodes used, nodes partly used): smaller is better, in this order."""
 
 
 def allocate(cluster: Cluster, items: list[Item]) -> dict[str, Block]:
-    """Place movable ``items`` on ``cluster`` (which holds the immovable jobs)."""
-    kept = _keep_all(cluster.copy(), items)
-    if kept is not None and kept[1][0] <= 1:
-        return kept[0]
-    placed: dict[str, Block] = {}
-    n = cluster.geo.per_node
-    big = sorted((it for it in items if it.size >= n), key=sort_key)
-    small = sorted((it for it in items if it.size < n), key=sort_key)
-    weight = [0] * cluster.geo.num_nodes
-    for it in items:
-        _add_weight(cluster.geo, weight, it, +1)
-    taken = _place_big(cluster, big, weight, placed)
-    _place_small(cluster, small, taken, placed)
-    if kept is not None:
-        partial, used = cluster.partial_and_used()
-        if (len(items) - len(kept[0]), kept[1][1], kept[1][0]) <= (
-            len(items) - len(placed),
-            used,
-            partial,
-        ):
-            return kept[0]
+    """Place movable ``items`` on ``cluster`` (which holds the immovable jobs).
+
+    Iterates to a fixed point so that placing the answer again returns it
+    unchanged: if steps 1-4, run on the answer's own blocks as preferences,
+    find a strictly better layout, that becomes the answer. The metrics
+    decrease strictly, so this ends; without immovable jobs the first answer
+    already leaves at most one node partly used and is final.
+    """
+    placed, metrics = _once(cluster, items)
+    while metrics[0] or metrics[2] > 1:
+        again = [Item(it.job_id, it.size, placed.get(it.job_id)) for it in items]
+        nxt, nxt_metrics = _once(cluster, again)
+        if nxt_metrics >= metrics:
+            break
+        placed, metrics = nxt, nxt_metrics
     return placed
 
 
-def _keep_all(
-    cluster: Cluster, items: list[Item]
-) -> tuple[dict[str, Block], tuple[int, int]] | None:
-    """Every job on its preferred block, if they are all free; with (partial, used) nodes."""
+def _metrics(cluster: Cluster, items: list[Item], placed: dict[str, Block]) -> Metrics:
+    n = cluster.geo.per_node
+    partial = sum(1 for f in cluster.fill if 0 < f < n)
+    used = sum(1 for f in cluster.fill if f)
+    return (len(items) - len(placed), used, partial)
+
+
+def _once(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:
+    """Step 0 (keep every preferred block that is free) unless steps 1-4 do better."""
+    new_jobs = sum(1 for it in items if it.pref is None)
+    kept: tuple[dict[str, Block], Metrics] | None = None
+    if not new_jobs:
+        kept = _keep(cluster, items)
+        if kept[1][0] == 0 and kept[1][2] <= 1:
+            return kept
+    state = cluster.copy()
     placed: dict[str, Block] = {}
+    n = state.geo.per_node
+    big = sorted((it for it in items if it.size >= n), key=sort_key)
+    small = sorted((it for it in items if it.size < n), key=sort_key)
+    weight = [0] * state.geo.num_nodes
+    for it in items:
+        _add_weight(state.geo, weight, it, +1)
+    taken = _place_big(state, big, weight, placed)
+    _place_small(state, small, taken, placed)
+    metrics = _metrics(state, items, placed)
+    if kept is None and metrics[0] >= new_jobs:
+        # Step 0 leaves at least the new jobs unplaced; only now can it compete.
+        kept = _keep(cluster, items)
+    if kept is not None and kept[1] <= metrics:
+        return kept
+    return placed, metrics
+
+
+def _keep(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:
+    state = cluster.copy()
+    kept: dict[str, Block] = {}
     for it in sorted(items, key=sort_key):
-        if it.pref is None or not cluster.is_free(it.pref):
-            return None
-        cluster.occupy(it.pref)
-        placed[it.job_id] = it.pref
-    return placed, cluster.partial_and_used()
+        if it.pref is not None and state.is_free(it.pref):
+            state.occupy(it.pref)
+            kept[it.job_id] = it.pref
+    return kept, _metrics(state, items, kept)
 
 
 def _add_weight(geo: Geometry, weight: list[int], it: Item, sign: int) -> None:

@@ -23,53 +23,77 @@ Guarantee (tested with hypothesis in ``tests/test_placement.py``)
 --------------------------------------------------------------------
 When every request is movable:
 
-1. Requests are admitted in the given order while their total fits the
-   cluster (a request larger than the largest aligned run of whole nodes is
-   skipped); every admitted request is placed. In particular, if the total
-   demand is at most the cluster's GPU count, everything is placed.
-2. At most one node that holds a job is partially used, so the jobs occupy
+1. Admission: requests are taken in the given order (the caller's priority),
+   and each one that still fits in the GPUs left is admitted; a request
+   larger than the largest aligned run of whole nodes is never admitted.
+   Every admitted request is placed. In particular, if the total demand is at
+   most the cluster's GPU count, everything is placed.
+2. At most one node that holds a job is partly used, so the jobs occupy
    exactly ``ceil(demand / N)`` nodes and every other node is in
    ``powered_down_nodes``.
 
-Why: jobs are placed in decreasing size. When a job of size ``s`` is placed,
-every block taken so far is aligned and at least ``s`` large, so the free space
-is a union of free aligned ``s``-blocks plus, when the node count is not a
-power of two, a tail shorter than ``s``; since the remaining demand is at least
-``s`` and at most the free space, a free ``s``-block exists. Single-node jobs
-go to the fullest node that still has room (best fit) and open an empty node
-only when no node has room, so at most one node is partially filled at any
-time. Nodes that the kept jobs already fill exactly are left alone, which does
-not change the argument. Immovable requests occupy whatever block they hold;
-with them the rules still apply but the guarantee can be lost to their
-fragmentation (a movable request that finds no block is reported unplaced).
+Why. (a) Jobs are placed in decreasing size. When a job of size ``s`` is
+placed, every block taken so far is aligned and at least ``s`` large, so the
+free space is a union of free aligned ``s``-blocks plus, when the node count
+is not a power of two, a tail shorter than ``s``; as the remaining demand is at
+least ``s`` and at most the free space, a free ``s``-block exists. This places
+the multi-node jobs, and, within each node, any set of single-node jobs whose
+sizes sum to at most ``N``. (b) Single-node jobs then fill nodes by best fit.
+Nodes that keep their jobs either end full or are, if more than one ends
+partly used, emptied and repacked together with any job that found no hole:
+largest first, each into the fullest node with room, an empty node opened
+only when no node has room. From empty nodes this keeps at most one node
+partly used at every step (a partly used node's room is a multiple of the job
+size, so it always takes the job), and empty nodes are added until the room
+covers the demand. (c) "Keep everything" is used only when it already leaves at
+most one node partly used.
+
+Immovable requests occupy whatever block they hold; the same rules apply to
+the rest, but the guarantee can be lost to the fragmentation the immovable
+ones cause (a movable request that finds no block is reported unplaced).
 
 Stability and migrations
 ------------------------
 Each movable running job *prefers* the aligned block of its new size that
 overlaps its current GPUs most (first in node/GPU order on ties): its current
 block when the size is unchanged, the first aligned half (its buddy stays
-free) when it shrinks, the enclosing block when it grows.
+free) when it shrinks, the enclosing block when it grows. The steps, in
+order (mechanics in ``packing.py``):
 
-- Nodes whose preferring jobs fill them exactly are kept as they are.
-- Whole-node jobs keep their preferred nodes when those are free; other jobs
-  keep their block when its node is already in use (or opened for them) and
-  the block is free.
-- New blocks avoid GPUs that jobs not yet placed prefer, so a job moves only
-  when the space is needed: to fit a larger job, or to consolidate partly used
-  nodes so that one can be freed (guarantee 2).
+0. If every job can keep its preferred block and that leaves at most one node
+   partly used, nothing moves. Otherwise:
+1. Multi-node jobs keep their node group when it is free, else take the free
+   group with the fewest powered-off nodes and the fewest GPUs others use now.
+2. Nodes that their jobs (those whose preferred blocks do not collide) fill
+   exactly stay as they are.
+3. Of the other nodes, the fullest keep their jobs, just enough of them to
+   hold the remaining demand; jobs on the rest, new jobs and jobs displaced by
+   a growing neighbour fill the kept nodes' holes, largest first, each into
+   the fullest node with a free aligned block.
+4. If more than one node is now partly used, only those nodes are repacked (a
+   job keeps its block there when its node is in use and the block is free).
 
-A ``Migration`` is reported for a running job whose new GPUs neither contain
-nor lie within its current ones: some worker must move. Growing or shrinking in
-place is a resize, not a migration. Immovable requests (bound pods, a job being
-profiled) keep exactly their GPUs, which must form an aligned block of their
-size on known nodes without overlapping each other, else ``PlacementError``.
+So a job moves only when the space is needed: a larger job or a growing
+neighbour takes it, or its node is emptied or repacked to satisfy
+guarantee 2. A ``Migration`` is reported for a running job whose new GPUs
+neither contain nor lie within its current ones: some worker must move.
+Growing or shrinking in place is a resize, not a migration. Immovable
+requests (bound pods, a job being profiled) keep exactly their GPUs, which
+must form an aligned block of their size on known nodes without overlapping
+each other, else ``PlacementError``.
+
 Placing the previous output again (same requests, ``current`` set to the
-assigned GPUs) changes nothing.
+assigned GPUs, empty for unplaced ones) changes nothing: step 0's answer is
+kept unless steps 1-4 do strictly better on (unplaced jobs, used nodes, partly
+used nodes), and ``place`` only returns an answer that steps 1-4 cannot
+improve that way (it repeats them on its own answer until they cannot; without
+immovable requests one pass suffices, by guarantee 2).
 
 Power and preference
 --------------------
 Among equally good choices: a job's own preferred node, then powered-on nodes,
-then nodes where more not-yet-placed jobs run now, then node order. A
+then nodes where more not-yet-placed jobs run now, then node order. Nodes are
+kept or filled busiest first (best fit), so that whole nodes become free. A
 powered-off node is used when the job needs it. Every node that ends with no
 GPU assigned is listed in ``powered_down_nodes`` (the simulator counts it as
 zero watts, the operator cordons it).
@@ -196,11 +220,13 @@ def _result(
         if got is None:
             unplaced.append(r.job_id)
             continue
-        slots = tuple(sorted(geo.slots(got)))
+        slots = geo.slots(got)
+        if got.size > geo.per_node:
+            slots = tuple(sorted(slots))
         assignments[r.job_id] = slots
         g = max(1, got.size // geo.per_node)
         used[got.node : got.node + g] = b"\x01" * g
-        if r.movable and is_migration(r.current, slots):
+        if r.movable and r.current and is_migration(r.current, slots):
             migrations.append(Migration(r.job_id, tuple(sorted(set(r.current))), slots))
     idle = tuple(name for i, name in enumerate(geo.names) if not used[i])
     return PlacementResult(assignments, tuple(migrations), tuple(unplaced), idle)
