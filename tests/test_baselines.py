@@ -20,6 +20,7 @@ from powerflow.baselines.afs import Ladder, afs_l, ladder_counts
 from powerflow.errors import SnapshotError
 from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
+from powerflow.policy.budget import limit_watts
 from powerflow.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Policy, Snapshot
 
 F_MAX = float(A100.max_clock_mhz)
@@ -465,3 +466,30 @@ def test_every_plan_is_valid_over_a_run(
 def test_unsupported_clock_is_refused() -> None:
     with pytest.raises(SnapshotError, match="not a supported"):
         GandivaPolicy(frequency_mhz=1000).plan(snap(nodes(1), [job("j")]))
+
+
+# ---------------------------------------------------------------------- watts
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [Budget(), Budget(eta=0.5), Budget(eta=0.5, p_max_watts=250.0), Budget(limit_watts=9e3)],
+)
+def test_limit_is_the_budget_rule(budget: Budget) -> None:
+    s = replace(_random_snapshot(random.Random(1), nodes(2, 4), 6), budget=budget)
+    assert TiresiasPolicy().plan(s).limit_watts == pytest.approx(limit_watts(s), rel=1e-12)
+
+
+def test_predicted_watts_count_time_slices_once_and_idle_gpus() -> None:
+    shared = on("n0", 0, 1)
+    a = job("a", 2, placement=shared, model=Amdahl(dynamic_w=100.0))
+    b = job("b", 2, arrival=1.0, placement=shared, model=Amdahl(dynamic_w=300.0), pinned=True)
+    plan = GandivaPolicy().plan(snap(nodes(1, 4), [a, b]))  # pinned: b stays time-sliced
+    assert plan.job("b").placement == shared
+
+    def power(model: Amdahl) -> float:
+        args = (2, 2, 32, A100.max_clock_mhz)
+        return float(model.energy_per_iter_j(*args) / model.step_time_s(*args))
+
+    want = (power(a.model) + power(b.model)) / 2 + 2 * A100.idle_power_w  # type: ignore[arg-type]
+    assert plan.predicted_watts == pytest.approx(want)
