@@ -98,8 +98,10 @@ class FixedPolicy:
         return Plan(tuple(plans), float("inf"), 0.0, down)
 
 
-def _run(jobs, policy, *, profiling=ORACLE, nodes=1, gpus=4, restart_s=30.0, seed=0):  # type: ignore[no-untyped-def]
-    cfg = SimConfig(nodes=nodes, gpus_per_node=gpus, restart_s=restart_s, seed=seed)
+def _run(jobs, policy, *, profiling=ORACLE, nodes=1, gpus=4, restart_s=30.0, seed=0, batch_s=0.0):  # type: ignore[no-untyped-def]
+    cfg = SimConfig(
+        nodes=nodes, gpus_per_node=gpus, restart_s=restart_s, seed=seed, batch_s=batch_s
+    )
     configured = Configured(policy, Budget(eta=1.0), profiling, None, None)
     return Simulation(tuple(jobs), configured, cfg, WORLD, OracleLearner()).run()
 

@@ -20,9 +20,17 @@ and AFS assume similar fixed costs. 30 s is the lower-middle of that range,
 neither flattering elastic schedulers (which rescale often) nor punishing
 them."""
 
-INTERVAL_S = 300.0
+BATCH_S = 60.0
+"""Scheduling events closer than this to the previous decision wait for one
+joint decision at this distance from it, as an operator reconciling in batches
+does. With ~8,000 events in the busy first day of the ITP trace (arrivals,
+pre-run and profiling ends, completions) this cuts policy calls severalfold;
+a job waits at most a minute longer for its first GPUs."""
+
+INTERVAL_S = 600.0
 """Periodic re-evaluation, besides arrivals, completions and profiling ends:
-short next to jobs lasting hours, long enough to keep policy calls cheap."""
+short next to jobs lasting hours (median 2.3 h in the ITP window), long enough
+that the multi-day tail of the trace does not become thousands of calls."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class SimConfig:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     gpu: GpuSpec = A100
     interval_s: float = INTERVAL_S
+    batch_s: float = BATCH_S
     restart_s: float = RESTART_S
     noise: float = 0.03
     seed: int = 0
@@ -48,7 +57,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise SimulationError("the cluster needs at least one node with one GPU")
-        if self.interval_s <= 0 or self.restart_s < 0 or self.noise < 0:
+        if self.interval_s <= 0 or self.restart_s < 0 or self.noise < 0 or self.batch_s < 0:
             raise SimulationError("interval must be positive, restart cost and noise >= 0")
         if self.profile_clock_stride < 1:
             raise SimulationError("profile clock stride must be >= 1")

@@ -20,6 +20,7 @@ pre-run's energy is counted apart from the cluster's power series.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import Counter
@@ -92,7 +93,9 @@ class Simulation:
         ]
         self._by_id = {j.trace.job_id: j for j in self.jobs}
         self._next_arrival = 0
-        self._active: list[SimJob] = []  # submitted, not done
+        self._active: dict[int, SimJob] = {}  # submitted, not done
+        self._holders: dict[int, SimJob] = {}  # holding GPUs
+        self._preruns: list[tuple[float, int]] = []  # heap of (pre-run end, index)
         self._node_index = {name: i for i, name in enumerate(config.node_names())}
         self._powered_down: frozenset[str] = frozenset()
         self._nodes = config.make_nodes()
@@ -104,12 +107,13 @@ class Simulation:
         self._busy_gpus = 0.0
         self._held_gpus = 0
         self._last_busy_s = 0.0
+        self._shares_dirty = True
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
 
     # ------------------------------------------------------------------ Backend
 
     def snapshot(self) -> Snapshot:
-        jobs = tuple(self._view(j) for j in self._active if j.phase is not Phase.PRERUN)
+        jobs = tuple(self._view(j) for j in self._active.values() if j.phase is not Phase.PRERUN)
         return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
 
     def apply(self, plan: Plan) -> None:
@@ -118,13 +122,21 @@ class Simulation:
         if unknown:
             raise SimulationError(f"plan powers down unknown node(s) {sorted(unknown)}")
         planned = {jp.job_id: jp for jp in plan.jobs}
-        for job in self._active:
+        for job in list(self._active.values()):
             if job.phase is Phase.PRERUN:
                 continue
             jp = planned.pop(job.trace.job_id, None)
             if jp is None or jp.gpus == 0:
                 self._release(job)
                 continue
+            if (
+                jp.placement == job.placement
+                and jp.frequency_mhz == job.f
+                and jp.local_batch_size == job.bs
+                and job.holding
+                and not (down and any(node in down for node, _ in job.placement))
+            ):
+                continue  # unchanged: the common case at most events
             self._check_slots(job, jp.placement, jp.gpus, down)
             if jp.frequency_mhz not in self._clocks:
                 raise SimulationError(
@@ -144,6 +156,9 @@ class Simulation:
         started = time.perf_counter()
         ordered = self.jobs
         next_tick = math.inf
+        pending = False  # a scheduling event awaits the next policy call
+        last_call = -math.inf
+        gap = self.cfg.batch_s
         self.now = ordered[0].trace.submit_s
         self._record()
         while self._next_arrival < len(ordered) or self._active:
@@ -152,8 +167,11 @@ class Simulation:
                 if self._next_arrival < len(ordered)
                 else math.inf
             )
-            t_job = min((j.next_event_s for j in self._active), default=math.inf)
-            t_next = min(t_arrival, t_job, next_tick)
+            t_job = min((j.next_event_s for j in self._holders.values()), default=math.inf)
+            if self._preruns:
+                t_job = min(t_job, self._preruns[0][0])
+            t_due = max(last_call + gap, self.now) if pending else math.inf
+            t_next = min(t_arrival, t_job, next_tick, t_due)
             if t_next > self.cfg.horizon_s:
                 raise SimulationError(
                     f"not drained by the horizon ({self.cfg.horizon_s:.0f} s): "
@@ -163,15 +181,20 @@ class Simulation:
                 raise SimulationError("deadlock: jobs wait but no event is due")
             self._advance(t_next)
             self._totals.events += 1
-            trigger = self._arrivals()
-            for job in [j for j in self._active if j.next_event_s <= self.now + EPS]:
-                trigger |= self._job_event(job)
+            pending |= self._arrivals()
+            while self._preruns and self._preruns[0][0] <= self.now + EPS:
+                pending |= self._make_visible(self._active[heapq.heappop(self._preruns)[1]])
+            for job in [j for j in self._holders.values() if j.next_event_s <= self.now + EPS]:
+                pending |= self._job_event(job)
             if next_tick <= self.now + EPS:
-                trigger = True
-            if trigger and any(j.phase is not Phase.PRERUN for j in self._active):
-                self._schedule()
+                pending = True
                 next_tick = self.now + self.cfg.interval_s
-            elif next_tick <= self.now + EPS:
+            if len(self._active) == len(self._preruns):
+                pending = False  # nothing schedulable: nothing to decide
+            if pending and self.now >= last_call + gap - EPS:
+                self._schedule()
+                pending = False
+                last_call = self.now
                 next_tick = self.now + self.cfg.interval_s
             if not self._active:
                 next_tick = math.inf
@@ -186,7 +209,7 @@ class Simulation:
         if self._next_arrival < len(self.jobs) or self._held_gpus > 0:
             self._last_busy_s = self.now
             return
-        if any(j.phase is not Phase.QUEUED for j in self._active):
+        if self._preruns:
             self._last_busy_s = self.now
             return
         if self._active and self.now - self._last_busy_s > 2 * self.cfg.interval_s:
@@ -211,11 +234,12 @@ class Simulation:
         ):
             job = self.jobs[self._next_arrival]
             self._next_arrival += 1
-            self._active.append(job)
+            self._active[job.index] = job
             prerun = self.profiling.prerun_s
             if prerun > 0:
-                job.phase = Phase.PRERUN
+                self._phase(job, Phase.PRERUN)
                 job.phase_end_s = job.next_event_s = self.now + prerun
+                heapq.heappush(self._preruns, (job.phase_end_s, job.index))
                 _step, power = self.rates.sweep(
                     job.trace.model_name,
                     1,
@@ -239,7 +263,7 @@ class Simulation:
         return trigger
 
     def _make_visible(self, job: SimJob) -> bool:
-        job.phase = Phase.QUEUED
+        self._phase(job, Phase.QUEUED)
         job.phase_end_s = job.next_event_s = math.inf
         job.visible_s = self.now
         samples = Samples.concat(job.samples) if job.samples else None
@@ -247,8 +271,6 @@ class Simulation:
         return True
 
     def _job_event(self, job: SimJob) -> bool:
-        if job.phase is Phase.PRERUN:
-            return self._make_visible(job)
         if job.next_is_completion:
             self._finish_profile(job, complete=False)
             self._complete(job)
@@ -258,7 +280,7 @@ class Simulation:
             return False
         if job.phase is Phase.PROFILE:
             self._finish_profile(job, complete=True)
-            job.phase = Phase.RUN
+            self._phase(job, Phase.RUN)
             job.phase_end_s = math.inf
             self._set_rates(job)
             return True
@@ -267,11 +289,11 @@ class Simulation:
     def _complete(self, job: SimJob) -> None:
         job.done_iters = job.trace.iterations
         job.finish_s = self.now
-        job.phase = Phase.DONE
+        self._phase(job, Phase.DONE)
         job.next_event_s = math.inf
         job.placement = ()
         job.n = 0
-        self._active.remove(job)
+        del self._active[job.index]
 
     # --------------------------------------------------------------- transitions
 
@@ -297,7 +319,8 @@ class Simulation:
             return
         self._finish_profile(job, complete=False)
         job.preemptions += 1
-        job.phase = Phase.QUEUED
+        self._phase(job, Phase.QUEUED)
+        job.view = None
         job.placement = ()
         job.n = 0
         job.phase_end_s = job.next_event_s = math.inf
@@ -317,13 +340,14 @@ class Simulation:
             else:
                 job.migrations += 1
         job.placement = tuple(placement)
+        self._shares_dirty = True
         job.n = len(placement)
         job.r = max(Counter(node for node, _ in placement).values())
         job.f = f
         job.bs = bs
         if restart and self.cfg.restart_s > 0:
             job.restarts += 1
-            job.phase = Phase.RESTART
+            self._phase(job, Phase.RESTART)
             job.phase_end_s = self.now + self.cfg.restart_s
             job.step_s, job.power_w = math.inf, 0.0
         else:
@@ -332,13 +356,13 @@ class Simulation:
     def _start_compute(self, job: SimJob) -> None:
         job.started = True
         if self.profiling.profile_s > 0 and job.n not in job.profiled:
-            job.phase = Phase.PROFILE
+            self._phase(job, Phase.PROFILE)
             job.profilings += 1
             job.profile_start_s = self.now
             job.phase_end_s = self.now + self.profiling.profile_s
             job.profile_clocks = self.cfg.profile_clocks_mhz
         else:
-            job.phase = Phase.RUN
+            self._phase(job, Phase.RUN)
             job.phase_end_s = math.inf
         self._set_rates(job)
 
@@ -379,6 +403,14 @@ class Simulation:
                 job.trace.model_name, job.truth, job.knowledge, Samples.concat(job.samples)
             )
 
+    def _phase(self, job: SimJob, phase: Phase) -> None:
+        job.set_phase(phase)
+        self._shares_dirty = True
+        if job.holding:
+            self._holders[job.index] = job
+        else:
+            self._holders.pop(job.index, None)
+
     # ---------------------------------------------------------------- accounting
 
     def _advance(self, t: float) -> None:
@@ -386,13 +418,12 @@ class Simulation:
         if dt < -EPS:
             raise SimulationError(f"time went backwards: {self.now} -> {t}")
         if dt > 0:
-            for job in self._active:
-                if job.holding:
-                    job.attained_gpu_s += job.n * dt
-                    job.run_s += dt
-                    if job.computing:
-                        job.done_iters += dt * job.share / job.step_s
-                        job.energy_j += dt * job.share * job.power_w
+            for job in self._holders.values():
+                job.attained_gpu_s += job.n * dt
+                job.run_s += dt
+                if job.computing:
+                    job.done_iters += dt * job.share / job.step_s
+                    job.energy_j += dt * job.share * job.power_w
             tot = self._totals
             powered = self._powered_gpus()
             idle_w = (powered - self._busy_gpus) * self.cfg.gpu.idle_power_w
@@ -410,21 +441,25 @@ class Simulation:
 
     def _refresh(self) -> None:
         """Recompute shares, cluster power and every job's next event."""
-        holders = [j for j in self._active if j.holding]
-        load: Counter[GpuSlot] = Counter()
-        for job in holders:
-            load.update(job.placement)
+        holders = self._holders.values()
+        if self._shares_dirty:
+            load: Counter[GpuSlot] = Counter()
+            for job in holders:
+                load.update(job.placement)
+            shared = len(load) < sum(job.n for job in holders)
+            for job in holders:
+                job.share = 1.0 / max(load[s] for s in job.placement) if shared else 1.0
+            self._held_gpus = len(load)
+            self._shares_dirty = False
         active_w = 0.0
         busy = 0.0
         for job in holders:
-            job.share = 1.0 / max(load[s] for s in job.placement)
             if job.computing:
                 active_w += job.share * job.power_w
                 busy += job.share * job.n
         self._active_w = active_w
         self._busy_gpus = busy
-        self._held_gpus = len(load)
-        for job in self._active:
+        for job in holders:
             end = job.phase_end_s
             job.next_is_completion = False
             if job.computing:
@@ -443,7 +478,7 @@ class Simulation:
             self._busy_gpus,
             float(self._powered_gpus()),
             self._held_gpus,
-            sum(1 for j in self._active if j.phase is Phase.QUEUED),
+            len(self._active) - len(self._preruns) - len(self._holders),
             self._limit_w,
         )
         if self._series and self._series[-1][0] == self.now:
@@ -457,8 +492,7 @@ class Simulation:
         """The policy's frozen view of a job, rebuilt only when it changed."""
         knowledge = job.knowledge
         assert knowledge is not None
-        key = (job.done_iters, job.placement, job.f, job.phase, id(knowledge.model), job.run_s)
-        if job.view is not None and key == job.view_key:
+        if job.view is not None and not job.holding and job.view_model is knowledge.model:
             return job.view
         tj = job.trace
         job.view = Job(
@@ -475,7 +509,7 @@ class Simulation:
             model_name=tj.model_name,
             pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
         )
-        job.view_key = key
+        job.view_model = knowledge.model
         return job.view
 
     def _result(self, wall_s: float) -> RunResult:

@@ -33,10 +33,12 @@ class SimJob:
     __slots__ = (
         "attained_gpu_s",
         "bs",
+        "computing",
         "done_iters",
         "energy_j",
         "f",
         "finish_s",
+        "holding",
         "index",
         "knowledge",
         "migrations",
@@ -65,7 +67,7 @@ class SimJob:
         "trace",
         "truth",
         "view",
-        "view_key",
+        "view_model",
         "visible_s",
     )
 
@@ -75,6 +77,8 @@ class SimJob:
         self.truth = truth
         self.rng = np.random.default_rng([seed, index])
         self.phase = Phase.PENDING
+        self.holding = False
+        self.computing = False
         self.phase_end_s = float("inf")
         self.next_event_s = float("inf")
         self.next_is_completion = False
@@ -105,16 +109,14 @@ class SimJob:
         self.restarts = 0
         self.profilings = 0
         self.view: Job | None = None
-        self.view_key: tuple[object, ...] = ()
+        self.view_model: PerfModel | None = None
 
     @property
     def remaining(self) -> float:
         return max(self.trace.iterations - self.done_iters, 0.0)
 
-    @property
-    def holding(self) -> bool:
-        return self.phase in HOLDING
-
-    @property
-    def computing(self) -> bool:
-        return self.phase in COMPUTING
+    def set_phase(self, phase: Phase) -> None:
+        """Change phase; ``holding``/``computing`` are cached for the hot loops."""
+        self.phase = phase
+        self.holding = phase in HOLDING
+        self.computing = phase in COMPUTING

@@ -1,0 +1,188 @@
+"""``powerflow simulate``: the trace-driven evaluation (paper §6), the main job.
+
+Without ``--scheduler`` it runs the whole comparison on both cores, prints the
+results and the JCT ratios at equal energy, and writes CSV, JSON and PNG files
+to a results folder. With ``--scheduler`` it runs one configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from powerflow.errors import SimulationError
+from powerflow.schedulers import SCHEDULERS, scheduler
+from powerflow.sim import experiments, output, plots
+from powerflow.sim.compare import jct_ratios
+from powerflow.sim.config import SimConfig
+from powerflow.sim.report import write_report
+from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, run_many, run_one
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="run the trace-driven evaluation (default: the full comparison)",
+        description=__doc__,
+    )
+    p.add_argument("--scheduler", choices=list(SCHEDULERS), help="run one scheduler only")
+    knob = p.add_mutually_exclusive_group()
+    knob.add_argument("--eta", type=float, help="PowerFlow's power budget knob (0, 1]")
+    knob.add_argument("--frequency", type=int, metavar="MHZ", help="a baseline's GPU clock")
+    add_cluster_args(p)
+    p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
+    p.add_argument("--quick", action="store_true", help="fewer points, first 4 h of the trace")
+    p.add_argument("--no-oracle-runs", action="store_true", help="skip the Fig. 10 runs")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--out", type=Path, help="results folder (default results/<timestamp>)")
+    p.add_argument("--report", type=Path, help="also write a Markdown report to this file")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
+    p.set_defaults(func=run)
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    d = SimConfig()
+    p.add_argument("--trace", type=Path, help="trace CSV (default: the bundled ITP window)")
+    p.add_argument("--hours", type=float, help="only jobs submitted in the first H hours")
+    p.add_argument("--nodes", type=int, default=d.nodes, help=f"nodes (default {d.nodes})")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=d.gpus_per_node, help="A100s per node (<= 8)"
+    )
+    p.add_argument("--interval", type=float, default=d.interval_s, help="re-evaluation (s)")
+    p.add_argument("--restart-s", type=float, default=d.restart_s, help="checkpoint-restart (s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of noise and model draws")
+
+
+def config_from(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        interval_s=args.interval,
+        restart_s=args.restart_s,
+        seed=args.seed,
+    )
+
+
+def trace_from(args: argparse.Namespace) -> TraceSpec:
+    if args.trace is not None and not args.trace.is_file():
+        raise SimulationError(f"no trace file {args.trace}")
+    return TraceSpec(str(args.trace) if args.trace else None, args.hours, seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    config, trace = config_from(args), trace_from(args)
+    if args.scheduler:
+        return _single(args, config, trace)
+    if args.eta is not None or args.frequency is not None:
+        raise SimulationError("--eta/--frequency need --scheduler")
+    return _comparison(args, config, trace)
+
+
+def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> int:
+    spec = scheduler(args.scheduler)
+    value: float | None = args.eta if args.eta is not None else args.frequency
+    if value is not None and spec.knob is None:
+        raise SimulationError(f"{spec.name} runs at its own clock; it takes no --eta/--frequency")
+    if args.eta is not None and spec.knob != "eta":
+        raise SimulationError(f"{spec.name} takes --frequency, not --eta")
+    if args.frequency is not None and spec.knob != "frequency_mhz":
+        raise SimulationError(f"{spec.name} takes --eta, not --frequency")
+    if value is None and spec.knob is not None:
+        value = spec.sweep[-1]
+    outcome = run_one(RunSpec(spec.name, value, trace, config, oracle=args.oracle))
+    row = outcome.row()
+    if args.json:
+        print(output.to_json(row))
+    else:
+        Console().print(output.results_table([row], f"{outcome.spec.label} on {trace.describe()}"))
+    if args.out:
+        output.write_json(row, args.out / "run.json")
+    return 0
+
+
+def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> int:
+    specs = experiments.comparison(
+        trace, config, quick=args.quick, oracle=not args.no_oracle_runs and not args.oracle
+    )
+    if args.oracle:
+        specs = [replace(s, oracle=True) for s in specs]
+    console = Console(stderr=True)
+    outcomes = _run_with_progress(specs, args.workers, console, quiet=args.json)
+    rows = [o.row() for o in outcomes]
+    ratios = jct_ratios(rows)
+    title = f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100"
+    out = args.out or Path("results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    files = write_outputs(out, outcomes, ratios, title)
+    if args.report:
+        write_report(args.report, outcomes, ratios, config, specs[0].trace, out, args)
+        files.append(args.report)
+    if args.json:
+        print(output.to_json({"runs": rows, "jct_ratio_at_equal_energy": ratios}))
+    else:
+        stdout = Console()
+        output.print_tables(stdout, output.results_table(rows, title), output.ratio_table(ratios))
+        stdout.print(f"wrote {len(files)} files to {out}/")
+    return 0
+
+
+def _run_with_progress(
+    specs: list[RunSpec], workers: int, console: Console, *, quiet: bool
+) -> list[RunOutcome]:
+    with Progress(
+        TextColumn("[bold]simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        disable=quiet,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("", total=len(specs))
+
+        def done(o: RunOutcome) -> None:
+            progress.update(task, advance=1, description=f"last: {o.spec.label}")
+
+        return run_many(specs, workers=workers, on_done=done)
+
+
+def write_outputs(
+    out: Path, outcomes: list[RunOutcome], ratios: dict[str, Any], title: str
+) -> list[Path]:
+    rows = [o.row() for o in outcomes]
+    files = [
+        output.write_csv(rows, out / "runs.csv"),
+        output.write_json(
+            {"runs": rows, "jct_ratio_at_equal_energy": ratios}, out / "results.json"
+        ),
+        plots.jct_vs_energy(rows, out / "jct_vs_energy.png", title),
+        plots.allocation_and_power(pick_for_timeline(outcomes), out / "allocation_power.png"),
+    ]
+    if any(o.spec.oracle for o in outcomes):
+        files.append(plots.fitted_vs_oracle(rows, out / "fitted_vs_oracle.png"))
+    return files
+
+
+def pick_for_timeline(outcomes: list[RunOutcome]) -> list[RunOutcome]:
+    """Fig. 9's choice: per scheduler, the run whose energy is closest to Gandiva+Zeus."""
+    fitted = [o for o in outcomes if not o.spec.oracle]
+    anchor = next((o for o in fitted if o.spec.scheduler == "gandiva+zeus"), None)
+    target = anchor.metrics["total_energy_j"] if anchor else None
+    chosen: dict[str, RunOutcome] = {}
+    for o in fitted:
+        best = chosen.get(o.spec.scheduler)
+        if target is None:
+            if best is None:
+                chosen[o.spec.scheduler] = o
+            continue
+        gap = abs(o.metrics["total_energy_j"] - target)
+        if best is None or gap < abs(best.metrics["total_energy_j"] - target):
+            chosen[o.spec.scheduler] = o
+    return list(chosen.values())

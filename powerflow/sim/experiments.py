@@ -1,0 +1,99 @@
+"""The experiments of paper §6 as lists of runs: the comparison and the sensitivity studies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from powerflow.schedulers import SCHEDULERS
+from powerflow.sim.config import SimConfig
+from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec
+from powerflow.sim.synthetic import SyntheticSpec
+
+QUICK_ETAS = (0.4, 0.6, 1.0)
+QUICK_FREQUENCIES = (1110, 1410)
+ORACLE_ETAS = (0.4, 0.6, 1.0)
+QUICK_HOURS = 4.0
+
+
+def comparison(
+    trace: TraceSpec, config: SimConfig, *, quick: bool = False, oracle: bool = True
+) -> list[RunSpec]:
+    """PowerFlow's eta sweep, every baseline's clock sweep, the Zeus points, and
+    (for Fig. 10) PowerFlow's sweep again with ground-truth models."""
+    if quick and trace.hours is None and trace.synthetic is None:
+        trace = replace(trace, hours=QUICK_HOURS)
+    specs: list[RunSpec] = []
+    for spec in SCHEDULERS.values():
+        if spec.knob is None:
+            specs.append(RunSpec(spec.name, None, trace, config))
+            continue
+        values: Sequence[float] = spec.sweep
+        if quick:
+            values = QUICK_ETAS if spec.knob == "eta" else QUICK_FREQUENCIES
+        specs += [RunSpec(spec.name, v, trace, config) for v in values]
+    if oracle:
+        etas = ORACLE_ETAS[-2:] if quick else ORACLE_ETAS
+        specs += [RunSpec("powerflow", v, trace, config, oracle=True) for v in etas]
+    return specs
+
+
+@dataclass(frozen=True)
+class Study:
+    """One sensitivity axis: a name, its label and the runs along it."""
+
+    name: str
+    label: str
+    values: tuple[float, ...]
+
+
+STUDIES = (
+    Study("interval", "mean job arrival interval (s)", (120.0, 300.0, 600.0, 1200.0)),
+    Study("cluster", "cluster size (GPUs)", (16.0, 32.0, 64.0, 128.0)),
+    Study("job_size", "job size (x requested GPUs)", (0.5, 1.0, 2.0, 4.0)),
+)
+SENSITIVITY_SCHEDULERS = (
+    ("powerflow", 0.6),
+    ("gandiva", 1410.0),
+    ("tiresias", 1410.0),
+    ("afs", 1410.0),
+    ("gandiva+zeus", None),
+    ("tiresias+zeus", None),
+)
+BASE_SYNTHETIC = SyntheticSpec(jobs=100, mean_interval_s=300.0, job_size=1.0, seed=0)
+BASE_GPUS = 32
+
+
+def sensitivity(config: SimConfig, *, quick: bool = False) -> list[RunSpec]:
+    """100-job synthetic traces (Gavel's generator) along the three axes of Fig. 11.
+
+    Schedulers run at one operating point each (PowerFlow eta 0.6, baselines
+    at full clock, the Zeus variants at their own clock); the paper instead
+    matches each baseline to the Zeus energy, which needs a sweep per point.
+    """
+    specs: list[RunSpec] = []
+    for study in STUDIES:
+        values = study.values[::2] if quick else study.values
+        for x in values:
+            syn, cfg = BASE_SYNTHETIC, replace(config, nodes=BASE_GPUS // config.gpus_per_node)
+            if study.name == "interval":
+                syn = replace(syn, mean_interval_s=x)
+            elif study.name == "cluster":
+                cfg = replace(config, nodes=max(1, int(x) // config.gpus_per_node))
+            else:
+                syn = replace(syn, job_size=x)
+            for name, value in SENSITIVITY_SCHEDULERS:
+                specs.append(
+                    RunSpec(name, value, TraceSpec(synthetic=syn), cfg, tag=f"{study.name}={x:g}")
+                )
+    return specs
+
+
+def sensitivity_rows(outcomes: Sequence[RunOutcome]) -> dict[str, list[dict[str, Any]]]:
+    """Rows per study with the axis value as ``x``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for o in outcomes:
+        study, _, x = o.spec.tag.partition("=")
+        out.setdefault(study, []).append({**o.row(), "x": float(x)})
+    return out

@@ -1,0 +1,109 @@
+"""Writing results: CSV and JSON files, and the rich table on the terminal."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+TABLE_COLUMNS = (
+    ("avg_jct_s", "avg JCT (h)", 1 / 3600),
+    ("p95_jct_s", "p95 JCT (h)", 1 / 3600),
+    ("makespan_s", "makespan (h)", 1 / 3600),
+    ("total_energy_j", "energy (GJ)", 1e-9),
+    ("idle_energy_j", "idle (GJ)", 1e-9),
+    ("avg_power_w", "avg kW", 1e-3),
+    ("peak_power_w", "peak kW", 1e-3),
+    ("gpu_utilisation", "util", 1.0),
+    ("rescales", "rescales", 1.0),
+    ("profiling_phases", "profilings", 1.0),
+    ("wall_s", "wall (s)", 1.0),
+)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no inf or NaN: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def to_json(data: Any) -> str:
+    return json.dumps(_clean(data), indent=2, sort_keys=False)
+
+
+def write_json(data: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_json(data) + "\n")
+    return path
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(_clean(dict(row)))
+    return path
+
+
+def knob_text(row: Mapping[str, Any]) -> str:
+    if row.get("eta") is not None:
+        return f"eta {row['eta']:g}"
+    if row.get("frequency_mhz") is not None:
+        return f"{row['frequency_mhz']:.0f} MHz"
+    return "-"
+
+
+def results_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("scheduler")
+    table.add_column("setting")
+    for _, label, _ in TABLE_COLUMNS:
+        table.add_column(label, justify="right")
+    for row in rows:
+        name = row["scheduler"] + (" (oracle)" if row.get("oracle") else "")
+        cells = [name, knob_text(row)]
+        for key, _, scale in TABLE_COLUMNS:
+            value = row.get(key)
+            if isinstance(value, int):
+                cells.append(str(value))
+            elif isinstance(value, float):
+                cells.append(f"{value * scale:.2f}")
+            else:
+                cells.append("-")
+        table.add_row(*cells)
+    return table
+
+
+def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
+    table = Table(
+        title="Baseline avg JCT / PowerFlow avg JCT at equal energy (>1: PowerFlow faster)"
+    )
+    table.add_column("baseline")
+    table.add_column("max over common energy", justify="right")
+    table.add_column("at Zeus energy", justify="right")
+    for name, r in ratios.items():
+        table.add_row(name, _fmt(r.get("max")), _fmt(r.get("at_zeus_energy")))
+    return table
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def print_tables(console: Console, *tables: Table) -> None:
+    for t in tables:
+        console.print(t)

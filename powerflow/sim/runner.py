@@ -1,0 +1,186 @@
+"""Run configurations, one or many (in worker processes), and keep what plots need.
+
+A ``RunSpec`` is plain, picklable data: worker processes rebuild the trace,
+the world and the policy from it, so nothing stateful crosses a process
+boundary.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from powerflow.schedulers import scheduler
+from powerflow.sim.config import SimConfig
+from powerflow.sim.engine import Simulation
+from powerflow.sim.metrics import summarise
+from powerflow.sim.result import RunResult, Series
+from powerflow.sim.synthetic import SyntheticSpec, generate
+from powerflow.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_trace, window
+from powerflow.sim.world import World, default_world
+
+PLOT_POINTS = 2000
+"""Power/allocation series are resampled to this many points for plots."""
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """Which jobs: a trace file (default: the bundled ITP window), optionally
+    cut to its first ``hours``, or a synthetic trace."""
+
+    path: str | None = None
+    hours: float | None = None
+    synthetic: SyntheticSpec | None = None
+    seed: int = 0
+
+    def describe(self) -> str:
+        if self.synthetic is not None:
+            s = self.synthetic
+            return f"synthetic({s.jobs} jobs, {s.mean_interval_s:.0f} s, x{s.job_size:g})"
+        name = Path(self.path).name if self.path else ITP_TRACE
+        return name + (f" (first {self.hours:g} h)" if self.hours else "")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    scheduler: str
+    value: float | None = None
+    trace: TraceSpec = field(default_factory=TraceSpec)
+    config: SimConfig = field(default_factory=SimConfig)
+    oracle: bool = False
+    tag: str = ""
+    """Free-form label of the experiment this run belongs to (e.g. a sensitivity axis)."""
+
+    @property
+    def label(self) -> str:
+        knob = scheduler(self.scheduler).knob
+        text = self.scheduler
+        if knob == "eta":
+            text += f" eta={self.value:g}"
+        elif knob == "frequency_mhz":
+            text += f" {self.value:.0f} MHz"
+        return text + (" (oracle)" if self.oracle else "")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    spec: RunSpec
+    metrics: dict[str, Any]
+    series: Series
+
+    def row(self) -> dict[str, Any]:
+        """The run as one flat row: what it was, then what it measured."""
+        knob = scheduler(self.spec.scheduler).knob
+        head: dict[str, Any] = {"scheduler": self.spec.scheduler}
+        if knob is not None:
+            head[knob] = self.spec.value
+        head["oracle"] = self.spec.oracle
+        if self.spec.tag:
+            head["tag"] = self.spec.tag
+        return {**head, **self.metrics}
+
+
+@functools.cache
+def _world() -> World:
+    return default_world()
+
+
+def load_jobs(
+    spec: TraceSpec, config: SimConfig, world: World | None = None
+) -> tuple[TraceJob, ...]:
+    world = world or _world()
+    if spec.synthetic is not None:
+        return generate(
+            spec.synthetic,
+            world.pool,
+            world.truth,
+            gpus_per_node=config.gpus_per_node,
+            max_gpus=config.total_gpus,
+        )
+    path = Path(spec.path) if spec.path else bundled_trace(ITP_TRACE)
+    jobs = load_trace(
+        path,
+        world.model_names,
+        world.pool,
+        world.truth,
+        seed=spec.seed,
+        gpus_per_node=config.gpus_per_node,
+        max_gpus=config.total_gpus,
+    )
+    return window(jobs, spec.hours) if spec.hours else jobs
+
+
+@functools.cache
+def _cached_jobs(spec: TraceSpec, config: SimConfig) -> tuple[TraceJob, ...]:
+    return load_jobs(spec, config)
+
+
+def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
+    """One run, in this process."""
+    configured = scheduler(spec.scheduler).configure(spec.value, oracle=spec.oracle)
+    jobs = (
+        load_jobs(spec.trace, spec.config, world)
+        if world
+        else _cached_jobs(spec.trace, spec.config)
+    )
+    return Simulation(jobs, configured, spec.config, world or _world()).run()
+
+
+def run_one(spec: RunSpec) -> RunOutcome:
+    result = simulate(spec)
+    return RunOutcome(spec, summarise(result), resample(result.series, PLOT_POINTS))
+
+
+def resample(series: Series, points: int) -> Series:
+    """The step function sampled on a regular grid (keeps plots and pickles small)."""
+    t = series.t_s
+    if len(t) <= points:
+        return series
+    grid = np.linspace(t[0], t[-1], points)
+    idx = np.searchsorted(t, grid, side="right") - 1
+    return Series(*(getattr(series, name)[idx] if name != "t_s" else grid for name in _FIELDS))
+
+
+_FIELDS = ("t_s", "power_w", "busy_gpus", "powered_gpus", "held_gpus", "queued_jobs", "limit_w")
+
+
+def run_many(
+    specs: Sequence[RunSpec],
+    *,
+    workers: int | None = None,
+    on_done: Callable[[RunOutcome], None] | None = None,
+) -> list[RunOutcome]:
+    """Every spec, in worker processes (default: one per core), in input order."""
+    workers = workers or os.cpu_count() or 1
+    if workers <= 1 or len(specs) <= 1:
+        out = []
+        for spec in specs:
+            outcome = run_one(spec)
+            if on_done:
+                on_done(outcome)
+            out.append(outcome)
+        return out
+    results: dict[int, RunOutcome] = {}
+    # Longest runs first keeps both cores busy to the end.
+    order = sorted(range(len(specs)), key=lambda i: _cost_hint(specs[i]), reverse=True)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(run_one, specs[i]): i for i in order}
+        for future in as_completed(futures):
+            outcome = future.result()
+            results[futures[future]] = outcome
+            if on_done:
+                on_done(outcome)
+    return [results[i] for i in range(len(specs))]
+
+
+def _cost_hint(spec: RunSpec) -> float:
+    """Relative cost guess for scheduling runs on workers (PowerFlow fits models)."""
+    prof = scheduler(spec.scheduler).profiling
+    return 2.0 if prof.fitted_models and not spec.oracle else 1.0
