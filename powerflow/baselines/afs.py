@@ -159,20 +159,27 @@ def _tournament(
     gain_old: list[float],
     gain_new: list[float],
 ) -> int:
-    """``TopPriority``: the incumbent against each challenger, in FIFO order."""
+    """``TopPriority``: the incumbent against each challenger, in FIFO order.
+
+    For a pair, the job with the shorter remaining time wins if its gain over
+    its current speed beats the other's gain over its new speed; two jobs
+    without GPUs go by their first-step remaining times. The incumbent's
+    values are held in locals: this loop is the policy's hot spot.
+    """
+    inf = math.inf
     best = live[0]
+    b_now, b_old, b_new, b_first = now[best], gain_old[best], gain_new[best], first[best]
     for i in live[1:]:
-        if now[i] < now[best]:
-            short, long_ = i, best
-        else:
-            short, long_ = best, i
-        if now[short] == math.inf:  # neither has GPUs: sooner done on its first step
-            if first[i] < first[best]:
-                best = i
-        elif gain_old[short] > gain_new[long_]:
-            best = short
-        else:
-            best = long_
+        i_now = now[i]
+        if i_now < b_now:  # the challenger is the shorter job
+            take = gain_old[i] > b_new
+        elif b_now == inf:  # neither has GPUs
+            take = first[i] < b_first
+        else:  # the incumbent is the shorter job
+            take = not b_old > gain_new[i]
+        if take:
+            best = i
+            b_now, b_old, b_new, b_first = i_now, gain_old[i], gain_new[i], first[i]
     return best
 
 
