@@ -219,3 +219,28 @@ def test_bad_snapshots_raise_snapshot_error(
 ) -> None:
     with pytest.raises(SnapshotError, match=message):
         POLICY.plan(Snapshot(nodes=cluster, jobs=jobs, budget=budget, now_s=0.0))
+
+
+def test_clock_raises_are_undone_when_placement_powers_more_gpus_than_estimated() -> None:
+    # Two pinned 1-GPU jobs hold n0 and n1, so the 4-GPU job needs n2: placement
+    # powers three nodes where the packing estimate counted two.
+    a = job("a", placement=(("n0", 0),), pinned=True, model=ZOO[1])
+    b = job("b", placement=(("n1", 0),), pinned=True, model=ZOO[2])
+    c = job("c", min_gpus=4, max_gpus=4, model=ZOO[0])
+    estimate = (
+        sum(
+            float(job_power(j, n, 4, efficient_clock(j, n, 4, A100.clocks_mhz)))
+            for j, n in ((a, 1), (b, 1), (c, 4))
+        )
+        + 2 * A100.idle_power_w
+    )
+    limit = estimate + 500.0
+    plan = POLICY.plan(snap(nodes(3, 4), a, b, c, budget=Budget(limit_watts=limit)))
+    assert plan.job("c").placement == tuple(("n2", i) for i in range(4))
+    assert plan.powered_down_nodes == ()
+    assert plan.predicted_watts <= limit
+    # 500 W of head room minus 4 more idle GPUs: some raises survive.
+    assert any(
+        plan.job(j.id).frequency_mhz > efficient_clock(j, plan.job(j.id).gpus, 4, A100.clocks_mhz)
+        for j in (a, b, c)
+    )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.models.protocol import FloatArray
+from powerflow.policy.tables import IntArray
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,26 @@ def raise_clocks(
         value, cls = -d_jct, np.full(d_jct.shape, 2)
     # Never raise at the top clock or when it does not shorten the JCT.
     cls = np.where((d_jct > 0) & (np.arange(width) < width - 1), cls, 3)
-    cls_l, value_l = cls.tolist(), value.tolist()
-    d_power = (power_w[:, nxt] - power_w).tolist()
-    nxt_l = nxt.tolist()
+    d_power = power_w[:, nxt] - power_w
+    fast = _sorted_order(cls, value, d_power, nxt, start, order, total_w, limit_w, step)
+    if fast is not None:
+        return fast
+    return _heap_order(cls, value, d_power, nxt, start, order, total_w, limit_w)
 
+
+def _heap_order(
+    cls: IntArray,
+    value: FloatArray,
+    d_power: FloatArray,
+    nxt: IntArray,
+    start: Sequence[int],
+    order: Sequence[tuple[float, str]],
+    total_w: float,
+    limit_w: float,
+) -> Clocks:
+    """Algorithm 1's loop as written: pop the best next raise, push the job's next one."""
+    cls_l, value_l, d_power_l = cls.tolist(), value.tolist(), d_power.tolist()
+    nxt_l = nxt.tolist()
     columns = list(start)
     heap = [
         (cls_l[i][c], value_l[i][c], order[i][0], order[i][1], i)
@@ -83,7 +100,7 @@ def raise_clocks(
     while heap:
         i = heapq.heappop(heap)[-1]
         col = columns[i]
-        new_total = total_w + d_power[i][col]
+        new_total = total_w + d_power_l[i][col]
         if new_total > limit_w:
             continue
         total_w = new_total
@@ -92,3 +109,72 @@ def raise_clocks(
         if cls_l[i][up] < 3:
             heapq.heappush(heap, (cls_l[i][up], value_l[i][up], order[i][0], order[i][1], i))
     return Clocks(columns=tuple(columns), power_w=total_w, raises=tuple(raises))
+
+
+def _sorted_order(
+    cls: IntArray,
+    value: FloatArray,
+    d_power: FloatArray,
+    nxt: IntArray,
+    start: Sequence[int],
+    order: Sequence[tuple[float, str]],
+    total_w: float,
+    limit_w: float,
+    step: int,
+) -> Clocks | None:
+    """The same result without a heap when every job's raises come in heap order.
+
+    If along each job's chain of raises the keys never improve (diminishing
+    returns, the usual shape), the heap pops steps in the global order of
+    (key, job tie-break, position in chain): a merge of sorted lists. Then one
+    sort and a scan replace ~two heap operations per raise; the committed
+    prefix before the first refusal is found with one cumulative sum (left to
+    right, so the floating-point totals equal the heap loop's). ``None`` when
+    some chain is not monotone: the caller runs the heap.
+    """
+    rows, width = cls.shape
+    depth = -(-(width - 1) // step) + 1
+    pos = np.minimum(np.asarray(start)[:, None] + step * np.arange(depth), width - 1)
+    r_idx = np.arange(rows)[:, None]
+    c = cls[r_idx, pos]
+    v = value[r_idx, pos]
+    valid = np.cumprod(c < 3, axis=1).astype(bool)
+    later = valid[:, 1:]
+    worse = (c[:, 1:] > c[:, :-1]) | ((c[:, 1:] == c[:, :-1]) & (v[:, 1:] >= v[:, :-1]))
+    if np.any(later & ~worse):
+        return None
+    rank = np.empty(rows, dtype=np.int64)
+    rank[sorted(range(rows), key=order.__getitem__)] = np.arange(rows)
+    row_k, k_k = np.nonzero(valid)
+    before = pos[row_k, k_k]
+    keys = np.lexsort((k_k, rank[row_k], v[row_k, k_k], c[row_k, k_k]))
+    row_s, before_s = row_k[keys], before[keys]
+    after_s = nxt[before_s]
+    dp_s = d_power[row_s, before_s]
+    totals = np.cumsum(np.concatenate(([total_w], dp_s)))[1:]
+    within = totals <= limit_w
+    k = int(np.argmin(within)) if not within.all() else within.size
+    columns = np.asarray(start, dtype=np.int64).copy()
+    np.maximum.at(columns, row_s[:k], after_s[:k])
+    if k:
+        total_w = float(totals[k - 1])
+    raises = list(zip(row_s[:k].tolist(), before_s[:k].tolist(), strict=True))
+    dropped = [False] * rows
+    cols = columns.tolist()
+    for i, col, up, dp in zip(
+        row_s[k:].tolist(),
+        before_s[k:].tolist(),
+        after_s[k:].tolist(),
+        dp_s[k:].tolist(),
+        strict=True,
+    ):
+        if dropped[i]:
+            continue
+        new_total = total_w + dp
+        if new_total > limit_w:
+            dropped[i] = True
+            continue
+        total_w = new_total
+        cols[i] = up
+        raises.append((i, col))
+    return Clocks(columns=tuple(cols), power_w=total_w, raises=tuple(raises))

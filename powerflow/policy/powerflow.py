@@ -162,17 +162,19 @@ class _Decision:
                 energy_aware=self.policy.energy_aware,
             )
             columns = dict(zip(running, result.columns, strict=True))
-            raises = tuple((running[r], col) for r, col in result.raises)
+            raises = tuple(result.raises)
             predicted = result.power_w
-        return self._place(rows, columns, raises, predicted)
+        return self._place(rows, columns, running, raises, predicted)
 
     def _place(
         self,
         rows: dict[int, int],
         columns: dict[int, int],
+        running: list[int],
         raises: tuple[tuple[int, int], ...],
         predicted: float,
     ) -> Plan:
+        """Place, price the placement, undo raises if it costs more (raises index ``running``)."""
         jobs = self.snapshot.jobs
         tables = self.curves.tables
         requests = [
@@ -211,8 +213,8 @@ class _Decision:
         target = max(self.limit, predicted)
         undo = list(raises)
         while watts > target and undo:
-            i, before = undo.pop()
-            columns[i] = before
+            r, before = undo.pop()
+            columns[running[r]] = before
             watts = total()
 
         notes = [

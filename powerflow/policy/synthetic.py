@@ -54,13 +54,20 @@ class SyntheticModel:
     def energy_per_iter_j(
         self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
     ) -> FloatArray:
+        return self.predict(n, r, bs, f)[1]
+
+    def predict(
+        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
+    ) -> tuple[FloatArray, FloatArray]:
+        """Step time and energy per iteration in one pass (as ``FittedModel.predict``)."""
         x = np.asarray(f, dtype=np.float64) / self.gpu.max_clock_mhz
         knee = self.gpu.f0_mhz / self.gpu.max_clock_mhz
         # Linear below the voltage knee, cubic above it (paper §4.2).
         shape = np.maximum(x * knee**2, x * x * x)
         power = self.gpu.idle_power_w + self.active_power_w * shape
-        out: FloatArray = np.asarray(n, dtype=np.float64) * power * self.step_time_s(n, r, bs, f)
-        return out
+        step = self.step_time_s(n, r, bs, f)
+        energy: FloatArray = np.asarray(n, dtype=np.float64) * power * step
+        return step, energy
 
 
 def synthetic_zoo(count: int, seed: int = 0, gpu: GpuSpec = A100) -> tuple[SyntheticModel, ...]:
