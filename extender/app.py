@@ -160,7 +160,7 @@ def create_app(
 
     @verbs.post("/prioritize", response_model=list[HostPriority])
     async def prioritize(args: ExtenderArgs) -> Response:
-        return JSONResponse([dump(h) for h in extender.prioritize(args)])
+        return JSONResponse(extender.prioritize(args))
 
     @verbs.post("/bind", response_model=ExtenderBindingResult)
     async def bind(args: ExtenderBindingArgs) -> Response:

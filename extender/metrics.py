@@ -50,7 +50,11 @@ class Metrics:
             registry=self.registry,
         )
         for kind in ("nodes", "pods", "gangs", "pending_gangs"):
-            cache.labels(kind).set_function(lambda kind=kind: float(gauges().get(kind, 0.0)))
+            cache.labels(kind).set_function(_reader(gauges, kind))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _reader(gauges: Callable[[], Mapping[str, float]], kind: str) -> Callable[[], float]:
+    return lambda: float(gauges().get(kind, 0.0))

@@ -7,21 +7,11 @@ cache's view (GPU nodes, GPUs already taken) into the core's types.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
 
 from powerflow.gpus import A100, GPU_SPECS, GpuSpec
 from powerflow.policy.placement import reserve_block
 from powerflow.policy.snapshot import GpuSlot, Node
-
-
-class _Entry(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def gpus(self) -> int: ...
-    @property
-    def product(self) -> str: ...
 
 
 def gpu_spec_for(product: str) -> GpuSpec:
@@ -50,20 +40,21 @@ def occupied_indices(capacity: int, slots: set[int], extra: int) -> set[int]:
 
 
 def choose_block(
-    nodes: Iterable[_Entry], slots: Mapping[str, set[int]], extra: Mapping[str, int], size: int
+    nodes: Sequence[Node], occupied: Mapping[str, set[int]], size: int
 ) -> tuple[GpuSlot, ...] | None:
     """An aligned block of ``size`` free GPUs, or None when none is free.
 
-    Nodes go to the core sorted by name, so block alignment does not depend
-    on the order the watch delivered them. Raises ``PlacementError`` for what
-    buddy allocation cannot serve at all (a size that is not a power of two,
-    nodes with unequal GPU counts).
+    ``nodes`` are every GPU node in a stable order (sorted by name, so that
+    block alignment does not depend on the order the watch delivered them).
+    A gang that fits in one node can use neither a full node nor its position
+    in the order (single-node blocks align within their node), so full nodes
+    are left out: the core then does work in proportion to the nodes with
+    room, not to the cluster. Raises ``PlacementError`` for what buddy
+    allocation cannot serve at all (a size that is not a power of two, nodes
+    with unequal GPU counts).
     """
-    gpu_nodes = sorted((n for n in nodes if n.gpus > 0), key=lambda n: n.name)
-    core = [Node(n.name, n.gpus, gpu_spec_for(n.product)) for n in gpu_nodes]
-    occupied = {
-        n.name: occupied_indices(n.gpus, slots.get(n.name, set()), extra.get(n.name, 0))
-        for n in gpu_nodes
-        if n.name in slots or n.name in extra
-    }
-    return reserve_block(core, occupied, size)
+    if nodes and size <= max(n.gpus for n in nodes):
+        nodes = [n for n in nodes if len(occupied.get(n.name, ())) < n.gpus]
+        if not nodes:
+            return None
+    return reserve_block(nodes, occupied, size)

@@ -27,7 +27,6 @@ from .wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
-    HostPriority,
     filter_result,
 )
 
@@ -91,13 +90,15 @@ class Extender:
         answer = self.state.filter(info, candidates)
         return filter_result(args, answer.admitted, answer.failed)
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """The ``HostPriorityList``, built as plain dicts: a model per node would cost more
+        than the decision (the state guarantees ``0 <= Score <= MaxExtenderPriority``)."""
         candidates = args.candidate_names()
         info = self._powerflow_pod(args)
         if info is None:
-            return [HostPriority(Host=name, Score=NEUTRAL_SCORE) for name in candidates]
+            return [{"Host": name, "Score": NEUTRAL_SCORE} for name in candidates]
         return [
-            HostPriority(Host=name, Score=score)
+            {"Host": name, "Score": score}
             for name, score in self.state.prioritize(info, candidates)
         ]
 

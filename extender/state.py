@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerflow.errors import PlacementError
-from powerflow.policy.snapshot import GpuSlot
+from powerflow.policy.snapshot import GpuSlot, Node
 
 from .objects import GangKey, PodInfo, node_gpus, node_product, pod_info
 from .objects import name_of as _name_of
-from .placing import choose_block
+from .placing import choose_block, gpu_spec_for, occupied_indices
 from .wire import MAX_EXTENDER_PRIORITY
 
 PodKey = tuple[str, str]
@@ -81,8 +81,12 @@ class ClusterState:
         self._bound_gpus: dict[str, int] = {}  # node -> GPUs of bound, running pods
         self._members: dict[GangKey, dict[PodKey, str]] = {}  # bound pods of each gang
         self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
+        self._foreign: dict[str, int] = {}  # node -> GPUs of bound pods of no gang
+        self._core_nodes: dict[str, Node] = {}  # the GPU nodes as the core sees them
+        self._core_order: list[Node] | None = None
         self.synced = False
         self.expired_total = 0
+        self._last_expiry = float("-inf")
         self.unsynced_reason = "the Kubernetes API has not been listed yet"
 
     # -- keeping the cache -----------------------------------------------------------------
@@ -99,6 +103,9 @@ class ClusterState:
         self.pods.clear()
         self._bound_gpus.clear()
         self._members.clear()
+        self._foreign.clear()
+        self._core_nodes.clear()
+        self._core_order = None
         for node in nodes:
             self.upsert_node(node)
         for pod in pods:
@@ -113,11 +120,28 @@ class ClusterState:
 
     def upsert_node(self, body: Any) -> None:
         name = _name_of(body)
-        if name:
-            self.nodes[name] = NodeEntry(name, node_gpus(body), node_product(body))
+        if not name:
+            return
+        entry = NodeEntry(name, node_gpus(body), node_product(body))
+        if self.nodes.get(name) == entry:
+            return  # a heartbeat: nothing placement cares about changed
+        self.nodes[name] = entry
+        self._core_nodes.pop(name, None)
+        if entry.gpus > 0:
+            self._core_nodes[name] = Node(name, entry.gpus, gpu_spec_for(entry.product))
+        self._core_order = None
 
     def delete_node(self, body: Any) -> None:
-        self.nodes.pop(_name_of(body), None)
+        name = _name_of(body)
+        self.nodes.pop(name, None)
+        if self._core_nodes.pop(name, None) is not None:
+            self._core_order = None
+
+    def core_nodes(self) -> list[Node]:
+        """The GPU nodes sorted by name: the stable order blocks are aligned in."""
+        if self._core_order is None:
+            self._core_order = [self._core_nodes[n] for n in sorted(self._core_nodes)]
+        return self._core_order
 
     def upsert_pod(self, body: Any) -> None:
         info = pod_info(body)
@@ -138,7 +162,9 @@ class ClusterState:
         self.pods[info.key] = info
         if info.bound:
             self._bound_gpus[info.node] = self._bound_gpus.get(info.node, 0) + info.gpus
-            if info.gang is not None:
+            if info.gang is None:
+                self._foreign[info.node] = self._foreign.get(info.node, 0) + info.gpus
+            else:
                 self._members.setdefault(info.gang, {})[info.key] = info.node
                 gang = self.gangs.get(info.gang)
                 if gang is not None:
@@ -150,12 +176,10 @@ class ClusterState:
         old = self.pods.pop(key, None)
         if old is None or not old.bound:
             return
-        left = self._bound_gpus.get(old.node, 0) - old.gpus
-        if left > 0:
-            self._bound_gpus[old.node] = left
+        _subtract(self._bound_gpus, old.node, old.gpus)
+        if old.gang is None:
+            _subtract(self._foreign, old.node, old.gpus)
         else:
-            self._bound_gpus.pop(old.node, None)
-        if old.gang is not None:
             members = self._members.get(old.gang, {})
             members.pop(key, None)
             if not members:
@@ -168,7 +192,7 @@ class ClusterState:
         or expires.
         """
         gang = self.gangs.get(key) if key is not None else None
-        if gang is not None and gang.started and not gang.assumed and not self._members.get(key):
+        if gang is not None and gang.started and not gang.assumed and gang.key not in self._members:
             del self.gangs[gang.key]
 
     def _adopt_annotated(self) -> None:
@@ -195,18 +219,19 @@ class ClusterState:
     def _unassume(self, gang: Gang, key: PodKey) -> None:
         entry = gang.assumed.pop(key, None)
         if entry is not None:
-            node, gpus = entry
-            left = self._in_flight.get(node, 0) - gpus
-            if left > 0:
-                self._in_flight[node] = left
-            else:
-                self._in_flight.pop(node, None)
+            _subtract(self._in_flight, *entry)
 
     # -- reservations ----------------------------------------------------------------------
 
     def expire(self) -> list[GangKey]:
-        """Shrink reservations of gangs that did not complete in time to their bound workers."""
+        """Shrink reservations of gangs that did not complete in time to their bound workers.
+
+        Checked at most once a second (TTLs are minutes; the scan is over every gang).
+        """
         now = self._clock()
+        if now - self._last_expiry < 1.0:
+            return []
+        self._last_expiry = now
         expired = []
         for key, gang in list(self.gangs.items()):
             if gang.settled or now - gang.created_s < self.ttl_s or self._complete(gang):
@@ -250,26 +275,26 @@ class ClusterState:
             held.extend(sorted(s for s in gang.block if s[0] == node)[:gpus])
         return tuple(held)
 
-    def used_slots(
-        self, exclude: GangKey | None = None
-    ) -> tuple[dict[str, set[int]], dict[str, int]]:
-        """GPUs taken on each node: slots of live blocks, plus a count of GPUs outside any block."""
+    def occupied(self) -> dict[str, set[int]]:
+        """GPU indices taken on each node: every live block, plus bound GPUs outside any.
+
+        Those outside (pods of no gang, workers of a gang no longer reserved)
+        have no known index; they are counted on the lowest free ones.
+        """
         slots: dict[str, set[int]] = {}
-        covered: dict[str, int] = {}
-        for key, gang in self.gangs.items():
-            if key == exclude:
-                continue
+        for gang in self.gangs.values():
             for node, index in gang.block:
                 slots.setdefault(node, set()).add(index)
-            for node, gpus in self._node_use(gang).items():
-                covered[node] = covered.get(node, 0) + gpus
-        extra: dict[str, int] = {}
-        for node, gpus in self._bound_gpus.items():
-            # Bound GPUs not inside a live block: other pods, finished-reservation leftovers.
-            outside = gpus - covered.get(node, 0)
-            if outside > 0:
-                extra[node] = outside
-        return slots, extra
+        extra = dict(self._foreign)
+        for key, members in self._members.items():
+            if key not in self.gangs:
+                for pod, node in members.items():
+                    extra[node] = extra.get(node, 0) + self.pods[pod].gpus
+        for node, count in extra.items():
+            entry = self.nodes.get(node)
+            if entry is not None:
+                slots[node] = occupied_indices(entry.gpus, slots.get(node, set()), count)
+        return slots
 
     def reserve(self, key: GangKey, workers: int, gpus_per_pod: int) -> Gang | None:
         """The gang's reservation, made now if needed; None when no aligned block is free.
@@ -282,11 +307,8 @@ class ClusterState:
         if gang is not None and (not gang.expired or sum(self.room(gang).values()) >= gpus_per_pod):
             return gang
         need = gpus_per_pod if gang is not None else workers * gpus_per_pod
-        slots, extra = self.used_slots(exclude=key)
         held = gang.block if gang is not None else ()
-        for node, index in held:
-            slots.setdefault(node, set()).add(index)
-        block = choose_block(self.nodes.values(), slots, extra, need)
+        block = choose_block(self.core_nodes(), self.occupied(), need)
         if block is None:
             return None
         new = Gang(key, tuple(held) + tuple(block), workers, created_s=self._clock())
@@ -398,3 +420,11 @@ class ClusterState:
             "gangs": len(self.gangs),
             "pending_gangs": sum(1 for g in self.gangs.values() if not self._complete(g)),
         }
+
+
+def _subtract(counts: dict[str, int], node: str, amount: int) -> None:
+    left = counts.get(node, 0) - amount
+    if left > 0:
+        counts[node] = left
+    else:
+        counts.pop(node, None)

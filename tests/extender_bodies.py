@@ -27,6 +27,11 @@ from powerflow.contract import (
 Body = dict[str, Any]
 
 
+def _tag(text: str) -> str:
+    """Four stable digits for a uid (stable across runs, unlike ``hash``)."""
+    return f"{zlib.crc32(text.encode()) % 10**4:04d}"
+
+
 def node(name: str, gpus: int = 8, product: str = "NVIDIA-A100-SXM4-40GB") -> Body:
     """A ``v1.Node`` as the scheduler's cache holds it (the kubelet's status included)."""
     resources = {
@@ -42,7 +47,7 @@ def node(name: str, gpus: int = 8, product: str = "NVIDIA-A100-SXM4-40GB") -> Bo
     return {
         "metadata": {
             "name": name,
-            "uid": f"0d3c1f9a-{zlib.crc32(name.encode()) % 10**4:04d}-4c1e-9a57-5d2b8f0c6e1a",
+            "uid": f"0d3c1f9a-{_tag(name)}-4c1e-9a57-5d2b8f0c6e1a",
             "resourceVersion": "48213",
             "creationTimestamp": "2025-11-20T08:14:02Z",
             "labels": {
@@ -183,7 +188,7 @@ def pod(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "uid": f"6f1d2c3b-{zlib.crc32((namespace + '/' + name).encode()) % 10**4:04d}-4e5f-8a9b-0c1d2e3f4a5b",
+            "uid": f"6f1d2c3b-{_tag(namespace + '/' + name)}-4e5f-8a9b-0c1d2e3f4a5b",
             "resourceVersion": "51877",
             "creationTimestamp": "2025-11-25T22:01:40Z",
             "labels": labels,

@@ -18,12 +18,12 @@ import httpx
 import pytest
 from extender_bodies import args, binding_args, go_json, node, pod
 from fastapi import FastAPI
-from support.kube_emulator import KubeEmulator
-
-from powerflow.contract import PLACEMENT_ANNOTATION
 from powerflow.extender import create_app
 from powerflow.extender.kube import Connection, KubeApi
 from powerflow.extender.state import ClusterState
+from support.kube_emulator import KubeEmulator
+
+from powerflow.contract import PLACEMENT_ANNOTATION
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

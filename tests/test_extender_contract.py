@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 from extender_bodies import args, binding_args, go_json, node, pod
-
-from powerflow import __version__
 from powerflow.extender import create_app
 from powerflow.extender.wire import MAX_EXTENDER_PRIORITY
+
+from powerflow import __version__
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 JSON = {"Content-Type": "application/json"}

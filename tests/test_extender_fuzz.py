@@ -17,10 +17,10 @@ import pytest
 from extender_bodies import node, pod
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from powerflow.contract import GENERATION_ANNOTATION, GPU_RESOURCE, JOB_LABEL, WORKERS_ANNOTATION
 from powerflow.extender import create_app
 from powerflow.extender.wire import MAX_EXTENDER_PRIORITY
+
+from powerflow.contract import GENERATION_ANNOTATION, GPU_RESOURCE, JOB_LABEL, WORKERS_ANNOTATION
 
 VERBS = ("/filter", "/prioritize", "/bind")
 NODE_NAMES = [f"gpu-{i}" for i in range(4)]

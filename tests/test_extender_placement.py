@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from extender_bodies import node, pod
-
 from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState, NotSynced
 

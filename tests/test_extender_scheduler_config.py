@@ -8,6 +8,7 @@ extenders (positive weight, at most one binder, duration syntax).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from powerflow.extender import create_app
 
 from powerflow.commands.extender import DEFAULT_PORT
 from powerflow.contract import GPU_RESOURCE, SCHEDULER_NAME
-from powerflow.extender import create_app
 
 CONFIG = Path(__file__).resolve().parent.parent / "helm/powerflow/files/kube-scheduler-config.yaml"
 
@@ -141,10 +142,8 @@ def test_schema_rejects_misspelt_fields(config: dict[str, Any]) -> None:
 
 def test_kubernetes_validate_has_no_schema_for_component_configs(config: dict[str, Any]) -> None:
     # Should a future kubernetes-validate know the kind, validate strictly with it.
-    try:
+    with contextlib.suppress(kubernetes_validate.SchemaNotFoundError):
         kubernetes_validate.validate(config, kubernetes_validate.latest_version(), strict=True)
-    except kubernetes_validate.SchemaNotFoundError:
-        pass
 
 
 def test_passes_kube_schedulers_extender_validation(config: dict[str, Any]) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pydantic
 import pytest
 from extender_bodies import node, pod
-
-from powerflow.contract import PLACEMENT_ANNOTATION
 from powerflow.extender.objects import (
     node_gpus,
     parse_block,
@@ -21,6 +19,8 @@ from powerflow.extender.wire import (
     dump,
     filter_result,
 )
+
+from powerflow.contract import PLACEMENT_ANNOTATION
 
 
 def test_keys_fold_case_and_unknown_keys_are_ignored() -> None:

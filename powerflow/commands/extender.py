@@ -38,10 +38,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG)")
     where.add_argument(
-        "--in-cluster", action="store_true", help="use the pod's service account"
+        "--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG)"
     )
+    where.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     p.add_argument(
         "--reservation-ttl",
         type=float,
