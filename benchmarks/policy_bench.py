@@ -149,7 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    console = Console()
+    console = Console(width=max(Console().width, 130))
     console.print(latency_table(args.repeat))
     console.print(optimality_table(args.instances))
 
