@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.errors import DataError
-from powerflow.sim.trace import TraceJob, TruthFn
+from powerflow.sim.trace import TraceJob, TruthFn, step_times
 
 GPU_CHOICES = (1, 2, 4, 8)
 GPU_WEIGHTS = (0.7, 0.1, 0.15, 0.05)
@@ -40,7 +40,6 @@ def generate(
     *,
     gpus_per_node: int,
     max_gpus: int,
-    f_mhz: int = 1410,
 ) -> tuple[TraceJob, ...]:
     """A seeded synthetic trace; ``max_gpus`` caps the (scaled) job size."""
     if spec.jobs < 1 or spec.mean_interval_s < 0 or spec.job_size <= 0:
@@ -56,14 +55,22 @@ def generate(
     durations = 60.0 * 10.0**exponent
     gpus = rng.choice(GPU_CHOICES, size=spec.jobs, p=GPU_WEIGHTS)
     picks = rng.integers(0, len(choices), size=spec.jobs)
-    jobs = []
-    for i in range(spec.jobs):
-        n = _power_of_two(gpus[i] * spec.job_size, max_gpus)
-        model, gbs = choices[int(picks[i])]
-        step = float(truth(model).step_time_s(n, min(n, gpus_per_node), max(gbs / n, 1.0), f_mhz))
-        submit = float(submits[i]) if submits is not None else 0.0
-        jobs.append(TraceJob(f"syn-{i:04d}", round(submit, 3), n, model, gbs, durations[i] / step))
-    return tuple(jobs)
+    sizes = [_power_of_two(gpus[i] * spec.job_size, max_gpus) for i in range(spec.jobs)]
+    models = [choices[int(p)] for p in picks]
+    steps = step_times(
+        [(m, n, gbs) for (m, gbs), n in zip(models, sizes, strict=True)], truth, gpus_per_node
+    )
+    return tuple(
+        TraceJob(
+            f"syn-{i:04d}",
+            round(float(submits[i]), 3) if submits is not None else 0.0,
+            sizes[i],
+            models[i][0],
+            models[i][1],
+            float(durations[i] / steps[i]),
+        )
+        for i in range(spec.jobs)
+    )
 
 
 def _power_of_two(x: float, cap: int) -> int:

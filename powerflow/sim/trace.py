@@ -141,7 +141,7 @@ def load_philly(
         raise DataError("empty model pool")
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(choices), size=len(rows))
-    jobs = []
+    parsed = []
     for line, (row, pick) in enumerate(zip(rows, picks, strict=True), start=2):
         submit = _number(row, "submit_time", line, path)
         gpus = _number(row, "num_gpu", line, path)
@@ -150,10 +150,26 @@ def load_philly(
         if duration <= 0:
             raise DataError(f"{path}:{line}: duration must be positive, got {duration}")
         model, gbs = choices[int(pick)]
-        n = int(gpus)
-        step = float(truth(model).step_time_s(n, min(n, gpus_per_node), max(gbs / n, 1.0), _FMAX))
-        jobs.append(TraceJob(row["job_id"], submit, n, model, gbs, duration / step, duration))
+        parsed.append((row["job_id"], submit, int(gpus), model, gbs, duration))
+    steps = step_times([(m, n, gbs) for _, _, n, m, gbs, _ in parsed], truth, gpus_per_node)
+    jobs = [
+        TraceJob(job_id, submit, n, model, gbs, duration / step, duration)
+        for (job_id, submit, n, model, gbs, duration), step in zip(parsed, steps, strict=True)
+    ]
     return _sorted(jobs)
+
+
+def step_times(
+    configs: list[tuple[str, int, int]], truth: TruthFn, gpus_per_node: int
+) -> np.ndarray:
+    """Full-clock step time of (model, GPUs, global batch), packed; one call per model."""
+    out = np.empty(len(configs))
+    for name in sorted({m for m, _, _ in configs}):
+        idx = np.array([i for i, (m, _, _) in enumerate(configs) if m == name])
+        n = np.array([configs[i][1] for i in idx], dtype=np.float64)
+        bs = np.maximum(np.array([configs[i][2] for i in idx]) / n, 1.0)
+        out[idx] = truth(name).step_time_s(n, np.minimum(n, gpus_per_node), bs, _FMAX)
+    return out
 
 
 # Clock at which trace durations were measured (A100 default); the loaders
@@ -199,14 +215,18 @@ def check_durations(
     jobs: Iterable[TraceJob], truth: TruthFn, *, gpus_per_node: int, f_mhz: int = _FMAX
 ) -> DurationCheck:
     """Relative error of ``iterations x step time`` against the trace duration."""
-    errors = []
+    by_model: dict[str, list[TraceJob]] = {}
     for job in jobs:
-        if job.duration_s is None or job.duration_s <= 0:
-            continue
-        n = job.num_gpu
-        bs = max(job.global_batch_size / n, 1.0)
-        step = float(truth(job.model_name).step_time_s(n, min(n, gpus_per_node), bs, f_mhz))
-        errors.append(abs(job.iterations * step - job.duration_s) / job.duration_s)
+        if job.duration_s is not None and job.duration_s > 0:
+            by_model.setdefault(job.model_name, []).append(job)
+    errors: list[float] = []
+    for name, group in sorted(by_model.items()):
+        n = np.array([j.num_gpu for j in group], dtype=np.float64)
+        bs = np.maximum(np.array([j.global_batch_size for j in group]) / n, 1.0)
+        step = truth(name).step_time_s(n, np.minimum(n, gpus_per_node), bs, f_mhz)
+        work = np.array([j.iterations for j in group]) * step
+        took = np.array([j.duration_s for j in group], dtype=np.float64)
+        errors.extend(np.abs(work - took) / took)
     if not errors:
         raise DataError("no job with a duration to check")
     arr = np.asarray(errors)

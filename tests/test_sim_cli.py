@@ -1,0 +1,127 @@
+"""``powerflow simulate`` on tiny traces: JSON shape, bad traces exit 2, and
+runs on the real ground truth (determinism, Zeus's profiling, fitted vs oracle)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from powerflow.cli import main
+from powerflow.sim.config import SimConfig
+from powerflow.sim.runner import RunSpec, TraceSpec, run_one
+
+HEADER = "job_id,submit_time,num_gpu,duration,model_name,global_batch_size,num_iteration,cluster\n"
+TINY = (
+    "a,0,1,0,resnet50,128,3000,c\n"
+    "b,30,2,0,gpt2,256,2000,c\n"
+    "c,60,1,0,bert,64,4000,c\n"
+    "d,90,4,0,vgg16,128,1500,c\n"
+    "e,400,1,0,deepspeech2,32,3000,c\n"
+    "f,500,1,0,inception3,64,3000,c\n"
+)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.csv"
+    path.write_text(HEADER + TINY)
+    return path
+
+
+def _spec(tiny: Path, name: str, value: float | None, **kw: object) -> RunSpec:
+    cfg = SimConfig(nodes=1, gpus_per_node=4, interval_s=300.0, seed=int(kw.pop("seed", 0)))  # type: ignore[call-overload]
+    return RunSpec(name, value, TraceSpec(str(tiny)), cfg, **kw)  # type: ignore[arg-type]
+
+
+def test_single_run_prints_metrics_json(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--scheduler", "gandiva", "--frequency", "1410", "--trace", str(tiny)]
+    code = main([*args, "--nodes", "1", "--gpus-per-node", "4", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["scheduler"] == "gandiva" and data["frequency_mhz"] == 1410
+    assert data["jobs"] == 6
+    for key in (
+        "avg_jct_s",
+        "median_jct_s",
+        "p95_jct_s",
+        "makespan_s",
+        "total_energy_j",
+        "idle_energy_j",
+        "avg_power_w",
+        "peak_power_w",
+        "gpu_utilisation",
+        "rescales",
+        "migrations",
+        "profiling_phases",
+        "events_per_s",
+    ):
+        assert key in data
+    assert data["avg_jct_s"] > 0 and data["total_energy_j"] > 0
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        ("a,-1,1,0,resnet50,128,3000,c\n", "negative submit"),
+        ("a,0,1,0,alexnet,128,3000,c\n", "unknown model"),
+        ("a,0,64,0,resnet50,128,3000,c\n", "asks for 64 GPUs"),
+    ],
+)
+def test_bad_trace_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, match: str
+) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(HEADER + row)
+    args = ["simulate", "--scheduler", "afs", "--trace", str(path), "--nodes", "1", "--json"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1
+
+
+def test_missing_columns_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("job_id,submit_time\na,0\n")
+    assert main(["simulate", "--scheduler", "afs", "--trace", str(path)]) == 2
+    assert "lacks column" in capsys.readouterr().err
+
+
+def test_wrong_knob_for_scheduler_exits_2(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--scheduler", "gandiva", "--eta", "0.5", "--trace", str(tiny)]) == 2
+    assert "--frequency" in capsys.readouterr().err
+
+
+def test_same_seed_same_result_other_seed_other_noise(tiny: Path) -> None:
+    a = run_one(_spec(tiny, "powerflow", 0.6, seed=1)).metrics
+    b = run_one(_spec(tiny, "powerflow", 0.6, seed=1)).metrics
+    c = run_one(_spec(tiny, "powerflow", 0.6, seed=2)).metrics
+    keys = ("avg_jct_s", "total_energy_j", "rescales", "profiling_phases")
+    assert [a[k] for k in keys] == [b[k] for k in keys]
+    assert a["profiling_phases"] >= 6 and a["prerun_energy_j"] > 0
+    # different measurement noise, different fitted models: not the very same run
+    assert (a["avg_jct_s"], a["total_energy_j"]) != (c["avg_jct_s"], c["total_energy_j"])
+
+
+def test_zeus_pays_for_its_profiling(tiny: Path) -> None:
+    zeus = run_one(_spec(tiny, "gandiva+zeus", None)).metrics
+    oracle = run_one(_spec(tiny, "gandiva+zeus", None, oracle=True)).metrics
+    assert zeus["profiling_phases"] == 6 and oracle["profiling_phases"] == 0
+    assert zeus["avg_jct_s"] > oracle["avg_jct_s"]
+
+
+def test_fitted_models_schedule_nearly_as_well_as_the_oracle(tmp_path: Path) -> None:
+    # jobs of a few hours: long next to the 4-minute profiling phases, as in the trace
+    longer = "".join(
+        ",".join([*row.split(",")[:6], str(10 * int(row.split(",")[6])), "c"]) + "\n"
+        for row in TINY.splitlines()
+    )
+    small = tmp_path / "small.csv"
+    small.write_text(HEADER + longer)
+    fitted = run_one(_spec(small, "powerflow", 0.6)).metrics
+    oracle = run_one(_spec(small, "powerflow", 0.6, oracle=True)).metrics
+    assert oracle["profiling_phases"] == 0 and oracle["prerun_energy_j"] == 0
+    # the fitted run also pays 4 min of pre-run per job; the rest of the gap is model error
+    gap = (fitted["avg_jct_s"] - 240.0) / oracle["avg_jct_s"] - 1
+    assert abs(gap) < 0.05
+    assert fitted["total_energy_j"] == pytest.approx(oracle["total_energy_j"], rel=0.10)

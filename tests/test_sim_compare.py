@@ -1,0 +1,49 @@
+"""The equal-energy JCT ratios of the comparison, on hand-made curves."""
+
+from __future__ import annotations
+
+import pytest
+
+from powerflow.sim.compare import Curve, jct_ratios
+
+
+def _row(name: str, energy: float, jct: float, **extra: object) -> dict[str, object]:
+    return {"scheduler": name, "total_energy_j": energy, "avg_jct_s": jct, **extra}
+
+
+def test_pareto_front_drops_dominated_points() -> None:
+    curve = Curve.of([(10.0, 5.0), (8.0, 6.0), (12.0, 7.0), (14.0, 4.0)])
+    assert curve.energy_j.tolist() == [8.0, 10.0, 14.0]
+    assert curve.at(12.0) == pytest.approx(4.5)
+    assert curve.at(7.0) is None
+    assert curve.at(7.8, tolerance=0.05) == 6.0
+
+
+def test_ratios_at_equal_energy_and_at_zeus_level() -> None:
+    rows = [
+        _row("powerflow", 10.0, 2.0),
+        _row("powerflow", 20.0, 1.0),
+        _row("gandiva", 10.0, 6.0),
+        _row("gandiva", 20.0, 2.0),
+        _row("gandiva+zeus", 15.0, 5.0),
+        _row("powerflow", 15.0, 9.0, oracle=True),  # ignored: oracle run
+    ]
+    ratios = jct_ratios(rows)
+    # gandiva / powerflow along the common range 10..20: 3.0 at 10, 2.0 at 20
+    assert ratios["gandiva"]["max"] == pytest.approx(3.0)
+    # at the Zeus energy 15: gandiva 4.0, powerflow 1.5
+    assert ratios["gandiva"]["at_zeus_energy"] == pytest.approx(4.0 / 1.5)
+    assert ratios["gandiva+zeus"]["at_zeus_energy"] == pytest.approx(5.0 / 1.5)
+    assert ratios["gandiva+zeus"]["max"] == pytest.approx(5.0 / 1.5)
+
+
+def test_zeus_point_outside_the_sweep_uses_the_5_percent_rule() -> None:
+    rows = [
+        _row("powerflow", 10.0, 2.0),
+        _row("powerflow", 20.0, 1.0),
+        _row("tiresias+zeus", 9.6, 3.0),  # 4% below PowerFlow's cheapest point
+        _row("gandiva+zeus", 8.0, 3.0),  # 20% below: no fair comparison
+    ]
+    ratios = jct_ratios(rows)
+    assert ratios["tiresias+zeus"]["at_zeus_energy"] == pytest.approx(1.5)
+    assert ratios["gandiva+zeus"]["at_zeus_energy"] is None
