@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from policy_cases import allowed_counts, fill_slack_w, raised_any, snapshots
 
 from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Snapshot
+from powerflow.policy.snapshot import Plan, Snapshot
 
 POLICY = PowerFlowPolicy()
 STRICT = PowerFlowPolicy(strict_power=True)
-FAST = settings(max_examples=80, deadline=None)
+FAST = settings(max_examples=50, deadline=None)
 
 
 @FAST
@@ -96,3 +100,38 @@ def test_predicted_power_is_jobs_plus_idle_gpus_on_powered_nodes(snapshot: Snaps
 def test_strict_power_never_exceeds_the_limit(snapshot: Snapshot) -> None:
     plan = STRICT.plan(snapshot)
     assert plan.predicted_watts <= plan.limit_watts * (1 + 1e-9) + 1e-6
+
+
+def _running(snapshot: Snapshot, plan: Plan, pin: Callable[[int], bool]) -> Snapshot:
+    jobs = tuple(
+        replace(
+            j,
+            placement=plan.job(j.id).placement,
+            frequency_mhz=plan.job(j.id).frequency_mhz if plan.job(j.id).gpus else None,
+            pinned=bool(plan.job(j.id).gpus) and pin(k),
+        )
+        for k, j in enumerate(snapshot.jobs)
+    )
+    return replace(snapshot, jobs=jobs)
+
+
+@FAST
+@given(snapshots())
+def test_replanning_a_plan_changes_nothing(snapshot: Snapshot) -> None:
+    plan = POLICY.plan(snapshot)
+    again = POLICY.plan(_running(snapshot, plan, lambda k: False))
+    assert again.migrations == ()
+    assert again.jobs == plan.jobs
+
+
+@FAST
+@given(snapshots(), st.integers(0, 2**6 - 1))
+def test_pinned_jobs_keep_their_gpus(snapshot: Snapshot, mask: int) -> None:
+    plan = POLICY.plan(snapshot)
+    pinned = _running(snapshot, plan, lambda k: bool(mask >> k & 1))
+    again = POLICY.plan(pinned)
+    used = [slot for jp in again.jobs for slot in jp.placement]
+    assert len(used) == len(set(used))
+    for job in pinned.jobs:
+        if job.pinned:
+            assert again.job(job.id).placement == job.placement
