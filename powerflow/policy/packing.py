@@ -12,7 +12,8 @@ they run:
 2. *settle*: nodes that the jobs running there fill exactly stay as they are;
 3. *keep the fullest*: just enough of the remaining nodes to hold the
    remaining demand keep their jobs; jobs on the others, new jobs and
-   displaced ones fill the kept nodes' holes, best fit, largest first;
+   displaced ones fill the kept nodes' holes, best fit, largest first, the
+   node meant to stay partly used (``_slack_nodes``) last;
 4. *repair*: if that leaves more than one node partly used (or a job with no
    hole), those nodes alone are repacked by decreasing-size best fit, which
    guarantees at most one partly used node.
@@ -53,6 +54,10 @@ class Cluster:
         self.occ = [bytearray(geo.per_node) for _ in range(geo.num_nodes)]
         self.fill = [0] * geo.num_nodes
         self.busy = bytearray(geo.num_nodes)
+
+    def take(self, other: Cluster) -> None:
+        """Adopt ``other``'s occupancy (a copy this one was tried on)."""
+        self.occ, self.fill, self.busy = other.occ, other.fill, other.busy
 
     def copy(self) -> Cluster:
         other = Cluster.__new__(Cluster)
@@ -299,7 +304,25 @@ def _place_small(
             placed[it.job_id] = it.pref
             on_node.setdefault(i, []).append(it)
     homeless.sort(key=sort_key)
-    leftover = _fill_holes(cluster, homeless, kept, placed, on_node)
+    tries: list[int | None] = [*_slack_nodes(cluster, kept, sum(it.size for it in homeless))[:3]]
+    tries.append(None)
+    chosen: tuple[Cluster, dict[str, Block], dict[int, list[Item]], list[Item]] | None = None
+    for slack_node in tries:
+        state, got, where = cluster.copy(), dict(placed), {k: list(v) for k, v in on_node.items()}
+        first = [i for i in kept if i != slack_node]
+        leftover = _fill_holes(state, homeless, first, got, where)
+        if slack_node is not None and leftover:
+            leftover = _fill_holes(state, leftover, [slack_node], got, where)
+        if chosen is None:
+            chosen = (state, got, where, leftover)
+        if not leftover and sum(1 for i in kept if 0 < state.fill[i] < n) <= 1:
+            chosen = (state, got, where, leftover)
+            break
+    assert chosen is not None
+    state, got, on_node, leftover = chosen
+    cluster.take(state)
+    placed.clear()
+    placed.update(got)
 
     # Step 4: repack the partly used nodes (and leftovers) if more than one remains.
     partial = [i for i in kept if 0 < cluster.fill[i] < n]
@@ -324,6 +347,24 @@ def _place_small(
         room += n
     redo.sort(key=sort_key)
     _best_fit(cluster, redo, sorted(nodes), placed)
+
+
+def _slack_nodes(cluster: Cluster, kept: list[int], demand: int) -> list[int]:
+    """Kept nodes that could stay the partly used one, best first.
+
+    The kept nodes have ``slack`` GPUs more room than the jobs still to place
+    need, so in the end one node holds ``N - slack`` GPUs and the others are
+    full. Filling holes elsewhere first lets a node that already holds no
+    more than that stay the partly used one (often it was before): the
+    fullest such node first; ties go to powered-off, then later nodes.
+    """
+    n = cluster.geo.per_node
+    slack = sum(n - cluster.fill[i] for i in kept) - demand
+    if not 0 < slack < n:
+        return []
+    on = cluster.geo.powered_on
+    fits = [i for i in kept if cluster.fill[i] <= n - slack]
+    return sorted(fits, key=lambda i: (-cluster.fill[i], on[i], -i))
 
 
 def _fill_holes(
