@@ -14,13 +14,25 @@ from powerflow.policy.snapshot import Plan, Snapshot
 
 POLICY = PowerFlowPolicy()
 STRICT = PowerFlowPolicy(strict_power=True)
+VARIANTS = st.sampled_from(
+    [
+        POLICY,
+        STRICT,
+        PowerFlowPolicy(frequency_scaling=False),
+        PowerFlowPolicy(elastic=False),
+        PowerFlowPolicy(energy_aware=False),
+        PowerFlowPolicy(frequency_step=5),
+    ]
+)
 FAST = settings(max_examples=50, deadline=None)
 
 
 @FAST
-@given(snapshots())
-def test_gpus_fit_the_cluster_and_never_overlap(snapshot: Snapshot) -> None:
-    plan = POLICY.plan(snapshot)
+@given(snapshots(), VARIANTS)
+def test_gpus_fit_the_cluster_and_never_overlap(
+    snapshot: Snapshot, policy: PowerFlowPolicy
+) -> None:
+    plan = policy.plan(snapshot)
     sizes = {n.name: n.gpus for n in snapshot.nodes}
     used = [slot for jp in plan.jobs for slot in jp.placement]
     assert len(used) == len(set(used))
@@ -33,9 +45,11 @@ def test_gpus_fit_the_cluster_and_never_overlap(snapshot: Snapshot) -> None:
 
 
 @FAST
-@given(snapshots())
-def test_counts_respect_min_max_memory_and_batch(snapshot: Snapshot) -> None:
-    plan = POLICY.plan(snapshot)
+@given(snapshots(), VARIANTS)
+def test_counts_respect_min_max_memory_and_batch(
+    snapshot: Snapshot, policy: PowerFlowPolicy
+) -> None:
+    plan = policy.plan(snapshot)
     total = sum(n.gpus for n in snapshot.nodes)
     for job in snapshot.jobs:
         jp = plan.job(job.id)
@@ -61,17 +75,17 @@ def test_power_stays_within_the_stated_guarantee(snapshot: Snapshot) -> None:
 
 
 @FAST
-@given(snapshots())
-def test_a_snapshot_always_gives_the_same_plan(snapshot: Snapshot) -> None:
-    assert POLICY.plan(snapshot) == POLICY.plan(snapshot)
+@given(snapshots(), VARIANTS)
+def test_a_snapshot_always_gives_the_same_plan(snapshot: Snapshot, policy: PowerFlowPolicy) -> None:
+    assert policy.plan(snapshot) == policy.plan(snapshot)
     reordered = Snapshot(
         nodes=snapshot.nodes,
         jobs=tuple(reversed(snapshot.jobs)),
         budget=snapshot.budget,
         now_s=snapshot.now_s,
     )
-    again = POLICY.plan(reordered)
-    plan = POLICY.plan(snapshot)
+    again = policy.plan(reordered)
+    plan = policy.plan(snapshot)
     for jp in plan.jobs:
         other = again.job(jp.job_id)
         assert (other.gpus, other.frequency_mhz) == (jp.gpus, jp.frequency_mhz)

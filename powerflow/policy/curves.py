@@ -50,10 +50,7 @@ def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
     age = np.maximum(0.0, now_s - np.asarray([j.arrival_s for j in jobs], dtype=np.float64))
     remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
     n_rows = tables.counts.size
-    row_job = np.zeros(n_rows, dtype=np.int64)
-    for j in range(len(jobs)):
-        # Rows of no job (P_max points) keep job 0's values; nothing reads them.
-        row_job[int(tables.start[j]) : int(tables.start[j] + tables.sizes[j])] = j
+    row_job = tables.row_job
     row_age, row_remaining = age[row_job], remaining[row_job]
     t, e = tables.step_time_s, tables.energy_j
     idx = np.arange(n_rows)

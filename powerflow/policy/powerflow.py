@@ -24,7 +24,9 @@ One decision, start to finish:
 Power-limit guarantee for the returned plan (``L`` the limit, ``P`` its
 ``predicted_watts``, ``g`` GPUs per node):
 
-* if any job runs above its most energy-efficient clock, ``P <= L``;
+* if the clock phase raised any job above its most energy-efficient clock,
+  ``P <= L`` (with ``frequency_scaling`` off there is no clock phase and
+  only the next bullet applies);
 * otherwise, for a snapshot without pinned jobs and when placement packs (at
   most one node partly used, as buddy allocation promises),
   ``P <= L + (g - 1) * delta``, where ``delta`` is the largest increase of
@@ -39,12 +41,13 @@ With ``strict_power`` every allocation step is checked and the bound is
 facility cap; the default follows Algorithm 1.
 
 If placement leaves more GPUs powered than the packing estimate, clock raises
-are undone (latest first) until ``P`` is back within ``max(L, P_before)``.
+are undone (latest first) until ``P`` is back within ``max(L, P_before)``,
+``P_before`` the prediction before placement.
 
 Ablations (constructor options, never separate copies): ``frequency_scaling``
 off runs every job at ``fixed_frequency_mhz`` (default the GPU's highest
 clock) and skips step 4; ``elastic`` off gives each job exactly its requested
-count (rounded up to a power of two, see ``tables.allowed_counts``) or makes
+count (rounded up to a power of two, see ``tables.allowed_mask``) or makes
 it wait, first come first served; ``energy_aware`` off orders both heaps by
 JCT reduction alone (the energy denominator dropped) while still starting at
 the efficient clocks and still respecting the power limit, so that the

@@ -42,6 +42,8 @@ class Tables:
 
     start: IntArray
     sizes: IntArray
+    row_job: IntArray
+    """The job each row belongs to (``P_max`` rows: the job they were evaluated for)."""
     counts: IntArray
     gpus_per_node: IntArray
     local_batch: IntArray
@@ -173,6 +175,7 @@ def build_tables(
     return Tables(
         start=start,
         sizes=sizes,
+        row_job=ext_job,
         counts=counts,
         gpus_per_node=r,
         local_batch=bs,
