@@ -32,8 +32,13 @@ from powerflow.policy.tables import IntArray
 class Clocks:
     columns: tuple[int, ...]
     power_w: float
-    raises: tuple[tuple[int, int], ...]
-    """(row index, clock column before the raise), in the order committed."""
+    raised_rows: tuple[int, ...]
+    raised_from: tuple[int, ...]
+    """Each committed raise, in order: its row and the clock column before it."""
+
+    @property
+    def raises(self) -> tuple[tuple[int, int], ...]:
+        return tuple(zip(self.raised_rows, self.raised_from, strict=True))
 
 
 def raise_clocks(
@@ -56,7 +61,7 @@ def raise_clocks(
     """
     width = jct_s.shape[1] if jct_s.ndim == 2 else 0
     if width < 2 or not len(start):
-        return Clocks(columns=tuple(start), power_w=total_w, raises=())
+        return Clocks(columns=tuple(start), power_w=total_w, raised_rows=(), raised_from=())
     nxt = np.minimum(np.arange(width) + step, width - 1)
     d_jct = jct_s - jct_s[:, nxt]
     d_energy = energy_j[:, nxt] - energy_j
@@ -96,7 +101,8 @@ def _heap_order(
         if cls_l[i][c] < 3
     ]
     heapq.heapify(heap)
-    raises: list[tuple[int, int]] = []
+    raised_rows: list[int] = []
+    raised_from: list[int] = []
     while heap:
         i = heapq.heappop(heap)[-1]
         col = columns[i]
@@ -105,10 +111,11 @@ def _heap_order(
             continue
         total_w = new_total
         columns[i] = up = nxt_l[col]
-        raises.append((i, col))
+        raised_rows.append(i)
+        raised_from.append(col)
         if cls_l[i][up] < 3:
             heapq.heappush(heap, (cls_l[i][up], value_l[i][up], order[i][0], order[i][1], i))
-    return Clocks(columns=tuple(columns), power_w=total_w, raises=tuple(raises))
+    return Clocks(tuple(columns), total_w, tuple(raised_rows), tuple(raised_from))
 
 
 def _sorted_order(
@@ -143,11 +150,15 @@ def _sorted_order(
     worse = (c[:, 1:] > c[:, :-1]) | ((c[:, 1:] == c[:, :-1]) & (v[:, 1:] >= v[:, :-1]))
     if np.any(later & ~worse):
         return None
-    rank = np.empty(rows, dtype=np.int64)
-    rank[sorted(range(rows), key=order.__getitem__)] = np.arange(rows)
-    row_k, k_k = np.nonzero(valid)
+    # Rows in tie-break order, so that np.nonzero lists steps by (job, chain
+    # position); two stable sorts then order them by class, then value.
+    by_rank = np.asarray(sorted(range(rows), key=order.__getitem__), dtype=np.int64)
+    row_p, k_k = np.nonzero(valid[by_rank])
+    row_k = by_rank[row_p]
     before = pos[row_k, k_k]
-    keys = np.lexsort((k_k, rank[row_k], v[row_k, k_k], c[row_k, k_k]))
+    v_k, c_k = v[row_k, k_k], c[row_k, k_k]
+    keys = np.argsort(v_k, kind="stable")
+    keys = keys[np.argsort(c_k[keys], kind="stable")]
     row_s, before_s = row_k[keys], before[keys]
     after_s = nxt[before_s]
     dp_s = d_power[row_s, before_s]
@@ -158,14 +169,25 @@ def _sorted_order(
     np.maximum.at(columns, row_s[:k], after_s[:k])
     if k:
         total_w = float(totals[k - 1])
-    raises = list(zip(row_s[:k].tolist(), before_s[:k].tolist(), strict=True))
+    raised_rows = row_s[:k].tolist()
+    raised_from = before_s[:k].tolist()
+    # After the first refusal the head room only shrinks (raises cost power),
+    # so a step dearer than it is now is refused whenever it comes: it drops
+    # its job. Only the cheaper steps before their job's first such refusal
+    # need the sequential scan.
+    tail = np.arange(k, row_s.size)
+    if np.all(dp_s[k:] >= 0):
+        dear = dp_s[k:] > limit_w - total_w
+        first_dear = np.full(rows, row_s.size, dtype=np.int64)
+        np.minimum.at(first_dear, row_s[k:][dear], tail[dear])
+        tail = tail[~dear & (tail < first_dear[row_s[k:]])]
     dropped = [False] * rows
     cols = columns.tolist()
     for i, col, up, dp in zip(
-        row_s[k:].tolist(),
-        before_s[k:].tolist(),
-        after_s[k:].tolist(),
-        dp_s[k:].tolist(),
+        row_s[tail].tolist(),
+        before_s[tail].tolist(),
+        after_s[tail].tolist(),
+        dp_s[tail].tolist(),
         strict=True,
     ):
         if dropped[i]:
@@ -176,5 +198,6 @@ def _sorted_order(
             continue
         total_w = new_total
         cols[i] = up
-        raises.append((i, col))
-    return Clocks(columns=tuple(cols), power_w=total_w, raises=tuple(raises))
+        raised_rows.append(i)
+        raised_from.append(col)
+    return Clocks(tuple(cols), total_w, tuple(raised_rows), tuple(raised_from))

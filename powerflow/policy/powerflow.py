@@ -152,7 +152,7 @@ class _Decision:
         row_idx = np.asarray([rows[i] for i in running], dtype=np.int64)
         start = eff[row_idx].tolist()
         columns = dict(zip(running, start, strict=True))
-        raises: tuple[tuple[int, int], ...] = ()
+        raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         predicted = alloc.power_w
         if self.policy.frequency_scaling:
             result = raise_clocks(
@@ -165,7 +165,7 @@ class _Decision:
                 energy_aware=self.policy.energy_aware,
             )
             columns = dict(zip(running, result.columns, strict=True))
-            raises = tuple(result.raises)
+            raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
         return self._place(rows, columns, running, raises, predicted)
 
@@ -174,7 +174,7 @@ class _Decision:
         rows: dict[int, int],
         columns: dict[int, int],
         running: list[int],
-        raises: tuple[tuple[int, int], ...],
+        raises: tuple[tuple[int, ...], tuple[int, ...]],
         predicted: float,
     ) -> Plan:
         """Place, price the placement, undo raises if it costs more (raises index ``running``)."""
@@ -214,10 +214,10 @@ class _Decision:
 
         watts = total()
         target = max(self.limit, predicted)
-        undo = list(raises)
+        undo = len(raises[0])
         while watts > target and undo:
-            r, before = undo.pop()
-            columns[running[r]] = before
+            undo -= 1
+            columns[running[raises[0][undo]]] = raises[1][undo]
             watts = total()
 
         notes = [
