@@ -62,7 +62,8 @@ class Budget:
     Precedence: an absolute ``limit_watts`` wins over ``eta``. With ``eta``
     the limit is ``eta * G * p_max_watts`` (paper §5.2), ``G`` all GPUs of the
     cluster; ``p_max_watts`` defaults to the policy's estimate of a training
-    job's average GPU power at the highest clock.
+    job's average GPU power at the highest clock. ``powerflow.policy.budget``
+    states the exact rule (neither given: ``eta = 1``).
     """
 
     eta: float | None = None
@@ -102,7 +103,13 @@ class Migration:
 
 @dataclass(frozen=True)
 class Plan:
-    """A policy's decision for the whole cluster."""
+    """A policy's decision for the whole cluster.
+
+    ``predicted_watts`` (PowerFlow): the placed jobs' predicted
+    ``E_iter / T_iter`` at their clocks plus idle power for every unallocated
+    GPU on a node not in ``powered_down_nodes``; powered-down nodes count zero.
+    ``limit_watts`` is the budget resolved by ``powerflow.policy.budget``.
+    """
 
     jobs: tuple[JobPlan, ...]
     limit_watts: float
