@@ -31,23 +31,24 @@ switched on): predicted power is the jobs' ``E_iter / T_iter`` plus idle power
 for the unallocated GPUs of the powered-on nodes, assuming packing (the nodes
 holding pinned jobs, and otherwise ``ceil(allocated / GPUs per node)`` nodes;
 placement's buddy allocation leaves at most one node partly used). A step that
-needs one more node than are on is taken only if the predicted power after it,
+needs more nodes than are on is taken only if the predicted power after it,
 with the new nodes' free GPUs at idle power, is within the limit. A step that
 fits on GPUs already powered on is taken without a check: those GPUs draw idle
 power anyway, which is why Algorithm 1 checks only at node boundaries. A step
 that does not fit (GPUs or power) drops its job from the heap and the others
-go on, the generalisation of Algorithm 1's ``break`` to steps of different
-sizes (with one-GPU steps every candidate at a boundary fails alike).
+go on: Algorithm 1's ``break`` generalised to steps of different sizes and
+costs (a smaller step elsewhere may still fit the GPUs or the power left).
 
 With ``strict`` every step is checked, so allocation never ends above the
 limit (or the pinned jobs' own power), at the price of leaving GPUs of a
 powered-on node idle when the budget is tight.
 
-Guarantee (not strict): after the last passed check at most ``gpus_per_node - 1`` GPUs were
-free on powered-on nodes (without pinned jobs), so the allocation ends at
-most ``(gpus_per_node - 1) * delta`` watts above the limit (or above the
-pinned jobs' own power if that already exceeds it), ``delta`` being the
-largest power increase per added GPU of a step that fits within one node.
+Guarantee (not strict): after the last passed check at most
+``gpus_per_node - 1`` GPUs were free on powered-on nodes (without pinned
+jobs), so the allocation ends at most ``(gpus_per_node - 1) * delta`` watts
+above the limit (or above the pinned jobs' own power if that already exceeds
+it), ``delta`` being the largest power increase per added GPU of a step that
+fits within one node.
 """
 
 from __future__ import annotations
