@@ -191,3 +191,13 @@ def test_policy_that_never_schedules_is_reported_not_looped() -> None:
 
     with pytest.raises(SimulationError, match="waiting on an idle cluster"):
         _run([_job(0, 0.0, 1, 10.0)], Idle())
+
+
+def test_events_within_the_batch_window_wait_for_one_joint_decision() -> None:
+    jobs = [_job(0, 0.0, 1, 100.0), _job(1, 10.0, 1, 100.0)]
+    immediate = _run(jobs, FixedPolicy(), batch_s=0.0)
+    batched = _run(jobs, FixedPolicy(), batch_s=60.0)
+    assert immediate.jobs[1].finish_s == pytest.approx(110.0)
+    # the second arrival is decided 60 s after the first decision, at t = 60
+    assert batched.jobs[1].finish_s == pytest.approx(160.0)
+    assert batched.jobs[0].finish_s == pytest.approx(100.0)

@@ -38,7 +38,9 @@ def register(subparsers: Any) -> None:
     knob.add_argument("--frequency", type=int, metavar="MHZ", help="a baseline's GPU clock")
     add_cluster_args(p)
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
-    p.add_argument("--quick", action="store_true", help="fewer points, first 4 h of the trace")
+    p.add_argument(
+        "--quick", action="store_true", help="fewer points, first 2 h of the trace, 8 nodes"
+    )
     p.add_argument("--no-oracle-runs", action="store_true", help="skip the Fig. 10 runs")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", type=Path, help="results folder (default results/<timestamp>)")
@@ -51,7 +53,11 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     d = SimConfig()
     p.add_argument("--trace", type=Path, help="trace CSV (default: the bundled ITP window)")
     p.add_argument("--hours", type=float, help="only jobs submitted in the first H hours")
-    p.add_argument("--nodes", type=int, default=d.nodes, help=f"nodes (default {d.nodes})")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        help=f"nodes (default {d.nodes}; {experiments.QUICK_NODES} with --quick)",
+    )
     p.add_argument(
         "--gpus-per-node", type=int, default=d.gpus_per_node, help="A100s per node (<= 8)"
     )
@@ -61,8 +67,11 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
+    nodes = args.nodes
+    if nodes is None:
+        nodes = experiments.QUICK_NODES if getattr(args, "quick", False) else SimConfig().nodes
     return SimConfig(
-        nodes=args.nodes,
+        nodes=nodes,
         gpus_per_node=args.gpus_per_node,
         interval_s=args.interval,
         restart_s=args.restart_s,

@@ -11,17 +11,26 @@ from powerflow.sim.config import SimConfig
 from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec
 from powerflow.sim.synthetic import SyntheticSpec
 
-QUICK_ETAS = (0.4, 0.6, 1.0)
+DEFAULT_ETAS = (0.4, 0.6, 0.8, 1.0)
+DEFAULT_FREQUENCIES = (1020, 1215, 1410)
+ORACLE_ETAS = (0.6, 1.0)
+QUICK_ETAS = (0.5, 1.0)
 QUICK_FREQUENCIES = (1110, 1410)
-ORACLE_ETAS = (0.4, 0.6, 1.0)
-QUICK_HOURS = 4.0
+QUICK_HOURS = 2.0
+QUICK_NODES = 8
+"""``--quick``: the first two hours of the trace (108 jobs) on 8 x 8 GPUs, so
+that the smaller load still contends for the smaller cluster."""
 
 
 def comparison(
     trace: TraceSpec, config: SimConfig, *, quick: bool = False, oracle: bool = True
 ) -> list[RunSpec]:
     """PowerFlow's eta sweep, every baseline's clock sweep, the Zeus points, and
-    (for Fig. 10) PowerFlow's sweep again with ground-truth models."""
+    (for Fig. 10) PowerFlow again with ground-truth models.
+
+    Fewer points than ``powerflow.schedulers``' full sweeps: every run of the
+    full trace costs minutes (model fitting and policy calls, see
+    ``benchmarks/sim_bench.py``)."""
     if quick and trace.hours is None and trace.synthetic is None:
         trace = replace(trace, hours=QUICK_HOURS)
     specs: list[RunSpec] = []
@@ -29,12 +38,13 @@ def comparison(
         if spec.knob is None:
             specs.append(RunSpec(spec.name, None, trace, config))
             continue
-        values: Sequence[float] = spec.sweep
-        if quick:
-            values = QUICK_ETAS if spec.knob == "eta" else QUICK_FREQUENCIES
+        if spec.knob == "eta":
+            values: Sequence[float] = QUICK_ETAS if quick else DEFAULT_ETAS
+        else:
+            values = QUICK_FREQUENCIES if quick else DEFAULT_FREQUENCIES
         specs += [RunSpec(spec.name, v, trace, config) for v in values]
     if oracle:
-        etas = ORACLE_ETAS[-2:] if quick else ORACLE_ETAS
+        etas = QUICK_ETAS if quick else ORACLE_ETAS
         specs += [RunSpec("powerflow", v, trace, config, oracle=True) for v in etas]
     return specs
 
