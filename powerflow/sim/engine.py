@@ -56,6 +56,7 @@ class _Totals:
     above_limit_s: float = 0.0
     policy_calls: int = 0
     policy_s: float = 0.0
+    fit_s: float = 0.0
     events: int = 0
 
 
@@ -267,7 +268,9 @@ class Simulation:
         job.phase_end_s = job.next_event_s = math.inf
         job.visible_s = self.now
         samples = Samples.concat(job.samples) if job.samples else None
+        t0 = time.perf_counter()
         job.knowledge = self.learner.initial(job.trace.model_name, job.truth, samples)
+        self._totals.fit_s += time.perf_counter() - t0
         return True
 
     def _job_event(self, job: SimJob) -> bool:
@@ -399,9 +402,11 @@ class Simulation:
             )
         )
         if job.knowledge is not None:
+            t0 = time.perf_counter()
             job.knowledge = self.learner.update(
                 job.trace.model_name, job.truth, job.knowledge, Samples.concat(job.samples)
             )
+            self._totals.fit_s += time.perf_counter() - t0
 
     def _phase(self, job: SimJob, phase: Phase) -> None:
         job.set_phase(phase)
@@ -555,6 +560,7 @@ class Simulation:
             above_limit_s=tot.above_limit_s,
             policy_calls=tot.policy_calls,
             policy_s=tot.policy_s,
+            fit_s=tot.fit_s,
             events=tot.events,
             wall_s=wall_s,
         )

@@ -47,6 +47,7 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "model_fits": sum(j.fits for j in result.jobs),
         "policy_calls": result.policy_calls,
         "policy_s": float(result.policy_s),
+        "fit_s": float(result.fit_s),
         "events": result.events,
         "events_per_s": float(result.events / result.wall_s) if result.wall_s > 0 else 0.0,
         "wall_s": float(result.wall_s),

@@ -13,17 +13,14 @@ from rich.console import Console
 from rich.table import Table
 
 TABLE_COLUMNS = (
-    ("avg_jct_s", "avg JCT (h)", 1 / 3600),
-    ("p95_jct_s", "p95 JCT (h)", 1 / 3600),
-    ("makespan_s", "makespan (h)", 1 / 3600),
-    ("total_energy_j", "energy (GJ)", 1e-9),
-    ("idle_energy_j", "idle (GJ)", 1e-9),
+    ("avg_jct_s", "avg JCT h", 1 / 3600),
+    ("p95_jct_s", "p95 h", 1 / 3600),
+    ("total_energy_j", "energy GJ", 1e-9),
+    ("idle_energy_j", "idle GJ", 1e-9),
     ("avg_power_w", "avg kW", 1e-3),
-    ("peak_power_w", "peak kW", 1e-3),
     ("gpu_utilisation", "util", 1.0),
     ("rescales", "rescales", 1.0),
-    ("profiling_phases", "profilings", 1.0),
-    ("wall_s", "wall (s)", 1.0),
+    ("wall_s", "wall s", 1.0),
 )
 
 
@@ -69,8 +66,8 @@ def knob_text(row: Mapping[str, Any]) -> str:
 
 def results_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    table.add_column("scheduler")
-    table.add_column("setting")
+    table.add_column("scheduler", no_wrap=True)
+    table.add_column("setting", no_wrap=True)
     for _, label, _ in TABLE_COLUMNS:
         table.add_column(label, justify="right")
     for row in rows:

@@ -114,6 +114,7 @@ def write_report(
         f" {config.noise:.0%}; seed {config.seed}. Total simulated CPU time of the runs:"
         f" {wall:.0f} s.",
         "",
+        *_duration_check(trace, config),
         "## Results per run",
         "",
         *results_markdown(rows),
@@ -140,9 +141,41 @@ def write_report(
             "",
             *_oracle_gap(rows),
         ]
+    lines += _sensitivity(out / "sensitivity", path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _sensitivity(folder: Path, base: Path) -> list[str]:
+    """The sensitivity study's figure and table, if ``powerflow sweep`` wrote them there."""
+    import json
+
+    data_file = folder / "sensitivity.json"
+    if not data_file.exists():
+        return []
+    studies = json.loads(data_file.read_text())
+    rel = Path(os.path.relpath(folder, base))
+    lines = [
+        "## Sensitivity (Fig. 11)",
+        "",
+        "100-job synthetic traces (Gavel's generator; `powerflow/sim/synthetic.py`),"
+        " PowerFlow at eta 0.6, the baselines at 1410 MHz, the Zeus variants at their"
+        " own clocks. Made by `powerflow sweep sensitivity --quick --out"
+        f" {folder}`.",
+        "",
+        f"![sensitivity]({rel / 'sensitivity.png'})",
+        "",
+        "| study | value | scheduler | avg JCT (h) | energy (GJ) |",
+        "|---|---|---|---|---|",
+    ]
+    for study, rows in studies.items():
+        for r in sorted(rows, key=lambda r: (r["x"], r["scheduler"])):
+            lines.append(
+                f"| {study} | {r['x']:g} | {r['scheduler']} | {r['avg_jct_s'] / 3600:.2f}"
+                f" | {r['total_energy_j'] / 1e9:.3f} |"
+            )
+    return [*lines, ""]
 
 
 def _losses(ratios: Mapping[str, Mapping[str, float | None]]) -> list[str]:
@@ -176,5 +209,25 @@ def _oracle_gap(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return [
         "Fitted-vs-oracle gap in average JCT at equal energy:"
         f" {', '.join(f'{g:+.1%}' for g in gaps)} (paper: under 2%).",
+        "",
+    ]
+
+
+def _duration_check(trace: TraceSpec, config: SimConfig) -> list[str]:
+    """How well the ground truth reproduces the trace's own durations."""
+    from powerflow.sim.runner import load_jobs
+    from powerflow.sim.trace import check_durations
+    from powerflow.sim.world import default_world
+
+    world = default_world()
+    jobs = load_jobs(trace, config, world)
+    if all(j.duration_s is None for j in jobs):
+        return []
+    check = check_durations(jobs, world.truth, gpus_per_node=config.gpus_per_node)
+    return [
+        f"Ground truth against the trace's measured durations ({check.jobs} jobs, each"
+        " at its requested GPUs, packed, 1410 MHz): relative error median"
+        f" {check.median_abs_rel_error:.2%}, mean {check.mean_abs_rel_error:.2%},"
+        f" max {check.max_abs_rel_error:.2%}. Work is the trace's iteration count.",
         "",
     ]

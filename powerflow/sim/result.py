@@ -62,5 +62,6 @@ class RunResult:
     above_limit_s: float
     policy_calls: int
     policy_s: float
+    fit_s: float
     events: int
     wall_s: float
