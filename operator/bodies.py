@@ -53,6 +53,7 @@ class Allocation(TypedDict, total=False):
     localBatchSize: int
     generation: int
     nodes: list[str]
+    profilingUntil: str | None
 
 
 class Progress(TypedDict, total=False):
@@ -71,6 +72,7 @@ class ModelStatus(TypedDict, total=False):
     prior: str
     samples: int
     fitError: float
+    profiledGpuCounts: list[int]
 
 
 class Condition(TypedDict, total=False):

@@ -20,11 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerflow.operator.budget import DEFAULT, BudgetConfig, parse_budget
-from powerflow.operator.jobs import JobRequest
+from powerflow.operator.jobs import JobRequest, RequestCache
 from powerflow.operator.kube import ClusterState, Kube
 from powerflow.operator.metrics import Metrics
 from powerflow.operator.nodes import cluster_nodes
-from powerflow.operator.reconcile import Actions, ModelFactory, reconcile
+from powerflow.operator.reconcile import (
+    DEFAULT_PROFILING_WINDOW_S,
+    Actions,
+    ModelFactory,
+    reconcile,
+)
 
 from powerflow import contract
 from powerflow.errors import ResourceError
@@ -61,7 +66,10 @@ class OperatorConfig:
     namespace: str | None = None  # None: cluster-wide
     budget_namespace: str = "powerflow-system"
     budget_name: str = contract.BUDGET_CONFIGMAP
-    debounce_s: float = 0.05
+    debounce_s: float = 0.02
+    """Wait after an event so that a burst makes one pass (a new DLJob skips it)."""
+    profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S
+    """How long a job profiles a GPU count it has not run on (paper: 240 s)."""
 
 
 @dataclass
@@ -77,12 +85,17 @@ class Controller:
     budget: BudgetConfig = DEFAULT
     passes: int = 0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _last_pass_s: dict[str, float] = field(default_factory=dict)
+    _immediate: bool = False
+    _anchors: dict[str, float] = field(default_factory=dict)
+    _requests: RequestCache = field(default_factory=RequestCache)
     _bad_budget_version: str | None = None
     _task: asyncio.Task[None] | None = None
     _events: list[tuple[dict[str, Any], str, str, str]] = field(default_factory=list)
 
-    def trigger(self, reason: str = "") -> None:
+    def trigger(self, reason: str = "", *, immediate: bool = False) -> None:
+        """A scheduling event; ``immediate`` skips the debounce (a new DLJob waits
+        for nothing but a pass already in flight)."""
+        self._immediate = self._immediate or immediate
         self._wake.set()
 
     def start(self) -> None:
@@ -101,8 +114,10 @@ class Controller:
                 timeout = min(timeout, max(wake_at - self.clock(), 0.0))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            await asyncio.sleep(self.config.debounce_s)
+            if not self._immediate:
+                await asyncio.sleep(self.config.debounce_s)
             self._wake.clear()
+            self._immediate = False
             try:
                 wake_at = await self.run_once()
             except Exception:  # keep serving: the next event or tick retries
@@ -141,19 +156,26 @@ class Controller:
             log.warning("nodes of another shape left out: %s", ", ".join(left_out))
         now = self.clock()
         actions = reconcile(
-            state.jobs, nodes, self.budget, now, self.policy, self.models, self._last_pass_s
+            state.jobs,
+            nodes,
+            self.budget,
+            now,
+            self.policy,
+            self.models,
+            self._anchors,
+            profiling_window_s=self.config.profiling_window_s,
+            requests=self._requests,
         )
+        self._anchors = actions.anchors
         await self.kube.apply(actions)
-        self._after(actions, now)
+        self._after(actions)
         events, self._events = self._events, []
         await self.kube.post_events(events)
         self.metrics.loop_seconds.observe(time.perf_counter() - started)
         self.passes += 1
         return actions.wake_at_s
 
-    def _after(self, actions: Actions, now: float) -> None:
-        for ns, name, _ in actions.status:
-            self._last_pass_s[f"{ns}/{name}"] = now
+    def _after(self, actions: Actions) -> None:
         for note in actions.notes:
             log.warning(note)
         for ev in actions.events:

@@ -34,10 +34,10 @@ def build_registry(
     registry = kopf.OperatorRegistry()
     holder: dict[str, Controller] = {}
 
-    def trigger(reason: str) -> None:
+    def trigger(reason: str, immediate: bool = False) -> None:
         controller = holder.get("c")
         if controller is not None:
-            controller.trigger(reason)
+            controller.trigger(reason, immediate=immediate)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -63,7 +63,8 @@ def build_registry(
 
     @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL, registry=registry)
     def dljob_changed(type: str | None, name: str, **_: Any) -> None:
-        trigger(f"dljob {name} {type}")
+        # A new job is the event users wait on: no debounce before its first pass.
+        trigger(f"dljob {name} {type}", immediate=type == "ADDED")
 
     @kopf.on.event("", "v1", "pods", labels={contract.JOB_LABEL: kopf.PRESENT}, registry=registry)
     def pod_changed(type: str | None, name: str, **_: Any) -> None:

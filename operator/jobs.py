@@ -161,3 +161,54 @@ def too_large(job: JobRequest, cluster_gpus: int) -> str | None:
     if job.min_gpus > cluster_gpus:
         return f"needs at least {job.min_gpus} GPUs, the cluster has {cluster_gpus}"
     return None
+
+
+CacheKey = tuple[str, str, str, int, str]
+
+
+class RequestCache:
+    """``parse_dljob`` memoised across passes by (namespace, name, uid, generation).
+
+    The API server bumps ``metadata.generation`` on every spec change (the
+    status subresource keeps status writes out of it), so a DLJob whose
+    generation is unchanged parses to the same request or the same refusal.
+    Parsing every job on every pass cost more than the rest of a pass's
+    bookkeeping at hundreds of jobs. Bodies without a ``uid`` (never from an
+    API server) are not cached. ``retain`` drops the jobs a pass did not see.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[CacheKey, JobRequest | tuple[str, str]] = {}
+        self._seen: set[CacheKey] = set()
+
+    def parse(self, body: DLJobBody) -> JobRequest:
+        meta = body.get("metadata", {})
+        uid = meta.get("uid", "")
+        if not uid:
+            return parse_dljob(body)
+        key = (
+            meta.get("namespace", "default"),
+            meta.get("name", ""),
+            uid,
+            int(meta.get("generation", 1)),
+            meta.get("creationTimestamp", ""),
+        )
+        self._seen.add(key)
+        entry = self._entries.get(key)
+        if entry is None:
+            try:
+                entry = parse_dljob(body)
+            except ResourceError as exc:
+                entry = (exc.reason, str(exc))
+            self._entries[key] = entry
+        if isinstance(entry, tuple):  # a fresh error each time: no traceback piles up
+            raise ResourceError(*entry)
+        return entry
+
+    def retain_seen(self) -> None:
+        """Forget every job not parsed since the last call (deleted or changed)."""
+        self._entries = {k: v for k, v in self._entries.items() if k in self._seen}
+        self._seen = set()
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
-from powerflow.operator.bodies import ConfigMapBody, NodeBody, PodBody
+from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody
 from powerflow.operator.reconcile import Actions, Observed
 
 from powerflow import contract
@@ -41,59 +43,96 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
 
-    # -- reads (run in a thread) ---------------------------------------------------------
+    # -- reads ---------------------------------------------------------------------------
 
-    def _read(self, budget_namespace: str, budget_name: str) -> ClusterState:
-        serialize = self.api.sanitize_for_serialization
+    @staticmethod
+    def _json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call without the client's model (de)serialisation: plain JSON in and out.
+
+        ``_preload_content=False`` skips building ``V1Pod`` objects from every
+        response only to turn them back into dicts: most of a pass's I/O time
+        on the client side. Non-2xx answers still raise ``ApiException``.
+        """
+        response = call(*args, _preload_content=False, **kwargs)
+        try:
+            data = response.data
+        finally:
+            response.release_conn()
+        return json.loads(data) if data else None
+
+    def _jobs(self) -> list[DLJobBody]:
+        args = (contract.GROUP, contract.VERSION)
+        if self.namespace:
+            raw = self._json(
+                self.custom.list_namespaced_custom_object, *args, self.namespace, contract.PLURAL
+            )
+        else:
+            raw = self._json(self.custom.list_cluster_custom_object, *args, contract.PLURAL)
+        items: list[DLJobBody] = raw.get("items") or []
+        return items
+
+    def _pods(self) -> list[PodBody]:
         selector = contract.JOB_LABEL
         if self.namespace:
-            jobs_raw = self.custom.list_namespaced_custom_object(
-                contract.GROUP, contract.VERSION, self.namespace, contract.PLURAL
-            )
-            pods_raw = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+            raw = self._json(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         else:
-            jobs_raw = self.custom.list_cluster_custom_object(
-                contract.GROUP, contract.VERSION, contract.PLURAL
-            )
-            pods_raw = self.core.list_pod_for_all_namespaces(label_selector=selector)
-        pods: dict[tuple[str, str], list[PodBody]] = defaultdict(list)
-        for pod in serialize(pods_raw.items):
-            meta = pod.get("metadata", {})
-            owner = (meta.get("labels") or {}).get(contract.JOB_LABEL)
-            pods[meta.get("namespace", ""), owner].append(pod)
-        jobs = []
-        for body in jobs_raw.get("items", []):
-            meta = body.get("metadata", {})
-            key = (meta.get("namespace", ""), meta.get("name"))
-            jobs.append(Observed(body, tuple(pods.get(key, ()))))
-        nodes = tuple(serialize(self.core.list_node().items))
+            raw = self._json(self.core.list_pod_for_all_namespaces, label_selector=selector)
+        items: list[PodBody] = raw.get("items") or []
+        return items
+
+    def _nodes(self) -> list[NodeBody]:
+        items: list[NodeBody] = self._json(self.core.list_node).get("items") or []
+        return items
+
+    def _budget(self, namespace: str, name: str) -> ConfigMapBody | None:
         try:
-            cm = serialize(self.core.read_namespaced_config_map(budget_name, budget_namespace))
+            cm: ConfigMapBody = self._json(self.core.read_namespaced_config_map, name, namespace)
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
-            cm = None
-        return ClusterState(tuple(jobs), nodes, cm)
+            return None
+        return cm
 
     async def read(self, budget_namespace: str, budget_name: str) -> ClusterState:
-        return await asyncio.to_thread(self._read, budget_namespace, budget_name)
+        """The four lists at once, each in a worker thread (the client is synchronous)."""
+        jobs_raw, pods_raw, nodes, cm = await asyncio.gather(
+            asyncio.to_thread(self._jobs),
+            asyncio.to_thread(self._pods),
+            asyncio.to_thread(self._nodes),
+            asyncio.to_thread(self._budget, budget_namespace, budget_name),
+        )
+        pods: dict[tuple[str, str], list[PodBody]] = defaultdict(list)
+        for pod in pods_raw:
+            meta = pod.get("metadata", {})
+            owner = (meta.get("labels") or {}).get(contract.JOB_LABEL, "")
+            pods[meta.get("namespace", ""), owner].append(pod)
+        jobs = []
+        for body in jobs_raw:
+            meta = body.get("metadata", {})
+            key = (meta.get("namespace", ""), meta.get("name", ""))
+            jobs.append(Observed(body, tuple(pods.get(key, ()))))
+        return ClusterState(tuple(jobs), tuple(nodes), cm)
 
     # -- writes --------------------------------------------------------------------------
 
     def _delete_pod(self, namespace: str, name: str, grace_s: int) -> None:
         try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_s)
+            self._json(
+                self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace_s
+            )
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
 
     def _create(self, body: dict[str, Any]) -> None:
         namespace = body["metadata"]["namespace"]
+        create = (
+            self.core.create_namespaced_pod
+            if body["kind"] == "Pod"
+            else self.core.create_namespaced_service
+        )
         try:
-            if body["kind"] == "Pod":
-                self.core.create_namespaced_pod(namespace, body)
-            else:
-                self.core.create_namespaced_service(namespace, body)
+            self._json(create, namespace, body)
         except kubernetes.client.ApiException as exc:
             if exc.status != 409:  # AlreadyExists: an earlier pass or operator made it
                 raise
@@ -101,14 +140,15 @@ class Kube:
     def _annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         body = {"metadata": {"annotations": annotations}}
         try:
-            self.core.patch_namespaced_pod(name, namespace, body, _content_type=MERGE)
+            self._json(self.core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE)
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
 
     def _status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         try:
-            self.custom.patch_namespaced_custom_object_status(
+            self._json(
+                self.custom.patch_namespaced_custom_object_status,
                 contract.GROUP,
                 contract.VERSION,
                 namespace,
@@ -145,7 +185,7 @@ class Kube:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(namespace, body)
+            self._json(self.core.create_namespaced_event, namespace, body)
         except kubernetes.client.ApiException as exc:  # events are best effort
             log.warning("could not post event %s: %s", reason, exc.reason)
 
@@ -159,9 +199,10 @@ class Kube:
             await asyncio.gather(*(asyncio.to_thread(fn, *args) for args in calls))
 
         await each(self._delete_pod, list(actions.delete_pods))
-        services = [(b,) for b in actions.create if b["kind"] == "Service"]
-        unique = {(b[0]["metadata"]["namespace"], b[0]["metadata"]["name"]): b for b in services}
-        await each(self._create, list(unique.values()))
-        await each(self._create, [(b,) for b in actions.create if b["kind"] == "Pod"])
+        # Services and pods together: a worker may exist before its headless Service
+        # (its DNS name resolves once the Service does; torchrun's rendezvous retries).
+        unique = {(b["metadata"]["namespace"], b["kind"], b["metadata"]["name"]): b
+                  for b in actions.create}  # fmt: skip
+        await each(self._create, [(b,) for b in unique.values()])
         await each(self._annotate, list(actions.annotate_pods))
         await each(self._status, list(actions.status))

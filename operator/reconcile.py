@@ -5,26 +5,33 @@
 the runnable ones, asks the policy for a plan and turns the plan into pod
 creations, graceful deletions, annotation updates, status patches and events.
 It holds no state: what it needs to remember lives in DLJob status and pod
-names and annotations, so a restarted operator carries on where it stopped.
+names and annotations, so a restarted operator carries on where it stopped
+(the optional ``RequestCache`` and progress anchors only save work).
 All scheduling decisions are the policy's.
+
+Profiling (paper §5): a job that starts on a GPU count it has not run on
+before is ``Profiling`` for ``profiling_window_s`` once all its workers run
+(the node agent slices the window across clocks); meanwhile it is pinned in
+the snapshot (when the extender's placement is known), and the window's end
+is a scheduling event (``Actions.wake_at_s``) after which it is ``Running``
+and the count is in ``status.model.profiledGpuCounts``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-from powerflow.operator.bodies import DLJobBody, DLJobStatus, PodBody
+from powerflow.operator.bodies import Allocation, DLJobBody, DLJobStatus, Meta, PodBody
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.jobs import JobRequest, parse_dljob, too_large
+from powerflow.operator.jobs import JobRequest, RequestCache, parse_dljob, too_large
+from powerflow.operator.progress import Running, account
 from powerflow.operator.status import merge_diff, set_condition
-from powerflow.operator.timefmt import format_time, parse_time
-from powerflow.operator.workers import WorkerSet, rendezvous_service, worker_pods
+from powerflow.operator.timefmt import format_time, format_time_ms, parse_time
+from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
 
 from powerflow import contract
 from powerflow.errors import PowerFlowError, ResourceError
@@ -33,6 +40,7 @@ from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy,
 
 ModelFactory = Callable[[JobRequest], PerfModel]
 TERMINAL_REASONS = ("Completed", "RestartLimitExceeded")
+DEFAULT_PROFILING_WINDOW_S = 240.0
 
 
 @dataclass(frozen=True)
@@ -67,36 +75,50 @@ class Actions:
     phases: Counter[str] = field(default_factory=Counter)
     allocated_gpus: int = 0
     notes: list[str] = field(default_factory=list)
+    anchors: dict[str, float] = field(default_factory=dict)
+    """Progress anchors of the jobs whose workers run (see ``progress``)."""
 
     def wake(self, at_s: float) -> None:
         self.wake_at_s = at_s if self.wake_at_s is None else min(self.wake_at_s, at_s)
 
 
-@dataclass
 class _View:
-    obs: Observed
-    status: DLJobStatus
-    new: dict[str, Any]
-    req: JobRequest | None = None
-    current: list[PodBody] = field(default_factory=list)
-    other: list[PodBody] = field(default_factory=list)
-    terminating: list[PodBody] = field(default_factory=list)
+    """One DLJob during a pass: what was observed, and the status it should get (``new``)."""
 
-    @property
-    def meta(self) -> Any:
-        return self.obs.body.get("metadata", {})
+    __slots__ = (
+        "alloc", "current", "key", "meta", "name", "new", "ns", "obs", "other", "reported",
+        "req", "running", "status", "terminating",
+    )  # fmt: skip
 
-    @property
-    def ns(self) -> str:
-        return str(self.meta.get("namespace", "default"))
-
-    @property
-    def name(self) -> str:
-        return str(self.meta.get("name", ""))
-
-    @property
-    def alloc(self) -> dict[str, Any]:
-        return dict(self.status.get("allocation") or {})
+    def __init__(self, obs: Observed) -> None:
+        self.obs = obs
+        self.meta: Meta = obs.body.get("metadata") or {}
+        self.ns = str(self.meta.get("namespace", "default"))
+        self.name = str(self.meta.get("name", ""))
+        self.key = f"{self.ns}/{self.name}"
+        self.status: DLJobStatus = obs.body.get("status") or {}
+        self.alloc: Allocation = self.status.get("allocation") or {}
+        self.new: dict[str, Any] = {}
+        self.req: JobRequest | None = None
+        self.current: list[PodBody] = []
+        self.other: list[PodBody] = []
+        self.terminating: list[PodBody] = []
+        self.reported: int | None = None
+        generation = int(self.alloc.get("generation", 0))
+        for pod in obs.pods:
+            if pod.get("metadata", {}).get("deletionTimestamp"):
+                self.terminating.append(pod)
+            elif _generation(pod) == generation:
+                self.current.append(pod)
+            else:
+                self.other.append(pod)
+        gpus = int(self.alloc.get("gpus", 0))
+        # Every worker of the current allocation runs: profiling and progress count.
+        self.running = (
+            bool(self.current)
+            and len(self.current) == gpus
+            and all(_pod_phase(p) == "Running" for p in self.current)
+        )
 
 
 def _pod_phase(pod: PodBody) -> str:
@@ -117,24 +139,40 @@ def _generation(pod: PodBody) -> int:
 def _reported_iterations(pods: Sequence[PodBody]) -> int | None:
     best: int | None = None
     for pod in pods:
+        raw = _annotation(pod, contract.PROGRESS_ANNOTATION)
+        if raw is None:
+            continue
         try:
-            value = int(_annotation(pod, contract.PROGRESS_ANNOTATION) or "")
+            value = int(raw)
         except ValueError:
             continue
         best = value if best is None else max(best, value)
     return best
 
 
-def _placement(pods: Sequence[PodBody], sizes: Mapping[str, int]) -> tuple[GpuSlot, ...]:
-    """The gang's GPUs from the extender's placement annotation, if complete and sane."""
+def _placement(
+    pods: Sequence[PodBody], sizes: Mapping[str, int], parsed: dict[str, Any]
+) -> tuple[GpuSlot, ...]:
+    """The gang's GPUs from the extender's placement annotation, if complete and sane.
+
+    ``parsed`` memoises the JSON per annotation text: every pod of a gang
+    usually carries the same block.
+    """
     slots: set[GpuSlot] = set()
     for pod in pods:
         raw = _annotation(pod, contract.PLACEMENT_ANNOTATION)
-        try:
-            block = json.loads(raw)["block"] if raw else None
-            slots.update((str(node), int(index)) for node, index in block or [])
-        except (ValueError, TypeError, KeyError):
+        if not raw:
             return ()
+        block = parsed.get(raw)
+        if block is None:
+            try:
+                block = tuple((str(node), int(index)) for node, index in json.loads(raw)["block"])
+            except (ValueError, TypeError, KeyError):
+                block = ()
+            parsed[raw] = block
+        if not block:
+            return ()
+        slots.update(block)
     if len(slots) != len(pods) or any(
         node not in sizes or not 0 <= i < sizes[node] for node, i in slots
     ):
@@ -166,7 +204,13 @@ def _backoff_s(req: JobRequest, restarts: int) -> float:
     return float(min(req.max_backoff_s, req.backoff_s * 2 ** max(restarts - 1, 0)))
 
 
-def _lifecycle(actions: Actions, v: _View, now_s: float, cluster_gpus: int) -> bool:
+def _lifecycle(
+    actions: Actions,
+    v: _View,
+    now_s: float,
+    cluster_gpus: int,
+    parse: Callable[[DLJobBody], JobRequest],
+) -> bool:
     """Settle everything but the allocation; True when the job is runnable."""
     now = format_time(now_s)
     phase = v.status.get("phase")
@@ -178,7 +222,7 @@ def _lifecycle(actions: Actions, v: _View, now_s: float, cluster_gpus: int) -> b
         return False
     generation = int(v.meta.get("generation", 1))
     try:
-        req = v.req = parse_dljob(v.obs.body)
+        req = v.req = parse(v.obs.body)
     except ResourceError as exc:
         v.new["conditions"] = set_condition(
             conditions, "Valid", False, exc.reason, str(exc), now, generation
@@ -214,7 +258,7 @@ def _lifecycle(actions: Actions, v: _View, now_s: float, cluster_gpus: int) -> b
             f"worker {names} failed; restart {restarts}/{req.restart_limit} in {wait:.0f} s",
         )  # fmt: skip
         return False
-    reported = _reported_iterations(v.current)
+    reported = v.reported = _reported_iterations(v.current)
     gpus = int(v.alloc.get("gpus", 0))
     all_done = bool(v.current) and len(v.current) == gpus
     all_done = all_done and all(_pod_phase(p) == "Succeeded" for p in v.current)
@@ -225,7 +269,7 @@ def _lifecycle(actions: Actions, v: _View, now_s: float, cluster_gpus: int) -> b
         progress.update(iterations=req.iterations, summary=f"{req.iterations}/{req.iterations}")
         v.new["progress"] = progress
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
-        v.new["allocation"] = dict(v.alloc, gpus=0)
+        v.new["allocation"] = dict(v.alloc, gpus=0, profilingUntil=None)
         for pod in v.current + v.other:
             if _pod_phase(pod) not in ("Succeeded", "Failed"):
                 actions.delete_pods.append((v.ns, pod["metadata"]["name"], req.grace_s))
@@ -253,14 +297,37 @@ def _lifecycle(actions: Actions, v: _View, now_s: float, cluster_gpus: int) -> b
     return True
 
 
+def _profiled(v: _View) -> list[int]:
+    raw = (v.status.get("model") or {}).get("profiledGpuCounts") or []
+    return sorted({int(n) for n in raw})
+
+
+def _profiling_until(v: _View) -> float | None:
+    return parse_time(v.alloc.get("profilingUntil"))
+
+
+def _is_profiling(v: _View, now_s: float) -> bool:
+    """The current allocation is profiling and its window has not ended."""
+    if not v.current or v.status.get("phase") != "Profiling":
+        return False
+    until = _profiling_until(v)
+    return until is None or now_s < until
+
+
 def _core_job(
-    v: _View, req: JobRequest, now_s: float, model: PerfModel, sizes: Mapping[str, int]
+    v: _View,
+    req: JobRequest,
+    now_s: float,
+    model: PerfModel,
+    sizes: Mapping[str, int],
+    parsed: dict[str, Any],
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current)
     frequency = v.alloc.get("frequencyMHz") if running else None
+    placement = _placement(v.current, sizes, parsed) if running else ()
     return Job(
-        id=f"{req.namespace}/{req.name}",
+        id=v.key,
         model=model,
         remaining_iterations=float(max(req.iterations - progress, 0)),
         global_batch_size=req.global_batch_size,
@@ -270,9 +337,11 @@ def _core_job(
         min_gpus=req.min_gpus,
         max_gpus=req.max_gpus,
         max_local_batch_size=req.max_local_batch_size,
-        placement=_placement(v.current, sizes) if running else (),
+        placement=placement,
         frequency_mhz=None if frequency is None else int(frequency),
         model_name=req.model_name,
+        # The policy may only keep GPUs it knows: pinning needs the extender's placement.
+        pinned=bool(placement) and _is_profiling(v, now_s),
     )
 
 
@@ -284,34 +353,79 @@ def build_snapshot(
     models: ModelFactory,
 ) -> Snapshot:
     sizes = {n.name: n.gpus for n in nodes}
+    parsed: dict[str, Any] = {}
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
     for v in views:
         assert v.req is not None
-        job = _core_job(v, v.req, now_s, models(v.req), sizes)
-        if held & set(job.placement):  # two gangs claim a GPU: trust neither's placement
-            job = Job(**{**job.__dict__, "placement": ()})
-        held |= set(job.placement)
+        job = _core_job(v, v.req, now_s, models(v.req), sizes, parsed)
+        if not held.isdisjoint(job.placement):  # two gangs claim a GPU: trust neither's
+            job = replace(job, placement=(), pinned=False)
+        held.update(job.placement)
         jobs.append(job)
     return Snapshot(nodes=nodes, jobs=tuple(jobs), budget=budget.budget, now_s=now_s)
 
 
-def _predict(model: PerfModel, n: int, gpn: int, bs: int, f: int) -> tuple[float, float]:
-    args = (n, min(n, gpn), bs, f)
-    t = float(np.asarray(model.step_time_s(*args)))
-    e = float(np.asarray(model.energy_per_iter_j(*args)))
-    return t, e
-
-
-def _carry_out(
-    actions: Actions,
-    v: _View,
-    jp: JobPlan,
-    now_s: float,
-    last_s: float | None,
-    model: PerfModel,
-    gpn: int,
+def _start(
+    actions: Actions, v: _View, req: JobRequest, jp: JobPlan, now_s: float, window_s: float
 ) -> None:
+    """A new generation of workers; Profiling if the job never ran on this GPU count
+    (and profiling is on: ``window_s > 0``)."""
+    generation = int(v.alloc.get("generation", 0)) + 1
+    ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
+    actions.create.append(rendezvous_service(req))
+    actions.create.extend(worker_pods(req, ws))
+    v.new["allocation"] = {
+        "gpus": jp.gpus,
+        "frequencyMHz": jp.frequency_mhz,
+        "localBatchSize": jp.local_batch_size,
+        "generation": generation,
+        "nodes": sorted({node for node, _ in jp.placement}),
+        "profilingUntil": None,
+    }
+    v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
+    if window_s > 0 and jp.gpus not in _profiled(v):
+        _set_phase(
+            actions, v, "Profiling", "Profiling",
+            f"profiling on {jp.gpus} GPUs (local batch {jp.local_batch_size}) once all "
+            "workers run",
+        )  # fmt: skip
+    else:
+        _set_phase(
+            actions, v, "Running", "Started",
+            f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz, local batch {jp.local_batch_size}",
+        )  # fmt: skip
+
+
+def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
+    """Advance the profiling of the current allocation; True while it goes on."""
+    gpus = int(v.alloc.get("gpus", 0))
+    until = _profiling_until(v)
+    if until is None:
+        if not v.running:
+            _set_phase(
+                actions, v, "Profiling", "Profiling",
+                f"profiling on {gpus} GPUs once all workers run",
+            )  # fmt: skip
+            return True
+        until = now_s + window_s
+        v.new["allocation"]["profilingUntil"] = format_time_ms(until)
+        _event(actions, v, "Normal", "ProfilingStarted", f"{gpus} GPUs for {window_s:g} s")
+    if now_s < until:
+        actions.wake(until)
+        _set_phase(
+            actions, v, "Profiling", "Profiling",
+            f"profiling on {gpus} GPUs until {format_time(until)}",
+        )  # fmt: skip
+        return True
+    v.new["model"] = {"profiledGpuCounts": sorted({*_profiled(v), gpus})}
+    v.new["allocation"]["profilingUntil"] = None
+    _set_phase(actions, v, "Running", "ProfilingFinished", f"profiled on {gpus} GPUs")
+    return False
+
+
+def _carry_out(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: float) -> bool:
+    """Turn the job's plan into actions; True when it holds GPUs after this pass."""
     req = v.req
     assert req is not None
     alloc = v.alloc
@@ -322,75 +436,90 @@ def _carry_out(
             _set_phase(actions, v, "Pending", "Preempted", "the policy gave the GPUs to others")
         else:
             _set_phase(actions, v, "Pending", "Waiting", "waiting for GPUs within the budget")
-        v.new["allocation"] = dict(alloc, gpus=0, nodes=[])
+        v.new["allocation"] = dict(alloc, gpus=0, nodes=[], profilingUntil=None)
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
-        return
+        return False
     if v.current and (jp.gpus, jp.local_batch_size) != shape:
         _delete_all(actions, v, req.grace_s)
         _set_phase(
             actions, v, "Rescaling", "Rescaling",
             f"checkpoint-restart from {shape[0]} to {jp.gpus} GPUs",
         )  # fmt: skip
-        return
+        return False
+    actions.allocated_gpus += jp.gpus
     if not v.current:
-        generation = int(alloc.get("generation", 0)) + 1
+        _start(actions, v, req, jp, now_s, window_s)
+        return True
+    generation = int(alloc.get("generation", 0))
+    have = {p["metadata"]["name"] for p in v.current}
+    missing = [i for i in range(jp.gpus) if pod_name(req.name, generation, i) not in have]
+    if missing:  # only the lost ones are built: most passes build no pod at all
         ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
         actions.create.append(rendezvous_service(req))
-        actions.create.extend(worker_pods(req, ws))
-        v.new["allocation"] = {
-            "gpus": jp.gpus,
-            "frequencyMHz": jp.frequency_mhz,
-            "localBatchSize": jp.local_batch_size,
-            "generation": generation,
-            "nodes": sorted({node for node, _ in jp.placement}),
-        }
-        v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
-        _set_phase(
-            actions, v, "Running", "Started",
-            f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz, local batch {jp.local_batch_size}",
+        actions.create.extend(worker_pods(req, ws, missing))
+    if int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz:
+        annotations = {contract.FREQUENCY_ANNOTATION: str(jp.frequency_mhz)}
+        for pod in v.current:
+            actions.annotate_pods.append((v.ns, pod["metadata"]["name"], annotations))
+        _event(
+            actions, v, "Normal", "FrequencyChanged",
+            f"{alloc.get('frequencyMHz')} -> {jp.frequency_mhz} MHz",
         )  # fmt: skip
-    else:
-        generation = int(alloc.get("generation", 0))
-        ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
-        have = {p["metadata"]["name"] for p in v.current}
-        missing = [p for p in worker_pods(req, ws) if p["metadata"]["name"] not in have]
-        if missing:
-            actions.create.append(rendezvous_service(req))
-            actions.create.extend(missing)
-        if int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz:
-            for pod in v.current:
-                annotations = {contract.FREQUENCY_ANNOTATION: str(jp.frequency_mhz)}
-                actions.annotate_pods.append((v.ns, pod["metadata"]["name"], annotations))
-            _event(
-                actions, v, "Normal", "FrequencyChanged",
-                f"{alloc.get('frequencyMHz')} -> {jp.frequency_mhz} MHz",
-            )  # fmt: skip
-        nodes = sorted({str(p.get("spec", {}).get("nodeName")) for p in v.current} - {"None"})
-        v.new["allocation"] = dict(alloc, frequencyMHz=jp.frequency_mhz, nodes=nodes)
+    nodes = sorted({str(p.get("spec", {}).get("nodeName")) for p in v.current} - {"None"})
+    v.new["allocation"] = dict(alloc, frequencyMHz=jp.frequency_mhz, nodes=nodes)
+    if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s):
+        return True
+    if v.new.get("phase") != "Running":
         _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")
-    actions.allocated_gpus += jp.gpus
-    # Progress and energy: reported iterations when the trainer writes them,
-    # otherwise the model's throughput integrated since the last pass.
-    t, e = _predict(model, jp.gpus, gpn, jp.local_batch_size, jp.frequency_mhz)
-    if not (math.isfinite(t) and math.isfinite(e) and t > 0):
-        return
-    dt = 0.0 if last_s is None or not v.current else max(now_s - last_s, 0.0)
-    progress = dict(v.status.get("progress") or {})
-    energy = dict(v.status.get("energy") or {})
-    done = float(progress.get("iterations", 0))
-    reported = _reported_iterations(v.current)
-    done = float(reported) if reported is not None else min(done + dt / t, req.iterations - 1.0)
-    iterations = int(max(done, 0))
-    progress.update(
-        iterations=iterations,
-        throughput=round(1.0 / t, 6),
-        estimatedCompletion=format_time(now_s + (req.iterations - iterations) * t),
-        summary=f"{iterations}/{req.iterations}",
-    )
-    energy.update(joules=round(float(energy.get("joules", 0.0)) + e / t * dt, 3))
-    energy["watts"] = round(e / t, 3)
-    v.new["progress"] = progress
-    v.new["energy"] = energy
+    return True
+
+
+def _account_all(
+    actions: Actions,
+    held: Sequence[tuple[_View, JobPlan]],
+    models: Mapping[str, PerfModel],
+    gpn: int,
+    now_s: float,
+    anchors: Mapping[str, float],
+) -> None:
+    """Progress and energy of every job holding GPUs (see ``progress``)."""
+    jobs = []
+    for v, jp in held:
+        assert v.req is not None
+        progress = v.status.get("progress") or {}
+        jobs.append(
+            Running(
+                key=v.key,
+                model=models[v.key],
+                gpus=jp.gpus,
+                local_batch_size=jp.local_batch_size,
+                frequency_mhz=jp.frequency_mhz,
+                iterations_total=v.req.iterations,
+                iterations_done=int(progress.get("iterations", 0)),
+                joules=float((v.status.get("energy") or {}).get("joules", 0.0)),
+                reported=v.reported,
+                workers_running=v.running,
+            )
+        )
+    accounts = account(jobs, gpn, now_s, anchors)
+    for (v, _), job, acc in zip(held, jobs, accounts, strict=True):
+        if acc is None:
+            continue
+        total = job.iterations_total
+        v.new["progress"] = {
+            **(v.status.get("progress") or {}),
+            "iterations": acc.iterations,
+            "throughput": round(acc.throughput, 6),
+            "estimatedCompletion": format_time(acc.eta_s),
+            "summary": f"{acc.iterations}/{total}",
+        }
+        v.new["energy"] = {
+            **(v.status.get("energy") or {}),
+            "joules": round(acc.joules, 3),
+            "watts": round(acc.watts, 3),
+        }
+        if acc.anchor_s is not None:
+            actions.anchors[v.key] = acc.anchor_s
 
 
 def reconcile(
@@ -400,55 +529,50 @@ def reconcile(
     now_s: float,
     policy: Policy,
     models: ModelFactory,
-    last_pass_s: Mapping[str, float] | None = None,
+    anchors: Mapping[str, float] | None = None,
+    *,
+    profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S,
+    requests: RequestCache | None = None,
 ) -> Actions:
-    """Decide everything one pass of the allocation loop does (see module docstring)."""
+    """Decide everything one pass of the allocation loop does (see module docstring).
+
+    ``anchors`` are the previous pass's ``Actions.anchors``; ``requests``
+    memoises DLJob parsing across passes.
+    """
     actions = Actions()
     cluster_gpus = sum(n.gpus for n in nodes)
     gpn = max((n.gpus for n in nodes), default=1)
-    views: list[_View] = []
-    for obs in observed:
-        status: DLJobStatus = dict(obs.body.get("status") or {})  # type: ignore[assignment]
-        v = _View(obs, status, {})
-        generation = int(v.alloc.get("generation", 0))
-        for pod in obs.pods:
-            if pod.get("metadata", {}).get("deletionTimestamp"):
-                v.terminating.append(pod)
-            elif _generation(pod) == generation:
-                v.current.append(pod)
-            else:
-                v.other.append(pod)
-        views.append(v)
-    runnable = [v for v in views if _lifecycle(actions, v, now_s, cluster_gpus)]
+    parse = parse_dljob if requests is None else requests.parse
+    views = [_View(obs) for obs in observed]
+    runnable = [v for v in views if _lifecycle(actions, v, now_s, cluster_gpus, parse)]
+    if requests is not None:
+        requests.retain_seen()
     if runnable and not nodes:
         for v in runnable:
             _set_phase(actions, v, "Pending", "NoGPUNodes", "no schedulable GPU nodes")
         runnable = []
     if runnable:
+        plan: Plan | None = None
         try:
             snapshot = build_snapshot(runnable, nodes, budget, now_s, models)
             plan = policy.plan(snapshot)
         except PowerFlowError as exc:
             actions.notes.append(f"policy refused the snapshot: {exc}")
-            plan = None
         actions.plan = plan
-        for v in runnable:
-            if plan is None:
-                continue
-            req = v.req
-            assert req is not None
-            try:
-                jp = plan.job(f"{req.namespace}/{req.name}")
-            except KeyError:
-                jp = JobPlan(f"{req.namespace}/{req.name}", 0, 0, 0)
-            last = (last_pass_s or {}).get(f"{req.namespace}/{req.name}")
-            _carry_out(actions, v, jp, now_s, last, models(req), gpn)
+        if plan is not None:
+            by_id = {jp.job_id: jp for jp in plan.jobs}
+            held = []
+            for v in runnable:
+                jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
+                if _carry_out(actions, v, jp, now_s, profiling_window_s):
+                    held.append((v, jp))
+            job_models = {job.id: job.model for job in snapshot.jobs}
+            _account_all(actions, held, job_models, gpn, now_s, anchors or {})
     for v in views:
         if not v.new:
             continue
-        observed_generation = int(v.meta.get("generation", 1))
-        v.new["observedGeneration"] = observed_generation
-        patch = merge_diff(dict(v.status), v.new)
+        v.new["observedGeneration"] = int(v.meta.get("generation", 1))
+        patch = merge_diff(v.status, v.new)
         if patch:
             actions.status.append((v.ns, v.name, patch))
         actions.phases[str(v.new.get("phase", v.status.get("phase", "Pending")))] += 1

@@ -17,8 +17,22 @@ def set_condition(
     now: str,
     generation: int | None = None,
 ) -> list[Condition]:
-    """The conditions with ``type_`` set; the transition time moves only on a flip."""
+    """The conditions with ``type_`` set; the transition time moves only on a flip.
+
+    Returns ``conditions`` itself when the condition already reads so (the
+    common case on every pass, and cheaper than rebuilding it).
+    """
     value = "True" if status else "False"
+    current = next((c for c in conditions or [] if c.get("type") == type_), None)
+    if (
+        conditions is not None
+        and current is not None
+        and current.get("status") == value
+        and current.get("reason") == reason
+        and current.get("message") == message
+        and current.get("observedGeneration") == generation
+    ):
+        return conditions
     out: list[Condition] = []
     found = False
     for cond in conditions or []:
@@ -62,7 +76,8 @@ def merge_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[st
     patch: dict[str, Any] = {}
     for key, value in new.items():
         before = old.get(key)
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
+        # dict, not Mapping: bodies are JSON dicts, and the ABC check cost more than the rest.
+        if isinstance(value, dict) and isinstance(before, dict):
             sub = merge_diff(before, value)
             if sub:
                 patch[key] = sub

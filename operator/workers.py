@@ -10,7 +10,7 @@ gets ``AlreadyExists`` instead of a duplicate.
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +54,11 @@ def owner_reference(job: JobRequest) -> dict[str, Any]:
     }
 
 
-def worker_env(job: JobRequest, ws: WorkerSet, index: int) -> list[dict[str, str]]:
+def _env_values(job: JobRequest, ws: WorkerSet) -> dict[str, str]:
+    """The rendezvous environment of every worker of ``ws`` (``RANK`` set per pod)."""
     values = {
         "WORLD_SIZE": ws.gpus,
-        "RANK": index,
+        "RANK": 0,
         "MASTER_ADDR": master_addr(job, ws.generation),
         "MASTER_PORT": job.master_port,
         "LOCAL_BATCH_SIZE": ws.local_batch_size,
@@ -67,58 +68,89 @@ def worker_env(job: JobRequest, ws: WorkerSet, index: int) -> list[dict[str, str
         "POWERFLOW_JOB": job.name,
         "POWERFLOW_GENERATION": ws.generation,
     }
-    return [{"name": k, "value": str(v)} for k, v in values.items()]
+    return {k: str(v) for k, v in values.items()}
+
+
+def worker_env(job: JobRequest, ws: WorkerSet, index: int) -> list[dict[str, str]]:
+    values = _env_values(job, ws)
+    values["RANK"] = str(index)
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def _gpu_resources(resources: dict[str, Any] | None) -> dict[str, Any]:
+    out = dict(resources or {})
+    for kind in ("limits", "requests"):
+        out[kind] = {**(out.get(kind) or {}), contract.GPU_RESOURCE: "1"}
+    return out
+
+
+def worker_pods(
+    job: JobRequest, ws: WorkerSet, indices: Iterable[int] | None = None
+) -> list[PodBody]:
+    """Workers ``indices`` (default all) of ``ws``: the template plus GPU, scheduler,
+    contract and env.
+
+    Built by copying only the path that changes (metadata, pod spec, the
+    trainer container, its env and resources) and sharing the rest of the
+    template: a deep copy per pod dominated an allocation pass at hundreds of
+    pods. The bodies are sent to the API server and never mutated, so the
+    shared parts are read-only; the template itself is never changed.
+    """
+    template = job.template
+    meta = template.get("metadata") or {}
+    spec: dict[str, Any] = template.get("spec") or {}
+    base_labels = {**(meta.get("labels") or {}), contract.JOB_LABEL: job.name}
+    annotations = {
+        **(meta.get("annotations") or {}),
+        contract.WORKERS_ANNOTATION: str(ws.gpus),
+        contract.FREQUENCY_ANNOTATION: str(ws.frequency_mhz),
+        contract.GENERATION_ANNOTATION: str(ws.generation),
+    }
+    values = _env_values(job, ws)
+    containers = spec.get("containers") or []
+    trainer = next((c for c in containers if c.get("name") == job.trainer), None)
+    kept_env = [e for e in (trainer or {}).get("env") or [] if e.get("name") not in values]
+    resources = _gpu_resources((trainer or {}).get("resources"))
+    owners = [owner_reference(job)]
+    subdomain = service_name(job.name)
+    pods: list[PodBody] = []
+    for index in range(ws.gpus) if indices is None else indices:
+        name = pod_name(job.name, ws.generation, index)
+        env = kept_env + [
+            {"name": k, "value": str(index) if k == "RANK" else v} for k, v in values.items()
+        ]
+        pod_containers = [
+            {**c, "env": env, "resources": resources} if c is trainer else c for c in containers
+        ]
+        pod_spec = {
+            **spec,
+            "containers": pod_containers,
+            "schedulerName": contract.SCHEDULER_NAME,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": job.grace_s,
+            "hostname": name,
+            "subdomain": subdomain,
+        }
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": job.namespace,
+                    "labels": {**base_labels, contract.WORKER_INDEX_LABEL: str(index)},
+                    "annotations": dict(annotations),
+                    "ownerReferences": owners,
+                },
+                "spec": pod_spec,
+            }
+        )
+    return pods
 
 
 def worker_pod(job: JobRequest, ws: WorkerSet, index: int) -> PodBody:
-    """Worker ``index`` of ``ws``: the template plus GPU, scheduler, contract and env."""
-    template = copy.deepcopy(job.template)
-    meta = template.get("metadata") or {}
-    spec: dict[str, Any] = template.get("spec") or {}
-    name = pod_name(job.name, ws.generation, index)
-    labels = dict(meta.get("labels") or {})
-    labels.update({contract.JOB_LABEL: job.name, contract.WORKER_INDEX_LABEL: str(index)})
-    annotations = dict(meta.get("annotations") or {})
-    annotations.update(
-        {
-            contract.WORKERS_ANNOTATION: str(ws.gpus),
-            contract.FREQUENCY_ANNOTATION: str(ws.frequency_mhz),
-            contract.GENERATION_ANNOTATION: str(ws.generation),
-        }
-    )
-    ours = worker_env(job, ws, index)
-    taken = {e["name"] for e in ours}
-    for container in spec.get("containers", []):
-        if container.get("name") != job.trainer:
-            continue
-        env = [e for e in container.get("env") or [] if e.get("name") not in taken]
-        container["env"] = env + ours
-        resources = container.setdefault("resources", {})
-        for kind in ("limits", "requests"):
-            resources.setdefault(kind, {})[contract.GPU_RESOURCE] = "1"
-    spec.update(
-        schedulerName=contract.SCHEDULER_NAME,
-        restartPolicy="Never",
-        terminationGracePeriodSeconds=job.grace_s,
-        hostname=name,
-        subdomain=service_name(job.name),
-    )
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": job.namespace,
-            "labels": labels,
-            "annotations": annotations,
-            "ownerReferences": [owner_reference(job)],
-        },
-        "spec": spec,
-    }
-
-
-def worker_pods(job: JobRequest, ws: WorkerSet) -> list[PodBody]:
-    return [worker_pod(job, ws, i) for i in range(ws.gpus)]
+    """Worker ``index`` of ``ws`` alone (see ``worker_pods``)."""
+    return worker_pods(job, ws, (index,))[0]
 
 
 def rendezvous_service(job: JobRequest) -> dict[str, Any]:

@@ -115,3 +115,15 @@ def test_template_keeps_unknown_fields(validator: jsonschema.Draft4Validator) ->
     doc = load(EXAMPLES[0])
     doc["spec"]["template"]["spec"]["anythingGoes"] = {"x": 1}
     assert validator.is_valid(doc)
+
+
+def test_status_holds_the_profiling_fields(validator: jsonschema.Draft4Validator) -> None:
+    doc = load(EXAMPLES[0])
+    status = {
+        "phase": "Profiling",
+        "allocation": {"gpus": 4, "profilingUntil": "2025-01-01T00:04:00.300Z"},
+        "model": {"profiledGpuCounts": [1, 4]},
+    }
+    assert validator.is_valid(doc | {"status": status})
+    status["model"] = {"profiledGpuCounts": [0]}
+    assert not validator.is_valid(doc | {"status": status})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -11,11 +12,12 @@ import httpx
 import pytest
 from powerflow.operator.controller import OperatorConfig
 from powerflow.operator.jobs import JobRequest
+from powerflow.operator.timefmt import parse_time
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import OperatorThread
 
 from powerflow import contract
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.policy.snapshot import JobPlan, Plan, Policy, Snapshot
 from powerflow.policy.synthetic import SyntheticModel
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
@@ -101,9 +103,11 @@ async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def operator(kmock: KubeEmulator) -> OperatorThread:
-    config = OperatorConfig(debounce_s=0.02)
-    return OperatorThread(str(kmock.url), ThresholdPolicy(), models, config)
+def operator(
+    kmock: KubeEmulator, policy: Policy | None = None, window_s: float = 0.3
+) -> OperatorThread:
+    config = OperatorConfig(debounce_s=0.02, profiling_window_s=window_s)
+    return OperatorThread(str(kmock.url), policy or ThresholdPolicy(), models, config)
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
@@ -168,16 +172,17 @@ async def test_dljob_gets_worker_pods_and_status(
         service = (await api.get(f"/api/v1/namespaces/{NS}/services/resnet")).json()
         assert service["spec"]["clusterIP"] == "None"
 
-        async def running() -> dict[str, Any]:
+        async def profiling() -> dict[str, Any]:
             status = await status_of(api, "resnet")
-            return status if status.get("phase") == "Running" else {}
+            return status if status.get("phase") == "Profiling" else {}
 
-        status = await eventually(running)
+        # A first run on 4 GPUs profiles them first (see test_profiling_pins_then_runs).
+        status = await eventually(profiling)
         assert status["allocation"]["gpus"] == 4
         assert status["allocation"]["frequencyMHz"] == 1410
         assert status["observedGeneration"] == 1
         events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
-        assert any(e.get("reason") == "Started" for e in events)
+        assert any(e.get("reason") == "Profiling" for e in events)
 
 
 async def test_budget_change_reallocates(kmock: KubeEmulator, api: httpx.AsyncClient) -> None:
@@ -327,3 +332,69 @@ async def test_deleting_dljob_removes_its_pods(kmock: KubeEmulator, api: httpx.A
         await eventually(lambda: _no_pods(api, "gone"))
         await asyncio.sleep(0.2)  # the operator must not resurrect them
         assert await pods_of(api, "gone") == []
+
+
+class RecordingPolicy(ThresholdPolicy):
+    """ThresholdPolicy that keeps each snapshot's pinned flags (read from the test's loop)."""
+
+    def __init__(self) -> None:
+        self.pinned: list[dict[str, bool]] = []
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        self.pinned.append({job.id: job.pinned for job in snapshot.jobs})
+        return super().plan(snapshot)
+
+
+async def _start_workers(api: httpx.AsyncClient, pods: list[dict[str, Any]], node: str) -> None:
+    """What the extender (placement at bind) and the kubelet (phase) would write."""
+    block = [[node, i] for i in range(len(pods))]
+    placement = json.dumps({"node": node, "block": block})
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        meta = {"metadata": {"annotations": {contract.PLACEMENT_ANNOTATION: placement}}}
+        assert (await api.patch(f"{PODS}/{name}", json=meta, headers=MERGE)).is_success
+        running = {"status": {"phase": "Running"}}
+        assert (await api.patch(f"{PODS}/{name}/status", json=running, headers=MERGE)).is_success
+
+
+async def test_profiling_pins_then_runs(kmock: KubeEmulator, api: httpx.AsyncClient) -> None:
+    policy = RecordingPolicy()
+    async with operator(kmock, policy, window_s=0.3):
+        await api.post(JOBS, json=dljob("prof"))
+
+        async def gen(g: int, n: int) -> list[dict[str, Any]]:
+            pods = await pods_of(api, "prof")
+            ok = len(pods) == n and all(f"-g{g}-" in p["metadata"]["name"] for p in pods)
+            return pods if ok else []
+
+        async def phase(name: str) -> dict[str, Any]:
+            status = await status_of(api, "prof")
+            return status if status.get("phase") == name else {}
+
+        pods = await eventually(lambda: gen(1, 4))
+        status = await eventually(lambda: phase("Profiling"))
+        assert "profilingUntil" not in status["allocation"]  # waits for the workers to run
+        await _start_workers(api, pods, "n1")
+
+        async def window() -> dict[str, Any]:
+            status = await status_of(api, "prof")
+            return status if status.get("allocation", {}).get("profilingUntil") else {}
+
+        started = time.time()
+        status = await eventually(window)
+        until = parse_time(status["allocation"]["profilingUntil"])
+        assert until is not None and 0 < until - started <= 0.3 + 0.5
+        status = await eventually(lambda: phase("Running"))
+        assert time.time() >= until
+        assert status["model"]["profiledGpuCounts"] == [4]
+        assert "profilingUntil" not in status["allocation"]
+        assert any(p.get(f"{NS}/prof") for p in policy.pinned)  # pinned while it profiled
+        assert policy.pinned[-1][f"{NS}/prof"] is False
+        events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+        assert {"ProfilingStarted", "ProfilingFinished"} <= {e.get("reason") for e in events}
+
+        # A GPU count the job never ran on is profiled again.
+        await api.patch(BUDGET, json={"data": {"powerLimitWatts": "500"}}, headers=MERGE)
+        await eventually(lambda: gen(2, 2))
+        status = await eventually(lambda: phase("Profiling"))
+        assert status["model"]["profiledGpuCounts"] == [4]

@@ -1,0 +1,107 @@
+"""Progress and energy of running jobs from their performance models (pure).
+
+Without reports from the trainer, the operator estimates iterations done by
+integrating the model's step time over the time all workers ran, and energy
+as iterations times the model's energy per iteration. Whole iterations only:
+the time that did not make a whole iteration stays in the job's anchor (the
+instant its counted iterations reach), so frequent passes never round
+progress away. Anchors live in the controller's memory; after a restart
+counting resumes from the restart (an estimate; trainer reports win).
+
+The model calls are batched: one broadcast call per distinct model object
+(jobs sharing a prior share it), not two scalar calls per job. Named tuples,
+not dataclasses: hundreds are built per pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from powerflow.models.protocol import PerfModel
+
+
+class Running(NamedTuple):
+    """One job that holds GPUs after this pass."""
+
+    key: str
+    model: PerfModel
+    gpus: int
+    local_batch_size: int
+    frequency_mhz: int
+    iterations_total: int
+    iterations_done: int
+    joules: float
+    reported: int | None
+    workers_running: bool
+
+
+class Account(NamedTuple):
+    """What goes into the job's status: progress, energy, and its next anchor."""
+
+    iterations: int
+    throughput: float
+    eta_s: float
+    joules: float
+    watts: float
+    anchor_s: float | None
+
+
+def predict(jobs: Sequence[Running], gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step time (s) and energy per iteration (J) of each job, one call per model."""
+    t = np.full(len(jobs), np.nan)
+    e = np.full(len(jobs), np.nan)
+    groups: dict[int, list[int]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(id(job.model), []).append(i)
+    for idx in groups.values():
+        model = jobs[idx[0]].model
+        n = np.asarray([jobs[i].gpus for i in idx], dtype=np.float64)
+        r = np.minimum(n, gpus_per_node)
+        bs = np.asarray([jobs[i].local_batch_size for i in idx], dtype=np.float64)
+        f = np.asarray([jobs[i].frequency_mhz for i in idx], dtype=np.float64)
+        shape = (len(idx),)
+        t[idx] = np.broadcast_to(np.asarray(model.step_time_s(n, r, bs, f), float), shape)
+        e[idx] = np.broadcast_to(np.asarray(model.energy_per_iter_j(n, r, bs, f), float), shape)
+    return t, e
+
+
+def account(
+    jobs: Sequence[Running],
+    gpus_per_node: int,
+    now_s: float,
+    anchors: Mapping[str, float],
+) -> list[Account | None]:
+    """Each job's account, ``None`` where its model gives no finite positive step time."""
+    t_all, e_all = predict(jobs, gpus_per_node)
+    out: list[Account | None] = []
+    for job, t, e in zip(jobs, t_all.tolist(), e_all.tolist(), strict=True):
+        if not (math.isfinite(t) and math.isfinite(e) and t > 0):
+            out.append(None)
+            continue
+        done = job.iterations_done
+        anchor: float | None = None
+        if job.reported is not None:
+            done, anchor = job.reported, now_s
+        elif job.workers_running:
+            anchor = anchors.get(job.key, now_s)
+            whole = int(max(now_s - anchor, 0.0) // t)
+            # Never estimate the job to completion: only the trainer or its pods finish it.
+            whole = max(min(whole, job.iterations_total - 1 - done), 0)
+            done += whole
+            anchor += whole * t
+        gained = max(done - job.iterations_done, 0)
+        out.append(
+            Account(
+                iterations=max(done, 0),
+                throughput=1.0 / t,
+                eta_s=now_s + max(job.iterations_total - done, 0) * t,
+                joules=job.joules + gained * e,
+                watts=e / t if job.workers_running else 0.0,
+                anchor_s=anchor if job.workers_running else None,
+            )
+        )
+    return out
