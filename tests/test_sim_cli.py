@@ -125,3 +125,32 @@ def test_fitted_models_schedule_nearly_as_well_as_the_oracle(tmp_path: Path) -> 
     gap = (fitted["avg_jct_s"] - 240.0) / oracle["avg_jct_s"] - 1
     assert abs(gap) < 0.05
     assert fitted["total_energy_j"] == pytest.approx(oracle["total_energy_j"], rel=0.10)
+
+
+def test_quick_comparison_writes_json_files_and_report(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, report = tmp_path / "out", tmp_path / "results.md"
+    args = ["simulate", "--quick", "--trace", str(tiny), "--nodes", "1", "--gpus-per-node", "4"]
+    code = main([*args, "--json", "--out", str(out), "--report", str(report), "--workers", "1"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    names = {r["scheduler"] for r in data["runs"]}
+    assert names == {"powerflow", "gandiva", "tiresias", "afs", "gandiva+zeus", "tiresias+zeus"}
+    for r in data["runs"]:
+        assert ("eta" in r) or ("frequency_mhz" in r) or r["scheduler"].endswith("zeus")
+        assert r["avg_jct_s"] > 0 and r["total_energy_j"] > 0
+    ratios = data["jct_ratio_at_equal_energy"]
+    assert set(ratios) == names - {"powerflow"}
+    assert all(set(v) >= {"max", "at_zeus_energy"} for v in ratios.values())
+    for name in (
+        "runs.csv",
+        "results.json",
+        "jct_vs_energy.png",
+        "allocation_power.png",
+        "fitted_vs_oracle.png",
+    ):
+        assert (out / name).stat().st_size > 0
+    text = report.read_text()
+    assert "stand-in for the paper's Alibaba PAI subset" in text
+    assert "out/jct_vs_energy.png" in text

@@ -128,6 +128,7 @@ def write_report(
         *ratios_markdown(ratios),
         "",
         *_losses(ratios),
+        *_observations(rows),
         "## Figures",
         "",
         f"![JCT vs energy (Fig. 8)]({rel / 'jct_vs_energy.png'})",
@@ -221,7 +222,7 @@ def _duration_check(trace: TraceSpec, config: SimConfig) -> list[str]:
 
     world = default_world()
     jobs = load_jobs(trace, config, world)
-    if all(j.duration_s is None for j in jobs):
+    if not any(j.duration_s for j in jobs):
         return []
     check = check_durations(jobs, world.truth, gpus_per_node=config.gpus_per_node)
     return [
@@ -231,3 +232,18 @@ def _duration_check(trace: TraceSpec, config: SimConfig) -> list[str]:
         f" max {check.max_abs_rel_error:.2%}. Work is the trace's iteration count.",
         "",
     ]
+
+
+def _observations(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Facts that explain the ratios: where the energy went, and limit violations."""
+    lines = ["Where the energy went, and how well each run kept its power limit:", ""]
+    for row in rows:
+        name = row["scheduler"] + (" (oracle)" if row.get("oracle") else "")
+        idle = row["idle_energy_j"] / row["total_energy_j"]
+        above = row["time_above_limit_s"] / 3600
+        text = f"- {name} {knob_text(row)}: idle {idle:.0%} of energy, GPU utilisation"
+        text += f" {row['gpu_utilisation']:.0%}"
+        if above > 0:
+            text += f", {above:.1f} h above its plan's power limit"
+        lines.append(text)
+    return [*lines, ""]
