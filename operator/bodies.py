@@ -115,6 +115,13 @@ class PodBody(TypedDict, total=False):
     status: dict[str, Any]
 
 
+class ServiceBody(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    metadata: Meta
+    spec: dict[str, Any]
+
+
 class NodeBody(TypedDict, total=False):
     apiVersion: str
     kind: str

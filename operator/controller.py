@@ -55,7 +55,7 @@ def prior_models() -> ModelFactory:
 
 
 def default_policy() -> Policy:
-    from powerflow.policy.powerflow import PowerFlowPolicy  # type: ignore[import-not-found]
+    from powerflow.policy.powerflow import PowerFlowPolicy
 
     policy: Policy = PowerFlowPolicy()
     return policy

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
-from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody
+from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody, ServiceBody
 from powerflow.operator.reconcile import Actions, Observed
 
 from powerflow import contract
@@ -124,7 +124,7 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def _create(self, body: dict[str, Any]) -> None:
+    def _create(self, body: PodBody | ServiceBody) -> None:
         namespace = body["metadata"]["namespace"]
         create = (
             self.core.create_namespaced_pod

@@ -25,7 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from powerflow.operator.bodies import Allocation, DLJobBody, DLJobStatus, Meta, PodBody
+from powerflow.operator.bodies import (
+    Allocation,
+    DLJobBody,
+    DLJobStatus,
+    Meta,
+    PodBody,
+    ServiceBody,
+)
 from powerflow.operator.budget import BudgetConfig
 from powerflow.operator.jobs import JobRequest, RequestCache, parse_dljob, too_large
 from powerflow.operator.progress import Running, account
@@ -66,7 +73,7 @@ class Actions:
     """What one pass wants done, in order: deletions, creations, patches, events."""
 
     delete_pods: list[tuple[str, str, int]] = field(default_factory=list)
-    create: list[dict[str, Any]] = field(default_factory=list)
+    create: list[PodBody | ServiceBody] = field(default_factory=list)
     annotate_pods: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     status: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)

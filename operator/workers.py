@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from powerflow.operator.bodies import PodBody
+from powerflow.operator.bodies import PodBody, ServiceBody
 from powerflow.operator.jobs import JobRequest
 
 from powerflow import contract
@@ -107,7 +107,7 @@ def worker_pods(
         contract.GENERATION_ANNOTATION: str(ws.generation),
     }
     values = _env_values(job, ws)
-    containers = spec.get("containers") or []
+    containers: list[dict[str, Any]] = spec.get("containers") or []
     trainer = next((c for c in containers if c.get("name") == job.trainer), None)
     kept_env = [e for e in (trainer or {}).get("env") or [] if e.get("name") not in values]
     resources = _gpu_resources((trainer or {}).get("resources"))
@@ -153,7 +153,7 @@ def worker_pod(job: JobRequest, ws: WorkerSet, index: int) -> PodBody:
     return worker_pods(job, ws, (index,))[0]
 
 
-def rendezvous_service(job: JobRequest) -> dict[str, Any]:
+def rendezvous_service(job: JobRequest) -> ServiceBody:
     """Headless Service giving each worker a DNS name, ready or not (rendezvous
     happens before any readiness probe could pass)."""
     return {
