@@ -275,7 +275,7 @@ class Simulation:
 
     def _job_event(self, job: SimJob) -> bool:
         if job.next_is_completion:
-            self._finish_profile(job, complete=False)
+            self._finish_profile(job, complete=False, refit=False)
             self._complete(job)
             return True
         if job.phase is Phase.RESTART:
@@ -378,8 +378,9 @@ class Simulation:
         else:
             job.step_s, job.power_w = self.rates.rate(name, job.n, job.r, job.bs, job.f)
 
-    def _finish_profile(self, job: SimJob, *, complete: bool) -> None:
-        """Collect the samples of the slices run so far; refit if any arrived."""
+    def _finish_profile(self, job: SimJob, *, complete: bool, refit: bool = True) -> None:
+        """Collect the samples of the slices run so far; refit if any arrived
+        (not for a job that just finished: nobody would use the model)."""
         if job.phase is not Phase.PROFILE:
             return
         clocks = job.profile_clocks
@@ -401,7 +402,7 @@ class Simulation:
                 noise=self.cfg.noise,
             )
         )
-        if job.knowledge is not None:
+        if job.knowledge is not None and refit:
             t0 = time.perf_counter()
             job.knowledge = self.learner.update(
                 job.trace.model_name, job.truth, job.knowledge, Samples.concat(job.samples)
