@@ -19,6 +19,7 @@ and the count is in ``status.model.profiledGpuCounts``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -157,26 +158,25 @@ def _reported_iterations(pods: Sequence[PodBody]) -> int | None:
     return best
 
 
-def _placement(
-    pods: Sequence[PodBody], sizes: Mapping[str, int], parsed: dict[str, Any]
-) -> tuple[GpuSlot, ...]:
-    """The gang's GPUs from the extender's placement annotation, if complete and sane.
+@functools.lru_cache(maxsize=4096)
+def _block(raw: str) -> tuple[GpuSlot, ...]:
+    """The GPUs of one placement annotation (empty if malformed).
 
-    ``parsed`` memoises the JSON per annotation text: every pod of a gang
-    usually carries the same block.
+    Memoised across passes: the annotation never changes once the extender
+    bound the pod, and every pod of a gang carries the same one.
     """
+    try:
+        return tuple((str(node), int(index)) for node, index in json.loads(raw)["block"])
+    except (ValueError, TypeError, KeyError):
+        return ()
+
+
+def _placement(pods: Sequence[PodBody], sizes: Mapping[str, int]) -> tuple[GpuSlot, ...]:
+    """The gang's GPUs from the extender's placement annotation, if complete and sane."""
     slots: set[GpuSlot] = set()
     for pod in pods:
         raw = _annotation(pod, contract.PLACEMENT_ANNOTATION)
-        if not raw:
-            return ()
-        block = parsed.get(raw)
-        if block is None:
-            try:
-                block = tuple((str(node), int(index)) for node, index in json.loads(raw)["block"])
-            except (ValueError, TypeError, KeyError):
-                block = ()
-            parsed[raw] = block
+        block = _block(raw) if raw else ()
         if not block:
             return ()
         slots.update(block)
@@ -221,9 +221,9 @@ def _lifecycle(
     """Settle everything but the allocation; True when the job is runnable."""
     now = format_time(now_s)
     phase = v.status.get("phase")
-    conditions = list(v.status.get("conditions") or [])
-    reasons = {c.get("type"): c.get("reason") for c in conditions}
-    if phase in ("Succeeded", "Failed") and reasons.get("Done") in TERMINAL_REASONS:
+    conditions = v.status.get("conditions") or []  # never mutated: set_condition copies
+    done = next((c.get("reason") for c in conditions if c.get("type") == "Done"), None)
+    if phase in ("Succeeded", "Failed") and done in TERMINAL_REASONS:
         if phase == "Failed":
             _delete_all(actions, v, 0)
         return False
@@ -327,12 +327,11 @@ def _core_job(
     now_s: float,
     model: PerfModel,
     sizes: Mapping[str, int],
-    parsed: dict[str, Any],
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current)
     frequency = v.alloc.get("frequencyMHz") if running else None
-    placement = _placement(v.current, sizes, parsed) if running else ()
+    placement = _placement(v.current, sizes) if running else ()
     return Job(
         id=v.key,
         model=model,
@@ -360,12 +359,11 @@ def build_snapshot(
     models: ModelFactory,
 ) -> Snapshot:
     sizes = {n.name: n.gpus for n in nodes}
-    parsed: dict[str, Any] = {}
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
     for v in views:
         assert v.req is not None
-        job = _core_job(v, v.req, now_s, models(v.req), sizes, parsed)
+        job = _core_job(v, v.req, now_s, models(v.req), sizes)
         if not held.isdisjoint(job.placement):  # two gangs claim a GPU: trust neither's
             job = replace(job, placement=(), pinned=False)
         held.update(job.placement)
