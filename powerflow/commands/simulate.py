@@ -110,7 +110,9 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
     if args.json:
         print(output.to_json(row))
     else:
-        Console().print(output.results_table([row], f"{outcome.spec.label} on {trace.describe()}"))
+        output.stdout_console().print(
+            output.results_table([row], f"{outcome.spec.label} on {trace.describe()}")
+        )
     if args.out:
         output.write_json(row, args.out / "run.json")
     return 0
@@ -135,7 +137,7 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     if args.json:
         print(output.to_json({"runs": rows, "jct_ratio_at_equal_energy": ratios}))
     else:
-        stdout = Console()
+        stdout = output.stdout_console()
         output.print_tables(stdout, output.results_table(rows, title), output.ratio_table(ratios))
         stdout.print(f"wrote {len(files)} files to {out}/")
     return 0

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(output.to_json(studies))
     else:
-        console = Console()
+        console = output.stdout_console()
         for name, study_rows in studies.items():
             console.print(output.results_table(study_rows, f"sensitivity: {labels[name]}"))
         console.print(f"wrote 3 files to {out}/")

@@ -101,6 +101,12 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 
 
+def stdout_console() -> Console:
+    """Rich's console; 140 columns when piped (its 80-column default truncates the table)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=140)
+
+
 def print_tables(console: Console, *tables: Table) -> None:
     for t in tables:
         console.print(t)
