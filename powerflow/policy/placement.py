@@ -245,8 +245,9 @@ def reserve_block(
     (bound pods plus other reservations) but not which devices. ``occupied``
     maps a node name to either a count ``u`` (read as GPUs ``0 .. u-1``: the
     count is mapped to the lowest indices, consistently) or the exact used
-    indices; nodes not in ``nodes`` are ignored. Pass every node of the cluster
-    in a stable order (e.g. sorted by name): node groups are aligned in it.
+    indices (ints); nodes not in ``nodes`` are ignored. Pass every node of the
+    cluster in a stable order (e.g. sorted by name): node groups are aligned
+    in it.
 
     A gang of at most ``N`` GPUs goes to one node, at its lowest free aligned
     offset, on the powered-on node with the least free room that fits (best
@@ -254,10 +255,90 @@ def reserve_block(
     room for ``gpus`` always means an aligned offset exists, since ``N`` is a
     multiple of ``gpus``. A larger gang takes the aligned group of wholly free
     nodes with the fewest powered-off nodes, then the first.
+
+    The extender calls this on its request path, so it works from one used
+    count per node (O(nodes), plus an offset check on the nodes that would
+    win), never marking GPUs one by one; ``_reserve_block_by_gpu`` is the
+    plain GPU-by-GPU version it must agree with (tested with hypothesis), and
+    it answers (raises) for input that is not valid.
     """
     if not isinstance(gpus, int) or not is_power_of_two(gpus):
         raise PlacementError(f"a gang must have a power-of-two size >= 1, got {gpus}")
     geo = geometry(nodes)
+    n = geo.per_node
+    fill = [0] * geo.num_nodes
+    exact: dict[int, Collection[int]] = {}
+    indices = frozenset(range(n))
+    for name, used in occupied.items():
+        node = geo.index.get(name)
+        if node is None:
+            continue
+        if isinstance(used, int):
+            if not 0 <= used <= n:
+                return _reserve_block_by_gpu(geo, occupied, gpus)  # raises, as it says why
+            fill[node] = used
+            continue
+        taken = used if isinstance(used, (set, frozenset)) else set(used)
+        if not taken <= indices:
+            return _reserve_block_by_gpu(geo, occupied, gpus)
+        fill[node] = len(taken)
+        if taken:
+            exact[node] = taken
+    if gpus > geo.max_block:
+        return None
+    if gpus <= n:
+        found = _best_fit_node(geo, fill, exact, gpus)
+        return None if found is None else geo.slots(Block(found[0], found[1], gpus))
+    start = _free_node_group(geo, fill, gpus // n)
+    return None if start is None else geo.slots(Block(start, 0, gpus))
+
+
+def _best_fit_node(
+    geo: Geometry, fill: list[int], exact: Mapping[int, Collection[int]], gpus: int
+) -> tuple[int, int] | None:
+    """Node and offset by (powered off, room left, node, offset), smallest first."""
+    n = geo.per_node
+    off = n + 1  # a powered-off node ranks after every powered-on one
+    best_rank, best = 2 * off, None
+    powered = geo.powered_on
+    for node, used in enumerate(fill):
+        rank = n - used
+        if rank < gpus:
+            continue
+        if not powered[node]:
+            rank += off
+        if rank >= best_rank:
+            continue
+        taken = exact.get(node)
+        if taken is None:
+            offset: int | None = -(-used // gpus) * gpus  # GPUs 0 .. used-1 are taken
+        else:
+            offset = next(
+                (o for o in range(0, n, gpus) if not any(i in taken for i in range(o, o + gpus))),
+                None,
+            )
+        if offset is not None:
+            best_rank, best = rank, (node, offset)
+    return best
+
+
+def _free_node_group(geo: Geometry, fill: list[int], g: int) -> int | None:
+    """First node of the aligned group of ``g`` empty nodes with the fewest powered off."""
+    best: tuple[int, int] | None = None
+    powered = geo.powered_on
+    for s in range(0, geo.num_nodes - g + 1, g):
+        if any(fill[s : s + g]):
+            continue
+        key = (g - sum(powered[s : s + g]), s)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[1]
+
+
+def _reserve_block_by_gpu(
+    geo: Geometry, occupied: Mapping[str, int | Collection[int]], gpus: int
+) -> tuple[GpuSlot, ...] | None:
+    """``reserve_block`` by marking every used GPU: the reference, and the input checks."""
     cluster = Cluster(geo)
     n = geo.per_node
     for name in sorted(occupied):
