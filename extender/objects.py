@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from powerflow.contract import (
     GENERATION_ANNOTATION,
@@ -28,9 +28,12 @@ Body = dict[str, Any]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-@dataclass(frozen=True, order=True)
-class GangKey:
-    """One gang: the workers of one job's allocation (a rescale starts a new gang)."""
+class GangKey(NamedTuple):
+    """One gang: the workers of one job's allocation (a rescale starts a new gang).
+
+    A named tuple rather than a dataclass: it keys the state's dicts, and a
+    tuple hashes in C (a reservation scans every gang).
+    """
 
     namespace: str
     job: str

@@ -7,7 +7,7 @@ cache's view (GPU nodes, GPUs already taken) into the core's types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from powerflow.gpus import A100, GPU_SPECS, GpuSpec
 from powerflow.policy.placement import reserve_block
@@ -27,7 +27,7 @@ def gpu_spec_for(product: str) -> GpuSpec:
     return A100
 
 
-def occupied_indices(capacity: int, slots: set[int], extra: int) -> set[int]:
+def occupied_indices(capacity: int, slots: Collection[int], extra: int) -> set[int]:
     """Exact taken slots plus ``extra`` GPUs counted on the lowest free indices."""
     taken = {i for i in slots if 0 <= i < capacity}
     for index in range(capacity):
@@ -40,7 +40,7 @@ def occupied_indices(capacity: int, slots: set[int], extra: int) -> set[int]:
 
 
 def choose_block(
-    nodes: Sequence[Node], occupied: Mapping[str, set[int]], size: int
+    nodes: Sequence[Node], occupied: Mapping[str, Collection[int]], size: int
 ) -> tuple[GpuSlot, ...] | None:
     """An aligned block of ``size`` free GPUs, or None when none is free.
 
@@ -53,8 +53,10 @@ def choose_block(
     allocation cannot serve at all (a size that is not a power of two, nodes
     with unequal GPU counts).
     """
-    if nodes and size <= max(n.gpus for n in nodes):
-        nodes = [n for n in nodes if len(occupied.get(n.name, ())) < n.gpus]
+    # The first node's count settles the common case without scanning for the largest.
+    if nodes and (size <= nodes[0].gpus or size <= max(n.gpus for n in nodes)):
+        used = occupied.get
+        nodes = [n for n in nodes if len(used(n.name, ())) < n.gpus]
         if not nodes:
             return None
     return reserve_block(nodes, occupied, size)

@@ -59,6 +59,24 @@ class Gang:
     """A worker has been bound; once none is left, the gang has finished."""
     settled: bool = False
     """Every worker has been placed once: the block is the job's until it ends, never expires."""
+    _by_node: tuple[tuple[GpuSlot, ...], dict[str, frozenset[int]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def slots_by_node(self) -> Mapping[str, frozenset[int]]:
+        """The block's GPU indices on each of its nodes, kept until ``block`` is replaced.
+
+        Every new gang's reservation unions these over all gangs; grouping each
+        block once makes that one set operation per gang and node.
+        """
+        cached = self._by_node
+        if cached is None or cached[0] is not self.block:
+            groups: dict[str, set[int]] = {}
+            for node, index in self.block:
+                groups.setdefault(node, set()).add(index)
+            cached = (self.block, {node: frozenset(i) for node, i in groups.items()})
+            self._by_node = cached
+        return cached[1]
 
 
 @dataclass(frozen=True)
@@ -275,16 +293,20 @@ class ClusterState:
             held.extend(sorted(s for s in gang.block if s[0] == node)[:gpus])
         return tuple(held)
 
-    def occupied(self) -> dict[str, set[int]]:
+    def occupied(self) -> dict[str, frozenset[int] | set[int]]:
         """GPU indices taken on each node: every live block, plus bound GPUs outside any.
 
         Those outside (pods of no gang, workers of a gang no longer reserved)
         have no known index; they are counted on the lowest free ones.
         """
-        slots: dict[str, set[int]] = {}
+        slots: dict[str, frozenset[int] | set[int]] = {}
+        get = slots.get
         for gang in self.gangs.values():
-            for node, index in gang.block:
-                slots.setdefault(node, set()).add(index)
+            cached = gang._by_node
+            by_node = cached[1] if cached and cached[0] is gang.block else gang.slots_by_node()
+            for node, indices in by_node.items():
+                have = get(node)
+                slots[node] = indices if have is None else have | indices
         extra = dict(self._foreign)
         for key, members in self._members.items():
             if key not in self.gangs:
@@ -293,7 +315,7 @@ class ClusterState:
         for node, count in extra.items():
             entry = self.nodes.get(node)
             if entry is not None:
-                slots[node] = occupied_indices(entry.gpus, slots.get(node, set()), count)
+                slots[node] = occupied_indices(entry.gpus, slots.get(node, frozenset()), count)
         return slots
 
     def reserve(self, key: GangKey, workers: int, gpus_per_pod: int) -> Gang | None:

@@ -1,0 +1,109 @@
+"""The state's occupancy, built from each gang's cached per-node slots, equals the plain scan.
+
+``ClusterState.occupied`` (what a new gang's reservation is chosen around)
+unions each gang's block grouped by node, cached on the gang until its block
+changes. Random runs of scheduling, binding, deleting, expiring and relisting
+check it against rebuilding it slot by slot from every gang's current block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender_bodies import node, pod
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from powerflow.extender.objects import pod_info
+from powerflow.extender.placing import occupied_indices
+from powerflow.extender.state import ClusterState
+
+NODES = [node(f"n{i}", 8) for i in range(6)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def slot_by_slot(state: ClusterState) -> dict[str, set[int]]:
+    """The occupancy as first written: every slot of every block, then the GPUs outside."""
+    slots: dict[str, set[int]] = {}
+    for gang in state.gangs.values():
+        for name, index in gang.block:
+            slots.setdefault(name, set()).add(index)
+    extra: dict[str, int] = {}
+    for info in state.pods.values():
+        if info.bound and (info.gang is None or info.gang not in state.gangs):
+            extra[info.node] = extra.get(info.node, 0) + info.gpus
+    for name, count in extra.items():
+        if name in state.nodes:
+            slots[name] = occupied_indices(state.nodes[name].gpus, slots.get(name, set()), count)
+    return slots
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("gang"), st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from([1, 2])),
+        st.tuples(st.just("foreign"), st.integers(0, 5), st.integers(1, 4)),
+        st.tuples(st.just("delete"), st.integers(0, 1000), st.just(0)),
+        st.tuples(st.just("expire"), st.just(0), st.just(0)),
+        st.tuples(st.just("relist"), st.just(0), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(steps=steps, bind_fraction=st.floats(0.0, 1.0))
+def test_cached_occupancy_equals_the_slot_by_slot_scan(
+    steps: list[tuple[str, int, int]], bind_fraction: float
+) -> None:
+    clock = Clock()
+    state = ClusterState(ttl_s=30.0, clock=clock)
+    state.replace(NODES, [])
+    bodies: dict[tuple[str, str], dict[str, Any]] = {}
+    for n, (kind, a, b) in enumerate(steps):
+        clock.now += 10.0
+        if kind == "gang":
+            workers = max(1, a // b)
+            for i in range(workers):
+                body = pod(f"g{n}-{i}", job=f"g{n}", workers=workers, gpus=b, index=i)
+                info = pod_info(body)
+                answer = state.filter(info, sorted(state.nodes))
+                if not answer.admitted or i >= workers * bind_fraction:
+                    break  # the rest of the gang never shows up: its reservation expires
+                state.begin_bind(info, answer.admitted[0])
+                state.end_bind(info, answer.admitted[0])
+                body["spec"]["nodeName"] = answer.admitted[0]
+                bodies[info.key] = body
+        elif kind == "foreign":
+            body = pod(f"f{n}", gpus=b, node_name=f"n{a}")
+            state.upsert_pod(body)
+            bodies[pod_info(body).key] = body
+        elif kind == "delete" and bodies:
+            key = sorted(bodies)[a % len(bodies)]
+            state.delete_pod(bodies.pop(key))
+        elif kind == "expire":
+            clock.now += 60.0
+            state.expire()
+        elif kind == "relist":
+            state.replace(NODES, list(bodies.values()))
+        assert state.occupied() == slot_by_slot(state)
+
+
+def test_a_shrunk_reservation_frees_its_slots() -> None:
+    """Expiry replaces a gang's block: the cached grouping must follow it."""
+    clock = Clock()
+    state = ClusterState(ttl_s=30.0, clock=clock)
+    state.replace(NODES, [])
+    first = pod_info(pod("w-0", job="w", workers=4, gpus=2, index=0))
+    where = state.filter(first, sorted(state.nodes)).admitted[0]
+    assert len(state.occupied()[where]) == 8
+    state.begin_bind(first, where)
+    state.end_bind(first, where)
+    clock.now += 60.0
+    state.expire()
+    assert len(state.occupied()[where]) == 2
