@@ -254,8 +254,13 @@ async def test_restart_adopts_pods_without_duplicates(
     await api.delete(f"{PODS}/job-g1-w3")
     async with operator(kmock) as second:
         after = await eventually(four)
-        passes = second.controller.passes if second.controller else 0
-        await eventually(lambda: _passes_beyond(second, passes + 1))
+        # An idle operator makes no passes; poke the DLJob (a label change is an
+        # event) so that later passes look at the restored gang again.
+        for poke in ("1", "2"):
+            passes = second.controller.passes if second.controller else 0
+            label = {"metadata": {"labels": {"poke": poke}}}
+            assert (await api.patch(f"{JOBS}/job", json=label, headers=MERGE)).is_success
+            await eventually(lambda n=passes: _passes_beyond(second, n))
         again = await pods_of(api, "job")
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in before}
     assert [p["metadata"]["name"] for p in after] == sorted(uids)
