@@ -22,13 +22,7 @@ from .metrics import Metrics
 from .mirror import Mirror
 from .objects import PodInfo, placement_annotation, pod_info, workers_of
 from .state import ClusterState
-from .wire import (
-    ExtenderArgs,
-    ExtenderBindingArgs,
-    ExtenderBindingResult,
-    ExtenderFilterResult,
-    filter_result,
-)
+from .wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, filter_answer
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +76,15 @@ class Extender:
         workers_of(args.Pod)  # a malformed gang size is an error, not a gang of one
         return info
 
-    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        """The ``ExtenderFilterResult`` as a plain dict (``wire.filter_answer``: no model to
+        validate a thousand names into on every call)."""
         candidates = args.candidate_names()
         info = self._powerflow_pod(args)
         if info is None:
-            return filter_result(args, candidates, {})
+            return filter_answer(args, candidates, {})
         answer = self.state.filter(info, candidates)
-        return filter_result(args, answer.admitted, answer.failed)
+        return filter_answer(args, answer.admitted, answer.failed)
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         """The ``HostPriorityList``, built as plain dicts: a model per node would cost more
@@ -97,10 +93,8 @@ class Extender:
         info = self._powerflow_pod(args)
         if info is None:
             return [{"Host": name, "Score": NEUTRAL_SCORE} for name in candidates]
-        return [
-            {"Host": name, "Score": score}
-            for name, score in self.state.prioritize(info, candidates)
-        ]
+        score = self.state.block_scores(info).get
+        return [{"Host": name, "Score": score(name, 0)} for name in candidates]
 
     # -- bind ------------------------------------------------------------------------------
 

@@ -1,0 +1,265 @@
+"""The request fast path gives what the model-based path gave, on random inputs.
+
+Filter and prioritize decode their bodies with ``wire.decode_args`` and write
+their answers with ``wire.filter_answer``/``encode``; the state answers from
+the gang's block alone. Each is checked against the general version it
+replaced: pydantic's ``ExtenderArgs.model_validate`` on the stdlib decoder's
+output, ``dump(filter_result(...))`` through Starlette's ``JSONResponse``, and
+the per-candidate loops of the first ``ClusterState.filter``/``prioritize``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pydantic
+import pytest
+from extender_bodies import node, pod
+from fastapi.responses import JSONResponse
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from powerflow.extender.objects import pod_info
+from powerflow.extender.state import ClusterState, FilterAnswer
+from powerflow.extender.wire import (
+    MAX_EXTENDER_PRIORITY,
+    ExtenderArgs,
+    WireError,
+    decode_args,
+    dump,
+    encode,
+    filter_answer,
+    filter_result,
+)
+
+from powerflow.errors import PlacementError
+
+fast = settings(max_examples=200, deadline=None, derandomize=True)
+
+names = st.text(max_size=8) | st.sampled_from(["gpu-0", "gpu-1", "Ünïcode", "a\u2028b", 'q"\\/'])
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+node_objects = st.one_of(
+    st.builds(lambda n: {"metadata": {"name": n}}, names),
+    st.dictionaries(st.sampled_from(["metadata", "status", "x"]), json_values, max_size=3),
+    json_values,
+)
+keys = {
+    "Pod": st.sampled_from(["Pod", "pod", "POD", "pOd"]),
+    "Nodes": st.sampled_from(["Nodes", "nodes", "NODES"]),
+    "NodeNames": st.sampled_from(["NodeNames", "nodenames", "NODENAMES", "nodeNames"]),
+}
+
+
+@st.composite
+def bodies(draw: st.DrawFn) -> bytes:
+    """ExtenderArgs-like JSON: right and wrong types, folded keys, duplicates, NaN, big ints."""
+    if draw(st.integers(0, 9)) == 0:
+        return json.dumps(draw(json_values)).encode()
+    body: dict[str, Any] = {}
+    for field in ("Pod", "Nodes", "NodeNames", "Pod", "Other"):
+        if not draw(st.booleans()):
+            continue
+        key = draw(keys[field]) if field in keys else field
+        if field == "Pod":
+            body[key] = draw(st.just(pod("p", job="j", workers=2)) | json_values)
+        elif field == "NodeNames":
+            body[key] = draw(st.lists(names, max_size=5) | json_values)
+        elif field == "Nodes":
+            items = st.lists(node_objects, max_size=4)
+            extra = st.dictionaries(st.sampled_from(["metadata", "kind", "Items"]), json_values)
+            body[key] = draw(
+                st.builds(lambda i, e: {"items": i, **e}, items, extra)
+                | st.builds(lambda e: e, extra)
+                | json_values
+            )
+        else:
+            body[key] = draw(json_values)
+    return json.dumps(body).encode()  # NaN and Infinity as the stdlib writes them
+
+
+def by_model(raw: bytes) -> ExtenderArgs:
+    """The general path: the stdlib decoder (as FastAPI), then the pydantic model."""
+    return ExtenderArgs.model_validate(json.loads(raw))
+
+
+def same_json(a: bytes, b: bytes) -> bool:
+    """Equal as JSON values, object keys in the same order, NaN never present."""
+    ordered = {"object_pairs_hook": list}
+    return bool(json.loads(a, **ordered) == json.loads(b, **ordered))
+
+
+@fast
+@given(raw=bodies())
+def test_decoding_accepts_and_refuses_what_the_model_does(raw: bytes) -> None:
+    try:
+        expected = by_model(raw)
+    except pydantic.ValidationError:
+        with pytest.raises(WireError, match="cannot decode the request"):
+            decode_args(raw, "application/json")
+        return
+    got = decode_args(raw, "application/json")
+    assert got.Pod == expected.Pod or (json.dumps(got.Pod) == json.dumps(expected.Pod))
+    assert got.NodeNames == expected.NodeNames
+    if expected.Nodes is None:
+        assert got.Nodes is None
+    else:
+        assert got.Nodes is not None
+        assert json.dumps(got.Nodes.items) == json.dumps(expected.Nodes.items)
+        assert json.dumps(got.Nodes.model_extra) == json.dumps(expected.Nodes.model_extra)
+
+
+@fast
+@given(raw=bodies(), data=st.data())
+def test_filter_answers_are_the_json_the_models_gave(raw: bytes, data: st.DataObject) -> None:
+    try:
+        args = decode_args(raw)
+    except WireError:
+        return
+    candidates = args.candidate_names()
+    admitted = data.draw(
+        st.lists(st.sampled_from(candidates), max_size=3) if candidates else st.just([])
+    )
+    failed = {n: data.draw(names) for n in candidates if n not in admitted}
+    general = JSONResponse(dump(filter_result(by_model(raw), admitted, failed))).body
+    answer = filter_answer(args, admitted, failed)
+    assert same_json(encode(answer), bytes(general))
+    if answer["Nodes"] is None:  # names and reasons only: byte for byte
+        assert encode(answer) == bytes(general)
+
+
+@fast
+@given(hosts=st.lists(names, max_size=20), scores=st.data())
+def test_priority_lists_are_byte_for_byte_what_json_response_wrote(
+    hosts: list[str], scores: st.DataObject
+) -> None:
+    answer = [
+        {"Host": h, "Score": scores.draw(st.integers(0, MAX_EXTENDER_PRIORITY))} for h in hosts
+    ]
+    assert encode(answer) == bytes(JSONResponse(answer).body)
+
+
+def test_numbers_orjson_cannot_write_take_the_general_path() -> None:
+    nodes = {"metadata": {"big": 2**80, "nan": math.nan}, "items": [{"metadata": {"name": "a"}}]}
+    raw = json.dumps({"Pod": {}, "Nodes": nodes}).encode()
+    answer = encode(filter_answer(decode_args(raw), ["a"], {}))
+    assert same_json(
+        answer, bytes(JSONResponse(dump(filter_result(by_model(raw), ["a"], {}))).body)
+    )
+    assert b"1208925819614629174706176" in answer and b'"nan":null' in answer
+
+
+@pytest.mark.parametrize(
+    ("content_type", "ok"),
+    [
+        (None, True),
+        ("application/json", True),
+        ("application/json; charset=utf-8", True),
+        ("application/merge-patch+json", True),
+        ("text/plain", False),
+        ("application/xml", False),
+    ],
+)
+def test_content_types_are_read_as_fastapi_reads_them(content_type: str | None, ok: bool) -> None:
+    raw = b'{"Pod": {}, "NodeNames": ["a"]}'
+    if ok:
+        assert decode_args(raw, content_type).NodeNames == ["a"]
+    else:
+        with pytest.raises(WireError, match="not JSON"):
+            decode_args(raw, content_type)
+
+
+# -- the state's answers against its first per-candidate loops ---------------------------------
+
+
+def filter_by_candidate(state: ClusterState, info: Any, candidates: list[str]) -> FilterAnswer:
+    gang = state.gangs.get(info.gang)
+    if gang is None:
+        why = state._no_block(info)
+        return FilterAnswer([], {name: why for name in candidates})
+    placed = state.member_node(gang, info)
+    if placed is not None:
+        why = f"pod {info.namespace}/{info.name} is already placed on {placed}"
+        return FilterAnswer(
+            [n for n in candidates if n == placed], {n: why for n in candidates if n != placed}
+        )
+    room = state.room(gang)
+    admitted: list[str] = []
+    failed: dict[str, str] = {}
+    outside = f"not in the GPU block reserved for gang {gang.key}"
+    full = f"the GPUs of gang {gang.key}'s block on this node are taken by its other workers"
+    for name in candidates:
+        free = room.get(name)
+        if free is None:
+            failed[name] = outside
+        elif free < info.gpus:
+            failed[name] = full
+        else:
+            admitted.append(name)
+    return FilterAnswer(admitted, failed)
+
+
+def prioritize_by_candidate(state: ClusterState, info: Any, candidates: list[str]) -> list[Any]:
+    gang = state.gangs.get(info.gang)
+    if gang is None:
+        return [(name, 0) for name in candidates]
+    room = state.room(gang)
+    scores = []
+    for name in candidates:
+        entry = state.nodes.get(name)
+        if room.get(name, 0) < info.gpus or entry is None or entry.gpus == 0:
+            scores.append((name, 0))
+            continue
+        used = state._bound_gpus.get(name, 0) + state._in_flight.get(name, 0)
+        fullness = min(1.0, used / entry.gpus)
+        scores.append((name, 1 + math.floor((MAX_EXTENDER_PRIORITY - 1) * fullness)))
+    return scores
+
+
+NODE_NAMES = [f"n{i}" for i in range(5)]
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(
+    gangs=st.lists(
+        st.tuples(st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from([1, 2]), st.integers(0, 16)),
+        min_size=1,
+        max_size=6,
+    ),
+    candidates=st.lists(st.sampled_from([*NODE_NAMES, "elsewhere"]), max_size=12),
+)
+def test_state_answers_match_the_per_candidate_loops(
+    gangs: list[tuple[int, int, int]], candidates: list[str]
+) -> None:
+    state = ClusterState()
+    state.replace([node(n, 8) for n in NODE_NAMES], [])
+    for g, (size, gpus, bound) in enumerate(gangs):
+        workers = max(1, size // gpus)
+        for i in range(workers):
+            info = pod_info(pod(f"g{g}-{i}", job=f"g{g}", workers=workers, gpus=gpus, index=i))
+            try:
+                got = state.filter(info, candidates)
+            except PlacementError:
+                break
+            assert got == filter_by_candidate(state, info, candidates)
+            assert state.prioritize(info, candidates) == prioritize_by_candidate(
+                state, info, candidates
+            )
+            if i < bound and got.admitted:  # bind some workers, leave the rest pending
+                state.begin_bind(info, got.admitted[0])
+                state.end_bind(info, got.admitted[0])
+                again = state.filter(info, candidates)  # already placed: the other branch
+                assert again == filter_by_candidate(state, info, candidates)
