@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from rich.console import Console
 from rich.table import Table
 
 from powerflow.sim.config import SimConfig
+from powerflow.sim.output import stdout_console
 from powerflow.sim.runner import RunSpec, TraceSpec, run_one
 
 TARGET_S = 20.0
@@ -62,7 +62,7 @@ def main() -> None:
             str(m["model_fits"]),
             target if spec.scheduler == "powerflow" and not spec.oracle else "",
         )
-    Console().print(table)
+    stdout_console().print(table)
 
 
 if __name__ == "__main__":

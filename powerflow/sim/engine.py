@@ -495,7 +495,12 @@ class Simulation:
     # ------------------------------------------------------------------- output
 
     def _view(self, job: SimJob) -> Job:
-        """The policy's frozen view of a job, rebuilt only when it changed."""
+        """The policy's frozen view of a job, rebuilt only when it changed.
+
+        ``elapsed_s`` is the time the job has held GPUs (its age is
+        ``now_s - arrival_s``); ``attained_gpu_s`` is GPU-seconds held, which
+        Tiresias's LAS ranks on.
+        """
         knowledge = job.knowledge
         assert knowledge is not None
         if job.view is not None and not job.holding and job.view_model is knowledge.model:
