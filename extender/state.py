@@ -59,24 +59,75 @@ class Gang:
     """A worker has been bound; once none is left, the gang has finished."""
     settled: bool = False
     """Every worker has been placed once: the block is the job's until it ends, never expires."""
-    _by_node: tuple[tuple[GpuSlot, ...], dict[str, frozenset[int]]] | None = field(
-        default=None, repr=False, compare=False
-    )
 
-    def slots_by_node(self) -> Mapping[str, frozenset[int]]:
-        """The block's GPU indices on each of its nodes, kept until ``block`` is replaced.
 
-        Every new gang's reservation unions these over all gangs; grouping each
-        block once makes that one set operation per gang and node.
-        """
-        cached = self._by_node
-        if cached is None or cached[0] is not self.block:
-            groups: dict[str, set[int]] = {}
-            for node, index in self.block:
-                groups.setdefault(node, set()).add(index)
-            cached = (self.block, {node: frozenset(i) for node, i in groups.items()})
-            self._by_node = cached
-        return cached[1]
+class Reservations(dict[GangKey, Gang]):
+    """The gangs by key, keeping the union of their blocks on each node as they change.
+
+    A new gang's block is chosen around every live block; rebuilding that
+    union for each reservation would cost a pass over every gang on the
+    scheduler's critical path. Setting, deleting, popping and clearing keep
+    it here (``held``), and a block that shrinks must be set with ``reblock``;
+    the ways of changing a dict that would bypass this are refused.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count: dict[str, dict[int, int]] = {}  # node -> index -> blocks holding it
+        self.held: dict[str, frozenset[int]] = {}
+        """GPU indices of some live block, per node (frozen: read without copying)."""
+
+    def __setitem__(self, key: GangKey, gang: Gang) -> None:
+        old = self.get(key)
+        super().__setitem__(key, gang)
+        self._move(old.block if old is not None else (), gang.block)
+
+    def __delitem__(self, key: GangKey) -> None:
+        old = self[key]
+        super().__delitem__(key)
+        self._move(old.block, ())
+
+    def pop(self, key: GangKey, *default: Any) -> Any:
+        if key not in self:
+            return super().pop(key, *default)
+        gang = self[key]
+        del self[key]
+        return gang
+
+    def clear(self) -> None:
+        super().clear()
+        self._count.clear()
+        self.held.clear()
+
+    def reblock(self, gang: Gang, block: tuple[GpuSlot, ...]) -> None:
+        """Give a live gang a new block."""
+        old, gang.block = gang.block, block
+        if self.get(gang.key) is gang:
+            self._move(old, block)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("Reservations change only by [key] =, del, pop, clear and reblock")
+
+    update = setdefault = popitem = __ior__ = _refuse  # type: ignore[assignment]
+
+    def _move(self, old: tuple[GpuSlot, ...], new: tuple[GpuSlot, ...]) -> None:
+        touched: set[str] = set()
+        for node, index in new:
+            per = self._count.setdefault(node, {})
+            per[index] = per.get(index, 0) + 1
+            touched.add(node)
+        for node, index in old:
+            per = self._count[node]
+            per[index] -= 1
+            if not per[index]:
+                del per[index]
+            touched.add(node)
+        for node in touched:
+            if self._count[node]:
+                self.held[node] = frozenset(self._count[node])
+            else:
+                del self._count[node]
+                self.held.pop(node, None)
 
 
 @dataclass(frozen=True)
@@ -95,7 +146,7 @@ class ClusterState:
         self._clock = clock or time.monotonic
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[PodKey, PodInfo] = {}
-        self.gangs: dict[GangKey, Gang] = {}
+        self.gangs = Reservations()
         self._bound_gpus: dict[str, int] = {}  # node -> GPUs of bound, running pods
         self._members: dict[GangKey, dict[PodKey, str]] = {}  # bound pods of each gang
         self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
@@ -259,7 +310,8 @@ class ClusterState:
                 continue
             expired.append(key)
             if held:
-                gang.block, gang.expired = held, True
+                self.gangs.reblock(gang, held)
+                gang.expired = True
             else:
                 for pod in list(gang.assumed):
                     self._unassume(gang, pod)
@@ -299,19 +351,11 @@ class ClusterState:
         Those outside (pods of no gang, workers of a gang no longer reserved)
         have no known index; they are counted on the lowest free ones.
         """
-        slots: dict[str, frozenset[int] | set[int]] = {}
-        get = slots.get
-        for gang in self.gangs.values():
-            cached = gang._by_node
-            by_node = cached[1] if cached and cached[0] is gang.block else gang.slots_by_node()
-            for node, indices in by_node.items():
-                have = get(node)
-                slots[node] = indices if have is None else have | indices
+        slots: dict[str, frozenset[int] | set[int]] = dict(self.gangs.held)
         extra = dict(self._foreign)
-        for key, members in self._members.items():
-            if key not in self.gangs:
-                for pod, node in members.items():
-                    extra[node] = extra.get(node, 0) + self.pods[pod].gpus
+        for key in self._members.keys() - self.gangs.keys():  # bound, no longer reserved
+            for pod, node in self._members[key].items():
+                extra[node] = extra.get(node, 0) + self.pods[pod].gpus
         for node, count in extra.items():
             entry = self.nodes.get(node)
             if entry is not None:

@@ -1,15 +1,17 @@
-"""The state's occupancy, built from each gang's cached per-node slots, equals the plain scan.
+"""The state's occupancy, kept up to date as gangs come and go, equals the plain scan.
 
 ``ClusterState.occupied`` (what a new gang's reservation is chosen around)
-unions each gang's block grouped by node, cached on the gang until its block
-changes. Random runs of scheduling, binding, deleting, expiring and relisting
-check it against rebuilding it slot by slot from every gang's current block.
+starts from the union of every live block, which ``Reservations`` keeps as
+gangs are set, deleted and shrunk. Random runs of scheduling, binding,
+deleting, expiring, forgetting and relisting check it against rebuilding it
+slot by slot from every gang's current block.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from extender_bodies import node, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,6 +53,7 @@ steps = st.lists(
         st.tuples(st.just("delete"), st.integers(0, 1000), st.just(0)),
         st.tuples(st.just("expire"), st.just(0), st.just(0)),
         st.tuples(st.just("relist"), st.just(0), st.just(0)),
+        st.tuples(st.just("forget"), st.integers(0, 1000), st.integers(0, 2)),
     ),
     max_size=25,
 )
@@ -91,6 +94,14 @@ def test_cached_occupancy_equals_the_slot_by_slot_scan(
             state.expire()
         elif kind == "relist":
             state.replace(NODES, list(bodies.values()))
+        elif kind == "forget" and state.gangs:
+            key = sorted(state.gangs)[a % len(state.gangs)]
+            if b == 0:
+                del state.gangs[key]
+            elif b == 1:
+                state.gangs.pop(key)
+            else:
+                state.gangs.clear()
         assert state.occupied() == slot_by_slot(state)
 
 
@@ -107,3 +118,21 @@ def test_a_shrunk_reservation_frees_its_slots() -> None:
     clock.now += 60.0
     state.expire()
     assert len(state.occupied()[where]) == 2
+
+
+def test_changes_that_would_bypass_the_union_are_refused() -> None:
+    state = ClusterState()
+    state.replace(NODES, [])
+    info = pod_info(pod("w-0", job="w", workers=2, gpus=2))
+    state.filter(info, sorted(state.nodes))
+    gang = state.gangs[info.gang]  # type: ignore[index]
+    for change in (
+        lambda: state.gangs.update({gang.key: gang}),
+        lambda: state.gangs.setdefault(gang.key, gang),
+        lambda: state.gangs.popitem(),
+    ):
+        with pytest.raises(TypeError, match="Reservations change only"):
+            change()
+    assert state.occupied() == slot_by_slot(state) != {}
+    assert state.gangs.pop(gang.key) is gang and state.gangs.pop(gang.key, None) is None
+    assert state.occupied() == {}
