@@ -31,6 +31,7 @@ from powerflow.extender.wire import (
     encode,
     filter_answer,
     filter_result,
+    loads,
 )
 
 from powerflow.errors import PlacementError
@@ -160,6 +161,31 @@ def test_numbers_orjson_cannot_write_take_the_general_path() -> None:
         answer, bytes(JSONResponse(dump(filter_result(by_model(raw), ["a"], {}))).body)
     )
     assert b"1208925819614629174706176" in answer and b'"nan":null' in answer
+
+
+@fast
+@given(value=json_values, ascii_only=st.booleans(), wrap=st.sampled_from(["", "utf-16", "bom"]))
+def test_loads_gives_the_stdlib_decoders_values(value: Any, ascii_only: bool, wrap: str) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    raw = text.encode("utf-16") if wrap == "utf-16" else text.encode()
+    if wrap == "bom":
+        raw = b"\xef\xbb\xbf" + raw
+    # Same values and types (an int read as a float would print differently).
+    assert json.dumps(loads(raw)) == json.dumps(json.loads(raw))
+
+
+@pytest.mark.parametrize("number", [2**63, 2**64 + 1, -(2**70), 10**30, 12345678901234567890])
+def test_loads_keeps_integers_beyond_64_bits_exact(number: int) -> None:
+    got = loads(json.dumps({"limits": {"nvidia.com/gpu": number}}).encode())
+    assert (
+        got["limits"]["nvidia.com/gpu"] == number and type(got["limits"]["nvidia.com/gpu"]) is int
+    )
+
+
+def test_loads_refuses_what_the_stdlib_refuses() -> None:
+    for raw in (b"", b"{", b"[1,]", b'"\xff"', b"nul"):
+        with pytest.raises(ValueError):
+            loads(raw)
 
 
 @pytest.mark.parametrize(
