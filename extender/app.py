@@ -181,7 +181,8 @@ def create_app(
 
     @verbs.post("/prioritize", response_model=list[HostPriority], openapi_extra=_ARGS_BODY)
     async def prioritize(request: Request) -> Response:
-        return _json(extender.prioritize(await _args(request)))
+        answer = extender.prioritize(await _args(request))
+        return Response(answer, media_type="application/json")
 
     @verbs.post("/bind", response_model=ExtenderBindingResult)
     async def bind(args: ExtenderBindingArgs) -> Response:

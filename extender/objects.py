@@ -31,8 +31,9 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 class GangKey(NamedTuple):
     """One gang: the workers of one job's allocation (a rescale starts a new gang).
 
-    A named tuple rather than a dataclass: it keys the state's dicts, and a
-    tuple hashes in C (a reservation scans every gang).
+    A named tuple rather than a dataclass: it keys the state's dicts and sets
+    (each reservation compares the gangs with their bound workers), and a
+    tuple hashes in C.
     """
 
     namespace: str

@@ -22,12 +22,15 @@ from .metrics import Metrics
 from .mirror import Mirror
 from .objects import PodInfo, placement_annotation, pod_info, workers_of
 from .state import ClusterState
-from .wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, filter_answer
+from .wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    PriorityWriter,
+    filter_answer,
+)
 
 log = logging.getLogger(__name__)
-
-NEUTRAL_SCORE = 0
-"""What every node gets for a pod PowerFlow does not place: no preference at all."""
 
 
 class UndecidableError(PowerFlowError):
@@ -49,6 +52,7 @@ class Extender:
         self.api = api
         self.metrics = metrics
         self._mirror = Mirror(api, state) if api is not None and mirror else None
+        self._priorities = PriorityWriter()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -86,15 +90,14 @@ class Extender:
         answer = self.state.filter(info, candidates)
         return filter_answer(args, answer.admitted, answer.failed)
 
-    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
-        """The ``HostPriorityList``, built as plain dicts: a model per node would cost more
-        than the decision (the state guarantees ``0 <= Score <= MaxExtenderPriority``)."""
+    def prioritize(self, args: ExtenderArgs) -> bytes:
+        """The ``HostPriorityList``'s JSON (``wire.PriorityWriter``: most entries are written
+        once and reused; the state guarantees ``0 <= Score <= MaxExtenderPriority``). A pod
+        PowerFlow does not place scores 0 everywhere: no preference at all."""
         candidates = args.candidate_names()
         info = self._powerflow_pod(args)
-        if info is None:
-            return [{"Host": name, "Score": NEUTRAL_SCORE} for name in candidates]
-        score = self.state.block_scores(info).get
-        return [{"Host": name, "Score": score(name, 0)} for name in candidates]
+        scores = {} if info is None else self.state.block_scores(info)
+        return self._priorities.encode(candidates, scores)
 
     # -- bind ------------------------------------------------------------------------------
 

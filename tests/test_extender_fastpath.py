@@ -25,6 +25,7 @@ from powerflow.extender.state import ClusterState, FilterAnswer
 from powerflow.extender.wire import (
     MAX_EXTENDER_PRIORITY,
     ExtenderArgs,
+    PriorityWriter,
     WireError,
     decode_args,
     dump,
@@ -151,6 +152,37 @@ def test_priority_lists_are_byte_for_byte_what_json_response_wrote(
         {"Host": h, "Score": scores.draw(st.integers(0, MAX_EXTENDER_PRIORITY))} for h in hosts
     ]
     assert encode(answer) == bytes(JSONResponse(answer).body)
+
+
+@fast
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.lists(names | st.just("\ud800"), max_size=12),
+            st.dictionaries(names, st.integers(0, MAX_EXTENDER_PRIORITY), max_size=4),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    limit=st.integers(1, 8),
+)
+def test_priority_writer_writes_what_json_response_wrote(
+    calls: list[tuple[list[str], dict[str, int]]], limit: int
+) -> None:
+    """Repeated calls (entries reused), a small limit (entries dropped), unwritable names."""
+    writer = PriorityWriter(limit=limit)
+    for hosts, scores in calls:
+        answer = [{"Host": h, "Score": scores.get(h, 0)} for h in hosts]
+        try:
+            expected: bytes | type[Exception] = bytes(JSONResponse(answer).body)
+        except UnicodeEncodeError as exc:
+            expected = type(exc)
+        if isinstance(expected, bytes):
+            assert writer.encode(hosts, scores) == expected
+        else:
+            with pytest.raises(expected):
+                writer.encode(hosts, scores)
+        assert len(writer._zero) <= limit
 
 
 def test_numbers_orjson_cannot_write_take_the_general_path() -> None:
