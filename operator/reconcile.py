@@ -42,6 +42,7 @@ from powerflow.operator.timefmt import format_time, format_time_ms, parse_time
 from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
 
 from powerflow import contract
+from powerflow.backend import schedule_once
 from powerflow.errors import PowerFlowError, ResourceError
 from powerflow.models.protocol import PerfModel
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
@@ -527,6 +528,26 @@ def _account_all(
             actions.anchors[v.key] = acc.anchor_s
 
 
+@dataclass
+class _PassBackend:
+    """The operator's side of the core's ``Backend`` seam for one pass.
+
+    The snapshot is built from what the pass observed; the plan is carried out
+    by the caller through ``Actions``, so ``apply`` only records it. Going
+    through ``schedule_once`` keeps the one place where any policy is called
+    shared with the simulator.
+    """
+
+    observed_snapshot: Snapshot
+    applied: Plan | None = None
+
+    def snapshot(self) -> Snapshot:
+        return self.observed_snapshot
+
+    def apply(self, plan: Plan) -> None:
+        self.applied = plan
+
+
 def reconcile(
     observed: Sequence[Observed],
     nodes: tuple[Node, ...],
@@ -560,7 +581,7 @@ def reconcile(
         plan: Plan | None = None
         try:
             snapshot = build_snapshot(runnable, nodes, budget, now_s, models)
-            plan = policy.plan(snapshot)
+            plan = schedule_once(policy, _PassBackend(snapshot))
         except PowerFlowError as exc:
             actions.notes.append(f"policy refused the snapshot: {exc}")
         actions.plan = plan
