@@ -56,7 +56,7 @@ ablation isolates the energy term of the priority rather than the budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,6 +68,7 @@ from powerflow.policy.curves import Curves, curves_of
 from powerflow.policy.frequency import raise_clocks
 from powerflow.policy.placement import PlacementRequest, place
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
+from powerflow.policy.tablecache import TableCache
 from powerflow.policy.tables import build_tables
 from powerflow.policy.validate import Cluster, cluster_of, validate_jobs
 
@@ -84,6 +85,12 @@ class PowerFlowPolicy:
     """Hardware clock steps per raise (1: the GPU's own step, e.g. 15 MHz on A100)."""
     strict_power: bool = False
     """Check the power limit on every allocation step, not only at node boundaries."""
+    cache: TableCache = field(default_factory=TableCache, init=False, compare=False, repr=False)
+    """Model predictions kept across calls (``tablecache.py``): never changes a plan.
+
+    Not a constructor argument; ``dataclasses.replace(policy)`` gives a copy with an
+    empty cache.
+    """
 
     def __post_init__(self) -> None:
         if self.frequency_step < 1:
@@ -102,7 +109,7 @@ class PowerFlowPolicy:
         cluster = cluster_of(snapshot)
         validate_jobs(snapshot, cluster)
         clocks = self.clocks(cluster.gpu)
-        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic)
+        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.cache)
         p_max = estimate_p_max_w(tables.requested_gpu_power_w.tolist(), cluster.gpu.max_power_w)
         limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, p_max)
         curves = curves_of(tables, snapshot.jobs, snapshot.now_s)

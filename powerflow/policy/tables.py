@@ -27,6 +27,7 @@ import numpy.typing as npt
 from powerflow.errors import SnapshotError
 from powerflow.models.protocol import FloatArray, PerfModel
 from powerflow.policy.snapshot import Job
+from powerflow.policy.tablecache import CachedRows, TableCache
 from powerflow.policy.validate import Cluster
 
 IntArray = npt.NDArray[np.int64]
@@ -93,7 +94,11 @@ def allowed_mask(jobs: Sequence[Job], cluster: Cluster, elastic: bool) -> npt.ND
 
 
 def build_tables(
-    jobs: Sequence[Job], cluster: Cluster, clocks_mhz: Sequence[int], elastic: bool
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    clocks_mhz: Sequence[int],
+    elastic: bool,
+    cache: TableCache | None = None,
 ) -> Tables:
     """Evaluate every job's grid plus its ``P_max`` point, one call per model object.
 
@@ -105,6 +110,10 @@ def build_tables(
     row (1 x clocks), so no point grid is materialised. Each job gets one more
     row for its ``P_max`` point (requested count; read at the top clock), and
     jobs are ordered by model object, so each model's rows are one slice.
+
+    With a ``cache`` (``tablecache.py``) a job whose model object and row
+    arguments were evaluated before reuses those rows; the jobs of a model
+    that miss are evaluated together in one call, as without a cache.
     """
     gpn = cluster.gpus_per_node
     top = cluster.gpu.max_clock_mhz
@@ -144,27 +153,65 @@ def build_tables(
     bs = ceil_div(batch[ext_job], counts)
 
     n_col, r_col, bs_col = (a.astype(np.float64)[:, None] for a in (counts, r, bs))
-    t = np.empty((ext_job.size, f_row.shape[1]))
-    e = np.empty_like(t)
-    at = 0
+    ext_list = ext_start.tolist()
+    bounds = {
+        j: (s, s + int(n)) for j, s, n in zip(job_order.tolist(), ext_list, ext_sizes, strict=True)
+    }
+    args_bytes = np.stack([counts, r, bs], axis=1).astype(np.int64) if count else None
+    clock_key = tuple(ext_clocks)
+    blocks: dict[int, CachedRows] = {}
+    missing: list[int] = []
     for members in groups.values():
-        hi = at + int(sum(int(sizes[j]) for j in members)) + len(members)
         model: PerfModel = jobs[members[0]].model
-        args = (n_col[at:hi], r_col[at:hi], bs_col[at:hi], f_row)
+        miss = []
+        for j in members:
+            lo, hi = bounds[j]
+            key = None
+            if cache is not None and args_bytes is not None:
+                key = (id(model), clock_key, args_bytes[lo:hi].tobytes())
+                hit = cache.get(key, model)
+                if hit is not None:
+                    blocks[j] = hit
+                    continue
+            miss.append(j)
+        if not miss:
+            continue
+        idx = np.concatenate([np.arange(*bounds[j]) for j in miss])
+        args = (n_col[idx], r_col[idx], bs_col[idx], f_row)
         predict = getattr(model, "predict", None)
+        job_id = jobs[members[0]].id
         if callable(predict):
             both = predict(*args)
-            t[at:hi] = _checked_shape(both[0], args, jobs[members[0]].id, "step time")
-            e[at:hi] = _checked_shape(both[1], args, jobs[members[0]].id, "energy")
+            mt = _checked_shape(both[0], args, job_id, "step time")
+            me = _checked_shape(both[1], args, job_id, "energy")
         else:
-            t[at:hi] = _checked_shape(
-                model.step_time_s(*args), args, jobs[members[0]].id, "step time"
-            )
-            e[at:hi] = _checked_shape(
-                model.energy_per_iter_j(*args), args, jobs[members[0]].id, "energy"
-            )
-        at = hi
-    _check_predictions(jobs, ext_job, counts, ext_clocks, t, e)
+            mt = _checked_shape(model.step_time_s(*args), args, job_id, "step time")
+            me = _checked_shape(model.energy_per_iter_j(*args), args, job_id, "energy")
+        at = 0
+        for j in miss:
+            lo, hi = bounds[j]
+            blocks[j] = CachedRows(model, mt[at : at + hi - lo], me[at : at + hi - lo])
+            at += hi - lo
+        missing.extend(miss)
+    width = f_row.shape[1]
+    order_list = job_order.tolist()
+    if count:
+        t = np.concatenate([blocks[j].step_time_s for j in order_list])
+        e = np.concatenate([blocks[j].energy_j for j in order_list])
+    else:
+        t, e = np.empty((0, width)), np.empty((0, width))
+    if missing:
+        # Only new rows need the check (cached ones passed it), in row order
+        # so that the error names the same row as a check of the whole table.
+        new_rows = np.sort(np.concatenate([np.arange(*bounds[j]) for j in missing]))
+        _check_predictions(
+            jobs, ext_job[new_rows], counts[new_rows], ext_clocks, t[new_rows], e[new_rows]
+        )
+        if cache is not None and args_bytes is not None:
+            for j in missing:
+                lo, hi = bounds[j]
+                key = (id(jobs[j].model), clock_key, args_bytes[lo:hi].tobytes())
+                cache.put(key, blocks[j])
     req_rows = np.flatnonzero(is_req)
     req_power = np.empty(count)
     req_power[ext_job[req_rows]] = (
