@@ -65,6 +65,10 @@ class FitOptions:
     prior_weight: float = 0.05
     """Weight of a 100% deviation from the prior, against one log residual."""
     seed: int = 0
+    tol: float = 1e-8
+    """``ftol``/``xtol`` of ``least_squares`` (scipy's default): stop when the
+    cost or the parameters move less than this, relatively. A warm-started
+    online refit can stop far earlier (see ``refit_online``)."""
 
 
 class _Problem:
@@ -130,6 +134,8 @@ def _solve(
         f_scale=opts.f_scale,
         max_nfev=max_nfev,
         method="trf",
+        ftol=opts.tol,
+        xtol=opts.tol,
     )
     return np.asarray(res.x, dtype=np.float64), float(res.cost)
 
