@@ -163,3 +163,16 @@ def test_cached_rows_are_reused_across_plans() -> None:
     policy.plan(later)
     assert len(calls) - made - second_calls == 0
     assert first.jobs
+
+
+def test_a_snapshot_larger_than_the_capacity_is_served_warm() -> None:
+    """A job count above the capacity must not make the jobs evict each other."""
+    snap = synthetic_snapshot(64, 40, seed=5, distinct_models=None)
+    policy = PowerFlowPolicy()
+    policy.cache.capacity = 8
+    policy.plan(snap)
+    cached = len(policy.cache)
+    assert cached >= len(snap.jobs)
+    plan = policy.plan(replace(snap, now_s=snap.now_s + 1.0))
+    assert len(policy.cache) == cached
+    assert plan == cold(policy, replace(snap, now_s=snap.now_s + 1.0))

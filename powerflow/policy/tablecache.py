@@ -24,7 +24,9 @@ snapshot.
 
 Bounded: two generations of at most ``capacity`` jobs each; a hit in the old
 generation moves to the new one, and when the new one is full the old one is
-dropped (an approximate LRU without per-hit bookkeeping). Every operation is a
+dropped (an approximate LRU without per-hit bookkeeping). ``fit`` raises the
+capacity to twice the jobs of the largest snapshot seen, so that one snapshot's
+jobs never evict each other (memory stays O(jobs) table rows). Every operation is a
 single dict call, so concurrent ``plan`` calls cannot corrupt it.
 """
 
@@ -67,6 +69,10 @@ class TableCache:
         if len(self._new) >= self.capacity:
             self._old, self._new = self._new, {}
         self._new[key] = rows
+
+    def fit(self, jobs: int) -> None:
+        """Make room for ``jobs`` entries without evicting any of them within one call."""
+        self.capacity = max(self.capacity, 2 * jobs)
 
     def __len__(self) -> int:
         return len(self._new) + len(self._old)

@@ -159,6 +159,8 @@ def build_tables(
     }
     args_bytes = np.stack([counts, r, bs], axis=1).astype(np.int64) if count else None
     clock_key = tuple(ext_clocks)
+    if cache is not None:
+        cache.fit(count)
     blocks: dict[int, CachedRows] = {}
     missing: list[int] = []
     for members in groups.values():
