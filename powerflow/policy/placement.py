@@ -199,15 +199,46 @@ def place(nodes: Sequence[Node], requests: Sequence[PlacementRequest]) -> Placem
         fixed += r.gpus
 
     left = geo.capacity - fixed
+    max_block = geo.max_block
     items: list[Item] = []
     for r in requests:
-        if not r.movable or r.gpus > geo.max_block or r.gpus > left:
+        if not r.movable or r.gpus > max_block or r.gpus > left:
             continue
         left -= r.gpus
-        slots, _ = resolve_slots(geo, r.current)
-        items.append(Item(r.job_id, r.gpus, preferred_block(geo, slots, r.gpus)))
+        pref = _kept_block(geo, r.current, r.gpus)
+        if pref is None:
+            pref = _preferred(geo, r.current, r.gpus)
+        items.append(Item(r.job_id, r.gpus, pref))
     placed.update(allocate(cluster, items))
     return _result(geo, requests, placed)
+
+
+def _preferred(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block | None:
+    """The general rule: ``preferred_block`` of the request's current GPUs."""
+    slots, _ = resolve_slots(geo, current)
+    return preferred_block(geo, slots, gpus)
+
+
+def _kept_block(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block | None:
+    """The common case without building sets: ``current`` is already the block.
+
+    Why: at most events nearly every running job keeps its GPUs, and the plan
+    hands them back sorted, so a job of at most one node whose current GPUs
+    are ``(name, k*gpus) .. (name, k*gpus + gpus - 1)`` in this order prefers
+    exactly that block (``preferred_block``'s own fast path). None otherwise:
+    the caller then takes the general path (``_preferred``), which
+    ``tests/test_placement_fastpath.py`` checks this against.
+    """
+    if len(current) != gpus or gpus > geo.per_node:
+        return None
+    name, first = current[0]
+    node = geo.index.get(name)
+    if node is None or first % gpus or first < 0 or first + gpus > geo.per_node:
+        return None
+    for k, slot in enumerate(current):
+        if slot[0] != name or slot[1] != first + k:
+            return None
+    return Block(node, first, gpus)
 
 
 def _result(
@@ -221,6 +252,11 @@ def _result(
         got = placed.get(r.job_id)
         if got is None:
             unplaced.append(r.job_id)
+            continue
+        if got.size <= geo.per_node and _kept_block(geo, r.current, got.size) == got:
+            # It keeps its GPUs (the block's slots, in order): no migration.
+            assignments[r.job_id] = geo.slots(got)
+            used[got.node] = 1
             continue
         slots = geo.slots(got)
         if got.size > geo.per_node:
