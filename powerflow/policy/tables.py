@@ -157,7 +157,8 @@ def build_tables(
     bounds = {
         j: (s, s + int(n)) for j, s, n in zip(job_order.tolist(), ext_list, ext_sizes, strict=True)
     }
-    args_bytes = np.stack([counts, r, bs], axis=1).astype(np.int64) if count else None
+    # Each row's model arguments (n, r, local batch) as 24 bytes, sliced per job for the key.
+    args_bytes = np.stack([counts, r, bs], axis=1).astype(np.int64).tobytes() if count else None
     clock_key = tuple(ext_clocks)
     if cache is not None:
         cache.fit(count)
@@ -170,7 +171,7 @@ def build_tables(
             lo, hi = bounds[j]
             key = None
             if cache is not None and args_bytes is not None:
-                key = (id(model), clock_key, args_bytes[lo:hi].tobytes())
+                key = (id(model), clock_key, args_bytes[24 * lo : 24 * hi])
                 hit = cache.get(key, model)
                 if hit is not None:
                     blocks[j] = hit
@@ -212,7 +213,7 @@ def build_tables(
         if cache is not None and args_bytes is not None:
             for j in missing:
                 lo, hi = bounds[j]
-                key = (id(jobs[j].model), clock_key, args_bytes[lo:hi].tobytes())
+                key = (id(jobs[j].model), clock_key, args_bytes[24 * lo : 24 * hi])
                 cache.put(key, blocks[j])
     req_rows = np.flatnonzero(is_req)
     req_power = np.empty(count)
