@@ -5,6 +5,14 @@ from __future__ import annotations
 import pytest
 
 from powerflow.sim.compare import Curve, jct_ratios
+from powerflow.sim.config import SimConfig
+from powerflow.sim.experiments import (
+    COMPARISON_HOURS,
+    QUICK_HOURS,
+    comparison,
+    comparison_window,
+)
+from powerflow.sim.runner import TraceSpec
 
 
 def _row(name: str, energy: float, jct: float, **extra: object) -> dict[str, object]:
@@ -47,3 +55,11 @@ def test_zeus_point_outside_the_sweep_uses_the_5_percent_rule() -> None:
     ratios = jct_ratios(rows)
     assert ratios["tiresias+zeus"]["at_zeus_energy"] == pytest.approx(1.5)
     assert ratios["gandiva+zeus"]["at_zeus_energy"] is None
+
+
+def test_comparison_defaults_to_its_window_unless_told() -> None:
+    assert comparison_window(TraceSpec()).hours == COMPARISON_HOURS
+    assert comparison_window(TraceSpec(), quick=True).hours == QUICK_HOURS
+    assert comparison_window(TraceSpec(hours=24.0)).hours == 24.0
+    specs = comparison(TraceSpec(), SimConfig())
+    assert {s.trace.hours for s in specs} == {COMPARISON_HOURS}

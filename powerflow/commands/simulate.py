@@ -52,11 +52,21 @@ def register(subparsers: Any) -> None:
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     d = SimConfig()
     p.add_argument("--trace", type=Path, help="trace CSV (default: the bundled ITP window)")
-    p.add_argument("--hours", type=float, help="only jobs submitted in the first H hours")
+    p.add_argument(
+        "--hours",
+        type=float,
+        help=(
+            "only jobs submitted in the first H hours (one run: all; the comparison: "
+            f"{experiments.COMPARISON_HOURS:g}, {experiments.QUICK_HOURS:g} with --quick)"
+        ),
+    )
     p.add_argument(
         "--nodes",
         type=int,
-        help=f"nodes (default {d.nodes}; {experiments.QUICK_NODES} with --quick)",
+        help=(
+            f"nodes (default {d.nodes} for one run; {experiments.COMPARISON_NODES} for the "
+            f"comparison, {experiments.QUICK_NODES} with --quick)"
+        ),
     )
     p.add_argument(
         "--gpus-per-node", type=int, default=d.gpus_per_node, help="A100s per node (<= 8)"
@@ -69,7 +79,12 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace) -> SimConfig:
     nodes = args.nodes
     if nodes is None:
-        nodes = experiments.QUICK_NODES if getattr(args, "quick", False) else SimConfig().nodes
+        if getattr(args, "scheduler", None):
+            nodes = SimConfig().nodes
+        elif getattr(args, "quick", False):
+            nodes = experiments.QUICK_NODES
+        else:
+            nodes = experiments.COMPARISON_NODES
     return SimConfig(
         nodes=nodes,
         gpus_per_node=args.gpus_per_node,
