@@ -153,68 +153,67 @@ def build_tables(
     bs = ceil_div(batch[ext_job], counts)
 
     n_col, r_col, bs_col = (a.astype(np.float64)[:, None] for a in (counts, r, bs))
-    ext_list = ext_start.tolist()
-    bounds = {
-        j: (s, s + int(n)) for j, s, n in zip(job_order.tolist(), ext_list, ext_sizes, strict=True)
-    }
+    t = np.empty((ext_job.size, f_row.shape[1]))
+    e = np.empty_like(t)
     # Each row's model arguments (n, r, local batch) as 24 bytes, sliced per job for the key.
-    args_bytes = np.stack([counts, r, bs], axis=1).astype(np.int64).tobytes() if count else None
+    args_bytes = np.stack([counts, r, bs], axis=1).astype(np.int64).tobytes() if count else b""
     clock_key = tuple(ext_clocks)
     if cache is not None:
         cache.fit(count)
-    blocks: dict[int, CachedRows] = {}
-    missing: list[int] = []
+    start_l, ext_l = start.tolist(), (sizes + 1).tolist()
+    new_rows: list[IntArray] = []
+    at = 0
     for members in groups.values():
+        hi = at + sum(ext_l[j] for j in members)
         model: PerfModel = jobs[members[0]].model
-        miss = []
-        for j in members:
-            lo, hi = bounds[j]
-            key = None
-            if cache is not None and args_bytes is not None:
-                key = (id(model), clock_key, args_bytes[24 * lo : 24 * hi])
-                hit = cache.get(key, model)
-                if hit is not None:
-                    blocks[j] = hit
-                    continue
-            miss.append(j)
-        if not miss:
-            continue
-        idx = np.concatenate([np.arange(*bounds[j]) for j in miss])
-        args = (n_col[idx], r_col[idx], bs_col[idx], f_row)
+        rows: slice | IntArray = slice(at, hi)
+        if cache is not None:
+            miss = []
+            for j in members:
+                lo = start_l[j]
+                end = lo + ext_l[j]
+                hit = cache.get((id(model), clock_key, args_bytes[24 * lo : 24 * end]), model)
+                if hit is None:
+                    miss.append(j)
+                else:
+                    t[lo:end], e[lo:end] = hit.step_time_s, hit.energy_j
+            if len(miss) < len(members):
+                rows = np.asarray(
+                    [k for j in miss for k in range(start_l[j], start_l[j] + ext_l[j])],
+                    dtype=np.int64,
+                )
+        at = hi
+        if isinstance(rows, np.ndarray):
+            if not rows.size:
+                continue
+            new_rows.append(rows)
+        else:
+            new_rows.append(np.arange(rows.start, rows.stop))
+        args = (n_col[rows], r_col[rows], bs_col[rows], f_row)
         predict = getattr(model, "predict", None)
         job_id = jobs[members[0]].id
         if callable(predict):
             both = predict(*args)
-            mt = _checked_shape(both[0], args, job_id, "step time")
-            me = _checked_shape(both[1], args, job_id, "energy")
+            t[rows] = _checked_shape(both[0], args, job_id, "step time")
+            e[rows] = _checked_shape(both[1], args, job_id, "energy")
         else:
-            mt = _checked_shape(model.step_time_s(*args), args, job_id, "step time")
-            me = _checked_shape(model.energy_per_iter_j(*args), args, job_id, "energy")
-        at = 0
-        for j in miss:
-            lo, hi = bounds[j]
-            blocks[j] = CachedRows(model, mt[at : at + hi - lo], me[at : at + hi - lo])
-            at += hi - lo
-        missing.extend(miss)
-    width = f_row.shape[1]
-    order_list = job_order.tolist()
-    if count:
-        t = np.concatenate([blocks[j].step_time_s for j in order_list])
-        e = np.concatenate([blocks[j].energy_j for j in order_list])
-    else:
-        t, e = np.empty((0, width)), np.empty((0, width))
-    if missing:
+            t[rows] = _checked_shape(model.step_time_s(*args), args, job_id, "step time")
+            e[rows] = _checked_shape(model.energy_per_iter_j(*args), args, job_id, "energy")
+    if cache is None:
+        _check_predictions(jobs, ext_job, counts, ext_clocks, t, e)
+    elif new_rows:
         # Only new rows need the check (cached ones passed it), in row order
         # so that the error names the same row as a check of the whole table.
-        new_rows = np.sort(np.concatenate([np.arange(*bounds[j]) for j in missing]))
-        _check_predictions(
-            jobs, ext_job[new_rows], counts[new_rows], ext_clocks, t[new_rows], e[new_rows]
-        )
-        if cache is not None and args_bytes is not None:
-            for j in missing:
-                lo, hi = bounds[j]
-                key = (id(jobs[j].model), clock_key, args_bytes[24 * lo : 24 * hi])
-                cache.put(key, blocks[j])
+        fresh = np.concatenate(new_rows)
+        _check_predictions(jobs, ext_job[fresh], counts[fresh], ext_clocks, t[fresh], e[fresh])
+        bounds = np.flatnonzero(np.diff(ext_job[fresh], prepend=-1, append=-1))
+        for lo, end in zip(
+            fresh[bounds[:-1]].tolist(), (fresh[bounds[1:] - 1] + 1).tolist(), strict=True
+        ):
+            j = int(ext_job[lo])
+            model = jobs[j].model
+            key = (id(model), clock_key, args_bytes[24 * lo : 24 * end])
+            cache.put(key, CachedRows(model, t[lo:end].copy(), e[lo:end].copy()))
     req_rows = np.flatnonzero(is_req)
     req_power = np.empty(count)
     req_power[ext_job[req_rows]] = (
