@@ -136,10 +136,12 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
         now[best] = lad.remaining_s[k]
         if k + 1 < len(lad.counts):
             c = lad.counts[k + 1] - lad.counts[k]
-            ratio = lad.remaining_s[k] / lad.remaining_s[k + 1]
+            # Speeds as AFS-L writes them, so that exact ties between jobs
+            # (common with power-of-two ladders) break the same way.
+            s0, s1 = 1.0 / lad.remaining_s[k], 1.0 / lad.remaining_s[k + 1]
             cost[best] = float(c)
-            gain_old[best] = (ratio - 1.0) / c
-            gain_new[best] = (1.0 - 1.0 / ratio) / c
+            gain_old[best] = (s1 - s0) / s0 / c
+            gain_new[best] = (s1 - s0) / s1 / c
             held_max = max(held_max, gain_old[best])
         else:
             cost[best] = inf
