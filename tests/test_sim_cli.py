@@ -154,3 +154,4 @@ def test_quick_comparison_writes_json_files_and_report(
     text = report.read_text()
     assert "stand-in for the paper's Alibaba PAI subset" in text
     assert "out/jct_vs_energy.png" in text
+    assert "Only the jobs submitted in the first 2 h" in text  # --quick's window, said

@@ -48,6 +48,19 @@ def _cell(value: Any, scale: float, digits: int) -> str:
     return f"{value * scale:.{digits}f}"
 
 
+def _window_note(trace: TraceSpec, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Say so when only part of the trace ran: a window is a compromise for time."""
+    if trace.hours is None or trace.synthetic is not None:
+        return []
+    jobs = rows[0]["jobs"] if rows else "?"
+    return [
+        f"**Only the jobs submitted in the first {trace.hours:g} h ({jobs} jobs) ran**, to keep"
+        " the comparison within its time budget (the whole trace takes about 28 minutes on"
+        " two cores); `docs/results-full.md` holds the whole trace on 64 x 8 A100.",
+        "",
+    ]
+
+
 def results_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     head = ["scheduler", "setting", *(label for _, label, _, _ in COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -111,6 +124,7 @@ def write_report(
         " iteration counts; progress and energy come from the A100 ground truth"
         " (`powerflow.groundtruth`).",
         "",
+        *_window_note(trace, rows),
         f"Cluster: {config.nodes} nodes x {config.gpus_per_node} A100 = {config.total_gpus} GPUs;"
         f" re-evaluation every {config.interval_s:.0f} s; checkpoint-restart"
         f" {config.restart_s:.0f} s per rescale, migration or resume; measurement noise"
