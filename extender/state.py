@@ -108,7 +108,7 @@ class Reservations(dict[GangKey, Gang]):
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("Reservations change only by [key] =, del, pop, clear and reblock")
 
-    update = setdefault = popitem = __ior__ = _refuse  # type: ignore[assignment]
+    update = setdefault = popitem = __ior__ = _refuse
 
     def _move(self, old: tuple[GpuSlot, ...], new: tuple[GpuSlot, ...]) -> None:
         touched: set[str] = set()
