@@ -56,8 +56,11 @@ class JobRequest:
 
 def _int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
     value: Any = spec
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
+    if "." not in path:  # most fields: no split (parsing is per job per cold pass)
+        value = spec.get(path) if isinstance(spec, dict) else None
+    else:
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
     if value is None:
         if default is None:
             raise ResourceError("MissingField", f"spec.{path} is required")

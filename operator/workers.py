@@ -113,12 +113,15 @@ def worker_pods(
     resources = _gpu_resources((trainer or {}).get("resources"))
     owners = [owner_reference(job)]
     subdomain = service_name(job.name)
+    # The env entries are the same for every worker but RANK: built once per call
+    # and shared (read-only, like the rest of the template), only RANK's entry per pod.
+    entries = [{"name": k, "value": v} for k, v in values.items()]
+    rank = list(values).index("RANK")
+    head, tail = kept_env + entries[:rank], entries[rank + 1 :]
     pods: list[PodBody] = []
     for index in range(ws.gpus) if indices is None else indices:
         name = pod_name(job.name, ws.generation, index)
-        env = kept_env + [
-            {"name": k, "value": str(index) if k == "RANK" else v} for k, v in values.items()
-        ]
+        env = [*head, {"name": "RANK", "value": str(index)}, *tail]
         pod_containers = [
             {**c, "env": env, "resources": resources} if c is trainer else c for c in containers
         ]
