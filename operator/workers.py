@@ -118,22 +118,33 @@ def worker_pods(
     entries = [{"name": k, "value": v} for k, v in values.items()]
     rank = list(values).index("RANK")
     head, tail = kept_env + entries[:rank], entries[rank + 1 :]
+    # Per-pod dicts are copies of per-call prototypes with the per-worker keys
+    # overwritten in place: same key order as building each one from scratch.
+    at = next((i for i, c in enumerate(containers) if c is trainer), -1)
+    trainer_proto = {**(trainer or {}), "env": None, "resources": resources}
+    spec_proto = {
+        **spec,
+        "containers": None,
+        "schedulerName": contract.SCHEDULER_NAME,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": job.grace_s,
+        "hostname": None,
+        "subdomain": subdomain,
+    }
     pods: list[PodBody] = []
     for index in range(ws.gpus) if indices is None else indices:
-        name = pod_name(job.name, ws.generation, index)
-        env = [*head, {"name": "RANK", "value": str(index)}, *tail]
-        pod_containers = [
-            {**c, "env": env, "resources": resources} if c is trainer else c for c in containers
-        ]
-        pod_spec = {
-            **spec,
-            "containers": pod_containers,
-            "schedulerName": contract.SCHEDULER_NAME,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": job.grace_s,
-            "hostname": name,
-            "subdomain": subdomain,
-        }
+        name = f"{job.name}-g{ws.generation}-w{index}"  # pod_name, inlined
+        rank_s = str(index)
+        pod_containers = list(containers)
+        if at >= 0:
+            pod_trainer = trainer_proto.copy()
+            pod_trainer["env"] = [*head, {"name": "RANK", "value": rank_s}, *tail]
+            pod_containers[at] = pod_trainer
+        pod_spec = spec_proto.copy()
+        pod_spec["containers"] = pod_containers
+        pod_spec["hostname"] = name
+        labels = base_labels.copy()
+        labels[contract.WORKER_INDEX_LABEL] = rank_s
         pods.append(
             {
                 "apiVersion": "v1",
@@ -141,8 +152,8 @@ def worker_pods(
                 "metadata": {
                     "name": name,
                     "namespace": job.namespace,
-                    "labels": {**base_labels, contract.WORKER_INDEX_LABEL: str(index)},
-                    "annotations": dict(annotations),
+                    "labels": labels,
+                    "annotations": annotations.copy(),
                     "ownerReferences": owners,
                 },
                 "spec": pod_spec,

@@ -9,6 +9,7 @@ annotations or resources shows up as an inequality.
 from __future__ import annotations
 
 import copy
+import json
 import random
 from typing import Any
 
@@ -123,7 +124,10 @@ def test_worker_pods_equal_the_reference(seed: int) -> None:
         gpus = rng.choice([1, 2, 4, 8, 16])
         ws = WorkerSet(rng.randrange(1, 9), gpus, rng.choice([8, 32, 64]), rng.randrange(900, 1410))
         indices = rng.sample(range(gpus), rng.randrange(1, gpus + 1))
-        assert worker_pods(job, ws) == [reference_pod(job, ws, k) for k in range(gpus)]
+        pods = worker_pods(job, ws)
+        assert pods == [reference_pod(job, ws, k) for k in range(gpus)]
+        # the same JSON too: key order is what the API server receives
+        assert json.dumps(pods) == json.dumps([reference_pod(job, ws, k) for k in range(gpus)])
         assert worker_pods(job, ws, indices) == [reference_pod(job, ws, k) for k in indices]
         k = rng.randrange(gpus)
         assert worker_pod(job, ws, k) == reference_pod(job, ws, k)
