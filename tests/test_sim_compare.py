@@ -43,6 +43,11 @@ def test_ratios_at_equal_energy_and_at_zeus_level() -> None:
     assert ratios["gandiva"]["at_zeus_energy"] == pytest.approx(4.0 / 1.5)
     assert ratios["gandiva+zeus"]["at_zeus_energy"] == pytest.approx(5.0 / 1.5)
     assert ratios["gandiva+zeus"]["max"] == pytest.approx(5.0 / 1.5)
+    # dominance, measured points only, PowerFlow's energy <= the baseline's:
+    # gandiva (10, 6) / pf (10, 2) = 3.0; (20, 2) / pf (20, 1) = 2.0, / pf (10, 2) = 1.0
+    assert ratios["gandiva"]["dominance"] == pytest.approx(3.0)
+    # gandiva+zeus (15, 5) may only meet pf (10, 2): 2.5, below the interpolated 5 / 1.5
+    assert ratios["gandiva+zeus"]["dominance"] == pytest.approx(2.5)
 
 
 def test_zeus_point_outside_the_sweep_uses_the_5_percent_rule() -> None:
@@ -55,6 +60,42 @@ def test_zeus_point_outside_the_sweep_uses_the_5_percent_rule() -> None:
     ratios = jct_ratios(rows)
     assert ratios["tiresias+zeus"]["at_zeus_energy"] == pytest.approx(1.5)
     assert ratios["gandiva+zeus"]["at_zeus_energy"] is None
+
+
+def test_dominance_when_powerflow_is_cheaper_and_faster_than_every_baseline_run() -> None:
+    rows = [
+        _row("powerflow", 5.0, 2.0),
+        _row("powerflow", 8.0, 1.5),
+        _row("tiresias", 10.0, 4.0),
+        _row("tiresias", 12.0, 3.0),
+    ]
+    r = jct_ratios(rows)["tiresias"]
+    assert r["max"] is None  # the energy ranges 5..8 and 10..12 do not meet
+    assert r["at_zeus_energy"] is None
+    # pairs: 4/2 = 2.0, 4/1.5 = 8/3, 3/2 = 1.5, 3/1.5 = 2.0
+    assert r["dominance"] == pytest.approx(8.0 / 3.0)
+
+
+def test_no_dominance_when_powerflow_is_dearer_or_slower() -> None:
+    dearer = [
+        _row("powerflow", 20.0, 1.0),
+        _row("powerflow", 30.0, 0.5),
+        _row("gandiva", 10.0, 4.0),
+        _row("gandiva", 12.0, 3.0),
+    ]
+    r = jct_ratios(dearer)["gandiva"]
+    assert r["max"] is None
+    assert r["dominance"] is None  # no PowerFlow point at or below 12
+    slower = [
+        _row("powerflow", 5.0, 5.0),
+        _row("powerflow", 20.0, 1.0),
+        _row("gandiva", 10.0, 4.0),
+    ]
+    # the only allowed pair, 4 / 5 = 0.8, is not a win, although PowerFlow's
+    # interpolated JCT at 10 is 5 - 4 * 5/15 = 11/3: dominance is conservative
+    r = jct_ratios(slower)["gandiva"]
+    assert r["dominance"] is None
+    assert r["max"] == pytest.approx(4.0 / (11.0 / 3.0))
 
 
 def test_comparison_defaults_to_its_window_unless_told() -> None:

@@ -92,8 +92,14 @@ def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
     table.add_column("baseline")
     table.add_column("max over common energy", justify="right")
     table.add_column("at Zeus energy", justify="right")
+    table.add_column("dominance (PowerFlow at <= energy)", justify="right")
     for name, r in ratios.items():
-        table.add_row(name, _fmt(r.get("max")), _fmt(r.get("at_zeus_energy")))
+        table.add_row(
+            name,
+            _fmt(r.get("max")),
+            _fmt(r.get("at_zeus_energy")),
+            _fmt(r.get("dominance")),
+        )
     return table
 
 
