@@ -23,8 +23,8 @@ that the smaller load still contends for the smaller cluster."""
 COMPARISON_HOURS = 6.0
 COMPARISON_NODES = 16
 """The default comparison: the first six hours of the trace (760 jobs) on
-16 x 8 GPUs. The whole 24-hour trace on 64 x 8 takes about 28 minutes for the
-17 runs on two cores (docs/results-full.md), far over the 5-minute budget;
+16 x 8 GPUs. The whole 24-hour trace on 64 x 8 took 6 min 18 s for the 17
+runs on two cores (docs/results-full.md), over the 5-minute budget;
 six hours of submissions (10,500 GPU-hours of work at the requested counts)
 keep 128 GPUs contended for the whole window, as the full trace does 512, and
 the 17 runs fit in the budget. ``--hours 24 --nodes 64`` runs the full trace."""
