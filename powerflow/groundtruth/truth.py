@@ -28,6 +28,13 @@ THROUGHPUT_FOLDERS: dict[str, str] = {"A100": "a100-throughput"}
 
 GPUS_PER_NODE = 8  # the table was measured on 8-GPU A100 nodes
 
+# Evaluations of at most this many rows are remembered (GroundTruth._phases),
+# up to this many distinct inputs per model (then the memo starts afresh).
+MEMO_MAX_ROWS = 64
+MEMO_MAX_ENTRIES = 100_000
+
+_Phases = tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]
+
 # Share of a GPU-light phase (exposed all-reduce, per-iteration overhead) whose
 # duration follows the core clock: NCCL all-reduce is bound by NVLink/InfiniBand
 # bandwidth and the overhead by host-side work and memory-bound optimizer
@@ -72,6 +79,10 @@ class GroundTruth:
     curves: FrequencyCurves | None = field(default=None, repr=False, compare=False)
     sync_log2_gb: tuple[float, ...] = ()  # grid of log2 global batch (table rows)
     sync_log_s: FloatArray | None = field(default=None, repr=False, compare=False)
+    _memo: dict[tuple[object, ...], _Phases] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """``_phases`` of small inputs by their exact bytes (see ``_phases``)."""
 
     # -- full-clock pieces ---------------------------------------------------
 
@@ -138,13 +149,36 @@ class GroundTruth:
 
     # -- the PerfModel protocol ------------------------------------------------
 
-    def _phases(
-        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
-    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
-        """(n, heavy s, light s, heavy W, light W) per GPU for each configuration."""
-        assert self.curves is not None
+    def _phases(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike) -> _Phases:
+        """(n, heavy s, light s, heavy W, light W) per GPU for each configuration.
+
+        The simulator asks for the same few configurations again and again
+        (every profile of a model at a GPU count, every pre-run of a batch
+        size), each time a handful of rows whose numpy overhead outweighs the
+        arithmetic; so small inputs are remembered by their exact float64
+        bytes and answered with the very arrays computed the first time
+        (read-only: callers only combine them into new arrays).
+        """
         cols = np.broadcast_arrays(n, r, bs, f)
         n_, r_, bs_, f_ = (np.asarray(x, dtype=np.float64) for x in cols)
+        if n_.size > MEMO_MAX_ROWS:
+            return self._compute_phases(n_, r_, bs_, f_)
+        key = (n_.shape, n_.tobytes(), r_.tobytes(), bs_.tobytes(), f_.tobytes())
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._compute_phases(n_.copy(), r_, bs_, f_)
+            for a in hit:
+                if isinstance(a, np.ndarray):
+                    a.flags.writeable = False
+            if len(self._memo) >= MEMO_MAX_ENTRIES:
+                self._memo.clear()
+            self._memo[key] = hit
+        return hit
+
+    def _compute_phases(
+        self, n_: FloatArray, r_: FloatArray, bs_: FloatArray, f_: FloatArray
+    ) -> _Phases:
+        assert self.curves is not None
         _validate(n_, r_, bs_, f_, self.gpus_per_node)
         f_ = np.clip(f_, self.gpu.min_clock_mhz, self.gpu.max_clock_mhz)
         tau = self.curves.time_factor(f_)

@@ -25,6 +25,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -109,6 +110,8 @@ class Simulation:
         self._held_gpus = 0
         self._last_busy_s = 0.0
         self._shares_dirty = True
+        self._power_dirty = True
+        self._next_job_s = math.inf  # soonest next_event_s of a holder, set by _refresh
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
 
     # ------------------------------------------------------------------ Backend
@@ -168,7 +171,7 @@ class Simulation:
                 if self._next_arrival < len(ordered)
                 else math.inf
             )
-            t_job = min((j.next_event_s for j in self._holders.values()), default=math.inf)
+            t_job = self._next_job_s
             if self._preruns:
                 t_job = min(t_job, self._preruns[0][0])
             t_due = max(last_call + gap, self.now) if pending else math.inf
@@ -185,8 +188,10 @@ class Simulation:
             pending |= self._arrivals()
             while self._preruns and self._preruns[0][0] <= self.now + EPS:
                 pending |= self._make_visible(self._active[heapq.heappop(self._preruns)[1]])
-            for job in [j for j in self._holders.values() if j.next_event_s <= self.now + EPS]:
-                pending |= self._job_event(job)
+            due = self.now + EPS
+            if self._next_job_s <= due:
+                for job in [j for j in self._holders.values() if j.next_event_s <= due]:
+                    pending |= self._job_event(job)
             if next_tick <= self.now + EPS:
                 pending = True
                 next_tick = self.now + self.cfg.interval_s
@@ -370,6 +375,7 @@ class Simulation:
         self._set_rates(job)
 
     def _set_rates(self, job: SimJob) -> None:
+        self._power_dirty = True
         name = job.trace.model_name
         if job.phase is Phase.PROFILE:
             job.step_s, job.power_w = self.rates.sweep(
@@ -428,8 +434,9 @@ class Simulation:
                 job.attained_gpu_s += job.n * dt
                 job.run_s += dt
                 if job.computing:
-                    job.done_iters += dt * job.share / job.step_s
-                    job.energy_j += dt * job.share * job.power_w
+                    share = job.share
+                    job.done_iters += dt * share / job.step_s
+                    job.energy_j += dt * share * job.power_w
             tot = self._totals
             powered = self._powered_gpus()
             idle_w = (powered - self._busy_gpus) * self.cfg.gpu.idle_power_w
@@ -446,34 +453,61 @@ class Simulation:
         return (self.cfg.nodes - len(self._powered_down)) * self.cfg.gpus_per_node
 
     def _refresh(self) -> None:
-        """Recompute shares, cluster power and every job's next event."""
+        """Recompute shares, cluster power and every job's next event.
+
+        Shares and power change only when a job changes phase, placement or
+        rates (the dirty flags); they are then summed again in the same order,
+        so the cached sums are the very floats a full pass gives. Next events
+        depend on progress, so they are recomputed every time.
+        """
         holders = self._holders.values()
         if self._shares_dirty:
-            load: Counter[GpuSlot] = Counter()
+            slots: set[GpuSlot] = set()
+            wanted = 0
             for job in holders:
-                load.update(job.placement)
-            shared = len(load) < sum(job.n for job in holders)
-            for job in holders:
-                job.share = 1.0 / max(load[s] for s in job.placement) if shared else 1.0
-            self._held_gpus = len(load)
+                slots.update(job.placement)
+                wanted += job.n
+            if len(slots) < wanted:  # some GPU is time-sliced
+                load = Counter(chain.from_iterable(job.placement for job in holders))
+                count = load.__getitem__
+                for job in holders:
+                    job.share = 1.0 / max(map(count, job.placement))
+            else:
+                for job in holders:
+                    job.share = 1.0
+            self._held_gpus = len(slots)
             self._shares_dirty = False
-        active_w = 0.0
-        busy = 0.0
-        for job in holders:
-            if job.computing:
-                active_w += job.share * job.power_w
-                busy += job.share * job.n
-        self._active_w = active_w
-        self._busy_gpus = busy
+            self._power_dirty = True
+        if self._power_dirty:
+            active_w = 0.0
+            busy = 0.0
+            for job in holders:
+                if job.computing:
+                    active_w += job.share * job.power_w
+                    busy += job.share * job.n
+            self._active_w = active_w
+            self._busy_gpus = busy
+            self._power_dirty = False
+        now = self.now
+        soonest = math.inf
         for job in holders:
             end = job.phase_end_s
-            job.next_is_completion = False
             if job.computing:
-                finish = self.now + job.remaining * job.step_s / job.share
+                remaining = job.iterations - job.done_iters
+                if remaining < 0.0:
+                    remaining = 0.0
+                finish = now + remaining * job.step_s / job.share
                 if finish <= end:
                     end = finish
                     job.next_is_completion = True
+                else:
+                    job.next_is_completion = False
+            else:
+                job.next_is_completion = False
             job.next_event_s = end
+            if end < soonest:
+                soonest = end
+        self._next_job_s = soonest
         self._record()
 
     def _record(self) -> None:
@@ -499,16 +533,31 @@ class Simulation:
 
         ``elapsed_s`` is the time the job has held GPUs (its age is
         ``now_s - arrival_s``); ``attained_gpu_s`` is GPU-seconds held, which
-        Tiresias's LAS ranks on.
+        Tiresias's LAS ranks on. A job holding GPUs makes progress between
+        snapshots, so its view usually differs only in those three numbers:
+        that case copies the previous view and sets them (``_with_progress``),
+        which costs a fraction of building a ``Job``.
         """
         knowledge = job.knowledge
         assert knowledge is not None
-        if job.view is not None and not job.holding and job.view_model is knowledge.model:
-            return job.view
+        view = job.view
+        model = knowledge.model
+        if view is not None and job.view_model is model:
+            if not job.holding:
+                return view
+            if (
+                view.placement is job.placement
+                and view.frequency_mhz == job.f
+                and view.pinned is (job.phase is not Phase.RUN)
+            ):
+                job.view = _with_progress(
+                    view, max(job.remaining, 1e-9), job.run_s, job.attained_gpu_s
+                )
+                return job.view
         tj = job.trace
         job.view = Job(
             id=tj.job_id,
-            model=knowledge.model,
+            model=model,
             remaining_iterations=max(job.remaining, 1e-9),
             global_batch_size=tj.global_batch_size,
             requested_gpus=tj.num_gpu,
@@ -520,7 +569,7 @@ class Simulation:
             model_name=tj.model_name,
             pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
         )
-        job.view_model = knowledge.model
+        job.view_model = model
         return job.view
 
     def _result(self, wall_s: float) -> RunResult:
@@ -570,3 +619,20 @@ class Simulation:
             events=tot.events,
             wall_s=wall_s,
         )
+
+
+_new_object = object.__new__
+
+
+def _with_progress(view: Job, remaining: float, elapsed_s: float, attained_gpu_s: float) -> Job:
+    """``dataclasses.replace(view, ...)`` for the three progress fields, without
+    running ``Job.__init__`` (a frozen dataclass sets each field through
+    ``object.__setattr__``; copying the instance dictionary is several times
+    cheaper, and ``Job`` has no ``__post_init__`` to skip)."""
+    out = _new_object(Job)
+    fields = out.__dict__
+    fields.update(view.__dict__)
+    fields["remaining_iterations"] = remaining
+    fields["elapsed_s"] = elapsed_s
+    fields["attained_gpu_s"] = attained_gpu_s
+    return out

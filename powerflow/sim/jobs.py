@@ -40,6 +40,7 @@ class SimJob:
         "finish_s",
         "holding",
         "index",
+        "iterations",
         "knowledge",
         "migrations",
         "n",
@@ -74,6 +75,7 @@ class SimJob:
     def __init__(self, index: int, trace: TraceJob, truth: PerfModel, seed: int) -> None:
         self.index = index
         self.trace = trace
+        self.iterations = trace.iterations  # read in the engine's hot loop
         self.truth = truth
         self.rng = np.random.default_rng([seed, index])
         self.phase = Phase.PENDING
@@ -113,7 +115,7 @@ class SimJob:
 
     @property
     def remaining(self) -> float:
-        return max(self.trace.iterations - self.done_iters, 0.0)
+        return max(self.iterations - self.done_iters, 0.0)
 
     def set_phase(self, phase: Phase) -> None:
         """Change phase; ``holding``/``computing`` are cached for the hot loops."""
