@@ -10,17 +10,22 @@ from models_synth import TRUE, grid, sample
 
 from powerflow.errors import ModelError
 from powerflow.gpus import A100
+from powerflow.models import energy, throughput
 from powerflow.models.fitted import FittedModel
 from powerflow.models.fitting import (
     MIN_SAMPLES,
     FitOptions,
+    _EnergyModel,
+    _Problem,
+    _TimeModel,
+    _Unbounded,
     fit_profile,
     fit_with_prior,
     refit_online,
     rescale_prior,
 )
 from powerflow.models.metrics import accuracy, split
-from powerflow.models.params import ModelParams
+from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
 from powerflow.models.samples import Samples
 
 
@@ -138,3 +143,77 @@ def test_fewer_starts_still_fit(profile: Samples) -> None:
     params = fit_profile(profile, A100, options=FitOptions(starts=1))
     acc = accuracy(FittedModel(params), profile)
     assert acc.throughput_mape < 0.02 and acc.energy_mape < 0.02
+
+
+# --- the fast path: same model, same objective, cheaper ---------------------
+
+
+def _random_problem(seed: int) -> tuple[Samples, ThroughputParams, EnergyParams]:
+    rng = np.random.default_rng(seed)
+    m = 60
+    n = 2.0 ** rng.integers(0, 6, m) if seed % 3 else np.ones(m)
+    r = np.minimum(n, 2.0 ** rng.integers(0, 4, m))
+    bs = rng.uniform(1, 256, m)
+    f = rng.choice(np.asarray(A100.clocks_mhz, dtype=np.float64), m)
+    x = rng.uniform(0, 0.01, 15) * (rng.random(15) > 0.2)  # some terms exactly 0
+    x[4] = max(x[4], 1e-6)
+    x[13:] = rng.uniform(1, 6, 2)
+    e = rng.uniform(0.0, 1.0, 12) * np.array([300, 0.5, 1, 1, 3, 3, 200, 1, 3, 3, 100, 1])
+    e[2] += 1.0
+    e[10] += 1.0
+    ones = np.ones(m)
+    return (
+        Samples(n, r, bs, f, ones, ones),
+        ThroughputParams.from_vector(x),
+        EnergyParams.from_vector(e),
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_models_match_the_generic_jacobians(seed: int) -> None:
+    s, tp, ep = _random_problem(seed)
+    want, want_jac = throughput.log_step_time_jacobian(tp, s.n, s.r, s.bs, s.f)
+    got, got_jac = _TimeModel(s)(tp.to_vector())
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_jac, want_jac, rtol=1e-9, atol=1e-12)
+    grad = throughput.t_grad(tp, s.bs, s.f)
+    sync = throughput.t_sync(tp, s.n, s.r, s.f)
+    it = throughput.combine(tp, throughput.t_io(tp, s.r, s.bs), grad, sync)
+    f_rel = s.f / A100.f0_mhz
+    want, want_jac = energy.log_energy_jacobian(ep, s.n, s.bs, f_rel, grad, sync, it)
+    got, got_jac = _EnergyModel(tp, A100, s)(ep.to_vector())
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(got_jac, want_jac, rtol=1e-9, atol=1e-14)
+
+
+def test_free_coordinates_keep_the_bounds_and_the_soft_l1_cost() -> None:
+    lo, hi = EnergyParams.bounds()
+    x = TRUE.energy.to_vector()
+    problem = _Problem(lambda v: (v, np.eye(len(v))), np.zeros(len(x)), None, np.ones(len(x)), 0)
+    free = _Unbounded(problem, (lo, hi), np.abs(x) + 1.0, "soft_l1", 0.05)
+    back, _ = free.to_x(free.to_u(x))
+    np.testing.assert_allclose(back, x, rtol=1e-9)
+    for u in (np.full(len(x), -800.0), np.full(len(x), 800.0)):
+        edge, _ = free.to_x(u)
+        assert np.all(edge >= lo) and np.all(edge <= hi)
+    res, _ = free(free.to_u(x))
+    z = (x / 0.05) ** 2  # the residuals of this problem are x itself
+    assert 0.5 * res @ res == pytest.approx(0.5 * 0.05**2 * np.sum(2 * (np.sqrt(1 + z) - 1)))
+
+
+def test_lm_reaches_the_optimum_of_trf() -> None:
+    """The default solver stops where scipy's trf (tight tolerance) does: the
+    same predictions on every configuration, single- and multi-GPU."""
+    job = _other_job(TRUE, 2.5, 0.7)
+    sweep = _sweep(job, 64.0, 0)
+    online = sample(job, grid(clock_step=16), noise=0.01, seed=2)
+    data = Samples.concat([sweep, online])
+    everything = sample(job, grid(clock_step=8), noise=0.0, seed=0)
+    cols = (everything.n, everything.r, everything.bs, everything.f)
+    for samples in (sweep, data):
+        lm = FittedModel(fit_with_prior(TRUE, samples, A100)).predict(*cols)
+        trf = FittedModel(
+            fit_with_prior(TRUE, samples, A100, options=FitOptions(method="trf"))
+        ).predict(*cols)
+        for a, b in zip(lm, trf, strict=True):
+            assert np.max(np.abs(a / b - 1)) < 0.005

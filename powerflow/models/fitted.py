@@ -77,10 +77,18 @@ class FittedModel:
     def _predict_flat(
         self, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
     ) -> tuple[FloatArray, FloatArray]:
-        tp = self.params.throughput
-        grad = throughput.t_grad(tp, bs, f)
-        sync = throughput.t_sync(tp, n, r, f)
-        it = throughput.combine(tp, throughput.t_io(tp, r, bs), grad, sync)
-        f_rel = f / self._f0_mhz
-        e = energy.energy_per_iter(self.params.energy, n, bs, f_rel, grad, sync, it)
-        return it, e
+        return predict_flat(self.params, self._f0_mhz, n, r, bs, f)
+
+
+def predict_flat(
+    params: ModelParams, f0_mhz: float, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Step time and energy of equal-length 1-D columns: ``FittedModel.predict``
+    without its broadcasting, blocking and GPU lookup, for callers (the
+    fitting code) that predict a few hundred samples thousands of times."""
+    tp = params.throughput
+    grad = throughput.t_grad(tp, bs, f)
+    sync = throughput.t_sync(tp, n, r, f)
+    it = throughput.combine(tp, throughput.t_io(tp, r, bs), grad, sync)
+    e = energy.energy_per_iter(params.energy, n, bs, f / f0_mhz, grad, sync, it)
+    return it, e

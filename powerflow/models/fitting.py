@@ -36,11 +36,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares
+from scipy.special import expit, xlogy
 
 from powerflow.errors import ModelError
 from powerflow.gpus import GpuSpec
-from powerflow.models import energy, throughput
-from powerflow.models.fitted import FittedModel
+from powerflow.models import throughput
+from powerflow.models.fitted import predict_flat
 from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
 from powerflow.models.protocol import FloatArray
 from powerflow.models.samples import Samples
@@ -69,6 +70,7 @@ class FitOptions:
     """``ftol``/``xtol`` of ``least_squares`` (scipy's default): stop when the
     cost or the parameters move less than this, relatively. A warm-started
     online refit can stop far earlier (see ``refit_online``)."""
+    method: str = "lm"
 
 
 class _Problem:
@@ -90,6 +92,7 @@ class _Problem:
         self._log_measured = log_measured
         self._prior = prior if weight > 0 else None
         self._pull = weight / np.maximum(np.abs(prior), floor) if prior is not None else None
+        self._pull_jac = np.diag(self._pull) if self._pull is not None else None
         self._key: bytes | None = None
         self._cache: tuple[FloatArray, FloatArray] = (np.empty(0), np.empty((0, 0)))
 
@@ -100,9 +103,12 @@ class _Problem:
             res = pred - self._log_measured
             if self._prior is not None and self._pull is not None:
                 res = np.concatenate([res, self._pull * (x - self._prior)])
-                jac = np.vstack([jac, np.diag(self._pull)])
+                jac = np.concatenate([jac, self._pull_jac])
             self._key, self._cache = key, (res, jac)
         return self._cache
+
+    def __call__(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+        return self._eval(x)
 
     def fun(self, x: FloatArray) -> FloatArray:
         return self._eval(x)[0]
@@ -122,6 +128,8 @@ def _solve(
     opts: FitOptions,
     max_nfev: int,
 ) -> tuple[FloatArray, float]:
+    if opts.method == "lm":
+        return _solve_lm(problem, x0, bounds, scale, opts, max_nfev)
     lo, hi = bounds
     x0 = np.clip(x0, lo, hi)
     res = least_squares(
@@ -140,17 +148,203 @@ def _solve(
     return np.asarray(res.x, dtype=np.float64), float(res.cost)
 
 
+class _Unbounded:
+    """The bounded problem in free coordinates ``u``, for MINPACK's ``lm``.
+
+    ``x = lo + s*softplus(u)`` where only the lower bound is finite and
+    ``x = lo + (hi-lo)*sigmoid(u)`` where both are, ``s`` the parameter's
+    scale: every ``u`` is feasible, and near the start a unit step in ``u``
+    moves ``x`` by about its scale. The soft-L1 loss becomes a transform of
+    the residuals, ``r' = r*sqrt(2/(1 + sqrt(1 + (r/f)^2)))``, whose plain
+    sum of squares is exactly ``least_squares``' soft-L1 cost, so ``lm``
+    (which knows only the linear loss) minimises the same objective as
+    ``trf`` did.
+    """
+
+    def __init__(
+        self,
+        problem: _Problem,
+        bounds: tuple[FloatArray, FloatArray],
+        scale: FloatArray,
+        loss: str,
+        f_scale: float,
+    ) -> None:
+        if loss not in ("soft_l1", "linear"):
+            raise ModelError(f"method 'lm' supports the soft_l1 and linear losses, not {loss!r}")
+        lo, hi = bounds
+        self._problem = problem
+        self._lo = lo
+        self._two = np.isfinite(hi)
+        self._width = np.where(self._two, hi - lo, scale)
+        self._soft = loss == "soft_l1"
+        self._f = f_scale
+
+    def to_u(self, x: FloatArray) -> FloatArray:
+        q = (x - self._lo) / self._width
+        # Strictly inside, as trf starts: a parameter exactly on its bound
+        # would sit where the map is flat.
+        q = np.maximum(q, 1e-6)
+        u_one = np.log(np.expm1(np.minimum(q, 700.0)))
+        u_one = np.where(q > 30.0, q, u_one)
+        qt = np.clip(q, 1e-6, 1.0 - 1e-6)
+        u_two = np.log(qt) - np.log1p(-qt)
+        return np.asarray(np.where(self._two, u_two, u_one), dtype=np.float64)
+
+    def to_x(self, u: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """``x(u)`` and ``dx/du``."""
+        sig = expit(u)
+        shape = np.where(self._two, sig, np.logaddexp(0.0, u))
+        slope = np.where(self._two, sig * (1.0 - sig), sig)
+        return self._lo + self._width * shape, self._width * slope
+
+    def __call__(self, u: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Residuals and Jacobian in ``u`` (loss applied)."""
+        x, dx = self.to_x(u)
+        res, jac = self._problem(x)
+        jac = jac * dx
+        if self._soft:
+            # r' = r*c with c = sqrt(2/(1 + root)), root = sqrt(1 + (r/f)^2);
+            # dr'/dr = r*rho'/r' = 1/(root*c) with rho' = 1/root.
+            root = np.sqrt(1.0 + (res / self._f) ** 2)
+            c = np.sqrt(2.0 / (1.0 + root))
+            res, jac = res * c, jac * (1.0 / (root * c))[:, None]
+        return res, jac
+
+
+def _levenberg_marquardt(
+    fun: Callable[[FloatArray], tuple[FloatArray, FloatArray]],
+    u0: FloatArray,
+    max_nfev: int,
+    tol: float,
+) -> tuple[FloatArray, float]:
+    """Minimise ``|r(u)|^2 / 2`` from ``u0``; returns ``u`` and that cost.
+
+    Levenberg's damping ``(J'J + mu*I) h = -J'r`` with Nielsen's update of
+    ``mu`` (Madsen, Nielsen & Tingleff, "Methods for non-linear least
+    squares problems", 2004, algorithm 3.16); ``u`` is unit-scaled by
+    ``_Unbounded``, so the identity is the right metric. Stops after
+    ``max_nfev`` evaluations, when an accepted step lowers the cost by under
+    ``tol`` relatively, or when a step is shorter than ``tol*(tol + |u|)``
+    (``least_squares``' ``ftol``/``xtol``). Why not ``least_squares``: on
+    the simulator's 100-row problems its ``trf`` spends ~6 ms per call in
+    Python bookkeeping (SVDs, step selection, wrapper setup) around ~0.1 ms
+    evaluations, and even its MINPACK ``lm`` ~0.8 ms per call; this loop
+    costs a 15 x 15 solve per step.
+    """
+    u = u0
+    r, jac = fun(u)
+    cost = 0.5 * float(r @ r)
+    a, g = jac.T @ jac, jac.T @ r
+    eye = np.eye(len(u))
+    mu = 1e-3 * max(float(np.max(np.diag(a))), 1e-12)
+    nu = 2.0
+    nfev = 1
+    while nfev < max_nfev and np.isfinite(mu):
+        try:
+            h = np.linalg.solve(a + mu * eye, -g)
+        except np.linalg.LinAlgError:
+            mu, nu = mu * nu, nu * 2.0
+            continue
+        if float(np.linalg.norm(h)) <= tol * (tol + float(np.linalg.norm(u))):
+            break
+        u_new = u + h
+        r_new, jac_new = fun(u_new)
+        nfev += 1
+        cost_new = 0.5 * float(r_new @ r_new)
+        if not cost_new < cost:  # also rejects NaN
+            mu, nu = mu * nu, nu * 2.0
+            continue
+        gain = (cost - cost_new) / max(0.5 * float(h @ (mu * h - g)), 1e-300)
+        small = cost - cost_new <= tol * cost
+        u, r, jac, cost = u_new, r_new, jac_new, cost_new
+        a, g = jac.T @ jac, jac.T @ r
+        mu *= max(1.0 / 3.0, 1.0 - (2.0 * gain - 1.0) ** 3)
+        nu = 2.0
+        if small:
+            break
+    return u, cost
+
+
+def _solve_lm(
+    problem: _Problem,
+    x0: FloatArray,
+    bounds: tuple[FloatArray, FloatArray],
+    scale: FloatArray,
+    opts: FitOptions,
+    max_nfev: int,
+) -> tuple[FloatArray, float]:
+    free = _Unbounded(problem, bounds, scale, opts.loss, opts.f_scale)
+    u, cost = _levenberg_marquardt(free, free.to_u(np.clip(x0, *bounds)), max_nfev, opts.tol)
+    x, _ = free.to_x(u)
+    return np.clip(x, *bounds), cost
+
+
 # --- stage 1: step time -------------------------------------------------------
+
+
+def _pnorm_d(
+    a: FloatArray, b: FloatArray, g: float
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """``(a^g + b^g)^(1/g)``, its partials in ``a`` and ``b`` and its
+    log-derivative in ``g``, relative to the larger term like
+    ``throughput._pnorm`` (``a``, ``b`` >= 0, not both 0)."""
+    a_hi = a >= b
+    hi = np.where(a_hi, a, b)
+    q = np.where(a_hi, b, a) / hi
+    qg = q**g
+    s = 1.0 + qg
+    root = s ** (1.0 / g)
+    d_hi = root / s
+    d_lo = d_hi * q ** (g - 1.0)
+    dlog_g = (xlogy(qg, q) / s - np.log(s) / g) / g
+    return hi * root, np.where(a_hi, d_hi, d_lo), np.where(a_hi, d_lo, d_hi), dlog_g
+
+
+class _TimeModel:
+    """``throughput.log_step_time_jacobian`` for fixed samples, from a vector.
+
+    Every term of ``T_iter`` is linear in its parameters, so the data-only
+    factors (``bs*r``, ``bs/f``, the placement masks, ``n-2``) form fixed
+    design matrices and each evaluation is three matrix products and two
+    p-norms: about a sixth of the generic function's numpy calls on the
+    100-row problems of the simulator (pinned equal to it in the tests).
+    """
+
+    def __init__(self, s: Samples) -> None:
+        f = s.f / 1000.0
+        one = np.ones_like(f)
+        self._io = np.stack([one, s.bs * s.r], axis=1)
+        self._grad = np.stack([one, s.bs, s.bs / f], axis=1)
+        multi = s.n > 1
+        local = (multi & (s.n == s.r))[:, None]
+        node = (multi & (s.n != s.r))[:, None]
+        base = np.stack([1.0 / f, (s.n - 2.0) / f, s.n - 2.0, one], axis=1)
+        self._sync = np.concatenate([base * local, base * node], axis=1)
+        # Without a multi-GPU row T_sync is 0 and T_iter is the inner norm.
+        self._multi = bool(multi.any())
+
+    def __call__(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+        io = self._io @ x[0:2]
+        grad = self._grad @ x[2:5]
+        inner, d_io, d_grad, dlog_g1 = _pnorm_d(io, grad, float(x[13]))
+        jac = np.zeros((len(io), 15))
+        if self._multi:
+            total, d_inner, d_sync, dlog_g2 = _pnorm_d(inner, self._sync @ x[5:13], float(x[14]))
+            w = d_inner / total
+            jac[:, 5:13] = self._sync * (d_sync / total)[:, None]
+            jac[:, 14] = dlog_g2
+        else:
+            total, w = inner, 1.0 / inner
+        jac[:, 0:2] = self._io * (w * d_io)[:, None]
+        jac[:, 2:5] = self._grad * (w * d_grad)[:, None]
+        jac[:, 13] = w * inner * dlog_g1
+        return np.log(total), jac
 
 
 def _time_problem(prior: FloatArray | None, opts: FitOptions) -> ProblemFactory:
     def make(s: Samples) -> _Problem:
-        def model(x: FloatArray) -> tuple[FloatArray, FloatArray]:
-            p = ThroughputParams.from_vector(x)
-            return throughput.log_step_time_jacobian(p, s.n, s.r, s.bs, s.f)
-
         floor = ThroughputParams.scale_floor()
-        return _Problem(model, np.log(s.step_time_s), prior, floor, opts.prior_weight)
+        return _Problem(_TimeModel(s), np.log(s.step_time_s), prior, floor, opts.prior_weight)
 
     return make
 
@@ -234,20 +428,57 @@ def _fit_stage(
 # --- stage 2: energy ----------------------------------------------------------
 
 
+class _EnergyModel:
+    """``energy.log_energy_jacobian`` for fixed samples and step-time terms.
+
+    ``kappa = 1 + s*x + c2*x^2 + c3*x^3`` (the cubic terms above the knee
+    only) is linear in its shape parameters, so each clock shape is one
+    product with a fixed ``(x, x^2, x^3)`` design (pinned equal to the
+    generic function in the tests).
+    """
+
+    def __init__(self, tp: ThroughputParams, gpu: GpuSpec, s: Samples) -> None:
+        grad = throughput.t_grad(tp, s.bs, s.f)
+        sync = throughput.t_sync(tp, s.n, s.r, s.f)
+        it = throughput.combine(tp, throughput.t_io(tp, s.r, s.bs), grad, sync)
+        x = s.f / gpu.f0_mhz - 1.0
+        xh = np.where(x >= 0.0, x, 0.0)
+        self._shape = np.stack([x, x * xh, x * x * xh], axis=1)
+        self._xh = xh
+        self._bs = s.bs
+        self._g = s.n * grad
+        self._s = s.n * sync
+        self._i = s.n * it
+
+    def __call__(self, p: FloatArray) -> tuple[FloatArray, FloatArray]:
+        p_grad, alpha, theta = float(p[0]), float(p[1]), float(p[2])
+        p_sync, p_static, slope = float(p[6]), float(p[10]), float(p[11])
+        log_bs = np.log(self._bs + theta)
+        util = 1.0 + alpha * log_bs
+        gk = self._g * (1.0 + self._shape @ p[3:6])
+        sk = self._s * (1.0 + self._shape @ p[7:10])
+        ist = self._i * (1.0 + slope * self._xh)
+        total = p_grad * gk * util + p_sync * sk + p_static * ist
+        inv = 1.0 / total
+        gw = p_grad * gk * inv
+        jac = np.empty((len(total), 12))
+        jac[:, 0] = gk * util * inv
+        jac[:, 1] = gw * log_bs
+        jac[:, 2] = gw * alpha / (self._bs + theta)
+        jac[:, 3:6] = self._shape * (self._g * (p_grad * inv) * util)[:, None]
+        jac[:, 6] = sk * inv
+        jac[:, 7:10] = self._shape * (self._s * (p_sync * inv))[:, None]
+        jac[:, 10] = ist * inv
+        jac[:, 11] = self._i * self._xh * (p_static * inv)
+        return np.log(total), jac
+
+
 def _energy_problem(
     tp: ThroughputParams, gpu: GpuSpec, prior: FloatArray | None, opts: FitOptions
 ) -> ProblemFactory:
     def make(s: Samples) -> _Problem:
-        grad = throughput.t_grad(tp, s.bs, s.f)
-        sync = throughput.t_sync(tp, s.n, s.r, s.f)
-        it = throughput.combine(tp, throughput.t_io(tp, s.r, s.bs), grad, sync)
-        f_rel = s.f / gpu.f0_mhz
-
-        def model(x: FloatArray) -> tuple[FloatArray, FloatArray]:
-            p = EnergyParams.from_vector(x)
-            return energy.log_energy_jacobian(p, s.n, s.bs, f_rel, grad, sync, it)
-
         floor = EnergyParams.scale_floor()
+        model = _EnergyModel(tp, gpu, s)
         return _Problem(model, np.log(s.energy_j), prior, floor, opts.prior_weight)
 
     return make
@@ -345,7 +576,8 @@ def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelPa
     moves with the clock) without imposing its size."""
     if prior.gpu != gpu.name:
         raise ModelError(f"prior is for {prior.gpu}, samples are for {gpu.name}")
-    pred_t, _ = FittedModel(prior).predict(samples.n, samples.r, samples.bs, samples.f)
+    s = samples
+    pred_t, _ = predict_flat(prior, gpu.f0_mhz, s.n, s.r, s.bs, s.f)
     k_t = float(np.median(samples.step_time_s / pred_t))
     tp = prior.throughput
     x = tp.to_vector()
@@ -357,7 +589,7 @@ def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelPa
     x[timed] *= k_t
     tp = ThroughputParams.from_vector(x)
     scaled = replace(prior, throughput=tp)
-    _, pred_e = FittedModel(scaled).predict(samples.n, samples.r, samples.bs, samples.f)
+    _, pred_e = predict_flat(scaled, gpu.f0_mhz, s.n, s.r, s.bs, s.f)
     k_e = float(np.median(samples.energy_j / pred_e))
     ep = prior.energy
     ep = replace(

@@ -48,9 +48,13 @@ class Knowledge:
 
 def placement_counts(samples: Samples) -> tuple[tuple[int, int, int], ...]:
     """How many samples each ``(n, r)`` placement has, sorted."""
-    keys = np.stack([samples.n, samples.r], axis=1).astype(np.int64)
-    uniq, counts = np.unique(keys, axis=0, return_counts=True)
-    return tuple((int(n), int(r), int(c)) for (n, r), c in zip(uniq, counts, strict=True))
+    # One integer key per placement (r <= n < 2**20): a 1-D unique is several
+    # times cheaper than a row-wise one, and sorts the same way.
+    keys = samples.n.astype(np.int64) * (1 << 20) + samples.r.astype(np.int64)
+    uniq, counts = np.unique(keys, return_counts=True)
+    return tuple(
+        (int(k >> 20), int(k & ((1 << 20) - 1)), int(c)) for k, c in zip(uniq, counts, strict=True)
+    )
 
 
 def has_new_evidence(
