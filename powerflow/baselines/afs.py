@@ -253,9 +253,9 @@ class AfsPolicy:
         ]
         result = place(snapshot.nodes, requests)
         plans: list[JobPlan] = [
-            running(job, tuple(result.assignments[job.id]), clock)
+            running(job, tuple(result.assignments[job.id]), clock, self.memo)
             if result.assignments.get(job.id)
-            else waiting(job, clock)
+            else waiting(job, clock, self.memo)
             for job in snapshot.jobs
         ]
         return finish(snapshot, spec, plans, self.memo, result.migrations)

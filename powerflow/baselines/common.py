@@ -27,7 +27,7 @@ def cluster_gpu(snapshot: Snapshot) -> GpuSpec:
     if not snapshot.nodes:
         raise SnapshotError("snapshot has no nodes")
     spec = snapshot.nodes[0].gpu
-    if any(node.gpu != spec for node in snapshot.nodes):
+    if any(node.gpu is not spec and node.gpu != spec for node in snapshot.nodes):
         raise SnapshotError("the baselines need a cluster of one GPU type")
     return spec
 
@@ -103,24 +103,32 @@ class Pool:
     """Free GPUs of the cluster during one ``plan`` call (mutable, never shared).
 
     Every node is usable: the baselines are not energy-aware and never keep a
-    node powered down.
+    node powered down. The free count and each node's rank are kept alongside
+    the free lists: a round asks for them once per waiting job, and most of
+    those asks fail on the count alone.
     """
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.order = [node.name for node in nodes]
+        self.rank: dict[str, int] = {}
+        for i, name in enumerate(self.order):
+            self.rank.setdefault(name, i)  # ``order.index``: the first one
         self.size = {node.name: node.gpus for node in nodes}
         self.free: dict[str, list[int]] = {node.name: list(range(node.gpus)) for node in nodes}
+        self._count = sum(self.size.values())
 
     def copy(self) -> Pool:
         other = Pool.__new__(Pool)
         other.order = self.order
+        other.rank = self.rank
         other.size = self.size
         other.free = {name: list(idx) for name, idx in self.free.items()}
+        other._count = self._count
         return other
 
     @property
     def free_count(self) -> int:
-        return sum(len(idx) for idx in self.free.values())
+        return self._count
 
     def is_free(self, slots: Iterable[GpuSlot]) -> bool:
         return all(node in self.free and i in self.free[node] for node, i in slots)
@@ -130,15 +138,18 @@ class Pool:
             if node not in self.free or i not in self.free[node]:
                 raise SnapshotError(f"GPU {node}/{i} is used twice or does not exist")
             self.free[node].remove(i)
+            self._count -= 1
 
     def release(self, slots: Iterable[GpuSlot]) -> None:
         for node, i in slots:
             self.free[node].append(i)
             self.free[node].sort()
+            self._count += 1
 
     def _grab(self, node: str, k: int) -> tuple[GpuSlot, ...]:
         got = self.free[node][:k]
         del self.free[node][:k]
+        self._count -= len(got)
         return tuple((node, i) for i in got)
 
     def take_consolidated(
@@ -153,20 +164,20 @@ class Pool:
         over), preferring nodes marked in ``affinity``; a larger job gets whole
         free nodes. This is the locality every baseline's paper asks for.
         """
-        names = [name for name in self.order if name not in exclude]
-        fits = [name for name in names if len(self.free[name]) >= n]
+        if n > self._count:  # no node, and no set of whole nodes, has n free
+            return None
+        free = self.free
+        names = [name for name in self.order if name not in exclude] if exclude else self.order
+        fits = [name for name in names if len(free[name]) >= n]
         if fits:
             aff = affinity or {}
+            rank = self.rank
             best = min(
                 fits,
-                key=lambda name: (
-                    not aff.get(name, False),
-                    len(self.free[name]),
-                    self.order.index(name),
-                ),
+                key=lambda name: (not aff.get(name, False), len(free[name]), rank[name]),
             )
             return self._grab(best, n)
-        whole = [name for name in names if len(self.free[name]) == self.size[name] > 0]
+        whole = [name for name in names if len(free[name]) == self.size[name] > 0]
         chosen: list[str] = []
         total = 0
         for name in whole:
@@ -183,10 +194,11 @@ class Pool:
 
     def take_spread(self, n: int) -> tuple[GpuSlot, ...] | None:
         """``n`` GPUs anywhere, on as few nodes as the free GPUs allow."""
-        if self.free_count < n:
+        if self._count < n:
             return None
         slots: list[GpuSlot] = []
-        for name in sorted(self.order, key=lambda m: (-len(self.free[m]), self.order.index(m))):
+        rank = self.rank
+        for name in sorted(self.order, key=lambda m: (-len(self.free[m]), rank[m])):
             if len(slots) == n:
                 break
             slots.extend(self._grab(name, min(len(self.free[name]), n - len(slots))))
@@ -208,11 +220,18 @@ class ModelMemo:
     can never be reused by another object while its entry lives. It empties
     itself when full. Policies own one each (a dataclass field excluded from
     equality), so no state is shared between policy objects.
+
+    ``jobs`` remembers, per job id and purpose, the last configuration a job
+    was evaluated at (model object included) and what it came to: between
+    events a job mostly keeps both, and one lookup by id is cheaper than
+    building its configuration and key again. An entry is used only when the
+    whole configuration matches, so it is the same memo, reached faster.
     """
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self.max_entries = max_entries
         self._table: dict[tuple[object, ...], tuple[PerfModel, object]] = {}
+        self.jobs: dict[tuple[str, str], tuple[object, ...]] = {}
 
     def get(self, model: PerfModel, key: tuple[object, ...]) -> object | None:
         hit = self._table.get((id(model), *key))
@@ -221,6 +240,7 @@ class ModelMemo:
     def put(self, model: PerfModel, key: tuple[object, ...], value: object) -> None:
         if len(self._table) >= self.max_entries:
             self._table.clear()
+            self.jobs.clear()
         self._table[(id(model), *key)] = (model, value)
 
     def rows(
@@ -230,12 +250,13 @@ class ModelMemo:
         t = [0.0] * len(models)
         e = [0.0] * len(models)
         miss: list[int] = []
+        table = self._table
         for i, (model, cfg) in enumerate(zip(models, configs, strict=True)):
-            hit = self.get(model, cfg)
-            if hit is None:
+            hit = table.get((id(model), *cfg))
+            if hit is None or hit[0] is not model:
                 miss.append(i)
             else:
-                t[i], e[i] = hit  # type: ignore[misc]
+                t[i], e[i] = hit[1]  # type: ignore[misc]
         if miss:
             cols = np.array([configs[i] for i in miss], dtype=np.float64).T
             tm, em = evaluate([models[i] for i in miss], *cols)
@@ -258,17 +279,42 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
     gpus = sum(node.gpus for node in snapshot.nodes)
     gpn = max(node.gpus for node in snapshot.nodes)
     top = max(node.gpu.max_clock_mhz for node in snapshot.nodes)
-    configs = [
-        (
-            j.requested_gpus,
-            min(j.requested_gpus, gpn),
-            local_batch(j.global_batch_size, j.requested_gpus),
-            top,
-        )
-        for j in snapshot.jobs
-    ]
-    t, e = memo.rows([j.model for j in snapshot.jobs], configs)
-    powers = [ei / ti / cfg[0] for ti, ei, cfg in zip(t, e, configs, strict=True)]
+    known = memo.jobs
+    powers: list[float] = []
+    miss: list[int] = []
+    for j in snapshot.jobs:
+        hit = known.get(("p_max", j.id))
+        if (
+            hit is not None
+            and hit[0] is j.model
+            and hit[1:5] == (j.requested_gpus, j.global_batch_size, gpn, top)
+        ):
+            powers.append(hit[5])  # type: ignore[arg-type]
+        else:
+            miss.append(len(powers))
+            powers.append(0.0)
+    if miss:
+        jobs = [snapshot.jobs[i] for i in miss]
+        configs = [
+            (
+                j.requested_gpus,
+                min(j.requested_gpus, gpn),
+                local_batch(j.global_batch_size, j.requested_gpus),
+                top,
+            )
+            for j in jobs
+        ]
+        t, e = memo.rows([j.model for j in jobs], configs)
+        for i, j, ti, ei, cfg in zip(miss, jobs, t, e, configs, strict=True):
+            powers[i] = ei / ti / cfg[0]
+            known[("p_max", j.id)] = (
+                j.model,
+                j.requested_gpus,
+                j.global_batch_size,
+                gpn,
+                top,
+                powers[i],
+            )
     fallback = sum(n.gpus * n.gpu.max_power_w for n in snapshot.nodes) / gpus
     return resolve_limit_watts(budget, gpus, estimate_p_max_w(powers, fallback))
 
@@ -290,16 +336,41 @@ def predicted_watts(
     for jp in running:
         for slot in jp.placement:
             sharers[slot] += 1
-    t, e = memo.rows(
-        [models[jp.job_id] for jp in running],
-        [
-            (jp.gpus, per_node(jp.placement), jp.local_batch_size, jp.frequency_mhz)
-            for jp in running
-        ],
-    )
-    active = sum(
-        ei / ti / sharers[jp.placement[0]] for jp, ti, ei in zip(running, t, e, strict=True)
-    )
+    known = memo.jobs
+    watts: list[float] = []
+    miss: list[int] = []
+    for jp in running:
+        model = models[jp.job_id]
+        hit = known.get(("watts", jp.job_id))
+        if (
+            hit is not None
+            and hit[0] is model
+            and hit[1:5] == (jp.gpus, jp.local_batch_size, jp.frequency_mhz, jp.placement)
+        ):
+            watts.append(hit[5])  # type: ignore[arg-type]
+        else:
+            miss.append(len(watts))
+            watts.append(0.0)
+    if miss:
+        plans = [running[i] for i in miss]
+        t, e = memo.rows(
+            [models[jp.job_id] for jp in plans],
+            [
+                (jp.gpus, per_node(jp.placement), jp.local_batch_size, jp.frequency_mhz)
+                for jp in plans
+            ],
+        )
+        for i, jp, ti, ei in zip(miss, plans, t, e, strict=True):
+            watts[i] = ei / ti
+            known[("watts", jp.job_id)] = (
+                models[jp.job_id],
+                jp.gpus,
+                jp.local_batch_size,
+                jp.frequency_mhz,
+                jp.placement,
+                watts[i],
+            )
+    active = sum(w / sharers[jp.placement[0]] for jp, w in zip(running, watts, strict=True))
     total = sum(node.gpus for node in snapshot.nodes)
     return active + (total - len(sharers)) * spec.idle_power_w
 
@@ -328,11 +399,35 @@ def finish(
     )
 
 
-def waiting(job: Job, clock: int) -> JobPlan:
-    """The plan of a job that gets no GPU this round."""
-    return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
+def waiting(job: Job, clock: int, memo: ModelMemo | None = None) -> JobPlan:
+    """The plan of a job that gets no GPU this round.
+
+    With a memo, the plan object of the job's last round is reused when it
+    would be equal (plans are frozen): most jobs' plans do not change between
+    events, and building one costs more than comparing its inputs.
+    """
+    if memo is None:
+        return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
+    key = ("waiting", job.id)
+    hit = memo.jobs.get(key)
+    if hit is not None and hit[:3] == (clock, job.global_batch_size, job.requested_gpus):
+        return hit[3]  # type: ignore[return-value]
+    plan = waiting(job, clock)
+    memo.jobs[key] = (clock, job.global_batch_size, job.requested_gpus, plan)
+    return plan
 
 
-def running(job: Job, placement: tuple[GpuSlot, ...], clock: int) -> JobPlan:
-    n = len(placement)
-    return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)
+def running(
+    job: Job, placement: tuple[GpuSlot, ...], clock: int, memo: ModelMemo | None = None
+) -> JobPlan:
+    """The plan of a job on ``placement`` (reused from the memo as in ``waiting``)."""
+    if memo is None:
+        n = len(placement)
+        return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)
+    key = ("running", job.id)
+    hit = memo.jobs.get(key)
+    if hit is not None and hit[:3] == (clock, job.global_batch_size, placement):
+        return hit[3]  # type: ignore[return-value]
+    plan = running(job, placement, clock)
+    memo.jobs[key] = (clock, job.global_batch_size, placement, plan)
+    return plan

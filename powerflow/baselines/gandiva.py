@@ -95,6 +95,8 @@ class _Round:
         self.users: dict[tuple[GpuSlot, ...], list[str]] = defaultdict(list)
         self.by_id = {job.id: job for job in self.jobs}
         self.moves: dict[str, tuple[GpuSlot, ...]] = {}
+        # Step 3's GPU sets open to sharing, by job size: set -> newest sharer's arrival.
+        self.sharable: dict[int, dict[tuple[GpuSlot, ...], float]] = {}
         for job in self.jobs:
             if job.placement:
                 self._hold(job)
@@ -155,14 +157,14 @@ class _Round:
         for job in left:
             partner = self._partner(job)
             if partner is not None:
-                self._start(job, partner)
+                self._share(job, partner)
         plans: list[JobPlan] = []
         migrations: list[Migration] = []
         for job in self.jobs:
             if job.id in self.where:
-                plans.append(running(job, self.where[job.id], clock))
+                plans.append(running(job, self.where[job.id], clock, memo))
             else:
-                plans.append(waiting(job, clock))
+                plans.append(waiting(job, clock, memo))
             if job.id in self.moves:
                 migrations.append(Migration(job.id, job.placement, self.moves[job.id]))
         return finish(self.snapshot, spec, plans, memo, migrations)
@@ -259,16 +261,39 @@ class _Round:
             self._relocate(job, target)
 
     def _partner(self, job: Job) -> tuple[GpuSlot, ...] | None:
-        """Same-size GPU set with room for one more time-slice, newest job first."""
-        candidates = [
-            (max(self.by_id[i].arrival_s for i in ids), key)
-            for key, ids in self.users.items()
-            if len(ids) < self.max_share
-            and len(key) == job.requested_gpus
-            and all(self.by_id[i].requested_gpus == job.requested_gpus for i in ids)
-            and not any(self.by_id[i].pinned for i in ids)
-        ]
-        if not candidates:
+        """Same-size GPU set with room for one more time-slice, newest job first.
+
+        The sets open to a size are collected at its first ask in step 3 and
+        kept up to date by ``_share``: in step 3 nothing but sharing changes
+        the sets, so this is the scan over every set, without the scan.
+        """
+        n = job.requested_gpus
+        open_sets = self.sharable.get(n)
+        if open_sets is None:
+            open_sets = self.sharable[n] = {}
+            for key, ids in self.users.items():
+                newest = self._newest_sharer(key, ids, n)
+                if newest is not None:
+                    open_sets[key] = newest
+        if not open_sets:
             return None
-        candidates.sort(key=lambda c: (-c[0], c[1]))
-        return candidates[0][1]
+        return min(open_sets, key=lambda key: (-open_sets[key], key))
+
+    def _share(self, job: Job, key: tuple[GpuSlot, ...]) -> None:
+        """Time-slice ``job`` on ``key`` and update the sets open to its size."""
+        self._start(job, key)
+        open_sets = self.sharable[job.requested_gpus]
+        newest = self._newest_sharer(key, self.users[key], job.requested_gpus)
+        if newest is None:
+            open_sets.pop(key, None)
+        else:
+            open_sets[key] = newest
+
+    def _newest_sharer(self, key: tuple[GpuSlot, ...], ids: list[str], n: int) -> float | None:
+        """Latest arrival on a set an ``n``-GPU job may join, ``None`` if it may not."""
+        if len(ids) >= self.max_share or len(key) != n:
+            return None
+        sharers = [self.by_id[i] for i in ids]
+        if any(j.requested_gpus != n or j.pinned for j in sharers):
+            return None
+        return max(j.arrival_s for j in sharers)

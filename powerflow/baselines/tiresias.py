@@ -124,7 +124,9 @@ class TiresiasPolicy:
                 raise SnapshotError(f"no GPUs left for job {job.id}")
             where[job.id] = target
         plans: list[JobPlan] = [
-            running(job, where[job.id], clock) if job.id in where else waiting(job, clock)
+            running(job, where[job.id], clock, self.memo)
+            if job.id in where
+            else waiting(job, clock, self.memo)
             for job in snapshot.jobs
         ]
         return finish(snapshot, spec, plans, self.memo)

@@ -85,7 +85,9 @@ class ZeusPolicy:
         models = {job.id: job.model for job in snapshot.jobs}
         clocks = self._clocks([jp for jp in base.jobs if jp.gpus > 0], models, spec)
         jobs = tuple(
-            replace(jp, frequency_mhz=clocks[jp.job_id]) if jp.job_id in clocks else jp
+            JobPlan(jp.job_id, jp.gpus, clocks[jp.job_id], jp.local_batch_size, jp.placement)
+            if jp.job_id in clocks
+            else jp
             for jp in base.jobs
         )
         watts = predicted_watts(snapshot, jobs, spec, models, self.memo)
@@ -97,7 +99,17 @@ class ZeusPolicy:
         """Running jobs' clocks: remembered ones, the rest from one grouped evaluation."""
         out: dict[str, int] = {}
         miss: list[tuple[JobPlan, tuple[object, ...]]] = []
+        known = self.memo.jobs
         for jp in run:
+            # The job's last configuration first: one lookup by id, no key to build.
+            last = known.get(("zeus", jp.job_id))
+            if (
+                last is not None
+                and last[0] is models[jp.job_id]
+                and last[1:6] == (spec, jp.gpus, jp.local_batch_size, jp.placement, self.eta_knob)
+            ):
+                out[jp.job_id] = last[6]  # type: ignore[assignment]
+                continue
             key: tuple[object, ...] = (
                 "zeus",
                 spec,
@@ -109,6 +121,7 @@ class ZeusPolicy:
             hit = self.memo.get(models[jp.job_id], key)
             if isinstance(hit, int):
                 out[jp.job_id] = hit
+                self._remember(jp, models[jp.job_id], spec, hit)
             else:
                 miss.append((jp, key))
         if not miss:
@@ -127,4 +140,16 @@ class ZeusPolicy:
             clock = int(spec.clocks_mhz[i])
             self.memo.put(models[jp.job_id], key, clock)
             out[jp.job_id] = clock
+            self._remember(jp, models[jp.job_id], spec, clock)
         return out
+
+    def _remember(self, jp: JobPlan, model: PerfModel, spec: GpuSpec, clock: int) -> None:
+        self.memo.jobs[("zeus", jp.job_id)] = (
+            model,
+            spec,
+            jp.gpus,
+            jp.local_batch_size,
+            jp.placement,
+            self.eta_knob,
+            clock,
+        )
