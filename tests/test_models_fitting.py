@@ -151,7 +151,7 @@ def test_fewer_starts_still_fit(profile: Samples) -> None:
 def _random_problem(seed: int) -> tuple[Samples, ThroughputParams, EnergyParams]:
     rng = np.random.default_rng(seed)
     m = 60
-    n = 2.0 ** rng.integers(0, 6, m) if seed % 3 else np.ones(m)
+    n = np.asarray(2.0 ** rng.integers(0, 6, m) if seed % 3 else np.ones(m), dtype=np.float64)
     r = np.minimum(n, 2.0 ** rng.integers(0, 4, m))
     bs = rng.uniform(1, 256, m)
     f = rng.choice(np.asarray(A100.clocks_mhz, dtype=np.float64), m)

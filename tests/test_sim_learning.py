@@ -6,8 +6,18 @@ import numpy as np
 
 from powerflow import groundtruth as gt
 from powerflow.gpus import A100
+from powerflow.models.fitted import FittedModel
+from powerflow.models.params import ModelParams
+from powerflow.models.priors import load_prior
+from powerflow.models.protocol import FloatArray
 from powerflow.models.samples import Samples
-from powerflow.sim.learning import FittedLearner, has_new_evidence, placement_counts
+from powerflow.sim.learning import (
+    MIN_NEW_ROWS,
+    FittedLearner,
+    explains,
+    has_new_evidence,
+    placement_counts,
+)
 
 CLOCKS = np.array([810.0, 1110.0, 1410.0, 1230.0, 990.0, 1350.0], dtype=np.float64)
 
@@ -32,15 +42,48 @@ def test_placement_counts_and_evidence() -> None:
     assert has_new_evidence(counts, (*counts, (4, 4, 6)))  # a new placement
 
 
-def test_update_refits_on_new_placement_and_keeps_the_model_otherwise() -> None:
+def test_update_refits_when_a_new_placement_contradicts_the_model() -> None:
+    truth = gt.ground_truth("bert")
+    rng = np.random.default_rng(1)
+    # Another DNN's prior: its synchronisation terms are wrong for bert.
+    learner = FittedLearner(A100, prior=lambda _name: load_prior("resnet50"))
+    first = [gt.one_gpu_sweep(truth, 64.0, rng=rng), _profile(truth, 1, rng)]
+    known = learner.initial("bert", truth, Samples.concat(first))
+    assert known.fits == 1
+    two = [*first, _profile(truth, 2, rng)]
+    assert known.params is not None
+    assert not explains(known.params, two[-1])
+    refit = learner.update("bert", truth, known, Samples.concat(two))
+    assert refit.fits == 2 and refit.model is not known.model
+    again = learner.update("bert", truth, refit, Samples.concat([*two, _profile(truth, 1, rng)]))
+    assert again is refit  # same placements, not doubled: the same model object
+
+
+def test_update_keeps_a_model_that_already_explains_the_new_profile() -> None:
     truth = gt.ground_truth("bert")
     rng = np.random.default_rng(1)
     learner = FittedLearner(A100)
     first = [gt.one_gpu_sweep(truth, 64.0, rng=rng), _profile(truth, 1, rng)]
     known = learner.initial("bert", truth, Samples.concat(first))
-    assert known.fits == 1
-    two = [*first, _profile(truth, 2, rng)]
-    refit = learner.update("bert", truth, known, Samples.concat(two))
-    assert refit.fits == 2 and refit.model is not known.model
-    again = learner.update("bert", truth, refit, Samples.concat([*two, _profile(truth, 1, rng)]))
-    assert again is refit  # same placements, not doubled: the same model object
+    two = Samples.concat([*first, _profile(truth, 2, rng)])
+    assert known.params is not None
+    assert explains(known.params, two.take(slice(len(Samples.concat(first)), None)))
+    assert learner.update("bert", truth, known, two) is known
+
+
+def _noisy(params: ModelParams, n: int, factor: FloatArray, seed: int) -> Samples:
+    f = np.asarray(A100.clocks_mhz[::4], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    s = gt.measure(FittedModel(params), n, n, 32.0, f, rng=rng, noise=0.03)
+    return Samples(s.n, s.r, s.bs, s.f, s.step_time_s * factor, s.energy_j)
+
+
+def test_explains_noise_but_not_a_bias_or_a_clock_trend() -> None:
+    params = load_prior("resnet50")
+    f = np.asarray(A100.clocks_mhz[::4], dtype=np.float64)
+    flat = np.ones_like(f)
+    for seed in range(3):
+        assert explains(params, _noisy(params, 4, flat, seed))
+        assert not explains(params, _noisy(params, 4, 1.05 * flat, seed))
+        assert not explains(params, _noisy(params, 4, (f / f.mean()) ** 0.15, seed))
+    assert not explains(params, _noisy(params, 4, flat, 0).take(slice(0, MIN_NEW_ROWS - 1)))

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy.linalg.lapack import dposv
 from scipy.optimize import least_squares
 from scipy.special import expit, xlogy
 
@@ -240,9 +241,10 @@ def _levenberg_marquardt(
     nu = 2.0
     nfev = 1
     while nfev < max_nfev and np.isfinite(mu):
-        try:
-            h = np.linalg.solve(a + mu * eye, -g)
-        except np.linalg.LinAlgError:
+        # LAPACK's Cholesky solve directly: numpy's solve costs 3x as much
+        # in wrapper overhead on a 15 x 15 system.
+        _, h, info = dposv(a + mu * eye, -g)
+        if info != 0:  # not positive definite at this damping: damp more
             mu, nu = mu * nu, nu * 2.0
             continue
         if float(np.linalg.norm(h)) <= tol * (tol + float(np.linalg.norm(u))):
@@ -569,6 +571,14 @@ def fit_profile(
 _COMPUTE_TERMS = frozenset({"a_io", "b_io", "a_grad", "b_grad", "k_grad"})
 
 
+def _median(a: FloatArray) -> float:
+    """``np.median`` of a 1-D array (the same value), without its wrappers:
+    a tenth of the cost on a hundred samples."""
+    s = np.sort(a)
+    m = len(s)
+    return 0.5 * float(s[(m - 1) // 2] + s[m // 2])
+
+
 def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelParams:
     """The prior with its compute times scaled by one factor and its powers by
     another, each the median ratio of measured to predicted: a prior from
@@ -578,7 +588,7 @@ def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelPa
         raise ModelError(f"prior is for {prior.gpu}, samples are for {gpu.name}")
     s = samples
     pred_t, _ = predict_flat(prior, gpu.f0_mhz, s.n, s.r, s.bs, s.f)
-    k_t = float(np.median(samples.step_time_s / pred_t))
+    k_t = _median(samples.step_time_s / pred_t)
     tp = prior.throughput
     x = tp.to_vector()
     # Compute and input terms scale with the job; synchronisation stays in
@@ -590,7 +600,7 @@ def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelPa
     tp = ThroughputParams.from_vector(x)
     scaled = replace(prior, throughput=tp)
     _, pred_e = predict_flat(scaled, gpu.f0_mhz, s.n, s.r, s.bs, s.f)
-    k_e = float(np.median(samples.energy_j / pred_e))
+    k_e = _median(samples.energy_j / pred_e)
     ep = prior.energy
     ep = replace(
         ep,

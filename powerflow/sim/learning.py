@@ -30,7 +30,7 @@ from powerflow.models.fitted import FittedModel
 from powerflow.models.fitting import MIN_SAMPLES, FitOptions, fit_with_prior, refit_online
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import load_prior
-from powerflow.models.protocol import PerfModel
+from powerflow.models.protocol import FloatArray, PerfModel
 from powerflow.models.samples import Samples
 
 
@@ -63,6 +63,43 @@ def has_new_evidence(
     """Whether some placement is new or has at least doubled its samples."""
     before = {(n, r): c for n, r, c in seen}
     return any(c >= 2 * before.get((n, r), 0) for n, r, c in now)
+
+
+NOISE_Z = 2.0
+"""How many standard errors a new profile's mean log error, or its trend
+across the clocks, may reach before it counts as evidence against the model."""
+MIN_NEW_ROWS = 6
+"""Fewest new samples ``explains`` judges; fewer always refit."""
+
+
+def _within_noise(err: FloatArray, x: FloatArray) -> bool:
+    """Whether log errors ``err`` (in clock order) look like noise around 0.
+
+    The noise is estimated from successive differences (von Neumann), which
+    a smooth misfit across the clocks does not inflate; then neither the mean
+    nor the least-squares slope against ``x`` may exceed ``NOISE_Z`` of
+    their standard errors.
+    """
+    k = len(err)
+    sigma = float(np.sqrt(np.sum(np.diff(err) ** 2) / (2.0 * (k - 1))))
+    if abs(float(np.mean(err))) > NOISE_Z * sigma / np.sqrt(k):
+        return False
+    xc = x - np.mean(x)
+    sxx = float(xc @ xc)
+    return sxx <= 0.0 or abs(float(xc @ err)) / sxx <= NOISE_Z * sigma / np.sqrt(sxx)
+
+
+def explains(params: ModelParams, new: Samples) -> bool:
+    """Whether ``params`` already predicts ``new`` (samples it was not fitted
+    on) within their measurement noise, in step time and energy: then a
+    refit has no new information to learn from."""
+    if len(new) < MIN_NEW_ROWS:
+        return False
+    t, e = FittedModel(params).predict(new.n, new.r, new.bs, new.f)
+    inv_f = 1.0 / new.f
+    return _within_noise(np.log(new.step_time_s / t), inv_f) and _within_noise(
+        np.log(new.energy_j / e), inv_f
+    )
 
 
 class Learner(Protocol):
@@ -131,6 +168,11 @@ class FittedLearner:
             return known
         seen = placement_counts(samples)
         if not has_new_evidence(known.seen, seen):
+            return known
+        fitted_rows = sum(c for *_, c in known.seen)
+        if known.params is not None and explains(
+            known.params, samples.take(slice(fitted_rows, None))
+        ):
             return known
         try:
             params = refit_online(
