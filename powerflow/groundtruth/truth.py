@@ -30,7 +30,7 @@ GPUS_PER_NODE = 8  # the table was measured on 8-GPU A100 nodes
 
 # Evaluations of at most this many rows are remembered (GroundTruth._phases),
 # up to this many distinct inputs per model (then the memo starts afresh).
-MEMO_MAX_ROWS = 64
+MEMO_MAX_ROWS = 256
 MEMO_MAX_ENTRIES = 100_000
 
 _Phases = tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]

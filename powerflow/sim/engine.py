@@ -110,14 +110,15 @@ class Simulation:
         self._held_gpus = 0
         self._last_busy_s = 0.0
         self._shares_dirty = True
-        self._power_dirty = True
         self._next_job_s = math.inf  # soonest next_event_s of a holder, set by _refresh
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
 
     # ------------------------------------------------------------------ Backend
 
     def snapshot(self) -> Snapshot:
-        jobs = tuple(self._view(j) for j in self._active.values() if j.phase is not Phase.PRERUN)
+        view = self._view
+        prerun = Phase.PRERUN
+        jobs = tuple([view(j) for j in self._active.values() if j.phase is not prerun])
         return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
 
     def apply(self, plan: Plan) -> None:
@@ -375,7 +376,6 @@ class Simulation:
         self._set_rates(job)
 
     def _set_rates(self, job: SimJob) -> None:
-        self._power_dirty = True
         name = job.trace.model_name
         if job.phase is Phase.PROFILE:
             job.step_s, job.power_w = self.rates.sweep(
@@ -455,21 +455,16 @@ class Simulation:
     def _refresh(self) -> None:
         """Recompute shares, cluster power and every job's next event.
 
-        Shares and power change only when a job changes phase, placement or
-        rates (the dirty flags); they are then summed again in the same order,
-        so the cached sums are the very floats a full pass gives. Next events
-        depend on progress, so they are recomputed every time.
+        Shares change only when a job changes phase or placement (the dirty
+        flag). Power and next events are one pass over the holders in their
+        usual order, so every sum is the very float it always was.
         """
         holders = self._holders.values()
         if self._shares_dirty:
-            slots: set[GpuSlot] = set()
-            wanted = 0
-            for job in holders:
-                slots.update(job.placement)
-                wanted += job.n
-            if len(slots) < wanted:  # some GPU is time-sliced
-                load = Counter(chain.from_iterable(job.placement for job in holders))
-                count = load.__getitem__
+            placements = [job.placement for job in holders]
+            slots: set[GpuSlot] = set().union(*placements)
+            if len(slots) < sum(map(len, placements)):  # some GPU is time-sliced
+                count = Counter(chain.from_iterable(placements)).__getitem__
                 for job in holders:
                     job.share = 1.0 / max(map(count, job.placement))
             else:
@@ -477,26 +472,20 @@ class Simulation:
                     job.share = 1.0
             self._held_gpus = len(slots)
             self._shares_dirty = False
-            self._power_dirty = True
-        if self._power_dirty:
-            active_w = 0.0
-            busy = 0.0
-            for job in holders:
-                if job.computing:
-                    active_w += job.share * job.power_w
-                    busy += job.share * job.n
-            self._active_w = active_w
-            self._busy_gpus = busy
-            self._power_dirty = False
         now = self.now
         soonest = math.inf
+        active_w = 0.0
+        busy = 0.0
         for job in holders:
             end = job.phase_end_s
             if job.computing:
+                share = job.share
+                active_w += share * job.power_w
+                busy += share * job.n
                 remaining = job.iterations - job.done_iters
                 if remaining < 0.0:
                     remaining = 0.0
-                finish = now + remaining * job.step_s / job.share
+                finish = now + remaining * job.step_s / share
                 if finish <= end:
                     end = finish
                     job.next_is_completion = True
@@ -507,6 +496,8 @@ class Simulation:
             job.next_event_s = end
             if end < soonest:
                 soonest = end
+        self._active_w = active_w
+        self._busy_gpus = busy
         self._next_job_s = soonest
         self._record()
 

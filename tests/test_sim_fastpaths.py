@@ -1,0 +1,223 @@
+"""The engine's and the ground truth's shortcuts change no result.
+
+``ReferenceSimulation`` is the engine with its hot paths written the plain
+way (a ``Counter`` over every holder at every event, a fresh ``Job`` for every
+view, every next event from ``SimJob.remaining``); seeded runs of real
+schedulers on the real ground truth must give bit-identical metrics, power
+series and per-job records either way. The ground truth's memo must answer
+exactly what evaluating afresh answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from powerflow.groundtruth import ground_truth
+from powerflow.groundtruth.measure import measure, one_gpu_sweep
+from powerflow.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
+from powerflow.policy.snapshot import GpuSlot, Job
+from powerflow.schedulers import scheduler
+from powerflow.sim.config import SimConfig
+from powerflow.sim.engine import Simulation, _with_progress
+from powerflow.sim.jobs import Phase, SimJob
+from powerflow.sim.metrics import summarise
+from powerflow.sim.result import RunResult
+from powerflow.sim.runner import TraceSpec, load_jobs
+from powerflow.sim.synthetic import SyntheticSpec
+from powerflow.sim.world import default_world
+
+
+class ReferenceSimulation(Simulation):
+    """The engine's bookkeeping without shortcuts."""
+
+    shared_events = 0
+    """Events at which some GPU was time-sliced (so shares below 1 were tested)."""
+
+    def _refresh(self) -> None:
+        holders = self._holders.values()
+        load: Counter[GpuSlot] = Counter()
+        for job in holders:
+            load.update(job.placement)
+        shared = len(load) < sum(job.n for job in holders)
+        self.shared_events += shared
+        for job in holders:
+            job.share = 1.0 / max(load[s] for s in job.placement) if shared else 1.0
+        self._held_gpus = len(load)
+        self._shares_dirty = False
+        active_w = 0.0
+        busy = 0.0
+        for job in holders:
+            if job.computing:
+                active_w += job.share * job.power_w
+                busy += job.share * job.n
+        self._active_w = active_w
+        self._busy_gpus = busy
+        for job in holders:
+            end = job.phase_end_s
+            job.next_is_completion = False
+            if job.computing:
+                finish = self.now + job.remaining * job.step_s / job.share
+                if finish <= end:
+                    end = finish
+                    job.next_is_completion = True
+            job.next_event_s = end
+        self._next_job_s = min((j.next_event_s for j in holders), default=math.inf)
+        self._record()
+
+    def _view(self, job: SimJob) -> Job:
+        knowledge = job.knowledge
+        assert knowledge is not None
+        tj = job.trace
+        return Job(
+            id=tj.job_id,
+            model=knowledge.model,
+            remaining_iterations=max(job.remaining, 1e-9),
+            global_batch_size=tj.global_batch_size,
+            requested_gpus=tj.num_gpu,
+            arrival_s=tj.submit_s,
+            elapsed_s=job.run_s,
+            placement=job.placement,
+            frequency_mhz=job.f if job.holding else None,
+            attained_gpu_s=job.attained_gpu_s,
+            model_name=tj.model_name,
+            pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
+        )
+
+
+def _sim(engine: type[Simulation], name: str, value: float | None, jobs: int) -> Simulation:
+    config = SimConfig(nodes=2, seed=3)
+    trace = TraceSpec(synthetic=SyntheticSpec(jobs=jobs, mean_interval_s=300.0, seed=5))
+    world = default_world()
+    configured = scheduler(name).configure(value, oracle=False)
+    return engine(load_jobs(trace, config, world), configured, config, world)
+
+
+def _run(engine: type[Simulation], name: str, value: float | None, jobs: int) -> RunResult:
+    return _sim(engine, name, value, jobs).run()
+
+
+def _same(a: RunResult, b: RunResult) -> None:
+    ma, mb = summarise(a), summarise(b)
+    for key in ("policy_s", "fit_s", "wall_s", "events_per_s"):
+        del ma[key], mb[key]
+    assert ma == mb
+    assert a.jobs == b.jobs
+    for name in ("t_s", "power_w", "busy_gpus", "powered_gpus", "held_gpus", "queued_jobs"):
+        assert np.array_equal(getattr(a.series, name), getattr(b.series, name)), name
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "jobs"),
+    [
+        ("gandiva", 1410, 40),  # time-slices GPUs: shares below 1
+        ("tiresias", 1410, 40),  # preempts by attained service
+        ("powerflow", 0.6, 12),  # pre-runs, profiles, refits, rescales, powers down
+    ],
+)
+def test_engine_matches_the_plain_reference(name: str, value: float, jobs: int) -> None:
+    fast = _run(Simulation, name, value, jobs)
+    _same(fast, _run(ReferenceSimulation, name, value, jobs))
+    assert fast.events > jobs  # the run did something worth comparing
+
+
+def test_engine_exercised_the_shortcuts() -> None:
+    """The gandiva case above really time-slices and the powerflow case
+    really rescales: otherwise the comparison proves little."""
+    gandiva = _sim(ReferenceSimulation, "gandiva", 1410, 40)
+    gandiva.run()
+    assert isinstance(gandiva, ReferenceSimulation) and gandiva.shared_events > 0
+    flow = summarise(_run(Simulation, "powerflow", 0.6, 12))
+    assert flow["rescales"] + flow["migrations"] > 0
+    assert flow["profiling_phases"] > 0
+
+
+def test_progress_copy_equals_a_rebuilt_job() -> None:
+    truth = ground_truth("resnet50")
+    view = Job(
+        id="j",
+        model=truth,
+        remaining_iterations=10.0,
+        global_batch_size=64,
+        requested_gpus=2,
+        arrival_s=1.0,
+        elapsed_s=2.0,
+        placement=(("n0", 0), ("n0", 1)),
+        frequency_mhz=1410,
+        attained_gpu_s=4.0,
+        model_name="resnet50",
+        pinned=True,
+    )
+    copied = _with_progress(view, 7.5, 3.0, 6.0)
+    rebuilt = dataclasses.replace(view, remaining_iterations=7.5, elapsed_s=3.0, attained_gpu_s=6.0)
+    assert copied == rebuilt
+    assert copied is not view and view.remaining_iterations == 10.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copied.elapsed_s = 1.0  # type: ignore[misc]
+
+
+def _fresh(truth: GroundTruth) -> GroundTruth:
+    """The same ground truth with an empty memo."""
+    return dataclasses.replace(truth)
+
+
+@pytest.mark.parametrize("model", ["resnet50", "bert", "deepspeech2"])
+def test_memo_answers_exactly_what_a_fresh_evaluation_does(model: str) -> None:
+    rng = np.random.default_rng(11)
+    truth = _fresh(ground_truth(model))
+    clocks = np.array(truth.gpu.clocks_mhz, dtype=np.float64)
+    for _ in range(40):
+        k = int(rng.integers(1, 5))
+        n = float(2 ** rng.integers(0, 7))
+        r = float(min(n, 2 ** rng.integers(0, 4)))
+        bs = float(rng.integers(1, 256))
+        f = rng.choice(clocks, size=int(rng.integers(1, 30)))
+        args = (np.full(k, n), np.full(k, r), np.full(k, bs), f[:k]) if k > 1 else (n, r, bs, f)
+        for _ in range(2):  # the second call is answered from the memo
+            again = _fresh(truth)  # nothing remembered
+            assert np.array_equal(truth.step_time_s(*args), again.step_time_s(*args))
+            assert np.array_equal(truth.energy_per_iter_j(*args), again.energy_per_iter_j(*args))
+            assert np.array_equal(truth.power_w(*args), again.power_w(*args))
+    assert truth._memo
+
+
+def test_memo_is_not_corrupted_by_callers() -> None:
+    truth = _fresh(ground_truth("resnet50"))
+    n = np.array([4.0, 4.0])
+    f = np.array([1410.0, 1005.0])
+    first = truth.step_time_s(n, 4, 32, f)
+    expected = first.copy()
+    first[:] = -1.0  # the caller owns what it got
+    n[:] = 8.0  # and its own input
+    assert np.array_equal(truth.step_time_s(np.array([4.0, 4.0]), 4, 32, f), expected)
+    assert np.array_equal(truth.step_time_s(n, 4, 32, f), _fresh(truth).step_time_s(n, 4, 32, f))
+
+
+def test_memo_skips_large_inputs_and_still_validates() -> None:
+    truth = _fresh(ground_truth("resnet50"))
+    big = np.full(MEMO_MAX_ROWS + 1, 1410.0)
+    truth.step_time_s(1, 1, 32, big)
+    assert not truth._memo
+    with pytest.raises(Exception, match="r must be"):
+        truth.step_time_s(2, 4, 32, 1410.0)
+    with pytest.raises(Exception, match="r must be"):  # not remembered as valid
+        truth.step_time_s(2, 4, 32, 1410.0)
+
+
+def test_measurements_do_not_depend_on_the_memo() -> None:
+    """Noisy samples are the same draws whether the truth was remembered or not."""
+    truth = ground_truth("bert")
+    f = np.array(truth.gpu.clocks_mhz[-5:], dtype=np.float64)
+    warm = [measure(truth, 2, 2, 16, f, rng=np.random.default_rng(s)) for s in range(3)]
+    cold = [measure(_fresh(truth), 2, 2, 16, f, rng=np.random.default_rng(s)) for s in range(3)]
+    assert all(
+        np.array_equal(a.step_time_s, b.step_time_s) for a, b in zip(warm, cold, strict=True)
+    )
+    assert all(np.array_equal(a.energy_j, b.energy_j) for a, b in zip(warm, cold, strict=True))
+    a = one_gpu_sweep(truth, 32, rng=np.random.default_rng(1))
+    b = one_gpu_sweep(_fresh(truth), 32, rng=np.random.default_rng(1))
+    assert np.array_equal(a.f, b.f) and np.array_equal(a.energy_j, b.energy_j)
