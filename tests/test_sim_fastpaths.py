@@ -197,6 +197,28 @@ def test_memo_is_not_corrupted_by_callers() -> None:
     assert np.array_equal(truth.step_time_s(n, 4, 32, f), _fresh(truth).step_time_s(n, 4, 32, f))
 
 
+def test_memo_keys_on_values_whatever_their_type() -> None:
+    """Equal numbers of different types share a memo entry; the answers are
+    what a fresh evaluation of each spelling gives."""
+    truth = _fresh(ground_truth("gpt2"))
+    spellings = [
+        (4, 2, 16, 1410),
+        (4.0, 2.0, 16.0, 1410.0),
+        (np.int64(4), np.float64(2), 16, np.float32(1410)),
+        (np.array(4.0), 2, 16, 1410),
+        (np.array([4, 4]), 2, 16, np.array([1410, 1005])),
+        (np.array([4.0, 4.0]), 2, 16, np.array([1410.0, 1005.0])),
+    ]
+    for args in spellings:
+        for _ in range(2):
+            assert np.array_equal(truth.step_time_s(*args), _fresh(truth).step_time_s(*args))
+            assert np.array_equal(
+                truth.energy_per_iter_j(*args), _fresh(truth).energy_per_iter_j(*args)
+            )
+            assert np.shape(truth.step_time_s(*args)) == np.shape(args[0])
+    assert len(truth._memo) == 4  # scalars as one, 0-d, int and float arrays
+
+
 def test_memo_skips_large_inputs_and_still_validates() -> None:
     truth = _fresh(ground_truth("resnet50"))
     big = np.full(MEMO_MAX_ROWS + 1, 1410.0)

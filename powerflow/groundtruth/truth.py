@@ -159,21 +159,23 @@ class GroundTruth:
         bytes and answered with the very arrays computed the first time
         (read-only: callers only combine them into new arrays).
         """
+        key = _memo_key(n, r, bs, f)
+        if key is not None:
+            hit = self._memo.get(key)
+            if hit is not None:
+                return hit
         cols = np.broadcast_arrays(n, r, bs, f)
         n_, r_, bs_, f_ = (np.asarray(x, dtype=np.float64) for x in cols)
-        if n_.size > MEMO_MAX_ROWS:
+        if key is None or n_.size > MEMO_MAX_ROWS:
             return self._compute_phases(n_, r_, bs_, f_)
-        key = (n_.shape, n_.tobytes(), r_.tobytes(), bs_.tobytes(), f_.tobytes())
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = self._compute_phases(n_.copy(), r_, bs_, f_)
-            for a in hit:
-                if isinstance(a, np.ndarray):
-                    a.flags.writeable = False
-            if len(self._memo) >= MEMO_MAX_ENTRIES:
-                self._memo.clear()
-            self._memo[key] = hit
-        return hit
+        out = self._compute_phases(n_.copy(), r_, bs_, f_)
+        for a in out:
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+        if len(self._memo) >= MEMO_MAX_ENTRIES:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
 
     def _compute_phases(
         self, n_: FloatArray, r_: FloatArray, bs_: FloatArray, f_: FloatArray
@@ -207,6 +209,27 @@ class GroundTruth:
         """Average power of the whole job (all n GPUs), W."""
         n_, heavy, light, p_heavy, p_light = self._phases(n, r, bs, f)
         return n_ * (p_heavy * heavy + p_light * light) / (heavy + light)
+
+
+def _memo_key(*args: ArrayLike) -> tuple[object, ...] | None:
+    """A dictionary key that determines the float64 inputs exactly, or None.
+
+    Numbers stand for themselves (equal numbers convert to the same float64;
+    the signed zeros, which compare equal, are invalid inputs and never
+    remembered); arrays by shape, dtype and bytes. Anything else (lists, large
+    arrays) is not remembered.
+    """
+    parts: list[object] = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            if a.size > MEMO_MAX_ROWS:
+                return None
+            parts.append((a.shape, a.dtype.str, a.tobytes()))
+        elif isinstance(a, (int, float, np.integer, np.floating)):
+            parts.append(a)
+        else:
+            return None
+    return tuple(parts)
 
 
 def _bilinear(grid: FloatArray, x: FloatArray, ys: FloatArray, y: FloatArray) -> FloatArray:

@@ -116,10 +116,20 @@ class Simulation:
     # ------------------------------------------------------------------ Backend
 
     def snapshot(self) -> Snapshot:
-        view = self._view
+        views: list[Job] = []
+        add = views.append
+        rebuild = self._view
         prerun = Phase.PRERUN
-        jobs = tuple([view(j) for j in self._active.values() if j.phase is not prerun])
-        return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
+        for job in self._active.values():
+            if job.phase is prerun:
+                continue
+            # A waiting job's view stays valid until its model changes.
+            view = job.view
+            known = job.knowledge
+            if view is None or job.holding or known is None or job.view_model is not known.model:
+                view = rebuild(job)
+            add(view)
+        return Snapshot(self._nodes, tuple(views), self.configured.budget, self.now)
 
     def apply(self, plan: Plan) -> None:
         down = frozenset(plan.powered_down_nodes)
@@ -127,18 +137,21 @@ class Simulation:
         if unknown:
             raise SimulationError(f"plan powers down unknown node(s) {sorted(unknown)}")
         planned = {jp.job_id: jp for jp in plan.jobs}
+        take = planned.pop
+        prerun = Phase.PRERUN
         for job in list(self._active.values()):
-            if job.phase is Phase.PRERUN:
+            if job.phase is prerun:
                 continue
-            jp = planned.pop(job.trace.job_id, None)
+            jp = take(job.job_id, None)
             if jp is None or jp.gpus == 0:
-                self._release(job)
+                if job.holding:
+                    self._release(job)
                 continue
             if (
-                jp.placement == job.placement
+                job.holding
+                and jp.placement == job.placement
                 and jp.frequency_mhz == job.f
                 and jp.local_batch_size == job.bs
-                and job.holding
                 and not (down and any(node in down for node, _ in job.placement))
             ):
                 continue  # unchanged: the common case at most events

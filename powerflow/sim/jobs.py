@@ -41,6 +41,7 @@ class SimJob:
         "holding",
         "index",
         "iterations",
+        "job_id",
         "knowledge",
         "migrations",
         "n",
@@ -75,7 +76,8 @@ class SimJob:
     def __init__(self, index: int, trace: TraceJob, truth: PerfModel, seed: int) -> None:
         self.index = index
         self.trace = trace
-        self.iterations = trace.iterations  # read in the engine's hot loop
+        self.iterations = trace.iterations  # read in the engine's hot loops
+        self.job_id = trace.job_id
         self.truth = truth
         self.rng = np.random.default_rng([seed, index])
         self.phase = Phase.PENDING
