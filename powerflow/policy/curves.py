@@ -40,8 +40,7 @@ class Curves:
 
     def matrices(self, rows: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
         """JCT, energy and power of ``rows`` at every clock."""
-        t = self.tables.step_time_s[rows]
-        e = self.tables.energy_j[rows]
+        t, e = self.tables.values(rows)
         remaining = self.row_remaining[rows, None]
         return self.row_age_s[rows, None] + remaining * t, remaining * e, e / t
 
@@ -49,15 +48,9 @@ class Curves:
 def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
     age = np.maximum(0.0, now_s - np.asarray([j.arrival_s for j in jobs], dtype=np.float64))
     remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
-    n_rows = tables.counts.size
     row_job = tables.row_job
     row_age, row_remaining = age[row_job], remaining[row_job]
-    t, e = tables.step_time_s, tables.energy_j
-    idx = np.arange(n_rows)
-    efficient = (
-        np.argmin(e, axis=1).astype(np.int64) if t.shape[1] else np.zeros(n_rows, dtype=np.int64)
-    )
-    t_eff, e_eff = t[idx, efficient], e[idx, efficient]
+    t_eff, e_eff = tables.efficient_step_time_s, tables.efficient_energy_j
     return Curves(
         tables=tables,
         job_ids=tuple(j.id for j in jobs),
@@ -65,7 +58,7 @@ def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
         age_s=age,
         row_age_s=row_age,
         row_remaining=row_remaining,
-        efficient=efficient,
+        efficient=tables.efficient,
         jct_s=row_age + row_remaining * t_eff,
         energy_j=row_remaining * e_eff,
         power_w=e_eff / t_eff,

@@ -179,6 +179,27 @@ def _once(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
 
 
 def _keep(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:
+    """Every preferred block that is free, in ``sort_key`` order (bigger jobs win).
+
+    When no two preferred blocks overlap (the usual replan) the order decides
+    nothing, so the blocks are first taken in input order without sorting;
+    only a collision falls back to the sorted pass.
+    """
+    state = cluster.copy()
+    kept: dict[str, Block] = {}
+    is_free, occupy = state.is_free, state.occupy
+    for it in items:
+        pref = it.pref
+        if pref is None:
+            continue
+        if not is_free(pref):
+            return _keep_sorted(cluster, items)
+        occupy(pref)
+        kept[it.job_id] = pref
+    return kept, _metrics(state, items, kept)
+
+
+def _keep_sorted(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:
     state = cluster.copy()
     kept: dict[str, Block] = {}
     for it in sorted(items, key=sort_key):

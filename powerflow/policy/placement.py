@@ -201,6 +201,7 @@ def place(nodes: Sequence[Node], requests: Sequence[PlacementRequest]) -> Placem
     left = geo.capacity - fixed
     max_block = geo.max_block
     items: list[Item] = []
+    kept: dict[str, Block] = {}
     for r in requests:
         if not r.movable or r.gpus > max_block or r.gpus > left:
             continue
@@ -208,9 +209,11 @@ def place(nodes: Sequence[Node], requests: Sequence[PlacementRequest]) -> Placem
         pref = _kept_block(geo, r.current, r.gpus)
         if pref is None:
             pref = _preferred(geo, r.current, r.gpus)
+        else:
+            kept[r.job_id] = pref
         items.append(Item(r.job_id, r.gpus, pref))
     placed.update(allocate(cluster, items))
-    return _result(geo, requests, placed)
+    return _result(geo, requests, placed, kept)
 
 
 def _preferred(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block | None:
@@ -227,8 +230,22 @@ def _kept_block(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block |
     are ``(name, k*gpus) .. (name, k*gpus + gpus - 1)`` in this order prefers
     exactly that block (``preferred_block``'s own fast path). None otherwise:
     the caller then takes the general path (``_preferred``), which
-    ``tests/test_placement_fastpath.py`` checks this against.
+    ``tests/test_placement_fastpath.py`` checks this against. A tuple is
+    looked up among the node's aligned blocks (``Geometry.node_blocks``);
+    anything else is compared slot by slot (``_kept_block_scan``), with the
+    same answer.
     """
+    if type(current) is tuple:
+        try:
+            block = geo.node_blocks.by_slots.get(current)
+        except TypeError:  # unhashable slots: the scan decides
+            return _kept_block_scan(geo, current, gpus)
+        return block if block is not None and block.size == gpus else None
+    return _kept_block_scan(geo, current, gpus)
+
+
+def _kept_block_scan(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block | None:
+    """``_kept_block`` slot by slot (for sequences that are not hashable tuples)."""
     if len(current) != gpus or gpus > geo.per_node:
         return None
     name, first = current[0]
@@ -242,27 +259,36 @@ def _kept_block(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block |
 
 
 def _result(
-    geo: Geometry, requests: Sequence[PlacementRequest], placed: dict[str, Block]
+    geo: Geometry,
+    requests: Sequence[PlacementRequest],
+    placed: dict[str, Block],
+    kept: Mapping[str, Block],
 ) -> PlacementResult:
+    """``kept``: the ``_kept_block`` answers ``place`` already found (movable requests)."""
     assignments: dict[str, tuple[GpuSlot, ...]] = {}
     migrations: list[Migration] = []
     unplaced: list[str] = []
     used = bytearray(geo.num_nodes)
+    per_node = geo.per_node
     for r in requests:
         got = placed.get(r.job_id)
         if got is None:
             unplaced.append(r.job_id)
             continue
-        if got.size <= geo.per_node and _kept_block(geo, r.current, got.size) == got:
-            # It keeps its GPUs (the block's slots, in order): no migration.
-            assignments[r.job_id] = geo.slots(got)
-            used[got.node] = 1
-            continue
+        if got.size <= per_node:
+            same = kept.get(r.job_id)
+            if same is None and not r.movable:
+                same = _kept_block(geo, r.current, got.size)
+            if same == got:
+                # It keeps its GPUs (the block's slots, in order): no migration.
+                assignments[r.job_id] = geo.slots(got)
+                used[got.node] = 1
+                continue
         slots = geo.slots(got)
-        if got.size > geo.per_node:
+        if got.size > per_node:
             slots = tuple(sorted(slots))
         assignments[r.job_id] = slots
-        g = max(1, got.size // geo.per_node)
+        g = max(1, got.size // per_node)
         used[got.node : got.node + g] = b"\x01" * g
         if r.movable and r.current and is_migration(r.current, slots):
             migrations.append(Migration(r.job_id, tuple(sorted(set(r.current))), slots))

@@ -62,6 +62,7 @@ import numpy as np
 
 from powerflow.errors import PlacementError, SnapshotError
 from powerflow.gpus import GpuSpec
+from powerflow.models.protocol import FloatArray
 from powerflow.policy.allocation import PowerModel, allocate
 from powerflow.policy.budget import estimate_p_max_w, resolve_limit_watts
 from powerflow.policy.curves import Curves, curves_of
@@ -69,7 +70,7 @@ from powerflow.policy.frequency import raise_clocks
 from powerflow.policy.placement import PlacementRequest, place
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.policy.tablecache import TableCache
-from powerflow.policy.tables import build_tables
+from powerflow.policy.tables import IntArray, build_tables
 from powerflow.policy.validate import Cluster, cluster_of, validate_jobs
 
 
@@ -158,12 +159,13 @@ class _Decision:
         running = sorted(rows)
         row_idx = np.asarray([rows[i] for i in running], dtype=np.int64)
         start = eff[row_idx].tolist()
-        columns = dict(zip(running, start, strict=True))
+        matrices = self.curves.matrices(row_idx)
+        columns = start
         raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         predicted = alloc.power_w
         if self.policy.frequency_scaling:
             result = raise_clocks(
-                *self.curves.matrices(row_idx),
+                *matrices,
                 start,
                 [(jobs[i].arrival_s, jobs[i].id) for i in running],
                 alloc.power_w,
@@ -171,77 +173,102 @@ class _Decision:
                 step=self.policy.frequency_step,
                 energy_aware=self.policy.energy_aware,
             )
-            columns = dict(zip(running, result.columns, strict=True))
+            columns = list(result.columns)
             raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
-        return self._place(rows, columns, running, raises, predicted)
+        return self._place(rows, running, row_idx, matrices[2], columns, raises, predicted)
 
     def _place(
         self,
         rows: dict[int, int],
-        columns: dict[int, int],
         running: list[int],
+        row_idx: IntArray,
+        power: FloatArray,
+        columns: list[int],
         raises: tuple[tuple[int, ...], tuple[int, ...]],
         predicted: float,
     ) -> Plan:
-        """Place, price the placement, undo raises if it costs more (raises index ``running``)."""
+        """Place, price the placement, undo raises if it costs more.
+
+        ``running`` (sorted job indices), ``row_idx`` (their rows), ``power``
+        (their power at every clock) and ``columns`` (their clocks) are
+        parallel; ``raises`` index them.
+        """
         jobs = self.snapshot.jobs
         tables = self.curves.tables
+        counts = tables.counts[row_idx].tolist()
         requests = [
             PlacementRequest(
                 job_id=jobs[i].id,
-                gpus=int(tables.counts[rows[i]]),
+                gpus=n,
                 current=jobs[i].placement,
                 movable=not jobs[i].pinned,
             )
-            for i in sorted(rows)
+            for i, n in zip(running, counts, strict=True)
         ]
         result = place(self.snapshot.nodes, requests)
+        assignments = result.assignments
+        # Positions in ``running`` of the placed jobs, and their GPUs (sorted, as
+        # ``place`` returns them).
         placed: dict[int, tuple[GpuSlot, ...]] = {}
-        for i in sorted(rows):
-            slots = tuple(sorted(result.assignments.get(jobs[i].id, ())))
+        where: list[int] = []
+        for k, (i, n) in enumerate(zip(running, counts, strict=True)):
+            slots = assignments.get(jobs[i].id, ())
             if not slots:
                 continue
-            if len(slots) != tables.counts[rows[i]]:
+            if len(slots) != n:
                 raise PlacementError(f"job {jobs[i].id!r}: placement returned {len(slots)} GPUs")
             placed[i] = slots
-        order = sorted(placed)
-        all_power = self.curves.matrices(np.asarray([rows[i] for i in order], dtype=np.int64))[2]
-        power_rows = {
-            i: self._power_row(i, rows[i], placed[i]) or row
-            for i, row in zip(order, all_power.tolist(), strict=True)
-        }
+            where.append(k)
+        gpn = self.cluster.gpus_per_node
+        row_gpn = tables.gpus_per_node[row_idx].tolist()
+        # Each placed job's power at its clock (``value``), and the row it is
+        # read from when the job got other GPUs per node than its table row.
+        other: dict[int, list[float]] = {}
+        for k in where:
+            slots = placed[running[k]]
+            if len(slots) <= gpn and slots[0][0] == slots[-1][0]:
+                r = len(slots)  # one node (slots are sorted)
+            else:
+                nodes = [node for node, _ in slots]
+                r = max(nodes.count(n) for n in set(nodes))
+            if r != row_gpn[k]:
+                other[k] = self._power_row(running[k], rows[running[k]], len(slots), r)
+        where_idx = np.asarray(where, dtype=np.int64)
+        cols = [columns[k] for k in where]
+        values: list[float] = power[where_idx, np.asarray(cols, dtype=np.int64)].tolist()
+        slot_of = {k: n for n, k in enumerate(where)}
+        for k, row in other.items():
+            values[slot_of[k]] = row[columns[k]]
         down = set(result.powered_down_nodes)
         nodes_on = sum(1 for name in self.cluster.node_names if name not in down)
         used = sum(len(s) for s in placed.values())
-        idle_w = self.cluster.gpu.idle_power_w * (nodes_on * self.cluster.gpus_per_node - used)
+        idle_w = self.cluster.gpu.idle_power_w * (nodes_on * gpn - used)
 
-        def total() -> float:
-            return idle_w + sum(power_rows[i][columns[i]] for i in placed)
-
-        watts = total()
+        watts = idle_w + sum(values)
         target = max(self.limit, predicted)
         undo = len(raises[0])
         while watts > target and undo:
             undo -= 1
-            columns[running[raises[0][undo]]] = raises[1][undo]
-            watts = total()
+            k = raises[0][undo]
+            columns[k] = raises[1][undo]
+            n = slot_of.get(k)
+            if n is not None:
+                values[n] = other[k][columns[k]] if k in other else float(power[k, columns[k]])
+            watts = idle_w + sum(values)
 
         notes = [
             f"{jobs[i].id}: placement found no GPUs; it waits" for i in rows if i not in placed
         ]
+        clocks = self.clocks
+        batch = tables.local_batch[row_idx].tolist()
+        column_of = dict(zip(running, columns, strict=True))
+        batch_of = dict(zip(running, batch, strict=True))
         plans = []
         for i, job in enumerate(jobs):
-            if i in placed:
-                plans.append(
-                    JobPlan(
-                        job_id=job.id,
-                        gpus=len(placed[i]),
-                        frequency_mhz=self.clocks[columns[i]],
-                        local_batch_size=int(tables.local_batch[rows[i]]),
-                        placement=placed[i],
-                    )
-                )
+            got = placed.get(i)
+            if got is not None:
+                plans.append(JobPlan(job.id, len(got), clocks[column_of[i]], batch_of[i], got))
                 continue
             plans.append(self._waiting(i, notes))
         return Plan(
@@ -268,22 +295,14 @@ class _Decision:
             int(tables.local_batch[first]),
         )
 
-    def _power_row(self, i: int, row: int, slots: tuple[GpuSlot, ...]) -> list[float]:
-        """Power per clock if the job got other GPUs per node than its table row assumed.
+    def _power_row(self, i: int, row: int, n: int, r: int) -> list[float]:
+        """Power per clock of job ``i`` on ``n`` GPUs, ``r`` per node, at its row's local batch.
 
-        Placement packs, so this is rare (pinned jobs); empty when the row holds.
+        For a job that got other GPUs per node than its table row assumed;
+        placement packs, so this is rare (pinned jobs).
         """
-        tables = self.curves.tables
-        gpn = self.cluster.gpus_per_node
-        if len(slots) <= gpn and slots[0][0] == slots[-1][0]:
-            r = len(slots)  # one node (slots are sorted)
-        else:
-            nodes = [node for node, _ in slots]
-            r = max(nodes.count(n) for n in set(nodes))
-        if r == tables.gpus_per_node[row]:
-            return []
         job = self.snapshot.jobs[i]
-        n, bs = len(slots), int(tables.local_batch[row])
+        bs = int(self.curves.tables.local_batch[row])
         f = np.asarray(self.clocks, dtype=np.float64)
         t = np.asarray(job.model.step_time_s(n, r, bs, f), dtype=np.float64)
         e = np.asarray(job.model.energy_per_iter_j(n, r, bs, f), dtype=np.float64)

@@ -8,9 +8,10 @@ it refits and the operator until it refits from new samples. Remaining
 iterations and the time only enter the JCT, which ``curves.py`` derives from
 the rows afresh on every call.
 
-The key is therefore exactly what the model is asked: the model object's
-identity, the clocks, and the job's rows of ``(n, r, local batch)``. The
-entry holds a strong reference to the model, so its ``id`` cannot be reused
+The key is therefore what decides what the model is asked: the model
+object's identity, the clocks and cluster shape (a small ``tag`` per distinct
+context), and the job fields that choose its rows of ``(n, r, local batch)``
+(``tables.JobKey``). The entry holds a strong reference to the model, so its ``id`` cannot be reused
 by another object while the entry lives, and a hit also checks ``is``. A
 model object is assumed immutable (``PerfModel`` implementations are frozen
 dataclasses); a new fit is a new object and therefore a miss.
@@ -32,12 +33,13 @@ single dict call, so concurrent ``plan`` calls cannot corrupt it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from powerflow.models.protocol import FloatArray
 
-CacheKey = tuple[int, tuple[int, ...], bytes]
-"""(id of the model, clocks, the job's rows of (n, r, local batch) as int64 bytes)."""
+CacheKey = Hashable
+"""Starts with the id of the model; ``tables.JobKey`` for the policy's entries."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class TableCache:
     capacity: int = 2048
     _new: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
     _old: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
+    _tags: dict[Hashable, int] = field(default_factory=dict, repr=False)
 
     def get(self, key: CacheKey, model: object) -> CachedRows | None:
         hit = self._new.get(key)
@@ -73,6 +76,10 @@ class TableCache:
     def fit(self, jobs: int) -> None:
         """Make room for ``jobs`` entries without evicting any of them within one call."""
         self.capacity = max(self.capacity, 2 * jobs)
+
+    def tag(self, context: Hashable) -> int:
+        """A small int for ``context`` (clocks, cluster shape), so keys stay cheap to hash."""
+        return self._tags.setdefault(context, len(self._tags))
 
     def __len__(self) -> int:
         return len(self._new) + len(self._old)

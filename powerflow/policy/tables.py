@@ -18,6 +18,8 @@ one sample (``n <= global``).
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,7 +40,10 @@ class Tables:
     """Stacked predictions: one row per (job, allowed GPU count), one column per clock.
 
     Job ``j`` owns rows ``rows(j)`` (contiguous, smallest count first). Rows
-    of no job (each job's ``P_max`` point) may sit between them.
+    of no job (each job's ``P_max`` point) may sit between them. The per-row
+    vectors are stacked; the full step time and energy rows stay with each
+    job (``job_rows``) and are gathered on demand (``values``), since a
+    decision reads only the rows of the jobs it runs.
     """
 
     start: IntArray
@@ -48,10 +53,16 @@ class Tables:
     counts: IntArray
     gpus_per_node: IntArray
     local_batch: IntArray
-    step_time_s: FloatArray
-    energy_j: FloatArray
     requested_gpu_power_w: FloatArray
     """Per job: power per GPU on the requested count at the highest clock (for ``P_max``)."""
+    efficient: IntArray
+    """Per row, the clock column with the least energy per iteration (lowest on ties)."""
+    efficient_step_time_s: FloatArray
+    efficient_energy_j: FloatArray
+    job_rows: tuple[JobRows, ...]
+    """Per job (index as in the snapshot), its rows; row ``start[j] + k`` is its ``k``-th."""
+    width: int
+    """Clock columns."""
 
     def rows(self, job: int) -> range:
         first = int(self.start[job])
@@ -59,6 +70,26 @@ class Tables:
 
     def levels(self, job: int) -> int:
         return int(self.sizes[job])
+
+    def values(self, rows: IntArray) -> tuple[FloatArray, FloatArray]:
+        """Step time and energy of ``rows`` at every clock (copies, in the order given)."""
+        if not rows.size:
+            return np.zeros((0, self.width)), np.zeros((0, self.width))
+        owners = self.row_job[rows]
+        pairs = list(zip(owners.tolist(), (rows - self.start[owners]).tolist(), strict=True))
+        entries = self.job_rows
+        t = np.array([entries[j].step_time_s[k] for j, k in pairs])
+        e = np.array([entries[j].energy_j[k] for j, k in pairs])
+        return t, e
+
+    @functools.cached_property
+    def step_time_s(self) -> FloatArray:
+        """Every row's step time, stacked (for inspection; the policy uses ``values``)."""
+        return self.values(np.arange(self.counts.size))[0]
+
+    @functools.cached_property
+    def energy_j(self) -> FloatArray:
+        return self.values(np.arange(self.counts.size))[1]
 
 
 def ceil_div(a: IntArray | int, b: IntArray | int) -> IntArray:
@@ -111,9 +142,128 @@ def build_tables(
     row for its ``P_max`` point (requested count; read at the top clock), and
     jobs are ordered by model object, so each model's rows are one slice.
 
-    With a ``cache`` (``tablecache.py``) a job whose model object and row
-    arguments were evaluated before reuses those rows; the jobs of a model
-    that miss are evaluated together in one call, as without a cache.
+    A job's rows depend only on its model object, the fields that choose its
+    GPU counts (``JobKey``) and the call's clocks and cluster, so they are
+    built once per distinct key (``JobRows``) and stacked; with a ``cache``
+    (``tablecache.py``) also across calls, so that a replan with unchanged
+    models does no per-row work in Python and calls no model. The jobs whose
+    key misses are evaluated together, one model call per model object.
+    """
+    count = len(jobs)
+    context = (tuple(clocks_mhz), elastic, cluster.total_gpus, cluster.gpus_per_node)
+    if cache is None:
+        cache = TableCache()
+    cache.fit(count)
+    tag = cache.tag(context)
+    groups: dict[int, list[int]] = {}
+    keys: list[JobKey] = []
+    entries: list[JobRows | None] = []
+    missing: dict[JobKey, int] = {}
+    get = cache.get
+    for j, job in enumerate(jobs):
+        model = job.model
+        mid = id(model)
+        members = groups.get(mid)
+        if members is None:
+            groups[mid] = [j]
+        else:
+            members.append(j)
+        key = (
+            mid,
+            tag,
+            job.min_gpus,
+            job.max_gpus,
+            job.max_local_batch_size,
+            job.global_batch_size,
+            job.requested_gpus,
+            _pinned_shape(job.placement) if job.pinned else None,
+        )
+        keys.append(key)
+        hit = get(key, model)
+        if not isinstance(hit, JobRows):
+            hit = None
+            missing.setdefault(key, j)
+        entries.append(hit)
+    job_order = [j for members in groups.values() for j in members]
+    if missing:
+        fresh = [j for j in job_order if missing.get(keys[j]) == j]
+        first_of_model = {mid: jobs[members[0]].id for mid, members in groups.items()}
+        made = _evaluate([jobs[j] for j in fresh], cluster, clocks_mhz, elastic, first_of_model)
+        for j, rows in zip(fresh, made, strict=True):
+            cache.put(keys[j], rows)
+        by_key = dict(zip((keys[j] for j in fresh), made, strict=True))
+        entries = [by_key[keys[j]] if e is None else e for j, e in enumerate(entries)]
+    return _stack([e for e in entries if e is not None], job_order, len(clocks_mhz))
+
+
+JobKey = tuple[int, int, int, int | None, int | None, int, int, tuple[int, int] | None]
+"""(id of the model, context tag, min GPUs, max GPUs, max local batch, global batch,
+requested GPUs, a pinned job's (GPUs, GPUs per node)): all that a job's rows depend on."""
+
+
+@dataclass(frozen=True)
+class JobRows(CachedRows):
+    """One job's rows: its allowed counts, smallest first, then its ``P_max`` row.
+
+    ``step_time_s`` and ``energy_j`` hold the policy's clock columns only.
+    ``vectors`` holds per row (count, GPUs per node, local batch, efficient
+    column, step time and energy there) as floats (the ints are small, so
+    exact), so that stacking the jobs is one ``concatenate``.
+    """
+
+    vectors: FloatArray
+    size: int
+    """Allowed counts (rows before the ``P_max`` row)."""
+    requested_gpu_power_w: float
+
+
+def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
+    """A pinned job's GPU count and the most GPUs it has on one node."""
+    nodes = [node for node, _ in placement]
+    return len(nodes), max(nodes.count(n) for n in set(nodes))
+
+
+def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tables:
+    """Stack per-job rows, the jobs of each model object adjacent (``job_order``)."""
+    count = len(entries)
+    sizes = np.fromiter((e.size for e in entries), dtype=np.int64, count=count)
+    order = np.asarray(job_order, dtype=np.int64)
+    ext_sizes = sizes[order] + 1
+    ext_start = np.cumsum(ext_sizes) - ext_sizes
+    start = np.empty(count, dtype=np.int64)
+    start[order] = ext_start
+    parts = [entries[j].vectors for j in job_order]
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 6))
+    ints = vectors[:, :4].astype(np.int64)
+    return Tables(
+        start=start,
+        sizes=sizes,
+        row_job=np.repeat(order, ext_sizes),
+        counts=ints[:, 0],
+        gpus_per_node=ints[:, 1],
+        local_batch=ints[:, 2],
+        requested_gpu_power_w=np.fromiter(
+            (e.requested_gpu_power_w for e in entries), dtype=np.float64, count=count
+        ),
+        efficient=ints[:, 3],
+        efficient_step_time_s=vectors[:, 4].copy(),
+        efficient_energy_j=vectors[:, 5].copy(),
+        job_rows=tuple(entries),
+        width=width,
+    )
+
+
+def _evaluate(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    clocks_mhz: Sequence[int],
+    elastic: bool,
+    names: dict[int, str],
+) -> list[JobRows]:
+    """Rows of ``jobs`` (each model object's jobs adjacent), one model call per model.
+
+    ``names`` maps a model's id to the job named when that model's output has
+    the wrong shape.
     """
     gpn = cluster.gpus_per_node
     top = cluster.gpu.max_clock_mhz
@@ -122,19 +272,12 @@ def build_tables(
     top_column = ext_clocks.index(top)
     f_row = np.asarray(ext_clocks, dtype=np.float64)[None, :]
     count = len(jobs)
-    mask = allowed_mask(jobs, cluster, elastic) if jobs else np.zeros((0, 1), dtype=bool)
-
-    groups: dict[int, list[int]] = {}
-    for j, job in enumerate(jobs):
-        groups.setdefault(id(job.model), []).append(j)
-    job_order = np.asarray([j for members in groups.values() for j in members], dtype=np.int64)
+    mask = allowed_mask(jobs, cluster, elastic)
     pinned = np.asarray([job.pinned for job in jobs], dtype=bool)
     sizes = np.where(pinned, 1, mask.sum(axis=1)).astype(np.int64)
-    ext_sizes = sizes[job_order] + 1
+    ext_sizes = sizes + 1
     ext_start = np.cumsum(ext_sizes) - ext_sizes
-    start = np.empty(count, dtype=np.int64)
-    start[job_order] = ext_start
-    ext_job = np.repeat(job_order, ext_sizes)
+    ext_job = np.repeat(np.arange(count), ext_sizes)
     pos = np.arange(ext_job.size) - np.repeat(ext_start, ext_sizes)
     is_req = pos == sizes[ext_job]
 
@@ -142,56 +285,25 @@ def build_tables(
     # or the requested count on P_max rows.
     req = np.asarray([j.requested_gpus for j in jobs], dtype=np.int64)
     batch = np.asarray([j.global_batch_size for j in jobs], dtype=np.int64)
-    ks = np.nonzero(mask[job_order])[1] if count else np.zeros(0, dtype=np.int64)
+    ks = np.nonzero(mask)[1]
     counts = req[ext_job].copy()
     counts[~is_req & ~pinned[ext_job]] = np.left_shift(1, ks)
     r = np.minimum(counts, gpn)
     for j in np.flatnonzero(pinned).tolist():
-        nodes = [node for node, _ in jobs[j].placement]
-        counts[start[j]] = len(nodes)
-        r[start[j]] = max(nodes.count(n) for n in set(nodes))
+        counts[ext_start[j]], r[ext_start[j]] = _pinned_shape(jobs[j].placement)
     bs = ceil_div(batch[ext_job], counts)
 
     n_col, r_col, bs_col = (a.astype(np.float64)[:, None] for a in (counts, r, bs))
     t = np.empty((ext_job.size, f_row.shape[1]))
     e = np.empty_like(t)
-    # Each row's model arguments (n, r, local batch) as 24 bytes, sliced per job for the key.
-    args_bytes = np.stack([counts, r, bs], axis=1).astype(np.int64).tobytes() if count else b""
-    clock_key = tuple(ext_clocks)
-    if cache is not None:
-        cache.fit(count)
-    start_l, ext_l = start.tolist(), (sizes + 1).tolist()
-    new_rows: list[IntArray] = []
-    at = 0
-    for members in groups.values():
-        hi = at + sum(ext_l[j] for j in members)
-        model: PerfModel = jobs[members[0]].model
-        rows: slice | IntArray = slice(at, hi)
-        if cache is not None:
-            miss = []
-            for j in members:
-                lo = start_l[j]
-                end = lo + ext_l[j]
-                hit = cache.get((id(model), clock_key, args_bytes[24 * lo : 24 * end]), model)
-                if hit is None:
-                    miss.append(j)
-                else:
-                    t[lo:end], e[lo:end] = hit.step_time_s, hit.energy_j
-            if len(miss) < len(members):
-                rows = np.asarray(
-                    [k for j in miss for k in range(start_l[j], start_l[j] + ext_l[j])],
-                    dtype=np.int64,
-                )
-        at = hi
-        if isinstance(rows, np.ndarray):
-            if not rows.size:
-                continue
-            new_rows.append(rows)
-        else:
-            new_rows.append(np.arange(rows.start, rows.stop))
+    first_row = ext_start.tolist()
+    bounds = [0, *(j for j in range(1, count) if jobs[j].model is not jobs[j - 1].model), count]
+    for lo, hi in itertools.pairwise(bounds):
+        model: PerfModel = jobs[lo].model
+        rows = slice(first_row[lo], first_row[hi] if hi < count else ext_job.size)
         args = (n_col[rows], r_col[rows], bs_col[rows], f_row)
         predict = getattr(model, "predict", None)
-        job_id = jobs[members[0]].id
+        job_id = names[id(model)]
         if callable(predict):
             both = predict(*args)
             t[rows] = _checked_shape(both[0], args, job_id, "step time")
@@ -199,39 +311,32 @@ def build_tables(
         else:
             t[rows] = _checked_shape(model.step_time_s(*args), args, job_id, "step time")
             e[rows] = _checked_shape(model.energy_per_iter_j(*args), args, job_id, "energy")
-    if cache is None:
-        _check_predictions(jobs, ext_job, counts, ext_clocks, t, e)
-    elif new_rows:
-        # Only new rows need the check (cached ones passed it), in row order
-        # so that the error names the same row as a check of the whole table.
-        fresh = np.concatenate(new_rows)
-        _check_predictions(jobs, ext_job[fresh], counts[fresh], ext_clocks, t[fresh], e[fresh])
-        bounds = np.flatnonzero(np.diff(ext_job[fresh], prepend=-1, append=-1))
-        for lo, end in zip(
-            fresh[bounds[:-1]].tolist(), (fresh[bounds[1:] - 1] + 1).tolist(), strict=True
-        ):
-            j = int(ext_job[lo])
-            model = jobs[j].model
-            key = (id(model), clock_key, args_bytes[24 * lo : 24 * end])
-            cache.put(key, CachedRows(model, t[lo:end].copy(), e[lo:end].copy()))
-    req_rows = np.flatnonzero(is_req)
-    req_power = np.empty(count)
-    req_power[ext_job[req_rows]] = (
-        e[req_rows, top_column] / t[req_rows, top_column] / req[ext_job[req_rows]]
-    )
+    _check_predictions(jobs, ext_job, counts, ext_clocks, t, e)
+    req_power = e[is_req, top_column] / t[is_req, top_column] / req
     if columns.size != len(ext_clocks):
         t, e = t[:, columns], e[:, columns]
-    return Tables(
-        start=start,
-        sizes=sizes,
-        row_job=ext_job,
-        counts=counts,
-        gpus_per_node=r,
-        local_batch=bs,
-        step_time_s=t,
-        energy_j=e,
-        requested_gpu_power_w=req_power,
+    idx = np.arange(ext_job.size)
+    efficient = (
+        np.argmin(e, axis=1).astype(np.int64)
+        if t.shape[1]
+        else np.zeros(ext_job.size, dtype=np.int64)
     )
+    t_eff, e_eff = t[idx, efficient], e[idx, efficient]
+    vectors = np.stack([counts, r, bs, efficient, t_eff, e_eff], axis=1).astype(np.float64)
+    out = []
+    for j, (lo, size) in enumerate(zip(first_row, sizes.tolist(), strict=True)):
+        rows = slice(lo, lo + size + 1)
+        out.append(
+            JobRows(
+                model=jobs[j].model,
+                step_time_s=t[rows].copy(),
+                energy_j=e[rows].copy(),
+                vectors=vectors[rows].copy(),
+                size=size,
+                requested_gpu_power_w=float(req_power[j]),
+            )
+        )
+    return out
 
 
 def _checked_shape(

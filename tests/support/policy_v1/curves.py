@@ -1,0 +1,72 @@
+"""A job's predicted JCT, remaining energy and power over its GPU counts x clocks.
+
+Derived from the stacked model tables (``tables.py``, same rows and columns).
+JCT counts from arrival: ``JCT = (now - arrival) + remaining_iterations *
+T_iter``, so the objective is the paper's average JCT and a job's wait so far
+is part of it. Energy is what the job still needs: ``remaining_iterations *
+E_iter``. Power is ``E_iter / T_iter`` (paper §5.2), summed over the job's
+GPUs. Allocation only needs each row at its most energy-efficient clock, so
+those are vectors; full rows are derived on demand (``matrices``) for the few
+rows the clock phase works on, which keeps memory at two tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerflow.models.protocol import FloatArray
+from powerflow.policy.snapshot import Job
+from support.policy_v1.tables import IntArray, Tables
+
+
+@dataclass(frozen=True)
+class Curves:
+    """Per table row: the efficient clock column and JCT, energy and power there."""
+
+    tables: Tables
+    job_ids: tuple[str, ...]
+    arrival_s: tuple[float, ...]
+    age_s: FloatArray
+    row_age_s: FloatArray
+    row_remaining: FloatArray
+    efficient: IntArray
+    """Per row, the clock column with the least energy per iteration (lowest on ties)."""
+    jct_s: FloatArray
+    energy_j: FloatArray
+    power_w: FloatArray
+
+    def matrices(self, rows: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """JCT, energy and power of ``rows`` at every clock."""
+        t = self.tables.step_time_s[rows]
+        e = self.tables.energy_j[rows]
+        remaining = self.row_remaining[rows, None]
+        return self.row_age_s[rows, None] + remaining * t, remaining * e, e / t
+
+
+def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
+    age = np.maximum(0.0, now_s - np.asarray([j.arrival_s for j in jobs], dtype=np.float64))
+    remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
+    n_rows = tables.counts.size
+    row_job = tables.row_job
+    row_age, row_remaining = age[row_job], remaining[row_job]
+    t, e = tables.step_time_s, tables.energy_j
+    idx = np.arange(n_rows)
+    efficient = (
+        np.argmin(e, axis=1).astype(np.int64) if t.shape[1] else np.zeros(n_rows, dtype=np.int64)
+    )
+    t_eff, e_eff = t[idx, efficient], e[idx, efficient]
+    return Curves(
+        tables=tables,
+        job_ids=tuple(j.id for j in jobs),
+        arrival_s=tuple(j.arrival_s for j in jobs),
+        age_s=age,
+        row_age_s=row_age,
+        row_remaining=row_remaining,
+        efficient=efficient,
+        jct_s=row_age + row_remaining * t_eff,
+        energy_j=row_remaining * e_eff,
+        power_w=e_eff / t_eff,
+    )

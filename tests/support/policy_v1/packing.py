@@ -1,0 +1,508 @@
+"""The allocator behind ``placement.place``: which aligned block each job gets.
+
+Internal to placement: plain data in (items with a size and a preferred
+block), a dict of blocks out. The rules, the guarantee and its proof are in
+``placement.py``'s docstring; this module holds the mechanics, in the order
+they run:
+
+0. *keep all*: every running job keeps its preferred block if free; this
+   answer stands if it places everything with at most one node partly used,
+   or if steps 1-4 do no better;
+1. *whole-node jobs*: aligned node groups, largest first;
+2. *settle*: nodes that the jobs running there fill exactly stay as they are;
+3. *keep the fullest*: just enough of the remaining nodes to hold the
+   remaining demand keep their jobs; jobs on the others, new jobs and
+   displaced ones fill the kept nodes' holes, best fit, largest first, the
+   node meant to stay partly used (``_slack_nodes``) last;
+4. *repair*: if that leaves more than one node partly used (or a job with no
+   hole), those nodes alone are repacked by decreasing-size best fit, which
+   guarantees at most one partly used node.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+
+from support.policy_v1.buddy import Block, Geometry
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One movable job to place; ``pref`` is where it runs now (see ``preferred_block``)."""
+
+    job_id: str
+    size: int
+    pref: Block | None
+
+
+def sort_key(item: Item) -> tuple[int, bool, str]:
+    """Largest first (the buddy guarantee), running jobs before new ones, then by id."""
+    return (-item.size, item.pref is None, item.job_id)
+
+
+_ONES = b"\x01" * 4096
+_ZEROS = bytes(4096)
+
+
+class Cluster:
+    """Mutable GPU occupancy during one placement (never escapes it)."""
+
+    def __init__(self, geo: Geometry) -> None:
+        self.geo = geo
+        self.occ = [bytearray(geo.per_node) for _ in range(geo.num_nodes)]
+        self.fill = [0] * geo.num_nodes
+        self.busy = bytearray(geo.num_nodes)
+
+    def take(self, other: Cluster) -> None:
+        """Adopt ``other``'s occupancy (a copy this one was tried on)."""
+        self.occ, self.fill, self.busy = other.occ, other.fill, other.busy
+
+    def copy(self) -> Cluster:
+        other = Cluster.__new__(Cluster)
+        other.geo = self.geo
+        other.occ = [bytearray(o) for o in self.occ]
+        other.fill = list(self.fill)
+        other.busy = bytearray(self.busy)
+        return other
+
+    def is_free(self, b: Block) -> bool:
+        n = self.geo.per_node
+        if b.size <= n:
+            return self.occ[b.node].find(1, b.offset, b.offset + b.size) == -1
+        return self.busy.find(1, b.node, b.node + b.size // n) == -1
+
+    def occupy(self, b: Block) -> None:
+        self._mark(b, 1)
+
+    def release(self, b: Block) -> None:
+        self._mark(b, 0)
+
+    def _mark(self, b: Block, value: int) -> None:
+        n = self.geo.per_node
+        pattern = (_ONES if value else _ZEROS)[: min(b.size, n)]
+        if b.size <= n:
+            node = b.node
+            self.occ[node][b.offset : b.offset + b.size] = pattern
+            self.fill[node] += b.size if value else -b.size
+            self.busy[node] = 1 if self.fill[node] else 0
+            return
+        for node in range(b.node, b.node + b.size // n):
+            self.occ[node][:] = pattern
+            self.fill[node] = n if value else 0
+            self.busy[node] = value
+
+    def best_offset(self, node: int, size: int, reserved: list[int] | None = None) -> int | None:
+        """A free aligned ``size``-block on ``node``: fewest GPUs others prefer, then lowest."""
+        occ = self.occ[node]
+        best: int | None = None
+        best_r = 0
+        for off in range(0, self.geo.per_node, size):
+            if occ.find(1, off, off + size) != -1:
+                continue
+            if reserved is None:
+                return off
+            r = sum(reserved[off : off + size])
+            if r == 0:
+                return off
+            if best is None or r < best_r:
+                best, best_r = off, r
+        return best
+
+    def largest_free(self, node: int) -> int:
+        """Size of the largest free aligned block on ``node`` (0 when full)."""
+        occ, size = self.occ[node], self.geo.per_node
+        while size:
+            for off in range(0, self.geo.per_node, size):
+                if occ.find(1, off, off + size) == -1:
+                    return size
+            size //= 2
+        return 0
+
+
+Metrics = tuple[int, int, int]
+"""(jobs unplaced, nodes used, nodes partly used): smaller is better, in this order."""
+
+
+def allocate(cluster: Cluster, items: list[Item]) -> dict[str, Block]:
+    """Place movable ``items`` on ``cluster`` (which holds the immovable jobs).
+
+    Iterates to a fixed point so that placing the answer again returns it
+    unchanged: if steps 1-4, run on the answer's own blocks as preferences,
+    find a strictly better layout, that becomes the answer. The metrics
+    decrease strictly, so this ends; without immovable jobs the first answer
+    already leaves at most one node partly used and is final.
+    """
+    placed, metrics = _once(cluster, items)
+    while metrics[0] or metrics[2] > 1:
+        again = [Item(it.job_id, it.size, placed.get(it.job_id)) for it in items]
+        nxt, nxt_metrics = _once(cluster, again)
+        if nxt_metrics >= metrics:
+            break
+        placed, metrics = nxt, nxt_metrics
+    return placed
+
+
+def _metrics(cluster: Cluster, items: list[Item], placed: dict[str, Block]) -> Metrics:
+    n = cluster.geo.per_node
+    partial = sum(1 for f in cluster.fill if 0 < f < n)
+    used = sum(1 for f in cluster.fill if f)
+    return (len(items) - len(placed), used, partial)
+
+
+def _once(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:
+    """Step 0 (keep every preferred block that is free) unless steps 1-4 do better."""
+    new_jobs = sum(1 for it in items if it.pref is None)
+    kept: tuple[dict[str, Block], Metrics] | None = None
+    if not new_jobs:
+        kept = _keep(cluster, items)
+        if kept[1][0] == 0 and kept[1][2] <= 1:
+            return kept
+    state = cluster.copy()
+    placed: dict[str, Block] = {}
+    n = state.geo.per_node
+    big = sorted((it for it in items if it.size >= n), key=sort_key)
+    small = sorted((it for it in items if it.size < n), key=sort_key)
+    weight = [0] * state.geo.num_nodes
+    for it in items:
+        _add_weight(state.geo, weight, it, +1)
+    taken = _place_big(state, big, weight, placed)
+    _place_small(state, small, taken, placed)
+    metrics = _metrics(state, items, placed)
+    if kept is None and metrics[0] >= new_jobs:
+        # Step 0 leaves at least the new jobs unplaced; only now can it compete.
+        kept = _keep(cluster, items)
+    if kept is not None and kept[1] <= metrics:
+        return kept
+    return placed, metrics
+
+
+def _keep(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:
+    state = cluster.copy()
+    kept: dict[str, Block] = {}
+    for it in sorted(items, key=sort_key):
+        if it.pref is not None and state.is_free(it.pref):
+            state.occupy(it.pref)
+            kept[it.job_id] = it.pref
+    return kept, _metrics(state, items, kept)
+
+
+def _add_weight(geo: Geometry, weight: list[int], it: Item, sign: int) -> None:
+    if it.pref is None:
+        return
+    if it.size <= geo.per_node:
+        weight[it.pref.node] += sign * it.size
+        return
+    for node in range(it.pref.node, it.pref.node + it.size // geo.per_node):
+        weight[node] += sign * geo.per_node
+
+
+def _place_big(
+    cluster: Cluster, items: list[Item], weight: list[int], placed: dict[str, Block]
+) -> bytearray:
+    """Jobs of at least one node: whole aligned node groups, in decreasing size.
+
+    Returns the nodes these jobs took. A job keeps its preferred group when
+    all of it is free; otherwise it takes the free group with the fewest
+    powered-off nodes, then the fewest GPUs that other jobs run on now.
+    """
+    geo = cluster.geo
+    off = [0 if on else 1 for on in geo.powered_on]
+    taken = bytearray(geo.num_nodes)
+    heap = [(off[i], weight[i], i) for i in range(geo.num_nodes) if not cluster.busy[i]]
+    heapq.heapify(heap)
+    for it in items:
+        g = it.size // geo.per_node
+        _add_weight(geo, weight, it, -1)
+        if it.pref is not None:
+            for node in range(it.pref.node, it.pref.node + g):
+                if not cluster.busy[node]:
+                    heapq.heappush(heap, (off[node], weight[node], node))
+        start: int | None = None
+        if it.pref is not None and cluster.is_free(it.pref):
+            start = it.pref.node
+        elif g == 1:
+            while heap:
+                _, w, node = heapq.heappop(heap)
+                if not cluster.busy[node] and w == weight[node]:
+                    start = node
+                    break
+        else:
+            best: tuple[int, int, int] | None = None
+            for s in range(0, geo.num_nodes - g + 1, g):
+                if cluster.busy.find(1, s, s + g) == -1:
+                    key = (sum(off[s : s + g]), sum(weight[s : s + g]), s)
+                    if best is None or key < best:
+                        best = key
+            start = None if best is None else best[2]
+        if start is None:
+            continue
+        block = Block(start, 0, it.size)
+        cluster.occupy(block)
+        taken[start : start + g] = b"\x01" * g
+        placed[it.job_id] = block
+    return taken
+
+
+def _place_small(
+    cluster: Cluster, items: list[Item], taken: bytearray, placed: dict[str, Block]
+) -> None:
+    """Jobs smaller than a node: steps 2-4 of the module docstring."""
+    geo = cluster.geo
+    n = geo.per_node
+    fixed = [f > 0 for f in cluster.fill]
+    by_node: dict[int, list[Item]] = {}
+    homeless: list[Item] = []
+    for it in items:
+        if it.pref is None or taken[it.pref.node]:
+            homeless.append(it)
+        else:
+            by_node.setdefault(it.pref.node, []).append(it)
+
+    # Step 2: which running jobs can stay, and nodes they fill exactly.
+    stayers: dict[int, list[Item]] = {}
+    for node in sorted(by_node):
+        mask = bytearray(cluster.occ[node])
+        for it in sorted(by_node[node], key=sort_key):
+            assert it.pref is not None
+            o, s = it.pref.offset, it.size
+            if mask.find(1, o, o + s) == -1:
+                mask[o : o + s] = b"\x01" * s
+                stayers.setdefault(node, []).append(it)
+            else:
+                homeless.append(it)
+        if cluster.fill[node] + sum(it.size for it in stayers.get(node, ())) == n:
+            for it in stayers.pop(node, ()):
+                assert it.pref is not None
+                cluster.occupy(it.pref)
+                placed[it.job_id] = it.pref
+    pool = [i for i in range(geo.num_nodes) if not taken[i] and cluster.fill[i] < n]
+
+    # Step 3: keep the fullest nodes, just enough for the demand; fill their holes.
+    demand = sum(it.size for it in homeless) + sum(
+        it.size for its in stayers.values() for it in its
+    )
+
+    def stay_fill(i: int) -> int:
+        return cluster.fill[i] + sum(it.size for it in stayers.get(i, ()))
+
+    order = sorted(pool, key=lambda i: (not fixed[i], -stay_fill(i), not geo.powered_on[i], i))
+    kept: list[int] = []
+    room = 0
+    for i in order:
+        if room >= demand and not fixed[i]:
+            homeless.extend(stayers.pop(i, ()))
+            continue
+        kept.append(i)
+        room += n - cluster.fill[i]
+    on_node: dict[int, list[Item]] = {}
+    for i in kept:
+        for it in stayers.get(i, ()):
+            assert it.pref is not None
+            cluster.occupy(it.pref)
+            placed[it.job_id] = it.pref
+            on_node.setdefault(i, []).append(it)
+    homeless.sort(key=sort_key)
+    tries: list[int | None] = [*_slack_nodes(cluster, kept, sum(it.size for it in homeless))[:3]]
+    tries.append(None)
+    chosen: tuple[Cluster, dict[str, Block], dict[int, list[Item]], list[Item]] | None = None
+    for slack_node in tries:
+        state, got, where = cluster.copy(), dict(placed), {k: list(v) for k, v in on_node.items()}
+        first = [i for i in kept if i != slack_node]
+        leftover = _fill_holes(state, homeless, first, got, where)
+        if slack_node is not None and leftover:
+            leftover = _fill_holes(state, leftover, [slack_node], got, where)
+        if chosen is None:
+            chosen = (state, got, where, leftover)
+        if not leftover and sum(1 for i in kept if 0 < state.fill[i] < n) <= 1:
+            chosen = (state, got, where, leftover)
+            break
+    assert chosen is not None
+    state, got, on_node, leftover = chosen
+    cluster.take(state)
+    placed.clear()
+    placed.update(got)
+
+    # Step 4: repack the partly used nodes (and leftovers) if more than one remains.
+    partial = [i for i in kept if 0 < cluster.fill[i] < n]
+    if len(partial) <= 1 and not leftover:
+        return
+    redo = list(leftover)
+    for i in partial:
+        for it in on_node.get(i, ()):
+            cluster.release(placed.pop(it.job_id))
+            redo.append(it)
+    room = sum(n - cluster.fill[i] for i in partial)
+    need = sum(it.size for it in redo)
+    nodes = list(partial)
+    spare = sorted(
+        (i for i in pool if cluster.fill[i] == 0),
+        key=lambda i: (not geo.powered_on[i], i),
+    )
+    for i in spare:
+        if room >= need:
+            break
+        nodes.append(i)
+        room += n
+    redo.sort(key=sort_key)
+    _best_fit(cluster, redo, sorted(nodes), placed)
+
+
+def _slack_nodes(cluster: Cluster, kept: list[int], demand: int) -> list[int]:
+    """Kept nodes that could stay the partly used one, best first.
+
+    The kept nodes have ``slack`` GPUs more room than the jobs still to place
+    need, so in the end one node holds ``N - slack`` GPUs and the others are
+    full. Filling holes elsewhere first lets a node that already holds no
+    more than that stay the partly used one (often it was before): the
+    fullest such node first; ties go to powered-off, then later nodes.
+    """
+    n = cluster.geo.per_node
+    slack = sum(n - cluster.fill[i] for i in kept) - demand
+    if not 0 < slack < n:
+        return []
+    on = cluster.geo.powered_on
+    fits = [i for i in kept if cluster.fill[i] <= n - slack]
+    return sorted(fits, key=lambda i: (-cluster.fill[i], on[i], -i))
+
+
+def _fill_holes(
+    cluster: Cluster,
+    items: list[Item],
+    nodes: list[int],
+    placed: dict[str, Block],
+    on_node: dict[int, list[Item]],
+) -> list[Item]:
+    """Best fit by free room on ``nodes``, largest item first; return what found no hole.
+
+    One heap per block size holds (room, node, version) for the nodes with a
+    free aligned block of that size, so each item finds the fullest node that
+    can take it in logarithmic time.
+    """
+    n = cluster.geo.per_node
+    levels = n.bit_length()
+    heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(levels)]
+    version = dict.fromkeys(nodes, 0)
+
+    def push(node: int) -> None:
+        top = cluster.largest_free(node)
+        for k in range(top.bit_length()):
+            heapq.heappush(heaps[k], (n - cluster.fill[node], node, version[node]))
+
+    for node in nodes:
+        push(node)
+    leftover: list[Item] = []
+    for it in items:
+        heap = heaps[it.size.bit_length() - 1]
+        while heap and heap[0][2] != version[heap[0][1]]:
+            heapq.heappop(heap)
+        if not heap:
+            leftover.append(it)
+            continue
+        node = heap[0][1]
+        off = cluster.best_offset(node, it.size)
+        assert off is not None
+        block = Block(node, off, it.size)
+        cluster.occupy(block)
+        placed[it.job_id] = block
+        on_node.setdefault(node, []).append(it)
+        version[node] += 1
+        push(node)
+    return leftover
+
+
+def _best_fit(
+    cluster: Cluster, items: list[Item], nodes: list[int], placed: dict[str, Block]
+) -> None:
+    """Decreasing-size best fit over ``nodes`` (the guarantee's core; see placement.py).
+
+    A job keeps its preferred block when its node is already open; otherwise
+    it goes to the fullest open node with a free aligned block, and only when
+    there is none opens an empty node: its own, else a powered-on one where
+    more of the remaining jobs run now, else the first. Starting from empty
+    nodes this keeps at most one node partly used at any time.
+    """
+    geo = cluster.geo
+    n = geo.per_node
+    fill = cluster.fill
+    in_set = bytearray(geo.num_nodes)
+    for i in nodes:
+        in_set[i] = 1
+    weight = [0] * geo.num_nodes
+    reserved: list[list[int] | None] = [None] * geo.num_nodes
+    for it in items:
+        pb = it.pref
+        if pb is not None and in_set[pb.node]:
+            weight[pb.node] += it.size
+            res = reserved[pb.node]
+            if res is None:
+                res = reserved[pb.node] = [0] * n
+            for i in range(pb.offset, pb.offset + pb.size):
+                res[i] += 1
+
+    buckets: dict[int, list[int]] = {}
+    for i in nodes:
+        if 0 < fill[i] < n:
+            buckets.setdefault(fill[i], []).append(i)
+    empty = [(not geo.powered_on[i], -weight[i], i) for i in nodes if fill[i] == 0]
+    heapq.heapify(empty)
+
+    for it in items:
+        s = it.size
+        p = it.pref if it.pref is not None and in_set[it.pref.node] else None
+        if p is not None:
+            # Its own preference no longer keeps others away from the block.
+            weight[p.node] -= s
+            res = reserved[p.node]
+            assert res is not None
+            for i in range(p.offset, p.offset + s):
+                res[i] -= 1
+            if fill[p.node] == 0:
+                heapq.heappush(empty, (not geo.powered_on[p.node], -weight[p.node], p.node))
+        target: Block | None = None
+        if p is not None and fill[p.node] > 0 and cluster.is_free(p):
+            target = p
+        if target is None:
+            target = _fullest_with_room(cluster, buckets, s, p, reserved)
+        if target is None and p is not None and fill[p.node] == 0:
+            target = p
+        while target is None and empty:
+            _, w, node = heapq.heappop(empty)
+            if fill[node] == 0 and -w == weight[node]:
+                o = cluster.best_offset(node, s, reserved[node])
+                if o is not None:
+                    target = Block(node, o, s)
+        if target is None:
+            continue
+        before = fill[target.node]
+        cluster.occupy(target)
+        placed[it.job_id] = target
+        if before > 0:
+            bucket = buckets[before]
+            del bucket[bisect_left(bucket, target.node)]
+        if fill[target.node] < n:
+            insort(buckets.setdefault(fill[target.node], []), target.node)
+
+
+def _fullest_with_room(
+    cluster: Cluster,
+    buckets: dict[int, list[int]],
+    size: int,
+    pref: Block | None,
+    reserved: list[list[int] | None],
+) -> Block | None:
+    """The most filled open node with a free aligned block (own node first on ties)."""
+    fill = cluster.fill
+    for f in range(cluster.geo.per_node - size, 0, -1):
+        bucket = buckets.get(f)
+        if not bucket:
+            continue
+        order = bucket
+        if pref is not None and fill[pref.node] == f and pref.node in bucket:
+            order = [pref.node, *(x for x in bucket if x != pref.node)]
+        for node in order:
+            o = cluster.best_offset(node, size, reserved[node])
+            if o is not None:
+                return Block(node, o, size)
+    return None

@@ -1,0 +1,293 @@
+"""PowerFlow's policy (paper §5, Algorithm 1): GPUs, then clocks, then exact GPUs.
+
+One decision, start to finish:
+
+1. Validate the snapshot (``validate.py``) and predict every job's step time
+   and energy over its allowed power-of-two GPU counts x clocks in one model
+   call per model object (``tables.py``).
+2. Resolve the budget to a limit in watts (``budget.py``).
+3. Pinned jobs keep their GPUs and are counted first. GPU allocation
+   (``allocation.py``): every other unfinished job starts at 0 GPUs at its
+   most energy-efficient clock; a heap hands out power-of-two steps by
+   marginal return until GPUs run out or no step fits the power check.
+4. Clock configuration (``frequency.py``): raise the clock of the job with the
+   best marginal return, one hardware step (``frequency_step``) at a time,
+   while the predicted power stays within the limit.
+5. Placement (``placement.place``): exact GPUs with network packing, buddy
+   blocks and stability; nodes to power down; migrations. A job placement
+   cannot fit waits.
+6. The plan's ``predicted_watts`` is recomputed from the actual placement:
+   the placed jobs' ``E_iter / T_iter`` at their clocks (on the GPUs per node
+   they actually got) plus idle power for every unallocated GPU on a node that
+   is not powered down; powered-down nodes count zero.
+
+Power-limit guarantee for the returned plan (``L`` the limit, ``P`` its
+``predicted_watts``, ``g`` GPUs per node):
+
+* if the clock phase raised any job above its most energy-efficient clock,
+  ``P <= L`` (with ``frequency_scaling`` off there is no clock phase and
+  only the next bullet applies);
+* otherwise, for a snapshot without pinned jobs and when placement packs (at
+  most one node partly used, as buddy allocation promises),
+  ``P <= L + (g - 1) * delta``, where ``delta`` is the largest increase of
+  predicted power per added GPU over the allocation steps that fit within one
+  node (a job's first count below ``g``, or a doubling ``n -> 2n <= g``, each
+  at the efficient clocks), i.e. less than one node's worth of GPUs;
+* with pinned jobs the same holds with ``L`` replaced by ``max(L, P_pinned)``,
+  ``P_pinned`` the pinned jobs' power plus idle power on their nodes.
+
+With ``strict_power`` every allocation step is checked and the bound is
+``P <= max(L, P_pinned)`` (when placement packs), the choice for a hard
+facility cap; the default follows Algorithm 1.
+
+If placement leaves more GPUs powered than the packing estimate, clock raises
+are undone (latest first) until ``P`` is back within ``max(L, P_before)``,
+``P_before`` the prediction before placement.
+
+Ablations (constructor options, never separate copies): ``frequency_scaling``
+off runs every job at ``fixed_frequency_mhz`` (default the GPU's highest
+clock) and skips step 4; ``elastic`` off gives each job exactly its requested
+count (rounded up to a power of two, see ``tables.allowed_mask``) or makes
+it wait, first come first served; ``energy_aware`` off orders both heaps by
+JCT reduction alone (the energy denominator dropped) while still starting at
+the efficient clocks and still respecting the power limit, so that the
+ablation isolates the energy term of the priority rather than the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from powerflow.errors import PlacementError, SnapshotError
+from powerflow.gpus import GpuSpec
+from powerflow.policy.allocation import PowerModel, allocate
+from powerflow.policy.budget import estimate_p_max_w, resolve_limit_watts
+from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
+from support.policy_v1.curves import Curves, curves_of
+from support.policy_v1.frequency import raise_clocks
+from support.policy_v1.placement import PlacementRequest, place
+from support.policy_v1.tablecache import TableCache
+from support.policy_v1.tables import build_tables
+from support.policy_v1.validate import Cluster, cluster_of, validate_jobs
+
+
+@dataclass(frozen=True)
+class PowerFlowPolicy:
+    """PowerFlow and its ablations; see the module docstring for the exact rules."""
+
+    frequency_scaling: bool = True
+    fixed_frequency_mhz: int | None = None
+    elastic: bool = True
+    energy_aware: bool = True
+    frequency_step: int = 1
+    """Hardware clock steps per raise (1: the GPU's own step, e.g. 15 MHz on A100)."""
+    strict_power: bool = False
+    """Check the power limit on every allocation step, not only at node boundaries."""
+    cache: TableCache = field(default_factory=TableCache, init=False, compare=False, repr=False)
+    """Model predictions kept across calls (``tablecache.py``): never changes a plan.
+
+    Not a constructor argument; ``dataclasses.replace(policy)`` gives a copy with an
+    empty cache.
+    """
+
+    def __post_init__(self) -> None:
+        if self.frequency_step < 1:
+            raise SnapshotError(f"frequency_step {self.frequency_step} < 1")
+
+    def clocks(self, gpu: GpuSpec) -> tuple[int, ...]:
+        """The clocks this policy may choose from on ``gpu``."""
+        if self.frequency_scaling:
+            return gpu.clocks_mhz
+        fixed = gpu.max_clock_mhz if self.fixed_frequency_mhz is None else self.fixed_frequency_mhz
+        if fixed not in gpu.clocks_mhz:
+            raise SnapshotError(f"fixed frequency {fixed} MHz is not a {gpu.name} clock")
+        return (fixed,)
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        cluster = cluster_of(snapshot)
+        validate_jobs(snapshot, cluster)
+        clocks = self.clocks(cluster.gpu)
+        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.cache)
+        p_max = estimate_p_max_w(tables.requested_gpu_power_w.tolist(), cluster.gpu.max_power_w)
+        limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, p_max)
+        curves = curves_of(tables, snapshot.jobs, snapshot.now_s)
+        return _Decision(self, snapshot, cluster, clocks, curves, limit).run()
+
+
+@dataclass
+class _Decision:
+    """The working state of one ``plan`` call (never escapes it)."""
+
+    policy: PowerFlowPolicy
+    snapshot: Snapshot
+    cluster: Cluster
+    clocks: tuple[int, ...]
+    curves: Curves
+    limit: float
+
+    def run(self) -> Plan:
+        jobs = self.snapshot.jobs
+        first = self.curves.tables.start
+        eff = self.curves.efficient
+        pinned = [i for i, job in enumerate(jobs) if job.pinned]
+        base_w = sum(float(self.curves.power_w[first[i]]) for i in pinned)
+        base_gpus = sum(len(jobs[i].placement) for i in pinned)
+        power = PowerModel(
+            gpus_per_node=self.cluster.gpus_per_node,
+            idle_w=self.cluster.gpu.idle_power_w,
+            limit_w=self.limit,
+            free_gpus=self.cluster.total_gpus - base_gpus,
+            base_gpus=base_gpus,
+            base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
+            base_power_w=base_w,
+        )
+        candidates = [
+            i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
+        ]
+        alloc = allocate(
+            self.curves,
+            candidates,
+            power,
+            energy_aware=self.policy.energy_aware,
+            elastic=self.policy.elastic,
+            strict=self.policy.strict_power,
+        )
+        rows = {i: int(first[i]) for i in pinned} | alloc.rows
+        running = sorted(rows)
+        row_idx = np.asarray([rows[i] for i in running], dtype=np.int64)
+        start = eff[row_idx].tolist()
+        columns = dict(zip(running, start, strict=True))
+        raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+        predicted = alloc.power_w
+        if self.policy.frequency_scaling:
+            result = raise_clocks(
+                *self.curves.matrices(row_idx),
+                start,
+                [(jobs[i].arrival_s, jobs[i].id) for i in running],
+                alloc.power_w,
+                self.limit,
+                step=self.policy.frequency_step,
+                energy_aware=self.policy.energy_aware,
+            )
+            columns = dict(zip(running, result.columns, strict=True))
+            raises = (result.raised_rows, result.raised_from)
+            predicted = result.power_w
+        return self._place(rows, columns, running, raises, predicted)
+
+    def _place(
+        self,
+        rows: dict[int, int],
+        columns: dict[int, int],
+        running: list[int],
+        raises: tuple[tuple[int, ...], tuple[int, ...]],
+        predicted: float,
+    ) -> Plan:
+        """Place, price the placement, undo raises if it costs more (raises index ``running``)."""
+        jobs = self.snapshot.jobs
+        tables = self.curves.tables
+        requests = [
+            PlacementRequest(
+                job_id=jobs[i].id,
+                gpus=int(tables.counts[rows[i]]),
+                current=jobs[i].placement,
+                movable=not jobs[i].pinned,
+            )
+            for i in sorted(rows)
+        ]
+        result = place(self.snapshot.nodes, requests)
+        placed: dict[int, tuple[GpuSlot, ...]] = {}
+        for i in sorted(rows):
+            slots = tuple(sorted(result.assignments.get(jobs[i].id, ())))
+            if not slots:
+                continue
+            if len(slots) != tables.counts[rows[i]]:
+                raise PlacementError(f"job {jobs[i].id!r}: placement returned {len(slots)} GPUs")
+            placed[i] = slots
+        order = sorted(placed)
+        all_power = self.curves.matrices(np.asarray([rows[i] for i in order], dtype=np.int64))[2]
+        power_rows = {
+            i: self._power_row(i, rows[i], placed[i]) or row
+            for i, row in zip(order, all_power.tolist(), strict=True)
+        }
+        down = set(result.powered_down_nodes)
+        nodes_on = sum(1 for name in self.cluster.node_names if name not in down)
+        used = sum(len(s) for s in placed.values())
+        idle_w = self.cluster.gpu.idle_power_w * (nodes_on * self.cluster.gpus_per_node - used)
+
+        def total() -> float:
+            return idle_w + sum(power_rows[i][columns[i]] for i in placed)
+
+        watts = total()
+        target = max(self.limit, predicted)
+        undo = len(raises[0])
+        while watts > target and undo:
+            undo -= 1
+            columns[running[raises[0][undo]]] = raises[1][undo]
+            watts = total()
+
+        notes = [
+            f"{jobs[i].id}: placement found no GPUs; it waits" for i in rows if i not in placed
+        ]
+        plans = []
+        for i, job in enumerate(jobs):
+            if i in placed:
+                plans.append(
+                    JobPlan(
+                        job_id=job.id,
+                        gpus=len(placed[i]),
+                        frequency_mhz=self.clocks[columns[i]],
+                        local_batch_size=int(tables.local_batch[rows[i]]),
+                        placement=placed[i],
+                    )
+                )
+                continue
+            plans.append(self._waiting(i, notes))
+        return Plan(
+            jobs=tuple(plans),
+            limit_watts=self.limit,
+            predicted_watts=watts,
+            powered_down_nodes=tuple(sorted(down)),
+            migrations=tuple(result.migrations),
+            notes=tuple(notes),
+        )
+
+    def _waiting(self, i: int, notes: list[str]) -> JobPlan:
+        """A waiting job's plan shows the clock and local batch of its first count."""
+        job = self.snapshot.jobs[i]
+        tables = self.curves.tables
+        if tables.levels(i) == 0:
+            notes.append(f"{job.id}: no GPU count fits min/max GPUs, memory and batch; it waits")
+            return JobPlan(job.id, 0, self.clocks[-1], job.global_batch_size)
+        first = tables.rows(i).start
+        return JobPlan(
+            job.id,
+            0,
+            self.clocks[int(self.curves.efficient[first])],
+            int(tables.local_batch[first]),
+        )
+
+    def _power_row(self, i: int, row: int, slots: tuple[GpuSlot, ...]) -> list[float]:
+        """Power per clock if the job got other GPUs per node than its table row assumed.
+
+        Placement packs, so this is rare (pinned jobs); empty when the row holds.
+        """
+        tables = self.curves.tables
+        gpn = self.cluster.gpus_per_node
+        if len(slots) <= gpn and slots[0][0] == slots[-1][0]:
+            r = len(slots)  # one node (slots are sorted)
+        else:
+            nodes = [node for node, _ in slots]
+            r = max(nodes.count(n) for n in set(nodes))
+        if r == tables.gpus_per_node[row]:
+            return []
+        job = self.snapshot.jobs[i]
+        n, bs = len(slots), int(tables.local_batch[row])
+        f = np.asarray(self.clocks, dtype=np.float64)
+        t = np.asarray(job.model.step_time_s(n, r, bs, f), dtype=np.float64)
+        e = np.asarray(job.model.energy_per_iter_j(n, r, bs, f), dtype=np.float64)
+        if not (np.all(np.isfinite(t) & (t > 0)) and np.all(np.isfinite(e) & (e > 0))):
+            raise SnapshotError(f"job {job.id!r}: model predicts nonsense on {r} GPUs per node")
+        out: list[float] = (e / t).tolist()
+        return out

@@ -1,0 +1,81 @@
+"""Model predictions remembered across ``plan`` calls, so a replan skips the model calls.
+
+Why: a job's table rows (step time and energy over its GPU counts x clocks)
+depend only on its model object and the model arguments of its rows (GPU
+count, GPUs per node, local batch) and on the clocks, none of which change
+between most scheduling events; the simulator keeps a job's model object until
+it refits and the operator until it refits from new samples. Remaining
+iterations and the time only enter the JCT, which ``curves.py`` derives from
+the rows afresh on every call.
+
+The key is therefore exactly what the model is asked: the model object's
+identity, the clocks, and the job's rows of ``(n, r, local batch)``. The
+entry holds a strong reference to the model, so its ``id`` cannot be reused
+by another object while the entry lives, and a hit also checks ``is``. A
+model object is assumed immutable (``PerfModel`` implementations are frozen
+dataclasses); a new fit is a new object and therefore a miss.
+
+A cached row is bit-for-bit what a fresh call returns: models are
+elementwise in their broadcast arguments, so evaluating a job's rows alone or
+together with other jobs gives the same floats (``tests/test_policy_cache.py``
+plans random snapshots with a warm and a cold cache and compares the plans).
+So the cache never changes a decision; the policy stays a pure function of the
+snapshot.
+
+Bounded: two generations of at most ``capacity`` jobs each; a hit in the old
+generation moves to the new one, and when the new one is full the old one is
+dropped (an approximate LRU without per-hit bookkeeping). ``fit`` raises the
+capacity to twice the jobs of the largest snapshot seen, so that one snapshot's
+jobs never evict each other (memory stays O(jobs) table rows). Every operation is a
+single dict call, so concurrent ``plan`` calls cannot corrupt it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from powerflow.models.protocol import FloatArray
+
+CacheKey = tuple[int, tuple[int, ...], bytes]
+"""(id of the model, clocks, the job's rows of (n, r, local batch) as int64 bytes)."""
+
+
+@dataclass(frozen=True)
+class CachedRows:
+    model: object
+    """Kept alive so that its ``id`` stays unique while this entry exists."""
+    step_time_s: FloatArray
+    energy_j: FloatArray
+
+
+@dataclass
+class TableCache:
+    """Per-job prediction rows (see the module docstring for why this is safe)."""
+
+    capacity: int = 2048
+    _new: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
+    _old: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
+
+    def get(self, key: CacheKey, model: object) -> CachedRows | None:
+        hit = self._new.get(key)
+        if hit is None:
+            hit = self._old.pop(key, None)
+            if hit is None or hit.model is not model:
+                return None
+            self.put(key, hit)
+        return hit if hit.model is model else None
+
+    def put(self, key: CacheKey, rows: CachedRows) -> None:
+        if len(self._new) >= self.capacity:
+            self._old, self._new = self._new, {}
+        self._new[key] = rows
+
+    def fit(self, jobs: int) -> None:
+        """Make room for ``jobs`` entries without evicting any of them within one call."""
+        self.capacity = max(self.capacity, 2 * jobs)
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+    def clear(self) -> None:
+        self._new, self._old = {}, {}

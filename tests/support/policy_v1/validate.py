@@ -1,0 +1,88 @@
+"""Refuse inconsistent snapshots before any policy arithmetic runs.
+
+Every check raises ``SnapshotError`` naming the job or node at fault, so a bad
+trace row or a bad custom resource is found at its source instead of surfacing
+as a NaN or an exception deep in a heap loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from powerflow.errors import SnapshotError
+from powerflow.gpus import GpuSpec
+from powerflow.policy.snapshot import Job, Snapshot
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The homogeneous cluster PowerFlow plans for (paper §4.1 assumes one node shape)."""
+
+    gpu: GpuSpec
+    gpus_per_node: int
+    node_names: tuple[str, ...]
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * len(self.node_names)
+
+
+def cluster_of(snapshot: Snapshot) -> Cluster:
+    """The cluster's shape; refuses empty, duplicated or mixed clusters."""
+    nodes = snapshot.nodes
+    if not nodes:
+        raise SnapshotError("the cluster has no nodes")
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise SnapshotError("node names are not unique")
+    for node in nodes:
+        if node.gpus < 1:
+            raise SnapshotError(f"node {node.name!r} has {node.gpus} GPUs; need at least 1")
+    if len({n.gpu for n in nodes}) != 1:
+        raise SnapshotError("PowerFlow plans for one GPU type; the cluster mixes several")
+    if len({n.gpus for n in nodes}) != 1:
+        raise SnapshotError("PowerFlow plans for one node shape; GPUs per node differ")
+    return Cluster(gpu=nodes[0].gpu, gpus_per_node=nodes[0].gpus, node_names=tuple(names))
+
+
+def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
+    """Field checks that need no model call; see ``_check_job`` for the rules."""
+    ids = [j.id for j in snapshot.jobs]
+    if len(set(ids)) != len(ids):
+        raise SnapshotError("job ids are not unique")
+    sizes = {name: cluster.gpus_per_node for name in cluster.node_names}
+    owner: dict[tuple[str, int], str] = {}
+    for job in snapshot.jobs:
+        _check_job(job, cluster)
+        for slot in job.placement:
+            node, index = slot
+            if node not in sizes or not 0 <= index < sizes[node]:
+                raise SnapshotError(f"job {job.id!r} is placed on unknown GPU {slot}")
+            if slot in owner:
+                raise SnapshotError(f"GPU {slot} is held by both {owner[slot]!r} and {job.id!r}")
+            owner[slot] = job.id
+
+
+def _check_job(job: Job, cluster: Cluster) -> None:
+    where = f"job {job.id!r}"
+    if not math.isfinite(job.remaining_iterations) or job.remaining_iterations < 0:
+        raise SnapshotError(f"{where}: remaining iterations {job.remaining_iterations} < 0")
+    if job.global_batch_size < 1:
+        raise SnapshotError(f"{where}: global batch size {job.global_batch_size} < 1")
+    if job.requested_gpus < 1:
+        raise SnapshotError(f"{where}: requested GPUs {job.requested_gpus} < 1")
+    if job.min_gpus < 1:
+        raise SnapshotError(f"{where}: min GPUs {job.min_gpus} < 1")
+    if job.max_gpus is not None and job.max_gpus < job.min_gpus:
+        raise SnapshotError(f"{where}: max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
+    if job.min_gpus > cluster.total_gpus:
+        raise SnapshotError(
+            f"{where}: needs at least {job.min_gpus} GPUs, the cluster has {cluster.total_gpus}"
+        )
+    if job.max_local_batch_size is not None and job.max_local_batch_size < 1:
+        raise SnapshotError(f"{where}: max local batch size {job.max_local_batch_size} < 1")
+    if not math.isfinite(job.arrival_s) or not math.isfinite(job.elapsed_s):
+        raise SnapshotError(f"{where}: arrival and elapsed time must be finite")
+    if job.pinned and not job.placement:
+        raise SnapshotError(f"{where}: pinned but has no GPUs to keep")
