@@ -185,6 +185,19 @@ def _tournament(
     return best
 
 
+def _ladder_inputs(job: Job, cluster_gpus: int, per_node: int, clock: int) -> tuple[object, ...]:
+    """Everything a job's ladder depends on besides its model and progress."""
+    return (
+        job.min_gpus,
+        job.max_local_batch_size,
+        job.global_batch_size,
+        job.max_gpus,
+        cluster_gpus,
+        per_node,
+        clock,
+    )
+
+
 @dataclass(frozen=True)
 class AfsPolicy:
     """AFS-L at one cluster-wide clock, placed by network packing."""
@@ -195,16 +208,29 @@ class AfsPolicy:
     def ladders(
         self, jobs: Sequence[Job], cluster_gpus: int, per_node: int, clock: int
     ) -> list[Ladder]:
-        """Every job's useful counts and remaining times on them."""
+        """Every job's useful counts and remaining times on them.
+
+        A job's counts and step times depend on its bounds, model and the
+        cluster, not on its progress: they are looked up by job id first
+        (``ModelMemo.last``), and only jobs whose inputs changed build a key.
+        """
+        last = self.memo.last("afs")
         steps: list[tuple[tuple[int, ...], list[float]] | None] = []
         todo: list[tuple[Job, tuple[object, ...], tuple[int, ...]]] = []
         for job in jobs:
+            inputs = _ladder_inputs(job, cluster_gpus, per_node, clock)
+            seen = last.get(job.id)
+            if seen is not None and seen[0] is job.model and seen[1] == inputs:
+                steps.append(seen[2])
+                continue
             counts = ladder_counts(job, cluster_gpus)
             key: tuple[object, ...] = ("afs", counts, per_node, clock, job.global_batch_size)
             hit = self.memo.get(job.model, key)
             steps.append(hit)  # type: ignore[arg-type]
             if hit is None:
                 todo.append((job, key, counts))
+            else:
+                last[job.id] = (job.model, inputs, hit)
         if todo:
             models = [job.model for job, _, cs in todo for _ in cs]
             configs = [
@@ -226,11 +252,17 @@ class AfsPolicy:
                     keep += 1
                 steps[i] = (cs[:keep], step[:keep])
                 self.memo.put(job.model, key, steps[i])
+                last[job.id] = (
+                    job.model,
+                    _ladder_inputs(job, cluster_gpus, per_node, clock),
+                    steps[i],
+                )
         out = []
         for job, entry in zip(jobs, steps, strict=True):
             assert entry is not None
             counts, step = entry
-            out.append(Ladder(counts, tuple(job.remaining_iterations * x for x in step)))
+            r = job.remaining_iterations
+            out.append(Ladder(counts, tuple([r * x for x in step])))
         return out
 
     def plan(self, snapshot: Snapshot) -> Plan:

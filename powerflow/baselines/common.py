@@ -9,8 +9,9 @@ gpus)``).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -221,17 +222,18 @@ class ModelMemo:
     itself when full. Policies own one each (a dataclass field excluded from
     equality), so no state is shared between policy objects.
 
-    ``jobs`` remembers, per job id and purpose, the last configuration a job
-    was evaluated at (model object included) and what it came to: between
-    events a job mostly keeps both, and one lookup by id is cheaper than
-    building its configuration and key again. An entry is used only when the
-    whole configuration matches, so it is the same memo, reached faster.
+    ``last(purpose)`` remembers, per job id, the last configuration a job was
+    evaluated at for that purpose (model object included) and what it came
+    to: between events a job mostly keeps both, and one lookup by id is
+    cheaper than building its configuration and key again. An entry is used
+    only when the whole configuration matches, so it is the same memo,
+    reached faster.
     """
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self.max_entries = max_entries
         self._table: dict[tuple[object, ...], tuple[PerfModel, object]] = {}
-        self.jobs: dict[tuple[str, str], tuple[object, ...]] = {}
+        self._last: dict[str, dict[str, tuple[Any, ...]]] = {}
 
     def get(self, model: PerfModel, key: tuple[object, ...]) -> object | None:
         hit = self._table.get((id(model), *key))
@@ -240,8 +242,15 @@ class ModelMemo:
     def put(self, model: PerfModel, key: tuple[object, ...], value: object) -> None:
         if len(self._table) >= self.max_entries:
             self._table.clear()
-            self.jobs.clear()
+            self._last.clear()
         self._table[(id(model), *key)] = (model, value)
+
+    def last(self, purpose: str) -> dict[str, tuple[Any, ...]]:
+        """Job id -> last configuration and result, for one purpose (see above)."""
+        table = self._last.get(purpose)
+        if table is None:
+            table = self._last[purpose] = {}
+        return table
 
     def rows(
         self, models: Sequence[PerfModel], configs: Sequence[tuple[int, int, int, int]]
@@ -279,17 +288,17 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
     gpus = sum(node.gpus for node in snapshot.nodes)
     gpn = max(node.gpus for node in snapshot.nodes)
     top = max(node.gpu.max_clock_mhz for node in snapshot.nodes)
-    known = memo.jobs
+    known = memo.last("p_max")
     powers: list[float] = []
     miss: list[int] = []
     for j in snapshot.jobs:
-        hit = known.get(("p_max", j.id))
+        hit = known.get(j.id)
         if (
             hit is not None
             and hit[0] is j.model
             and hit[1:5] == (j.requested_gpus, j.global_batch_size, gpn, top)
         ):
-            powers.append(hit[5])  # type: ignore[arg-type]
+            powers.append(hit[5])
         else:
             miss.append(len(powers))
             powers.append(0.0)
@@ -307,7 +316,7 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
         t, e = memo.rows([j.model for j in jobs], configs)
         for i, j, ti, ei, cfg in zip(miss, jobs, t, e, configs, strict=True):
             powers[i] = ei / ti / cfg[0]
-            known[("p_max", j.id)] = (
+            known[j.id] = (
                 j.model,
                 j.requested_gpus,
                 j.global_batch_size,
@@ -332,22 +341,19 @@ def predicted_watts(
     the time, so each adds ``1/k`` of its power.
     """
     running = [jp for jp in jobs if jp.gpus > 0]
-    sharers: dict[GpuSlot, int] = defaultdict(int)
-    for jp in running:
-        for slot in jp.placement:
-            sharers[slot] += 1
-    known = memo.jobs
+    sharers = Counter(slot for jp in running for slot in jp.placement)
+    known = memo.last("watts")
     watts: list[float] = []
     miss: list[int] = []
     for jp in running:
         model = models[jp.job_id]
-        hit = known.get(("watts", jp.job_id))
+        hit = known.get(jp.job_id)
         if (
             hit is not None
             and hit[0] is model
             and hit[1:5] == (jp.gpus, jp.local_batch_size, jp.frequency_mhz, jp.placement)
         ):
-            watts.append(hit[5])  # type: ignore[arg-type]
+            watts.append(hit[5])
         else:
             miss.append(len(watts))
             watts.append(0.0)
@@ -362,7 +368,7 @@ def predicted_watts(
         )
         for i, jp, ti, ei in zip(miss, plans, t, e, strict=True):
             watts[i] = ei / ti
-            known[("watts", jp.job_id)] = (
+            known[jp.job_id] = (
                 models[jp.job_id],
                 jp.gpus,
                 jp.local_batch_size,
@@ -408,12 +414,13 @@ def waiting(job: Job, clock: int, memo: ModelMemo | None = None) -> JobPlan:
     """
     if memo is None:
         return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
-    key = ("waiting", job.id)
-    hit = memo.jobs.get(key)
-    if hit is not None and hit[:3] == (clock, job.global_batch_size, job.requested_gpus):
-        return hit[3]  # type: ignore[return-value]
+    known = memo.last("waiting")
+    inputs = (clock, job.global_batch_size, job.requested_gpus)
+    hit = known.get(job.id)
+    if hit is not None and hit[0] == inputs:
+        return hit[1]  # type: ignore[no-any-return]
     plan = waiting(job, clock)
-    memo.jobs[key] = (clock, job.global_batch_size, job.requested_gpus, plan)
+    known[job.id] = (inputs, plan)
     return plan
 
 
@@ -424,10 +431,11 @@ def running(
     if memo is None:
         n = len(placement)
         return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)
-    key = ("running", job.id)
-    hit = memo.jobs.get(key)
-    if hit is not None and hit[:3] == (clock, job.global_batch_size, placement):
-        return hit[3]  # type: ignore[return-value]
+    known = memo.last("running")
+    inputs = (clock, job.global_batch_size, placement)
+    hit = known.get(job.id)
+    if hit is not None and hit[0] == inputs:
+        return hit[1]  # type: ignore[no-any-return]
     plan = running(job, placement, clock)
-    memo.jobs[key] = (clock, job.global_batch_size, placement, plan)
+    known[job.id] = (inputs, plan)
     return plan

@@ -92,11 +92,26 @@ class TiresiasPolicy:
         return 0 if waited >= knob * executed else q
 
     def priority(self, snapshot: Snapshot) -> list[Job]:
-        """Jobs in the order Tiresias serves them (pinned jobs first)."""
-        return sorted(
-            snapshot.jobs,
-            key=lambda j: (not j.pinned, self.queue(j, snapshot.now_s), j.arrival_s, j.id),
-        )
+        """Jobs in the order Tiresias serves them (pinned jobs first).
+
+        ``queue`` is written out in the sort key (same arithmetic, same order
+        of operations): the key runs for every job at every event.
+        """
+        now = snapshot.now_s
+        thresholds = self.queue_thresholds_gpu_s
+        knob = self.promote_knob
+        bisect_right = bisect.bisect_right
+
+        def key(j: Job) -> tuple[bool, int, float, str]:
+            q = bisect_right(thresholds, j.attained_gpu_s)
+            if q and knob is not None:
+                executed = j.attained_gpu_s / max(j.requested_gpus, 1)
+                waited = now - j.arrival_s - executed
+                if waited >= (knob / 2 if j.placement else knob) * executed:
+                    q = 0
+            return (not j.pinned, q, j.arrival_s, j.id)
+
+        return sorted(snapshot.jobs, key=key)
 
     def plan(self, snapshot: Snapshot) -> Plan:
         spec = cluster_gpu(snapshot)

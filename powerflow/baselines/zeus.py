@@ -99,16 +99,16 @@ class ZeusPolicy:
         """Running jobs' clocks: remembered ones, the rest from one grouped evaluation."""
         out: dict[str, int] = {}
         miss: list[tuple[JobPlan, tuple[object, ...]]] = []
-        known = self.memo.jobs
+        known = self.memo.last("zeus")
         for jp in run:
             # The job's last configuration first: one lookup by id, no key to build.
-            last = known.get(("zeus", jp.job_id))
+            last = known.get(jp.job_id)
             if (
                 last is not None
                 and last[0] is models[jp.job_id]
                 and last[1:6] == (spec, jp.gpus, jp.local_batch_size, jp.placement, self.eta_knob)
             ):
-                out[jp.job_id] = last[6]  # type: ignore[assignment]
+                out[jp.job_id] = last[6]
                 continue
             key: tuple[object, ...] = (
                 "zeus",
@@ -144,7 +144,7 @@ class ZeusPolicy:
         return out
 
     def _remember(self, jp: JobPlan, model: PerfModel, spec: GpuSpec, clock: int) -> None:
-        self.memo.jobs[("zeus", jp.job_id)] = (
+        self.memo.last("zeus")[jp.job_id] = (
             model,
             spec,
             jp.gpus,

@@ -1,0 +1,261 @@
+"""AFS-L (Hwang et al., NSDI'21, "Elastic Resource Sharing for Distributed DL").
+
+What AFS does and what is kept here:
+
+- **Elastic, not energy-aware**: every event re-divides the GPUs among all
+  active jobs, from zero, at one cluster-wide clock (``frequency_mhz``,
+  default the highest). The power limit is reported, not enforced, and no
+  node is powered down.
+- **AFS-L's allocation loop**: GPUs are handed out one step at a time to the
+  winner of AFS-L's pairwise tournament (``TopPriority``). For two jobs, let
+  ``l`` be the one with the shorter remaining time at its current allocation
+  (a job without GPUs has infinite remaining time) and ``h`` the other; with
+  ``s`` a job's speed now and ``s'`` after the step, the step goes to ``l``
+  if ``(s'_l - s_l) / s_l > (s'_h - s_h) / s'_h`` and to ``h`` otherwise.
+  The asymmetric denominators are AFS's short-job preference: the shorter job
+  wins unless the longer one gains clearly more. Two jobs without GPUs: the
+  one that would finish sooner on its first step wins.
+- Speeds come from each job's ``PerfModel`` (``1 / T_iter`` at the step's GPU
+  count, local batch ``ceil(global / n)``, consolidated placement), remaining
+  times from ``remaining_iterations`` -- AFS assumes job lengths are known, as
+  the trace gives them.
+- Placement: network packing with buddy allocation, ``powerflow.policy.
+  placement.place`` -- the placement AFS itself proposes and PowerFlow
+  borrows from it.
+
+Simplifications, and why:
+
+- **Power-of-two steps**: network packing needs worker counts that are
+  powers of two, so a job grows ``0 -> n_min -> 2 n_min -> ...`` instead of
+  one GPU at a time, and each gain in the rule above is divided by the GPUs
+  the step costs (``n`` when doubling ``n``), so a doubling competes with a
+  single GPU per GPU spent. With all steps of one GPU it is AFS-L exactly.
+- A job's ladder ends where the next step would not speed it up (AFS's
+  per-job demand: GPUs that do not help a job are not its to take). A step
+  that no longer fits the free GPUs drops that job from the rest of the
+  round (the free count only shrinks); GPUs no step fits stay idle.
+- Bounds: ``n_min`` is ``min_gpus`` (or what ``max_local_batch_size`` needs)
+  rounded up to a power of two; a job never takes more than ``max_gpus``, the
+  cluster or its global batch (local batch >= 1) allows.
+- Pinned jobs keep their GPUs and are left out of the tournament.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from baselines_ref.common import (
+    ModelMemo,
+    arrival_order,
+    cluster_gpu,
+    evaluate,
+    finish,
+    fixed_clock,
+    local_batch,
+    running,
+    waiting,
+)
+from powerflow.policy.placement import PlacementRequest, place
+from powerflow.policy.snapshot import Job, JobPlan, Plan, Snapshot
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """One job's possible GPU counts and its remaining time on each."""
+
+    counts: tuple[int, ...]
+    remaining_s: tuple[float, ...]
+
+
+def ladder_counts(job: Job, cluster_gpus: int) -> tuple[int, ...]:
+    """Powers of two a job may run on, smallest first (empty: it cannot run)."""
+    lo = job.min_gpus
+    if job.max_local_batch_size is not None:
+        lo = max(lo, math.ceil(job.global_batch_size / job.max_local_batch_size))
+    hi = min(cluster_gpus, job.global_batch_size)
+    if job.max_gpus is not None:
+        hi = min(hi, job.max_gpus)
+    n = 1 << max(lo - 1, 0).bit_length()
+    counts = []
+    while n <= hi:
+        counts.append(n)
+        n *= 2
+    return tuple(counts)
+
+
+def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
+    """AFS-L's GPU counts for jobs in FIFO order (see the module docstring).
+
+    Each round gives one step to the winner of ``TopPriority``'s tournament
+    over the jobs whose next step still fits: the incumbent against each
+    challenger in FIFO order. Per job the tournament needs only its remaining
+    time now, the per-GPU gains of its next step and that step's cost.
+
+    Shortcut (exact, and what makes a 100-job round cheap): while no running
+    job's gain over its current speed beats any waiting job's first-step gain,
+    every waiting job beats every running one, so the winner is the waiting
+    job done soonest on its first step (earliest on ties, as the tournament
+    keeps its incumbent on ties). The bounds used to check this are allowed
+    to be stale in the safe direction and are recomputed before falling back
+    to the full tournament.
+    """
+    inf = math.inf
+    count = len(ladders)
+    level = [-1] * count
+    now = [inf] * count  # remaining time at the current allocation
+    first = [lad.remaining_s[0] if lad.counts else inf for lad in ladders]
+    cost = [float(lad.counts[0]) if lad.counts else inf for lad in ladders]
+    gain_old = [inf] * count  # (s'/s - 1) per GPU of the next step; s = 0: inf
+    gain_new = [1.0 / c for c in cost]  # (1 - s/s') per GPU of the next step
+    live = [i for i in range(count) if cost[i] <= free_gpus]
+    zero = sorted(live, key=lambda i: (first[i], i))  # live jobs without GPUs
+    held: list[int] = []  # live jobs with GPUs
+    zero_min = min((gain_new[i] for i in zero), default=inf)  # <= the true minimum
+    held_max = -inf  # >= the true maximum
+    max_cost = max((cost[i] for i in live), default=0.0)  # >= every live cost
+    while live:
+        best = -1
+        if zero:
+            if held_max > zero_min:
+                held_max = max((gain_old[i] for i in held), default=-inf)
+                zero_min = min(gain_new[i] for i in zero)
+            if held_max <= zero_min:
+                best = zero[0]
+        if best < 0:
+            best = _tournament(live, now, first, gain_old, gain_new)
+        if level[best] < 0:
+            zero.remove(best)
+            held.append(best)
+        free_gpus -= int(cost[best])
+        lad = ladders[best]
+        k = level[best] = level[best] + 1
+        now[best] = lad.remaining_s[k]
+        if k + 1 < len(lad.counts):
+            c = lad.counts[k + 1] - lad.counts[k]
+            # Speeds as AFS-L writes them, so that exact ties between jobs
+            # (common with power-of-two ladders) break the same way.
+            s0, s1 = 1.0 / lad.remaining_s[k], 1.0 / lad.remaining_s[k + 1]
+            cost[best] = float(c)
+            gain_old[best] = (s1 - s0) / s0 / c
+            gain_new[best] = (s1 - s0) / s1 / c
+            held_max = max(held_max, gain_old[best])
+        else:
+            cost[best] = inf
+        max_cost = max(max_cost, cost[best])
+        if free_gpus < max_cost:
+            live = [i for i in live if cost[i] <= free_gpus]
+            zero = [i for i in zero if cost[i] <= free_gpus]
+            held = [i for i in held if cost[i] <= free_gpus]
+            max_cost = max((cost[i] for i in live), default=0.0)
+    return [ladders[i].counts[lv] if lv >= 0 else 0 for i, lv in enumerate(level)]
+
+
+def _tournament(
+    live: list[int],
+    now: list[float],
+    first: list[float],
+    gain_old: list[float],
+    gain_new: list[float],
+) -> int:
+    """``TopPriority``: the incumbent against each challenger, in FIFO order.
+
+    For a pair, the job with the shorter remaining time wins if its gain over
+    its current speed beats the other's gain over its new speed; two jobs
+    without GPUs go by their first-step remaining times. The incumbent's
+    values are held in locals: this loop is the policy's hot spot.
+    """
+    inf = math.inf
+    best = live[0]
+    b_now, b_old, b_new, b_first = now[best], gain_old[best], gain_new[best], first[best]
+    for i in live[1:]:
+        i_now = now[i]
+        if i_now < b_now:  # the challenger is the shorter job
+            take = gain_old[i] > b_new
+        elif b_now == inf:  # neither has GPUs
+            take = first[i] < b_first
+        else:  # the incumbent is the shorter job
+            take = not b_old > gain_new[i]
+        if take:
+            best = i
+            b_now, b_old, b_new, b_first = i_now, gain_old[i], gain_new[i], first[i]
+    return best
+
+
+@dataclass(frozen=True)
+class AfsPolicy:
+    """AFS-L at one cluster-wide clock, placed by network packing."""
+
+    frequency_mhz: int | None = None
+    memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
+
+    def ladders(
+        self, jobs: Sequence[Job], cluster_gpus: int, per_node: int, clock: int
+    ) -> list[Ladder]:
+        """Every job's useful counts and remaining times on them."""
+        steps: list[tuple[tuple[int, ...], list[float]] | None] = []
+        todo: list[tuple[Job, tuple[object, ...], tuple[int, ...]]] = []
+        for job in jobs:
+            counts = ladder_counts(job, cluster_gpus)
+            key: tuple[object, ...] = ("afs", counts, per_node, clock, job.global_batch_size)
+            hit = self.memo.get(job.model, key)
+            steps.append(hit)  # type: ignore[arg-type]
+            if hit is None:
+                todo.append((job, key, counts))
+        if todo:
+            models = [job.model for job, _, cs in todo for _ in cs]
+            configs = [
+                (n, min(n, per_node), local_batch(job.global_batch_size, n), clock)
+                for job, _, cs in todo
+                for n in cs
+            ]
+            t, _ = evaluate(models, *np.array(configs, dtype=np.float64).reshape(-1, 4).T)
+            pos = 0
+            fresh = iter(todo)
+            for i, hit in enumerate(steps):
+                if hit is not None:
+                    continue
+                job, key, cs = next(fresh)
+                step = [float(x) for x in t[pos : pos + len(cs)]]
+                pos += len(cs)
+                keep = 1  # the ladder ends where a step stops speeding the job up
+                while keep < len(cs) and step[keep] < step[keep - 1]:
+                    keep += 1
+                steps[i] = (cs[:keep], step[:keep])
+                self.memo.put(job.model, key, steps[i])
+        out = []
+        for job, entry in zip(jobs, steps, strict=True):
+            assert entry is not None
+            counts, step = entry
+            out.append(Ladder(counts, tuple(job.remaining_iterations * x for x in step)))
+        return out
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        spec = cluster_gpu(snapshot)
+        clock = fixed_clock(spec, self.frequency_mhz)
+        total = sum(node.gpus for node in snapshot.nodes)
+        per_node = max(node.gpus for node in snapshot.nodes)
+        kept = [job for job in snapshot.jobs if job.pinned and job.placement]
+        kept_ids = {job.id for job in kept}
+        elastic = [job for job in arrival_order(snapshot.jobs) if job.id not in kept_ids]
+        free = total - sum(len(job.placement) for job in kept)
+        counts = afs_l(self.ladders(elastic, total, per_node, clock), free)
+        requests = [
+            PlacementRequest(job.id, len(job.placement), job.placement, False) for job in kept
+        ]
+        requests += [
+            PlacementRequest(job.id, n, job.placement, True)
+            for job, n in zip(elastic, counts, strict=True)
+            if n > 0
+        ]
+        result = place(snapshot.nodes, requests)
+        plans: list[JobPlan] = [
+            running(job, tuple(result.assignments[job.id]), clock)
+            if result.assignments.get(job.id)
+            else waiting(job, clock)
+            for job in snapshot.jobs
+        ]
+        return finish(snapshot, spec, plans, self.memo, result.migrations)

@@ -1,0 +1,338 @@
+"""What every baseline needs and none of them decides: clocks, batches, GPUs, watts.
+
+Shared here so that the baselines differ only in their scheduling rules, and so
+that a plan from any of them is valid in the same way (``gpus ==
+len(placement)``, a supported clock, ``local_batch_size = ceil(global /
+gpus)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from powerflow.errors import SnapshotError
+from powerflow.gpus import GpuSpec
+from powerflow.models.protocol import FloatArray, PerfModel
+from powerflow.policy.budget import estimate_p_max_w, limit_watts, resolve_limit_watts
+from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Migration, Node, Plan, Snapshot
+
+
+def cluster_gpu(snapshot: Snapshot) -> GpuSpec:
+    """The cluster's GPU type; the baselines, like their papers, assume one type."""
+    if not snapshot.nodes:
+        raise SnapshotError("snapshot has no nodes")
+    spec = snapshot.nodes[0].gpu
+    if any(node.gpu != spec for node in snapshot.nodes):
+        raise SnapshotError("the baselines need a cluster of one GPU type")
+    return spec
+
+
+def fixed_clock(spec: GpuSpec, frequency_mhz: int | None) -> int:
+    """The cluster-wide clock of a non-energy-aware baseline (default: the highest)."""
+    if frequency_mhz is None:
+        return spec.max_clock_mhz
+    if frequency_mhz not in spec.clocks_mhz:
+        raise SnapshotError(
+            f"{frequency_mhz} MHz is not a supported {spec.name} clock "
+            f"({spec.min_clock_mhz}-{spec.max_clock_mhz} MHz in steps of the GPU's table)"
+        )
+    return frequency_mhz
+
+
+def local_batch(global_batch_size: int, gpus: int) -> int:
+    """Per-GPU batch: the global batch split evenly, rounded up (0 GPUs: all of it)."""
+    return math.ceil(global_batch_size / max(gpus, 1))
+
+
+def per_node(placement: Sequence[GpuSlot]) -> int:
+    """The model's ``r``: most GPUs the job uses on any one node."""
+    if not placement:
+        return 0
+    counts: dict[str, int] = defaultdict(int)
+    for node, _ in placement:
+        counts[node] += 1
+    return max(counts.values())
+
+
+def node_count(placement: Sequence[GpuSlot]) -> int:
+    return len({node for node, _ in placement})
+
+
+def arrival_order(jobs: Iterable[Job]) -> list[Job]:
+    """FIFO order; the id breaks ties so that every baseline is deterministic."""
+    return sorted(jobs, key=lambda j: (j.arrival_s, j.id))
+
+
+def evaluate(
+    models: Sequence[PerfModel],
+    n: npt.ArrayLike,
+    r: npt.ArrayLike,
+    bs: npt.ArrayLike,
+    f: npt.ArrayLike,
+) -> tuple[FloatArray, FloatArray]:
+    """Step time and energy per iteration of many configurations.
+
+    Row ``i`` of each array (first axis, any trailing shape) belongs to
+    ``models[i]``. Rows that share a model object go to it in one vectorised
+    call: a model call costs tens of microseconds whatever its size, and the
+    simulator's oracle mode shares one model between all jobs of a DNN.
+    """
+    cols = np.broadcast_arrays(*(np.asarray(c, dtype=np.float64) for c in (n, r, bs, f)))
+    if cols[0].shape[:1] != (len(models),):
+        raise SnapshotError("one model per configuration row is needed")
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, model in enumerate(models):
+        groups[id(model)].append(i)
+    t = np.empty(cols[0].shape)
+    e = np.empty(cols[0].shape)
+    for rows in groups.values():
+        idx = np.asarray(rows)
+        model = models[rows[0]]
+        args = [c[idx] for c in cols]
+        t[idx] = np.asarray(model.step_time_s(*args), dtype=np.float64)
+        e[idx] = np.asarray(model.energy_per_iter_j(*args), dtype=np.float64)
+    return t, e
+
+
+class Pool:
+    """Free GPUs of the cluster during one ``plan`` call (mutable, never shared).
+
+    Every node is usable: the baselines are not energy-aware and never keep a
+    node powered down.
+    """
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.order = [node.name for node in nodes]
+        self.size = {node.name: node.gpus for node in nodes}
+        self.free: dict[str, list[int]] = {node.name: list(range(node.gpus)) for node in nodes}
+
+    def copy(self) -> Pool:
+        other = Pool.__new__(Pool)
+        other.order = self.order
+        other.size = self.size
+        other.free = {name: list(idx) for name, idx in self.free.items()}
+        return other
+
+    @property
+    def free_count(self) -> int:
+        return sum(len(idx) for idx in self.free.values())
+
+    def is_free(self, slots: Iterable[GpuSlot]) -> bool:
+        return all(node in self.free and i in self.free[node] for node, i in slots)
+
+    def take(self, slots: Iterable[GpuSlot]) -> None:
+        for node, i in slots:
+            if node not in self.free or i not in self.free[node]:
+                raise SnapshotError(f"GPU {node}/{i} is used twice or does not exist")
+            self.free[node].remove(i)
+
+    def release(self, slots: Iterable[GpuSlot]) -> None:
+        for node, i in slots:
+            self.free[node].append(i)
+            self.free[node].sort()
+
+    def _grab(self, node: str, k: int) -> tuple[GpuSlot, ...]:
+        got = self.free[node][:k]
+        del self.free[node][:k]
+        return tuple((node, i) for i in got)
+
+    def take_consolidated(
+        self,
+        n: int,
+        affinity: Mapping[str, bool] | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> tuple[GpuSlot, ...] | None:
+        """``n`` GPUs on as few nodes as the job needs, or ``None``.
+
+        A job that fits a node gets one node, best fit (fewest free GPUs left
+        over), preferring nodes marked in ``affinity``; a larger job gets whole
+        free nodes. This is the locality every baseline's paper asks for.
+        """
+        names = [name for name in self.order if name not in exclude]
+        fits = [name for name in names if len(self.free[name]) >= n]
+        if fits:
+            aff = affinity or {}
+            best = min(
+                fits,
+                key=lambda name: (
+                    not aff.get(name, False),
+                    len(self.free[name]),
+                    self.order.index(name),
+                ),
+            )
+            return self._grab(best, n)
+        whole = [name for name in names if len(self.free[name]) == self.size[name] > 0]
+        chosen: list[str] = []
+        total = 0
+        for name in whole:
+            if total >= n:
+                break
+            chosen.append(name)
+            total += self.size[name]
+        if total < n:
+            return None
+        slots: list[GpuSlot] = []
+        for name in chosen:
+            slots.extend(self._grab(name, min(self.size[name], n - len(slots))))
+        return tuple(slots)
+
+    def take_spread(self, n: int) -> tuple[GpuSlot, ...] | None:
+        """``n`` GPUs anywhere, on as few nodes as the free GPUs allow."""
+        if self.free_count < n:
+            return None
+        slots: list[GpuSlot] = []
+        for name in sorted(self.order, key=lambda m: (-len(self.free[m]), self.order.index(m))):
+            if len(slots) == n:
+                break
+            slots.extend(self._grab(name, min(len(self.free[name]), n - len(slots))))
+        return tuple(slots)
+
+    def min_nodes(self, n: int) -> int:
+        """Fewest nodes a job of ``n`` GPUs can span in this cluster."""
+        biggest = max(self.size.values())
+        return math.ceil(n / biggest)
+
+
+class ModelMemo:
+    """A policy's memo of model predictions, keyed by model object and configuration.
+
+    A fitted model costs about 0.1 ms a call and the simulator plans at every
+    event, mostly for jobs whose model and configuration did not change since
+    the last event. Predictions are pure, so remembering them changes no
+    decision; the memo holds each model it has seen, so an ``id`` in a key
+    can never be reused by another object while its entry lives. It empties
+    itself when full. Policies own one each (a dataclass field excluded from
+    equality), so no state is shared between policy objects.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self._table: dict[tuple[object, ...], tuple[PerfModel, object]] = {}
+
+    def get(self, model: PerfModel, key: tuple[object, ...]) -> object | None:
+        hit = self._table.get((id(model), *key))
+        return hit[1] if hit is not None and hit[0] is model else None
+
+    def put(self, model: PerfModel, key: tuple[object, ...], value: object) -> None:
+        if len(self._table) >= self.max_entries:
+            self._table.clear()
+        self._table[(id(model), *key)] = (model, value)
+
+    def rows(
+        self, models: Sequence[PerfModel], configs: Sequence[tuple[int, int, int, int]]
+    ) -> tuple[list[float], list[float]]:
+        """Step time and energy of ``(n, r, bs, f)`` rows, model calls only for new rows."""
+        t = [0.0] * len(models)
+        e = [0.0] * len(models)
+        miss: list[int] = []
+        for i, (model, cfg) in enumerate(zip(models, configs, strict=True)):
+            hit = self.get(model, cfg)
+            if hit is None:
+                miss.append(i)
+            else:
+                t[i], e[i] = hit  # type: ignore[misc]
+        if miss:
+            cols = np.array([configs[i] for i in miss], dtype=np.float64).T
+            tm, em = evaluate([models[i] for i in miss], *cols)
+            for k, i in enumerate(miss):
+                t[i], e[i] = float(tm[k]), float(em[k])
+                self.put(models[i], configs[i], (t[i], e[i]))
+        return t, e
+
+
+def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
+    """``powerflow.policy.budget.limit_watts`` through the memo (same rule, same value).
+
+    Without an absolute limit or ``p_max_watts`` the budget estimates
+    ``P_max`` from every active job at its requested GPUs and the top clock:
+    a model call per job per event, which the memo saves.
+    """
+    budget = snapshot.budget
+    if budget.limit_watts is not None or budget.p_max_watts is not None or not snapshot.jobs:
+        return limit_watts(snapshot)
+    gpus = sum(node.gpus for node in snapshot.nodes)
+    gpn = max(node.gpus for node in snapshot.nodes)
+    top = max(node.gpu.max_clock_mhz for node in snapshot.nodes)
+    configs = [
+        (
+            j.requested_gpus,
+            min(j.requested_gpus, gpn),
+            local_batch(j.global_batch_size, j.requested_gpus),
+            top,
+        )
+        for j in snapshot.jobs
+    ]
+    t, e = memo.rows([j.model for j in snapshot.jobs], configs)
+    powers = [ei / ti / cfg[0] for ti, ei, cfg in zip(t, e, configs, strict=True)]
+    fallback = sum(n.gpus * n.gpu.max_power_w for n in snapshot.nodes) / gpus
+    return resolve_limit_watts(budget, gpus, estimate_p_max_w(powers, fallback))
+
+
+def predicted_watts(
+    snapshot: Snapshot,
+    jobs: Sequence[JobPlan],
+    spec: GpuSpec,
+    models: Mapping[str, PerfModel],
+    memo: ModelMemo,
+) -> float:
+    """Cluster power of a plan by the jobs' models, plus idle power of unused GPUs.
+
+    Jobs that time-slice one set of GPUs (Gandiva) each run a ``1/k`` share of
+    the time, so each adds ``1/k`` of its power.
+    """
+    running = [jp for jp in jobs if jp.gpus > 0]
+    sharers: dict[GpuSlot, int] = defaultdict(int)
+    for jp in running:
+        for slot in jp.placement:
+            sharers[slot] += 1
+    t, e = memo.rows(
+        [models[jp.job_id] for jp in running],
+        [
+            (jp.gpus, per_node(jp.placement), jp.local_batch_size, jp.frequency_mhz)
+            for jp in running
+        ],
+    )
+    active = sum(
+        ei / ti / sharers[jp.placement[0]] for jp, ti, ei in zip(running, t, e, strict=True)
+    )
+    total = sum(node.gpus for node in snapshot.nodes)
+    return active + (total - len(sharers)) * spec.idle_power_w
+
+
+def finish(
+    snapshot: Snapshot,
+    spec: GpuSpec,
+    jobs: Sequence[JobPlan],
+    memo: ModelMemo,
+    migrations: Sequence[Migration] = (),
+) -> Plan:
+    """Assemble a plan in the snapshot's job order with its power figures.
+
+    The limit is the admin's budget as PowerFlow reads it; the baselines only
+    report it (none of them is power-capped).
+    """
+    models = {job.id: job.model for job in snapshot.jobs}
+    by_id = {jp.job_id: jp for jp in jobs}
+    ordered = tuple(by_id[job.id] for job in snapshot.jobs)
+    return Plan(
+        jobs=ordered,
+        limit_watts=plan_limit_watts(snapshot, memo),
+        predicted_watts=predicted_watts(snapshot, ordered, spec, models, memo),
+        powered_down_nodes=(),
+        migrations=tuple(migrations),
+    )
+
+
+def waiting(job: Job, clock: int) -> JobPlan:
+    """The plan of a job that gets no GPU this round."""
+    return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
+
+
+def running(job: Job, placement: tuple[GpuSlot, ...], clock: int) -> JobPlan:
+    n = len(placement)
+    return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)

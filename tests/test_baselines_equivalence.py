@@ -1,0 +1,161 @@
+"""The optimised baselines plan exactly as the reference copy in ``baselines_ref`` did.
+
+The speed work replaced algorithms (Gandiva's search for a sharing partner,
+the pool's free count) and added per-job memos (power figures, ladders, Zeus
+clocks, job plans) that must never serve a stale entry. So each test drives a
+reference policy and its optimised twin through the same seeded sequence of
+snapshots, shaped like the simulator's: jobs arrive, run where the last plan
+put them, get pinned, finish, and now and then change what the memos key on
+(a refitted model object, another global batch or GPU count, a new clock
+range). Plans must be equal field for field, power figures included.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import baselines_ref as ref
+import numpy as np
+import pytest
+
+import powerflow.baselines as new
+from powerflow.gpus import A100
+from powerflow.models.protocol import ArrayLike, FloatArray
+from powerflow.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
+
+F_MAX = float(A100.max_clock_mhz)
+
+
+@dataclass(frozen=True)
+class Toy:
+    """A cheap model with the shape the baselines care about (sync cost, clock)."""
+
+    work_s: float
+    sync_s: float
+    cross_node: float
+    mem: float
+    watts: float
+
+    def step_time_s(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike) -> FloatArray:
+        n, r, bs, f = (np.asarray(x, dtype=np.float64) for x in (n, r, bs, f))
+        slow = self.mem + (1 - self.mem) * F_MAX / f
+        sync = np.where(n > 1, self.sync_s * np.where(n > r, self.cross_node, 1.0), 0.0)
+        return np.asarray(0.02 + self.work_s * bs / 64.0 * slow + sync * np.log2(n + 1))
+
+    def energy_per_iter_j(
+        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
+    ) -> FloatArray:
+        power = 90.0 + self.watts * (np.asarray(f, dtype=np.float64) / F_MAX) ** 2.5
+        return np.asarray(np.asarray(n) * power * self.step_time_s(n, r, bs, f))
+
+
+def toy(rng: random.Random) -> Toy:
+    return Toy(
+        work_s=rng.uniform(0.1, 1.0),
+        sync_s=rng.uniform(0.0, 0.3),
+        cross_node=rng.uniform(1.0, 4.0),
+        mem=rng.uniform(0.1, 0.6),
+        watts=rng.uniform(150.0, 300.0),
+    )
+
+
+SIZES = (1, 1, 1, 1, 2, 2, 4, 8, 16)
+
+
+def new_job(rng: random.Random, i: int, now: float, shared: list[Toy]) -> Job:
+    # Half the jobs share a model object (oracle mode), half own one (fitted).
+    model = rng.choice(shared) if rng.random() < 0.5 else toy(rng)
+    return Job(
+        id=f"j{i:04d}",
+        model=model,
+        remaining_iterations=float(rng.randint(100, 20_000)),
+        global_batch_size=rng.choice((32, 64, 128, 256)),
+        requested_gpus=rng.choice(SIZES),
+        arrival_s=now - rng.choice((0.0, 0.0, 5.0)),  # some equal arrival times
+        min_gpus=rng.choice((1, 1, 2)),
+        max_gpus=rng.choice((None, None, 8, 16)),
+        max_local_batch_size=rng.choice((None, None, 64)),
+    )
+
+
+def advance(rng: random.Random, snap: Snapshot, plan: Plan, shared: list[Toy]) -> Snapshot:
+    """The next event: the plan applied, some progress, arrivals, departures, changes."""
+    dt = rng.choice((30.0, 300.0, 1800.0))
+    jobs: list[Job] = []
+    for job in snap.jobs:
+        jp = plan.job(job.id)
+        left = job.remaining_iterations - (rng.uniform(0, 400) if jp.gpus else 0.0)
+        if left <= 0 or rng.random() < 0.03:
+            continue  # finished
+        changes: dict[str, object] = {
+            "placement": jp.placement,
+            "frequency_mhz": jp.frequency_mhz if jp.gpus else None,
+            "remaining_iterations": left,
+            "attained_gpu_s": job.attained_gpu_s + jp.gpus * dt,
+            "pinned": bool(jp.placement) and rng.random() < 0.08,
+        }
+        roll = rng.random()
+        if roll < 0.05:
+            changes["model"] = toy(rng)  # refitted: a new model object
+        elif roll < 0.07:
+            changes["global_batch_size"] = rng.choice((32, 64, 128, 256))
+        elif roll < 0.08 and not jp.placement:
+            changes["requested_gpus"] = rng.choice(SIZES)
+        jobs.append(replace(job, **changes))  # type: ignore[arg-type]
+    now = snap.now_s + dt
+    start = int(snap.jobs[-1].id[1:]) + 1 if snap.jobs else 0
+    jobs += [new_job(rng, start + k, now, shared) for k in range(rng.choice((0, 1, 1, 3, 8)))]
+    return replace(snap, jobs=tuple(jobs), now_s=now)
+
+
+POLICIES: dict[str, Callable[[object], Policy]] = {
+    "gandiva": lambda m: m.GandivaPolicy(frequency_mhz=1410),  # type: ignore[attr-defined]
+    "gandiva-3": lambda m: m.GandivaPolicy(max_jobs_per_gpu=3),  # type: ignore[attr-defined]
+    "tiresias": lambda m: m.TiresiasPolicy(  # type: ignore[attr-defined]
+        frequency_mhz=1305, queue_thresholds_gpu_s=(600.0, 3600.0)
+    ),
+    "tiresias-nopromote": lambda m: m.TiresiasPolicy(promote_knob=None),  # type: ignore[attr-defined]
+    "afs": lambda m: m.AfsPolicy(frequency_mhz=1410),  # type: ignore[attr-defined]
+    "gandiva+zeus": lambda m: m.ZeusPolicy(m.GandivaPolicy(frequency_mhz=1410)),  # type: ignore[attr-defined]
+    "tiresias+zeus": lambda m: m.ZeusPolicy(m.TiresiasPolicy(), eta_knob=0.3),  # type: ignore[attr-defined]
+}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_same_plans_as_the_reference(name: str, seed: int) -> None:
+    rng = random.Random(seed)
+    shared = [toy(rng) for _ in range(4)]
+    cluster = tuple(Node(f"n{i:02d}", 8, A100) for i in range(rng.choice((2, 4, 8))))
+    budget = rng.choice((Budget(eta=0.8), Budget(limit_watts=20_000.0), Budget()))
+    snap = Snapshot(cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(12)), budget, 0.0)
+    old_policy, new_policy = POLICIES[name](ref), POLICIES[name](new)
+    busy = 0
+    for _ in range(60):
+        expected = old_policy.plan(snap)
+        got = new_policy.plan(snap)
+        assert got == expected
+        busy += any(jp.gpus for jp in got.jobs)
+        snap = advance(rng, snap, got, shared)
+        if not snap.jobs:
+            snap = replace(snap, jobs=(new_job(rng, 9000, snap.now_s, shared),))
+    assert busy > 30  # the sequence did exercise placements
+
+
+def test_gandiva_time_slices_in_the_sequences() -> None:
+    """The partner search (the replaced algorithm) is reached, not just compiled."""
+    rng = random.Random(5)
+    shared = [toy(rng) for _ in range(4)]
+    cluster = tuple(Node(f"n{i}", 8, A100) for i in range(2))
+    snap = Snapshot(cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(40)), Budget(), 0.0)
+    old_policy, new_policy = ref.GandivaPolicy(), new.GandivaPolicy()
+    shared_sets = 0
+    for _ in range(30):
+        got = new_policy.plan(snap)
+        assert got == old_policy.plan(snap)
+        placements = [jp.placement for jp in got.jobs if jp.gpus]
+        shared_sets += len(placements) - len(set(placements))
+        snap = advance(rng, snap, got, shared)
+    assert shared_sets > 0
