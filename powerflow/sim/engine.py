@@ -25,7 +25,6 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
@@ -109,7 +108,10 @@ class Simulation:
         self._busy_gpus = 0.0
         self._held_gpus = 0
         self._last_busy_s = 0.0
+        self._load: dict[GpuSlot, int] = {}  # holders per GPU, kept by _phase
+        self._overloaded = 0  # GPUs held by more than one job
         self._shares_dirty = True
+        self._sliced = False  # some holder's share is below 1
         self._next_job_s = math.inf  # soonest next_event_s of a holder, set by _refresh
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
 
@@ -362,7 +364,7 @@ class Simulation:
             else:
                 job.migrations += 1
         job.placement = tuple(placement)
-        self._shares_dirty = True
+        job.share = 1.0  # until _refresh finds it time-sliced
         job.n = len(placement)
         job.r = max(Counter(node for node, _ in placement).values())
         job.f = f
@@ -429,12 +431,40 @@ class Simulation:
             self._totals.fit_s += time.perf_counter() - t0
 
     def _phase(self, job: SimJob, phase: Phase) -> None:
+        """Change phase and keep the holders and the per-GPU load in step
+        (every placement change is followed by a call here)."""
         job.set_phase(phase)
-        self._shares_dirty = True
         if job.holding:
             self._holders[job.index] = job
+            if job.counted is not job.placement:
+                self._uncount(job)
+                self._count(job)
         else:
             self._holders.pop(job.index, None)
+            if job.counted:
+                self._uncount(job)
+
+    def _count(self, job: SimJob) -> None:
+        load = self._load
+        for slot in job.placement:
+            k = load[slot] = load.get(slot, 0) + 1
+            if k == 2:
+                self._overloaded += 1
+        job.counted = job.placement
+        self._shares_dirty = True
+
+    def _uncount(self, job: SimJob) -> None:
+        load = self._load
+        for slot in job.counted:
+            k = load[slot] - 1
+            if k:
+                load[slot] = k
+                if k == 1:
+                    self._overloaded -= 1
+            else:
+                del load[slot]
+        job.counted = ()
+        self._shares_dirty = True
 
     # ---------------------------------------------------------------- accounting
 
@@ -468,22 +498,24 @@ class Simulation:
     def _refresh(self) -> None:
         """Recompute shares, cluster power and every job's next event.
 
-        Shares change only when a job changes phase or placement (the dirty
-        flag). Power and next events are one pass over the holders in their
-        usual order, so every sum is the very float it always was.
+        Shares change only when a job starts or stops holding GPUs or moves
+        (the dirty flag; ``_phase`` keeps the per-GPU load). Power and next
+        events are one pass over the holders in their usual order, so every
+        sum is the very float it always was.
         """
         holders = self._holders.values()
         if self._shares_dirty:
-            placements = [job.placement for job in holders]
-            slots: set[GpuSlot] = set().union(*placements)
-            if len(slots) < sum(map(len, placements)):  # some GPU is time-sliced
-                count = Counter(chain.from_iterable(placements)).__getitem__
+            if self._overloaded:  # some GPU is time-sliced
+                count = self._load.__getitem__
                 for job in holders:
                     job.share = 1.0 / max(map(count, job.placement))
-            else:
+                self._sliced = True
+            elif self._sliced:
                 for job in holders:
                     job.share = 1.0
-            self._held_gpus = len(slots)
+                self._sliced = False
+            # else every share is 1.0 already: _assign resets a new holder's
+            self._held_gpus = len(self._load)
             self._shares_dirty = False
         now = self.now
         soonest = math.inf

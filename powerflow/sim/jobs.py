@@ -34,6 +34,7 @@ class SimJob:
         "attained_gpu_s",
         "bs",
         "computing",
+        "counted",
         "done_iters",
         "energy_j",
         "f",
@@ -88,6 +89,7 @@ class SimJob:
         self.next_is_completion = False
         self.done_iters = 0.0
         self.placement: tuple[GpuSlot, ...] = ()
+        self.counted: tuple[GpuSlot, ...] = ()  # the placement in the engine's load
         self.n = 0
         self.r = 0
         self.bs = 0.0
