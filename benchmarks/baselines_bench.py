@@ -7,20 +7,31 @@ one model object per job (as after online fitting, the expensive case: no
 two jobs share a model, so no model call is shared).
 
     python benchmarks/baselines_bench.py [--gpus 128] [--jobs 100]
+
+``--events N`` times instead a run of N events, each the previous plan
+applied with 600 s of progress, a few arrivals and departures (the per-job
+memos hit and miss as in the simulator), in CPU seconds (``process_time``:
+the machine is shared), against the frozen pre-speed-work copy of the
+baselines in ``tests/baselines_ref``, and checks that both plan the same:
+
+    python benchmarks/baselines_bench.py --events 200
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
+import powerflow.baselines
 from powerflow.gpus import A100
 from powerflow.models.fitted import FittedModel
 from powerflow.models.priors import load_prior
-from powerflow.policy.snapshot import Budget, Job, Node, Policy, Snapshot
+from powerflow.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
 
 MODELS = ("bert", "deepspeech2", "gpt2", "inception3", "resnet50", "vgg16")
 SIZES = (1,) * 28 + (2, 4, 8, 16)  # about the ITP trace's mix
@@ -58,22 +69,73 @@ def steady(policy: Policy, snap: Snapshot) -> Snapshot:
     return replace(snap, jobs=jobs, now_s=snap.now_s + 600)
 
 
+def policies(module: object) -> dict[str, Policy]:
+    """The simulator's five baseline runs, built from ``module``'s classes."""
+    m: Any = module
+    return {
+        "gandiva": m.GandivaPolicy(frequency_mhz=1410),
+        "tiresias": m.TiresiasPolicy(frequency_mhz=1410),
+        "afs": m.AfsPolicy(frequency_mhz=1410),
+        "gandiva+zeus": m.ZeusPolicy(m.GandivaPolicy(frequency_mhz=1410)),
+        "tiresias+zeus": m.ZeusPolicy(m.TiresiasPolicy(frequency_mhz=1410)),
+    }
+
+
+def events(policy: Policy, snap: Snapshot, count: int, seed: int = 1) -> list[Snapshot]:
+    """``count`` snapshots, each the last plan applied plus arrivals and departures."""
+    rng = random.Random(seed)
+    fresh = snapshot(8, count * 2, seed=seed + 1).jobs  # a pool of new arrivals
+    out = [snap]
+    for k in range(count - 1):
+        nxt = steady(policy, out[-1])
+        kept = tuple(j for j in nxt.jobs if rng.random() > 0.02)
+        arrivals = tuple(
+            replace(j, id=f"new{k:04d}-{i}", arrival_s=nxt.now_s)
+            for i, j in enumerate(rng.sample(fresh, rng.choice((0, 1, 2))))
+        )
+        out.append(replace(nxt, jobs=kept + arrivals))
+    return out
+
+
+def compare(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import baselines_ref  # the frozen pre-speed-work copy
+
+    import powerflow.baselines
+
+    print(f"{args.gpus} GPUs, about {args.jobs} active jobs, {args.events} events, CPU seconds")
+    print(f"{'policy':<15}{'reference s':>13}{'current s':>11}{'speed-up':>10}  same plans")
+    for name, policy in policies(powerflow.baselines).items():
+        seq = events(policy, snapshot(args.gpus, args.jobs), args.events)
+        best: dict[str, float] = {}
+        plans: dict[str, list[Plan]] = {}
+        for _ in range(args.repeat):
+            for tag, module in (("ref", baselines_ref), ("new", powerflow.baselines)):
+                fresh = policies(module)[name]  # empty memos, as at a run's start
+                t0 = time.process_time()
+                plans[tag] = [fresh.plan(s) for s in seq]
+                best[tag] = min(best.get(tag, float("inf")), time.process_time() - t0)
+        same = plans["ref"] == plans["new"]
+        print(
+            f"{name:<15}{best['ref']:>13.3f}{best['new']:>11.3f}"
+            f"{best['ref'] / best['new']:>9.2f}x  {same}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=128)
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--events", type=int, default=0, help="time a run of events instead")
     args = ap.parse_args()
-    policies: dict[str, Policy] = {
-        "gandiva": GandivaPolicy(),
-        "tiresias": TiresiasPolicy(),
-        "afs": AfsPolicy(),
-        "gandiva+zeus": ZeusPolicy(GandivaPolicy()),
-        "tiresias+zeus": ZeusPolicy(TiresiasPolicy()),
-    }
+    if args.events:
+        args.repeat = min(args.repeat, 3)
+        compare(args)
+        return
     print(f"{args.gpus} GPUs, {args.jobs} active jobs, one fitted model object per job")
     print(f"{'policy':<15}{'first call ms':>15}{'steady median ms':>18}{'steady best ms':>16}")
-    for name, policy in policies.items():
+    for name, policy in policies(powerflow.baselines).items():
         snap = snapshot(args.gpus, args.jobs)
         t0 = time.perf_counter()
         snap = steady(policy, snap)
