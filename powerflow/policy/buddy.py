@@ -71,6 +71,11 @@ class Geometry:
         """Every aligned block within one node, both ways (shared by equal geometries)."""
         return _node_blocks(self.names, self.per_node)
 
+    @functools.cached_property
+    def node_groups(self) -> NodeGroups:
+        """Every aligned group of whole nodes, both ways (shared by equal geometries)."""
+        return _node_groups(self.names, self.per_node)
+
     def slots(self, block: Block) -> tuple[GpuSlot, ...]:
         """The block's GPUs as (node name, index), sorted by node order then index."""
         if block.size <= self.per_node:
@@ -98,6 +103,35 @@ class NodeBlocks:
 
     by_slots: Mapping[tuple[GpuSlot, ...], Block]
     slots: Mapping[Block, tuple[GpuSlot, ...]]
+
+
+@dataclass(frozen=True)
+class NodeGroups:
+    """The aligned groups of two or more whole nodes, by block and by their sorted slots.
+
+    The slots are sorted by (name, index), as placement returns a multi-node
+    job's GPUs and as the job hands them back while it keeps them.
+    """
+
+    by_slots: Mapping[tuple[GpuSlot, ...], Block]
+    slots: Mapping[Block, tuple[GpuSlot, ...]]
+
+
+@functools.lru_cache(maxsize=16)
+def _node_groups(names: tuple[str, ...], per_node: int) -> NodeGroups:
+    by_slots: dict[tuple[GpuSlot, ...], Block] = {}
+    slots: dict[Block, tuple[GpuSlot, ...]] = {}
+    g = 2
+    while g <= len(names):
+        for start in range(0, len(names) - g + 1, g):
+            block = Block(start, 0, g * per_node)
+            run = tuple(
+                sorted((names[n], i) for n in range(start, start + g) for i in range(per_node))
+            )
+            by_slots[run] = block
+            slots[block] = run
+        g *= 2
+    return NodeGroups(by_slots, slots)
 
 
 @functools.lru_cache(maxsize=16)

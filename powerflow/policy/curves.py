@@ -38,9 +38,9 @@ class Curves:
     energy_j: FloatArray
     power_w: FloatArray
 
-    def matrices(self, rows: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """JCT, energy and power of ``rows`` at every clock."""
-        t, e = self.tables.values(rows)
+    def matrices(self, rows: IntArray, first: int = 0) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """JCT, energy and power of ``rows`` at every clock from column ``first`` up."""
+        t, e = self.tables.values(rows, first)
         remaining = self.row_remaining[rows, None]
         return self.row_age_s[rows, None] + remaining * t, remaining * e, e / t
 

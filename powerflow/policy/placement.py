@@ -207,6 +207,8 @@ def place(nodes: Sequence[Node], requests: Sequence[PlacementRequest]) -> Placem
             continue
         left -= r.gpus
         pref = _kept_block(geo, r.current, r.gpus)
+        if pref is None and r.gpus > geo.per_node:
+            pref = _kept_group(geo, r.current, r.gpus)
         if pref is None:
             pref = _preferred(geo, r.current, r.gpus)
         else:
@@ -244,6 +246,23 @@ def _kept_block(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block |
     return _kept_block_scan(geo, current, gpus)
 
 
+def _kept_group(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block | None:
+    """``_kept_block`` for a job of several whole nodes that hands back its group, sorted.
+
+    Such a job's current GPUs are exactly one aligned group, so ``_preferred``
+    would find that group (every slot counts for it, for no other); the
+    lookup skips building the set. None otherwise (also for a list, which the
+    general path handles).
+    """
+    if type(current) is not tuple:
+        return None
+    try:
+        block = geo.node_groups.by_slots.get(current)
+    except TypeError:
+        return None
+    return block if block is not None and block.size == gpus else None
+
+
 def _kept_block_scan(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block | None:
     """``_kept_block`` slot by slot (for sequences that are not hashable tuples)."""
     if len(current) != gpus or gpus > geo.per_node:
@@ -275,8 +294,8 @@ def _result(
         if got is None:
             unplaced.append(r.job_id)
             continue
+        same = kept.get(r.job_id)
         if got.size <= per_node:
-            same = kept.get(r.job_id)
             if same is None and not r.movable:
                 same = _kept_block(geo, r.current, got.size)
             if same == got:
@@ -284,12 +303,14 @@ def _result(
                 assignments[r.job_id] = geo.slots(got)
                 used[got.node] = 1
                 continue
-        slots = geo.slots(got)
-        if got.size > per_node:
-            slots = tuple(sorted(slots))
+            slots = geo.slots(got)
+        else:
+            slots = geo.node_groups.slots.get(got) or tuple(sorted(geo.slots(got)))
         assignments[r.job_id] = slots
         g = max(1, got.size // per_node)
         used[got.node : got.node + g] = b"\x01" * g
+        if same == got:
+            continue  # a multi-node job on exactly its current group: no migration
         if r.movable and r.current and is_migration(r.current, slots):
             migrations.append(Migration(r.job_id, tuple(sorted(set(r.current))), slots))
     idle = tuple(name for i, name in enumerate(geo.names) if not used[i])

@@ -159,31 +159,36 @@ class _Decision:
         running = sorted(rows)
         row_idx = np.asarray([rows[i] for i in running], dtype=np.int64)
         start = eff[row_idx].tolist()
-        matrices = self.curves.matrices(row_idx)
+        # Clocks only go up from the efficient ones, so the columns below the
+        # lowest of them are never read: the clock phase and the pricing work
+        # on columns ``low ..`` (the same floats, shifted; see raise_clocks).
+        low = min(start, default=0)
+        matrices = self.curves.matrices(row_idx, low)
         columns = start
         raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         predicted = alloc.power_w
         if self.policy.frequency_scaling:
             result = raise_clocks(
                 *matrices,
-                start,
+                [c - low for c in start],
                 [(jobs[i].arrival_s, jobs[i].id) for i in running],
                 alloc.power_w,
                 self.limit,
                 step=self.policy.frequency_step,
                 energy_aware=self.policy.energy_aware,
             )
-            columns = list(result.columns)
-            raises = (result.raised_rows, result.raised_from)
+            columns = [c + low for c in result.columns]
+            raises = (result.raised_rows, tuple(c + low for c in result.raised_from))
             predicted = result.power_w
-        return self._place(rows, running, row_idx, matrices[2], columns, raises, predicted)
+        power = _Power(matrices[2], low)
+        return self._place(rows, running, row_idx, power, columns, raises, predicted)
 
     def _place(
         self,
         rows: dict[int, int],
         running: list[int],
         row_idx: IntArray,
-        power: FloatArray,
+        power: _Power,
         columns: list[int],
         raises: tuple[tuple[int, ...], tuple[int, ...]],
         predicted: float,
@@ -236,7 +241,7 @@ class _Decision:
                 other[k] = self._power_row(running[k], rows[running[k]], len(slots), r)
         where_idx = np.asarray(where, dtype=np.int64)
         cols = [columns[k] for k in where]
-        values: list[float] = power[where_idx, np.asarray(cols, dtype=np.int64)].tolist()
+        values: list[float] = power.at(where_idx, np.asarray(cols, dtype=np.int64)).tolist()
         slot_of = {k: n for n, k in enumerate(where)}
         for k, row in other.items():
             values[slot_of[k]] = row[columns[k]]
@@ -254,7 +259,7 @@ class _Decision:
             columns[k] = raises[1][undo]
             n = slot_of.get(k)
             if n is not None:
-                values[n] = other[k][columns[k]] if k in other else float(power[k, columns[k]])
+                values[n] = other[k][columns[k]] if k in other else float(power.at(k, columns[k]))
             watts = idle_w + sum(values)
 
         notes = [
@@ -309,4 +314,16 @@ class _Decision:
         if not (np.all(np.isfinite(t) & (t > 0)) and np.all(np.isfinite(e) & (e > 0))):
             raise SnapshotError(f"job {job.id!r}: model predicts nonsense on {r} GPUs per node")
         out: list[float] = (e / t).tolist()
+        return out
+
+
+@dataclass(frozen=True)
+class _Power:
+    """The running jobs' power per clock, stored from clock column ``low`` up."""
+
+    watts: FloatArray
+    low: int
+
+    def at(self, rows: IntArray | int, columns: IntArray | int) -> FloatArray:
+        out: FloatArray = self.watts[rows, np.asarray(columns) - self.low]
         return out

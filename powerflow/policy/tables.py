@@ -71,15 +71,15 @@ class Tables:
     def levels(self, job: int) -> int:
         return int(self.sizes[job])
 
-    def values(self, rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """Step time and energy of ``rows`` at every clock (copies, in the order given)."""
+    def values(self, rows: IntArray, first: int = 0) -> tuple[FloatArray, FloatArray]:
+        """Step time and energy of ``rows`` at the clock columns from ``first`` up (copies)."""
         if not rows.size:
-            return np.zeros((0, self.width)), np.zeros((0, self.width))
+            return np.zeros((0, self.width - first)), np.zeros((0, self.width - first))
         owners = self.row_job[rows]
         pairs = list(zip(owners.tolist(), (rows - self.start[owners]).tolist(), strict=True))
         entries = self.job_rows
-        t = np.array([entries[j].step_time_s[k] for j, k in pairs])
-        e = np.array([entries[j].energy_j[k] for j, k in pairs])
+        t = np.array([entries[j].step_time_s[k, first:] for j, k in pairs])
+        e = np.array([entries[j].energy_j[k, first:] for j, k in pairs])
         return t, e
 
     @functools.cached_property

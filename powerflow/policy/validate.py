@@ -7,6 +7,7 @@ as a NaN or an exception deep in a heap loop.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,7 +40,8 @@ def cluster_of(snapshot: Snapshot) -> Cluster:
     for node in nodes:
         if node.gpus < 1:
             raise SnapshotError(f"node {node.name!r} has {node.gpus} GPUs; need at least 1")
-    if len({n.gpu for n in nodes}) != 1:
+    gpu = nodes[0].gpu
+    if any(n.gpu is not gpu for n in nodes) and len({n.gpu for n in nodes}) != 1:
         raise SnapshotError("PowerFlow plans for one GPU type; the cluster mixes several")
     if len({n.gpus for n in nodes}) != 1:
         raise SnapshotError("PowerFlow plans for one node shape; GPUs per node differ")
@@ -47,14 +49,56 @@ def cluster_of(snapshot: Snapshot) -> Cluster:
 
 
 def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
-    """Field checks that need no model call; see ``_check_job`` for the rules."""
+    """Field checks that need no model call; see ``_check_job`` for the rules.
+
+    Each job first gets one combined test of every rule; only a job that
+    fails it (or whose fields do not even compare) goes through
+    ``_check_job``, which says what is wrong. Likewise the GPUs held are
+    checked as one set against the cluster's, and only on a problem slot by
+    slot, so that the error names the first bad slot as before.
+    """
     ids = [j.id for j in snapshot.jobs]
     if len(set(ids)) != len(ids):
         raise SnapshotError("job ids are not unique")
+    total = cluster.total_gpus
+    isfinite = math.isfinite
+    for job in snapshot.jobs:
+        try:
+            fine = (
+                isfinite(job.remaining_iterations)
+                and job.remaining_iterations >= 0
+                and job.global_batch_size >= 1
+                and job.requested_gpus >= 1
+                and 1 <= job.min_gpus <= total
+                and (job.max_gpus is None or job.max_gpus >= job.min_gpus)
+                and (job.max_local_batch_size is None or job.max_local_batch_size >= 1)
+                and isfinite(job.arrival_s)
+                and isfinite(job.elapsed_s)
+                and (bool(job.placement) or not job.pinned)
+            )
+        except Exception:  # _check_job raises the precise error, if there is one
+            fine = False
+        if not fine:
+            _check_job(job, cluster)
+    held = [slot for job in snapshot.jobs for slot in job.placement]
+    try:
+        fine = len(set(held)) == len(held) and _slots_of(cluster).issuperset(held)
+    except TypeError:  # unhashable slots: the loop below decides
+        fine = False
+    if not fine:
+        _check_slots(snapshot, cluster)
+
+
+@functools.lru_cache(maxsize=8)
+def _slots_of(cluster: Cluster) -> frozenset[tuple[str, int]]:
+    n = cluster.gpus_per_node
+    return frozenset((name, i) for name in cluster.node_names for i in range(n))
+
+
+def _check_slots(snapshot: Snapshot, cluster: Cluster) -> None:
     sizes = {name: cluster.gpus_per_node for name in cluster.node_names}
     owner: dict[tuple[str, int], str] = {}
     for job in snapshot.jobs:
-        _check_job(job, cluster)
         for slot in job.placement:
             node, index = slot
             if node not in sizes or not 0 <= index < sizes[node]:
