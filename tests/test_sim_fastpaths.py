@@ -2,7 +2,7 @@
 
 ``ReferenceSimulation`` is the engine with its hot paths written the plain
 way (a ``Counter`` over every holder at every event, a fresh ``Job`` for every
-view, every next event from ``SimJob.remaining``); seeded runs of real
+view, progress and next events job by job); seeded runs of real
 schedulers on the real ground truth must give bit-identical metrics, power
 series and per-job records either way. The ground truth's memo must answer
 exactly what evaluating afresh answers.
@@ -68,6 +68,17 @@ class ReferenceSimulation(Simulation):
             job.next_event_s = end
         self._next_job_s = min((j.next_event_s for j in holders), default=math.inf)
         self._record()
+
+    def _progress(self, dt: float) -> None:
+        for job in self._holders.values():
+            job.attained_gpu_s += job.n * dt
+            job.run_s += dt
+            if job.computing:
+                job.done_iters += dt * job.share / job.step_s
+                job.energy_j += dt * job.share * job.power_w
+
+    def _due(self, due: float) -> list[SimJob]:
+        return [j for j in self._holders.values() if j.next_event_s <= due]
 
     def _view(self, job: SimJob) -> Job:
         knowledge = job.knowledge

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
@@ -34,7 +36,7 @@ from powerflow.models.samples import Samples
 from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.schedulers import Configured
 from powerflow.sim.config import SimConfig
-from powerflow.sim.jobs import Phase, SimJob
+from powerflow.sim.jobs import JobArrays, Phase, SimJob
 from powerflow.sim.learning import FittedLearner, Learner, OracleLearner
 from powerflow.sim.rates import TruthRates
 from powerflow.sim.result import JobRecord, RunResult, Series
@@ -88,8 +90,9 @@ class Simulation:
                 f"{config.total_gpus} (first: {too_big[0]})"
             )
         ordered = sorted(trace, key=lambda j: (j.submit_s, j.job_id))
+        self._arrays = JobArrays(len(ordered))
         self.jobs = [
-            SimJob(i, tj, self.rates.model(tj.model_name), config.seed)
+            SimJob(i, tj, self.rates.model(tj.model_name), config.seed, self._arrays)
             for i, tj in enumerate(ordered)
         ]
         self._by_id = {j.trace.job_id: j for j in self.jobs}
@@ -111,6 +114,10 @@ class Simulation:
         self._load: dict[GpuSlot, int] = {}  # holders per GPU, kept by _phase
         self._overloaded = 0  # GPUs held by more than one job
         self._shares_dirty = True
+        self._power_dirty = True  # a holder's share, rates or phase changed
+        self._slots_dirty = True  # the holders or which of them compute changed
+        self._held = np.zeros(0, dtype=np.intp)  # holders' rows, in _holders order
+        self._computing = np.zeros(0, dtype=np.intp)  # the computing ones among them
         self._sliced = False  # some holder's share is below 1
         self._next_job_s = math.inf  # soonest next_event_s of a holder, set by _refresh
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
@@ -206,7 +213,7 @@ class Simulation:
                 pending |= self._make_visible(self._active[heapq.heappop(self._preruns)[1]])
             due = self.now + EPS
             if self._next_job_s <= due:
-                for job in [j for j in self._holders.values() if j.next_event_s <= due]:
+                for job in self._due(due):
                     pending |= self._job_event(job)
             if next_tick <= self.now + EPS:
                 pending = True
@@ -391,6 +398,7 @@ class Simulation:
         self._set_rates(job)
 
     def _set_rates(self, job: SimJob) -> None:
+        self._power_dirty = True
         name = job.trace.model_name
         if job.phase is Phase.PROFILE:
             job.step_s, job.power_w = self.rates.sweep(
@@ -434,6 +442,8 @@ class Simulation:
         """Change phase and keep the holders and the per-GPU load in step
         (every placement change is followed by a call here)."""
         job.set_phase(phase)
+        self._slots_dirty = True
+        self._power_dirty = True
         if job.holding:
             self._holders[job.index] = job
             if job.counted is not job.placement:
@@ -473,13 +483,7 @@ class Simulation:
         if dt < -EPS:
             raise SimulationError(f"time went backwards: {self.now} -> {t}")
         if dt > 0:
-            for job in self._holders.values():
-                job.attained_gpu_s += job.n * dt
-                job.run_s += dt
-                if job.computing:
-                    share = job.share
-                    job.done_iters += dt * share / job.step_s
-                    job.energy_j += dt * share * job.power_w
+            self._progress(dt)
             tot = self._totals
             powered = self._powered_gpus()
             idle_w = (powered - self._busy_gpus) * self.cfg.gpu.idle_power_w
@@ -492,6 +496,31 @@ class Simulation:
                 tot.above_limit_s += dt
         self.now = max(t, self.now)
 
+    def _progress(self, dt: float) -> None:
+        """Every holder's held time, and every computing one's work and energy,
+        ``dt`` seconds on (the same float operations as job by job)."""
+        held, computing = self._slots()
+        a = self._arrays
+        a.attained[held] += a.n[held] * dt
+        a.run_s[held] += dt
+        share = a.share[computing]
+        a.done[computing] += dt * share / a.step[computing]
+        a.energy[computing] += dt * share * a.power[computing]
+
+    def _due(self, due: float) -> list[SimJob]:
+        """Holders whose next event is at ``due`` or before, in ``_holders`` order."""
+        held, _ = self._slots()
+        return [self.jobs[i] for i in held[self._arrays.next_event[held] <= due].tolist()]
+
+    def _slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the holders (in ``_holders`` order) and of the computing ones."""
+        if self._slots_dirty:
+            held = np.fromiter(self._holders, dtype=np.intp, count=len(self._holders))
+            self._held = held
+            self._computing = held[self._arrays.computing[held]]
+            self._slots_dirty = False
+        return self._held, self._computing
+
     def _powered_gpus(self) -> int:
         return (self.cfg.nodes - len(self._powered_down)) * self.cfg.gpus_per_node
 
@@ -499,51 +528,42 @@ class Simulation:
         """Recompute shares, cluster power and every job's next event.
 
         Shares change only when a job starts or stops holding GPUs or moves
-        (the dirty flag; ``_phase`` keeps the per-GPU load). Power and next
-        events are one pass over the holders in their usual order, so every
-        sum is the very float it always was.
+        (``_phase`` keeps the per-GPU load), power only when shares, rates or
+        phases do (the dirty flags); the power sums then add the jobs' terms
+        one by one in ``_holders`` order, as a loop over the jobs would. Next
+        events depend on progress, so they are recomputed every time, all
+        holders at once.
         """
-        holders = self._holders.values()
+        held, computing = self._slots()
+        a = self._arrays
         if self._shares_dirty:
             if self._overloaded:  # some GPU is time-sliced
                 count = self._load.__getitem__
-                for job in holders:
+                for job in self._holders.values():
                     job.share = 1.0 / max(map(count, job.placement))
                 self._sliced = True
             elif self._sliced:
-                for job in holders:
-                    job.share = 1.0
+                a.share[held] = 1.0
                 self._sliced = False
             # else every share is 1.0 already: _assign resets a new holder's
             self._held_gpus = len(self._load)
             self._shares_dirty = False
-        now = self.now
-        soonest = math.inf
-        active_w = 0.0
-        busy = 0.0
-        for job in holders:
-            end = job.phase_end_s
-            if job.computing:
-                share = job.share
-                active_w += share * job.power_w
-                busy += share * job.n
-                remaining = job.iterations - job.done_iters
-                if remaining < 0.0:
-                    remaining = 0.0
-                finish = now + remaining * job.step_s / share
-                if finish <= end:
-                    end = finish
-                    job.next_is_completion = True
-                else:
-                    job.next_is_completion = False
-            else:
-                job.next_is_completion = False
-            job.next_event_s = end
-            if end < soonest:
-                soonest = end
-        self._active_w = active_w
-        self._busy_gpus = busy
-        self._next_job_s = soonest
+            self._power_dirty = True
+        share = a.share[computing]
+        if self._power_dirty:
+            self._active_w = reduce(operator.add, (share * a.power[computing]).tolist(), 0.0)
+            self._busy_gpus = reduce(operator.add, (share * a.n[computing]).tolist(), 0.0)
+            self._power_dirty = False
+        end = a.phase_end[computing]
+        remaining = a.iterations[computing] - a.done[computing]
+        remaining[remaining < 0.0] = 0.0
+        finish = self.now + remaining * a.step[computing] / share
+        first = finish <= end
+        a.next_event[held] = a.phase_end[held]
+        a.completion[held] = False
+        a.next_event[computing] = np.where(first, finish, end)
+        a.completion[computing] = first
+        self._next_job_s = float(a.next_event[held].min()) if len(held) else math.inf
         self._record()
 
     def _record(self) -> None:

@@ -27,16 +27,56 @@ HOLDING = frozenset({Phase.RESTART, Phase.PROFILE, Phase.RUN})
 COMPUTING = frozenset({Phase.PROFILE, Phase.RUN})
 
 
+class JobArrays:
+    """The per-job numbers the engine updates at every event, one array each.
+
+    Between events the engine advances progress, energy and held time of all
+    holders, and recomputes their next events, with one numpy operation per
+    quantity instead of a Python loop over jobs. Elementwise ``+ - * /`` are
+    correctly rounded in numpy as in Python, so each job's numbers are the
+    very floats a per-job loop gives. ``SimJob`` exposes its row as plain
+    attributes for everything else.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.done = np.zeros(size)  # iterations done
+        self.energy = np.zeros(size)  # J while computing (pre-run apart)
+        self.attained = np.zeros(size)  # GPU-seconds held
+        self.run_s = np.zeros(size)  # seconds held
+        self.share = np.ones(size)  # time share of its GPUs (time-slicing)
+        self.step = np.full(size, np.inf)  # s per iteration at its current rates
+        self.power = np.zeros(size)  # W of all its GPUs while computing
+        self.n = np.zeros(size)  # GPUs held, as a float
+        self.iterations = np.zeros(size)
+        self.phase_end = np.full(size, np.inf)
+        self.next_event = np.full(size, np.inf)
+        self.completion = np.zeros(size, dtype=bool)  # the next event is its completion
+        self.computing = np.zeros(size, dtype=bool)
+
+
+def _column(name: str, doc: str) -> property:
+    def get(self: SimJob) -> float:
+        return float(getattr(self.arrays, name)[self.slot])
+
+    def put(self: SimJob, value: float) -> None:
+        getattr(self.arrays, name)[self.slot] = value
+
+    return property(get, put, doc=doc)
+
+
 class SimJob:
-    """State that changes as the simulation runs; the engine owns every write."""
+    """State that changes as the simulation runs; the engine owns every write.
+
+    The numbers the engine's per-event passes touch live in a shared
+    ``JobArrays`` (row ``slot``); the attributes below read and write that row.
+    """
 
     __slots__ = (
-        "attained_gpu_s",
+        "_n",
+        "arrays",
         "bs",
         "computing",
         "counted",
-        "done_iters",
-        "energy_j",
         "f",
         "finish_s",
         "holding",
@@ -45,13 +85,8 @@ class SimJob:
         "job_id",
         "knowledge",
         "migrations",
-        "n",
-        "next_event_s",
-        "next_is_completion",
         "phase",
-        "phase_end_s",
         "placement",
-        "power_w",
         "preemptions",
         "prerun_energy_j",
         "profile_clocks",
@@ -62,11 +97,9 @@ class SimJob:
         "rescales",
         "restarts",
         "rng",
-        "run_s",
         "samples",
-        "share",
+        "slot",
         "started",
-        "step_s",
         "trace",
         "truth",
         "view",
@@ -74,37 +107,50 @@ class SimJob:
         "visible_s",
     )
 
-    def __init__(self, index: int, trace: TraceJob, truth: PerfModel, seed: int) -> None:
+    done_iters = _column("done", "Iterations done so far.")
+    energy_j = _column("energy", "Energy while computing (the pre-run apart).")
+    attained_gpu_s = _column("attained", "GPU-seconds held.")
+    run_s = _column("run_s", "Seconds held.")
+    share = _column("share", "Time share of its GPUs (below 1 when time-sliced).")
+    step_s = _column("step", "Seconds per iteration at its current rates.")
+    power_w = _column("power", "Watts of all its GPUs while computing.")
+    phase_end_s = _column("phase_end", "When the current phase ends (inf: never).")
+    next_event_s = _column("next_event", "Its next event: phase end or completion.")
+
+    def __init__(
+        self,
+        index: int,
+        trace: TraceJob,
+        truth: PerfModel,
+        seed: int,
+        arrays: JobArrays | None = None,
+    ) -> None:
         self.index = index
         self.trace = trace
-        self.iterations = trace.iterations  # read in the engine's hot loops
-        self.job_id = trace.job_id
         self.truth = truth
+        if arrays is None:
+            arrays, self.slot = JobArrays(1), 0
+        else:
+            self.slot = index
+        self.arrays = arrays
+        self.iterations = trace.iterations  # read in the engine's hot loops
+        arrays.iterations[self.slot] = trace.iterations
+        self.job_id = trace.job_id
         self.rng = np.random.default_rng([seed, index])
         self.phase = Phase.PENDING
         self.holding = False
         self.computing = False
-        self.phase_end_s = float("inf")
-        self.next_event_s = float("inf")
-        self.next_is_completion = False
-        self.done_iters = 0.0
         self.placement: tuple[GpuSlot, ...] = ()
         self.counted: tuple[GpuSlot, ...] = ()  # the placement in the engine's load
         self.n = 0
         self.r = 0
         self.bs = 0.0
         self.f = 0
-        self.step_s = float("inf")
-        self.power_w = 0.0
-        self.share = 1.0
         self.knowledge: Knowledge | None = None
         self.samples: list[Samples] = []
         self.profiled: set[int] = set()
         self.profile_clocks: tuple[int, ...] = ()
         self.profile_start_s = 0.0
-        self.attained_gpu_s = 0.0
-        self.run_s = 0.0
-        self.energy_j = 0.0
         self.prerun_energy_j = 0.0
         self.visible_s = float("nan")
         self.finish_s = float("nan")
@@ -118,6 +164,25 @@ class SimJob:
         self.view_model: PerfModel | None = None
 
     @property
+    def n(self) -> int:
+        """GPUs held."""
+        return self._n
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self._n = value
+        self.arrays.n[self.slot] = value
+
+    @property
+    def next_is_completion(self) -> bool:
+        """Whether ``next_event_s`` is its completion (else its phase end)."""
+        return bool(self.arrays.completion[self.slot])
+
+    @next_is_completion.setter
+    def next_is_completion(self, value: bool) -> None:
+        self.arrays.completion[self.slot] = value
+
+    @property
     def remaining(self) -> float:
         return max(self.iterations - self.done_iters, 0.0)
 
@@ -126,3 +191,4 @@ class SimJob:
         self.phase = phase
         self.holding = phase in HOLDING
         self.computing = phase in COMPUTING
+        self.arrays.computing[self.slot] = self.computing
