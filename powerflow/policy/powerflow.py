@@ -180,8 +180,8 @@ class _Decision:
             columns = [c + low for c in result.columns]
             raises = (result.raised_rows, tuple(c + low for c in result.raised_from))
             predicted = result.power_w
-        power = _Power(matrices[2], low)
-        return self._place(rows, running, row_idx, power, columns, raises, predicted)
+        priced = _Power(matrices[2], low)
+        return self._place(rows, running, row_idx, priced, columns, raises, predicted)
 
     def _place(
         self,
