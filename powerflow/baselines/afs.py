@@ -213,12 +213,21 @@ class AfsPolicy:
         A job's counts and step times depend on its bounds, model and the
         cluster, not on its progress: they are looked up by job id first
         (``ModelMemo.last``), and only jobs whose inputs changed build a key.
+        A job's ``Ladder`` is reused while its remaining iterations stay put.
         """
         last = self.memo.last("afs")
         steps: list[tuple[tuple[int, ...], list[float]] | None] = []
         todo: list[tuple[Job, tuple[object, ...], tuple[int, ...]]] = []
         for job in jobs:
-            inputs = _ladder_inputs(job, cluster_gpus, per_node, clock)
+            inputs = (  # _ladder_inputs, written out: this loop runs per job per event
+                job.min_gpus,
+                job.max_local_batch_size,
+                job.global_batch_size,
+                job.max_gpus,
+                cluster_gpus,
+                per_node,
+                clock,
+            )
             seen = last.get(job.id)
             if seen is not None and seen[0] is job.model and seen[1] == inputs:
                 steps.append(seen[2])
@@ -257,12 +266,20 @@ class AfsPolicy:
                     _ladder_inputs(job, cluster_gpus, per_node, clock),
                     steps[i],
                 )
+        # A waiting job makes no progress: its ladder is the one built last time.
+        built = self.memo.last("afs_ladder")
         out = []
         for job, entry in zip(jobs, steps, strict=True):
             assert entry is not None
-            counts, step = entry
             r = job.remaining_iterations
-            out.append(Ladder(counts, tuple([r * x for x in step])))
+            prev = built.get(job.id)
+            if prev is not None and prev[0] is entry and prev[1] == r:
+                out.append(prev[2])
+                continue
+            counts, step = entry
+            ladder = Ladder(counts, tuple([r * x for x in step]))
+            built[job.id] = (entry, r, ladder)
+            out.append(ladder)
         return out
 
     def plan(self, snapshot: Snapshot) -> Plan:
@@ -278,11 +295,16 @@ class AfsPolicy:
         requests = [
             PlacementRequest(job.id, len(job.placement), job.placement, False) for job in kept
         ]
-        requests += [
-            PlacementRequest(job.id, n, job.placement, True)
-            for job, n in zip(elastic, counts, strict=True)
-            if n > 0
-        ]
+        asked = self.memo.last("afs_request")  # a request is frozen: reuse last event's
+        for job, n in zip(elastic, counts, strict=True):
+            if n > 0:
+                prev = asked.get(job.id)
+                if prev is not None and prev[0] == n and prev[1] == job.placement:
+                    requests.append(prev[2])
+                else:
+                    request = PlacementRequest(job.id, n, job.placement, True)
+                    asked[job.id] = (n, job.placement, request)
+                    requests.append(request)
         result = place(snapshot.nodes, requests)
         plans: list[JobPlan] = [
             running(job, tuple(result.assignments[job.id]), clock, self.memo)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -233,7 +233,7 @@ class ModelMemo:
     def __init__(self, max_entries: int = 200_000) -> None:
         self.max_entries = max_entries
         self._table: dict[tuple[object, ...], tuple[PerfModel, object]] = {}
-        self._last: dict[str, dict[str, tuple[Any, ...]]] = {}
+        self._last: dict[Hashable, dict[str, tuple[Any, ...]]] = {}
 
     def get(self, model: PerfModel, key: tuple[object, ...]) -> object | None:
         hit = self._table.get((id(model), *key))
@@ -245,8 +245,12 @@ class ModelMemo:
             self._last.clear()
         self._table[(id(model), *key)] = (model, value)
 
-    def last(self, purpose: str) -> dict[str, tuple[Any, ...]]:
-        """Job id -> last configuration and result, for one purpose (see above)."""
+    def last(self, purpose: Hashable) -> dict[str, tuple[Any, ...]]:
+        """Job id -> last configuration and result, for one purpose (see above).
+
+        What is the same for every job of a call (the clock, the cluster's
+        shape) goes into ``purpose``, so that an entry's check is short.
+        """
         table = self._last.get(purpose)
         if table is None:
             table = self._last[purpose] = {}
@@ -288,7 +292,7 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
     gpus = sum(node.gpus for node in snapshot.nodes)
     gpn = max(node.gpus for node in snapshot.nodes)
     top = max(node.gpu.max_clock_mhz for node in snapshot.nodes)
-    known = memo.last("p_max")
+    known = memo.last(("p_max", gpn, top))
     powers: list[float] = []
     miss: list[int] = []
     for j in snapshot.jobs:
@@ -296,9 +300,10 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
         if (
             hit is not None
             and hit[0] is j.model
-            and hit[1:5] == (j.requested_gpus, j.global_batch_size, gpn, top)
+            and hit[1] == j.requested_gpus
+            and hit[2] == j.global_batch_size
         ):
-            powers.append(hit[5])
+            powers.append(hit[3])
         else:
             miss.append(len(powers))
             powers.append(0.0)
@@ -316,14 +321,7 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
         t, e = memo.rows([j.model for j in jobs], configs)
         for i, j, ti, ei, cfg in zip(miss, jobs, t, e, configs, strict=True):
             powers[i] = ei / ti / cfg[0]
-            known[j.id] = (
-                j.model,
-                j.requested_gpus,
-                j.global_batch_size,
-                gpn,
-                top,
-                powers[i],
-            )
+            known[j.id] = (j.model, j.requested_gpus, j.global_batch_size, powers[i])
     fallback = sum(n.gpus * n.gpu.max_power_w for n in snapshot.nodes) / gpus
     return resolve_limit_watts(budget, gpus, estimate_p_max_w(powers, fallback))
 
@@ -351,7 +349,10 @@ def predicted_watts(
         if (
             hit is not None
             and hit[0] is model
-            and hit[1:5] == (jp.gpus, jp.local_batch_size, jp.frequency_mhz, jp.placement)
+            and hit[1] == jp.gpus
+            and hit[2] == jp.local_batch_size
+            and hit[3] == jp.frequency_mhz
+            and hit[4] == jp.placement
         ):
             watts.append(hit[5])
         else:
@@ -414,13 +415,12 @@ def waiting(job: Job, clock: int, memo: ModelMemo | None = None) -> JobPlan:
     """
     if memo is None:
         return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
-    known = memo.last("waiting")
-    inputs = (clock, job.global_batch_size, job.requested_gpus)
+    known = memo.last(("waiting", clock))
     hit = known.get(job.id)
-    if hit is not None and hit[0] == inputs:
-        return hit[1]  # type: ignore[no-any-return]
+    if hit is not None and hit[0] == job.global_batch_size and hit[1] == job.requested_gpus:
+        return hit[2]  # type: ignore[no-any-return]
     plan = waiting(job, clock)
-    known[job.id] = (inputs, plan)
+    known[job.id] = (job.global_batch_size, job.requested_gpus, plan)
     return plan
 
 
@@ -431,11 +431,10 @@ def running(
     if memo is None:
         n = len(placement)
         return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)
-    known = memo.last("running")
-    inputs = (clock, job.global_batch_size, placement)
+    known = memo.last(("running", clock))
     hit = known.get(job.id)
-    if hit is not None and hit[0] == inputs:
-        return hit[1]  # type: ignore[no-any-return]
+    if hit is not None and hit[0] == job.global_batch_size and hit[1] == placement:
+        return hit[2]  # type: ignore[no-any-return]
     plan = running(job, placement, clock)
-    known[job.id] = (inputs, plan)
+    known[job.id] = (job.global_batch_size, placement, plan)
     return plan

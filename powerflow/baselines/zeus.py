@@ -99,16 +99,18 @@ class ZeusPolicy:
         """Running jobs' clocks: remembered ones, the rest from one grouped evaluation."""
         out: dict[str, int] = {}
         miss: list[tuple[JobPlan, tuple[object, ...]]] = []
-        known = self.memo.last("zeus")
+        known = self.memo.last(("zeus", spec, self.eta_knob))
         for jp in run:
             # The job's last configuration first: one lookup by id, no key to build.
             last = known.get(jp.job_id)
             if (
                 last is not None
                 and last[0] is models[jp.job_id]
-                and last[1:6] == (spec, jp.gpus, jp.local_batch_size, jp.placement, self.eta_knob)
+                and last[1] == jp.gpus
+                and last[2] == jp.local_batch_size
+                and last[3] == jp.placement
             ):
-                out[jp.job_id] = last[6]
+                out[jp.job_id] = last[4]
                 continue
             key: tuple[object, ...] = (
                 "zeus",
@@ -121,7 +123,13 @@ class ZeusPolicy:
             hit = self.memo.get(models[jp.job_id], key)
             if isinstance(hit, int):
                 out[jp.job_id] = hit
-                self._remember(jp, models[jp.job_id], spec, hit)
+                known[jp.job_id] = (
+                    models[jp.job_id],
+                    jp.gpus,
+                    jp.local_batch_size,
+                    jp.placement,
+                    hit,
+                )
             else:
                 miss.append((jp, key))
         if not miss:
@@ -140,16 +148,11 @@ class ZeusPolicy:
             clock = int(spec.clocks_mhz[i])
             self.memo.put(models[jp.job_id], key, clock)
             out[jp.job_id] = clock
-            self._remember(jp, models[jp.job_id], spec, clock)
+            known[jp.job_id] = (
+                models[jp.job_id],
+                jp.gpus,
+                jp.local_batch_size,
+                jp.placement,
+                clock,
+            )
         return out
-
-    def _remember(self, jp: JobPlan, model: PerfModel, spec: GpuSpec, clock: int) -> None:
-        self.memo.last("zeus")[jp.job_id] = (
-            model,
-            spec,
-            jp.gpus,
-            jp.local_batch_size,
-            jp.placement,
-            self.eta_knob,
-            clock,
-        )
