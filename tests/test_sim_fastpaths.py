@@ -20,10 +20,10 @@ import pytest
 from powerflow.groundtruth import ground_truth
 from powerflow.groundtruth.measure import measure, one_gpu_sweep
 from powerflow.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
-from powerflow.policy.snapshot import GpuSlot, Job
+from powerflow.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.schedulers import scheduler
 from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation, _with_progress
+from powerflow.sim.engine import Simulation, _running_total, _with_progress
 from powerflow.sim.jobs import Phase, SimJob
 from powerflow.sim.metrics import summarise
 from powerflow.sim.result import RunResult
@@ -79,6 +79,10 @@ class ReferenceSimulation(Simulation):
 
     def _due(self, due: float) -> list[SimJob]:
         return [j for j in self._holders.values() if j.next_event_s <= due]
+
+    def snapshot(self) -> Snapshot:
+        jobs = tuple(self._view(j) for j in self._active.values() if j.phase is not Phase.PRERUN)
+        return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
 
     def _view(self, job: SimJob) -> Job:
         knowledge = job.knowledge
@@ -145,6 +149,16 @@ def test_engine_exercised_the_shortcuts() -> None:
     flow = summarise(_run(Simulation, "powerflow", 0.6, 12))
     assert flow["rescales"] + flow["migrations"] > 0
     assert flow["profiling_phases"] > 0
+
+
+def test_running_total_adds_in_order_like_a_loop() -> None:
+    rng = np.random.default_rng(4)
+    for size in (0, 1, 7, 9, 130, 2000):
+        terms = rng.random(size) * 10.0 ** rng.uniform(-3, 5, size)
+        total = 0.0
+        for x in terms.tolist():
+            total += x
+        assert _running_total(terms) == total  # bit for bit, not approximately
 
 
 def test_progress_copy_equals_a_rebuilt_job() -> None:

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 import time
 from collections import Counter
 from dataclasses import dataclass
-from functools import reduce
 
 import numpy as np
 
@@ -112,31 +110,55 @@ class Simulation:
         self._held_gpus = 0
         self._last_busy_s = 0.0
         self._load: dict[GpuSlot, int] = {}  # holders per GPU, kept by _phase
-        self._overloaded = 0  # GPUs held by more than one job
+        self._occupants: dict[GpuSlot, set[int]] = {}  # holders' indices per GPU
+        self._stale: set[int] = set()  # jobs whose GPUs' load changed: share to redo
         self._shares_dirty = True
         self._power_dirty = True  # a holder's share, rates or phase changed
         self._slots_dirty = True  # the holders or which of them compute changed
         self._held = np.zeros(0, dtype=np.intp)  # holders' rows, in _holders order
         self._computing = np.zeros(0, dtype=np.intp)  # the computing ones among them
-        self._sliced = False  # some holder's share is below 1
         self._next_job_s = math.inf  # soonest next_event_s of a holder, set by _refresh
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
 
     # ------------------------------------------------------------------ Backend
 
     def snapshot(self) -> Snapshot:
+        """Every schedulable job's view, most of them reused or copied.
+
+        A waiting job's view stays valid until its model changes. A holder's
+        usually differs from its last one only in progress (remaining
+        iterations, time and GPU-seconds held): those numbers come from the
+        arrays for all jobs at once and are set on a copy (``_with_progress``);
+        anything else changed rebuilds the view (``_view``).
+        """
+        a = self._arrays
+        left = a.iterations - a.done
+        # max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
+        remaining = np.where((left > 1e-9) | np.isnan(left), left, 1e-9).tolist()
+        held_s = a.run_s.tolist()
+        gpu_s = a.attained.tolist()
         views: list[Job] = []
         add = views.append
         rebuild = self._view
         prerun = Phase.PRERUN
+        run = Phase.RUN
         for job in self._active.values():
             if job.phase is prerun:
                 continue
-            # A waiting job's view stays valid until its model changes.
             view = job.view
             known = job.knowledge
-            if view is None or job.holding or known is None or job.view_model is not known.model:
+            if view is None or known is None or job.view_model is not known.model:
                 view = rebuild(job)
+            elif job.holding:
+                if (
+                    view.placement is job.placement
+                    and view.frequency_mhz == job.f
+                    and view.pinned is (job.phase is not run)
+                ):
+                    i = job.index
+                    view = job.view = _with_progress(view, remaining[i], held_s[i], gpu_s[i])
+                else:
+                    view = rebuild(job)
             add(view)
         return Snapshot(self._nodes, tuple(views), self.configured.budget, self.now)
 
@@ -371,7 +393,6 @@ class Simulation:
             else:
                 job.migrations += 1
         job.placement = tuple(placement)
-        job.share = 1.0  # until _refresh finds it time-sliced
         job.n = len(placement)
         job.r = max(Counter(node for node, _ in placement).values())
         job.f = f
@@ -456,23 +477,30 @@ class Simulation:
 
     def _count(self, job: SimJob) -> None:
         load = self._load
+        occupants = self._occupants
+        stale = self._stale
         for slot in job.placement:
-            k = load[slot] = load.get(slot, 0) + 1
-            if k == 2:
-                self._overloaded += 1
+            load[slot] = load.get(slot, 0) + 1
+            here = occupants.setdefault(slot, set())
+            here.add(job.index)
+            stale.update(here)
         job.counted = job.placement
         self._shares_dirty = True
 
     def _uncount(self, job: SimJob) -> None:
         load = self._load
+        occupants = self._occupants
+        stale = self._stale
         for slot in job.counted:
             k = load[slot] - 1
+            here = occupants[slot]
+            here.discard(job.index)
             if k:
                 load[slot] = k
-                if k == 1:
-                    self._overloaded -= 1
+                stale.update(here)
             else:
                 del load[slot]
+                del occupants[slot]
         job.counted = ()
         self._shares_dirty = True
 
@@ -537,22 +565,23 @@ class Simulation:
         held, computing = self._slots()
         a = self._arrays
         if self._shares_dirty:
-            if self._overloaded:  # some GPU is time-sliced
-                count = self._load.__getitem__
-                for job in self._holders.values():
+            # A job's share is 1 / the most jobs on any of its GPUs; only jobs
+            # on GPUs whose load changed need it again (_count, _uncount).
+            count = self._load.__getitem__
+            jobs = self.jobs
+            for i in self._stale:
+                job = jobs[i]
+                if job.holding:
                     job.share = 1.0 / max(map(count, job.placement))
-                self._sliced = True
-            elif self._sliced:
-                a.share[held] = 1.0
-                self._sliced = False
-            # else every share is 1.0 already: _assign resets a new holder's
+            self._stale.clear()
             self._held_gpus = len(self._load)
             self._shares_dirty = False
             self._power_dirty = True
         share = a.share[computing]
         if self._power_dirty:
-            self._active_w = reduce(operator.add, (share * a.power[computing]).tolist(), 0.0)
-            self._busy_gpus = reduce(operator.add, (share * a.n[computing]).tolist(), 0.0)
+            # cumsum adds left to right (unlike sum's pairwise), as a loop would
+            self._active_w = _running_total(share * a.power[computing])
+            self._busy_gpus = _running_total(share * a.n[computing])
             self._power_dirty = False
         end = a.phase_end[computing]
         remaining = a.iterations[computing] - a.done[computing]
@@ -585,31 +614,16 @@ class Simulation:
     # ------------------------------------------------------------------- output
 
     def _view(self, job: SimJob) -> Job:
-        """The policy's frozen view of a job, rebuilt only when it changed.
+        """The policy's frozen view of a job, built afresh.
 
         ``elapsed_s`` is the time the job has held GPUs (its age is
         ``now_s - arrival_s``); ``attained_gpu_s`` is GPU-seconds held, which
-        Tiresias's LAS ranks on. A job holding GPUs makes progress between
-        snapshots, so its view usually differs only in those three numbers:
-        that case copies the previous view and sets them (``_with_progress``),
-        which costs a fraction of building a ``Job``.
+        Tiresias's LAS ranks on. ``snapshot`` reuses or copies views where
+        only progress changed.
         """
         knowledge = job.knowledge
         assert knowledge is not None
-        view = job.view
         model = knowledge.model
-        if view is not None and job.view_model is model:
-            if not job.holding:
-                return view
-            if (
-                view.placement is job.placement
-                and view.frequency_mhz == job.f
-                and view.pinned is (job.phase is not Phase.RUN)
-            ):
-                job.view = _with_progress(
-                    view, max(job.remaining, 1e-9), job.run_s, job.attained_gpu_s
-                )
-                return job.view
         tj = job.trace
         job.view = Job(
             id=tj.job_id,
@@ -678,6 +692,12 @@ class Simulation:
 
 
 _new_object = object.__new__
+
+
+def _running_total(terms: np.ndarray) -> float:
+    """``0.0 + terms[0] + terms[1] + ...`` in that order: ``np.cumsum`` adds
+    sequentially (``np.sum`` adds pairwise, which rounds differently)."""
+    return float(np.cumsum(terms)[-1]) if len(terms) else 0.0
 
 
 def _with_progress(view: Job, remaining: float, elapsed_s: float, attained_gpu_s: float) -> Job:
