@@ -117,6 +117,7 @@ class Pool:
         self.size = {node.name: node.gpus for node in nodes}
         self.free: dict[str, list[int]] = {node.name: list(range(node.gpus)) for node in nodes}
         self._count = sum(self.size.values())
+        self.biggest = max(self.size.values(), default=0)
 
     def copy(self) -> Pool:
         other = Pool.__new__(Pool)
@@ -125,6 +126,7 @@ class Pool:
         other.size = self.size
         other.free = {name: list(idx) for name, idx in self.free.items()}
         other._count = self._count
+        other.biggest = self.biggest
         return other
 
     @property
@@ -135,10 +137,12 @@ class Pool:
         return all(node in self.free and i in self.free[node] for node, i in slots)
 
     def take(self, slots: Iterable[GpuSlot]) -> None:
+        free = self.free
         for node, i in slots:
-            if node not in self.free or i not in self.free[node]:
+            idx = free.get(node)
+            if idx is None or i not in idx:
                 raise SnapshotError(f"GPU {node}/{i} is used twice or does not exist")
-            self.free[node].remove(i)
+            idx.remove(i)
             self._count -= 1
 
     def release(self, slots: Iterable[GpuSlot]) -> None:
@@ -207,8 +211,7 @@ class Pool:
 
     def min_nodes(self, n: int) -> int:
         """Fewest nodes a job of ``n`` GPUs can span in this cluster."""
-        biggest = max(self.size.values())
-        return math.ceil(n / biggest)
+        return math.ceil(n / self.biggest)
 
 
 class ModelMemo:

@@ -96,7 +96,7 @@ class _Round:
         self.by_id = {job.id: job for job in self.jobs}
         self.moves: dict[str, tuple[GpuSlot, ...]] = {}
         # Step 3's GPU sets open to sharing, by job size: set -> newest sharer's arrival.
-        self.sharable: dict[int, dict[tuple[GpuSlot, ...], float]] = {}
+        self.sharable: dict[int, dict[tuple[GpuSlot, ...], float]] | None = None
         for job in self.jobs:
             if job.placement:
                 self._hold(job)
@@ -263,18 +263,17 @@ class _Round:
     def _partner(self, job: Job) -> tuple[GpuSlot, ...] | None:
         """Same-size GPU set with room for one more time-slice, newest job first.
 
-        The sets open to a size are collected at its first ask in step 3 and
-        kept up to date by ``_share``: in step 3 nothing but sharing changes
-        the sets, so this is the scan over every set, without the scan.
+        The sets open to sharing are collected, by size, at the first ask in
+        step 3 and kept up to date by ``_share``: in step 3 nothing but sharing
+        changes the sets, so this is the scan over every set, without the scan.
         """
-        n = job.requested_gpus
-        open_sets = self.sharable.get(n)
-        if open_sets is None:
-            open_sets = self.sharable[n] = {}
+        if self.sharable is None:  # first ask: one pass over the sets, all sizes
+            self.sharable = {}
             for key, ids in self.users.items():
-                newest = self._newest_sharer(key, ids, n)
+                newest = self._newest_sharer(key, ids, len(key))
                 if newest is not None:
-                    open_sets[key] = newest
+                    self.sharable.setdefault(len(key), {})[key] = newest
+        open_sets = self.sharable.get(job.requested_gpus)
         if not open_sets:
             return None
         return min(open_sets, key=lambda key: (-open_sets[key], key))
@@ -282,6 +281,7 @@ class _Round:
     def _share(self, job: Job, key: tuple[GpuSlot, ...]) -> None:
         """Time-slice ``job`` on ``key`` and update the sets open to its size."""
         self._start(job, key)
+        assert self.sharable is not None  # ``_partner`` found ``key``
         open_sets = self.sharable[job.requested_gpus]
         newest = self._newest_sharer(key, self.users[key], job.requested_gpus)
         if newest is None:
