@@ -132,11 +132,17 @@ class Simulation:
         anything else changed rebuilds the view (``_view``).
         """
         a = self._arrays
-        left = a.iterations - a.done
+        held, _ = self._slots()
+        left = a.iterations[held] - a.done[held]
         # max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
         remaining = np.where((left > 1e-9) | np.isnan(left), left, 1e-9).tolist()
-        held_s = a.run_s.tolist()
-        gpu_s = a.attained.tolist()
+        progress = dict(
+            zip(
+                held.tolist(),
+                zip(remaining, a.run_s[held].tolist(), a.attained[held].tolist(), strict=True),
+                strict=True,
+            )
+        )
         views: list[Job] = []
         add = views.append
         rebuild = self._view
@@ -155,8 +161,7 @@ class Simulation:
                     and view.frequency_mhz == job.f
                     and view.pinned is (job.phase is not run)
                 ):
-                    i = job.index
-                    view = job.view = _with_progress(view, remaining[i], held_s[i], gpu_s[i])
+                    view = job.view = _with_progress(view, *progress[job.index])
                 else:
                     view = rebuild(job)
             add(view)
