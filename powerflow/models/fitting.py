@@ -46,6 +46,7 @@ models``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -259,14 +260,14 @@ def _levenberg_marquardt(
     mu = 1e-3 * max(float(np.max(np.diag(a))), 1e-12)
     nu = 2.0
     nfev = 1
-    while nfev < max_nfev and np.isfinite(mu):
+    while nfev < max_nfev and math.isfinite(mu):
         # LAPACK's Cholesky solve directly: numpy's solve costs 3x as much
         # in wrapper overhead on a 15 x 15 system.
         _, h, info = dposv(a + mu * eye, -g)
         if info != 0:  # not positive definite at this damping: damp more
             mu, nu = mu * nu, nu * 2.0
             continue
-        if float(np.linalg.norm(h)) <= tol * (tol + float(np.linalg.norm(u))):
+        if math.sqrt(float(h @ h)) <= tol * (tol + math.sqrt(float(u @ u))):
             break
         u_new = u + h
         r_new, jac_new = fun(u_new)
