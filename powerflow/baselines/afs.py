@@ -55,12 +55,11 @@ from powerflow.baselines.common import (
     evaluate,
     finish,
     fixed_clock,
+    job_plans,
     local_batch,
-    running,
-    waiting,
 )
 from powerflow.policy.placement import PlacementRequest, place
-from powerflow.policy.snapshot import Job, JobPlan, Plan, Snapshot
+from powerflow.policy.snapshot import Job, Plan, Snapshot
 
 
 @dataclass(frozen=True)
@@ -306,10 +305,6 @@ class AfsPolicy:
                     asked[job.id] = (n, job.placement, request)
                     requests.append(request)
         result = place(snapshot.nodes, requests)
-        plans: list[JobPlan] = [
-            running(job, tuple(result.assignments[job.id]), clock, self.memo)
-            if result.assignments.get(job.id)
-            else waiting(job, clock, self.memo)
-            for job in snapshot.jobs
-        ]
+        where = {job_id: tuple(got) for job_id, got in result.assignments.items() if got}
+        plans = job_plans(snapshot.jobs, where, clock, self.memo)
         return finish(snapshot, spec, plans, self.memo, result.migrations)

@@ -409,35 +409,46 @@ def finish(
     )
 
 
-def waiting(job: Job, clock: int, memo: ModelMemo | None = None) -> JobPlan:
-    """The plan of a job that gets no GPU this round.
+def waiting(job: Job, clock: int) -> JobPlan:
+    """The plan of a job that gets no GPU this round."""
+    return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
 
-    With a memo, the plan object of the job's last round is reused when it
-    would be equal (plans are frozen): most jobs' plans do not change between
-    events, and building one costs more than comparing its inputs.
+
+def running(job: Job, placement: tuple[GpuSlot, ...], clock: int) -> JobPlan:
+    n = len(placement)
+    return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)
+
+
+def job_plans(
+    jobs: Iterable[Job],
+    where: Mapping[str, tuple[GpuSlot, ...]],
+    clock: int,
+    memo: ModelMemo,
+) -> list[JobPlan]:
+    """``running`` for the jobs in ``where``, ``waiting`` for the others, in order.
+
+    The plan object of a job's last round is reused when it would be equal
+    (plans are frozen): most jobs' plans do not change between events, and
+    building one costs more than comparing its inputs.
     """
-    if memo is None:
-        return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
-    known = memo.last(("waiting", clock))
-    hit = known.get(job.id)
-    if hit is not None and hit[0] == job.global_batch_size and hit[1] == job.requested_gpus:
-        return hit[2]  # type: ignore[no-any-return]
-    plan = waiting(job, clock)
-    known[job.id] = (job.global_batch_size, job.requested_gpus, plan)
-    return plan
-
-
-def running(
-    job: Job, placement: tuple[GpuSlot, ...], clock: int, memo: ModelMemo | None = None
-) -> JobPlan:
-    """The plan of a job on ``placement`` (reused from the memo as in ``waiting``)."""
-    if memo is None:
-        n = len(placement)
-        return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)
-    known = memo.last(("running", clock))
-    hit = known.get(job.id)
-    if hit is not None and hit[0] == job.global_batch_size and hit[1] == placement:
-        return hit[2]  # type: ignore[no-any-return]
-    plan = running(job, placement, clock)
-    known[job.id] = (job.global_batch_size, placement, plan)
-    return plan
+    waits = memo.last(("waiting", clock))
+    runs = memo.last(("running", clock))
+    out: list[JobPlan] = []
+    for job in jobs:
+        placement = where.get(job.id)
+        if placement is None:
+            hit = waits.get(job.id)
+            if hit is not None and hit[0] == job.global_batch_size and hit[1] == job.requested_gpus:
+                out.append(hit[2])
+                continue
+            plan = waiting(job, clock)
+            waits[job.id] = (job.global_batch_size, job.requested_gpus, plan)
+        else:
+            hit = runs.get(job.id)
+            if hit is not None and hit[0] == job.global_batch_size and hit[1] == placement:
+                out.append(hit[2])
+                continue
+            plan = running(job, placement, clock)
+            runs[job.id] = (job.global_batch_size, placement, plan)
+        out.append(plan)
+    return out

@@ -56,13 +56,12 @@ from powerflow.baselines.common import (
     cluster_gpu,
     finish,
     fixed_clock,
+    job_plans,
     node_count,
-    running,
-    waiting,
 )
 from powerflow.errors import SnapshotError
 from powerflow.gpus import GpuSpec
-from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Migration, Plan, Snapshot
+from powerflow.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 
 
 @dataclass(frozen=True)
@@ -158,13 +157,9 @@ class _Round:
             partner = self._partner(job)
             if partner is not None:
                 self._share(job, partner)
-        plans: list[JobPlan] = []
         migrations: list[Migration] = []
+        plans = job_plans(self.jobs, self.where, clock, memo)
         for job in self.jobs:
-            if job.id in self.where:
-                plans.append(running(job, self.where[job.id], clock, memo))
-            else:
-                plans.append(waiting(job, clock, memo))
             if job.id in self.moves:
                 migrations.append(Migration(job.id, job.placement, self.moves[job.id]))
         return finish(self.snapshot, spec, plans, memo, migrations)

@@ -58,11 +58,10 @@ from powerflow.baselines.common import (
     cluster_gpu,
     finish,
     fixed_clock,
-    running,
-    waiting,
+    job_plans,
 )
 from powerflow.errors import SnapshotError
-from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Plan, Snapshot
+from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,8 @@ class TiresiasPolicy:
         def key(j: Job) -> tuple[bool, int, float, str]:
             q = bisect_right(thresholds, j.attained_gpu_s)
             if q and knob is not None:
-                executed = j.attained_gpu_s / max(j.requested_gpus, 1)
+                n = j.requested_gpus
+                executed = j.attained_gpu_s / (n if n > 1 else 1)  # max(n, 1)
                 waited = now - j.arrival_s - executed
                 if waited >= (knob / 2 if j.placement else knob) * executed:
                     q = 0
@@ -138,10 +138,5 @@ class TiresiasPolicy:
             if target is None:  # pragma: no cover - counts were checked above
                 raise SnapshotError(f"no GPUs left for job {job.id}")
             where[job.id] = target
-        plans: list[JobPlan] = [
-            running(job, where[job.id], clock, self.memo)
-            if job.id in where
-            else waiting(job, clock, self.memo)
-            for job in snapshot.jobs
-        ]
+        plans = job_plans(snapshot.jobs, where, clock, self.memo)
         return finish(snapshot, spec, plans, self.memo)
