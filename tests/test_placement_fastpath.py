@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_placement import scenarios
 
+from powerflow.errors import PlacementError
 from powerflow.gpus import A100
 from powerflow.policy import placement
 from powerflow.policy.buddy import geometry
@@ -77,3 +78,25 @@ def test_place_with_the_shortcut_equals_place_without_it(
         slow, slow_again = place(nodes, requests), place(nodes, again)
     assert fast == slow
     assert place(nodes, again) == slow_again
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=scenarios())
+def test_place_columns_equals_place(case: tuple[list[Node], list[PlacementRequest]]) -> None:
+    nodes, requests = case
+    columns = (
+        [r.job_id for r in requests],
+        [r.gpus for r in requests],
+        [r.current for r in requests],
+        [r.movable for r in requests],
+    )
+    assert placement.place_columns(nodes, *columns) == place(nodes, requests)
+
+
+def test_place_columns_checks_counts_like_a_request() -> None:
+    nodes = [Node("a", 8, A100)]
+    with pytest.raises(PlacementError, match="power of two") as columns:
+        placement.place_columns(nodes, ["x"], [3], [()], [True])
+    with pytest.raises(PlacementError) as request:
+        PlacementRequest("x", 3)
+    assert str(columns.value) == str(request.value)

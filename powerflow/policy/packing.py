@@ -68,12 +68,20 @@ class Cluster:
         return other
 
     def is_free(self, b: Block) -> bool:
+        node, offset, size = b
         n = self.geo.per_node
-        if b.size <= n:
-            return self.occ[b.node].find(1, b.offset, b.offset + b.size) == -1
-        return self.busy.find(1, b.node, b.node + b.size // n) == -1
+        if size <= n:
+            return self.occ[node].find(1, offset, offset + size) == -1
+        return self.busy.find(1, node, node + size // n) == -1
 
     def occupy(self, b: Block) -> None:
+        node, offset, size = b
+        if size <= self.geo.per_node:
+            # The common case inline (one node): same effect as ``_mark(b, 1)``.
+            self.occ[node][offset : offset + size] = _ONES[:size]
+            self.fill[node] += size
+            self.busy[node] = 1
+            return
         self._mark(b, 1)
 
     def release(self, b: Block) -> None:
@@ -182,21 +190,32 @@ def _keep(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
     """Every preferred block that is free, in ``sort_key`` order (bigger jobs win).
 
     When no two preferred blocks overlap (the usual replan) the order decides
-    nothing, so the blocks are first taken in input order without sorting;
-    only a collision falls back to the sorted pass.
+    nothing, so the blocks are first taken in input order, on one flat
+    occupancy map and the fill counts (all the metrics need), without sorting
+    or copying the cluster; only a collision falls back to the sorted pass.
     """
-    state = cluster.copy()
+    n = cluster.geo.per_node
+    flat = bytearray().join(cluster.occ)
+    fill = list(cluster.fill)
     kept: dict[str, Block] = {}
-    is_free, occupy = state.is_free, state.occupy
     for it in items:
         pref = it.pref
         if pref is None:
             continue
-        if not is_free(pref):
+        size = pref.size
+        lo = pref.node * n + (pref.offset if size <= n else 0)
+        hi = lo + size
+        if flat.find(1, lo, hi) != -1:
             return _keep_sorted(cluster, items)
-        occupy(pref)
+        flat[lo:hi] = _ONES[:size] if size <= len(_ONES) else b"\x01" * size
+        if size <= n:
+            fill[pref.node] += size
+        else:
+            fill[pref.node : pref.node + size // n] = [n] * (size // n)
         kept[it.job_id] = pref
-    return kept, _metrics(state, items, kept)
+    partial = sum(1 for f in fill if 0 < f < n)
+    used = sum(1 for f in fill if f)
+    return kept, (len(items) - len(kept), used, partial)
 
 
 def _keep_sorted(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:

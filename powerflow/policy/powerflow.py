@@ -56,6 +56,7 @@ ablation isolates the energy term of the priority rather than the budget.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,7 +68,7 @@ from powerflow.policy.allocation import PowerModel, allocate
 from powerflow.policy.budget import estimate_p_max_w, resolve_limit_watts
 from powerflow.policy.curves import Curves, curves_of
 from powerflow.policy.frequency import raise_clocks
-from powerflow.policy.placement import PlacementRequest, place
+from powerflow.policy.placement import place_columns
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.policy.tablecache import TableCache
 from powerflow.policy.tables import IntArray, build_tables
@@ -202,43 +203,38 @@ class _Decision:
         jobs = self.snapshot.jobs
         tables = self.curves.tables
         counts = tables.counts[row_idx].tolist()
-        requests = [
-            PlacementRequest(
-                job_id=jobs[i].id,
-                gpus=n,
-                current=jobs[i].placement,
-                movable=not jobs[i].pinned,
-            )
-            for i, n in zip(running, counts, strict=True)
-        ]
-        result = place(self.snapshot.nodes, requests)
+        ids = [jobs[i].id for i in running]
+        result = place_columns(
+            self.snapshot.nodes,
+            ids,
+            counts,
+            [jobs[i].placement for i in running],
+            [not jobs[i].pinned for i in running],
+        )
         assignments = result.assignments
-        # Positions in ``running`` of the placed jobs, and their GPUs (sorted, as
-        # ``place`` returns them).
+        gpn = self.cluster.gpus_per_node
+        row_gpn = tables.gpus_per_node[row_idx].tolist()
+        # Positions in ``running`` of the placed jobs and their GPUs (sorted, as
+        # ``place`` returns them); ``other``: the power row of a job that got
+        # other GPUs per node than its table row assumed (placement packs, so
+        # this is rare: only when a pinned job's GPUs are not packed).
         placed: dict[int, tuple[GpuSlot, ...]] = {}
         where: list[int] = []
-        for k, (i, n) in enumerate(zip(running, counts, strict=True)):
-            slots = assignments.get(jobs[i].id, ())
+        other: dict[int, list[float]] = {}
+        for k, (job_id, i, n) in enumerate(zip(ids, running, counts, strict=True)):
+            slots = assignments.get(job_id, ())
             if not slots:
                 continue
             if len(slots) != n:
                 raise PlacementError(f"job {jobs[i].id!r}: placement returned {len(slots)} GPUs")
             placed[i] = slots
             where.append(k)
-        gpn = self.cluster.gpus_per_node
-        row_gpn = tables.gpus_per_node[row_idx].tolist()
-        # Each placed job's power at its clock (``value``), and the row it is
-        # read from when the job got other GPUs per node than its table row.
-        other: dict[int, list[float]] = {}
-        for k in where:
-            slots = placed[running[k]]
-            if len(slots) <= gpn and slots[0][0] == slots[-1][0]:
-                r = len(slots)  # one node (slots are sorted)
+            if n <= gpn and slots[0][0] == slots[-1][0]:
+                r = n  # one node (slots are sorted)
             else:
-                nodes = [node for node, _ in slots]
-                r = max(nodes.count(n) for n in set(nodes))
+                r = max(Counter(node for node, _ in slots).values())
             if r != row_gpn[k]:
-                other[k] = self._power_row(running[k], rows[running[k]], len(slots), r)
+                other[k] = self._power_row(i, rows[i], n, r)
         where_idx = np.asarray(where, dtype=np.int64)
         cols = [columns[k] for k in where]
         values: list[float] = power.at(where_idx, np.asarray(cols, dtype=np.int64)).tolist()
@@ -269,13 +265,14 @@ class _Decision:
         batch = tables.local_batch[row_idx].tolist()
         column_of = dict(zip(running, columns, strict=True))
         batch_of = dict(zip(running, batch, strict=True))
+        waiting = self._waiting([i for i in range(len(jobs)) if i not in placed], notes)
         plans = []
         for i, job in enumerate(jobs):
             got = placed.get(i)
             if got is not None:
                 plans.append(JobPlan(job.id, len(got), clocks[column_of[i]], batch_of[i], got))
-                continue
-            plans.append(self._waiting(i, notes))
+            else:
+                plans.append(waiting[i])
         return Plan(
             jobs=tuple(plans),
             limit_watts=self.limit,
@@ -285,20 +282,31 @@ class _Decision:
             notes=tuple(notes),
         )
 
-    def _waiting(self, i: int, notes: list[str]) -> JobPlan:
-        """A waiting job's plan shows the clock and local batch of its first count."""
-        job = self.snapshot.jobs[i]
+    def _waiting(self, waiting: list[int], notes: list[str]) -> dict[int, JobPlan]:
+        """Waiting jobs' plans show the clock and local batch of their first count.
+
+        A job with no allowed count gets a note (in job order) and the top clock.
+        """
+        if not waiting:
+            return {}
+        jobs = self.snapshot.jobs
         tables = self.curves.tables
-        if tables.levels(i) == 0:
-            notes.append(f"{job.id}: no GPU count fits min/max GPUs, memory and batch; it waits")
-            return JobPlan(job.id, 0, self.clocks[-1], job.global_batch_size)
-        first = tables.rows(i).start
-        return JobPlan(
-            job.id,
-            0,
-            self.clocks[int(self.curves.efficient[first])],
-            int(tables.local_batch[first]),
-        )
+        idx = np.asarray(waiting, dtype=np.int64)
+        first = tables.start[idx]
+        levels = tables.sizes[idx].tolist()
+        column = self.curves.efficient[first].tolist()
+        local = tables.local_batch[first].tolist()
+        out = {}
+        for i, size, col, bs in zip(waiting, levels, column, local, strict=True):
+            job = jobs[i]
+            if size == 0:
+                notes.append(
+                    f"{job.id}: no GPU count fits min/max GPUs, memory and batch; it waits"
+                )
+                out[i] = JobPlan(job.id, 0, self.clocks[-1], job.global_batch_size)
+            else:
+                out[i] = JobPlan(job.id, 0, self.clocks[col], bs)
+        return out
 
     def _power_row(self, i: int, row: int, n: int, r: int) -> list[float]:
         """Power per clock of job ``i`` on ``n`` GPUs, ``r`` per node, at its row's local batch.

@@ -78,9 +78,8 @@ class Tables:
         owners = self.row_job[rows]
         pairs = list(zip(owners.tolist(), (rows - self.start[owners]).tolist(), strict=True))
         entries = self.job_rows
-        t = np.array([entries[j].step_time_s[k, first:] for j, k in pairs])
-        e = np.array([entries[j].energy_j[k, first:] for j, k in pairs])
-        return t, e
+        both = np.array([entries[j].both[k, :, first:] for j, k in pairs])
+        return both[:, 0], both[:, 1]
 
     @functools.cached_property
     def step_time_s(self) -> FloatArray:
@@ -211,6 +210,9 @@ class JobRows(CachedRows):
     exact), so that stacking the jobs is one ``concatenate``.
     """
 
+    both: FloatArray
+    """``step_time_s`` and ``energy_j`` as one (rows, 2, clocks) array (they are views of
+    it), so that gathering a row of each is one slice."""
     vectors: FloatArray
     size: int
     """Allowed counts (rows before the ``P_max`` row)."""
@@ -326,11 +328,13 @@ def _evaluate(
     out = []
     for j, (lo, size) in enumerate(zip(first_row, sizes.tolist(), strict=True)):
         rows = slice(lo, lo + size + 1)
+        both = np.stack([t[rows], e[rows]], axis=1)
         out.append(
             JobRows(
                 model=jobs[j].model,
-                step_time_s=t[rows].copy(),
-                energy_j=e[rows].copy(),
+                step_time_s=both[:, 0],
+                energy_j=both[:, 1],
+                both=both,
                 vectors=vectors[rows].copy(),
                 size=size,
                 requested_gpu_power_w=float(req_power[j]),
