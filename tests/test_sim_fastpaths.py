@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,7 +199,7 @@ def test_memo_answers_exactly_what_a_fresh_evaluation_does(model: str) -> None:
     for _ in range(40):
         k = int(rng.integers(1, 5))
         n = float(2 ** rng.integers(0, 7))
-        r = float(min(n, 2 ** rng.integers(0, 4)))
+        r = min(n, float(2 ** rng.integers(0, 4)))
         bs = float(rng.integers(1, 256))
         f = rng.choice(clocks, size=int(rng.integers(1, 30)))
         args = (np.full(k, n), np.full(k, r), np.full(k, bs), f[:k]) if k > 1 else (n, r, bs, f)
@@ -226,7 +227,7 @@ def test_memo_keys_on_values_whatever_their_type() -> None:
     """Equal numbers of different types share a memo entry; the answers are
     what a fresh evaluation of each spelling gives."""
     truth = _fresh(ground_truth("gpt2"))
-    spellings = [
+    spellings: list[tuple[Any, Any, Any, Any]] = [
         (4, 2, 16, 1410),
         (4.0, 2.0, 16.0, 1410.0),
         (np.int64(4), np.float64(2), 16, np.float32(1410)),

@@ -184,7 +184,8 @@ class SimJob:
 
     @property
     def remaining(self) -> float:
-        return max(self.iterations - self.done_iters, 0.0)
+        done: float = self.done_iters
+        return max(self.iterations - done, 0.0)
 
     def set_phase(self, phase: Phase) -> None:
         """Change phase; ``holding``/``computing`` are cached for the hot loops."""
