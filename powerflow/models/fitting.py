@@ -607,7 +607,7 @@ def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelPa
     if prior.gpu != gpu.name:
         raise ModelError(f"prior is for {prior.gpu}, samples are for {gpu.name}")
     s = samples
-    pred_t, _ = predict_flat(prior, gpu.f0_mhz, s.n, s.r, s.bs, s.f)
+    pred_t = throughput.step_time(prior.throughput, s.n, s.r, s.bs, s.f)
     k_t = _median(samples.step_time_s / pred_t)
     tp = prior.throughput
     x = tp.to_vector()
