@@ -104,7 +104,13 @@ Ties break on node order, GPU index and job id, never on hash order, so the
 same input gives the same output. Time is about ``O((jobs + GPUs) log)``,
 plus a scan of the aligned node groups for each multi-node job and a few
 retries of hole filling (``benchmarks/placement_bench.py``: tens of ms at
-4,096 GPUs / 2,048 jobs); memory is ``O(jobs + GPUs)``.
+4,096 GPUs / 2,048 jobs); memory is ``O(jobs + GPUs)``. A job that hands
+back exactly the block it holds (the common replan) is recognised by one dict
+lookup among the cluster's aligned blocks (built once per node list and GPU
+count, ``buddy.Geometry.node_blocks`` and ``node_groups``), and when no two
+jobs' preferred blocks collide, step 0 takes them without sorting.
+``place_columns`` is ``place`` with the requests as parallel columns (the
+policy's form, which skips building a request object per job).
 """
 
 from __future__ import annotations

@@ -3,9 +3,14 @@
 The policy's heap loops only read these tables, so one decision costs one call
 of ``step_time_s`` and one of ``energy_per_iter_j`` per distinct model object
 (jobs sharing a model are evaluated together), however many steps the greedy
-takes. Rows of all jobs are stacked in one array (job ``j`` owns a contiguous
-run of rows, smallest count first), so memory is ``jobs x log2(G) x clocks``
-floats for the two tables and the bookkeeping is vectorised.
+takes. Each job's rows are built once per distinct ``JobKey`` (its model
+object and the fields that choose its GPU counts) and, with the policy's
+``TableCache``, kept across calls; a call stacks the per-row vectors (count,
+GPUs per node, local batch, the efficient clock and the step time and energy
+there) of all jobs (job ``j`` owns a contiguous run of rows, smallest count
+first) and gathers full rows over the clocks only for the rows it asks for
+(``Tables.values``: the running jobs). Memory is ``jobs x log2(G) x clocks``
+floats for the two tables, held per job.
 
 Local batch and divisibility: a job on ``n`` GPUs runs ``ceil(global / n)``
 samples per GPU. When ``n`` does not divide the global batch the effective
@@ -325,10 +330,11 @@ def _evaluate(
     )
     t_eff, e_eff = t[idx, efficient], e[idx, efficient]
     vectors = np.stack([counts, r, bs, efficient, t_eff, e_eff], axis=1).astype(np.float64)
+    both_all = np.stack([t, e], axis=1)
     out = []
     for j, (lo, size) in enumerate(zip(first_row, sizes.tolist(), strict=True)):
         rows = slice(lo, lo + size + 1)
-        both = np.stack([t[rows], e[rows]], axis=1)
+        both = both_all[rows].copy()
         out.append(
             JobRows(
                 model=jobs[j].model,
