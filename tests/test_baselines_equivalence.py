@@ -1,8 +1,9 @@
 """The optimised baselines plan exactly as the reference copy in ``baselines_ref`` did.
 
 The speed work replaced algorithms (Gandiva's search for a sharing partner,
-the pool's free count) and added per-job memos (power figures, ladders, Zeus
-clocks, job plans) that must never serve a stale entry. So each test drives a
+the pool's free count, AFS-L's resumed tournaments) and added per-job memos
+(power figures, ladders, Zeus clocks, job plans) that must never serve a
+stale entry. So each test drives a
 reference policy and its optimised twin through the same seeded sequence of
 snapshots, shaped like the simulator's: jobs arrive, run where the last plan
 put them, get pinned, finish, and now and then change what the memos key on
@@ -17,10 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import baselines_ref as ref
+import baselines_ref.afs as ref_afs
 import numpy as np
 import pytest
 
 import powerflow.baselines as new
+import powerflow.baselines.afs as new_afs
 from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
 from powerflow.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
@@ -159,3 +162,27 @@ def test_gandiva_time_slices_in_the_sequences() -> None:
         shared_sets += len(placements) - len(set(placements))
         snap = advance(rng, snap, got, shared)
     assert shared_sets > 0
+
+
+def random_ladders(rng: random.Random, count: int) -> list[ref_afs.Ladder]:
+    """Ladders with the shapes afs_l meets: power-of-two counts, many exact ties."""
+    out = []
+    for _ in range(count):
+        lo = rng.choice((1, 1, 2, 4))
+        counts = tuple(lo << k for k in range(rng.randint(0, 5)))
+        base = rng.choice((100.0, 250.0, 1000.0, rng.uniform(10.0, 5000.0)))
+        times, t = [], base
+        for _ in counts:
+            times.append(t)
+            t *= rng.choice((0.5, 0.6, 0.75, 0.9))
+        out.append(ref_afs.Ladder(counts, tuple(times)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_afs_l_resumed_tournaments_match_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    ladders = random_ladders(rng, rng.randint(1, 120))
+    same = [new_afs.Ladder(lad.counts, lad.remaining_s) for lad in ladders]
+    for free in (rng.randint(0, 16), rng.randint(16, 64), rng.randint(64, 512)):
+        assert new_afs.afs_l(same, free) == ref_afs.afs_l(ladders, free)

@@ -42,6 +42,7 @@ Simplifications, and why:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -101,6 +102,11 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
     keeps its incumbent on ties). The bounds used to check this are allowed
     to be stale in the safe direction and are recomputed before falling back
     to the full tournament.
+
+    Resumed tournaments (exact too): the incumbent after each challenger
+    depends only on the jobs up to it, and a round changes only its winner
+    (and the filter only drops jobs), so a tournament resumes from the last
+    one's incumbent just before the first job changed or dropped since.
     """
     inf = math.inf
     count = len(ladders)
@@ -116,6 +122,9 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
     zero_min = min((gain_new[i] for i in zero), default=inf)  # <= the true minimum
     held_max = -inf  # >= the true maximum
     max_cost = max((cost[i] for i in live), default=0.0)  # >= every live cost
+    trail: list[tuple[int, int]] = []  # the last tournament's changes of incumbent
+    valid = 0  # no job in live[:valid] changed since: the trail holds up to there
+    pos = {job: k for k, job in enumerate(live)}
     while live:
         best = -1
         if zero:
@@ -125,7 +134,9 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
             if held_max <= zero_min:
                 best = zero[0]
         if best < 0:
-            best = _tournament(live, now, first, gain_old, gain_new)
+            best = _tournament(live, now, first, gain_old, gain_new, trail, valid)
+            valid = len(live)
+        valid = min(valid, pos[best])
         if level[best] < 0:
             zero.remove(best)
             held.append(best)
@@ -146,7 +157,12 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
             cost[best] = inf
         max_cost = max(max_cost, cost[best])
         if free_gpus < max_cost:
-            live = [i for i in live if cost[i] <= free_gpus]
+            kept = [i for i in live if cost[i] <= free_gpus]
+            if len(kept) < len(live):
+                dropped = next(k for k, i in enumerate(live) if cost[i] > free_gpus)
+                valid = min(valid, dropped)
+                pos = {job: k for k, job in enumerate(kept)}
+            live = kept
             zero = [i for i in zero if cost[i] <= free_gpus]
             held = [i for i in held if cost[i] <= free_gpus]
             max_cost = max((cost[i] for i in live), default=0.0)
@@ -159,6 +175,8 @@ def _tournament(
     first: list[float],
     gain_old: list[float],
     gain_new: list[float],
+    trail: list[tuple[int, int]] | None = None,
+    start: int = 0,
 ) -> int:
     """``TopPriority``: the incumbent against each challenger, in FIFO order.
 
@@ -166,11 +184,28 @@ def _tournament(
     its current speed beats the other's gain over its new speed; two jobs
     without GPUs go by their first-step remaining times. The incumbent's
     values are held in locals: this loop is the policy's hot spot.
+
+    With ``trail``, every change of incumbent is recorded there as
+    ``(position in live, job)``, and the fold resumes after ``live[start - 1]``
+    from the incumbent it had there (``start`` 0: from the beginning).
     """
     inf = math.inf
-    best = live[0]
+    if trail is None:
+        trail = []
+        start = 0
+    if start <= 0:
+        best = live[0]
+        trail.clear()
+        trail.append((0, best))
+        start = 1
+    else:
+        # The last change at or before start - 1 (positions are increasing).
+        cut = bisect.bisect_right(trail, (start - 1, math.inf))
+        del trail[cut:]
+        best = trail[-1][1]
     b_now, b_old, b_new, b_first = now[best], gain_old[best], gain_new[best], first[best]
-    for i in live[1:]:
+    for k in range(start, len(live)):
+        i = live[k]
         i_now = now[i]
         if i_now < b_now:  # the challenger is the shorter job
             take = gain_old[i] > b_new
@@ -181,6 +216,7 @@ def _tournament(
         if take:
             best = i
             b_now, b_old, b_new, b_first = i_now, gain_old[i], gain_new[i], first[i]
+            trail.append((k, i))
     return best
 
 
