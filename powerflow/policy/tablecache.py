@@ -58,6 +58,9 @@ class TableCache:
     _new: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
     _old: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
     _tags: dict[Hashable, int] = field(default_factory=dict, repr=False)
+    last: tuple[object, ...] | None = field(default=None, repr=False)
+    """The previous call's stacked result and what it was stacked from (``tables.py``):
+    an event that changed no job's rows reuses it. One reference, replaced whole."""
 
     def get(self, key: CacheKey, model: object) -> CachedRows | None:
         hit = self._new.get(key)
@@ -86,3 +89,4 @@ class TableCache:
 
     def clear(self) -> None:
         self._new, self._old = {}, {}
+        self.last = None
