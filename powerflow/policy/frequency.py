@@ -145,7 +145,7 @@ def _sorted_order(
     r_idx = np.arange(rows)[:, None]
     c = cls[r_idx, pos]
     v = value[r_idx, pos]
-    valid = np.cumprod(c < 3, axis=1).astype(bool)
+    valid = np.logical_and.accumulate(c < 3, axis=1)
     later = valid[:, 1:]
     worse = (c[:, 1:] > c[:, :-1]) | ((c[:, 1:] == c[:, :-1]) & (v[:, 1:] >= v[:, :-1]))
     if np.any(later & ~worse):
@@ -157,8 +157,7 @@ def _sorted_order(
     row_k = by_rank[row_p]
     before = pos[row_k, k_k]
     v_k, c_k = v[row_k, k_k], c[row_k, k_k]
-    keys = np.argsort(v_k, kind="stable")
-    keys = keys[np.argsort(c_k[keys], kind="stable")]
+    keys = np.lexsort((v_k, c_k))  # by class, then value, then position (stable)
     row_s, before_s = row_k[keys], before[keys]
     after_s = nxt[before_s]
     dp_s = d_power[row_s, before_s]
