@@ -174,7 +174,11 @@ def _once(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
     small = sorted((it for it in items if it.size < n), key=sort_key)
     weight = [0] * state.geo.num_nodes
     for it in items:
-        _add_weight(state.geo, weight, it, +1)
+        pref = it.pref
+        if pref is not None and it.size <= n:
+            weight[pref.node] += it.size  # _add_weight's one-node case, inline
+        else:
+            _add_weight(state.geo, weight, it, +1)
     taken = _place_big(state, big, weight, placed)
     _place_small(state, small, taken, placed)
     metrics = _metrics(state, items, placed)

@@ -82,7 +82,8 @@ def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
             _check_job(job, cluster)
     held = [slot for job in snapshot.jobs for slot in job.placement]
     try:
-        fine = len(set(held)) == len(held) and _slots_of(cluster).issuperset(held)
+        distinct = set(held)
+        fine = len(distinct) == len(held) and distinct <= _slots_of(cluster)
     except TypeError:  # unhashable slots: the loop below decides
         fine = False
     if not fine:
