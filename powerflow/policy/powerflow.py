@@ -13,9 +13,9 @@ One decision, start to finish:
 4. Clock configuration (``frequency.py``): raise the clock of the job with the
    best marginal return, one hardware step (``frequency_step``) at a time,
    while the predicted power stays within the limit.
-5. Placement (``placement.place``): exact GPUs with network packing, buddy
-   blocks and stability; nodes to power down; migrations. A job placement
-   cannot fit waits.
+5. Placement (``placement.place_columns``: ``place`` on columns): exact GPUs
+   with network packing, buddy blocks and stability; nodes to power down;
+   migrations. A job placement cannot fit waits.
 6. The plan's ``predicted_watts`` is recomputed from the actual placement:
    the placed jobs' ``E_iter / T_iter`` at their clocks (on the GPUs per node
    they actually got) plus idle power for every unallocated GPU on a node that
