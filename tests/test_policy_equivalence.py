@@ -1,13 +1,20 @@
-"""The sped-up policy and placement plan exactly what the versions before the speed work did.
+"""The policy's caches and shortcuts never change a decision.
 
-``tests/support/policy_v1`` is a frozen copy of the policy and placement
-modules as they were before the tables were cached per job, placement
-recognised kept blocks by lookup and the plan stopped re-deriving rows. Every
-test here runs both on the same inputs and asserts equal output (plans,
-placements, or the same error), on seeded random snapshots and on sequences
-of related snapshots like the simulator's (jobs run where the last plan put
-them, progress, finish, arrive, get refitted models, get pinned, and
-sometimes hold GPUs that are not an aligned block).
+The speed work gave the policy memory across calls: model predictions cached
+per job key (``tablecache.py``), the previous call's stacked rows reused when
+an event changed no job's rows, and placement shortcuts that recognise kept
+blocks by lookup. None of that may change a plan. So one long-lived policy
+object (warm caches, memos, the reuse path) plans a seeded sequence of related
+snapshots like the simulator's (jobs run where the last plan put them,
+progress, finish, arrive, get refitted models, get pinned, sometimes hold GPUs
+that are not an aligned block, nodes power on and off), and every plan, or
+error, must equal that of a fresh policy object (cold path) on the same
+snapshot. Placement's column entry point (``place_columns``, what the policy
+uses) must answer exactly as ``place`` with request objects.
+
+The equivalence with the code before the speed work was checked against a
+frozen copy of it at the commits that added the caches (a081f11 and after);
+these tests keep the property that can regress without that copy.
 """
 
 from __future__ import annotations
@@ -21,15 +28,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import snapshots
-from support.policy_v1 import placement as old_placement
-from support.policy_v1.powerflow import PowerFlowPolicy as OldPolicy
 from test_placement import scenarios
 
 from powerflow.errors import PlacementError, SnapshotError
+from powerflow.gpus import A100
 from powerflow.models.fitted import FittedModel
 from powerflow.models.priors import shipped_priors
 from powerflow.policy import placement
-from powerflow.policy.placement import PlacementRequest
+from powerflow.policy.placement import PlacementRequest, PlacementResult
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.scenarios import synthetic_snapshot
 from powerflow.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Snapshot
@@ -44,15 +50,15 @@ VARIANTS: tuple[dict[str, Any], ...] = (
 )
 
 
-def both(new: PowerFlowPolicy, old: OldPolicy, snapshot: Snapshot) -> Plan | None:
-    """Plan with both; equal plans, or the same error (then None)."""
+def warm_and_cold(warm: PowerFlowPolicy, snapshot: Snapshot) -> Plan | None:
+    """Plan with the long-lived object and a fresh copy; equal plans, or the same error."""
     try:
-        expected = old.plan(snapshot)
+        expected = replace(warm).plan(snapshot)  # a new object: empty caches
     except (SnapshotError, PlacementError) as err:
         with pytest.raises(type(err), match=re.escape(str(err))):
-            new.plan(snapshot)
+            warm.plan(snapshot)
         return None
-    got = new.plan(snapshot)
+    got = warm.plan(snapshot)
     assert got == expected
     return got
 
@@ -114,6 +120,20 @@ def next_snapshot(
     return replace(snapshot, nodes=nodes, jobs=tuple(jobs), now_s=snapshot.now_s + 60.0)
 
 
+def unchanged_event(snapshot: Snapshot, plan: Plan) -> Snapshot:
+    """The next event with no job's rows changed: the policy's reuse-previous-stack path."""
+    jobs = tuple(replace(j, placement=plan.job(j.id).placement) for j in snapshot.jobs)
+    return replace(snapshot, jobs=jobs, now_s=snapshot.now_s + 1.0)
+
+
+def one_job_changed(snapshot: Snapshot, plan: Plan, rng: np.random.Generator) -> Snapshot:
+    """The same jobs in the same order, one with another batch size: its rows must change."""
+    jobs = [replace(j, placement=plan.job(j.id).placement) for j in snapshot.jobs]
+    k = int(rng.integers(len(jobs)))
+    jobs[k] = replace(jobs[k], global_batch_size=jobs[k].global_batch_size * 2)
+    return replace(snapshot, jobs=tuple(jobs), now_s=snapshot.now_s + 1.0)
+
+
 def start_snapshot(seed: int, kind: str) -> tuple[Snapshot, list[Any]]:
     gpus, count = (128, 48) if seed % 2 else (64, 30)
     eta = (0.3, 0.5, 0.7, 1.0)[seed % 4]
@@ -131,30 +151,37 @@ def start_snapshot(seed: int, kind: str) -> tuple[Snapshot, list[Any]]:
 @pytest.mark.parametrize("variant", range(len(VARIANTS)))
 @pytest.mark.parametrize("kind", ["shared", "per-job", "fitted"])
 @pytest.mark.parametrize("seed", range(4))
-def test_plans_equal_the_old_policy_over_simulated_sequences(
+def test_warm_plans_equal_cold_plans_over_simulated_sequences(
     seed: int, kind: str, variant: int
 ) -> None:
     rng = np.random.default_rng(1000 * seed + variant)
     snap, models = start_snapshot(seed, kind)
-    new, old = PowerFlowPolicy(**VARIANTS[variant]), OldPolicy(**VARIANTS[variant])
+    warm = PowerFlowPolicy(**VARIANTS[variant])
     planned = 0
     for step in range(8):
-        plan = both(new, old, snap)
+        plan = warm_and_cold(warm, snap)
         if plan is None:
             break
         planned += 1
+        if step % 3 == 1:
+            # Nothing changed but where jobs run: served from the previous stack.
+            again = warm_and_cold(warm, unchanged_event(snap, plan))
+            assert again is not None
+            # The same jobs in the same order, one job's rows changed: not reused.
+            warm_and_cold(warm, one_job_changed(snap, plan, rng))
         snap = next_snapshot(snap, plan, rng, models, step)
     assert planned >= 4
+    assert len(warm.cache) > 0  # the warm object did keep something
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(first=snapshots(), variant=st.sampled_from(range(len(VARIANTS))))
-def test_plans_equal_the_old_policy_on_random_snapshots(first: Snapshot, variant: int) -> None:
-    new, old = PowerFlowPolicy(**VARIANTS[variant]), OldPolicy(**VARIANTS[variant])
-    plan = both(new, old, first)
+def test_warm_plans_equal_cold_plans_on_random_snapshots(first: Snapshot, variant: int) -> None:
+    warm = PowerFlowPolicy(**VARIANTS[variant])
+    plan = warm_and_cold(warm, first)
     if plan is None:
         return
-    # Run the plan (some pinned) and plan again with both caches warm.
+    # Run the plan (some pinned) and plan again with the caches warm.
     jobs = tuple(
         replace(
             j,
@@ -163,11 +190,11 @@ def test_plans_equal_the_old_policy_on_random_snapshots(first: Snapshot, variant
         )
         for k, j in enumerate(first.jobs)
     )
-    both(new, old, replace(first, jobs=jobs, now_s=first.now_s + 30.0))
+    warm_and_cold(warm, replace(first, jobs=jobs, now_s=first.now_s + 30.0))
 
 
-def fields(result: Any) -> tuple[object, ...]:
-    """A placement result as plain data (the two versions' result classes differ)."""
+def fields(result: PlacementResult) -> tuple[object, ...]:
+    """A placement result as plain data, the assignments' order included."""
     return (
         list(result.assignments.items()),
         result.migrations,
@@ -176,21 +203,28 @@ def fields(result: Any) -> tuple[object, ...]:
     )
 
 
-def test_the_old_policy_is_the_frozen_copy_not_this_one() -> None:
-    """Guard against the reference silently importing the code under test."""
-    assert OldPolicy.__module__ == "support.policy_v1.powerflow"
-    assert old_placement.place is not placement.place
+def both_entries(nodes: list[Node], requests: list[PlacementRequest]) -> PlacementResult:
+    """``place`` and ``place_columns`` on the same requests: the same answer."""
+    result = placement.place(nodes, requests)
+    columns = placement.place_columns(
+        nodes,
+        [r.job_id for r in requests],
+        [r.gpus for r in requests],
+        [r.current for r in requests],
+        [r.movable for r in requests],
+    )
+    assert fields(columns) == fields(result)
+    return result
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(case=scenarios(), pin=st.sets(st.integers(0, 20), max_size=4))
-def test_placement_equals_the_old_placement(
+def test_place_columns_equals_place(
     case: tuple[list[Node], list[PlacementRequest]], pin: set[int]
 ) -> None:
     nodes, requests = case
-    result = placement.place(nodes, requests)
-    assert fields(result) == fields(old_placement.place(nodes, requests))
-    # Placing the answer again (the shortcut's case), with some jobs immovable.
+    result = both_entries(nodes, requests)
+    # Placing the answer again (the kept-block shortcut's case), some jobs immovable.
     again = [
         PlacementRequest(
             r.job_id,
@@ -200,23 +234,37 @@ def test_placement_equals_the_old_placement(
         )
         for k, r in enumerate(requests)
     ]
-    assert fields(placement.place(nodes, again)) == fields(old_placement.place(nodes, again))
-    # Current GPUs given as lists (not tuples) take the slot-by-slot path.
+    kept = both_entries(nodes, again)
+    # Current GPUs given as lists (not tuples) take the slot-by-slot path: same answer.
     listed = [
         PlacementRequest(r.job_id, r.gpus, list(r.current), r.movable)  # type: ignore[arg-type]
         for r in again
     ]
-    assert fields(placement.place(nodes, listed)) == fields(old_placement.place(nodes, listed))
+    assert fields(both_entries(nodes, listed)) == fields(kept)
 
 
-def test_a_replan_of_the_sim_workload_shape_equals_the_old_one() -> None:
+@pytest.mark.parametrize("gpus", [3, 0])
+def test_place_columns_refuses_what_a_request_refuses(gpus: int) -> None:
+    nodes = [Node("n0", 8, A100)]
+    with pytest.raises(PlacementError) as from_request:
+        placement.place(nodes, [PlacementRequest("a", gpus)])
+    with pytest.raises(PlacementError, match=re.escape(str(from_request.value))):
+        placement.place_columns(nodes, ["a"], [gpus], [()], [True])
+
+
+def test_a_replan_of_the_sim_workload_shape_warm_equals_cold() -> None:
     """512 GPUs and 160 jobs, as in the full-trace simulation, three events in a row."""
     rng = np.random.default_rng(7)
     snap = synthetic_snapshot(512, 160, seed=7, eta=0.6, distinct_models=None)
     snap = replace(snap, budget=Budget(eta=0.6))
     models = [j.model for j in snap.jobs[:8]]
-    new, old = PowerFlowPolicy(), OldPolicy()
+    warm = PowerFlowPolicy()
     for step in range(3):
-        plan = both(new, old, snap)
+        plan = warm_and_cold(warm, snap)
         assert plan is not None
+        stacked = warm.cache.last
+        assert warm_and_cold(warm, unchanged_event(snap, plan)) is not None
+        assert warm.cache.last is stacked  # the reuse path was taken
+        warm_and_cold(warm, one_job_changed(snap, plan, rng))
+        assert warm.cache.last is not stacked  # and a changed job's rows were not
         snap = next_snapshot(snap, plan, rng, models, step)
