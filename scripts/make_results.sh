@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate docs/results.md and its figures: the sensitivity study first (the
 # report embeds it), then the comparison. Pass --full to run the default
-# comparison (first 6 h of the ITP trace, 16 x 8 GPUs) instead of --quick.
+# comparison (the whole ITP trace, 64 x 8 GPUs) instead of --quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=--quick

@@ -155,3 +155,30 @@ def test_quick_comparison_writes_json_files_and_report(
     assert "stand-in for the paper's Alibaba PAI subset" in text
     assert "out/jct_vs_energy.png" in text
     assert "Only the jobs submitted in the first 2 h" in text  # --quick's window, said
+
+
+def test_comparison_defaults_to_the_whole_trace_on_the_default_cluster() -> None:
+    """Without --hours/--nodes the comparison replays every job on 64 x 8 GPUs;
+    --quick cuts the trace and the cluster; a single run keeps the default cluster."""
+    import argparse
+
+    from powerflow.commands import simulate
+    from powerflow.sim.experiments import QUICK_HOURS, QUICK_NODES, comparison_window
+
+    parser = argparse.ArgumentParser()
+    simulate.register(parser.add_subparsers())
+
+    def parsed(*argv: str) -> tuple[SimConfig, TraceSpec]:
+        args = parser.parse_args(["simulate", *argv])
+        return simulate.config_from(args), simulate.trace_from(args)
+
+    config, trace = parsed()
+    assert config.nodes == SimConfig().nodes == 64
+    assert comparison_window(trace).hours is None
+    config, trace = parsed("--quick")
+    assert config.nodes == QUICK_NODES
+    assert comparison_window(trace, quick=True).hours == QUICK_HOURS
+    config, _ = parsed("--quick", "--scheduler", "gandiva")
+    assert config.nodes == SimConfig().nodes
+    config, _ = parsed("--nodes", "16")
+    assert config.nodes == 16

@@ -99,8 +99,11 @@ def test_no_dominance_when_powerflow_is_dearer_or_slower() -> None:
 
 
 def test_comparison_defaults_to_its_window_unless_told() -> None:
-    assert comparison_window(TraceSpec()).hours == COMPARISON_HOURS
+    assert COMPARISON_HOURS is None  # the default comparison replays the whole trace
+    assert comparison_window(TraceSpec()).hours is None
     assert comparison_window(TraceSpec(), quick=True).hours == QUICK_HOURS
-    assert comparison_window(TraceSpec(hours=24.0)).hours == 24.0
+    assert comparison_window(TraceSpec(hours=24.0), quick=True).hours == 24.0
     specs = comparison(TraceSpec(), SimConfig())
-    assert {s.trace.hours for s in specs} == {COMPARISON_HOURS}
+    assert {s.trace.hours for s in specs} == {None}
+    quick = comparison(TraceSpec(), SimConfig(), quick=True)
+    assert {s.trace.hours for s in quick} == {QUICK_HOURS}

@@ -56,16 +56,15 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         "--hours",
         type=float,
         help=(
-            "only jobs submitted in the first H hours (one run: all; the comparison: "
-            f"{experiments.COMPARISON_HOURS:g}, {experiments.QUICK_HOURS:g} with --quick)"
+            "only jobs submitted in the first H hours (default: all; "
+            f"{experiments.QUICK_HOURS:g} with --quick)"
         ),
     )
     p.add_argument(
         "--nodes",
         type=int,
         help=(
-            f"nodes (default {d.nodes} for one run; {experiments.COMPARISON_NODES} for the "
-            f"comparison, {experiments.QUICK_NODES} with --quick)"
+            f"nodes (default {d.nodes}; {experiments.QUICK_NODES} for the comparison with --quick)"
         ),
     )
     p.add_argument(
@@ -79,12 +78,8 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace) -> SimConfig:
     nodes = args.nodes
     if nodes is None:
-        if getattr(args, "scheduler", None):
-            nodes = SimConfig().nodes
-        elif getattr(args, "quick", False):
-            nodes = experiments.QUICK_NODES
-        else:
-            nodes = experiments.COMPARISON_NODES
+        quick_comparison = getattr(args, "quick", False) and not getattr(args, "scheduler", None)
+        nodes = experiments.QUICK_NODES if quick_comparison else SimConfig().nodes
     return SimConfig(
         nodes=nodes,
         gpus_per_node=args.gpus_per_node,

@@ -20,19 +20,15 @@ QUICK_HOURS = 2.0
 QUICK_NODES = 8
 """``--quick``: the first two hours of the trace (108 jobs) on 8 x 8 GPUs, so
 that the smaller load still contends for the smaller cluster."""
-COMPARISON_HOURS = 6.0
-COMPARISON_NODES = 16
-"""The default comparison: the first six hours of the trace (760 jobs) on
-16 x 8 GPUs. The whole 24-hour trace on 64 x 8 took 6 min 18 s for the 17
-runs on two cores (docs/results-full.md), over the 5-minute budget;
-six hours of submissions (10,500 GPU-hours of work at the requested counts)
-keep 128 GPUs contended for the whole window, as the full trace does 512, and
-the 17 runs fit in the budget. ``--hours 24 --nodes 64`` runs the full trace."""
+COMPARISON_HOURS: float | None = None
+"""The default comparison replays the whole trace (all 1,901 jobs of the
+24-hour ITP window) on the default cluster (``SimConfig``: 64 x 8 A100): the
+17 runs take about 3 minutes on two cores (README, "Simulator")."""
 
 
 def comparison_window(trace: TraceSpec, *, quick: bool = False) -> TraceSpec:
-    """The trace cut to the comparison's default window unless ``--hours`` or a
-    synthetic trace says otherwise."""
+    """The trace cut to ``--quick``'s window unless ``--hours`` or a synthetic
+    trace says otherwise; the full comparison keeps the whole trace."""
     if trace.hours is not None or trace.synthetic is not None:
         return trace
     return replace(trace, hours=QUICK_HOURS if quick else COMPARISON_HOURS)
@@ -44,9 +40,10 @@ def comparison(
     """PowerFlow's eta sweep, every baseline's clock sweep, the Zeus points, and
     (for Fig. 10) PowerFlow again with ground-truth models.
 
-    Fewer points than ``powerflow.schedulers``' full sweeps: every run of the
-    full trace costs minutes (model fitting and policy calls, see
-    ``benchmarks/sim_bench.py``)."""
+    Fewer points than ``powerflow.schedulers``' full sweeps: a fitted
+    PowerFlow run of the full trace costs about 40 s of CPU (model fitting and
+    policy calls, see ``benchmarks/sim_bench.py``), and 17 runs keep the
+    comparison within five minutes on two cores."""
     trace = comparison_window(trace, quick=quick)
     specs: list[RunSpec] = []
     for spec in SCHEDULERS.values():

@@ -60,10 +60,8 @@ def _window_note(trace: TraceSpec, rows: Sequence[Mapping[str, Any]]) -> list[st
         return []  # the bundled ITP window is 24 h long: nothing was cut
     jobs = rows[0]["jobs"] if rows else "?"
     return [
-        f"**Only the jobs submitted in the first {trace.hours:g} h ({jobs} jobs) ran**, to keep"
-        " the comparison within its time budget (the whole trace took 6 min 18 s on two"
-        " cores, `powerflow simulate --hours 24 --nodes 64`); `docs/results-full.md`"
-        " holds the whole trace on 64 x 8 A100.",
+        f"**Only the jobs submitted in the first {trace.hours:g} h ({jobs} jobs) ran**;"
+        " `powerflow simulate` without `--hours` or `--quick` replays the whole trace.",
         "",
     ]
 
