@@ -148,6 +148,15 @@ def allocate(
     allocated = power.base_gpus
     free = power.free_gpus
     jobs_w = power.base_power_w
+    # ``PowerModel.nodes_on`` and ``total_w`` inlined (same arithmetic, same
+    # floats): this loop runs hundreds of steps per call on a busy cluster.
+    gpn, base_nodes, idle_w, limit_w = (
+        power.gpus_per_node,
+        power.base_nodes,
+        power.idle_w,
+        power.limit_w,
+    )
+    nodes = power.nodes_on(allocated)
     while heap:
         _, _, _, _, to, j = heapq.heappop(heap)
         frm = rows.get(j, -1)
@@ -156,10 +165,13 @@ def allocate(
             continue
         new_jobs_w = jobs_w + eff_power[to] - (eff_power[frm] if frm >= 0 else 0.0)
         new_allocated = allocated + cost
-        checked = strict or power.nodes_on(new_allocated) > power.nodes_on(allocated)
-        if checked and (power.total_w(new_jobs_w, new_allocated) > power.limit_w):
+        new_nodes = max(-(-new_allocated // gpn), base_nodes)
+        if (strict or new_nodes > nodes) and (
+            new_jobs_w + idle_w * (new_nodes * gpn - new_allocated) > limit_w
+        ):
             continue
         rows[j], allocated, free, jobs_w = to, new_allocated, free - cost, new_jobs_w
+        nodes = new_nodes
         nxt = to + 1
         if elastic and nxt < start[j] + sizes[j] and cls[nxt] < 3:
             heapq.heappush(heap, (cls[nxt], value[nxt], arrivals[j], ids[j], nxt, j))
