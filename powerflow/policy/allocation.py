@@ -157,7 +157,7 @@ def allocate(
         power.limit_w,
     )
     nodes = power.nodes_on(allocated)
-    while heap:
+    while heap and free > 0:  # every step costs at least one GPU
         _, _, _, _, to, j = heapq.heappop(heap)
         frm = rows.get(j, -1)
         cost = counts[to] - (counts[frm] if frm >= 0 else 0)
