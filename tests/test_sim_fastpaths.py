@@ -82,27 +82,9 @@ class ReferenceSimulation(Simulation):
         return [j for j in self._holders.values() if j.next_event_s <= due]
 
     def snapshot(self) -> Snapshot:
+        """Every view built afresh by the engine's own ``_view`` (never reused or copied)."""
         jobs = tuple(self._view(j) for j in self._active.values() if j.phase is not Phase.PRERUN)
         return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
-
-    def _view(self, job: SimJob) -> Job:
-        knowledge = job.knowledge
-        assert knowledge is not None
-        tj = job.trace
-        return Job(
-            id=tj.job_id,
-            model=knowledge.model,
-            remaining_iterations=max(job.remaining, 1e-9),
-            global_batch_size=tj.global_batch_size,
-            requested_gpus=tj.num_gpu,
-            arrival_s=tj.submit_s,
-            elapsed_s=job.run_s,
-            placement=job.placement,
-            frequency_mhz=job.f if job.holding else None,
-            attained_gpu_s=job.attained_gpu_s,
-            model_name=tj.model_name,
-            pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
-        )
 
 
 def _sim(engine: type[Simulation], name: str, value: float | None, jobs: int) -> Simulation:
