@@ -7,7 +7,6 @@ import pytest
 from powerflow.sim.compare import Curve, jct_ratios
 from powerflow.sim.config import SimConfig
 from powerflow.sim.experiments import (
-    COMPARISON_HOURS,
     QUICK_HOURS,
     comparison,
     comparison_window,
@@ -99,7 +98,6 @@ def test_no_dominance_when_powerflow_is_dearer_or_slower() -> None:
 
 
 def test_comparison_defaults_to_its_window_unless_told() -> None:
-    assert COMPARISON_HOURS is None  # the default comparison replays the whole trace
     assert comparison_window(TraceSpec()).hours is None
     assert comparison_window(TraceSpec(), quick=True).hours == QUICK_HOURS
     assert comparison_window(TraceSpec(hours=24.0), quick=True).hours == 24.0

@@ -220,19 +220,6 @@ def _tournament(
     return best
 
 
-def _ladder_inputs(job: Job, cluster_gpus: int, per_node: int, clock: int) -> tuple[object, ...]:
-    """Everything a job's ladder depends on besides its model and progress."""
-    return (
-        job.min_gpus,
-        job.max_local_batch_size,
-        job.global_batch_size,
-        job.max_gpus,
-        cluster_gpus,
-        per_node,
-        clock,
-    )
-
-
 @dataclass(frozen=True)
 class AfsPolicy:
     """AFS-L at one cluster-wide clock, placed by network packing."""
@@ -252,9 +239,10 @@ class AfsPolicy:
         """
         last = self.memo.last("afs")
         steps: list[tuple[tuple[int, ...], list[float]] | None] = []
-        todo: list[tuple[Job, tuple[object, ...], tuple[int, ...]]] = []
+        todo: list[tuple[Job, tuple[object, ...], tuple[int, ...], tuple[object, ...]]] = []
         for job in jobs:
-            inputs = (  # _ladder_inputs, written out: this loop runs per job per event
+            # Everything a job's ladder depends on besides its model and progress.
+            inputs = (
                 job.min_gpus,
                 job.max_local_batch_size,
                 job.global_batch_size,
@@ -272,14 +260,14 @@ class AfsPolicy:
             hit = self.memo.get(job.model, key)
             steps.append(hit)  # type: ignore[arg-type]
             if hit is None:
-                todo.append((job, key, counts))
+                todo.append((job, key, counts, inputs))
             else:
                 last[job.id] = (job.model, inputs, hit)
         if todo:
-            models = [job.model for job, _, cs in todo for _ in cs]
+            models = [job.model for job, _, cs, _ in todo for _ in cs]
             configs = [
                 (n, min(n, per_node), local_batch(job.global_batch_size, n), clock)
-                for job, _, cs in todo
+                for job, _, cs, _ in todo
                 for n in cs
             ]
             t, _ = evaluate(models, *np.array(configs, dtype=np.float64).reshape(-1, 4).T)
@@ -288,7 +276,7 @@ class AfsPolicy:
             for i, hit in enumerate(steps):
                 if hit is not None:
                     continue
-                job, key, cs = next(fresh)
+                job, key, cs, job_inputs = next(fresh)
                 step = [float(x) for x in t[pos : pos + len(cs)]]
                 pos += len(cs)
                 keep = 1  # the ladder ends where a step stops speeding the job up
@@ -296,11 +284,7 @@ class AfsPolicy:
                     keep += 1
                 steps[i] = (cs[:keep], step[:keep])
                 self.memo.put(job.model, key, steps[i])
-                last[job.id] = (
-                    job.model,
-                    _ladder_inputs(job, cluster_gpus, per_node, clock),
-                    steps[i],
-                )
+                last[job.id] = (job.model, job_inputs, steps[i])
         # A waiting job makes no progress: its ladder is the one built last time.
         built = self.memo.last("afs_ladder")
         out = []

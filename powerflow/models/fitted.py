@@ -65,19 +65,16 @@ class FittedModel:
         flat = [a.ravel() for a in (na, ra, bsa, fa)]
         size = flat[0].size
         if size <= BLOCK:
-            t, e = self._predict_flat(*flat)
+            t, e = predict_flat(self.params, self._f0_mhz, *flat)
             return t.reshape(shape), e.reshape(shape)
         t_out = np.empty(size)
         e_out = np.empty(size)
         for start in range(0, size, BLOCK):
             block = slice(start, start + BLOCK)
-            t_out[block], e_out[block] = self._predict_flat(*(a[block] for a in flat))
+            t_out[block], e_out[block] = predict_flat(
+                self.params, self._f0_mhz, *(a[block] for a in flat)
+            )
         return t_out.reshape(shape), e_out.reshape(shape)
-
-    def _predict_flat(
-        self, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
-    ) -> tuple[FloatArray, FloatArray]:
-        return predict_flat(self.params, self._f0_mhz, n, r, bs, f)
 
 
 def predict_flat(

@@ -148,7 +148,10 @@ def _solve(
     max_nfev: int,
 ) -> tuple[FloatArray, float]:
     if opts.method == "lm":
-        return _solve_lm(problem, x0, bounds, scale, opts, max_nfev)
+        free = _Unbounded(problem, bounds, scale, opts.loss, opts.f_scale)
+        u, cost = _levenberg_marquardt(free, free.to_u(np.clip(x0, *bounds)), max_nfev, opts.tol)
+        x, _ = free.to_x(u)
+        return np.clip(x, *bounds), cost
     if opts.method != "trf":
         raise ModelError(f"unknown fitting method {opts.method!r} (lm or trf)")
     lo, hi = bounds
@@ -285,20 +288,6 @@ def _levenberg_marquardt(
         if small:
             break
     return u, cost
-
-
-def _solve_lm(
-    problem: _Problem,
-    x0: FloatArray,
-    bounds: tuple[FloatArray, FloatArray],
-    scale: FloatArray,
-    opts: FitOptions,
-    max_nfev: int,
-) -> tuple[FloatArray, float]:
-    free = _Unbounded(problem, bounds, scale, opts.loss, opts.f_scale)
-    u, cost = _levenberg_marquardt(free, free.to_u(np.clip(x0, *bounds)), max_nfev, opts.tol)
-    x, _ = free.to_x(u)
-    return np.clip(x, *bounds), cost
 
 
 # --- stage 1: step time -------------------------------------------------------

@@ -155,10 +155,12 @@ class PlacementRequest:
     movable: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gpus, int) or not is_power_of_two(self.gpus):
-            raise PlacementError(
-                f"job {self.job_id}: GPU count must be a power of two >= 1, got {self.gpus}"
-            )
+        _check_gpus(self.job_id, self.gpus)
+
+
+def _check_gpus(job_id: str, n: int) -> None:
+    if not isinstance(n, int) or not is_power_of_two(n):
+        raise PlacementError(f"job {job_id}: GPU count must be a power of two >= 1, got {n}")
 
 
 @dataclass(frozen=True)
@@ -202,8 +204,7 @@ def place_columns(
     part of a decision.
     """
     for job_id, n in zip(job_ids, gpus, strict=True):
-        if not isinstance(n, int) or not is_power_of_two(n):
-            raise PlacementError(f"job {job_id}: GPU count must be a power of two >= 1, got {n}")
+        _check_gpus(job_id, n)
     return _place(nodes, job_ids, gpus, current, movable)
 
 
@@ -343,8 +344,6 @@ def _result(
             continue
         same = kept.get(job_id)
         if got.size <= per_node:
-            if same is None and not movable:
-                same = _kept_block(geo, current, got.size)
             if same == got:
                 # It keeps its GPUs (the block's slots, in order): no migration.
                 assignments[job_id] = geo.slots(got)

@@ -53,7 +53,8 @@ ITP_WINDOW_HOURS = 24.0
 
 
 def _window_note(trace: TraceSpec, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Say so when only part of the trace ran: a window is a compromise for time."""
+    """A note when ``--hours`` cut the trace short (not for synthetic traces, nor
+    for a window covering the bundled 24-hour ITP trace)."""
     if trace.hours is None or trace.synthetic is not None:
         return []
     if trace.path is None and trace.hours >= ITP_WINDOW_HOURS:
