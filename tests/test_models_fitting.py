@@ -10,15 +10,14 @@ from models_synth import TRUE, grid, sample
 
 from powerflow.errors import ModelError
 from powerflow.gpus import A100
-from powerflow.models import energy, throughput
+from powerflow.models import energy, kernels, throughput
 from powerflow.models.fitted import FittedModel
 from powerflow.models.fitting import (
     MIN_SAMPLES,
     FitOptions,
-    _EnergyModel,
+    _energy_problem,
     _Problem,
-    _TimeModel,
-    _Unbounded,
+    _time_problem,
     fit_profile,
     fit_with_prior,
     refit_online,
@@ -173,7 +172,7 @@ def _random_problem(seed: int) -> tuple[Samples, ThroughputParams, EnergyParams]
 def test_fast_models_match_the_generic_jacobians(seed: int) -> None:
     s, tp, ep = _random_problem(seed)
     want, want_jac = throughput.log_step_time_jacobian(tp, s.n, s.r, s.bs, s.f)
-    got, got_jac = _TimeModel(s)(tp.to_vector())
+    got, got_jac = _time_problem(None, FitOptions())(s).model(tp.to_vector())
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_jac, want_jac, rtol=1e-9, atol=1e-12)
     grad = throughput.t_grad(tp, s.bs, s.f)
@@ -181,24 +180,70 @@ def test_fast_models_match_the_generic_jacobians(seed: int) -> None:
     it = throughput.combine(tp, throughput.t_io(tp, s.r, s.bs), grad, sync)
     f_rel = s.f / A100.f0_mhz
     want, want_jac = energy.log_energy_jacobian(ep, s.n, s.bs, f_rel, grad, sync, it)
-    got, got_jac = _EnergyModel(tp, A100, s)(ep.to_vector())
+    problem = _energy_problem(tp.to_vector(), A100, None, FitOptions())(s)
+    got, got_jac = problem.model(ep.to_vector())
     np.testing.assert_allclose(got, want, rtol=1e-12)
     np.testing.assert_allclose(got_jac, want_jac, rtol=1e-9, atol=1e-14)
 
 
+def test_residuals_add_the_prior_pull() -> None:
+    s, tp, _ = _random_problem(1)
+    s = Samples(s.n, s.r, s.bs, s.f, np.exp(np.linspace(-3.0, -1.0, len(s))), s.energy_j)
+    prior = TRUE.throughput.to_vector()
+    x = tp.to_vector()
+    problem = _time_problem(prior, FitOptions(prior_weight=0.05))(s)
+    res, jac = problem(x)
+    pred, pred_jac = problem.model(x)
+    m = len(s)
+    np.testing.assert_array_equal(res[:m], pred - np.log(s.step_time_s))
+    np.testing.assert_array_equal(jac[:m], pred_jac)
+    pull = 0.05 / np.maximum(np.abs(prior), ThroughputParams.scale_floor())
+    np.testing.assert_allclose(res[m:], pull * (x - prior), rtol=1e-15)
+    np.testing.assert_array_equal(jac[m:], np.diag(pull))
+    assert problem.fun(x) is res and problem.jac(x) is jac  # one evaluation per point
+    plain = _time_problem(prior, FitOptions(prior_weight=0.0))(s)
+    assert len(plain.fun(x)) == m
+
+
+def _energy_stage(seed: int) -> tuple[_Problem, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    s, tp, ep = _random_problem(seed)
+    truth = FittedModel(ModelParams("A100", tp, ep)).predict(s.n, s.r, s.bs, s.f)
+    noisy = np.random.default_rng(seed).normal(0.0, 0.1, len(s))
+    s = Samples(s.n, s.r, s.bs, s.f, truth[0], truth[1] * np.exp(noisy))
+    problem = _energy_problem(tp.to_vector(), A100, TRUE.energy.to_vector(), FitOptions())(s)
+    return problem, ep.to_vector(), EnergyParams.bounds()
+
+
 def test_free_coordinates_keep_the_bounds_and_the_soft_l1_cost() -> None:
-    lo, hi = EnergyParams.bounds()
-    x = TRUE.energy.to_vector()
-    problem = _Problem(lambda v: (v, np.eye(len(v))), np.zeros(len(x)), None, np.ones(len(x)), 0)
-    free = _Unbounded(problem, (lo, hi), np.abs(x) + 1.0, "soft_l1", 0.05)
-    back, _ = free.to_x(free.to_u(x))
+    problem, x, (lo, hi) = _energy_stage(4)
+    scale = np.abs(x) + 1.0
+    u = kernels.to_free(x, lo, hi, scale)
+    back, _ = kernels.from_free(u, lo, hi, scale)
     np.testing.assert_allclose(back, x, rtol=1e-9)
-    for u in (np.full(len(x), -800.0), np.full(len(x), 800.0)):
-        edge, _ = free.to_x(u)
+    for edge_u in (np.full(len(x), -800.0), np.full(len(x), 800.0)):
+        edge, _ = kernels.from_free(edge_u, lo, hi, scale)
         assert np.all(edge >= lo) and np.all(edge <= hi)
-    res, _ = free(free.to_u(x))
-    z = (x / 0.05) ** 2  # the residuals of this problem are x itself
+    res, _ = kernels.free_residuals(problem.stage, (lo, hi, scale, True, 0.05), u)
+    z = (problem.fun(back) / 0.05) ** 2
     assert 0.5 * res @ res == pytest.approx(0.5 * 0.05**2 * np.sum(2 * (np.sqrt(1 + z) - 1)))
+    linear, _ = kernels.free_residuals(problem.stage, (lo, hi, scale, False, 0.05), u)
+    np.testing.assert_array_equal(linear, problem.fun(back))
+
+
+@pytest.mark.parametrize("soft", [True, False])
+def test_free_jacobian_matches_finite_differences(soft: bool) -> None:
+    problem, x, (lo, hi) = _energy_stage(5)
+    scale = np.abs(x) + 1.0
+    u = kernels.to_free(x, lo, hi, scale)
+    free = (lo, hi, scale, soft, 0.05)
+    _, jac = kernels.free_residuals(problem.stage, free, u)
+    step = 1e-6
+    for j in range(len(u)):
+        du = np.zeros_like(u)
+        du[j] = step
+        up, _ = kernels.free_residuals(problem.stage, free, u + du)
+        down, _ = kernels.free_residuals(problem.stage, free, u - du)
+        np.testing.assert_allclose(jac[:, j], (up - down) / (2 * step), rtol=1e-5, atol=1e-8)
 
 
 def test_lm_reaches_the_optimum_of_trf() -> None:

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from powerflow.gpus import GpuSpec, gpu_spec
-from powerflow.models import energy, throughput
+from powerflow.models import kernels
 from powerflow.models.params import ModelParams
 from powerflow.models.protocol import ArrayLike, FloatArray
-
-BLOCK = 8192
-"""Configurations per block of a large prediction (64 KiB per temporary)."""
-
-
-def _arrays(
-    n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    return (
-        np.asarray(n, dtype=np.float64),
-        np.asarray(r, dtype=np.float64),
-        np.asarray(bs, dtype=np.float64),
-        np.asarray(f, dtype=np.float64),
-    )
 
 
 @dataclass(frozen=True)
@@ -39,7 +26,14 @@ class FittedModel:
     def gpu(self) -> GpuSpec:
         return gpu_spec(self.params.gpu)
 
-    @property
+    # Packed once per model (``cached_property`` writes the instance's
+    # ``__dict__``, which a frozen dataclass allows): the policy predicts with
+    # the same model at every call.
+    @functools.cached_property
+    def _vectors(self) -> tuple[FloatArray, FloatArray]:
+        return _vectors(self.params)
+
+    @functools.cached_property
     def _f0_mhz(self) -> float:
         return float(self.gpu.f0_mhz)
 
@@ -54,38 +48,28 @@ class FittedModel:
     def predict(
         self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
     ) -> tuple[FloatArray, FloatArray]:
-        """Step time and energy together, sharing the step-time terms.
-
-        Large inputs go through in blocks of ``BLOCK`` configurations: the
-        temporaries then stay in cache and below malloc's mmap threshold,
-        which makes 100k predictions several times faster than one pass.
-        """
-        na, ra, bsa, fa = np.broadcast_arrays(*_arrays(n, r, bs, f))
-        shape = na.shape
-        flat = [a.ravel() for a in (na, ra, bsa, fa)]
-        size = flat[0].size
-        if size <= BLOCK:
-            t, e = predict_flat(self.params, self._f0_mhz, *flat)
-            return t.reshape(shape), e.reshape(shape)
-        t_out = np.empty(size)
-        e_out = np.empty(size)
-        for start in range(0, size, BLOCK):
-            block = slice(start, start + BLOCK)
-            t_out[block], e_out[block] = predict_flat(
-                self.params, self._f0_mhz, *(a[block] for a in flat)
-            )
-        return t_out.reshape(shape), e_out.reshape(shape)
+        """Step time and energy together, sharing the step-time terms."""
+        cols = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (n, r, bs, f)))
+        shape = cols[0].shape
+        tp, ep = self._vectors
+        t, e = kernels.predict(tp, ep, self._f0_mhz, *(_column(a.ravel()) for a in cols))
+        return t.reshape(shape), e.reshape(shape)
 
 
 def predict_flat(
     params: ModelParams, f0_mhz: float, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
 ) -> tuple[FloatArray, FloatArray]:
     """Step time and energy of equal-length 1-D columns: ``FittedModel.predict``
-    without its broadcasting, blocking and GPU lookup, for callers (the
-    fitting code) that predict a few hundred samples thousands of times."""
-    tp = params.throughput
-    grad = throughput.t_grad(tp, bs, f)
-    sync = throughput.t_sync(tp, n, r, f)
-    it = throughput.combine(tp, throughput.t_io(tp, r, bs), grad, sync)
-    e = energy.energy_per_iter(params.energy, n, bs, f / f0_mhz, grad, sync, it)
-    return it, e
+    without its broadcasting and GPU lookup. One compiled pass
+    (``kernels.predict``); ``throughput.step_time`` and
+    ``energy.energy_per_iter`` are the reference it is tested against."""
+    tp, ep = _vectors(params)
+    return kernels.predict(tp, ep, float(f0_mhz), *(_column(a) for a in (n, r, bs, f)))
+
+
+def _column(a: FloatArray) -> FloatArray:
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def _vectors(params: ModelParams) -> tuple[FloatArray, FloatArray]:
+    return params.throughput.to_vector(), params.energy.to_vector()

@@ -29,36 +29,29 @@ Three entry points for the three situations the system is in:
   and one start: cheap enough to run at every new batch of online samples.
 
 The solver (``FitOptions.method``): by default a small Levenberg-Marquardt
-loop (``_levenberg_marquardt``) on the same objective as
+loop (``kernels.solve``) on the same objective as
 ``least_squares(method="trf", loss="soft_l1", bounds=...)``, which stays
 available as ``method="trf"`` and which the tests pin it against. Bounds
-become a change of variables (``_Unbounded``) and the soft-L1 loss a
+become a change of variables (``kernels.to_free``) and the soft-L1 loss a
 transform of the residuals with exactly the same cost. Why: the simulator
 fits a few thousand 100-row problems per run, where ``trf`` spent ~6 ms per
 call in per-iteration Python (SVDs, step selection, wrapper setup) around
-~0.2 ms of model evaluation. With the step-time and energy Jacobians also
-evaluated from precomputed designs (``_TimeModel``, ``_EnergyModel``), one
-prior-anchored fit of a 1-GPU sweep takes 2.2 ms of CPU instead of 6.9 (a
-refit 3.5 ms instead of 10.5), and a dense-profile fit 0.12-0.20 s instead
-of 0.25-0.71 s with the same held-out errors (``python -m benchmarks
-models``).
+~0.2 ms of model evaluation. The whole loop, model and Jacobian included,
+is one compiled call per stage; ``trf`` evaluates the same compiled
+residuals (``kernels.residuals``), so both solvers see one model.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg.lapack import dposv
 from scipy.optimize import least_squares
-from scipy.special import expit, xlogy
 
 from powerflow.errors import ModelError
 from powerflow.gpus import GpuSpec
-from powerflow.models import throughput
-from powerflow.models.fitted import predict_flat
+from powerflow.models import kernels
 from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
 from powerflow.models.protocol import FloatArray
 from powerflow.models.samples import Samples
@@ -93,47 +86,49 @@ class FitOptions:
 
 
 class _Problem:
-    """Residuals and their analytic Jacobian, evaluated once per point.
+    """One stage's residuals: the compiled model (``kernels``, ``kind``) on
+    fixed ``data`` against the measured log values, plus a weak pull of
+    every parameter towards ``prior`` relative to its size.
 
-    ``model(x)`` returns the predicted log values and their Jacobian;
-    ``least_squares`` asks for both at the same ``x`` one after the other.
+    Called as a function it returns the residuals and their analytic
+    Jacobian at ``x``, once per point: ``least_squares`` asks for both at the
+    same ``x`` one after the other.
     """
 
     def __init__(
         self,
-        model: Callable[[FloatArray], tuple[FloatArray, FloatArray]],
+        kind: int,
+        data: FloatArray,
         log_measured: FloatArray,
         prior: FloatArray | None,
         floor: FloatArray,
         weight: float,
     ) -> None:
-        self._model = model
-        self._log_measured = log_measured
-        self._prior = prior if weight > 0 else None
-        self._pull = weight / np.maximum(np.abs(prior), floor) if prior is not None else None
-        self._pull_jac = np.diag(self._pull) if self._pull is not None else None
+        empty = np.empty(0)
+        anchor = np.ascontiguousarray(prior) if prior is not None and weight > 0 else empty
+        pull = weight / np.maximum(np.abs(anchor), floor[: len(anchor)])
+        self.stage: kernels.Stage = (kind, data, log_measured, anchor, pull)
         self._key: bytes | None = None
-        self._cache: tuple[FloatArray, FloatArray] = (np.empty(0), np.empty((0, 0)))
+        self._cache: tuple[FloatArray, FloatArray] = (empty, np.empty((0, 0)))
 
-    def _eval(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        key = x.tobytes()
-        if key != self._key:
-            pred, jac = self._model(x)
-            res = pred - self._log_measured
-            if self._prior is not None and self._pull is not None:
-                res = np.concatenate([res, self._pull * (x - self._prior)])
-                jac = np.concatenate([jac, self._pull_jac])
-            self._key, self._cache = key, (res, jac)
-        return self._cache
+    def model(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Predicted log values and their Jacobian (no measurement, no prior)."""
+        kind, data, *_ = self.stage
+        return kernels.log_model(kind, np.ascontiguousarray(x, dtype=np.float64), data)
 
     def __call__(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        return self._eval(x)
+        key = x.tobytes()
+        if key != self._key:
+            x = np.ascontiguousarray(x, dtype=np.float64)
+            self._key = key
+            self._cache = kernels.residuals(self.stage, x)
+        return self._cache
 
     def fun(self, x: FloatArray) -> FloatArray:
-        return self._eval(x)[0]
+        return self(x)[0]
 
     def jac(self, x: FloatArray) -> FloatArray:
-        return self._eval(x)[1]
+        return self(x)[1]
 
 
 ProblemFactory = Callable[[Samples], _Problem]
@@ -147,14 +142,17 @@ def _solve(
     opts: FitOptions,
     max_nfev: int,
 ) -> tuple[FloatArray, float]:
+    lo, hi = bounds
     if opts.method == "lm":
-        free = _Unbounded(problem, bounds, scale, opts.loss, opts.f_scale)
-        u, cost = _levenberg_marquardt(free, free.to_u(np.clip(x0, *bounds)), max_nfev, opts.tol)
-        x, _ = free.to_x(u)
-        return np.clip(x, *bounds), cost
+        if opts.loss not in ("soft_l1", "linear"):
+            raise ModelError(
+                f"method 'lm' supports the soft_l1 and linear losses, not {opts.loss!r}"
+            )
+        free = (lo, hi, scale, opts.loss == "soft_l1", float(opts.f_scale))
+        x0 = np.ascontiguousarray(x0, dtype=np.float64)
+        return kernels.solve(problem.stage, free, x0, int(max_nfev), float(opts.tol))
     if opts.method != "trf":
         raise ModelError(f"unknown fitting method {opts.method!r} (lm or trf)")
-    lo, hi = bounds
     x0 = np.clip(x0, lo, hi)
     res = least_squares(
         problem.fun,
@@ -172,190 +170,19 @@ def _solve(
     return np.asarray(res.x, dtype=np.float64), float(res.cost)
 
 
-class _Unbounded:
-    """The bounded problem in free coordinates ``u``, for MINPACK's ``lm``.
-
-    ``x = lo + s*softplus(u)`` where only the lower bound is finite and
-    ``x = lo + (hi-lo)*sigmoid(u)`` where both are, ``s`` the parameter's
-    scale: every ``u`` is feasible, and near the start a unit step in ``u``
-    moves ``x`` by about its scale. The soft-L1 loss becomes a transform of
-    the residuals, ``r' = r*sqrt(2/(1 + sqrt(1 + (r/f)^2)))``, whose plain
-    sum of squares is exactly ``least_squares``' soft-L1 cost, so ``lm``
-    (which knows only the linear loss) minimises the same objective as
-    ``trf`` did.
-    """
-
-    def __init__(
-        self,
-        problem: _Problem,
-        bounds: tuple[FloatArray, FloatArray],
-        scale: FloatArray,
-        loss: str,
-        f_scale: float,
-    ) -> None:
-        if loss not in ("soft_l1", "linear"):
-            raise ModelError(f"method 'lm' supports the soft_l1 and linear losses, not {loss!r}")
-        lo, hi = bounds
-        self._problem = problem
-        self._lo = lo
-        self._two = np.isfinite(hi)
-        self._width = np.where(self._two, hi - lo, scale)
-        self._soft = loss == "soft_l1"
-        self._f = f_scale
-
-    def to_u(self, x: FloatArray) -> FloatArray:
-        q = (x - self._lo) / self._width
-        # Strictly inside, as trf starts: a parameter exactly on its bound
-        # would sit where the map is flat.
-        q = np.maximum(q, 1e-6)
-        u_one = np.log(np.expm1(np.minimum(q, 700.0)))
-        u_one = np.where(q > 30.0, q, u_one)
-        qt = np.clip(q, 1e-6, 1.0 - 1e-6)
-        u_two = np.log(qt) - np.log1p(-qt)
-        return np.asarray(np.where(self._two, u_two, u_one), dtype=np.float64)
-
-    def to_x(self, u: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """``x(u)`` and ``dx/du``."""
-        sig = expit(u)
-        shape = np.where(self._two, sig, np.logaddexp(0.0, u))
-        slope = np.where(self._two, sig * (1.0 - sig), sig)
-        return self._lo + self._width * shape, self._width * slope
-
-    def __call__(self, u: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Residuals and Jacobian in ``u`` (loss applied)."""
-        x, dx = self.to_x(u)
-        res, jac = self._problem(x)
-        jac = jac * dx
-        if self._soft:
-            # r' = r*c with c = sqrt(2/(1 + root)), root = sqrt(1 + (r/f)^2);
-            # dr'/dr = r*rho'/r' = 1/(root*c) with rho' = 1/root.
-            root = np.sqrt(1.0 + (res / self._f) ** 2)
-            c = np.sqrt(2.0 / (1.0 + root))
-            res, jac = res * c, jac * (1.0 / (root * c))[:, None]
-        return res, jac
-
-
-def _levenberg_marquardt(
-    fun: Callable[[FloatArray], tuple[FloatArray, FloatArray]],
-    u0: FloatArray,
-    max_nfev: int,
-    tol: float,
-) -> tuple[FloatArray, float]:
-    """Minimise ``|r(u)|^2 / 2`` from ``u0``; returns ``u`` and that cost.
-
-    Levenberg's damping ``(J'J + mu*I) h = -J'r`` with Nielsen's update of
-    ``mu`` (Madsen, Nielsen & Tingleff, "Methods for non-linear least
-    squares problems", 2004, algorithm 3.16); ``u`` is unit-scaled by
-    ``_Unbounded``, so the identity is the right metric. Stops after
-    ``max_nfev`` evaluations, when an accepted step lowers the cost by under
-    ``tol`` relatively, or when a step is shorter than ``tol*(tol + |u|)``
-    (``least_squares``' ``ftol``/``xtol``). Why not ``least_squares``: on
-    the simulator's 100-row problems its ``trf`` spends ~6 ms per call in
-    Python bookkeeping (SVDs, step selection, wrapper setup) around ~0.1 ms
-    evaluations, and even its MINPACK ``lm`` ~0.8 ms per call; this loop
-    costs a 15 x 15 solve per step.
-    """
-    u = u0
-    r, jac = fun(u)
-    cost = 0.5 * float(r @ r)
-    a, g = jac.T @ jac, jac.T @ r
-    eye = np.eye(len(u))
-    mu = 1e-3 * max(float(np.max(np.diag(a))), 1e-12)
-    nu = 2.0
-    nfev = 1
-    while nfev < max_nfev and math.isfinite(mu):
-        # LAPACK's Cholesky solve directly: numpy's solve costs 3x as much
-        # in wrapper overhead on a 15 x 15 system.
-        _, h, info = dposv(a + mu * eye, -g)
-        if info != 0:  # not positive definite at this damping: damp more
-            mu, nu = mu * nu, nu * 2.0
-            continue
-        if math.sqrt(float(h @ h)) <= tol * (tol + math.sqrt(float(u @ u))):
-            break
-        u_new = u + h
-        r_new, jac_new = fun(u_new)
-        nfev += 1
-        cost_new = 0.5 * float(r_new @ r_new)
-        if not cost_new < cost:  # also rejects NaN
-            mu, nu = mu * nu, nu * 2.0
-            continue
-        gain = (cost - cost_new) / max(0.5 * float(h @ (mu * h - g)), 1e-300)
-        small = cost - cost_new <= tol * cost
-        u, r, jac, cost = u_new, r_new, jac_new, cost_new
-        a, g = jac.T @ jac, jac.T @ r
-        mu *= max(1.0 / 3.0, 1.0 - (2.0 * gain - 1.0) ** 3)
-        nu = 2.0
-        if small:
-            break
-    return u, cost
-
-
 # --- stage 1: step time -------------------------------------------------------
 
 
-def _pnorm_d(
-    a: FloatArray, b: FloatArray, g: float
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """``(a^g + b^g)^(1/g)``, its partials in ``a`` and ``b`` and its
-    log-derivative in ``g``, relative to the larger term like
-    ``throughput._pnorm`` (``a``, ``b`` >= 0, not both 0)."""
-    a_hi = a >= b
-    hi = np.where(a_hi, a, b)
-    q = np.where(a_hi, b, a) / hi
-    qg = q**g
-    s = 1.0 + qg
-    root = s ** (1.0 / g)
-    d_hi = root / s
-    d_lo = d_hi * q ** (g - 1.0)
-    dlog_g = (xlogy(qg, q) / s - np.log(s) / g) / g
-    return hi * root, np.where(a_hi, d_hi, d_lo), np.where(a_hi, d_lo, d_hi), dlog_g
-
-
-class _TimeModel:
-    """``throughput.log_step_time_jacobian`` for fixed samples, from a vector.
-
-    Every term of ``T_iter`` is linear in its parameters, so the data-only
-    factors (``bs*r``, ``bs/f``, the placement masks, ``n-2``) form fixed
-    design matrices and each evaluation is three matrix products and two
-    p-norms: about a sixth of the generic function's numpy calls on the
-    100-row problems of the simulator (pinned equal to it in the tests).
-    """
-
-    def __init__(self, s: Samples) -> None:
-        f = s.f / 1000.0
-        one = np.ones_like(f)
-        self._io = np.stack([one, s.bs * s.r], axis=1)
-        self._grad = np.stack([one, s.bs, s.bs / f], axis=1)
-        multi = s.n > 1
-        local = (multi & (s.n == s.r))[:, None]
-        node = (multi & (s.n != s.r))[:, None]
-        base = np.stack([1.0 / f, (s.n - 2.0) / f, s.n - 2.0, one], axis=1)
-        self._sync = np.concatenate([base * local, base * node], axis=1)
-        # Without a multi-GPU row T_sync is 0 and T_iter is the inner norm.
-        self._multi = bool(multi.any())
-
-    def __call__(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        io = self._io @ x[0:2]
-        grad = self._grad @ x[2:5]
-        inner, d_io, d_grad, dlog_g1 = _pnorm_d(io, grad, float(x[13]))
-        jac = np.zeros((len(io), 15))
-        if self._multi:
-            total, d_inner, d_sync, dlog_g2 = _pnorm_d(inner, self._sync @ x[5:13], float(x[14]))
-            w = d_inner / total
-            jac[:, 5:13] = self._sync * (d_sync / total)[:, None]
-            jac[:, 14] = dlog_g2
-        else:
-            total, w = inner, 1.0 / inner
-        jac[:, 0:2] = self._io * (w * d_io)[:, None]
-        jac[:, 2:5] = self._grad * (w * d_grad)[:, None]
-        jac[:, 13] = w * inner * dlog_g1
-        return np.log(total), jac
+def _columns(s: Samples) -> FloatArray:
+    """The time stage's ``data``: rows ``n, r, bs, f`` (see ``kernels.TIME``)."""
+    return np.stack([s.n, s.r, s.bs, s.f]).astype(np.float64, copy=False)
 
 
 def _time_problem(prior: FloatArray | None, opts: FitOptions) -> ProblemFactory:
     def make(s: Samples) -> _Problem:
-        floor = ThroughputParams.scale_floor()
-        return _Problem(_TimeModel(s), np.log(s.step_time_s), prior, floor, opts.prior_weight)
+        data = _columns(s)
+        log_t = np.log(s.step_time_s)
+        return _Problem(kernels.TIME, data, log_t, prior, _T_FLOOR, opts.prior_weight)
 
     return make
 
@@ -439,58 +266,15 @@ def _fit_stage(
 # --- stage 2: energy ----------------------------------------------------------
 
 
-class _EnergyModel:
-    """``energy.log_energy_jacobian`` for fixed samples and step-time terms.
-
-    ``kappa = 1 + s*x + c2*x^2 + c3*x^3`` (the cubic terms above the knee
-    only) is linear in its shape parameters, so each clock shape is one
-    product with a fixed ``(x, x^2, x^3)`` design (pinned equal to the
-    generic function in the tests).
-    """
-
-    def __init__(self, tp: ThroughputParams, gpu: GpuSpec, s: Samples) -> None:
-        grad = throughput.t_grad(tp, s.bs, s.f)
-        sync = throughput.t_sync(tp, s.n, s.r, s.f)
-        it = throughput.combine(tp, throughput.t_io(tp, s.r, s.bs), grad, sync)
-        x = s.f / gpu.f0_mhz - 1.0
-        xh = np.where(x >= 0.0, x, 0.0)
-        self._shape = np.stack([x, x * xh, x * x * xh], axis=1)
-        self._xh = xh
-        self._bs = s.bs
-        self._g = s.n * grad
-        self._s = s.n * sync
-        self._i = s.n * it
-
-    def __call__(self, p: FloatArray) -> tuple[FloatArray, FloatArray]:
-        p_grad, alpha, theta = float(p[0]), float(p[1]), float(p[2])
-        p_sync, p_static, slope = float(p[6]), float(p[10]), float(p[11])
-        log_bs = np.log(self._bs + theta)
-        util = 1.0 + alpha * log_bs
-        gk = self._g * (1.0 + self._shape @ p[3:6])
-        sk = self._s * (1.0 + self._shape @ p[7:10])
-        ist = self._i * (1.0 + slope * self._xh)
-        total = p_grad * gk * util + p_sync * sk + p_static * ist
-        inv = 1.0 / total
-        gw = p_grad * gk * inv
-        jac = np.empty((len(total), 12))
-        jac[:, 0] = gk * util * inv
-        jac[:, 1] = gw * log_bs
-        jac[:, 2] = gw * alpha / (self._bs + theta)
-        jac[:, 3:6] = self._shape * (self._g * (p_grad * inv) * util)[:, None]
-        jac[:, 6] = sk * inv
-        jac[:, 7:10] = self._shape * (self._s * (p_sync * inv))[:, None]
-        jac[:, 10] = ist * inv
-        jac[:, 11] = self._i * self._xh * (p_static * inv)
-        return np.log(total), jac
-
-
 def _energy_problem(
-    tp: ThroughputParams, gpu: GpuSpec, prior: FloatArray | None, opts: FitOptions
+    x_t: FloatArray, gpu: GpuSpec, prior: FloatArray | None, opts: FitOptions
 ) -> ProblemFactory:
+    """The energy stage with the step-time parameters held at ``x_t``."""
+
     def make(s: Samples) -> _Problem:
-        floor = EnergyParams.scale_floor()
-        model = _EnergyModel(tp, gpu, s)
-        return _Problem(model, np.log(s.energy_j), prior, floor, opts.prior_weight)
+        data = kernels.energy_data(x_t, float(gpu.f0_mhz), _columns(s))
+        log_e = np.log(s.energy_j)
+        return _Problem(kernels.ENERGY, data, log_e, prior, _E_FLOOR, opts.prior_weight)
 
     return make
 
@@ -551,33 +335,41 @@ def fit_profile(
     t_starts = _time_starts(samples, options.starts, options.seed)
     t_prior = e_prior = None
     if prior is not None:
-        prior = rescale_prior(prior, samples, gpu)
-        t_prior, e_prior = prior.throughput.to_vector(), prior.energy.to_vector()
+        t_prior, e_prior = _rescaled(prior, samples, gpu)
         t_starts.append(t_prior)
     x_t = _fit_stage(
-        _time_problem(t_prior, options),
-        samples,
-        t_starts,
-        ThroughputParams.bounds(),
-        ThroughputParams.scale_floor(),
-        options,
+        _time_problem(t_prior, options), samples, t_starts, _T_BOUNDS, _T_FLOOR, options
     )
-    tp = ThroughputParams.from_vector(x_t)
     e_starts = _energy_starts(samples, options.starts, options.seed)
     if e_prior is not None:
         e_starts.append(e_prior)
     x_e = _fit_stage(
-        _energy_problem(tp, gpu, e_prior, options),
+        _energy_problem(x_t, gpu, e_prior, options),
         samples,
         e_starts,
-        EnergyParams.bounds(),
-        EnergyParams.scale_floor(),
+        _E_BOUNDS,
+        _E_FLOOR,
         options,
     )
-    return ModelParams(gpu.name, tp, EnergyParams.from_vector(x_e), model)
+    return _params(gpu, x_t, x_e, model)
 
 
+def _params(gpu: GpuSpec, x_t: FloatArray, x_e: FloatArray, model: str | None) -> ModelParams:
+    return ModelParams(
+        gpu.name, ThroughputParams.from_vector(x_t), EnergyParams.from_vector(x_e), model
+    )
+
+
+_T_BOUNDS = ThroughputParams.bounds()
+_T_FLOOR = ThroughputParams.scale_floor()
+_E_BOUNDS = EnergyParams.bounds()
+_E_FLOOR = EnergyParams.scale_floor()
 _COMPUTE_TERMS = frozenset({"a_io", "b_io", "a_grad", "b_grad", "k_grad"})
+_TIMED = np.array([name in _COMPUTE_TERMS for name in ThroughputParams.names()])
+_POWERS = np.array(
+    [name in ("p_grad_w", "p_sync_w", "p_static_w") for name in EnergyParams.names()]
+)
+_STATIC = EnergyParams.names().index("p_static_w")
 
 
 def _median(a: FloatArray) -> float:
@@ -588,36 +380,37 @@ def _median(a: FloatArray) -> float:
     return 0.5 * float(s[(m - 1) // 2] + s[m // 2])
 
 
+def _vectors(params: ModelParams) -> tuple[FloatArray, FloatArray]:
+    return params.throughput.to_vector(), params.energy.to_vector()
+
+
+def _rescaled(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> tuple[FloatArray, FloatArray]:
+    """``rescale_prior`` as the two parameter vectors (what the fits use)."""
+    if prior.gpu != gpu.name:
+        raise ModelError(f"prior is for {prior.gpu}, samples are for {gpu.name}")
+    s = samples
+    cols = [np.ascontiguousarray(c, dtype=np.float64) for c in (s.n, s.r, s.bs, s.f)]
+    x_t, x_e = _vectors(prior)
+    f0 = float(gpu.f0_mhz)
+    pred_t, _ = kernels.predict(x_t, x_e, f0, *cols)
+    # Compute and input terms scale with the job; synchronisation stays in
+    # seconds: it is set by the gradient size and the interconnect, not by
+    # how fast this job computes (leave-one-out on the ground truth: keeping
+    # it absolute more than halves the multi-GPU error of the generic prior).
+    x_t[_TIMED] *= _median(s.step_time_s / pred_t)
+    _, pred_e = kernels.predict(x_t, x_e, f0, *cols)
+    x_e[_POWERS] *= _median(s.energy_j / pred_e)
+    x_e[_STATIC] = max(x_e[_STATIC], 1.0)
+    return x_t, x_e
+
+
 def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelParams:
     """The prior with its compute times scaled by one factor and its powers by
     another, each the median ratio of measured to predicted: a prior from
     another DNN then lends its shape (how time splits into terms, how power
     moves with the clock) without imposing its size."""
-    if prior.gpu != gpu.name:
-        raise ModelError(f"prior is for {prior.gpu}, samples are for {gpu.name}")
-    s = samples
-    pred_t = throughput.step_time(prior.throughput, s.n, s.r, s.bs, s.f)
-    k_t = _median(samples.step_time_s / pred_t)
-    tp = prior.throughput
-    x = tp.to_vector()
-    # Compute and input terms scale with the job; synchronisation stays in
-    # seconds: it is set by the gradient size and the interconnect, not by
-    # how fast this job computes (leave-one-out on the ground truth: keeping
-    # it absolute more than halves the multi-GPU error of the generic prior).
-    timed = np.array([name in _COMPUTE_TERMS for name in tp.names()])
-    x[timed] *= k_t
-    tp = ThroughputParams.from_vector(x)
-    scaled = replace(prior, throughput=tp)
-    _, pred_e = predict_flat(scaled, gpu.f0_mhz, s.n, s.r, s.bs, s.f)
-    k_e = _median(samples.energy_j / pred_e)
-    ep = prior.energy
-    ep = replace(
-        ep,
-        p_grad_w=ep.p_grad_w * k_e,
-        p_sync_w=ep.p_sync_w * k_e,
-        p_static_w=max(ep.p_static_w * k_e, 1.0),
-    )
-    return replace(scaled, energy=ep)
+    x_t, x_e = _rescaled(prior, samples, gpu)
+    return _params(gpu, x_t, x_e, prior.model)
 
 
 def fit_with_prior(
@@ -637,26 +430,20 @@ def fit_with_prior(
     anchor; as multi-GPU samples arrive they take over.
     """
     _check(samples)
-    anchor = rescale_prior(prior, samples, gpu)
-    start = warm_start if warm_start is not None else anchor
+    t_anchor, e_anchor = _rescaled(prior, samples, gpu)
+    t_start, e_start = (t_anchor, e_anchor) if warm_start is None else _vectors(warm_start)
     x_t = _fit_stage(
-        _time_problem(anchor.throughput.to_vector(), options),
-        samples,
-        [start.throughput.to_vector()],
-        ThroughputParams.bounds(),
-        ThroughputParams.scale_floor(),
-        options,
+        _time_problem(t_anchor, options), samples, [t_start], _T_BOUNDS, _T_FLOOR, options
     )
-    tp = ThroughputParams.from_vector(x_t)
     x_e = _fit_stage(
-        _energy_problem(tp, gpu, anchor.energy.to_vector(), options),
+        _energy_problem(x_t, gpu, e_anchor, options),
         samples,
-        [start.energy.to_vector()],
-        EnergyParams.bounds(),
-        EnergyParams.scale_floor(),
+        [e_start],
+        _E_BOUNDS,
+        _E_FLOOR,
         options,
     )
-    return ModelParams(gpu.name, tp, EnergyParams.from_vector(x_e), model or prior.model)
+    return _params(gpu, x_t, x_e, model or prior.model)
 
 
 def refit_online(

@@ -44,25 +44,31 @@ class Samples:
     def __len__(self) -> int:
         return len(self.n)
 
+    @classmethod
+    def _trusted(cls, *cols: FloatArray) -> Samples:
+        """Rows already validated (a subset or union of valid samples):
+        the simulator slices and joins samples thousands of times per run,
+        and re-checking them cost as much as fitting them."""
+        out = object.__new__(cls)
+        for name, col in zip(_FIELDS, cols, strict=True):
+            object.__setattr__(out, name, col)
+        return out
+
     def take(self, index: FloatArray | np.ndarray | slice) -> Samples:
         """A subset of the rows (boolean mask, index array or slice)."""
-        return Samples(
-            self.n[index],
-            self.r[index],
-            self.bs[index],
-            self.f[index],
-            self.step_time_s[index],
-            self.energy_j[index],
-        )
+        cols = tuple(getattr(self, name)[index] for name in _FIELDS)
+        if np.ndim(cols[0]) != 1:  # a scalar or 2-D index: not rows
+            raise DataError("take needs a 1-D index (mask, indices or slice)")
+        return Samples._trusted(*cols)
 
     @staticmethod
     def concat(parts: list[Samples]) -> Samples:
-        return Samples(
-            *(
-                np.concatenate([getattr(p, col) for p in parts])
-                for col in ("n", "r", "bs", "f", "step_time_s", "energy_j")
-            )
+        return Samples._trusted(
+            *(np.concatenate([getattr(p, name) for p in parts]) for name in _FIELDS)
         )
+
+
+_FIELDS = ("n", "r", "bs", "f", "step_time_s", "energy_j")
 
 
 CSV_COLUMNS: tuple[str, ...] = (

@@ -1,0 +1,98 @@
+"""The compiled kernels against the readable reference (throughput.py, energy.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerflow.gpus import A100
+from powerflow.models import energy, kernels, throughput
+from powerflow.models.fitted import FittedModel, predict_flat
+from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
+
+
+def _random_model(seed: int) -> tuple[ModelParams, tuple[np.ndarray, ...]]:
+    rng = np.random.default_rng(seed)
+    m = 80
+    n = 2.0 ** rng.integers(0, 7, m)
+    r = np.minimum(n, 2.0 ** rng.integers(0, 4, m))
+    bs = rng.uniform(1, 512, m)
+    f = rng.choice(np.asarray(A100.clocks_mhz, dtype=np.float64), m)
+    x = rng.uniform(0, 0.01, 15) * (rng.random(15) > 0.3)  # some terms exactly 0
+    x[4] = max(x[4], 1e-6)
+    x[13:] = rng.choice([1.0, 12.0, *rng.uniform(1, 12, 2)], 2)  # the bounds included
+    e = rng.uniform(0.0, 1.0, 12) * np.array([300, 0.5, 1, 1, 3, 3, 200, 1, 3, 3, 100, 1])
+    e[2] += 1.0
+    e[10] += 1.0
+    params = ModelParams("A100", ThroughputParams.from_vector(x), EnergyParams.from_vector(e))
+    return params, (n, r, bs, f)
+
+
+def _reference(params: ModelParams, cols: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    n, r, bs, f = cols
+    tp = params.throughput
+    grad = throughput.t_grad(tp, bs, f)
+    sync = throughput.t_sync(tp, n, r, f)
+    it = throughput.step_time(tp, n, r, bs, f)
+    return it, energy.energy_per_iter(params.energy, n, bs, f / A100.f0_mhz, grad, sync, it)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_predictions_match_the_reference(seed: int) -> None:
+    params, cols = _random_model(seed)
+    want_t, want_e = _reference(params, cols)
+    got_t, got_e = predict_flat(params, A100.f0_mhz, *cols)
+    np.testing.assert_allclose(got_t, want_t, rtol=1e-13)
+    np.testing.assert_allclose(got_e, want_e, rtol=1e-13)
+    both = FittedModel(params).predict(*cols)
+    np.testing.assert_array_equal(both[0], got_t)
+    np.testing.assert_array_equal(both[1], got_e)
+
+
+def test_fitted_model_broadcasts_like_numpy() -> None:
+    params, _ = _random_model(3)
+    model = FittedModel(params)
+    n = np.array([1.0, 2.0, 8.0, 16.0])[:, None]
+    f = np.asarray(A100.clocks_mhz[::10], dtype=np.float64)[None, :]
+    t, e = model.predict(n, np.minimum(n, 8), 32, f)
+    assert t.shape == e.shape == (4, f.shape[1])
+    cols = np.broadcast_arrays(n, np.minimum(n, 8), np.float64(32), f)
+    want_t, want_e = _reference(params, tuple(c.ravel() for c in cols))
+    np.testing.assert_allclose(t.ravel(), want_t, rtol=1e-13)
+    np.testing.assert_allclose(e.ravel(), want_e, rtol=1e-13)
+    assert model.step_time_s(1, 1, 32, 1410).shape == ()
+    assert float(model.energy_per_iter_j(1, 1, 32, 1410)) == pytest.approx(float(e[0, -1]))
+
+
+def test_energy_stage_data_are_the_step_time_terms() -> None:
+    params, (n, r, bs, f) = _random_model(4)
+    tp = params.throughput
+    data = kernels.energy_data(tp.to_vector(), float(A100.f0_mhz), np.stack([n, r, bs, f]))
+    want = [
+        bs,
+        f / A100.f0_mhz - 1.0,
+        n * throughput.t_grad(tp, bs, f),
+        n * throughput.t_sync(tp, n, r, f),
+        n * throughput.step_time(tp, n, r, bs, f),
+    ]
+    np.testing.assert_allclose(data, np.stack(want), rtol=1e-13, atol=1e-300)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cholesky_solves_positive_definite_systems(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    p = 15
+    j = rng.normal(size=(40, p)) * rng.uniform(1e-3, 1e3, p)
+    a = j.T @ j + 1e-6 * np.eye(p)
+    b = rng.normal(size=p)
+    out = np.empty(p)
+    assert kernels.cholesky_solve(a, b, np.empty((p, p)), out)
+    np.testing.assert_allclose(a @ out, b, rtol=1e-6, atol=1e-9 * np.abs(b).max())
+    np.testing.assert_allclose(out, np.linalg.solve(a, b), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["indefinite", "singular", "nan"])
+def test_cholesky_reports_what_it_cannot_factor(bad: str) -> None:
+    a = np.diag([2.0, 1.0, 3.0])
+    a[1, 1] = {"indefinite": -1.0, "singular": 0.0, "nan": np.nan}[bad]
+    assert not kernels.cholesky_solve(a, np.ones(3), np.empty((3, 3)), np.empty(3))
