@@ -125,47 +125,42 @@ class Simulation:
     def snapshot(self) -> Snapshot:
         """Every schedulable job's view, most of them reused or copied.
 
-        A waiting job's view stays valid until its model changes. A holder's
-        usually differs from its last one only in progress (remaining
-        iterations, time and GPU-seconds held): those numbers come from the
-        arrays for all jobs at once and are set on a copy (``_with_progress``);
-        anything else changed rebuilds the view (``_view``).
+        A job's view stays valid until something in it other than progress
+        changes: its model, placement, clock or phase (``_phase``, ``_assign``
+        and ``_finish_profile`` drop it then). A waiting job's valid view is
+        reused; a holder's differs only in progress (remaining iterations,
+        time and GPU-seconds held), which comes from the arrays for all
+        holders at once and is set on a copy (``_with_progress``). A dropped
+        view is rebuilt (``_view``).
         """
         a = self._arrays
         held, _ = self._slots()
-        left = a.iterations[held] - a.done[held]
-        # max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
-        remaining = np.where((left > 1e-9) | np.isnan(left), left, 1e-9).tolist()
-        progress = dict(
-            zip(
+        if len(held):
+            left = a.iterations[held] - a.done[held]
+            # max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
+            remaining = np.where((left > 1e-9) | np.isnan(left), left, 1e-9).tolist()
+            jobs = self.jobs
+            for i, rem, elapsed, attained in zip(
                 held.tolist(),
-                zip(remaining, a.run_s[held].tolist(), a.attained[held].tolist(), strict=True),
+                remaining,
+                a.run_s[held].tolist(),
+                a.attained[held].tolist(),
                 strict=True,
-            )
-        )
-        views: list[Job] = []
-        add = views.append
+            ):
+                job = jobs[i]
+                view = job.view
+                if view is not None:
+                    job.view = _with_progress(view, rem, elapsed, attained)
         rebuild = self._view
         prerun = Phase.PRERUN
-        run = Phase.RUN
-        for job in self._active.values():
-            if job.phase is prerun:
-                continue
-            view = job.view
-            known = job.knowledge
-            if view is None or known is None or job.view_model is not known.model:
-                view = rebuild(job)
-            elif job.holding:
-                if (
-                    view.placement is job.placement
-                    and view.frequency_mhz == job.f
-                    and view.pinned is (job.phase is not run)
-                ):
-                    view = job.view = _with_progress(view, *progress[job.index])
-                else:
-                    view = rebuild(job)
-            add(view)
-        return Snapshot(self._nodes, tuple(views), self.configured.budget, self.now)
+        views = tuple(
+            [
+                rebuild(job) if (view := job.view) is None else view
+                for job in self._active.values()
+                if job.phase is not prerun
+            ]
+        )
+        return Snapshot(self._nodes, views, self.configured.budget, self.now)
 
     def apply(self, plan: Plan) -> None:
         down = frozenset(plan.powered_down_nodes)
@@ -378,12 +373,12 @@ class Simulation:
         self._finish_profile(job, complete=False)
         job.preemptions += 1
         self._phase(job, Phase.QUEUED)
-        job.view = None
         job.placement = ()
         job.n = 0
         job.phase_end_s = job.next_event_s = math.inf
 
     def _assign(self, job: SimJob, placement: tuple[GpuSlot, ...], f: int, bs: float) -> None:
+        job.view = None  # its clock or placement changes
         if job.holding and set(placement) == set(job.placement):
             job.f = f
             job.bs = bs
@@ -457,17 +452,21 @@ class Simulation:
                 noise=self.cfg.noise,
             )
         )
-        if job.knowledge is not None and refit:
+        known = job.knowledge
+        if known is not None and refit:
             t0 = time.perf_counter()
             job.knowledge = self.learner.update(
-                job.trace.model_name, job.truth, job.knowledge, Samples.concat(job.samples)
+                job.trace.model_name, job.truth, known, Samples.concat(job.samples)
             )
             self._totals.fit_s += time.perf_counter() - t0
+            if job.knowledge.model is not known.model:
+                job.view = None
 
     def _phase(self, job: SimJob, phase: Phase) -> None:
         """Change phase and keep the holders and the per-GPU load in step
         (every placement change is followed by a call here)."""
         job.set_phase(phase)
+        job.view = None  # pinned, and the clock only while holding
         self._slots_dirty = True
         self._power_dirty = True
         if job.holding:
@@ -644,7 +643,6 @@ class Simulation:
             model_name=tj.model_name,
             pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
         )
-        job.view_model = model
         return job.view
 
     def _result(self, wall_s: float) -> RunResult:
@@ -697,6 +695,7 @@ class Simulation:
 
 
 _new_object = object.__new__
+_set_field = object.__setattr__
 
 
 def _running_total(terms: np.ndarray) -> float:
@@ -708,12 +707,12 @@ def _running_total(terms: np.ndarray) -> float:
 def _with_progress(view: Job, remaining: float, elapsed_s: float, attained_gpu_s: float) -> Job:
     """``dataclasses.replace(view, ...)`` for the three progress fields, without
     running ``Job.__init__`` (a frozen dataclass sets each field through
-    ``object.__setattr__``; copying the instance dictionary is several times
-    cheaper, and ``Job`` has no ``__post_init__`` to skip)."""
-    out = _new_object(Job)
-    fields = out.__dict__
-    fields.update(view.__dict__)
+    ``object.__setattr__``; copying the instance dictionary and installing the
+    copy is several times cheaper, and ``Job`` has no ``__post_init__`` to skip)."""
+    fields = view.__dict__.copy()
     fields["remaining_iterations"] = remaining
     fields["elapsed_s"] = elapsed_s
     fields["attained_gpu_s"] = attained_gpu_s
+    out = _new_object(Job)
+    _set_field(out, "__dict__", fields)
     return out

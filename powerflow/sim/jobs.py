@@ -103,7 +103,6 @@ class SimJob:
         "trace",
         "truth",
         "view",
-        "view_model",
         "visible_s",
     )
 
@@ -160,8 +159,7 @@ class SimJob:
         self.preemptions = 0
         self.restarts = 0
         self.profilings = 0
-        self.view: Job | None = None
-        self.view_model: PerfModel | None = None
+        self.view: Job | None = None  # the policy's view; None once it is stale
 
     @property
     def n(self) -> int:
