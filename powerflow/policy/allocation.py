@@ -53,13 +53,13 @@ fits within one node.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from powerflow.policy.curves import Curves
+from powerflow.policy.greedy_kernels import allocate_steps
 
 
 @dataclass(frozen=True)
@@ -90,34 +90,6 @@ class Allocation:
     gpus: int
 
 
-def step_keys(
-    curves: Curves, energy_aware: bool
-) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Per row: heap class and value of the step *to* that row, its efficient power and JCT.
-
-    Class 1: free win (saves energy and time), 2: ratio (or JCT only), 3: never
-    (no JCT reduction). Smaller sorts first; values are negated gains.
-    """
-    n_rows = curves.efficient.size
-    jct, energy, power = curves.jct_s, curves.energy_j, curves.power_w
-    d_jct = np.zeros(n_rows)
-    d_energy = np.zeros(n_rows)
-    d_jct[1:] = jct[:-1] - jct[1:]
-    d_energy[1:] = energy[1:] - energy[:-1]
-    if energy_aware:
-        free = d_energy <= 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            value = np.where(free, -d_jct, -d_jct / np.where(free, 1.0, d_energy))
-        cls = np.where(free, 1, 2)
-    else:
-        value, cls = -d_jct, np.full(n_rows, 2)
-    cls = np.where(d_jct > 0, cls, 3)
-    return cls.tolist(), value.tolist(), power.tolist(), jct.tolist()
-
-
-Key = tuple[int, float, float, str, int, int]
-
-
 def allocate(
     curves: Curves,
     candidates: Sequence[int],
@@ -128,51 +100,28 @@ def allocate(
     strict: bool = False,
 ) -> Allocation:
     """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned)."""
-    cls, value, eff_power, eff_jct = step_keys(curves, energy_aware)
-    start = curves.tables.start.tolist()
-    sizes = curves.tables.sizes.tolist()
-    counts = curves.tables.counts.tolist()
-    ages = curves.age_s.tolist()
-    ids, arrivals = curves.job_ids, curves.arrival_s
-
-    heap: list[Key] = []
-    for j in candidates:
-        first = start[j]
-        if sizes[j] == 0:
-            continue
-        service = counts[first] * (eff_jct[first] - ages[j]) if elastic else 0.0
-        heap.append((0, service, arrivals[j], ids[j], first, j))
-    heapq.heapify(heap)
-
-    rows: dict[int, int] = {}
-    allocated = power.base_gpus
-    free = power.free_gpus
-    jobs_w = power.base_power_w
-    # ``PowerModel.nodes_on`` and ``total_w`` inlined (same arithmetic, same
-    # floats): this loop runs hundreds of steps per call on a busy cluster.
-    gpn, base_nodes, idle_w, limit_w = (
-        power.gpus_per_node,
-        power.base_nodes,
-        power.idle_w,
-        power.limit_w,
+    tables = curves.tables
+    row, order, allocated, jobs_w = allocate_steps(
+        tables.start,
+        tables.sizes,
+        tables.counts,
+        curves.jct_s,
+        curves.energy_j,
+        curves.power_w,
+        curves.age_s,
+        curves.tie_rank,
+        np.asarray(candidates, dtype=np.int64),
+        bool(energy_aware),
+        bool(elastic),
+        bool(strict),
+        int(power.free_gpus),
+        int(power.base_gpus),
+        float(power.base_power_w),  # an int 0 without pinned jobs: one compiled signature
+        int(power.gpus_per_node),
+        int(power.base_nodes),
+        float(power.idle_w),
+        float(power.limit_w),
     )
-    nodes = power.nodes_on(allocated)
-    while heap and free > 0:  # every step costs at least one GPU
-        _, _, _, _, to, j = heapq.heappop(heap)
-        frm = rows.get(j, -1)
-        cost = counts[to] - (counts[frm] if frm >= 0 else 0)
-        if cost > free:
-            continue
-        new_jobs_w = jobs_w + eff_power[to] - (eff_power[frm] if frm >= 0 else 0.0)
-        new_allocated = allocated + cost
-        new_nodes = max(-(-new_allocated // gpn), base_nodes)
-        if (strict or new_nodes > nodes) and (
-            new_jobs_w + idle_w * (new_nodes * gpn - new_allocated) > limit_w
-        ):
-            continue
-        rows[j], allocated, free, jobs_w = to, new_allocated, free - cost, new_jobs_w
-        nodes = new_nodes
-        nxt = to + 1
-        if elastic and nxt < start[j] + sizes[j] and cls[nxt] < 3:
-            heapq.heappush(heap, (cls[nxt], value[nxt], arrivals[j], ids[j], nxt, j))
+    jobs = order.tolist()
+    rows = dict(zip(jobs, row[order].tolist(), strict=True))
     return Allocation(rows=rows, power_w=power.total_w(jobs_w, allocated), gpus=allocated)

@@ -27,8 +27,8 @@ class Curves:
     """Per table row: the efficient clock column and JCT, energy and power there."""
 
     tables: Tables
-    job_ids: tuple[str, ...]
-    arrival_s: tuple[float, ...]
+    tie_rank: IntArray
+    """Per job, its place in (arrival, id) order: how the heaps break ties."""
     age_s: FloatArray
     row_age_s: FloatArray
     row_remaining: FloatArray
@@ -46,15 +46,15 @@ class Curves:
 
 
 def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
-    age = np.maximum(0.0, now_s - np.asarray([j.arrival_s for j in jobs], dtype=np.float64))
+    arrival = np.asarray([j.arrival_s for j in jobs], dtype=np.float64)
+    age = np.maximum(0.0, now_s - arrival)
     remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
     row_job = tables.row_job
     row_age, row_remaining = age[row_job], remaining[row_job]
     t_eff, e_eff = tables.efficient_step_time_s, tables.efficient_energy_j
     return Curves(
         tables=tables,
-        job_ids=tuple(j.id for j in jobs),
-        arrival_s=tuple(j.arrival_s for j in jobs),
+        tie_rank=tie_ranks(arrival, [j.id for j in jobs]),
         age_s=age,
         row_age_s=row_age,
         row_remaining=row_remaining,
@@ -63,3 +63,30 @@ def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
         energy_j=row_remaining * e_eff,
         power_w=e_eff / t_eff,
     )
+
+
+def tie_ranks(arrival_s: FloatArray, ids: Sequence[str]) -> IntArray:
+    """Each entry's place in (arrival, id) order, equal pairs sharing one.
+
+    The heaps break ties by (arrival, id); compiled code compares integers.
+    Snapshots list their jobs in that order already (the simulator's always
+    do), which a linear check confirms: only jobs that arrived in the same
+    second compare their ids. Otherwise one Python sort.
+    """
+    n = arrival_s.size
+    new = np.ones(n, dtype=np.bool_)
+    later, same = arrival_s[1:] > arrival_s[:-1], arrival_s[1:] == arrival_s[:-1]
+    if (later | same).all():
+        for k in np.flatnonzero(same).tolist():
+            if ids[k] > ids[k + 1]:
+                break
+            new[k + 1] = ids[k] != ids[k + 1]
+        else:
+            return np.cumsum(new) - 1
+    keys = list(zip(arrival_s.tolist(), ids, strict=True))
+    order = sorted(range(n), key=keys.__getitem__)
+    for k in range(1, n):
+        new[k] = keys[order[k]] != keys[order[k - 1]]
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = np.cumsum(new) - 1
+    return ranks
