@@ -27,6 +27,7 @@ from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation, _running_total, _with_progress
 from powerflow.sim.jobs import Phase, SimJob
 from powerflow.sim.metrics import summarise
+from powerflow.sim.rates import TruthRates
 from powerflow.sim.result import RunResult
 from powerflow.sim.runner import TraceSpec, load_jobs
 from powerflow.sim.synthetic import SyntheticSpec
@@ -251,3 +252,21 @@ def test_measurements_do_not_depend_on_the_memo() -> None:
     a = one_gpu_sweep(truth, 32, rng=np.random.default_rng(1))
     b = one_gpu_sweep(_fresh(truth), 32, rng=np.random.default_rng(1))
     assert np.array_equal(a.f, b.f) and np.array_equal(a.energy_j, b.energy_j)
+
+
+@pytest.mark.parametrize("model", ["resnet50", "bert", "deepspeech2", "gpt2"])
+def test_rates_filled_for_every_clock_equal_one_clock_at_a_time(model: str) -> None:
+    """A miss fills the rate cache for all clocks from one array evaluation;
+    each entry must be the very floats a scalar evaluation of that clock gives."""
+    truth = ground_truth(model)
+    clocks = truth.gpu.clocks_mhz
+    batched = TruthRates(lambda name: _fresh(truth), clocks)
+    single = TruthRates(lambda name: _fresh(truth))  # no clocks: every miss alone
+    rng = np.random.default_rng(8)
+    for _ in range(30):
+        n = int(2 ** rng.integers(0, 7))
+        r = min(n, int(2 ** rng.integers(0, 4)))
+        bs = float(rng.choice([1.0, 8.0, 24.0, 32.0, 100.0, 512.0, 3000.0]))
+        for f in rng.choice(clocks, size=4).tolist():
+            assert batched.rate(model, n, r, bs, f) == single.rate(model, n, r, bs, f)
+    assert len(batched._cache) > len(single._cache)  # the fill really happened

@@ -77,7 +77,7 @@ class Simulation:
         self.configured = configured
         self.profiling = configured.profiling
         self.world = world
-        self.rates = TruthRates(world.truth)
+        self.rates = TruthRates(world.truth, config.gpu.clocks_mhz)
         if learner is None:
             learner = FittedLearner(config.gpu) if self.profiling.fitted_models else OracleLearner()
         self.learner = learner
