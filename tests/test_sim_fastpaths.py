@@ -10,6 +10,7 @@ exactly what evaluating afresh answers.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections import Counter
@@ -23,9 +24,10 @@ from powerflow.groundtruth.measure import measure, one_gpu_sweep
 from powerflow.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
 from powerflow.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.schedulers import scheduler
+from powerflow.sim import kernels
 from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation, _running_total, _with_progress
-from powerflow.sim.jobs import Phase, SimJob
+from powerflow.sim.engine import Simulation, _with_progress
+from powerflow.sim.jobs import JobArrays, Phase, SimJob
 from powerflow.sim.metrics import summarise
 from powerflow.sim.rates import TruthRates
 from powerflow.sim.result import RunResult
@@ -135,14 +137,86 @@ def test_engine_exercised_the_shortcuts() -> None:
     assert flow["profiling_phases"] > 0
 
 
-def test_running_total_adds_in_order_like_a_loop() -> None:
+def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
+    """The compiled passes give the very floats of a Python loop over the rows
+    (sums added in order, not pairwise), on random rows with big and tiny
+    terms, and NaN comes out of the soonest event as np.min has it."""
     rng = np.random.default_rng(4)
-    for size in (0, 1, 7, 9, 130, 2000):
-        terms = rng.random(size) * 10.0 ** rng.uniform(-3, 5, size)
-        total = 0.0
-        for x in terms.tolist():
-            total += x
-        assert _running_total(terms) == total  # bit for bit, not approximately
+    for size in (0, 1, 7, 130, 2000):
+        a = JobArrays(size + 3)
+        for col in ("done", "attained", "run_s", "energy", "power", "n", "iterations"):
+            getattr(a, col)[:] = rng.random(size + 3) * 10.0 ** rng.uniform(-3, 5, size + 3)
+        a.share[:] = rng.choice([1.0, 0.5, 1 / 3], size + 3)
+        a.step[:] = rng.uniform(0.01, 3.0, size + 3)
+        a.phase_end[:] = np.where(rng.random(size + 3) < 0.5, np.inf, rng.uniform(0, 1e5, size + 3))
+        held = rng.permutation(size + 3)[:size].astype(np.intp)
+        computing = held[rng.random(size) < 0.8]
+        b = copy.deepcopy(a)
+        kernels.advance(
+            held,
+            computing,
+            7.25,
+            a.n,
+            a.share,
+            a.step,
+            a.power,
+            a.attained,
+            a.run_s,
+            a.done,
+            a.energy,
+        )
+        for i in held.tolist():
+            b.attained[i] += b.n[i] * 7.25
+            b.run_s[i] += 7.25
+        for i in computing.tolist():
+            b.done[i] += 7.25 * b.share[i] / b.step[i]
+            b.energy[i] += 7.25 * b.share[i] * b.power[i]
+        active_w, busy = 0.0, 0.0
+        for i in computing.tolist():
+            active_w += float(b.share[i] * b.power[i])
+            busy += float(b.share[i] * b.n[i])
+        assert kernels.draw(computing, a.share, a.power, a.n) == (active_w, busy)
+        soonest = kernels.next_events(
+            held,
+            computing,
+            50.0,
+            a.phase_end,
+            a.iterations,
+            a.done,
+            a.step,
+            a.share,
+            a.next_event,
+            a.completion,
+        )
+        expected = math.inf
+        computes = set(computing.tolist())
+        for i in held.tolist():
+            end, first = float(b.phase_end[i]), False
+            if i in computes:
+                left = max(float(b.iterations[i] - b.done[i]), 0.0)
+                finish = 50.0 + left * b.step[i] / b.share[i]
+                if finish <= end:
+                    end, first = finish, True
+            assert a.next_event[i] == end and a.completion[i] == first
+            expected = min(expected, end)
+        assert soonest == expected
+        for col in ("attained", "run_s", "done", "energy"):
+            assert np.array_equal(getattr(a, col), getattr(b, col)), col
+    a.phase_end[held[0]] = np.nan  # the last (largest) case's first holder
+    assert math.isnan(
+        kernels.next_events(
+            held,
+            held[:0],
+            0.0,
+            a.phase_end,
+            a.iterations,
+            a.done,
+            a.step,
+            a.share,
+            a.next_event,
+            a.completion,
+        )
+    )
 
 
 def test_progress_copy_equals_a_rebuilt_job() -> None:

@@ -33,6 +33,7 @@ from powerflow.errors import SimulationError
 from powerflow.models.samples import Samples
 from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.schedulers import Configured
+from powerflow.sim import kernels
 from powerflow.sim.config import SimConfig
 from powerflow.sim.jobs import JobArrays, Phase, SimJob
 from powerflow.sim.learning import FittedLearner, Learner, OracleLearner
@@ -533,11 +534,19 @@ class Simulation:
         ``dt`` seconds on (the same float operations as job by job)."""
         held, computing = self._slots()
         a = self._arrays
-        a.attained[held] += a.n[held] * dt
-        a.run_s[held] += dt
-        share = a.share[computing]
-        a.done[computing] += dt * share / a.step[computing]
-        a.energy[computing] += dt * share * a.power[computing]
+        kernels.advance(
+            held,
+            computing,
+            dt,
+            a.n,
+            a.share,
+            a.step,
+            a.power,
+            a.attained,
+            a.run_s,
+            a.done,
+            a.energy,
+        )
 
     def _due(self, due: float) -> list[SimJob]:
         """Holders whose next event is at ``due`` or before, in ``_holders`` order."""
@@ -564,7 +573,7 @@ class Simulation:
         phases do (the dirty flags); the power sums then add the jobs' terms
         one by one in ``_holders`` order, as a loop over the jobs would. Next
         events depend on progress, so they are recomputed every time, all
-        holders at once.
+        holders in one compiled pass (``kernels``).
         """
         held, computing = self._slots()
         a = self._arrays
@@ -581,22 +590,21 @@ class Simulation:
             self._held_gpus = len(self._load)
             self._shares_dirty = False
             self._power_dirty = True
-        share = a.share[computing]
         if self._power_dirty:
-            # cumsum adds left to right (unlike sum's pairwise), as a loop would
-            self._active_w = _running_total(share * a.power[computing])
-            self._busy_gpus = _running_total(share * a.n[computing])
+            self._active_w, self._busy_gpus = kernels.draw(computing, a.share, a.power, a.n)
             self._power_dirty = False
-        end = a.phase_end[computing]
-        remaining = a.iterations[computing] - a.done[computing]
-        remaining[remaining < 0.0] = 0.0
-        finish = self.now + remaining * a.step[computing] / share
-        first = finish <= end
-        a.next_event[held] = a.phase_end[held]
-        a.completion[held] = False
-        a.next_event[computing] = np.where(first, finish, end)
-        a.completion[computing] = first
-        self._next_job_s = float(a.next_event[held].min()) if len(held) else math.inf
+        self._next_job_s = kernels.next_events(
+            held,
+            computing,
+            self.now,
+            a.phase_end,
+            a.iterations,
+            a.done,
+            a.step,
+            a.share,
+            a.next_event,
+            a.completion,
+        )
         self._record()
 
     def _record(self) -> None:
@@ -696,12 +704,6 @@ class Simulation:
 
 _new_object = object.__new__
 _set_field = object.__setattr__
-
-
-def _running_total(terms: np.ndarray) -> float:
-    """``0.0 + terms[0] + terms[1] + ...`` in that order: ``np.cumsum`` adds
-    sequentially (``np.sum`` adds pairwise, which rounds differently)."""
-    return float(np.cumsum(terms)[-1]) if len(terms) else 0.0
 
 
 def _with_progress(view: Job, remaining: float, elapsed_s: float, attained_gpu_s: float) -> Job:
