@@ -28,9 +28,13 @@ from dataclasses import dataclass
 from powerflow.policy.buddy import Block, Geometry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
-    """One movable job to place; ``pref`` is where it runs now (see ``preferred_block``)."""
+    """One movable job to place; ``pref`` is where it runs now (see ``preferred_block``).
+
+    Not frozen, only because one is built per running job at every placement and
+    a frozen dataclass is built several times slower; nothing changes an item.
+    """
 
     job_id: str
     size: int
@@ -171,7 +175,7 @@ def _once(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
     placed: dict[str, Block] = {}
     n = state.geo.per_node
     big = sorted((it for it in items if it.size >= n), key=sort_key)
-    small = sorted((it for it in items if it.size < n), key=sort_key)
+    small = [it for it in items if it.size < n]  # _place_small sorts what it needs to
     weight = [0] * state.geo.num_nodes
     for it in items:
         pref = it.pref
@@ -292,7 +296,12 @@ def _place_big(
 def _place_small(
     cluster: Cluster, items: list[Item], taken: bytearray, placed: dict[str, Block]
 ) -> None:
-    """Jobs smaller than a node: steps 2-4 of the module docstring."""
+    """Jobs smaller than a node: steps 2-4 of the module docstring.
+
+    ``items`` may come in any order: the jobs that keep their blocks do not
+    depend on it (``_stayers``), and the rest are sorted by ``sort_key``, a
+    total order, before anything else looks at them.
+    """
     geo = cluster.geo
     n = geo.per_node
     fixed = [f > 0 for f in cluster.fill]
@@ -305,33 +314,36 @@ def _place_small(
             by_node.setdefault(it.pref.node, []).append(it)
 
     # Step 2: which running jobs can stay, and nodes they fill exactly.
+    occ, fill = cluster.occ, cluster.fill
     stayers: dict[int, list[Item]] = {}
-    for node in sorted(by_node):
-        mask = bytearray(cluster.occ[node])
-        for it in sorted(by_node[node], key=sort_key):
-            assert it.pref is not None
-            o, s = it.pref.offset, it.size
-            if mask.find(1, o, o + s) == -1:
-                mask[o : o + s] = b"\x01" * s
-                stayers.setdefault(node, []).append(it)
-            else:
-                homeless.append(it)
-        if cluster.fill[node] + sum(it.size for it in stayers.get(node, ())) == n:
-            for it in stayers.pop(node, ()):
-                assert it.pref is not None
-                cluster.occupy(it.pref)
-                placed[it.job_id] = it.pref
-    pool = [i for i in range(geo.num_nodes) if not taken[i] and cluster.fill[i] < n]
+    stay_size: dict[int, int] = {}
+    for node, its in by_node.items():
+        stay = _stayers(occ[node], its)
+        if len(stay) < len(its):
+            staying = {id(it) for it in stay}
+            homeless.extend(it for it in its if id(it) not in staying)
+        size = sum([it.size for it in stay])
+        if fill[node] + size == n:
+            # They and the immovable jobs fill the node: the same as occupying
+            # each job's block in turn.
+            occ[node][:] = _ONES[:n]
+            fill[node] = n
+            cluster.busy[node] = 1
+            for it in stay:
+                pref = it.pref
+                assert pref is not None
+                placed[it.job_id] = pref
+        elif stay:
+            stayers[node] = stay
+            stay_size[node] = size
+    pool = [i for i in range(geo.num_nodes) if not taken[i] and fill[i] < n]
 
     # Step 3: keep the fullest nodes, just enough for the demand; fill their holes.
-    demand = sum(it.size for it in homeless) + sum(
-        it.size for its in stayers.values() for it in its
+    demand = sum([it.size for it in homeless]) + sum(stay_size.values())
+    on = geo.powered_on
+    order = sorted(
+        pool, key=lambda i: (not fixed[i], -(fill[i] + stay_size.get(i, 0)), not on[i], i)
     )
-
-    def stay_fill(i: int) -> int:
-        return cluster.fill[i] + sum(it.size for it in stayers.get(i, ()))
-
-    order = sorted(pool, key=lambda i: (not fixed[i], -stay_fill(i), not geo.powered_on[i], i))
     kept: list[int] = []
     room = 0
     for i in order:
@@ -342,11 +354,13 @@ def _place_small(
         room += n - cluster.fill[i]
     on_node: dict[int, list[Item]] = {}
     for i in kept:
-        for it in stayers.get(i, ()):
-            assert it.pref is not None
-            cluster.occupy(it.pref)
-            placed[it.job_id] = it.pref
-            on_node.setdefault(i, []).append(it)
+        kept_here = stayers.get(i)
+        if kept_here:
+            for it in kept_here:
+                assert it.pref is not None
+                cluster.occupy(it.pref)
+                placed[it.job_id] = it.pref
+            on_node[i] = list(kept_here)
     homeless.sort(key=sort_key)
     tries: list[int | None] = [*_slack_nodes(cluster, kept, sum(it.size for it in homeless))[:3]]
     tries.append(None)
@@ -391,6 +405,36 @@ def _place_small(
         room += n
     redo.sort(key=sort_key)
     _best_fit(cluster, redo, sorted(nodes), placed)
+
+
+def _stayers(occupied: bytearray, items: list[Item]) -> list[Item]:
+    """The running jobs that keep their blocks on a node, bigger ones first on a collision.
+
+    Taken in ``sort_key`` order, each job whose block is still free stays. When
+    no two blocks collide (nor with the node's immovable jobs) every job
+    stays whatever the order, so the blocks are first tried in the given order
+    and only a collision sorts (the order of the stayers matters nowhere: every
+    later use sorts them by ``sort_key``, a total order).
+    """
+    mask = bytearray(occupied)
+    for it in items:
+        pref = it.pref
+        assert pref is not None
+        o = pref.offset
+        if mask.find(1, o, o + it.size) != -1:
+            break
+        mask[o : o + it.size] = _ONES[: it.size]
+    else:
+        return items
+    mask = bytearray(occupied)
+    stay: list[Item] = []
+    for it in sorted(items, key=sort_key):
+        assert it.pref is not None
+        o, size = it.pref.offset, it.size
+        if mask.find(1, o, o + size) == -1:
+            mask[o : o + size] = _ONES[:size]
+            stay.append(it)
+    return stay
 
 
 def _slack_nodes(cluster: Cluster, kept: list[int], demand: int) -> list[int]:

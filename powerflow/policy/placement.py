@@ -203,9 +203,20 @@ def place_columns(
     ``PlacementRequest`` per job only to take it apart again was a measurable
     part of a decision.
     """
-    for job_id, n in zip(job_ids, gpus, strict=True):
-        _check_gpus(job_id, n)
+    if len(job_ids) != len(gpus) or not (
+        set(map(type, gpus)) <= _INT_TYPES and set(gpus) <= _POWERS_OF_TWO
+    ):
+        # Not all plain powers of two: the per-request check names the first bad one.
+        for job_id, n in zip(job_ids, gpus, strict=True):
+            _check_gpus(job_id, n)
     return _place(nodes, job_ids, gpus, current, movable)
+
+
+_INT_TYPES = frozenset({int, bool})
+_POWERS_OF_TWO = frozenset(1 << k for k in range(64))
+"""``place_columns`` checks a whole column against these at C speed (``_check_gpus`` accepts
+exactly these values of these types, and more only for other ``int`` subclasses, which take
+the per-request path)."""
 
 
 def _place(
@@ -246,19 +257,32 @@ def _place(
     left = geo.capacity - fixed
     max_block = geo.max_block
     per_node = geo.per_node
+    by_slots = geo.node_blocks.by_slots
     items: list[Item] = []
     kept: dict[str, Block] = {}
     for job_id, n, current, movable in zip(job_ids, gpus, currents, movables, strict=True):
         if not movable or n > max_block or n > left:
             continue
         left -= n
-        pref = _kept_block(geo, current, n)
-        if pref is None and n > per_node:
-            pref = _kept_group(geo, current, n)
-        if pref is None:
-            pref = _preferred(geo, current, n)
+        # ``_kept_block`` inline (it runs for every running job at every event).
+        pref: Block | None = None
+        if type(current) is tuple:
+            if current:
+                try:
+                    pref = by_slots.get(current)
+                except TypeError:  # unhashable slots: the scan decides
+                    pref = _kept_block_scan(geo, current, n)
+                else:
+                    if pref is not None and pref[2] != n:
+                        pref = None
+                if pref is None and n > per_node:
+                    pref = _kept_group(geo, current, n)
         else:
+            pref = _kept_block_scan(geo, current, n)
+        if pref is not None:
             kept[job_id] = pref
+        elif current:
+            pref = _preferred(geo, current, n)
         items.append(Item(job_id, n, pref))
     placed.update(allocate(cluster, items))
     return _result(geo, job_ids, currents, movables, placed, kept)
@@ -337,26 +361,26 @@ def _result(
     unplaced: list[str] = []
     used = bytearray(geo.num_nodes)
     per_node = geo.per_node
+    block_slots = geo.node_blocks.slots
     for job_id, current, movable in zip(job_ids, currents, movables, strict=True):
         got = placed.get(job_id)
         if got is None:
             unplaced.append(job_id)
             continue
-        same = kept.get(job_id)
-        if got.size <= per_node:
-            if same == got:
-                # It keeps its GPUs (the block's slots, in order): no migration.
-                assignments[job_id] = geo.slots(got)
-                used[got.node] = 1
-                continue
-            slots = geo.slots(got)
+        node, _, size = got
+        if size <= per_node:
+            slots = block_slots.get(got) or geo.slots(got)
+            assignments[job_id] = slots
+            used[node] = 1
+            if kept.get(job_id) == got:
+                continue  # it keeps its GPUs (the block's slots, in order): no migration
         else:
             slots = geo.node_groups.slots.get(got) or tuple(sorted(geo.slots(got)))
-        assignments[job_id] = slots
-        g = max(1, got.size // per_node)
-        used[got.node : got.node + g] = b"\x01" * g
-        if same == got:
-            continue  # a multi-node job on exactly its current group: no migration
+            assignments[job_id] = slots
+            g = size // per_node
+            used[node : node + g] = b"\x01" * g
+            if kept.get(job_id) == got:
+                continue  # a multi-node job on exactly its current group: no migration
         if movable and current and is_migration(current, slots):
             migrations.append(Migration(job_id, tuple(sorted(set(current))), slots))
     idle = tuple(name for i, name in enumerate(geo.names) if not used[i])
