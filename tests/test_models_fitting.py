@@ -100,6 +100,32 @@ def test_rescaled_prior_takes_the_jobs_size() -> None:
     assert anchor.energy.p_static_w == pytest.approx(job.energy.p_static_w, rel=0.03)
 
 
+def test_rescaled_prior_is_the_median_ratios_of_the_reference_model() -> None:
+    """The compiled rescale against its definition, with the generic model."""
+    job = _other_job(TRUE, 2.5, 0.7)
+    s = Samples.concat([_sweep(job, 64.0, 0), sample(job, grid(clock_step=16), 0.01, seed=3)])
+    anchor = rescale_prior(TRUE, s, A100)
+    tp = TRUE.throughput
+    k_t = np.median(s.step_time_s / throughput.step_time(tp, s.n, s.r, s.bs, s.f))
+    compute = ("a_io", "b_io", "a_grad", "b_grad", "k_grad")
+    want_t = dataclasses.replace(tp, **{k: getattr(tp, k) * k_t for k in compute})
+    np.testing.assert_allclose(anchor.throughput.to_vector(), want_t.to_vector(), rtol=1e-12)
+    grad = throughput.t_grad(want_t, s.bs, s.f)
+    sync = throughput.t_sync(want_t, s.n, s.r, s.f)
+    it = throughput.step_time(want_t, s.n, s.r, s.bs, s.f)
+    e = energy.energy_per_iter(TRUE.energy, s.n, s.bs, s.f / A100.f0_mhz, grad, sync, it)
+    k_e = np.median(s.energy_j / e)
+    ep = TRUE.energy
+    want_e = dataclasses.replace(
+        ep,
+        p_grad_w=ep.p_grad_w * k_e,
+        p_sync_w=ep.p_sync_w * k_e,
+        p_static_w=max(ep.p_static_w * k_e, 1.0),
+    )
+    np.testing.assert_allclose(anchor.energy.to_vector(), want_e.to_vector(), rtol=1e-12)
+    assert anchor.model == TRUE.model and anchor.gpu == TRUE.gpu
+
+
 def test_sweep_only_fit_borrows_multi_gpu_terms_from_the_prior() -> None:
     job = _other_job(TRUE, 2.5, 0.7)
     params = fit_with_prior(TRUE, _sweep(job, 64.0, 0), A100)

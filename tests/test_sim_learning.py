@@ -52,7 +52,7 @@ def test_update_refits_when_a_new_placement_contradicts_the_model() -> None:
     assert known.fits == 1
     two = [*first, _profile(truth, 2, rng)]
     assert known.params is not None
-    assert not explains(known.params, two[-1])
+    assert not explains(FittedModel(known.params), two[-1])
     refit = learner.update("bert", truth, known, Samples.concat(two))
     assert refit.fits == 2 and refit.model is not known.model
     again = learner.update("bert", truth, refit, Samples.concat([*two, _profile(truth, 1, rng)]))
@@ -67,7 +67,7 @@ def test_update_keeps_a_model_that_already_explains_the_new_profile() -> None:
     known = learner.initial("bert", truth, Samples.concat(first))
     two = Samples.concat([*first, _profile(truth, 2, rng)])
     assert known.params is not None
-    assert explains(known.params, two.take(slice(len(Samples.concat(first)), None)))
+    assert explains(FittedModel(known.params), two.take(slice(len(Samples.concat(first)), None)))
     assert learner.update("bert", truth, known, two) is known
 
 
@@ -80,10 +80,11 @@ def _noisy(params: ModelParams, n: int, factor: FloatArray, seed: int) -> Sample
 
 def test_explains_noise_but_not_a_bias_or_a_clock_trend() -> None:
     params = load_prior("resnet50")
+    model = FittedModel(params)
     f = np.asarray(A100.clocks_mhz[::4], dtype=np.float64)
     flat = np.ones_like(f)
     for seed in range(3):
-        assert explains(params, _noisy(params, 4, flat, seed))
-        assert not explains(params, _noisy(params, 4, 1.05 * flat, seed))
-        assert not explains(params, _noisy(params, 4, (f / f.mean()) ** 0.15, seed))
-    assert not explains(params, _noisy(params, 4, flat, 0).take(slice(0, MIN_NEW_ROWS - 1)))
+        assert explains(model, _noisy(params, 4, flat, seed))
+        assert not explains(model, _noisy(params, 4, 1.05 * flat, seed))
+        assert not explains(model, _noisy(params, 4, (f / f.mean()) ** 0.15, seed))
+    assert not explains(model, _noisy(params, 4, flat, 0).take(slice(0, MIN_NEW_ROWS - 1)))

@@ -43,6 +43,7 @@ residuals (``kernels.residuals``), so both solvers see one model.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -173,16 +174,10 @@ def _solve(
 # --- stage 1: step time -------------------------------------------------------
 
 
-def _columns(s: Samples) -> FloatArray:
-    """The time stage's ``data``: rows ``n, r, bs, f`` (see ``kernels.TIME``)."""
-    return np.stack([s.n, s.r, s.bs, s.f]).astype(np.float64, copy=False)
-
-
 def _time_problem(prior: FloatArray | None, opts: FitOptions) -> ProblemFactory:
     def make(s: Samples) -> _Problem:
-        data = _columns(s)
         log_t = np.log(s.step_time_s)
-        return _Problem(kernels.TIME, data, log_t, prior, _T_FLOOR, opts.prior_weight)
+        return _Problem(kernels.TIME, s.configurations, log_t, prior, _T_FLOOR, opts.prior_weight)
 
     return make
 
@@ -272,7 +267,7 @@ def _energy_problem(
     """The energy stage with the step-time parameters held at ``x_t``."""
 
     def make(s: Samples) -> _Problem:
-        data = kernels.energy_data(x_t, float(gpu.f0_mhz), _columns(s))
+        data = kernels.energy_data(x_t, float(gpu.f0_mhz), s.configurations)
         log_e = np.log(s.energy_j)
         return _Problem(kernels.ENERGY, data, log_e, prior, _E_FLOOR, opts.prior_weight)
 
@@ -355,9 +350,10 @@ def fit_profile(
 
 
 def _params(gpu: GpuSpec, x_t: FloatArray, x_e: FloatArray, model: str | None) -> ModelParams:
-    return ModelParams(
-        gpu.name, ThroughputParams.from_vector(x_t), EnergyParams.from_vector(x_e), model
-    )
+    # Positionally, in field order: ``from_vector`` without its per-call
+    # field lookup (the kernels return vectors of exactly these lengths).
+    tp = ThroughputParams(*x_t.tolist())
+    return ModelParams(gpu.name, tp, EnergyParams(*x_e.tolist()), model)
 
 
 _T_BOUNDS = ThroughputParams.bounds()
@@ -369,39 +365,44 @@ _TIMED = np.array([name in _COMPUTE_TERMS for name in ThroughputParams.names()])
 _POWERS = np.array(
     [name in ("p_grad_w", "p_sync_w", "p_static_w") for name in EnergyParams.names()]
 )
-_STATIC = EnergyParams.names().index("p_static_w")
-
-
-def _median(a: FloatArray) -> float:
-    """``np.median`` of a 1-D array (the same value), without its wrappers:
-    a tenth of the cost on a hundred samples."""
-    s = np.sort(a)
-    m = len(s)
-    return 0.5 * float(s[(m - 1) // 2] + s[m // 2])
 
 
 def _vectors(params: ModelParams) -> tuple[FloatArray, FloatArray]:
     return params.throughput.to_vector(), params.energy.to_vector()
 
 
+@functools.lru_cache(maxsize=64)
+def _prior_vectors(prior: ModelParams) -> tuple[FloatArray, FloatArray]:
+    """``_vectors`` of a prior, packed once: every fit of a model's jobs
+    rescales the same prior (``kernels.rescale`` returns copies)."""
+    return _vectors(prior)
+
+
 def _rescaled(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> tuple[FloatArray, FloatArray]:
     """``rescale_prior`` as the two parameter vectors (what the fits use)."""
     if prior.gpu != gpu.name:
         raise ModelError(f"prior is for {prior.gpu}, samples are for {gpu.name}")
+    x_t, x_e = _prior_vectors(prior)
     s = samples
-    cols = [np.ascontiguousarray(c, dtype=np.float64) for c in (s.n, s.r, s.bs, s.f)]
-    x_t, x_e = _vectors(prior)
-    f0 = float(gpu.f0_mhz)
-    pred_t, _ = kernels.predict(x_t, x_e, f0, *cols)
     # Compute and input terms scale with the job; synchronisation stays in
     # seconds: it is set by the gradient size and the interconnect, not by
     # how fast this job computes (leave-one-out on the ground truth: keeping
     # it absolute more than halves the multi-GPU error of the generic prior).
-    x_t[_TIMED] *= _median(s.step_time_s / pred_t)
-    _, pred_e = kernels.predict(x_t, x_e, f0, *cols)
-    x_e[_POWERS] *= _median(s.energy_j / pred_e)
-    x_e[_STATIC] = max(x_e[_STATIC], 1.0)
-    return x_t, x_e
+    return kernels.rescale(
+        x_t,
+        x_e,
+        float(gpu.f0_mhz),
+        s.configurations,
+        _column(s.step_time_s),
+        _column(s.energy_j),
+        _TIMED,
+        _POWERS,
+        _E_BOUNDS[0],
+    )
+
+
+def _column(a: FloatArray) -> FloatArray:
+    return np.ascontiguousarray(a, dtype=np.float64)
 
 
 def rescale_prior(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> ModelParams:

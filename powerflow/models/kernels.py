@@ -24,9 +24,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 
 from powerflow.jit import njit
 from powerflow.models.protocol import FloatArray
+
+BoolArray = npt.NDArray[np.bool_]
 
 TIME = 0
 """``kind`` of the step-time stage: ``data`` rows ``n, r, bs, f`` (MHz)."""
@@ -40,18 +43,31 @@ ENERGY = 1
 def _pnorm_d(a: float, b: float, g: float) -> tuple[float, float, float, float]:
     """``(a^g + b^g)^(1/g)``, its partials in ``a`` and ``b`` and its
     log-derivative in ``g``, relative to the larger term so that no power
-    overflows (``a``, ``b`` >= 0)."""
+    overflows (``a``, ``b`` >= 0, ``g`` >= 1).
+
+    With ``q = lo/hi``: ``hi*(1 + q^g)^(1/g)``. ``q^g``, ``q^(g-1)`` and
+    the root come from one ``log(q)`` and two ``exp`` instead of three
+    ``pow`` (the fits spend most of their time here).
+    """
     a_hi = a >= b
     hi = a if a_hi else b
     lo = b if a_hi else a
     q = lo / hi if hi > 0.0 else 0.0
-    qg = q**g
+    if q > 0.0:
+        log_q = math.log(q)
+        qg = math.exp(g * log_q)
+        q_g1 = qg / q  # q^(g-1)
+        xlogy = qg * log_q
+    else:
+        qg = 0.0
+        q_g1 = 1.0 if g == 1.0 else 0.0
+        xlogy = 0.0
     s = 1.0 + qg
-    root = s ** (1.0 / g)
+    log_s = math.log1p(qg)
+    root = math.exp(log_s / g)
     d_hi = root / s
-    d_lo = d_hi * q ** (g - 1.0)
-    xlogy = qg * math.log(q) if qg != 0.0 else 0.0
-    dlog_g = (xlogy / s - math.log(s) / g) / g
+    d_lo = d_hi * q_g1
+    dlog_g = (xlogy / s - log_s / g) / g
     if a_hi:
         return hi * root, d_hi, d_lo, dlog_g
     return hi * root, d_lo, d_hi, dlog_g
@@ -131,6 +147,38 @@ def predict(
         t_out[k] = it
         e_out[k] = _energy(ep, n[k] * grad, n[k] * sync, n[k] * it, util, k_grad, k_sync, static)
     return t_out, e_out
+
+
+@njit
+def rescale(
+    tp: FloatArray,
+    ep: FloatArray,
+    f0_mhz: float,
+    cols: FloatArray,
+    step_time_s: FloatArray,
+    energy_j: FloatArray,
+    timed: BoolArray,
+    powers: BoolArray,
+    e_lo: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Copies of ``tp`` and ``ep`` with the ``timed`` entries scaled by the
+    median ratio of measured to predicted step time, then the ``powers``
+    scaled by that of energy (predicted with the scaled ``tp``) and kept at
+    or above ``e_lo`` (``cols`` as in ``energy_data``)."""
+    x_t = tp.copy()
+    x_e = ep.copy()
+    n, r, bs, f = cols[0], cols[1], cols[2], cols[3]
+    t, _ = predict(tp, ep, f0_mhz, n, r, bs, f)
+    k_t = np.median(step_time_s / t)
+    for j in range(x_t.shape[0]):
+        if timed[j]:
+            x_t[j] *= k_t
+    _, e = predict(x_t, ep, f0_mhz, n, r, bs, f)
+    k_e = np.median(energy_j / e)
+    for j in range(x_e.shape[0]):
+        if powers[j]:
+            x_e[j] = max(x_e[j] * k_e, e_lo[j])
+    return x_t, x_e
 
 
 @njit
@@ -424,19 +472,25 @@ def cholesky_solve(a: FloatArray, b: FloatArray, low: FloatArray, out: FloatArra
 
 @njit
 def _normal(jac: FloatArray, res: FloatArray, a: FloatArray, g: FloatArray) -> None:
-    """``a = J'J`` and ``g = J'r``."""
+    """``a = J'J`` and ``g = J'r``, row by row: each entry sums over the rows
+    in order, the inner loop runs along a row of ``J`` (contiguous), and a
+    zero entry (the sync columns of one-GPU rows, the prior's off-diagonal)
+    adds nothing, so it is skipped."""
     rows, p = jac.shape
+    a[:, :] = 0.0
+    g[:] = 0.0
+    for k in range(rows):
+        r = res[k]
+        for i in range(p):
+            v = jac[k, i]
+            if v == 0.0:
+                continue
+            g[i] += v * r
+            for j in range(i, p):
+                a[i, j] += v * jac[k, j]
     for i in range(p):
-        for j in range(i, p):
-            v = 0.0
-            for k in range(rows):
-                v += jac[k, i] * jac[k, j]
-            a[i, j] = v
-            a[j, i] = v
-        v = 0.0
-        for k in range(rows):
-            v += jac[k, i] * res[k]
-        g[i] = v
+        for j in range(i):
+            a[i, j] = a[j, i]
 
 
 @njit

@@ -9,6 +9,7 @@ and every fitting routine consumes it.
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,14 @@ class Samples:
 
     def __len__(self) -> int:
         return len(self.n)
+
+    @functools.cached_property
+    def configurations(self) -> FloatArray:
+        """Rows ``n, r, bs, f`` as one C-contiguous float64 array (4, len):
+        what the compiled fits and predictions take, built once per samples
+        (``cached_property`` writes the instance's ``__dict__``, which a
+        frozen dataclass allows)."""
+        return np.stack([self.n, self.r, self.bs, self.f]).astype(np.float64, copy=False)
 
     @classmethod
     def _trusted(cls, *cols: FloatArray) -> Samples:
