@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from powerflow.groundtruth import ground_truth
-from powerflow.groundtruth.measure import measure, one_gpu_sweep
+from powerflow.groundtruth.measure import measure, one_gpu_sweep, sweep_plan
 from powerflow.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
 from powerflow.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.schedulers import scheduler
@@ -344,3 +344,68 @@ def test_rates_filled_for_every_clock_equal_one_clock_at_a_time(model: str) -> N
         for f in rng.choice(clocks, size=4).tolist():
             assert batched.rate(model, n, r, bs, f) == single.rate(model, n, r, bs, f)
     assert len(batched._cache) > len(single._cache)  # the fill really happened
+
+
+def _measure_by_broadcasting(
+    truth: Any, n: Any, r: Any, bs: Any, f: Any, rng: np.random.Generator, iterations: Any = 1
+) -> tuple[np.ndarray, ...]:
+    """``measure`` written the plain way: broadcast everything, evaluate twice."""
+    cols = np.broadcast_arrays(n, r, bs, f, iterations)
+    n_, r_, bs_, f_, it_ = (np.asarray(x, dtype=np.float64).ravel() for x in cols)
+    sigma = 0.03 / np.sqrt(it_)
+    t = truth.step_time_s(n_, r_, bs_, f_)
+    t = t * np.exp(sigma * rng.standard_normal(sigma.shape) - 0.5 * sigma**2)
+    e = truth.energy_per_iter_j(n_, r_, bs_, f_)
+    e = e * np.exp(sigma * rng.standard_normal(sigma.shape) - 0.5 * sigma**2)
+    return n_, r_, bs_, f_, t, e
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NotAGroundTruth:
+    """A ground truth behind the bare PerfModel methods (measure's general path)."""
+
+    truth: GroundTruth
+
+    def step_time_s(self, n: Any, r: Any, bs: Any, f: Any) -> Any:
+        return self.truth.step_time_s(n, r, bs, f)
+
+    def energy_per_iter_j(self, n: Any, r: Any, bs: Any, f: Any) -> Any:
+        return self.truth.energy_per_iter_j(n, r, bs, f)
+
+
+def test_measure_shortcuts_give_the_plain_samples() -> None:
+    """Numbers and equal-length arrays skip np.broadcast_arrays, a ground truth
+    is evaluated once for both columns, the pre-run's plan is remembered: the
+    samples are the very floats of the plain way, whatever the spelling."""
+    truth = ground_truth("gpt2")
+    f = np.array(truth.gpu.clocks_mhz[-7:], dtype=np.float64)
+    spellings: list[tuple[Any, Any, Any, Any, Any]] = [
+        (4, 2, 16.0, f, 1),
+        (np.full(7, 4.0), np.full(7, 2.0), 16, f, 1),
+        (4.0, np.full(7, 2.0), np.full(7, 16.0), f, np.arange(1, 8)),
+        (np.array(4), 2, 16, f[::2], 3.0),  # a strided column
+        (4, 2, 16, 1410, 1),  # all numbers: one sample
+        (np.full((2, 7), 4.0), 2, 16, f, 1),  # 2-D: the general path
+        (np.array([4.0, 8.0]), np.array([[2.0], [4.0]]), 16, 1410, 1),
+    ]
+    for k, (n, r, bs, clocks, iters) in enumerate(spellings):
+        for model in (truth, _NotAGroundTruth(truth)):
+            got = measure(model, n, r, bs, clocks, rng=_rng(k), noise=0.03, iterations=iters)
+            want = _measure_by_broadcasting(model, n, r, bs, clocks, _rng(k), iters)
+            for name, col in zip(
+                ("n", "r", "bs", "f", "step_time_s", "energy_j"), want, strict=True
+            ):
+                assert np.array_equal(getattr(got, name), col), (k, name)
+                assert getattr(got, name).flags.c_contiguous
+    for bs in (8.0, 8, 64.0):
+        fresh = one_gpu_sweep(_fresh(truth), bs, rng=_rng(2))
+        plan = sweep_plan(truth, bs)
+        plan[0][:] = 0.0  # the caller owns what it got: the memo is not touched
+        again = one_gpu_sweep(truth, bs, rng=_rng(2))
+        for name in ("n", "r", "bs", "f", "step_time_s", "energy_j"):
+            assert np.array_equal(getattr(fresh, name), getattr(again, name)), name
+    assert truth._plans

@@ -48,14 +48,34 @@ def measure(
     """
     if not noise >= 0:
         raise DataError("noise must be >= 0")
-    cols = np.broadcast_arrays(n, r, bs, f, iterations)
-    n_, r_, bs_, f_, it_ = (np.asarray(x, dtype=np.float64).ravel() for x in cols)
+    n_, r_, bs_, f_, it_ = _columns(n, r, bs, f, iterations)
     if np.any(it_ < 1):
         raise DataError("each sample averages at least one iteration")
-    step = truth.step_time_s(n_, r_, bs_, f_)
-    energy = truth.energy_per_iter_j(n_, r_, bs_, f_)
+    if isinstance(truth, GroundTruth):
+        step, energy = truth.step_and_energy(n_, r_, bs_, f_)
+    else:
+        step = truth.step_time_s(n_, r_, bs_, f_)
+        energy = truth.energy_per_iter_j(n_, r_, bs_, f_)
     sigma = noise / np.sqrt(it_)
     return Samples(n_, r_, bs_, f_, step * _factor(rng, sigma), energy * _factor(rng, sigma))
+
+
+def _columns(*args: ArrayLike) -> list[FloatArray]:
+    """The arguments broadcast to one shape and flattened, as float64.
+
+    The simulator measures thousands of times with numbers and equal-length
+    1-D arrays only; those are expanded directly (``np.full``, or the array
+    itself, contiguous), which gives the values ``np.broadcast_arrays`` gives at a
+    fraction of its cost. Anything else takes ``np.broadcast_arrays``.
+    """
+    arrays = [np.asarray(x, dtype=np.float64) for x in args]
+    sizes = {a.shape for a in arrays if a.ndim}
+    if len(sizes) == 1:
+        (shape,) = sizes
+        if len(shape) == 1:
+            (size,) = shape
+            return [a.ravel() if a.ndim else np.full(size, a) for a in arrays]
+    return [x.ravel() for x in np.broadcast_arrays(*arrays)]
 
 
 def dense_configs(truth: GroundTruth) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
@@ -116,6 +136,18 @@ def sweep_plan(
     """
     if not duration_s > 0:
         raise DataError("sweep duration must be positive")
+    if isinstance(truth, GroundTruth):  # one plan per batch size, remembered
+        key = (float(bs), float(duration_s), gpu)
+        plan = truth._plans.get(key)
+        if plan is None:
+            plan = truth._plans[key] = _sweep_plan(truth, bs, duration_s, gpu)
+        return plan[0].copy(), plan[1].copy()
+    return _sweep_plan(truth, bs, duration_s, gpu)
+
+
+def _sweep_plan(
+    truth: PerfModel, bs: float, duration_s: float, gpu: GpuSpec | None
+) -> tuple[FloatArray, FloatArray]:
     clocks = np.array(_gpu_of(truth, gpu).clocks_mhz, dtype=np.float64)
     for stride in range(1, len(clocks) + 1):
         chosen = clocks[::-stride][::-1]

@@ -83,6 +83,10 @@ class GroundTruth:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """``_phases`` of small inputs by their exact bytes (see ``_phases``)."""
+    _plans: dict[tuple[float, float, GpuSpec | None], tuple[FloatArray, FloatArray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """``measure.sweep_plan`` by (batch, duration, GPU): one per batch size in a run."""
 
     # -- full-clock pieces ---------------------------------------------------
 
@@ -204,6 +208,14 @@ class GroundTruth:
         """Joules per iteration, summed over the job's n GPUs."""
         n_, heavy, light, p_heavy, p_light = self._phases(n, r, bs, f)
         return n_ * (p_heavy * heavy + p_light * light)
+
+    def step_and_energy(
+        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
+    ) -> tuple[FloatArray, FloatArray]:
+        """``(step_time_s, energy_per_iter_j)`` from one evaluation (a profiler
+        measures both at once)."""
+        n_, heavy, light, p_heavy, p_light = self._phases(n, r, bs, f)
+        return heavy + light, n_ * (p_heavy * heavy + p_light * light)
 
     def power_w(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike) -> FloatArray:
         """Average power of the whole job (all n GPUs), W."""

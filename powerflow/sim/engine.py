@@ -171,6 +171,9 @@ class Simulation:
         planned = {jp.job_id: jp for jp in plan.jobs}
         take = planned.pop
         prerun = Phase.PRERUN
+        # Only a job holding a GPU on a node to power down can be kept there
+        # by mistake; usually no held GPU is on one, and no job needs a look.
+        down_held = bool(down) and not down.isdisjoint([node for node, _ in self._load])
         for job in list(self._active.values()):
             if job.phase is prerun:
                 continue
@@ -184,7 +187,7 @@ class Simulation:
                 and jp.placement == job.placement
                 and jp.frequency_mhz == job.f
                 and jp.local_batch_size == job.bs
-                and not (down and any(node in down for node, _ in job.placement))
+                and not (down_held and any(node in down for node, _ in job.placement))
             ):
                 continue  # unchanged: the common case at most events
             self._check_slots(job, jp.placement, jp.gpus, down)
@@ -444,13 +447,7 @@ class Simulation:
         f = np.asarray(clocks[:done], dtype=np.float64)
         job.samples.append(
             self.world.measure(
-                job.truth,
-                np.full_like(f, job.n),
-                np.full_like(f, job.r),
-                np.full_like(f, job.bs),
-                f,
-                rng=job.rng,
-                noise=self.cfg.noise,
+                job.truth, job.n, job.r, job.bs, f, rng=job.rng, noise=self.cfg.noise
             )
         )
         known = job.knowledge
