@@ -47,7 +47,7 @@ def _curves(rng: np.random.Generator, jobs: int) -> tuple[Curves, list[float], l
     )
     curves = Curves(
         tables=tables,
-        tie_rank=tie_ranks(arrival, ids),
+        tie_rank=tie_ranks(list(zip(arrival.tolist(), ids, strict=True))),
         age_s=age,
         row_age_s=np.zeros(rows),
         row_remaining=np.ones(rows),
@@ -152,11 +152,11 @@ def test_tie_ranks_order_by_arrival_then_id_in_any_input_order() -> None:
     rng = np.random.default_rng(5)
     for _ in range(200):
         n = int(rng.integers(0, 30))
-        arrival = rng.integers(0, 5, n).astype(np.float64)
+        arrival = rng.integers(0, 5, n).astype(np.float64).tolist()
         ids = [f"j{k}" for k in rng.integers(0, 40, n)]  # repeats: equal keys share a rank
-        keys = list(zip(arrival.tolist(), ids, strict=True))
+        keys = list(zip(arrival, ids, strict=True))
         distinct = sorted(set(keys))
         want = [distinct.index(k) for k in keys]
-        assert tie_ranks(arrival, ids).tolist() == want
-        order = sorted(range(n), key=keys.__getitem__)  # the snapshot's usual order
-        assert tie_ranks(arrival[order], [ids[k] for k in order]).tolist() == sorted(want)
+        assert tie_ranks(keys).tolist() == want
+        in_order = sorted(keys)  # the snapshot's usual order
+        assert tie_ranks(in_order).tolist() == sorted(want)

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.policy.curves import Curves
-from powerflow.policy.greedy_kernels import allocate_steps
+from powerflow.policy.greedy_kernels import allocate_steps, heap_arrays
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,10 @@ def allocate(
 ) -> Allocation:
     """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned)."""
     tables = curves.tables
-    row, order, allocated, jobs_w = allocate_steps(
+    cand = np.asarray(candidates, dtype=np.int64)
+    row = np.full(tables.start.size, -1, dtype=np.int64)
+    order = np.empty(cand.size, dtype=np.int64)
+    n_order, allocated, jobs_w = allocate_steps(
         tables.start,
         tables.sizes,
         tables.counts,
@@ -110,7 +113,7 @@ def allocate(
         curves.power_w,
         curves.age_s,
         curves.tie_rank,
-        np.asarray(candidates, dtype=np.int64),
+        cand,
         bool(energy_aware),
         bool(elastic),
         bool(strict),
@@ -121,7 +124,10 @@ def allocate(
         int(power.base_nodes),
         float(power.idle_w),
         float(power.limit_w),
+        row,
+        order,
+        *heap_arrays(tables.start.size),
     )
-    jobs = order.tolist()
-    rows = dict(zip(jobs, row[order].tolist(), strict=True))
+    jobs = order[:n_order]
+    rows = dict(zip(jobs.tolist(), row[jobs].tolist(), strict=True))
     return Allocation(rows=rows, power_w=power.total_w(jobs_w, allocated), gpus=allocated)

@@ -12,6 +12,7 @@ rows the clock phase works on, which keeps memory at two tables.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,15 +47,14 @@ class Curves:
 
 
 def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
-    arrival = np.asarray([j.arrival_s for j in jobs], dtype=np.float64)
-    age = np.maximum(0.0, now_s - arrival)
+    age = np.maximum(0.0, now_s - np.asarray([j.arrival_s for j in jobs], dtype=np.float64))
     remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
     row_job = tables.row_job
     row_age, row_remaining = age[row_job], remaining[row_job]
     t_eff, e_eff = tables.efficient_step_time_s, tables.efficient_energy_j
     return Curves(
         tables=tables,
-        tie_rank=tie_ranks(arrival, [j.id for j in jobs]),
+        tie_rank=tie_ranks([(j.arrival_s, j.id) for j in jobs]),
         age_s=age,
         row_age_s=row_age,
         row_remaining=row_remaining,
@@ -65,28 +65,15 @@ def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
     )
 
 
-def tie_ranks(arrival_s: FloatArray, ids: Sequence[str]) -> IntArray:
-    """Each entry's place in (arrival, id) order, equal pairs sharing one.
+def tie_ranks(keys: Sequence[tuple[float, str]]) -> IntArray:
+    """Each key's place among the distinct ``keys`` in sorted order.
 
-    The heaps break ties by (arrival, id); compiled code compares integers.
-    Snapshots list their jobs in that order already (the simulator's always
-    do), which a linear check confirms: only jobs that arrived in the same
-    second compare their ids. Otherwise one Python sort.
+    The heaps break ties by (arrival, id); compiled code compares these
+    integers instead. Snapshots list their jobs in that order with distinct
+    ids (the simulator's always do), which one pass confirms: then the ranks
+    are the positions.
     """
-    n = arrival_s.size
-    new = np.ones(n, dtype=np.bool_)
-    later, same = arrival_s[1:] > arrival_s[:-1], arrival_s[1:] == arrival_s[:-1]
-    if (later | same).all():
-        for k in np.flatnonzero(same).tolist():
-            if ids[k] > ids[k + 1]:
-                break
-            new[k + 1] = ids[k] != ids[k + 1]
-        else:
-            return np.cumsum(new) - 1
-    keys = list(zip(arrival_s.tolist(), ids, strict=True))
-    order = sorted(range(n), key=keys.__getitem__)
-    for k in range(1, n):
-        new[k] = keys[order[k]] != keys[order[k - 1]]
-    ranks = np.empty(n, dtype=np.int64)
-    ranks[order] = np.cumsum(new) - 1
-    return ranks
+    if all(map(operator.lt, keys, keys[1:])):
+        return np.arange(len(keys), dtype=np.int64)
+    index = {key: rank for rank, key in enumerate(sorted(set(keys)))}
+    return np.asarray([index[key] for key in keys], dtype=np.int64)

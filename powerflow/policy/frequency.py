@@ -25,7 +25,7 @@ import numpy as np
 
 from powerflow.models.protocol import FloatArray
 from powerflow.policy.curves import tie_ranks
-from powerflow.policy.greedy_kernels import raise_steps
+from powerflow.policy.greedy_kernels import heap_arrays, raise_steps
 
 
 @dataclass(frozen=True)
@@ -62,18 +62,27 @@ def raise_clocks(
     width = jct_s.shape[1] if jct_s.ndim == 2 else 0
     if width < 2 or not len(start):
         return Clocks(columns=tuple(start), power_w=total_w, raised_rows=(), raised_from=())
-    arrivals, ids = zip(*order, strict=True)
-    columns, power, raised_rows, raised_from = raise_steps(
+    rows = len(start)
+    columns = np.array(start, dtype=np.int64)
+    raised_rows = np.empty(rows * (width - 1), dtype=np.int64)
+    raised_from = np.empty(rows * (width - 1), dtype=np.int64)
+    n_raised, power = raise_steps(
         np.ascontiguousarray(jct_s, dtype=np.float64),
         np.ascontiguousarray(energy_j, dtype=np.float64),
         np.ascontiguousarray(power_w, dtype=np.float64),
-        np.asarray(start, dtype=np.int64),
-        tie_ranks(np.asarray(arrivals, dtype=np.float64), ids),
+        tie_ranks(order),
         float(total_w),
         float(limit_w),
         int(step),
         bool(energy_aware),
+        columns,
+        raised_rows,
+        raised_from,
+        *heap_arrays(rows),
     )
     return Clocks(
-        tuple(columns.tolist()), power, tuple(raised_rows.tolist()), tuple(raised_from.tolist())
+        tuple(columns.tolist()),
+        power,
+        tuple(raised_rows[:n_raised].tolist()),
+        tuple(raised_from[:n_raised].tolist()),
     )

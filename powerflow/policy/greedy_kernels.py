@@ -30,6 +30,20 @@ from powerflow.models.protocol import FloatArray
 from powerflow.policy.tables import IntArray
 
 
+def heap_arrays(n: int) -> tuple[IntArray, FloatArray, IntArray, IntArray]:
+    """Scratch for a heap of up to ``n`` entries: class, value and tie keys, and the heap.
+
+    Allocated by the caller: numpy allocation inside a kernel roughly doubles
+    its compile time.
+    """
+    return (
+        np.empty(n, dtype=np.int64),
+        np.empty(n),
+        np.zeros(n, dtype=np.int64),
+        np.empty(n, dtype=np.int64),
+    )
+
+
 @njit
 def _step_key(d_jct: float, d_energy: float, energy_aware: bool) -> tuple[int, float]:
     """Heap class and value of a step that shortens the JCT by ``d_jct`` for ``d_energy`` more.
@@ -131,26 +145,29 @@ def allocate_steps(
     base_nodes: int,
     idle_w: float,
     limit_w: float,
-) -> tuple[IntArray, IntArray, int, float]:
+    row: IntArray,
+    order: IntArray,
+    cls: IntArray,
+    value: FloatArray,
+    to_row: IntArray,
+    heap: IntArray,
+) -> tuple[int, int, float]:
     """Allocation's heap loop over the ``candidates`` (see ``allocation.py``).
 
     Heap entries are jobs (one step each at a time), keyed (class, value,
     tie rank, row of the step); a first step has class 0 and the job's
     remaining service as value. ``PowerModel.nodes_on``/``total_w`` are
-    inlined with the same arithmetic. Returns each job's row (-1: it waits),
-    the jobs in the order they got their first GPUs, the GPUs allocated and
-    the jobs' predicted power.
+    inlined with the same arithmetic. Fills ``row`` (each job's row, -1
+    given: it waits) and ``order`` (the jobs in the order they got their
+    first GPUs) and returns how many got GPUs, the GPUs allocated and the
+    jobs' predicted power. ``cls`` .. ``heap``: scratch (``heap_arrays``).
     """
-    n_jobs = start.size
-    cls = np.zeros(n_jobs, dtype=np.int64)
-    value = np.zeros(n_jobs)
-    to_row = np.zeros(n_jobs, dtype=np.int64)
-    heap = np.empty(candidates.size, dtype=np.int64)
     size = root = int(np.int64(0))  # see ``_sift``
     for j in candidates:
         if sizes[j] == 0:
             continue
         first = start[j]
+        cls[j] = 0
         value[j] = counts[first] * (eff_jct[first] - ages[j]) if elastic else 0.0
         to_row[j] = first
         heap[size] = j
@@ -158,8 +175,6 @@ def allocate_steps(
     for pos in range(size // 2 - 1, -1, -1):  # heapq.heapify
         _sift(heap, size, pos, cls, value, rank, to_row)
 
-    row = np.full(n_jobs, -1, dtype=np.int64)
-    order = np.empty(candidates.size, dtype=np.int64)
     n_order = 0
     nodes = max(-(-allocated // gpn), base_nodes)
     while size and free > 0:  # every step costs at least one GPU
@@ -194,7 +209,7 @@ def allocate_steps(
             continue
         cls[j], value[j], to_row[j] = step_cls, step_value, nxt
         _sift(heap, size, root, cls, value, rank, to_row)  # heapq.heapreplace
-    return row, order[:n_order], allocated, jobs_w
+    return n_order, allocated, jobs_w
 
 
 @njit
@@ -202,25 +217,30 @@ def raise_steps(
     jct: FloatArray,
     energy: FloatArray,
     power: FloatArray,
-    start: IntArray,
     rank: IntArray,
     total_w: float,
     limit_w: float,
     step: int,
     energy_aware: bool,
-) -> tuple[IntArray, float, IntArray, IntArray]:
+    columns: IntArray,
+    raised_rows: IntArray,
+    raised_from: IntArray,
+    cls: IntArray,
+    value: FloatArray,
+    tie: IntArray,
+    heap: IntArray,
+) -> tuple[int, float]:
     """The clock phase's heap loop (see ``frequency.py``): take the best raise if it fits.
 
     Heap entries are rows keyed (class, value, tie rank, 0); a committed
-    raise is replaced by the row's next one. Returns the columns, the
-    predicted power and the committed raises (rows, columns before) in order.
+    raise is replaced by the row's next one. ``columns`` holds the start
+    columns and ends with the chosen ones; the committed raises (rows,
+    columns before) are written in order to ``raised_rows`` and
+    ``raised_from`` (room for ``rows * (width - 1)``: every raise moves a row
+    at least one column up). Returns how many, and the predicted power.
+    ``cls`` .. ``heap``: scratch (``heap_arrays``, ``tie`` zero).
     """
     rows, width = jct.shape
-    columns = start.copy()
-    cls = np.zeros(rows, dtype=np.int64)
-    value = np.zeros(rows)
-    tie = np.zeros(rows, dtype=np.int64)
-    heap = np.empty(rows, dtype=np.int64)
     size = root = int(np.int64(0))  # see ``_sift``
     for i in range(rows):
         col = columns[i]
@@ -234,9 +254,6 @@ def raise_steps(
                 size += 1
     for pos in range(size // 2 - 1, -1, -1):  # heapq.heapify
         _sift(heap, size, pos, cls, value, rank, tie)
-    most = rows * (width - 1)  # every raise moves a row at least one column up
-    raised_rows = np.empty(most, dtype=np.int64)
-    raised_from = np.empty(most, dtype=np.int64)
     n_raised = 0
     while size:
         i = heap[0]
@@ -262,4 +279,4 @@ def raise_steps(
             continue
         cls[i], value[i] = step_cls, step_value
         _sift(heap, size, root, cls, value, rank, tie)  # heapq.heapreplace
-    return columns, total_w, raised_rows[:n_raised], raised_from[:n_raised]
+    return n_raised, total_w
