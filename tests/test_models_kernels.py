@@ -44,9 +44,10 @@ def test_predictions_match_the_reference(seed: int) -> None:
     got_t, got_e = predict_flat(params, A100.f0_mhz, *cols)
     np.testing.assert_allclose(got_t, want_t, rtol=1e-13)
     np.testing.assert_allclose(got_e, want_e, rtol=1e-13)
-    both = FittedModel(params).predict(*cols)
-    np.testing.assert_array_equal(both[0], got_t)
-    np.testing.assert_array_equal(both[1], got_e)
+    model = FittedModel(params)
+    for both in (model.predict(*cols), model.predict_columns(*cols)):
+        np.testing.assert_array_equal(both[0], got_t)
+        np.testing.assert_array_equal(both[1], got_e)
 
 
 def test_fitted_model_broadcasts_like_numpy() -> None:

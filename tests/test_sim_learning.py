@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from powerflow import groundtruth as gt
@@ -40,6 +42,16 @@ def test_placement_counts_and_evidence() -> None:
     assert has_new_evidence(((1, 1, 6), (2, 2, 6)), counts)  # doubled
     assert not has_new_evidence(((1, 1, 6), (2, 2, 7)), counts)
     assert has_new_evidence(counts, (*counts, (4, 4, 6)))  # a new placement
+
+
+def test_placement_counts_of_interleaved_placements() -> None:
+    rng = np.random.default_rng(5)
+    n = 2.0 ** rng.integers(0, 5, 300)
+    r = np.minimum(n, 2.0 ** rng.integers(0, 4, 300))
+    ones = np.ones_like(n)
+    counts = placement_counts(Samples(n, r, ones, ones, ones, ones))
+    want = Counter(zip(n.astype(int).tolist(), r.astype(int).tolist(), strict=True))
+    assert counts == tuple((a, b, c) for (a, b), c in sorted(want.items()))
 
 
 def test_update_refits_when_a_new_placement_contradicts_the_model() -> None:

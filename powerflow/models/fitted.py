@@ -51,9 +51,15 @@ class FittedModel:
         """Step time and energy together, sharing the step-time terms."""
         cols = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (n, r, bs, f)))
         shape = cols[0].shape
-        tp, ep = self._vectors
-        t, e = kernels.predict(tp, ep, self._f0_mhz, *(_column(a.ravel()) for a in cols))
+        t, e = self.predict_columns(*(a.ravel() for a in cols))
         return t.reshape(shape), e.reshape(shape)
+
+    def predict_columns(
+        self, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """``predict`` of equal-length 1-D columns, without broadcasting."""
+        tp, ep = self._vectors
+        return kernels.predict(tp, ep, self._f0_mhz, *(_column(a) for a in (n, r, bs, f)))
 
 
 def predict_flat(
