@@ -157,10 +157,11 @@ def allocate_steps(
     Heap entries are jobs (one step each at a time), keyed (class, value,
     tie rank, row of the step); a first step has class 0 and the job's
     remaining service as value. ``PowerModel.nodes_on``/``total_w`` are
-    inlined with the same arithmetic. Fills ``row`` (each job's row, -1
-    given: it waits) and ``order`` (the jobs in the order they got their
-    first GPUs) and returns how many got GPUs, the GPUs allocated and the
-    jobs' predicted power. ``cls`` .. ``heap``: scratch (``heap_arrays``).
+    inlined with the same arithmetic. Sets ``row[j]`` (it comes filled with
+    -1, which stays for the jobs that wait) and lists in ``order`` the jobs
+    in the order they got their first GPUs; returns how many did, the GPUs
+    allocated and the jobs' predicted power. ``cls`` .. ``heap``: scratch
+    (``heap_arrays``).
     """
     size = root = int(np.int64(0))  # see ``_sift``
     for j in candidates:
