@@ -26,7 +26,7 @@ from powerflow.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.schedulers import scheduler
 from powerflow.sim import kernels
 from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation, _with_progress
+from powerflow.sim.engine import Simulation, _with_changes, _with_progress
 from powerflow.sim.jobs import JobArrays, Phase, SimJob
 from powerflow.sim.metrics import summarise
 from powerflow.sim.rates import TruthRates
@@ -85,8 +85,10 @@ class ReferenceSimulation(Simulation):
         return [j for j in self._holders.values() if j.next_event_s <= due]
 
     def snapshot(self) -> Snapshot:
-        """Every view built afresh by the engine's own ``_view`` (never reused or copied)."""
-        jobs = tuple(self._view(j) for j in self._active.values() if j.phase is not Phase.PRERUN)
+        """Every view built afresh by the engine's own ``_fresh_view`` (never reused or copied)."""
+        jobs = tuple(
+            self._fresh_view(j) for j in self._active.values() if j.phase is not Phase.PRERUN
+        )
         return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
 
 
@@ -241,6 +243,19 @@ def test_progress_copy_equals_a_rebuilt_job() -> None:
     assert copied is not view and view.remaining_iterations == 10.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         copied.elapsed_s = 1.0  # type: ignore[misc]
+    other = ground_truth("bert")
+    changed = _with_changes(view, other, 2.0, 5.0, (("n1", 3),), None, 9.0, False)
+    assert changed == dataclasses.replace(
+        view,
+        model=other,
+        remaining_iterations=2.0,
+        elapsed_s=5.0,
+        placement=(("n1", 3),),
+        frequency_mhz=None,
+        attained_gpu_s=9.0,
+        pinned=False,
+    )
+    assert view.model is truth and view.pinned
 
 
 def _fresh(truth: GroundTruth) -> GroundTruth:

@@ -25,11 +25,13 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from powerflow.backend import schedule_once
 from powerflow.errors import SimulationError
+from powerflow.models.protocol import PerfModel
 from powerflow.models.samples import Samples
 from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.schedulers import Configured
@@ -150,18 +152,18 @@ class Simulation:
             ):
                 job = jobs[i]
                 view = job.view
-                if view is not None:
+                if view is not None and not job.stale:
                     job.view = _with_progress(view, rem, elapsed, attained)
         rebuild = self._view
         prerun = Phase.PRERUN
-        views = tuple(
-            [
-                rebuild(job) if (view := job.view) is None else view
-                for job in self._active.values()
-                if job.phase is not prerun
-            ]
-        )
-        return Snapshot(self._nodes, views, self.configured.budget, self.now)
+        views = [
+            rebuild(job) if job.stale else job.view
+            for job in self._active.values()
+            if job.phase is not prerun
+        ]
+        # A job is not stale only once _view has given it a view.
+        jobs_seen = tuple(cast("list[Job]", views))
+        return Snapshot(self._nodes, jobs_seen, self.configured.budget, self.now)
 
     def apply(self, plan: Plan) -> None:
         down = frozenset(plan.powered_down_nodes)
@@ -382,7 +384,7 @@ class Simulation:
         job.phase_end_s = job.next_event_s = math.inf
 
     def _assign(self, job: SimJob, placement: tuple[GpuSlot, ...], f: int, bs: float) -> None:
-        job.view = None  # its clock or placement changes
+        job.stale = True  # its clock or placement changes
         if job.holding and set(placement) == set(job.placement):
             job.f = f
             job.bs = bs
@@ -458,13 +460,13 @@ class Simulation:
             )
             self._totals.fit_s += time.perf_counter() - t0
             if job.knowledge.model is not known.model:
-                job.view = None
+                job.stale = True
 
     def _phase(self, job: SimJob, phase: Phase) -> None:
         """Change phase and keep the holders and the per-GPU load in step
         (every placement change is followed by a call here)."""
         job.set_phase(phase)
-        job.view = None  # pinned, and the clock only while holding
+        job.stale = True  # pinned, and the clock only while holding
         self._slots_dirty = True
         self._power_dirty = True
         if job.holding:
@@ -623,6 +625,29 @@ class Simulation:
     # ------------------------------------------------------------------- output
 
     def _view(self, job: SimJob) -> Job:
+        """The job's view anew: ``_fresh_view``'s fields set on a copy of its
+        last view (``_with_changes``), or ``_fresh_view`` for its first."""
+        knowledge = job.knowledge
+        assert knowledge is not None
+        old = job.view
+        if old is None:
+            view = self._fresh_view(job)
+        else:
+            view = _with_changes(
+                old,
+                knowledge.model,
+                max(job.remaining, 1e-9),
+                job.run_s,
+                job.placement,
+                job.f if job.holding else None,
+                job.attained_gpu_s,
+                job.phase in (Phase.RESTART, Phase.PROFILE),
+            )
+        job.view = view
+        job.stale = False
+        return view
+
+    def _fresh_view(self, job: SimJob) -> Job:
         """The policy's frozen view of a job, built afresh.
 
         ``elapsed_s`` is the time the job has held GPUs (its age is
@@ -634,7 +659,7 @@ class Simulation:
         assert knowledge is not None
         model = knowledge.model
         tj = job.trace
-        job.view = Job(
+        return Job(
             id=tj.job_id,
             model=model,
             remaining_iterations=max(job.remaining, 1e-9),
@@ -648,7 +673,6 @@ class Simulation:
             model_name=tj.model_name,
             pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
         )
-        return job.view
 
     def _result(self, wall_s: float) -> RunResult:
         records = tuple(
@@ -712,6 +736,32 @@ def _with_progress(view: Job, remaining: float, elapsed_s: float, attained_gpu_s
     fields["remaining_iterations"] = remaining
     fields["elapsed_s"] = elapsed_s
     fields["attained_gpu_s"] = attained_gpu_s
+    out = _new_object(Job)
+    _set_field(out, "__dict__", fields)
+    return out
+
+
+def _with_changes(
+    view: Job,
+    model: PerfModel,
+    remaining: float,
+    elapsed_s: float,
+    placement: tuple[GpuSlot, ...],
+    frequency_mhz: int | None,
+    attained_gpu_s: float,
+    pinned: bool,
+) -> Job:
+    """``dataclasses.replace(view, ...)`` for every field of a job's view that
+    can change while it runs (``_with_progress``'s way: the others, set once
+    by ``_fresh_view``, are copied)."""
+    fields = view.__dict__.copy()
+    fields["model"] = model
+    fields["remaining_iterations"] = remaining
+    fields["elapsed_s"] = elapsed_s
+    fields["placement"] = placement
+    fields["frequency_mhz"] = frequency_mhz
+    fields["attained_gpu_s"] = attained_gpu_s
+    fields["pinned"] = pinned
     out = _new_object(Job)
     _set_field(out, "__dict__", fields)
     return out

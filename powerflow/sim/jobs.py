@@ -99,6 +99,7 @@ class SimJob:
         "rng",
         "samples",
         "slot",
+        "stale",
         "started",
         "trace",
         "truth",
@@ -159,7 +160,8 @@ class SimJob:
         self.preemptions = 0
         self.restarts = 0
         self.profilings = 0
-        self.view: Job | None = None  # the policy's view; None once it is stale
+        self.view: Job | None = None  # the policy's view of it, once it has one
+        self.stale = True  # the view shows more than progress out of date (or none)
 
     @property
     def n(self) -> int:

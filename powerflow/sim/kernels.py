@@ -89,7 +89,7 @@ def next_events(
             completion[i] = True
     soonest = math.inf
     for i in held:
-        t = next_event[i]
+        t: float = next_event[i]
         if math.isnan(t):
             return t
         if t < soonest:
