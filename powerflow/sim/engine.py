@@ -323,7 +323,7 @@ class Simulation:
         self._phase(job, Phase.QUEUED)
         job.phase_end_s = job.next_event_s = math.inf
         job.visible_s = self.now
-        samples = Samples.concat(job.samples) if job.samples else None
+        samples = _joined(job.samples) if job.samples else None
         t0 = time.perf_counter()
         job.knowledge = self.learner.initial(job.trace.model_name, job.truth, samples)
         self._totals.fit_s += time.perf_counter() - t0
@@ -456,7 +456,7 @@ class Simulation:
         if known is not None and refit:
             t0 = time.perf_counter()
             job.knowledge = self.learner.update(
-                job.trace.model_name, job.truth, known, Samples.concat(job.samples)
+                job.trace.model_name, job.truth, known, _joined(job.samples)
             )
             self._totals.fit_s += time.perf_counter() - t0
             if job.knowledge.model is not known.model:
@@ -765,3 +765,12 @@ def _with_changes(
     out = _new_object(Job)
     _set_field(out, "__dict__", fields)
     return out
+
+
+def _joined(parts: list[Samples]) -> Samples:
+    """All of a job's samples as one, kept as its only part: each profile
+    adds one part and each refit needs them all, so the list never grows
+    past two (one part alone is already what joining gives)."""
+    if len(parts) > 1:
+        parts[:] = [Samples.concat(parts)]
+    return parts[0]
