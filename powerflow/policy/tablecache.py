@@ -33,7 +33,7 @@ single dict call, so concurrent ``plan`` calls cannot corrupt it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from powerflow.models.protocol import FloatArray
@@ -70,6 +70,15 @@ class TableCache:
                 return None
             self.put(key, hit)
         return hit if hit.model is model else None
+
+    def recent(self) -> Mapping[CacheKey, CachedRows]:
+        """The newer generation, for reading many keys without a call each.
+
+        A hit there whose ``model`` is the caller's is what ``get`` returns; on
+        anything else call ``get`` (which also looks in the older generation)
+        and take ``recent`` again, since a ``get`` or ``put`` may start a new one.
+        """
+        return self._new
 
     def put(self, key: CacheKey, rows: CachedRows) -> None:
         if len(self._new) >= self.capacity:

@@ -173,19 +173,17 @@ def build_tables(
         cache = TableCache()
     cache.fit(count)
     tag = cache.tag(context)
-    groups: dict[int, list[int]] = {}
     keys: list[JobKey] = []
     entries: list[JobRows | None] = []
     missing: dict[JobKey, int] = {}
-    get = cache.get
+    mids: list[int] = []
+    # The newer generation read directly (``TableCache.get``'s first step, without
+    # a method call per job); anything else goes through ``get``.
+    recent = cache.recent()
     for j, job in enumerate(jobs):
         model = job.model
         mid = id(model)
-        members = groups.get(mid)
-        if members is None:
-            groups[mid] = [j]
-        else:
-            members.append(j)
+        mids.append(mid)
         key = (
             mid,
             tag,
@@ -197,15 +195,30 @@ def build_tables(
             _pinned_shape(job.placement) if job.pinned else None,
         )
         keys.append(key)
-        hit = get(key, model)
+        hit = recent.get(key)
+        if hit is None or hit.model is not model:
+            hit = cache.get(key, model)
+            recent = cache.recent()
         if not isinstance(hit, JobRows):
             hit = None
             missing.setdefault(key, j)
         entries.append(hit)
-    job_order = [j for members in groups.values() for j in members]
+    if len(set(mids)) == count:
+        job_order = list(range(count))  # every job its own model object (fitted models)
+    else:
+        groups: dict[int, list[int]] = {}
+        for j, mid in enumerate(mids):
+            members = groups.get(mid)
+            if members is None:
+                groups[mid] = [j]
+            else:
+                members.append(j)
+        job_order = [j for members in groups.values() for j in members]
     if missing:
         fresh = [j for j in job_order if missing.get(keys[j]) == j]
-        first_of_model = {mid: jobs[members[0]].id for mid, members in groups.items()}
+        first_of_model: dict[int, str] = {}
+        for j in job_order:
+            first_of_model.setdefault(mids[j], jobs[j].id)
         made = _evaluate([jobs[j] for j in fresh], cluster, clocks_mhz, elastic, first_of_model)
         for j, rows in zip(fresh, made, strict=True):
             cache.put(keys[j], rows)
@@ -256,10 +269,14 @@ def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
     return len(nodes), max(nodes.count(n) for n in set(nodes))
 
 
+_SIZE = operator.attrgetter("size")
+_REQUESTED_POWER = operator.attrgetter("requested_gpu_power_w")
+
+
 def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tables:
     """Stack per-job rows, the jobs of each model object adjacent (``job_order``)."""
     count = len(entries)
-    sizes = np.fromiter((e.size for e in entries), dtype=np.int64, count=count)
+    sizes = np.fromiter(map(_SIZE, entries), dtype=np.int64, count=count)
     order = np.asarray(job_order, dtype=np.int64)
     ext_sizes = sizes[order] + 1
     ext_start = np.cumsum(ext_sizes) - ext_sizes
@@ -276,7 +293,7 @@ def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tabl
         gpus_per_node=ints[:, 1],
         local_batch=ints[:, 2],
         requested_gpu_power_w=np.fromiter(
-            (e.requested_gpu_power_w for e in entries), dtype=np.float64, count=count
+            map(_REQUESTED_POWER, entries), dtype=np.float64, count=count
         ),
         efficient=ints[:, 3],
         efficient_step_time_s=vectors[:, 4].copy(),
