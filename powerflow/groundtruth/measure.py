@@ -25,8 +25,9 @@ from powerflow.models.samples import Samples
 DENSE_ROW_LIMIT = 20_000
 
 
-def _factor(rng: np.random.Generator, sigma: FloatArray) -> FloatArray:
-    return np.exp(sigma * rng.standard_normal(sigma.shape) - 0.5 * sigma**2)
+def _factor(rng: np.random.Generator, sigma: FloatArray, half_var: FloatArray) -> FloatArray:
+    """One log-normal factor per row; ``half_var`` is ``0.5 * sigma**2``."""
+    return np.exp(sigma * rng.standard_normal(sigma.shape) - half_var)
 
 
 def measure(
@@ -57,7 +58,9 @@ def measure(
         step = truth.step_time_s(n_, r_, bs_, f_)
         energy = truth.energy_per_iter_j(n_, r_, bs_, f_)
     sigma = noise / np.sqrt(it_)
-    return Samples(n_, r_, bs_, f_, step * _factor(rng, sigma), energy * _factor(rng, sigma))
+    half_var = 0.5 * sigma**2
+    step = step * _factor(rng, sigma, half_var)  # time's draws first, then energy's
+    return Samples(n_, r_, bs_, f_, step, energy * _factor(rng, sigma, half_var))
 
 
 def _columns(*args: ArrayLike) -> list[FloatArray]:
