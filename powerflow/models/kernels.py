@@ -7,11 +7,17 @@ call overhead than in arithmetic; a fit was ~5 such evaluations wrapped in a
 Python damping loop. Here one kernel call runs a whole fit stage.
 
 One implementation of each formula: the step-time terms and p-norms
-(``_terms``, ``_pnorm_d``) and the power factors (``_power``) serve the
-predictions (``predict``), the fits' Jacobians (``log_model``) and the
-energy stage's data (``energy_data``) alike. ``throughput.py`` and
+(``_terms``, ``_pnorm_d``) and the energy (``_energy``) serve the
+predictions (``predict``), the fits' residuals and Jacobians
+(``residuals``, ``solve``) and the energy stage's data (``energy_data``)
+alike. ``throughput.py`` and
 ``energy.py`` stay the readable, broadcasting reference, and the tests pin
 these kernels to them (``tests/test_models_kernels.py``).
+
+Few and plain functions: numba compiles each function, and each caller
+again with its callees linked in, at a few tenths of a second apiece, and
+numpy calls inside a kernel (``np.median``, ``np.diff``, ufuncs) each cost
+seconds more; loops compile fast.
 
 Every array is a C-contiguous float64 array; the fitted vectors are in the
 field order of ``ThroughputParams`` (15) and ``EnergyParams`` (12). Kernels
@@ -24,12 +30,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import numpy.typing as npt
 
 from powerflow.jit import njit
 from powerflow.models.protocol import FloatArray
-
-BoolArray = npt.NDArray[np.bool_]
 
 TIME = 0
 """``kind`` of the step-time stage: ``data`` rows ``n, r, bs, f`` (MHz)."""
@@ -97,9 +100,13 @@ def _step_time(x: FloatArray, io: float, grad: float, sync: float, off: int) -> 
 
 
 @njit
-def _power(p: FloatArray, bs: float, xr: float) -> tuple[float, float, float, float, float]:
-    """``log(bs + theta)``, the batch factor ``util``, the grad and sync clock
-    shapes ``kappa`` and the static factor at ``xr = f/f0 - 1``."""
+def _energy(
+    p: FloatArray, bs: float, xr: float, g: float, s: float, i: float
+) -> tuple[float, float, float, float, float, float]:
+    """Joules per iteration from the GPU-seconds ``g``, ``s``, ``i`` spent
+    computing, synchronising and in all, at ``xr = f/f0 - 1``; then the
+    factors its Jacobian needs: ``log(bs + theta)``, the batch factor
+    ``util``, the grad and sync clock shapes ``kappa`` and the static factor."""
     xh = xr if xr >= 0.0 else 0.0
     x2, x3 = xr * xh, xr * xr * xh
     log_bs = math.log(bs + p[2])
@@ -107,23 +114,8 @@ def _power(p: FloatArray, bs: float, xr: float) -> tuple[float, float, float, fl
     k_grad = 1.0 + (xr * p[3] + x2 * p[4] + x3 * p[5])
     k_sync = 1.0 + (xr * p[7] + x2 * p[8] + x3 * p[9])
     static = 1.0 + p[11] * xh
-    return log_bs, util, k_grad, k_sync, static
-
-
-@njit
-def _energy(
-    p: FloatArray,
-    g: float,
-    s: float,
-    i: float,
-    util: float,
-    k_grad: float,
-    k_sync: float,
-    static: float,
-) -> float:
-    """Joules per iteration from the GPU-seconds ``g``, ``s``, ``i`` spent
-    computing, synchronising and in all."""
-    return float(p[0] * (g * k_grad) * util + p[6] * (s * k_sync) + p[10] * (i * static))
+    total = p[0] * (g * k_grad) * util + p[6] * (s * k_sync) + p[10] * (i * static)
+    return float(total), log_bs, util, k_grad, k_sync, static
 
 
 @njit
@@ -143,42 +135,10 @@ def predict(
     for k in range(m):
         io, grad, sync, off = _terms(tp, n[k], r[k], bs[k], f[k] / 1000.0)
         it = _step_time(tp, io, grad, sync, off)
-        _, util, k_grad, k_sync, static = _power(ep, bs[k], f[k] / f0_mhz - 1.0)
         t_out[k] = it
-        e_out[k] = _energy(ep, n[k] * grad, n[k] * sync, n[k] * it, util, k_grad, k_sync, static)
+        xr = f[k] / f0_mhz - 1.0
+        e_out[k] = _energy(ep, bs[k], xr, n[k] * grad, n[k] * sync, n[k] * it)[0]
     return t_out, e_out
-
-
-@njit
-def rescale(
-    tp: FloatArray,
-    ep: FloatArray,
-    f0_mhz: float,
-    cols: FloatArray,
-    step_time_s: FloatArray,
-    energy_j: FloatArray,
-    timed: BoolArray,
-    powers: BoolArray,
-    e_lo: FloatArray,
-) -> tuple[FloatArray, FloatArray]:
-    """Copies of ``tp`` and ``ep`` with the ``timed`` entries scaled by the
-    median ratio of measured to predicted step time, then the ``powers``
-    scaled by that of energy (predicted with the scaled ``tp``) and kept at
-    or above ``e_lo`` (``cols`` as in ``energy_data``)."""
-    x_t = tp.copy()
-    x_e = ep.copy()
-    n, r, bs, f = cols[0], cols[1], cols[2], cols[3]
-    t, _ = predict(tp, ep, f0_mhz, n, r, bs, f)
-    k_t = np.median(step_time_s / t)
-    for j in range(x_t.shape[0]):
-        if timed[j]:
-            x_t[j] *= k_t
-    _, e = predict(x_t, ep, f0_mhz, n, r, bs, f)
-    k_e = np.median(energy_j / e)
-    for j in range(x_e.shape[0]):
-        if powers[j]:
-            x_e[j] = max(x_e[j] * k_e, e_lo[j])
-    return x_t, x_e
 
 
 @njit
@@ -233,8 +193,7 @@ def _log_energy(p: FloatArray, data: FloatArray, pred: FloatArray, jac: FloatArr
     """``log E_iter`` and its Jacobian (rows ``0..m-1`` of ``pred`` and ``jac``)."""
     for k in range(data.shape[1]):
         bs, xr, g, s, i = data[0, k], data[1, k], data[2, k], data[3, k], data[4, k]
-        log_bs, util, k_grad, k_sync, static = _power(p, bs, xr)
-        total = _energy(p, g, s, i, util, k_grad, k_sync, static)
+        total, log_bs, util, k_grad, k_sync, static = _energy(p, bs, xr, g, s, i)
         inv = 1.0 / total
         xh = xr if xr >= 0.0 else 0.0
         shape = (xr, xr * xh, xr * xr * xh)
@@ -251,24 +210,6 @@ def _log_energy(p: FloatArray, data: FloatArray, pred: FloatArray, jac: FloatArr
         jac[k, 10] = (i * static) * inv
         jac[k, 11] = i * xh * (p[10] * inv)
         pred[k] = math.log(total)
-
-
-@njit
-def _model(kind: int, x: FloatArray, data: FloatArray, pred: FloatArray, jac: FloatArray) -> None:
-    if kind == TIME:
-        _log_time(x, data, pred, jac)
-    else:
-        _log_energy(x, data, pred, jac)
-
-
-@njit
-def log_model(kind: int, x: FloatArray, data: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """The stage's predicted log values and their Jacobian in ``x``."""
-    m = data.shape[1]
-    pred = np.empty(m)
-    jac = np.empty((m, x.shape[0]))
-    _model(kind, x, data, pred, jac)
-    return pred, jac
 
 
 # --- the objective ----------------------------------------------------------
@@ -288,7 +229,10 @@ def _residuals(stage: Stage, x: FloatArray, res: FloatArray, jac: FloatArray) ->
     the prior by ``pull`` per unit of deviation."""
     kind, data, log_measured, prior, pull = stage
     m = log_measured.shape[0]
-    _model(kind, x, data, res, jac)
+    if kind == TIME:
+        _log_time(x, data, res, jac)
+    else:
+        _log_energy(x, data, res, jac)
     for k in range(m):
         res[k] -= log_measured[k]
     p = x.shape[0]
@@ -302,28 +246,16 @@ def _residuals(stage: Stage, x: FloatArray, res: FloatArray, jac: FloatArray) ->
 
 
 @njit
-def _rows(stage: Stage) -> int:
-    return int(stage[2].shape[0] + stage[3].shape[0])
-
-
-@njit
 def residuals(stage: Stage, x: FloatArray) -> tuple[FloatArray, FloatArray]:
     """The stage's residuals and their Jacobian at ``x``."""
-    res = np.empty(_rows(stage))
-    jac = np.empty((_rows(stage), x.shape[0]))
+    rows = stage[2].shape[0] + stage[3].shape[0]
+    res = np.empty(rows)
+    jac = np.empty((rows, x.shape[0]))
     _residuals(stage, x, res, jac)
     return res, jac
 
 
 # --- free coordinates and the loss ------------------------------------------
-
-
-@njit
-def _expit(u: float) -> float:
-    if u >= 0.0:
-        return 1.0 / (1.0 + math.exp(-u))
-    e = math.exp(u)
-    return e / (1.0 + e)
 
 
 @njit
@@ -364,7 +296,10 @@ def _from_free(
     u: FloatArray, lo: FloatArray, hi: FloatArray, width: FloatArray, x: FloatArray, dx: FloatArray
 ) -> None:
     for j in range(u.shape[0]):
-        sig = _expit(u[j])
+        if u[j] >= 0.0:
+            sig = 1.0 / (1.0 + math.exp(-u[j]))
+        else:
+            sig = math.exp(u[j]) / (1.0 + math.exp(u[j]))
         if math.isfinite(hi[j]):
             x[j] = lo[j] + width[j] * sig
             dx[j] = width[j] * (sig * (1.0 - sig))
@@ -385,21 +320,6 @@ def from_free(
 
 
 @njit
-def _soft_l1(res: FloatArray, jac: FloatArray, f_scale: float) -> None:
-    """``r' = r*sqrt(2/(1 + sqrt(1 + (r/f)^2)))``, whose plain sum of squares
-    is exactly ``least_squares``' soft-L1 cost, and its Jacobian
-    (``dr'/dr = 1/(root*c)``), in place."""
-    for k in range(res.shape[0]):
-        z = res[k] / f_scale
-        root = math.sqrt(1.0 + z * z)
-        c = math.sqrt(2.0 / (1.0 + root))
-        res[k] *= c
-        d = 1.0 / (root * c)
-        for j in range(jac.shape[1]):
-            jac[k, j] *= d
-
-
-@njit
 def _free_eval(
     stage: Stage,
     free: Free,
@@ -411,15 +331,26 @@ def _free_eval(
     jac: FloatArray,
 ) -> None:
     """Residuals (loss applied) and Jacobian in the free coordinates ``u``
-    (``x`` and ``dx`` are workspace)."""
+    (``x`` and ``dx`` are workspace).
+
+    The soft-L1 loss is a transform of the residuals,
+    ``r' = r*sqrt(2/(1 + sqrt(1 + (r/f)^2)))``, whose plain sum of squares is
+    exactly ``least_squares``' soft-L1 cost; its derivative is
+    ``dr'/dr = 1/(root*c)``.
+    """
     lo, hi, _, soft, f_scale = free
     _from_free(u, lo, hi, width, x, dx)
     _residuals(stage, x, res, jac)
     for k in range(res.shape[0]):
+        d = 1.0
+        if soft:
+            z = res[k] / f_scale
+            root = math.sqrt(1.0 + z * z)
+            c = math.sqrt(2.0 / (1.0 + root))
+            res[k] *= c
+            d = 1.0 / (root * c)
         for j in range(u.shape[0]):
-            jac[k, j] *= dx[j]
-    if soft:
-        _soft_l1(res, jac, f_scale)
+            jac[k, j] *= dx[j] * d
 
 
 @njit
@@ -427,8 +358,9 @@ def free_residuals(stage: Stage, free: Free, u: FloatArray) -> tuple[FloatArray,
     """What the solver minimises: residuals in ``u``, loss applied, and their
     Jacobian (for the tests; ``solve`` evaluates it in place)."""
     p = u.shape[0]
-    res = np.empty(_rows(stage))
-    jac = np.empty((_rows(stage), p))
+    rows = stage[2].shape[0] + stage[3].shape[0]
+    res = np.empty(rows)
+    jac = np.empty((rows, p))
     x, dx = np.empty(p), np.empty(p)
     lo, hi, scale, _, _ = free
     _free_eval(stage, free, _width(lo, hi, scale), u, x, dx, res, jac)
@@ -471,29 +403,6 @@ def cholesky_solve(a: FloatArray, b: FloatArray, low: FloatArray, out: FloatArra
 
 
 @njit
-def _normal(jac: FloatArray, res: FloatArray, a: FloatArray, g: FloatArray) -> None:
-    """``a = J'J`` and ``g = J'r``, row by row: each entry sums over the rows
-    in order, the inner loop runs along a row of ``J`` (contiguous), and a
-    zero entry (the sync columns of one-GPU rows, the prior's off-diagonal)
-    adds nothing, so it is skipped."""
-    rows, p = jac.shape
-    a[:, :] = 0.0
-    g[:] = 0.0
-    for k in range(rows):
-        r = res[k]
-        for i in range(p):
-            v = jac[k, i]
-            if v == 0.0:
-                continue
-            g[i] += v * r
-            for j in range(i, p):
-                a[i, j] += v * jac[k, j]
-    for i in range(p):
-        for j in range(i):
-            a[i, j] = a[j, i]
-
-
-@njit
 def _dot(a: FloatArray, b: FloatArray) -> float:
     v = 0.0
     for k in range(a.shape[0]):
@@ -516,59 +425,90 @@ def solve(
     ``tol*(tol + |u|)`` (``least_squares``' ``ftol``/``xtol``).
     """
     p = x0.shape[0]
-    rows = _rows(stage)
+    rows = stage[2].shape[0] + stage[3].shape[0]
     lo, hi, scale, _, _ = free
     width = _width(lo, hi, scale)
-    start = np.minimum(np.maximum(x0, lo), hi)
-    u = to_free(start, lo, hi, scale)
-    x, dx = np.empty(p), np.empty(p)
+    x = np.empty(p)
+    for j in range(p):
+        x[j] = min(max(x0[j], lo[j]), hi[j])
+    u = to_free(x, lo, hi, scale)
+    dx = np.empty(p)
     res, jac = np.empty(rows), np.empty((rows, p))
     res_new, jac_new = np.empty(rows), np.empty((rows, p))
     a, g = np.empty((p, p)), np.empty(p)
     damped, low = np.empty((p, p)), np.empty((p, p))
     h, u_new, minus_g = np.empty(p), np.empty(p), np.empty(p)
-
-    _free_eval(stage, free, width, u, x, dx, res, jac)
-    cost = 0.5 * _dot(res, res)
-    _normal(jac, res, a, g)
-    top = 0.0
     for i in range(p):
-        top = max(top, a[i, i])
-    mu = 1e-3 * max(top, 1e-12)
+        u_new[i] = u[i]
+    cost = mu = 0.0
     nu = 2.0
-    nfev = 1
-    while nfev < max_nfev and math.isfinite(mu):
-        for i in range(p):
-            minus_g[i] = -g[i]
-            for j in range(p):
-                damped[i, j] = a[i, j]
-            damped[i, i] += mu
-        if not cholesky_solve(damped, minus_g, low, h):
-            mu, nu = mu * nu, nu * 2.0  # not positive definite at this damping
-            continue
-        if math.sqrt(_dot(h, h)) <= tol * (tol + math.sqrt(_dot(u, u))):
-            break
-        for i in range(p):
-            u_new[i] = u[i] + h[i]
+    nfev = 0
+    # One place evaluates and one builds the normal equations (the first
+    # point is accepted as it is): numba compiles each call site's callee
+    # code again.
+    while True:
         _free_eval(stage, free, width, u_new, x, dx, res_new, jac_new)
         nfev += 1
         cost_new = 0.5 * _dot(res_new, res_new)
-        if not cost_new < cost:  # also rejects NaN
+        first = nfev == 1
+        if first or cost_new < cost:  # not cost_new < cost also rejects NaN
+            small = False
+            if not first:
+                predicted = 0.0
+                for i in range(p):
+                    predicted += h[i] * (mu * h[i] - g[i])
+                gain = (cost - cost_new) / max(0.5 * predicted, 1e-300)
+                small = cost - cost_new <= tol * cost
+                mu *= max(1.0 / 3.0, 1.0 - (2.0 * gain - 1.0) ** 3)
+                nu = 2.0
+            u, u_new = u_new, u
+            res, res_new = res_new, res
+            jac, jac_new = jac_new, jac
+            cost = cost_new
+            # a = J'J and g = J'r row by row: each entry sums over the rows in
+            # order, the inner loop runs along a row of J, and zero entries
+            # (sync columns of one-GPU rows, the prior's off-diagonal) add
+            # nothing, so they are skipped.
+            for i in range(p):
+                g[i] = 0.0
+                for j in range(p):
+                    a[i, j] = 0.0
+            for k in range(rows):
+                for i in range(p):
+                    v = jac[k, i]
+                    if v != 0.0:
+                        g[i] += v * res[k]
+                        for j in range(i, p):
+                            a[i, j] += v * jac[k, j]
+            for i in range(p):
+                for j in range(i):
+                    a[i, j] = a[j, i]
+            if first:
+                top = 0.0
+                for i in range(p):
+                    top = max(top, a[i, i])
+                mu = 1e-3 * max(top, 1e-12)
+            if small:
+                break
+        else:
             mu, nu = mu * nu, nu * 2.0
-            continue
-        predicted = 0.0
-        for i in range(p):
-            predicted += h[i] * (mu * h[i] - g[i])
-        gain = (cost - cost_new) / max(0.5 * predicted, 1e-300)
-        small = cost - cost_new <= tol * cost
-        u, u_new = u_new, u
-        res, res_new = res_new, res
-        jac, jac_new = jac_new, jac
-        cost = cost_new
-        _normal(jac, res, a, g)
-        mu *= max(1.0 / 3.0, 1.0 - (2.0 * gain - 1.0) ** 3)
-        nu = 2.0
-        if small:
+        if nfev >= max_nfev:
             break
+        solved = False
+        while math.isfinite(mu) and not solved:
+            for i in range(p):
+                minus_g[i] = -g[i]
+                for j in range(p):
+                    damped[i, j] = a[i, j]
+                damped[i, i] += mu
+            solved = cholesky_solve(damped, minus_g, low, h)
+            if not solved:  # not positive definite at this damping: damp more
+                mu, nu = mu * nu, nu * 2.0
+        if not solved or math.sqrt(_dot(h, h)) <= tol * (tol + math.sqrt(_dot(u, u))):
+            break
+        for i in range(p):
+            u_new[i] = u[i] + h[i]
     _from_free(u, lo, hi, width, x, dx)
-    return np.minimum(np.maximum(x, lo), hi), cost
+    for j in range(p):
+        x[j] = min(max(x[j], lo[j]), hi[j])
+    return x, cost
