@@ -23,7 +23,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import cast
 
@@ -106,6 +105,7 @@ class Simulation:
         self._nodes = config.make_nodes()
         self._limit_w = math.inf
         self._clocks = frozenset(config.gpu.clocks_mhz)
+        self._profile_clocks = config.profile_clocks_mhz
         self.now = 0.0
         self._totals = _Totals()
         self._active_w = 0.0
@@ -191,6 +191,8 @@ class Simulation:
             if job.phase is prerun:
                 continue
             jp = take(job.job_id, None)
+            if jp is not None and jp is job.plan and not down_held:
+                continue  # the very plan it runs (a policy may hand out the same one)
             if jp is None or jp.gpus == 0:
                 if job.holding:
                     self._release(job)
@@ -209,6 +211,7 @@ class Simulation:
                     f"plan sets job {job.trace.job_id} to unsupported clock {jp.frequency_mhz}"
                 )
             self._assign(job, jp.placement, jp.frequency_mhz, float(jp.local_batch_size))
+            job.plan = jp
         if planned:
             raise SimulationError(f"plan names job(s) not schedulable now: {sorted(planned)[:3]}")
         if down != self._powered_down:
@@ -313,7 +316,7 @@ class Simulation:
                     1,
                     1,
                     float(job.trace.global_batch_size),
-                    self.cfg.profile_clocks_mhz,
+                    self._profile_clocks,
                 )
                 job.prerun_energy_j = power * prerun
                 self._totals.prerun_j += job.prerun_energy_j
@@ -362,6 +365,7 @@ class Simulation:
         self._phase(job, Phase.DONE)
         job.next_event_s = math.inf
         job.placement = ()
+        job.plan = None
         job.n = 0
         del self._active[job.index]
 
@@ -388,6 +392,7 @@ class Simulation:
         if not job.holding:
             return
         self._finish_profile(job, complete=False)
+        job.plan = None
         job.preemptions += 1
         self._phase(job, Phase.QUEUED)
         job.placement = ()
@@ -411,7 +416,10 @@ class Simulation:
                 job.migrations += 1
         job.placement = tuple(placement)
         job.n = len(placement)
-        job.r = max(Counter(node for node, _ in placement).values())
+        per_node: dict[str, int] = {}
+        for node, _ in placement:
+            per_node[node] = per_node.get(node, 0) + 1
+        job.r = max(per_node.values())
         job.f = f
         job.bs = bs
         if restart and self.cfg.restart_s > 0:
@@ -429,7 +437,7 @@ class Simulation:
             job.profilings += 1
             job.profile_start_s = self.now
             job.phase_end_s = self.now + self.profiling.profile_s
-            job.profile_clocks = self.cfg.profile_clocks_mhz
+            job.profile_clocks = self._profile_clocks
         else:
             self._phase(job, Phase.RUN)
             job.phase_end_s = math.inf

@@ -8,7 +8,7 @@ import numpy as np
 
 from powerflow.models.protocol import PerfModel
 from powerflow.models.samples import Samples
-from powerflow.policy.snapshot import GpuSlot, Job
+from powerflow.policy.snapshot import GpuSlot, Job, JobPlan
 from powerflow.sim.learning import Knowledge
 from powerflow.sim.trace import TraceJob
 
@@ -87,6 +87,7 @@ class SimJob:
         "migrations",
         "phase",
         "placement",
+        "plan",
         "preemptions",
         "prerun_energy_j",
         "profile_clocks",
@@ -142,6 +143,7 @@ class SimJob:
         self.computing = False
         self.placement: tuple[GpuSlot, ...] = ()
         self.counted: tuple[GpuSlot, ...] = ()  # the placement in the engine's load
+        self.plan: JobPlan | None = None  # the plan it holds GPUs by (None: it holds none)
         self.n = 0
         self.r = 0
         self.bs = 0.0
