@@ -148,6 +148,14 @@ def test_the_compiled_greedy_equals_the_heap_loop(
     assert waiting > 30 and (doubled > 30 or not elastic)
 
 
+def test_a_candidate_outside_the_tables_is_refused_before_the_unchecked_loop() -> None:
+    curves, _, _ = _curves(np.random.default_rng(3), 4)
+    power = PowerModel(gpus_per_node=8, idle_w=50.0, limit_w=1e6, free_gpus=64)
+    for bad in ([4], [-1], [0, 7]):
+        with pytest.raises(ValueError):
+            allocate(curves, bad, power, energy_aware=True, elastic=True)
+
+
 def test_tie_ranks_order_by_arrival_then_id_in_any_input_order() -> None:
     rng = np.random.default_rng(5)
     for _ in range(200):

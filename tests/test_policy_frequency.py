@@ -128,3 +128,14 @@ def test_equal_keys_go_by_arrival_then_id() -> None:
     assert raise_clocks(
         jct, energy, power, [0, 0], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw
     ).columns == (1, 0)
+
+
+def test_inconsistent_input_is_refused_before_the_unchecked_loop() -> None:
+    m = np.array([[10.0, 5.0], [10.0, 5.0]])
+    kw = {"step": 1, "energy_aware": True}
+    with pytest.raises(ValueError):
+        raise_clocks(m, m, m, [0, 0], [(0.0, "a")], 200.0, 210.0, **kw)
+    with pytest.raises(ValueError):
+        raise_clocks(m, m, m, [0, 2], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw)
+    with pytest.raises(ValueError):
+        raise_clocks(m, m[:, :1], m, [0, 0], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw)

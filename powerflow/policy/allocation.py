@@ -102,6 +102,8 @@ def allocate(
     """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned)."""
     tables = curves.tables
     cand = np.asarray(candidates, dtype=np.int64)
+    if cand.size and not 0 <= cand.min() <= cand.max() < tables.start.size:
+        raise ValueError("allocate: a candidate is not a job of the tables")  # no bounds checks
     row = np.full(tables.start.size, -1, dtype=np.int64)
     order = np.empty(cand.size, dtype=np.int64)
     n_order, allocated, jobs_w = allocate_steps(

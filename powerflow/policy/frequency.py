@@ -64,6 +64,14 @@ def raise_clocks(
         return Clocks(columns=tuple(start), power_w=total_w, raised_rows=(), raised_from=())
     rows = len(start)
     columns = np.array(start, dtype=np.int64)
+    # The compiled loop does not check bounds: refuse inconsistent input here.
+    if not (
+        jct_s.shape == energy_j.shape == power_w.shape == (rows, width)
+        and len(order) == rows
+        and columns.min() >= 0
+        and columns.max() < width
+    ):
+        raise ValueError("raise_clocks: matrices, start columns and order do not match")
     raised_rows = np.empty(rows * (width - 1), dtype=np.int64)
     raised_from = np.empty(rows * (width - 1), dtype=np.int64)
     n_raised, power = raise_steps(
