@@ -56,6 +56,8 @@ ablation isolates the energy term of the priority rather than the budget.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -204,11 +206,12 @@ class _Decision:
                 step=self.policy.frequency_step,
                 energy_aware=self.policy.energy_aware,
             )
-            columns = [c + low for c in result.columns]
-            raises = (result.raised_rows, tuple(c + low for c in result.raised_from))
+            columns = list(map(operator.add, result.columns, itertools.repeat(low)))
+            # Shifted back by ``low`` only where the undo loop reads one (rarely).
+            raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
         priced = _Power(matrices[2], low)
-        return self._place(rows, running, row_idx, priced, columns, raises, predicted)
+        return self._place(rows, running, row_idx, priced, columns, raises, low, predicted)
 
     def _place(
         self,
@@ -218,13 +221,14 @@ class _Decision:
         power: _Power,
         columns: list[int],
         raises: tuple[tuple[int, ...], tuple[int, ...]],
+        low: int,
         predicted: float,
     ) -> Plan:
         """Place, price the placement, undo raises if it costs more.
 
         ``running`` (sorted job indices), ``row_idx`` (their rows), ``power``
         (their power at every clock) and ``columns`` (their clocks) are
-        parallel; ``raises`` index them.
+        parallel; ``raises`` index them (its clocks from column ``low`` on).
         """
         jobs = self.snapshot.jobs
         tables = self.curves.tables
@@ -281,7 +285,7 @@ class _Decision:
         while watts > target and undo:
             undo -= 1
             k = raises[0][undo]
-            columns[k] = raises[1][undo]
+            columns[k] = raises[1][undo] + low
             n = slot_of.get(k)
             if n is not None:
                 values[n] = other[k][columns[k]] if k in other else float(power.at(k, columns[k]))

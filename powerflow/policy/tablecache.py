@@ -62,6 +62,10 @@ class TableCache:
     """The previous call's stacked result and what it was stacked from (``tables.py``):
     an event that changed no job's rows reuses it. One reference, replaced whole."""
 
+    gathered: object = field(default=None, repr=False)
+    """The last rows the policy gathered from its tables (``tables.Gathered``), set by
+    ``tables.build_tables``: copied again, never changes a value."""
+
     def get(self, key: CacheKey, model: object) -> CachedRows | None:
         hit = self._new.get(key)
         if hit is None:
@@ -99,3 +103,4 @@ class TableCache:
     def clear(self) -> None:
         self._new, self._old = {}, {}
         self.last = None
+        self.gathered = None

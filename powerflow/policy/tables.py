@@ -73,6 +73,9 @@ class Tables:
         default_factory=dict, compare=False, repr=False
     )
     """The last ``values`` answer (a replan often asks for the same running rows)."""
+    gathered: Gathered | None = field(default=None, compare=False, repr=False)
+    """The rows the last ``values`` call of any table from the same cache gathered, so
+    that a job whose row is among them is copied in one fancy index, not sliced alone."""
 
     def rows(self, job: int) -> range:
         first = int(self.start[job])
@@ -91,9 +94,10 @@ class Tables:
             both = np.zeros((0, 2, self.width - first))
         else:
             owners = self.row_job[rows]
-            pairs = list(zip(owners.tolist(), (rows - self.start[owners]).tolist(), strict=True))
+            ks = (rows - self.start[owners]).tolist()
             entries = self.job_rows
-            both = np.array([entries[j].both[k, :, first:] for j, k in pairs])
+            parts = [entries[j] for j in owners.tolist()]
+            both = _gather(parts, ks, first, self.gathered)
         both.flags.writeable = False
         out = (both[:, 0], both[:, 1])
         self._gathered.clear()
@@ -108,6 +112,68 @@ class Tables:
     @functools.cached_property
     def energy_j(self) -> FloatArray:
         return self.values(np.arange(self.counts.size))[1]
+
+
+class Gathered:
+    """The last rows gathered (``Tables.values``), shared by the tables of one cache.
+
+    Why: each call stacks new tables, but most running jobs keep their rows
+    (the same ``JobRows`` object, the same row), so copying them out of the
+    previous gather in one ``take`` beats slicing each job's rows alone.
+    ``last`` holds the clock column the gather started at, the gathered rows'
+    keys (``_row_keys``) sorted and where each went, those ``JobRows`` (kept
+    alive, so their ids stay unique) and the gathered array; one reference,
+    replaced whole.
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: GatherMemo | None = None
+
+
+GatherMemo = tuple[int, IntArray, IntArray, list["JobRows"], FloatArray]
+
+
+def _row_keys(parts: list[JobRows], ks: list[int]) -> IntArray | None:
+    """``id(JobRows) * 128 + row`` per gathered row (unique: a job has under 128 rows and
+    ids are addresses); None where that does not hold, and the caller slices each row."""
+    if max(ks) >= 128:
+        return None
+    try:
+        ids = np.fromiter(map(id, parts), dtype=np.int64, count=len(parts))
+    except OverflowError:
+        return None
+    if ids.max() >= 1 << 55:
+        return None
+    out: IntArray = ids * 128 + np.asarray(ks, dtype=np.int64)
+    return out
+
+
+def _gather(parts: list[JobRows], ks: list[int], first: int, memo: Gathered | None) -> FloatArray:
+    """Row ``ks[r]`` of ``parts[r]`` from clock column ``first`` up, as (rows, 2, columns)."""
+    last = None if memo is None else memo.last
+    keys = None if memo is None else _row_keys(parts, ks)
+    both: FloatArray
+    if (
+        keys is None
+        or last is None
+        or last[0] != first
+        or not last[1].size
+        or last[4].shape[2] != parts[0].both.shape[2] - first  # other clocks
+    ):
+        both = np.array([e.both[k, :, first:] for e, k in zip(parts, ks, strict=True)])
+    else:
+        _, known, where, _, previous = last
+        pos = np.minimum(np.searchsorted(known, keys), known.size - 1)
+        found = known[pos] == keys
+        both = np.take(previous, where[pos], axis=0)
+        for r in np.flatnonzero(~found).tolist():
+            both[r] = parts[r].both[ks[r], :, first:]
+    if memo is not None and keys is not None:
+        order = np.argsort(keys, kind="stable")
+        memo.last = (first, keys[order], order, parts, both)
+    return both
 
 
 def ceil_div(a: IntArray | int, b: IntArray | int) -> IntArray:
@@ -234,7 +300,10 @@ def build_tables(
     ):
         # The same rows of the same jobs in the same order: the same stack.
         return last[2]  # type: ignore[return-value]
-    tables = _stack(stacked, job_order, len(clocks_mhz))
+    gathered = cache.gathered
+    if not isinstance(gathered, Gathered):
+        gathered = cache.gathered = Gathered()
+    tables = _stack(stacked, job_order, len(clocks_mhz), gathered)
     cache.last = (job_order, stacked, tables)
     return tables
 
@@ -273,7 +342,9 @@ _SIZE = operator.attrgetter("size")
 _REQUESTED_POWER = operator.attrgetter("requested_gpu_power_w")
 
 
-def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tables:
+def _stack(
+    entries: Sequence[JobRows], job_order: list[int], width: int, gathered: Gathered | None
+) -> Tables:
     """Stack per-job rows, the jobs of each model object adjacent (``job_order``)."""
     count = len(entries)
     sizes = np.fromiter(map(_SIZE, entries), dtype=np.int64, count=count)
@@ -300,6 +371,7 @@ def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tabl
         efficient_energy_j=vectors[:, 5].copy(),
         job_rows=tuple(entries),
         width=width,
+        gathered=gathered,
     )
 
 
