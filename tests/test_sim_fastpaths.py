@@ -221,6 +221,27 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
     )
 
 
+def test_progress_rows_are_what_a_rebuilt_view_shows() -> None:
+    """The snapshot's progress fields of each holder: max(max(left, 0), 1e-9)
+    as ``_fresh_view`` computes it (NaN kept), seconds and GPU-seconds held."""
+    rng = np.random.default_rng(6)
+    a = JobArrays(50)
+    a.iterations[:] = rng.uniform(0, 1e4, 50)
+    a.done[:] = a.iterations + rng.choice([-1e3, -1e-10, 0.0, 1e-12, 5.0], 50)
+    a.done[3] = np.nan
+    a.run_s[:] = rng.uniform(0, 1e5, 50)
+    a.attained[:] = rng.uniform(0, 1e6, 50)
+    held = rng.permutation(50)[:40].astype(np.intp)
+    remaining, run_s, attained = kernels.progress_rows(
+        held, a.iterations, a.done, a.run_s, a.attained
+    ).tolist()
+    for k, i in enumerate(held.tolist()):
+        want = max(max(float(a.iterations[i] - a.done[i]), 0.0), 1e-9)
+        assert remaining[k] == want or (math.isnan(want) and math.isnan(remaining[k]))
+        assert run_s[k] == a.run_s[i] and attained[k] == a.attained[i]
+    assert any(r == 1e-9 for r in remaining) and any(math.isnan(r) for r in remaining)
+
+
 def test_view_copy_equals_a_rebuilt_job() -> None:
     truth = ground_truth("resnet50")
     view = Job(

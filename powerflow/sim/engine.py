@@ -118,7 +118,8 @@ class Simulation:
         self._stale: set[int] = set()  # jobs whose GPUs' load changed: share to redo
         self._shares_dirty = True
         self._power_dirty = True  # a holder's share, rates or phase changed
-        self._slots_dirty = True  # the holders or which of them compute changed
+        self._slots_dirty = True  # the holders changed
+        self._computing_dirty = True  # which of them compute changed
         self._held = np.zeros(0, dtype=np.intp)  # holders' rows, in _holders order
         self._computing = np.zeros(0, dtype=np.intp)  # the computing ones among them
         self._next_job_s = math.inf  # soonest next_event_s of a holder, set by _refresh
@@ -140,18 +141,15 @@ class Simulation:
         a = self._arrays
         held, _ = self._slots()
         if len(held):
-            left = a.iterations[held] - a.done[held]
-            # max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
-            remaining = np.where((left > 1e-9) | np.isnan(left), left, 1e-9).tolist()
+            # remaining is max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
+            remaining, run_s, attained_s = kernels.progress_rows(
+                held, a.iterations, a.done, a.run_s, a.attained
+            ).tolist()
             jobs = self.jobs
             new = _new_object
             set_dict = _set_field
             for i, rem, elapsed, attained in zip(
-                held.tolist(),
-                remaining,
-                a.run_s[held].tolist(),
-                a.attained[held].tolist(),
-                strict=True,
+                held.tolist(), remaining, run_s, attained_s, strict=True
             ):
                 job = jobs[i]
                 view = job.view
@@ -486,11 +484,13 @@ class Simulation:
         (every placement change is followed by a call here). The holders'
         rows change only when a job starts or stops holding or computing (a
         holder stays where it is in ``_holders``)."""
-        was = (job.holding, job.computing)
+        holding, computing = job.holding, job.computing
         job.set_phase(phase)
         job.stale = True  # pinned, and the clock only while holding
-        if (job.holding, job.computing) != was:
+        if job.holding is not holding:
             self._slots_dirty = True
+        elif job.computing is not computing:
+            self._computing_dirty = True
         self._power_dirty = True
         if job.holding:
             self._holders[job.index] = job
@@ -586,10 +586,13 @@ class Simulation:
     def _slots(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the holders (in ``_holders`` order) and of the computing ones."""
         if self._slots_dirty:
-            held = np.fromiter(self._holders, dtype=np.intp, count=len(self._holders))
-            self._held = held
-            self._computing = held[self._arrays.computing[held]]
+            self._held = np.fromiter(self._holders, dtype=np.intp, count=len(self._holders))
             self._slots_dirty = False
+            self._computing_dirty = True
+        if self._computing_dirty:
+            held = self._held
+            self._computing = held[self._arrays.computing[held]]
+            self._computing_dirty = False
         return self._held, self._computing
 
     def _powered_gpus(self) -> int:

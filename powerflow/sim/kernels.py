@@ -95,3 +95,24 @@ def next_events(
         if t < soonest:
             soonest = t
     return soonest
+
+
+@njit
+def progress_rows(
+    held: np.ndarray,
+    iterations: np.ndarray,
+    done: np.ndarray,
+    run_s: np.ndarray,
+    attained: np.ndarray,
+) -> np.ndarray:
+    """The progress fields of the holders' views, one column per holder:
+    remaining iterations (never below 1e-9, NaN kept), seconds held and
+    GPU-seconds held."""
+    out = np.empty((3, len(held)))
+    for k in range(len(held)):
+        i = held[k]
+        left = iterations[i] - done[i]
+        out[0, k] = left if (left > 1e-9 or math.isnan(left)) else 1e-9
+        out[1, k] = run_s[i]
+        out[2, k] = attained[i]
+    return out
