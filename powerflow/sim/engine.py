@@ -98,6 +98,8 @@ class Simulation:
         self._by_id = {j.trace.job_id: j for j in self.jobs}
         self._next_arrival = 0
         self._active: dict[int, SimJob] = {}  # submitted, not done
+        self._views: dict[int, Job | None] = {}  # the active ones' views (see snapshot)
+        self._stale_views: set[int] = set()  # jobs whose views to rebuild
         self._holders: dict[int, SimJob] = {}  # holding GPUs
         self._preruns: list[tuple[float, int]] = []  # heap of (pre-run end, index)
         self._node_index = {name: i for i, name in enumerate(config.node_names())}
@@ -130,48 +132,52 @@ class Simulation:
     def snapshot(self) -> Snapshot:
         """Every schedulable job's view, most of them reused or copied.
 
-        A job's view stays valid until something in it other than progress
-        changes: its model, placement, clock or phase (``_phase``, ``_assign``
-        and ``_finish_profile`` mark it stale then). A waiting job's valid view is
-        reused; a holder's differs only in progress (remaining iterations,
-        time and GPU-seconds held), which comes from the arrays for all
-        holders at once and is set on a copy (as ``_with_changes`` copies). A
-        stale view is rebuilt (``_view``).
+        ``_views`` holds each active job's view in ``_active`` order (None
+        during its pre-run). A view stays valid until something in it other
+        than progress changes: its model, placement, clock or phase
+        (``_phase``, ``_assign`` and ``_finish_profile`` put the job in
+        ``_stale_views`` then), and is rebuilt (``_view``). A waiting job's
+        valid view is reused; a holder's differs only in progress (remaining
+        iterations, time and GPU-seconds held), which comes from the arrays
+        for all holders at once and is set on a copy (as ``_with_changes``
+        copies).
         """
         a = self._arrays
         held, _ = self._slots()
+        views = self._views
+        stale = self._stale_views
         if len(held):
             # remaining is max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
             remaining, run_s, attained_s = kernels.progress_rows(
                 held, a.iterations, a.done, a.run_s, a.attained
             ).tolist()
-            jobs = self.jobs
             new = _new_object
             set_dict = _set_field
             for i, rem, elapsed, attained in zip(
                 held.tolist(), remaining, run_s, attained_s, strict=True
             ):
+                if i in stale:
+                    continue
+                # dataclasses.replace(view, ...) for the progress fields, the
+                # way _with_changes does it (inline: 300k times a run); a
+                # holder not stale has had a view since it was placed
+                fields = cast(Job, views[i]).__dict__.copy()
+                fields["remaining_iterations"] = rem
+                fields["elapsed_s"] = elapsed
+                fields["attained_gpu_s"] = attained
+                view = new(Job)
+                set_dict(view, "__dict__", fields)
+                views[i] = view
+        if stale:
+            jobs = self.jobs
+            prerun = Phase.PRERUN
+            for i in stale:
                 job = jobs[i]
-                view = job.view
-                if view is not None and not job.stale:
-                    # dataclasses.replace(view, ...) for the progress fields,
-                    # the way _with_changes does it (inline: 300k times a run)
-                    fields = view.__dict__.copy()
-                    fields["remaining_iterations"] = rem
-                    fields["elapsed_s"] = elapsed
-                    fields["attained_gpu_s"] = attained
-                    view = new(Job)
-                    set_dict(view, "__dict__", fields)
-                    job.view = view
-        rebuild = self._view
-        prerun = Phase.PRERUN
-        views = [
-            rebuild(job) if job.stale else job.view
-            for job in self._active.values()
-            if job.phase is not prerun
-        ]
-        # A job is not stale only once _view has given it a view.
-        jobs_seen = tuple(cast("list[Job]", views))
+                if i in views and job.phase is not prerun:  # active, visible
+                    views[i] = self._view(job)
+            stale.clear()
+        # None marks the jobs still in their pre-run; a Job is never false
+        jobs_seen = tuple(filter(None, views.values()))
         return Snapshot(self._nodes, jobs_seen, self.configured.budget, self.now)
 
     def apply(self, plan: Plan) -> None:
@@ -304,6 +310,7 @@ class Simulation:
             job = self.jobs[self._next_arrival]
             self._next_arrival += 1
             self._active[job.index] = job
+            self._views[job.index] = None
             prerun = self.profiling.prerun_s
             if prerun > 0:
                 self._phase(job, Phase.PRERUN)
@@ -366,6 +373,7 @@ class Simulation:
         job.plan = None
         job.n = 0
         del self._active[job.index]
+        del self._views[job.index]
 
     # --------------------------------------------------------------- transitions
 
@@ -398,7 +406,7 @@ class Simulation:
         job.phase_end_s = job.next_event_s = math.inf
 
     def _assign(self, job: SimJob, placement: tuple[GpuSlot, ...], f: int, bs: float) -> None:
-        job.stale = True  # its clock or placement changes
+        self._stale_views.add(job.index)  # its clock or placement changes
         if job.holding and set(placement) == set(job.placement):
             job.f = f
             job.bs = bs
@@ -477,7 +485,7 @@ class Simulation:
             )
             self._totals.fit_s += time.perf_counter() - t0
             if job.knowledge.model is not known.model:
-                job.stale = True
+                self._stale_views.add(job.index)
 
     def _phase(self, job: SimJob, phase: Phase) -> None:
         """Change phase and keep the holders and the per-GPU load in step
@@ -486,7 +494,7 @@ class Simulation:
         holder stays where it is in ``_holders``)."""
         holding, computing = job.holding, job.computing
         job.set_phase(phase)
-        job.stale = True  # pinned, and the clock only while holding
+        self._stale_views.add(job.index)  # pinned, and the clock only while holding
         if job.holding is not holding:
             self._slots_dirty = True
         elif job.computing is not computing:
@@ -663,7 +671,7 @@ class Simulation:
         last view (``_with_changes``), or ``_fresh_view`` for its first."""
         knowledge = job.knowledge
         assert knowledge is not None
-        old = job.view
+        old = self._views[job.index]
         if old is None:
             view = self._fresh_view(job)
         else:
@@ -677,8 +685,6 @@ class Simulation:
                 job.attained_gpu_s,
                 job.phase in (Phase.RESTART, Phase.PROFILE),
             )
-        job.view = view
-        job.stale = False
         return view
 
     def _fresh_view(self, job: SimJob) -> Job:

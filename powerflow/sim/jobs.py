@@ -8,7 +8,7 @@ import numpy as np
 
 from powerflow.models.protocol import PerfModel
 from powerflow.models.samples import Samples
-from powerflow.policy.snapshot import GpuSlot, Job, JobPlan
+from powerflow.policy.snapshot import GpuSlot, JobPlan
 from powerflow.sim.learning import Knowledge
 from powerflow.sim.trace import TraceJob
 
@@ -100,11 +100,9 @@ class SimJob:
         "rng",
         "samples",
         "slot",
-        "stale",
         "started",
         "trace",
         "truth",
-        "view",
         "visible_s",
     )
 
@@ -162,8 +160,6 @@ class SimJob:
         self.preemptions = 0
         self.restarts = 0
         self.profilings = 0
-        self.view: Job | None = None  # the policy's view of it, once it has one
-        self.stale = True  # the view shows more than progress out of date (or none)
 
     @property
     def n(self) -> int:
