@@ -32,11 +32,17 @@ What it costs (CPU time on the shared 2-core machine, so +-20%): ``python
 (scipy's ``trf``, every new or doubled placement refitted): 6.7 ms per
 initial fit and 10.1 ms per update in the benchmark, 9.0-11.5 s of fitting
 for 1,137 fits in the 6 h / 16-node proxy, 45.9 s for 3,833 fits in the
-full trace (64 x 8 GPUs). Now (``fitting``'s own Levenberg-Marquardt and
-the skip above): 2.4 ms and 3.2 ms, 3.0-3.6 s for 1,063 fits, 12.3 s for
-3,506 fits. The learner is as accurate: final step-time/energy error
-1.31%/2.24% against 1.33%/2.32% (1.70%/2.82% against 1.71%/2.81% with
-``--prior generic``).
+full trace (64 x 8 GPUs). Then (``fitting``'s own Levenberg-Marquardt in
+numpy and the skip above): 2.4 ms and 3.2 ms, 3.0-3.6 s for 1,063 fits,
+12.3 s for 3,506 fits (12.0-13.6 s in three runs of
+``benchmarks/sim_bench.py --runs fitted``). Now (the whole fit of a stage one compiled call,
+``models/kernels.py``, and this module's counting and noise test
+compiled): 0.65-0.85 ms per update, and 8-10 ms per initial fit of which
+most is the process's one-time start of numba (loading the cached
+kernels, ~0.35 s, paid by the first fit); 2.1-2.3 s for the 3,506 fits of
+the full trace, with the same simulated results to the last bit. The learner
+is as accurate: final step-time/energy error 1.31%/2.24% against
+1.33%/2.32% (1.70%/2.82% against 1.71%/2.81% with ``--prior generic``).
 """
 
 from __future__ import annotations
