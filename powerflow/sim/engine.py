@@ -24,7 +24,6 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
@@ -161,7 +160,7 @@ class Simulation:
                 # dataclasses.replace(view, ...) for the progress fields, the
                 # way _with_changes does it (inline: 300k times a run); a
                 # holder not stale has had a view since it was placed
-                fields = cast(Job, views[i]).__dict__.copy()
+                fields = views[i].__dict__.copy()
                 fields["remaining_iterations"] = rem
                 fields["elapsed_s"] = elapsed
                 fields["attained_gpu_s"] = attained
