@@ -210,16 +210,19 @@ def _keep(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
         pref = it.pref
         if pref is None:
             continue
-        size = pref.size
-        lo = pref.node * n + (pref.offset if size <= n else 0)
-        hi = lo + size
-        if flat.find(1, lo, hi) != -1:
-            return _keep_sorted(cluster, items)
-        flat[lo:hi] = _ONES[:size] if size <= len(_ONES) else b"\x01" * size
+        node, offset, size = pref
         if size <= n:
-            fill[pref.node] += size
+            lo = node * n + offset
+            if flat.find(1, lo, lo + size) != -1:
+                return _keep_sorted(cluster, items)
+            flat[lo : lo + size] = _ONES[:size]
+            fill[node] += size
         else:
-            fill[pref.node : pref.node + size // n] = [n] * (size // n)
+            lo = node * n
+            if flat.find(1, lo, lo + size) != -1:
+                return _keep_sorted(cluster, items)
+            flat[lo : lo + size] = _ONES[:size] if size <= len(_ONES) else b"\x01" * size
+            fill[node : node + size // n] = [n] * (size // n)
         kept[it.job_id] = pref
     partial = sum(1 for f in fill if 0 < f < n)
     used = sum(1 for f in fill if f)

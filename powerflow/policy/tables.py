@@ -242,6 +242,7 @@ def build_tables(
     keys: list[JobKey] = []
     entries: list[JobRows | None] = []
     missing: dict[JobKey, int] = {}
+    absent: list[int] = []
     mids: list[int] = []
     # The newer generation read directly (``TableCache.get``'s first step, without
     # a method call per job); anything else goes through ``get``.
@@ -268,8 +269,10 @@ def build_tables(
         if not isinstance(hit, JobRows):
             hit = None
             missing.setdefault(key, j)
+            absent.append(j)
         entries.append(hit)
-    if len(set(mids)) == count:
+    distinct = len(set(mids)) == count
+    if distinct:
         job_order = list(range(count))  # every job its own model object (fitted models)
     else:
         groups: dict[int, list[int]] = {}
@@ -281,7 +284,11 @@ def build_tables(
                 members.append(j)
         job_order = [j for members in groups.values() for j in members]
     if missing:
-        fresh = [j for j in job_order if missing.get(keys[j]) == j]
+        # The first job of each missing key, in job order.
+        if distinct:
+            fresh = sorted(missing.values())
+        else:
+            fresh = [j for j in job_order if missing.get(keys[j]) == j]
         first_of_model: dict[int, str] = {}
         for j in job_order:
             first_of_model.setdefault(mids[j], jobs[j].id)
@@ -289,7 +296,8 @@ def build_tables(
         for j, rows in zip(fresh, made, strict=True):
             cache.put(keys[j], rows)
         by_key = dict(zip((keys[j] for j in fresh), made, strict=True))
-        entries = [by_key[keys[j]] if e is None else e for j, e in enumerate(entries)]
+        for j in absent:
+            entries[j] = by_key[keys[j]]
     stacked = [e for e in entries if e is not None]
     last = cache.last
     if (
