@@ -49,15 +49,23 @@ def measure(
     """
     if not noise >= 0:
         raise DataError("noise must be >= 0")
-    n_, r_, bs_, f_, it_ = _columns(n, r, bs, f, iterations)
-    if np.any(it_ < 1):
-        raise DataError("each sample averages at least one iteration")
+    if isinstance(iterations, (int, float)):  # one count for every sample
+        if iterations < 1:
+            raise DataError("each sample averages at least one iteration")
+        n_, r_, bs_, f_ = _columns(n, r, bs, f)
+        # the value noise / np.sqrt(it_) has in every row (sqrt and division
+        # are correctly rounded, on a number as on an array)
+        sigma = np.full(len(n_), noise / np.sqrt(np.float64(iterations)))
+    else:
+        n_, r_, bs_, f_, it_ = _columns(n, r, bs, f, iterations)
+        if np.any(it_ < 1):
+            raise DataError("each sample averages at least one iteration")
+        sigma = noise / np.sqrt(it_)
     if isinstance(truth, GroundTruth):
         step, energy = truth.step_and_energy(n_, r_, bs_, f_)
     else:
         step = truth.step_time_s(n_, r_, bs_, f_)
         energy = truth.energy_per_iter_j(n_, r_, bs_, f_)
-    sigma = noise / np.sqrt(it_)
     half_var = 0.5 * sigma**2
     step = step * _factor(rng, sigma, half_var)  # time's draws first, then energy's
     return Samples(n_, r_, bs_, f_, step, energy * _factor(rng, sigma, half_var))
