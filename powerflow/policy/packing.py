@@ -176,14 +176,17 @@ def _once(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
     n = state.geo.per_node
     big = sorted((it for it in items if it.size >= n), key=sort_key)
     small = [it for it in items if it.size < n]  # _place_small sorts what it needs to
-    weight = [0] * state.geo.num_nodes
-    for it in items:
-        pref = it.pref
-        if pref is not None and it.size <= n:
-            weight[pref.node] += it.size  # _add_weight's one-node case, inline
-        else:
-            _add_weight(state.geo, weight, it, +1)
-    taken = _place_big(state, big, weight, placed)
+    if big:
+        weight = [0] * state.geo.num_nodes
+        for it in items:
+            pref = it.pref
+            if pref is not None and it.size <= n:
+                weight[pref.node] += it.size  # _add_weight's one-node case, inline
+            else:
+                _add_weight(state.geo, weight, it, +1)
+        taken = _place_big(state, big, weight, placed)
+    else:
+        taken = bytearray(state.geo.num_nodes)  # what _place_big takes without jobs
     _place_small(state, small, taken, placed)
     metrics = _metrics(state, items, placed)
     if kept is None and metrics[0] >= new_jobs:
