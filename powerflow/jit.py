@@ -23,6 +23,7 @@ file per package (``models/kernels.py``, ``policy/greedy_kernels.py``,
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TypeVar, cast
 
@@ -30,7 +31,22 @@ import numba
 
 F = TypeVar("F", bound=Callable[..., object])
 
+log = logging.getLogger(__name__)
+
 
 def njit(fn: F) -> F:
-    """``numba.njit`` with the project's settings, typed as the function it wraps."""
-    return cast(F, numba.njit(cache=True, nogil=True)(fn))
+    """``numba.njit`` with the project's settings, typed as the function it wraps.
+
+    Where numba finds no writable cache location (a container with a
+    read-only root file system and no writable home, as hardened pod specs
+    have), ``cache=True`` fails at import; the kernels then compile in each
+    process instead of taking the scheduler down.
+    """
+    try:
+        compiled = numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError as exc:
+        if "cannot cache" not in str(exc):
+            raise
+        log.info("no writable numba cache for %s: compiling it in this process", fn.__name__)
+        compiled = numba.njit(nogil=True)(fn)
+    return cast(F, compiled)
