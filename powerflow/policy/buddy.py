@@ -22,6 +22,7 @@ from itertools import repeat
 from typing import NamedTuple
 
 from powerflow.errors import PlacementError
+from powerflow.policy.lastcall import same_nodes_as_last_call
 from powerflow.policy.snapshot import GpuSlot, Node
 
 
@@ -150,10 +151,7 @@ def _node_blocks(names: tuple[str, ...], per_node: int) -> NodeBlocks:
     return NodeBlocks(by_slots, slots)
 
 
-_last: tuple[tuple[Node, ...], Geometry] | None = None
-"""The last tuple of nodes ``geometry`` numbered, and its answer (one reference)."""
-
-
+@same_nodes_as_last_call
 def geometry(nodes: Sequence[Node]) -> Geometry:
     """Check that buddy allocation applies to ``nodes`` and number them.
 
@@ -162,21 +160,10 @@ def geometry(nodes: Sequence[Node]) -> Geometry:
     nodes would not be the same size and the packing guarantee would not hold.
 
     The very tuple of nodes passed last time gets the same answer without
-    the checks (a tuple of frozen ``Node`` objects cannot change; the policy
-    places every event on the snapshot's tuple, which the simulator keeps
-    while no node powers on or off).
+    the checks (``lastcall``; the policy places every event on the
+    snapshot's tuple, which the simulator keeps while no node powers on or
+    off).
     """
-    global _last
-    last = _last
-    if last is not None and last[0] is nodes:
-        return last[1]
-    geo = _geometry(nodes)
-    if type(nodes) is tuple:
-        _last = (nodes, geo)
-    return geo
-
-
-def _geometry(nodes: Sequence[Node]) -> Geometry:
     names = tuple(n.name for n in nodes)
     index: dict[str, int] = {}
     for i, name in enumerate(names):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from powerflow.errors import SnapshotError
 from powerflow.gpus import GpuSpec
+from powerflow.policy.lastcall import same_nodes_as_last_call
 from powerflow.policy.snapshot import Job, Node, Snapshot
 
 
@@ -30,28 +31,15 @@ class Cluster:
         return self.gpus_per_node * len(self.node_names)
 
 
-_last: tuple[tuple[Node, ...], Cluster] | None = None
-"""The last tuple of nodes ``cluster_of`` accepted, and its answer (one reference)."""
-
-
 def cluster_of(snapshot: Snapshot) -> Cluster:
-    """The cluster's shape; refuses empty, duplicated or mixed clusters.
-
-    The very tuple of nodes accepted last time gets the same answer without
-    the checks (a tuple of frozen ``Node`` objects cannot change).
-    """
-    global _last
-    last = _last
-    nodes = snapshot.nodes
-    if last is not None and last[0] is nodes:
-        return last[1]
-    cluster = _cluster_of(nodes)
-    if type(nodes) is tuple:
-        _last = (nodes, cluster)
-    return cluster
+    """The cluster's shape; refuses empty, duplicated or mixed clusters."""
+    return _cluster_of(snapshot.nodes)
 
 
+@same_nodes_as_last_call
 def _cluster_of(nodes: Sequence[Node]) -> Cluster:
+    """``cluster_of`` by nodes; the very tuple of nodes accepted last time gets
+    the same answer without the checks (``lastcall``)."""
     if not nodes:
         raise SnapshotError("the cluster has no nodes")
     names = [n.name for n in nodes]
