@@ -38,9 +38,9 @@ def comparison(
     (for Fig. 10) PowerFlow again with ground-truth models.
 
     Fewer points than ``powerflow.schedulers``' full sweeps: a fitted
-    PowerFlow run of the full trace costs about 40 s of CPU (model fitting and
-    policy calls, see ``benchmarks/sim_bench.py``), and 17 runs keep the
-    comparison within five minutes on two cores."""
+    PowerFlow run of the full trace costs about 15 s of CPU (policy calls,
+    the engine and model fitting, see ``benchmarks/sim_bench.py``), and 17
+    runs keep the comparison within five minutes on two cores."""
     trace = comparison_window(trace, quick=quick)
     specs: list[RunSpec] = []
     for spec in SCHEDULERS.values():

@@ -31,11 +31,11 @@ class JobArrays:
     """The per-job numbers the engine updates at every event, one array each.
 
     Between events the engine advances progress, energy and held time of all
-    holders, and recomputes their next events, with one numpy operation per
-    quantity instead of a Python loop over jobs. Elementwise ``+ - * /`` are
-    correctly rounded in numpy as in Python, so each job's numbers are the
-    very floats a per-job loop gives. ``SimJob`` exposes its row as plain
-    attributes for everything else.
+    holders, and recomputes their next events, in compiled loops over these
+    columns (``powerflow.sim.kernels``) instead of Python attribute access per
+    job; they do each job's float operations in the same order, so its numbers
+    are the very floats a per-job Python loop gives. ``SimJob`` exposes its
+    row as plain attributes for everything else.
     """
 
     def __init__(self, size: int) -> None:

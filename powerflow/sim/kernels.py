@@ -1,12 +1,11 @@
 """The engine's per-event passes over its holders, compiled.
 
 At every event the engine advances every holder's progress and recomputes
-every holder's next event; at a few hundred holders the numpy version is
-some twenty fancy-indexing calls whose fixed costs outweigh the arithmetic.
-These loops do the same float operations per job, in the same order (no
-fastmath, so no fused or reordered arithmetic): the results are the very
-floats of the numpy version and of a plain loop over the jobs
-(tests/test_sim_fastpaths.py checks both).
+every holder's next event; at a few hundred holders numpy's fancy indexing
+would spend more on fixed per-call costs than on the arithmetic. These loops
+do the same float operations per job, in the same order (no fastmath, so no
+fused or reordered arithmetic): the results are the very floats of a plain
+Python loop over the jobs (tests/test_sim_fastpaths.py checks against one).
 
 ``held`` is the holders' rows in the engine's ``_holders`` order,
 ``computing`` the rows of those that compute; every other argument is a
