@@ -7,7 +7,7 @@ import pytest
 
 from powerflow.gpus import A100
 from powerflow.models import energy, kernels, throughput
-from powerflow.models.fitted import FittedModel, predict_flat
+from powerflow.models.fitted import FittedModel
 from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
 
 
@@ -41,10 +41,10 @@ def _reference(params: ModelParams, cols: tuple[np.ndarray, ...]) -> tuple[np.nd
 def test_predictions_match_the_reference(seed: int) -> None:
     params, cols = _random_model(seed)
     want_t, want_e = _reference(params, cols)
-    got_t, got_e = predict_flat(params, A100.f0_mhz, *cols)
+    model = FittedModel(params)
+    got_t, got_e = model.predict_columns(*cols)
     np.testing.assert_allclose(got_t, want_t, rtol=1e-13)
     np.testing.assert_allclose(got_e, want_e, rtol=1e-13)
-    model = FittedModel(params)
     for both in (model.predict(*cols), model.predict_columns(*cols)):
         np.testing.assert_array_equal(both[0], got_t)
         np.testing.assert_array_equal(both[1], got_e)

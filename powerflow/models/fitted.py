@@ -62,17 +62,6 @@ class FittedModel:
         return kernels.predict(tp, ep, self._f0_mhz, *(_column(a) for a in (n, r, bs, f)))
 
 
-def predict_flat(
-    params: ModelParams, f0_mhz: float, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
-) -> tuple[FloatArray, FloatArray]:
-    """Step time and energy of equal-length 1-D columns: ``FittedModel.predict``
-    without its broadcasting and GPU lookup. One compiled pass
-    (``kernels.predict``); ``throughput.step_time`` and
-    ``energy.energy_per_iter`` are the reference it is tested against."""
-    tp, ep = _vectors(params)
-    return kernels.predict(tp, ep, float(f0_mhz), *(_column(a) for a in (n, r, bs, f)))
-
-
 def _column(a: FloatArray) -> FloatArray:
     return np.ascontiguousarray(a, dtype=np.float64)
 
