@@ -56,10 +56,10 @@ class JobArrays:
 
 def _column(name: str, doc: str) -> property:
     def get(self: SimJob) -> float:
-        return float(getattr(self.arrays, name)[self.slot])
+        return float(getattr(self.arrays, name)[self.index])
 
     def put(self: SimJob, value: float) -> None:
-        getattr(self.arrays, name)[self.slot] = value
+        getattr(self.arrays, name)[self.index] = value
 
     return property(get, put, doc=doc)
 
@@ -68,7 +68,7 @@ class SimJob:
     """State that changes as the simulation runs; the engine owns every write.
 
     The numbers the engine's per-event passes touch live in a shared
-    ``JobArrays`` (row ``slot``); the attributes below read and write that row.
+    ``JobArrays`` (row ``index``); the attributes below read and write that row.
     """
 
     __slots__ = (
@@ -99,7 +99,6 @@ class SimJob:
         "restarts",
         "rng",
         "samples",
-        "slot",
         "started",
         "trace",
         "truth",
@@ -122,18 +121,14 @@ class SimJob:
         trace: TraceJob,
         truth: PerfModel,
         seed: int,
-        arrays: JobArrays | None = None,
+        arrays: JobArrays,
     ) -> None:
         self.index = index
         self.trace = trace
         self.truth = truth
-        if arrays is None:
-            arrays, self.slot = JobArrays(1), 0
-        else:
-            self.slot = index
         self.arrays = arrays
         self.iterations = trace.iterations  # read in the engine's hot loops
-        arrays.iterations[self.slot] = trace.iterations
+        arrays.iterations[self.index] = trace.iterations
         self.job_id = trace.job_id
         self.rng = np.random.default_rng([seed, index])
         self.phase = Phase.PENDING
@@ -169,16 +164,16 @@ class SimJob:
     @n.setter
     def n(self, value: int) -> None:
         self._n = value
-        self.arrays.n[self.slot] = value
+        self.arrays.n[self.index] = value
 
     @property
     def next_is_completion(self) -> bool:
         """Whether ``next_event_s`` is its completion (else its phase end)."""
-        return bool(self.arrays.completion[self.slot])
+        return bool(self.arrays.completion[self.index])
 
     @next_is_completion.setter
     def next_is_completion(self, value: bool) -> None:
-        self.arrays.completion[self.slot] = value
+        self.arrays.completion[self.index] = value
 
     @property
     def remaining(self) -> float:
@@ -190,4 +185,4 @@ class SimJob:
         self.phase = phase
         self.holding = phase in HOLDING
         self.computing = phase in COMPUTING
-        self.arrays.computing[self.slot] = self.computing
+        self.arrays.computing[self.index] = self.computing
