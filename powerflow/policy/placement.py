@@ -256,29 +256,13 @@ def _place(
 
     left = geo.capacity - fixed
     max_block = geo.max_block
-    per_node = geo.per_node
-    by_slots = geo.node_blocks.by_slots
     items: list[Item] = []
     kept: dict[str, Block] = {}
     for job_id, n, current, movable in zip(job_ids, gpus, currents, movables, strict=True):
         if not movable or n > max_block or n > left:
             continue
         left -= n
-        # ``_kept_block`` inline (it runs for every running job at every event).
-        pref: Block | None = None
-        if type(current) is tuple:
-            if current:
-                try:
-                    pref = by_slots.get(current)
-                except TypeError:  # unhashable slots: the scan decides
-                    pref = _kept_block_scan(geo, current, n)
-                else:
-                    if pref is not None and pref[2] != n:
-                        pref = None
-                if pref is None and n > per_node:
-                    pref = _kept_group(geo, current, n)
-        else:
-            pref = _kept_block_scan(geo, current, n)
+        pref = _kept_block(geo, current, n) if current else None
         if pref is not None:
             kept[job_id] = pref
         elif current:
@@ -305,15 +289,19 @@ def _kept_block(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block |
     ``tests/test_placement_fastpath.py`` checks this against. A tuple is
     looked up among the node's aligned blocks (``Geometry.node_blocks``);
     anything else is compared slot by slot (``_kept_block_scan``), with the
-    same answer.
+    same answer. A job of several whole nodes that hands back its group is
+    recognised the same way (``_kept_group``). ``_place`` calls this for
+    every movable job, so patching it out disables the whole shortcut.
     """
-    if type(current) is tuple:
-        try:
-            block = geo.node_blocks.by_slots.get(current)
-        except TypeError:  # unhashable slots: the scan decides
-            return _kept_block_scan(geo, current, gpus)
-        return block if block is not None and block.size == gpus else None
-    return _kept_block_scan(geo, current, gpus)
+    if type(current) is not tuple:
+        return _kept_block_scan(geo, current, gpus)
+    try:
+        block = geo.node_blocks.by_slots.get(current)
+    except TypeError:  # unhashable slots: the scan decides
+        return _kept_block_scan(geo, current, gpus)
+    if block is not None and block.size == gpus:
+        return block
+    return _kept_group(geo, current, gpus) if gpus > geo.per_node else None
 
 
 def _kept_group(geo: Geometry, current: Sequence[GpuSlot], gpus: int) -> Block | None:
