@@ -50,6 +50,7 @@ Simplifications, and why:
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from powerflow.baselines.common import (
@@ -82,35 +83,11 @@ class TiresiasPolicy:
 
     def queue(self, job: Job, now_s: float) -> int:
         """The job's priority queue, 0 the highest."""
-        q = bisect.bisect_right(self.queue_thresholds_gpu_s, job.attained_gpu_s)
-        if q == 0 or self.promote_knob is None:
-            return q
-        executed = job.attained_gpu_s / max(job.requested_gpus, 1)
-        waited = now_s - job.arrival_s - executed
-        knob = self.promote_knob / 2 if job.placement else self.promote_knob
-        return 0 if waited >= knob * executed else q
+        return _serve_key(self.queue_thresholds_gpu_s, self.promote_knob, now_s)(job)[1]
 
     def priority(self, snapshot: Snapshot) -> list[Job]:
-        """Jobs in the order Tiresias serves them (pinned jobs first).
-
-        ``queue`` is written out in the sort key (same arithmetic, same order
-        of operations): the key runs for every job at every event.
-        """
-        now = snapshot.now_s
-        thresholds = self.queue_thresholds_gpu_s
-        knob = self.promote_knob
-        bisect_right = bisect.bisect_right
-
-        def key(j: Job) -> tuple[bool, int, float, str]:
-            q = bisect_right(thresholds, j.attained_gpu_s)
-            if q and knob is not None:
-                n = j.requested_gpus
-                executed = j.attained_gpu_s / (n if n > 1 else 1)  # max(n, 1)
-                waited = now - j.arrival_s - executed
-                if waited >= (knob / 2 if j.placement else knob) * executed:
-                    q = 0
-            return (not j.pinned, q, j.arrival_s, j.id)
-
+        """Jobs in the order Tiresias serves them (pinned jobs first)."""
+        key = _serve_key(self.queue_thresholds_gpu_s, self.promote_knob, snapshot.now_s)
         return sorted(snapshot.jobs, key=key)
 
     def plan(self, snapshot: Snapshot) -> Plan:
@@ -140,3 +117,26 @@ class TiresiasPolicy:
             where[job.id] = target
         plans = job_plans(snapshot.jobs, where, clock, self.memo)
         return finish(snapshot, spec, plans, self.memo)
+
+
+def _serve_key(
+    thresholds: tuple[float, ...], knob: float | None, now: float
+) -> Callable[[Job], tuple[bool, int, float, str]]:
+    """The sort key of Tiresias's service order: (not pinned, queue, arrival, id).
+
+    One closure per policy call rather than a method per job: the key runs for
+    every job at every event, and ``queue`` reads its second field.
+    """
+    bisect_right = bisect.bisect_right
+
+    def key(j: Job) -> tuple[bool, int, float, str]:
+        q = bisect_right(thresholds, j.attained_gpu_s)
+        if q and knob is not None:
+            n = j.requested_gpus
+            executed = j.attained_gpu_s / (n if n > 1 else 1)  # max(n, 1)
+            waited = now - j.arrival_s - executed
+            if waited >= (knob / 2 if j.placement else knob) * executed:
+                q = 0
+        return (not j.pinned, q, j.arrival_s, j.id)
+
+    return key
