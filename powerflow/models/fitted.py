@@ -31,7 +31,7 @@ class FittedModel:
     # the same model at every call.
     @functools.cached_property
     def _vectors(self) -> tuple[FloatArray, FloatArray]:
-        return _vectors(self.params)
+        return self.params.vectors()
 
     @functools.cached_property
     def _f0_mhz(self) -> float:
@@ -64,7 +64,3 @@ class FittedModel:
 
 def _column(a: FloatArray) -> FloatArray:
     return np.ascontiguousarray(a, dtype=np.float64)
-
-
-def _vectors(params: ModelParams) -> tuple[FloatArray, FloatArray]:
-    return params.throughput.to_vector(), params.energy.to_vector()

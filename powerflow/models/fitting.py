@@ -369,15 +369,11 @@ _POWERS = np.array(
 )
 
 
-def _vectors(params: ModelParams) -> tuple[FloatArray, FloatArray]:
-    return params.throughput.to_vector(), params.energy.to_vector()
-
-
 @functools.lru_cache(maxsize=64)
 def _prior_vectors(prior: ModelParams) -> tuple[FloatArray, FloatArray]:
-    """``_vectors`` of a prior, packed once: every fit of a model's jobs
+    """``ModelParams.vectors`` of a prior, packed once: every fit of a model's jobs
     rescales the same prior (``_rescaled`` returns new arrays)."""
-    return _vectors(prior)
+    return prior.vectors()
 
 
 def _rescaled(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> tuple[FloatArray, FloatArray]:
@@ -434,7 +430,7 @@ def fit_with_prior(
     """
     _check(samples)
     t_anchor, e_anchor = _rescaled(prior, samples, gpu)
-    t_start, e_start = (t_anchor, e_anchor) if warm_start is None else _vectors(warm_start)
+    t_start, e_start = (t_anchor, e_anchor) if warm_start is None else warm_start.vectors()
     x_t = _fit_stage(
         _time_problem(t_anchor, options), samples, [t_start], _T_BOUNDS, _T_FLOOR, options
     )

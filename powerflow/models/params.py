@@ -191,6 +191,10 @@ class ModelParams:
         self.throughput.validate()
         self.energy.validate()
 
+    def vectors(self) -> tuple[FloatArray, FloatArray]:
+        """The throughput and energy groups as the kernels' flat vectors."""
+        return self.throughput.to_vector(), self.energy.to_vector()
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": SCHEMA_VERSION,
