@@ -25,9 +25,8 @@ import argparse
 import random
 import time
 from dataclasses import replace
-from typing import Any
 
-import powerflow.baselines
+from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
 from powerflow.gpus import A100
 from powerflow.models.fitted import FittedModel
 from powerflow.models.priors import load_prior
@@ -69,15 +68,14 @@ def steady(policy: Policy, snap: Snapshot) -> Snapshot:
     return replace(snap, jobs=jobs, now_s=snap.now_s + 600)
 
 
-def policies(module: object) -> dict[str, Policy]:
-    """The simulator's five baseline runs, built from ``module``'s classes."""
-    m: Any = module
+def policies() -> dict[str, Policy]:
+    """The simulator's five baseline runs, fresh (each with an empty memo)."""
     return {
-        "gandiva": m.GandivaPolicy(frequency_mhz=1410),
-        "tiresias": m.TiresiasPolicy(frequency_mhz=1410),
-        "afs": m.AfsPolicy(frequency_mhz=1410),
-        "gandiva+zeus": m.ZeusPolicy(m.GandivaPolicy(frequency_mhz=1410)),
-        "tiresias+zeus": m.ZeusPolicy(m.TiresiasPolicy(frequency_mhz=1410)),
+        "gandiva": GandivaPolicy(frequency_mhz=1410),
+        "tiresias": TiresiasPolicy(frequency_mhz=1410),
+        "afs": AfsPolicy(frequency_mhz=1410),
+        "gandiva+zeus": ZeusPolicy(GandivaPolicy(frequency_mhz=1410)),
+        "tiresias+zeus": ZeusPolicy(TiresiasPolicy(frequency_mhz=1410)),
     }
 
 
@@ -100,19 +98,19 @@ def events(policy: Policy, snap: Snapshot, count: int, seed: int = 1) -> list[Sn
 def compare(args: argparse.Namespace) -> None:
     print(f"{args.gpus} GPUs, about {args.jobs} active jobs, {args.events} events, CPU seconds")
     print(f"{'policy':<15}{'cold s':>9}{'warm s':>9}{'speed-up':>10}  same plans")
-    for name, policy in policies(powerflow.baselines).items():
+    for name, policy in policies().items():
         seq = events(policy, snapshot(args.gpus, args.jobs), args.events)
         best: dict[str, float] = {}
         plans: dict[str, list[Plan]] = {}
         for _ in range(args.repeat):
-            warm = policies(powerflow.baselines)[name]
+            warm = policies()[name]
             first = warm.plan(seq[0])  # every job new to the memos: model calls
             t0 = time.process_time()
             plans["warm"] = [first] + [warm.plan(s) for s in seq[1:]]
             best["warm"] = min(best.get("warm", float("inf")), time.process_time() - t0)
-            first = policies(powerflow.baselines)[name].plan(seq[0])
+            first = policies()[name].plan(seq[0])
             t0 = time.process_time()
-            plans["cold"] = [first] + [policies(powerflow.baselines)[name].plan(s) for s in seq[1:]]
+            plans["cold"] = [first] + [policies()[name].plan(s) for s in seq[1:]]
             best["cold"] = min(best.get("cold", float("inf")), time.process_time() - t0)
         same = plans["cold"] == plans["warm"]
         print(
@@ -134,7 +132,7 @@ def main() -> None:
         return
     print(f"{args.gpus} GPUs, {args.jobs} active jobs, one fitted model object per job")
     print(f"{'policy':<15}{'first call ms':>15}{'steady median ms':>18}{'steady best ms':>16}")
-    for name, policy in policies(powerflow.baselines).items():
+    for name, policy in policies().items():
         snap = snapshot(args.gpus, args.jobs)
         t0 = time.perf_counter()
         snap = steady(policy, snap)

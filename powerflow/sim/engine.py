@@ -197,7 +197,7 @@ class Simulation:
             if jp is not None and jp is job.plan and not down_held:
                 continue  # the very plan it runs (a policy may hand out the same one)
             if jp is None or jp.gpus == 0:
-                if job.holding:
+                if job.holding:  # _release checks too; this spares queued jobs the call
                     self._release(job)
                 continue
             if (
