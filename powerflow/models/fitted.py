@@ -59,8 +59,9 @@ class FittedModel:
     ) -> tuple[FloatArray, FloatArray]:
         """``predict`` of equal-length 1-D columns, without broadcasting."""
         tp, ep = self._vectors
-        return kernels.predict(tp, ep, self._f0_mhz, *(_column(a) for a in (n, r, bs, f)))
+        return kernels.predict(tp, ep, self._f0_mhz, *(as_column(a) for a in (n, r, bs, f)))
 
 
-def _column(a: FloatArray) -> FloatArray:
+def as_column(a: FloatArray) -> FloatArray:
+    """``a`` as the contiguous float64 column the compiled kernels take."""
     return np.ascontiguousarray(a, dtype=np.float64)

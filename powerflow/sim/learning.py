@@ -57,7 +57,7 @@ import numpy as np
 from powerflow.errors import ModelError
 from powerflow.gpus import GpuSpec
 from powerflow.jit import njit
-from powerflow.models.fitted import FittedModel
+from powerflow.models.fitted import FittedModel, as_column
 from powerflow.models.fitting import MIN_SAMPLES, FitOptions, fit_with_prior, refit_online
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import load_prior
@@ -79,13 +79,9 @@ class Knowledge:
 
 def placement_counts(samples: Samples) -> tuple[tuple[int, int, int], ...]:
     """How many samples each ``(n, r)`` placement has, sorted."""
-    found = _placements(_column(samples.n), _column(samples.r))
+    found = _placements(as_column(samples.n), as_column(samples.r))
     rows = found[: int(np.count_nonzero(found[:, 2]))].tolist()
     return tuple(sorted((int(n), int(r), int(c)) for n, r, c in rows))
-
-
-def _column(a: FloatArray) -> FloatArray:
-    return np.ascontiguousarray(a, dtype=np.float64)
 
 
 @njit
