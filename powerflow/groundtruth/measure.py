@@ -148,11 +148,7 @@ def sweep_plan(
     if not duration_s > 0:
         raise DataError("sweep duration must be positive")
     if isinstance(truth, GroundTruth):  # one plan per batch size, remembered
-        key = (float(bs), float(duration_s), gpu)
-        plan = truth._plans.get(key)
-        if plan is None:
-            plan = truth._plans[key] = _sweep_plan(truth, bs, duration_s, gpu)
-        return plan[0].copy(), plan[1].copy()
+        return truth.sweep_plan(bs, duration_s, gpu, _sweep_plan)
     return _sweep_plan(truth, bs, duration_s, gpu)
 
 

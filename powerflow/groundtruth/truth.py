@@ -7,6 +7,7 @@ recipe and the reasons for each step are in the docstring of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,6 +88,25 @@ class GroundTruth:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """``measure.sweep_plan`` by (batch, duration, GPU): one per batch size in a run."""
+
+    def sweep_plan(
+        self,
+        bs: float,
+        duration_s: float,
+        gpu: GpuSpec | None,
+        make: Callable[[GroundTruth, float, float, GpuSpec | None], tuple[FloatArray, FloatArray]],
+    ) -> tuple[FloatArray, FloatArray]:
+        """``make``'s pre-run plan, made once per (batch, duration, GPU) and copied out.
+
+        The plan depends only on these and on the ground truth, and a run asks
+        for it once per job; the memo lives here so that it goes with the
+        truth, and callers get copies so that none can change it.
+        """
+        key = (float(bs), float(duration_s), gpu)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make(self, bs, duration_s, gpu)
+        return plan[0].copy(), plan[1].copy()
 
     # -- full-clock pieces ---------------------------------------------------
 
