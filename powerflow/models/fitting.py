@@ -112,13 +112,6 @@ class _Problem:
         self._key: bytes | None = None
         self._cache: tuple[FloatArray, FloatArray] = (empty, np.empty((0, 0)))
 
-    def model(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Predicted log values and their Jacobian (no measurement, no prior)."""
-        kind, data, log_measured, *_ = self.stage
-        empty = np.empty(0)
-        bare = (kind, data, np.zeros(len(log_measured)), empty, empty)
-        return kernels.residuals(bare, np.ascontiguousarray(x, dtype=np.float64))
-
     def __call__(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
         key = x.tobytes()
         if key != self._key:
