@@ -17,12 +17,15 @@ from hypothesis import given, settings
 from policy_cases import snapshots
 
 from powerflow.errors import SnapshotError
+from powerflow.gpus import A100
 from powerflow.models.fitted import FittedModel
 from powerflow.models.priors import shipped_priors
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.scenarios import synthetic_snapshot
 from powerflow.policy.snapshot import Job, Plan, Snapshot
 from powerflow.policy.tablecache import CachedRows, TableCache
+from powerflow.policy.tables import build_tables
+from powerflow.policy.validate import cluster_of
 
 POLICIES = (
     PowerFlowPolicy(),
@@ -176,3 +179,29 @@ def test_a_snapshot_larger_than_the_capacity_is_served_warm() -> None:
     plan = policy.plan(replace(snap, now_s=snap.now_s + 1.0))
     assert len(policy.cache) == cached
     assert plan == cold(policy, replace(snap, now_s=snap.now_s + 1.0))
+
+
+def test_a_gpu_with_another_top_clock_is_a_miss_at_a_fixed_frequency() -> None:
+    """The ``P_max`` row is read at the GPU's top clock, which a fixed clock list omits.
+
+    Two clusters whose GPUs differ only in their top clock give the same clock
+    list (one fixed clock) and the same shape, so the cache must still tell them
+    apart: tables and plans equal a fresh cache's.
+    """
+    lower = replace(A100, clocks_mhz=tuple(range(210, 1306, 15)), default_clock_mhz=1305)
+    assert lower.max_clock_mhz != A100.max_clock_mhz
+    first = synthetic_snapshot(64, 12, seed=4, eta=0.5, distinct_models=3)
+    second = replace(first, nodes=tuple(replace(n, gpu=lower) for n in first.nodes))
+    policy = PowerFlowPolicy(frequency_scaling=False, fixed_frequency_mhz=1200)
+    clocks = policy.clocks(A100)
+    assert clocks == policy.clocks(lower)
+    cache = TableCache()
+    for snap in (first, second, first):
+        cluster = cluster_of(snap)
+        warm = build_tables(snap.jobs, cluster, clocks, policy.elastic, cache)
+        fresh = build_tables(snap.jobs, cluster, clocks, policy.elastic)
+        np.testing.assert_array_equal(warm.requested_gpu_power_w, fresh.requested_gpu_power_w)
+        for w, f in zip(warm.job_rows, fresh.job_rows, strict=True):
+            np.testing.assert_array_equal(w.vectors, f.vectors)
+            np.testing.assert_array_equal(w.both, f.both)
+        assert policy.plan(snap) == cold(policy, snap)

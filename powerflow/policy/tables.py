@@ -227,14 +227,22 @@ def build_tables(
     jobs are ordered by model object, so each model's rows are one slice.
 
     A job's rows depend only on its model object, the fields that choose its
-    GPU counts (``JobKey``) and the call's clocks and cluster, so they are
+    GPU counts (``JobKey``) and the call's clocks, the GPU's top clock (the
+    ``P_max`` row's) and the cluster's shape, so they are
     built once per distinct key (``JobRows``) and stacked; with a ``cache``
     (``tablecache.py``) also across calls, so that a replan with unchanged
     models does no per-row work in Python and calls no model. The jobs whose
     key misses are evaluated together, one model call per model object.
     """
     count = len(jobs)
-    context = (tuple(clocks_mhz), elastic, cluster.total_gpus, cluster.gpus_per_node)
+    # The top clock too: the ``P_max`` row is read there, and a fixed clock list omits it.
+    context = (
+        tuple(clocks_mhz),
+        cluster.gpu.max_clock_mhz,
+        elastic,
+        cluster.total_gpus,
+        cluster.gpus_per_node,
+    )
     if cache is None:
         cache = TableCache()
     cache.fit(count)
