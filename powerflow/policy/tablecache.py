@@ -10,8 +10,9 @@ the rows afresh on every call.
 
 The key is therefore what decides what the model is asked: the model
 object's identity, the clocks, the GPU's top clock (the ``P_max`` row's) and
-the cluster shape (a small ``tag`` per distinct context), and the job fields that choose its rows of ``(n, r, local batch)``
-(``tables.JobKey``). The entry holds a strong reference to the model, so its ``id`` cannot be reused
+the cluster shape (a small ``tag`` per distinct context), and the job fields
+that choose its rows of ``(n, r, local batch)`` (``tables.JobKey``). The
+entry holds a strong reference to the model, so its ``id`` cannot be reused
 by another object while the entry lives, and a hit also checks ``is``. A
 model object is assumed immutable (``PerfModel`` implementations are frozen
 dataclasses); a new fit is a new object and therefore a miss.
