@@ -11,9 +11,9 @@ doubled since the last fit: a first profile on a new GPU count always refits,
 a re-profile of a known count after a preemption or migration (same clocks,
 same configuration, fresh noise) refits only once it has doubled that
 configuration's data. On the first 6 h of the ITP trace (PowerFlow, eta 0.6)
-this skips about a quarter of the refits (1,783 to about 1,370) without
-changing what the models know about scaling; the skipped job keeps its
-``FittedModel`` object, so the policy's per-model memos stay valid.
+this skips about a quarter of the refits without changing what the models
+know about scaling; the skipped job keeps its ``FittedModel`` object, so the
+policy's per-model memos stay valid.
 
 Evidence that the model already explains is no evidence either: when the
 samples added since the last fit show no bias and no trend across the clocks
@@ -21,28 +21,13 @@ beyond ``NOISE_Z`` standard errors of their own noise (``explains``), the
 refit is skipped and those samples wait, with any that follow, until they
 contradict the model. A 21-clock profile at 3% noise resolves a 1.3% bias,
 so a skipped refit would have moved the model by less than that. On the
-first 6 h (16 x 8 GPUs) this skips a fifth of the remaining refits (377 to
-305 in the recorded run) with the models' error against the ground truth
-unchanged (4.09%/4.30% step time/energy at 1-32 GPUs over every job's final
-model, either way); on the whole trace, 3,833 fits become about 3,500.
+first 6 h this skips a fifth of the remaining refits with the models' error
+against the ground truth unchanged.
 
-What it costs (CPU time on the shared 2-core machine, so +-20%): ``python
--m benchmarks learner`` (the six models, pre-run then profiles at 2, 4, 8,
-16 GPUs) and the PowerFlow eta 0.6 runs. Before this learner's solver
-(scipy's ``trf``, every new or doubled placement refitted): 6.7 ms per
-initial fit and 10.1 ms per update in the benchmark, 9.0-11.5 s of fitting
-for 1,137 fits in the 6 h / 16-node proxy, 45.9 s for 3,833 fits in the
-full trace (64 x 8 GPUs). Then (``fitting``'s own Levenberg-Marquardt in
-numpy and the skip above): 2.4 ms and 3.2 ms, 3.0-3.6 s for 1,063 fits,
-12.3 s for 3,506 fits (12.0-13.6 s in three runs of
-``benchmarks/sim_bench.py --runs fitted``). Now (the whole fit of a stage one compiled call,
-``models/kernels.py``, and this module's counting and noise test
-compiled): 0.65-0.85 ms per update, and 8-10 ms per initial fit of which
-most is the process's one-time start of numba (loading the cached
-kernels, ~0.35 s, paid by the first fit); 2.1-2.3 s for the 3,506 fits of
-the full trace, with the same simulated results to the last bit. The learner
-is as accurate: final step-time/energy error 1.31%/2.24% against
-1.33%/2.32% (1.70%/2.82% against 1.71%/2.81% with ``--prior generic``).
+Each stage of a fit is one compiled call (``models/kernels.py``), and this
+module's placement counting and noise test are compiled too: the whole
+trace's fitted PowerFlow eta 0.6 run spends 2.1-2.3 s of CPU on its 3,506
+fits (``python benchmarks/sim_bench.py --runs fitted``).
 """
 
 from __future__ import annotations
@@ -198,13 +183,9 @@ class FittedLearner:
     FIT_OPTIONS = FitOptions(tol=1e-3)
     """Stop a fit once an accepted step lowers the cost by under 0.1%: fits
     start from the rescaled prior or the current model and are near the
-    optimum already. In ``python -m benchmarks learner`` the final models
-    err by 1.31%/2.24% (step time/energy at 1-32 GPUs), 1.33%/2.32% with
-    the former ``trf`` solver at this tolerance. 3e-3 would need 40% fewer
-    model evaluations (6,094 against 10,234 on the recorded 6 h run) and
-    initial fits a third less CPU at the same benchmark accuracy, but moved
-    the simulated average JCT by +0.46% over seeds 0-2 (+0.17% at 1e-3), so
-    the tolerance stays where the former learner had it."""
+    optimum already. 3e-3 would need 40% fewer model evaluations at the same
+    accuracy in ``python -m benchmarks learner``, but moved the simulated
+    average JCT by +0.46% over seeds 0-2 (+0.17% at 1e-3)."""
     REFIT_OPTIONS = FitOptions(polish_nfev=15, tol=1e-3)
     """The same for warm-started refits, capped at 15 evaluations."""
 
