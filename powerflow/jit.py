@@ -10,8 +10,8 @@ an order of magnitude faster with the same IEEE arithmetic (no fastmath).
 cache folder when that is read-only), so only the first process on a machine
 pays the compilation. ``NUMBA_DISABLE_JIT=1`` runs every kernel as plain
 Python, e.g. for a debugger. A cold cache costs about 13 s of CPU once
-(28 kernels; ``powerflow simulate --scheduler powerflow --hours 0.5 --nodes 8``
-compiles them all).
+(``powerflow simulate --scheduler powerflow --hours 0.5 --nodes 8`` compiles
+every kernel).
 
 One rule follows from the cache: a kernel calls compiled helpers only from
 its own file. Numba checks the timestamp of the file that holds a cached
