@@ -120,7 +120,7 @@ def test_a_new_model_object_is_a_miss_even_with_the_same_id() -> None:
     """The entry keeps its model alive and a hit checks identity, never the id alone."""
     cache = TableCache()
     model, other = object(), object()
-    rows = CachedRows(model, np.ones((1, 1)), np.ones((1, 1)))
+    rows = CachedRows(model)
     key = (id(model), (1,), b"")
     cache.put(key, rows)
     assert cache.get(key, model) is rows
@@ -131,7 +131,7 @@ def test_cache_stays_bounded_and_keeps_recent_entries() -> None:
     cache = TableCache(capacity=4)
     model = object()
     for i in range(50):
-        cache.put((i, (), b""), CachedRows(model, np.ones((1, 1)), np.ones((1, 1))))
+        cache.put((i, (), b""), CachedRows(model))
         assert cache.get((i, (), b""), model) is not None
     assert len(cache) <= 8
     assert cache.get((0, (), b""), model) is None

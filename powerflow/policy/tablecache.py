@@ -37,8 +37,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
-from powerflow.models.protocol import FloatArray
-
 CacheKey = Hashable
 """Starts with the id of the model; ``tables.JobKey`` for the policy's entries."""
 
@@ -47,8 +45,6 @@ CacheKey = Hashable
 class CachedRows:
     model: object
     """Kept alive so that its ``id`` stays unique while this entry exists."""
-    step_time_s: FloatArray
-    energy_j: FloatArray
 
 
 @dataclass

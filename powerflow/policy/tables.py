@@ -23,7 +23,6 @@ one sample (``n <= global``).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 from collections.abc import Sequence
@@ -103,15 +102,6 @@ class Tables:
         self._gathered.clear()
         self._gathered[key] = out
         return out
-
-    @functools.cached_property
-    def step_time_s(self) -> FloatArray:
-        """Every row's step time, stacked (for inspection; the policy uses ``values``)."""
-        return self.values(np.arange(self.counts.size))[0]
-
-    @functools.cached_property
-    def energy_j(self) -> FloatArray:
-        return self.values(np.arange(self.counts.size))[1]
 
 
 class Gathered:
@@ -333,15 +323,15 @@ requested GPUs, a pinned job's (GPUs, GPUs per node)): all that a job's rows dep
 class JobRows(CachedRows):
     """One job's rows: its allowed counts, smallest first, then its ``P_max`` row.
 
-    ``step_time_s`` and ``energy_j`` hold the policy's clock columns only.
-    ``vectors`` holds per row (count, GPUs per node, local batch, efficient
-    column, step time and energy there) as floats (the ints are small, so
-    exact), so that stacking the jobs is one ``concatenate``.
+    ``both`` holds the policy's clock columns only. ``vectors`` holds per row
+    (count, GPUs per node, local batch, efficient column, step time and
+    energy there) as floats (the ints are small, so exact), so that stacking
+    the jobs is one ``concatenate``.
     """
 
     both: FloatArray
-    """``step_time_s`` and ``energy_j`` as one (rows, 2, clocks) array (they are views of
-    it), so that gathering a row of each is one slice."""
+    """Step time and energy as one (rows, 2, clocks) array, so that gathering a row of
+    each is one slice."""
     vectors: FloatArray
     size: int
     """Allowed counts (rows before the ``P_max`` row)."""
@@ -469,8 +459,6 @@ def _evaluate(
         out.append(
             JobRows(
                 model=jobs[j].model,
-                step_time_s=both[:, 0],
-                energy_j=both[:, 1],
                 both=both,
                 vectors=vectors[rows].copy(),
                 size=size,
