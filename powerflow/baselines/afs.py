@@ -251,9 +251,9 @@ class AfsPolicy:
                 per_node,
                 clock,
             )
-            seen = last.get(job.id)
-            if seen is not None and seen[0] is job.model and seen[1] == inputs:
-                steps.append(seen[2])
+            seen = last.recall(job.id, job.model, inputs)
+            if seen is not None:
+                steps.append(seen)
                 continue
             counts = ladder_counts(job, cluster_gpus)
             key: tuple[object, ...] = ("afs", counts, per_node, clock, job.global_batch_size)
@@ -262,7 +262,7 @@ class AfsPolicy:
             if hit is None:
                 todo.append((job, key, counts, inputs))
             else:
-                last[job.id] = (job.model, inputs, hit)
+                last.remember(job.id, job.model, inputs, hit)
         if todo:
             models = [job.model for job, _, cs, _ in todo for _ in cs]
             configs = [
@@ -284,7 +284,7 @@ class AfsPolicy:
                     keep += 1
                 steps[i] = (cs[:keep], step[:keep])
                 self.memo.put(job.model, key, steps[i])
-                last[job.id] = (job.model, job_inputs, steps[i])
+                last.remember(job.id, job.model, job_inputs, steps[i])
         # A waiting job makes no progress: its ladder is the one built last time.
         built = self.memo.last("afs_ladder")
         out = []

@@ -214,6 +214,28 @@ class Pool:
         return math.ceil(n / self.biggest)
 
 
+class LastSeen(dict[Hashable, tuple[Any, ...]]):
+    """Job id -> what a job was last evaluated at for one purpose, and the result.
+
+    ``recall`` answers only when the model object and the whole configuration
+    tuple match, so an answer is what evaluating afresh would give.
+    """
+
+    __slots__ = ()
+
+    def recall(self, job_id: Hashable, model: PerfModel, config: tuple[object, ...]) -> Any:
+        """The remembered result, or None when the job's model or configuration changed."""
+        hit = self.get(job_id)
+        if hit is not None and hit[0] is model and hit[1] == config:
+            return hit[2]
+        return None
+
+    def remember(
+        self, job_id: Hashable, model: PerfModel, config: tuple[object, ...], value: object
+    ) -> None:
+        self[job_id] = (model, config, value)
+
+
 class ModelMemo:
     """A policy's memo of model predictions, keyed by model object and configuration.
 
@@ -228,15 +250,15 @@ class ModelMemo:
     ``last(purpose)`` remembers, per job id, the last configuration a job was
     evaluated at for that purpose (model object included) and what it came
     to: between events a job mostly keeps both, and one lookup by id is
-    cheaper than building its configuration and key again. An entry is used
-    only when the whole configuration matches, so it is the same memo,
-    reached faster.
+    cheaper than building its key again. An entry is used only when the
+    model object and the whole configuration match (``LastSeen.recall``), so
+    it is the same memo, reached faster.
     """
 
     def __init__(self, max_entries: int = 200_000) -> None:
         self.max_entries = max_entries
         self._table: dict[tuple[object, ...], tuple[PerfModel, object]] = {}
-        self._last: dict[Hashable, dict[str, tuple[Any, ...]]] = {}
+        self._last: dict[Hashable, LastSeen] = {}
 
     def get(self, model: PerfModel, key: tuple[object, ...]) -> object | None:
         hit = self._table.get((id(model), *key))
@@ -248,7 +270,7 @@ class ModelMemo:
             self._last.clear()
         self._table[(id(model), *key)] = (model, value)
 
-    def last(self, purpose: Hashable) -> dict[str, tuple[Any, ...]]:
+    def last(self, purpose: Hashable) -> LastSeen:
         """Job id -> last configuration and result, for one purpose (see above).
 
         What is the same for every job of a call (the clock, the cluster's
@@ -256,7 +278,7 @@ class ModelMemo:
         """
         table = self._last.get(purpose)
         if table is None:
-            table = self._last[purpose] = {}
+            table = self._last[purpose] = LastSeen()
         return table
 
     def rows(
@@ -298,15 +320,11 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
     known = memo.last(("p_max", gpn, top))
     powers: list[float] = []
     miss: list[int] = []
+    recall = known.recall
     for j in snapshot.jobs:
-        hit = known.get(j.id)
-        if (
-            hit is not None
-            and hit[0] is j.model
-            and hit[1] == j.requested_gpus
-            and hit[2] == j.global_batch_size
-        ):
-            powers.append(hit[3])
+        hit = recall(j.id, j.model, (j.requested_gpus, j.global_batch_size))
+        if hit is not None:
+            powers.append(hit)
         else:
             miss.append(len(powers))
             powers.append(0.0)
@@ -324,7 +342,7 @@ def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
         t, e = memo.rows([j.model for j in jobs], configs)
         for i, j, ti, ei, cfg in zip(miss, jobs, t, e, configs, strict=True):
             powers[i] = ei / ti / cfg[0]
-            known[j.id] = (j.model, j.requested_gpus, j.global_batch_size, powers[i])
+            known.remember(j.id, j.model, (j.requested_gpus, j.global_batch_size), powers[i])
     fallback = sum(n.gpus * n.gpu.max_power_w for n in snapshot.nodes) / gpus
     return resolve_limit_watts(budget, gpus, estimate_p_max_w(powers, fallback))
 
@@ -346,18 +364,12 @@ def predicted_watts(
     known = memo.last("watts")
     watts: list[float] = []
     miss: list[int] = []
+    recall = known.recall
     for jp in running:
-        model = models[jp.job_id]
-        hit = known.get(jp.job_id)
-        if (
-            hit is not None
-            and hit[0] is model
-            and hit[1] == jp.gpus
-            and hit[2] == jp.local_batch_size
-            and hit[3] == jp.frequency_mhz
-            and hit[4] == jp.placement
-        ):
-            watts.append(hit[5])
+        config = (jp.gpus, jp.local_batch_size, jp.frequency_mhz, jp.placement)
+        hit = recall(jp.job_id, models[jp.job_id], config)
+        if hit is not None:
+            watts.append(hit)
         else:
             miss.append(len(watts))
             watts.append(0.0)
@@ -372,14 +384,8 @@ def predicted_watts(
         )
         for i, jp, ti, ei in zip(miss, plans, t, e, strict=True):
             watts[i] = ei / ti
-            known[jp.job_id] = (
-                models[jp.job_id],
-                jp.gpus,
-                jp.local_batch_size,
-                jp.frequency_mhz,
-                jp.placement,
-                watts[i],
-            )
+            config = (jp.gpus, jp.local_batch_size, jp.frequency_mhz, jp.placement)
+            known.remember(jp.job_id, models[jp.job_id], config, watts[i])
     active = sum(w / sharers[jp.placement[0]] for jp, w in zip(running, watts, strict=True))
     total = sum(node.gpus for node in snapshot.nodes)
     return active + (total - len(sharers)) * spec.idle_power_w

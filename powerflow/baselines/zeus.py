@@ -101,16 +101,12 @@ class ZeusPolicy:
         miss: list[tuple[JobPlan, tuple[object, ...]]] = []
         known = self.memo.last(("zeus", spec, self.eta_knob))
         for jp in run:
-            # The job's last configuration first: one lookup by id, no key to build.
-            last = known.get(jp.job_id)
-            if (
-                last is not None
-                and last[0] is models[jp.job_id]
-                and last[1] == jp.gpus
-                and last[2] == jp.local_batch_size
-                and last[3] == jp.placement
-            ):
-                out[jp.job_id] = last[4]
+            # The job's last configuration first: one lookup by id, no memo key to build.
+            last = known.recall(
+                jp.job_id, models[jp.job_id], (jp.gpus, jp.local_batch_size, jp.placement)
+            )
+            if last is not None:
+                out[jp.job_id] = last
                 continue
             key: tuple[object, ...] = (
                 "zeus",
@@ -123,12 +119,8 @@ class ZeusPolicy:
             hit = self.memo.get(models[jp.job_id], key)
             if isinstance(hit, int):
                 out[jp.job_id] = hit
-                known[jp.job_id] = (
-                    models[jp.job_id],
-                    jp.gpus,
-                    jp.local_batch_size,
-                    jp.placement,
-                    hit,
+                known.remember(
+                    jp.job_id, models[jp.job_id], (jp.gpus, jp.local_batch_size, jp.placement), hit
                 )
             else:
                 miss.append((jp, key))
@@ -148,11 +140,7 @@ class ZeusPolicy:
             clock = int(spec.clocks_mhz[i])
             self.memo.put(models[jp.job_id], key, clock)
             out[jp.job_id] = clock
-            known[jp.job_id] = (
-                models[jp.job_id],
-                jp.gpus,
-                jp.local_batch_size,
-                jp.placement,
-                clock,
+            known.remember(
+                jp.job_id, models[jp.job_id], (jp.gpus, jp.local_batch_size, jp.placement), clock
             )
         return out
