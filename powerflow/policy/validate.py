@@ -59,35 +59,15 @@ def _cluster_of(nodes: Sequence[Node]) -> Cluster:
 def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
     """Field checks that need no model call; see ``_check_job`` for the rules.
 
-    Each job first gets one combined test of every rule; only a job that
-    fails it (or whose fields do not even compare) goes through
-    ``_check_job``, which says what is wrong. Likewise the GPUs held are
-    checked as one set against the cluster's, and only on a problem slot by
-    slot, so that the error names the first bad slot as before.
+    The GPUs held are checked as one set against the cluster's, and only on a
+    problem slot by slot, so that the error names the first bad slot.
     """
     ids = [j.id for j in snapshot.jobs]
     if len(set(ids)) != len(ids):
         raise SnapshotError("job ids are not unique")
     total = cluster.total_gpus
-    isfinite = math.isfinite
     for job in snapshot.jobs:
-        try:
-            fine = (
-                isfinite(job.remaining_iterations)
-                and job.remaining_iterations >= 0
-                and job.global_batch_size >= 1
-                and job.requested_gpus >= 1
-                and 1 <= job.min_gpus <= total
-                and (job.max_gpus is None or job.max_gpus >= job.min_gpus)
-                and (job.max_local_batch_size is None or job.max_local_batch_size >= 1)
-                and isfinite(job.arrival_s)
-                and isfinite(job.elapsed_s)
-                and (bool(job.placement) or not job.pinned)
-            )
-        except Exception:  # _check_job raises the precise error, if there is one
-            fine = False
-        if not fine:
-            _check_job(job, cluster)
+        _check_job(job, total)
     held = [slot for job in snapshot.jobs for slot in job.placement]
     try:
         distinct = set(held)
@@ -117,25 +97,29 @@ def _check_slots(snapshot: Snapshot, cluster: Cluster) -> None:
             owner[slot] = job.id
 
 
-def _check_job(job: Job, cluster: Cluster) -> None:
-    where = f"job {job.id!r}"
-    if not math.isfinite(job.remaining_iterations) or job.remaining_iterations < 0:
-        raise SnapshotError(f"{where}: remaining iterations {job.remaining_iterations} < 0")
+def _check_job(job: Job, total_gpus: int) -> None:
+    """Every rule for one job's fields; a message is only formatted when one fails
+    (this runs for every job at every call)."""
+    isfinite = math.isfinite
+    if not isfinite(job.remaining_iterations) or job.remaining_iterations < 0:
+        raise _bad(job, f"remaining iterations {job.remaining_iterations} < 0")
     if job.global_batch_size < 1:
-        raise SnapshotError(f"{where}: global batch size {job.global_batch_size} < 1")
+        raise _bad(job, f"global batch size {job.global_batch_size} < 1")
     if job.requested_gpus < 1:
-        raise SnapshotError(f"{where}: requested GPUs {job.requested_gpus} < 1")
+        raise _bad(job, f"requested GPUs {job.requested_gpus} < 1")
     if job.min_gpus < 1:
-        raise SnapshotError(f"{where}: min GPUs {job.min_gpus} < 1")
+        raise _bad(job, f"min GPUs {job.min_gpus} < 1")
     if job.max_gpus is not None and job.max_gpus < job.min_gpus:
-        raise SnapshotError(f"{where}: max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
-    if job.min_gpus > cluster.total_gpus:
-        raise SnapshotError(
-            f"{where}: needs at least {job.min_gpus} GPUs, the cluster has {cluster.total_gpus}"
-        )
+        raise _bad(job, f"max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
+    if job.min_gpus > total_gpus:
+        raise _bad(job, f"needs at least {job.min_gpus} GPUs, the cluster has {total_gpus}")
     if job.max_local_batch_size is not None and job.max_local_batch_size < 1:
-        raise SnapshotError(f"{where}: max local batch size {job.max_local_batch_size} < 1")
-    if not math.isfinite(job.arrival_s) or not math.isfinite(job.elapsed_s):
-        raise SnapshotError(f"{where}: arrival and elapsed time must be finite")
+        raise _bad(job, f"max local batch size {job.max_local_batch_size} < 1")
+    if not isfinite(job.arrival_s) or not isfinite(job.elapsed_s):
+        raise _bad(job, "arrival and elapsed time must be finite")
     if job.pinned and not job.placement:
-        raise SnapshotError(f"{where}: pinned but has no GPUs to keep")
+        raise _bad(job, "pinned but has no GPUs to keep")
+
+
+def _bad(job: Job, problem: str) -> SnapshotError:
+    return SnapshotError(f"job {job.id!r}: {problem}")
