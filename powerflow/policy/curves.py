@@ -6,8 +6,10 @@ T_iter``, so the objective is the paper's average JCT and a job's wait so far
 is part of it. Energy is what the job still needs: ``remaining_iterations *
 E_iter``. Power is ``E_iter / T_iter`` (paper §5.2), summed over the job's
 GPUs. Allocation only needs each row at its most energy-efficient clock, so
-those are vectors; full rows are derived on demand (``matrices``) for the few
-rows the clock phase works on, which keeps memory at two tables.
+those are vectors; full rows are derived on demand (``matrices``, from the
+step time and energy rows ``Tables.values`` gathers) for the few rows the
+clock phase works on, so no JCT, energy or power table over every clock is
+built.
 """
 
 from __future__ import annotations
