@@ -36,6 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # tables.py imports this module; the types are for checkers only
+    from powerflow.policy.tables import Gathered, JobRows, Tables
 
 CacheKey = Hashable
 """Starts with the id of the model; ``tables.JobKey`` for the policy's entries."""
@@ -55,11 +59,12 @@ class TableCache:
     _new: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
     _old: dict[CacheKey, CachedRows] = field(default_factory=dict, repr=False)
     _tags: dict[Hashable, int] = field(default_factory=dict, repr=False)
-    last: tuple[object, ...] | None = field(default=None, repr=False)
-    """The previous call's stacked result and what it was stacked from (``tables.py``):
-    an event that changed no job's rows reuses it. One reference, replaced whole."""
+    last: tuple[list[int], list[JobRows], Tables] | None = field(default=None, repr=False)
+    """The previous call's job order and rows and the tables stacked from them
+    (``tables.py``): an event that changed no job's rows reuses it. One reference,
+    replaced whole."""
 
-    gathered: object = field(default=None, repr=False)
+    gathered: Gathered | None = field(default=None, repr=False)
     """The last rows the policy gathered from its tables (``tables.Gathered``), set by
     ``tables.build_tables``: copied again, never changes a value."""
 

@@ -301,13 +301,13 @@ def build_tables(
     if (
         last is not None
         and last[0] == job_order
-        and len(last[1]) == len(stacked)  # type: ignore[arg-type]
-        and all(map(operator.is_, last[1], stacked))  # type: ignore[call-overload]
+        and len(last[1]) == len(stacked)
+        and all(map(operator.is_, last[1], stacked))
     ):
         # The same rows of the same jobs in the same order: the same stack.
-        return last[2]  # type: ignore[return-value]
+        return last[2]
     gathered = cache.gathered
-    if not isinstance(gathered, Gathered):
+    if gathered is None:
         gathered = cache.gathered = Gathered()
     tables = _stack(stacked, job_order, len(clocks_mhz), gathered)
     cache.last = (job_order, stacked, tables)
