@@ -211,7 +211,7 @@ class _Decision:
             raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
         priced = _Power(matrices[2], low)
-        return self._place(rows, running, row_idx, priced, columns, raises, low, predicted)
+        return self._place(rows, running, row_idx, priced, columns, raises, predicted)
 
     def _place(
         self,
@@ -221,14 +221,13 @@ class _Decision:
         power: _Power,
         columns: list[int],
         raises: tuple[tuple[int, ...], tuple[int, ...]],
-        low: int,
         predicted: float,
     ) -> Plan:
         """Place, price the placement, undo raises if it costs more.
 
         ``running`` (sorted job indices), ``row_idx`` (their rows), ``power``
         (their power at every clock) and ``columns`` (their clocks) are
-        parallel; ``raises`` index them (its clocks from column ``low`` on).
+        parallel; ``raises`` index them (its clocks from column ``power.low`` on).
         """
         jobs = self.snapshot.jobs
         tables = self.curves.tables
@@ -285,7 +284,7 @@ class _Decision:
         while watts > target and undo:
             undo -= 1
             k = raises[0][undo]
-            columns[k] = raises[1][undo] + low
+            columns[k] = raises[1][undo] + power.low
             n = slot_of.get(k)
             if n is not None:
                 values[n] = other[k][columns[k]] if k in other else float(power.at(k, columns[k]))
