@@ -349,7 +349,6 @@ def _result(
     unplaced: list[str] = []
     used = bytearray(geo.num_nodes)
     per_node = geo.per_node
-    block_slots = geo.node_blocks.slots
     for job_id, current, movable in zip(job_ids, currents, movables, strict=True):
         got = placed.get(job_id)
         if got is None:
@@ -357,7 +356,7 @@ def _result(
             continue
         node, _, size = got
         if size <= per_node:
-            slots = block_slots.get(got) or geo.slots(got)
+            slots = geo.slots(got)
             assignments[job_id] = slots
             used[node] = 1
             if kept.get(job_id) == got:
