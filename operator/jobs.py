@@ -1,17 +1,19 @@
 """DLJob body -> a validated job request: the checks the schema cannot express.
 
-The CRD's schema already guarantees types and minimums (and the API server
+The CRD's schema already guarantees types and bounds (and the API server
 applies its defaults); this module refuses what is well-typed but cannot run,
 each with the reason that ends up on the DLJob's condition and event. Bodies
 that bypassed the schema (older CRD, tests) are refused here too rather than
-crashing the allocation loop.
+crashing the allocation loop: the same bounds (``BOUNDS``) and the shape of the
+worker template (``template`` is schemaless in the CRD), so that nothing but
+``ResourceError`` ever comes out of ``parse_dljob``.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from powerflow.operator.bodies import DLJobBody
 from powerflow.operator.timefmt import parse_time
@@ -54,7 +56,30 @@ class JobRequest:
         return f"{self.namespace}/{self.name}"
 
 
+# Bounds of every integer field, the same as the CRD's schema (``crds/dljob.yaml``,
+# pinned by tests/test_crd.py) so that bodies that bypassed the schema are refused
+# alike. Generous but safe: every value fits a float64 exactly (progress, ETA and
+# energy are floats), times stay within year 9999, and 2**restarts stays small.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "globalBatchSize": (1, 1 << 24),
+    # 10**12 iterations: a million times a long training run, yet far below 2**53,
+    # so iteration counts stay exact as floats and in int64 status fields.
+    "iterations": (1, 10**12),
+    "gpus.requested": (1, 1 << 16),
+    "gpus.min": (1, 1 << 16),
+    "gpus.max": (1, 1 << 16),
+    "maxLocalBatchSize": (1, 1 << 24),
+    "masterPort": (1, 65535),
+    # One day to write a checkpoint; the kubelet counts it in seconds (int64).
+    "terminationGracePeriodSeconds": (0, 86400),
+    "restart.limit": (0, 10_000),
+    "restart.backoffSeconds": (0, 86400),
+    "restart.maxBackoffSeconds": (0, 86400),
+}
+
+
 def _int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
+    """``spec.<path>`` as an integer within ``BOUNDS``, or ``default`` when absent."""
     value: Any = spec
     if "." not in path:  # most fields: no split (parsing is per job per cold pass)
         value = spec.get(path) if isinstance(spec, dict) else None
@@ -66,33 +91,125 @@ def _int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
             raise ResourceError("MissingField", f"spec.{path} is required")
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ResourceError("InvalidField", f"spec.{path} must be an integer, got {value!r}")
+        raise ResourceError("InvalidField", f"spec.{path} must be an integer, got {_short(value)}")
+    low, high = BOUNDS[path]
+    if not low <= value <= high:
+        raise ResourceError(
+            "InvalidField", f"spec.{path} must be in {low}..{high}, got {_short(value)}"
+        )
     return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` for messages, cut short (a body may hold anything, of any size)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int of 4300+ digits, nesting too deep
+        text = "an unprintable value"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _largest_power_of_two_at_most(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
+def _string_map(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ResourceError("InvalidTemplate", f"{where} must be a map of strings to strings")
+    return value
+
+
+def _optional_dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ResourceError("InvalidTemplate", f"{where} must be an object, got {_short(value)}")
+    return value
+
+
+def _check_template(template: Any, trainer_name: Any) -> str:
+    """Refuse a template ``worker_pods`` cannot build from; return the trainer's name.
+
+    Checks exactly the paths ``worker_pods`` reads or extends (metadata labels
+    and annotations, the pod spec, the containers, the trainer's env and
+    resources); the rest of the template passes through to the API server,
+    which validates it (a refusal there is reported on the job, not fatal).
+    """
+    if not isinstance(template, dict):
+        raise ResourceError("InvalidTemplate", "spec.template must be an object")
+    meta = _optional_dict(template.get("metadata"), "spec.template.metadata")
+    _string_map(meta.get("labels"), "spec.template.metadata.labels")
+    _string_map(meta.get("annotations"), "spec.template.metadata.annotations")
+    pod_spec = template.get("spec")
+    if not isinstance(pod_spec, dict):
+        raise ResourceError("InvalidTemplate", "spec.template.spec must be an object")
+    containers = pod_spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ResourceError("NoTrainerContainer", "spec.template.spec.containers is empty")
+    names: list[str] = []
+    for i, container in enumerate(containers):
+        name = container.get("name") if isinstance(container, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ResourceError(
+                "InvalidTemplate",
+                f"spec.template.spec.containers[{i}] must be an object with a string name",
+            )
+        if name in names:
+            raise ResourceError("InvalidTemplate", f"two containers are named {name!r}")
+        names.append(name)
+    trainer = trainer_name or names[0]  # absent or "": the first container
+    if not isinstance(trainer, str) or trainer not in names:
+        raise ResourceError(
+            "NoTrainerContainer",
+            f"trainer container {_short(trainer)} is not in the template (has {_short(names)})",
+        )
+    container = containers[names.index(trainer)]
+    where = f"container {trainer!r}"
+    env = container.get("env")
+    if env is not None and not (
+        isinstance(env, list)
+        and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in env)
+    ):
+        raise ResourceError("InvalidTemplate", f"{where}: env must be a list of {{name: ...}}")
+    resources = _optional_dict(container.get("resources"), f"{where}: resources")
+    for kind in ("limits", "requests"):
+        _optional_dict(resources.get(kind), f"{where}: resources.{kind}")
+    return trainer
+
+
 def parse_dljob(body: DLJobBody) -> JobRequest:
-    """Validate a DLJob; raise ``ResourceError`` with the reason if it cannot run."""
-    meta = body.get("metadata", {})
+    """Validate a DLJob; raise ``ResourceError`` with the reason if it cannot run.
+
+    Never raises anything else, whatever the body holds (pinned by a property
+    test): one bad DLJob must not stop the loop for the others.
+    """
+    meta: Any = body.get("metadata") if isinstance(body, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "default")
-    if len(name) > MAX_NAME or not NAME_RE.match(name):
+    if not isinstance(name, str) or len(name) > MAX_NAME or not NAME_RE.match(name):
         raise ResourceError(
             "InvalidName",
-            f"name {name!r} must be a DNS-1035 label of at most {MAX_NAME} characters "
+            f"name {_short(name)} must be a DNS-1035 label of at most {MAX_NAME} characters "
             "(it names the worker pods and the rendezvous Service)",
         )
-    spec: dict[str, Any] = dict(body.get("spec") or {})
+    if not isinstance(namespace, str):
+        raise ResourceError("InvalidName", f"namespace {_short(namespace)} is not a string")
+    raw_spec: Any = body.get("spec")
+    if raw_spec is not None and not isinstance(raw_spec, dict):
+        raise ResourceError("InvalidField", "spec must be an object")
+    spec: dict[str, Any] = dict(raw_spec or {})
+    for group in ("gpus", "restart"):
+        _optional_dict(spec.get(group), f"spec.{group}")
     global_batch = _int(spec, "globalBatchSize")
     iterations = _int(spec, "iterations")
     requested = _int(spec, "gpus.requested")
     low = _int(spec, "gpus.min", 1)
     high = _int(spec, "gpus.max", max(requested, low))
     cap = spec.get("maxLocalBatchSize")
-    if min(global_batch, iterations, requested, low) < 1:
-        raise ResourceError("InvalidField", "batch size, iterations and GPU counts must be >= 1")
     if not low <= requested <= high:
         raise ResourceError(
             "InvalidGPURange",
@@ -111,8 +228,7 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
             f"power of two <= gpus.max): workers would train with unequal batches",
         )
     if cap is not None:
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise ResourceError("InvalidField", f"maxLocalBatchSize must be >= 1, got {cap!r}")
+        cap = _int(spec, "maxLocalBatchSize")
         if global_batch // top > cap:
             raise ResourceError(
                 "BatchTooLarge",
@@ -120,23 +236,15 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
                 f"maxLocalBatchSize {cap}: raise gpus.max or lower globalBatchSize",
             )
     template = spec.get("template")
-    containers = (template or {}).get("spec", {}).get("containers") if template else None
-    if not isinstance(containers, list) or not containers:
-        raise ResourceError("NoTrainerContainer", "spec.template.spec.containers is empty")
-    names = [c.get("name") for c in containers if isinstance(c, dict)]
-    trainer = spec.get("trainerContainer") or names[0]
-    if trainer not in names or not trainer:
-        raise ResourceError(
-            "NoTrainerContainer",
-            f"trainer container {trainer!r} is not in the template (has {names})",
-        )
-    restart = spec.get("restart") or {}
+    trainer = _check_template(template, spec.get("trainerContainer"))
     model = spec.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ResourceError("InvalidField", f"spec.model must be a string, got {_short(model)}")
     return JobRequest(
         namespace=namespace,
         name=name,
-        uid=meta.get("uid", ""),
-        generation=int(meta.get("generation", 1)),
+        uid=str(meta.get("uid", "")),
+        generation=object_generation(meta),
         created_s=parse_time(meta.get("creationTimestamp")) or 0.0,
         global_batch_size=global_batch,
         iterations=iterations,
@@ -144,15 +252,27 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
         min_gpus=low,
         max_gpus=high,
         max_local_batch_size=cap,
-        model_name=str(model) if model else None,
-        trainer=str(trainer),
+        model_name=model or None,
+        trainer=trainer,
         master_port=_int(spec, "masterPort", 29500),
         grace_s=_int(spec, "terminationGracePeriodSeconds", 60),
-        restart_limit=_int(restart, "limit", 3),
-        backoff_s=_int(restart, "backoffSeconds", 10),
-        max_backoff_s=_int(restart, "maxBackoffSeconds", 300),
-        template=dict(template or {}),
+        restart_limit=_int(spec, "restart.limit", 3),
+        backoff_s=_int(spec, "restart.backoffSeconds", 10),
+        max_backoff_s=_int(spec, "restart.maxBackoffSeconds", 300),
+        template=dict(cast(dict[str, Any], template)),
     )
+
+
+def object_generation(meta: Any) -> int:
+    """``metadata.generation`` (1 when absent or not a sane integer).
+
+    The API server always sets a positive int64; anything else came from a
+    body that bypassed it and must not crash the pass.
+    """
+    value = meta.get("generation", 1) if isinstance(meta, dict) else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 63:
+        return 1
+    return value
 
 
 def too_large(job: JobRequest, cluster_gpus: int) -> str | None:
@@ -185,16 +305,16 @@ class RequestCache:
         self._seen: set[CacheKey] = set()
 
     def parse(self, body: DLJobBody) -> JobRequest:
-        meta = body.get("metadata", {})
-        uid = meta.get("uid", "")
-        if not uid:
+        meta: Any = body.get("metadata")
+        uid = meta.get("uid", "") if isinstance(meta, dict) else ""
+        if not uid or not isinstance(meta, dict):
             return parse_dljob(body)
         key = (
-            meta.get("namespace", "default"),
-            meta.get("name", ""),
-            uid,
-            int(meta.get("generation", 1)),
-            meta.get("creationTimestamp", ""),
+            str(meta.get("namespace", "default")),
+            str(meta.get("name", "")),
+            str(uid),
+            object_generation(meta),
+            str(meta.get("creationTimestamp", "")),
         )
         self._seen.add(key)
         entry = self._entries.get(key)

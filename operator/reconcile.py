@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from powerflow.operator.bodies import (
     Allocation,
@@ -35,8 +37,15 @@ from powerflow.operator.bodies import (
     ServiceBody,
 )
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.jobs import JobRequest, RequestCache, parse_dljob, too_large
+from powerflow.operator.jobs import (
+    JobRequest,
+    RequestCache,
+    object_generation,
+    parse_dljob,
+    too_large,
+)
 from powerflow.operator.progress import Running, account
+from powerflow.operator.refusals import Refusal, backoff_s
 from powerflow.operator.status import merge_diff, set_condition
 from powerflow.operator.timefmt import format_time, format_time_ms, parse_time
 from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
@@ -47,6 +56,7 @@ from powerflow.errors import PowerFlowError, ResourceError
 from powerflow.models.protocol import PerfModel
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
 
+log = logging.getLogger(__name__)
 ModelFactory = Callable[[JobRequest], PerfModel]
 TERMINAL_REASONS = ("Completed", "RestartLimitExceeded")
 DEFAULT_PROFILING_WINDOW_S = 240.0
@@ -101,11 +111,12 @@ class _View:
 
     def __init__(self, obs: Observed) -> None:
         self.obs = obs
-        self.meta: Meta = obs.body.get("metadata") or {}
+        meta: Any = obs.body.get("metadata")
+        self.meta: Meta = cast(Meta, meta if isinstance(meta, dict) else {})
         self.ns = str(self.meta.get("namespace", "default"))
         self.name = str(self.meta.get("name", ""))
         self.key = f"{self.ns}/{self.name}"
-        self.status: DLJobStatus = obs.body.get("status") or {}
+        self.status: DLJobStatus = _clean_status(obs.body.get("status"))
         self.alloc: Allocation = self.status.get("allocation") or {}
         self.new: dict[str, Any] = {}
         self.req: JobRequest | None = None
@@ -130,6 +141,109 @@ class _View:
         )
 
 
+def _count(value: Any, default: int = 0) -> int:
+    """A non-negative integer written by someone else (status field, annotation).
+
+    ``default`` for anything else: ``int()`` of a float ``1e400`` (inf) raises
+    ``OverflowError``, of ``"1e400"`` or 5,000 digits ``ValueError``, of a
+    dict ``TypeError``; none of it may stop a pass. Strings of digits count
+    (annotations are strings); values past int64 do not.
+    """
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value if 0 <= value < 1 << 63 else default
+    if isinstance(value, float):
+        ok = math.isfinite(value) and value.is_integer() and 0 <= value < 2.0**63
+        return int(value) if ok else default
+    if isinstance(value, str) and 0 < len(value) <= 18 and value.isascii() and value.isdigit():
+        return int(value)
+    return default
+
+
+def _clean_status(raw: Any) -> DLJobStatus:
+    """The DLJob's status with every field the operator reads of the type it reads.
+
+    Status is ours, but anyone with ``patch`` on ``dljobs/status`` can write
+    junk within the schema's types (an integer past int64, a float where
+    bounds are not checked), and bodies from older CRDs skip the schema.
+    Junk reads as absent (the status patch then rewrites it where the
+    operator has something to say). Returns ``raw`` itself when it is clean,
+    the common case.
+    """
+    if not isinstance(raw, dict):
+        return {}
+    status: dict[str, Any] = raw
+    fixes: dict[str, Any] = {}
+    if "restarts" in status and _count(status["restarts"], -1) < 0:
+        fixes["restarts"] = 0
+    for key in ("phase", "message", "lastFailureTime", "startTime", "lastCreateRefusalTime"):
+        if key in status and not isinstance(status[key], str):
+            fixes[key] = None
+    if "createRefusals" in status and _count(status["createRefusals"], -1) < 0:
+        fixes["createRefusals"] = 0
+    conditions = status.get("conditions")
+    if conditions is not None and not (
+        isinstance(conditions, list) and all(isinstance(c, dict) for c in conditions)
+    ):
+        fixes["conditions"] = (
+            [c for c in conditions if isinstance(c, dict)] if isinstance(conditions, list) else []
+        )
+    for group, ints in (
+        ("allocation", ("gpus", "frequencyMHz", "localBatchSize", "generation")),
+        ("progress", ("iterations",)),
+    ):
+        sub = status.get(group)
+        if sub is None:
+            continue
+        if not isinstance(sub, dict):
+            fixes[group] = {}
+            continue
+        bad: dict[str, Any] = {k: 0 for k in ints if k in sub and _count(sub[k], -1) < 0}
+        if group == "allocation":
+            nodes = sub.get("nodes")
+            if nodes is not None and not (
+                isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)
+            ):
+                bad["nodes"] = []
+        if bad:
+            fixes[group] = {**sub, **bad}
+    energy = status.get("energy")
+    if energy is not None:
+        if not isinstance(energy, dict):
+            fixes["energy"] = {}
+        else:
+            bad = {
+                k: 0
+                for k in ("joules", "watts")
+                if k in energy and not _finite_non_negative(energy[k])
+            }
+            if bad:
+                fixes["energy"] = {**energy, **bad}
+    model = status.get("model")
+    if model is not None:
+        counts = model.get("profiledGpuCounts") if isinstance(model, dict) else None
+        if not isinstance(model, dict):
+            fixes["model"] = {}
+        elif counts is not None and not (
+            isinstance(counts, list) and all(_count(n) > 0 for n in counts)
+        ):
+            good = [_count(n) for n in counts if _count(n) > 0] if isinstance(counts, list) else []
+            fixes["model"] = {**model, "profiledGpuCounts": good}
+    if not fixes:
+        return cast(DLJobStatus, raw)
+    clean = {**status, **fixes}
+    return cast(DLJobStatus, {k: v for k, v in clean.items() if v is not None})
+
+
+def _finite_non_negative(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int):  # math.isfinite of an int past float range raises
+        return 0 <= value < 1 << 63
+    return math.isfinite(value) and value >= 0
+
+
 def _pod_phase(pod: PodBody) -> str:
     return str(pod.get("status", {}).get("phase", "Pending"))
 
@@ -139,24 +253,21 @@ def _annotation(pod: PodBody, key: str) -> str | None:
 
 
 def _generation(pod: PodBody) -> int:
-    try:
-        return int(_annotation(pod, contract.GENERATION_ANNOTATION) or -1)
-    except ValueError:
-        return -1
+    """The pod's allocation generation; -1 when absent or junk (never ours then)."""
+    return _count(_annotation(pod, contract.GENERATION_ANNOTATION), -1)
 
 
 def _reported_iterations(pods: Sequence[PodBody]) -> int | None:
+    """The most iterations a trainer reported; junk (``1e400``, 5,000 digits) is ignored."""
     best: int | None = None
     for pod in pods:
-        raw = _annotation(pod, contract.PROGRESS_ANNOTATION)
-        if raw is None:
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            continue
-        best = value if best is None else max(best, value)
+        value = _count(_annotation(pod, contract.PROGRESS_ANNOTATION), -1)
+        if value >= 0:
+            best = value if best is None else max(best, value)
     return best
+
+
+MAX_GPU_INDEX = 1 << 16
 
 
 @functools.lru_cache(maxsize=4096)
@@ -164,12 +275,27 @@ def _block(raw: str) -> tuple[GpuSlot, ...]:
     """The GPUs of one placement annotation (empty if malformed).
 
     Memoised across passes: the annotation never changes once the extender
-    bound the pod, and every pod of a gang carries the same one.
+    bound the pod, and every pod of a gang carries the same one. Anything but
+    ``{"block": [[node, index], ...]}`` with string nodes and integer indices
+    is skipped (``1e400`` and ``Infinity`` parse as floats; nesting 10,000
+    deep raises ``RecursionError``), and logged here once per distinct value:
+    the cache keeps it from repeating every pass.
     """
     try:
-        return tuple((str(node), int(index)) for node, index in json.loads(raw)["block"])
-    except (ValueError, TypeError, KeyError):
+        block = json.loads(raw)["block"]
+        slots = tuple((node, index) for node, index in block)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+        slots = None
+    if slots is None or not all(
+        isinstance(node, str)
+        and isinstance(index, int)
+        and not isinstance(index, bool)
+        and 0 <= index < MAX_GPU_INDEX
+        for node, index in slots
+    ):
+        log.warning("ignoring a malformed placement annotation: %.120r", raw)
         return ()
+    return slots
 
 
 def _placement(pods: Sequence[PodBody], sizes: Mapping[str, int]) -> tuple[GpuSlot, ...]:
@@ -209,7 +335,8 @@ def _delete_all(actions: Actions, v: _View, grace_s: int) -> None:
 
 
 def _backoff_s(req: JobRequest, restarts: int) -> float:
-    return float(min(req.max_backoff_s, req.backoff_s * 2 ** max(restarts - 1, 0)))
+    # The exponent is capped: 2 ** (a restart count of 10**18 from a junk status) never ends.
+    return float(min(req.max_backoff_s, req.backoff_s * 2 ** min(max(restarts - 1, 0), 40)))
 
 
 def _lifecycle(
@@ -218,8 +345,13 @@ def _lifecycle(
     now_s: float,
     cluster_gpus: int,
     parse: Callable[[DLJobBody], JobRequest],
+    refused: Sequence[Refusal] = (),
 ) -> bool:
-    """Settle everything but the allocation; True when the job is runnable."""
+    """Settle everything but the allocation; True when the job is runnable.
+
+    ``refused`` are the writes of this job the API server refused in the
+    previous pass (see ``refusals``).
+    """
     now = format_time(now_s)
     phase = v.status.get("phase")
     conditions = v.status.get("conditions") or []  # never mutated: set_condition copies
@@ -228,7 +360,7 @@ def _lifecycle(
         if phase == "Failed":
             _delete_all(actions, v, 0)
         return False
-    generation = int(v.meta.get("generation", 1))
+    generation = object_generation(v.meta)
     try:
         req = v.req = parse(v.obs.body)
     except ResourceError as exc:
@@ -240,9 +372,26 @@ def _lifecycle(
         return False
     conditions = set_condition(conditions, "Valid", True, "SpecValid", "", now, generation)
     v.new["conditions"] = conditions
-    restarts = int(v.status.get("restarts", 0))
+    restarts = _count(v.status.get("restarts"))
     if phase == "Failed":  # was invalid and got fixed
         _set_phase(actions, v, "Pending", "SpecFixed", "spec is valid again")
+    for refusal in refused:
+        if refusal.verb != "create":  # nothing to back off from: say so, retry next pass
+            _event(actions, v, "Warning", f"Failed{refusal.verb.title()}", _refusal_text(refusal))
+    created = [r for r in refused if r.verb == "create"]
+    if created:
+        _refused(actions, v, created, now_s, now)
+        return False
+    if _refusal_backoff(actions, v, now_s):
+        return False
+    if (
+        v.status.get("createRefusals")
+        and v.current
+        and len(v.current) == _count(v.alloc.get("gpus"))
+    ):  # the gang got created at last
+        v.new.update(createRefusals=None, lastCreateRefusalTime=None)
+        conditions = set_condition(conditions, "WorkersCreated", True, "Created", "", now)
+        v.new["conditions"] = conditions
     failed = [p for p in v.current if _pod_phase(p) == "Failed"]
     if failed:
         restarts += 1
@@ -267,7 +416,7 @@ def _lifecycle(
         )  # fmt: skip
         return False
     reported = v.reported = _reported_iterations(v.current)
-    gpus = int(v.alloc.get("gpus", 0))
+    gpus = _count(v.alloc.get("gpus"))
     all_done = bool(v.current) and len(v.current) == gpus
     all_done = all_done and all(_pod_phase(p) == "Succeeded" for p in v.current)
     if all_done or (reported is not None and reported >= req.iterations):
@@ -305,9 +454,57 @@ def _lifecycle(
     return True
 
 
+def _refusal_text(refusal: Refusal) -> str:
+    return (
+        f"{refusal.kind} {refusal.name}: {refusal.verb} refused by the API server "
+        f"({refusal.code} {refusal.reason}): {refusal.message}"
+    )
+
+
+def _refused(
+    actions: Actions, v: _View, refused: Sequence[Refusal], now_s: float, now: str
+) -> None:
+    """The API server refused to create some of the job's objects: the gang is all or
+    nothing, so delete what was created, back off, and say why on the job."""
+    first = refused[0]
+    count = _count(v.status.get("createRefusals")) + 1
+    wait = backoff_s(count)
+    text = _refusal_text(first)
+    if len(refused) > 1:
+        text += f" (and {len(refused) - 1} more)"
+    v.new.update(createRefusals=count, lastCreateRefusalTime=now)
+    v.new["conditions"] = set_condition(
+        v.new["conditions"], "WorkersCreated", False, first.reason or "Refused", text, now
+    )
+    if v.alloc:
+        v.new["allocation"] = dict(v.alloc, gpus=0, nodes=[], profilingUntil=None)
+    if v.status.get("energy"):
+        v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
+    _delete_all(actions, v, 0)
+    actions.wake(now_s + wait)
+    _event(actions, v, "Warning", "FailedCreate", text)
+    v.new["phase"] = "Pending"
+    v.new["message"] = f"{text}; retry {count} in {wait:.0f} s"
+
+
+def _refusal_backoff(actions: Actions, v: _View, now_s: float) -> bool:
+    """True while the job waits after a refused create (its status says since when)."""
+    count = _count(v.status.get("createRefusals"))
+    last = parse_time(v.status.get("lastCreateRefusalTime"))
+    if not count or last is None or v.current:
+        return False
+    if v.status.get("observedGeneration") != object_generation(v.meta):
+        return False  # the spec changed since (a fixed template?): try at once
+    ready_s = last + backoff_s(count)
+    if now_s >= ready_s:
+        return False
+    actions.wake(ready_s)
+    return True
+
+
 def _profiled(v: _View) -> list[int]:
     raw = (v.status.get("model") or {}).get("profiledGpuCounts") or []
-    return sorted({int(n) for n in raw})
+    return sorted({_count(n) for n in raw} - {0})
 
 
 def _profiling_until(v: _View) -> float | None:
@@ -358,13 +555,22 @@ def build_snapshot(
     budget: BudgetConfig,
     now_s: float,
     models: ModelFactory,
+    failed: Callable[[_View, Exception], None] | None = None,
 ) -> Snapshot:
+    """The core's snapshot of ``views``; with ``failed``, a job whose conversion
+    raises is reported there and left out instead of failing the snapshot."""
     sizes = {n.name: n.gpus for n in nodes}
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
     for v in views:
         assert v.req is not None
-        job = _core_job(v, v.req, now_s, models(v.req), sizes)
+        try:
+            job = _core_job(v, v.req, now_s, models(v.req), sizes)
+        except Exception as exc:
+            if failed is None:
+                raise
+            failed(v, exc)
+            continue
         if not held.isdisjoint(job.placement):  # two gangs claim a GPU: trust neither's
             job = replace(job, placement=(), pinned=False)
         held.update(job.placement)
@@ -528,6 +734,12 @@ def _account_all(
             actions.anchors[v.key] = acc.anchor_s
 
 
+def _account_one(*args: Any) -> bool:
+    """``_account_all`` for one job, under the guard (which wants a bool)."""
+    _account_all(*args)
+    return True
+
+
 @dataclass
 class _PassBackend:
     """The operator's side of the core's ``Backend`` seam for one pass.
@@ -548,6 +760,58 @@ class _PassBackend:
         self.applied = plan
 
 
+class _Guard:
+    """Contain each job's failures to that job (``reconcile``'s per-job steps).
+
+    An exception from one job's step (a bug, or a body the validation missed)
+    undoes what that step added to ``Actions`` and becomes a ``Reconciled``
+    condition (reason ``InternalError``, the exception's one-line text) and a
+    Warning event on that job; the job sits out the pass and the others go on.
+    """
+
+    def __init__(self, actions: Actions, now_s: float) -> None:
+        self.actions = actions
+        self.now_s = now_s
+        self.failed: set[str] = set()
+
+    def run(self, v: _View, step: Callable[..., bool], *args: Any) -> bool:
+        a = self.actions
+        marks = (
+            len(a.delete_pods), len(a.create), len(a.annotate_pods), len(a.events),
+            a.allocated_gpus,
+        )  # fmt: skip
+        try:
+            return step(*args)
+        except Exception as exc:
+            del a.delete_pods[marks[0] :], a.create[marks[1] :], a.annotate_pods[marks[2] :]
+            del a.events[marks[3] :]
+            a.allocated_gpus = marks[4]
+            self.fail(v, exc)
+            return False
+
+    def fail(self, v: _View, exc: Exception) -> None:
+        self.failed.add(v.key)
+        self.actions.anchors.pop(v.key, None)
+        try:
+            text = str(exc)
+        except Exception:  # a str() that raises must not escape either
+            text = ""
+        lines = text.strip().splitlines()
+        message = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+        conditions = v.status.get("conditions") or []
+        before: Mapping[str, Any] = next(
+            (c for c in conditions if c.get("type") == "Reconciled"), {}
+        )
+        # What the step decided is dropped: the status gets only this condition.
+        v.new = {}
+        v.new["conditions"] = set_condition(
+            conditions, "Reconciled", False, "InternalError", message, format_time(self.now_s)
+        )
+        if (before.get("reason"), before.get("message")) != ("InternalError", message):
+            _event(self.actions, v, "Warning", "InternalError", message)
+            self.actions.notes.append(f"{v.key}: internal error, job skipped: {message}")
+
+
 def reconcile(
     observed: Sequence[Observed],
     nodes: tuple[Node, ...],
@@ -559,18 +823,28 @@ def reconcile(
     *,
     profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S,
     requests: RequestCache | None = None,
+    refused: Mapping[str, Sequence[Refusal]] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
     ``anchors`` are the previous pass's ``Actions.anchors``; ``requests``
-    memoises DLJob parsing across passes.
+    memoises DLJob parsing across passes; ``refused`` are the previous pass's
+    refused writes by job key (``Kube.apply``'s answer, see ``refusals``).
+    Each job's steps run under a ``_Guard``: one job's failure never stops the
+    others.
     """
     actions = Actions()
+    guard = _Guard(actions, now_s)
     cluster_gpus = sum(n.gpus for n in nodes)
     gpn = max((n.gpus for n in nodes), default=1)
     parse = parse_dljob if requests is None else requests.parse
+    refused = refused or {}
     views = [_View(obs) for obs in observed]
-    runnable = [v for v in views if _lifecycle(actions, v, now_s, cluster_gpus, parse)]
+    runnable = [
+        v
+        for v in views
+        if guard.run(v, _lifecycle, actions, v, now_s, cluster_gpus, parse, refused.get(v.key, ()))
+    ]
     if requests is not None:
         requests.retain_seen()
     if runnable and not nodes:
@@ -579,8 +853,9 @@ def reconcile(
         runnable = []
     if runnable:
         plan: Plan | None = None
+        snapshot = build_snapshot(runnable, nodes, budget, now_s, models, guard.fail)
+        runnable = [v for v in runnable if v.key not in guard.failed]
         try:
-            snapshot = build_snapshot(runnable, nodes, budget, now_s, models)
             plan = schedule_once(policy, _PassBackend(snapshot))
         except PowerFlowError as exc:
             actions.notes.append(f"policy refused the snapshot: {exc}")
@@ -590,16 +865,36 @@ def reconcile(
             held = []
             for v in runnable:
                 jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
-                if _carry_out(actions, v, jp, now_s, profiling_window_s):
+                if guard.run(v, _carry_out, actions, v, jp, now_s, profiling_window_s):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
-            _account_all(actions, held, job_models, gpn, now_s, anchors or {})
+            held = [(v, jp) for v, jp in held if v.key not in guard.failed]
+            try:  # batched (one model call per model); on a failure, job by job
+                _account_all(actions, held, job_models, gpn, now_s, anchors or {})
+            except Exception:  # the guard below names the job at fault
+                for v, jp in held:
+                    one = [(v, jp)]
+                    guard.run(v, _account_one, actions, one, job_models, gpn, now_s, anchors or {})
     for v in views:
-        if not v.new:
-            continue
-        v.new["observedGeneration"] = int(v.meta.get("generation", 1))
-        patch = merge_diff(v.status, v.new)
-        if patch:
-            actions.status.append((v.ns, v.name, patch))
-        actions.phases[str(v.new.get("phase", v.status.get("phase", "Pending")))] += 1
+        if not guard.run(v, _finish, actions, v, v.key not in guard.failed, now_s) and v.new:
+            actions.status.append((v.ns, v.name, {"conditions": v.new["conditions"]}))
     return actions
+
+
+def _finish(actions: Actions, v: _View, healthy: bool, now_s: float) -> bool:
+    """The job's status patch (what changed) and its phase count."""
+    if healthy:
+        conditions = v.status.get("conditions") or []
+        if any(c.get("type") == "Reconciled" and c.get("status") != "True" for c in conditions):
+            now = format_time(now_s)
+            v.new["conditions"] = set_condition(
+                v.new.get("conditions", conditions), "Reconciled", True, "Reconciled", "", now
+            )
+    if not v.new:
+        return True
+    v.new["observedGeneration"] = object_generation(v.meta)
+    patch = merge_diff(v.status, v.new)
+    if patch:
+        actions.status.append((v.ns, v.name, patch))
+    actions.phases[str(v.new.get("phase", v.status.get("phase", "Pending")))] += 1
+    return True

@@ -44,13 +44,21 @@ def master_addr(job: JobRequest, generation: int) -> str:
 
 
 def owner_reference(job: JobRequest) -> dict[str, Any]:
+    """The DLJob as controller of a worker pod or the Service.
+
+    No ``blockOwnerDeletion``: setting it needs ``update`` on
+    ``dljobs/finalizers`` wherever the OwnerReferencesPermissionEnforcement
+    admission plugin is on (OpenShift, hardened clusters), so pod creates would
+    be refused there. It only matters for foreground deletion (the owner waits
+    for its dependents); the garbage collector deletes the dependents of a
+    deleted DLJob either way.
+    """
     return {
         "apiVersion": contract.API_VERSION,
         "kind": contract.KIND,
         "name": job.name,
         "uid": job.uid,
         "controller": True,
-        "blockOwnerDeletion": True,
     }
 
 

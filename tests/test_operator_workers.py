@@ -82,7 +82,6 @@ def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
                     "name": job.name,
                     "uid": job.uid,
                     "controller": True,
-                    "blockOwnerDeletion": True,
                 }
             ],
         },
