@@ -10,6 +10,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from powerflow.operator.jobs import BOUNDS
 from support.crd_schema import crd_validator
 
 from powerflow import contract
@@ -127,3 +128,57 @@ def test_status_holds_the_profiling_fields(validator: jsonschema.Draft4Validator
     assert validator.is_valid(doc | {"status": status})
     status["model"] = {"profiledGpuCounts": [0]}
     assert not validator.is_valid(doc | {"status": status})
+
+
+def _spec_integers(node: dict[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
+    """Every integer field under ``spec`` by dotted path."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, sub in (node.get("properties") or {}).items():
+        where = f"{path}.{name}" if path else name
+        if sub.get("type") == "integer":
+            found[where] = sub
+        found.update(_spec_integers(sub, where))
+    return found
+
+
+SPEC_INTEGERS = _spec_integers(
+    load(CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+)
+
+
+def test_every_spec_integer_is_bounded_as_the_operator_bounds_it() -> None:
+    """The schema and ``jobs.BOUNDS`` agree, so bodies that bypassed the schema (an
+    older CRD) are refused alike, and nothing the schema admits overflows the operator."""
+    assert set(SPEC_INTEGERS) == set(BOUNDS)
+    for path, node in SPEC_INTEGERS.items():
+        assert (node["minimum"], node["maximum"]) == BOUNDS[path], path
+
+
+@pytest.mark.parametrize("path", sorted(SPEC_INTEGERS))
+def test_schema_refuses_out_of_range_integers(
+    path: str, validator: jsonschema.Draft4Validator
+) -> None:
+    low, high = BOUNDS[path]
+    for value, ok in (
+        (low - 1, False),
+        (low, True),
+        (high, True),
+        (high + 1, False),
+        (10**18, False),
+    ):
+        doc = copy.deepcopy(load(EXAMPLES[0]))
+        node = doc["spec"]
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+        if path.startswith("gpus.") and ok:  # keep the other two counts valid alongside
+            node.update({k: value for k in ("requested", "min", "max")})
+        assert validator.is_valid(doc) is ok, (path, value)
+
+
+def test_schema_holds_the_refusal_backoff(validator: jsonschema.Draft4Validator) -> None:
+    doc = load(EXAMPLES[0])
+    status = {"createRefusals": 2, "lastCreateRefusalTime": "2025-01-01T00:00:00Z"}
+    assert validator.is_valid(doc | {"status": status})
+    assert not validator.is_valid(doc | {"status": {"createRefusals": -1}})
