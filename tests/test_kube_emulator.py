@@ -244,3 +244,55 @@ def test_importable_as_support_package() -> None:
 
     assert support.KubeEmulator is KubeEmulator
     assert issubclass(KubeEmulator, kmock.KubernetesEmulator)
+
+
+POD_SECURITY = (
+    'pods "bad-1" is forbidden: violates PodSecurity "restricted:latest": '
+    'allowPrivilegeEscalation != false (container "c" must set '
+    "securityContext.allowPrivilegeEscalation=false)"
+)
+
+
+async def test_refused_create_answers_an_admission_status(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """kube-apiserver's answer to an admission denial (PodSecurity, ResourceQuota):
+    403 with a ``Status`` body naming the object, and nothing stored."""
+    rule = emulator.refuse("create", "pods", "bad-*", message=POD_SECURITY)
+    resp = await api.post(PODS, json=pod("bad-1"))
+    assert resp.status_code == 403
+    body = resp.json()
+    assert {k: body[k] for k in ("apiVersion", "kind", "status", "code", "reason", "message")} == {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "code": 403,
+        "reason": "Forbidden",
+        "message": POD_SECURITY,
+    }
+    assert body["details"] == {"name": "bad-1", "kind": "pods"}
+    assert (await api.get(f"{PODS}/bad-1")).status_code == 404
+    assert (await api.post(PODS, json=pod("good-1"))).status_code == 201  # others pass
+    assert rule.hits == 1
+
+
+async def test_refusals_by_verb_namespace_and_count(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    emulator.refuse("create", "pods", namespace="other")
+    assert (await api.post(PODS, json=pod("a"))).status_code == 201
+    invalid = emulator.refuse("patch", "pods", "a", status=422, reason="Invalid", times=1)
+    patch = {"metadata": {"labels": {"x": "1"}}}
+    refused = await api.patch(f"{PODS}/a", json=patch, headers=MERGE)
+    assert (refused.status_code, refused.json()["reason"]) == (422, "Invalid")
+    assert refused.json()["message"] == 'pods "a" is invalid: Invalid'
+    assert "x" not in (await api.get(f"{PODS}/a")).json()["metadata"].get("labels", {})
+    assert (await api.patch(f"{PODS}/a", json=patch, headers=MERGE)).status_code == 200
+    assert invalid.hits == 1  # times=1: the second patch went through
+    emulator.refuse("delete", "pods", "a")
+    assert (await api.delete(f"{PODS}/a")).status_code == 403
+    status = {"status": {"phase": "Running"}}
+    emulator.refuse("patch", "dljobs/status", "j", status=422, reason="Invalid")
+    await api.post(JOBS, json={"metadata": {"name": "j"}})
+    assert (await api.patch(f"{JOBS}/j/status", json=status, headers=MERGE)).status_code == 422
+    assert (await api.patch(f"{JOBS}/j", json=patch, headers=MERGE)).status_code == 200

@@ -28,7 +28,10 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   201, 409 if already bound;
 - delete with finalizers (``deletionTimestamp``), ``preconditions``, and
   background garbage collection of objects whose ``ownerReferences`` name a
-  deleted ``uid``.
+  deleted ``uid``;
+- writes refused for chosen objects (``refuse``): the ``Status`` body
+  kube-apiserver sends when admission (PodSecurity, ResourceQuota, a webhook)
+  or validation denies a request, and nothing stored.
 
 Not imitated: graceful pod termination (pods go at once, as unscheduled pods
 do), defaulting, schema validation, strategic merge (treated as merge patch),
@@ -41,6 +44,7 @@ import asyncio
 import collections
 import copy
 import datetime
+import fnmatch
 import gzip
 import importlib.resources
 import json
@@ -72,6 +76,30 @@ class Invalid(kmock.KubernetesError):
 class Gone(kmock.KubernetesError):
     def __init__(self, message: str) -> None:
         super().__init__(status=410, reason="Expired", message=message)
+
+
+@attrs.define
+class Refusal:
+    """One rule of ``KubeEmulator.refuse``; ``hits`` counts the requests it answered."""
+
+    verb: str
+    resource: str
+    name: str
+    namespace: str | None
+    status: int
+    reason: str
+    message: str | None
+    times: int | None
+    hits: int = 0
+
+    def matches(self, verb: str, resource: str, namespace: str | None, name: str) -> bool:
+        return (
+            (self.times is None or self.hits < self.times)
+            and verb == self.verb
+            and resource == self.resource
+            and self.namespace in (None, namespace)
+            and fnmatch.fnmatchcase(name, self.name)
+        )
 
 
 def _now() -> str:
@@ -152,6 +180,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         init=False,
     )
     _results: dict[int, Any] = attrs.field(factory=dict, init=False)
+    _refusals: list[Refusal] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -176,6 +205,67 @@ class KubeEmulator(kmock.KubernetesEmulator):
             subresources={"status"},
             verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
         )
+
+    def refuse(
+        self,
+        verb: str,
+        resource: str,
+        name: str = "*",
+        *,
+        namespace: str | None = None,
+        status: int = 403,
+        reason: str = "Forbidden",
+        message: str | None = None,
+        times: int | None = None,
+    ) -> Refusal:
+        """Refuse ``verb`` (create, update, patch, delete) on ``resource`` (a plural,
+        ``pods/status`` for a subresource, as RBAC names them) for objects whose name
+        matches the ``fnmatch`` pattern ``name``, ``times`` times (``None``: always).
+
+        The answer is what kube-apiserver sends when admission or validation denies
+        a request: a ``Status`` (``status: Failure``, ``code``, ``reason``,
+        ``message``, ``details`` naming the object), and nothing is written. The
+        default message is the API server's wording for a forbidden request.
+        """
+        rule = Refusal(verb, resource, name, namespace, status, reason, message, times)
+        self._refusals.append(rule)
+        return rule
+
+    def _refused(self, request: kmock.Request) -> None:
+        """Raise the chosen refusal for this write, if any rule matches it."""
+        if not self._refusals or request.resource is None:
+            return
+        method, sub = request.method, request.subresource
+        if request.action == kmock.action.CREATE:
+            verb = "create"
+        elif method == kmock.method.PATCH:
+            verb = "patch"
+        elif method == kmock.method.PUT:
+            verb = "update"
+        elif method == kmock.method.DELETE:
+            verb = "delete"
+        else:
+            return
+        name = request.name
+        if verb == "create":
+            meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+            name = (meta or {}).get("name") if isinstance(meta, dict) else None
+        plural = request.resource.plural + (f"/{sub}" if sub else "")
+        for rule in self._refusals:
+            if rule.matches(verb, plural, request.namespace, str(name or "")):
+                rule.hits += 1
+                group = request.resource.group or ""
+                message = rule.message or (
+                    f'{plural} "{name}" is forbidden: {rule.reason}'
+                    if rule.status == 403
+                    else f'{plural} "{name}" is invalid: {rule.reason}'
+                )
+                details = {"name": name, "kind": request.resource.plural}
+                if group:
+                    details["group"] = group
+                raise kmock.KubernetesError(
+                    status=rule.status, reason=rule.reason, message=message, details=details
+                )
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -289,6 +379,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> Any:
         if request.resource is not None:
             async with self._lock:
+                self._refused(request)
                 result = await self._write(request)
             if result is not None:
                 self._results[request.id] = result
