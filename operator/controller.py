@@ -30,6 +30,7 @@ from powerflow.operator.reconcile import (
     ModelFactory,
     reconcile,
 )
+from powerflow.operator.refusals import Refusal, by_job
 
 from powerflow import contract
 from powerflow.errors import ResourceError
@@ -87,6 +88,8 @@ class Controller:
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _immediate: bool = False
     _anchors: dict[str, float] = field(default_factory=dict)
+    _refused: dict[str, list[Refusal]] = field(default_factory=dict)
+    """The previous pass's refused writes, for the next pass to report (``refusals``)."""
     _requests: RequestCache = field(default_factory=RequestCache)
     _bad_budget_version: str | None = None
     _task: asyncio.Task[None] | None = None
@@ -165,14 +168,19 @@ class Controller:
             self._anchors,
             profiling_window_s=self.config.profiling_window_s,
             requests=self._requests,
+            refused=self._refused,
         )
         self._anchors = actions.anchors
-        await self.kube.apply(actions)
+        self._refused = {}
+        refused = await self.kube.apply(actions)
+        self._refused = by_job(refused)
         self._after(actions)
         events, self._events = self._events, []
         await self.kube.post_events(events)
         self.metrics.loop_seconds.observe(time.perf_counter() - started)
         self.passes += 1
+        if any(r.verb == "create" for r in refused):
+            return now  # report the refusals and start the backoff at once
         return actions.wake_at_s
 
     def _after(self, actions: Actions) -> None:

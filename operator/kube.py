@@ -4,6 +4,20 @@ The official ``kubernetes`` client is synchronous; every call runs in a
 worker thread so the operator's event loop (kopf's) never blocks. Conflicts
 are expected and harmless here: a pod that already exists was created by an
 earlier pass (names are deterministic), a pod already gone was deleted.
+
+Errors of writes, by kind (``apply``):
+
+- a refusal, a 4xx answer about the object itself (403 from admission such
+  as PodSecurity or a ResourceQuota, 422 invalid, 400, and 409 on the
+  rendezvous Service when the Service of that name is not this DLJob's): it
+  will not go away by retrying at once. It is returned as a ``Refusal`` for
+  its job (by the ``powerflow.io/job`` label, the worker pod's name or the
+  DLJob's name) and the next pass reports it on that job and backs off
+  (``refusals``). Every other write of the pass is still carried out.
+- anything else (5xx, 429 throttling, 401, the API server unreachable): a
+  transient fault of the cluster, not of one job. Every write of the pass is
+  still attempted (the other jobs' pods and status patches go out), then the
+  first such error is raised, so the pass fails and the loop retries it.
 """
 
 from __future__ import annotations
@@ -12,6 +26,7 @@ import asyncio
 import datetime
 import json
 import logging
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,11 +35,37 @@ from typing import Any
 import kubernetes
 from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody, ServiceBody
 from powerflow.operator.reconcile import Actions, Observed
+from powerflow.operator.refusals import Refusal
 
 from powerflow import contract
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
+TRANSIENT = frozenset({401, 404, 408, 409, 429})
+"""4xx answers that are not a refusal of the object (404 and 409 are handled per call)."""
+WORKER = re.compile(r"^(?P<job>.+)-g\d+-w\d+$")
+
+
+def _refusal(
+    exc: kubernetes.client.ApiException, verb: str, kind: str, namespace: str, name: str, job: str
+) -> Refusal | None:
+    """The refusal ``exc`` says, or ``None`` when it is no refusal (transient)."""
+    if not 400 <= (exc.status or 0) < 500 or exc.status in TRANSIENT:
+        return None
+    reason, message = str(exc.reason or ""), ""
+    try:
+        status = json.loads(exc.body or "")
+    except (ValueError, TypeError):
+        status = None
+    if isinstance(status, dict):  # the API server's Status: reason and message
+        reason = str(status.get("reason") or reason)
+        message = str(status.get("message") or "")
+    return Refusal(namespace, job, verb, kind, name, int(exc.status), reason, message or reason)
+
+
+def _job_of_pod(name: str) -> str:
+    match = WORKER.match(name)
+    return match["job"] if match else name
 
 
 @dataclass(frozen=True)
@@ -115,17 +156,24 @@ class Kube:
 
     # -- writes --------------------------------------------------------------------------
 
-    def _delete_pod(self, namespace: str, name: str, grace_s: int) -> None:
+    def _delete_pod(self, namespace: str, name: str, grace_s: int) -> Refusal | None:
         try:
             self._json(
                 self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace_s
             )
         except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
+            if exc.status == 404:
+                return None
+            refusal = _refusal(exc, "delete", "Pod", namespace, name, _job_of_pod(name))
+            if refusal is None:
                 raise
+            return refusal
+        return None
 
-    def _create(self, body: PodBody | ServiceBody) -> None:
-        namespace = body["metadata"]["namespace"]
+    def _create(self, body: PodBody | ServiceBody) -> Refusal | None:
+        meta = body["metadata"]
+        namespace, name, kind = meta["namespace"], meta["name"], body["kind"]
+        job = (meta.get("labels") or {}).get(contract.JOB_LABEL, name)
         create = (
             self.core.create_namespaced_pod
             if body["kind"] == "Pod"
@@ -134,18 +182,50 @@ class Kube:
         try:
             self._json(create, namespace, body)
         except kubernetes.client.ApiException as exc:
-            if exc.status != 409:  # AlreadyExists: an earlier pass or operator made it
+            if exc.status == 409:  # AlreadyExists: an earlier pass or operator made it...
+                return self._foreign_service(body, job) if kind == "Service" else None
+            refusal = _refusal(exc, "create", kind, namespace, name, job)
+            if refusal is None:
                 raise
+            return refusal
+        return None
 
-    def _annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+    def _foreign_service(self, body: ServiceBody, job: str) -> Refusal | None:
+        """...unless a Service of that name belongs to someone else: then the job's
+        workers would rendezvous through a Service that does not select them."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            existing = self._json(self.core.read_namespaced_service, name, namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:  # gone meanwhile: the next pass creates it
+                return None
+            raise
+        uid = next((r.get("uid") for r in meta.get("ownerReferences") or []), None)
+        owners = (existing.get("metadata") or {}).get("ownerReferences") or []
+        if any(r.get("uid") == uid for r in owners):
+            return None
+        message = (
+            f'Service "{name}" already exists in namespace {namespace} and was not created '
+            f"by this DLJob: the workers cannot rendezvous through it. Delete or rename that "
+            f"Service, or rename the DLJob"
+        )
+        return Refusal(namespace, job, "create", "Service", name, 409, "AlreadyExists", message)
+
+    def _annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> Refusal | None:
         body = {"metadata": {"annotations": annotations}}
         try:
             self._json(self.core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE)
         except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
+            if exc.status == 404:
+                return None
+            refusal = _refusal(exc, "patch", "Pod", namespace, name, _job_of_pod(name))
+            if refusal is None:
                 raise
+            return refusal
+        return None
 
-    def _status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    def _status(self, namespace: str, name: str, patch: dict[str, Any]) -> Refusal | None:
         try:
             self._json(
                 self.custom.patch_namespaced_custom_object_status,
@@ -158,8 +238,13 @@ class Kube:
                 _content_type=MERGE,
             )
         except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
+            if exc.status == 404:
+                return None
+            refusal = _refusal(exc, "patch", contract.KIND, namespace, name, name)
+            if refusal is None:
                 raise
+            return refusal
+        return None
 
     def _post_event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -192,11 +277,31 @@ class Kube:
     async def post_events(self, events: list[tuple[dict[str, Any], str, str, str]]) -> None:
         await asyncio.gather(*(asyncio.to_thread(self._post_event, *e) for e in events))
 
-    async def apply(self, actions: Actions) -> None:
-        """Deletions first (old workers stop before new ones start), then the rest."""
+    async def apply(self, actions: Actions) -> list[Refusal]:
+        """Deletions first (old workers stop before new ones start), then the rest.
+
+        Returns the writes the API server refused (see the module docstring);
+        raises the first transient error once every write was attempted.
+        """
+        refusals: list[Refusal] = []
+        errors: list[Exception] = []
 
         async def each(fn: Any, calls: list[tuple[Any, ...]]) -> None:
-            await asyncio.gather(*(asyncio.to_thread(fn, *args) for args in calls))
+            results = await asyncio.gather(
+                *(asyncio.to_thread(fn, *args) for args in calls), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, Refusal):
+                    log.warning(
+                        "%s %s %s/%s refused: %s %s",
+                        result.verb, result.kind, result.namespace, result.name,
+                        result.code, result.message,
+                    )  # fmt: skip
+                    refusals.append(result)
+                elif isinstance(result, Exception):
+                    errors.append(result)
+                elif isinstance(result, BaseException):  # cancellation: stop now
+                    raise result
 
         await each(self._delete_pod, list(actions.delete_pods))
         # Services and pods together: a worker may exist before its headless Service
@@ -206,3 +311,8 @@ class Kube:
         await each(self._create, [(b,) for b in unique.values()])
         await each(self._annotate, list(actions.annotate_pods))
         await each(self._status, list(actions.status))
+        if errors:
+            for extra in errors[1:]:
+                log.warning("write failed as well: %s", extra)
+            raise errors[0]
+        return refusals

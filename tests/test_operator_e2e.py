@@ -403,3 +403,98 @@ async def test_profiling_pins_then_runs(kmock: KubeEmulator, api: httpx.AsyncCli
         await eventually(lambda: gen(2, 2))
         status = await eventually(lambda: phase("Profiling"))
         assert status["model"]["profiledGpuCounts"] == [4]
+
+
+POD_SECURITY = (
+    'pods "{name}" is forbidden: violates PodSecurity "restricted:latest": '
+    'runAsNonRoot != true (pod or container "trainer" must set securityContext.runAsNonRoot=true)'
+)
+
+
+async def _warnings(api: httpx.AsyncClient, job: str) -> list[dict[str, Any]]:
+    events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+    return [
+        e
+        for e in events
+        if e.get("type") == "Warning" and e.get("involvedObject", {}).get("name") == job
+    ]
+
+
+async def _condition(api: httpx.AsyncClient, job: str, type_: str) -> dict[str, Any]:
+    conditions = (await status_of(api, job)).get("conditions") or []
+    found: dict[str, Any] = next((c for c in conditions if c["type"] == type_), {})
+    return found
+
+
+async def test_refused_pods_are_reported_on_their_job_which_backs_off(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    rule = kmock.refuse("create", "pods", "bad-*", message=POD_SECURITY.format(name="bad-g1-w0"))
+    async with operator(kmock) as op:
+        await api.post(JOBS, json=dljob("bad"))
+        await api.post(JOBS, json=dljob("good"))
+
+        async def four_good() -> bool:
+            return len(await pods_of(api, "good")) == 4
+
+        await eventually(four_good)
+
+        async def refused() -> dict[str, Any]:
+            cond = await _condition(api, "bad", "WorkersCreated")
+            return cond if cond.get("status") == "False" else {}
+
+        cond = await eventually(refused)
+        assert cond["reason"] == "Forbidden"
+        assert 'violates PodSecurity "restricted:latest"' in cond["message"]
+        status = await status_of(api, "bad")
+        assert status["createRefusals"] == 1 and status["phase"] == "Pending"
+        warnings = await eventually(lambda: _warnings(api, "bad"))
+        assert any(
+            e["reason"] == "FailedCreate" and "violates PodSecurity" in e["message"]
+            for e in warnings
+        )
+        assert await pods_of(api, "bad") == []
+        good = await status_of(api, "good")
+        assert good["phase"] in ("Profiling", "Running") and good["allocation"]["gpus"] == 4
+
+        # Backing off: more passes make no new attempt for the refused job.
+        attempts = rule.hits
+        assert attempts == 4  # one pass, the four workers of one gang
+        for poke in ("1", "2", "3"):
+            passes = op.controller.passes if op.controller else 0
+            label = {"metadata": {"labels": {"poke": poke}}}
+            assert (await api.patch(f"{JOBS}/good", json=label, headers=MERGE)).is_success
+            await eventually(lambda n=passes: _passes_beyond(op, n))
+        assert rule.hits == attempts
+        assert (await status_of(api, "bad"))["createRefusals"] == 1
+
+
+async def test_a_service_name_taken_by_someone_else_is_an_error_on_the_job(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    foreign = {
+        "metadata": {"name": "taken"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+    }
+    assert (await api.post(f"/api/v1/namespaces/{NS}/services", json=foreign)).is_success
+    async with operator(kmock):
+        await api.post(JOBS, json=dljob("taken"))
+        await api.post(JOBS, json=dljob("good"))
+
+        async def four_good() -> bool:
+            return len(await pods_of(api, "good")) == 4
+
+        await eventually(four_good)
+
+        async def refused() -> dict[str, Any]:
+            cond = await _condition(api, "taken", "WorkersCreated")
+            return cond if cond.get("status") == "False" else {}
+
+        cond = await eventually(refused)
+        assert cond["reason"] == "AlreadyExists"
+        assert 'Service "taken" already exists' in cond["message"]
+        warnings = await eventually(lambda: _warnings(api, "taken"))
+        assert any('Service "taken"' in e["message"] for e in warnings)
+        await eventually(lambda: _no_pods(api, "taken"))  # the gang is all or nothing
+        service = (await api.get(f"/api/v1/namespaces/{NS}/services/taken")).json()
+        assert service["spec"]["selector"] == {"app": "web"}  # left as it was
