@@ -474,3 +474,64 @@ def test_junk_status_fields_are_not_fatal(status: dict[str, Any], with_pods: boo
     assert not [e for e in actions.events if e.reason == "InternalError"], actions.events
     assert len(pods_of(actions, "good")) == 4
     json.dumps(actions.status)
+
+
+ANY_STATUS = st.fixed_dictionaries(
+    {},
+    optional={
+        key: JSON | st.integers() | st.floats()
+        for key in (
+            "phase",
+            "message",
+            "restarts",
+            "lastFailureTime",
+            "startTime",
+            "createRefusals",
+            "lastCreateRefusalTime",
+            "observedGeneration",
+        )
+    }
+    | {
+        "allocation": maybe(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    k: st.integers() | JSON
+                    for k in (
+                        "gpus",
+                        "generation",
+                        "frequencyMHz",
+                        "localBatchSize",
+                        "nodes",
+                        "profilingUntil",
+                    )
+                },
+            )
+        ),
+        "progress": maybe(st.fixed_dictionaries({}, optional={"iterations": st.integers() | JSON})),
+        "energy": maybe(
+            st.fixed_dictionaries({}, optional={"joules": JSON | st.floats(), "watts": JSON})
+        ),
+        "model": maybe(
+            st.fixed_dictionaries({}, optional={"profiledGpuCounts": maybe(st.lists(JSON))})
+        ),
+        "conditions": maybe(
+            st.lists(maybe(st.fixed_dictionaries({"type": JSON}, optional={"status": JSON})))
+        ),
+    },
+)
+
+
+@FAST
+@given(ANY_STATUS, st.booleans(), st.sampled_from(["Running", "Failed", "Succeeded", "Pending"]))
+def test_any_status_is_handled_without_an_internal_error(
+    status: dict[str, Any], with_pods: bool, pod_phase: str
+) -> None:
+    job = {**body("job"), "status": status}
+    pods = running("job", 4, {}) if with_pods else ()
+    for pod in pods:
+        pod["status"]["phase"] = pod_phase
+    actions = one_pass([Observed(job, pods), Observed(body("good"))])
+    assert not [e for e in actions.events if e.reason == "InternalError"], actions.events
+    assert len(pods_of(actions, "good")) == 4
+    json.dumps(actions.status)
