@@ -808,8 +808,9 @@ class _Guard:
             conditions, "Reconciled", False, "InternalError", message, format_time(self.now_s)
         )
         if (before.get("reason"), before.get("message")) != ("InternalError", message):
+            # Once per distinct error (the condition remembers it), with the traceback.
             _event(self.actions, v, "Warning", "InternalError", message)
-            self.actions.notes.append(f"{v.key}: internal error, job skipped: {message}")
+            log.error("%s: internal error, job skipped this pass", v.key, exc_info=exc)
 
 
 def reconcile(
