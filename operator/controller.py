@@ -21,7 +21,7 @@ from typing import Any
 
 from powerflow.operator.budget import DEFAULT, BudgetConfig, parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
-from powerflow.operator.kube import ClusterState, Kube
+from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.metrics import Metrics
 from powerflow.operator.nodes import cluster_nodes
 from powerflow.operator.reconcile import (
@@ -172,7 +172,11 @@ class Controller:
         )
         self._anchors = actions.anchors
         self._refused = {}
-        refused = await self.kube.apply(actions)
+        try:
+            refused = await self.kube.apply(actions)
+        except WritesFailed as exc:  # the pass fails (retried); its refusals still count
+            self._refused = by_job(exc.refusals)
+            raise
         self._refused = by_job(refused)
         self._after(actions)
         events, self._events = self._events, []

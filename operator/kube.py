@@ -16,8 +16,9 @@ Errors of writes, by kind (``apply``):
   (``refusals``). Every other write of the pass is still carried out.
 - anything else (5xx, 429 throttling, 401, the API server unreachable): a
   transient fault of the cluster, not of one job. Every write of the pass is
-  still attempted (the other jobs' pods and status patches go out), then the
-  first such error is raised, so the pass fails and the loop retries it.
+  still attempted (the other jobs' pods and status patches go out), then
+  ``WritesFailed`` is raised (with the refusals), so the pass fails and the
+  loop retries it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ MERGE = "application/merge-patch+json"
 TRANSIENT = frozenset({401, 404, 408, 409, 429})
 """4xx answers that are not a refusal of the object (404 and 409 are handled per call)."""
 WORKER = re.compile(r"^(?P<job>.+)-g\d+-w\d+$")
+
+
+class WritesFailed(Exception):
+    """Some writes of a pass failed transiently (the first error is the cause); the
+    refusals of the same pass ride along so that they are reported all the same."""
+
+    def __init__(self, errors: list[Exception], refusals: list[Refusal]) -> None:
+        super().__init__(f"{len(errors)} write(s) failed; first: {errors[0]}")
+        self.errors = errors
+        self.refusals = refusals
 
 
 def _refusal(
@@ -281,7 +292,7 @@ class Kube:
         """Deletions first (old workers stop before new ones start), then the rest.
 
         Returns the writes the API server refused (see the module docstring);
-        raises the first transient error once every write was attempted.
+        raises ``WritesFailed`` on transient errors once every write was attempted.
         """
         refusals: list[Refusal] = []
         errors: list[Exception] = []
@@ -314,5 +325,5 @@ class Kube:
         if errors:
             for extra in errors[1:]:
                 log.warning("write failed as well: %s", extra)
-            raise errors[0]
+            raise WritesFailed(errors, refusals) from errors[0]
         return refusals

@@ -14,7 +14,7 @@ import kubernetes
 import pytest
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import parse_dljob
-from powerflow.operator.kube import Kube
+from powerflow.operator.kube import Kube, WritesFailed
 from powerflow.operator.reconcile import Actions, Observed, reconcile
 from powerflow.operator.refusals import MAX_BACKOFF_S, Refusal, backoff_s
 from powerflow.operator.timefmt import format_time
@@ -249,10 +249,17 @@ async def test_a_transient_error_fails_the_pass_after_every_other_write(
 ) -> None:
     jobs = await _create_jobs(kmock, "bad", "good")
     kmock.refuse("create", "pods", "bad-g1-w0", status=503, reason="ServiceUnavailable")
-    with pytest.raises(kubernetes.client.ApiException) as exc:
+    kmock.refuse("create", "pods", "good-g1-w0", message=POD_SECURITY)
+    with pytest.raises(WritesFailed) as exc:
         await kube.apply(_actions(jobs))
-    assert exc.value.status == 503
+    (error,) = exc.value.errors
+    assert isinstance(error, kubernetes.client.ApiException) and error.status == 503
+    # A refusal of the same pass is kept for the next pass to report.
+    assert [(r.job_key, r.name, r.code) for r in exc.value.refusals] == [
+        ("ml/good", "good-g1-w0", 403)
+    ]
     assert await _pod_exists(kmock, "good-g1-w1") and await _pod_exists(kmock, "bad-g1-w1")
+    assert not await _pod_exists(kmock, "bad-g1-w0")
     for name in ("bad", "good"):
         assert await _status(kmock, name) == {"phase": "Running"}
 
