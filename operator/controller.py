@@ -5,7 +5,9 @@ changing) calls ``trigger``; the loop waits ``debounce_s`` so that a burst of
 events makes one pass, and never runs two passes at once. It also wakes on
 the budget's ``schedulingIntervalSeconds`` and when a backoff ends. Each pass
 re-reads the cluster (level-triggered: nothing is trusted from memory except
-the last good budget), calls ``reconcile`` and carries out its actions.
+the last good budget), calls ``reconcile`` and carries out its actions. Writes
+the API server refused go into the next pass (at once), which records them on
+their jobs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ the runnable ones, asks the policy for a plan and turns the plan into pod
 creations, graceful deletions, annotation updates, status patches and events.
 It holds no state: what it needs to remember lives in DLJob status and pod
 names and annotations, so a restarted operator carries on where it stopped
-(the optional ``RequestCache`` and progress anchors only save work).
+(the optional ``RequestCache`` and progress anchors only save work; the
+previous pass's refused writes, ``refused``, are news that the pass records in
+status, backoff included). Each job's steps run under a guard: an unexpected
+exception for one job is reported on that job and the others proceed.
 All scheduling decisions are the policy's.
 
 Profiling (paper §5): a job that starts on a GPU count it has not run on
