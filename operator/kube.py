@@ -203,7 +203,9 @@ class Kube:
 
     def _foreign_service(self, body: ServiceBody, job: str) -> Refusal | None:
         """...unless a Service of that name belongs to someone else: then the job's
-        workers would rendezvous through a Service that does not select them."""
+        workers would rendezvous through a Service that does not select them.
+        Tells ours by the DLJob's uid in its ``ownerReferences`` (needs ``get``
+        on services besides ``create``)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         try:

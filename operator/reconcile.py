@@ -170,8 +170,8 @@ def _clean_status(raw: Any) -> DLJobStatus:
     Status is ours, but anyone with ``patch`` on ``dljobs/status`` can write
     junk within the schema's types (an integer past int64, a float where
     bounds are not checked), and bodies from older CRDs skip the schema.
-    Junk reads as absent (the status patch then rewrites it where the
-    operator has something to say). Returns ``raw`` itself when it is clean,
+    Junk reads as absent, or 0 for counters (the status patch then rewrites
+    it where the operator has something to say). Returns ``raw`` itself when it is clean,
     the common case.
     """
     if not isinstance(raw, dict):
