@@ -50,6 +50,7 @@ from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy,
 ModelFactory = Callable[[JobRequest], PerfModel]
 TERMINAL_REASONS = ("Completed", "RestartLimitExceeded")
 DEFAULT_PROFILING_WINDOW_S = 240.0
+DEFAULT_PROGRESS_INTERVAL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -487,8 +488,16 @@ def _account_all(
     gpn: int,
     now_s: float,
     anchors: Mapping[str, float],
+    interval_s: float = 0.0,
+    written: Mapping[str, float] | None = None,
 ) -> None:
-    """Progress and energy of every job holding GPUs (see ``progress``)."""
+    """Progress and energy of every job holding GPUs (see ``progress``).
+
+    Written at most every ``interval_s`` per job (``written``: when it last
+    was), unless the job's status changes anyway or its spec did: an idle
+    cluster then rests. A skipped write keeps the job's old anchor, so the
+    iterations not written are counted at the next write.
+    """
     jobs = []
     for v, jp in held:
         assert v.req is not None
@@ -510,6 +519,13 @@ def _account_all(
     accounts = account(jobs, gpn, now_s, anchors)
     for (v, _), job, acc in zip(held, jobs, accounts, strict=True):
         if acc is None:
+            continue
+        last = (written or {}).get(v.key)
+        spec_seen = v.status.get("observedGeneration") == int(v.meta.get("generation", 1))
+        recent = last is not None and now_s - last < interval_s
+        if recent and spec_seen and not merge_diff(v.status, v.new):  # no write now
+            if acc.anchor_s is not None:
+                actions.anchors[v.key] = anchors.get(v.key, acc.anchor_s)
             continue
         total = job.iterations_total
         v.new["progress"] = {
@@ -559,11 +575,15 @@ def reconcile(
     *,
     profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S,
     requests: RequestCache | None = None,
+    progress_interval_s: float = 0.0,
+    progress_written: Mapping[str, float] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
     ``anchors`` are the previous pass's ``Actions.anchors``; ``requests``
-    memoises DLJob parsing across passes.
+    memoises DLJob parsing across passes. Progress and energy are written at
+    most every ``progress_interval_s`` per job; ``progress_written`` says when
+    each job's were last written (see ``_account_all``).
     """
     actions = Actions()
     cluster_gpus = sum(n.gpus for n in nodes)
@@ -593,7 +613,16 @@ def reconcile(
                 if _carry_out(actions, v, jp, now_s, profiling_window_s):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
-            _account_all(actions, held, job_models, gpn, now_s, anchors or {})
+            _account_all(
+                actions,
+                held,
+                job_models,
+                gpn,
+                now_s,
+                anchors or {},
+                progress_interval_s,
+                progress_written,
+            )
     for v in views:
         if not v.new:
             continue
