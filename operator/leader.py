@@ -111,15 +111,18 @@ class LeaderElector:
     async def run(self) -> None:
         cfg = self.config
         last_renew = 0.0
+        attempt: asyncio.Future[bool] | None = None
         try:
             while True:
+                # Shielded: a try that outlives the deadline still ends (its thread cannot
+                # be stopped), and the release below waits for it rather than racing it.
+                attempt = asyncio.ensure_future(asyncio.to_thread(self._try_acquire_or_renew))
                 try:
                     ok = await asyncio.wait_for(
-                        asyncio.to_thread(self._try_acquire_or_renew),
-                        cfg.renew_deadline_s if self.is_leader else None,
+                        asyncio.shield(attempt), cfg.renew_deadline_s if self.is_leader else None
                     )
                 except Exception as exc:  # the API is unreachable or refuses: retry
-                    log.warning("lease %s/%s: %s", cfg.namespace, cfg.name, _reason(exc))
+                    log.warning("lease %s/%s: %s", *self._where(), _reason(exc))
                     ok = False
                 now = self.clock()
                 if ok:
@@ -131,10 +134,11 @@ class LeaderElector:
                     self._become(leader=False)
                 await asyncio.sleep(cfg.retry_period_s)
         finally:
-            if self.is_leader:
-                self._become(leader=False)
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self._release)
+            self._become(leader=False)
+            if attempt is not None:  # an acquire in flight may still win: release after it
+                await asyncio.wait({attempt})
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._release)
 
     def _where(self) -> tuple[str, str]:
         return self.config.namespace, self.config.name
@@ -145,7 +149,7 @@ class LeaderElector:
             self._following.clear()
             self._leading.set()
             log.info("lease %s/%s: %s is the leader", *self._where(), self.config.identity)
-        else:
+        elif self.is_leader:
             self._leading.clear()
             self._following.set()
 
@@ -216,23 +220,34 @@ class LeaderElector:
         return True
 
     def _release(self) -> None:
-        lease = self._get()
-        spec = (lease or {}).get("spec") or {}
-        if lease is None or spec.get("holderIdentity") != self.config.identity:
-            return
-        now = _micro_time(datetime.datetime.now(tz=datetime.UTC))
-        released = {
-            "holderIdentity": "",
-            "leaseDurationSeconds": 1,
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseTransitions": int(spec.get("leaseTransitions") or 0),
-        }
+        """Hand the Lease back if this candidate still holds it (client-go's release)."""
         namespace, name = self._where()
-        _json(
-            self.coordination.replace_namespaced_lease, name, namespace, {**lease, "spec": released}
-        )
-        log.info("lease %s/%s: released by %s", namespace, name, self.config.identity)
+        for _ in range(3):  # a conflict means it changed since read: read again
+            lease = self._get()
+            spec = (lease or {}).get("spec") or {}
+            if lease is None or spec.get("holderIdentity") != self.config.identity:
+                return
+            now = _micro_time(datetime.datetime.now(tz=datetime.UTC))
+            released = {
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": int(spec.get("leaseTransitions") or 0),
+            }
+            try:
+                _json(
+                    self.coordination.replace_namespaced_lease,
+                    name,
+                    namespace,
+                    {**lease, "spec": released},
+                )
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            log.info("lease %s/%s: released by %s", namespace, name, self.config.identity)
+            return
 
 
 def _reason(exc: BaseException) -> str:

@@ -17,8 +17,8 @@ shuts down cleanly. kopf runs standalone: no peering objects are needed.
 ``--no-leader-election`` (or ``--standalone``) for a single replica that must
 not touch Leases.
 
-Liveness on ``--liveness`` URL, Prometheus metrics on ``--metrics-port``
-(port 0 in either: any free port).
+Liveness on ``--liveness`` URL (empty: none), Prometheus metrics on
+``--metrics-port`` (0: any free port, logged).
 """
 
 from __future__ import annotations
@@ -87,7 +87,11 @@ def register(subparsers: Any) -> None:
         "--leader-identity",
         help="this replica's name in the Lease (default: hostname_random)",
     )
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz")
+    p.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf's liveness endpoint URL; empty for none (default http://0.0.0.0:8080/healthz)",
+    )
     p.add_argument("--metrics-port", type=int, default=9090)
     p.add_argument(
         "--debounce", type=float, default=0.02, help="seconds a burst of events is merged (0.02)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,11 +47,19 @@ def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:
     return path
 
 
+def free_port() -> int:
+    """A port nothing listens on now (kopf's liveness URL cannot say "any port")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 def operator_args(kubeconfig: Path, *options: str) -> argparse.Namespace:
     """``powerflow operator --kubeconfig FILE OPTIONS``, with free ports for liveness and
     metrics (several operators may run in one test)."""
     argv = ["operator", "--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
-    argv += ["--liveness", "http://127.0.0.1:0/healthz", *options]
+    argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", *options]
     return build_parser().parse_args(argv)
 
 
