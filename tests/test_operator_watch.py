@@ -32,6 +32,7 @@ from operator_cases import (
 from powerflow.operator import kube as kube_module
 from powerflow.operator.connection import Source, load_configuration
 from powerflow.operator.kube import Kube
+from powerflow.operator.triggers import Seen, dljob_fingerprint, node_fingerprint, pod_fingerprint
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args, write_kubeconfig
 
@@ -71,6 +72,38 @@ def status_writes(requests: list[Any]) -> int:
 
 async def _running(api: httpx.AsyncClient, job: str) -> bool:
     return (await status_of(api, job)).get("phase") == "Running"
+
+
+def test_only_changes_a_pass_decides_on_are_news() -> None:
+    seen = Seen()
+    job: dict[str, Any] = {"metadata": {"name": "j", "namespace": "ml", "generation": 1}}
+
+    def news(kind: str, body: dict[str, Any], fp: Any, type_: str = "MODIFIED") -> bool:
+        return seen.changed(kind, type_, body, fp(body))
+
+    assert news("dljob", job, dljob_fingerprint, "ADDED")
+    own = {**job, "status": {"progress": {"iterations": 7}}}
+    own["metadata"] = {**job["metadata"], "resourceVersion": "9"}
+    assert not news("dljob", own, dljob_fingerprint)  # the operator's own status patch
+    assert news(
+        "dljob", {**own, "metadata": {**own["metadata"], "generation": 2}}, dljob_fingerprint
+    )
+    assert news("dljob", own, dljob_fingerprint, "DELETED")
+
+    pod: dict[str, Any] = {"metadata": {"name": "p", "namespace": "ml"}, "status": {}}
+    assert news("pod", pod, pod_fingerprint, "ADDED")
+    annotated = {**pod, "metadata": {**pod["metadata"], "annotations": {"x": "1"}}}
+    assert not news("pod", annotated, pod_fingerprint)
+    assert news("pod", {**annotated, "status": {"phase": "Running"}}, pod_fingerprint)
+
+    n: dict[str, Any] = {"metadata": {"name": "n"}, "status": {"conditions": []}}
+    ready = {"type": "Ready", "status": "True", "lastHeartbeatTime": "t1"}
+    assert news("node", {**n, "status": {"conditions": [ready]}}, node_fingerprint, "ADDED")
+    beat = {**ready, "lastHeartbeatTime": "t2"}
+    assert not news("node", {**n, "status": {"conditions": [beat]}}, node_fingerprint)
+    taint = {"key": "k", "effect": "NoSchedule"}
+    tainted = {**n, "spec": {"taints": [taint]}, "status": {"conditions": [beat]}}
+    assert news("node", tainted, node_fingerprint)
 
 
 async def test_idle_operator_rests(
