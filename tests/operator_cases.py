@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -125,3 +127,32 @@ async def start_workers(api: httpx.AsyncClient, pods: list[dict[str, Any]], node
         assert (await api.patch(f"{PODS}/{name}", json=meta, headers=MERGE)).is_success
         running = {"status": {"phase": "Running"}}
         assert (await api.patch(f"{PODS}/{name}/status", json=running, headers=MERGE)).is_success
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without anything that points at a cluster."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    env["HOME"] = "/nonexistent"  # no ~/.kube/config either
+    return env
+
+
+def header(request: Any, name: str) -> str | None:
+    for key, value in request.headers.items():
+        if key.lower() == name.lower():
+            return str(value)
+    return None
+
+
+async def start(*argv: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "powerflow",
+        "operator",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=clean_env(),
+    )

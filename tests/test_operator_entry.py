@@ -4,16 +4,13 @@ test login handler), and an unusable configuration is one line and exit code 2."
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from operator_cases import JOBS, dljob, eventually, pods_of, seed
+from operator_cases import JOBS, dljob, eventually, header, pods_of, seed, start
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import free_port, write_kubeconfig
 
@@ -32,35 +29,6 @@ async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
         await seed(client)
         yield client
-
-
-def clean_env() -> dict[str, str]:
-    """The environment without anything that points at a cluster."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
-    }
-    env["HOME"] = "/nonexistent"  # no ~/.kube/config either
-    return env
-
-
-def header(request: Any, name: str) -> str | None:
-    for key, value in request.headers.items():
-        if key.lower() == name.lower():
-            return str(value)
-    return None
-
-
-async def start(*argv: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "powerflow",
-        "operator",
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=clean_env(),
-    )
 
 
 async def test_command_logs_in_with_kubeconfig_and_creates_workers(
