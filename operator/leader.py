@@ -114,9 +114,11 @@ class LeaderElector:
         attempt: asyncio.Future[bool] | None = None
         try:
             while True:
-                # Shielded: a try that outlives the deadline still ends (its thread cannot
-                # be stopped), and the release below waits for it rather than racing it.
-                attempt = asyncio.ensure_future(asyncio.to_thread(self._try_acquire_or_renew))
+                # One try at a time. Shielded: a try that outlives the deadline still ends
+                # (its thread cannot be stopped); the next round waits for it, and so does
+                # the release below rather than racing it.
+                if attempt is None or attempt.done():
+                    attempt = asyncio.ensure_future(asyncio.to_thread(self._try_acquire_or_renew))
                 try:
                     ok = await asyncio.wait_for(
                         asyncio.shield(attempt), cfg.renew_deadline_s if self.is_leader else None
@@ -137,6 +139,8 @@ class LeaderElector:
             self._become(leader=False)
             if attempt is not None:  # an acquire in flight may still win: release after it
                 await asyncio.wait({attempt})
+                if not attempt.cancelled():
+                    attempt.exception()  # retrieved: its failure was logged or is moot
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._release)
 
@@ -155,9 +159,13 @@ class LeaderElector:
 
     # -- one try (worker thread) -----------------------------------------------------------
 
+    def _call(self, call: Callable[..., Any], *args: Any) -> Any:
+        """One API call, bounded by the renew deadline (a hung connection is a failure)."""
+        return _json(call, *args, _request_timeout=self.config.renew_deadline_s)
+
     def _get(self) -> dict[str, Any] | None:
         try:
-            return _json(self.coordination.read_namespaced_lease, *reversed(self._where()))
+            return self._call(self.coordination.read_namespaced_lease, *reversed(self._where()))
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -194,7 +202,7 @@ class LeaderElector:
                 "spec": self._record(None, now),
             }
             try:
-                _json(self.coordination.create_namespaced_lease, namespace, body)
+                self._call(self.coordination.create_namespaced_lease, namespace, body)
             except kubernetes.client.ApiException as exc:
                 if exc.status == 409:  # another candidate created it first
                     return False
@@ -211,7 +219,7 @@ class LeaderElector:
             return False
         new = {**lease, "spec": self._record(spec, now)}
         try:
-            _json(self.coordination.replace_namespaced_lease, name, namespace, new)
+            self._call(self.coordination.replace_namespaced_lease, name, namespace, new)
         except kubernetes.client.ApiException as exc:
             if exc.status == 409:  # someone wrote in between: read again next time
                 return False
@@ -236,7 +244,7 @@ class LeaderElector:
                 "leaseTransitions": int(spec.get("leaseTransitions") or 0),
             }
             try:
-                _json(
+                self._call(
                     self.coordination.replace_namespaced_lease,
                     name,
                     namespace,

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import kmock
+import kubernetes
 import pytest
 from operator_cases import (
     JOBS,
@@ -28,6 +29,8 @@ from operator_cases import (
     seed,
     start,
 )
+from powerflow.operator.connection import Source, load_configuration
+from powerflow.operator.leader import LeaderElector, LeaseConfig
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
 
@@ -188,6 +191,44 @@ async def test_leader_steps_down_when_it_cannot_renew(
         assert await pods_of(api, "orphan") == []
         assert a.passes == passes
         assert await holder(api) == "intruder"
+
+
+async def test_racing_candidates_elect_one_leader_at_a_time(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """Three candidates start together on a missing Lease: the create and the PUTs with
+    ``resourceVersion`` let exactly one win; cancelling it releases the Lease and one of
+    the others takes over (``leaseTransitions`` counts it)."""
+    client = kubernetes.client.ApiClient(load_configuration(Source(str(kubeconfig))))
+    electors = [
+        LeaderElector(client, LeaseConfig.scaled("powerflow-system", "race", name, 1))
+        for name in ("x", "y", "z")
+    ]
+    tasks = [asyncio.create_task(e.run()) for e in electors]
+    try:
+        for _ in range(15):  # 1.5 s: several retry periods
+            await asyncio.sleep(0.1)
+            assert sum(e.is_leader for e in electors) <= 1
+        (first,) = [e for e in electors if e.is_leader]
+        tasks[electors.index(first)].cancel()
+        await asyncio.gather(tasks[electors.index(first)], return_exceptions=True)
+        rest = [e for e in electors if e is not first]
+
+        async def successor() -> bool:
+            return sum(e.is_leader for e in rest) == 1
+
+        await eventually(successor, timeout=5)
+        spec = (await api.get(f"{LEASES}/race")).json()["spec"]
+        (second,) = [e for e in rest if e.is_leader]
+        assert spec["holderIdentity"] == second.config.identity
+        assert spec["leaseTransitions"] == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        client.close()
+    assert not any(e.is_leader for e in electors)
+    assert (await api.get(f"{LEASES}/race")).json()["spec"].get("holderIdentity", "") == ""
 
 
 async def _n_pods(api: httpx.AsyncClient, job: str, n: int) -> bool:
