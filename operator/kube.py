@@ -104,7 +104,11 @@ class Kube:
     _json = staticmethod(call_json)
 
     def _list(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """All items of a LIST, page by page (``limit``/``continue``)."""
+        """All items of a LIST, page by page (``limit``/``continue``).
+
+        A continue token the server has forgotten (410) fails the pass, and the
+        loop retries it a second later from the first page.
+        """
         items: list[Any] = []
         token: str | None = None
         while True:
