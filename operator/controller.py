@@ -154,14 +154,16 @@ class Controller:
             return None
         work = asyncio.ensure_future(self.run_once())
         lost = asyncio.ensure_future(self.leader.wait_lost())
-        await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
-        lost.cancel()
-        if not work.done():
+        try:
+            await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the loop itself is cancelled (stop): no orphan pass
+            lost.cancel()
+            if not work.done():
+                work.cancel()
+        await asyncio.gather(work, lost, return_exceptions=True)
+        if work.cancelled():
             log.warning("lost the lease: allocation pass cancelled")
-            work.cancel()
-            await asyncio.gather(work, lost, return_exceptions=True)
             return None
-        await asyncio.gather(lost, return_exceptions=True)
         return work.result()
 
     def _budget(self, state: ClusterState) -> None:
