@@ -31,6 +31,11 @@ def test_leader_election_off(flag: str) -> None:
     assert not command.leader_election(parse(flag))
 
 
+def test_liveness_can_be_turned_off() -> None:
+    assert command.kopf_options(parse())["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
+    assert command.kopf_options(parse("--liveness", ""))["liveness_endpoint"] is None
+
+
 def test_namespaced() -> None:
     options = command.kopf_options(parse("--namespace", "ml"))
     assert options["clusterwide"] is False and options["namespaces"] == ["ml"]

@@ -92,7 +92,12 @@ def register(subparsers: Any) -> None:
         default="http://0.0.0.0:8080/healthz",
         help="kopf's liveness endpoint URL; empty for none (default http://0.0.0.0:8080/healthz)",
     )
-    p.add_argument("--metrics-port", type=int, default=9090)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9090,
+        help="Prometheus metrics port; 0 for any free port (default 9090)",
+    )
     p.add_argument(
         "--debounce", type=float, default=0.02, help="seconds a burst of events is merged (0.02)"
     )
