@@ -23,6 +23,7 @@ from typing import Any
 
 import kopf
 from powerflow.operator.controller import Controller, OperatorConfig
+from powerflow.operator.kube import LIST_PAGE
 from powerflow.operator.triggers import (
     Seen,
     configmap_fingerprint,
@@ -34,8 +35,6 @@ from powerflow.operator.triggers import (
 from powerflow import contract
 
 log = logging.getLogger(__name__)
-LIST_PAGE = 500
-"""Items per page of kopf's initial lists (and of the loop's lists, ``kube.LIST_PAGE``)."""
 
 
 def build_registry(

@@ -4,13 +4,16 @@ test login handler), and an unusable configuration is one line and exit code 2."
 from __future__ import annotations
 
 import asyncio
+import base64
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from operator_cases import JOBS, dljob, eventually, header, pods_of, seed, start
+from powerflow.operator.connection import Source, connection_info, load_configuration
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import free_port, write_kubeconfig
 
@@ -109,3 +112,47 @@ def test_in_cluster_without_service_account_is_one_line(
     assert main(["operator", "--metrics-port", "0"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("powerflow operator: error: in-cluster service account: ")
+
+
+def test_login_uses_the_same_configuration_as_the_client(tmp_path: Path) -> None:
+    """kopf's credentials come from the configuration the ``kubernetes`` client uses:
+    server, TLS verification, client certificate and key, bearer token."""
+    path = tmp_path / "kubeconfig"
+    cert = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nx\n").decode()
+    key = base64.b64encode(b"-----BEGIN PRIVATE KEY-----\ny\n").decode()
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": "https://10.0.0.1:6443",
+                            "insecure-skip-tls-verify": True,
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": "u",
+                        "user": {
+                            "client-certificate-data": cert,
+                            "client-key-data": key,
+                            "token": "t0k",
+                        },
+                    }
+                ],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    cfg = load_configuration(Source(str(path)))
+    info = connection_info(cfg)
+    assert info.server == cfg.host == "https://10.0.0.1:6443"
+    assert info.insecure is True and cfg.verify_ssl is False
+    assert (info.scheme, info.token) == ("Bearer", "t0k")
+    assert info.certificate_path == cfg.cert_file and info.private_key_path == cfg.key_file
+    assert Path(str(info.certificate_path)).read_bytes().startswith(b"-----BEGIN CERTIFICATE")
