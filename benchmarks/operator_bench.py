@@ -158,11 +158,12 @@ def loop_times(repeat: int) -> dict[str, Times]:
 
 async def reaction_times(count: int) -> list[float]:
     sys.path.insert(0, str(TESTS))
+    import tempfile
+
     import httpx
     from kmock._internal import apps
-    from powerflow.operator.controller import OperatorConfig
     from support.kube_emulator import KubeEmulator
-    from support.operator_harness import OperatorThread
+    from support.operator_harness import Operator, operator_args, write_kubeconfig
 
     jobs = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/ml/{contract.PLURAL}"
     out = []
@@ -179,9 +180,11 @@ async def reaction_times(count: int) -> list[float]:
                         "status": {"allocatable": {contract.GPU_RESOURCE: "8"}},
                     },
                 )
-            config = OperatorConfig(debounce_s=0.02)
             models = synthetic_zoo(1)[0]
-            op = OperatorThread(str(emulator.url), PowerFlowPolicy(), lambda j: models, config)
+            tmp = tempfile.mkdtemp()
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", str(emulator.url))
+            args = operator_args(kubeconfig, "--debounce", "0.02")
+            op = Operator(args, PowerFlowPolicy(), lambda j: models)
             async with op:
                 for i in range(count):
                     await asyncio.sleep(0.5)  # from an idle operator: the last job's passes done

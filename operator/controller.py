@@ -1,13 +1,19 @@
 """The allocation loop: one for the whole cluster, single-flight and debounced.
 
 Every scheduling event (a DLJob, worker pod, Node or the budget ConfigMap
-changing) calls ``trigger``; the loop waits ``debounce_s`` so that a burst of
-events makes one pass, and never runs two passes at once. It also wakes on
-the budget's ``schedulingIntervalSeconds`` and when a backoff ends. Each pass
-re-reads the cluster (level-triggered: nothing is trusted from memory except
-the last good budget), calls ``reconcile`` and carries out its actions. Writes
+changing in a way a pass decides on: ``triggers``) calls ``trigger``; the
+loop waits ``debounce_s`` so that a burst of events makes one pass, and never
+runs two passes at once. It also wakes on the budget's
+``schedulingIntervalSeconds`` and when a backoff or profiling window ends.
+Each pass re-reads the cluster (level-triggered: nothing is trusted from
+memory except the last good budget), calls ``reconcile`` and carries out its
+actions. Progress and energy are written at most every
+``progress_interval_s`` per job, so an idle cluster costs no writes. Writes
 the API server refused go into the next pass (at once), which records them on
 their jobs.
+
+With a ``LeaderElector`` the loop runs passes only while this replica holds
+the Lease; losing it cancels the pass in flight (``leader``).
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from typing import Any
 from powerflow.operator.budget import DEFAULT, BudgetConfig, parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
+from powerflow.operator.leader import LeaderElector
 from powerflow.operator.metrics import Metrics
 from powerflow.operator.nodes import cluster_nodes
 from powerflow.operator.reconcile import (
     DEFAULT_PROFILING_WINDOW_S,
+    DEFAULT_PROGRESS_INTERVAL_S,
     Actions,
     ModelFactory,
     reconcile,
@@ -73,6 +81,9 @@ class OperatorConfig:
     """Wait after an event so that a burst makes one pass (a new DLJob skips it)."""
     profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S
     """How long a job profiles a GPU count it has not run on (paper: 240 s)."""
+    progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
+    """At most one progress/energy status write per job in this time (unless its
+    status changes anyway)."""
 
 
 @dataclass
@@ -84,6 +95,8 @@ class Controller:
     metrics: Metrics = field(default_factory=Metrics)
     clock: Callable[[], float] = time.time
     post_events: bool = True
+    leader: LeaderElector | None = None
+    """``None``: no leader election, this replica always acts."""
 
     budget: BudgetConfig = DEFAULT
     passes: int = 0
@@ -95,6 +108,8 @@ class Controller:
     _requests: RequestCache = field(default_factory=RequestCache)
     _bad_budget_version: str | None = None
     _task: asyncio.Task[None] | None = None
+    _leader_task: asyncio.Task[None] | None = None
+    _progress_written: dict[str, float] = field(default_factory=dict)
     _events: list[tuple[dict[str, Any], str, str, str]] = field(default_factory=list)
 
     def trigger(self, reason: str = "", *, immediate: bool = False) -> None:
@@ -104,16 +119,23 @@ class Controller:
         self._wake.set()
 
     def start(self) -> None:
+        if self.leader is not None:
+            self._leader_task = asyncio.create_task(self.leader.run(), name="powerflow-lease")
         self._task = asyncio.create_task(self.run(), name="powerflow-allocation-loop")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Stop the loop, then the election (a leader releases its Lease)."""
+        for task in (self._task, self._leader_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def run(self) -> None:
         wake_at: float | None = None
         while True:
+            if self.leader is not None and not self.leader.is_leader:
+                await self.leader.wait_leading()
+                self.trigger("became leader", immediate=True)
             timeout = self.budget.interval_s
             if wake_at is not None:
                 timeout = min(timeout, max(wake_at - self.clock(), 0.0))
@@ -124,10 +146,30 @@ class Controller:
             self._wake.clear()
             self._immediate = False
             try:
-                wake_at = await self.run_once()
+                wake_at = await self._pass()
             except Exception:  # keep serving: the next event or tick retries
                 log.exception("allocation pass failed")
                 wake_at = self.clock() + 1.0
+
+    async def _pass(self) -> float | None:
+        """``run_once``, cancelled the moment leadership is lost."""
+        if self.leader is None:
+            return await self.run_once()
+        if not self.leader.is_leader:
+            return None
+        work = asyncio.ensure_future(self.run_once())
+        lost = asyncio.ensure_future(self.leader.wait_lost())
+        try:
+            await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the loop itself is cancelled (stop): no orphan pass
+            lost.cancel()
+            if not work.done():
+                work.cancel()
+        await asyncio.gather(work, lost, return_exceptions=True)
+        if work.cancelled():
+            log.warning("lost the lease: allocation pass cancelled")
+            return None
+        return work.result()
 
     def _budget(self, state: ClusterState) -> None:
         cm = state.budget
@@ -171,6 +213,8 @@ class Controller:
             profiling_window_s=self.config.profiling_window_s,
             requests=self._requests,
             refused=self._refused,
+            progress_interval_s=self.config.progress_interval_s,
+            progress_written=self._progress_written,
         )
         self._anchors = actions.anchors
         self._refused = {}
@@ -180,6 +224,7 @@ class Controller:
             self._refused = by_job(exc.refusals)
             raise
         self._refused = by_job(refused)
+        self._note_progress(actions, now, state)
         self._after(actions)
         events, self._events = self._events, []
         await self.kube.post_events(events)
@@ -188,6 +233,20 @@ class Controller:
         if any(r.verb == "create" for r in refused):
             return now  # report the refusals and start the backoff at once
         return actions.wake_at_s
+
+    def _note_progress(self, actions: Actions, now: float, state: ClusterState) -> None:
+        """Remember when each job's progress was written (for the rate limit)."""
+        for namespace, name, patch in actions.status:
+            if "progress" in patch or "energy" in patch:
+                self._progress_written[f"{namespace}/{name}"] = now
+        if len(self._progress_written) > len(state.jobs):
+            keys = {
+                f"{o.body.get('metadata', {}).get('namespace')}/"
+                f"{o.body.get('metadata', {}).get('name')}"
+                for o in state.jobs
+            }
+            for key in set(self._progress_written) - keys:
+                del self._progress_written[key]
 
     def _after(self, actions: Actions) -> None:
         for note in actions.notes:

@@ -1,9 +1,18 @@
-"""kopf handlers: every watched change is a trigger for the one allocation loop.
+"""kopf handlers: login, and watches whose news are triggers for the one allocation loop.
 
 The handlers are ``on.event`` only: kopf then keeps no progress annotations
 or finalizers on our objects, and all state stays in DLJob status and pods.
-They are registered into a registry of their own, so tests (and the CLI) can
-run an operator with exactly these handlers.
+They are registered into a registry of their own, so the CLI runs an
+operator with exactly these handlers, login included (kopf's default login
+handlers live only in its global registry).
+
+Watch scale: the API server filters. Pods are watched with the label
+selector ``powerflow.io/job`` and the budget ConfigMap with a field selector
+on its name and namespace (``settings.watching.{label,field}_selectors``, sent
+as ``labelSelector``/``fieldSelector`` on kopf's list and watch), and initial
+lists come in pages (``settings.watching.chunk_size``). Nodes are all
+watched (every GPU node matters) but only changes that a pass decides on
+trigger one (``triggers``): heartbeats do not.
 """
 
 from __future__ import annotations
@@ -13,7 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 import kopf
-from powerflow.operator.controller import Controller
+from powerflow.operator.controller import Controller, OperatorConfig
+from powerflow.operator.kube import LIST_PAGE
+from powerflow.operator.triggers import (
+    Seen,
+    configmap_fingerprint,
+    dljob_fingerprint,
+    node_fingerprint,
+    pod_fingerprint,
+)
 
 from powerflow import contract
 
@@ -22,22 +39,29 @@ log = logging.getLogger(__name__)
 
 def build_registry(
     make_controller: Callable[[], Controller],
+    config: OperatorConfig,
+    login: Callable[[], kopf.ConnectionInfo],
     *,
-    peering: bool = False,
     on_ready: Callable[[Controller], None] | None = None,
 ) -> kopf.OperatorRegistry:
-    """Handlers for DLJobs, worker pods, Nodes and the budget ConfigMap.
+    """Login, and handlers for DLJobs, worker pods, Nodes and the budget ConfigMap.
 
-    ``make_controller`` runs inside the operator's event loop at startup (the
-    controller's asyncio primitives belong to that loop).
+    ``login`` gives kopf the credentials (the same configuration as the
+    controller's client). ``make_controller`` runs inside the operator's
+    event loop at startup (the controller's asyncio primitives belong to it).
     """
     registry = kopf.OperatorRegistry()
     holder: dict[str, Controller] = {}
+    seen = Seen()
 
     def trigger(reason: str, immediate: bool = False) -> None:
         controller = holder.get("c")
         if controller is not None:
             controller.trigger(reason, immediate=immediate)
+
+    @kopf.on.login(registry=registry)
+    def login_handler(**_: Any) -> kopf.ConnectionInfo:
+        return login()
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -45,9 +69,12 @@ def build_registry(
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        settings.watching.chunk_size = LIST_PAGE
+        settings.watching.label_selectors["", "v1", "pods"] = contract.JOB_LABEL
+        settings.watching.field_selectors["", "v1", "configmaps"] = (
+            f"metadata.name={config.budget_name},metadata.namespace={config.budget_namespace}"
+        )
         settings.networking.error_backoffs = [0.1, 0.5, 1, 5]
-        if peering:
-            settings.peering.mandatory = True
         controller = make_controller()
         holder["c"] = controller
         controller.start()
@@ -62,27 +89,27 @@ def build_registry(
             await controller.stop()
 
     @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL, registry=registry)
-    def dljob_changed(type: str | None, name: str, **_: Any) -> None:
-        # A new job is the event users wait on: no debounce before its first pass.
-        trigger(f"dljob {name} {type}", immediate=type == "ADDED")
+    def dljob_changed(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+        if seen.changed("dljob", type, body, dljob_fingerprint(body)):
+            # A new job is the event users wait on: no debounce before its first pass.
+            trigger(f"dljob {name} {type}", immediate=type == "ADDED")
 
     @kopf.on.event("", "v1", "pods", labels={contract.JOB_LABEL: kopf.PRESENT}, registry=registry)
-    def pod_changed(type: str | None, name: str, **_: Any) -> None:
-        trigger(f"pod {name} {type}")
+    def pod_changed(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+        if seen.changed("pod", type, body, pod_fingerprint(body)):
+            trigger(f"pod {name} {type}")
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node_changed(type: str | None, name: str, **_: Any) -> None:
-        trigger(f"node {name} {type}")
+    def node_changed(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+        if seen.changed("node", type, body, node_fingerprint(body)):
+            trigger(f"node {name} {type}")
 
     def is_budget(name: str, namespace: str | None, **_: Any) -> bool:
-        controller = holder.get("c")
-        if controller is None:
-            return False
-        cfg = controller.config
-        return name == cfg.budget_name and namespace == cfg.budget_namespace
+        return name == config.budget_name and namespace == config.budget_namespace
 
     @kopf.on.event("", "v1", "configmaps", when=is_budget, registry=registry)
-    def budget_changed(type: str | None, name: str, **_: Any) -> None:
-        trigger(f"budget {name} {type}")
+    def budget_changed(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+        if seen.changed("budget", type, body, configmap_fingerprint(body)):
+            trigger(f"budget {name} {type}")
 
     return registry

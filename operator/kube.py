@@ -79,15 +79,71 @@ def _job_of_pod(name: str) -> str:
     return match["job"] if match else name
 
 
+LIST_PAGE = 500
+"""Items per LIST page (``limit``/``continue``): bounds each answer's size on big clusters."""
+NON_TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def call_json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call without the client's model (de)serialisation: plain JSON in and out.
+
+    ``_preload_content=False`` skips building ``V1Pod`` objects from every
+    response only to turn them back into dicts: most of a pass's I/O time
+    on the client side. Non-2xx answers still raise ``ApiException``.
+    """
+    response = call(*args, _preload_content=False, **kwargs)
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    return json.loads(data) if data else None
+
+
+def requests_gpus(pod: PodBody) -> bool:
+    """Whether any container (or init container) asks for ``nvidia.com/gpu``."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        for c in containers if isinstance(containers, list) else ():
+            resources = c.get("resources") if isinstance(c, dict) else None
+            if not isinstance(resources, dict):
+                continue
+            for part in ("limits", "requests"):
+                amounts = resources.get(part)
+                if isinstance(amounts, dict) and str(
+                    amounts.get(contract.GPU_RESOURCE, "0")
+                ) not in (
+                    "0",
+                    "",
+                ):
+                    return True
+    return False
+
+
 @dataclass(frozen=True)
 class ClusterState:
     jobs: tuple[Observed, ...]
     nodes: tuple[NodeBody, ...]
     budget: ConfigMapBody | None
+    foreign_gpu_pods: tuple[PodBody, ...] = ()
+    """Bound, non-terminal pods that request ``nvidia.com/gpu`` and are not PowerFlow's
+    (no ``powerflow.io/job`` label): their GPUs are occupied."""
 
 
 class Kube:
-    """Thin wrapper over the ``kubernetes`` client for what the operator does."""
+    """Thin wrapper over the ``kubernetes`` client for what the operator does.
+
+    Reads are paginated LISTs filtered by the API server (label and field
+    selectors). Foreign GPU pods come from one more LIST per pass (bound,
+    non-terminal pods without the ``powerflow.io/job`` label, GPU request
+    checked here: a field selector cannot see resources) rather than a
+    watch-fed cache of every pod: passes are rare (events that matter and the
+    scheduling interval), the server filters out the cluster's finished and
+    unbound pods and PowerFlow's own, and a cache of all pods would cost the
+    operator memory and a watch event for every pod change in the cluster.
+    """
 
     def __init__(self, api: kubernetes.client.ApiClient, namespace: str | None) -> None:
         self.api = api
@@ -97,44 +153,52 @@ class Kube:
 
     # -- reads ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call without the client's model (de)serialisation: plain JSON in and out.
+    _json = staticmethod(call_json)
 
-        ``_preload_content=False`` skips building ``V1Pod`` objects from every
-        response only to turn them back into dicts: most of a pass's I/O time
-        on the client side. Non-2xx answers still raise ``ApiException``.
+    def _list(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """All items of a LIST, page by page (``limit``/``continue``).
+
+        A continue token the server has forgotten (410) fails the pass, and the
+        loop retries it a second later from the first page.
         """
-        response = call(*args, _preload_content=False, **kwargs)
-        try:
-            data = response.data
-        finally:
-            response.release_conn()
-        return json.loads(data) if data else None
+        items: list[Any] = []
+        token: str | None = None
+        while True:
+            page = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
+            raw = self._json(call, *args, **kwargs, **page) or {}
+            items.extend(raw.get("items") or [])
+            token = (raw.get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
     def _jobs(self) -> list[DLJobBody]:
         args = (contract.GROUP, contract.VERSION)
         if self.namespace:
-            raw = self._json(
+            return self._list(
                 self.custom.list_namespaced_custom_object, *args, self.namespace, contract.PLURAL
             )
-        else:
-            raw = self._json(self.custom.list_cluster_custom_object, *args, contract.PLURAL)
-        items: list[DLJobBody] = raw.get("items") or []
-        return items
+        return self._list(self.custom.list_cluster_custom_object, *args, contract.PLURAL)
 
-    def _pods(self) -> list[PodBody]:
-        selector = contract.JOB_LABEL
+    def _pods(self, label_selector: str, field_selector: str | None = None) -> list[PodBody]:
+        kwargs = {"label_selector": label_selector}
+        if field_selector:
+            kwargs["field_selector"] = field_selector
         if self.namespace:
-            raw = self._json(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
-        else:
-            raw = self._json(self.core.list_pod_for_all_namespaces, label_selector=selector)
-        items: list[PodBody] = raw.get("items") or []
-        return items
+            return self._list(self.core.list_namespaced_pod, self.namespace, **kwargs)
+        return self._list(self.core.list_pod_for_all_namespaces, **kwargs)
+
+    def _foreign_gpu_pods(self) -> list[PodBody]:
+        """Everyone's GPU pods but PowerFlow's, in every namespace (GPUs are cluster-wide)."""
+        selector = f"spec.nodeName!=,{NON_TERMINAL}"
+        pods = self._list(
+            self.core.list_pod_for_all_namespaces,
+            label_selector=f"!{contract.JOB_LABEL}",
+            field_selector=selector,
+        )
+        return [p for p in pods if requests_gpus(p)]
 
     def _nodes(self) -> list[NodeBody]:
-        items: list[NodeBody] = self._json(self.core.list_node).get("items") or []
-        return items
+        return self._list(self.core.list_node)
 
     def _budget(self, namespace: str, name: str) -> ConfigMapBody | None:
         try:
@@ -146,12 +210,13 @@ class Kube:
         return cm
 
     async def read(self, budget_namespace: str, budget_name: str) -> ClusterState:
-        """The four lists at once, each in a worker thread (the client is synchronous)."""
-        jobs_raw, pods_raw, nodes, cm = await asyncio.gather(
+        """The lists at once, each in a worker thread (the client is synchronous)."""
+        jobs_raw, pods_raw, nodes, cm, foreign = await asyncio.gather(
             asyncio.to_thread(self._jobs),
-            asyncio.to_thread(self._pods),
+            asyncio.to_thread(self._pods, contract.JOB_LABEL),
             asyncio.to_thread(self._nodes),
             asyncio.to_thread(self._budget, budget_namespace, budget_name),
+            asyncio.to_thread(self._foreign_gpu_pods),
         )
         pods: dict[tuple[str, str], list[PodBody]] = defaultdict(list)
         for pod in pods_raw:
@@ -163,7 +228,7 @@ class Kube:
             meta = body.get("metadata", {})
             key = (meta.get("namespace", ""), meta.get("name", ""))
             jobs.append(Observed(body, tuple(pods.get(key, ()))))
-        return ClusterState(tuple(jobs), tuple(nodes), cm)
+        return ClusterState(tuple(jobs), tuple(nodes), cm, tuple(foreign))
 
     # -- writes --------------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 ModelFactory = Callable[[JobRequest], PerfModel]
 TERMINAL_REASONS = ("Completed", "RestartLimitExceeded")
 DEFAULT_PROFILING_WINDOW_S = 240.0
+DEFAULT_PROGRESS_INTERVAL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -696,8 +697,16 @@ def _account_all(
     gpn: int,
     now_s: float,
     anchors: Mapping[str, float],
+    interval_s: float = 0.0,
+    written: Mapping[str, float] | None = None,
 ) -> None:
-    """Progress and energy of every job holding GPUs (see ``progress``)."""
+    """Progress and energy of every job holding GPUs (see ``progress``).
+
+    Written at most every ``interval_s`` per job (``written``: when it last
+    was), unless the job's status changes anyway or its spec did: an idle
+    cluster then rests. A skipped write keeps the job's old anchor, so the
+    iterations not written are counted at the next write.
+    """
     jobs = []
     for v, jp in held:
         assert v.req is not None
@@ -719,6 +728,13 @@ def _account_all(
     accounts = account(jobs, gpn, now_s, anchors)
     for (v, _), job, acc in zip(held, jobs, accounts, strict=True):
         if acc is None:
+            continue
+        last = (written or {}).get(v.key)
+        spec_seen = v.status.get("observedGeneration") == int(v.meta.get("generation", 1))
+        recent = last is not None and now_s - last < interval_s
+        if recent and spec_seen and not merge_diff(v.status, v.new):  # no write now
+            if acc.anchor_s is not None:
+                actions.anchors[v.key] = anchors.get(v.key, acc.anchor_s)
             continue
         total = job.iterations_total
         v.new["progress"] = {
@@ -828,14 +844,18 @@ def reconcile(
     profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S,
     requests: RequestCache | None = None,
     refused: Mapping[str, Sequence[Refusal]] | None = None,
+    progress_interval_s: float = 0.0,
+    progress_written: Mapping[str, float] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
     ``anchors`` are the previous pass's ``Actions.anchors``; ``requests``
     memoises DLJob parsing across passes; ``refused`` are the previous pass's
     refused writes by job key (``Kube.apply``'s answer, see ``refusals``).
-    Each job's steps run under a ``_Guard``: one job's failure never stops the
-    others.
+    Progress and energy are written at most every ``progress_interval_s`` per
+    job; ``progress_written`` says when each job's were last written (see
+    ``_account_all``). Each job's steps run under a ``_Guard``: one job's
+    failure never stops the others.
     """
     actions = Actions()
     guard = _Guard(actions, now_s)
@@ -873,12 +893,15 @@ def reconcile(
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
             held = [(v, jp) for v, jp in held if v.key not in guard.failed]
+            rate = (progress_interval_s, progress_written)
             try:  # batched (one model call per model); on a failure, job by job
-                _account_all(actions, held, job_models, gpn, now_s, anchors or {})
+                _account_all(actions, held, job_models, gpn, now_s, anchors or {}, *rate)
             except Exception:  # the guard below names the job at fault
                 for v, jp in held:
                     one = [(v, jp)]
-                    guard.run(v, _account_one, actions, one, job_models, gpn, now_s, anchors or {})
+                    guard.run(
+                        v, _account_one, actions, one, job_models, gpn, now_s, anchors or {}, *rate
+                    )
     for v in views:
         if not guard.run(v, _finish, actions, v, v.key not in guard.failed, now_s) and v.new:
             actions.status.append((v.ns, v.name, {"conditions": v.new["conditions"]}))

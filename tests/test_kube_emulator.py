@@ -139,6 +139,69 @@ async def test_list_selectors_and_version(api: httpx.AsyncClient) -> None:
     assert int(listed["metadata"]["resourceVersion"]) >= last
 
 
+async def test_field_selector_on_unset_field_reads_empty(api: httpx.AsyncClient) -> None:
+    """Field sets hold every selectable field, unset ones as "" (pods' ``spec.nodeName``
+    before binding): ``spec.nodeName!=`` lists bound pods only, ``=`` unbound ones."""
+    await api.post(PODS, json=pod("unbound"))
+    bound = pod("bound")
+    bound["spec"]["nodeName"] = "n1"
+    await api.post(PODS, json=bound)
+    selected = (await api.get(PODS, params={"fieldSelector": "spec.nodeName!="})).json()
+    assert [o["metadata"]["name"] for o in selected["items"]] == ["bound"]
+    unset = (await api.get(PODS, params={"fieldSelector": "spec.nodeName="})).json()
+    assert [o["metadata"]["name"] for o in unset["items"]] == ["unbound"]
+    phase = (await api.get(PODS, params={"fieldSelector": "status.phase!=Failed"})).json()
+    assert len(phase["items"]) == 2
+
+
+async def test_list_pages_with_limit_and_continue(api: httpx.AsyncClient) -> None:
+    """A limited LIST answers in key order with ``metadata.continue`` while items remain,
+    and ``remainingItemCount`` when no selector hides the total; the continued pages come
+    from the first page's snapshot (same ``resourceVersion``, later writes not in it)."""
+    for name in ("e", "b", "d", "a", "c"):
+        await api.post(PODS, json=pod(name, role="w"))
+    first = (await api.get(PODS, params={"limit": "2"})).json()
+    assert [o["metadata"]["name"] for o in first["items"]] == ["a", "b"]
+    assert first["metadata"]["remainingItemCount"] == 3
+    await api.post(PODS, json=pod("f"))  # after the snapshot: not in its pages
+    names, meta = [], first["metadata"]
+    while meta.get("continue"):
+        page = (await api.get(PODS, params={"limit": "2", "continue": meta["continue"]})).json()
+        names += [o["metadata"]["name"] for o in page["items"]]
+        assert page["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+        meta = page["metadata"]
+    assert names == ["c", "d", "e"]
+    assert "remainingItemCount" not in meta
+    selected = (await api.get(PODS, params={"limit": "2", "labelSelector": "role=w"})).json()
+    assert selected["metadata"]["continue"] and "remainingItemCount" not in selected["metadata"]
+    whole = (await api.get(PODS, params={"limit": "10"})).json()
+    assert len(whole["items"]) == 6 and "continue" not in whole["metadata"]
+    gone = await api.get(PODS, params={"limit": "2", "continue": "not-a-token"})
+    assert gone.status_code == 410
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+
+
+async def test_lease_create_get_and_optimistic_put(api: httpx.AsyncClient) -> None:
+    """Leases (coordination.k8s.io/v1) as leader election uses them: create once (409
+    AlreadyExists after), get, PUT with the read ``resourceVersion``; a PUT with a
+    stale one is 409 Conflict and changes nothing."""
+    lease = {"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}
+    created = await api.post(LEASES, json=lease)
+    assert created.status_code == 201
+    again = await api.post(LEASES, json=lease)
+    assert (again.status_code, again.json()["reason"]) == (409, "AlreadyExists")
+    read = (await api.get(f"{LEASES}/l")).json()
+    assert read["spec"] == {"holderIdentity": "a"}
+    mine = {**read, "spec": {"holderIdentity": "b", "leaseTransitions": 1}}
+    assert (await api.put(f"{LEASES}/l", json=mine)).status_code == 200
+    stale = {**read, "spec": {"holderIdentity": "c"}}
+    conflict = await api.put(f"{LEASES}/l", json=stale)
+    assert (conflict.status_code, conflict.json()["reason"]) == (409, "Conflict")
+    assert (await api.get(f"{LEASES}/l")).json()["spec"]["holderIdentity"] == "b"
+
+
 async def _watch(api: httpx.AsyncClient, n: int, **params: str) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     async with api.stream("GET", PODS, params={"watch": "true", **params}) as resp:

@@ -1,73 +1,59 @@
-"""``powerflow operator``: options -> kopf's settings (peering by default), and the
-peering CRDs it relies on."""
+"""``powerflow operator``: options -> kopf's settings (always standalone: the Lease, not
+kopf's peering, decides who acts) and the leader-election settings."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any
 
-import kubernetes_validate
 import pytest
-import yaml
-from kopf._cogs.structs import references
 
+from powerflow.cli import build_parser
 from powerflow.commands import operator as command
 from powerflow.errors import PowerFlowError
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    command.register(parser.add_subparsers())
-    return parser.parse_args(["operator", *argv])
+    return build_parser().parse_args(["operator", *argv])
 
 
-def docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def test_peering_is_the_default() -> None:
-    options = command.kopf_options(parse())
-    assert options["standalone"] is False
-    assert options["peering_name"] == command.PEERING_NAME
-    assert options["clusterwide"] is True and options["namespaces"] == []
-
-
-def test_standalone_and_namespaced() -> None:
-    options = command.kopf_options(parse("--standalone", "--namespace", "ml"))
+def test_leader_election_is_the_default_and_kopf_standalone() -> None:
+    args = parse()
+    options = command.kopf_options(args)
     assert options["standalone"] is True and "peering_name" not in options
+    assert options["clusterwide"] is True and options["namespaces"] == []
+    assert command.leader_election(args)
+    assert (args.lease_namespace, args.lease_name) == ("powerflow-system", "powerflow-operator")
+    assert args.lease_duration == 15
+
+
+@pytest.mark.parametrize("flag", ["--no-leader-election", "--standalone"])
+def test_leader_election_off(flag: str) -> None:
+    assert not command.leader_election(parse(flag))
+
+
+def test_liveness_can_be_turned_off() -> None:
+    assert command.kopf_options(parse())["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
+    assert command.kopf_options(parse("--liveness", ""))["liveness_endpoint"] is None
+
+
+def test_namespaced() -> None:
+    options = command.kopf_options(parse("--namespace", "ml"))
     assert options["clusterwide"] is False and options["namespaces"] == ["ml"]
 
 
+def test_peering_options_are_gone() -> None:
+    with pytest.raises(SystemExit):
+        parse("--peering", "powerflow")
+
+
 def test_settings_reach_the_controller_config() -> None:
-    args = parse("--profiling-window", "0.3", "--debounce", "0")
-    assert (args.profiling_window, args.debounce) == (0.3, 0.0)
-    with pytest.raises(PowerFlowError):
-        command.kopf_options(parse("--profiling-window", "-1"))
-
-
-def test_peering_crds_are_valid_and_what_kopf_watches() -> None:
-    crds = docs(ROOT / "crds" / "kopf-peering.yaml")
-    for crd in crds:
-        kubernetes_validate.validate(crd, kubernetes_validate.latest_version(), strict=True)
-    served = {
-        (crd["spec"]["group"], crd["spec"]["names"]["plural"], crd["spec"]["scope"]) for crd in crds
-    }
-    cluster, namespaced = references.CLUSTER_PEERINGS_K, references.NAMESPACED_PEERINGS_K
-    assert served == {
-        (cluster.group, cluster.any_name, "Cluster"),
-        (namespaced.group, namespaced.any_name, "Namespaced"),
-    }
-
-
-def test_peering_objects_match_the_default_name() -> None:
-    crds = {d["spec"]["names"]["kind"]: d for d in docs(ROOT / "crds" / "kopf-peering.yaml")}
-    objects = docs(ROOT / "examples" / "kopf-peering.yaml")
-    assert {o["kind"] for o in objects} == set(crds)
-    for obj in objects:
-        crd = crds[obj["kind"]]
-        assert obj["apiVersion"] == f"{crd['spec']['group']}/v1"
-        assert obj["metadata"]["name"] == command.PEERING_NAME
-        assert ("namespace" in obj["metadata"]) == (crd["spec"]["scope"] == "Namespaced")
+    args = parse("--profiling-window", "0.3", "--debounce", "0", "--progress-interval", "5")
+    assert (args.profiling_window, args.debounce, args.progress_interval) == (0.3, 0.0, 5.0)
+    for bad in (
+        ("--profiling-window", "-1"),
+        ("--progress-interval", "-1"),
+        ("--lease-duration", "0"),
+        ("--metrics-port", "70000"),
+    ):
+        with pytest.raises(PowerFlowError):
+            command.kopf_options(parse(*bad))

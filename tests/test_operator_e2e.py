@@ -1,94 +1,41 @@
-"""The operator against the emulated API server over real HTTP, run in its own thread."""
+"""The operator against the emulated API server over real HTTP, run in its own thread.
+
+Started as ``powerflow operator --kubeconfig FILE`` starts it (``serve``), with a
+test policy and synthetic models through ``serve``'s seams."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from powerflow.operator.controller import OperatorConfig
-from powerflow.operator.jobs import JobRequest
+from operator_cases import (
+    BUDGET,
+    JOBS,
+    MERGE,
+    NS,
+    PODS,
+    ThresholdPolicy,
+    dljob,
+    eventually,
+    models,
+    pods_of,
+    seed,
+    start_workers,
+    status_of,
+)
 from powerflow.operator.timefmt import parse_time
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import OperatorThread
+from support.operator_harness import Operator, operator_args, write_kubeconfig
 
 from powerflow import contract
-from powerflow.policy.snapshot import JobPlan, Plan, Policy, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
+from powerflow.policy.snapshot import Plan, Policy, Snapshot
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
-
-NS = "ml"
-JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/{contract.PLURAL}"
-PODS = f"/api/v1/namespaces/{NS}/pods"
-BUDGET = f"/api/v1/namespaces/powerflow-system/configmaps/{contract.BUDGET_CONFIGMAP}"
-MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-class ThresholdPolicy:
-    """Test policy: requested GPUs (first come) at 1410 MHz when the limit is
-    at least 1 kW, otherwise min GPUs at 1005 MHz. Enough to see the operator
-    follow a plan; the real policy is tested in the core."""
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        limit = snapshot.budget.limit_watts
-        generous = limit is None or limit >= 1000
-        free = sum(n.gpus for n in snapshot.nodes)
-        plans = []
-        for job in snapshot.jobs:
-            want = job.requested_gpus if generous else job.min_gpus
-            n = want if want <= free else 0
-            free -= n
-            bs = -(-job.global_batch_size // n) if n else 0
-            plans.append(JobPlan(job.id, n, 1410 if generous else 1005, bs))
-        return Plan(tuple(plans), limit_watts=limit or 1e9, predicted_watts=100.0 * len(plans))
-
-
-def models(job: JobRequest) -> SyntheticModel:
-    return SyntheticModel()
-
-
-def dljob(name: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "globalBatchSize": 64,
-            "iterations": 1000,
-            "gpus": {"requested": 4, "min": 2, "max": 4},
-            "restart": {"limit": 1, "backoffSeconds": 0},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "pytorch",
-                            "env": [{"name": "A", "value": "1"}],
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    body["spec"].update(spec)
-    return body
-
-
-def node(name: str, gpus: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-40GB"},
-        },
-        "status": {"allocatable": {contract.GPU_RESOURCE: str(gpus)}},
-    }
 
 
 @pytest.fixture
@@ -96,40 +43,22 @@ async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     kmock.load_builtins()
     kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
     async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
-        for name in ("n1", "n2"):
-            assert (await client.post("/api/v1/nodes", json=node(name, 4))).status_code == 201
-        cm = {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": {"powerLimitWatts": "5000"}}
-        await client.post("/api/v1/namespaces/powerflow-system/configmaps", json=cm)
+        await seed(client)
         yield client
 
 
+@pytest.fixture
+def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
+    return write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url))
+
+
 def operator(
-    kmock: KubeEmulator, policy: Policy | None = None, window_s: float = 0.3
-) -> OperatorThread:
-    config = OperatorConfig(debounce_s=0.02, profiling_window_s=window_s)
-    return OperatorThread(str(kmock.url), policy or ThresholdPolicy(), models, config)
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout} s: {check.__name__}")
-        await asyncio.sleep(0.02)
-
-
-async def pods_of(api: httpx.AsyncClient, job: str) -> list[dict[str, Any]]:
-    params = {"labelSelector": f"{contract.JOB_LABEL}={job}"}
-    items: list[dict[str, Any]] = (await api.get(PODS, params=params)).json()["items"]
-    return sorted(items, key=lambda p: p["metadata"]["name"])
-
-
-async def status_of(api: httpx.AsyncClient, job: str) -> dict[str, Any]:
-    status: dict[str, Any] = (await api.get(f"{JOBS}/{job}")).json().get("status", {})
-    return status
+    kubeconfig: Path, policy: Policy | None = None, window_s: float = 0.3, *options: str
+) -> Operator:
+    args = operator_args(
+        kubeconfig, "--debounce", "0.02", "--profiling-window", str(window_s), *options
+    )
+    return Operator(args, policy or ThresholdPolicy(), models)
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
@@ -137,10 +66,8 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container["env"]}
 
 
-async def test_dljob_gets_worker_pods_and_status(
-    kmock: KubeEmulator, api: httpx.AsyncClient
-) -> None:
-    async with operator(kmock):
+async def test_dljob_gets_worker_pods_and_status(kubeconfig: Path, api: httpx.AsyncClient) -> None:
+    async with operator(kubeconfig):
         created = time.monotonic()
         await api.post(JOBS, json=dljob("resnet"))
 
@@ -185,8 +112,8 @@ async def test_dljob_gets_worker_pods_and_status(
         assert any(e.get("reason") == "Profiling" for e in events)
 
 
-async def test_budget_change_reallocates(kmock: KubeEmulator, api: httpx.AsyncClient) -> None:
-    async with operator(kmock):
+async def test_budget_change_reallocates(kubeconfig: Path, api: httpx.AsyncClient) -> None:
+    async with operator(kubeconfig):
         await api.post(JOBS, json=dljob("gpt"))
 
         async def gen(g: int, n: int) -> bool:
@@ -215,9 +142,9 @@ async def test_budget_change_reallocates(kmock: KubeEmulator, api: httpx.AsyncCl
 
 
 async def test_malformed_dljob_gets_condition_others_served(
-    kmock: KubeEmulator, api: httpx.AsyncClient
+    kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
-    async with operator(kmock):
+    async with operator(kubeconfig):
         bad = dljob("bad", gpus={"requested": 4, "min": 8, "max": 8})
         await api.post(JOBS, json=bad)
         await api.post(JOBS, json=dljob("good"))
@@ -240,9 +167,9 @@ async def test_malformed_dljob_gets_condition_others_served(
 
 
 async def test_restart_adopts_pods_without_duplicates(
-    kmock: KubeEmulator, api: httpx.AsyncClient
+    kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
-    async with operator(kmock):
+    async with operator(kubeconfig):
         await api.post(JOBS, json=dljob("job"))
 
         async def four() -> list[dict[str, Any]]:
@@ -252,12 +179,12 @@ async def test_restart_adopts_pods_without_duplicates(
         before = await eventually(four)
     # While no operator runs, a worker pod disappears.
     await api.delete(f"{PODS}/job-g1-w3")
-    async with operator(kmock) as second:
+    async with operator(kubeconfig) as second:
         after = await eventually(four)
         # An idle operator makes no passes; poke the DLJob (a label change is an
         # event) so that later passes look at the restored gang again.
         for poke in ("1", "2"):
-            passes = second.controller.passes if second.controller else 0
+            passes = second.passes
             label = {"metadata": {"labels": {"poke": poke}}}
             assert (await api.patch(f"{JOBS}/job", json=label, headers=MERGE)).is_success
             await eventually(lambda n=passes: _passes_beyond(second, n))
@@ -269,14 +196,12 @@ async def test_restart_adopts_pods_without_duplicates(
     assert len(again) == 4
 
 
-async def _passes_beyond(op: OperatorThread, n: int) -> bool:
-    return op.controller is not None and op.controller.passes > n
+async def _passes_beyond(op: Operator, n: int) -> bool:
+    return op.passes > n
 
 
-async def test_worker_failure_restarts_then_fails(
-    kmock: KubeEmulator, api: httpx.AsyncClient
-) -> None:
-    async with operator(kmock):
+async def test_worker_failure_restarts_then_fails(kubeconfig: Path, api: httpx.AsyncClient) -> None:
+    async with operator(kubeconfig):
         await api.post(JOBS, json=dljob("flaky"))
 
         async def gen(g: int) -> bool:
@@ -303,10 +228,12 @@ async def _no_pods(api: httpx.AsyncClient, job: str) -> bool:
     return await pods_of(api, job) == []
 
 
-async def test_completion_by_reported_iterations(
-    kmock: KubeEmulator, api: httpx.AsyncClient
-) -> None:
-    async with operator(kmock):
+async def test_completion_by_reported_iterations(kubeconfig: Path, api: httpx.AsyncClient) -> None:
+    # A progress annotation is not a scheduling event (it changes all the time); the
+    # periodic pass at the budget's schedulingIntervalSeconds reads it.
+    interval = {"data": {"schedulingIntervalSeconds": "0.5"}}
+    assert (await api.patch(BUDGET, json=interval, headers=MERGE)).is_success
+    async with operator(kubeconfig):
         await api.post(JOBS, json=dljob("done", iterations=50))
 
         async def four() -> bool:
@@ -325,8 +252,8 @@ async def test_completion_by_reported_iterations(
         await eventually(lambda: _no_pods(api, "done"))
 
 
-async def test_deleting_dljob_removes_its_pods(kmock: KubeEmulator, api: httpx.AsyncClient) -> None:
-    async with operator(kmock):
+async def test_deleting_dljob_removes_its_pods(kubeconfig: Path, api: httpx.AsyncClient) -> None:
+    async with operator(kubeconfig):
         await api.post(JOBS, json=dljob("gone"))
 
         async def four() -> bool:
@@ -350,21 +277,9 @@ class RecordingPolicy(ThresholdPolicy):
         return super().plan(snapshot)
 
 
-async def _start_workers(api: httpx.AsyncClient, pods: list[dict[str, Any]], node: str) -> None:
-    """What the extender (placement at bind) and the kubelet (phase) would write."""
-    block = [[node, i] for i in range(len(pods))]
-    placement = json.dumps({"node": node, "block": block})
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        meta = {"metadata": {"annotations": {contract.PLACEMENT_ANNOTATION: placement}}}
-        assert (await api.patch(f"{PODS}/{name}", json=meta, headers=MERGE)).is_success
-        running = {"status": {"phase": "Running"}}
-        assert (await api.patch(f"{PODS}/{name}/status", json=running, headers=MERGE)).is_success
-
-
-async def test_profiling_pins_then_runs(kmock: KubeEmulator, api: httpx.AsyncClient) -> None:
+async def test_profiling_pins_then_runs(kubeconfig: Path, api: httpx.AsyncClient) -> None:
     policy = RecordingPolicy()
-    async with operator(kmock, policy, window_s=0.3):
+    async with operator(kubeconfig, policy, window_s=0.3):
         await api.post(JOBS, json=dljob("prof"))
 
         async def gen(g: int, n: int) -> list[dict[str, Any]]:
@@ -379,7 +294,7 @@ async def test_profiling_pins_then_runs(kmock: KubeEmulator, api: httpx.AsyncCli
         pods = await eventually(lambda: gen(1, 4))
         status = await eventually(lambda: phase("Profiling"))
         assert "profilingUntil" not in status["allocation"]  # waits for the workers to run
-        await _start_workers(api, pods, "n1")
+        await start_workers(api, pods, "n1")
 
         async def window() -> dict[str, Any]:
             status = await status_of(api, "prof")
@@ -427,10 +342,10 @@ async def _condition(api: httpx.AsyncClient, job: str, type_: str) -> dict[str, 
 
 
 async def test_refused_pods_are_reported_on_their_job_which_backs_off(
-    kmock: KubeEmulator, api: httpx.AsyncClient
+    kmock: KubeEmulator, kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
     rule = kmock.refuse("create", "pods", "bad-*", message=POD_SECURITY.format(name="bad-g1-w0"))
-    async with operator(kmock) as op:
+    async with operator(kubeconfig) as op:
         await api.post(JOBS, json=dljob("bad"))
         await api.post(JOBS, json=dljob("good"))
 
@@ -461,7 +376,7 @@ async def test_refused_pods_are_reported_on_their_job_which_backs_off(
         attempts = rule.hits
         assert attempts == 4  # one pass, the four workers of one gang
         for poke in ("1", "2", "3"):
-            passes = op.controller.passes if op.controller else 0
+            passes = op.passes
             label = {"metadata": {"labels": {"poke": poke}}}
             assert (await api.patch(f"{JOBS}/good", json=label, headers=MERGE)).is_success
             await eventually(lambda n=passes: _passes_beyond(op, n))
@@ -470,14 +385,14 @@ async def test_refused_pods_are_reported_on_their_job_which_backs_off(
 
 
 async def test_a_service_name_taken_by_someone_else_is_an_error_on_the_job(
-    kmock: KubeEmulator, api: httpx.AsyncClient
+    kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
     foreign = {
         "metadata": {"name": "taken"},
         "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
     }
     assert (await api.post(f"/api/v1/namespaces/{NS}/services", json=foreign)).is_success
-    async with operator(kmock):
+    async with operator(kubeconfig):
         await api.post(JOBS, json=dljob("taken"))
         await api.post(JOBS, json=dljob("good"))
 

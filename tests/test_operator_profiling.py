@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -190,3 +191,55 @@ def test_pending_workers_neither_progress_nor_draw_power() -> None:
     assert patch["energy"]["watts"] == 0.0
     assert "iterations" not in patch.get("progress", {})  # still 5
     assert actions.anchors == {}
+
+
+def merged(doc: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch applied (RFC 7386), as the API server does with status patches."""
+    out = dict(doc)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_progress_writes_are_rate_limited_without_losing_iterations() -> None:
+    """With ``progress_interval_s``, a job whose status does not otherwise change gets
+    progress written at most once per interval; the passes in between keep the anchor,
+    so the next write counts every whole iteration since the last one."""
+    status: dict[str, Any] = {
+        "phase": "Running",
+        "observedGeneration": 1,
+        "allocation": allocation(),
+        "model": {"profiledGpuCounts": [4]},
+        "progress": {"iterations": 0},
+        "energy": {"joules": 0.0},
+    }
+    t = float(MODEL.step_time_s(4, 4, 64, 1410))
+    interval = 5 * t
+    pods = running_pods()
+    anchors: dict[str, float] = {}
+    written: dict[str, float] = {}
+    start = now = 1000.0
+    write_times = []
+    for _ in range(41):  # passes every 0.4 step times
+        actions, patch = one_pass(
+            Observed(body(status), pods),
+            now,
+            anchors=anchors,
+            progress_interval_s=interval,
+            progress_written=written,
+        )
+        anchors = actions.anchors
+        if "progress" in patch:
+            written["ml/job"] = now
+            write_times.append(now)
+        status = merged(status, patch)
+        now += 0.4 * t
+    gaps = [b - a for a, b in itertools.pairwise(write_times)]
+    assert len(write_times) == 4 and all(g >= interval - 1e-9 for g in gaps)
+    last = write_times[-1]
+    assert status["progress"]["iterations"] == int((last - start) / t + 1e-9)

@@ -2,11 +2,23 @@
 
 Watches DLJobs, their worker pods, Nodes and the budget ConfigMap, and runs
 one allocation loop for the cluster. Cluster-wide unless ``--namespace``.
-Peering by default: run one replica, with kopf's peering CRDs
-(crds/kopf-peering.yaml) and the peering object ``powerflow``
-(examples/kopf-peering.yaml); a second replica of the same priority pauses
-both, so roll out with the Recreate strategy. ``--standalone`` runs without
-peering. Liveness on ``--liveness``, Prometheus metrics on ``--metrics-port``.
+
+Connection: ``--kubeconfig FILE``; without it the pod's service account when
+running in a pod, else ``$KUBECONFIG``, else ``~/.kube/config``. kopf and the
+allocation loop use that same configuration. No usable configuration: one
+line on stderr saying why, exit code 2.
+
+Replicas: leader election on the Lease ``--lease-name`` in
+``--lease-namespace`` (default ``powerflow-system/powerflow-operator``; needs
+get, create and update on ``leases`` there). Only the leader runs allocation
+passes; another replica waits and takes over when the leader's Lease
+expires (``--lease-duration``, default 15 s) or at once when the leader
+shuts down cleanly. kopf runs standalone: no peering objects are needed.
+``--no-leader-election`` (or ``--standalone``) for a single replica that must
+not touch Leases.
+
+Liveness on ``--liveness`` URL (empty: none), Prometheus metrics on
+``--metrics-port`` (0: any free port, logged).
 """
 
 from __future__ import annotations
@@ -14,12 +26,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from powerflow import contract
+from powerflow import __version__, contract
 from powerflow.errors import PowerFlowError
 
-PEERING_NAME = "powerflow"
+if TYPE_CHECKING:
+    from powerflow.operator.controller import Controller
+    from powerflow.operator.reconcile import ModelFactory
+    from powerflow.policy.snapshot import Policy
+
+LEASE_NAME = "powerflow-operator"
+LEASE_NAMESPACE = "powerflow-system"
 
 
 class OperatorConfigError(PowerFlowError):
@@ -33,20 +53,51 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig file (default: in a pod its service account, else $KUBECONFIG, "
+        "else ~/.kube/config)",
+    )
     p.add_argument("--namespace", help="watch DLJobs in this namespace only (default: all)")
     p.add_argument("--budget-namespace", default="powerflow-system")
     p.add_argument("--budget-configmap", default=contract.BUDGET_CONFIGMAP)
     p.add_argument(
-        "--peering",
-        default=PEERING_NAME,
-        help=f"kopf peering object name (default {PEERING_NAME})",
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="act only while holding the Lease (default: on)",
     )
-    p.add_argument("--priority", type=int, default=0, help="kopf peering priority (default 0)")
     p.add_argument(
-        "--standalone", action="store_true", help="no peering: nothing guards a second replica"
+        "--standalone",
+        action="store_true",
+        help="same as --no-leader-election: nothing guards a second replica",
     )
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz")
-    p.add_argument("--metrics-port", type=int, default=9090)
+    p.add_argument("--lease-name", default=LEASE_NAME, help=f"default {LEASE_NAME}")
+    p.add_argument("--lease-namespace", default=LEASE_NAMESPACE, help=f"default {LEASE_NAMESPACE}")
+    p.add_argument(
+        "--lease-duration",
+        type=int,
+        default=15,
+        metavar="SECONDS",
+        help="how long followers wait for a silent leader; the leader renews every "
+        "duration/7.5 s and steps down after 2/3 of it without renewal (default 15)",
+    )
+    p.add_argument(
+        "--leader-identity",
+        help="this replica's name in the Lease (default: hostname_random)",
+    )
+    p.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf's liveness endpoint URL; empty for none (default http://0.0.0.0:8080/healthz)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9090,
+        help="Prometheus metrics port; 0 for any free port (default 9090)",
+    )
     p.add_argument(
         "--debounce", type=float, default=0.02, help="seconds a burst of events is merged (0.02)"
     )
@@ -56,38 +107,65 @@ def register(subparsers: Any) -> None:
         default=240.0,
         help="seconds a job profiles a GPU count it never ran on; 0 turns profiling off (240)",
     )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="at most one progress/energy status write per job in this time (30)",
+    )
     p.set_defaults(func=run)
 
 
 def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of ``kopf.operator`` for these options."""
-    if args.debounce < 0 or args.profiling_window < 0:
-        raise OperatorConfigError("--debounce and --profiling-window must be >= 0")
-    options: dict[str, Any] = {
+    """The keyword arguments of ``kopf.operator`` for these options (always standalone:
+    the Lease, not kopf's peering, decides who acts)."""
+    if args.debounce < 0 or args.profiling_window < 0 or args.progress_interval < 0:
+        raise OperatorConfigError(
+            "--debounce, --profiling-window and --progress-interval must be >= 0"
+        )
+    if args.lease_duration < 1:
+        raise OperatorConfigError(f"--lease-duration must be >= 1 s, got {args.lease_duration}")
+    if not 0 <= args.metrics_port < 65536:
+        raise OperatorConfigError(f"--metrics-port {args.metrics_port} is not a TCP port")
+    return {
         "clusterwide": args.namespace is None,
         "namespaces": [args.namespace] if args.namespace else [],
-        "standalone": args.standalone,
-        "liveness_endpoint": args.liveness,
+        "standalone": True,
+        "liveness_endpoint": args.liveness or None,
     }
-    if not args.standalone:
-        options.update(peering_name=args.peering, priority=args.priority)
-    return options
 
 
-def _api_client() -> Any:
-    import kubernetes
-
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+def leader_election(args: argparse.Namespace) -> bool:
+    return bool(args.leader_election) and not args.standalone
 
 
-def run(args: argparse.Namespace) -> int:
+def serve(
+    args: argparse.Namespace,
+    *,
+    stop_flag: threading.Event | asyncio.Event | None = None,
+    ready_flag: threading.Event | asyncio.Event | None = None,
+    policy: Policy | None = None,
+    models: ModelFactory | None = None,
+    on_start: Callable[[Controller], None] | None = None,
+) -> int:
+    """Run the operator until ``stop_flag`` (or a signal): what ``run`` does, minus logging
+    setup, so that tests start exactly this.
+
+    Seams for tests, defaulting to the product's: ``policy`` and ``models``
+    (the plan and the performance models), ``on_start`` (called with the
+    controller once it runs). Raises ``PowerFlowError`` for unusable settings
+    before anything starts.
+    """
     import kopf
     from prometheus_client import start_http_server
 
+    from powerflow.operator.connection import (
+        api_client,
+        connection_info,
+        load_configuration,
+        resolve_source,
+    )
     from powerflow.operator.controller import (
         Controller,
         OperatorConfig,
@@ -96,24 +174,63 @@ def run(args: argparse.Namespace) -> int:
     )
     from powerflow.operator.handlers import build_registry
     from powerflow.operator.kube import Kube
+    from powerflow.operator.leader import LeaderElector, LeaseConfig, default_identity
     from powerflow.operator.metrics import Metrics
 
     options = kopf_options(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    metrics = Metrics()
-    start_http_server(args.metrics_port, registry=metrics.registry)
+    source = resolve_source(args.kubeconfig)
+    load_configuration(source)  # fail now, in one line, rather than in kopf's login retries
+    identity = args.leader_identity or default_identity()
+    user_agent = f"powerflow-operator/{__version__} ({identity})"
     config = OperatorConfig(
         namespace=args.namespace,
         budget_namespace=args.budget_namespace,
         budget_name=args.budget_configmap,
         debounce_s=args.debounce,
         profiling_window_s=args.profiling_window,
+        progress_interval_s=args.progress_interval,
     )
+    metrics = Metrics()
+    httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)
+    logging.getLogger(__name__).info("metrics on port %d", httpd.server_port)
+    apis: list[Any] = []
 
     def make() -> Controller:
-        kube = Kube(_api_client(), args.namespace)
-        return Controller(kube, config, default_policy(), prior_models(), metrics=metrics)
+        api = api_client(load_configuration(source), user_agent)
+        apis.append(api)
+        leader = None
+        if leader_election(args):
+            lease = LeaseConfig.scaled(
+                args.lease_namespace, args.lease_name, identity, args.lease_duration
+            )
+            leader = LeaderElector(api, lease)
+        controller = Controller(
+            Kube(api, args.namespace),
+            config,
+            policy or default_policy(),
+            models or prior_models(),
+            metrics=metrics,
+            leader=leader,
+        )
+        return controller
 
-    registry = build_registry(make, peering=not args.standalone)
-    asyncio.run(kopf.operator(registry=registry, **options))
+    def login() -> kopf.ConnectionInfo:
+        return connection_info(load_configuration(source))
+
+    registry = build_registry(make, config, login, on_ready=on_start)
+    try:
+        asyncio.run(
+            kopf.operator(registry=registry, stop_flag=stop_flag, ready_flag=ready_flag, **options)
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+        for api in apis:
+            api.close()
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return serve(args)

@@ -22,7 +22,12 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
 - ``generateName``; 409 ``AlreadyExists`` on create;
 - list with the current ``resourceVersion``; watch from ``?resourceVersion=``
   without replaying seen objects (410 when too old), atomically subscribed;
-  label and field selectors (equality and set-based) and ``timeoutSeconds``;
+  label and field selectors (equality and set-based; a field the object
+  lacks reads as ``""``, as the server's field sets do) and ``timeoutSeconds``;
+- paginated lists (``limit``/``continue``): pages in key order
+  (namespace/name) from one snapshot at the first page's
+  ``resourceVersion``, ``metadata.continue`` while more remain, and
+  ``remainingItemCount`` only without selectors; an unknown token is 410;
 - ``POST pods/{name}/binding``: sets ``spec.nodeName`` and copies the
   binding's annotations to the pod (as ``setPodHostAndAnnotations`` does),
   201, 409 if already bound;
@@ -149,19 +154,20 @@ def _field(obj: Obj, path: str) -> Any:
 
 
 class _Fields(Mapping[str, Any]):
-    """An object's fields addressed by dotted path, for field selectors."""
+    """An object's fields addressed by dotted path, for field selectors.
+
+    Every selectable field exists, unset ones as ``""`` (the API server's
+    field sets: ``spec.nodeName!=`` selects bound pods only)."""
 
     def __init__(self, obj: Obj) -> None:
         self._obj = obj
 
     def __getitem__(self, key: str) -> Any:
         value = _field(self._obj, key)
-        if value is None:
-            raise KeyError(key)
-        return value
+        return "" if value is None else value
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and _field(self._obj, key) is not None
+        return isinstance(key, str)
 
     def __iter__(self) -> Any:
         return iter(())
@@ -181,6 +187,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     )
     _results: dict[int, Any] = attrs.field(factory=dict, init=False)
     _refusals: list[Refusal] = attrs.field(factory=list, init=False)
+    _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
+    """Continue token -> (the list's resourceVersion, the items not yet sent)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -513,12 +521,28 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _serve_list(self, request: kmock.Request) -> Any:
         if request.resource not in self.resources and not self._select(request):
             raise k8s.KubernetesResourceNotFoundError()
-        async with self._lock:
-            items = [obj for _, obj in self._select(request)]
-            version = str(self._revision)
+        token = request.params.get("continue")
+        if token:
+            if token not in self._pages:
+                raise Gone("The provided continue parameter is too old or invalid")
+            version, items = self._pages.pop(token)
+        else:
+            async with self._lock:
+                found = sorted(self._select(request), key=lambda ko: (ko[0][1] or "", ko[0][2]))
+                items = [copy.deepcopy(obj) for _, obj in found]
+                version = str(self._revision)
+        meta: Obj = {"resourceVersion": version}
+        limit = int(request.params.get("limit") or 0)
+        if 0 < limit < len(items):
+            items, rest = items[:limit], items[limit:]
+            token = secrets.token_urlsafe(12)
+            self._pages[token] = (version, rest)
+            meta["continue"] = token
+            if not request.params.get("labelSelector") and not request.params.get("fieldSelector"):
+                meta["remainingItemCount"] = len(rest)
         info = self._info(request.resource)
         kind = f"{info.kind}List" if info is not None and info.kind else "List"
-        return {"kind": kind, "metadata": {"resourceVersion": version}, "items": items}
+        return {"kind": kind, "metadata": meta, "items": items}
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
         yield b""  # send the headers at once, as a real server does

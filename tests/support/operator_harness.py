@@ -1,4 +1,11 @@
-"""Run the PowerFlow operator against the emulator: its own thread and event loop.
+"""Run ``powerflow operator`` against the emulator as a user does, in a thread of its own.
+
+The operator is started through ``powerflow.commands.operator.serve``, the
+function ``powerflow operator`` runs, with arguments parsed by the real
+command-line parser and a kubeconfig file that points at the emulator: the
+operator logs in with its own login handler, as on a cluster. The only seams
+are ``serve``'s documented ones: a test policy and model factory, and the
+controller handed back once it runs (to count passes).
 
 kopf in pytest's loop costs seconds per test at teardown; in a thread with a
 stop flag it stops in milliseconds (TESTING.md).
@@ -6,58 +13,100 @@ stop flag it stops in milliseconds (TESTING.md).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import socket
 import threading
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import kopf
-import kubernetes
-from powerflow.operator.controller import Controller, OperatorConfig
-from powerflow.operator.handlers import build_registry
-from powerflow.operator.kube import Kube
-from powerflow.operator.reconcile import ModelFactory
+import yaml
 
-from powerflow.policy.snapshot import Policy
+from powerflow.cli import build_parser
+from powerflow.commands.operator import serve
+
+if TYPE_CHECKING:
+    from powerflow.operator.controller import Controller
+    from powerflow.operator.reconcile import ModelFactory
+
+    from powerflow.policy.snapshot import Policy
 
 
-class OperatorThread:
+def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:
+    """A kubeconfig with one cluster (plain HTTP, as the emulator serves) and one user."""
+    user = {"token": token} if token else {}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "user"}}],
+        "current-context": "emulator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def free_port() -> int:
+    """A port nothing listens on now (kopf's liveness URL cannot say "any port")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def operator_args(kubeconfig: Path, *options: str) -> argparse.Namespace:
+    """``powerflow operator --kubeconfig FILE OPTIONS``, with free ports for liveness and
+    metrics (several operators may run in one test)."""
+    argv = ["operator", "--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
+    argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", *options]
+    return build_parser().parse_args(argv)
+
+
+class Operator:
+    """``async with Operator(args):`` runs ``serve(args)`` until the block ends."""
+
     def __init__(
-        self, url: str, policy: Policy, models: ModelFactory, config: OperatorConfig
+        self,
+        args: argparse.Namespace,
+        policy: Policy | None = None,
+        models: ModelFactory | None = None,
+        *,
+        wait_for_pass: bool = True,
     ) -> None:
-        self.url = url
+        self.args = args
         self.policy = policy
         self.models = models
-        self.config = config
+        self.wait_for_pass = wait_for_pass
         self.controller: Controller | None = None
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
-        self._api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url))
 
-    def _make(self) -> Controller:
-        kube = Kube(self._api, self.config.namespace)
-        self.controller = Controller(kube, self.config, self.policy, self.models)
-        return self.controller
+    def _started(self, controller: Controller) -> None:
+        self.controller = controller
 
     def _main(self) -> None:
-        registry = build_registry(self._make)
-
-        @kopf.on.login(registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=self.url, insecure=True)
-
-        asyncio.run(
-            kopf.operator(
-                registry=registry,
-                clusterwide=True,
-                standalone=True,
+        try:
+            serve(
+                self.args,
                 stop_flag=self._stop,
                 ready_flag=self._ready,
+                policy=self.policy,
+                models=self.models,
+                on_start=self._started,
             )
-        )
+        except BaseException as exc:  # surfaced by __aenter__
+            self.error = exc
+            self._ready.set()
 
-    async def __aenter__(self) -> OperatorThread:
-        """Start, and return once the first allocation pass is done.
+    @property
+    def passes(self) -> int:
+        return 0 if self.controller is None else self.controller.passes
+
+    async def __aenter__(self) -> Operator:
+        """Start, and return once the first allocation pass is done (``wait_for_pass``).
 
         Waits in a worker thread: the emulator serves from the caller's loop,
         which must stay free while the operator talks to it.
@@ -65,13 +114,17 @@ class OperatorThread:
         self._thread.start()
         if not await asyncio.to_thread(self._ready.wait, 10):
             raise RuntimeError("operator did not start")
+        if self.error is not None:
+            raise RuntimeError(f"operator failed: {self.error!r}") from self.error
         for _ in range(500):
-            if self.controller is not None and self.controller.passes > 0:
+            if not self.wait_for_pass or self.passes > 0:
                 break
             await asyncio.sleep(0.01)
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def stop(self) -> None:
         self._stop.set()
         await asyncio.to_thread(self._thread.join, 10)
-        self._api.close()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,158 @@
+"""Shared pieces of the operator's tests against the emulator: paths, bodies, a test
+policy, and polling helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from powerflow.operator.jobs import JobRequest
+
+from powerflow import contract
+from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.policy.synthetic import SyntheticModel
+
+NS = "ml"
+JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/{contract.PLURAL}"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+BUDGET = f"/api/v1/namespaces/powerflow-system/configmaps/{contract.BUDGET_CONFIGMAP}"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+class ThresholdPolicy:
+    """Test policy: requested GPUs (first come) at 1410 MHz when the limit is
+    at least 1 kW, otherwise min GPUs at 1005 MHz. Enough to see the operator
+    follow a plan; the real policy is tested in the core."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        limit = snapshot.budget.limit_watts
+        generous = limit is None or limit >= 1000
+        free = sum(n.gpus for n in snapshot.nodes)
+        plans = []
+        for job in snapshot.jobs:
+            want = job.requested_gpus if generous else job.min_gpus
+            n = want if want <= free else 0
+            free -= n
+            bs = -(-job.global_batch_size // n) if n else 0
+            plans.append(JobPlan(job.id, n, 1410 if generous else 1005, bs))
+        return Plan(tuple(plans), limit_watts=limit or 1e9, predicted_watts=100.0 * len(plans))
+
+
+def models(job: JobRequest) -> SyntheticModel:
+    return SyntheticModel()
+
+
+def dljob(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "globalBatchSize": 64,
+            "iterations": 1000,
+            "gpus": {"requested": 4, "min": 2, "max": 4},
+            "restart": {"limit": 1, "backoffSeconds": 0},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "pytorch",
+                            "env": [{"name": "A", "value": "1"}],
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def node(name: str, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-40GB"},
+        },
+        "status": {"allocatable": {contract.GPU_RESOURCE: str(gpus)}},
+    }
+
+
+async def seed(client: httpx.AsyncClient) -> None:
+    """Two 4-GPU nodes and a 5 kW budget."""
+    for name in ("n1", "n2"):
+        assert (await client.post("/api/v1/nodes", json=node(name, 4))).status_code == 201
+    cm = {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": {"powerLimitWatts": "5000"}}
+    await client.post("/api/v1/namespaces/powerflow-system/configmaps", json=cm)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout} s: {check.__name__}")
+        await asyncio.sleep(0.02)
+
+
+async def pods_of(api: httpx.AsyncClient, job: str) -> list[dict[str, Any]]:
+    params = {"labelSelector": f"{contract.JOB_LABEL}={job}"}
+    items: list[dict[str, Any]] = (await api.get(PODS, params=params)).json()["items"]
+    return sorted(items, key=lambda p: p["metadata"]["name"])
+
+
+async def status_of(api: httpx.AsyncClient, job: str) -> dict[str, Any]:
+    status: dict[str, Any] = (await api.get(f"{JOBS}/{job}")).json().get("status", {})
+    return status
+
+
+async def start_workers(api: httpx.AsyncClient, pods: list[dict[str, Any]], node: str) -> None:
+    """What the extender (placement at bind) and the kubelet (phase) would write."""
+    block = [[node, i] for i in range(len(pods))]
+    placement = json.dumps({"node": node, "block": block})
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        meta = {"metadata": {"annotations": {contract.PLACEMENT_ANNOTATION: placement}}}
+        assert (await api.patch(f"{PODS}/{name}", json=meta, headers=MERGE)).is_success
+        running = {"status": {"phase": "Running"}}
+        assert (await api.patch(f"{PODS}/{name}/status", json=running, headers=MERGE)).is_success
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without anything that points at a cluster."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    env["HOME"] = "/nonexistent"  # no ~/.kube/config either
+    return env
+
+
+def header(request: Any, name: str) -> str | None:
+    for key, value in request.headers.items():
+        if key.lower() == name.lower():
+            return str(value)
+    return None
+
+
+async def start(*argv: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "powerflow",
+        "operator",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=clean_env(),
+    )

@@ -1,0 +1,235 @@
+"""Two replicas of ``powerflow operator`` on one API server: only the Lease holder acts.
+
+Each replica names itself with ``--leader-identity``, which is also in the
+User-Agent of its writes, so the emulator's request log tells who wrote what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import kubernetes
+import pytest
+from operator_cases import (
+    JOBS,
+    ThresholdPolicy,
+    dljob,
+    eventually,
+    header,
+    models,
+    pods_of,
+    seed,
+    start,
+)
+from powerflow.operator.connection import Source, load_configuration
+from powerflow.operator.leader import LeaderElector, LeaseConfig
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
+
+from powerflow import contract
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/powerflow-system/leases"
+LEASE = f"{LEASES}/powerflow-operator"
+WRITES = {kmock.method.POST, kmock.method.PATCH, kmock.method.PUT, kmock.method.DELETE}
+
+
+@pytest.fixture
+async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    kmock.load_builtins()
+    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
+        await seed(client)
+        yield client
+
+
+@pytest.fixture
+def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
+    return write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url))
+
+
+def replica(kubeconfig: Path, identity: str, *, wait_for_pass: bool = True) -> Operator:
+    args = operator_args(
+        kubeconfig, "--leader-identity", identity, "--lease-duration", "1", "--debounce", "0.02"
+    )
+    return Operator(args, ThresholdPolicy(), models, wait_for_pass=wait_for_pass)
+
+
+def writers(requests: list[Any]) -> list[str]:
+    """Who wrote, per write of the cluster's objects (the Lease itself excluded)."""
+    out = []
+    for r in requests:
+        agent = header(r, "User-Agent") or ""
+        ours = r.method in WRITES and agent.startswith("powerflow-operator/")
+        if ours and "/leases" not in r.url.path:
+            out.append(agent.split("(", 1)[1].rstrip(")"))
+    return out
+
+
+async def holder(api: httpx.AsyncClient) -> str:
+    spec: dict[str, Any] = (await api.get(LEASE)).json().get("spec", {})
+    return str(spec.get("holderIdentity", ""))
+
+
+async def test_only_the_leader_writes_and_a_successor_takes_over(
+    kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """The follower makes no pass and no write while the leader runs (several lease
+    durations); when the leader stops, it releases the Lease and the follower acts."""
+    async with replica(kubeconfig, "a") as a, replica(kubeconfig, "b", wait_for_pass=False) as b:
+        assert await holder(api) == "a"
+        await api.post(JOBS, json=dljob("one"))
+        await eventually(lambda: _n_pods(api, "one", 4))
+        await asyncio.sleep(2.5)  # > 2 lease durations: the leader keeps renewing
+        assert await holder(api) == "a"
+        assert b.passes == 0
+        assert set(writers(list(kmock))) == {"a"}
+        await a.stop()
+        handed_over = len(list(kmock))
+
+        async def b_leads() -> bool:
+            return await holder(api) == "b"
+
+        await eventually(b_leads)
+        await api.post(JOBS, json=dljob("two"))
+        await eventually(lambda: _n_pods(api, "two", 4))
+        assert b.passes > 0
+    assert set(writers(list(kmock)[handed_over:])) == {"b"}
+    spec = (await api.get(LEASE)).json()["spec"]
+    assert spec.get("holderIdentity", "") == ""  # b released it too
+    assert spec["leaseTransitions"] == 1
+
+
+async def test_killed_leader_is_replaced_after_the_lease_expires(
+    kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """A leader that dies without releasing (SIGKILL): the follower waits until the
+    record has not changed for the lease duration, then takes over and acts."""
+    proc = await start(
+        "--kubeconfig",
+        str(kubeconfig),
+        "--leader-identity",
+        "a",
+        "--lease-duration",
+        "2",
+        "--metrics-port",
+        "0",
+        "--liveness",
+        f"http://127.0.0.1:{free_port()}/healthz",
+    )
+    try:
+
+        async def a_leads() -> bool:
+            return (await api.get(LEASE)).is_success and await holder(api) == "a"
+
+        await eventually(a_leads, timeout=60)
+        args = operator_args(kubeconfig, "--leader-identity", "b", "--lease-duration", "2")
+        async with Operator(args, ThresholdPolicy(), models, wait_for_pass=False) as b:
+            await asyncio.sleep(1.0)
+            assert b.passes == 0
+            killed = time.time()
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            handed_over = len(list(kmock))
+
+            async def b_leads() -> bool:
+                return await holder(api) == "b"
+
+            await eventually(b_leads, timeout=10)
+            spec = (await api.get(LEASE)).json()["spec"]
+            acquired = datetime.datetime.fromisoformat(spec["acquireTime"]).timestamp()
+            # Not at the follower's next try (every 0.27 s) but once the record went
+            # unchanged for the lease duration (2 s after the leader's last renewal,
+            # at most one retry period before the kill).
+            assert acquired - killed >= 1.0
+            assert spec["leaseTransitions"] == 1
+            await api.post(JOBS, json=dljob("after"))
+            await eventually(lambda: _n_pods(api, "after", 4))
+        assert set(writers(list(kmock)[handed_over:])) == {"b"}
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_leader_steps_down_when_it_cannot_renew(
+    kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """Another holder took the Lease (e.g. after a network partition): the old leader's
+    renewals fail, and after the renew deadline it stops acting."""
+    async with replica(kubeconfig, "a") as a:
+        lease = (await api.get(LEASE)).json()
+        now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease["spec"] = {
+            "holderIdentity": "intruder",
+            "leaseDurationSeconds": 60,
+            "renewTime": now,
+            "acquireTime": now,
+        }
+        assert (await api.put(LEASE, json=lease)).is_success
+
+        async def stepped_down() -> bool:
+            return (
+                a.controller is not None
+                and a.controller.leader is not None
+                and (not a.controller.leader.is_leader)
+            )
+
+        await eventually(stepped_down, timeout=5)
+        passes = a.passes
+        await api.post(JOBS, json=dljob("orphan"))
+        await asyncio.sleep(1.0)
+        assert await pods_of(api, "orphan") == []
+        assert a.passes == passes
+        assert await holder(api) == "intruder"
+
+
+async def test_racing_candidates_elect_one_leader_at_a_time(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """Three candidates start together on a missing Lease: the create and the PUTs with
+    ``resourceVersion`` let exactly one win; cancelling it releases the Lease and one of
+    the others takes over (``leaseTransitions`` counts it)."""
+    client = kubernetes.client.ApiClient(load_configuration(Source(str(kubeconfig))))
+    electors = [
+        LeaderElector(client, LeaseConfig.scaled("powerflow-system", "race", name, 1))
+        for name in ("x", "y", "z")
+    ]
+    tasks = [asyncio.create_task(e.run()) for e in electors]
+    try:
+        for _ in range(15):  # 1.5 s: several retry periods
+            await asyncio.sleep(0.1)
+            assert sum(e.is_leader for e in electors) <= 1
+        (first,) = [e for e in electors if e.is_leader]
+        tasks[electors.index(first)].cancel()
+        await asyncio.gather(tasks[electors.index(first)], return_exceptions=True)
+        rest = [e for e in electors if e is not first]
+
+        async def successor() -> bool:
+            return sum(e.is_leader for e in rest) == 1
+
+        await eventually(successor, timeout=5)
+        spec = (await api.get(f"{LEASES}/race")).json()["spec"]
+        (second,) = [e for e in rest if e.is_leader]
+        assert spec["holderIdentity"] == second.config.identity
+        assert spec["leaseTransitions"] == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        client.close()
+    assert not any(e.is_leader for e in electors)
+    assert (await api.get(f"{LEASES}/race")).json()["spec"].get("holderIdentity", "") == ""
+
+
+async def _n_pods(api: httpx.AsyncClient, job: str, n: int) -> bool:
+    return len(await pods_of(api, job)) == n
