@@ -88,7 +88,7 @@ class Extender:
         if info is None:
             return filter_answer(args, candidates, {})
         answer = self.state.filter(info, candidates)
-        return filter_answer(args, answer.admitted, answer.failed)
+        return filter_answer(args, answer.admitted, answer.failed, answer.unresolvable)
 
     def prioritize(self, args: ExtenderArgs) -> bytes:
         """The ``HostPriorityList``'s JSON (``wire.PriorityWriter``: most entries are written
@@ -96,7 +96,7 @@ class Extender:
         PowerFlow does not place scores 0 everywhere: no preference at all."""
         candidates = args.candidate_names()
         info = self._powerflow_pod(args)
-        scores = {} if info is None else self.state.block_scores(info)
+        scores = {} if info is None else self.state.block_scores(info, candidates)
         return self._priorities.encode(candidates, scores)
 
     # -- bind ------------------------------------------------------------------------------

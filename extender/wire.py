@@ -144,17 +144,25 @@ def _node_name(node: Any) -> str:
 
 
 def filter_result(
-    args: ExtenderArgs, admitted: list[str], failed: dict[str, str]
+    args: ExtenderArgs,
+    admitted: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str] | None = None,
 ) -> ExtenderFilterResult:
     """Answer in the mode the scheduler asked in: names back for names, objects for objects."""
+    never = unresolvable or None
     if args.NodeNames is None and args.Nodes is not None:
         keep = set(admitted)
         items = [node for node in args.Nodes.items if _node_name(node) in keep]
         extra = args.Nodes.model_extra or {}
         return ExtenderFilterResult(
-            Nodes=NodeList(items=items, **extra), FailedNodes=failed or None
+            Nodes=NodeList(items=items, **extra),
+            FailedNodes=failed or None,
+            FailedAndUnresolvableNodes=never,
         )
-    return ExtenderFilterResult(NodeNames=admitted, FailedNodes=failed or None)
+    return ExtenderFilterResult(
+        NodeNames=admitted, FailedNodes=failed or None, FailedAndUnresolvableNodes=never
+    )
 
 
 def dump(model: BaseModel) -> dict[str, Any]:
@@ -262,7 +270,10 @@ def _bad_entries(values: list[Any], kind: type, where: str, what: str) -> list[s
 
 
 def filter_answer(
-    args: ExtenderArgs, admitted: list[str], failed: dict[str, str]
+    args: ExtenderArgs,
+    admitted: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``dump(filter_result(...))`` built directly: the same keys, order and values."""
     if args.NodeNames is None and args.Nodes is not None:
@@ -276,7 +287,7 @@ def filter_answer(
         "Nodes": nodes,
         "NodeNames": names,
         "FailedNodes": failed or None,
-        "FailedAndUnresolvableNodes": None,
+        "FailedAndUnresolvableNodes": unresolvable or None,
         "Error": "",
     }
 

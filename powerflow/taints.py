@@ -88,3 +88,13 @@ def node_cordoned(node: Any) -> bool:
     """``spec.unschedulable`` (``kubectl cordon``)."""
     spec = node.get("spec") if isinstance(node, dict) else None
     return isinstance(spec, dict) and spec.get("unschedulable") is True
+
+
+GPU_TOLERATIONS: tuple[dict[str, str], ...] = ({"key": "nvidia.com/gpu", "operator": "Exists"},)
+"""What PowerFlow assumes its GPU workers tolerate when planning (not per pod).
+
+Managed GPU node pools (GKE, AKS) taint their nodes ``nvidia.com/gpu:NoSchedule``,
+and the API server's ``ExtendedResourceToleration`` admission plugin gives
+every pod that requests ``nvidia.com/gpu`` exactly this toleration; any other
+hard taint keeps a node out of the inventory.
+"""

@@ -136,8 +136,9 @@ def test_filter_answers_are_the_json_the_models_gave(raw: bytes, data: st.DataOb
         st.lists(st.sampled_from(candidates), max_size=3) if candidates else st.just([])
     )
     failed = {n: data.draw(names) for n in candidates if n not in admitted}
-    general = JSONResponse(dump(filter_result(by_model(raw), admitted, failed))).body
-    answer = filter_answer(args, admitted, failed)
+    never = {f"x{k}": "never" for k in failed}
+    general = JSONResponse(dump(filter_result(by_model(raw), admitted, failed, never))).body
+    answer = filter_answer(args, admitted, failed, never)
     assert same_json(encode(answer), bytes(general))
     if answer["Nodes"] is None:  # names and reasons only: byte for byte
         assert encode(answer) == bytes(general)
@@ -246,28 +247,28 @@ def test_content_types_are_read_as_fastapi_reads_them(content_type: str | None, 
 def filter_by_candidate(state: ClusterState, info: Any, candidates: list[str]) -> FilterAnswer:
     gang = state.gangs.get(info.gang)
     if gang is None:
-        why = state._no_block(info)
-        return FilterAnswer([], {name: why for name in candidates})
+        return state._no_room(info, candidates)
     placed = state.member_node(gang, info)
     if placed is not None:
         why = f"pod {info.namespace}/{info.name} is already placed on {placed}"
         return FilterAnswer(
-            [n for n in candidates if n == placed], {n: why for n in candidates if n != placed}
+            [n for n in candidates if n == placed], {}, {n: why for n in candidates if n != placed}
         )
     room = state.room(gang)
     admitted: list[str] = []
     failed: dict[str, str] = {}
+    never: dict[str, str] = {}
     outside = f"not in the GPU block reserved for gang {gang.key}"
     full = f"the GPUs of gang {gang.key}'s block on this node are taken by its other workers"
     for name in candidates:
         free = room.get(name)
         if free is None:
-            failed[name] = outside
+            never[name] = outside
         elif free < info.gpus:
             failed[name] = full
         else:
             admitted.append(name)
-    return FilterAnswer(admitted, failed)
+    return FilterAnswer(admitted, failed, never)
 
 
 def prioritize_by_candidate(state: ClusterState, info: Any, candidates: list[str]) -> list[Any]:

@@ -16,6 +16,15 @@ extender places PowerFlow's gangs only there, so the plan's GPU counts and
 the placements agree (the plan never counts GPUs of another pool, and a gang
 on another product would run at speeds and powers the plan did not assume).
 
+The scheduler extender, which knows exactly which GPUs are taken, places on
+the main pool's *key* (product and count) rather than its exact members:
+every node of that product that offers at least the pool's count serves as
+one of its nodes (``serves``), with other pods' GPUs counted as taken there
+(``taken_by_others``) instead of shrinking it. That is a superset of the
+nodes the plan counts, each with at least the room the plan assumes, so a
+gang the plan admits finds its block; and a node half used by others still
+takes small gangs.
+
 Pure: plain names and counts in, frozen pools out; no Kubernetes.
 """
 
@@ -91,3 +100,17 @@ def main_pool(shapes: Iterable[NodeShape]) -> Pool | None:
     """The pool PowerFlow plans and places on (``pools``'s first), or None without GPUs."""
     found = pools(shapes)
     return found[0] if found else None
+
+
+def serves(pool: Pool, shape: NodeShape) -> bool:
+    """Whether a node can act as one of ``pool``'s nodes when others' GPUs count as taken."""
+    return shape.product == pool.product and shape.allocatable >= pool.per_node >= 1
+
+
+def taken_by_others(pool: Pool, shape: NodeShape) -> int:
+    """GPUs of the pool's ``per_node`` that others' pods hold on a node that ``serves`` it.
+
+    They fill the GPUs beyond ``per_node`` first (the device plugin hands out
+    whole devices, so which ones is not PowerFlow's to know, only how many).
+    """
+    return min(pool.per_node, max(0, shape.held - (shape.allocatable - pool.per_node)))
