@@ -9,6 +9,7 @@ requests themselves go through httpx.
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from urllib.parse import quote
 import httpx
 
 from powerflow.errors import PowerFlowError
+
+log = logging.getLogger(__name__)
 
 NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/pods"
@@ -166,7 +169,13 @@ class KubeApi:
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except (ValueError, RecursionError) as exc:
+                        log.warning("skipping an unreadable event of watch %s: %s", path, exc)
+                        continue
+                    if not isinstance(event, dict):
+                        continue
                     kind, obj = event.get("type"), event.get("object")
                     if kind == "ERROR":
                         code = int((obj or {}).get("code") or 0)

@@ -165,25 +165,29 @@ def test_priority_lists_are_byte_for_byte_what_json_response_wrote(
         min_size=1,
         max_size=4,
     ),
-    limit=st.integers(1, 8),
+    max_bytes=st.integers(0, 2000),
 )
 def test_priority_writer_writes_what_json_response_wrote(
-    calls: list[tuple[list[str], dict[str, int]]], limit: int
+    calls: list[tuple[list[str], dict[str, int]]], max_bytes: int
 ) -> None:
-    """Repeated calls (entries reused), a small limit (entries dropped), unwritable names."""
-    writer = PriorityWriter(limit=limit)
+    """Repeated calls (entries reused), a small budget (entries dropped), unwritable names.
+
+    The cache never holds more than its byte budget, and never changes an answer: the
+    bytes are JSONResponse's, and names JSONResponse cannot write (lone surrogates) are
+    written as escapes that decode to the same list.
+    """
+    writer = PriorityWriter(max_bytes=max_bytes)
     for hosts, scores in calls:
         answer = [{"Host": h, "Score": scores.get(h, 0)} for h in hosts]
         try:
-            expected: bytes | type[Exception] = bytes(JSONResponse(answer).body)
-        except UnicodeEncodeError as exc:
-            expected = type(exc)
-        if isinstance(expected, bytes):
-            assert writer.encode(hosts, scores) == expected
+            expected = bytes(JSONResponse(answer).body)
+        except UnicodeEncodeError:
+            assert json.loads(writer.encode(hosts, scores)) == answer
         else:
-            with pytest.raises(expected):
-                writer.encode(hosts, scores)
-        assert len(writer._zero) <= limit
+            assert writer.encode(hosts, scores) == expected
+        kept = writer._zero
+        assert writer.bytes == sum(writer.entry_cost(h, e) for h, e in kept.items())
+        assert writer.bytes <= max_bytes
 
 
 def test_numbers_orjson_cannot_write_take_the_general_path() -> None:
