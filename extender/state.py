@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerflow.errors import PlacementError
+from powerflow.policy.buddy import is_power_of_two
 from powerflow.policy.pools import NodeShape, Pool, main_pool, serves, taken_by_others, usable_gpus
 from powerflow.policy.snapshot import GpuSlot, Node
 from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
@@ -575,6 +576,12 @@ class ClusterState:
             raise NotSynced(f"PowerFlow cannot place this pod yet: {self.unsynced_reason}")
         if info.gang is None or info.gpus < 1:
             raise PlacementError(f"pod {info.namespace}/{info.name} is not a PowerFlow GPU worker")
+        size = info.workers * info.gpus
+        if not is_power_of_two(size):
+            raise PlacementError(
+                f"gang {info.gang}: {info.workers} workers x {_short(info.gpus)} GPUs = "
+                f"{_short(size)} GPUs; a gang must have a power-of-two size >= 1"
+            )
         self.expired_total += len(self.expire())
         return self.reserve(info.gang, info.workers, info.gpus, info, candidates)
 
@@ -724,6 +731,12 @@ class ClusterState:
             "gangs": len(self.gangs),
             "pending_gangs": sum(1 for g in self.gangs.values() if not self._complete(g)),
         }
+
+
+def _short(number: int) -> str:
+    """A count for a message: ``10**400`` must not fill the scheduler's event with digits."""
+    text = str(number)
+    return text if len(text) <= 12 else f"{text[:3]}...({len(text)} digits)"
 
 
 def _subtract(counts: dict[str, int], node: str, amount: int) -> None:
