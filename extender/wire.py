@@ -399,7 +399,9 @@ class PriorityWriter:
                     continue
                 entry = zero.get(host)
                 if entry is None:
-                    entry = orjson.dumps({"Host": host, "Score": 0})
+                    # Joined, not kept as orjson wrote it: orjson's bytes keep its 4 KB
+                    # write buffer allocated, whatever their length.
+                    entry = b'{"Host":' + orjson.dumps(host) + b',"Score":0}'
                     self._keep(host, entry)
                 else:
                     zero.move_to_end(host)
