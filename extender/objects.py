@@ -108,7 +108,9 @@ def node_gpus(node: Any) -> int:
     for field in ("allocatable", "capacity"):
         resources = _dict(status.get(field))
         if GPU_RESOURCE in resources:
-            return _quantity(resources[GPU_RESOURCE])
+            gpus = _quantity(resources[GPU_RESOURCE])
+            # No node has this many: garbage, which must not become a pool of 2**1328 GPUs.
+            return gpus if gpus < MAX_GPU_INDEX else 0
     return 0
 
 

@@ -69,7 +69,7 @@ class NodeEntry:
             return "the node is not Ready"
         if self.cordoned:
             return "the node is cordoned (spec.unschedulable)"
-        taints = untolerated(self.taints, tolerations)
+        taints = untolerated(self.taints, tolerations) if self.taints else ()
         return f"the pod does not tolerate the node's taint {taints[0]}" if taints else ""
 
 
@@ -139,6 +139,8 @@ class Reservations(dict[GangKey, Gang]):
         self._count: dict[str, dict[int, int]] = {}  # node -> index -> blocks holding it
         self.held: dict[str, frozenset[int]] = {}
         """GPU indices of some live block, per node (frozen: read without copying)."""
+        self.span = 0
+        """One more than the largest GPU index any block has held (it never shrinks)."""
 
     def __setitem__(self, key: GangKey, gang: Gang) -> None:
         old = self.get(key)
@@ -176,6 +178,8 @@ class Reservations(dict[GangKey, Gang]):
     def _move(self, old: tuple[GpuSlot, ...], new: tuple[GpuSlot, ...]) -> None:
         touched: set[str] = set()
         for node, index in new:
+            if index >= self.span:
+                self.span = index + 1
             per = self._count.setdefault(node, {})
             per[index] = per.get(index, 0) + 1
             touched.add(node)
@@ -477,7 +481,11 @@ class ClusterState:
         for key in self._members.keys() - self.gangs.keys():  # bound, no longer reserved
             for pod, node in self._members[key].items():
                 extra[node] = extra.get(node, 0) + self.pods[pod].gpus
-        wide = {n for n, held in self.gangs.held.items() if n in view.members and max(held) >= cap}
+        wide: set[str] = set()
+        if self.gangs.span > cap:  # some block was chosen when nodes served a larger pool
+            wide = {
+                n for n, held in self.gangs.held.items() if n in view.members and max(held) >= cap
+            }
         for node in (extra.keys() & view.members) | wide:
             held = slots.get(node, frozenset())
             inside = {i for i in held if i < cap} if node in wide else held

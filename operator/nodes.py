@@ -10,8 +10,11 @@ Left out: nodes that are cordoned, not Ready, without GPUs, or with a
 ``NoSchedule``/``NoExecute`` taint that none of ``tolerations`` matches. The
 workers' real tolerations come from each DLJob's pod template, which the
 inventory cannot know per job, so a tainted node is planned on only when the
-caller's ``tolerations`` (one set for all jobs; none by default) tolerate
-every hard taint on it.
+caller's ``tolerations`` (one set for all jobs) tolerate every hard taint on
+it. The default, ``powerflow.taints.GPU_TOLERATIONS``, tolerates only the
+``nvidia.com/gpu`` taint of managed GPU node pools, which the API server's
+``ExtendedResourceToleration`` admission gives every pod requesting GPUs; the
+scheduler extender pools nodes with the same default.
 
 GPUs held by bound, running pods that are not PowerFlow's (no
 ``powerflow.io/job`` label) are taken off their node's usable count, and the
@@ -33,7 +36,7 @@ from powerflow import contract
 from powerflow.gpus import A100, GPU_SPECS, GpuSpec
 from powerflow.policy.pools import NodeShape, pools
 from powerflow.policy.snapshot import Node
-from powerflow.taints import hard_taints, node_cordoned, node_ready, untolerated
+from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
 
 FALLBACK_GPU = A100
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -48,15 +51,19 @@ def gpu_of(product: str | None) -> GpuSpec:
     return FALLBACK_GPU
 
 
+MAX_GPUS = 1 << 16
+"""More GPUs than any node or pod has: such a quantity is garbage and reads as 0."""
+
+
 def _count(raw: Any) -> int:
-    """A whole extended-resource quantity (``"8"``, ``8``); 0 when unreadable."""
+    """A whole extended-resource quantity (``"8"``, ``8``); 0 when unreadable or absurd."""
     if isinstance(raw, bool):
         return 0
     try:
         value = int(str(raw).strip())
     except ValueError:
         return 0
-    return max(value, 0)
+    return value if 0 < value < MAX_GPUS else 0
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -126,7 +133,7 @@ def foreign_gpus(pods: Iterable[Any]) -> dict[str, int]:
 def cluster_nodes(
     bodies: Iterable[NodeBody],
     foreign_gpu_pods: Iterable[Any] = (),
-    tolerations: Iterable[Any] = (),
+    tolerations: Iterable[Any] = GPU_TOLERATIONS,
 ) -> tuple[tuple[Node, ...], tuple[str, ...]]:
     """The main pool's nodes (sorted by name, with their usable GPUs) and the names left out.
 

@@ -175,3 +175,13 @@ def test_nodes_that_can_never_host_the_gang_are_unresolvable() -> None:
     waiting = state.filter(pod_info(worker("k", 0, 4)), ["a", "b", "c"])
     # a and b could host it once the gang that fills them ends; c is cordoned.
     assert set(waiting.failed) == {"a", "b"} and set(waiting.unresolvable) == {"c"}
+
+
+def test_a_node_with_an_absurd_gpu_count_is_no_gpu_node() -> None:
+    """``10**400`` allocatable GPUs once made a pool of 2**1328-GPU nodes (and a set of
+    that many indices for the first node a pod could not use)."""
+    absurd = node("x", 8)
+    absurd["status"]["allocatable"]["nvidia.com/gpu"] = str(10**400)
+    state = state_of(absurd, node("a", 8), cordoned("b"))
+    assert run_gang(state, "j", 8) == {"a": 8}
+    assert state.pool_view().members == {"a"}

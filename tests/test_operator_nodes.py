@@ -69,15 +69,18 @@ def test_cordoned_not_ready_and_untolerated_nodes_are_left_out() -> None:
         "t", "8", taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]
     )
     soft = node("s", "8", taints=[{"key": "x", "effect": "PreferNoSchedule"}])
+    managed = node("m", "8", taints=[{"key": contract.GPU_RESOURCE, "effect": "NoSchedule"}])
     sick = node("n", "8")
     sick["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
-    bodies = [node("a", "8"), node("c", "8", unschedulable=True), tainted, soft, sick]
+    bodies = [node("a", "8"), node("c", "8", unschedulable=True), tainted, soft, sick, managed]
+    # By default only the GPU node pools' own taint is tolerated (ExtendedResourceToleration).
     kept, _ = cluster_nodes(bodies)
-    assert [n.name for n in kept] == ["a", "s"]
+    assert [n.name for n in kept] == ["a", "m", "s"]
     kept, _ = cluster_nodes(bodies, tolerations=[{"key": "dedicated", "operator": "Exists"}])
     assert [n.name for n in kept] == ["a", "s", "t"]
 
 
 def test_unreadable_quantities_and_bodies_are_no_gpus() -> None:
     bodies = [node("a", "8"), node("b", "lots"), node("c", True), {"metadata": "x"}, "junk"]
+    bodies += [node("d", str(10**400)), node("e", 1 << 20), node("f", "-8")]
     assert cluster_nodes(bodies, ["junk", {"spec": "x"}]) == ((Node("a", 8, A100),), ())  # type: ignore[list-item]
