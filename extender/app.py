@@ -5,7 +5,10 @@ one: ``_VerbRoute`` turns any exception raised while decoding or deciding
 into ``VerbFailed``, and the one exception handler answers it with 200 and
 the verb's own error shape (``Error`` for filter and bind; for prioritize,
 whose ``HostPriorityList`` has no error field, an empty list, which means "no
-opinion" to the scheduler).
+opinion" to the scheduler). The one other status is 413, for a body over
+the size limit, refused before it is read (``_body``); bodies too big to
+decode in a moment are decoded, and their answers written, on a worker
+thread, so health probes and binds are not held up (``OFFLOAD_BYTES``).
 """
 
 from __future__ import annotations

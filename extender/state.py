@@ -7,8 +7,12 @@ loop, so no locks: a bind records its pod as *assumed* before it awaits the
 API, and the next filter already counts it.
 
 A gang's block is chosen by the core's placement module (buddy allocation
-with network packing) when its first worker is filtered, and written on each
-bound pod's ``powerflow.io/placement`` annotation; ``replace`` rebuilds the
+with network packing) when its first worker is filtered: within the main node
+pool (``pool_view``: the pool the operator plans on), on nodes among that
+worker's candidates that it may use (Ready, not cordoned, hard taints
+tolerated); a block whose nodes go away or turn unusable before its workers
+hold them is chosen again (``_prune``). It is written on each bound pod's
+``powerflow.io/placement`` annotation; ``replace`` rebuilds the
 gangs from those annotations, so a restarted extender continues where the old
 one stopped. A gang that does not complete within ``ttl_s`` keeps only the
 GPUs of its bound workers; a late worker reserves what is missing.

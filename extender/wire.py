@@ -15,7 +15,9 @@ decoded by ``decode_args`` (``loads``: the stdlib decoder's values, by orjson
 where that is the same; then the same key folding and type checks, by hand)
 and their answers are plain dicts written by ``encode`` (orjson): the same
 JSON as the models give, in a fraction of the time
-(``tests/test_extender_fastpath.py`` holds them to that).
+(``tests/test_extender_fastpath.py`` holds them to that). ``bind``'s body is
+read raw as well (``decode_binding_args``), so that no body, however nested,
+reaches a decoder outside these checks.
 """
 
 from __future__ import annotations

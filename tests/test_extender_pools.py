@@ -8,8 +8,10 @@ kube-scheduler sent), and refused every pod when node sizes differed.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from extender_bodies import node, pod
 from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState
@@ -106,12 +108,15 @@ def test_a_multi_node_block_needs_every_node_among_the_candidates() -> None:
     assert {n for n, _ in state.gangs[info.gang].block} == {"n2", "n3"}  # type: ignore[index]
 
 
-def test_a_reservation_on_a_node_cordoned_before_any_worker_bound_is_chosen_again() -> None:
+@pytest.mark.parametrize("change", [cordoned, not_ready, tainted])
+def test_a_reservation_on_a_node_that_turns_unusable_before_any_worker_bound_is_chosen_again(
+    change: Callable[[str], dict[str, Any]],
+) -> None:
     state = state_of(node("a"), node("b"))
     first = pod_info(worker("j", 0, 8))
     where = state.filter(first, ["a", "b"]).admitted
     assert where == ["a"]
-    state.upsert_node(cordoned("a"))
+    state.upsert_node(change("a"))
     assert state.filter(first, ["b"]).admitted == ["b"]
     assert {n for n, _ in state.gangs[first.gang].block} == {"b"}  # type: ignore[index]
 
