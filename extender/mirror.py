@@ -80,7 +80,9 @@ class Mirror:
     async def _watch(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
         while True:
             async for kind, obj in self.api.watch(path, version, self.watch_timeout_s):
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                meta = obj.get("metadata")
+                seen = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                version = str(seen or version)
                 try:
                     if kind in ("ADDED", "MODIFIED"):
                         upsert(obj)
