@@ -5,16 +5,20 @@ one: ``_VerbRoute`` turns any exception raised while decoding or deciding
 into ``VerbFailed``, and the one exception handler answers it with 200 and
 the verb's own error shape (``Error`` for filter and bind; for prioritize,
 whose ``HostPriorityList`` has no error field, an empty list, which means "no
-opinion" to the scheduler).
+opinion" to the scheduler). The one other status is 413, for a body over
+the size limit, refused before it is read (``_body``); bodies too big to
+decode in a moment are decoded, and their answers written, on a worker
+thread, so health probes and binds are not held up (``OFFLOAD_BYTES``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -31,14 +35,17 @@ from .metrics import Metrics
 from .service import Extender
 from .state import ClusterState
 from .wire import (
+    PRIORITY_CACHE_BYTES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
     HostPriority,
     decode_args,
+    decode_binding_args,
     dump,
     encode,
+    encode_priorities,
 )
 
 log = logging.getLogger(__name__)
@@ -46,12 +53,34 @@ log = logging.getLogger(__name__)
 VERBS = {"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind"}
 
 
-class VerbFailed(Exception):
-    """A verb could not be answered; carries the verb and a one-line reason."""
+MAX_BODY_BYTES = 4 << 20
+"""The default limit on a verb's request body (``powerflow extender --max-body-bytes``).
 
-    def __init__(self, verb: str, reason: str) -> None:
+With ``nodeCacheCapable: true`` (as shipped) kube-scheduler sends the pod and
+the candidates' names: a pod is at most 1.5 MiB (etcd's default request limit,
+which every stored object obeys) and 5,000 nodes (Kubernetes' largest
+supported cluster) with names of at most 253 bytes take 5,000 x 256 bytes of
+JSON = 1.22 MiB: 2.7 MiB in all, so 4 MiB leaves room. Sending whole
+NodeLists (``nodeCacheCapable: false``, about 2 kB per node) fits up to about
+2,000 nodes; raise the limit for more.
+"""
+
+OFFLOAD_BYTES = 256 << 10
+"""Bodies larger than this are decoded and answers written on a worker thread, so that the
+event loop (health probes, the watch, binds) keeps running meanwhile. kube-scheduler's
+usual calls (names of a few thousand nodes) stay below it and skip the thread hop."""
+
+
+class VerbFailed(Exception):
+    """A verb could not be answered; carries the verb, a one-line reason and the status."""
+
+    def __init__(self, verb: str, reason: str, status: int = 200) -> None:
         super().__init__(reason)
-        self.verb, self.reason = verb, reason
+        self.verb, self.reason, self.status = verb, reason, status
+
+
+class BodyTooLarge(PowerFlowError):
+    """The request body is over the limit; answered 413 without reading (the rest of) it."""
 
 
 def _reason(exc: Exception) -> str:
@@ -91,7 +120,8 @@ class _VerbRoute(APIRoute):
                 metrics.requests.labels(verb, "error").inc()
                 if not isinstance(exc, _EXPECTED):
                     log.exception("%s failed", verb)
-                raise VerbFailed(verb, _reason(exc)) from exc
+                status = 413 if isinstance(exc, BodyTooLarge) else 200
+                raise VerbFailed(verb, _reason(exc), status) from exc
             finally:
                 metrics.latency.labels(verb).observe(time.perf_counter() - start)
             metrics.requests.labels(verb, "ok").inc()
@@ -104,11 +134,18 @@ async def _answer_failure(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, VerbFailed)
     log.info("%s answered with Error: %s", exc.verb, exc.reason)
     if exc.verb == "filter":
-        return JSONResponse(dump(ExtenderFilterResult(Error=exc.reason)))
+        return Response(
+            encode(dump(ExtenderFilterResult(Error=exc.reason))), exc.status, None, JSON
+        )
     if exc.verb == "bind":
-        return JSONResponse(dump(ExtenderBindingResult(Error=exc.reason)))
+        return Response(
+            encode(dump(ExtenderBindingResult(Error=exc.reason))), exc.status, None, JSON
+        )
     header = exc.reason[:200].encode("ascii", "replace").decode()
-    return JSONResponse([], headers={"X-PowerFlow-Error": header})
+    return Response(b"[]", exc.status, {"X-PowerFlow-Error": header}, JSON)
+
+
+JSON = "application/json"
 
 
 _ARGS_SCHEMA = ExtenderArgs.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -118,12 +155,30 @@ _ARGS_BODY = {
 }
 
 
-async def _args(request: Request) -> ExtenderArgs:
-    return decode_args(await request.body(), request.headers.get("content-type"))
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused (``BodyTooLarge``) as soon as it is known to exceed ``limit``:
+    from ``Content-Length`` before reading anything, else while it streams in."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise BodyTooLarge(
+            f"the request body of {int(length)} bytes is over the {limit}-byte limit"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-def _json(answer: Any) -> Response:
-    return Response(encode(answer), media_type="application/json")
+async def _off_loop(big: bool, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, on a worker thread when the request is big (``OFFLOAD_BYTES``)."""
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
+
+
+T = TypeVar("T")
 
 
 def create_app(
@@ -135,6 +190,8 @@ def create_app(
     reservation_ttl_s: float = 120.0,
     clock: Callable[[], float] | None = None,
     state: ClusterState | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    priority_cache_bytes: int = PRIORITY_CACHE_BYTES,
 ) -> FastAPI:
     """Build the extender app.
 
@@ -148,10 +205,13 @@ def create_app(
         try:
             api = KubeApi(load_connection(kubeconfig, in_cluster))
         except ApiUnreachable as exc:
+            log.error("not ready: %s", exc)
             state.mark_unsynced(str(exc))
     elif api is None:
         state.mark_unsynced("no Kubernetes API configured")
-    extender = Extender(state, api, Metrics(state.gauges))
+    extender = Extender(
+        state, api, Metrics(state.gauges), priority_cache_bytes=priority_cache_bytes
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -177,15 +237,38 @@ def create_app(
     # decision. The OpenAPI schema still documents ``ExtenderArgs``.
     @verbs.post("/filter", response_model=ExtenderFilterResult, openapi_extra=_ARGS_BODY)
     async def filter_(request: Request) -> Response:
-        return _json(extender.filter(await _args(request)))
+        raw = await _body(request, max_body_bytes)
+        big = len(raw) > OFFLOAD_BYTES
+        args = await _off_loop(big, decode_args, raw, request.headers.get("content-type"))
+        answer = extender.filter(args)
+        return Response(await _off_loop(big, encode, answer), media_type=JSON)
 
     @verbs.post("/prioritize", response_model=list[HostPriority], openapi_extra=_ARGS_BODY)
     async def prioritize(request: Request) -> Response:
-        answer = extender.prioritize(await _args(request))
-        return Response(answer, media_type="application/json")
+        raw = await _body(request, max_body_bytes)
+        if len(raw) <= OFFLOAD_BYTES:
+            args = decode_args(raw, request.headers.get("content-type"))
+            return Response(extender.prioritize(args), media_type=JSON)
+        # A big call: off the loop, and not through the cache (it would only churn it).
+        args = await asyncio.to_thread(decode_args, raw, request.headers.get("content-type"))
+        hosts, scores = extender.priorities(args)
+        return Response(await asyncio.to_thread(encode_priorities, hosts, scores), media_type=JSON)
 
-    @verbs.post("/bind", response_model=ExtenderBindingResult)
-    async def bind(args: ExtenderBindingArgs) -> Response:
+    @verbs.post(
+        "/bind",
+        response_model=ExtenderBindingResult,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": ExtenderBindingArgs.model_json_schema()}
+                },
+            }
+        },
+    )
+    async def bind(request: Request) -> Response:
+        raw = await _body(request, max_body_bytes)
+        args = decode_binding_args(raw, request.headers.get("content-type"))
         return JSONResponse(dump(await extender.bind(args)))
 
     app.include_router(verbs)

@@ -9,6 +9,8 @@ requests themselves go through httpx.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -16,8 +18,11 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import yaml
 
 from powerflow.errors import PowerFlowError
+
+log = logging.getLogger(__name__)
 
 NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/pods"
@@ -57,23 +62,35 @@ def load_connection(kubeconfig: str | None = None, in_cluster: bool = False) -> 
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
 
+    where = "in-cluster service account" if in_cluster else (kubeconfig or "default kubeconfig")
+    if kubeconfig and not in_cluster and not os.path.isfile(kubeconfig):
+        what = "is not a file" if os.path.exists(kubeconfig) else "does not exist"
+        raise ApiUnreachable(f"no Kubernetes configuration: the kubeconfig {kubeconfig} {what}")
     cfg = k8s_client.Configuration()
     try:
         if in_cluster:
             k8s_config.load_incluster_config(client_configuration=cfg)
         else:
             k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
-        where = "in-cluster service account" if in_cluster else (kubeconfig or "default kubeconfig")
+        context: ssl.SSLContext | None = None
+        if cfg.host.startswith("https"):
+            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+            if not cfg.verify_ssl:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if cfg.cert_file:
+                context.load_cert_chain(cfg.cert_file, cfg.key_file)
+    except yaml.YAMLError as exc:
+        problem = str(exc).replace("\n", " ")
+        raise ApiUnreachable(
+            f"no Kubernetes configuration ({where}): not valid YAML: {problem}"
+        ) from exc
+    except k8s_config.ConfigException as exc:
         raise ApiUnreachable(f"no Kubernetes configuration ({where}): {exc}") from exc
-    context: ssl.SSLContext | None = None
-    if cfg.host.startswith("https"):
-        context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
-        if not cfg.verify_ssl:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if cfg.cert_file:
-            context.load_cert_chain(cfg.cert_file, cfg.key_file)
+    except Exception as exc:  # the loaders fail on odd files in many ways; say which
+        raise ApiUnreachable(
+            f"no Kubernetes configuration ({where}): {type(exc).__name__}: {exc}"
+        ) from exc
 
     def token() -> str | None:
         value: str | None = cfg.get_api_key_with_prefix("authorization")
@@ -166,7 +183,13 @@ class KubeApi:
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except (ValueError, RecursionError) as exc:
+                        log.warning("skipping an unreadable event of watch %s: %s", path, exc)
+                        continue
+                    if not isinstance(event, dict):
+                        continue
                     kind, obj = event.get("type"), event.get("object")
                     if kind == "ERROR":
                         code = int((obj or {}).get("code") or 0)

@@ -5,6 +5,8 @@ state, then watch both from the lists' resourceVersions; a watch that the
 server ends is resumed from the last version seen, a 410 or a broken
 connection leads to a fresh list. While the API cannot be reached the state
 is marked not synced (``/readyz`` fails and PowerFlow pods get an ``Error``).
+An object that cannot be applied is logged by name and skipped, never fatal:
+one poisoned pod must not keep the whole cache unsynced.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .kube import NODES_PATH, PODS_PATH, ApiError, KubeApi, WatchExpired
+from .objects import describe
 from .state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -77,11 +80,22 @@ class Mirror:
     async def _watch(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
         while True:
             async for kind, obj in self.api.watch(path, version, self.watch_timeout_s):
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind in ("ADDED", "MODIFIED"):
-                    upsert(obj)
-                elif kind == "DELETED":
-                    delete(obj)
+                meta = obj.get("metadata")
+                seen = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                version = str(seen or version)
+                try:
+                    if kind in ("ADDED", "MODIFIED"):
+                        upsert(obj)
+                    elif kind == "DELETED":
+                        delete(obj)
+                except Exception as exc:  # one bad object must not stop the mirror
+                    log.warning(
+                        "skipping %s event for %s: %s: %s",
+                        kind,
+                        describe(obj),
+                        type(exc).__name__,
+                        exc,
+                    )
 
 
 def _first(exc: BaseException) -> BaseException:

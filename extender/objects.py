@@ -22,6 +22,7 @@ from powerflow.contract import (
 )
 from powerflow.errors import PlacementError
 from powerflow.policy.snapshot import GpuSlot
+from powerflow.taints import pod_tolerations
 
 Body = dict[str, Any]
 
@@ -58,6 +59,8 @@ class PodInfo:
     workers: int
     block: tuple[GpuSlot, ...]
     terminal: bool
+    tolerations: tuple[dict[str, Any], ...] = ()
+    """Kept for PowerFlow's workers only: which tainted nodes their gang may use."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -73,10 +76,23 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def _quantity(value: Any) -> int:
-    """An extended-resource quantity (whole units; ``"8"``, ``8``, ``"8.0"``)."""
+    """An extended-resource quantity (whole units; ``"8"``, ``8``, ``"8.0"``); 0 if unreadable.
+
+    Integers are read exactly, however large (``10**400`` is a count no gang
+    can have, which placement then says; ``float`` of it would raise).
+    """
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, str):
+        try:
+            return max(int(value.strip()), 0)
+        except ValueError:
+            pass
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
     return int(number) if math.isfinite(number) and number > 0 else 0
 
@@ -92,7 +108,9 @@ def node_gpus(node: Any) -> int:
     for field in ("allocatable", "capacity"):
         resources = _dict(status.get(field))
         if GPU_RESOURCE in resources:
-            return _quantity(resources[GPU_RESOURCE])
+            gpus = _quantity(resources[GPU_RESOURCE])
+            # No node has this many: garbage, which must not become a pool of 2**1328 GPUs.
+            return gpus if gpus < MAX_GPU_INDEX else 0
     return 0
 
 
@@ -162,10 +180,18 @@ def parse_block(raw: Any) -> tuple[GpuSlot, ...]:
         return ()
     try:
         block = json.loads(raw).get("block")
-        slots = tuple((str(n), int(i)) for n, i in block)
-    except (ValueError, TypeError, AttributeError):
+        slots = tuple((n, i) for n, i in block)
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return ()
-    return slots
+    # Only what ``placement_annotation`` writes: a name and a small index (a value like
+    # ``1e400`` or ``Infinity`` decodes to a float, and ``int`` of it raises OverflowError).
+    if all(type(n) is str and type(i) is int and 0 <= i < MAX_GPU_INDEX for n, i in slots):
+        return slots
+    return ()
+
+
+MAX_GPU_INDEX = 1 << 16
+"""No node has this many GPUs; a larger index in an annotation is garbage."""
 
 
 def pod_info(pod: Any) -> PodInfo:
@@ -189,5 +215,16 @@ def pod_info(pod: Any) -> PodInfo:
         gang=gang,
         workers=workers,
         block=parse_block(annotations.get(PLACEMENT_ANNOTATION)) if gang else (),
-        terminal=phase in TERMINAL_PHASES,
+        terminal=isinstance(phase, str) and phase in TERMINAL_PHASES,
+        tolerations=pod_tolerations(body) if gang else (),
     )
+
+
+def describe(body: Any) -> str:
+    """``Kind namespace/name`` of a body for a log line, whatever its shape."""
+    obj = _dict(body)
+    meta = _dict(obj.get("metadata"))
+    kind = obj.get("kind") if isinstance(obj.get("kind"), str) else "object"
+    name = meta.get("name") if isinstance(meta.get("name"), str) else "?"
+    namespace = meta.get("namespace")
+    return f"{kind} {namespace}/{name}" if isinstance(namespace, str) else f"{kind} {name}"

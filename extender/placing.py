@@ -44,14 +44,14 @@ def choose_block(
 ) -> tuple[GpuSlot, ...] | None:
     """An aligned block of ``size`` free GPUs, or None when none is free.
 
-    ``nodes`` are every GPU node in a stable order (sorted by name, so that
-    block alignment does not depend on the order the watch delivered them).
+    ``nodes`` are the main pool's nodes (equal GPU counts) in a stable order
+    (sorted by name, so that block alignment does not depend on the order the
+    watch delivered them); nodes the gang may not use are given as full.
     A gang that fits in one node can use neither a full node nor its position
     in the order (single-node blocks align within their node), so full nodes
     are left out: the core then does work in proportion to the nodes with
     room, not to the cluster. Raises ``PlacementError`` for what buddy
-    allocation cannot serve at all (a size that is not a power of two, nodes
-    with unequal GPU counts).
+    allocation cannot serve at all (a size that is not a power of two).
     """
     # The first node's count settles the common case without scanning for the largest.
     if nodes and (size <= nodes[0].gpus or size <= max(n.gpus for n in nodes)):

@@ -23,6 +23,7 @@ from .mirror import Mirror
 from .objects import PodInfo, placement_annotation, pod_info, workers_of
 from .state import ClusterState
 from .wire import (
+    PRIORITY_CACHE_BYTES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
@@ -47,12 +48,13 @@ class Extender:
         metrics: Metrics,
         *,
         mirror: bool = True,
+        priority_cache_bytes: int = PRIORITY_CACHE_BYTES,
     ) -> None:
         self.state = state
         self.api = api
         self.metrics = metrics
         self._mirror = Mirror(api, state) if api is not None and mirror else None
-        self._priorities = PriorityWriter()
+        self._priorities = PriorityWriter(priority_cache_bytes)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -88,16 +90,20 @@ class Extender:
         if info is None:
             return filter_answer(args, candidates, {})
         answer = self.state.filter(info, candidates)
-        return filter_answer(args, answer.admitted, answer.failed)
+        return filter_answer(args, answer.admitted, answer.failed, answer.unresolvable)
 
     def prioritize(self, args: ExtenderArgs) -> bytes:
         """The ``HostPriorityList``'s JSON (``wire.PriorityWriter``: most entries are written
         once and reused; the state guarantees ``0 <= Score <= MaxExtenderPriority``). A pod
         PowerFlow does not place scores 0 everywhere: no preference at all."""
+        return self._priorities.encode(*self.priorities(args))
+
+    def priorities(self, args: ExtenderArgs) -> tuple[list[str], dict[str, int]]:
+        """The candidates and their nonzero scores (``prioritize`` before writing it)."""
         candidates = args.candidate_names()
         info = self._powerflow_pod(args)
-        scores = {} if info is None else self.state.block_scores(info)
-        return self._priorities.encode(candidates, scores)
+        scores = {} if info is None else self.state.block_scores(info, candidates)
+        return candidates, scores
 
     # -- bind ------------------------------------------------------------------------------
 
@@ -117,6 +123,16 @@ class Extender:
         if self.api is None:
             raise ApiUnreachable(f"cannot bind {where}: no Kubernetes API configured")
         info = await self._pod(namespace, args.PodName)
+        if args.PodUID and info.uid and info.uid != args.PodUID and self.api is not None:
+            # The cache may hold a pod deleted and re-created under the same name: ask the API.
+            info = pod_info(await self.api.get_pod(namespace, args.PodName))
+        if args.PodUID and info.uid != args.PodUID:
+            self.metrics.binds.labels("refused").inc()
+            raise UndecidableError(
+                f"cannot bind {where}: the scheduler asked for pod uid {args.PodUID}, but the pod "
+                f"{namespace}/{args.PodName} now has uid {info.uid or 'none'} (deleted and "
+                "re-created?); nothing was bound"
+            )
         if info.bound:
             return self._already_bound(info, args.Node, where)
         annotations: dict[str, str] = {}

@@ -7,8 +7,12 @@ loop, so no locks: a bind records its pod as *assumed* before it awaits the
 API, and the next filter already counts it.
 
 A gang's block is chosen by the core's placement module (buddy allocation
-with network packing) when its first worker is filtered, and written on each
-bound pod's ``powerflow.io/placement`` annotation; ``replace`` rebuilds the
+with network packing) when its first worker is filtered: within the main node
+pool (``pool_view``: the pool the operator plans on), on nodes among that
+worker's candidates that it may use (Ready, not cordoned, hard taints
+tolerated); a block whose nodes go away or turn unusable before its workers
+hold them is chosen again (``_prune``). It is written on each bound pod's
+``powerflow.io/placement`` annotation; ``replace`` rebuilds the
 gangs from those annotations, so a restarted extender continues where the old
 one stopped. A gang that does not complete within ``ttl_s`` keeps only the
 GPUs of its bound workers; a late worker reserves what is missing.
@@ -17,20 +21,25 @@ GPUs of its bound workers; a late worker reserves what is missing.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from powerflow.errors import PlacementError
+from powerflow.policy.buddy import is_power_of_two
+from powerflow.policy.pools import NodeShape, Pool, main_pool, serves, taken_by_others, usable_gpus
 from powerflow.policy.snapshot import GpuSlot, Node
+from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
 
-from .objects import GangKey, PodInfo, node_gpus, node_product, pod_info
+from .objects import GangKey, PodInfo, describe, node_gpus, node_product, pod_info
 from .objects import name_of as _name_of
 from .placing import choose_block, gpu_spec_for, occupied_indices
 from .wire import MAX_EXTENDER_PRIORITY
 
 PodKey = tuple[str, str]
+log = logging.getLogger(__name__)
 
 
 class NotSynced(PlacementError):
@@ -39,9 +48,63 @@ class NotSynced(PlacementError):
 
 @dataclass(frozen=True)
 class NodeEntry:
+    """What the extender keeps of a node: its GPUs and whether pods may be placed on it."""
+
     name: str
     gpus: int
     product: str
+    ready: bool = True
+    cordoned: bool = False
+    taints: tuple[dict[str, Any], ...] = ()
+    """The ``NoSchedule``/``NoExecute`` taints only."""
+
+    @property
+    def plannable(self) -> bool:
+        """In a pool: Ready, not cordoned, and no hard taint beyond the GPU nodes' usual one.
+
+        The operator's inventory applies the same test (``operator/nodes.py``), so
+        both pool the same nodes.
+        """
+        return self.ready and not self.cordoned and not untolerated(self.taints, GPU_TOLERATIONS)
+
+    def why_not_for(self, tolerations: tuple[dict[str, Any], ...]) -> str:
+        """Why a pod with ``tolerations`` can never be placed here now ("" when it can)."""
+        if not self.ready:
+            return "the node is not Ready"
+        if self.cordoned:
+            return "the node is cordoned (spec.unschedulable)"
+        taints = untolerated(self.taints, tolerations) if self.taints else ()
+        return f"the pod does not tolerate the node's taint {taints[0]}" if taints else ""
+
+
+def node_entry(body: Any) -> NodeEntry:
+    return NodeEntry(
+        _name_of(body),
+        node_gpus(body),
+        node_product(body),
+        ready=node_ready(body),
+        cordoned=node_cordoned(body),
+        taints=hard_taints(body),
+    )
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The main pool (``powerflow.policy.pools``) and its nodes as the core sees them."""
+
+    pool: Pool | None
+    nodes: list[Node]
+    """Sorted by name: the stable order that blocks are aligned in."""
+    members: frozenset[str]
+    taken: dict[str, int]
+    """GPUs of the pool's count that other pods hold, per member node (nonzero only)."""
+
+    @property
+    def max_block(self) -> int:
+        """The largest aligned block the pool has: the largest power-of-two run of whole nodes."""
+        if self.pool is None or not self.nodes:
+            return 0
+        return self.pool.per_node * (1 << (len(self.nodes).bit_length() - 1))
 
 
 @dataclass
@@ -55,6 +118,10 @@ class Gang:
     assumed: dict[PodKey, tuple[str, int]] = field(default_factory=dict)
     """Workers being bound (or bound but not yet seen by the watch): node and GPUs."""
     expired: bool = False
+    tolerations: tuple[dict[str, Any], ...] = ()
+    """The workers' tolerations: which tainted nodes the block may keep."""
+    checked: int = -1
+    """The node epoch at which the block was last checked against its nodes."""
     started: bool = False
     """A worker has been bound; once none is left, the gang has finished."""
     settled: bool = False
@@ -76,6 +143,8 @@ class Reservations(dict[GangKey, Gang]):
         self._count: dict[str, dict[int, int]] = {}  # node -> index -> blocks holding it
         self.held: dict[str, frozenset[int]] = {}
         """GPU indices of some live block, per node (frozen: read without copying)."""
+        self.span = 0
+        """One more than the largest GPU index any block has held (it never shrinks)."""
 
     def __setitem__(self, key: GangKey, gang: Gang) -> None:
         old = self.get(key)
@@ -113,6 +182,8 @@ class Reservations(dict[GangKey, Gang]):
     def _move(self, old: tuple[GpuSlot, ...], new: tuple[GpuSlot, ...]) -> None:
         touched: set[str] = set()
         for node, index in new:
+            if index >= self.span:
+                self.span = index + 1
             per = self._count.setdefault(node, {})
             per[index] = per.get(index, 0) + 1
             touched.add(node)
@@ -132,8 +203,13 @@ class Reservations(dict[GangKey, Gang]):
 
 @dataclass(frozen=True)
 class FilterAnswer:
+    """Admitted candidates; failed ones that pods going away could free (``FailedNodes``);
+    and those that can never host the pod (``FailedAndUnresolvableNodes``: kube-scheduler
+    then evicts nothing there to make room)."""
+
     admitted: list[str]
     failed: dict[str, str]
+    unresolvable: dict[str, str] = field(default_factory=dict)
 
 
 class ClusterState:
@@ -151,8 +227,8 @@ class ClusterState:
         self._members: dict[GangKey, dict[PodKey, str]] = {}  # bound pods of each gang
         self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
         self._foreign: dict[str, int] = {}  # node -> GPUs of bound pods of no gang
-        self._core_nodes: dict[str, Node] = {}  # the GPU nodes as the core sees them
-        self._core_order: list[Node] | None = None
+        self._view: PoolView | None = None  # the main pool, rebuilt after changes
+        self._epoch = 0  # bumped by every node change: blocks are checked again
         self.synced = False
         self.expired_total = 0
         self._last_expiry = float("-inf")
@@ -173,12 +249,12 @@ class ClusterState:
         self._bound_gpus.clear()
         self._members.clear()
         self._foreign.clear()
-        self._core_nodes.clear()
-        self._core_order = None
+        self._view = None
+        self._epoch += 1
         for node in nodes:
-            self.upsert_node(node)
+            self._skip_bad(self.upsert_node, node)
         for pod in pods:
-            self._put_pod(pod_info(pod))
+            self._skip_bad(lambda body: self._put_pod(pod_info(body)), pod)
         for key, gang in list(self.gangs.items()):
             # In-memory reservations survive a relist, but a gang whose workers all
             # went away while we were not watching has finished.
@@ -187,30 +263,71 @@ class ClusterState:
         self._adopt_annotated()
         self.mark_synced()
 
+    @staticmethod
+    def _skip_bad(apply: Callable[[Any], None], body: Any) -> None:
+        """Apply one object of a listing; one that cannot be read is logged and skipped."""
+        try:
+            apply(body)
+        except Exception as exc:  # one bad object must not keep the cache from syncing
+            log.warning("skipping %s: %s: %s", describe(body), type(exc).__name__, exc)
+
     def upsert_node(self, body: Any) -> None:
         name = _name_of(body)
         if not name:
             return
-        entry = NodeEntry(name, node_gpus(body), node_product(body))
+        entry = node_entry(body)
         if self.nodes.get(name) == entry:
             return  # a heartbeat: nothing placement cares about changed
         self.nodes[name] = entry
-        self._core_nodes.pop(name, None)
-        if entry.gpus > 0:
-            self._core_nodes[name] = Node(name, entry.gpus, gpu_spec_for(entry.product))
-        self._core_order = None
+        self._view = None
+        self._epoch += 1
 
     def delete_node(self, body: Any) -> None:
         name = _name_of(body)
         self.nodes.pop(name, None)
-        if self._core_nodes.pop(name, None) is not None:
-            self._core_order = None
+        self._view = None
+        self._epoch += 1
+
+    def _shapes(self) -> list[NodeShape]:
+        return [
+            NodeShape(e.name, e.product, e.gpus, self._foreign.get(e.name, 0))
+            for e in self.nodes.values()
+            if e.gpus > 0 and e.plannable
+        ]
+
+    def pool_view(self) -> PoolView:
+        """Where new gangs go: the nodes that serve the operator's main pool.
+
+        The main pool comes from the same rule and inputs as the operator's
+        inventory (``powerflow.policy.pools``: plannable nodes, others' GPU pods
+        shrinking their node); every plannable node that ``serves`` it is a
+        member, with others' GPUs counted as taken (``occupied``). No other
+        pool is used: the plan's GPU counts are the main pool's. Rebuilt after a
+        node or a foreign GPU pod changes, at the next new gang.
+        """
+        if self._view is None:
+            shapes = self._shapes()
+            pool = main_pool(shapes)
+            if pool is None:
+                self._view = PoolView(None, [], frozenset(), {})  # no GPU node
+            else:
+                members = sorted(s.name for s in shapes if serves(pool, s))
+                gpu = gpu_spec_for(pool.product)
+                nodes = [Node(name, pool.per_node, gpu) for name in members]
+                taken = {s.name: taken_by_others(pool, s) for s in shapes if serves(pool, s)}
+                self._view = PoolView(
+                    pool, nodes, frozenset(members), {n: k for n, k in taken.items() if k}
+                )
+        return self._view
 
     def core_nodes(self) -> list[Node]:
-        """The GPU nodes sorted by name: the stable order blocks are aligned in."""
-        if self._core_order is None:
-            self._core_order = [self._core_nodes[n] for n in sorted(self._core_nodes)]
-        return self._core_order
+        """The main pool's nodes sorted by name: the stable order blocks are aligned in."""
+        return self.pool_view().nodes
+
+    def usable(self, name: str) -> int:
+        """GPUs of the node that PowerFlow may place on (``pools.usable_gpus``)."""
+        entry = self.nodes.get(name)
+        return 0 if entry is None else usable_gpus(entry.gpus, self._foreign.get(name, 0))
 
     def upsert_pod(self, body: Any) -> None:
         info = pod_info(body)
@@ -233,6 +350,7 @@ class ClusterState:
             self._bound_gpus[info.node] = self._bound_gpus.get(info.node, 0) + info.gpus
             if info.gang is None:
                 self._foreign[info.node] = self._foreign.get(info.node, 0) + info.gpus
+                self._view = None
             else:
                 self._members.setdefault(info.gang, {})[info.key] = info.node
                 gang = self.gangs.get(info.gang)
@@ -248,6 +366,7 @@ class ClusterState:
         _subtract(self._bound_gpus, old.node, old.gpus)
         if old.gang is None:
             _subtract(self._foreign, old.node, old.gpus)
+            self._view = None
         else:
             members = self._members.get(old.gang, {})
             members.pop(key, None)
@@ -274,8 +393,10 @@ class ClusterState:
             slots.extend(s for s in info.block if s not in slots)
             found[info.gang] = (slots, max(workers, info.workers))
         now = self._clock()
+        tolerations = {i.gang: i.tolerations for i in self.pods.values() if i.gang in found}
         for key, (slots, workers) in found.items():
             gang = Gang(key, tuple(slots), workers, created_s=now, started=True)
+            gang.tolerations = tolerations.get(key, ())
             gang.settled = self._complete(gang)
             self.gangs[key] = gang
 
@@ -346,56 +467,177 @@ class ClusterState:
         return tuple(held)
 
     def occupied(self) -> dict[str, frozenset[int] | set[int]]:
-        """GPU indices taken on each node: every live block, plus bound GPUs outside any.
+        """GPU indices taken on each node of the main pool (``pool_view``), in its geometry.
 
-        Those outside (pods of no gang, workers of a gang no longer reserved)
-        have no known index; they are counted on the lowest free ones.
+        Every live block's indices, plus GPUs held outside any live block (pods
+        that are not PowerFlow's, as ``pools.taken_by_others`` counts them, and
+        PowerFlow's bound workers of a gang no longer reserved) on the lowest
+        free indices. A block index beyond the pool's count (a block chosen
+        when the node served a larger pool) counts as one taken GPU. Nodes
+        outside the pool keep their blocks' indices, for the record.
         """
+        view = self.pool_view()
         slots: dict[str, frozenset[int] | set[int]] = dict(self.gangs.held)
-        extra = dict(self._foreign)
+        if view.pool is None:
+            return slots
+        cap = view.pool.per_node
+        extra = dict(view.taken)
         for key in self._members.keys() - self.gangs.keys():  # bound, no longer reserved
             for pod, node in self._members[key].items():
                 extra[node] = extra.get(node, 0) + self.pods[pod].gpus
-        for node, count in extra.items():
-            entry = self.nodes.get(node)
-            if entry is not None:
-                slots[node] = occupied_indices(entry.gpus, slots.get(node, frozenset()), count)
+        wide: set[str] = set()
+        if self.gangs.span > cap:  # some block was chosen when nodes served a larger pool
+            wide = {
+                n for n, held in self.gangs.held.items() if n in view.members and max(held) >= cap
+            }
+        for node in (extra.keys() & view.members) | wide:
+            held = slots.get(node, frozenset())
+            inside = {i for i in held if i < cap} if node in wide else held
+            count = extra.get(node, 0) + len(held) - len(inside)
+            slots[node] = occupied_indices(cap, inside, count) if count else inside
         return slots
 
-    def reserve(self, key: GangKey, workers: int, gpus_per_pod: int) -> Gang | None:
+    def _allowed(self, info: PodInfo, candidates: Iterable[str] | None) -> set[str]:
+        """The main pool's nodes the pod may get a block on: among the candidates
+        kube-scheduler's own filters passed (all, when ``None``), Ready, not cordoned,
+        every hard taint tolerated."""
+        view = self.pool_view()
+        names = view.members if candidates is None else view.members.intersection(candidates)
+        nodes = self.nodes
+        return {n for n in names if not nodes[n].why_not_for(info.tolerations)}
+
+    def _prune(self, gang: Gang) -> Gang | None:
+        """Drop the block's GPUs on nodes the gang can no longer use; None if nothing is left.
+
+        A node deleted, NotReady, cordoned or newly tainted keeps only the GPUs
+        its placed workers hold; a gang left with no placed worker loses its
+        reservation (its next worker chooses a new block), else the workers
+        still to come reserve what is missing (``expired``). Checked once per
+        node change (``_epoch``).
+        """
+        if gang.checked == self._epoch:
+            return gang
+        gang.checked = self._epoch
+        bad = set()
+        for name in {n for n, _ in gang.block}:
+            entry = self.nodes.get(name)
+            if entry is None or entry.why_not_for(gang.tolerations):
+                bad.add(name)
+        if not bad:
+            return gang
+        use = self._node_use(gang)
+        if not any(use.values()):
+            del self.gangs[gang.key]
+            return None
+        kept = [s for s in gang.block if s[0] not in bad]
+        for name in sorted(bad):
+            kept.extend(sorted(s for s in gang.block if s[0] == name)[: use.get(name, 0)])
+        self.gangs.reblock(gang, tuple(kept))
+        gang.expired = True
+        return gang
+
+    def reserve(
+        self,
+        key: GangKey,
+        workers: int,
+        gpus_per_pod: int,
+        info: PodInfo | None = None,
+        candidates: Iterable[str] | None = None,
+    ) -> Gang | None:
         """The gang's reservation, made now if needed; None when no aligned block is free.
 
-        A new gang reserves ``workers * gpus_per_pod`` GPUs at once. A worker of
-        an expired gang (its reservation shrank to its bound workers) finds no
-        room in the block and reserves its own GPUs, so late workers still run.
+        A new gang reserves ``workers * gpus_per_pod`` GPUs at once, in the main
+        pool, on nodes ``_allowed`` for ``info`` (the worker being filtered) among
+        ``candidates``. A worker of an expired gang (its reservation shrank to
+        its bound workers) finds no room in the block and reserves its own GPUs,
+        so late workers still run.
         """
         gang = self.gangs.get(key)
+        if gang is not None:
+            gang = self._prune(gang)
         if gang is not None and (not gang.expired or sum(self.room(gang).values()) >= gpus_per_pod):
             return gang
         need = gpus_per_pod if gang is not None else workers * gpus_per_pod
         held = gang.block if gang is not None else ()
-        block = choose_block(self.core_nodes(), self.occupied(), need)
+        pod = info or PodInfo("", "", "", "", gpus_per_pod, key, workers, (), False)
+        if pod.tolerations == () and gang is not None:
+            pod = dataclasses.replace(pod, tolerations=gang.tolerations)
+        view = self.pool_view()
+        occupied = self.occupied()
+        allowed = self._allowed(pod, candidates)
+        if view.pool is not None and len(allowed) < len(view.members):
+            full = frozenset(range(view.pool.per_node))
+            for name in view.members - allowed:
+                occupied[name] = full
+        block = choose_block(view.nodes, occupied, need)
         if block is None:
             return None
         new = Gang(key, tuple(held) + tuple(block), workers, created_s=self._clock())
+        new.tolerations = gang.tolerations if gang is not None else pod.tolerations
+        new.checked = self._epoch
         if gang is not None:
             new.assumed, new.started, new.expired = gang.assumed, gang.started, True
+            new.settled = gang.settled
         self.gangs[key] = new
         return new
 
     # -- the scheduler's questions ---------------------------------------------------------
 
-    def _gang_for(self, info: PodInfo) -> Gang | None:
+    def _gang_for(self, info: PodInfo, candidates: Iterable[str] | None = None) -> Gang | None:
         if not self.synced:
             raise NotSynced(f"PowerFlow cannot place this pod yet: {self.unsynced_reason}")
         if info.gang is None or info.gpus < 1:
             raise PlacementError(f"pod {info.namespace}/{info.name} is not a PowerFlow GPU worker")
+        size = info.workers * info.gpus
+        if not is_power_of_two(size):
+            raise PlacementError(
+                f"gang {info.gang}: {info.workers} workers x {_short(info.gpus)} GPUs = "
+                f"{_short(size)} GPUs; a gang must have a power-of-two size >= 1"
+            )
         self.expired_total += len(self.expire())
-        return self.reserve(info.gang, info.workers, info.gpus)
+        return self.reserve(info.gang, info.workers, info.gpus, info, candidates)
 
     def _no_block(self, info: PodInfo) -> str:
         size = info.workers * info.gpus
         return f"no aligned block of {size} free GPUs for gang {info.gang} (buddy allocation)"
+
+    def _no_room(self, info: PodInfo, candidates: list[str]) -> FilterAnswer:
+        """No block is free for the gang: say, per candidate, whether it ever could be.
+
+        Only the main pool's nodes that the pod may use and whose GPUs other pods
+        hold can host it once pods go away (``FailedNodes``); every other node
+        never can (``FailedAndUnresolvableNodes``), so kube-scheduler's preemption
+        evicts nothing there.
+        """
+        view = self.pool_view()
+        size = info.workers * info.gpus
+        pool = view.pool
+        if pool is None:
+            why = "no GPU node is Ready, schedulable and free of taints (PowerFlow's pool is empty)"
+            return FilterAnswer([], {}, dict.fromkeys(candidates, why))
+        shape = f"{pool.product or 'unlabelled GPUs'}, {pool.per_node} per node"
+        if info.gpus > pool.per_node or size > view.max_block:
+            why = (
+                f"gang {info.gang} of {size} GPUs ({info.gpus} per pod) can never fit in "
+                f"PowerFlow's GPU pool ({len(pool.nodes)} nodes of {shape})"
+            )
+            return FilterAnswer([], {}, dict.fromkeys(candidates, why))
+        busy = self._no_block(info)
+        failed: dict[str, str] = {}
+        never: dict[str, str] = {}
+        for name in candidates:
+            entry = self.nodes.get(name)
+            if entry is None:
+                failed[name] = busy  # not in the cache yet
+                continue
+            why = entry.why_not_for(info.tolerations)
+            if not why and name not in view.members:
+                why = f"the node is not in PowerFlow's GPU pool ({shape})"
+            if why:
+                never[name] = why
+            else:
+                failed[name] = busy
+        return FilterAnswer([], failed, never)
 
     def room(self, gang: Gang) -> dict[str, int]:
         """Free GPUs of the gang's block on each of its nodes."""
@@ -409,47 +651,53 @@ class ClusterState:
         return self._placed(gang).get(info.key) or (info.node or None)
 
     def filter(self, info: PodInfo, candidates: list[str]) -> FilterAnswer:
-        """Admit the candidates where the pod's gang block still has room for it."""
-        gang = self._gang_for(info)
+        """Admit the candidates where the pod's gang block still has room for it.
+
+        Nodes outside the block can never host this worker while the gang's
+        reservation stands, so they are unresolvable; the block's nodes whose
+        share is taken by the gang's other workers are merely failed.
+        """
+        gang = self._gang_for(info, candidates)
         if gang is None:
-            why = self._no_block(info)
-            return FilterAnswer([], {name: why for name in candidates})
+            return self._no_room(info, candidates)
         placed = self.member_node(gang, info)
         if placed is not None:
             why = f"pod {info.namespace}/{info.name} is already placed on {placed}"
             return FilterAnswer(
                 [n for n in candidates if n == placed],
+                {},
                 {n: why for n in candidates if n != placed},
             )
         # Every candidate fails as outside the block but the block's few nodes: start
         # from that (one C call for a thousand names), then settle the block's nodes.
         outside = f"not in the GPU block reserved for gang {gang.key}"
         full = f"the GPUs of gang {gang.key}'s block on this node are taken by its other workers"
-        failed = dict.fromkeys(candidates, outside)
+        never = dict.fromkeys(candidates, outside)
+        failed: dict[str, str] = {}
         fits: set[str] = set()
         for name, free in self.room(gang).items():
-            if name not in failed:
+            if name not in never:
                 continue
+            del never[name]
             if free < info.gpus:
                 failed[name] = full
             else:
                 fits.add(name)
-                del failed[name]
         admitted = [name for name in candidates if name in fits] if fits else []
-        return FilterAnswer(admitted, failed)
+        return FilterAnswer(admitted, failed, never)
 
     def prioritize(self, info: PodInfo, candidates: list[str]) -> list[tuple[str, int]]:
         """Prefer the fullest nodes of the block, so that a gang fills one node before the next."""
-        scores = self.block_scores(info)
+        scores = self.block_scores(info, candidates)
         return [(name, scores.get(name, 0)) for name in candidates]
 
-    def block_scores(self, info: PodInfo) -> dict[str, int]:
+    def block_scores(self, info: PodInfo, candidates: list[str] | None = None) -> dict[str, int]:
         """The nonzero scores of ``prioritize``: only nodes of the gang's block with room.
 
         Every other candidate scores 0, so the answer for a thousand candidates
         costs one lookup each, not a score each.
         """
-        gang = self._gang_for(info)
+        gang = self._gang_for(info, candidates)
         if gang is None:
             return {}
         in_flight = self._in_flight
@@ -465,7 +713,7 @@ class ClusterState:
 
     def begin_bind(self, info: PodInfo, node: str) -> Gang:
         """Check the scheduler's pick against the block and count the pod there from now on."""
-        gang = self._gang_for(info)
+        gang = self._gang_for(info, [node])
         if gang is None:
             raise PlacementError(self._no_block(info))
         placed = self.member_node(gang, info)
@@ -495,6 +743,12 @@ class ClusterState:
             "gangs": len(self.gangs),
             "pending_gangs": sum(1 for g in self.gangs.values() if not self._complete(g)),
         }
+
+
+def _short(number: int) -> str:
+    """A count for a message: ``10**400`` must not fill the scheduler's event with digits."""
+    text = str(number)
+    return text if len(text) <= 12 else f"{text[:3]}...({len(text)} digits)"
 
 
 def _subtract(counts: dict[str, int], node: str, amount: int) -> None:

@@ -15,19 +15,23 @@ decoded by ``decode_args`` (``loads``: the stdlib decoder's values, by orjson
 where that is the same; then the same key folding and type checks, by hand)
 and their answers are plain dicts written by ``encode`` (orjson): the same
 JSON as the models give, in a fraction of the time
-(``tests/test_extender_fastpath.py`` holds them to that).
+(``tests/test_extender_fastpath.py`` holds them to that). ``bind``'s body is
+read raw as well (``decode_binding_args``), so that no body, however nested,
+reaches a decoder outside these checks.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+from collections import OrderedDict
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from powerflow.errors import PowerFlowError
 
@@ -144,17 +148,25 @@ def _node_name(node: Any) -> str:
 
 
 def filter_result(
-    args: ExtenderArgs, admitted: list[str], failed: dict[str, str]
+    args: ExtenderArgs,
+    admitted: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str] | None = None,
 ) -> ExtenderFilterResult:
     """Answer in the mode the scheduler asked in: names back for names, objects for objects."""
+    never = unresolvable or None
     if args.NodeNames is None and args.Nodes is not None:
         keep = set(admitted)
         items = [node for node in args.Nodes.items if _node_name(node) in keep]
         extra = args.Nodes.model_extra or {}
         return ExtenderFilterResult(
-            Nodes=NodeList(items=items, **extra), FailedNodes=failed or None
+            Nodes=NodeList(items=items, **extra),
+            FailedNodes=failed or None,
+            FailedAndUnresolvableNodes=never,
         )
-    return ExtenderFilterResult(NodeNames=admitted, FailedNodes=failed or None)
+    return ExtenderFilterResult(
+        NodeNames=admitted, FailedNodes=failed or None, FailedAndUnresolvableNodes=never
+    )
 
 
 def dump(model: BaseModel) -> dict[str, Any]:
@@ -193,10 +205,7 @@ def decode_args(raw: bytes, content_type: str | None = None) -> ExtenderArgs:
         raise WireError(f"{_UNDECODABLE}the body is not JSON (Content-Type {content_type})")
     if not raw:
         raise WireError(f"{_UNDECODABLE}body: Field required")
-    try:
-        data = loads(raw)
-    except ValueError as exc:
-        raise WireError(f"{_UNDECODABLE}the body is not valid JSON") from exc
+    data = _load(raw)
     if not isinstance(data, dict):
         raise WireError(
             f"{_UNDECODABLE}body: Input should be a valid dictionary or object to extract"
@@ -227,6 +236,33 @@ def decode_args(raw: bytes, content_type: str | None = None) -> ExtenderArgs:
     if errors:
         raise WireError(_UNDECODABLE + "; ".join(errors[:3]))
     return ExtenderArgs.model_construct(Pod=pod, Nodes=node_list, NodeNames=names)
+
+
+def _load(raw: bytes) -> Any:
+    """``loads``, with every failure a ``WireError`` (JSON nested thousands deep included)."""
+    try:
+        return loads(raw)
+    except RecursionError as exc:
+        raise WireError(f"{_UNDECODABLE}the body's JSON is nested too deeply") from exc
+    except ValueError as exc:
+        raise WireError(f"{_UNDECODABLE}the body is not valid JSON") from exc
+
+
+def decode_binding_args(raw: bytes, content_type: str | None = None) -> ExtenderBindingArgs:
+    """``ExtenderBindingArgs`` from a request body (the same checks as FastAPI's, no traceback)."""
+    if not is_json(content_type):
+        raise WireError(f"{_UNDECODABLE}the body is not JSON (Content-Type {content_type})")
+    if not raw:
+        raise WireError(f"{_UNDECODABLE}body: Field required")
+    data = _load(raw)
+    try:
+        return ExtenderBindingArgs.model_validate(data)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors()[:3]:
+            where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+        raise WireError(_UNDECODABLE + "; ".join(parts)) from None
 
 
 _DIGITS_AS_9 = bytes(57 if 48 <= c <= 57 else 32 for c in range(256))  # digit -> "9", else " "
@@ -262,7 +298,10 @@ def _bad_entries(values: list[Any], kind: type, where: str, what: str) -> list[s
 
 
 def filter_answer(
-    args: ExtenderArgs, admitted: list[str], failed: dict[str, str]
+    args: ExtenderArgs,
+    admitted: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``dump(filter_result(...))`` built directly: the same keys, order and values."""
     if args.NodeNames is None and args.Nodes is not None:
@@ -276,7 +315,7 @@ def filter_answer(
         "Nodes": nodes,
         "NodeNames": names,
         "FailedNodes": failed or None,
-        "FailedAndUnresolvableNodes": None,
+        "FailedAndUnresolvableNodes": unresolvable or None,
         "Error": "",
     }
 
@@ -286,16 +325,27 @@ def encode(answer: Any) -> bytes:
 
     Compact, UTF-8, keys in insertion order, NaN and infinities as ``null``
     (pydantic's JSON mode). orjson writes it; what orjson refuses (integers
-    beyond 64 bits, strings that are not UTF-8, which only ``Nodes`` objects
-    echoed from the request can hold) goes through the stdlib encoder as
-    ``JSONResponse`` would, errors included.
+    beyond 64 bits, objects nested deeper than it goes) goes through the stdlib
+    encoder as ``JSONResponse`` would. Strings that are not UTF-8 (lone
+    surrogates, which a request's ``\\ud800`` escapes decode to) are written
+    as the same escapes, where ``JSONResponse`` would fail; what even that
+    cannot write is a ``WireError``, never a traceback.
     """
     try:
         return orjson.dumps(answer)
     except orjson.JSONEncodeError:
-        return json.dumps(
-            _finite(answer), ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
-        ).encode("utf-8")
+        pass
+    try:
+        value = _finite(answer)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(value, allow_nan=False, separators=(",", ":")).encode("ascii")
+    except RecursionError as exc:
+        raise WireError(
+            "cannot write the answer: the request's objects are nested too deeply"
+        ) from exc
 
 
 def _finite(value: Any) -> Any:
@@ -308,6 +358,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
+PRIORITY_CACHE_BYTES = 16 << 20
+"""The default memory budget of ``PriorityWriter``'s cache: about 100,000 typical names."""
+
+
 class PriorityWriter:
     """Writes ``HostPriorityList`` JSON, keeping each host's score-0 entry ready.
 
@@ -316,13 +370,25 @@ class PriorityWriter:
     "Score":0}`` of each name is written once and joined after that: three
     times faster than a list of a thousand dicts through orjson. The bytes
     are ``encode``'s; names it cannot write go through ``encode`` whole.
-    At most ``limit`` names are kept (then it starts over), so names that
-    come and go cannot grow it without end.
+
+    The entries are kept least recently used first and cost ``entry_cost``
+    bytes each (the name, the entry and the dict's own slot); they never add
+    up to more than ``max_bytes``: names that come and go, or one call with a
+    million of them, cannot grow it without end.
     """
 
-    def __init__(self, limit: int = 65_536) -> None:
-        self.limit = limit
-        self._zero: dict[str, bytes] = {}
+    ENTRY_OVERHEAD = 104
+    """Bytes an ``OrderedDict`` item costs beyond its key and value (its hash-table slot and
+    linked-list node, measured with tracemalloc on CPython 3.11)."""
+
+    def __init__(self, max_bytes: int = PRIORITY_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._zero: OrderedDict[str, bytes] = OrderedDict()
+
+    @classmethod
+    def entry_cost(cls, host: str, entry: bytes) -> int:
+        return sys.getsizeof(host) + sys.getsizeof(entry) + cls.ENTRY_OVERHEAD
 
     def encode(self, hosts: list[str], scores: Mapping[str, int]) -> bytes:
         zero, score = self._zero, scores.get
@@ -335,10 +401,30 @@ class PriorityWriter:
                     continue
                 entry = zero.get(host)
                 if entry is None:
-                    if len(zero) >= self.limit:
-                        zero.clear()
-                    entry = zero[host] = orjson.dumps({"Host": host, "Score": 0})
+                    # Joined, not kept as orjson wrote it: orjson's bytes keep its 4 KB
+                    # write buffer allocated, whatever their length.
+                    entry = b'{"Host":' + orjson.dumps(host) + b',"Score":0}'
+                    self._keep(host, entry)
+                else:
+                    zero.move_to_end(host)
                 parts.append(entry)
         except orjson.JSONEncodeError:
             return encode([{"Host": host, "Score": score(host, 0)} for host in hosts])
         return b"[" + b",".join(parts) + b"]"
+
+    def _keep(self, host: str, entry: bytes) -> None:
+        cost = self.entry_cost(host, entry)
+        if cost > self.max_bytes:
+            return
+        zero = self._zero
+        zero[host] = entry
+        self.bytes += cost
+        while self.bytes > self.max_bytes:
+            old, written = zero.popitem(last=False)
+            self.bytes -= self.entry_cost(old, written)
+
+
+def encode_priorities(hosts: list[str], scores: Mapping[str, int]) -> bytes:
+    """``PriorityWriter.encode``'s bytes without its cache (for calls too big to keep)."""
+    score = scores.get
+    return encode([{"Host": host, "Score": score(host, 0)} for host in hosts])

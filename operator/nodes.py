@@ -4,23 +4,42 @@ GPUs come from ``status.allocatable["nvidia.com/gpu"]`` and the GPU type from
 the ``nvidia.com/gpu.product`` label (set by NVIDIA's GPU feature discovery,
 e.g. ``NVIDIA-A100-SXM4-40GB``), matched to ``powerflow.gpus`` by name.
 An unknown or missing product falls back to ``FALLBACK_GPU`` (A100, the only
-profiled type). Nodes that are cordoned, not Ready or without GPUs are left
-out. PowerFlow plans one node shape; when shapes differ, the most common shape
-(ties: more GPUs) is kept and the others are reported.
+profiled type).
+
+Left out: nodes that are cordoned, not Ready, without GPUs, or with a
+``NoSchedule``/``NoExecute`` taint that none of ``tolerations`` matches. The
+workers' real tolerations come from each DLJob's pod template, which the
+inventory cannot know per job, so a tainted node is planned on only when the
+caller's ``tolerations`` (one set for all jobs) tolerate every hard taint on
+it. The default, ``powerflow.taints.GPU_TOLERATIONS``, tolerates only the
+``nvidia.com/gpu`` taint of managed GPU node pools, which the API server's
+``ExtendedResourceToleration`` admission gives every pod requesting GPUs; the
+scheduler extender pools nodes with the same default.
+
+GPUs held by bound, running pods that are not PowerFlow's (no
+``powerflow.io/job`` label) are taken off their node's usable count, and the
+nodes are pooled by the core's rule (``powerflow.policy.pools``): PowerFlow
+plans on the main pool, each node counted with its usable power-of-two GPU
+count, and reports the nodes of the other pools. The scheduler extender
+applies the same rule to the same inputs, so it places gangs on the pool
+planned here.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from powerflow.operator.bodies import NodeBody
 
 from powerflow import contract
 from powerflow.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.policy.pools import NodeShape, pools
 from powerflow.policy.snapshot import Node
+from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
 
 FALLBACK_GPU = A100
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def gpu_of(product: str | None) -> GpuSpec:
@@ -32,35 +51,112 @@ def gpu_of(product: str | None) -> GpuSpec:
     return FALLBACK_GPU
 
 
-def _ready(body: NodeBody) -> bool:
-    conditions = body.get("status", {}).get("conditions") or []
-    ready = [c for c in conditions if c.get("type") == "Ready"]
-    return not ready or ready[-1].get("status") == "True"
+MAX_GPUS = 1 << 16
+"""More GPUs than any node or pod has: such a quantity is garbage and reads as 0."""
 
 
-def parse_node(body: NodeBody) -> Node | None:
-    """One node's GPUs, or ``None`` when it offers none to schedule on."""
-    if body.get("spec", {}).get("unschedulable") or not _ready(body):
-        return None
-    raw = (body.get("status", {}).get("allocatable") or {}).get(contract.GPU_RESOURCE, "0")
+def _count(raw: Any) -> int:
+    """A whole extended-resource quantity (``"8"``, ``8``); 0 when unreadable or absurd."""
+    if isinstance(raw, bool):
+        return 0
     try:
-        gpus = int(str(raw))
+        value = int(str(raw).strip())
     except ValueError:
-        return None
-    if gpus < 1:
-        return None
-    labels = body.get("metadata", {}).get("labels") or {}
-    name = body.get("metadata", {}).get("name", "")
-    return Node(name=name, gpus=gpus, gpu=gpu_of(labels.get(contract.GPU_PRODUCT_LABEL)))
+        return 0
+    return value if 0 < value < MAX_GPUS else 0
 
 
-def cluster_nodes(bodies: Iterable[NodeBody]) -> tuple[tuple[Node, ...], tuple[str, ...]]:
-    """The nodes the policy may plan on, sorted by name, and the names left out for shape."""
-    nodes = [n for n in (parse_node(b) for b in bodies) if n is not None]
-    if not nodes:
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _product(body: Any) -> str:
+    label = _dict(_dict(_dict(body).get("metadata")).get("labels")).get(contract.GPU_PRODUCT_LABEL)
+    return label if isinstance(label, str) else ""
+
+
+def _shape(body: Any, tolerations: Iterable[Any]) -> NodeShape | None:
+    """The node as pooling sees it, or None when PowerFlow may not plan on it at all."""
+    if node_cordoned(body) or not node_ready(body) or untolerated(hard_taints(body), tolerations):
+        return None
+    name = _dict(_dict(body).get("metadata")).get("name")
+    allocatable = _dict(_dict(_dict(body).get("status")).get("allocatable"))
+    gpus = _count(allocatable.get(contract.GPU_RESOURCE, 0))
+    if not isinstance(name, str) or not name or gpus < 1:
+        return None
+    return NodeShape(name, _product(body), gpus)
+
+
+def parse_node(body: NodeBody, tolerations: Iterable[Any] = ()) -> Node | None:
+    """One node's allocatable GPUs, or ``None`` when it offers none to schedule on."""
+    shape = _shape(body, tolerations)
+    if shape is None:
+        return None
+    return Node(name=shape.name, gpus=shape.allocatable, gpu=gpu_of(shape.product))
+
+
+def pod_gpus(pod: Any) -> int:
+    """GPUs a pod holds: its containers' sum, or its largest init container's if more.
+
+    Limits win over requests, as for every extended resource.
+    """
+    spec = _dict(_dict(pod).get("spec"))
+
+    def gpus(container: Any) -> int:
+        resources = _dict(_dict(container).get("resources"))
+        limits, requests = _dict(resources.get("limits")), _dict(resources.get("requests"))
+        return _count(limits.get(contract.GPU_RESOURCE, requests.get(contract.GPU_RESOURCE, 0)))
+
+    def each(field: str) -> list[int]:
+        items = spec.get(field)
+        return [gpus(c) for c in items] if isinstance(items, list) else []
+
+    return max(sum(each("containers")), max(each("initContainers"), default=0))
+
+
+def foreign_gpus(pods: Iterable[Any]) -> dict[str, int]:
+    """GPUs held on each node by bound, non-terminal pods that are not PowerFlow's."""
+    held: dict[str, int] = {}
+    for pod in pods:
+        meta, spec = _dict(_dict(pod).get("metadata")), _dict(_dict(pod).get("spec"))
+        node = spec.get("nodeName")
+        if not isinstance(node, str) or not node or contract.JOB_LABEL in _dict(meta.get("labels")):
+            continue
+        if _dict(_dict(pod).get("status")).get("phase") in TERMINAL_PHASES:
+            continue
+        gpus = pod_gpus(pod)
+        if gpus:
+            held[node] = held.get(node, 0) + gpus
+    return held
+
+
+def cluster_nodes(
+    bodies: Iterable[NodeBody],
+    foreign_gpu_pods: Iterable[Any] = (),
+    tolerations: Iterable[Any] = GPU_TOLERATIONS,
+) -> tuple[tuple[Node, ...], tuple[str, ...]]:
+    """The main pool's nodes (sorted by name, with their usable GPUs) and the names left out.
+
+    ``foreign_gpu_pods``: pods that may hold GPUs (any pods: the bound,
+    non-terminal ones requesting ``nvidia.com/gpu`` without the
+    ``powerflow.io/job`` label count). ``tolerations``: what PowerFlow's
+    workers tolerate (see the module doc). The names left out are the usable
+    nodes of the other pools (another product, or another usable count).
+    """
+    allowed = list(tolerations)
+    held = foreign_gpus(foreign_gpu_pods)
+    shapes = []
+    for body in bodies:
+        shape = _shape(body, allowed)
+        if shape is not None:
+            shapes.append(
+                NodeShape(shape.name, shape.product, shape.allocatable, held.get(shape.name, 0))
+            )
+    found = pools(shapes)
+    if not found:
         return (), ()
-    shapes = Counter((n.gpu.name, n.gpus) for n in nodes)
-    keep = max(shapes, key=lambda s: (shapes[s], s[1]))
-    kept = tuple(sorted((n for n in nodes if (n.gpu.name, n.gpus) == keep), key=lambda n: n.name))
-    left = tuple(sorted(n.name for n in nodes if (n.gpu.name, n.gpus) != keep))
+    main, others = found[0], found[1:]
+    gpu = gpu_of(main.product)
+    kept = tuple(Node(name=name, gpus=main.per_node, gpu=gpu) for name in main.nodes)
+    left = tuple(sorted(name for pool in others for name in pool.nodes))
     return kept, left

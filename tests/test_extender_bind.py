@@ -244,3 +244,66 @@ async def test_unreachable_api_is_a_clear_error(start: Callable[..., Any]) -> No
         await ext.post("/bind", content=go_json(binding_args(pod("web"), "gpu-0")), headers=JSON)
     ).json()
     assert "unreachable" in plain["Error"]
+
+
+@pytest.mark.parametrize("index", ["1e400", "Infinity", "-1e400"])
+async def test_a_poisoned_pod_is_skipped_and_other_gangs_are_placed(
+    cluster: httpx.AsyncClient, start: Callable[..., Any], index: str
+) -> None:
+    """A placement annotation whose index overflows used to make every listing fail:
+    the mirror relisted forever and /readyz stayed 503."""
+    poisoned = pod("poisoned-0", job="poisoned", workers=1, namespace="ml")
+    placement = f'{{"node":"gpu-0","block":[["gpu-0",{index}]]}}'
+    poisoned["metadata"]["annotations"][PLACEMENT_ANNOTATION] = placement
+    await create_pod(cluster, poisoned)
+    binding = {"metadata": {"name": "poisoned-0"}, "target": {"kind": "Node", "name": "gpu-0"}}
+    assert (
+        await cluster.post("/api/v1/namespaces/ml/pods/poisoned-0/binding", json=binding)
+    ).status_code == 201
+    ext = await start()
+    await ready(ext)
+    # Another one arriving through the watch is skipped too.
+    late = pod("poisoned-1", job="late", workers=1, namespace="ml", node_name="gpu-1")
+    late["metadata"]["annotations"][PLACEMENT_ANNOTATION] = placement.replace("gpu-0", "gpu-1")
+    await create_pod(cluster, late)
+    await wait_for(lambda: ("ml", "poisoned-1") in ext.state.pods)
+    bodies = [await create_pod(cluster, worker(i, workers=8)) for i in range(8)]
+    placed = {(await schedule(ext, b))[0] for b in bodies}
+    assert len(placed) == 1 and (await ext.get("/readyz")).status_code == 200
+
+
+async def test_bind_refuses_a_pod_uid_that_is_not_the_pods(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    body = await create_pod(cluster, worker(0))
+    await wait_for(lambda: ("ml", "train-0") in ext.state.pods)
+    request = binding_args(body, "gpu-0") | {"PodUID": "6f1d2c3b-0000-4e5f-8a9b-0c1d2e3f4a5b"}
+    answer = await ext.post("/bind", content=go_json(request), headers=JSON)
+    assert answer.status_code == 200
+    assert (
+        "uid 6f1d2c3b-0000" in answer.json()["Error"]
+        and "nothing was bound" in (answer.json()["Error"])
+    )
+    stored = (await cluster.get("/api/v1/namespaces/ml/pods/train-0")).json()
+    assert not stored["spec"].get("nodeName")
+    assert not ext.state.gangs or all(not g.assumed for g in ext.state.gangs.values())
+
+
+async def test_bind_of_a_pod_re_created_behind_the_cache_asks_the_api(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    ext = await start()
+    await ready(ext)
+    old = await create_pod(cluster, pod("web-0", gpus=2, namespace="ml"))
+    await cluster.delete("/api/v1/namespaces/ml/pods/web-0")
+    new = await create_pod(cluster, pod("web-0", gpus=2, namespace="ml"))
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    uid = new["metadata"]["uid"]
+    await wait_for(lambda: getattr(ext.state.pods.get(("ml", "web-0")), "uid", "") == uid)
+    ext.state.upsert_pod(old)  # the watch lags behind: the cache still has the old pod
+    answer = await ext.post("/bind", content=go_json(binding_args(new, "gpu-2")), headers=JSON)
+    assert answer.json() == {"Error": ""}
+    stored = (await cluster.get("/api/v1/namespaces/ml/pods/web-0")).json()
+    assert stored["spec"]["nodeName"] == "gpu-2"

@@ -86,8 +86,10 @@ async def test_filter_admits_only_the_gangs_block(
         assert result["Nodes"]["items"][0] in NODES
     assert len(admitted) == 1
     names = {n["metadata"]["name"] for n in NODES}
-    assert set(result["FailedNodes"]) == names - set(admitted)
-    assert all("ml/train" in why for why in result["FailedNodes"].values())
+    # Outside the gang's block no eviction makes room: FailedAndUnresolvableNodes.
+    assert result["FailedNodes"] is None
+    assert set(result["FailedAndUnresolvableNodes"]) == names - set(admitted)
+    assert all("ml/train" in why for why in result["FailedAndUnresolvableNodes"].values())
     # The next worker of the same gang is sent to the same block.
     again = (await post(client, "/filter", args(worker(1), NODES, cache_capable=True))).json()
     assert again["NodeNames"] == admitted
@@ -98,7 +100,7 @@ async def test_prioritize_scores_the_block_and_is_neutral_for_others(
     client: httpx.AsyncClient, cache_capable: bool
 ) -> None:
     body = args(worker(), NODES, cache_capable=cache_capable)
-    admitted = (await post(client, "/filter", body)).json()["FailedNodes"]
+    admitted = (await post(client, "/filter", body)).json()["FailedAndUnresolvableNodes"]
     scores = (await post(client, "/prioritize", body)).json()
     assert [set(s) for s in scores] == [{"Host", "Score"}] * len(NODES)
     assert [s["Host"] for s in scores] == [n["metadata"]["name"] for n in NODES]

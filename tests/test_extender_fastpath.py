@@ -136,8 +136,9 @@ def test_filter_answers_are_the_json_the_models_gave(raw: bytes, data: st.DataOb
         st.lists(st.sampled_from(candidates), max_size=3) if candidates else st.just([])
     )
     failed = {n: data.draw(names) for n in candidates if n not in admitted}
-    general = JSONResponse(dump(filter_result(by_model(raw), admitted, failed))).body
-    answer = filter_answer(args, admitted, failed)
+    never = {f"x{k}": "never" for k in failed}
+    general = JSONResponse(dump(filter_result(by_model(raw), admitted, failed, never))).body
+    answer = filter_answer(args, admitted, failed, never)
     assert same_json(encode(answer), bytes(general))
     if answer["Nodes"] is None:  # names and reasons only: byte for byte
         assert encode(answer) == bytes(general)
@@ -164,25 +165,29 @@ def test_priority_lists_are_byte_for_byte_what_json_response_wrote(
         min_size=1,
         max_size=4,
     ),
-    limit=st.integers(1, 8),
+    max_bytes=st.integers(0, 2000),
 )
 def test_priority_writer_writes_what_json_response_wrote(
-    calls: list[tuple[list[str], dict[str, int]]], limit: int
+    calls: list[tuple[list[str], dict[str, int]]], max_bytes: int
 ) -> None:
-    """Repeated calls (entries reused), a small limit (entries dropped), unwritable names."""
-    writer = PriorityWriter(limit=limit)
+    """Repeated calls (entries reused), a small budget (entries dropped), unwritable names.
+
+    The cache never holds more than its byte budget, and never changes an answer: the
+    bytes are JSONResponse's, and names JSONResponse cannot write (lone surrogates) are
+    written as escapes that decode to the same list.
+    """
+    writer = PriorityWriter(max_bytes=max_bytes)
     for hosts, scores in calls:
         answer = [{"Host": h, "Score": scores.get(h, 0)} for h in hosts]
         try:
-            expected: bytes | type[Exception] = bytes(JSONResponse(answer).body)
-        except UnicodeEncodeError as exc:
-            expected = type(exc)
-        if isinstance(expected, bytes):
-            assert writer.encode(hosts, scores) == expected
+            expected = bytes(JSONResponse(answer).body)
+        except UnicodeEncodeError:
+            assert json.loads(writer.encode(hosts, scores)) == answer
         else:
-            with pytest.raises(expected):
-                writer.encode(hosts, scores)
-        assert len(writer._zero) <= limit
+            assert writer.encode(hosts, scores) == expected
+        kept = writer._zero
+        assert writer.bytes == sum(writer.entry_cost(h, e) for h, e in kept.items())
+        assert writer.bytes <= max_bytes
 
 
 def test_numbers_orjson_cannot_write_take_the_general_path() -> None:
@@ -246,28 +251,28 @@ def test_content_types_are_read_as_fastapi_reads_them(content_type: str | None, 
 def filter_by_candidate(state: ClusterState, info: Any, candidates: list[str]) -> FilterAnswer:
     gang = state.gangs.get(info.gang)
     if gang is None:
-        why = state._no_block(info)
-        return FilterAnswer([], {name: why for name in candidates})
+        return state._no_room(info, candidates)
     placed = state.member_node(gang, info)
     if placed is not None:
         why = f"pod {info.namespace}/{info.name} is already placed on {placed}"
         return FilterAnswer(
-            [n for n in candidates if n == placed], {n: why for n in candidates if n != placed}
+            [n for n in candidates if n == placed], {}, {n: why for n in candidates if n != placed}
         )
     room = state.room(gang)
     admitted: list[str] = []
     failed: dict[str, str] = {}
+    never: dict[str, str] = {}
     outside = f"not in the GPU block reserved for gang {gang.key}"
     full = f"the GPUs of gang {gang.key}'s block on this node are taken by its other workers"
     for name in candidates:
         free = room.get(name)
         if free is None:
-            failed[name] = outside
+            never[name] = outside
         elif free < info.gpus:
             failed[name] = full
         else:
             admitted.append(name)
-    return FilterAnswer(admitted, failed)
+    return FilterAnswer(admitted, failed, never)
 
 
 def prioritize_by_candidate(state: ClusterState, info: Any, candidates: list[str]) -> list[Any]:

@@ -33,7 +33,10 @@ json_values = st.recursive(
     ),
     max_leaves=20,
 )
-junk = json_values | st.sampled_from(["4", "0", "-1", "1e309", "8", " 2 ", "NaN"])
+junk = json_values | st.sampled_from(
+    ["4", "0", "-1", "1e309", "8", " 2 ", "NaN", "Infinity", str(10**400), 10**400, "\ud800"]
+)
+"""Values that broke readers before: overflowing numbers, numeric strings, lone surrogates."""
 
 
 class Client:
@@ -44,7 +47,8 @@ class Client:
         bound = [
             pod(f"old-{i}", job="old", workers=4, index=i, node_name="gpu-0") for i in range(4)
         ]
-        app.state.extender.state.replace([node(n) for n in NODE_NAMES], bound)
+        self.state = app.state.extender.state
+        self.state.replace([node(n) for n in NODE_NAMES], bound)
         self.loop = asyncio.new_event_loop()
         self.http = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://extender"
@@ -125,6 +129,10 @@ def scheduler_like(draw: st.DrawFn) -> tuple[dict[str, Any], list[str]]:
         body["spec"]["containers"] = draw(junk)
     if draw(st.integers(0, 5)) == 0:
         body["spec"]["nodeName"] = draw(junk)
+    if draw(st.integers(0, 3)) == 0:
+        body["status"]["phase"] = draw(junk)
+    if draw(st.integers(0, 3)) == 0:
+        body["spec"]["tolerations"] = draw(junk | st.lists(junk, max_size=3))
     names = draw(
         st.lists(st.sampled_from([*NODE_NAMES, "elsewhere"]) | st.text(max_size=6), max_size=6)
     )
@@ -157,3 +165,44 @@ def test_binding_args_junk_never_gives_a_500(
 ) -> None:
     payload = {"PodName": name, "PodNamespace": namespace, "PodUID": uid, "Node": target}
     check("/bind", client.post("/bind", json.dumps(payload).encode()))
+
+
+@st.composite
+def junk_node(draw: st.DrawFn, name: str) -> dict[str, Any]:
+    """A node of the cache with the fields placement reads replaced by junk."""
+    body = node(name, draw(st.sampled_from([0, 1, 4, 7, 8])))
+    if draw(st.booleans()):
+        body["spec"]["unschedulable"] = draw(junk)
+    if draw(st.booleans()):
+        body["spec"]["taints"] = draw(
+            junk | st.lists(st.fixed_dictionaries({"key": junk, "effect": junk}), max_size=2)
+        )
+    if draw(st.booleans()):
+        body["status"]["conditions"] = draw(junk | st.lists(junk, max_size=2))
+    if draw(st.booleans()):
+        body["status"]["allocatable"][GPU_RESOURCE] = draw(junk)
+    if draw(st.integers(0, 3)) == 0:
+        body["metadata"]["labels"] = draw(junk)
+    return body
+
+
+@fuzz
+@given(
+    nodes=st.tuples(*(junk_node(n) for n in NODE_NAMES)),
+    case=scheduler_like(),
+    path=st.sampled_from(VERBS[:2]),
+)
+def test_junk_nodes_in_the_cache_never_give_a_500(
+    client: Client,
+    nodes: tuple[dict[str, Any], ...],
+    case: tuple[dict[str, Any], list[str]],
+    path: str,
+) -> None:
+    body, names = case
+    bound = [pod(f"old-{i}", job="old", workers=4, index=i, node_name="gpu-0") for i in range(4)]
+    try:
+        client.state.replace(list(nodes), bound)
+        payload = {"Pod": body, "NodeNames": names}
+        check(path, client.post(path, json.dumps(payload).encode()), names)
+    finally:
+        client.state.replace([node(n) for n in NODE_NAMES], bound)

@@ -31,18 +31,37 @@ class Clock:
 
 
 def slot_by_slot(state: ClusterState) -> dict[str, set[int]]:
-    """The occupancy as first written: every slot of every block, then the GPUs outside."""
+    """The occupancy as first written: every slot of every block, then the GPUs outside.
+
+    In the main pool's geometry: its nodes have ``per_node`` GPUs; other pods' GPUs beyond
+    the node's spare ones, and PowerFlow workers of gangs no longer reserved, are taken on
+    the lowest free indices, as is every block index past ``per_node``.
+    """
     slots: dict[str, set[int]] = {}
     for gang in state.gangs.values():
         for name, index in gang.block:
             slots.setdefault(name, set()).add(index)
+    view = state.pool_view()
+    if view.pool is None:
+        return slots
+    cap = view.pool.per_node
     extra: dict[str, int] = {}
+    for name in view.members:
+        entry = state.nodes[name]
+        foreign = sum(
+            i.gpus for i in state.pods.values() if i.bound and i.gang is None and i.node == name
+        )
+        extra[name] = min(cap, max(0, foreign - (entry.gpus - cap)))
     for info in state.pods.values():
-        if info.bound and (info.gang is None or info.gang not in state.gangs):
+        if info.bound and info.gang is not None and info.gang not in state.gangs:
             extra[info.node] = extra.get(info.node, 0) + info.gpus
     for name, count in extra.items():
-        if name in state.nodes:
-            slots[name] = occupied_indices(state.nodes[name].gpus, slots.get(name, set()), count)
+        if name not in view.members:
+            continue
+        held = slots.get(name, set())
+        count += len({i for i in held if i >= cap})
+        if count or any(i >= cap for i in held):
+            slots[name] = occupied_indices(cap, {i for i in held if i < cap}, count)
     return slots
 
 

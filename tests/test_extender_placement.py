@@ -39,7 +39,7 @@ def schedule(state: ClusterState, body: dict[str, Any]) -> str | None:
     answer = state.filter(info, candidates)
     if not answer.admitted:
         return None
-    assert set(answer.admitted) | set(answer.failed) == set(candidates)
+    assert set(answer.admitted) | set(answer.failed) | set(answer.unresolvable) == set(candidates)
     scores = dict(state.prioritize(info, answer.admitted))
     best = max(answer.admitted, key=lambda n: scores[n])
     state.begin_bind(info, best)
@@ -73,9 +73,10 @@ def test_filter_admits_only_the_block_and_says_why_for_the_rest() -> None:
     state, _ = cluster(4)
     first = pod_info(gang("a", 4)[0])
     answer = state.filter(first, sorted(state.nodes))
-    assert len(answer.admitted) == 1
-    assert set(answer.failed) == set(state.nodes) - set(answer.admitted)
-    assert all("block reserved for gang default/a" in why for why in answer.failed.values())
+    assert len(answer.admitted) == 1 and answer.failed == {}
+    # Outside the block no eviction can make room for this worker: unresolvable.
+    assert set(answer.unresolvable) == set(state.nodes) - set(answer.admitted)
+    assert all("block reserved for gang default/a" in why for why in answer.unresolvable.values())
 
 
 def test_gang_fills_a_node_before_the_next() -> None:

@@ -168,3 +168,10 @@ def test_wires_powerflow_scheduler_to_the_extender(config: dict[str, Any]) -> No
     paths = create_app(connect=False).openapi()["paths"]
     for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
         assert "post" in paths[f"{url.path.rstrip('/')}/{ext[verb]}"]
+
+
+def test_every_feasible_node_reaches_the_extender(config: dict[str, Any]) -> None:
+    """kube-scheduler samples feasible nodes on clusters of 100+ unless told 100%; the
+    extender would then not see the nodes of a gang's block. No profile may lower it."""
+    assert config["percentageOfNodesToScore"] == 100
+    assert all(p.get("percentageOfNodesToScore", 100) == 100 for p in config["profiles"])

@@ -2,8 +2,9 @@
 
 Runs beside a second kube-scheduler (``powerflow-scheduler``) in the same pod,
 which reaches it on localhost (``helm/powerflow/files/kube-scheduler-config.yaml``).
-It starts even when the API server cannot be reached: ``/readyz`` then says
-why, and pods that are not PowerFlow's still pass through.
+It starts even when the API server cannot be reached or the kubeconfig is
+unusable: one log line and ``/readyz`` then say why, and pods that are not
+PowerFlow's still pass through.
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="how long a gang's reservation waits for all its workers (default 120)",
     )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="refuse verb requests with larger bodies with 413 (default 4 MiB: a pod and the "
+        "names of 5,000 nodes, as kube-scheduler sends with nodeCacheCapable: true)",
+    )
+    p.add_argument(
+        "--priority-cache-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="memory for prioritize's cache of written answers per node name (default 16 MiB)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -61,12 +77,23 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from powerflow.extender import create_app
+    from powerflow.extender.app import MAX_BODY_BYTES
+    from powerflow.extender.wire import PRIORITY_CACHE_BYTES
+
+    max_body = MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
+    cache = PRIORITY_CACHE_BYTES if args.priority_cache_bytes is None else args.priority_cache_bytes
+    if max_body < 1:
+        raise ExtenderConfigError(f"--max-body-bytes must be positive, got {max_body}")
+    if cache < 0:
+        raise ExtenderConfigError(f"--priority-cache-bytes must not be negative, got {cache}")
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(
         kubeconfig=args.kubeconfig,
         in_cluster=args.in_cluster,
         reservation_ttl_s=args.reservation_ttl,
+        max_body_bytes=max_body,
+        priority_cache_bytes=cache,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,0 +1,196 @@
+"""Bad requests and big ones: a clear answer, never a traceback, a 500 or a blocked loop.
+
+Issue 11, items 12 and 13: a wrong-typed ``status.phase``, a GPU limit of
+``10**400``, JSON nested 10,000 deep and lone surrogates in names each ended
+in an "internal error" with a traceback in the log; a body of any size was
+read whole, and decoded on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import threading
+import tracemalloc
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from extender_bodies import args, go_json, node, pod
+from powerflow.extender import app as app_module
+from powerflow.extender import create_app, wire
+
+from powerflow.contract import GPU_RESOURCE
+
+JSON = {"Content-Type": "application/json"}
+NODES = [node(f"gpu-{i}") for i in range(4)]
+
+
+def client_of(**kw: Any) -> httpx.AsyncClient:
+    app = create_app(connect=False, **kw)
+    app.state.extender.state.replace(NODES, [])
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ext")
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with client_of() as c:
+        yield c
+
+
+def worker(**changes: Any) -> dict[str, Any]:
+    body = pod("train-0", job="train", workers=4, namespace="ml")
+    body["status"].update(changes)
+    return body
+
+
+def deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def with_gpus(raw_limit: str) -> bytes:
+    """A filter body whose GPU limit is written verbatim (a JSON number or string)."""
+    text = go_json(args(worker(), NODES, cache_capable=True)).decode()
+    return text.replace(f'"{GPU_RESOURCE}":"1"', f'"{GPU_RESOURCE}":{raw_limit}').encode()
+
+
+BAD_BODIES: dict[str, tuple[str, bytes, str]] = {
+    "phase-list": (
+        "/filter",
+        go_json(args(worker(phase=["Running"]), NODES, cache_capable=True)),
+        "",  # read as not terminal: placed as usual
+    ),
+    "phase-object": (
+        "/prioritize",
+        go_json(args(worker(phase={"a": 1}), NODES, cache_capable=True)),
+        "",
+    ),
+    "gpus-int-10**400": ("/filter", with_gpus(str(10**400)), "power-of-two"),
+    "gpus-str-10**400": ("/filter", with_gpus(f'"{10**400}"'), "power-of-two"),
+    "nested-filter": ("/filter", f'{{"Pod": {deep(10_000)}}}'.encode(), "nested too deeply"),
+    "nested-bind": ("/bind", f'{{"PodName": {deep(10_000)}}}'.encode(), "nested too deeply"),
+    "nested-prioritize": ("/prioritize", deep(10_000).encode(), "nested too deeply"),
+    "surrogate-names": (
+        "/filter",
+        b'{"Pod": {"metadata": {"name": "\\ud800"}}, "NodeNames": ["\\ud800", "gpu-0"]}',
+        "",
+    ),
+    "surrogate-prioritize": (
+        "/prioritize",
+        b'{"Pod": {"metadata": {"name": "w"}}, "NodeNames": ["\\udfff", "gpu-1"]}',
+        "",
+    ),
+    "surrogate-bind": (
+        "/bind",
+        b'{"PodName": "\\ud800", "PodNamespace": "ml", "PodUID": "u", "Node": "\\ud800"}',
+        "no Kubernetes API",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BODIES))
+async def test_bad_requests_get_a_clear_answer_without_a_traceback(
+    client: httpx.AsyncClient, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, raw, error = BAD_BODIES[case]
+    with caplog.at_level(logging.INFO):
+        response = await client.post(path, content=raw, headers=JSON)
+    assert response.status_code == 200
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    body = json.loads(response.content)
+    if path == "/prioritize":
+        reason = response.headers.get("x-powerflow-error", "")
+        assert "internal error" not in reason and error in reason
+        assert isinstance(body, list)
+        return
+    assert "internal error" not in body["Error"]
+    assert error in body["Error"] if error else body["Error"] == ""
+
+
+async def test_surrogate_names_come_back_as_the_same_escapes(client: httpx.AsyncClient) -> None:
+    raw = BAD_BODIES["surrogate-names"][1]
+    answer = json.loads((await client.post("/filter", content=raw, headers=JSON)).content)
+    assert answer["NodeNames"] == ["\ud800", "gpu-0"]
+
+
+async def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read() -> None:
+    read: list[int] = []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            read.append(1)
+            yield b" " * 1000
+
+    async with client_of(max_body_bytes=10_000) as c:
+        small = go_json(args(worker(), NODES, cache_capable=True))
+        assert len(small) < 10_000
+        assert (await c.post("/filter", content=small, headers=JSON)).json()["Error"] == ""
+        # Content-Length says it: refused without reading a byte of it.
+        sized = await c.post("/filter", content=b" " * 10_001, headers=JSON)
+        assert (
+            sized.status_code == 413
+            and "10001 bytes is over the 10000-byte limit" in (sized.json()["Error"])
+        )
+        # Chunked, no Content-Length: refused as soon as the count passes the limit.
+        streamed = await c.post("/bind", content=chunks(), headers=JSON)
+        assert (
+            streamed.status_code == 413
+            and "over the 10000-byte limit" in (streamed.json()["Error"])
+        )
+        assert len(read) <= 12
+        prioritized = await c.post("/prioritize", content=b" " * 10_001, headers=JSON)
+        assert prioritized.status_code == 413 and prioritized.json() == []
+
+
+async def test_health_is_answered_while_a_big_request_decodes(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release, decoded = threading.Event(), threading.Event(), threading.Event()
+    real = wire.loads
+
+    def slow_loads(raw: bytes) -> Any:
+        started.set()
+        release.wait(timeout=5)  # on the event loop this would hold up every other request
+        decoded.set()
+        return real(raw)
+
+    monkeypatch.setattr(wire, "loads", slow_loads)
+    names = [f"node-{i:07d}" for i in range(app_module.OFFLOAD_BYTES // 10)]
+    body = go_json({"Pod": pod("web"), "NodeNames": names})
+    assert len(body) > app_module.OFFLOAD_BYTES
+    call = asyncio.create_task(client.post("/prioritize", content=body, headers=JSON))
+    while not started.is_set():
+        await asyncio.sleep(0.01)
+    health = await client.get("/healthz")
+    answered_while_decoding = not decoded.is_set()
+    release.set()
+    scores = (await call).json()
+    assert health.text == "ok" and answered_while_decoding
+    assert len(scores) == len(names) and {s["Score"] for s in scores} == {0}
+
+
+def test_the_priority_cache_holds_no_more_memory_than_its_budget() -> None:
+    """Measured, not its own count: orjson's bytes kept a 4 kB buffer for a 70-byte entry,
+    so 70,000 names held 258 MB while the entries' lengths added up to 5."""
+    budget = 1 << 20
+    writer = wire.PriorityWriter(max_bytes=budget)
+    batches = [
+        [f"node-{i:07d}.example" for i in range(k, k + 1000)] for k in range(0, 30_000, 1000)
+    ]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for names in batches:
+            answer = writer.encode(names, {})
+            assert json.loads(answer) == [{"Host": n, "Score": 0} for n in names]
+            del answer
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert writer.bytes <= budget
+    assert held <= budget * 1.1

@@ -1,0 +1,86 @@
+"""The operator's GPU inventory (``operator/nodes.py``): pools, foreign GPU pods, taints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from powerflow.operator.nodes import cluster_nodes, foreign_gpus
+
+from powerflow import contract
+from powerflow.gpus import A100
+from powerflow.policy.snapshot import Node
+
+A100_LABEL, H100_LABEL = "NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3"
+
+
+def node(name: str, gpus: Any, product: str = A100_LABEL, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {contract.GPU_PRODUCT_LABEL: product}},
+        "spec": spec,
+        "status": {
+            "allocatable": {contract.GPU_RESOURCE: gpus},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def pod(name: str, node_name: str, gpus: int, *, job: str | None = None, **kw: Any) -> Any:
+    labels = {contract.JOB_LABEL: job} if job else {}
+    limits = {contract.GPU_RESOURCE: str(gpus)}
+    return {
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"nodeName": node_name, "containers": [{"resources": {"limits": limits}}]},
+        "status": {"phase": kw.get("phase", "Running")},
+    }
+
+
+def test_mixed_node_sizes_plan_on_the_pool_with_the_most_usable_gpus() -> None:
+    # Before pooling, unequal nodes kept only the most common shape by raw count.
+    bodies = [node("a", "8"), node("b", "8"), node("c", "7"), node("d", "4"), node("e", "4")]
+    bodies += [node("f", "4"), node("h", "8", H100_LABEL)]
+    kept, left = cluster_nodes(bodies)
+    # 4-GPU pool: c (7 allocatable -> 4 usable), d, e, f = 16 GPUs; the 8-GPU A100s: 16 too,
+    # and larger nodes win the tie.
+    assert kept == (Node("a", 8, A100), Node("b", 8, A100))
+    assert left == ("c", "d", "e", "f", "h")
+    kept, left = cluster_nodes([*bodies, node("g", "4")])  # now 20 GPUs of 4-GPU nodes
+    assert [n.name for n in kept] == ["c", "d", "e", "f", "g"]
+    assert {n.gpus for n in kept} == {4} and left == ("a", "b", "h")
+
+
+def test_foreign_gpu_pods_take_gpus_off_their_node() -> None:
+    bodies = [node(n, "8") for n in ("a", "b", "c")]
+    pods = [
+        pod("notebook", "a", 1),  # 7 left: a is a 4-GPU node for PowerFlow now
+        pod("worker-0", "b", 8, job="train"),  # PowerFlow's own: planned, not foreign
+        pod("done", "c", 8, phase="Succeeded"),  # finished: holds nothing
+        pod("pending", "", 8),  # not bound: holds nothing
+    ]
+    assert foreign_gpus(pods) == {"a": 1}
+    kept, left = cluster_nodes(bodies, pods)
+    assert kept == (Node("b", 8, A100), Node("c", 8, A100)) and left == ("a",)
+    # Every GPU of a node taken by others: it is in no pool at all.
+    kept, left = cluster_nodes(bodies, [pod("big", "a", 8)])
+    assert [n.name for n in kept] == ["b", "c"] and left == ()
+
+
+def test_cordoned_not_ready_and_untolerated_nodes_are_left_out() -> None:
+    tainted = node(
+        "t", "8", taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]
+    )
+    soft = node("s", "8", taints=[{"key": "x", "effect": "PreferNoSchedule"}])
+    managed = node("m", "8", taints=[{"key": contract.GPU_RESOURCE, "effect": "NoSchedule"}])
+    sick = node("n", "8")
+    sick["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    bodies = [node("a", "8"), node("c", "8", unschedulable=True), tainted, soft, sick, managed]
+    # By default only the GPU node pools' own taint is tolerated (ExtendedResourceToleration).
+    kept, _ = cluster_nodes(bodies)
+    assert [n.name for n in kept] == ["a", "m", "s"]
+    kept, _ = cluster_nodes(bodies, tolerations=[{"key": "dedicated", "operator": "Exists"}])
+    assert [n.name for n in kept] == ["a", "s", "t"]
+
+
+def test_unreadable_quantities_and_bodies_are_no_gpus() -> None:
+    bodies = [node("a", "8"), node("b", "lots"), node("c", True), {"metadata": "x"}, "junk"]
+    bodies += [node("d", str(10**400)), node("e", 1 << 20), node("f", "-8")]
+    assert cluster_nodes(bodies, ["junk", {"spec": "x"}]) == ((Node("a", 8, A100),), ())  # type: ignore[list-item]
