@@ -198,9 +198,9 @@ class Controller:
         started = time.perf_counter()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
         self._budget(state)
-        nodes, left_out = cluster_nodes(state.nodes)
+        nodes, left_out = cluster_nodes(state.nodes, state.foreign_gpu_pods)
         if left_out:
-            log.warning("nodes of another shape left out: %s", ", ".join(left_out))
+            log.warning("nodes of other pools left out: %s", ", ".join(left_out))
         now = self.clock()
         actions = reconcile(
             state.jobs,

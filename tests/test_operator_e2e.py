@@ -413,3 +413,32 @@ async def test_a_service_name_taken_by_someone_else_is_an_error_on_the_job(
         await eventually(lambda: _no_pods(api, "taken"))  # the gang is all or nothing
         service = (await api.get(f"/api/v1/namespaces/{NS}/services/taken")).json()
         assert service["spec"]["selector"] == {"app": "web"}  # left as it was
+
+
+async def test_gpu_pods_that_are_not_powerflows_occupy_their_gpus(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    """A bound pod of someone else's holding a GPU of n1 leaves n1 two usable GPUs (the
+    largest power of two in 3), so the plan runs on n2's pool alone: one 4-GPU job, not two."""
+    foreign = {
+        "metadata": {"name": "notebook"},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {contract.GPU_RESOURCE: "1"}}}
+            ],
+        },
+    }
+    assert (await api.post(PODS, json=foreign)).status_code == 201
+    async with operator(kubeconfig) as op:
+        await api.post(JOBS, json=dljob("first"))
+
+        async def four_first() -> bool:
+            return len(await pods_of(api, "first")) == 4
+
+        await eventually(four_first)
+        passes = op.passes
+        await api.post(JOBS, json=dljob("second"))
+        await eventually(lambda: _passes_beyond(op, passes))
+        status = await status_of(api, "second")
+        assert status["phase"] == "Pending" and await pods_of(api, "second") == []
