@@ -193,16 +193,17 @@ class Kube:
         await asyncio.gather(*(asyncio.to_thread(self._post_event, *e) for e in events))
 
     async def apply(self, actions: Actions) -> None:
-        """Deletions first (old workers stop before new ones start), then the rest."""
+        """Carry out the pass's writes phase by phase, in ``Actions.writes`` order.
 
-        async def each(fn: Any, calls: list[tuple[Any, ...]]) -> None:
-            await asyncio.gather(*(asyncio.to_thread(fn, *args) for args in calls))
-
-        await each(self._delete_pod, list(actions.delete_pods))
-        # Services and pods together: a worker may exist before its headless Service
-        # (its DNS name resolves once the Service does; torchrun's rendezvous retries).
-        unique = {(b["metadata"]["namespace"], b["kind"], b["metadata"]["name"]): b
-                  for b in actions.create}  # fmt: skip
-        await each(self._create, [(b,) for b in unique.values()])
-        await each(self._annotate, list(actions.annotate_pods))
-        await each(self._status, list(actions.status))
+        Within a phase the writes go out together; a phase starts when the
+        previous one is done, so a job's generation is recorded before its pods
+        are created or deleted, and old workers are gone before new ones come.
+        """
+        verbs: dict[str, Callable[..., None]] = {
+            "status": self._status,
+            "delete": self._delete_pod,
+            "create": self._create,
+            "annotate": self._annotate,
+        }
+        for phase in actions.writes():
+            await asyncio.gather(*(asyncio.to_thread(verbs[verb], *args) for verb, args in phase))
