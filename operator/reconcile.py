@@ -304,6 +304,12 @@ def _lifecycle(
     if phase in ("Succeeded", "Failed") and done in TERMINAL_REASONS:
         if phase == "Failed":
             _delete_all(actions, v, 0)
+        else:  # a pass that recorded the success may have died before deleting them
+            for pod in v.current + v.other:
+                if _pod_phase(pod) not in ("Succeeded", "Failed"):
+                    grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
+                    grace = grace if isinstance(grace, int) else 30
+                    actions.delete_pods.append((v.ns, pod["metadata"]["name"], grace))
         return False
     generation = int(v.meta.get("generation", 1))
     try:
@@ -360,6 +366,7 @@ def _lifecycle(
         v.new["progress"] = progress
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
         v.new["allocation"] = dict(v.alloc, gpus=0, profilingUntil=None)
+        v.first = True  # done before its workers go: they are not lost ones
         for pod in v.current + v.other:
             if _pod_phase(pod) not in ("Succeeded", "Failed"):
                 actions.delete_pods.append((v.ns, pod["metadata"]["name"], req.grace_s))

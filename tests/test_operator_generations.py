@@ -98,7 +98,12 @@ def _lose_b(c: FakeCluster) -> BudgetConfig:
     return TIGHT
 
 
-SCENARIO = (_submit, _tighten, _fail_a, _lose_b)
+def _complete_a(c: FakeCluster) -> BudgetConfig:
+    c.pods["a-g3-w0"]["metadata"]["annotations"]["powerflow.io/iterations"] = "1000"
+    return TIGHT
+
+
+SCENARIO = (_submit, _tighten, _fail_a, _lose_b, _complete_a)
 
 
 def _run(crash: tuple[int, int] | None) -> tuple[FakeCluster, list[int]]:
@@ -121,7 +126,8 @@ def _run(crash: tuple[int, int] | None) -> tuple[FakeCluster, list[int]]:
 
 def test_the_scenario_restarts_rescales_and_counts() -> None:
     cluster, _ = _run(None)
-    assert sorted(cluster.pods) == ["a-g3-w0", "a-g3-w1", "b-g3-w0", "b-g3-w1"]
+    assert sorted(cluster.pods) == ["b-g3-w0", "b-g3-w1"]
+    assert cluster.jobs["a"]["status"]["phase"] == "Succeeded"
     assert cluster.jobs["a"]["status"]["restarts"] == 1  # evicted worker
     assert cluster.jobs["b"]["status"]["restarts"] == 1  # lost worker
     assert max(cluster.created.values()) == 1
