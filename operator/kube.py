@@ -113,7 +113,33 @@ class Kube:
             jobs.append(Observed(body, tuple(pods.get(key, ()))))
         return ClusterState(tuple(jobs), tuple(nodes), cm)
 
+    async def read_config_map(self, namespace: str, name: str) -> ConfigMapBody | None:
+        """One ConfigMap, ``None`` if absent (the persisted budget in force)."""
+        return await asyncio.to_thread(self._budget, namespace, name)
+
     # -- writes --------------------------------------------------------------------------
+
+    def _save_config_map(self, body: ConfigMapBody) -> ConfigMapBody:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        saved: ConfigMapBody
+        try:
+            saved = self._json(self.core.create_namespaced_config_map, namespace, body)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            # Ours alone: an unconditional replace (no resourceVersion) is right.
+            saved = self._json(self.core.replace_namespaced_config_map, name, namespace, body)
+        return saved
+
+    async def save_config_map(self, body: ConfigMapBody) -> ConfigMapBody | None:
+        """Create or replace a ConfigMap the operator alone writes; the stored object,
+        or ``None`` (logged) when the API server refuses: the caller retries later."""
+        try:
+            return await asyncio.to_thread(self._save_config_map, body)
+        except kubernetes.client.ApiException as exc:
+            name = body["metadata"]["name"]
+            log.warning("could not write ConfigMap %s: %s %s", name, exc.status, exc.reason)
+            return None
 
     def _delete_pod(self, namespace: str, name: str, grace_s: int) -> None:
         try:
