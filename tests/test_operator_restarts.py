@@ -19,6 +19,7 @@ import pytest
 from kmock import method as verb
 from powerflow.operator.controller import OperatorConfig
 from powerflow.operator.jobs import JobRequest
+from powerflow.operator.reconcile import STUCK_TERMINATION_S
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import OperatorThread
 
@@ -253,3 +254,60 @@ async def test_a_deleted_worker_restarts_the_generation(
     events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
     assert any("job-g1-w1 (lost)" in e["message"] for e in events if e["reason"] == "WorkerFailed")
     assert pod_writes(kmock)[0]["job-g1-w1"] == 1
+
+
+async def test_a_worker_stuck_terminating_is_reported_and_waited_for(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """A finalizer keeps the pod terminating, as an unreachable node's kubelet does."""
+    async with operator(kmock) as op:
+        await api.post(JOBS, json=dljob("job"))
+
+        async def complete() -> bool:
+            job = (await api.get(f"{JOBS}/job")).json()
+            return job.get("status", {}).get("allocation", {}).get("complete") is True
+
+        await eventually(complete)
+        hold = {"metadata": {"finalizers": ["example.com/hold"]}}
+        assert (await api.patch(f"{PODS}/job-g1-w0", json=hold, headers=MERGE)).is_success
+        failed = {"status": {"phase": "Failed"}}
+        assert (await api.patch(f"{PODS}/job-g1-w3/status", json=failed, headers=MERGE)).is_success
+
+        async def only_the_stuck_one() -> bool:
+            pods = (await api.get(PODS)).json()["items"]
+            return [p["metadata"]["name"] for p in pods] == ["job-g1-w0"]
+
+        await eventually(only_the_stuck_one)
+
+        async def rescaling() -> bool:
+            return (await api.get(f"{JOBS}/job")).json()["status"]["phase"] == "Rescaling"
+
+        await eventually(rescaling)
+        # Time passes beyond the grace period and the stuck timeout.
+        assert op.controller is not None
+        op.controller.clock = lambda: time.time() + STUCK_TERMINATION_S + 120
+        poke = {"metadata": {"labels": {"poke": "1"}}}
+        assert (await api.patch(f"{JOBS}/job", json=poke, headers=MERGE)).is_success
+
+        async def stuck() -> dict[str, Any]:
+            status = (await api.get(f"{JOBS}/job")).json()["status"]
+            found = [c for c in status.get("conditions", []) if c["type"] == "WorkersStuck"]
+            return found[0] if found and found[0]["status"] == "True" else {}
+
+        condition = await eventually(stuck)
+        assert condition["reason"] == "TerminationStuck" and "job-g1-w0" in condition["message"]
+        status = (await api.get(f"{JOBS}/job")).json()["status"]
+        assert status["phase"] == "Pending"
+        events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+        assert any(e["reason"] == "TerminationStuck" and e["type"] == "Warning" for e in events)
+        pods = (await api.get(PODS)).json()["items"]
+        assert [p["metadata"]["name"] for p in pods] == ["job-g1-w0"]  # no second generation
+        # The admin force-deletes it (here: the finalizer goes); the job resumes.
+        release = {"metadata": {"finalizers": []}}
+        assert (await api.patch(f"{PODS}/job-g1-w0", json=release, headers=MERGE)).is_success
+
+        async def second_generation() -> bool:
+            names = sorted(p["metadata"]["name"] for p in (await api.get(PODS)).json()["items"])
+            return names == [f"job-g2-w{i}" for i in range(4)]
+
+        await eventually(second_generation)
