@@ -44,7 +44,9 @@ that only fits after a move would wait for ever. Placement moves a job only
 when the space is needed (``powerflow.policy.placement``), so a migration
 costs one checkpoint-restart of one job where the other choice leaves a gang
 pending. A job that is profiling is pinned and never moved; a job whose GPUs
-are unknown (no placement annotation yet) is never moved either.
+are unknown (no placement annotation yet) is never moved either, nor a job
+whose GPUs the plan gives to no other job (a move only to pack jobs tighter
+is not worth a checkpoint-restart).
 """
 
 from __future__ import annotations
@@ -602,12 +604,14 @@ def _carry_out(
     now_s: float,
     window_s: float,
     seen: tuple[GpuSlot, ...] = (),
+    claimed: Mapping[GpuSlot, str] | None = None,
 ) -> bool:
     """Turn the job's plan into actions; True when it holds GPUs after this pass.
 
     ``seen``: the job's GPUs as the snapshot gave them to the policy (empty when
-    unknown); a plan that puts the job on other GPUs of the same count is a
-    migration (module docstring).
+    unknown); ``claimed``: which job the plan gives each GPU. A plan that puts
+    the job on other GPUs of the same count and gives its GPUs to another job
+    is a migration (module docstring).
     """
     req = v.req
     assert req is not None
@@ -630,7 +634,7 @@ def _carry_out(
             f"checkpoint-restart from {shape[0]} to {jp.gpus} GPUs",
         )  # fmt: skip
         return False
-    if v.current and _migrates(seen, jp):
+    if v.current and _migrates(seen, jp, claimed):
         _delete_all(actions, v, req.grace_s)
         _set_phase(
             actions, v, "Rescaling", "Migrating",
@@ -675,9 +679,18 @@ def _carry_out(
     return True
 
 
-def _migrates(seen: tuple[GpuSlot, ...], jp: JobPlan) -> bool:
-    """The plan keeps the job's GPU count but not its GPUs (both known)."""
-    return bool(seen) and bool(jp.placement) and set(seen) != set(jp.placement)
+def _migrates(
+    seen: tuple[GpuSlot, ...], jp: JobPlan, claimed: Mapping[GpuSlot, str] | None
+) -> bool:
+    """The plan moves the job (both placements known) and gives its GPUs to another job.
+
+    A move that only packs jobs tighter (no other job needs the GPUs) is not
+    worth a checkpoint-restart: the job keeps its GPUs and the others go elsewhere.
+    """
+    if not seen or not jp.placement or set(seen) == set(jp.placement):
+        return False
+    owners = claimed or {}
+    return any(owners.get(slot, jp.job_id) != jp.job_id for slot in seen)
 
 
 def _nodes(slots: Sequence[GpuSlot]) -> str:
@@ -791,11 +804,12 @@ def reconcile(
         actions.plan = plan
         if plan is not None:
             by_id = {jp.job_id: jp for jp in plan.jobs}
+            claimed = {slot: jp.job_id for jp in plan.jobs for slot in jp.placement}
             held = []
             for v, job in zip(runnable, snapshot.jobs, strict=True):
                 jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
                 seen = () if job.pinned else job.placement
-                if _carry_out(actions, v, jp, now_s, profiling_window_s, seen):
+                if _carry_out(actions, v, jp, now_s, profiling_window_s, seen, claimed):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
             _account_all(actions, held, job_models, gpn, now_s, anchors or {})

@@ -273,3 +273,28 @@ def test_a_migration_makes_room_for_a_gang(policy: Any) -> None:
     deleted = sum(cluster.deleted.values())
     settle(cluster, budget, plan)
     assert sum(cluster.deleted.values()) == deleted
+
+
+class MovePolicy:
+    """Runs a on 2 GPUs of n2 (and b, when it exists, on n1's first two GPUs)."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        where = {"ml/a": (("n2", 0), ("n2", 1)), "ml/b": (("n1", 0), ("n1", 1))}
+        plans = tuple(JobPlan(j.id, 2, 1410, 32, where[j.id]) for j in snapshot.jobs)
+        return Plan(plans, limit_watts=1e9, predicted_watts=1.0)
+
+
+def test_a_move_only_to_pack_jobs_is_not_carried_out() -> None:
+    cluster = FakeCluster(NODES)
+    cluster.submit(dljob("a", "ua", 2, 2, 2))
+    settle(cluster, GENEROUS, MovePolicy())
+    assert {p["spec"]["nodeName"] for p in cluster.pods.values()} == {"n1"}
+    settle(cluster, GENEROUS, MovePolicy())
+    assert sum(cluster.deleted.values()) == 0  # n1's GPUs are nobody else's
+    cluster.submit(dljob("b", "ub", 2, 2, 2))
+    actions, _ = cluster.one_pass(
+        budget=GENEROUS, policy=MovePolicy(), models=lambda j: SyntheticModel()
+    )
+    assert sorted(name for _, name, _ in actions.delete_pods) == ["a-g1-w0", "a-g1-w1"]
+    assert cluster.jobs["a"]["status"]["phase"] == "Rescaling"
+    assert [e.reason for e in actions.events if e.name == "a"] == ["Migrating"]
