@@ -117,7 +117,7 @@ class Actions:
     annotate_pods: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     status: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     status_first: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
-    """Status patches of jobs that start or stop a generation: written before any pod."""
+    """Status patches of jobs that start, stop or finish a generation: written before any pod."""
     events: list[Event] = field(default_factory=list)
     wake_at_s: float | None = None
     plan: Plan | None = None
@@ -133,8 +133,8 @@ class Actions:
     def writes(self) -> list[list[Write]]:
         """The pass's API writes as phases, each finished before the next begins.
 
-        1. the status of jobs that start or stop a generation: the generation
-           and whether it is stopped are recorded before any of its pods is
+        1. the status of jobs that start, stop or finish a generation: the
+           generation and whether it is stopped are recorded before any of its pods is
            created or deleted, so an operator that dies anywhere later finds
            pods its status explains (it neither deletes pods it just made nor
            creates a name twice, nor counts one failure twice);
