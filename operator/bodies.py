@@ -54,6 +54,8 @@ class Allocation(TypedDict, total=False):
     generation: int
     nodes: list[str]
     profilingUntil: str | None
+    complete: bool
+    stopped: bool
 
 
 class Progress(TypedDict, total=False):

@@ -6,7 +6,8 @@ loop waits ``debounce_s`` so that a burst of events makes one pass, and never
 runs two passes at once. It also wakes on the budget's
 ``schedulingIntervalSeconds`` and when a backoff or profiling window ends.
 Each pass re-reads the cluster (level-triggered: nothing is trusted from
-memory except the last good budget), calls ``reconcile`` and carries out its
+memory except the budget in force, which is also recorded in the
+cluster: ``budget``), calls ``reconcile`` and carries out its
 actions. Progress and energy are written at most every
 ``progress_interval_s`` per job, so an idle cluster costs no writes. Writes
 the API server refused go into the next pass (at once), which records them on
@@ -27,7 +28,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from powerflow.operator.budget import DEFAULT, BudgetConfig, parse_budget
+from powerflow.operator.bodies import ConfigMapBody
+from powerflow.operator.budget import (
+    DEFAULT,
+    IN_FORCE_CONFIGMAP,
+    RECORDED_AT_ANNOTATION,
+    SOURCE_VERSION_ANNOTATION,
+    BudgetConfig,
+    budget_warnings,
+    describe,
+    parse_budget,
+)
 from powerflow.operator.jobs import JobRequest, RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
@@ -41,6 +52,7 @@ from powerflow.operator.reconcile import (
     reconcile,
 )
 from powerflow.operator.refusals import Refusal, by_job
+from powerflow.operator.timefmt import format_time
 
 from powerflow import contract
 from powerflow.errors import ResourceError
@@ -107,6 +119,8 @@ class Controller:
     """The previous pass's refused writes, for the next pass to report (``refusals``)."""
     _requests: RequestCache = field(default_factory=RequestCache)
     _bad_budget_version: str | None = None
+    _recorded: tuple[str | None, dict[str, str]] | None = None
+    """The (source version, data) of the budget in force as recorded; None: not yet known."""
     _task: asyncio.Task[None] | None = None
     _leader_task: asyncio.Task[None] | None = None
     _progress_written: dict[str, float] = field(default_factory=dict)
@@ -171,23 +185,87 @@ class Controller:
             return None
         return work.result()
 
-    def _budget(self, state: ClusterState) -> None:
+    async def _budget(self, state: ClusterState) -> None:
+        """The budget in force for this pass (``budget`` module docstring)."""
         cm = state.budget
         if cm is None:
             self.metrics.budget_valid.set(1)
-            return
-        try:
-            self.budget = parse_budget(cm.get("data"))
-            self.metrics.budget_valid.set(1)
             self._bad_budget_version = None
+            await self._in_force(DEFAULT, {}, None, "no budget ConfigMap: the default budget")
+            return
+        version = cm.get("metadata", {}).get("resourceVersion")
+        data = cm.get("data") or {}
+        try:
+            config = parse_budget(data)
         except ResourceError as exc:
             self.metrics.budget_valid.set(0)
-            version = cm.get("metadata", {}).get("resourceVersion")
+            if self._recorded is None:  # just started: the last good one is the recorded one
+                await self._recall()
             if version != self._bad_budget_version:
                 self._bad_budget_version = version
                 self.metrics.invalid_budget.inc()
-                log.warning("invalid budget ConfigMap, keeping the last good one: %s", exc)
-                self._event(cm, "Warning", "InvalidBudget", f"{exc}; keeping the last good budget")
+                kept = describe(self.budget)
+                log.warning("invalid budget ConfigMap, keeping %s: %s", kept, exc)
+                self._event(cm, "Warning", "InvalidBudget", f"{exc}; keeping {kept}")
+            return
+        self.metrics.budget_valid.set(1)
+        self._bad_budget_version = None
+        if await self._in_force(config, data, version, f"from ConfigMap version {version}"):
+            for reason, message in budget_warnings(config):
+                log.warning("budget: %s", message)
+                self._event(cm, "Warning", reason, message)
+
+    async def _in_force(
+        self, config: BudgetConfig, data: dict[str, str], version: str | None, source: str
+    ) -> bool:
+        """Put ``config`` in force and record it; True when it changed."""
+        self.budget = config
+        record = (version, dict(data))
+        if record == self._recorded:
+            return False
+        ns = self.config.budget_namespace
+        body: ConfigMapBody = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": IN_FORCE_CONFIGMAP,
+                "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "powerflow-operator"},
+                "annotations": {
+                    SOURCE_VERSION_ANNOTATION: version or "",
+                    RECORDED_AT_ANNOTATION: format_time(self.clock()),
+                },
+            },
+            "data": dict(data),
+        }
+        message = f"budget in force: {describe(config)} ({source})"
+        saved = await self.kube.save_config_map(body)
+        if saved is None:  # not recorded: the next pass tries again
+            log.info("%s; not recorded", message)
+            return False
+        self._recorded = record
+        log.info(message)
+        self._event(saved, "Normal", "BudgetInForce", message)
+        return True
+
+    async def _recall(self) -> None:
+        """Start from the recorded budget in force (the ConfigMap is invalid at start)."""
+        ns = self.config.budget_namespace
+        saved = await self.kube.read_config_map(ns, IN_FORCE_CONFIGMAP)
+        if saved is None:
+            log.warning("invalid budget ConfigMap and no budget in force recorded: the default")
+            self._recorded = (None, {})
+            return
+        meta = saved.get("metadata", {})
+        version = (meta.get("annotations") or {}).get(SOURCE_VERSION_ANNOTATION) or None
+        data = saved.get("data") or {}
+        try:
+            self.budget = parse_budget(data) if data else DEFAULT
+        except ResourceError as exc:  # edited by hand: nothing better to start from
+            log.warning("recorded budget in force is invalid, using the default: %s", exc)
+            self.budget = DEFAULT
+        self._recorded = (version, dict(data))
+        log.warning("budget ConfigMap invalid at start: %s recorded", describe(self.budget))
 
     def _event(self, body: Any, type_: str, reason: str, message: str) -> None:
         if self.post_events:
@@ -197,7 +275,7 @@ class Controller:
         """One pass: read, decide, act. Returns when the loop must wake at the latest."""
         started = time.perf_counter()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
-        self._budget(state)
+        await self._budget(state)
         nodes, left_out = cluster_nodes(state.nodes, state.foreign_gpu_pods)
         if left_out:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))

@@ -230,7 +230,33 @@ class Kube:
             jobs.append(Observed(body, tuple(pods.get(key, ()))))
         return ClusterState(tuple(jobs), tuple(nodes), cm, tuple(foreign))
 
+    async def read_config_map(self, namespace: str, name: str) -> ConfigMapBody | None:
+        """One ConfigMap, ``None`` if absent (the persisted budget in force)."""
+        return await asyncio.to_thread(self._budget, namespace, name)
+
     # -- writes --------------------------------------------------------------------------
+
+    def _save_config_map(self, body: ConfigMapBody) -> ConfigMapBody:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        saved: ConfigMapBody
+        try:
+            saved = self._json(self.core.create_namespaced_config_map, namespace, body)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            # Ours alone: an unconditional replace (no resourceVersion) is right.
+            saved = self._json(self.core.replace_namespaced_config_map, name, namespace, body)
+        return saved
+
+    async def save_config_map(self, body: ConfigMapBody) -> ConfigMapBody | None:
+        """Create or replace a ConfigMap the operator alone writes; the stored object,
+        or ``None`` (logged) when the API server refuses: the caller retries later."""
+        try:
+            return await asyncio.to_thread(self._save_config_map, body)
+        except kubernetes.client.ApiException as exc:
+            name = body["metadata"]["name"]
+            log.warning("could not write ConfigMap %s: %s %s", name, exc.status, exc.reason)
+            return None
 
     def _delete_pod(self, namespace: str, name: str, grace_s: int) -> Refusal | None:
         try:
@@ -356,19 +382,33 @@ class Kube:
         await asyncio.gather(*(asyncio.to_thread(self._post_event, *e) for e in events))
 
     async def apply(self, actions: Actions) -> list[Refusal]:
-        """Deletions first (old workers stop before new ones start), then the rest.
+        """Carry out the pass's writes phase by phase, in ``Actions.writes`` order.
 
+        Within a phase the writes go out together; a phase starts when the
+        previous one is done, so a job's generation is recorded before its pods
+        are created or deleted, and old workers are gone before new ones come.
+        A job whose first-phase status write failed gets none of its pod writes
+        this pass (they would be unexplained by its status after a crash).
         Returns the writes the API server refused (see the module docstring);
         raises ``WritesFailed`` on transient errors once every write was attempted.
         """
         refusals: list[Refusal] = []
         errors: list[Exception] = []
-
-        async def each(fn: Any, calls: list[tuple[Any, ...]]) -> None:
+        verbs: dict[str, Callable[..., Refusal | None]] = {
+            "status": self._status,
+            "delete": self._delete_pod,
+            "create": self._create,
+            "annotate": self._annotate,
+        }
+        unrecorded: set[tuple[str, str]] = set()
+        for number, phase in enumerate(actions.writes()):
+            if number > 0 and unrecorded:
+                phase = [w for w in phase if _job_of_write(w) not in unrecorded]
             results = await asyncio.gather(
-                *(asyncio.to_thread(fn, *args) for args in calls), return_exceptions=True
+                *(asyncio.to_thread(verbs[verb], *args) for verb, args in phase),
+                return_exceptions=True,
             )
-            for result in results:
+            for (_, args), result in zip(phase, results, strict=True):
                 if isinstance(result, Refusal):
                     log.warning(
                         "%s %s %s/%s refused: %s %s",
@@ -380,17 +420,25 @@ class Kube:
                     errors.append(result)
                 elif isinstance(result, BaseException):  # cancellation: stop now
                     raise result
-
-        await each(self._delete_pod, list(actions.delete_pods))
-        # Services and pods together: a worker may exist before its headless Service
-        # (its DNS name resolves once the Service does; torchrun's rendezvous retries).
-        unique = {(b["metadata"]["namespace"], b["kind"], b["metadata"]["name"]): b
-                  for b in actions.create}  # fmt: skip
-        await each(self._create, [(b,) for b in unique.values()])
-        await each(self._annotate, list(actions.annotate_pods))
-        await each(self._status, list(actions.status))
+                else:
+                    continue
+                if number == 0:
+                    unrecorded.add((args[0], args[1]))
         if errors:
             for extra in errors[1:]:
                 log.warning("write failed as well: %s", extra)
             raise WritesFailed(errors, refusals) from errors[0]
         return refusals
+
+
+def _job_of_write(write: tuple[str, tuple[Any, ...]]) -> tuple[str, str]:
+    """(namespace, DLJob name) a write is about: a status patch names its DLJob, a pod
+    write its worker (``<job>-g<generation>-w<index>``), a creation its label."""
+    verb, args = write
+    if verb == "status":
+        return (args[0], args[1])
+    if verb == "create":
+        meta = args[0]["metadata"]
+        return (meta["namespace"], (meta.get("labels") or {}).get(contract.JOB_LABEL, ""))
+    match = WORKER.match(args[1])
+    return (args[0], match["job"] if match else "")

@@ -18,6 +18,38 @@ before is ``Profiling`` for ``profiling_window_s`` once all its workers run
 the snapshot (when the extender's placement is known), and the window's end
 is a scheduling event (``Actions.wake_at_s``) after which it is ``Running``
 and the count is in ``status.model.profiledGpuCounts``.
+
+Generations. Every allocation is a generation of workers (pod names carry
+it). Its record in ``status.allocation`` is written before any of its pods
+is created or deleted (``Actions.writes``), and says whether the gang was
+ever complete and whether the operator stopped it; so a pass that dies
+between two writes is finished by the next one without churn: workers of an
+unfinished generation are created under the same names, a stopped
+generation's survivors are deleted again, no failure is counted twice. Once
+the gang was complete, a lost worker (failed, evicted, deleted) restarts the
+generation, counted against ``restart.limit``: torchrun's rendezvous is
+static, so a worker recreated alone would wait for peers that never rejoin.
+A worker stuck terminating past its grace period plus
+``STUCK_TERMINATION_S`` is reported (condition ``WorkersStuck``) and the job
+waits for it (``_stuck`` says why it does not start elsewhere).
+
+Migrations. The extender, not the operator, chooses a gang's GPUs (the
+free aligned block that fits best), so the policy's placement is carried
+out only through what the operator creates and deletes. When the plan gives
+a running job the same GPU count on other GPUs (a ``Plan.migrations``
+entry, for PowerFlow's placement: to make room for a gang that would not fit
+otherwise), the job is checkpoint-restarted like a rescale (not counted
+against ``restart.limit``) and the extender places its new gang in the room
+left. The alternative, planning with every running job pinned to its GPUs,
+is not possible without losing rescaling: ``Job.pinned`` also freezes the
+GPU count, so no budget change could shrink a running job, and a new gang
+that only fits after a move would wait for ever. Placement moves a job only
+when the space is needed (``powerflow.policy.placement``), so a migration
+costs one checkpoint-restart of one job where the other choice leaves a gang
+pending. A job that is profiling is pinned and never moved; a job whose GPUs
+are unknown (no placement annotation yet) is never moved either, nor a job
+whose GPUs the plan gives to no other job (a move only to pack jobs tighter
+is not worth a checkpoint-restart).
 """
 
 from __future__ import annotations
@@ -64,6 +96,8 @@ ModelFactory = Callable[[JobRequest], PerfModel]
 TERMINAL_REASONS = ("Completed", "RestartLimitExceeded")
 DEFAULT_PROFILING_WINDOW_S = 240.0
 DEFAULT_PROGRESS_INTERVAL_S = 30.0
+STUCK_TERMINATION_S = 300.0
+"""How long after its grace period a terminating worker counts as stuck (see ``_stuck``)."""
 
 
 @dataclass(frozen=True)
@@ -84,14 +118,20 @@ class Event:
     message: str
 
 
+Write = tuple[str, tuple[Any, ...]]
+"""One API write: a verb (``status``, ``delete``, ``create``, ``annotate``) and its arguments."""
+
+
 @dataclass
 class Actions:
-    """What one pass wants done, in order: deletions, creations, patches, events."""
+    """What one pass wants done; ``writes`` gives the order."""
 
     delete_pods: list[tuple[str, str, int]] = field(default_factory=list)
     create: list[PodBody | ServiceBody] = field(default_factory=list)
     annotate_pods: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     status: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    status_first: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    """Status patches of jobs that start, stop or finish a generation: written before any pod."""
     events: list[Event] = field(default_factory=list)
     wake_at_s: float | None = None
     plan: Plan | None = None
@@ -104,13 +144,39 @@ class Actions:
     def wake(self, at_s: float) -> None:
         self.wake_at_s = at_s if self.wake_at_s is None else min(self.wake_at_s, at_s)
 
+    def writes(self) -> list[list[Write]]:
+        """The pass's API writes as phases, each finished before the next begins.
+
+        1. the status of jobs that start, stop or finish a generation: the
+           generation and whether it is stopped are recorded before any of its pods is
+           created or deleted, so an operator that dies anywhere later finds
+           pods its status explains (it neither deletes pods it just made nor
+           creates a name twice, nor counts one failure twice);
+        2. deletions (old workers stop before new ones start);
+        3. creations: Services and pods together (a worker may exist before its
+           headless Service; its DNS name resolves once the Service does and
+           torchrun's rendezvous retries), each name once;
+        4. frequency annotations, then every other status patch.
+
+        ``Kube.apply`` carries them out; tests crash between any two of them.
+        """
+        unique = {(b["metadata"]["namespace"], b["kind"], b["metadata"]["name"]): b
+                  for b in self.create}  # fmt: skip
+        return [
+            [("status", args) for args in self.status_first],
+            [("delete", args) for args in self.delete_pods],
+            [("create", (body,)) for body in unique.values()],
+            [("annotate", args) for args in self.annotate_pods],
+            [("status", args) for args in self.status],
+        ]
+
 
 class _View:
     """One DLJob during a pass: what was observed, and the status it should get (``new``)."""
 
     __slots__ = (
-        "alloc", "current", "key", "meta", "name", "new", "ns", "obs", "other", "reported",
-        "req", "running", "status", "terminating",
+        "alloc", "current", "first", "key", "meta", "name", "new", "ns", "obs", "other",
+        "reported", "req", "running", "status", "terminating",
     )  # fmt: skip
 
     def __init__(self, obs: Observed) -> None:
@@ -128,6 +194,7 @@ class _View:
         self.other: list[PodBody] = []
         self.terminating: list[PodBody] = []
         self.reported: int | None = None
+        self.first = False  # starts or stops a generation: its status goes before its pods
         generation = int(self.alloc.get("generation", 0))
         for pod in obs.pods:
             if pod.get("metadata", {}).get("deletionTimestamp"):
@@ -325,7 +392,7 @@ def _event(actions: Actions, v: _View, type_: str, reason: str, message: str) ->
 
 def _set_phase(actions: Actions, v: _View, phase: str, reason: str, message: str) -> None:
     """Set phase and message; an event only when the phase or its reason changes."""
-    warn = phase == "Failed" or reason in ("WorkerFailed", "InvalidSpec")
+    warn = phase == "Failed" or reason in ("WorkerFailed", "InvalidSpec", "TerminationStuck")
     changed = v.status.get("phase") != phase
     if changed or (warn and v.status.get("message") != message):
         _event(actions, v, "Warning" if warn else "Normal", reason, message)
@@ -334,8 +401,20 @@ def _set_phase(actions: Actions, v: _View, phase: str, reason: str, message: str
 
 
 def _delete_all(actions: Actions, v: _View, grace_s: int) -> None:
+    """Delete every live worker; the current generation is stopped (see ``_stop``)."""
+    if v.current:
+        _stop(v)
     for pod in v.current + v.other:
         actions.delete_pods.append((v.ns, pod["metadata"]["name"], grace_s))
+
+
+def _stop(v: _View) -> None:
+    """Mark the current generation stopped: none of its pods is created again, a
+    failure is not counted again, and its survivors are deleted on every pass
+    until they are gone. Written before the deletions (``Actions.writes``)."""
+    base = v.new.get("allocation") or v.alloc
+    v.new["allocation"] = {**base, "stopped": True}
+    v.first = True
 
 
 def _backoff_s(req: JobRequest, restarts: int) -> float:
@@ -363,6 +442,12 @@ def _lifecycle(
     if phase in ("Succeeded", "Failed") and done in TERMINAL_REASONS:
         if phase == "Failed":
             _delete_all(actions, v, 0)
+        else:  # a pass that recorded the success may have died before deleting them
+            for pod in v.current + v.other:
+                if _pod_phase(pod) not in ("Succeeded", "Failed"):
+                    grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
+                    grace = grace if isinstance(grace, int) else 30
+                    actions.delete_pods.append((v.ns, pod["metadata"]["name"], grace))
         return False
     generation = object_generation(v.meta)
     try:
@@ -396,12 +481,17 @@ def _lifecycle(
         v.new.update(createRefusals=None, lastCreateRefusalTime=None)
         conditions = set_condition(conditions, "WorkersCreated", True, "Created", "", now)
         v.new["conditions"] = conditions
-    failed = [p for p in v.current if _pod_phase(p) == "Failed"]
+    if v.alloc.get("stopped") is True and v.current:  # stopped; deleting it did not finish
+        _delete_all(actions, v, req.grace_s)
+        return False
+    failed = [p["metadata"]["name"] for p in v.current if _pod_phase(p) == "Failed"]
+    failed += _lost(v, req)
     if failed:
         restarts += 1
         v.new.update(restarts=restarts, lastFailureTime=now)
         _delete_all(actions, v, req.grace_s)
-        names = ", ".join(p["metadata"]["name"] for p in failed)
+        _stop(v)  # also when no worker is left to delete
+        names = ", ".join(failed)
         if restarts > req.restart_limit:
             v.new["conditions"] = set_condition(
                 conditions, "Done", True, "RestartLimitExceeded", names, now
@@ -431,6 +521,7 @@ def _lifecycle(
         v.new["progress"] = progress
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
         v.new["allocation"] = dict(v.alloc, gpus=0, profilingUntil=None)
+        v.first = True  # done before its workers go: they are not lost ones
         for pod in v.current + v.other:
             if _pod_phase(pod) not in ("Succeeded", "Failed"):
                 actions.delete_pods.append((v.ns, pod["metadata"]["name"], req.grace_s))
@@ -445,8 +536,10 @@ def _lifecycle(
     if v.terminating or v.other:
         for pod in v.other:
             actions.delete_pods.append((v.ns, pod["metadata"]["name"], req.grace_s))
-        _set_phase(actions, v, "Rescaling", "Rescaling", "waiting for old workers to stop")
+        if not _stuck(actions, v, now_s, now):
+            _set_phase(actions, v, "Rescaling", "Rescaling", "waiting for old workers to stop")
         return False
+    _unstuck(v, now)
     reason = too_large(req, cluster_gpus)
     v.new["conditions"] = set_condition(
         v.new["conditions"], "Schedulable", reason is None,
@@ -482,6 +575,7 @@ def _refused(
     )
     if v.alloc:
         v.new["allocation"] = dict(v.alloc, gpus=0, nodes=[], profilingUntil=None)
+        _stop(v)  # recorded before the partial gang is deleted (``Actions.writes``)
     if v.status.get("energy"):
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
     _delete_all(actions, v, 0)
@@ -504,6 +598,77 @@ def _refusal_backoff(actions: Actions, v: _View, now_s: float) -> bool:
         return False
     actions.wake(ready_s)
     return True
+
+
+def _lost(v: _View, req: JobRequest) -> list[str]:
+    """Workers of a complete, running generation that vanished (deleted, or being deleted).
+
+    torchrun's rendezvous is static (``--nnodes=WORLD_SIZE``): a worker built
+    alone into a running gang waits for peers that never rejoin, so a lost
+    worker restarts the whole generation, like a failed one. Until the gang
+    was complete a missing worker is one not created yet (a pass that died
+    half way), and it is created (``_carry_out``).
+    """
+    if v.alloc.get("complete") is not True or v.alloc.get("stopped") is True:
+        return []
+    gpus = int(v.alloc.get("gpus", 0))
+    generation = int(v.alloc.get("generation", 0))
+    have = {p["metadata"]["name"] for p in v.current}
+    names = [pod_name(req.name, generation, i) for i in range(gpus)]
+    return [f"{name} (lost)" for name in names if name not in have]
+
+
+def _deadline(pod: PodBody) -> float | None:
+    """When a terminating pod counts as stuck (``STUCK_TERMINATION_S`` after its grace).
+
+    The API server sets ``deletionTimestamp`` to the end of the grace period
+    (the request time plus ``deletionGracePeriodSeconds``).
+    """
+    at = parse_time(pod.get("metadata", {}).get("deletionTimestamp"))
+    return None if at is None else at + STUCK_TERMINATION_S
+
+
+def _stuck(actions: Actions, v: _View, now_s: float, now: str) -> bool:
+    """Say so when old workers stay terminating past their deadline; True if any does.
+
+    The job then waits (phase Pending, condition ``WorkersStuck``) instead of
+    starting a new generation elsewhere: a pod stuck terminating is usually on
+    a node that stopped answering, where its process may still run, hold the
+    GPU and write the job's checkpoints. Two generations of one job must never
+    train at once (the at-most-one guarantee StatefulSets give for the same
+    reason), so an admin fences the node: ``kubectl delete pod --force``, or
+    the ``node.kubernetes.io/out-of-service`` taint; the job resumes by itself.
+    """
+    stuck = []
+    for pod in v.terminating:
+        deadline = _deadline(pod)
+        if deadline is None:
+            continue
+        if now_s >= deadline:
+            node = pod.get("spec", {}).get("nodeName") or "no node"
+            stuck.append(f"{pod['metadata']['name']} on {node}")
+        else:
+            actions.wake(deadline)
+    if not stuck:
+        return False
+    message = (
+        f"workers stuck terminating: {', '.join(stuck)}; the job waits until they are "
+        "gone (force-delete them once their node is fenced)"
+    )
+    v.new["conditions"] = set_condition(
+        v.new["conditions"], "WorkersStuck", True, "TerminationStuck", message, now
+    )
+    _set_phase(actions, v, "Pending", "TerminationStuck", message)
+    return True
+
+
+def _unstuck(v: _View, now: str) -> None:
+    """Clear ``WorkersStuck`` once the stuck workers are gone (only if it was set)."""
+    conditions = v.new["conditions"]
+    if any(c.get("type") == "WorkersStuck" and c.get("status") == "True" for c in conditions):
+        v.new["conditions"] = set_condition(
+            conditions, "WorkersStuck", False, "WorkersGone", "", now
+        )
 
 
 def _profiled(v: _View) -> list[int]:
@@ -598,7 +763,10 @@ def _start(
         "generation": generation,
         "nodes": sorted({node for node, _ in jp.placement}),
         "profilingUntil": None,
+        "complete": None,
+        "stopped": None,
     }
+    v.first = True
     v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
     if window_s > 0 and jp.gpus not in _profiled(v):
         _set_phase(
@@ -640,8 +808,22 @@ def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
     return False
 
 
-def _carry_out(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: float) -> bool:
-    """Turn the job's plan into actions; True when it holds GPUs after this pass."""
+def _carry_out(
+    actions: Actions,
+    v: _View,
+    jp: JobPlan,
+    now_s: float,
+    window_s: float,
+    seen: tuple[GpuSlot, ...] = (),
+    claimed: Mapping[GpuSlot, str] | None = None,
+) -> bool:
+    """Turn the job's plan into actions; True when it holds GPUs after this pass.
+
+    ``seen``: the job's GPUs as the snapshot gave them to the policy (empty when
+    unknown); ``claimed``: which job the plan gives each GPU. A plan that puts
+    the job on other GPUs of the same count and gives its GPUs to another job
+    is a migration (module docstring).
+    """
     req = v.req
     assert req is not None
     alloc = v.alloc
@@ -652,7 +834,8 @@ def _carry_out(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: 
             _set_phase(actions, v, "Pending", "Preempted", "the policy gave the GPUs to others")
         else:
             _set_phase(actions, v, "Pending", "Waiting", "waiting for GPUs within the budget")
-        v.new["allocation"] = dict(alloc, gpus=0, nodes=[], profilingUntil=None)
+        base = v.new.get("allocation") or alloc
+        v.new["allocation"] = dict(base, gpus=0, nodes=[], profilingUntil=None)
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
         return False
     if v.current and (jp.gpus, jp.local_batch_size) != shape:
@@ -662,14 +845,29 @@ def _carry_out(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: 
             f"checkpoint-restart from {shape[0]} to {jp.gpus} GPUs",
         )  # fmt: skip
         return False
+    if v.current and _migrates(seen, jp, claimed):
+        _delete_all(actions, v, req.grace_s)
+        _set_phase(
+            actions, v, "Rescaling", "Migrating",
+            f"checkpoint-restart on other GPUs to make room: {_nodes(seen)} -> "
+            f"{_nodes(jp.placement)}",
+        )  # fmt: skip
+        return False
     actions.allocated_gpus += jp.gpus
-    if not v.current:
+    # A generation recorded (status goes first) but not all created: a pass died
+    # between its writes. Its missing workers are created, under the same names.
+    unfinished = (
+        shape == (jp.gpus, jp.local_batch_size)
+        and alloc.get("complete") is not True
+        and alloc.get("stopped") is not True
+    )
+    if not v.current and not unfinished:
         _start(actions, v, req, jp, now_s, window_s)
         return True
     generation = int(alloc.get("generation", 0))
     have = {p["metadata"]["name"] for p in v.current}
     missing = [i for i in range(jp.gpus) if pod_name(req.name, generation, i) not in have]
-    if missing:  # only the lost ones are built: most passes build no pod at all
+    if missing:  # only an unfinished gang's: a complete one's lost worker restarts it
         ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
         actions.create.append(rendezvous_service(req))
         actions.create.extend(worker_pods(req, ws, missing))
@@ -683,11 +881,31 @@ def _carry_out(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: 
         )  # fmt: skip
     nodes = sorted({str(p.get("spec", {}).get("nodeName")) for p in v.current} - {"None"})
     v.new["allocation"] = dict(alloc, frequencyMHz=jp.frequency_mhz, nodes=nodes)
+    if not missing:  # every worker exists: from now on a missing one is lost
+        v.new["allocation"]["complete"] = True
     if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s):
         return True
     if v.new.get("phase") != "Running":
         _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")
     return True
+
+
+def _migrates(
+    seen: tuple[GpuSlot, ...], jp: JobPlan, claimed: Mapping[GpuSlot, str] | None
+) -> bool:
+    """The plan moves the job (both placements known) and gives its GPUs to another job.
+
+    A move that only packs jobs tighter (no other job needs the GPUs) is not
+    worth a checkpoint-restart: the job keeps its GPUs and the others go elsewhere.
+    """
+    if not seen or not jp.placement or set(seen) == set(jp.placement):
+        return False
+    owners = claimed or {}
+    return any(owners.get(slot, jp.job_id) != jp.job_id for slot in seen)
+
+
+def _nodes(slots: Sequence[GpuSlot]) -> str:
+    return ",".join(sorted({node for node, _ in slots})) or "?"
 
 
 def _account_all(
@@ -886,10 +1104,14 @@ def reconcile(
         actions.plan = plan
         if plan is not None:
             by_id = {jp.job_id: jp for jp in plan.jobs}
+            claimed = {slot: jp.job_id for jp in plan.jobs for slot in jp.placement}
             held = []
-            for v in runnable:
+            for v, job in zip(runnable, snapshot.jobs, strict=True):
                 jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
-                if guard.run(v, _carry_out, actions, v, jp, now_s, profiling_window_s):
+                seen = () if job.pinned else job.placement
+                if guard.run(
+                    v, _carry_out, actions, v, jp, now_s, profiling_window_s, seen, claimed
+                ):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
             held = [(v, jp) for v, jp in held if v.key not in guard.failed]
@@ -922,6 +1144,6 @@ def _finish(actions: Actions, v: _View, healthy: bool, now_s: float) -> bool:
     v.new["observedGeneration"] = object_generation(v.meta)
     patch = merge_diff(v.status, v.new)
     if patch:
-        actions.status.append((v.ns, v.name, patch))
+        (actions.status_first if v.first else actions.status).append((v.ns, v.name, patch))
     actions.phases[str(v.new.get("phase", v.status.get("phase", "Pending")))] += 1
     return True

@@ -166,36 +166,6 @@ async def test_malformed_dljob_gets_condition_others_served(
         assert any(e.get("type") == "Warning" and e.get("reason") == "InvalidSpec" for e in events)
 
 
-async def test_restart_adopts_pods_without_duplicates(
-    kubeconfig: Path, api: httpx.AsyncClient
-) -> None:
-    async with operator(kubeconfig):
-        await api.post(JOBS, json=dljob("job"))
-
-        async def four() -> list[dict[str, Any]]:
-            pods = await pods_of(api, "job")
-            return pods if len(pods) == 4 else []
-
-        before = await eventually(four)
-    # While no operator runs, a worker pod disappears.
-    await api.delete(f"{PODS}/job-g1-w3")
-    async with operator(kubeconfig) as second:
-        after = await eventually(four)
-        # An idle operator makes no passes; poke the DLJob (a label change is an
-        # event) so that later passes look at the restored gang again.
-        for poke in ("1", "2"):
-            passes = second.passes
-            label = {"metadata": {"labels": {"poke": poke}}}
-            assert (await api.patch(f"{JOBS}/job", json=label, headers=MERGE)).is_success
-            await eventually(lambda n=passes: _passes_beyond(second, n))
-        again = await pods_of(api, "job")
-    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in before}
-    assert [p["metadata"]["name"] for p in after] == sorted(uids)
-    for pod in again[:3]:
-        assert pod["metadata"]["uid"] == uids[pod["metadata"]["name"]]
-    assert len(again) == 4
-
-
 async def _passes_beyond(op: Operator, n: int) -> bool:
     return op.passes > n
 

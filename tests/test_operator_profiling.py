@@ -80,7 +80,7 @@ def one_pass(
 ) -> tuple[Actions, dict[str, Any]]:
     kw.setdefault("profiling_window_s", WINDOW)
     actions = reconcile([obs], NODES, BUDGET, now_s, policy or KeepPolicy(), lambda j: MODEL, **kw)
-    patches = {name: patch for _, name, patch in actions.status}
+    patches = {name: patch for _, name, patch in actions.status_first + actions.status}
     return actions, patches.get("job", {})
 
 

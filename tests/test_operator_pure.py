@@ -139,7 +139,7 @@ def test_one_pass_with_the_real_policy() -> None:
         for pod in mine:
             annotations = pod["metadata"]["annotations"]
             assert annotations[contract.FREQUENCY_ANNOTATION] == str(jp.frequency_mhz)
-    patches = {name: patch for _, name, patch in actions.status}
+    patches = {name: patch for _, name, patch in actions.status_first + actions.status}
     # A job on a GPU count it never ran on starts by profiling it.
     assert patches["job"]["phase"] in ("Profiling", "Pending")
     assert actions.allocated_gpus == sum(jp.gpus for jp in actions.plan.jobs) > 0

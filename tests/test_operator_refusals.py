@@ -78,7 +78,7 @@ def one_pass(observed: list[Observed], now_s: float = NOW, **kw: Any) -> Actions
 
 
 def patches(actions: Actions) -> dict[str, dict[str, Any]]:
-    return {name: patch for _, name, patch in actions.status}
+    return {name: patch for _, name, patch in actions.status_first + actions.status}
 
 
 def pods(actions: Actions, job: str) -> list[str]:

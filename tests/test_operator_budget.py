@@ -1,0 +1,224 @@
+"""The budget in force against the emulated API server: restarts, warnings, deletion."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from powerflow.operator.budget import IN_FORCE_CONFIGMAP, SOURCE_VERSION_ANNOTATION
+from powerflow.operator.jobs import JobRequest
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import Operator, operator_args, write_kubeconfig
+
+from powerflow import contract
+from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.policy.synthetic import SyntheticModel
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+NS = "ml"
+SYSTEM = "powerflow-system"
+JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/{contract.PLURAL}"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+CMS = f"/api/v1/namespaces/{SYSTEM}/configmaps"
+BUDGET = f"{CMS}/{contract.BUDGET_CONFIGMAP}"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+
+class ThresholdPolicy:
+    """Requested GPUs under a limit of at least 1 kW or none, else min GPUs; the plan's
+    limit is the budget's (1e9 without one), as the metric shows."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        limit = snapshot.budget.limit_watts
+        generous = limit is None or limit >= 1000
+        plans = []
+        for job in snapshot.jobs:
+            n = job.requested_gpus if generous else job.min_gpus
+            plans.append(JobPlan(job.id, n, 1410, job.global_batch_size // n))
+        return Plan(tuple(plans), limit_watts=1e9 if limit is None else limit, predicted_watts=1.0)
+
+
+def models(job: JobRequest) -> SyntheticModel:
+    return SyntheticModel()
+
+
+def dljob(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "globalBatchSize": 64,
+            "iterations": 1000,
+            "gpus": {"requested": 4, "min": 2, "max": 4},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "pytorch"}]}},
+        },
+    }
+
+
+@pytest.fixture
+async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    kmock.load_builtins()
+    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "n1", "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100"}},
+            "status": {"allocatable": {contract.GPU_RESOURCE: "4"}},
+        }
+        assert (await client.post("/api/v1/nodes", json=node)).status_code == 201
+        yield client
+
+
+def operator(kmock: KubeEmulator) -> Operator:
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
+    args = operator_args(kubeconfig, "--debounce", "0.02", "--profiling-window", "0")
+    return Operator(args, ThresholdPolicy(), models)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout} s: {check.__name__}")
+        await asyncio.sleep(0.02)
+
+
+async def set_budget(api: httpx.AsyncClient, data: dict[str, str]) -> None:
+    current = await api.get(BUDGET)
+    if current.status_code == 404:
+        cm = {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": data}
+        assert (await api.post(CMS, json=cm)).status_code == 201
+    else:  # replace the data whole, as kubectl apply of a new manifest does
+        body = current.json()
+        body["data"] = data
+        assert (await api.put(BUDGET, json=body)).is_success
+
+
+async def gpus_of(api: httpx.AsyncClient, job: str) -> set[str]:
+    """The running generation's pod names."""
+    items = (await api.get(PODS)).json()["items"]
+    return {p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+async def events(api: httpx.AsyncClient, reason: str) -> list[dict[str, Any]]:
+    items = (await api.get(f"/api/v1/namespaces/{SYSTEM}/events")).json()["items"]
+    return [e for e in items if e.get("reason") == reason]
+
+
+async def settled_pass(api: httpx.AsyncClient, op: Operator) -> None:
+    """Wait for a pass that started after now (a label change on the job is an event)."""
+    assert op.controller is not None
+    passes = op.controller.passes
+    poke = {"metadata": {"labels": {"poke": str(time.monotonic())}}}
+    assert (await api.patch(f"{JOBS}/job", json=poke, headers=MERGE)).is_success
+
+    async def passed() -> bool:
+        return op.controller is not None and op.controller.passes > passes + 1
+
+    await eventually(passed)
+
+
+def budget_metric(op: Operator) -> float | None:
+    assert op.controller is not None
+    registry = op.controller.metrics.registry
+    return registry.get_sample_value("powerflow_power_budget_watts")
+
+
+async def test_a_restart_during_an_invalid_budget_keeps_the_cap(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    await set_budget(api, {"powerLimitWatts": "300"})
+    await api.post(JOBS, json=dljob("job"))
+    two = {f"job-g1-w{i}" for i in range(2)}
+    async with operator(kmock) as op:
+
+        async def capped() -> bool:
+            return await gpus_of(api, "job") == two
+
+        await eventually(capped)
+        assert budget_metric(op) == 300.0
+    await set_budget(api, {"powerLimitWatts": "lots"})
+    async with operator(kmock) as op:
+        await settled_pass(api, op)
+        assert budget_metric(op) == 300.0
+        assert await gpus_of(api, "job") == two  # not rescaled to the whole cluster
+        (invalid,) = await events(api, "InvalidBudget")
+        assert "keeping powerLimitWatts 300 W" in invalid["message"]
+        # A valid budget again takes over and is recorded.
+        await set_budget(api, {"powerLimitWatts": "5000"})
+
+        async def generous() -> bool:
+            return await gpus_of(api, "job") == {f"job-g2-w{i}" for i in range(4)}
+
+        await eventually(generous)
+    recorded = (await api.get(f"{CMS}/{IN_FORCE_CONFIGMAP}")).json()
+    assert recorded["data"] == {"powerLimitWatts": "5000"}
+    version = (await api.get(BUDGET)).json()["metadata"]["resourceVersion"]
+    assert recorded["metadata"]["annotations"][SOURCE_VERSION_ANNOTATION] == version
+
+
+@pytest.mark.parametrize(
+    ("data", "reason", "words"),
+    [
+        ({"eta": "0"}, "BudgetStopsAllJobs", "eta is 0: every job is stopped"),
+        ({"powerLimitWatts": "0"}, "BudgetStopsAllJobs", "powerLimitWatts is 0"),
+        (
+            {"eta": "0.5", "powerLimitWatts": "300"},
+            "BudgetKeysConflict",
+            "powerLimitWatts (300 W) is in force, eta (0.5) is ignored",
+        ),
+    ],
+)
+async def test_surprising_budgets_get_a_warning(
+    kmock: KubeEmulator, api: httpx.AsyncClient, data: dict[str, str], reason: str, words: str
+) -> None:
+    await set_budget(api, data)
+    async with operator(kmock):
+
+        async def warned() -> list[dict[str, Any]]:
+            return await events(api, reason)
+
+        (event,) = await eventually(warned)
+    assert event["type"] == "Warning" and words in event["message"]
+    assert event["involvedObject"]["name"] == contract.BUDGET_CONFIGMAP
+
+
+async def test_a_deleted_budget_means_the_default(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    await set_budget(api, {"powerLimitWatts": "300"})
+    await api.post(JOBS, json=dljob("job"))
+    async with operator(kmock) as op:
+
+        async def capped() -> bool:
+            return await gpus_of(api, "job") == {f"job-g1-w{i}" for i in range(2)}
+
+        await eventually(capped)
+        assert (await api.delete(BUDGET)).is_success
+
+        async def uncapped() -> bool:
+            return await gpus_of(api, "job") == {f"job-g2-w{i}" for i in range(4)}
+
+        await eventually(uncapped)
+        assert budget_metric(op) == 1e9
+
+        async def said() -> list[dict[str, Any]]:
+            found = await events(api, "BudgetInForce")
+            return [e for e in found if "the default" in e["message"]]
+
+        (event,) = await eventually(said)
+        assert event["involvedObject"]["name"] == IN_FORCE_CONFIGMAP
+    recorded = (await api.get(f"{CMS}/{IN_FORCE_CONFIGMAP}")).json()
+    assert recorded.get("data") in (None, {})

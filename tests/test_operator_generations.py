@@ -1,0 +1,300 @@
+"""Generations of workers, pure: crashes between writes, lost and stuck workers, migrations.
+
+Each test runs ``reconcile`` passes against ``support.fake_cluster`` (the API
+server's effects, the extender's block choice and the kubelet, in memory).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from powerflow.operator.budget import BudgetConfig, parse_budget
+from powerflow.operator.reconcile import STUCK_TERMINATION_S
+from powerflow.operator.timefmt import parse_time
+from support.fake_cluster import FakeCluster
+
+from powerflow.gpus import A100
+from powerflow.policy.powerflow import PowerFlowPolicy
+from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
+from powerflow.policy.synthetic import SyntheticModel
+
+NODES = tuple(Node(f"n{i}", 4, A100) for i in (1, 2))
+GENEROUS = parse_budget({"powerLimitWatts": "5000"})
+TIGHT = parse_budget({"powerLimitWatts": "500"})
+
+
+class ThresholdPolicy:
+    """Requested GPUs (first come) when the limit is at least 1 kW, else min GPUs."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        limit = snapshot.budget.limit_watts
+        generous = limit is None or limit >= 1000
+        free = sum(n.gpus for n in snapshot.nodes)
+        plans = []
+        for job in snapshot.jobs:
+            want = job.requested_gpus if generous else job.min_gpus
+            n = want if want <= free else 0
+            free -= n
+            plans.append(JobPlan(job.id, n, 1410 if generous else 1005, -(-64 // n) if n else 0))
+        return Plan(tuple(plans), limit_watts=limit or 1e9, predicted_watts=1.0)
+
+
+def dljob(name: str, uid: str, requested: int = 4, low: int = 2, high: int = 4) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": uid, "generation": 1},
+        "spec": {
+            "globalBatchSize": 64,
+            "iterations": 1000,
+            "gpus": {"requested": requested, "min": low, "max": high},
+            "restart": {"limit": 3, "backoffSeconds": 0},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
+        },
+    }
+
+
+def one_pass(
+    cluster: FakeCluster, budget: BudgetConfig, limit: int | None = None, policy: Any = None
+) -> int:
+    _, n = cluster.one_pass(
+        limit,
+        budget=budget,
+        policy=policy or ThresholdPolicy(),
+        models=lambda job: SyntheticModel(),
+    )
+    return n
+
+
+def settle(cluster: FakeCluster, budget: BudgetConfig, policy: Any = None) -> None:
+    """Passes, with the kubelet and extender acting between them, until nothing changes."""
+    for _ in range(12):
+        before = copy.deepcopy((cluster.jobs, cluster.pods))
+        one_pass(cluster, budget, policy=policy)
+        cluster.settle()
+        if (cluster.jobs, cluster.pods) == before:
+            return
+    raise AssertionError("the cluster did not settle")
+
+
+# The scenario: each step is an outside event; the operator then passes until settled.
+def _submit(c: FakeCluster) -> BudgetConfig:
+    c.submit(dljob("a", "ua"))
+    c.submit(dljob("b", "ub"))
+    return GENEROUS
+
+
+def _tighten(c: FakeCluster) -> BudgetConfig:
+    return TIGHT  # both jobs rescale from 4 to 2 GPUs
+
+
+def _fail_a(c: FakeCluster) -> BudgetConfig:
+    c.pods["a-g2-w1"]["status"] = {"phase": "Failed", "reason": "Evicted"}
+    return TIGHT
+
+
+def _lose_b(c: FakeCluster) -> BudgetConfig:
+    del c.pods["b-g2-w0"]  # deleted by someone: it simply vanishes
+    return TIGHT
+
+
+def _complete_a(c: FakeCluster) -> BudgetConfig:
+    c.pods["a-g3-w0"]["metadata"]["annotations"]["powerflow.io/iterations"] = "1000"
+    return TIGHT
+
+
+SCENARIO = (_submit, _tighten, _fail_a, _lose_b, _complete_a)
+
+
+def _run(crash: tuple[int, int] | None) -> tuple[FakeCluster, list[int]]:
+    """The scenario; ``crash=(k, n)``: pass ``k`` (counted from 0) dies after ``n`` writes."""
+    cluster = FakeCluster(NODES)
+    writes: list[int] = []
+    budget = GENEROUS
+    for step in SCENARIO:
+        budget = step(cluster)
+        for _ in range(12):
+            before = copy.deepcopy((cluster.jobs, cluster.pods))
+            k = len(writes)
+            limit = crash[1] if crash is not None and crash[0] == k else None
+            writes.append(one_pass(cluster, budget, limit))
+            cluster.settle()
+            if limit is None and (cluster.jobs, cluster.pods) == before:
+                break
+    return cluster, writes
+
+
+def test_the_scenario_restarts_rescales_and_counts() -> None:
+    cluster, _ = _run(None)
+    assert sorted(cluster.pods) == ["b-g3-w0", "b-g3-w1"]
+    assert cluster.jobs["a"]["status"]["phase"] == "Succeeded"
+    assert cluster.jobs["a"]["status"]["restarts"] == 1  # evicted worker
+    assert cluster.jobs["b"]["status"]["restarts"] == 1  # lost worker
+    assert max(cluster.created.values()) == 1
+
+
+def test_a_crash_between_any_two_writes_causes_no_churn() -> None:
+    reference, writes = _run(None)
+    cases = [(k, n) for k, total in enumerate(writes) for n in range(total)]
+    assert len(cases) > 40
+    for crash in cases:
+        cluster, _ = _run(crash)
+        twice = {name: n for name, n in cluster.created.items() if n > 1}
+        assert not twice, f"crash {crash}: created twice {twice}"
+        assert set(cluster.created) == set(reference.created), f"crash {crash}"
+        assert set(cluster.deleted) == set(reference.deleted), f"crash {crash}"
+        assert sorted(cluster.pods) == sorted(reference.pods), f"crash {crash}"
+        for name, job in reference.jobs.items():
+            status = cluster.jobs[name]["status"]
+            assert status.get("restarts") == job["status"].get("restarts"), f"crash {crash}"
+            assert status["allocation"] == job["status"]["allocation"], f"crash {crash}"
+
+
+def test_a_generation_is_recorded_before_its_pods() -> None:
+    cluster = FakeCluster(NODES)
+    cluster.submit(dljob("a", "ua"))
+    actions, _ = cluster.one_pass(
+        0, budget=GENEROUS, policy=ThresholdPolicy(), models=lambda j: SyntheticModel()
+    )
+    phases = actions.writes()
+    verbs = [[verb for verb, _ in phase] for phase in phases]
+    assert verbs[0] == ["status"] and phases[0][0][1][2]["allocation"]["generation"] == 1
+    assert "create" in verbs[2]
+
+
+def test_a_lost_worker_restarts_the_generation() -> None:
+    cluster = FakeCluster(NODES)
+    cluster.submit(dljob("a", "ua"))
+    settle(cluster, GENEROUS)
+    assert cluster.jobs["a"]["status"]["allocation"]["complete"] is True
+    del cluster.pods["a-g1-w2"]
+    one_pass(cluster, GENEROUS)
+    status = cluster.jobs["a"]["status"]
+    assert status["restarts"] == 1 and status["phase"] == "Pending"
+    assert "a-g1-w2 (lost)" in status["message"]
+    assert cluster.created["a-g1-w2"] == 1  # not recreated alone
+    assert all(p["metadata"].get("deletionTimestamp") for p in cluster.pods.values())
+    settle(cluster, GENEROUS)
+    assert sorted(cluster.pods) == [f"a-g2-w{i}" for i in range(4)]
+
+
+def test_lost_workers_count_against_the_restart_limit() -> None:
+    cluster = FakeCluster(NODES)
+    body = dljob("a", "ua")
+    body["spec"]["restart"]["limit"] = 1
+    cluster.submit(body)
+    settle(cluster, GENEROUS)
+    for generation in (1, 2):
+        del cluster.pods[f"a-g{generation}-w0"]
+        settle(cluster, GENEROUS)
+    status = cluster.jobs["a"]["status"]
+    assert (status["phase"], status["restarts"]) == ("Failed", 2)
+    assert cluster.pods == {}
+
+
+def test_an_unfinished_gang_gets_its_missing_workers() -> None:
+    """A pass that died after creating some workers: the rest come, the same generation."""
+    cluster = FakeCluster(NODES)
+    cluster.submit(dljob("a", "ua"))
+    one_pass(cluster, GENEROUS, limit=4)  # status, Service, two of four pods
+    assert sorted(cluster.pods) == ["a-g1-w0", "a-g1-w1"]
+    settle(cluster, GENEROUS)
+    assert sorted(cluster.pods) == [f"a-g1-w{i}" for i in range(4)]
+    assert cluster.jobs["a"]["status"].get("restarts") is None
+
+
+def test_a_worker_stuck_terminating_is_reported_and_the_job_waits() -> None:
+    cluster = FakeCluster(NODES)
+    cluster.submit(dljob("a", "ua"))
+    settle(cluster, GENEROUS)
+    node = cluster.pods["a-g1-w0"]["spec"]["nodeName"]
+    cluster.stuck_nodes.add(node)
+    cluster.pods["a-g1-w3"]["status"] = {"phase": "Failed"}
+    one_pass(cluster, GENEROUS)
+    cluster.settle()  # the workers on the unreachable node stay terminating
+    actions, _ = cluster.one_pass(
+        budget=GENEROUS, policy=ThresholdPolicy(), models=lambda j: SyntheticModel()
+    )
+    assert cluster.jobs["a"]["status"]["phase"] == "Rescaling"
+    deadline = parse_time(cluster.pods["a-g1-w0"]["metadata"]["deletionTimestamp"])
+    assert deadline is not None and actions.wake_at_s == deadline + STUCK_TERMINATION_S
+    cluster.now_s = deadline + STUCK_TERMINATION_S
+    actions, _ = cluster.one_pass(
+        budget=GENEROUS, policy=ThresholdPolicy(), models=lambda j: SyntheticModel()
+    )
+    status = cluster.jobs["a"]["status"]
+    (stuck,) = [c for c in status["conditions"] if c["type"] == "WorkersStuck"]
+    assert (stuck["status"], stuck["reason"]) == ("True", "TerminationStuck")
+    assert f"a-g1-w0 on {node}" in stuck["message"]
+    assert status["phase"] == "Pending"
+    assert [(e.type, e.reason) for e in actions.events] == [("Warning", "TerminationStuck")]
+    assert not any(name.startswith("a-g2") for name in cluster.pods)  # never twice at once
+    # The admin force-deletes them: the job goes on and the condition clears.
+    cluster.stuck_nodes.clear()
+    settle(cluster, GENEROUS)
+    status = cluster.jobs["a"]["status"]
+    (stuck,) = [c for c in status["conditions"] if c["type"] == "WorkersStuck"]
+    assert stuck["status"] == "False"
+    assert sorted(cluster.pods) == [f"a-g2-w{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize("policy", [PowerFlowPolicy])
+def test_a_migration_makes_room_for_a_gang(policy: Any) -> None:
+    """a and c (2 GPUs each) sit on different nodes; b needs a whole node.
+
+    The policy moves a next to c; without carrying the move out, b's gang
+    finds no block and waits for ever.
+    """
+    cluster = FakeCluster(NODES)
+    plan = policy()
+    budget = parse_budget({"eta": "1"})
+    cluster.submit(dljob("a", "ua", 2, 2, 2))
+    settle(cluster, budget, plan)
+    cluster.submit(dljob("c", "uc", 2, 2, 2))
+    settle(cluster, budget, plan)
+    # Put c on the other node, as an extender with another view might have.
+    nodes = {p["spec"]["nodeName"] for n, p in cluster.pods.items() if n.startswith("a-")}
+    assert nodes == {"n1"}
+    for name, pod in cluster.pods.items():
+        if name.startswith("c-"):
+            pod["spec"]["nodeName"] = "n2"
+            index = int(name[-1])
+            block = '{"node": "n2", "block": [["n2", 0], ["n2", 1]]}'
+            pod["metadata"]["annotations"]["powerflow.io/placement"] = block
+            assert index in (0, 1)
+    cluster.submit(dljob("b", "ub", 4, 4, 4))
+    settle(cluster, budget, plan)
+    assert cluster.pending_gangs() == []
+    running = {n for n, p in cluster.pods.items() if p["status"]["phase"] == "Running"}
+    assert {n.split("-")[0] for n in running} == {"a", "b", "c"}
+    moved = [n for n in cluster.jobs if cluster.jobs[n]["status"].get("restarts")]
+    assert moved == []  # a move is not a failure
+    # Stable: further passes move nothing.
+    deleted = sum(cluster.deleted.values())
+    settle(cluster, budget, plan)
+    assert sum(cluster.deleted.values()) == deleted
+
+
+class MovePolicy:
+    """Runs a on 2 GPUs of n2 (and b, when it exists, on n1's first two GPUs)."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        where = {"ml/a": (("n2", 0), ("n2", 1)), "ml/b": (("n1", 0), ("n1", 1))}
+        plans = tuple(JobPlan(j.id, 2, 1410, 32, where[j.id]) for j in snapshot.jobs)
+        return Plan(plans, limit_watts=1e9, predicted_watts=1.0)
+
+
+def test_a_move_only_to_pack_jobs_is_not_carried_out() -> None:
+    cluster = FakeCluster(NODES)
+    cluster.submit(dljob("a", "ua", 2, 2, 2))
+    settle(cluster, GENEROUS, MovePolicy())
+    assert {p["spec"]["nodeName"] for p in cluster.pods.values()} == {"n1"}
+    settle(cluster, GENEROUS, MovePolicy())
+    assert sum(cluster.deleted.values()) == 0  # n1's GPUs are nobody else's
+    cluster.submit(dljob("b", "ub", 2, 2, 2))
+    actions, _ = cluster.one_pass(
+        budget=GENEROUS, policy=MovePolicy(), models=lambda j: SyntheticModel()
+    )
+    assert sorted(name for _, name, _ in actions.delete_pods) == ["a-g1-w0", "a-g1-w1"]
+    assert cluster.jobs["a"]["status"]["phase"] == "Rescaling"
+    assert [e.reason for e in actions.events if e.name == "a"] == ["Migrating"]
