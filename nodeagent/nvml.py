@@ -13,6 +13,7 @@ converted to W at this boundary, as ``GpuDevices`` names them), energy in mJ.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pynvml
@@ -20,7 +21,9 @@ from powerflow.nodeagent.nvml_errors import nvml_errors
 
 from powerflow.devices import (
     GpuDevices,
+    GpuError,
     GpuInfo,
+    GpuNotSupported,
     GpuUnavailable,
     PowerLimitRangeW,
 )
@@ -58,7 +61,8 @@ class NvmlGpus:
                 handles.append(handle)
                 infos.append(GpuInfo(index, uuid, name))
         except BaseException:
-            self.close()
+            with contextlib.suppress(GpuError):  # keep the first error, not shutdown's
+                self.close()
             raise
         self._handles = tuple(handles)
         self._infos = tuple(infos)
@@ -91,8 +95,14 @@ class NvmlGpus:
         handle, label = self._gpu(gpu)
         if gpu not in self._clocks:
             with nvml_errors(label):
-                memory = max(pynvml.nvmlDeviceGetSupportedMemoryClocks(handle))
-                clocks = pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, memory)
+                memory = pynvml.nvmlDeviceGetSupportedMemoryClocks(handle)
+                clocks = (
+                    pynvml.nvmlDeviceGetSupportedGraphicsClocks(handle, max(memory))
+                    if memory
+                    else []
+                )
+            if not clocks:
+                raise GpuNotSupported(f"{label}: NVML lists no supported clocks", gpu=label)
             self._clocks[gpu] = tuple(sorted({int(c) for c in clocks}))
         return self._clocks[gpu]
 
