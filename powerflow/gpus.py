@@ -26,6 +26,11 @@ class GpuSpec:
     idle_power_w: float
     max_power_w: float
     f0_mhz: int
+    # Lowest board power limit the driver accepts (NVML's power-limit
+    # constraints); the highest is ``max_power_w``, also the default limit.
+    # None: unknown, and the simulated GPU then refuses power limits as NVML
+    # does on a board without power management.
+    min_power_limit_w: float | None = None
 
     def __post_init__(self) -> None:
         if not self.clocks_mhz or list(self.clocks_mhz) != sorted(set(self.clocks_mhz)):
@@ -36,6 +41,9 @@ class GpuSpec:
             raise DataError(f"{self.name}: f0 {self.f0_mhz} outside the clock range")
         if not 0 < self.idle_power_w < self.max_power_w:
             raise DataError(f"{self.name}: need 0 < idle power < max power")
+        low = self.min_power_limit_w
+        if low is not None and not 0 < low <= self.max_power_w:
+            raise DataError(f"{self.name}: need 0 < min power limit <= max power")
 
     @property
     def min_clock_mhz(self) -> int:
@@ -59,6 +67,7 @@ A100 = GpuSpec(
     idle_power_w=52.5,
     max_power_w=400.0,
     f0_mhz=1095,
+    min_power_limit_w=100.0,
 )
 
 GPU_SPECS: dict[str, GpuSpec] = {A100.name: A100}
