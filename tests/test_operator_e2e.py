@@ -280,8 +280,12 @@ async def test_profiling_pins_then_runs(kubeconfig: Path, api: httpx.AsyncClient
         assert "profilingUntil" not in status["allocation"]
         assert any(p.get(f"{NS}/prof") for p in policy.pinned)  # pinned while it profiled
         assert policy.pinned[-1][f"{NS}/prof"] is False
-        events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
-        assert {"ProfilingStarted", "ProfilingFinished"} <= {e.get("reason") for e in events}
+
+        async def profiling_events() -> bool:  # events go out after the pass's writes
+            events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+            return {"ProfilingStarted", "ProfilingFinished"} <= {e.get("reason") for e in events}
+
+        await eventually(profiling_events)
 
         # A GPU count the job never ran on is profiled again.
         await api.patch(BUDGET, json={"data": {"powerLimitWatts": "500"}}, headers=MERGE)
