@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 
 from powerflow import __version__
 from powerflow.errors import PowerFlowError
+from powerflow.taints import GPU_TOLERATIONS
 
 from .kube import ApiUnreachable, KubeApi, load_connection
 from .metrics import Metrics
@@ -192,6 +193,7 @@ def create_app(
     state: ClusterState | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     priority_cache_bytes: int = PRIORITY_CACHE_BYTES,
+    pool_tolerations: Sequence[dict[str, Any]] = GPU_TOLERATIONS,
 ) -> FastAPI:
     """Build the extender app.
 
@@ -199,8 +201,12 @@ def create_app(
     in-cluster account) is read, and when that fails the app still starts, not
     ready, saying why. The cluster mirror runs in the app's lifespan (or call
     ``app.state.extender.start()`` yourself where no lifespan runs).
+    ``pool_tolerations``: the node taints PowerFlow's pools accept (``--tolerate``),
+    unless ``state`` is given.
     """
-    state = state or ClusterState(ttl_s=reservation_ttl_s, clock=clock)
+    state = state or ClusterState(
+        ttl_s=reservation_ttl_s, clock=clock, pool_tolerations=pool_tolerations
+    )
     if api is None and connect:
         try:
             api = KubeApi(load_connection(kubeconfig, in_cluster))

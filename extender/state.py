@@ -29,7 +29,7 @@ from typing import Any
 
 from powerflow.errors import PlacementError
 from powerflow.policy.buddy import is_power_of_two
-from powerflow.policy.pools import NodeShape, Pool, main_pool, serves, taken_by_others, usable_gpus
+from powerflow.policy.pools import NodeShape, Pool, main_pool, serves, taken_by_others
 from powerflow.policy.snapshot import GpuSlot, Node
 from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
 
@@ -58,14 +58,13 @@ class NodeEntry:
     taints: tuple[dict[str, Any], ...] = ()
     """The ``NoSchedule``/``NoExecute`` taints only."""
 
-    @property
-    def plannable(self) -> bool:
-        """In a pool: Ready, not cordoned, and no hard taint beyond the GPU nodes' usual one.
-
-        The operator's inventory applies the same test (``operator/nodes.py``), so
-        both pool the same nodes.
+    def pooled(self, tolerations: Iterable[dict[str, Any]]) -> bool:
+        """In a pool: Ready, not cordoned, and every hard taint among those the pools
+        accept (``tolerations``: ``--tolerate``). The operator's inventory applies the
+        same test (``operator/nodes.py``), so both pool the same nodes when given the
+        same tolerations.
         """
-        return self.ready and not self.cordoned and not untolerated(self.taints, GPU_TOLERATIONS)
+        return self.ready and not self.cordoned and not untolerated(self.taints, tolerations)
 
     def why_not_for(self, tolerations: tuple[dict[str, Any], ...]) -> str:
         """Why a pod with ``tolerations`` can never be placed here now ("" when it can)."""
@@ -213,12 +212,23 @@ class FilterAnswer:
 
 
 class ClusterState:
-    """Nodes, GPU pods and gang reservations, with indexes kept for O(candidates) answers."""
+    """Nodes, GPU pods and gang reservations, with indexes kept for O(candidates) answers.
 
-    def __init__(self, ttl_s: float = 120.0, clock: Callable[[], float] | None = None) -> None:
+    ``pool_tolerations``: the node taints PowerFlow's pools accept (``--tolerate``;
+    default: the managed GPU pools' ``nvidia.com/gpu`` taint). Each pod may still
+    use only the pool's nodes whose taints its own tolerations tolerate.
+    """
+
+    def __init__(
+        self,
+        ttl_s: float = 120.0,
+        clock: Callable[[], float] | None = None,
+        pool_tolerations: Iterable[dict[str, Any]] = GPU_TOLERATIONS,
+    ) -> None:
         import time
 
         self.ttl_s = ttl_s
+        self.pool_tolerations = tuple(pool_tolerations)
         self._clock = clock or time.monotonic
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[PodKey, PodInfo] = {}
@@ -292,18 +302,19 @@ class ClusterState:
         return [
             NodeShape(e.name, e.product, e.gpus, self._foreign.get(e.name, 0))
             for e in self.nodes.values()
-            if e.gpus > 0 and e.plannable
+            if e.gpus > 0 and e.pooled(self.pool_tolerations)
         ]
 
     def pool_view(self) -> PoolView:
         """Where new gangs go: the nodes that serve the operator's main pool.
 
         The main pool comes from the same rule and inputs as the operator's
-        inventory (``powerflow.policy.pools``: plannable nodes, others' GPU pods
-        shrinking their node); every plannable node that ``serves`` it is a
-        member, with others' GPUs counted as taken (``occupied``). No other
-        pool is used: the plan's GPU counts are the main pool's. Rebuilt after a
-        node or a foreign GPU pod changes, at the next new gang.
+        inventory (``powerflow.policy.pools``: pooled nodes by allocatable GPUs, so
+        others' pods never change which pool it is); every pooled node that
+        ``serves`` it is a member, with others' GPUs counted as taken
+        (``occupied``). No other pool is used: the plan's GPU counts are the main
+        pool's. Rebuilt after a node or a foreign GPU pod changes, at the next new
+        gang.
         """
         if self._view is None:
             shapes = self._shapes()
@@ -323,11 +334,6 @@ class ClusterState:
     def core_nodes(self) -> list[Node]:
         """The main pool's nodes sorted by name: the stable order blocks are aligned in."""
         return self.pool_view().nodes
-
-    def usable(self, name: str) -> int:
-        """GPUs of the node that PowerFlow may place on (``pools.usable_gpus``)."""
-        entry = self.nodes.get(name)
-        return 0 if entry is None else usable_gpus(entry.gpus, self._foreign.get(name, 0))
 
     def upsert_pod(self, body: Any) -> None:
         info = pod_info(body)
@@ -613,7 +619,10 @@ class ClusterState:
         size = info.workers * info.gpus
         pool = view.pool
         if pool is None:
-            why = "no GPU node is Ready, schedulable and free of taints (PowerFlow's pool is empty)"
+            why = (
+                "no GPU node is Ready, schedulable and free of taints that PowerFlow's pools "
+                "tolerate (the extender's --tolerate): PowerFlow's pool is empty"
+            )
             return FilterAnswer([], {}, dict.fromkeys(candidates, why))
         shape = f"{pool.product or 'unlabelled GPUs'}, {pool.per_node} per node"
         if info.gpus > pool.per_node or size > view.max_block:

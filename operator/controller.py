@@ -58,6 +58,7 @@ from powerflow import contract
 from powerflow.errors import ResourceError
 from powerflow.models.protocol import PerfModel
 from powerflow.policy.snapshot import Policy
+from powerflow.taints import GPU_TOLERATIONS
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class OperatorConfig:
     progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
     """At most one progress/energy status write per job in this time (unless its
     status changes anyway)."""
+    pool_tolerations: tuple[dict[str, str], ...] = GPU_TOLERATIONS
+    """The node taints PowerFlow's pools accept (``--tolerate``; ``nodes.cluster_nodes``)."""
 
 
 @dataclass
@@ -276,7 +279,9 @@ class Controller:
         started = time.perf_counter()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
         await self._budget(state)
-        nodes, left_out = cluster_nodes(state.nodes, state.foreign_gpu_pods)
+        nodes, left_out = cluster_nodes(
+            state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations
+        )
         if left_out:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))
         now = self.clock()

@@ -10,17 +10,20 @@ Left out: nodes that are cordoned, not Ready, without GPUs, or with a
 ``NoSchedule``/``NoExecute`` taint that none of ``tolerations`` matches. The
 workers' real tolerations come from each DLJob's pod template, which the
 inventory cannot know per job, so a tainted node is planned on only when the
-caller's ``tolerations`` (one set for all jobs) tolerate every hard taint on
-it. The default, ``powerflow.taints.GPU_TOLERATIONS``, tolerates only the
-``nvidia.com/gpu`` taint of managed GPU node pools, which the API server's
-``ExtendedResourceToleration`` admission gives every pod requesting GPUs; the
-scheduler extender pools nodes with the same default.
+admin's ``tolerations`` (``powerflow operator --tolerate``, one set for all
+jobs; the scheduler extender's ``--tolerate`` must say the same) tolerate
+every hard taint on it. The default, ``powerflow.taints.GPU_TOLERATIONS``,
+tolerates only the ``nvidia.com/gpu`` taint of managed GPU node pools, which
+the API server's ``ExtendedResourceToleration`` admission gives every pod
+requesting GPUs.
 
-GPUs held by bound, running pods that are not PowerFlow's (no
-``powerflow.io/job`` label) are taken off their node's usable count, and the
-nodes are pooled by the core's rule (``powerflow.policy.pools``): PowerFlow
-plans on the main pool, each node counted with its usable power-of-two GPU
-count, and reports the nodes of the other pools. The scheduler extender
+Nodes are pooled by the core's rule (``powerflow.policy.pools``), from their
+allocatable GPUs: PowerFlow plans on the main pool and reports the nodes of
+the other pools, so the plan's shape does not change as other pods come and
+go. GPUs held by bound, running pods that are not PowerFlow's (no
+``powerflow.io/job`` label) are taken within their node: the plan needs
+equal nodes, so a node of the main pool whose pool GPUs others hold is left
+out of the plan until they go (``pools.plan_nodes``). The scheduler extender
 applies the same rule to the same inputs, so it places gangs on the pool
 planned here.
 """
@@ -34,7 +37,7 @@ from powerflow.operator.bodies import NodeBody
 
 from powerflow import contract
 from powerflow.gpus import A100, GPU_SPECS, GpuSpec
-from powerflow.policy.pools import NodeShape, pools
+from powerflow.policy.pools import NodeShape, plan_nodes, pools
 from powerflow.policy.snapshot import Node
 from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
 
@@ -135,13 +138,14 @@ def cluster_nodes(
     foreign_gpu_pods: Iterable[Any] = (),
     tolerations: Iterable[Any] = GPU_TOLERATIONS,
 ) -> tuple[tuple[Node, ...], tuple[str, ...]]:
-    """The main pool's nodes (sorted by name, with their usable GPUs) and the names left out.
+    """The main pool's nodes the plan may use (sorted by name) and the names left out.
 
     ``foreign_gpu_pods``: pods that may hold GPUs (any pods: the bound,
     non-terminal ones requesting ``nvidia.com/gpu`` without the
-    ``powerflow.io/job`` label count). ``tolerations``: what PowerFlow's
-    workers tolerate (see the module doc). The names left out are the usable
-    nodes of the other pools (another product, or another usable count).
+    ``powerflow.io/job`` label count). ``tolerations``: the node taints
+    PowerFlow's pools accept (see the module doc). The names left out are the
+    nodes of the other pools (another product, or another capacity); the
+    main pool's nodes held in part by others are in neither.
     """
     allowed = list(tolerations)
     held = foreign_gpus(foreign_gpu_pods)
@@ -157,6 +161,6 @@ def cluster_nodes(
         return (), ()
     main, others = found[0], found[1:]
     gpu = gpu_of(main.product)
-    kept = tuple(Node(name=name, gpus=main.per_node, gpu=gpu) for name in main.nodes)
+    kept = tuple(Node(name=name, gpus=main.per_node, gpu=gpu) for name in plan_nodes(main, shapes))
     left = tuple(sorted(name for pool in others for name in pool.nodes))
     return kept, left

@@ -10,7 +10,8 @@ a malformed object gives an answer, never an exception.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 HARD_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -91,10 +92,50 @@ def node_cordoned(node: Any) -> bool:
 
 
 GPU_TOLERATIONS: tuple[dict[str, str], ...] = ({"key": "nvidia.com/gpu", "operator": "Exists"},)
-"""What PowerFlow assumes its GPU workers tolerate when planning (not per pod).
+"""What PowerFlow's pools tolerate by default (``--tolerate`` replaces it).
 
 Managed GPU node pools (GKE, AKS) taint their nodes ``nvidia.com/gpu:NoSchedule``,
 and the API server's ``ExtendedResourceToleration`` admission plugin gives
 every pod that requests ``nvidia.com/gpu`` exactly this toleration; any other
-hard taint keeps a node out of the inventory.
+hard taint keeps a node out of the pools unless the admin tolerates it.
 """
+
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
+_VALUE = re.compile(rf"({_NAME})?")
+TOLERATION_SYNTAX = "KEY[=VALUE]:EFFECT, KEY=VALUE or KEY"
+
+
+def parse_toleration(text: str) -> dict[str, str]:
+    """A toleration from kubectl's taint syntax: ``KEY=VALUE:EFFECT`` (``Equal``),
+    ``KEY:EFFECT`` or ``KEY`` (``Exists``), ``KEY=VALUE`` (``Equal``, every effect).
+
+    Raises ``ValueError`` with a one-line reason: a mistyped toleration would
+    silently leave nodes out of the pools (or let PowerFlow plan on nodes its
+    pods cannot use).
+    """
+    rest, sep, effect = text.rpartition(":") if ":" in text else (text, "", "")
+    key, eq, value = rest.partition("=")
+    problem = ""
+    if not _KEY.fullmatch(key):
+        problem = f"key {key!r} is not a valid label key"
+    elif eq and not _VALUE.fullmatch(value):
+        problem = f"value {value!r} is not a valid label value"
+    elif sep and effect not in EFFECTS:
+        problem = f"effect {effect!r} is not one of {', '.join(EFFECTS)}"
+    if problem:
+        raise ValueError(f"toleration {text!r}: {problem} (syntax: {TOLERATION_SYNTAX})")
+    toleration = {"key": key, "operator": "Equal" if eq else "Exists"}
+    if eq:
+        toleration["value"] = value
+    if effect:
+        toleration["effect"] = effect
+    return toleration
+
+
+def pool_tolerations(texts: Sequence[str] | None) -> tuple[dict[str, str], ...]:
+    """The ``--tolerate`` options as tolerations; ``GPU_TOLERATIONS`` when none is given."""
+    if not texts:
+        return GPU_TOLERATIONS
+    return tuple(parse_toleration(text) for text in texts)

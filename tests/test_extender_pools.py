@@ -190,3 +190,34 @@ def test_a_node_with_an_absurd_gpu_count_is_no_gpu_node() -> None:
     state = state_of(absurd, node("a", 8), cordoned("b"))
     assert run_gang(state, "j", 8) == {"a": 8}
     assert state.pool_view().members == {"a"}
+
+
+def test_nodes_that_others_fill_are_failed_not_unresolvable() -> None:
+    """The reviewer's probe: two 8-GPU A100 nodes full of lower-priority pods of others and
+    an idle 4-GPU T4 node. Pooled by free GPUs, the T4 became the main pool, so a gang of 8
+    "could never fit" anywhere and kube-scheduler's preemption never freed the A100s."""
+    foreign = (
+        pod("f1", gpus=8, node_name="a", phase="Running"),
+        pod("f2", gpus=8, node_name="b", phase="Running"),
+    )
+    nodes = (node("a", 8), node("b", 8), node("t", 4, product="Tesla-T4"))
+    state = state_of(*nodes, pods=foreign)
+    answer = state.filter(pod_info(worker("j", 0, 8)), ["a", "b", "t"])
+    assert answer.admitted == []
+    assert set(answer.failed) == {"a", "b"} and set(answer.unresolvable) == {"t"}
+    assert "not in PowerFlow's GPU pool (NVIDIA-A100-SXM4-40GB, 8 per node)" in str(answer)
+
+
+def test_the_main_pool_does_not_change_as_others_pods_come_and_go() -> None:
+    nodes = (node("a", 8), node("b", 8), node("t", 4, product="Tesla-T4"))
+    state = state_of(*nodes)
+    idle = state.pool_view().pool
+    assert idle is not None and idle.key == (A100, 8) and idle.nodes == ("a", "b")
+    for name in ("a", "b"):
+        state.upsert_pod(pod(f"other-{name}", gpus=8, node_name=name, phase="Running"))
+        assert state.pool_view().pool == idle
+    assert state.pool_view().taken == {"a": 8, "b": 8}
+    state.delete_pod(pod("other-a", gpus=8, node_name="a", phase="Running"))
+    assert state.pool_view().pool == idle and state.pool_view().taken == {"b": 8}
+    # The freed node takes the gang; the T4 node never does.
+    assert run_gang(state, "j", 8) == {"a": 8}

@@ -392,8 +392,8 @@ async def test_a_service_name_taken_by_someone_else_is_an_error_on_the_job(
 async def test_gpu_pods_that_are_not_powerflows_occupy_their_gpus(
     kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
-    """A bound pod of someone else's holding a GPU of n1 leaves n1 two usable GPUs (the
-    largest power of two in 3), so the plan runs on n2's pool alone: one 4-GPU job, not two."""
+    """A bound pod of someone else's holding a GPU of n1 takes it within n1, and the plan
+    (which needs equal nodes) leaves n1 out while it is held: one 4-GPU job on n2, not two."""
     foreign = {
         "metadata": {"name": "notebook"},
         "spec": {

@@ -51,17 +51,35 @@ def test_mixed_node_sizes_plan_on_the_pool_with_the_most_usable_gpus() -> None:
 def test_foreign_gpu_pods_take_gpus_off_their_node() -> None:
     bodies = [node(n, "8") for n in ("a", "b", "c")]
     pods = [
-        pod("notebook", "a", 1),  # 7 left: a is a 4-GPU node for PowerFlow now
+        pod("notebook", "a", 1),  # a GPU of a's 8 taken: a is left out of the plan
         pod("worker-0", "b", 8, job="train"),  # PowerFlow's own: planned, not foreign
         pod("done", "c", 8, phase="Succeeded"),  # finished: holds nothing
         pod("pending", "", 8),  # not bound: holds nothing
     ]
     assert foreign_gpus(pods) == {"a": 1}
     kept, left = cluster_nodes(bodies, pods)
-    assert kept == (Node("b", 8, A100), Node("c", 8, A100)) and left == ("a",)
-    # Every GPU of a node taken by others: it is in no pool at all.
+    # a stays in the main pool (not "another pool"); the plan needs equal nodes, so it
+    # counts a again once the notebook ends.
+    assert kept == (Node("b", 8, A100), Node("c", 8, A100)) and left == ()
     kept, left = cluster_nodes(bodies, [pod("big", "a", 8)])
     assert [n.name for n in kept] == ["b", "c"] and left == ()
+    # A 7-GPU node is a 4-GPU node: GPUs others hold beyond its 4 take none of them.
+    kept, _ = cluster_nodes([node("d", "7")], [pod("p", "d", 3)])
+    assert kept == (Node("d", 4, A100),)
+    assert cluster_nodes([node("d", "7")], [pod("p", "d", 4)]) == ((), ())
+
+
+def test_the_plan_shape_does_not_flip_with_others_load() -> None:
+    """Pooled by free GPUs, two A100 nodes full of others' pods made an idle T4 node the
+    main pool: the plan's shape changed with foreign load (and the extender called the
+    A100 nodes "never able" to host a gang, so preemption could not free them)."""
+    bodies = [node("a", "8"), node("b", "8"), node("t", "4", "Tesla-T4")]
+    idle = cluster_nodes(bodies)
+    assert idle == ((Node("a", 8, A100), Node("b", 8, A100)), ("t",))
+    full = [pod("f1", "a", 8), pod("f2", "b", 8)]
+    assert cluster_nodes(bodies, full) == ((), ("t",))
+    assert cluster_nodes(bodies, full[:1]) == ((Node("b", 8, A100),), ("t",))
+    assert cluster_nodes(bodies, []) == idle
 
 
 def test_cordoned_not_ready_and_untolerated_nodes_are_left_out() -> None:

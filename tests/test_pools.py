@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerflow.policy.pools import NodeShape, Pool, main_pool, pools, usable_gpus
+from powerflow.policy.pools import (
+    NodeShape,
+    Pool,
+    main_pool,
+    plan_nodes,
+    pools,
+    taken_by_others,
+    usable_gpus,
+)
 from powerflow.taints import hard_taints, node_ready, tolerates, untolerated
 
 A100, H100 = "NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3"
@@ -34,24 +43,24 @@ def test_usable_count_leaves_room_for_the_held_gpus(allocatable: int, held: int)
         assert held <= allocatable - usable and 2 * usable > allocatable - held
 
 
-def test_mixed_sizes_and_a_degraded_node_pool_by_usable_count_and_product() -> None:
+def test_mixed_sizes_and_a_degraded_node_pool_by_capacity_and_product() -> None:
     shapes = [
         NodeShape("a", A100, 8),
         NodeShape("b", A100, 8),
         NodeShape("c", A100, 7),  # a GPU went unhealthy: a 4-GPU node now
         NodeShape("d", A100, 4),
         NodeShape("e", H100, 8),
-        NodeShape("f", A100, 8, held=2),  # 6 left for PowerFlow: 4
+        NodeShape("f", A100, 8, held=2),  # others' GPUs are taken within the node
         NodeShape("g", A100, 0),
     ]
     assert pools(shapes) == (
-        Pool(A100, 8, ("a", "b")),  # 16 GPUs: the main pool
-        Pool(A100, 4, ("c", "d", "f")),  # 12 GPUs
-        Pool(H100, 8, ("e",)),
+        Pool(A100, 8, ("a", "b", "f")),  # 24 GPUs: the main pool
+        Pool(H100, 8, ("e",)),  # 8 GPUs, on larger nodes
+        Pool(A100, 4, ("c", "d")),  # 8 GPUs
     )
 
 
-def test_the_main_pool_has_the_most_usable_gpus_then_larger_nodes_then_product() -> None:
+def test_the_main_pool_has_the_most_gpus_then_larger_nodes_then_product() -> None:
     assert main_pool([]) is None
     assert main_pool([NodeShape("x", A100, 0)]) is None
     four = [NodeShape(f"s{i}", A100, 4) for i in range(5)]  # 20 GPUs
@@ -61,6 +70,26 @@ def test_the_main_pool_has_the_most_usable_gpus_then_larger_nodes_then_product()
     assert main_pool(tie + eight) == Pool(A100, 8, ("b0", "b1"))
     other = [NodeShape(f"h{i}", H100, 8) for i in range(2)]
     assert main_pool(other + eight) == Pool(A100, 8, ("b0", "b1"))  # name order breaks ties
+
+
+def test_the_main_pool_does_not_flip_when_others_fill_its_nodes() -> None:
+    """The reviewer's case: two 8-GPU A100 nodes full of others' pods and an idle 4-GPU
+    T4. Pooled by free GPUs, the T4 became the main pool (4 GPUs against 0), and every
+    A100 node was "never able" to host a gang of 8."""
+    idle = [NodeShape("a", A100, 8), NodeShape("b", A100, 8), NodeShape("t", "Tesla-T4", 4)]
+    busy = [NodeShape("a", A100, 8, held=8), NodeShape("b", A100, 8, held=8), idle[2]]
+    assert main_pool(busy) == main_pool(idle) == Pool(A100, 8, ("a", "b"))
+    pool = Pool(A100, 8, ("a", "b"))
+    # Others' GPUs are taken within the node: the plan, which needs equal nodes, leaves
+    # out a node they hold any of its pool's GPUs of, until they go.
+    assert plan_nodes(pool, idle) == ("a", "b")
+    assert plan_nodes(pool, busy) == ()
+    assert plan_nodes(pool, [NodeShape("a", A100, 8, held=1), idle[1]]) == ("b",)
+    # 7 allocatable: a 4-GPU node; 3 GPUs held by others fit in the 3 above its 4.
+    degraded = Pool(A100, 4, ("c",))
+    assert main_pool([NodeShape("c", A100, 7, held=3)]) == degraded
+    assert plan_nodes(degraded, [NodeShape("c", A100, 7, held=3)]) == ("c",)
+    assert plan_nodes(degraded, [NodeShape("c", A100, 7, held=4)]) == ()
 
 
 @settings(max_examples=100, derandomize=True)
@@ -78,19 +107,23 @@ def test_the_main_pool_has_the_most_usable_gpus_then_larger_nodes_then_product()
     ),
     seed=st.randoms(use_true_random=False),
 )
-def test_pools_partition_the_usable_nodes_whatever_their_order(
+def test_pools_partition_the_gpu_nodes_whatever_their_order_or_load(
     shapes: list[NodeShape], seed: random.Random
 ) -> None:
     found = pools(shapes)
     shuffled = list(shapes)
     seed.shuffle(shuffled)
     assert pools(shuffled) == found
+    assert pools(dataclasses.replace(s, held=0) for s in shuffled) == found  # load: no change
     names = [n for p in found for n in p.nodes]
-    assert sorted(names) == sorted(s.name for s in shapes if s.usable)
+    assert sorted(names) == sorted(s.name for s in shapes if s.allocatable)
     by_name = {s.name: s for s in shapes}
     for pool in found:
         assert list(pool.nodes) == sorted(pool.nodes)
-        assert {(by_name[n].product, by_name[n].usable) for n in pool.nodes} == {pool.key}
+        assert {(by_name[n].product, by_name[n].capacity) for n in pool.nodes} == {pool.key}
+        planned = plan_nodes(pool, shuffled)
+        assert list(planned) == sorted(planned) and set(planned) <= set(pool.nodes)
+        assert {n for n in pool.nodes if not taken_by_others(pool, by_name[n])} == set(planned)
     assert [p.gpus for p in found] == sorted((p.gpus for p in found), reverse=True)
 
 

@@ -5,6 +5,13 @@ which reaches it on localhost (``helm/powerflow/files/kube-scheduler-config.yaml
 It starts even when the API server cannot be reached or the kubeconfig is
 unusable: one log line and ``/readyz`` then say why, and pods that are not
 PowerFlow's still pass through.
+
+Pools: GPU nodes that are Ready, not cordoned, and whose hard taints
+(``NoSchedule``, ``NoExecute``) the ``--tolerate`` tolerations all tolerate
+(default: ``nvidia.com/gpu``, the managed GPU pools' taint). Give the
+operator the same ``--tolerate`` options, and put matching tolerations into
+the DLJobs' pod templates: a pod is placed only on nodes whose taints its own
+tolerations tolerate.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import logging
 from typing import Any
 
 from powerflow.errors import PowerFlowError
+from powerflow.taints import pool_tolerations
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8888
@@ -65,18 +73,24 @@ def register(subparsers: Any) -> None:
         metavar="BYTES",
         help="memory for prioritize's cache of written answers per node name (default 16 MiB)",
     )
+    p.add_argument(
+        "--tolerate",
+        action="append",
+        metavar="KEY[=VALUE]:EFFECT",
+        help="a node taint PowerFlow's pools accept (repeatable; also KEY:EFFECT, KEY=VALUE "
+        "or KEY for any value or effect; default nvidia.com/gpu; giving any replaces it). "
+        "Give the operator the same, and put matching tolerations into the DLJobs' pod "
+        "templates: each pod goes only where its own tolerations allow",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    if not 0 < args.port < 65536:
-        raise ExtenderConfigError(f"--port {args.port} is not a TCP port")
+def app_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``create_app`` for these options; raises
+    ``ExtenderConfigError`` for unusable ones (before anything starts)."""
     if not args.reservation_ttl > 0:
         raise ExtenderConfigError(f"--reservation-ttl must be positive, got {args.reservation_ttl}")
-    import uvicorn
-
-    from powerflow.extender import create_app
     from powerflow.extender.app import MAX_BODY_BYTES
     from powerflow.extender.wire import PRIORITY_CACHE_BYTES
 
@@ -86,14 +100,29 @@ def run(args: argparse.Namespace) -> int:
         raise ExtenderConfigError(f"--max-body-bytes must be positive, got {max_body}")
     if cache < 0:
         raise ExtenderConfigError(f"--priority-cache-bytes must not be negative, got {cache}")
+    try:
+        tolerations = pool_tolerations(args.tolerate)
+    except ValueError as exc:
+        raise ExtenderConfigError(f"--tolerate: {exc}") from None
+    return {
+        "kubeconfig": args.kubeconfig,
+        "in_cluster": args.in_cluster,
+        "reservation_ttl_s": args.reservation_ttl,
+        "max_body_bytes": max_body,
+        "priority_cache_bytes": cache,
+        "pool_tolerations": tolerations,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ExtenderConfigError(f"--port {args.port} is not a TCP port")
+    options = app_options(args)
+    import uvicorn
+
+    from powerflow.extender import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(
-        kubeconfig=args.kubeconfig,
-        in_cluster=args.in_cluster,
-        reservation_ttl_s=args.reservation_ttl,
-        max_body_bytes=max_body,
-        priority_cache_bytes=cache,
-    )
+    app = create_app(**options)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

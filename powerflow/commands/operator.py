@@ -17,6 +17,10 @@ shuts down cleanly. kopf runs standalone: no peering objects are needed.
 ``--no-leader-election`` (or ``--standalone``) for a single replica that must
 not touch Leases.
 
+Pools: GPU nodes whose hard taints the ``--tolerate`` tolerations all
+tolerate (default: ``nvidia.com/gpu``); give the scheduler extender the same
+options, and put matching tolerations into the DLJobs' pod templates.
+
 Liveness on ``--liveness`` URL (empty: none), Prometheus metrics on
 ``--metrics-port`` (0: any free port, logged).
 """
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from powerflow import __version__, contract
 from powerflow.errors import PowerFlowError
+from powerflow.taints import pool_tolerations
 
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
@@ -114,6 +119,15 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="at most one progress/energy status write per job in this time (30)",
     )
+    p.add_argument(
+        "--tolerate",
+        action="append",
+        metavar="KEY[=VALUE]:EFFECT",
+        help="a node taint PowerFlow's pools accept (repeatable; also KEY:EFFECT, KEY=VALUE "
+        "or KEY for any value or effect; default nvidia.com/gpu; giving any replaces it). "
+        "Give the extender the same, and put matching tolerations into the DLJobs' pod "
+        "templates",
+    )
     p.set_defaults(func=run)
 
 
@@ -178,6 +192,10 @@ def serve(
     from powerflow.operator.metrics import Metrics
 
     options = kopf_options(args)
+    try:
+        tolerations = pool_tolerations(args.tolerate)
+    except ValueError as exc:
+        raise OperatorConfigError(f"--tolerate: {exc}") from None
     source = resolve_source(args.kubeconfig)
     load_configuration(source)  # fail now, in one line, rather than in kopf's login retries
     identity = args.leader_identity or default_identity()
@@ -189,6 +207,7 @@ def serve(
         debounce_s=args.debounce,
         profiling_window_s=args.profiling_window,
         progress_interval_s=args.progress_interval,
+        pool_tolerations=tolerations,
     )
     metrics = Metrics()
     httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)

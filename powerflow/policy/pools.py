@@ -3,27 +3,34 @@
 Buddy placement (``buddy.py``) needs nodes with one power-of-two GPU count, and
 a gang should run on one GPU product. Real clusters mix 8- and 4-GPU nodes,
 several products, and nodes whose kubelet offers 7 GPUs after one failed. So
-each node joins the pool of (its GPU product label, its *usable* GPU count),
-where the usable count is the largest power of two that fits in the GPUs it
-offers minus the GPUs held by pods PowerFlow does not place (``usable_gpus``);
-the GPUs above it stay unused by PowerFlow. Each gang is placed within one
-pool.
+each node joins the pool of (its GPU product label, its *capacity*: the
+largest power of two that fits in the GPUs it offers, ``usable_gpus`` of its
+allocatable count); the GPUs above it stay unused by PowerFlow. Each gang is
+placed within one pool.
 
 The policy plans one node shape, so one pool is *the* pool: the one with the
-most usable GPUs (ties: larger nodes, then the product name), ``pools``'s
-first. The operator plans on it and reports the others; the scheduler
+most GPUs by capacity (ties: larger nodes, then the product name),
+``pools``'s first. Pools are made from allocatable counts only, never from
+what other pods hold right now: a pool chosen by free GPUs would flip to a
+small idle pool whenever others' pods fill the large one, and then the large
+pool's nodes would be reported as never able to host a gang (so preemption
+could never free them), and the plan's shape would change with foreign load.
+The operator plans on the main pool and reports the others; the scheduler
 extender places PowerFlow's gangs only there, so the plan's GPU counts and
 the placements agree (the plan never counts GPUs of another pool, and a gang
 on another product would run at speeds and powers the plan did not assume).
 
-The scheduler extender, which knows exactly which GPUs are taken, places on
-the main pool's *key* (product and count) rather than its exact members:
-every node of that product that offers at least the pool's count serves as
-one of its nodes (``serves``), with other pods' GPUs counted as taken there
-(``taken_by_others``) instead of shrinking it. That is a superset of the
-nodes the plan counts, each with at least the room the plan assumes, so a
-gang the plan admits finds its block; and a node half used by others still
-takes small gangs.
+GPUs held by pods PowerFlow does not place (``NodeShape.held``) are taken
+*within* their node. The scheduler extender, which knows exactly which GPUs
+are taken, places on the main pool's *key* (product and count) rather than
+its exact members: every node of that product that offers at least the
+pool's count serves as one of its nodes (``serves``), with other pods' GPUs
+counted as taken there (``taken_by_others``). The plan needs equal nodes, so
+it counts only the members none of whose pool GPUs others hold
+(``plan_nodes``); a node partly held by others is left out of the plan (its
+free GPUs still take gangs the extender places), and counts again once they
+go. So the extender's nodes are a superset of the plan's, each with at least
+the room the plan assumes, and a gang the plan admits finds its block.
 
 Pure: plain names and counts in, frozen pools out; no Kubernetes.
 """
@@ -54,16 +61,18 @@ class NodeShape:
     allocatable: int
     """GPUs the kubelet offers to pods."""
     held: int = 0
-    """GPUs held by pods PowerFlow does not place (they shrink the usable count)."""
+    """GPUs held by pods PowerFlow does not place (taken within the node; the pool
+    it joins does not depend on them)."""
 
     @property
-    def usable(self) -> int:
-        return usable_gpus(self.allocatable, self.held)
+    def capacity(self) -> int:
+        """GPUs per node of the pool it joins: the largest power of two in ``allocatable``."""
+        return usable_gpus(self.allocatable)
 
 
 @dataclass(frozen=True)
 class Pool:
-    """Nodes of one GPU product with the same usable power-of-two GPU count."""
+    """Nodes of one GPU product with the same power-of-two capacity."""
 
     product: str
     per_node: int
@@ -80,17 +89,17 @@ class Pool:
 
 
 def pools(shapes: Iterable[NodeShape]) -> tuple[Pool, ...]:
-    """The pools of nodes with at least one usable GPU, the main pool first.
+    """The pools of nodes with at least one allocatable GPU, the main pool first.
 
-    Ranked by usable GPUs (more first), then GPUs per node (more first: fewer
-    nodes per multi-node gang), then product name, so the order never depends
-    on the order of ``shapes``.
+    Ranked by GPUs by capacity (more first), then GPUs per node (more first:
+    fewer nodes per multi-node gang), then product name, so the order never
+    depends on the order of ``shapes``, nor on the GPUs others hold.
     """
     members: dict[tuple[str, int], list[str]] = {}
     for shape in shapes:
-        usable = shape.usable
-        if usable:
-            members.setdefault((shape.product, usable), []).append(shape.name)
+        capacity = shape.capacity
+        if capacity:
+            members.setdefault((shape.product, capacity), []).append(shape.name)
     found = [Pool(product, n, tuple(sorted(names))) for (product, n), names in members.items()]
     found.sort(key=lambda p: (-p.gpus, -p.per_node, p.product))
     return tuple(found)
@@ -114,3 +123,15 @@ def taken_by_others(pool: Pool, shape: NodeShape) -> int:
     whole devices, so which ones is not PowerFlow's to know, only how many).
     """
     return min(pool.per_node, max(0, shape.held - (shape.allocatable - pool.per_node)))
+
+
+def plan_nodes(pool: Pool, shapes: Iterable[NodeShape]) -> tuple[str, ...]:
+    """The pool's members whose ``per_node`` GPUs are all free of others' pods, sorted.
+
+    The nodes the plan counts: it needs equal nodes, so a member that others'
+    pods hold GPUs of is left out until they go, not planned smaller.
+    """
+    members = set(pool.nodes)
+    return tuple(
+        sorted(s.name for s in shapes if s.name in members and not taken_by_others(pool, s))
+    )
