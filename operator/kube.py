@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
 TRANSIENT = frozenset({401, 404, 408, 409, 429})
 """4xx answers that are not a refusal of the object (404 and 409 are handled per call)."""
+GONE = object()
+"""A generation record found its DLJob deleted (``apply`` skips that job's writes)."""
 WORKER = re.compile(r"^(?P<job>.+)-g\d+-w\d+$")
 
 
@@ -329,7 +331,15 @@ class Kube:
             return refusal
         return None
 
-    def _status(self, namespace: str, name: str, patch: dict[str, Any]) -> Refusal | None:
+    def _status_first(self, namespace: str, name: str, patch: dict[str, Any]) -> object:
+        """A generation record: ``GONE`` when the DLJob is gone (404), so that ``apply``
+        writes none of its pods (new ones would be orphans for the garbage collector
+        to delete; the old ones it deletes by their owner reference)."""
+        return self._status(namespace, name, patch, missing=GONE)
+
+    def _status(
+        self, namespace: str, name: str, patch: dict[str, Any], missing: object = None
+    ) -> Refusal | object:
         try:
             self._json(
                 self.custom.patch_namespaced_custom_object_status,
@@ -343,7 +353,7 @@ class Kube:
             )
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
-                return None
+                return missing
             refusal = _refusal(exc, "patch", contract.KIND, namespace, name, name)
             if refusal is None:
                 raise
@@ -387,14 +397,17 @@ class Kube:
         Within a phase the writes go out together; a phase starts when the
         previous one is done, so a job's generation is recorded before its pods
         are created or deleted, and old workers are gone before new ones come.
-        A job whose first-phase status write failed gets none of its pod writes
-        this pass (they would be unexplained by its status after a crash).
+        A job whose first-phase status write failed, was refused or found the
+        DLJob gone (404) gets none of its later writes this pass: its pods would
+        be unexplained by its status after a crash (the next pass retries, or
+        reports the refusal), and a deleted DLJob's pods are the garbage
+        collector's (its ownerReferences).
         Returns the writes the API server refused (see the module docstring);
         raises ``WritesFailed`` on transient errors once every write was attempted.
         """
         refusals: list[Refusal] = []
         errors: list[Exception] = []
-        verbs: dict[str, Callable[..., Refusal | None]] = {
+        verbs: dict[str, Callable[..., object]] = {
             "status": self._status,
             "delete": self._delete_pod,
             "create": self._create,
@@ -404,12 +417,15 @@ class Kube:
         for number, phase in enumerate(actions.writes()):
             if number > 0 and unrecorded:
                 phase = [w for w in phase if _job_of_write(w) not in unrecorded]
+            table = {**verbs, "status": self._status_first} if number == 0 else verbs
             results = await asyncio.gather(
-                *(asyncio.to_thread(verbs[verb], *args) for verb, args in phase),
+                *(asyncio.to_thread(table[verb], *args) for verb, args in phase),
                 return_exceptions=True,
             )
             for (_, args), result in zip(phase, results, strict=True):
-                if isinstance(result, Refusal):
+                if result is GONE:  # the DLJob was deleted: nothing to write for it
+                    pass
+                elif isinstance(result, Refusal):
                     log.warning(
                         "%s %s %s/%s refused: %s %s",
                         result.verb, result.kind, result.namespace, result.name,
