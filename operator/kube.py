@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
+from powerflow.operator import foreign_pods
 from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody, ServiceBody
 from powerflow.operator.reconcile import Actions, Observed
 from powerflow.operator.refusals import Refusal
@@ -138,13 +139,13 @@ class Kube:
     """Thin wrapper over the ``kubernetes`` client for what the operator does.
 
     Reads are paginated LISTs filtered by the API server (label and field
-    selectors). Foreign GPU pods come from one more LIST per pass (bound,
-    non-terminal pods without the ``powerflow.io/job`` label, GPU request
-    checked here: a field selector cannot see resources) rather than a
-    watch-fed cache of every pod: passes are rare (events that matter and the
-    scheduling interval), the server filters out the cluster's finished and
-    unbound pods and PowerFlow's own, and a cache of all pods would cost the
-    operator memory and a watch event for every pod change in the cluster.
+    selectors). Foreign GPU pods come from a watch-fed cache
+    (``foreign_pods``, started by ``watch_foreign``) rather than a LIST per
+    pass: such a LIST pages through every bound pod of the cluster (a field
+    selector cannot see GPU requests), at up to one pass per debounce, where
+    the watch costs one event per change of a bound non-PowerFlow pod and
+    keeps only the GPU pods. A pass before the cache's first LIST (or a
+    ``Kube`` whose cache was not started) lists them once, directly.
     """
 
     def __init__(self, api: kubernetes.client.ApiClient, namespace: str | None) -> None:
@@ -152,6 +153,8 @@ class Kube:
         self.namespace = namespace
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.foreign = foreign_pods.ForeignGpuPods(self.core, self._list_foreign, requests_gpus)
+        """Foreign GPU pods, once ``watch_foreign`` started the cache."""
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -163,15 +166,22 @@ class Kube:
         A continue token the server has forgotten (410) fails the pass, and the
         loop retries it a second later from the first page.
         """
+        return self._list_versioned(call, *args, **kwargs)[0]
+
+    def _list_versioned(
+        self, call: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[list[Any], str]:
+        """All items of a LIST and its ``resourceVersion`` (to watch from)."""
         items: list[Any] = []
         token: str | None = None
         while True:
             page = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
             raw = self._json(call, *args, **kwargs, **page) or {}
             items.extend(raw.get("items") or [])
-            token = (raw.get("metadata") or {}).get("continue")
+            meta = raw.get("metadata") or {}
+            token = meta.get("continue")
             if not token:
-                return items
+                return items, str(meta.get("resourceVersion") or "")
 
     def _jobs(self) -> list[DLJobBody]:
         args = (contract.GROUP, contract.VERSION)
@@ -190,14 +200,31 @@ class Kube:
         return self._list(self.core.list_pod_for_all_namespaces, **kwargs)
 
     def _foreign_gpu_pods(self) -> list[PodBody]:
-        """Everyone's GPU pods but PowerFlow's, in every namespace (GPUs are cluster-wide)."""
-        selector = f"spec.nodeName!=,{NON_TERMINAL}"
+        """Everyone's GPU pods but PowerFlow's, in every namespace (GPUs are cluster-wide):
+        one LIST, for passes before the cache's first LIST has arrived."""
         pods = self._list(
             self.core.list_pod_for_all_namespaces,
-            label_selector=f"!{contract.JOB_LABEL}",
-            field_selector=selector,
+            label_selector=foreign_pods.LABELS,
+            field_selector=f"{foreign_pods.FIELDS},{NON_TERMINAL}",
         )
         return [p for p in pods if requests_gpus(p)]
+
+    def _list_foreign(self) -> tuple[list[PodBody], str]:
+        """The cache's LIST: every bound pod that is not PowerFlow's (phase and GPUs are
+        checked by the cache, on each event too)."""
+        return self._list_versioned(
+            self.core.list_pod_for_all_namespaces,
+            label_selector=foreign_pods.LABELS,
+            field_selector=foreign_pods.FIELDS,
+        )
+
+    def watch_foreign(self, on_change: Callable[[str], None]) -> None:
+        """Keep the foreign GPU pods in a watch-fed cache from now on; their arrival or
+        departure calls ``on_change`` (a scheduling event). Call from the event loop."""
+        self.foreign.start(on_change)
+
+    def stop(self) -> None:
+        self.foreign.stop()
 
     def _nodes(self) -> list[NodeBody]:
         return self._list(self.core.list_node)
@@ -213,12 +240,15 @@ class Kube:
 
     async def read(self, budget_namespace: str, budget_name: str) -> ClusterState:
         """The lists at once, each in a worker thread (the client is synchronous)."""
+        cached = self.foreign.pods()
         jobs_raw, pods_raw, nodes, cm, foreign = await asyncio.gather(
             asyncio.to_thread(self._jobs),
             asyncio.to_thread(self._pods, contract.JOB_LABEL),
             asyncio.to_thread(self._nodes),
             asyncio.to_thread(self._budget, budget_namespace, budget_name),
-            asyncio.to_thread(self._foreign_gpu_pods),
+            asyncio.sleep(0, cached)
+            if cached is not None
+            else asyncio.to_thread(self._foreign_gpu_pods),
         )
         pods: dict[tuple[str, str], list[PodBody]] = defaultdict(list)
         for pod in pods_raw:

@@ -21,6 +21,8 @@ the next pass, which comes at least every ``schedulingIntervalSeconds``.
 - Node: allocatable GPUs, ``spec.unschedulable``, taints, the Ready
   condition's status and the GPU product label; not heartbeats.
 - The budget ConfigMap: its ``data``.
+- A foreign GPU pod arriving or leaving (``foreign_pods``, which calls the
+  loop's ``trigger`` itself): not other pods' changes.
 """
 
 from __future__ import annotations

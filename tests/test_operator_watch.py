@@ -306,3 +306,65 @@ async def _four(api: httpx.AsyncClient, job: str) -> list[dict[str, Any]]:
 
 async def _passes_beyond(op: Operator, n: int) -> bool:
     return op.passes > n
+
+
+def _foreign_lists(requests: list[Any]) -> int:
+    """Pod LISTs (not watches) of the foreign pods' selector, from the request log."""
+    return sum(
+        1
+        for r in requests
+        if r.method == kmock.method.GET
+        and r.url.path == "/api/v1/pods"
+        and r.params.get("labelSelector") == f"!{contract.JOB_LABEL}"
+        and r.params.get("watch") not in ("true", "1")
+    )
+
+
+async def test_passes_read_foreign_gpu_pods_from_a_watch_fed_cache(
+    kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """Passes list no pods beyond the cache's LIST (they used to list every bound
+    non-PowerFlow pod of the cluster, each pass); a foreign GPU pod leaving is a
+    scheduling event whose pass plans with its GPUs free again, and one arriving makes a
+    pass too."""
+    assert (await api.post(PODS, json=gpu_pod("notebook", "n1"))).status_code == 201
+    async with operator(kubeconfig) as op:
+        for job in ("first", "second"):
+            await api.post(JOBS, json=dljob(job))
+        await eventually(lambda: _four(api, "first"))
+        await start_workers(api, await pods_of(api, "first"), "n2")
+        await eventually(lambda: _running(api, "first"))
+        await settled(op)
+        assert await pods_of(api, "second") == []  # n1 has 2 usable GPUs: no room
+        lists = _foreign_lists(list(kmock))
+        assert lists >= 1
+
+        # N passes (the interval wakes the loop): no foreign LIST among them.
+        interval = {"data": {"schedulingIntervalSeconds": "0.2"}}
+        assert (await api.patch(BUDGET, json=interval, headers=MERGE)).is_success
+        passes = op.passes
+
+        async def five_more() -> bool:
+            return op.passes - passes >= 5
+
+        await eventually(five_more, timeout=10)
+        assert _foreign_lists(list(kmock)) == lists
+        interval = {"data": {"schedulingIntervalSeconds": "60"}}
+        assert (await api.patch(BUDGET, json=interval, headers=MERGE)).is_success
+        await settled(op)
+
+        # The notebook leaves: a pass at once (not in 60 s) gives "second" n1.
+        assert (await api.delete(f"{PODS}/notebook")).is_success
+        await eventually(lambda: _four(api, "second"), timeout=10)
+        await start_workers(api, await pods_of(api, "second"), "n1")
+        await eventually(lambda: _running(api, "second"))
+        passes = await settled(op)
+
+        # A foreign GPU pod arriving is news too (its GPUs are taken from now on).
+        assert (await api.post(PODS, json=gpu_pod("late", "n2"))).status_code == 201
+
+        async def one_more() -> bool:
+            return op.passes > passes
+
+        await eventually(one_more, timeout=10)
+        assert _foreign_lists(list(kmock)) == lists
