@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -102,7 +103,10 @@ class ForeignGpuPods:
                     items, version = self._list_pages()
                     self.lists += 1
                     self._post(self._replace, items)
+                began = time.monotonic()
                 version = self._watch(version)
+                if version is not None:  # a server that ends watches at once: no busy loop
+                    self._stopped.wait(max(0.0, 1.0 - (time.monotonic() - began)))
             except kubernetes.client.ApiException as exc:
                 if exc.status == 410:
                     version = None
