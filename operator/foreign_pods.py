@@ -95,11 +95,21 @@ class ForeignGpuPods:
 
     # -- the thread --------------------------------------------------------------------------
 
+    def _alive(self) -> bool:
+        """Not stopped, and the event loop that gets the news still runs (an operator
+        that ended without ``stop`` must not leave a thread polling its API server)."""
+        loop = self._loop
+        return not self._stopped.is_set() and loop is not None and not loop.is_closed()
+
     def _run(self) -> None:
         version: str | None = None
-        while not self._stopped.is_set():
+        listed = -1.0
+        while self._alive():
             try:
                 if version is None:
+                    # At most one LIST a second, whatever the server answers the watch.
+                    self._stopped.wait(max(0.0, listed + 1.0 - time.monotonic()))
+                    listed = time.monotonic()
                     items, version = self._list_pages()
                     self.lists += 1
                     self._post(self._replace, items)
@@ -158,8 +168,10 @@ class ForeignGpuPods:
         loop = self._loop
         if loop is None or self._stopped.is_set():
             return
-        with contextlib.suppress(RuntimeError):  # the loop has closed: the operator stops
+        try:
             loop.call_soon_threadsafe(handler, *args)
+        except RuntimeError:  # the loop has closed: the operator ended
+            self._stopped.set()
 
     # -- the event loop ----------------------------------------------------------------------
 
