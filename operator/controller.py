@@ -136,12 +136,14 @@ class Controller:
         self._wake.set()
 
     def start(self) -> None:
+        self.kube.watch_foreign(self.trigger)
         if self.leader is not None:
             self._leader_task = asyncio.create_task(self.leader.run(), name="powerflow-lease")
         self._task = asyncio.create_task(self.run(), name="powerflow-allocation-loop")
 
     async def stop(self) -> None:
         """Stop the loop, then the election (a leader releases its Lease)."""
+        self.kube.stop()
         for task in (self._task, self._leader_task):
             if task is not None:
                 task.cancel()

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
+from powerflow.operator import foreign_pods
 from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody, ServiceBody
 from powerflow.operator.reconcile import Actions, Observed
 from powerflow.operator.refusals import Refusal
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
 TRANSIENT = frozenset({401, 404, 408, 409, 429})
 """4xx answers that are not a refusal of the object (404 and 409 are handled per call)."""
+GONE = object()
+"""A generation record found its DLJob deleted (``apply`` skips that job's writes)."""
 WORKER = re.compile(r"^(?P<job>.+)-g\d+-w\d+$")
 
 
@@ -136,13 +139,13 @@ class Kube:
     """Thin wrapper over the ``kubernetes`` client for what the operator does.
 
     Reads are paginated LISTs filtered by the API server (label and field
-    selectors). Foreign GPU pods come from one more LIST per pass (bound,
-    non-terminal pods without the ``powerflow.io/job`` label, GPU request
-    checked here: a field selector cannot see resources) rather than a
-    watch-fed cache of every pod: passes are rare (events that matter and the
-    scheduling interval), the server filters out the cluster's finished and
-    unbound pods and PowerFlow's own, and a cache of all pods would cost the
-    operator memory and a watch event for every pod change in the cluster.
+    selectors). Foreign GPU pods come from a watch-fed cache
+    (``foreign_pods``, started by ``watch_foreign``) rather than a LIST per
+    pass: such a LIST pages through every bound pod of the cluster (a field
+    selector cannot see GPU requests), at up to one pass per debounce, where
+    the watch costs one event per change of a bound non-PowerFlow pod and
+    keeps only the GPU pods. A pass before the cache's first LIST (or a
+    ``Kube`` whose cache was not started) lists them once, directly.
     """
 
     def __init__(self, api: kubernetes.client.ApiClient, namespace: str | None) -> None:
@@ -150,6 +153,8 @@ class Kube:
         self.namespace = namespace
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.foreign = foreign_pods.ForeignGpuPods(self.core, self._list_foreign, requests_gpus)
+        """Foreign GPU pods, once ``watch_foreign`` started the cache."""
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -161,15 +166,22 @@ class Kube:
         A continue token the server has forgotten (410) fails the pass, and the
         loop retries it a second later from the first page.
         """
+        return self._list_versioned(call, *args, **kwargs)[0]
+
+    def _list_versioned(
+        self, call: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[list[Any], str]:
+        """All items of a LIST and its ``resourceVersion`` (to watch from)."""
         items: list[Any] = []
         token: str | None = None
         while True:
             page = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
             raw = self._json(call, *args, **kwargs, **page) or {}
             items.extend(raw.get("items") or [])
-            token = (raw.get("metadata") or {}).get("continue")
+            meta = raw.get("metadata") or {}
+            token = meta.get("continue")
             if not token:
-                return items
+                return items, str(meta.get("resourceVersion") or "")
 
     def _jobs(self) -> list[DLJobBody]:
         args = (contract.GROUP, contract.VERSION)
@@ -188,14 +200,31 @@ class Kube:
         return self._list(self.core.list_pod_for_all_namespaces, **kwargs)
 
     def _foreign_gpu_pods(self) -> list[PodBody]:
-        """Everyone's GPU pods but PowerFlow's, in every namespace (GPUs are cluster-wide)."""
-        selector = f"spec.nodeName!=,{NON_TERMINAL}"
+        """Everyone's GPU pods but PowerFlow's, in every namespace (GPUs are cluster-wide):
+        one LIST, for passes before the cache's first LIST has arrived."""
         pods = self._list(
             self.core.list_pod_for_all_namespaces,
-            label_selector=f"!{contract.JOB_LABEL}",
-            field_selector=selector,
+            label_selector=foreign_pods.LABELS,
+            field_selector=f"{foreign_pods.FIELDS},{NON_TERMINAL}",
         )
         return [p for p in pods if requests_gpus(p)]
+
+    def _list_foreign(self) -> tuple[list[PodBody], str]:
+        """The cache's LIST: every bound pod that is not PowerFlow's (phase and GPUs are
+        checked by the cache, on each event too)."""
+        return self._list_versioned(
+            self.core.list_pod_for_all_namespaces,
+            label_selector=foreign_pods.LABELS,
+            field_selector=foreign_pods.FIELDS,
+        )
+
+    def watch_foreign(self, on_change: Callable[[str], None]) -> None:
+        """Keep the foreign GPU pods in a watch-fed cache from now on; their arrival or
+        departure calls ``on_change`` (a scheduling event). Call from the event loop."""
+        self.foreign.start(on_change)
+
+    def stop(self) -> None:
+        self.foreign.stop()
 
     def _nodes(self) -> list[NodeBody]:
         return self._list(self.core.list_node)
@@ -211,12 +240,15 @@ class Kube:
 
     async def read(self, budget_namespace: str, budget_name: str) -> ClusterState:
         """The lists at once, each in a worker thread (the client is synchronous)."""
+        cached = self.foreign.pods()
         jobs_raw, pods_raw, nodes, cm, foreign = await asyncio.gather(
             asyncio.to_thread(self._jobs),
             asyncio.to_thread(self._pods, contract.JOB_LABEL),
             asyncio.to_thread(self._nodes),
             asyncio.to_thread(self._budget, budget_namespace, budget_name),
-            asyncio.to_thread(self._foreign_gpu_pods),
+            asyncio.sleep(0, cached)
+            if cached is not None
+            else asyncio.to_thread(self._foreign_gpu_pods),
         )
         pods: dict[tuple[str, str], list[PodBody]] = defaultdict(list)
         for pod in pods_raw:
@@ -329,7 +361,15 @@ class Kube:
             return refusal
         return None
 
-    def _status(self, namespace: str, name: str, patch: dict[str, Any]) -> Refusal | None:
+    def _status_first(self, namespace: str, name: str, patch: dict[str, Any]) -> object:
+        """A generation record: ``GONE`` when the DLJob is gone (404), so that ``apply``
+        writes none of its pods (new ones would be orphans for the garbage collector
+        to delete; the old ones it deletes by their owner reference)."""
+        return self._status(namespace, name, patch, missing=GONE)
+
+    def _status(
+        self, namespace: str, name: str, patch: dict[str, Any], missing: object = None
+    ) -> Refusal | object:
         try:
             self._json(
                 self.custom.patch_namespaced_custom_object_status,
@@ -343,7 +383,7 @@ class Kube:
             )
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
-                return None
+                return missing
             refusal = _refusal(exc, "patch", contract.KIND, namespace, name, name)
             if refusal is None:
                 raise
@@ -387,14 +427,17 @@ class Kube:
         Within a phase the writes go out together; a phase starts when the
         previous one is done, so a job's generation is recorded before its pods
         are created or deleted, and old workers are gone before new ones come.
-        A job whose first-phase status write failed gets none of its pod writes
-        this pass (they would be unexplained by its status after a crash).
+        A job whose first-phase status write failed, was refused or found the
+        DLJob gone (404) gets none of its later writes this pass: its pods would
+        be unexplained by its status after a crash (the next pass retries, or
+        reports the refusal), and a deleted DLJob's pods are the garbage
+        collector's (its ownerReferences).
         Returns the writes the API server refused (see the module docstring);
         raises ``WritesFailed`` on transient errors once every write was attempted.
         """
         refusals: list[Refusal] = []
         errors: list[Exception] = []
-        verbs: dict[str, Callable[..., Refusal | None]] = {
+        verbs: dict[str, Callable[..., object]] = {
             "status": self._status,
             "delete": self._delete_pod,
             "create": self._create,
@@ -404,12 +447,15 @@ class Kube:
         for number, phase in enumerate(actions.writes()):
             if number > 0 and unrecorded:
                 phase = [w for w in phase if _job_of_write(w) not in unrecorded]
+            table = {**verbs, "status": self._status_first} if number == 0 else verbs
             results = await asyncio.gather(
-                *(asyncio.to_thread(verbs[verb], *args) for verb, args in phase),
+                *(asyncio.to_thread(table[verb], *args) for verb, args in phase),
                 return_exceptions=True,
             )
             for (_, args), result in zip(phase, results, strict=True):
-                if isinstance(result, Refusal):
+                if result is GONE:  # the DLJob was deleted: nothing to write for it
+                    pass
+                elif isinstance(result, Refusal):
                     log.warning(
                         "%s %s %s/%s refused: %s %s",
                         result.verb, result.kind, result.namespace, result.name,

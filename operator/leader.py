@@ -20,7 +20,12 @@ The Lease's ``spec`` is the election record: ``holderIdentity``,
 - The leader renews every ``retry_period_s``; when no renewal succeeded for
   ``renew_deadline_s`` (< the lease duration), it steps down at once:
   ``wait_lost`` returns and the controller cancels its pass, before any other
-  candidate may consider the Lease expired.
+  candidate may consider the Lease expired. As in client-go, a renewal counts
+  from the START of its try (the Lease was written some time after), a leader
+  waits for a try only as long as its last renewal still covers, and a success
+  that arrives later than the deadline counts for nothing: the leader stops
+  acting at ``last renewal + renew_deadline_s`` at the latest, however the API
+  server behaves.
 - On a clean shutdown the leader releases the Lease (empty holder, duration
   1 s), so a successor takes over without waiting for the expiry.
 
@@ -110,31 +115,47 @@ class LeaderElector:
 
     async def run(self) -> None:
         cfg = self.config
-        last_renew = 0.0
+        last_renew = 0.0  # when the last renewal that counts STARTED (the write came after)
         attempt: asyncio.Future[bool] | None = None
+        started = 0.0
         try:
             while True:
                 # One try at a time. Shielded: a try that outlives the deadline still ends
                 # (its thread cannot be stopped); the next round waits for it, and so does
                 # the release below rather than racing it.
                 if attempt is None or attempt.done():
+                    started = self.clock()
                     attempt = asyncio.ensure_future(asyncio.to_thread(self._try_acquire_or_renew))
+                # A leader waits only for the time its last renewal still covers, not for
+                # a whole deadline from this try's start (as client-go's renew context).
+                left = (
+                    max(0.0, last_renew + cfg.renew_deadline_s - self.clock())
+                    if self.is_leader
+                    else None
+                )
                 try:
-                    ok = await asyncio.wait_for(
-                        asyncio.shield(attempt), cfg.renew_deadline_s if self.is_leader else None
-                    )
+                    ok = await asyncio.wait_for(asyncio.shield(attempt), left)
+                except TimeoutError as exc:
+                    if attempt.done():  # the try itself timed out, not our wait for it
+                        log.warning("lease %s/%s: %s", *self._where(), _reason(exc))
+                    ok = False
                 except Exception as exc:  # the API is unreachable or refuses: retry
                     log.warning("lease %s/%s: %s", *self._where(), _reason(exc))
                     ok = False
                 now = self.clock()
-                if ok:
-                    last_renew = now
+                # The Lease was written somewhere between the try's start and now: count
+                # from the start, and a success older than the deadline counts for nothing.
+                if ok and now - started < cfg.renew_deadline_s:
+                    last_renew = started
                     if not self.is_leader:
                         self._become(leader=True)
-                elif self.is_leader and now - last_renew >= cfg.renew_deadline_s:
+                if self.is_leader and now - last_renew >= cfg.renew_deadline_s:
                     log.warning("lease %s/%s: not renewed in time, stepping down", *self._where())
                     self._become(leader=False)
-                await asyncio.sleep(cfg.retry_period_s)
+                pause = cfg.retry_period_s
+                if self.is_leader:  # wake up by the deadline at the latest, to step down
+                    pause = min(pause, max(0.0, last_renew + cfg.renew_deadline_s - now))
+                await asyncio.sleep(pause)
         finally:
             self._become(leader=False)
             if attempt is not None:  # an acquire in flight may still win: release after it

@@ -12,12 +12,17 @@ the next pass, which comes at least every ``schedulingIntervalSeconds``.
 
 - DLJob: ``metadata.generation`` (the spec), ``deletionTimestamp`` and
   labels. Status is the operator's own output and annotations are not read.
-- Pod: ``status.phase``, ``spec.nodeName``, ``deletionTimestamp``. The
-  progress annotation is read at the next pass; a trainer that finishes ends
-  its pod, which is a phase change.
+- Pod: ``status.phase``, ``spec.nodeName``, ``deletionTimestamp``, and
+  whether the progress annotation has reached the pod's
+  ``POWERFLOW_ITERATIONS``: reconcile completes a job on that report, and a
+  trainer that reports and then hangs in its teardown would otherwise wait
+  for the periodic pass. Only that crossing is news; the other progress
+  writes (every few seconds) are read at the next pass.
 - Node: allocatable GPUs, ``spec.unschedulable``, taints, the Ready
   condition's status and the GPU product label; not heartbeats.
 - The budget ConfigMap: its ``data``.
+- A foreign GPU pod arriving or leaving (``foreign_pods``, which calls the
+  loop's ``trigger`` itself): not other pods' changes.
 """
 
 from __future__ import annotations
@@ -51,7 +56,35 @@ def dljob_fingerprint(body: Body) -> str:
 def pod_fingerprint(body: Body) -> str:
     meta = _meta(body)
     phase = _get(body, "status", "phase")
-    return _dump([phase, _get(body, "spec", "nodeName"), meta.get("deletionTimestamp")])
+    node = _get(body, "spec", "nodeName")
+    return _dump([phase, node, meta.get("deletionTimestamp"), _reported_all(body)])
+
+
+_DIGITS = 18  # below 2**63, as reconcile's counts; junk reads as absent
+
+
+def _number(value: Any) -> int | None:
+    ok = isinstance(value, str) and 0 < len(value) <= _DIGITS and value.isascii()
+    return int(value) if ok and value.isdigit() else None
+
+
+def _reported_all(body: Body) -> bool:
+    """Whether the trainer reported all its iterations (``POWERFLOW_ITERATIONS``)."""
+    annotations = _meta(body).get("annotations")
+    if not isinstance(annotations, Mapping):
+        return False
+    reported = _number(annotations.get(contract.PROGRESS_ANNOTATION))
+    if reported is None:
+        return False
+    containers = _get(body, "spec", "containers")
+    for container in containers if isinstance(containers, list) else []:
+        env = container.get("env") if isinstance(container, Mapping) else None
+        for var in env if isinstance(env, list) else []:
+            if isinstance(var, Mapping) and var.get("name") == "POWERFLOW_ITERATIONS":
+                total = _number(var.get("value"))
+                if total is not None and reported >= total:
+                    return True
+    return False
 
 
 def node_fingerprint(body: Body) -> str:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import http.server
+import json
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -233,3 +236,99 @@ async def test_racing_candidates_elect_one_leader_at_a_time(
 
 async def _n_pods(api: httpx.AsyncClient, job: str, n: int) -> bool:
     return len(await pods_of(api, job)) == n
+
+
+class _LeaseServer(http.server.ThreadingHTTPServer):
+    """A Lease endpoint whose behaviour the test controls, over real HTTP: it stores the
+    Lease as the API server does until ``broken_since`` is set, then answers 500 at once
+    for ``fail_for_s`` and then hangs (until the test ends) — a partitioned API server."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _LeaseHandler)
+        self.lock = threading.Lock()
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.last_write = 0.0  # time.monotonic() of the last stored write
+        self.broken_since: float | None = None
+        self.fail_for_s = 1.9
+        self.released = threading.Event()
+
+
+class _LeaseHandler(http.server.BaseHTTPRequestHandler):
+    server: _LeaseServer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self, code: int, body: dict[str, Any]) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _serve(self) -> None:
+        server = self.server
+        size = int(self.headers.get("Content-Length") or 0)
+        data = json.loads(self.rfile.read(size)) if size else None
+        broken = server.broken_since
+        if broken is not None:
+            if time.monotonic() - broken >= server.fail_for_s:
+                server.released.wait(10)  # hangs: the client's own timeout ends the call
+            status = {"kind": "Status", "status": "Failure", "code": 500, "reason": "Internal"}
+            self._answer(500, status)
+            return
+        with server.lock:
+            if self.command == "GET":
+                if server.lease is None:
+                    self._answer(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                else:
+                    self._answer(200, server.lease)
+                return
+            assert isinstance(data, dict)
+            server.version += 1
+            data.setdefault("metadata", {})["resourceVersion"] = str(server.version)
+            server.lease = data
+            server.last_write = time.monotonic()
+            self._answer(201 if self.command == "POST" else 200, data)
+
+    do_GET = do_POST = do_PUT = _serve
+
+
+async def test_leader_stops_acting_by_its_last_renewal_plus_the_renew_deadline() -> None:
+    """Renewals fail fast for 1.9 s, then the API server hangs: the leader must stop acting
+    by the last stored renewal + ``renew_deadline_s`` (2 s), before the 3 s Lease expires
+    and a successor may act. (It stepped down 4 s after: it waited a whole deadline for the
+    hung try, and counted a renewal from when the answer came.)"""
+    server = _LeaseServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
+    client = kubernetes.client.ApiClient(configuration)
+    elector = LeaderElector(client, LeaseConfig("ns", "lease", "me", 3, 2.0, 0.4))
+    task = asyncio.create_task(elector.run())
+    try:
+
+        async def leading() -> bool:
+            return elector.is_leader
+
+        await eventually(leading, timeout=5)
+        server.broken_since = time.monotonic()
+        with server.lock:
+            last_write = server.last_write
+        deadline = last_write + elector.config.renew_deadline_s
+        # epsilon 0.5 s for a loaded event loop: still well before the Lease expires (3 s)
+        while elector.is_leader and time.monotonic() < deadline + 0.5:
+            await asyncio.sleep(0.01)
+        assert not elector.is_leader, "still acting after its last renewal + renew deadline"
+    finally:
+        server.released.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        server.shutdown()
+        server.server_close()
+        client.close()

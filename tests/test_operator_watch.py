@@ -129,6 +129,42 @@ async def test_idle_operator_rests(
         assert "iterations" in (await status_of(api, "a")).get("progress", {})
 
 
+async def test_reporting_all_iterations_is_a_scheduling_event(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """A running job's trainer reports progress and then all its iterations, and hangs in
+    its teardown (the pod stays Running): the job completes at once, not at the next
+    periodic pass (the default interval, 60 s). Progress below the total is no event."""
+    assert pod_fingerprint(_reporting(1)) == pod_fingerprint(_reporting(None))
+    assert pod_fingerprint(_reporting(49)) == pod_fingerprint(_reporting(1))
+    assert pod_fingerprint(_reporting(50)) != pod_fingerprint(_reporting(49))
+    async with operator(kubeconfig, "--progress-interval", "30") as op:
+        await api.post(JOBS, json=dljob("done", iterations=50))
+        pods = await eventually(lambda: _four(api, "done"))
+        await start_workers(api, pods, "n1")
+        await eventually(lambda: _running(api, "done"))
+        await settled(op)
+        for iterations in ("10", "50"):
+            progress = {"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: iterations}}}
+            await api.patch(f"{PODS}/done-g1-w0", json=progress, headers=MERGE)
+
+        async def succeeded() -> bool:
+            return (await status_of(api, "done")).get("phase") == "Succeeded"
+
+        await eventually(succeeded, timeout=10)
+
+
+def _reporting(iterations: int | None) -> dict[str, Any]:
+    """A worker pod whose trainer runs 50 iterations and reported ``iterations``."""
+    annotations = {} if iterations is None else {contract.PROGRESS_ANNOTATION: str(iterations)}
+    env = [{"name": "POWERFLOW_ITERATIONS", "value": "50"}]
+    return {
+        "metadata": {"name": "w0", "namespace": NS, "annotations": annotations},
+        "spec": {"nodeName": "n1", "containers": [{"name": "trainer", "env": env}]},
+        "status": {"phase": "Running"},
+    }
+
+
 async def test_scheduling_interval_makes_periodic_passes(
     api: httpx.AsyncClient, kubeconfig: Path
 ) -> None:
@@ -137,8 +173,11 @@ async def test_scheduling_interval_makes_periodic_passes(
     assert (await api.patch(BUDGET, json=interval, headers=MERGE)).is_success
     async with operator(kubeconfig) as op:
         passes = op.passes
-        await asyncio.sleep(1.5)
-        assert op.passes - passes >= 3
+
+        async def three_more() -> bool:
+            return op.passes - passes >= 3
+
+        await eventually(three_more, timeout=10)
 
 
 async def test_node_heartbeat_is_not_a_scheduling_event(
@@ -267,3 +306,65 @@ async def _four(api: httpx.AsyncClient, job: str) -> list[dict[str, Any]]:
 
 async def _passes_beyond(op: Operator, n: int) -> bool:
     return op.passes > n
+
+
+def _foreign_lists(requests: list[Any]) -> int:
+    """Pod LISTs (not watches) of the foreign pods' selector, from the request log."""
+    return sum(
+        1
+        for r in requests
+        if r.method == kmock.method.GET
+        and r.url.path == "/api/v1/pods"
+        and r.params.get("labelSelector") == f"!{contract.JOB_LABEL}"
+        and r.params.get("watch") not in ("true", "1")
+    )
+
+
+async def test_passes_read_foreign_gpu_pods_from_a_watch_fed_cache(
+    kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """Passes list no pods beyond the cache's LIST (they used to list every bound
+    non-PowerFlow pod of the cluster, each pass); a foreign GPU pod leaving is a
+    scheduling event whose pass plans with its GPUs free again, and one arriving makes a
+    pass too."""
+    assert (await api.post(PODS, json=gpu_pod("notebook", "n1"))).status_code == 201
+    async with operator(kubeconfig) as op:
+        for job in ("first", "second"):
+            await api.post(JOBS, json=dljob(job))
+        await eventually(lambda: _four(api, "first"))
+        await start_workers(api, await pods_of(api, "first"), "n2")
+        await eventually(lambda: _running(api, "first"))
+        await settled(op)
+        assert await pods_of(api, "second") == []  # n1 has 2 usable GPUs: no room
+        lists = _foreign_lists(list(kmock))
+        assert lists >= 1
+
+        # N passes (the interval wakes the loop): no foreign LIST among them.
+        interval = {"data": {"schedulingIntervalSeconds": "0.2"}}
+        assert (await api.patch(BUDGET, json=interval, headers=MERGE)).is_success
+        passes = op.passes
+
+        async def five_more() -> bool:
+            return op.passes - passes >= 5
+
+        await eventually(five_more, timeout=10)
+        assert _foreign_lists(list(kmock)) == lists
+        interval = {"data": {"schedulingIntervalSeconds": "60"}}
+        assert (await api.patch(BUDGET, json=interval, headers=MERGE)).is_success
+        await settled(op)
+
+        # The notebook leaves: a pass at once (not in 60 s) gives "second" n1.
+        assert (await api.delete(f"{PODS}/notebook")).is_success
+        await eventually(lambda: _four(api, "second"), timeout=10)
+        await start_workers(api, await pods_of(api, "second"), "n1")
+        await eventually(lambda: _running(api, "second"))
+        passes = await settled(op)
+
+        # A foreign GPU pod arriving is news too (its GPUs are taken from now on).
+        assert (await api.post(PODS, json=gpu_pod("late", "n2"))).status_code == 201
+
+        async def one_more() -> bool:
+            return op.passes > passes
+
+        await eventually(one_more, timeout=10)
+        assert _foreign_lists(list(kmock)) == lists
