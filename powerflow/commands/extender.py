@@ -20,6 +20,7 @@ import argparse
 import logging
 from typing import Any
 
+from powerflow.commands.tolerate import add_tolerate_option
 from powerflow.errors import PowerFlowError
 from powerflow.taints import pool_tolerations
 
@@ -73,15 +74,7 @@ def register(subparsers: Any) -> None:
         metavar="BYTES",
         help="memory for prioritize's cache of written answers per node name (default 16 MiB)",
     )
-    p.add_argument(
-        "--tolerate",
-        action="append",
-        metavar="KEY[=VALUE]:EFFECT",
-        help="a node taint PowerFlow's pools accept (repeatable; also KEY:EFFECT, KEY=VALUE "
-        "or KEY for any value or effect; default nvidia.com/gpu; giving any replaces it). "
-        "Give the operator the same, and put matching tolerations into the DLJobs' pod "
-        "templates: each pod goes only where its own tolerations allow",
-    )
+    add_tolerate_option(p, "operator")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from powerflow import __version__, contract
+from powerflow.commands.tolerate import add_tolerate_option
 from powerflow.errors import PowerFlowError
 from powerflow.taints import pool_tolerations
 
@@ -119,15 +120,7 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="at most one progress/energy status write per job in this time (30)",
     )
-    p.add_argument(
-        "--tolerate",
-        action="append",
-        metavar="KEY[=VALUE]:EFFECT",
-        help="a node taint PowerFlow's pools accept (repeatable; also KEY:EFFECT, KEY=VALUE "
-        "or KEY for any value or effect; default nvidia.com/gpu; giving any replaces it). "
-        "Give the extender the same, and put matching tolerations into the DLJobs' pod "
-        "templates",
-    )
+    add_tolerate_option(p, "extender")
     p.set_defaults(func=run)
 
 
