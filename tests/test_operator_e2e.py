@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,32 +23,17 @@ from operator_cases import (
     eventually,
     models,
     pods_of,
-    seed,
     start_workers,
     status_of,
 )
 from powerflow.operator.timefmt import parse_time
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import Operator, operator_args, write_kubeconfig
+from support.operator_harness import Operator, operator_args
 
 from powerflow import contract
 from powerflow.policy.snapshot import Plan, Policy, Snapshot
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
-
-
-@pytest.fixture
-async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
-        await seed(client)
-        yield client
-
-
-@pytest.fixture
-def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
-    return write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url))
 
 
 def operator(

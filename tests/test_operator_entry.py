@@ -6,32 +6,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from operator_cases import JOBS, dljob, eventually, header, pods_of, seed, start
+from operator_cases import JOBS, dljob, eventually, header, pods_of, start
 from powerflow.operator.connection import Source, connection_info, load_configuration
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import free_port, write_kubeconfig
 
-from powerflow import contract
 from powerflow.cli import main
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/powerflow-system/leases/powerflow-operator"
-
-
-@pytest.fixture
-async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
-        await seed(client)
-        yield client
 
 
 async def test_command_logs_in_with_kubeconfig_and_creates_workers(

@@ -13,7 +13,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +28,18 @@ from operator_cases import (
     header,
     models,
     pods_of,
-    seed,
     start,
 )
 from powerflow.operator.connection import Source, load_configuration
 from powerflow.operator.leader import LeaderElector, LeaseConfig
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
-
-from powerflow import contract
+from support.operator_harness import Operator, free_port, operator_args
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/powerflow-system/leases"
 LEASE = f"{LEASES}/powerflow-operator"
 WRITES = {kmock.method.POST, kmock.method.PATCH, kmock.method.PUT, kmock.method.DELETE}
-
-
-@pytest.fixture
-async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
-        await seed(client)
-        yield client
-
-
-@pytest.fixture
-def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
-    return write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url))
 
 
 def replica(kubeconfig: Path, identity: str, *, wait_for_pass: bool = True) -> Operator:

@@ -5,7 +5,6 @@ lists come in pages."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from operator_cases import (
     models,
     node,
     pods_of,
-    seed,
     start_workers,
     status_of,
 )
@@ -34,25 +32,11 @@ from powerflow.operator.connection import Source, load_configuration
 from powerflow.operator.kube import Kube
 from powerflow.operator.triggers import Seen, dljob_fingerprint, node_fingerprint, pod_fingerprint
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import Operator, operator_args, write_kubeconfig
+from support.operator_harness import Operator, operator_args
 
 from powerflow import contract
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
-
-
-@pytest.fixture
-async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
-        await seed(client)
-        yield client
-
-
-@pytest.fixture
-def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
-    return write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url))
 
 
 def operator(kubeconfig: Path, *options: str) -> Operator:

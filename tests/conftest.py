@@ -1,0 +1,34 @@
+"""Fixtures shared by the operator's tests against the emulated API server.
+
+``api`` is an HTTP client of the emulator with the built-in resources, the
+DLJob resource, two 4-GPU nodes and a 5 kW budget (``operator_cases.seed``);
+``kubeconfig`` is a kubeconfig file pointing at it, as a user would write one.
+Test modules that need another cluster define their own ``api``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from operator_cases import seed
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import write_kubeconfig
+
+from powerflow import contract
+
+
+@pytest.fixture
+async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    kmock.load_builtins()
+    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
+        await seed(client)
+        yield client
+
+
+@pytest.fixture
+def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
+    return write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url))
