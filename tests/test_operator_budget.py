@@ -118,14 +118,21 @@ async def events(api: httpx.AsyncClient, reason: str) -> list[dict[str, Any]]:
 
 
 async def settled_pass(api: httpx.AsyncClient, op: Operator) -> None:
-    """Wait for a pass that started after now (a label change on the job is an event)."""
+    """Wait for the startup pass to end, then for one more pass ended after a poke (a
+    label change on the job is an event). Counting from before the startup pass ended
+    raced: a pass counted once it ends, so ``passes`` read before or after it differs."""
+
+    async def started() -> bool:
+        return op.controller is not None and op.controller.passes >= 1
+
+    await eventually(started)
     assert op.controller is not None
     passes = op.controller.passes
     poke = {"metadata": {"labels": {"poke": str(time.monotonic())}}}
     assert (await api.patch(f"{JOBS}/job", json=poke, headers=MERGE)).is_success
 
     async def passed() -> bool:
-        return op.controller is not None and op.controller.passes > passes + 1
+        return op.controller is not None and op.controller.passes > passes
 
     await eventually(passed)
 
