@@ -12,7 +12,9 @@ operator whenever the budget in force changes: the validated ``data`` (empty
 for the default), the ``resourceVersion`` it came from and when. An operator
 that starts while the admin's ConfigMap is invalid starts from it instead of
 the default (otherwise a restart during a typo lifts a 300 W cap to the whole
-cluster). A second object rather than an annotation on the admin's
+cluster). It is read only then: a budget put in force since, even one whose
+record could not be written (a 5xx, a missing RBAC rule), is newer and stays;
+the write is retried on every pass. A second object rather than an annotation on the admin's
 ConfigMap: that one is the admin's (``kubectl apply`` and GitOps tools own
 it and would fight the operator's writes, and its deletion would take the
 record with it), while this one has a single writer.

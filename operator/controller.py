@@ -124,6 +124,14 @@ class Controller:
     _bad_budget_version: str | None = None
     _recorded: tuple[str | None, dict[str, str]] | None = None
     """The (source version, data) of the budget in force as recorded; None: not yet known."""
+    _in_force_source: tuple[str | None, dict[str, str]] | None = None
+    """The (source version, data) of the budget in force, recorded or not."""
+    _decided: bool = False
+    """A budget was put in force in this process (valid, the default, or the record):
+    the record is read at most once, at start, and never replaces a budget in force
+    (one whose record could not be written is newer than the record)."""
+    _record_failure: str | None = None
+    """Why the last write of the record failed (logged once per distinct failure)."""
     _task: asyncio.Task[None] | None = None
     _leader_task: asyncio.Task[None] | None = None
     _progress_written: dict[str, float] = field(default_factory=dict)
@@ -204,7 +212,7 @@ class Controller:
             config = parse_budget(data)
         except ResourceError as exc:
             self.metrics.budget_valid.set(0)
-            if self._recorded is None:  # just started: the last good one is the recorded one
+            if not self._decided:  # just started: the last good one is the recorded one
                 await self._recall()
             if version != self._bad_budget_version:
                 self._bad_budget_version = version
@@ -223,11 +231,18 @@ class Controller:
     async def _in_force(
         self, config: BudgetConfig, data: dict[str, str], version: str | None, source: str
     ) -> bool:
-        """Put ``config`` in force and record it; True when it changed."""
+        """Put ``config`` in force and record it; True when the budget in force changed
+        (recorded or not: a failed write is retried on every pass)."""
         self.budget = config
+        self._decided = True
         record = (version, dict(data))
+        changed = record != self._in_force_source
+        self._in_force_source = record
+        message = f"budget in force: {describe(config)} ({source})"
+        if changed:
+            log.info(message)
         if record == self._recorded:
-            return False
+            return changed
         ns = self.config.budget_namespace
         body: ConfigMapBody = {
             "apiVersion": "v1",
@@ -243,23 +258,25 @@ class Controller:
             },
             "data": dict(data),
         }
-        message = f"budget in force: {describe(config)} ({source})"
         saved = await self.kube.save_config_map(body)
-        if saved is None:  # not recorded: the next pass tries again
-            log.info("%s; not recorded", message)
-            return False
+        if isinstance(saved, str):  # not recorded: the next pass tries again
+            if saved != self._record_failure:
+                self._record_failure = saved
+                log.warning("%s not recorded, retrying each pass: %s", message, saved)
+            return changed
+        self._record_failure = None
         self._recorded = record
-        log.info(message)
         self._event(saved, "Normal", "BudgetInForce", message)
-        return True
+        return changed
 
     async def _recall(self) -> None:
         """Start from the recorded budget in force (the ConfigMap is invalid at start)."""
+        self._decided = True
         ns = self.config.budget_namespace
         saved = await self.kube.read_config_map(ns, IN_FORCE_CONFIGMAP)
         if saved is None:
             log.warning("invalid budget ConfigMap and no budget in force recorded: the default")
-            self._recorded = (None, {})
+            self._recorded = self._in_force_source = (None, {})
             return
         meta = saved.get("metadata", {})
         version = (meta.get("annotations") or {}).get(SOURCE_VERSION_ANNOTATION) or None
@@ -269,7 +286,7 @@ class Controller:
         except ResourceError as exc:  # edited by hand: nothing better to start from
             log.warning("recorded budget in force is invalid, using the default: %s", exc)
             self.budget = DEFAULT
-        self._recorded = (version, dict(data))
+        self._recorded = self._in_force_source = (version, dict(data))
         log.warning("budget ConfigMap invalid at start: %s recorded", describe(self.budget))
 
     def _event(self, body: Any, type_: str, reason: str, message: str) -> None:

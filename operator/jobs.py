@@ -24,6 +24,8 @@ from powerflow.errors import ResourceError
 # (a 63-character label); the job name is also the headless Service's name,
 # which must be a DNS-1035 label (starts with a letter).
 MAX_NAME = 45
+DEFAULT_GRACE_S = 60
+"""``spec.terminationGracePeriodSeconds``'s default (the CRD's): time to checkpoint."""
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -255,7 +257,7 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
         model_name=model or None,
         trainer=trainer,
         master_port=_int(spec, "masterPort", 29500),
-        grace_s=_int(spec, "terminationGracePeriodSeconds", 60),
+        grace_s=_int(spec, "terminationGracePeriodSeconds", DEFAULT_GRACE_S),
         restart_limit=_int(spec, "restart.limit", 3),
         backoff_s=_int(spec, "restart.backoffSeconds", 10),
         max_backoff_s=_int(spec, "restart.maxBackoffSeconds", 300),

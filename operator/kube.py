@@ -280,15 +280,15 @@ class Kube:
             saved = self._json(self.core.replace_namespaced_config_map, name, namespace, body)
         return saved
 
-    async def save_config_map(self, body: ConfigMapBody) -> ConfigMapBody | None:
+    async def save_config_map(self, body: ConfigMapBody) -> ConfigMapBody | str:
         """Create or replace a ConfigMap the operator alone writes; the stored object,
-        or ``None`` (logged) when the API server refuses: the caller retries later."""
+        or why the API server refused (the caller retries later, and logs each new
+        failure once: a missing RBAC rule would otherwise log on every pass)."""
         try:
             return await asyncio.to_thread(self._save_config_map, body)
         except kubernetes.client.ApiException as exc:
             name = body["metadata"]["name"]
-            log.warning("could not write ConfigMap %s: %s %s", name, exc.status, exc.reason)
-            return None
+            return f"could not write ConfigMap {name}: {exc.status} {exc.reason}"
 
     def _delete_pod(self, namespace: str, name: str, grace_s: int) -> Refusal | None:
         try:

@@ -73,6 +73,7 @@ from powerflow.operator.bodies import (
 )
 from powerflow.operator.budget import BudgetConfig
 from powerflow.operator.jobs import (
+    DEFAULT_GRACE_S,
     JobRequest,
     RequestCache,
     object_generation,
@@ -400,12 +401,28 @@ def _set_phase(actions: Actions, v: _View, phase: str, reason: str, message: str
     v.new["message"] = message
 
 
-def _delete_all(actions: Actions, v: _View, grace_s: int) -> None:
-    """Delete every live worker; the current generation is stopped (see ``_stop``)."""
+def _delete_all(actions: Actions, v: _View, grace_s: int | None) -> None:
+    """Delete every live worker; the current generation is stopped (see ``_stop``).
+
+    ``grace_s`` None: each pod's own grace period (``_pod_grace``), for when the
+    job's spec gives none (invalid, or the job is over). Never 0: a force delete
+    gives no SIGTERM window to checkpoint, and on an unreachable node the process
+    keeps running while the next generation starts.
+    """
     if v.current:
         _stop(v)
     for pod in v.current + v.other:
-        actions.delete_pods.append((v.ns, pod["metadata"]["name"], grace_s))
+        grace = _pod_grace(pod) if grace_s is None else grace_s
+        actions.delete_pods.append((v.ns, pod["metadata"]["name"], grace))
+
+
+def _pod_grace(pod: PodBody) -> int:
+    """The pod's ``terminationGracePeriodSeconds`` (set from the job's spec when it was
+    created; the API server always fills it), else the DLJob default."""
+    grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
+    if isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0:
+        return grace
+    return DEFAULT_GRACE_S
 
 
 def _stop(v: _View) -> None:
@@ -441,13 +458,11 @@ def _lifecycle(
     done = next((c.get("reason") for c in conditions if c.get("type") == "Done"), None)
     if phase in ("Succeeded", "Failed") and done in TERMINAL_REASONS:
         if phase == "Failed":
-            _delete_all(actions, v, 0)
+            _delete_all(actions, v, None)
         else:  # a pass that recorded the success may have died before deleting them
             for pod in v.current + v.other:
                 if _pod_phase(pod) not in ("Succeeded", "Failed"):
-                    grace = pod.get("spec", {}).get("terminationGracePeriodSeconds")
-                    grace = grace if isinstance(grace, int) else 30
-                    actions.delete_pods.append((v.ns, pod["metadata"]["name"], grace))
+                    actions.delete_pods.append((v.ns, pod["metadata"]["name"], _pod_grace(pod)))
         return False
     generation = object_generation(v.meta)
     try:
@@ -457,7 +472,7 @@ def _lifecycle(
             conditions, "Valid", False, exc.reason, str(exc), now, generation
         )
         _set_phase(actions, v, "Failed", "InvalidSpec", f"{exc.reason}: {exc}")
-        _delete_all(actions, v, 0)
+        _delete_all(actions, v, None)
         return False
     conditions = set_condition(conditions, "Valid", True, "SpecValid", "", now, generation)
     v.new["conditions"] = conditions
@@ -578,7 +593,7 @@ def _refused(
         _stop(v)  # recorded before the partial gang is deleted (``Actions.writes``)
     if v.status.get("energy"):
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
-    _delete_all(actions, v, 0)
+    _delete_all(actions, v, None)  # a partial gang that never ran: still no force delete
     actions.wake(now_s + wait)
     _event(actions, v, "Warning", "FailedCreate", text)
     v.new["phase"] = "Pending"

@@ -7,6 +7,7 @@ the official ``kubernetes`` client for the binding call).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -359,3 +360,47 @@ async def test_refusals_by_verb_namespace_and_count(
     await api.post(JOBS, json={"metadata": {"name": "j"}})
     assert (await api.patch(f"{JOBS}/j/status", json=status, headers=MERGE)).status_code == 422
     assert (await api.patch(f"{JOBS}/j", json=patch, headers=MERGE)).status_code == 200
+
+
+async def test_deleting_a_pod_sets_the_end_of_its_grace_period(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """kube-apiserver's graceful deletion (``rest.BeforeDelete`` with
+    ``podStrategy.CheckGracefulDelete``): ``deletionTimestamp`` is the request time
+    plus the grace period, which ``deletionGracePeriodSeconds`` states: the delete
+    options' ``gracePeriodSeconds`` (body, or the query the ``kubernetes`` client
+    sends), else the pod's ``spec.terminationGracePeriodSeconds``; 0 for a pod not
+    scheduled or already finished, and for objects that are not pods. A finalizer
+    keeps each here (as an unreachable node's kubelet keeps a pod)."""
+
+    def held(name: str, node: str | None = "n1") -> dict[str, Any]:
+        body = pod(name) | {"metadata": {"name": name, "finalizers": ["f"]}}
+        body["spec"] = body["spec"] | {"terminationGracePeriodSeconds": 90}
+        if node:
+            body["spec"]["nodeName"] = node
+        return body
+
+    for name in ("own", "query", "body", "finished"):
+        assert (await api.post(PODS, json=held(name))).status_code == 201
+    assert (await api.post(PODS, json=held("unscheduled", None))).status_code == 201
+    done = {"status": {"phase": "Succeeded"}}
+    assert (await api.patch(f"{PODS}/finished/status", json=done, headers=MERGE)).is_success
+    job = {"metadata": {"name": "j", "finalizers": ["f"]}}
+    assert (await api.post(JOBS, json=job)).status_code == 201
+    before = datetime.datetime.now(tz=datetime.UTC).replace(microsecond=0)
+    await api.delete(f"{PODS}/own")
+    await api.delete(f"{PODS}/query", params={"gracePeriodSeconds": "5"})
+    await api.request("DELETE", f"{PODS}/body", json={"gracePeriodSeconds": 7})
+    await api.delete(f"{PODS}/unscheduled")
+    await api.delete(f"{PODS}/finished")
+    await api.delete(f"{JOBS}/j")
+    after = datetime.datetime.now(tz=datetime.UTC)
+    expected = {"own": 90, "query": 5, "body": 7, "unscheduled": 0, "finished": 0}
+    marked = [(await api.get(f"{PODS}/{name}")).json() for name in expected]
+    marked.append((await api.get(f"{JOBS}/j")).json())
+    for obj, grace in zip(marked, [*expected.values(), 0], strict=True):
+        meta = obj["metadata"]
+        assert meta["deletionGracePeriodSeconds"] == grace, meta["name"]
+        at = datetime.datetime.fromisoformat(meta["deletionTimestamp"])
+        assert before + datetime.timedelta(seconds=grace) <= at, meta["name"]
+        assert at <= after + datetime.timedelta(seconds=grace), meta["name"]

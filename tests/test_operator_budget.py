@@ -118,14 +118,21 @@ async def events(api: httpx.AsyncClient, reason: str) -> list[dict[str, Any]]:
 
 
 async def settled_pass(api: httpx.AsyncClient, op: Operator) -> None:
-    """Wait for a pass that started after now (a label change on the job is an event)."""
+    """Wait for the startup pass to end, then for one more pass ended after a poke (a
+    label change on the job is an event). Counting from before the startup pass ended
+    raced: a pass counted once it ends, so ``passes`` read before or after it differs."""
+
+    async def started() -> bool:
+        return op.controller is not None and op.controller.passes >= 1
+
+    await eventually(started)
     assert op.controller is not None
     passes = op.controller.passes
     poke = {"metadata": {"labels": {"poke": str(time.monotonic())}}}
     assert (await api.patch(f"{JOBS}/job", json=poke, headers=MERGE)).is_success
 
     async def passed() -> bool:
-        return op.controller is not None and op.controller.passes > passes + 1
+        return op.controller is not None and op.controller.passes > passes
 
     await eventually(passed)
 
@@ -222,3 +229,49 @@ async def test_a_deleted_budget_means_the_default(
         assert event["involvedObject"]["name"] == IN_FORCE_CONFIGMAP
     recorded = (await api.get(f"{CMS}/{IN_FORCE_CONFIGMAP}")).json()
     assert recorded.get("data") in (None, {})
+
+
+async def test_an_unrecorded_budget_in_force_is_kept_over_an_older_record(
+    kmock: KubeEmulator, api: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The record is read only at start: a valid budget that could not be recorded
+    (no RBAC for it, a 5xx) stays in force when the ConfigMap then turns invalid,
+    rather than the older record taking over. Its warnings are still posted, and the
+    failed write is logged once, not on every pass."""
+    await set_budget(api, {"powerLimitWatts": "300"})
+    await api.post(JOBS, json=dljob("job"))
+    async with operator(kmock):
+
+        async def recorded() -> bool:
+            saved = await api.get(f"{CMS}/{IN_FORCE_CONFIGMAP}")
+            return saved.status_code == 200 and saved.json()["data"] == {"powerLimitWatts": "300"}
+
+        await eventually(recorded)
+    for verb in ("create", "update", "patch"):
+        kmock.refuse(verb, "configmaps", IN_FORCE_CONFIGMAP, namespace=SYSTEM)
+    await set_budget(api, {"powerLimitWatts": "5000", "eta": "0.5"})
+    four = {f"job-g2-w{i}" for i in range(4)}
+    async with operator(kmock) as op:
+
+        async def generous() -> bool:
+            return await gpus_of(api, "job") == four
+
+        await eventually(generous)
+
+        async def warned() -> list[dict[str, Any]]:
+            return await events(api, "BudgetKeysConflict")
+
+        await eventually(warned)
+        await set_budget(api, {"powerLimitWatts": "lots"})
+        await settled_pass(api, op)
+        await settled_pass(api, op)
+        assert budget_metric(op) == 5000.0
+        assert await gpus_of(api, "job") == four  # not rescaled to the recorded 300 W
+        (invalid,) = await events(api, "InvalidBudget")
+        assert "keeping powerLimitWatts 5000 W" in invalid["message"]
+    saved = (await api.get(f"{CMS}/{IN_FORCE_CONFIGMAP}")).json()
+    assert saved["data"] == {"powerLimitWatts": "300"}  # the writes were refused
+    refusals = [
+        r for r in caplog.records if f"could not write ConfigMap {IN_FORCE_CONFIGMAP}" in r.message
+    ]
+    assert len(refusals) == 1, [r.message for r in refusals]

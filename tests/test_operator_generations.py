@@ -298,3 +298,23 @@ def test_a_move_only_to_pack_jobs_is_not_carried_out() -> None:
     assert sorted(name for _, name, _ in actions.delete_pods) == ["a-g1-w0", "a-g1-w1"]
     assert cluster.jobs["a"]["status"]["phase"] == "Rescaling"
     assert [e.reason for e in actions.events if e.name == "a"] == ["Migrating"]
+
+
+def test_a_spec_edited_invalid_stops_a_running_gang_gracefully() -> None:
+    """An invalid spec fails the job, but its workers get their SIGTERM window to
+    checkpoint (a grace of 0 is a force delete: on an unreachable node the process
+    keeps running while a fixed spec starts the next generation)."""
+    cluster = FakeCluster(NODES)
+    job = dljob("a", "ua")
+    job["spec"]["terminationGracePeriodSeconds"] = 90  # the pods get it
+    cluster.submit(job)
+    settle(cluster, GENEROUS)
+    running = sorted(cluster.pods)
+    assert len(running) == 4
+    cluster.jobs["a"]["spec"]["gpus"] = {"requested": 4, "min": 8, "max": 4}
+    cluster.jobs["a"]["metadata"]["generation"] = 2
+    actions, _ = cluster.one_pass(
+        budget=GENEROUS, policy=ThresholdPolicy(), models=lambda job: SyntheticModel()
+    )
+    assert cluster.jobs["a"]["status"]["phase"] == "Failed"
+    assert sorted(actions.delete_pods) == [("ml", name, 90) for name in running]

@@ -115,7 +115,8 @@ def test_a_refused_create_is_reported_on_its_job_which_backs_off() -> None:
     assert POD_SECURITY in event.message
     assert patch["createRefusals"] == 1 and patch["lastCreateRefusalTime"] == format_time(NOW)
     assert patch["phase"] == "Pending" and patch["allocation"]["gpus"] == 0
-    assert ("ml", "bad-g1-w3", 0) in actions.delete_pods  # a gang is all or nothing
+    # A gang is all or nothing; the pod's own grace period (the DLJob default), no force delete.
+    assert ("ml", "bad-g1-w3", 60) in actions.delete_pods
     assert not pods(actions, "bad")
     assert actions.wake_at_s == NOW + 10
     assert len(pods(actions, "good")) == 4  # the other job is not held up

@@ -270,6 +270,10 @@ async def test_a_worker_stuck_terminating_is_reported_and_waited_for(
             return job.get("status", {}).get("allocation", {}).get("complete") is True
 
         await eventually(complete)
+        # Scheduled on n1 (an unscheduled pod has no grace period), whose kubelet then
+        # stops answering: the finalizer holds the pod terminating.
+        binding = {"metadata": {"name": "job-g1-w0"}, "target": {"kind": "Node", "name": "n1"}}
+        assert (await api.post(f"{PODS}/job-g1-w0/binding", json=binding)).status_code == 201
         hold = {"metadata": {"finalizers": ["example.com/hold"]}}
         assert (await api.patch(f"{PODS}/job-g1-w0", json=hold, headers=MERGE)).is_success
         failed = {"status": {"phase": "Failed"}}
@@ -285,11 +289,39 @@ async def test_a_worker_stuck_terminating_is_reported_and_waited_for(
             return (await api.get(f"{JOBS}/job")).json()["status"]["phase"] == "Rescaling"
 
         await eventually(rescaling)
-        # Time passes beyond the grace period and the stuck timeout.
-        assert op.controller is not None
-        op.controller.clock = lambda: time.time() + STUCK_TERMINATION_S + 120
-        poke = {"metadata": {"labels": {"poke": "1"}}}
-        assert (await api.patch(f"{JOBS}/job", json=poke, headers=MERGE)).is_success
+        # The API server ends the grace period (the job's default 60 s) at deletionTimestamp.
+        held = (await api.get(f"{PODS}/job-g1-w0")).json()["metadata"]
+        assert held["deletionGracePeriodSeconds"] == 60
+        controller = op.controller
+        assert controller is not None
+
+        async def pass_at(offset_s: float) -> None:
+            """Move the operator's clock; wait for a pass that read the moved clock."""
+            read_in: list[int] = []
+
+            def clock() -> float:
+                read_in.append(controller.passes)  # the pass under way (or next) ends above
+                return time.time() + offset_s
+
+            controller.clock = clock
+            poke = {"metadata": {"labels": {"poke": str(offset_s)}}}
+            assert (await api.patch(f"{JOBS}/job", json=poke, headers=MERGE)).is_success
+
+            async def passed() -> bool:
+                return bool(read_in) and controller.passes > read_in[0]
+
+            await eventually(passed)
+
+        # Beyond the stuck timeout but within grace + timeout: the grace period counts.
+        await pass_at(STUCK_TERMINATION_S + 30)
+        status = (await api.get(f"{JOBS}/job")).json()["status"]
+        assert status["phase"] == "Rescaling"
+        assert not any(
+            c["type"] == "WorkersStuck" and c["status"] == "True"
+            for c in status.get("conditions", [])
+        )
+        # Beyond the grace period and the stuck timeout.
+        await pass_at(60 + STUCK_TERMINATION_S + 30)
 
         async def stuck() -> dict[str, Any]:
             status = (await api.get(f"{JOBS}/job")).json()["status"]

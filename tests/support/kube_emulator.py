@@ -32,15 +32,23 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   binding's annotations to the pod (as ``setPodHostAndAnnotations`` does),
   201, 409 if already bound;
 - delete with finalizers (``deletionTimestamp``), ``preconditions``, and
+  graceful deletion of pods (``_grace_period_s``): ``deletionTimestamp`` is the
+  request time plus the grace period and ``deletionGracePeriodSeconds`` says it
+  (0 for an object that is not a pod), options from the body or, without one,
+  the query (``?gracePeriodSeconds=``, as the ``kubernetes`` client sends it), and
   background garbage collection of objects whose ``ownerReferences`` name a
   deleted ``uid``;
 - writes refused for chosen objects (``refuse``): the ``Status`` body
   kube-apiserver sends when admission (PodSecurity, ResourceQuota, a webhook)
   or validation denies a request, and nothing stored.
 
-Not imitated: graceful pod termination (pods go at once, as unscheduled pods
-do), defaulting, schema validation, strategic merge (treated as merge patch),
-synthetic DELETED events when an object stops matching a label selector.
+Not imitated: the kubelet's part of graceful termination (a pod without
+finalizers goes at once, as an unscheduled one does; a finalizer keeps it
+terminating, as an unreachable node's kubelet does), shortening the grace
+period of a pod already terminating, defaulting (a pod without
+``terminationGracePeriodSeconds`` gets the server's default 30 s here),
+schema validation, strategic merge (treated as merge patch), synthetic
+DELETED events when an object stops matching a label selector.
 """
 
 from __future__ import annotations
@@ -107,8 +115,25 @@ class Refusal:
         )
 
 
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(after_s: int = 0) -> str:
+    at = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(seconds=after_s)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _grace_period_s(resource: Any, obj: Obj, options: Mapping[str, Any]) -> int:
+    """The grace period of a delete, as ``podStrategy.CheckGracefulDelete`` decides it:
+    the options' ``gracePeriodSeconds``, else the pod's ``terminationGracePeriodSeconds``
+    (defaulted to 30 s by the server); 0 for a pod not scheduled or already finished,
+    and for every object that is not a pod (no graceful deletion)."""
+    if getattr(resource, "group", None) or getattr(resource, "plural", None) != "pods":
+        return 0
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+        return 0
+    grace = options.get("gracePeriodSeconds")
+    if grace is None:
+        grace = spec.get("terminationGracePeriodSeconds", 30)
+    return max(int(grace), 0)
 
 
 def _selector(text: str | None) -> list[tuple[str, str, set[str]]]:
@@ -372,7 +397,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if meta.get("deletionTimestamp"):
                 return obj
             new = copy.deepcopy(obj)
-            new["metadata"]["deletionTimestamp"] = _now()
+            grace = _grace_period_s(resource, obj, options)
+            new["metadata"]["deletionTimestamp"] = _now(grace)
+            new["metadata"]["deletionGracePeriodSeconds"] = grace
             new["metadata"]["resourceVersion"] = self._bump()
             self._put(key, new)
             await self._emit(resource, "MODIFIED", new)
@@ -410,7 +437,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if old is None:
             raise kmock.KubernetesObjectNotFoundError()
         if method == kmock.method.DELETE:
-            return await self._delete(res, key, old, data if isinstance(data, dict) else {})
+            # DeleteOptions from the body, else from the query (as kube-apiserver decodes them).
+            options = data if isinstance(data, dict) and data else dict(request.params)
+            return await self._delete(res, key, old, options)
         if sub not in (None, "status"):
             return None
         if isinstance(data, list):  # application/json-patch+json
