@@ -93,8 +93,15 @@ def load_connection(kubeconfig: str | None = None, in_cluster: bool = False) -> 
         ) from exc
 
     def token() -> str | None:
-        value: str | None = cfg.get_api_key_with_prefix("authorization")
-        return value
+        """The ``Authorization`` header as the client would send it, read at each request:
+        ``auth_settings`` knows where each client version keeps the token (``BearerToken``
+        since v12, ``authorization`` before) and calls the refresh hook of exec plugins."""
+        settings: Any = cfg.auth_settings()  # a TypedDict per client version
+        for setting in settings.values():
+            if setting.get("in") == "header" and str(setting.get("key")).lower() == "authorization":
+                value = setting.get("value")
+                return str(value) if value else None
+        return None
 
     return Connection(host=cfg.host.rstrip("/"), ssl_context=context, token=token)
 

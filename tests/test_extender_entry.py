@@ -1,0 +1,112 @@
+"""``powerflow extender --kubeconfig FILE`` as a user starts it, against the emulated API server.
+
+A subprocess serves the real command on a free port, logs in with a kubeconfig
+(bearer token) pointing at the emulator, mirrors its nodes and pods, and
+places and binds a two-worker gang as kube-scheduler would call it: filter,
+then bind, for each worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from extender_bodies import args, binding_args, go_json, node, pod
+from operator_cases import header
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import free_port, write_kubeconfig
+
+from powerflow.contract import PLACEMENT_ANNOTATION
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+JSON = {"Content-Type": "application/json"}
+MERGE = {"Content-Type": "application/merge-patch+json"}
+TOKEN = "extender-token"
+
+
+@pytest.fixture
+async def cluster(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    """Two 8-GPU nodes."""
+    kmock.load_builtins()
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        for name in ("gpu-0", "gpu-1"):
+            body = node(name)
+            status = body.pop("status")
+            assert (await api.post("/api/v1/nodes", json=body)).status_code == 201
+            patch = await api.patch(f"/api/v1/nodes/{name}/status", json={"status": status},
+                                    headers=MERGE)  # fmt: skip
+            assert patch.status_code == 200
+        yield api
+
+
+async def created(api: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    fresh = json.loads(json.dumps(body))
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        fresh["metadata"].pop(key)
+    response = await api.post("/api/v1/namespaces/default/pods", json=fresh)
+    assert response.status_code == 201
+    made: dict[str, Any] = response.json()
+    return made
+
+
+async def test_the_command_places_and_binds_a_gang(
+    kmock: KubeEmulator, cluster: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    workers = [await created(cluster, pod(f"j-g1-w{i}", job="j", workers=2, generation="1",
+                                          index=i)) for i in range(2)]  # fmt: skip
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token=TOKEN)
+    port = free_port()
+    argv = [sys.executable, "-m", "powerflow", "extender", "--port", str(port)]
+    argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning"]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as ext:
+            for _ in range(600):  # the emulator serves from this loop: wait without blocking it
+                try:
+                    if (await ext.get("/readyz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert proc.returncode is None
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the extender never became ready")
+            names = ["gpu-0", "gpu-1"]
+            nodes = [node(n) for n in names]
+            hosts = []
+            for worker in workers:
+                body = go_json(args(worker, nodes, cache_capable=True))
+                answer = (await ext.post("/filter", content=body, headers=JSON)).json()
+                assert not answer.get("Error") and answer["NodeNames"], answer
+                host = answer["NodeNames"][0]
+                bound = (await ext.post("/bind", json=binding_args(worker, host))).json()
+                assert not bound.get("Error"), bound
+                hosts.append(host)
+    finally:
+        proc.terminate()
+        output = (await proc.communicate())[0].decode()
+    assert "Traceback" not in output
+    assert hosts[0] == hosts[1]  # a gang of two fits in one node's aligned block
+    for worker in workers:
+        name = worker["metadata"]["name"]
+        stored = (await cluster.get(f"/api/v1/namespaces/default/pods/{name}")).json()
+        assert stored["spec"]["nodeName"] == hosts[0]
+        block = json.loads(stored["metadata"]["annotations"][PLACEMENT_ANNOTATION])["block"]
+        assert len(block) == 2 and {n for n, _ in block} == {hosts[0]}
+    # The command's requests (its lists and watches, its bindings) carried the token.
+    theirs = [
+        r
+        for r in kmock
+        if (r.method == kmock.method.GET and str(r.url.path) in ("/api/v1/pods", "/api/v1/nodes"))
+        or str(r.url.path).endswith("/binding")
+    ]
+    assert len([r for r in theirs if str(r.url.path).endswith("/binding")]) == 2
+    assert {header(r, "Authorization") for r in theirs} == {f"Bearer {TOKEN}"}
