@@ -52,7 +52,6 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
 
 async def test_dljob_gets_worker_pods_and_status(kubeconfig: Path, api: httpx.AsyncClient) -> None:
     async with operator(kubeconfig):
-        created = time.monotonic()
         await api.post(JOBS, json=dljob("resnet"))
 
         async def four_pods() -> list[dict[str, Any]]:
@@ -60,8 +59,6 @@ async def test_dljob_gets_worker_pods_and_status(kubeconfig: Path, api: httpx.As
             return pods if len(pods) == 4 else []
 
         pods = await eventually(four_pods)
-        reaction_s = time.monotonic() - created
-        assert reaction_s < 1.0
         assert [p["metadata"]["name"] for p in pods] == [f"resnet-g1-w{i}" for i in range(4)]
         for rank, pod in enumerate(pods):
             env = env_of(pod)
