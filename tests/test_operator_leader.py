@@ -186,12 +186,15 @@ async def test_racing_candidates_elect_one_leader_at_a_time(
     the others takes over (``leaseTransitions`` counts it)."""
     client = kubernetes.client.ApiClient(load_configuration(Source(str(kubeconfig))))
     electors = [
-        LeaderElector(client, LeaseConfig.scaled("powerflow-system", "race", name, 1))
+        # A 3 s lease (retries every 0.4 s, calls bounded at 2 s): with a 1 s lease, calls
+        # timed out on a loaded machine, were retried while the emulator still served the
+        # abandoned ones, and the request flood stalled the test.
+        LeaderElector(client, LeaseConfig.scaled("powerflow-system", "race", name, 3))
         for name in ("x", "y", "z")
     ]
     tasks = [asyncio.create_task(e.run()) for e in electors]
     try:
-        for _ in range(15):  # 1.5 s: several retry periods
+        for _ in range(20):  # 2 s: several retry periods
             await asyncio.sleep(0.1)
             assert sum(e.is_leader for e in electors) <= 1
         (first,) = [e for e in electors if e.is_leader]
