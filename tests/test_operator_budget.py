@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import operator_cases
 import pytest
 from powerflow.operator.budget import IN_FORCE_CONFIGMAP, SOURCE_VERSION_ANNOTATION
 from powerflow.operator.jobs import JobRequest
@@ -84,15 +85,8 @@ def operator(kmock: KubeEmulator) -> Operator:
     return Operator(args, ThresholdPolicy(), models)
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout} s: {check.__name__}")
-        await asyncio.sleep(0.02)
+# The shared wait, with the longer default these operator restarts need.
+eventually = functools.partial(operator_cases.eventually, timeout=10.0)
 
 
 async def set_budget(api: httpx.AsyncClient, data: dict[str, str]) -> None:

@@ -8,15 +8,17 @@ the pod creations and deletions the API server received.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import operator_cases
 import pytest
 from kmock import method as verb
 from powerflow.operator.jobs import JobRequest
@@ -94,15 +96,8 @@ def operator(kmock: KubeEmulator) -> Operator:
     return Operator(args, FirstComePolicy(), models)
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in {timeout} s: {check.__name__}")
-        await asyncio.sleep(0.02)
+# The shared wait, with the longer default these operator restarts need.
+eventually = functools.partial(operator_cases.eventually, timeout=10.0)
 
 
 def pod_writes(kmock: KubeEmulator) -> tuple[Counter[str], Counter[str]]:
