@@ -44,3 +44,39 @@ BUDGET_CONFIGMAP: Final = "powerflow-budget"
 PROGRESS_ANNOTATION: Final = f"{GROUP}/iterations"
 """Pod annotation: training iterations completed so far (an integer). Without
 it the operator estimates progress from the performance model."""
+
+# The telemetry loop (issue 12): operator -> node agent -> operator.
+PROFILE_ANNOTATION: Final = f"{GROUP}/profile"
+"""Pod annotation written by the operator while a job profiles: JSON
+``{"clocksMhz": [int, ...], "sliceSeconds": float}``. The node agent locks each
+clock in turn (ascending order as written) for ``sliceSeconds``, stepping only
+at iteration boundaries, tags every sample with its clock, and goes back to
+``frequency-mhz`` after the last slice or as soon as the annotation goes."""
+POWER_LIMIT_ANNOTATION: Final = f"{GROUP}/power-limit-watts"
+"""Pod annotation: a board power limit (W, per GPU) the node agent sets on the
+pod's GPUs: the budget's backstop. Absent: the GPU's default limit."""
+POWERED_DOWN_ANNOTATION: Final = f"{GROUP}/powered-down"
+"""Node annotation written by the operator on nodes its plan powers down (value:
+when, RFC 3339). The node agent parks the GPUs of such a node that no container
+holds (lowest clock, minimum power limit) until the mark goes."""
+POWERED_DOWN_TAINT: Final = f"{GROUP}/powered-down"
+"""Node taint key, effect ``PreferNoSchedule``, beside the annotation: steers
+other pods away so an empty node stays empty (and cluster-autoscaler can take
+it) without cordoning anything."""
+
+# The worker library (in the training container) and its node's agent.
+AGENT_WORKER_PORT: Final = 9402
+"""The node agent's HTTP port for the worker library (a hostPort on the node:
+workers reach it at the ``status.hostIP`` the downward API gives them)."""
+AGENT_METRICS_PORT: Final = 9401
+"""The node agent's Prometheus port."""
+ITERATIONS_PATH: Final = "/v1/iterations"
+"""Worker -> agent: POST JSON ``{"namespace": str, "pod": str, "uid": str,
+"iterations": int, "gpuUuids": [str, ...]}`` (``gpuUuids`` optional: the
+fallback mapping when the kubelet's PodResources socket is absent)."""
+SAMPLES_PATH: Final = "/v1/samples"
+"""Agent -> operator: POST ``powerflow.telemetry`` batches, bearer token of the
+agent's projected ServiceAccount token (audience ``INGEST_AUDIENCE``)."""
+INGEST_AUDIENCE: Final = "powerflow-ingest"
+INGEST_PORT: Final = 9443
+"""The operator's ingest port (Service ``powerflow-ingest``)."""
