@@ -30,6 +30,9 @@ FREQUENCY_ANNOTATION: Final = f"{GROUP}/frequency-mhz"
 """Pod annotation: the GPU core clock the node agent should lock, in MHz."""
 GENERATION_ANNOTATION: Final = f"{GROUP}/allocation-generation"
 """Pod annotation: which allocation (rescale count) the pod belongs to."""
+MODEL_ANNOTATION: Final = f"{GROUP}/model"
+"""Pod annotation: the DLJob's ``model`` hint (absent without one); the node
+agent's ``--simulate`` mode runs that model's ground truth on the pod's GPU."""
 
 # Written by the extender at bind time.
 PLACEMENT_ANNOTATION: Final = f"{GROUP}/placement"
