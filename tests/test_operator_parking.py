@@ -238,6 +238,21 @@ async def test_a_node_the_plan_powers_down_is_marked_and_unmarked_when_used_agai
         assert op.error is None
 
 
+async def test_powerflows_own_plan_powers_down_the_node_it_leaves_empty(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    # The product's policy and models (no test seam): one 4-GPU job on two 4-GPU nodes.
+    args = operator_args(kubeconfig, "--debounce", "0.02", "--profiling-window", "0")
+    assert (await api.post(JOBS, json=job("a"))).status_code == 201
+
+    async def one_marked() -> bool:
+        marks = [is_marked(await node_of(api, n)) for n in ("n1", "n2")]
+        return sorted(marks) == [False, True]
+
+    async with Operator(args):
+        await eventually(one_marked)
+
+
 async def test_a_node_where_a_foreign_pod_holds_a_gpu_is_never_marked(
     kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
 ) -> None:
