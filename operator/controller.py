@@ -44,6 +44,7 @@ from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
 from powerflow.operator.metrics import Metrics
 from powerflow.operator.nodes import cluster_nodes
+from powerflow.operator.parking import busy_nodes, node_marks
 from powerflow.operator.reconcile import (
     DEFAULT_PROFILING_WINDOW_S,
     DEFAULT_PROGRESS_INTERVAL_S,
@@ -318,6 +319,9 @@ class Controller:
             progress_interval_s=self.config.progress_interval_s,
             progress_written=self._progress_written,
         )
+        workers = (pod for observed in state.jobs for pod in observed.pods)
+        busy = busy_nodes(workers, state.foreign_gpu_pods)
+        actions.node_marks = node_marks(state.nodes, nodes, actions.plan, busy, format_time(now))
         self._anchors = actions.anchors
         self._refused = {}
         try:

@@ -19,6 +19,10 @@ Errors of writes, by kind (``apply``):
   still attempted (the other jobs' pods and status patches go out), then
   ``WritesFailed`` is raised (with the refusals), so the pass fails and the
   loop retries it.
+
+Node marks (powered down, ``parking``) are no job's: a refusal is logged once
+per node and reason, a conflict is re-read and retried (``_mark_node``), and a
+transient error fails the pass like any other.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
-from powerflow.operator import foreign_pods
+from powerflow.operator import foreign_pods, parking
 from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody, ServiceBody
 from powerflow.operator.reconcile import Actions, Observed
 from powerflow.operator.refusals import Refusal
@@ -85,6 +89,8 @@ def _job_of_pod(name: str) -> str:
 LIST_PAGE = 500
 """Items per LIST page (``limit``/``continue``): bounds each answer's size on big clusters."""
 NON_TERMINAL = "status.phase!=Succeeded,status.phase!=Failed"
+NODE_PATCH_TRIES = 3
+"""Tries of one node mark that meets a conflict (409) each time; then the next pass retries."""
 
 
 def call_json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -155,6 +161,8 @@ class Kube:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.foreign = foreign_pods.ForeignGpuPods(self.core, self._list_foreign, requests_gpus)
         """Foreign GPU pods, once ``watch_foreign`` started the cache."""
+        self._node_failures: dict[str, str] = {}
+        """Why each node's last mark failed (``_mark_node`` logs each new reason once)."""
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -390,6 +398,48 @@ class Kube:
             return refusal
         return None
 
+    def _mark_node(self, mark: parking.NodeMark) -> None:
+        """Mark or unmark one node as powered down (``parking``).
+
+        The patch carries the resourceVersion it was computed from: on 409 (the
+        node changed since the pass read it: a kubelet status update, another
+        controller's taint) the node is read again and the patch computed anew
+        from it, so no taint written meanwhile is lost. A node gone (404) needs
+        nothing. A refusal (403 without RBAC ``patch`` on nodes, 422) is logged
+        once per node and reason and does not fail the pass; a transient error
+        fails it (the loop retries).
+        """
+        patch: dict[str, Any] | None = mark.patch
+        what = "mark" if mark.powered_down else "unmark"
+        for _ in range(NODE_PATCH_TRIES):
+            if patch is None:  # already as wanted
+                return
+            try:
+                self._json(self.core.patch_node, mark.node, patch, _content_type=MERGE)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status == 409:
+                    try:
+                        body = self._json(self.core.read_node, mark.node)
+                    except kubernetes.client.ApiException as again:
+                        if again.status == 404:
+                            return
+                        raise
+                    patch = parking.mark_patch(body, mark.powered_down, mark.since)
+                    continue
+                if _refusal(exc, "patch", "Node", "", mark.node, "") is None:
+                    raise
+                reason = f"{exc.status} {exc.reason}"
+                if self._node_failures.get(mark.node) != reason:
+                    self._node_failures[mark.node] = reason
+                    log.warning("could not %s node %s as powered down: %s", what, mark.node, reason)
+                return
+            self._node_failures.pop(mark.node, None)
+            log.info("%sed node %s as powered down", what, mark.node)
+            return
+        log.info("node %s changed under every try to %s it: the next pass retries", mark.node, what)
+
     def _post_event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         namespace = ref["metadata"].get("namespace") or "default"
@@ -442,6 +492,7 @@ class Kube:
             "delete": self._delete_pod,
             "create": self._create,
             "annotate": self._annotate,
+            "node": self._mark_node,
         }
         unrecorded: set[tuple[str, str]] = set()
         for number, phase in enumerate(actions.writes()):
@@ -481,6 +532,8 @@ def _job_of_write(write: tuple[str, tuple[Any, ...]]) -> tuple[str, str]:
     """(namespace, DLJob name) a write is about: a status patch names its DLJob, a pod
     write its worker (``<job>-g<generation>-w<index>``), a creation its label."""
     verb, args = write
+    if verb == "node":  # no job's: a node mark is written whatever a job's record did
+        return ("", "")
     if verb == "status":
         return (args[0], args[1])
     if verb == "create":

@@ -80,6 +80,7 @@ from powerflow.operator.jobs import (
     parse_dljob,
     too_large,
 )
+from powerflow.operator.parking import NodeMark
 from powerflow.operator.progress import Running, account
 from powerflow.operator.refusals import Refusal, backoff_s
 from powerflow.operator.status import merge_diff, set_condition
@@ -120,7 +121,8 @@ class Event:
 
 
 Write = tuple[str, tuple[Any, ...]]
-"""One API write: a verb (``status``, ``delete``, ``create``, ``annotate``) and its arguments."""
+"""One API write: a verb (``status``, ``delete``, ``create``, ``annotate``, ``node``) and its
+arguments."""
 
 
 @dataclass
@@ -141,6 +143,9 @@ class Actions:
     notes: list[str] = field(default_factory=list)
     anchors: dict[str, float] = field(default_factory=dict)
     """Progress anchors of the jobs whose workers run (see ``progress``)."""
+    node_marks: list[NodeMark] = field(default_factory=list)
+    """Nodes to mark or unmark as powered down: ``parking.node_marks`` of the pass's plan,
+    added by the controller (the node bodies are not ``reconcile``'s input)."""
 
     def wake(self, at_s: float) -> None:
         self.wake_at_s = at_s if self.wake_at_s is None else min(self.wake_at_s, at_s)
@@ -153,22 +158,26 @@ class Actions:
            created or deleted, so an operator that dies anywhere later finds
            pods its status explains (it neither deletes pods it just made nor
            creates a name twice, nor counts one failure twice);
-        2. deletions (old workers stop before new ones start);
+        2. deletions (old workers stop before new ones start), and the powered-down
+           marks of nodes the plan uses again (gone before their workers come);
         3. creations: Services and pods together (a worker may exist before its
            headless Service; its DNS name resolves once the Service does and
            torchrun's rendezvous retries), each name once;
-        4. frequency annotations, then every other status patch.
+        4. frequency annotations, then every other status patch;
+        5. the powered-down marks of nodes the plan no longer uses (``parking``).
 
         ``Kube.apply`` carries them out; tests crash between any two of them.
         """
         unique = {(b["metadata"]["namespace"], b["kind"], b["metadata"]["name"]): b
                   for b in self.create}  # fmt: skip
+        unmark = [("node", (m,)) for m in self.node_marks if not m.powered_down]
         return [
             [("status", args) for args in self.status_first],
-            [("delete", args) for args in self.delete_pods],
+            [("delete", args) for args in self.delete_pods] + unmark,
             [("create", (body,)) for body in unique.values()],
             [("annotate", args) for args in self.annotate_pods],
             [("status", args) for args in self.status],
+            [("node", (m,)) for m in self.node_marks if m.powered_down],
         ]
 
 

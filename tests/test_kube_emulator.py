@@ -118,6 +118,22 @@ async def test_json_patch_test_failure_is_422(api: httpx.AsyncClient) -> None:
     assert ok.status_code == 200 and ok.json()["metadata"]["finalizers"] == ["f"]
 
 
+async def test_merge_patch_replaces_lists_whole_and_null_deletes(api: httpx.AsyncClient) -> None:
+    # RFC 7386, as kube-apiserver applies application/merge-patch+json (a Node's taints
+    # have no strategic merge key either: a patch of spec.taints is the whole list).
+    a = {"key": "a", "effect": "NoSchedule"}
+    b = {"key": "b", "effect": "PreferNoSchedule"}
+    node = {"metadata": {"name": "n", "annotations": {"x": "1", "y": "2"}}, "spec": {"taints": [a]}}
+    assert (await api.post("/api/v1/nodes", json=node)).status_code == 201
+    patch = {"metadata": {"annotations": {"x": None}}, "spec": {"taints": [b, a]}}
+    got = (await api.patch("/api/v1/nodes/n", json=patch, headers=MERGE)).json()
+    assert got["metadata"]["annotations"] == {"y": "2"} and got["spec"]["taints"] == [b, a]
+    got = (
+        await api.patch("/api/v1/nodes/n", json={"spec": {"taints": None}}, headers=MERGE)
+    ).json()
+    assert "taints" not in got["spec"]
+
+
 async def test_put_replaces(api: httpx.AsyncClient) -> None:
     created = (await api.post(PODS, json=pod("a", x="1"))).json()
     body = pod("a", y="2") | {"metadata": {"name": "a", "labels": {"y": "2"}}}

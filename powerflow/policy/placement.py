@@ -96,7 +96,7 @@ then nodes where more not-yet-placed jobs run now, then node order. Nodes are
 kept or filled busiest first (best fit), so that whole nodes become free. A
 powered-off node is used when the job needs it. Every node that ends with no
 GPU assigned is listed in ``powered_down_nodes`` (the simulator counts it as
-zero watts, the operator cordons it).
+zero watts, the operator marks it powered down: ``operator/parking.py``).
 
 Determinism and cost
 --------------------
