@@ -250,7 +250,7 @@ class AgentKube:
         """Create the Event (best effort: a failure is logged, never raised)."""
         now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         namespace, name = event.pod
-        body = {
+        body: Any = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{name}.", "namespace": namespace},
@@ -272,7 +272,9 @@ class AgentKube:
             "count": 1,
         }
         try:
-            response = self.core.create_namespaced_event(namespace, body, _preload_content=False)
+            response: Any = self.core.create_namespaced_event(
+                namespace, body, _preload_content=False
+            )
             response.release_conn()
         except Exception as exc:  # events are best effort
             log.warning("could not post event %s on %s/%s: %s", event.reason, namespace, name, exc)

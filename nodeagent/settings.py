@@ -132,9 +132,9 @@ def desired_settings(
     in_use = set(owner) | set(held or ())
     targets: dict[int, GpuTarget] = {}
     for gpu, lim in sorted(limits.items()):
-        view = owner.get(gpu)
-        if view is not None:
-            targets[gpu] = _pod_target(view, lim, overrides.get(view.key))
+        user = owner.get(gpu)
+        if user is not None:
+            targets[gpu] = _pod_target(user, lim, overrides.get(user.key))
         elif node_powered_down and gpu not in in_use:
             targets[gpu] = _parked(lim)
         else:
