@@ -154,6 +154,11 @@ class Agent:
 
     # -- news from the watches (on the loop) ----------------------------------------------
 
+    async def listed(self) -> None:
+        """Until both watches delivered their first LIST."""
+        await self.pods_listed.wait()
+        await self.node_listed.wait()
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -321,6 +326,11 @@ class Agent:
         """Pass after pass until ``stop``; the caller restores defaults before and after."""
         sampler = asyncio.create_task(self._sample_forever(stop))
         try:
+            # The first pass waits for the first LISTs: before them every GPU is
+            # at its default already (restored at start), and a pass would only
+            # mistake a powered-down node for an awake one.
+            listed = asyncio.ensure_future(self.listed())
+            await _first(listed, stop)
             while not stop.is_set():
                 try:
                     await self.step()
@@ -328,7 +338,8 @@ class Agent:
                     log.exception("pass failed; retrying")
                 if on_pass is not None:
                     on_pass()
-                await _first(self._wake, stop, timeout=self.resync_s)
+                if not self._wake.is_set():
+                    await _first(asyncio.ensure_future(self._wake.wait()), stop, self.resync_s)
                 self._wake.clear()
         finally:
             sampler.cancel()
@@ -345,16 +356,19 @@ class Agent:
                 await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
 
 
-async def _first(wake: asyncio.Event, stop: asyncio.Event, *, timeout: float) -> None:
-    """Wait for ``wake`` or ``stop``, at most ``timeout`` seconds."""
-    if wake.is_set() or stop.is_set():
-        return
-    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+async def _first(
+    waiting: asyncio.Future[Any], stop: asyncio.Event, timeout: float | None = None
+) -> None:
+    """Until ``waiting`` is done or ``stop`` is set, at most ``timeout`` s; ``waiting``
+    is cancelled if it is not done."""
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [waiting, stopping], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
-        for w in waits:
-            w.cancel()
+        waiting.cancel()
+        stopping.cancel()
 
 
 def _powered_down(node: Obj) -> bool:

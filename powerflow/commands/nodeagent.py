@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from powerflow import contract
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from powerflow.nodeagent.agent import Agent, PodResourcesSource, TelemetryPart
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+ONCE_TIMEOUT_S = 30.0
 log = logging.getLogger("powerflow.nodeagent")
 
 
@@ -183,18 +185,14 @@ def default_podresources(args: argparse.Namespace) -> PodResourcesSource | None:
     return client
 
 
+@dataclass(frozen=True)
 class Parts:
-    """The telemetry side of the agent (``Telemetry``, the worker endpoint, the sender)."""
+    """The telemetry side of the agent: ``Telemetry`` (None: clocks follow
+    ``frequency-mhz`` only), the worker endpoint's aiohttp application, the sender."""
 
-    def __init__(
-        self,
-        telemetry: TelemetryPart | None,
-        app: Any = None,
-        sender: Any = None,
-    ) -> None:
-        self.telemetry = telemetry
-        self.app = app
-        self.sender = sender
+    telemetry: TelemetryPart | None
+    app: Any = None
+    sender: Any = None
 
 
 def default_parts(
@@ -320,9 +318,13 @@ async def _main(
         w.start()
     try:
         if args.once:
-            await asyncio.wait_for(
-                asyncio.gather(agent.pods_listed.wait(), agent.node_listed.wait()), 30
-            )
+            try:
+                await asyncio.wait_for(agent.listed(), ONCE_TIMEOUT_S)
+            except TimeoutError:
+                raise NodeAgentConfigError(
+                    f"could not list the pods and the node {args.node_name} "
+                    f"in {ONCE_TIMEOUT_S:g} s (see the log above)"
+                ) from None
             applied = await agent.step()
             for line in applied.changes or ("nothing to change",):
                 print(line, file=out)
