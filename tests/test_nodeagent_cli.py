@@ -201,3 +201,13 @@ def test_energy_counter_survives_a_driver_restart() -> None:
     assert 'pod="ns/a"' not in exposition
     empty = {**labels, "pod": "", "job": ""}
     assert metrics.registry.get_sample_value("powerflow_gpu_locked_clock_hertz", empty) == 1.2e9
+
+
+def test_simulated_gpus_tick_in_10_ms_steps() -> None:
+    """``--simulate``: a burst of reads within one tick sees one instant (one noisy draw
+    per GPU), so a metrics sample of 8 GPUs costs 8 draws, not 24 x 8."""
+    from powerflow.commands.nodeagent import SIM_TICK_S, ticks
+
+    readings = iter([10.0, 10.0049, 10.0101, 12.34567])
+    now = ticks(lambda: next(readings), SIM_TICK_S)
+    assert [round(now(), 9) for _ in range(4)] == [10.0, 10.0, 10.01, 12.34]
