@@ -42,6 +42,7 @@ from powerflow.errors import PowerFlowError
 if TYPE_CHECKING:
     from powerflow.devices import GpuDevices
     from powerflow.nodeagent.agent import Agent, PodResourcesSource, TelemetryPart
+    from powerflow.nodeagent.kube import AgentKube
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 ONCE_TIMEOUT_S = 30.0
@@ -280,7 +281,7 @@ def serve(
 
 async def _main(
     args: argparse.Namespace,
-    kube: Any,
+    kube: AgentKube,
     devices: GpuDevices,
     *,
     clock: Callable[[], float],
