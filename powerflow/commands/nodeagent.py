@@ -97,13 +97,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--ingest-url",
         default="",
-        help="the operator's sample ingest URL, e.g. "
-        f"https://powerflow-ingest.powerflow-system.svc:{contract.INGEST_PORT}"
-        f"{contract.SAMPLES_PATH}; empty: samples are not sent",
+        help="the operator's ingest endpoint, e.g. "
+        f"http://powerflow-ingest.powerflow-system.svc:{contract.INGEST_PORT} (samples go "
+        f"to its {contract.SAMPLES_PATH}); empty: samples are not sent",
     )
     p.add_argument(
         "--token-file",
-        default="/var/run/secrets/powerflow/token",
+        default="/var/run/secrets/powerflow/ingest/token",
         metavar="FILE",
         help=f"projected ServiceAccount token (audience {contract.INGEST_AUDIENCE}) "
         "presented to the ingest endpoint, re-read on every send",
@@ -311,6 +311,8 @@ async def _main(
     if side.telemetry is not None:
         agent.telemetry = side.telemetry
         side.telemetry.on_clock_change = agent.wake
+        if hasattr(side.telemetry, "on_gpus_reported"):  # a worker's UUIDs: a new mapping
+            side.telemetry.on_gpus_reported = agent.wake
     watches = [
         kube.pod_watch(agent.on_pods_listed, agent.on_pod_event),
         kube.node_watch(agent.on_node_listed, agent.on_node_event),
