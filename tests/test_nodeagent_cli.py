@@ -211,3 +211,38 @@ def test_simulated_gpus_tick_in_10_ms_steps() -> None:
     readings = iter([10.0, 10.0049, 10.0101, 12.34567])
     now = ticks(lambda: next(readings), SIM_TICK_S)
     assert [round(now(), 9) for _ in range(4)] == [10.0, 10.0, 10.01, 12.34]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("clusters: [\n", "not a usable configuration"),
+        ("apiVersion: v1\nkind: Config\n", "current-context"),
+    ],
+)
+def test_garbage_kubeconfig_from_env_is_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    expected: str,
+) -> None:
+    """Through ``$KUBECONFIG`` (no ``--kubeconfig``), as the operator reads it."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["nodeagent", "--node-name", NODE, "--simulate", "1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"powerflow nodeagent: error: {path}: ") and expected in line
+
+
+def test_in_a_pod_the_service_account_comes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kc", "http://x:1")))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    assert main(["nodeagent", "--node-name", NODE, "--simulate", "1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("powerflow nodeagent: error: in-cluster service account: ")

@@ -67,7 +67,9 @@ class RecordingGpus(SimulatedGpus):
 def agent_args(kubeconfig: Path, *options: str) -> argparse.Namespace:
     """``powerflow nodeagent --kubeconfig FILE --node-name n1`` without ports, plus options."""
     argv = ["nodeagent", "--kubeconfig", str(kubeconfig), "--node-name", NODE]
-    argv += ["--metrics-port", "0", "--worker-port", "0", "--simulate", "4", *options]
+    argv += ["--metrics-port", "0", "--worker-port", "0", "--simulate", "4"]
+    # No kubelet here: a socket path that cannot exist, whatever the host has.
+    argv += ["--pod-resources-socket", "/nonexistent/pod-resources/kubelet.sock", *options]
     return build_parser().parse_args(argv)
 
 
