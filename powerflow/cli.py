@@ -16,7 +16,15 @@ from powerflow import __version__
 from powerflow.errors import PowerFlowError
 
 # Subcommand modules under powerflow.commands, in help order.
-COMMANDS: tuple[str, ...] = ("simulate", "sweep", "fit", "extender", "operator", "plan")
+COMMANDS: tuple[str, ...] = (
+    "simulate",
+    "sweep",
+    "fit",
+    "extender",
+    "operator",
+    "nodeagent",
+    "plan",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,164 @@
+"""What every GPU of the node should be set to: one pure function, no I/O.
+
+The agent's inputs change from many sides (the pod watch, the kubelet's
+device assignments, the node's powered-down mark, the profiling sweep's
+clock); ``desired_settings`` turns one snapshot of them into one target per
+GPU, so that ``apply`` only has to diff and carry it out, and the rules are
+tested without a cluster, a GPU or a clock:
+
+- a GPU of an active PowerFlow pod gets the pod's clock: the sweep's clock
+  while the pod profiles, else ``frequency-mhz``, else the default (reset);
+  and the pod's ``power-limit-watts``, else the default limit;
+- a clock is clamped to the nearest supported clock at or below it (the
+  lowest when it is below all: the GPU cannot go slower), a power limit into
+  the GPU's range; every clamp is part of the target, so it can be reported
+  on the pod;
+- a GPU no PowerFlow pod uses gets default clocks and power limit, unless
+  the node is marked powered down and no container at all holds it (the
+  kubelet's PodResources lists every pod's devices, foreign ones too): then
+  it is parked at its lowest clock and minimum power limit until used again.
+
+Two pods claiming one GPU (a stale view) is resolved deterministically: the
+first by ``(namespace, name)`` wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from powerflow.nodeagent.pods import PodKey, PodView
+
+from powerflow.devices import PowerLimitRangeW
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """What one GPU accepts: its supported clocks (ascending; empty when unknown)
+    and its power-limit range (None when the board has no settable limit)."""
+
+    clocks_mhz: tuple[int, ...]
+    power_range_w: PowerLimitRangeW | None
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """A request the GPU cannot honour as asked, and what it gets instead."""
+
+    kind: Literal["clock", "power"]
+    requested: float
+    applied: float
+
+    @property
+    def reason(self) -> str:
+        """The Event reason (``ClockClamped`` / ``PowerLimitClamped``)."""
+        return "ClockClamped" if self.kind == "clock" else "PowerLimitClamped"
+
+    def describe(self, gpu_label: str) -> str:
+        if self.kind == "clock":
+            return (
+                f"{gpu_label}: clock {self.requested:g} MHz is not supported; "
+                f"locked {self.applied:g} MHz (nearest supported clock at or below, "
+                "or the lowest)"
+            )
+        return (
+            f"{gpu_label}: power limit {self.requested:g} W is outside the GPU's range; "
+            f"set {self.applied:g} W"
+        )
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """The settings one GPU should have. ``None``: the GPU's default."""
+
+    clock_mhz: int | None = None
+    power_limit_w: float | None = None
+    parked: bool = False
+    pod: PodKey | None = None
+    """The PowerFlow pod using the GPU (None: idle or parked)."""
+    job: str = ""
+    clamps: tuple[Clamp, ...] = ()
+
+    @property
+    def device_settings(self) -> tuple[int | None, float | None]:
+        """What is written to the GPU (the diff key: who asked does not matter)."""
+        return (self.clock_mhz, self.power_limit_w)
+
+
+DEFAULT = GpuTarget()
+
+
+def clamp_clock_mhz(requested: int, clocks_mhz: Sequence[int]) -> int:
+    """The highest supported clock at or below ``requested``; the lowest if below all.
+
+    Without a list of supported clocks the request stands (the GPU rounds)."""
+    if not clocks_mhz:
+        return requested
+    below = [c for c in clocks_mhz if c <= requested]
+    return max(below) if below else min(clocks_mhz)
+
+
+def clamp_power_w(requested: float, allowed: PowerLimitRangeW) -> float:
+    """``requested`` moved into ``[min_w, max_w]``."""
+    return min(max(requested, allowed.min_w), allowed.max_w)
+
+
+def desired_settings(
+    pods: Mapping[PodKey, PodView],
+    gpus_of: Mapping[PodKey, Sequence[int]],
+    limits: Mapping[int, GpuLimits],
+    *,
+    node_powered_down: bool = False,
+    held: frozenset[int] | None = None,
+    clock_overrides: Mapping[PodKey, int | None] | None = None,
+) -> dict[int, GpuTarget]:
+    """One target for every GPU in ``limits`` (the node's GPUs, by index).
+
+    ``gpus_of``: the GPU indices each pod holds; ``held``: indices any
+    container holds (PowerFlow's or not; None: only what ``gpus_of`` says);
+    ``clock_overrides``: the profiling sweep's clock per pod (None or absent:
+    follow ``frequency-mhz``).
+    """
+    overrides = clock_overrides or {}
+    owner: dict[int, PodView] = {}
+    for key in sorted(pods):
+        view = pods[key]
+        if not view.active:
+            continue
+        for gpu in gpus_of.get(key, ()):
+            if gpu in limits and gpu not in owner:
+                owner[gpu] = view
+    in_use = set(owner) | set(held or ())
+    targets: dict[int, GpuTarget] = {}
+    for gpu, lim in sorted(limits.items()):
+        user = owner.get(gpu)
+        if user is not None:
+            targets[gpu] = _pod_target(user, lim, overrides.get(user.key))
+        elif node_powered_down and gpu not in in_use:
+            targets[gpu] = _parked(lim)
+        else:
+            targets[gpu] = DEFAULT
+    return targets
+
+
+def _pod_target(view: PodView, lim: GpuLimits, sweep_mhz: int | None) -> GpuTarget:
+    clamps: list[Clamp] = []
+    wanted = sweep_mhz if sweep_mhz is not None else view.frequency_mhz
+    clock: int | None = None
+    if wanted is not None:
+        clock = clamp_clock_mhz(wanted, lim.clocks_mhz)
+        if clock != wanted:
+            clamps.append(Clamp("clock", wanted, clock))
+    power: float | None = None
+    if view.power_limit_w is not None and lim.power_range_w is not None:
+        power = clamp_power_w(view.power_limit_w, lim.power_range_w)
+        if power != view.power_limit_w:
+            clamps.append(Clamp("power", view.power_limit_w, power))
+    return GpuTarget(clock, power, pod=view.key, job=view.job, clamps=tuple(clamps))
+
+
+def _parked(lim: GpuLimits) -> GpuTarget:
+    clock = min(lim.clocks_mhz) if lim.clocks_mhz else None
+    power = lim.power_range_w.min_w if lim.power_range_w is not None else None
+    return GpuTarget(clock, power, parked=True)

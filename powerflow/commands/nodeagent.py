@@ -1,0 +1,419 @@
+"""``powerflow nodeagent``: the node agent (a DaemonSet on GPU nodes).
+
+Applies each PowerFlow pod's ``powerflow.io/frequency-mhz`` (or its
+profiling sweep's clock) as locked clocks on the pod's GPUs and its
+``powerflow.io/power-limit-watts`` as their power limit, within a second of a
+change; resets GPUs no PowerFlow pod uses; parks idle GPUs of a node the
+operator marked powered down; exports GPU power, energy and clocks for
+Prometheus; serves the worker library's iteration reports and sends
+per-iteration energy samples to the operator's ingest endpoint.
+
+Default clocks and power limits are restored on every GPU at start (a
+crashed agent may have left them set) and on SIGTERM/SIGINT.
+
+Connection: ``--kubeconfig FILE``; without it the pod's service account when
+running in a pod, else ``$KUBECONFIG``, else ``~/.kube/config``. GPUs:
+NVML (needs the NVIDIA driver, and root or CAP_SYS_ADMIN to set clocks);
+``--simulate N`` runs N simulated A100s instead (the ground truth of each
+pod's model). No GPU, or no usable configuration: one line on stderr, exit 2.
+
+``--once``: one pass (read the node's pods, apply), print what it did, exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from powerflow import contract
+from powerflow.errors import PowerFlowError
+
+if TYPE_CHECKING:
+    from powerflow.devices import GpuDevices
+    from powerflow.nodeagent.agent import Agent, PodResourcesSource, TelemetryPart
+    from powerflow.nodeagent.kube import AgentKube
+
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+ONCE_TIMEOUT_S = 30.0
+log = logging.getLogger("powerflow.nodeagent")
+
+
+class NodeAgentConfigError(PowerFlowError):
+    """The node agent's command-line settings are unusable."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "nodeagent",
+        help="run the node agent (GPU clocks, power limits, telemetry) on a GPU node",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig file (default: in a pod its service account, else $KUBECONFIG, "
+        "else ~/.kube/config)",
+    )
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name (default: $NODE_NAME, from the downward API's spec.nodeName)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=contract.AGENT_METRICS_PORT,
+        help=f"Prometheus metrics port; 0 for none (default {contract.AGENT_METRICS_PORT})",
+    )
+    p.add_argument(
+        "--worker-host", default="0.0.0.0", help="address of the worker endpoint (0.0.0.0)"
+    )
+    p.add_argument(
+        "--worker-port",
+        type=int,
+        default=contract.AGENT_WORKER_PORT,
+        help=f"port of the worker library's endpoint; 0 for none "
+        f"(default {contract.AGENT_WORKER_PORT})",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+        help="the kubelet's PodResources socket: which GPUs each container holds "
+        f"(default {DEFAULT_POD_RESOURCES_SOCKET})",
+    )
+    p.add_argument(
+        "--ingest-url",
+        default="",
+        help="the operator's ingest endpoint, e.g. "
+        f"http://powerflow-ingest.powerflow-system.svc:{contract.INGEST_PORT} (samples go "
+        f"to its {contract.SAMPLES_PATH}); empty: samples are not sent",
+    )
+    p.add_argument(
+        "--token-file",
+        default="/var/run/secrets/powerflow/ingest/token",
+        metavar="FILE",
+        help=f"projected ServiceAccount token (audience {contract.INGEST_AUDIENCE}) "
+        "presented to the ingest endpoint, re-read on every send",
+    )
+    p.add_argument(
+        "--window",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a sample window closes at the first iteration report after this (default 5)",
+    )
+    p.add_argument(
+        "--simulate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="drive N simulated A100 GPUs instead of NVML (default 0: real GPUs)",
+    )
+    p.add_argument("--once", action="store_true", help="one pass: read pods, apply, print, exit")
+    p.set_defaults(func=run)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse unusable settings before anything starts."""
+    if not args.node_name:
+        raise NodeAgentConfigError("--node-name is required (or set NODE_NAME)")
+    for name in ("metrics_port", "worker_port"):
+        if not 0 <= getattr(args, name) < 65536:
+            raise NodeAgentConfigError(f"--{name.replace('_', '-')} is not a TCP port")
+    if args.simulate < 0:
+        raise NodeAgentConfigError("--simulate needs a GPU count >= 1 (0: real GPUs)")
+    if not args.window > 0:
+        raise NodeAgentConfigError("--window must be > 0 s")
+
+
+def open_devices(args: argparse.Namespace, clock: Callable[[], float]) -> GpuDevices:
+    """``--simulate N`` simulated A100s, else the node's GPUs through NVML
+    (``GpuUnavailable``, one line, when there are none)."""
+    if args.simulate:
+        from powerflow.devices import SimulatedGpus
+
+        return SimulatedGpus(args.simulate, node=args.node_name, clock=ticks(clock, SIM_TICK_S))
+    from powerflow.nodeagent.nvml import open_nvml_gpus
+
+    return open_nvml_gpus()
+
+
+SIM_TICK_S = 0.01
+"""Simulated GPUs advance in steps of this: a burst of reads (one metrics sample
+reads three values of every GPU) then costs one noisy draw per GPU rather than
+one per read and GPU, while energy between iteration reports stays exact to 10 ms."""
+
+
+def ticks(clock: Callable[[], float], step_s: float) -> Callable[[], float]:
+    """``clock`` rounded down to whole ``step_s``."""
+
+    def now() -> float:
+        return math.floor(clock() / step_s) * step_s
+
+    return now
+
+
+def _optional(module: str) -> Any:
+    """A module of the agent built by another part of the project, or None while it
+    is not in this build (the worker endpoint, telemetry, the sender; PodResources)."""
+    name = f"powerflow.nodeagent.{module}"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        return None
+
+
+def default_podresources(args: argparse.Namespace) -> PodResourcesSource | None:
+    podresources = _optional("podresources")
+    if podresources is None:
+        return None
+    client: PodResourcesSource = podresources.PodResourcesClient(args.pod_resources_socket)
+    return client
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The telemetry side of the agent: ``Telemetry`` (None: clocks follow
+    ``frequency-mhz`` only), the worker endpoint's aiohttp application, the sender."""
+
+    telemetry: TelemetryPart | None
+    app: Any = None
+    sender: Any = None
+
+
+def default_parts(
+    args: argparse.Namespace,
+    devices: GpuDevices,
+    clock: Callable[[], float],
+    locked_clock_of: Callable[[int], int | None],
+) -> Parts:
+    telemetry_mod = _optional("telemetry")
+    if telemetry_mod is None:
+        log.warning("telemetry is not part of this build: no worker endpoint, no samples")
+        return Parts(None)
+    sender = None
+    if args.ingest_url:
+        sender = _optional("sender").SampleSender(args.ingest_url, args.token_file, args.node_name)
+    telemetry = telemetry_mod.Telemetry(
+        node=args.node_name,
+        devices=devices,
+        clock=clock,
+        window_s=args.window,
+        sender=sender,
+        locked_clock_of=locked_clock_of,
+    )
+    app = None
+    if args.worker_port:
+        app = _optional("iterations").worker_app(telemetry.report)
+    return Parts(telemetry, app, sender)
+
+
+def serve(
+    args: argparse.Namespace,
+    *,
+    stop_flag: threading.Event | asyncio.Event | None = None,
+    ready_flag: threading.Event | None = None,
+    devices: GpuDevices | None = None,
+    clock: Callable[[], float] | None = None,
+    podresources: PodResourcesSource | None = None,
+    parts: Callable[..., Parts] | None = None,
+    on_start: Callable[[Agent], None] | None = None,
+    out: Any = None,
+) -> int:
+    """Run the agent until ``stop_flag`` or SIGTERM/SIGINT: what ``run`` does, minus
+    logging setup, so that tests start exactly this.
+
+    Seams for tests: ``devices`` (instead of NVML or ``--simulate``'s GPUs;
+    the caller closes them), ``clock`` (what telemetry and simulated GPUs
+    read; default ``time.monotonic``), ``podresources`` and ``parts`` (the
+    kubelet client and the telemetry side, defaulting to the product's),
+    ``on_start`` (called with the agent once it runs), ``ready_flag`` (set
+    after the first pass). Raises ``PowerFlowError`` for unusable settings
+    before anything starts.
+    """
+    from powerflow.nodeagent.kube import AgentKube, load_configuration
+
+    check(args)
+    cfg = load_configuration(args.kubeconfig)
+    clock = clock or time.monotonic
+    owned = devices is None
+    gpus = devices if devices is not None else open_devices(args, clock)
+    try:
+        kube = AgentKube(cfg, args.node_name)
+        try:
+            return asyncio.run(
+                _main(
+                    args,
+                    kube,
+                    gpus,
+                    clock=clock,
+                    stop_flag=stop_flag,
+                    ready_flag=ready_flag,
+                    podresources=podresources
+                    if podresources is not None
+                    else default_podresources(args),
+                    parts=parts or default_parts,
+                    on_start=on_start,
+                    out=out or sys.stdout,
+                )
+            )
+        finally:
+            kube.close()
+    finally:
+        if owned:
+            gpus.close()
+
+
+async def _main(
+    args: argparse.Namespace,
+    kube: AgentKube,
+    devices: GpuDevices,
+    *,
+    clock: Callable[[], float],
+    stop_flag: threading.Event | asyncio.Event | None,
+    ready_flag: threading.Event | None,
+    podresources: PodResourcesSource | None,
+    parts: Callable[..., Parts],
+    on_start: Callable[[Agent], None] | None,
+    out: Any,
+) -> int:
+    from prometheus_client import start_http_server
+
+    from powerflow.nodeagent.agent import Agent
+    from powerflow.nodeagent.metrics import GpuMetrics
+
+    stop = asyncio.Event()
+    metrics = GpuMetrics(args.node_name)
+    agent = Agent(
+        args.node_name,
+        devices,
+        post_event=kube.post_event,
+        podresources=podresources,
+        simulate=bool(args.simulate),
+        metrics=metrics,
+    )
+    side = parts(args, devices, clock, agent.applier.locked_clock_mhz)
+    if side.telemetry is not None:
+        agent.telemetry = side.telemetry
+        side.telemetry.on_clock_change = agent.wake
+        if hasattr(side.telemetry, "on_gpus_reported"):  # a worker's UUIDs: a new mapping
+            side.telemetry.on_gpus_reported = agent.wake
+    watches = [
+        kube.pod_watch(agent.on_pods_listed, agent.on_pod_event),
+        kube.node_watch(agent.on_node_listed, agent.on_node_event),
+    ]
+    for w in watches:
+        w.start()
+    try:
+        if args.once:
+            try:
+                await asyncio.wait_for(agent.listed(), ONCE_TIMEOUT_S)
+            except TimeoutError:
+                raise NodeAgentConfigError(
+                    f"could not list the pods and the node {args.node_name} "
+                    f"in {ONCE_TIMEOUT_S:g} s (see the log above)"
+                ) from None
+            applied = await agent.step()
+            for line in applied.changes or ("nothing to change",):
+                print(line, file=out)
+            for event in applied.events:
+                print(f"{event.reason} on {event.pod[0]}/{event.pod[1]}: {event.message}", file=out)
+            for error in applied.errors:
+                print(f"error: {error}", file=out)
+            return 1 if applied.errors else 0
+        return await _daemon(
+            args, agent, side, metrics, stop, stop_flag, ready_flag, on_start, start_http_server
+        )
+    finally:
+        for w in watches:
+            w.stop()
+        if podresources is not None:
+            await podresources.close()
+
+
+async def _daemon(
+    args: argparse.Namespace,
+    agent: Agent,
+    side: Parts,
+    metrics: Any,
+    stop: asyncio.Event,
+    stop_flag: threading.Event | asyncio.Event | None,
+    ready_flag: threading.Event | None,
+    on_start: Callable[[Agent], None] | None,
+    start_http_server: Callable[..., Any],
+) -> int:
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(_watch_flag(stop_flag, stop)) if stop_flag else None
+    httpd = None
+    if args.metrics_port:
+        httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)
+        log.info("metrics on port %d", httpd.server_port)
+    runner = None
+    tasks: list[asyncio.Task[Any]] = []
+    agent.restore_defaults()  # what a crashed agent left set: its memory of it is gone
+    try:
+        if side.app is not None:
+            from aiohttp import web
+
+            runner = web.AppRunner(side.app)
+            await runner.setup()
+            await web.TCPSite(runner, args.worker_host, args.worker_port).start()
+            log.info("worker endpoint on %s:%d", args.worker_host, args.worker_port)
+        if side.sender is not None:
+            tasks.append(asyncio.create_task(side.sender.run(stop)))
+        if on_start is not None:
+            on_start(agent)
+        first = True
+
+        def passed() -> None:
+            nonlocal first
+            if first and ready_flag is not None:
+                ready_flag.set()
+            first = False
+
+        await agent.run(stop, on_pass=passed)
+    finally:
+        stop.set()
+        agent.restore_defaults()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if watcher is not None:
+            watcher.cancel()
+        if runner is not None:
+            await runner.cleanup()
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join()
+    return 0
+
+
+async def _watch_flag(flag: threading.Event | asyncio.Event, stop: asyncio.Event) -> None:
+    """Forward a stop flag set from another thread (or loop) to ``stop``."""
+    while not flag.is_set():
+        await asyncio.sleep(0.05)
+    stop.set()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return serve(args)
