@@ -15,9 +15,6 @@ from urllib.parse import urlsplit
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.agent_endpoint import serve_in_thread
-
-from powerflow import contract
 from powerflow.nodeagent.iterations import (
     MAX_BODY_BYTES,
     IterationReport,
@@ -26,6 +23,9 @@ from powerflow.nodeagent.iterations import (
     report_body,
     worker_app,
 )
+from support.agent_endpoint import serve_in_thread
+
+from powerflow import contract
 
 UID = "0b5c5f1e-6a8e-4c1e-9a39-5d1c0b0f7a11"
 GOOD = {"namespace": "ml", "pod": "job-g1-w0", "uid": UID, "iterations": 12}
