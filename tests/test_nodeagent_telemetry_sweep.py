@@ -8,6 +8,8 @@ slice's clock.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nodeagent_telemetry_cases import SimNode, truth_per_gpu, worker
@@ -44,7 +46,7 @@ def test_a_sweep_steps_at_boundaries_and_tags_each_slice() -> None:
     ]
     # each slice lasts from its boundary to the first boundary >= 6 s later
     step_s, _ = truth_per_gpu(view, 900)
-    for a, b in zip(steps, steps[1:], strict=False):
+    for a, b in itertools.pairwise(steps):
         assert 6.0 <= b - a <= 6.0 + 2 * step_s
     assert node.locked == {0: 1005, 1: 1005}  # back to frequency-mhz after the sweep
     by_clock: dict[int, list[float]] = {}
@@ -109,6 +111,6 @@ def test_sweeps_visit_every_clock_in_order_for_at_least_a_slice(
             held.append((now, sweeps.clock_mhz("job")))
     visited = [c for _, c in held]
     assert visited == ([*clocks, None])[: len(visited)]
-    for (a, _), (b, _) in zip(held, held[1:], strict=False):
+    for (a, _), (b, _) in itertools.pairwise(held):
         assert b - a >= slice_s
     assert sweeps.active("job") == (len(visited) <= len(clocks))
