@@ -119,7 +119,12 @@ def worker_app(
         length = request.content_length
         if length is not None and length > MAX_BODY_BYTES:
             return _refuse(413, f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
-        raw = await request.content.read(MAX_BODY_BYTES + 1)
+        raw = bytearray()
+        while len(raw) <= MAX_BODY_BYTES:  # read() returns what has arrived, not all
+            chunk = await request.content.read(MAX_BODY_BYTES + 1 - len(raw))
+            if not chunk:
+                break
+            raw += chunk
         if len(raw) > MAX_BODY_BYTES:
             return _refuse(413, f"body exceeds {MAX_BODY_BYTES} bytes")
         try:

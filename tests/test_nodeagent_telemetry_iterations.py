@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -125,6 +126,23 @@ def test_a_body_over_the_bound_is_refused_before_it_is_read(
     conn.request("POST", contract.ITERATIONS_PATH, body=iter([big]), encode_chunked=True)
     assert conn.getresponse().status == 413
     conn.close()
+
+
+def test_a_body_arriving_in_pieces_is_read_whole(endpoint: tuple[str, Recorder]) -> None:
+    url, recorder = endpoint
+    body = json.dumps(GOOD).encode()
+
+    def pieces() -> Iterator[bytes]:
+        yield body[:10]
+        threading.Event().wait(0.1)  # the rest comes later, as on a slow link
+        yield body[10:]
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    conn.request("POST", contract.ITERATIONS_PATH, body=pieces(), encode_chunked=True)
+    assert conn.getresponse().status == 204
+    conn.close()
+    assert recorder.reports[-1].iterations == GOOD["iterations"]
 
 
 def test_other_methods_and_paths_are_not_served(endpoint: tuple[str, Recorder]) -> None:
