@@ -114,3 +114,30 @@ def test_sweeps_visit_every_clock_in_order_for_at_least_a_slice(
     for (a, _), (b, _) in itertools.pairwise(held):
         assert b - a >= slice_s
     assert sweeps.active("job") == (len(visited) <= len(clocks))
+
+
+def test_a_step_applied_late_mislabels_no_sample() -> None:
+    """The control loop applies a step within a second, not inside the report:
+    the window that straddles the late change is dropped, never sent tagged
+    with the wrong clock."""
+    node = SimNode(window_s=1.0, seed=24)
+    view = worker("gpt", 0, n=1, per_node=1, frequency=1005, profile=PLAN)
+    node.place(view, 0)
+    asked: list[float] = []
+    node.telemetry.on_clock_change = lambda: asked.append(node.now_s)
+    pending_since: float | None = None
+    end = node.now_s + 24.0
+    while node.now_s < end:
+        node.run(0.05)
+        if asked and pending_since is None:
+            pending_since = asked.pop()
+        if pending_since is not None and node.now_s - pending_since >= 0.5:
+            node.apply_clocks()  # half a second after the step was asked for
+            pending_since = None
+    by_clock: dict[int, list[float]] = {}
+    for s in node.samples():
+        by_clock.setdefault(s.frequency_mhz, []).append(s.energy_j)
+    assert set(by_clock) == {900, 1200, 1410, 1005}
+    for clock, energies in by_clock.items():
+        _, energy_j = truth_per_gpu(view, clock)
+        assert all(abs(e - energy_j) <= 0.05 * energy_j for e in energies), (clock, energies)
