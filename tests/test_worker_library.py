@@ -316,3 +316,20 @@ def test_a_step_that_never_ends_still_exits_within_the_grace_period(tmp_path: Pa
     status, out = _run_child(tmp_path, step_s=3600, grace_s=2)
     assert status == EXIT_ON_SIGTERM
     assert not out.exists()  # no boundary came: no checkpoint from the middle of a step
+
+
+def test_after_close_sigterm_is_the_default_again(tmp_path: Path) -> None:
+    script = tmp_path / "closed.py"
+    script.write_text(
+        "import time\n"
+        "from powerflow.worker import Worker\n"
+        "w = Worker(env={}, checkpoint=lambda: None)\n"
+        "w.close()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == -signal.SIGTERM  # no boundary will come: not held back

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -56,6 +57,8 @@ class Worker:
         self._terminating = False
         self._stopping = False
         self._closed = False
+        self._previous_handler: Callable[[int, FrameType | None], object] | int | None = None
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
         e = self.env
         self.reporter: AgentReporter | None = None
         if e.in_pod and e.agent_host:
@@ -112,6 +115,7 @@ class Worker:
         if self._closed:
             return
         self._closed = True
+        self._uninstall_sigterm()
         if self.reporter is not None:
             self.reporter.close()
         if self.progress is not None:
@@ -131,7 +135,7 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             log.warning("powerflow: Worker made off the main thread: SIGTERM not handled")
             return
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         # The C-level handler writes the signal number to this socket at once,
         # even while the main thread sits in a long C call (a collective), where
         # the Python handler would wait: the watchdog hears of SIGTERM through it.
@@ -147,11 +151,27 @@ class Worker:
             reader.close()
             writer.close()
             return
-        self._wakeup = (reader, writer)  # kept open for the process's life
+        self._wakeup = (reader, writer)
         watchdog = threading.Thread(
             target=self._watchdog, args=(reader,), name="powerflow-sigterm", daemon=True
         )
         watchdog.start()
+
+    def _uninstall_sigterm(self) -> None:
+        """After ``close`` no boundary comes: SIGTERM gets its old handler back."""
+        if self._previous_handler is None or self._stopping:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGTERM, self._previous_handler)
+        self._previous_handler = None
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(-1)
+            for sock in self._wakeup:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes the watchdog's recv
+                sock.close()
+            self._wakeup = None
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if not self._terminating:
