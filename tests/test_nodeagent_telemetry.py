@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nodeagent_telemetry_cases import NODE, SimNode, truth_per_gpu, worker
 from powerflow.nodeagent.iterations import IterationReport, UnknownPod
 
@@ -198,3 +200,36 @@ def test_no_sample_is_one_the_operator_would_refuse(window_s: float) -> None:
     assert samples
     assert all(s.energy_j > 0 and s.step_time_s > 0 and s.iterations > 0 for s in samples)
     assert node.telemetry.node == NODE
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    reports=st.lists(
+        st.tuples(
+            st.sampled_from(["bert-g1-w0", "bert-g1-w1", "bert-g1-w7", "x"]),
+            st.booleans(),
+            st.integers(0, 2**53),
+            st.lists(st.text(min_size=1, max_size=8), max_size=3),
+            st.floats(0.0, 10.0),
+        ),
+        max_size=40,
+    )
+)
+def test_any_report_sequence_is_answered_and_samples_stay_valid(
+    reports: list[tuple[str, bool, int, list[str], float]],
+) -> None:
+    node = SimNode(window_s=1.0, seed=1)
+    w0, w1 = worker("bert", 0), worker("bert", 1)
+    node.place(w0, 0)
+    node.place(w1, 1)
+    for pod, right_uid, iterations, uuids, gap_s in reports:
+        node.now_s += gap_s
+        view = node.pods.get(("ml", pod))
+        uid = view.uid if view is not None and right_uid else "other"
+        r = IterationReport("ml", pod, uid, iterations, tuple(uuids), node.now_s)
+        answer = node.telemetry.report(r)
+        assert answer is None or getattr(answer, "status", None) in (404, 409)
+        assert (answer is None) == (view is not None and right_uid)
+    for s in node.samples():
+        assert s.iterations > 0 and s.energy_j > 0 and s.step_time_s > 0
+        assert s.frequency_mhz == 1200
