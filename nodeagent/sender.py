@@ -125,7 +125,9 @@ class SampleSender:
     # -- the producer side (never blocks) -------------------------------------
 
     def put(self, sample: WindowSample) -> None:
-        """Queue ``sample``; count it dropped when the queue is full."""
+        """Queue ``sample``; count it dropped when the queue is full. Call it on the
+        event loop that runs ``run`` (it may wake it), as the worker endpoint's
+        handler is."""
         if len(self._queue) >= self.queue_max:
             self.dropped.labels("queue_full").inc()
             return
