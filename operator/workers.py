@@ -75,14 +75,34 @@ def _env_values(job: JobRequest, ws: WorkerSet) -> dict[str, str]:
         "POWERFLOW_FREQUENCY_MHZ": ws.frequency_mhz,
         "POWERFLOW_JOB": job.name,
         "POWERFLOW_GENERATION": ws.generation,
+        "POWERFLOW_AGENT_PORT": contract.AGENT_WORKER_PORT,
+        "POWERFLOW_GRACE_SECONDS": job.grace_s,
     }
     return {k: str(v) for k, v in values.items()}
 
 
-def worker_env(job: JobRequest, ws: WorkerSet, index: int) -> list[dict[str, str]]:
+DOWNWARD_ENV = (
+    ("POWERFLOW_POD_NAME", "metadata.name"),
+    ("POWERFLOW_POD_NAMESPACE", "metadata.namespace"),
+    ("POWERFLOW_POD_UID", "metadata.uid"),
+    ("POWERFLOW_AGENT_HOST", "status.hostIP"),
+)
+"""What the worker library (``powerflow.worker``) learns from the downward API:
+which pod it is (the node agent accepts its iteration reports only with the
+pod's UID, and progress goes to the pod's annotation) and the node's IP, where
+the agent's hostPort listens. Written with ``apiVersion`` as the API server
+defaults it, so the stored pod reads back the same."""
+
+_DOWNWARD_ENTRIES = tuple(
+    {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+    for name, path in DOWNWARD_ENV
+)
+
+
+def worker_env(job: JobRequest, ws: WorkerSet, index: int) -> list[dict[str, Any]]:
     values = _env_values(job, ws)
     values["RANK"] = str(index)
-    return [{"name": k, "value": v} for k, v in values.items()]
+    return [*({"name": k, "value": v} for k, v in values.items()), *_DOWNWARD_ENTRIES]
 
 
 def _gpu_resources(resources: dict[str, Any] | None) -> dict[str, Any]:
@@ -96,7 +116,7 @@ def worker_pods(
     job: JobRequest, ws: WorkerSet, indices: Iterable[int] | None = None
 ) -> list[PodBody]:
     """Workers ``indices`` (default all) of ``ws``: the template plus GPU, scheduler,
-    contract and env.
+    contract and env (values, then ``DOWNWARD_ENV``).
 
     Built by copying only the path that changes (metadata, pod spec, the
     trainer container, its env and resources) and sharing the rest of the
@@ -114,10 +134,13 @@ def worker_pods(
         contract.FREQUENCY_ANNOTATION: str(ws.frequency_mhz),
         contract.GENERATION_ANNOTATION: str(ws.generation),
     }
+    if job.model_name:
+        annotations[contract.MODEL_ANNOTATION] = job.model_name
     values = _env_values(job, ws)
     containers: list[dict[str, Any]] = spec.get("containers") or []
     trainer = next((c for c in containers if c.get("name") == job.trainer), None)
-    kept_env = [e for e in (trainer or {}).get("env") or [] if e.get("name") not in values]
+    ours = values.keys() | {name for name, _ in DOWNWARD_ENV}
+    kept_env = [e for e in (trainer or {}).get("env") or [] if e.get("name") not in ours]
     resources = _gpu_resources((trainer or {}).get("resources"))
     owners = [owner_reference(job)]
     subdomain = service_name(job.name)
@@ -125,7 +148,7 @@ def worker_pods(
     # and shared (read-only, like the rest of the template), only RANK's entry per pod.
     entries = [{"name": k, "value": v} for k, v in values.items()]
     rank = list(values).index("RANK")
-    head, tail = kept_env + entries[:rank], entries[rank + 1 :]
+    head, tail = kept_env + entries[:rank], [*entries[rank + 1 :], *_DOWNWARD_ENTRIES]
     # Per-pod dicts are copies of per-call prototypes with the per-worker keys
     # overwritten in place: same key order as building each one from scratch.
     at = next((i for i, c in enumerate(containers) if c is trainer), -1)

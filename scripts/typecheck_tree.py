@@ -1,7 +1,7 @@
 """Build a link tree in which the import names match the installed package.
 
 The components live in top-level folders (``operator/``, ``extender/``,
-``nodeagent/``) that ``pyproject.toml`` maps into the package as
+``nodeagent/``, ``worker/``) that ``pyproject.toml`` maps into the package as
 ``powerflow.operator`` and so on. Static tools (mypy, import-linter) read
 folders, not install mappings, and would see ``operator/`` as the stdlib's
 ``operator``. This script lays out ``build/typecheck/powerflow`` with symlinks
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPONENTS = ("operator", "extender", "nodeagent")
+COMPONENTS = ("operator", "extender", "nodeagent", "worker")
 
 
 def build(dest: Path) -> Path:

@@ -47,7 +47,7 @@ def operator(
 
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
     (container,) = pod["spec"]["containers"]
-    return {e["name"]: e["value"] for e in container["env"]}
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
 async def test_dljob_gets_worker_pods_and_status(kubeconfig: Path, api: httpx.AsyncClient) -> None:

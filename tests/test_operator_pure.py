@@ -101,8 +101,26 @@ def test_worker_pod_contract() -> None:
     assert meta["name"] == "job-g3-w2"
     assert meta["annotations"][contract.GENERATION_ANNOTATION] == "3"
     assert meta["ownerReferences"][0]["uid"] == "u1"
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    entries = pod["spec"]["containers"][0]["env"]
+    env = {e["name"]: e["value"] for e in entries if "value" in e}
     assert env["MASTER_ADDR"] == "job-g3-w0.job.ml.svc"
+    # what the worker library needs (powerflow.worker.env): the pod's identity and
+    # the node's IP from the downward API, the agent's port, the grace period
+    fields = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in entries if "valueFrom" in e
+    }
+    assert fields == {
+        "POWERFLOW_POD_NAME": "metadata.name",
+        "POWERFLOW_POD_NAMESPACE": "metadata.namespace",
+        "POWERFLOW_POD_UID": "metadata.uid",
+        "POWERFLOW_AGENT_HOST": "status.hostIP",
+    }
+    assert env["POWERFLOW_AGENT_PORT"] == str(contract.AGENT_WORKER_PORT)
+    assert env["POWERFLOW_GRACE_SECONDS"] == str(job.grace_s)
+    assert contract.MODEL_ANNOTATION not in meta["annotations"]  # no model hint
+    hinted = parse_dljob({**body(), "spec": {**body()["spec"], "model": "bert"}})
+    hinted_pod = worker_pod(hinted, WorkerSet(3, 4, 64, 1200), 0)
+    assert hinted_pod["metadata"]["annotations"][contract.MODEL_ANNOTATION] == "bert"
     assert (env["RANK"], env["WORLD_SIZE"], env["POWERFLOW_FREQUENCY_MHZ"]) == ("2", "4", "1200")
     assert job.template["spec"]["containers"][0].get("env") is None  # template untouched
 

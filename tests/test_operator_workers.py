@@ -21,7 +21,12 @@ from powerflow import contract
 
 ENV_KEYS = ["WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_BATCH_SIZE",
             "GLOBAL_BATCH_SIZE", "POWERFLOW_ITERATIONS", "POWERFLOW_FREQUENCY_MHZ",
-            "POWERFLOW_JOB", "POWERFLOW_GENERATION"]  # fmt: skip
+            "POWERFLOW_JOB", "POWERFLOW_GENERATION", "POWERFLOW_AGENT_PORT",
+            "POWERFLOW_GRACE_SECONDS"]  # fmt: skip
+DOWNWARD = {"POWERFLOW_POD_NAME": "metadata.name",
+            "POWERFLOW_POD_NAMESPACE": "metadata.namespace",
+            "POWERFLOW_POD_UID": "metadata.uid",
+            "POWERFLOW_AGENT_HOST": "status.hostIP"}  # fmt: skip
 
 
 def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
@@ -40,12 +45,18 @@ def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
         "POWERFLOW_FREQUENCY_MHZ": str(ws.frequency_mhz),
         "POWERFLOW_JOB": job.name,
         "POWERFLOW_GENERATION": str(ws.generation),
+        "POWERFLOW_AGENT_PORT": str(contract.AGENT_WORKER_PORT),
+        "POWERFLOW_GRACE_SECONDS": str(job.grace_s),
     }
     assert list(values) == ENV_KEYS
+    downward = [
+        {"name": k, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": v}}}
+        for k, v in DOWNWARD.items()
+    ]
     for c in spec["containers"]:
         if c.get("name") == job.trainer:
-            kept = [e for e in c.get("env") or [] if e["name"] not in values]
-            c["env"] = kept + [{"name": k, "value": v} for k, v in values.items()]
+            kept = [e for e in c.get("env") or [] if e["name"] not in values | DOWNWARD]
+            c["env"] = kept + [{"name": k, "value": v} for k, v in values.items()] + downward
             res = c.get("resources") or {}
             for kind in ("limits", "requests"):
                 res[kind] = {**(res.get(kind) or {}), contract.GPU_RESOURCE: "1"}
@@ -74,6 +85,7 @@ def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
                 contract.WORKERS_ANNOTATION: str(ws.gpus),
                 contract.FREQUENCY_ANNOTATION: str(ws.frequency_mhz),
                 contract.GENERATION_ANNOTATION: str(ws.generation),
+                **({contract.MODEL_ANNOTATION: job.model_name} if job.model_name else {}),
             },
             "ownerReferences": [
                 {
@@ -92,7 +104,7 @@ def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
 def random_job(rng: random.Random, i: int) -> JobRequest:
     trainer: dict[str, Any] = {"name": "trainer", "image": "img", "command": ["torchrun"]}
     if rng.random() < 0.7:  # user env, some of it overridden by the operator
-        keys = rng.sample([*ENV_KEYS, "NCCL_DEBUG", "HF_HOME", "OMP_NUM_THREADS"], 4)
+        keys = rng.sample([*ENV_KEYS, *DOWNWARD, "NCCL_DEBUG", "HF_HOME", "OMP_NUM_THREADS"], 4)
         trainer["env"] = [{"name": k, "value": f"u{k}"} for k in keys]
     if rng.random() < 0.5:
         trainer["resources"] = {"limits": {"memory": "8Gi"}, "requests": {"cpu": "4"}}
@@ -110,6 +122,8 @@ def random_job(rng: random.Random, i: int) -> JobRequest:
         "terminationGracePeriodSeconds": rng.randrange(1, 120),
         "template": template,
     }
+    if rng.random() < 0.5:
+        spec["model"] = rng.choice(["bert", "resnet50"])
     meta = {"name": f"job{i}", "namespace": "ml", "uid": f"u{i}", "generation": 1}
     return parse_dljob({"metadata": meta, "spec": spec})  # type: ignore[typeddict-item]
 
@@ -138,7 +152,7 @@ def test_pods_do_not_share_per_worker_fields() -> None:
     a, b = worker_pods(job, WorkerSet(1, 2, 32, 1200))
 
     def rank(pod: dict[str, Any]) -> str:
-        (trainer,) = (c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+        (trainer,) = (c for c in pod["spec"]["containers"] if c["name"] == job.trainer)
         return next(e["value"] for e in trainer["env"] if e["name"] == "RANK")
 
     assert (rank(a), rank(b)) == ("0", "1")  # a shared RANK entry would make these equal

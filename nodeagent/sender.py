@@ -1,0 +1,235 @@
+"""Samples from the agent to the operator's ingest endpoint: batched, retried, bounded.
+
+``put`` never blocks the caller (the report handler on the event loop): it
+appends to a bounded queue, and when the queue is full the new sample is
+dropped and counted (``powerflow_agent_samples_dropped_total{reason=
+"queue_full"}``). ``run`` posts the queue in batches of ``batch_max`` to
+``url + contract.SAMPLES_PATH`` every ``interval_s``, as
+``powerflow.telemetry.encode_batch`` JSON with ``Authorization: Bearer`` the
+agent's projected ServiceAccount token. The token file is read again for
+every post because the kubelet rotates it.
+
+A batch leaves the queue only once the operator took it (2xx). On a failure
+that may pass (no connection, a timeout, 5xx, 401/403 while RBAC or the
+token catches up, 429) it stays at the head of the queue and the sender
+backs off exponentially with jitter (``backoff_s``), honouring a 429's
+``Retry-After``. Any other 4xx means the operator will never accept this
+batch (the wire format's validation refused it): it is logged with the
+operator's reason and dropped, counted with ``reason="rejected"``, so one bad
+batch cannot wedge the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import ssl
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter
+
+from powerflow import contract
+from powerflow.telemetry import (
+    MAX_SAMPLES_PER_BATCH,
+    NodePower,
+    SampleBatch,
+    WindowSample,
+    encode_batch,
+)
+
+log = logging.getLogger(__name__)
+
+_RETRY_STATUSES: Final = frozenset({401, 403, 408, 429})
+
+
+def backoff_s(
+    failures: int, initial_s: float, max_s: float, rng: random.Random | None = None
+) -> float:
+    """The pause after ``failures`` failed posts in a row: ``initial * 2**(failures-1)``
+    capped at ``max_s``, times a jitter in [0.5, 1] so agents that lost the
+    operator together do not come back in lockstep."""
+    base = min(max_s, initial_s * 2.0 ** min(max(failures - 1, 0), 62))
+    jitter = (rng or random).uniform(0.5, 1.0)
+    return base * jitter
+
+
+class SampleSender:
+    """Queue of samples for the operator (see the module docstring).
+
+    ``registry`` receives the counters (a private one when None, so several
+    senders can live in one process, as in tests).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token_file: str | None,
+        node: str,
+        *,
+        queue_max: int = 10_000,
+        batch_max: int = 500,
+        interval_s: float = 5.0,
+        timeout_s: float = 10.0,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+        ca_file: str | None = None,
+        registry: CollectorRegistry | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if queue_max < 1 or not 1 <= batch_max <= MAX_SAMPLES_PER_BATCH:
+            raise ValueError(f"queue_max must be >= 1, batch_max in [1, {MAX_SAMPLES_PER_BATCH}]")
+        self.url = url.rstrip("/") + contract.SAMPLES_PATH
+        self.token_file = token_file
+        self.node = node
+        self.queue_max = queue_max
+        self.batch_max = batch_max
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._ssl: ssl.SSLContext | None = (
+            ssl.create_default_context(cafile=ca_file) if ca_file else None
+        )
+        self._rng = rng or random.Random()
+        self._queue: collections.deque[WindowSample] = collections.deque()
+        self._power: NodePower | None = None
+        self._wake = asyncio.Event()
+        self._retry_after_s = 0.0
+        self.failures = 0
+        """Failed posts in a row (0 after a success)."""
+        registry = registry if registry is not None else CollectorRegistry()
+        self.dropped = Counter(
+            "powerflow_agent_samples_dropped",
+            "Samples the agent dropped: queue full, or a batch the operator rejected (4xx).",
+            ["reason"],
+            registry=registry,
+        )
+        self.sent = Counter(
+            "powerflow_agent_samples_sent",
+            "Samples the operator's ingest endpoint accepted.",
+            registry=registry,
+        )
+        self.post_failures = Counter(
+            "powerflow_agent_sample_post_failures",
+            "Posts of a batch that failed and will be retried.",
+            registry=registry,
+        )
+        for reason in ("queue_full", "rejected"):
+            self.dropped.labels(reason)
+
+    # -- the producer side (never blocks) -------------------------------------
+
+    def put(self, sample: WindowSample) -> None:
+        """Queue ``sample``; count it dropped when the queue is full. Call it on the
+        event loop that runs ``run`` (it may wake it), as the worker endpoint's
+        handler is."""
+        if len(self._queue) >= self.queue_max:
+            self.dropped.labels("queue_full").inc()
+            return
+        self._queue.append(sample)
+        if len(self._queue) >= self.batch_max:
+            self._wake.set()
+
+    def set_power(self, power: NodePower) -> None:
+        """The node's latest board power; it rides on the next post."""
+        self._power = power
+
+    def queued(self) -> Sequence[WindowSample]:
+        """The samples waiting, oldest first (a copy)."""
+        return tuple(self._queue)
+
+    # -- the consumer side -----------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Post until ``stop`` is set, then try once more to deliver what is queued."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            pause_s = self.interval_s
+            while not stop.is_set():
+                await self._sleep(pause_s, stop)
+                if stop.is_set():
+                    break
+                pause_s = await self._flush(session)
+            if self._queue:
+                await self._flush(session, once=True)
+
+    async def _flush(self, session: aiohttp.ClientSession, *, once: bool = False) -> float:
+        """Post batches while there are any; the pause before the next round."""
+        while self._queue or self._power is not None:
+            if not await self._post_one(session):
+                self.failures += 1
+                self.post_failures.inc()
+                return backoff_s(
+                    self.failures, self.backoff_initial_s, self.backoff_max_s, self._rng
+                )
+            self.failures = 0
+            if once:
+                break
+        return self.interval_s
+
+    async def _post_one(self, session: aiohttp.ClientSession) -> bool:
+        """Post the head batch; True when it left the queue (accepted or rejected)."""
+        count = min(len(self._queue), self.batch_max)
+        samples = tuple(self._queue[i] for i in range(count))
+        power = self._power
+        headers = {}
+        if self.token_file is not None:
+            try:
+                token = Path(self.token_file).read_text().strip()
+            except OSError as e:
+                log.warning("cannot read the ingest token %s: %s", self.token_file, e)
+                return False
+            headers["Authorization"] = f"Bearer {token}"
+        body = encode_batch(SampleBatch(self.node, samples, power))
+        try:
+            async with session.post(
+                self.url,
+                json=body,
+                headers=headers,
+                ssl=self._ssl if self._ssl is not None else True,
+            ) as resp:
+                status = resp.status
+                reason = (await resp.text())[:300] if status >= 300 else ""
+                retry_after = resp.headers.get("Retry-After")
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            log.warning("posting %d samples to %s failed: %s", count, self.url, e or type(e))
+            return False
+        if 200 <= status < 300:
+            self._consume(count, power)
+            self.sent.inc(count)
+            return True
+        if status >= 500 or status in _RETRY_STATUSES:
+            log.warning("ingest answered %d to %d samples (will retry): %s", status, count, reason)
+            if status == 429 and retry_after is not None and retry_after.isdigit():
+                self._retry_after_s = float(retry_after)
+            return False
+        log.error("ingest rejected %d samples with %d (dropped): %s", count, status, reason)
+        self._consume(count, power)
+        self.dropped.labels("rejected").inc(count)
+        return True
+
+    def _consume(self, count: int, power: NodePower | None) -> None:
+        for _ in range(count):
+            self._queue.popleft()
+        if self._power is power:
+            self._power = None
+
+    async def _sleep(self, seconds: float, stop: asyncio.Event) -> None:
+        """Wait ``seconds`` (at least a 429's Retry-After), or less when a batch
+        fills up or ``stop`` is set."""
+        seconds = max(seconds, min(self._retry_after_s, self.backoff_max_s))
+        self._retry_after_s = 0.0
+        self._wake.clear()
+        waits = [asyncio.ensure_future(stop.wait())]
+        if self.failures == 0:
+            waits.append(asyncio.ensure_future(self._wake.wait()))
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()

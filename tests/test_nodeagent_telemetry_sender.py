@@ -1,0 +1,251 @@
+"""The sample sender against a real local HTTP server playing the operator's ingest.
+
+The server parses every batch with the operator's own parser
+(``powerflow.telemetry.parse_batch``) and answers what a test scripts: the
+sender must deliver every queued sample exactly once and in order through
+failures, drop only a batch the operator refuses for good, and count drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from powerflow.nodeagent.sender import SampleSender, backoff_s
+from prometheus_client import CollectorRegistry
+
+from powerflow import contract
+from powerflow.telemetry import NodePower, SampleBatch, WindowSample, parse_batch
+
+NODE = "node-a"
+
+
+def sample(i: int) -> WindowSample:
+    return WindowSample("ml", "job", 1, 4, 2, 64.0, 1200, 2, 10 + i, 0.2, 150.0, 1e9 + i)
+
+
+class Ingest:
+    """The operator's side: records accepted batches; ``script`` decides answers."""
+
+    def __init__(self, script: Callable[[int], web.Response | None] | None = None) -> None:
+        self.script = script or (lambda _: None)
+        self.batches: list[SampleBatch] = []
+        self.tokens: list[str | None] = []
+        self.posts = 0
+        self.changed = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.posts += 1
+        self.tokens.append(request.headers.get("Authorization"))
+        self.changed.set()
+        answer = self.script(self.posts)
+        if answer is not None:
+            return answer
+        self.batches.append(parse_batch(await request.json()))
+        return web.Response(status=202)
+
+    def samples(self) -> list[WindowSample]:
+        return [s for b in self.batches for s in b.samples]
+
+    async def wait(self, done: Callable[[], bool]) -> None:
+        async def loop() -> None:
+            while not done():
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(loop(), 20)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def serve(ingest: Ingest, port: int) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post(contract.SAMPLES_PATH, ingest.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def make_sender(url: str, token: Path | None, **kw: object) -> SampleSender:
+    args: dict[str, object] = {
+        "queue_max": 100,
+        "batch_max": 7,
+        "interval_s": 0.01,
+        "backoff_initial_s": 0.01,
+        "backoff_max_s": 0.05,
+        "registry": CollectorRegistry(),
+        "rng": random.Random(1),
+    }
+    args.update(kw)
+    return SampleSender(url, str(token) if token else None, NODE, **args)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def running(sender: SampleSender) -> AsyncIterator[asyncio.Event]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    try:
+        yield stop
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
+
+
+def dropped(sender: SampleSender, reason: str) -> float:
+    return sender.dropped.labels(reason)._value.get()
+
+
+async def test_batches_arrive_in_order_with_the_current_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    ingest = Ingest()
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, token)
+        for i in range(20):
+            sender.put(sample(i))
+        async with running(sender):
+            await ingest.wait(lambda: len(ingest.samples()) == 20)
+            token.write_text("rotated")  # the kubelet rotates the projected token
+            sender.put(sample(20))
+            await ingest.wait(lambda: len(ingest.samples()) == 21)
+    assert ingest.samples() == [sample(i) for i in range(21)]
+    assert all(len(b.samples) <= 7 and b.node == NODE for b in ingest.batches)
+    assert ingest.tokens[0] == "Bearer first"
+    assert ingest.tokens[-1] == "Bearer rotated"
+    assert sender.sent._value.get() == 21
+    assert sender.queued() == ()
+
+
+async def test_failures_that_may_pass_are_retried_without_losing_samples(
+    tmp_path: Path,
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    answers = {
+        1: web.Response(status=503),
+        2: web.Response(status=401, text="token not valid yet"),
+        3: web.Response(status=403),
+        4: web.Response(status=429, headers={"Retry-After": "0"}),
+        5: web.Response(status=500),
+    }
+    ingest = Ingest(lambda n: answers.get(n))
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, token)
+        for i in range(10):
+            sender.put(sample(i))
+        async with running(sender):
+            await ingest.wait(lambda: len(ingest.samples()) == 10)
+    assert ingest.samples() == [sample(i) for i in range(10)]
+    assert sender.post_failures._value.get() == 5
+    assert dropped(sender, "rejected") == dropped(sender, "queue_full") == 0
+
+
+async def test_a_batch_the_operator_refuses_is_dropped_and_counted() -> None:
+    ingest = Ingest(
+        lambda n: web.Response(status=400, text="samples[0].n: bad") if n == 1 else None
+    )
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, None, batch_max=4)
+        for i in range(10):
+            sender.put(sample(i))
+        async with running(sender):
+            await ingest.wait(lambda: len(ingest.samples()) == 6)
+    assert ingest.samples() == [sample(i) for i in range(4, 10)]
+    assert dropped(sender, "rejected") == 4
+    assert ingest.tokens[0] is None  # no token file configured: no header
+
+
+async def test_a_full_queue_drops_new_samples_and_counts_them() -> None:
+    sender = make_sender("http://127.0.0.1:9", None, queue_max=5)
+    for i in range(8):
+        sender.put(sample(i))  # never blocks
+    assert sender.queued() == tuple(sample(i) for i in range(5))
+    assert dropped(sender, "queue_full") == 3
+
+
+async def test_samples_wait_for_an_operator_that_is_not_up_yet() -> None:
+    port = free_port()
+    sender = make_sender(f"http://127.0.0.1:{port}", None)
+    for i in range(3):
+        sender.put(sample(i))
+    async with running(sender):
+        while sender.failures < 3:  # connection refused, backing off
+            await asyncio.sleep(0.01)
+        assert sender.queued() == tuple(sample(i) for i in range(3))
+        ingest = Ingest()
+        async with serve(ingest, port):
+            await ingest.wait(lambda: len(ingest.samples()) == 3)
+    assert ingest.samples() == [sample(i) for i in range(3)]
+    assert sender.failures == 0
+
+
+async def test_an_unreadable_token_file_keeps_the_samples(tmp_path: Path) -> None:
+    ingest = Ingest()
+    token = tmp_path / "missing"
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, token)
+        sender.put(sample(0))
+        async with running(sender):
+            while sender.failures < 2:
+                await asyncio.sleep(0.01)
+            assert ingest.posts == 0
+            token.write_text("late")
+            await ingest.wait(lambda: len(ingest.samples()) == 1)
+    assert ingest.tokens == ["Bearer late"]
+
+
+async def test_power_rides_along_and_is_sent_alone_too() -> None:
+    ingest = Ingest()
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, None)
+        sender.set_power(NodePower(1234.5, 1e9))
+        async with running(sender):
+            await ingest.wait(lambda: len(ingest.batches) == 1)
+            sender.put(sample(0))
+            sender.set_power(NodePower(99.0, 1e9 + 1))
+            await ingest.wait(lambda: len(ingest.batches) == 2)
+    assert ingest.batches[0] == SampleBatch(NODE, (), NodePower(1234.5, 1e9))
+    assert ingest.batches[1] == SampleBatch(NODE, (sample(0),), NodePower(99.0, 1e9 + 1))
+
+
+async def test_stop_delivers_what_is_queued_once_more() -> None:
+    ingest = Ingest()
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, None, interval_s=3600.0)
+        stop = asyncio.Event()
+        task = asyncio.create_task(sender.run(stop))
+        await asyncio.sleep(0)
+        sender.put(sample(0))
+        stop.set()
+        await asyncio.wait_for(task, 20)
+    assert ingest.samples() == [sample(0)]
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
+    rng = random.Random(3)
+    for failures in range(1, 80):
+        d = backoff_s(failures, 0.5, 30.0, rng)
+        base = min(30.0, 0.5 * 2 ** (failures - 1))
+        assert 0.5 * base <= d <= base
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="batch_max"):
+        make_sender("http://x", None, batch_max=5000)
+    with pytest.raises(ValueError, match="queue_max"):
+        make_sender("http://x", None, queue_max=0)

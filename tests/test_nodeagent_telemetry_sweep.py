@@ -1,0 +1,143 @@
+"""Profiling sweeps: clocks step only at iteration boundaries, each slice tagged.
+
+On the simulated node, the sweep's clocks are locked by the test's control
+loop stand-in (``SimNode.apply_clocks``, called through ``on_clock_change``),
+and the samples of each slice are checked against the ground truth at that
+slice's clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nodeagent_telemetry_cases import SimNode, truth_per_gpu, worker
+from powerflow.nodeagent.pods import ProfilePlan
+from powerflow.nodeagent.sweep import Sweeps
+
+PLAN = {"clocksMhz": [900, 1200, 1410], "sliceSeconds": 6.0}
+
+
+def test_a_sweep_steps_at_boundaries_and_tags_each_slice() -> None:
+    node = SimNode(window_s=5.0, seed=21)
+    view = worker("gpt", 0, n=2, per_node=2, frequency=1005, profile=PLAN)
+    node.place(view, 0)
+    node.place(worker("gpt", 1, n=2, per_node=2, frequency=1005, profile=PLAN), 1)
+    assert node.telemetry.clock_for(view.key) is None  # nothing before the first boundary
+    seen: list[tuple[float, int | None]] = []
+    steps: list[float] = []
+    end = node.now_s + 25.0
+    while node.now_s < end:
+        before = node.telemetry.clock_for(view.key)
+        reports = node.run(0.01)
+        after = node.telemetry.clock_for(view.key)
+        if after != before:
+            # a step happens in a report of the lead worker, never between reports
+            assert (node.now_s, view.key) in reports
+            steps.append(node.now_s)
+        seen.append((node.now_s, after))
+    clocks = [c for _, c in seen]
+    assert [c for i, c in enumerate(clocks) if i == 0 or c != clocks[i - 1]] == [
+        900,
+        1200,
+        1410,
+        None,
+    ]
+    # each slice lasts from its boundary to the first boundary >= 6 s later
+    step_s, _ = truth_per_gpu(view, 900)
+    for a, b in itertools.pairwise(steps):
+        assert 6.0 <= b - a <= 6.0 + 2 * step_s
+    assert node.locked == {0: 1005, 1: 1005}  # back to frequency-mhz after the sweep
+    by_clock: dict[int, list[float]] = {}
+    for s in node.samples():
+        by_clock.setdefault(s.frequency_mhz, []).append(s.energy_j)
+    assert set(by_clock) == {900, 1200, 1410, 1005}
+    for clock, energies in by_clock.items():
+        _, energy_j = truth_per_gpu(view, clock)
+        for e in energies:
+            assert abs(e - 2 * energy_j) <= 0.05 * 2 * energy_j, (clock, e, 2 * energy_j)
+    # a 6 s slice: one 5 s window, then one cut short by the step
+    assert len(by_clock[900]) == len(by_clock[1200]) == len(by_clock[1410]) == 2
+
+
+def test_a_changed_plan_restarts_and_a_removed_plan_ends_at_once() -> None:
+    node = SimNode(seed=22)
+    view = worker("gpt", 0, n=1, per_node=1, profile=PLAN)
+    node.place(view, 0)
+    node.run(7.0)
+    assert node.telemetry.clock_for(view.key) == 1200
+    new_plan = {"clocksMhz": [600, 700], "sliceSeconds": 2.0}
+    node.update(worker("gpt", 0, n=1, per_node=1, profile=new_plan))
+    assert node.telemetry.clock_for(view.key) is None  # restarts at the next boundary
+    node.run(0.5)
+    assert node.telemetry.clock_for(view.key) == 600
+    # the same plan again (a watch replay) changes nothing
+    node.update(worker("gpt", 0, n=1, per_node=1, profile=new_plan))
+    assert node.telemetry.clock_for(view.key) == 600
+    node.update(worker("gpt", 0, n=1, per_node=1))
+    assert node.telemetry.clock_for(view.key) is None
+    assert node.locked[0] == 1200  # the pod's frequency-mhz, applied on the sync
+
+
+def test_a_finished_sweep_is_not_rerun_by_a_replayed_annotation() -> None:
+    node = SimNode(seed=23)
+    plan = {"clocksMhz": [900], "sliceSeconds": 1.0}
+    view = worker("gpt", 0, n=1, per_node=1, profile=plan)
+    node.place(view, 0)
+    node.run(3.0)
+    assert node.telemetry.clock_for(view.key) is None
+    node.update(worker("gpt", 0, n=1, per_node=1, profile=plan))
+    node.run(3.0)
+    assert node.telemetry.clock_for(view.key) is None
+    assert {s.frequency_mhz for s in node.samples()} <= {900, 1200}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    clocks=st.lists(st.integers(100, 2000), min_size=1, max_size=5),
+    slice_s=st.floats(0.1, 10.0),
+    gaps=st.lists(st.floats(0.0, 4.0), min_size=1, max_size=60),
+)
+def test_sweeps_visit_every_clock_in_order_for_at_least_a_slice(
+    clocks: list[int], slice_s: float, gaps: list[float]
+) -> None:
+    sweeps = Sweeps()
+    sweeps.sync({"job": ProfilePlan(tuple(clocks), slice_s)})
+    now, held = 0.0, []
+    for gap in gaps:
+        now += gap
+        if sweeps.on_boundary("job", now):
+            held.append((now, sweeps.clock_mhz("job")))
+    visited = [c for _, c in held]
+    assert visited == ([*clocks, None])[: len(visited)]
+    for (a, _), (b, _) in itertools.pairwise(held):
+        assert b - a >= slice_s
+    assert sweeps.active("job") == (len(visited) <= len(clocks))
+
+
+def test_a_step_applied_late_mislabels_no_sample() -> None:
+    """The control loop applies a step within a second, not inside the report:
+    the window that straddles the late change is dropped, never sent tagged
+    with the wrong clock."""
+    node = SimNode(window_s=1.0, seed=24)
+    view = worker("gpt", 0, n=1, per_node=1, frequency=1005, profile=PLAN)
+    node.place(view, 0)
+    asked: list[float] = []
+    node.telemetry.on_clock_change = lambda: asked.append(node.now_s)
+    pending_since: float | None = None
+    end = node.now_s + 24.0
+    while node.now_s < end:
+        node.run(0.05)
+        if asked and pending_since is None:
+            pending_since = asked.pop()
+        if pending_since is not None and node.now_s - pending_since >= 0.5:
+            node.apply_clocks()  # half a second after the step was asked for
+            pending_since = None
+    by_clock: dict[int, list[float]] = {}
+    for s in node.samples():
+        by_clock.setdefault(s.frequency_mhz, []).append(s.energy_j)
+    assert set(by_clock) == {900, 1200, 1410, 1005}
+    for clock, energies in by_clock.items():
+        _, energy_j = truth_per_gpu(view, clock)
+        assert all(abs(e - energy_j) <= 0.05 * energy_j for e in energies), (clock, energies)
