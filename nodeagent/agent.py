@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from powerflow.nodeagent.apply import Applied, Applier, PodEvent
 from powerflow.nodeagent.mapping import block_on_node, indices_of, placement_gpus
 from powerflow.nodeagent.metrics import GpuMetrics
+from powerflow.nodeagent.podresources import PodResourcesUnavailable
 from powerflow.nodeagent.pods import PodKey, PodView, pod_view
 from powerflow.nodeagent.settings import GpuLimits, GpuTarget, desired_settings
 
@@ -137,6 +138,8 @@ class Agent:
         self.post_event = post_event
         self.podresources = podresources
         self.telemetry: TelemetryPart = telemetry or NoTelemetry()
+        self.on_power: Callable[[float], None] | None = None
+        """Called with the node's measured GPU power (W) at every metrics sample."""
         self.telemetry.on_clock_change = self.wake
         self.simulated = devices if simulate and isinstance(devices, SimulatedGpus) else None
         self.metrics = metrics
@@ -220,7 +223,9 @@ class Agent:
         if self.podresources is not None:
             try:
                 assignments = await self.podresources.gpu_assignments()
-            except Exception as exc:  # socket absent or kubelet down: fall back, say so once
+            except (
+                PodResourcesUnavailable
+            ) as exc:  # no socket, kubelet down: fall back, say so once
                 if self._podresources_ok is not False:
                     log.warning(
                         "kubelet PodResources unavailable (%s): GPUs from worker reports", exc
@@ -308,9 +313,11 @@ class Agent:
 
     def sample_metrics(self) -> None:
         if self.metrics is not None:
-            self.metrics.sample(
+            watts = self.metrics.sample(
                 self.devices, self.infos, self.users(), self.applier.locked_clock_mhz
             )
+            if self.on_power is not None:
+                self.on_power(watts)
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -60,8 +60,11 @@ class GpuMetrics:
         infos: tuple[GpuInfo, ...],
         users: Mapping[int, tuple[str, str]],
         locked_mhz: Callable[[int], int | None],
-    ) -> None:
-        """Read every GPU once; ``users`` maps a GPU index to ``(pod, job)``."""
+    ) -> float:
+        """Read every GPU once; ``users`` maps a GPU index to ``(pod, job)``.
+        Returns the board power of the GPUs read (W): the node's measured
+        power, which the sample sender carries to the operator."""
+        total_w = 0.0
         for info in infos:
             pod, job = users.get(info.index, ("", ""))
             labels = (self.node, info.uuid, pod, job)
@@ -81,6 +84,7 @@ class GpuMetrics:
                 continue
             self._failed.discard(info.index)
             self.power.labels(*labels).set(power_mw / 1000.0)
+            total_w += power_mw / 1000.0
             previous = self._energy_mj.get(info.index)
             counter = self.energy.labels(*labels)
             if previous is not None:
@@ -88,3 +92,4 @@ class GpuMetrics:
             self._energy_mj[info.index] = energy_mj
             self.sm_clock.labels(*labels).set(sm_mhz * MHZ)
             self.locked_clock.labels(*labels).set((locked_mhz(info.index) or 0) * MHZ)
+        return total_w

@@ -16,8 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
+from powerflow.nodeagent.podresources import PodResourcesClient
 from powerflow.nodeagent.pods import PodKey, PodView
 from support.kube_emulator import KubeEmulator
+from support.kubelet_podresources import FakeKubelet
+from support.kubelet_podresources import pod as kubelet_pod
+from support.kubelet_podresources import serve as serve_kubelet
 from support.nodeagent_harness import (
     NODE,
     PODS,
@@ -230,40 +234,31 @@ async def test_simulated_gpus_run_the_pods_model(api: httpx.AsyncClient, kubecon
         await eventually(lambda: gpus.workload(2) is None)
 
 
-class FakePodResources:
-    """The kubelet's answer as ``PodResourcesClient.gpu_assignments`` gives it."""
-
-    def __init__(self) -> None:
-        self.assignments: dict[PodKey, tuple[str, ...]] | None = {}
-        self.closed = False
-
-    async def gpu_assignments(self) -> dict[PodKey, tuple[str, ...]]:
-        if self.assignments is None:
-            raise ConnectionError("no kubelet socket")
-        return dict(self.assignments)
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 async def test_podresources_decides_the_gpu_and_foreign_gpus_are_not_parked(
-    api: httpx.AsyncClient, kubeconfig: Path
+    api: httpx.AsyncClient, kubeconfig: Path, tmp_path: Path
 ) -> None:
+    """The real PodResources client against a kubelet stand-in serving the gRPC
+    API on a unix socket: the device plugin's choice wins over the placement."""
     gpus = RecordingGpus()
     uuids = [g.uuid for g in gpus.gpus()]
-    kubelet = FakePodResources()
-    kubelet.assignments = {("ns", "a"): (uuids[3],), ("other", "foreign"): (uuids[1],)}
+    kubelet = FakeKubelet()
+    kubelet.pods = [
+        kubelet_pod("ns", "a", {"trainer": {contract.GPU_RESOURCE: [uuids[3]]}}),
+        kubelet_pod("other", "foreign", {"main": {contract.GPU_RESOURCE: [uuids[1]]}}),
+    ]
+    socket = str(tmp_path / "kubelet.sock")
     await create(api, worker_pod("a", 0, frequency_mhz="1200"))  # placement says 0
     mark = {"metadata": {"annotations": {contract.POWERED_DOWN_ANNOTATION: "now"}}}
     await api.patch(f"/api/v1/nodes/{NODE}", json=mark, headers=MERGE)
-    async with NodeAgent(agent_args(kubeconfig), gpus, podresources=kubelet):
+    client = PodResourcesClient(socket, timeout_s=0.5)
+    async with NodeAgent(agent_args(kubeconfig), gpus, podresources=client):
         lowest = A100.clocks_mhz[0]
-        await eventually(lambda: gpus.locked(3) == 1200 and gpus.locked(2) == lowest)
-        assert gpus.locked(0) == lowest  # the placement was not where the device plugin put it
-        assert gpus.locked(1) is None and gpus.power_limit_w(1) == MAX_W  # held by a foreign pod
-        kubelet.assignments = None  # the kubelet goes away: fall back to the placement
+        async with serve_kubelet(kubelet, socket):
+            await eventually(lambda: gpus.locked(3) == 1200 and gpus.locked(2) == lowest)
+            assert gpus.locked(0) == lowest  # the placement was not where the device plugin put it
+            assert gpus.locked(1) is None and gpus.power_limit_w(1) == MAX_W  # a foreign pod's
+        # The kubelet goes away: the agent falls back to the placement.
         await eventually(lambda: gpus.locked(0) == 1200)
-    assert kubelet.closed
 
 
 class FakeTelemetry:

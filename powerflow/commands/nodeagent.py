@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import math
 import os
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from powerflow import contract
 from powerflow.errors import PowerFlowError
+from powerflow.telemetry import NodePower
 
 if TYPE_CHECKING:
     from powerflow.devices import GpuDevices
@@ -166,23 +166,10 @@ def ticks(clock: Callable[[], float], step_s: float) -> Callable[[], float]:
     return now
 
 
-def _optional(module: str) -> Any:
-    """A module of the agent built by another part of the project, or None while it
-    is not in this build (the worker endpoint, telemetry, the sender; PodResources)."""
-    name = f"powerflow.nodeagent.{module}"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
-
-
 def default_podresources(args: argparse.Namespace) -> PodResourcesSource | None:
-    podresources = _optional("podresources")
-    if podresources is None:
-        return None
-    client: PodResourcesSource = podresources.PodResourcesClient(args.pod_resources_socket)
+    from powerflow.nodeagent.podresources import PodResourcesClient
+
+    client: PodResourcesSource = PodResourcesClient(args.pod_resources_socket)
     return client
 
 
@@ -201,15 +188,16 @@ def default_parts(
     devices: GpuDevices,
     clock: Callable[[], float],
     locked_clock_of: Callable[[int], int | None],
+    registry: Any = None,
 ) -> Parts:
-    telemetry_mod = _optional("telemetry")
-    if telemetry_mod is None:
-        log.warning("telemetry is not part of this build: no worker endpoint, no samples")
-        return Parts(None)
+    from powerflow.nodeagent.iterations import worker_app
+    from powerflow.nodeagent.sender import SampleSender
+    from powerflow.nodeagent.telemetry import Telemetry
+
     sender = None
     if args.ingest_url:
-        sender = _optional("sender").SampleSender(args.ingest_url, args.token_file, args.node_name)
-    telemetry = telemetry_mod.Telemetry(
+        sender = SampleSender(args.ingest_url, args.token_file, args.node_name, registry=registry)
+    telemetry = Telemetry(
         node=args.node_name,
         devices=devices,
         clock=clock,
@@ -219,7 +207,7 @@ def default_parts(
     )
     app = None
     if args.worker_port:
-        app = _optional("iterations").worker_app(telemetry.report)
+        app = worker_app(telemetry.report)
     return Parts(telemetry, app, sender)
 
 
@@ -307,7 +295,10 @@ async def _main(
         simulate=bool(args.simulate),
         metrics=metrics,
     )
-    side = parts(args, devices, clock, agent.applier.locked_clock_mhz)
+    side = parts(args, devices, clock, agent.applier.locked_clock_mhz, metrics.registry)
+    if side.sender is not None:
+        sender = side.sender
+        agent.on_power = lambda watts: sender.set_power(NodePower(watts, time.time()))
     if side.telemetry is not None:
         agent.telemetry = side.telemetry
         side.telemetry.on_clock_change = agent.wake
