@@ -206,6 +206,14 @@ class Ingest:
         return self._refuse(503, "unavailable", why, **{"Retry-After": RETRY_AFTER_S})
 
     async def handle(self, request: web.Request) -> web.Response:
+        response = await self._handle(request)
+        if not request.content.is_eof():
+            # Refused before the body was read: the connection closes (``start``), and
+            # says so, or the client would send its next request into a closed socket.
+            response.force_close()
+        return response
+
+    async def _handle(self, request: web.Request) -> web.Response:
         length = request.content_length
         if length is not None and length > MAX_BODY_BYTES:
             return self._refuse(413, "body_too_large", f"{length} bytes, at most {MAX_BODY_BYTES}")
