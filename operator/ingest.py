@@ -143,11 +143,13 @@ class ClusterPower:
         """node -> (watts, agent's at_s, received at, operator's clock)."""
 
     def record(self, node: str, power: NodePower) -> None:
-        """Keep ``power`` unless an earlier-sent, later-measured reading is already kept
-        (a retried old batch)."""
+        """Keep ``power`` unless a fresh reading measured later is already kept (a retried
+        old batch); a stale one always gives way (an agent restarted with its clock set
+        back)."""
+        now = self._clock()
         old = self._readings.get(node)
-        if old is None or power.at_s >= old[1]:
-            self._readings[node] = (power.watts, power.at_s, self._clock())
+        if old is None or power.at_s >= old[1] or now - old[2] > self.staleness_s:
+            self._readings[node] = (power.watts, power.at_s, now)
 
     def total_watts(self) -> float:
         now = self._clock()

@@ -351,3 +351,14 @@ def test_a_nodes_reading_is_dropped_once_stale_and_old_retries_do_not_win() -> N
     assert power.total_watts() == 200.0
     now[0] = 1100.0
     assert power.total_watts() == 0.0
+
+
+def test_a_stale_reading_gives_way_to_one_from_an_agent_whose_clock_went_back() -> None:
+    from powerflow.operator.ingest import ClusterPower
+
+    now = [1000.0]
+    power = ClusterPower(staleness_s=60.0, clock=lambda: now[0])
+    power.record("n1", NodePower(400.0, at_s=990.0))
+    now[0] = 1100.0  # nothing read the total meanwhile
+    power.record("n1", NodePower(100.0, at_s=500.0))
+    assert power.total_watts() == 100.0
