@@ -8,8 +8,9 @@ and the first failure answers at once (JSON ``{"error": reason, "message"}``,
 one count of ``powerflow_ingest_refused_total{reason}``):
 
 1. a ``Content-Length`` over ``telemetry.MAX_BODY_BYTES``: 413
-   ``body_too_large`` before anything is read (a chunked body is read up to
-   the bound, then the same 413);
+   ``body_too_large`` before anything is read (instead of ``100 Continue``
+   to a client that asks first; a chunked body is read up to the bound, then
+   the same 413);
 2. the bearer token (``tokenreview``): none or not authenticated for our
    audience 401 ``unauthenticated``; another account 403 ``wrong_account``;
    no node for the sender 403 ``no_node``;
@@ -189,8 +190,27 @@ class Ingest:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_post(contract.SAMPLES_PATH, self.handle)
+        app.router.add_post(contract.SAMPLES_PATH, self.handle, expect_handler=self._expect)
         return app
+
+    async def _expect(self, request: web.Request) -> web.Response | None:
+        """``Expect: 100-continue``: a body over the bound gets its 413 instead of the
+        go-ahead (aiohttp's default handler would invite the client to send it)."""
+        too_large = self._too_large(request)
+        if too_large is not None:
+            too_large.force_close()
+            return too_large
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text="only Expect: 100-continue is understood")
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
+    def _too_large(self, request: web.Request) -> web.Response | None:
+        length = request.content_length
+        if length is not None and length > MAX_BODY_BYTES:
+            return self._refuse(413, "body_too_large", f"{length} bytes, at most {MAX_BODY_BYTES}")
+        return None
 
     def _refuse(self, status: int, reason: str, message: str, **headers: str) -> web.Response:
         self.metrics.ingest_refused.labels(reason=reason).inc()
@@ -216,9 +236,9 @@ class Ingest:
         return response
 
     async def _handle(self, request: web.Request) -> web.Response:
-        length = request.content_length
-        if length is not None and length > MAX_BODY_BYTES:
-            return self._refuse(413, "body_too_large", f"{length} bytes, at most {MAX_BODY_BYTES}")
+        too_large = self._too_large(request)
+        if too_large is not None:
+            return too_large
         try:
             token = bearer_token(request.headers.get("Authorization"))
         except Denied as exc:
