@@ -7,6 +7,7 @@ Operators start through ``serve`` with a kubeconfig to the emulator, as in
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import socket
 import ssl
@@ -175,3 +176,36 @@ async def test_samples_flow_again_once_reviews_work(
 
         await eventually(accepted)
     assert codes == [503, 503]
+
+
+def test_ingest_options_default_and_refused() -> None:
+    from powerflow.cli import build_parser
+    from powerflow.commands import operator as command
+
+    def parse(*argv: str) -> argparse.Namespace:
+        return build_parser().parse_args(["operator", *argv])
+
+    args = parse()
+    assert (args.ingest_port, args.ingest_host) == (contract.INGEST_PORT, "0.0.0.0")
+    assert args.ingest_service_account == AGENT
+    assert args.ingest_tls_cert is None
+    for bad in (
+        ("--ingest-port", "70000"),
+        ("--ingest-port", "-1"),
+        ("--ingest-tls-key", "k.pem"),  # a key without its certificate
+        ("--ingest-service-account", "alice"),
+    ):
+        with pytest.raises(command.OperatorConfigError):
+            command.kopf_options(parse(*bad))
+
+
+async def test_an_unusable_certificate_is_one_clear_error(
+    kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path, tmp_path: Path
+) -> None:
+    from powerflow.commands.operator import OperatorConfigError, serve
+
+    missing = str(tmp_path / "missing.crt")
+    port = str(free_port())
+    args = operator_args(kubeconfig, "--ingest-port", port, "--ingest-tls-cert", missing)
+    with pytest.raises(OperatorConfigError, match="--ingest-tls-cert"):
+        await asyncio.to_thread(serve, args)
