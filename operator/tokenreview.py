@@ -21,7 +21,9 @@ Passing reviews are cached for ``ttl_s`` (default 30 s, well under a
 projected token's lifetime; a deleted pod's token stops passing within it),
 keyed by the SHA-256 of the token (never the token), at most ``max_entries``
 (least recently used go first). Refusals are not cached: a fixed token must
-pass at once. Concurrent requests with one uncached token share one review.
+pass at once. Concurrent requests with one uncached token share one review,
+and at most ``max_reviews`` reviews (with their pod GETs) are in flight at
+once, so a flood of bad tokens cannot turn into a flood of API requests.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class TokenReviewer:
         *,
         ttl_s: float = 30.0,
         max_entries: int = 4096,
+        max_reviews: int = 8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
@@ -103,8 +106,12 @@ class TokenReviewer:
         self._clock = clock
         self._cache: OrderedDict[bytes, tuple[float, Sender]] = OrderedDict()
         self._inflight: dict[bytes, asyncio.Future[Sender]] = {}
+        self._slots = asyncio.Semaphore(max_reviews)
         self.reviews = 0
         """TokenReviews sent (the cache's misses)."""
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        """Most reviews in flight at once (at most ``max_reviews``)."""
 
     async def sender(self, token: str) -> Sender:
         key = hashlib.sha256(token.encode()).digest()
@@ -121,7 +128,13 @@ class TokenReviewer:
         future: asyncio.Future[Sender] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            sender = await self._review(token)
+            async with self._slots:
+                self.in_flight += 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+                try:
+                    sender = await self._review(token)
+                finally:
+                    self.in_flight -= 1
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: no "never retrieved" warning without waiters

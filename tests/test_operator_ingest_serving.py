@@ -158,6 +158,23 @@ async def test_the_cache_keeps_reviews_a_short_while_by_hash_and_bounded(
         client.close()
 
 
+async def test_a_flood_of_tokens_is_reviewed_a_few_at_a_time(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """Twenty bad tokens at once: every one refused, at most ``max_reviews`` in flight."""
+    config = kubernetes.client.Configuration(host=str(kmock.url).rstrip("/"))
+    client = kubernetes.client.ApiClient(config)
+    reviewer = TokenReviewer(lambda: client, contract.INGEST_AUDIENCE, AGENT, max_reviews=2)
+    try:
+        results = await asyncio.gather(
+            *(reviewer.sender(f"bad-{i}") for i in range(20)), return_exceptions=True
+        )
+    finally:
+        client.close()
+    assert all(isinstance(r, Denied) and r.status == 401 for r in results)
+    assert reviewer.reviews == 20 and reviewer.peak_in_flight == 2
+
+
 async def test_samples_flow_again_once_reviews_work(
     kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
 ) -> None:
