@@ -266,6 +266,9 @@ class Ingest:
             return self._refuse(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
         except TelemetryError as exc:
             return self._refuse(400, "invalid", str(exc))
+        view = self.view()  # the latest, after the awaits: a pass or the Lease may have moved
+        if view is None or not view.leading:
+            return self._busy("not the leader: only the leader takes samples")
         if self._unavailable is not None:
             log.info("ingest serving again")
             self._unavailable = None
