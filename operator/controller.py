@@ -137,6 +137,8 @@ class Controller:
     _leader_task: asyncio.Task[None] | None = None
     _progress_written: dict[str, float] = field(default_factory=dict)
     _events: list[tuple[dict[str, Any], str, str, str]] = field(default_factory=list)
+    state: ClusterState | None = None
+    """The cluster as the last pass read it (the ingest judges samples by it)."""
 
     def trigger(self, reason: str = "", *, immediate: bool = False) -> None:
         """A scheduling event; ``immediate`` skips the debounce (a new DLJob waits
@@ -298,6 +300,7 @@ class Controller:
         """One pass: read, decide, act. Returns when the loop must wake at the latest."""
         started = time.perf_counter()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
+        self.state = state
         await self._budget(state)
         nodes, left_out = cluster_nodes(
             state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations

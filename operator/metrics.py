@@ -40,6 +40,24 @@ class Metrics:
         self.budget_valid = Gauge(
             "powerflow_budget_valid", "1 if the budget ConfigMap is valid, else 0.", registry=r
         )
+        self.cluster_power_watts = Gauge(
+            "powerflow_cluster_power_watts",
+            "Measured GPU board power of the cluster: the latest reading of each node "
+            "agent, summed (readings older than the staleness bound left out).",
+            registry=r,
+        )
+        self.ingest_samples = Counter(
+            "powerflow_ingest_samples",
+            "Window samples the ingest endpoint accepted from node agents.",
+            registry=r,
+        )
+        self.ingest_refused = Counter(
+            "powerflow_ingest_refused",
+            "Requests (or, for per-sample reasons, samples) the ingest endpoint refused, "
+            "by reason.",
+            ["reason"],
+            registry=r,
+        )
 
     def set_phases(self, phases: Mapping[str, int]) -> None:
         for phase in PHASES:

@@ -146,11 +146,15 @@ def header(request: Any, name: str) -> str | None:
 
 
 async def start(*argv: str) -> asyncio.subprocess.Process:
+    """``powerflow operator ARGV`` in a subprocess; no ingest unless ARGV asks for one
+    (port 9443 is shared by every test run on the machine)."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "powerflow",
         "operator",
+        "--ingest-port",
+        "0",
         *argv,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,

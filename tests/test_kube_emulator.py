@@ -420,3 +420,88 @@ async def test_deleting_a_pod_sets_the_end_of_its_grace_period(
         at = datetime.datetime.fromisoformat(meta["deletionTimestamp"])
         assert before + datetime.timedelta(seconds=grace) <= at, meta["name"]
         assert at <= after + datetime.timedelta(seconds=grace), meta["name"]
+
+
+# -- TokenReview: pkg/registry/authentication/tokenreview/storage.go and the API reference
+# (https://kubernetes.io/docs/reference/kubernetes-api/authentication-resources/token-review-v1/)
+
+REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+AGENT = "system:serviceaccount:powerflow-system:powerflow-nodeagent"
+
+
+def review(token: str, *audiences: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"token": token}
+    if audiences:
+        spec["audiences"] = list(audiences)
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+
+
+async def test_token_review_authenticates_a_registered_token(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """201 with the review: authenticated, the user (username, uid, groups, extra as
+    lists of strings) and ``status.audiences``, the requested audiences the token has.
+    A review is not stored (no GET/LIST of tokenreviews exists)."""
+    extra = {"authentication.kubernetes.io/node-name": ["gpu-1"]}
+    user = emulator.register_token(
+        "t1", AGENT, groups=("system:serviceaccounts",), extra=extra, audiences=("ingest", "x")
+    )
+    resp = await api.post(REVIEWS, json=review("t1", "ingest", "other"))
+    assert resp.status_code == 201
+    body = resp.json()
+    assert body["kind"] == "TokenReview" and body["spec"]["token"] == "t1"
+    assert body["status"] == {
+        "authenticated": True,
+        "user": {
+            "username": AGENT,
+            "uid": user.uid,
+            "groups": ["system:serviceaccounts"],
+            "extra": extra,
+        },
+        "audiences": ["ingest"],
+    }
+    assert all(key[0].plural != "tokenreviews" for key in emulator.objects)
+
+
+async def test_token_review_refuses_unknown_tokens_and_foreign_audiences(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """Still 201: ``authenticated`` false (omitted: ``omitempty``) with an ``error``, no
+    user, for a token the server does not know and for a token whose audiences do not
+    meet ``spec.audiences`` (without them, the API server's own audiences)."""
+    emulator.register_token("t1", AGENT, audiences=("ingest",))
+    for body in (review("nope", "ingest"), review("t1", "other"), review("t1")):
+        resp = await api.post(REVIEWS, json=body)
+        assert resp.status_code == 201
+        status = resp.json()["status"]
+        assert status.get("authenticated", False) is False
+        assert status["error"] and not status["user"]
+        assert "audiences" not in status
+
+
+async def test_token_review_without_audiences_is_for_the_api_server(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """No ``spec.audiences``: the API server's audiences, returned in the status."""
+    emulator.register_token("t2", "alice")
+    status = (await api.post(REVIEWS, json=review("t2"))).json()["status"]
+    assert status["authenticated"] is True and status["user"]["username"] == "alice"
+    assert status["audiences"] == ["https://kubernetes.default.svc.cluster.local"]
+
+
+async def test_token_review_needs_a_token(emulator: KubeEmulator, api: httpx.AsyncClient) -> None:
+    """``storage.go``: an empty token is a 400 BadRequest Status."""
+    resp = await api.post(REVIEWS, json=review(""))
+    assert resp.status_code == 400
+    assert resp.json()["reason"] == "BadRequest"
+    assert resp.json()["message"] == "token is required for TokenReview in authentication"
+
+
+async def test_token_review_can_be_forbidden(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """Without RBAC for ``create`` on ``tokenreviews``: 403 Forbidden (``refuse``)."""
+    emulator.register_token("t1", AGENT)
+    emulator.refuse("create", "tokenreviews")
+    resp = await api.post(REVIEWS, json=review("t1"))
+    assert resp.status_code == 403 and resp.json()["reason"] == "Forbidden"

@@ -23,6 +23,12 @@ options, and put matching tolerations into the DLJobs' pod templates.
 
 Liveness on ``--liveness`` URL (empty: none), Prometheus metrics on
 ``--metrics-port`` (0: any free port, logged).
+
+Ingest: the node agents post their samples to ``--ingest-host:--ingest-port``
+(default 0.0.0.0:9443, 0 turns it off; HTTPS with ``--ingest-tls-cert`` and
+``--ingest-tls-key``), authenticated by a TokenReview of their projected
+ServiceAccount token: only ``--ingest-service-account`` is accepted (needs
+create on ``tokenreviews`` and get on ``pods``; ``powerflow.operator.ingest``).
 """
 
 from __future__ import annotations
@@ -41,10 +47,12 @@ from powerflow.taints import pool_tolerations
 
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
+    from powerflow.operator.ingest import SampleSink
     from powerflow.operator.reconcile import ModelFactory
     from powerflow.policy.snapshot import Policy
 
 LEASE_NAME = "powerflow-operator"
+AGENT_ACCOUNT = "system:serviceaccount:powerflow-system:powerflow-nodeagent"
 LEASE_NAMESPACE = "powerflow-system"
 
 
@@ -120,6 +128,22 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="at most one progress/energy status write per job in this time (30)",
     )
+    p.add_argument(
+        "--ingest-port",
+        type=int,
+        default=contract.INGEST_PORT,
+        help=f"port of the node agents' sample ingest; 0 turns it off "
+        f"(default {contract.INGEST_PORT})",
+    )
+    p.add_argument("--ingest-host", default="0.0.0.0", help="ingest address (default 0.0.0.0)")
+    p.add_argument("--ingest-tls-cert", metavar="FILE", help="serve the ingest over HTTPS")
+    p.add_argument("--ingest-tls-key", metavar="FILE", help="the certificate's key file")
+    p.add_argument(
+        "--ingest-service-account",
+        default=AGENT_ACCOUNT,
+        metavar="USERNAME",
+        help=f"the only account whose samples are accepted (default {AGENT_ACCOUNT})",
+    )
     add_tolerate_option(p, "extender")
     p.set_defaults(func=run)
 
@@ -135,6 +159,15 @@ def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
         raise OperatorConfigError(f"--lease-duration must be >= 1 s, got {args.lease_duration}")
     if not 0 <= args.metrics_port < 65536:
         raise OperatorConfigError(f"--metrics-port {args.metrics_port} is not a TCP port")
+    if not 0 <= args.ingest_port < 65536:
+        raise OperatorConfigError(f"--ingest-port {args.ingest_port} is not a TCP port")
+    if args.ingest_tls_key and not args.ingest_tls_cert:
+        raise OperatorConfigError("--ingest-tls-key needs --ingest-tls-cert")
+    if not args.ingest_service_account.startswith("system:serviceaccount:"):
+        raise OperatorConfigError(
+            f"--ingest-service-account {args.ingest_service_account!r}: expected "
+            "system:serviceaccount:NAMESPACE:NAME"
+        )
     return {
         "clusterwide": args.namespace is None,
         "namespaces": [args.namespace] if args.namespace else [],
@@ -155,13 +188,15 @@ def serve(
     policy: Policy | None = None,
     models: ModelFactory | None = None,
     on_start: Callable[[Controller], None] | None = None,
+    sink: SampleSink | None = None,
 ) -> int:
     """Run the operator until ``stop_flag`` (or a signal): what ``run`` does, minus logging
     setup, so that tests start exactly this.
 
     Seams for tests, defaulting to the product's: ``policy`` and ``models``
     (the plan and the performance models), ``on_start`` (called with the
-    controller once it runs). Raises ``PowerFlowError`` for unusable settings
+    controller once it runs), ``sink`` (where the ingest's accepted samples
+    go). Raises ``PowerFlowError`` for unusable settings
     before anything starts.
     """
     import kopf
@@ -180,9 +215,19 @@ def serve(
         prior_models,
     )
     from powerflow.operator.handlers import build_registry
+    from powerflow.operator.ingest import (
+        ClusterPower,
+        ClusterView,
+        DiscardSink,
+        Ingest,
+        IngestServer,
+        start,
+        tls_context,
+    )
     from powerflow.operator.kube import Kube
     from powerflow.operator.leader import LeaderElector, LeaseConfig, default_identity
     from powerflow.operator.metrics import Metrics
+    from powerflow.operator.tokenreview import TokenReviewer
 
     options = kopf_options(args)
     try:
@@ -202,10 +247,15 @@ def serve(
         progress_interval_s=args.progress_interval,
         pool_tolerations=tolerations,
     )
+    try:
+        tls = tls_context(args.ingest_tls_cert, args.ingest_tls_key)
+    except (OSError, ValueError) as exc:
+        raise OperatorConfigError(f"--ingest-tls-cert/--ingest-tls-key: {exc}") from None
     metrics = Metrics()
     httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)
     logging.getLogger(__name__).info("metrics on port %d", httpd.server_port)
     apis: list[Any] = []
+    controllers: list[Controller] = []
 
     def make() -> Controller:
         api = api_client(load_configuration(source), user_agent)
@@ -224,16 +274,45 @@ def serve(
             metrics=metrics,
             leader=leader,
         )
+        controllers.append(controller)
         return controller
 
     def login() -> kopf.ConnectionInfo:
         return connection_info(load_configuration(source))
 
+    def view() -> ClusterView | None:
+        controller = controllers[-1] if controllers else None
+        if controller is None or controller.state is None:
+            return None
+        leading = controller.leader is None or controller.leader.is_leader
+        return ClusterView(controller.state, leading)
+
+    reviewer = TokenReviewer(
+        lambda: apis[-1] if apis else None, contract.INGEST_AUDIENCE, args.ingest_service_account
+    )
+    ingest = Ingest(reviewer, view, sink or DiscardSink(), metrics, ClusterPower())
+
+    async def main() -> None:
+        """kopf and the ingest server on one event loop."""
+        server: IngestServer | None = None
+        if args.ingest_port:
+            try:
+                server = await start(ingest, args.ingest_host, args.ingest_port, tls)
+            except OSError as exc:
+                where = f"{args.ingest_host}:{args.ingest_port}"
+                message = f"--ingest-port: cannot listen on {where}: {exc}"
+                raise OperatorConfigError(message) from None
+        try:
+            await kopf.operator(
+                registry=registry, stop_flag=stop_flag, ready_flag=ready_flag, **options
+            )
+        finally:
+            if server is not None:
+                await server.stop()
+
     registry = build_registry(make, config, login, on_ready=on_start)
     try:
-        asyncio.run(
-            kopf.operator(registry=registry, stop_flag=stop_flag, ready_flag=ready_flag, **options)
-        )
+        asyncio.run(main())
     finally:
         httpd.shutdown()
         httpd.server_close()

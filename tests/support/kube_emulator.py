@@ -38,6 +38,14 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   the query (``?gracePeriodSeconds=``, as the ``kubernetes`` client sends it), and
   background garbage collection of objects whose ``ownerReferences`` name a
   deleted ``uid``;
+- ``TokenReview`` (``POST /apis/authentication.k8s.io/v1/tokenreviews``) as
+  ``pkg/registry/authentication/tokenreview/storage.go`` answers it, for tokens a
+  test registers (``register_token``): nothing stored, 201 with the review's
+  ``status``; an empty token is 400 ``BadRequest``; an unknown token, or one
+  whose audiences do not meet ``spec.audiences`` (default: the API server's
+  own), is ``authenticated`` false (omitted, as Go's ``omitempty`` does) with an
+  ``error``; else ``authenticated: true``, ``user`` (username, uid, groups,
+  extra) and ``audiences``: the intersection;
 - writes refused for chosen objects (``refuse``): the ``Status`` body
   kube-apiserver sends when admission (PodSecurity, ResourceQuota, a webhook)
   or validation denies a request, and nothing stored.
@@ -201,6 +209,21 @@ class _Fields(Mapping[str, Any]):
         return 0
 
 
+API_AUDIENCES = ("https://kubernetes.default.svc.cluster.local",)
+"""The API server's own audiences (``--api-audiences``, default its issuer)."""
+
+
+@attrs.define(frozen=True)
+class TokenUser:
+    """What the API server knows of a registered token (``register_token``)."""
+
+    username: str
+    uid: str
+    groups: tuple[str, ...]
+    extra: dict[str, list[str]]
+    audiences: tuple[str, ...]
+
+
 @attrs.define(kw_only=True)
 class KubeEmulator(kmock.KubernetesEmulator):
     """An in-memory API server close enough to kube-apiserver for kopf and the extender."""
@@ -214,6 +237,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _refusals: list[Refusal] = attrs.field(factory=list, init=False)
     _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
     """Continue token -> (the list's resourceVersion, the items not yet sent)."""
+    _tokens: dict[str, TokenUser] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -263,6 +287,63 @@ class KubeEmulator(kmock.KubernetesEmulator):
         rule = Refusal(verb, resource, name, namespace, status, reason, message, times)
         self._refusals.append(rule)
         return rule
+
+    def register_token(
+        self,
+        token: str,
+        username: str,
+        *,
+        groups: tuple[str, ...] = (),
+        extra: Mapping[str, list[str]] | None = None,
+        audiences: tuple[str, ...] = API_AUDIENCES,
+        uid: str | None = None,
+    ) -> TokenUser:
+        """Make ``token`` a valid token of ``username`` for ``audiences`` (what the token's
+        ``aud`` claim says); ``extra`` as the ServiceAccount authenticator fills it
+        (``authentication.kubernetes.io/pod-name`` ..., ``.../node-name`` from 1.30)."""
+        user = TokenUser(
+            username, uid or str(uuid.uuid4()), tuple(groups), dict(extra or {}), tuple(audiences)
+        )
+        self._tokens[token] = user
+        return user
+
+    def _token_review(self, request: kmock.Request) -> kmock.Response:
+        """``tokenreview.REST.Create``: authenticate ``spec.token`` for ``spec.audiences``."""
+        review: Obj = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
+        spec = review.get("spec") if isinstance(review.get("spec"), dict) else {}
+        token = spec.get("token")
+        if not isinstance(token, str) or not token:
+            raise kmock.KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message="token is required for TokenReview in authentication",
+            )
+        wanted = [str(a) for a in spec.get("audiences") or ()] or list(API_AUDIENCES)
+        user = self._tokens.get(token)
+        status: Obj = {"user": {}}
+        if user is None:
+            status["error"] = "[invalid bearer token, token lookup failed]"
+        elif not set(wanted) & set(user.audiences):
+            status["error"] = (
+                f"[invalid bearer token, token audiences {list(user.audiences)!r} is invalid "
+                f"for the target audiences {wanted!r}]"
+            )
+        else:
+            status = {
+                "authenticated": True,
+                "user": {
+                    "username": user.username,
+                    "uid": user.uid,
+                    "groups": list(user.groups),
+                    "extra": copy.deepcopy(user.extra),
+                },
+                "audiences": [a for a in wanted if a in user.audiences],
+            }
+        review.setdefault("apiVersion", "authentication.k8s.io/v1")
+        review.setdefault("kind", "TokenReview")
+        review.setdefault("metadata", {})
+        review["status"] = status
+        return kmock.Response(status=201, payload=review)
 
     def _refused(self, request: kmock.Request) -> None:
         """Raise the chosen refusal for this write, if any rule matches it."""
@@ -425,6 +506,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         res, data = request.resource, request.data
         method, action, sub = request.method, request.action, request.subresource
         if action == kmock.action.CREATE:
+            if res.group == "authentication.k8s.io" and res.plural == "tokenreviews":
+                return self._token_review(request)
             return await self._create(request)
         if request.name is None:
             return None

@@ -4,8 +4,9 @@ The operator is started through ``powerflow.commands.operator.serve``, the
 function ``powerflow operator`` runs, with arguments parsed by the real
 command-line parser and a kubeconfig file that points at the emulator: the
 operator logs in with its own login handler, as on a cluster. The only seams
-are ``serve``'s documented ones: a test policy and model factory, and the
-controller handed back once it runs (to count passes).
+are ``serve``'s documented ones: a test policy and model factory, the
+controller handed back once it runs (to count passes), and the ingest's sample
+sink.
 
 kopf in pytest's loop costs seconds per test at teardown; in a thread with a
 stop flag it stops in milliseconds (TESTING.md).
@@ -27,6 +28,7 @@ from powerflow.commands.operator import serve
 
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
+    from powerflow.operator.ingest import SampleSink
     from powerflow.operator.reconcile import ModelFactory
 
     from powerflow.policy.snapshot import Policy
@@ -57,8 +59,9 @@ def free_port() -> int:
 
 def operator_args(kubeconfig: Path, *options: str) -> argparse.Namespace:
     """``powerflow operator --kubeconfig FILE OPTIONS``, with free ports for liveness and
-    metrics (several operators may run in one test)."""
+    metrics (several operators may run in one test), and no ingest unless OPTIONS ask."""
     argv = ["operator", "--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
+    argv += ["--ingest-port", "0"]  # off unless a test turns it on (OPTIONS come later, win)
     argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", *options]
     return build_parser().parse_args(argv)
 
@@ -73,11 +76,13 @@ class Operator:
         models: ModelFactory | None = None,
         *,
         wait_for_pass: bool = True,
+        sink: SampleSink | None = None,
     ) -> None:
         self.args = args
         self.policy = policy
         self.models = models
         self.wait_for_pass = wait_for_pass
+        self.sink = sink
         self.controller: Controller | None = None
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -96,6 +101,7 @@ class Operator:
                 policy=self.policy,
                 models=self.models,
                 on_start=self._started,
+                sink=self.sink,
             )
         except BaseException as exc:  # surfaced by __aenter__
             self.error = exc

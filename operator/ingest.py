@@ -1,0 +1,368 @@
+"""The ingest endpoint: node agents post their per-window samples to the operator.
+
+An aiohttp server on the operator's event loop (``--ingest-port``,
+``contract.INGEST_PORT``; 0 turns it off; HTTPS with
+``--ingest-tls-cert/--ingest-tls-key``) serves ``POST contract.SAMPLES_PATH``
+with a ``powerflow.telemetry`` batch. Each request is checked in this order,
+and the first failure answers at once (JSON ``{"error": reason, "message"}``,
+one count of ``powerflow_ingest_refused_total{reason}``):
+
+1. a ``Content-Length`` over ``telemetry.MAX_BODY_BYTES``: 413
+   ``body_too_large`` before anything is read (instead of ``100 Continue``
+   to a client that asks first; a chunked body is read up to the bound, then
+   the same 413);
+2. the bearer token (``tokenreview``): none or not authenticated for our
+   audience 401 ``unauthenticated``; another account 403 ``wrong_account``;
+   no node for the sender 403 ``no_node``;
+3. this replica has no cluster view yet, or is not the leader (only the
+   leader refits and writes status): 503 ``unavailable`` with
+   ``Retry-After``, also when the API server could not review the token.
+   The agent keeps the batch and retries, as for any 5xx; no bad input ever
+   gets a 5xx;
+4. the body: not JSON or refused by ``telemetry.parse_batch``: 400
+   ``invalid`` with its one-line message; ``batch.node`` not the sender's
+   node: 403 ``node_mismatch``.
+
+Then each sample on its own, against the leader's latest cluster view (the
+``ClusterState`` its last allocation pass read: no API call per sample): its
+DLJob must exist (``unknown_job``) and have a worker pod of the sample's
+generation bound to the sender's node (``not_on_node``), at least as many as
+the GPUs the sample measured (``too_many_gpus``: one GPU per worker pod).
+Refused samples are counted by reason; the others go to the ``SampleSink``
+(``powerflow_ingest_samples_total``). The answer is 200 with
+``{"accepted", "refused", "reasons": {reason: count}}`` when at least one
+sample was accepted or the batch had none, else 403 with the same body:
+a 2xx tells the agent "done, do not resend", a 4xx "this will never be
+accepted, drop it".
+
+The batch's ``power`` reading (after the node check) updates
+``powerflow_cluster_power_watts``: the latest reading of each node summed,
+a node left out once its reading is older than ``power_staleness_s``
+(default 60 s: an agent reports every few seconds; a node whose agent died
+must not count forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+from powerflow.operator.kube import ClusterState
+from powerflow.operator.metrics import Metrics
+from powerflow.operator.tokenreview import (
+    Denied,
+    ReviewUnavailable,
+    Sender,
+    TokenReviewer,
+    bearer_token,
+)
+
+from powerflow import contract
+from powerflow.telemetry import (
+    MAX_BODY_BYTES,
+    NodePower,
+    TelemetryError,
+    WindowSample,
+    parse_batch,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = "1"
+
+
+class SampleSink(Protocol):
+    """Where accepted samples go (the online refit store)."""
+
+    def add(self, node: str, samples: Sequence[WindowSample], now_s: float) -> None: ...
+
+
+class DiscardSink:
+    """Keeps nothing: the default until the refit store is wired in."""
+
+    def add(self, node: str, samples: Sequence[WindowSample], now_s: float) -> None:
+        log.debug("%d sample(s) from %s discarded (no sink)", len(samples), node)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the ingest judges samples by: the leader's latest state."""
+
+    state: ClusterState
+    leading: bool
+
+
+Placements = Mapping[tuple[str, str], Mapping[int, Mapping[str, int]]]
+"""(namespace, job) -> generation -> node -> worker pods there."""
+
+
+def placements(state: ClusterState) -> Placements:
+    """Where each DLJob's worker pods of each generation are bound, from one state."""
+    out: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
+    for observed in state.jobs:
+        meta = observed.body.get("metadata") or {}
+        by_gen: dict[int, dict[str, int]] = {}
+        out[str(meta.get("namespace", "")), str(meta.get("name", ""))] = by_gen
+        for pod in observed.pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            generation = str(annotations.get(contract.GENERATION_ANNOTATION, ""))
+            if not node or not generation.isdigit() or len(generation) > 12:
+                continue
+            nodes = by_gen.setdefault(int(generation), {})
+            nodes[node] = nodes.get(node, 0) + 1
+    return out
+
+
+def judge(index: Placements, node: str, sample: WindowSample) -> str | None:
+    """Why ``sample`` from ``node`` is refused, or ``None`` to accept it."""
+    job = index.get((sample.namespace, sample.job))
+    if job is None:
+        return "unknown_job"
+    pods = job.get(sample.generation, {}).get(node, 0)
+    if pods == 0:
+        return "not_on_node"
+    if sample.gpus_measured > pods:
+        return "too_many_gpus"
+    return None
+
+
+class ClusterPower:
+    """The latest power reading of each node; their sum while fresh."""
+
+    def __init__(self, staleness_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+        self.staleness_s = staleness_s
+        self._clock = clock
+        self._readings: dict[str, tuple[float, float, float]] = {}
+        """node -> (watts, agent's at_s, received at, operator's clock)."""
+
+    def record(self, node: str, power: NodePower) -> None:
+        """Keep ``power`` unless a fresh reading measured later is already kept (a retried
+        old batch); a stale one always gives way (an agent restarted with its clock set
+        back)."""
+        now = self._clock()
+        old = self._readings.get(node)
+        if old is None or power.at_s >= old[1] or now - old[2] > self.staleness_s:
+            self._readings[node] = (power.watts, power.at_s, now)
+
+    def total_watts(self) -> float:
+        now = self._clock()
+        for node in [n for n, r in self._readings.items() if now - r[2] > self.staleness_s]:
+            del self._readings[node]
+        return sum(r[0] for r in self._readings.values())
+
+
+def _answer(status: int, reason: str, message: str, **headers: str) -> web.Response:
+    body = orjson.dumps({"error": reason, "message": message})
+    return web.Response(
+        status=status, body=body, content_type="application/json", headers=headers or None
+    )
+
+
+class Ingest:
+    """The ``POST /v1/samples`` handler (see the module docstring)."""
+
+    def __init__(
+        self,
+        reviewer: TokenReviewer,
+        view: Callable[[], ClusterView | None],
+        sink: SampleSink,
+        metrics: Metrics,
+        power: ClusterPower,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.reviewer = reviewer
+        self.view = view
+        self.sink = sink
+        self.metrics = metrics
+        self.power = power
+        self._clock = clock
+        self._index: tuple[ClusterState, Placements] | None = None
+        self._unavailable: str | None = None
+        metrics.cluster_power_watts.set_function(power.total_watts)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post(contract.SAMPLES_PATH, self.handle, expect_handler=self._expect)
+        return app
+
+    async def _expect(self, request: web.Request) -> web.Response | None:
+        """``Expect: 100-continue``: a body over the bound gets its 413 instead of the
+        go-ahead (aiohttp's default handler would invite the client to send it)."""
+        too_large = self._too_large(request)
+        if too_large is not None:
+            too_large.force_close()
+            return too_large
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text="only Expect: 100-continue is understood")
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
+    def _too_large(self, request: web.Request) -> web.Response | None:
+        length = request.content_length
+        if length is not None and length > MAX_BODY_BYTES:
+            return self._refuse(413, "body_too_large", f"{length} bytes, at most {MAX_BODY_BYTES}")
+        return None
+
+    def _refuse(self, status: int, reason: str, message: str, **headers: str) -> web.Response:
+        self.metrics.ingest_refused.labels(reason=reason).inc()
+        return _answer(status, reason, message, **headers)
+
+    def _placements(self, state: ClusterState) -> Placements:
+        if self._index is None or self._index[0] is not state:
+            self._index = (state, placements(state))
+        return self._index[1]
+
+    def _busy(self, why: str) -> web.Response:
+        if why != self._unavailable:  # once per distinct cause, not per request
+            self._unavailable = why
+            log.warning("ingest answering 503: %s", why)
+        return self._refuse(503, "unavailable", why, **{"Retry-After": RETRY_AFTER_S})
+
+    async def handle(self, request: web.Request) -> web.Response:
+        response = await self._handle(request)
+        if not request.content.is_eof():
+            # Refused before the body was read: the connection closes (``start``), and
+            # says so, or the client would send its next request into a closed socket.
+            response.force_close()
+        return response
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        too_large = self._too_large(request)
+        if too_large is not None:
+            return too_large
+        try:
+            token = bearer_token(request.headers.get("Authorization"))
+        except Denied as exc:
+            return self._refuse(
+                exc.status, exc.reason, exc.message, **{"WWW-Authenticate": "Bearer"}
+            )
+        view = self.view()
+        if view is None:
+            return self._busy("no cluster view yet (starting)")
+        if not view.leading:
+            return self._busy("not the leader: only the leader takes samples")
+        try:
+            sender = await self.reviewer.sender(token)
+        except Denied as exc:
+            extra = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+            return self._refuse(exc.status, exc.reason, exc.message, **extra)
+        except ReviewUnavailable as exc:
+            return self._busy(str(exc))
+        body = await self._read(request)
+        if body is None:
+            return self._refuse(413, "body_too_large", f"body over {MAX_BODY_BYTES} bytes")
+        try:
+            batch = parse_batch(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
+            return self._refuse(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
+        except TelemetryError as exc:
+            return self._refuse(400, "invalid", str(exc))
+        view = self.view()  # the latest, after the awaits: a pass or the Lease may have moved
+        if view is None or not view.leading:
+            return self._busy("not the leader: only the leader takes samples")
+        if self._unavailable is not None:
+            log.info("ingest serving again")
+            self._unavailable = None
+        return self._accept(sender, batch.node, batch.samples, batch.power, view.state)
+
+    async def _read(self, request: web.Request) -> bytes | None:
+        """The body, or ``None`` past ``MAX_BODY_BYTES`` (stops reading there)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return None
+            chunks.append(chunk)
+
+    def _accept(
+        self,
+        sender: Sender,
+        node: str,
+        samples: Sequence[WindowSample],
+        power: NodePower | None,
+        state: ClusterState,
+    ) -> web.Response:
+        if node != sender.node:
+            return self._refuse(
+                403, "node_mismatch", f"batch for node {node} sent from node {sender.node}"
+            )
+        if power is not None:
+            self.power.record(node, power)
+        index = self._placements(state)
+        accepted: list[WindowSample] = []
+        reasons: Counter[str] = Counter()
+        for sample in samples:
+            why = judge(index, node, sample)
+            if why is None:
+                accepted.append(sample)
+            else:
+                reasons[why] += 1
+        for why, count in reasons.items():
+            self.metrics.ingest_refused.labels(reason=why).inc(count)
+        if accepted:
+            self.sink.add(node, accepted, self._clock())
+            self.metrics.ingest_samples.inc(len(accepted))
+        body: dict[str, Any] = {
+            "accepted": len(accepted),
+            "refused": len(samples) - len(accepted),
+            "reasons": dict(reasons),
+        }
+        status = 403 if samples and not accepted else 200
+        return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+@dataclass(frozen=True)
+class IngestServer:
+    """The running server; ``stop()`` closes it."""
+
+    runner: web.AppRunner
+    port: int
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """HTTPS when a certificate is given (``OSError``/``ssl.SSLError`` if unusable)."""
+    if not cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key or None)
+    return context
+
+
+async def start(
+    ingest: Ingest, host: str, port: int, context: ssl.SSLContext | None
+) -> IngestServer:
+    """Listen on ``host:port`` (``port`` 0: any free one, as tests use).
+
+    ``lingering_time=0``: a request refused before its body was read closes
+    the connection instead of aiohttp draining the rest of the body.
+    """
+    runner = web.AppRunner(ingest.app(), access_log=None, lingering_time=0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=context)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    server = site._server
+    sockets = getattr(server, "sockets", None) or ()
+    bound = sockets[0].getsockname()[1] if sockets else port
+    scheme = "https" if context else "http"
+    log.info("ingest on %s://%s:%d%s", scheme, host, bound, contract.SAMPLES_PATH)
+    return IngestServer(runner, int(bound))

@@ -1,0 +1,365 @@
+"""The operator's sample ingest, as node agents reach it: real HTTP to ``powerflow operator``.
+
+The operator runs through ``serve`` with a kubeconfig to the emulator and
+``--ingest-port``; the emulator reviews the agents' tokens (``TokenReview``,
+``register_token``). One DLJob ``resnet`` runs 4 worker pods of generation 1,
+two bound to ``n1`` and two to ``n2`` (``cluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from operator_cases import NS, PODS, ThresholdPolicy, dljob, eventually, models, pods_of
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import Operator, free_port, operator_args
+
+from powerflow import contract
+from powerflow.telemetry import (
+    MAX_BODY_BYTES,
+    NodePower,
+    SampleBatch,
+    WindowSample,
+    encode_batch,
+)
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+AGENT = "system:serviceaccount:powerflow-system:powerflow-nodeagent"
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+POD_EXTRA = "authentication.kubernetes.io/pod-name"
+UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+AGENT_PODS = "/api/v1/namespaces/powerflow-system/pods"
+
+
+class Recording:
+    """A ``SampleSink`` that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, tuple[WindowSample, ...]]] = []
+
+    def add(self, node: str, samples: Sequence[WindowSample], now_s: float) -> None:
+        self.added.append((node, tuple(samples)))
+
+    @property
+    def samples(self) -> list[WindowSample]:
+        return [s for _, batch in self.added for s in batch]
+
+
+@dataclass
+class Cluster:
+    api: httpx.AsyncClient
+    emulator: KubeEmulator
+    operator: Operator
+    sink: Recording
+    url: str
+
+    def metric(self, name: str, **labels: str) -> float:
+        assert self.operator.controller is not None
+        value = self.operator.controller.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    def refused(self, reason: str) -> float:
+        return self.metric("powerflow_ingest_refused_total", reason=reason)
+
+    async def post(self, body: Any, token: str | None = "agent-n1", **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with httpx.AsyncClient() as client:
+            return await client.post(self.url, content=content, headers=headers, **kw)
+
+
+def sample(**changes: Any) -> WindowSample:
+    base = WindowSample(
+        namespace=NS,
+        job="resnet",
+        generation=1,
+        n=4,
+        gpus_per_node=2,
+        local_batch_size=16.0,
+        frequency_mhz=1410,
+        gpus_measured=2,
+        iterations=10,
+        step_time_s=0.5,
+        energy_j=300.0,
+        end_s=time.time(),
+    )
+    return replace(base, **changes)
+
+
+def batch(node: str, *samples: WindowSample, watts: float | None = None) -> dict[str, Any]:
+    power = None if watts is None else NodePower(watts, time.time())
+    return encode_batch(SampleBatch(node, tuple(samples), power))
+
+
+async def bind(api: httpx.AsyncClient, pod: str, node: str) -> None:
+    binding = {"metadata": {"name": pod}, "target": {"kind": "Node", "name": node}}
+    assert (await api.post(f"{PODS}/{pod}/binding", json=binding)).status_code == 201
+
+
+def register_agents(emulator: KubeEmulator) -> None:
+    aud = (contract.INGEST_AUDIENCE,)
+    for node in ("n1", "n2"):
+        emulator.register_token(f"agent-{node}", AGENT, extra={NODE_EXTRA: [node]}, audiences=aud)
+    emulator.register_token(
+        "intruder", "system:serviceaccount:ml:default", extra={NODE_EXTRA: ["n1"]}, audiences=aud
+    )
+    emulator.register_token("api-audience", AGENT, extra={NODE_EXTRA: ["n1"]})
+    emulator.register_token("no-node", AGENT, audiences=aud)
+
+
+@pytest.fixture
+async def cluster(
+    api: httpx.AsyncClient, kmock: KubeEmulator, kubeconfig: Path
+) -> AsyncIterator[Cluster]:
+    register_agents(kmock)
+    port = free_port()
+    args = operator_args(
+        kubeconfig,
+        "--profiling-window",
+        "0",
+        "--ingest-port",
+        str(port),
+        "--ingest-host",
+        "127.0.0.1",
+    )
+    sink = Recording()
+    async with Operator(args, ThresholdPolicy(), models, sink=sink) as op:
+        await api.post(
+            f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/dljobs",
+            json=dljob("resnet"),
+        )
+
+        async def four_pods() -> list[dict[str, Any]]:
+            pods = await pods_of(api, "resnet")
+            return pods if len(pods) == 4 else []
+
+        pods = await eventually(four_pods, timeout=10)
+        for pod, node in zip(pods, ("n1", "n1", "n2", "n2"), strict=True):
+            await bind(api, pod["metadata"]["name"], node)
+        cluster = Cluster(api, kmock, op, sink, f"http://127.0.0.1:{port}{contract.SAMPLES_PATH}")
+
+        async def sees_pods() -> bool:  # the operator's next pass reads the bindings
+            return (await cluster.post(batch("n1", sample()))).status_code == 200
+
+        await eventually(sees_pods, timeout=10)
+        sink.added.clear()
+        yield cluster
+
+
+async def test_accepted_samples_reach_the_sink(cluster: Cluster) -> None:
+    before = cluster.metric("powerflow_ingest_samples_total")
+    s1, s2 = sample(iterations=5), sample(iterations=6, frequency_mhz=1005)
+    resp = await cluster.post(batch("n1", s1, s2))
+    assert resp.status_code == 200
+    assert resp.json() == {"accepted": 2, "refused": 0, "reasons": {}}
+    assert cluster.sink.added == [("n1", (s1, s2))]
+    assert cluster.metric("powerflow_ingest_samples_total") == before + 2
+    other = sample(iterations=7)
+    assert (await cluster.post(batch("n2", other), token="agent-n2")).status_code == 200
+    assert cluster.sink.added[-1] == ("n2", (other,))
+
+
+@pytest.mark.parametrize(
+    ("token", "header", "status", "reason"),
+    [
+        (None, None, 401, "unauthenticated"),
+        (None, "Basic YWxpY2U6cHc=", 401, "unauthenticated"),
+        ("unknown", None, 401, "unauthenticated"),
+        ("api-audience", None, 401, "unauthenticated"),  # a token for the API server
+        ("intruder", None, 403, "wrong_account"),
+        ("no-node", None, 403, "no_node"),
+        ("agent-n2", None, 403, "node_mismatch"),  # n2's agent posting for n1
+    ],
+)
+async def test_senders_that_are_not_the_nodes_agent_are_refused(
+    cluster: Cluster, token: str | None, header: str | None, status: int, reason: str
+) -> None:
+    before = cluster.refused(reason)
+    headers = {"Authorization": header} if header else {}
+    async with httpx.AsyncClient() as client:
+        if header or not token:
+            resp = await client.post(cluster.url, json=batch("n1", sample()), headers=headers)
+        else:
+            resp = await cluster.post(batch("n1", sample()), token=token)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error"] == reason and resp.json()["message"]
+    assert cluster.sink.added == []
+    assert cluster.refused(reason) == before + 1
+
+
+async def test_samples_of_jobs_not_on_the_senders_node_are_refused_one_by_one(
+    cluster: Cluster,
+) -> None:
+    """A batch is judged sample by sample: the good one is kept, the rest counted."""
+    good = sample()
+    bad = [
+        sample(job="ghost"),  # no such DLJob
+        sample(namespace="other"),
+        sample(generation=2),  # no pod of generation 2
+        sample(gpus_measured=3, n=4),  # 2 worker pods (one GPU each) on n1
+    ]
+    before = {r: cluster.refused(r) for r in ("unknown_job", "not_on_node", "too_many_gpus")}
+    resp = await cluster.post(batch("n1", bad[0], good, *bad[1:]))
+    assert resp.status_code == 200
+    assert resp.json() == {
+        "accepted": 1,
+        "refused": 4,
+        "reasons": {"unknown_job": 2, "not_on_node": 1, "too_many_gpus": 1},
+    }
+    assert cluster.sink.added == [("n1", (good,))]
+    assert cluster.refused("unknown_job") == before["unknown_job"] + 2
+    assert cluster.refused("not_on_node") == before["not_on_node"] + 1
+    assert cluster.refused("too_many_gpus") == before["too_many_gpus"] + 1
+    only_bad = await cluster.post(batch("n1", *bad))
+    assert only_bad.status_code == 403  # nothing accepted: resending will not help
+    assert only_bad.json()["accepted"] == 0
+    assert len(cluster.sink.added) == 1
+
+
+async def test_invalid_bodies_are_400_with_the_parsers_message(cluster: Cluster) -> None:
+    before = cluster.refused("invalid")
+    not_json = await cluster.post(b"{nope")
+    assert not_json.status_code == 400 and not_json.json()["error"] == "invalid"
+    body = batch("n1", sample())
+    body["samples"][0]["energyJ"] = float("nan")
+    nan = await cluster.post(json.dumps(body).encode())  # Python's json writes NaN: not JSON
+    assert nan.status_code == 400 and nan.json()["error"] == "invalid"
+    body["samples"][0]["energyJ"] = -1.0
+    negative = await cluster.post(body)
+    assert negative.status_code == 400
+    assert negative.json()["message"].startswith("samples[0].energyJ")
+    assert cluster.refused("invalid") == before + 3
+    assert cluster.sink.added == []
+
+
+async def test_older_kubernetes_tokens_find_the_node_through_their_pod(cluster: Cluster) -> None:
+    """Before 1.30 a projected token names its pod, not its node: the pod says the node,
+    and a token whose pod was replaced (another uid) is refused."""
+    agent_pod = {
+        "metadata": {"name": "nodeagent-x"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "agent", "image": "powerflow"}]},
+    }
+    created = (await cluster.api.post(AGENT_PODS, json=agent_pod)).json()
+    aud = (contract.INGEST_AUDIENCE,)
+    uid = created["metadata"]["uid"]
+    extra = {POD_EXTRA: ["nodeagent-x"], UID_EXTRA: [uid]}
+    cluster.emulator.register_token("old-agent", AGENT, extra=extra, audiences=aud)
+    stale = {POD_EXTRA: ["nodeagent-x"], UID_EXTRA: ["another-uid"]}
+    cluster.emulator.register_token("stale-agent", AGENT, extra=stale, audiences=aud)
+    gone = {POD_EXTRA: ["nodeagent-gone"]}
+    cluster.emulator.register_token("gone-agent", AGENT, extra=gone, audiences=aud)
+
+    assert (await cluster.post(batch("n1", sample()), token="old-agent")).status_code == 200
+    assert (await cluster.post(batch("n2", sample()), token="old-agent")).status_code == 403
+    for token in ("stale-agent", "gone-agent"):
+        resp = await cluster.post(batch("n1", sample()), token=token)
+        assert resp.status_code == 403 and resp.json()["error"] == "no_node", resp.text
+    assert len(cluster.sink.added) == 1
+
+
+async def test_reviews_are_cached_by_token(cluster: Cluster) -> None:
+    """One TokenReview for many batches with one token; a new token gets its own."""
+
+    def reviews() -> int:
+        return sum(1 for r in cluster.emulator if r.url.path.endswith("/tokenreviews"))
+
+    before = reviews()
+    for _ in range(5):
+        assert (await cluster.post(batch("n1", sample()))).status_code == 200
+    assert reviews() == before  # agent-n1 was reviewed when the fixture waited
+    for _ in range(3):
+        assert (await cluster.post(batch("n2", sample()), token="agent-n2")).status_code == 200
+    assert reviews() == before + 1
+
+
+async def test_api_server_failures_are_503_not_refusals(cluster: Cluster) -> None:
+    """The operator may not review tokens (RBAC missing): the agent must retry, so 503 with
+    Retry-After, never a 4xx that would make it drop the samples."""
+    cluster.emulator.refuse("create", "tokenreviews")
+    resp = await cluster.post(batch("n2", sample()), token="agent-n2")
+    assert resp.status_code == 503 and resp.headers["Retry-After"]
+    assert "tokenreviews" in resp.json()["message"]
+    assert cluster.sink.added == []
+
+
+async def test_a_body_over_the_bound_is_refused_before_it_is_read(cluster: Cluster) -> None:
+    """A huge Content-Length gets 413 while the client has sent only the headers (also
+    when it asks ``Expect: 100-continue``); a chunked body is cut off at the bound."""
+    host, port = "127.0.0.1", int(cluster.url.split(":")[2].split("/")[0])
+    head = (
+        f"POST {contract.SAMPLES_PATH} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer agent-n1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {10**12}\r\n\r\n"
+    )
+    for expect in ("", "Expect: 100-continue\r\n"):  # curl asks before a large body
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(head.replace("\r\n\r\n", f"\r\n{expect}\r\n").encode())
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        writer.close()
+        assert status_line.split()[1] == b"413", status_line
+
+    before = cluster.refused("body_too_large")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b" " * 65536
+
+    async with httpx.AsyncClient() as client:
+        headers = {"Authorization": "Bearer agent-n1"}
+        try:
+            resp = await client.post(cluster.url, content=chunks(), headers=headers)
+        except httpx.HTTPError:  # closed while sending: the 413 is counted below
+            resp = None
+    if resp is not None:
+        assert resp.status_code == 413
+    assert cluster.refused("body_too_large") == before + 1
+    assert cluster.sink.added == []
+
+
+async def test_cluster_power_sums_fresh_readings_of_each_node(cluster: Cluster) -> None:
+    power = cluster.operator.controller
+    assert power is not None
+    assert (await cluster.post(batch("n1", sample(), watts=400.0))).status_code == 200
+    assert (await cluster.post(batch("n2", watts=250.0), token="agent-n2")).status_code == 200
+    assert cluster.metric("powerflow_cluster_power_watts") == 650.0
+    assert (await cluster.post(batch("n1", watts=300.0))).status_code == 200  # latest wins
+    assert cluster.metric("powerflow_cluster_power_watts") == 550.0
+
+
+def test_a_nodes_reading_is_dropped_once_stale_and_old_retries_do_not_win() -> None:
+    from powerflow.operator.ingest import ClusterPower
+
+    now = [1000.0]
+    power = ClusterPower(staleness_s=60.0, clock=lambda: now[0])
+    power.record("n1", NodePower(400.0, at_s=990.0))
+    power.record("n2", NodePower(250.0, at_s=995.0))
+    assert power.total_watts() == 650.0
+    power.record("n1", NodePower(999.0, at_s=980.0))  # a retried older batch
+    assert power.total_watts() == 650.0
+    now[0] = 1030.0
+    power.record("n2", NodePower(200.0, at_s=1029.0))
+    now[0] = 1061.0  # n1 last heard 61 s ago, n2 31 s ago
+    assert power.total_watts() == 200.0
+    now[0] = 1100.0
+    assert power.total_watts() == 0.0
+
+
+def test_a_stale_reading_gives_way_to_one_from_an_agent_whose_clock_went_back() -> None:
+    from powerflow.operator.ingest import ClusterPower
+
+    now = [1000.0]
+    power = ClusterPower(staleness_s=60.0, clock=lambda: now[0])
+    power.record("n1", NodePower(400.0, at_s=990.0))
+    now[0] = 1100.0  # nothing read the total meanwhile
+    power.record("n1", NodePower(100.0, at_s=500.0))
+    assert power.total_watts() == 100.0
