@@ -23,6 +23,10 @@ options, and put matching tolerations into the DLJobs' pod templates.
 
 Liveness on ``--liveness`` URL (empty: none), Prometheus metrics on
 ``--metrics-port`` (0: any free port, logged).
+
+Online refit: the node agents' samples go to one ``learning.SampleStore``
+(the ingest endpoint's sink); each job's model is refitted from them, kept
+in ``status.model.params`` and read back from there after a restart.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from powerflow.taints import pool_tolerations
 
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
+    from powerflow.operator.learning import SampleStore
     from powerflow.operator.reconcile import ModelFactory
     from powerflow.policy.snapshot import Policy
 
@@ -155,14 +160,18 @@ def serve(
     policy: Policy | None = None,
     models: ModelFactory | None = None,
     on_start: Callable[[Controller], None] | None = None,
+    store: SampleStore | None = None,
 ) -> int:
     """Run the operator until ``stop_flag`` (or a signal): what ``run`` does, minus logging
     setup, so that tests start exactly this.
 
     Seams for tests, defaulting to the product's: ``policy`` and ``models``
-    (the plan and the performance models), ``on_start`` (called with the
-    controller once it runs). Raises ``PowerFlowError`` for unusable settings
-    before anything starts.
+    (the plan and the performance models; by default each job's model is the
+    store's: fitted online, else its prior), ``on_start`` (called with the
+    controller once it runs), ``store`` (the online refit's sample store: the
+    sink the ingest hands samples to; by default a new one whose metrics go
+    to the operator's registry). Raises ``PowerFlowError`` for unusable
+    settings before anything starts.
     """
     import kopf
     from prometheus_client import start_http_server
@@ -177,11 +186,12 @@ def serve(
         Controller,
         OperatorConfig,
         default_policy,
-        prior_models,
+        learned_models,
     )
     from powerflow.operator.handlers import build_registry
     from powerflow.operator.kube import Kube
     from powerflow.operator.leader import LeaderElector, LeaseConfig, default_identity
+    from powerflow.operator.learning import SampleStore
     from powerflow.operator.metrics import Metrics
 
     options = kopf_options(args)
@@ -203,6 +213,7 @@ def serve(
         pool_tolerations=tolerations,
     )
     metrics = Metrics()
+    learning = store if store is not None else SampleStore(registry=metrics.registry)
     httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)
     logging.getLogger(__name__).info("metrics on port %d", httpd.server_port)
     apis: list[Any] = []
@@ -220,9 +231,10 @@ def serve(
             Kube(api, args.namespace),
             config,
             policy or default_policy(),
-            models or prior_models(),
+            models or learned_models(learning),
             metrics=metrics,
             leader=leader,
+            learning=learning,
         )
         return controller
 
