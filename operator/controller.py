@@ -360,7 +360,11 @@ class Controller:
         """Sync and refit the store in a worker thread; its Warnings; its status fields."""
         if self.learning is None:
             return None
-        notes = await asyncio.to_thread(self.learning.refresh, [o.body for o in state.jobs])
+        try:
+            notes = await asyncio.to_thread(self.learning.refresh, [o.body for o in state.jobs])
+        except Exception:  # scheduling goes on with the models the store had
+            log.exception("online refit failed")
+            notes = []
         for note in notes:
             log.warning("%s/%s: %s", note.namespace, note.name, note.message)
             ref = {

@@ -166,6 +166,10 @@ def _count(value: Any) -> int:
     return int(value) if ok else 0
 
 
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _percent(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -310,26 +314,33 @@ class SampleStore:
                 batches = [(entry, entry.pending) for entry in work]
                 for entry in work:
                     entry.pending = []
-            started = time.perf_counter()
+            deadline = time.perf_counter() + self.refit_budget_s
             # Jobs that waited longest for a fit go first (``refit_budget_s``).
             for entry, pending in sorted(batches, key=lambda b: b[0].last_try):
-                rows = entry.rows
-                if pending:
-                    rows = np.concatenate([rows, np.asarray(pending, dtype=np.float64)])
-                rows, known = thin(rows, entry.knowledge, self.max_rows)
-                entry.rows = rows
-                entry.fresh = entry.fresh or bool(pending)
-                if entry.fresh and time.perf_counter() - started < self.refit_budget_s:
-                    entry.last_try = self._passes
-                    entry.fresh = False
-                    known = self._learn(entry, known, rows)
-                if pending or known.model is not entry.knowledge.model:
-                    model = known.model
-                    assert isinstance(model, FittedModel)
-                    if len(rows):
-                        entry.error_percent = fit_error_percent(model, rows)
-                entry.knowledge = known
+                try:
+                    self._update(entry, pending, deadline)
+                except Exception:  # a bug must not stop the others' fits, nor the pass
+                    log.exception("online refit of a job failed; it keeps its model")
+                    entry.fresh = False  # retried when new samples arrive
             return notes
+
+    def _update(self, entry: _Entry, pending: list[Row], deadline: float) -> None:
+        """Add the queued rows, thin, and ask the learner if the budget allows."""
+        rows = entry.rows
+        if pending:
+            rows = np.concatenate([rows, np.asarray(pending, dtype=np.float64)])
+        rows, known = thin(rows, entry.knowledge, self.max_rows)
+        entry.rows = rows
+        entry.fresh = entry.fresh or bool(pending)
+        if entry.fresh and time.perf_counter() < deadline:
+            entry.last_try = self._passes
+            entry.fresh = False
+            known = self._learn(entry, known, rows)
+        if (pending or known.model is not entry.knowledge.model) and len(rows):
+            model = known.model
+            assert isinstance(model, FittedModel)
+            entry.error_percent = fit_error_percent(model, rows)
+        entry.knowledge = known
 
     def status_fields(self) -> dict[str, dict[str, Any]]:
         """``status.model`` fields per job key, for ``reconcile`` (module docstring)."""
@@ -356,38 +367,35 @@ class SampleStore:
         """Track the pass's DLJobs (new, re-created, renamed hint), forget the rest."""
         present: set[str] = set()
         for body in bodies:
-            meta: Mapping[str, Any] = body.get("metadata") or {}
-            name = meta.get("name")
-            if not isinstance(name, str) or not name:
-                continue
-            namespace = str(meta.get("namespace") or "default")
-            key = f"{namespace}/{name}"
-            uid = str(meta.get("uid") or "")
-            spec: Mapping[str, Any] = body.get("spec") or {}
-            hint = spec.get("model")
-            model_name = hint if isinstance(hint, str) and hint else None
-            present.add(key)
-            entry = self._jobs.get(key)
-            if entry is None or entry.uid != uid:
-                if entry is None and len(self._jobs) >= self.max_jobs:
-                    continue
-                status: Mapping[str, Any] = body.get("status") or {}
-                model_status = status.get("model")
-                self._jobs[key] = self._restore(
-                    namespace,
-                    name,
-                    uid,
-                    model_name,
-                    model_status if isinstance(model_status, dict) else {},
-                    notes,
-                )
-            elif entry.model_name != model_name:
-                entry.model_name = model_name
-                if entry.knowledge.fits == 0:  # nothing learnt yet: start from the new prior
-                    entry.knowledge = self._prior_knowledge(model_name)
+            try:
+                self._track(body, present, notes)
+            except Exception:  # one odd body never stops the others
+                log.exception("online refit: cannot track a DLJob")
         for key in set(self._jobs) - present:
             del self._jobs[key]
         return list(self._jobs.values())
+
+    def _track(self, body: DLJobBody, present: set[str], notes: list[Note]) -> None:
+        meta: Mapping[str, Any] = _dict(body.get("metadata"))
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            return
+        namespace = str(meta.get("namespace") or "default")
+        key = f"{namespace}/{name}"
+        uid = str(meta.get("uid") or "")
+        hint = _dict(body.get("spec")).get("model")
+        model_name = hint if isinstance(hint, str) and hint else None
+        present.add(key)
+        entry = self._jobs.get(key)
+        if entry is None or entry.uid != uid:
+            if entry is None and len(self._jobs) >= self.max_jobs:
+                return
+            model_status = _dict(_dict(body.get("status")).get("model"))
+            self._jobs[key] = self._restore(namespace, name, uid, model_name, model_status, notes)
+        elif entry.model_name != model_name:
+            entry.model_name = model_name
+            if entry.knowledge.fits == 0:  # nothing learnt yet: start from the new prior
+                entry.knowledge = self._prior_knowledge(model_name)
 
     def _restore(
         self,

@@ -302,3 +302,35 @@ def test_the_default_prior_is_the_jobs_hint() -> None:
     s.refresh([body()])
     assert s.model(req()).params == load_prior(MODEL)
     assert s.status_fields()["ml/job"]["prior"] == MODEL
+
+
+def test_a_failing_job_neither_stops_the_others_nor_the_pass() -> None:
+    """A prior that fails (a bug, a broken install) for one job's hint: that job keeps
+    what it had, the others are tracked and fitted."""
+    calls = {"flaky": 0}
+
+    def prior(name: str | None) -> ModelParams:
+        if name == "boom":
+            raise RuntimeError("no prior")
+        if name == "flaky":
+            calls["flaky"] += 1
+            if calls["flaky"] > 1:  # the store's first lookup works, the learner's fails
+                raise RuntimeError("flaky prior")
+        return wrong_prior(name)
+
+    s = store(prior=prior)
+    jobs = [body()]
+    for name, hint in (("boom", "boom"), ("flaky", "flaky")):
+        other = body(name, f"u-{name}")
+        other["spec"]["model"] = hint
+        jobs.append(other)
+    jobs.append({"metadata": "junk"})
+    s.refresh(jobs)  # type: ignore[arg-type]
+    assert set(s.status_fields()) == {"ml/job", "ml/flaky"}
+    rng = np.random.default_rng(6)
+    for job in ("job", "flaky"):
+        feed(s, windows(CLOCKS, rng, job=job))
+    s.refresh(jobs)  # type: ignore[arg-type]
+    assert s.status_fields()["ml/job"]["fits"] == 1
+    assert "params" not in s.status_fields()["ml/flaky"]
+    assert s.status_fields()["ml/flaky"]["samples"] == 42
