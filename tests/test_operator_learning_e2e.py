@@ -28,11 +28,13 @@ from operator_cases import (
 )
 from powerflow.operator.learning import SampleStore
 from powerflow.operator.profile_plan import plan_annotation
+from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
 from powerflow import contract
 from powerflow import groundtruth as gt
+from powerflow.commands.operator import serve
 from powerflow.gpus import A100
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import load_prior
@@ -193,3 +195,49 @@ async def test_the_profile_plan_is_on_the_pods_while_the_job_profiles(
 
         await eventually(cleared)
         assert (await status_of(api, "fit"))["phase"] == "Running"
+
+
+class BrokenStore(SampleStore):
+    """A store whose refresh fails every time (a bug in the refit)."""
+
+    def refresh(self, bodies: Any) -> Any:
+        raise RuntimeError("refit bug")
+
+
+class OperatorWithStore(Operator):
+    """``serve`` with its ``store`` seam (what the ingest is given as its sink)."""
+
+    def __init__(self, args: Any, policy: RecordingPolicy, store: SampleStore) -> None:
+        super().__init__(args, policy)
+        self.store = store
+
+    def _main(self) -> None:
+        try:
+            serve(
+                self.args,
+                stop_flag=self._stop,
+                ready_flag=self._ready,
+                policy=self.policy,
+                on_start=self._started,
+                store=self.store,
+            )
+        except BaseException as exc:
+            self.error = exc
+            self._ready.set()
+
+
+async def test_a_failing_refit_does_not_stop_scheduling(
+    kubeconfig: Path, api: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = BrokenStore(registry=CollectorRegistry())
+    args = operator_args(kubeconfig, "--profiling-window", "0")
+    async with OperatorWithStore(args, RecordingPolicy(), store) as op:
+        assert store_of(op) is store
+        await api.post(JOBS, json=dljob("fit", model=MODEL))
+
+        async def four() -> list[dict[str, Any]]:
+            pods = await pods_of(api, "fit")
+            return pods if len(pods) == 4 else []
+
+        await eventually(four)  # the pass went on with the priors
+    assert "online refit failed" in caplog.text
