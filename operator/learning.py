@@ -28,9 +28,10 @@ row is dropped (old and new alike, so the profile's clocks stay covered and
 older evidence weighs less), and what the learner counted as fitted is
 thinned the same way, so its "doubled samples" rule refits again after
 another ``max_rows / 2`` rows. Between two passes a job queues at most
-``max_pending`` rows; more are dropped and counted. ``max_jobs`` bounds the
-total: at most ``max_jobs * (max_rows + max_pending)`` rows (6 floats each;
-48 MB at the defaults with every job full).
+``max_pending`` rows and all jobs together ``max_queued``; more are dropped
+and counted. In total the store holds at most ``max_jobs * max_rows`` rows
+(48 bytes each: 98 MB at the defaults, were 2,000 jobs each past a thousand
+windows) plus ``max_queued`` queued ones (about 15 MB).
 
 Refit. The simulator's learner (``sim.learning.FittedLearner``), unchanged:
 the first ``MIN_SAMPLES`` rows fit the job's prior (``initial``), later rows
@@ -45,8 +46,8 @@ parameters there (edited by hand) fall back to the prior with a Warning
 Threads. ``add`` only queues rows under a lock (microseconds; the ingest
 calls it on its event loop). ``refresh`` does the rest (sync with the pass's
 DLJobs, thin, fit) and runs in a worker thread of the pass (the compiled
-fitting kernels release the GIL); one refit costs about 1 ms (10-1,000 rows,
-``benchmarks/learner_bench.py``), and a pass spends at most
+fitting kernels release the GIL); one refit costs 0.6-4 ms (40-1,000 rows,
+``python -m benchmarks refit``), and a pass spends at most
 ``refit_budget_s`` on fits (the rest wait for the next pass). The very first
 fit of a process with a cold numba cache compiles the kernels (seconds, once).
 
@@ -92,7 +93,9 @@ MAX_ROWS = 1024
 """Rows a job keeps (a 240 s profile on 8 nodes is about 400 windows)."""
 MAX_PENDING = 1024
 """Rows a job may queue between two passes (64 nodes at a 5 s window for a minute: 768)."""
-MAX_JOBS = 5000
+MAX_QUEUED = 65536
+"""Rows all jobs together may queue between two passes (a Python tuple each, ~230 bytes)."""
+MAX_JOBS = 2000
 REFIT_BUDGET_S = 2.0
 """Most seconds of fitting one pass spends; jobs left over fit at the next pass."""
 
@@ -219,15 +222,21 @@ class SampleStore:
         prior: Callable[[str | None], ModelParams] = load_prior,
         max_rows: int = MAX_ROWS,
         max_pending: int = MAX_PENDING,
+        max_queued: int = MAX_QUEUED,
         max_jobs: int = MAX_JOBS,
         refit_budget_s: float = REFIT_BUDGET_S,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        if max_rows < 2 * MIN_SAMPLES or max_pending < 1 or max_jobs < 1:
-            raise ValueError(f"need max_rows >= {2 * MIN_SAMPLES}, max_pending and max_jobs >= 1")
+        if max_rows < 2 * MIN_SAMPLES or min(max_pending, max_queued, max_jobs) < 1:
+            raise ValueError(
+                f"need max_rows >= {2 * MIN_SAMPLES}, max_pending, max_queued and max_jobs >= 1"
+            )
         self._prior = prior
         self.max_rows = max_rows
         self.max_pending = max_pending
+        self.max_queued = max_queued
+        self._queued = 0
+        """Rows queued by all jobs since the last ``refresh``."""
         self.max_jobs = max_jobs
         self.refit_budget_s = refit_budget_s
         self._jobs: dict[str, _Entry] = {}
@@ -242,7 +251,7 @@ class SampleStore:
             "powerflow_model_samples_dropped_total",
             "Samples the online refit did not keep, by reason: unknown_job (no such "
             "DLJob in the last pass, or more than the store tracks), invalid, backlog "
-            "(the job's queue between two passes was full).",
+            "(the job's, or all jobs', queue between two passes was full).",
             ["reason"],
             registry=registry,
         )
@@ -274,11 +283,12 @@ class SampleStore:
                 row = None if entry is None else model_row(sample)
                 if entry is None or row is None:
                     reason = "unknown_job" if entry is None else "invalid"
-                elif len(entry.pending) >= self.max_pending:
+                elif len(entry.pending) >= self.max_pending or self._queued >= self.max_queued:
                     reason = "backlog"
                 else:
                     entry.pending.append(row)
                     entry.received += 1
+                    self._queued += 1
                     accepted += 1
                     continue
                 dropped[reason] = dropped.get(reason, 0) + 1
@@ -314,6 +324,7 @@ class SampleStore:
                 batches = [(entry, entry.pending) for entry in work]
                 for entry in work:
                     entry.pending = []
+                self._queued = 0
             deadline = time.perf_counter() + self.refit_budget_s
             # Jobs that waited longest for a fit go first (``refit_budget_s``).
             for entry, pending in sorted(batches, key=lambda b: b[0].last_try):

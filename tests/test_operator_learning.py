@@ -195,15 +195,21 @@ def test_invalid_samples_are_dropped() -> None:
 
 
 def test_memory_is_bounded_per_job_between_passes_and_in_total() -> None:
-    s = store(max_rows=40, max_pending=30, max_jobs=2)
+    s = store(max_rows=40, max_pending=30, max_queued=40, max_jobs=2)
     jobs = [body("a", "ua"), body("b", "ub"), body("c", "uc")]
     s.refresh(jobs)
     assert set(s.status_fields()) == {"ml/a", "ml/b"}  # the third is not tracked
     rng = np.random.default_rng(2)
     feed(s, windows(CLOCKS[:20], rng, job="a"))  # 40 windows, 30 queued
     assert dropped(s, "backlog") == 10
+    feed(s, windows(CLOCKS[:10], rng, job="b"))  # 20 windows, 10 fit in all jobs' queue
+    assert dropped(s, "backlog") == 20
+    assert s.status_fields()["ml/b"]["samples"] == 10
     feed(s, windows(CLOCKS[:1], rng, job="c"))
     assert dropped(s, "unknown_job") == 2
+    s.refresh(jobs)  # the queues are empty again
+    feed(s, windows(CLOCKS[:5], rng, job="b"))
+    assert dropped(s, "backlog") == 20 and s.status_fields()["ml/b"]["samples"] == 20
     for _ in range(5):
         s.refresh(jobs)
         feed(s, windows(CLOCKS[:15], rng, job="a"))
