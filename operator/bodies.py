@@ -71,9 +71,13 @@ class Energy(TypedDict, total=False):
 
 
 class ModelStatus(TypedDict, total=False):
+    """``status.model``: profiling (``reconcile``) and the online refit (``learning``)."""
+
     prior: str
     samples: int
-    fitError: float
+    params: dict[str, Any]
+    fits: int
+    fitErrorPercent: float
     profiledGpuCounts: list[int]
 
 

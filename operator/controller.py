@@ -15,6 +15,15 @@ their jobs.
 
 With a ``LeaderElector`` the loop runs passes only while this replica holds
 the Lease; losing it cancels the pass in flight (``leader``).
+
+With a ``SampleStore`` (``learning``), each pass first hands it the DLJobs
+it read, in a worker thread (syncing, thinning and refitting must not block
+the event loop), posts its Warnings (bad ``status.model.params``) on their
+jobs, and passes its ``status.model`` fields to ``reconcile``; the models
+factory is then the store's (``learned_models``), which prefers a job's
+fitted model to its prior. Samples arrive between passes (the ingest calls
+the store's ``add``) and are fitted at the next pass, which comes at least
+every ``schedulingIntervalSeconds``.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from powerflow.operator.budget import (
 from powerflow.operator.jobs import JobRequest, RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
+from powerflow.operator.learning import SampleStore
 from powerflow.operator.metrics import Metrics
 from powerflow.operator.nodes import cluster_nodes
 from powerflow.operator.parking import busy_nodes, node_marks
@@ -79,6 +89,12 @@ def prior_models() -> ModelFactory:
     return factory
 
 
+def learned_models(store: SampleStore) -> ModelFactory:
+    """Each job's model: its fitted one when the store has one (refitted online, or
+    restored from ``status.model.params``), else its prior, as ``prior_models``."""
+    return store.model
+
+
 def default_policy() -> Policy:
     from powerflow.policy.powerflow import PowerFlowPolicy
 
@@ -113,6 +129,8 @@ class Controller:
     post_events: bool = True
     leader: LeaderElector | None = None
     """``None``: no leader election, this replica always acts."""
+    learning: SampleStore | None = None
+    """The online refit (module docstring); ``None``: no ``status.model`` fields."""
 
     budget: BudgetConfig = DEFAULT
     passes: int = 0
@@ -307,6 +325,7 @@ class Controller:
         )
         if left_out:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))
+        learned = await self._learn(state)
         now = self.clock()
         actions = reconcile(
             state.jobs,
@@ -321,6 +340,7 @@ class Controller:
             refused=self._refused,
             progress_interval_s=self.config.progress_interval_s,
             progress_written=self._progress_written,
+            learned=learned,
         )
         workers = (pod for observed in state.jobs for pod in observed.pods)
         busy = busy_nodes(workers, state.foreign_gpu_pods)
@@ -342,6 +362,25 @@ class Controller:
         if any(r.verb == "create" for r in refused):
             return now  # report the refusals and start the backoff at once
         return actions.wake_at_s
+
+    async def _learn(self, state: ClusterState) -> dict[str, dict[str, Any]] | None:
+        """Sync and refit the store in a worker thread; its Warnings; its status fields."""
+        if self.learning is None:
+            return None
+        try:
+            notes = await asyncio.to_thread(self.learning.refresh, [o.body for o in state.jobs])
+        except Exception:  # scheduling goes on with the models the store had
+            log.exception("online refit failed")
+            notes = []
+        for note in notes:
+            log.warning("%s/%s: %s", note.namespace, note.name, note.message)
+            ref = {
+                "apiVersion": contract.API_VERSION,
+                "kind": contract.KIND,
+                "metadata": {"namespace": note.namespace, "name": note.name, "uid": note.uid},
+            }
+            self._event(ref, "Warning", note.reason, note.message)
+        return self.learning.status_fields()
 
     def _note_progress(self, actions: Actions, now: float, state: ClusterState) -> None:
         """Remember when each job's progress was written (for the rate limit)."""

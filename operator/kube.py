@@ -356,7 +356,9 @@ class Kube:
         )
         return Refusal(namespace, job, "create", "Service", name, 409, "AlreadyExists", message)
 
-    def _annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> Refusal | None:
+    def _annotate(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> Refusal | None:
         body = {"metadata": {"annotations": annotations}}
         try:
             self._json(self.core.patch_namespaced_pod, name, namespace, body, _content_type=MERGE)

@@ -17,7 +17,16 @@ before is ``Profiling`` for ``profiling_window_s`` once all its workers run
 (the node agent slices the window across clocks); meanwhile it is pinned in
 the snapshot (when the extender's placement is known), and the window's end
 is a scheduling event (``Actions.wake_at_s``) after which it is ``Running``
-and the count is in ``status.model.profiledGpuCounts``.
+and the count is in ``status.model.profiledGpuCounts``. While the window
+runs, the workers carry the sweep plan for the node agent
+(``contract.PROFILE_ANNOTATION``, ``profile_plan``); it is removed when the
+window ends (``_profile_plans``).
+
+Learning. The caller passes what the online refit knows (``learned``: the
+``status.model`` fields per job, from ``learning.SampleStore``); reconcile
+writes them in the job's status patch when the fit changed, and otherwise
+only along with a write the job gets anyway, so a stream of samples costs no
+extra writes (``_learned_model``).
 
 Generations. Every allocation is a generation of workers (pod names carry
 it). Its record in ``status.allocation`` is written before any of its pods
@@ -81,6 +90,7 @@ from powerflow.operator.jobs import (
     too_large,
 )
 from powerflow.operator.parking import NodeMark
+from powerflow.operator.profile_plan import plan_annotation
 from powerflow.operator.progress import Running, account
 from powerflow.operator.refusals import Refusal, backoff_s
 from powerflow.operator.status import merge_diff, set_condition
@@ -90,6 +100,7 @@ from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, 
 from powerflow import contract
 from powerflow.backend import schedule_once
 from powerflow.errors import PowerFlowError, ResourceError
+from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import PerfModel
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
 
@@ -131,7 +142,8 @@ class Actions:
 
     delete_pods: list[tuple[str, str, int]] = field(default_factory=list)
     create: list[PodBody | ServiceBody] = field(default_factory=list)
-    annotate_pods: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    annotate_pods: list[tuple[str, str, dict[str, str | None]]] = field(default_factory=list)
+    """Pod annotation merge patches (``None`` removes the annotation)."""
     status: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     status_first: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """Status patches of jobs that start, stop or finish a generation: written before any pod."""
@@ -163,7 +175,7 @@ class Actions:
         3. creations: Services and pods together (a worker may exist before its
            headless Service; its DNS name resolves once the Service does and
            torchrun's rendezvous retries), each name once;
-        4. frequency annotations, then every other status patch;
+        4. frequency and profile-plan annotations, then every other status patch;
         5. the powered-down marks of nodes the plan no longer uses (``parking``).
 
         ``Kube.apply`` carries them out; tests crash between any two of them.
@@ -896,7 +908,7 @@ def _carry_out(
         actions.create.append(rendezvous_service(req))
         actions.create.extend(worker_pods(req, ws, missing))
     if int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz:
-        annotations = {contract.FREQUENCY_ANNOTATION: str(jp.frequency_mhz)}
+        annotations: dict[str, str | None] = {contract.FREQUENCY_ANNOTATION: str(jp.frequency_mhz)}
         for pod in v.current:
             actions.annotate_pods.append((v.ns, pod["metadata"]["name"], annotations))
         _event(
@@ -1088,6 +1100,7 @@ def reconcile(
     refused: Mapping[str, Sequence[Refusal]] | None = None,
     progress_interval_s: float = 0.0,
     progress_written: Mapping[str, float] | None = None,
+    learned: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
@@ -1096,8 +1109,9 @@ def reconcile(
     refused writes by job key (``Kube.apply``'s answer, see ``refusals``).
     Progress and energy are written at most every ``progress_interval_s`` per
     job; ``progress_written`` says when each job's were last written (see
-    ``_account_all``). Each job's steps run under a ``_Guard``: one job's
-    failure never stops the others.
+    ``_account_all``). ``learned``: the online refit's ``status.model`` fields
+    by job key (``_learned_model``). Each job's steps run under a ``_Guard``:
+    one job's failure never stops the others.
     """
     actions = Actions()
     guard = _Guard(actions, now_s)
@@ -1130,11 +1144,14 @@ def reconcile(
             by_id = {jp.job_id: jp for jp in plan.jobs}
             claimed = {slot: jp.job_id for jp in plan.jobs for slot in jp.placement}
             held = []
+            gpus_of = {n.name: n.gpu for n in nodes}
             for v, job in zip(runnable, snapshot.jobs, strict=True):
                 jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
                 seen = () if job.pinned else job.placement
                 if guard.run(
                     v, _carry_out, actions, v, jp, now_s, profiling_window_s, seen, claimed
+                ) and guard.run(
+                    v, _profile_plans, actions, v, gpus_of, nodes[0].gpu, profiling_window_s, now_s
                 ):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
@@ -1149,9 +1166,55 @@ def reconcile(
                         v, _account_one, actions, one, job_models, gpn, now_s, anchors or {}, *rate
                     )
     for v in views:
+        fields = (learned or {}).get(v.key)
+        if fields is not None and v.key not in guard.failed:
+            guard.run(v, _learned_model, v, fields)
         if not guard.run(v, _finish, actions, v, v.key not in guard.failed, now_s) and v.new:
             actions.status.append((v.ns, v.name, {"conditions": v.new["conditions"]}))
     return actions
+
+
+def _profile_plans(
+    actions: Actions,
+    v: _View,
+    gpus_of: Mapping[str, GpuSpec],
+    default_gpu: GpuSpec,
+    window_s: float,
+    now_s: float,
+) -> bool:
+    """Each current worker carries the sweep plan exactly while the job's profiling
+    window runs (``profile_plan``); written or removed only where it differs, so a
+    restarted operator rewrites nothing. Always True (a ``_Guard`` step)."""
+    alloc = v.new.get("allocation") or v.alloc
+    until = parse_time(alloc.get("profilingUntil"))
+    phase = v.new.get("phase", v.status.get("phase"))
+    profiling = phase == "Profiling" and until is not None and now_s < until
+    for pod in v.current:
+        want = None
+        if profiling:
+            node = pod.get("spec", {}).get("nodeName")
+            gpu = gpus_of.get(node, default_gpu) if isinstance(node, str) else default_gpu
+            want = plan_annotation(gpu, window_s)
+        if _annotation(pod, contract.PROFILE_ANNOTATION) != want:
+            patch: dict[str, str | None] = {contract.PROFILE_ANNOTATION: want}
+            actions.annotate_pods.append((v.ns, pod["metadata"]["name"], patch))
+    return True
+
+
+def _learned_model(v: _View, fields: Mapping[str, Any]) -> bool:
+    """Put the online refit's ``status.model`` fields into the job's new status.
+
+    A new fit (``params`` or ``fits`` differ from status, or bad ``params``
+    to remove) is written at once; the sample count and fit error, which
+    change with every window, only ride along with a write the job gets
+    anyway (progress comes every ``progress_interval_s``), so samples cost
+    no status writes of their own. Always True (a ``_Guard`` step).
+    """
+    current: Mapping[str, Any] = v.status.get("model") or {}
+    refit = any(k in fields and current.get(k) != fields[k] for k in ("params", "fits"))
+    if refit or merge_diff(v.status, v.new):
+        v.new["model"] = {**(v.new.get("model") or {}), **fields}
+    return True
 
 
 def _finish(actions: Actions, v: _View, healthy: bool, now_s: float) -> bool:

@@ -29,6 +29,10 @@ Ingest: the node agents post their samples to ``--ingest-host:--ingest-port``
 ``--ingest-tls-key``), authenticated by a TokenReview of their projected
 ServiceAccount token: only ``--ingest-service-account`` is accepted (needs
 create on ``tokenreviews`` and get on ``pods``; ``powerflow.operator.ingest``).
+
+Online refit: the accepted samples go to one ``learning.SampleStore`` (the
+ingest endpoint's sink); each job's model is refitted from them, kept in
+``status.model.params`` and read back from there after a restart.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from powerflow.taints import pool_tolerations
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
     from powerflow.operator.ingest import SampleSink
+    from powerflow.operator.learning import SampleStore
     from powerflow.operator.reconcile import ModelFactory
     from powerflow.policy.snapshot import Policy
 
@@ -188,16 +193,19 @@ def serve(
     policy: Policy | None = None,
     models: ModelFactory | None = None,
     on_start: Callable[[Controller], None] | None = None,
+    store: SampleStore | None = None,
     sink: SampleSink | None = None,
 ) -> int:
     """Run the operator until ``stop_flag`` (or a signal): what ``run`` does, minus logging
     setup, so that tests start exactly this.
 
     Seams for tests, defaulting to the product's: ``policy`` and ``models``
-    (the plan and the performance models), ``on_start`` (called with the
-    controller once it runs), ``sink`` (where the ingest's accepted samples
-    go). Raises ``PowerFlowError`` for unusable settings
-    before anything starts.
+    (the plan and the performance models; by default each job's model is the
+    store's: fitted online, else its prior), ``on_start`` (called with the
+    controller once it runs), ``store`` (the online refit's sample store; by
+    default a new one whose metrics go to the operator's registry), ``sink``
+    (where the ingest's accepted samples go; by default the store). Raises
+    ``PowerFlowError`` for unusable settings before anything starts.
     """
     import kopf
     from prometheus_client import start_http_server
@@ -212,13 +220,12 @@ def serve(
         Controller,
         OperatorConfig,
         default_policy,
-        prior_models,
+        learned_models,
     )
     from powerflow.operator.handlers import build_registry
     from powerflow.operator.ingest import (
         ClusterPower,
         ClusterView,
-        DiscardSink,
         Ingest,
         IngestServer,
         start,
@@ -226,6 +233,7 @@ def serve(
     )
     from powerflow.operator.kube import Kube
     from powerflow.operator.leader import LeaderElector, LeaseConfig, default_identity
+    from powerflow.operator.learning import SampleStore
     from powerflow.operator.metrics import Metrics
     from powerflow.operator.tokenreview import TokenReviewer
 
@@ -252,6 +260,7 @@ def serve(
     except (OSError, ValueError) as exc:
         raise OperatorConfigError(f"--ingest-tls-cert/--ingest-tls-key: {exc}") from None
     metrics = Metrics()
+    learning = store if store is not None else SampleStore(registry=metrics.registry)
     httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)
     logging.getLogger(__name__).info("metrics on port %d", httpd.server_port)
     apis: list[Any] = []
@@ -270,9 +279,10 @@ def serve(
             Kube(api, args.namespace),
             config,
             policy or default_policy(),
-            models or prior_models(),
+            models or learned_models(learning),
             metrics=metrics,
             leader=leader,
+            learning=learning,
         )
         controllers.append(controller)
         return controller
@@ -290,7 +300,7 @@ def serve(
     reviewer = TokenReviewer(
         lambda: apis[-1] if apis else None, contract.INGEST_AUDIENCE, args.ingest_service_account
     )
-    ingest = Ingest(reviewer, view, sink or DiscardSink(), metrics, ClusterPower())
+    ingest = Ingest(reviewer, view, sink or learning, metrics, ClusterPower())
 
     async def main() -> None:
         """kopf and the ingest server on one event loop."""

@@ -27,6 +27,22 @@ does. With ~8,000 events in the busy first day of the ITP trace (arrivals,
 pre-run and profiling ends, completions) this cuts policy calls severalfold;
 a job waits at most a minute longer for its first GPUs."""
 
+PROFILE_CLOCK_STRIDE = 4
+"""A profiling phase visits every 4th supported clock (A100: 81 clocks, 21
+slices of ~11 s in a 240 s window): enough clocks for the frequency terms,
+slices long enough for several iterations each."""
+
+
+def profile_clocks_mhz(gpu: GpuSpec, stride: int = PROFILE_CLOCK_STRIDE) -> tuple[int, ...]:
+    """The clocks one profiling phase visits, ascending: every ``stride``-th
+    supported clock counted down from the top, so the default (top) clock is
+    always among them. Shared by the simulator and the operator, which writes
+    them on a profiling job's pods for the node agent to sweep."""
+    if stride < 1:
+        raise SimulationError("profile clock stride must be >= 1")
+    return tuple(gpu.clocks_mhz[::-stride][::-1])
+
+
 INTERVAL_S = 600.0
 """Periodic re-evaluation, besides arrivals, completions and profiling ends:
 short next to jobs lasting hours (median 2.3 h in the ITP window), long enough
@@ -51,7 +67,7 @@ class SimConfig:
     restart_s: float = RESTART_S
     noise: float = 0.03
     seed: int = 0
-    profile_clock_stride: int = 4
+    profile_clock_stride: int = PROFILE_CLOCK_STRIDE
     horizon_s: float = 120 * 86400.0
 
     def __post_init__(self) -> None:
@@ -78,5 +94,4 @@ class SimConfig:
 
     @property
     def profile_clocks_mhz(self) -> tuple[int, ...]:
-        clocks = self.gpu.clocks_mhz[:: -self.profile_clock_stride][::-1]
-        return tuple(clocks)
+        return profile_clocks_mhz(self.gpu, self.profile_clock_stride)

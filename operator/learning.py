@@ -1,0 +1,479 @@
+"""The operator's online refit: samples from the node agents in, each job's fitted model out.
+
+``SampleStore`` is the sink the ingest endpoint hands validated samples to
+(``add``), the model factory the allocation pass asks (``model``), and the
+source of the ``status.model`` fields the pass writes (``status_fields``).
+
+Rows. One ``telemetry.WindowSample`` (one window of one job on one node)
+becomes one row of ``models.samples.Samples``: ``n``, ``r`` = the job's GPUs
+per node, ``bs`` = local batch, ``f`` = the clock locked over the window,
+the step time, and the energy per iteration scaled from the node's
+``gpus_measured`` GPUs to the job's ``n``: ``energy_j * n / gpus_measured``.
+The models' energy is per iteration of the whole job (all ``n`` GPUs), and
+data-parallel workers are symmetric (same step, same batch, same clock), so
+one node's share times ``n / gpus_measured`` estimates the whole; summing
+the nodes' windows instead would need windows that start and end together on
+every node, which independent agents never give. Each node's window is thus
+its own row of the job's samples (aggregated across nodes by the job's key).
+
+Keys. Samples name their job by namespace and name (the agent reads them off
+the pod), not by UID, so the store keys jobs by ``namespace/name`` and
+remembers the UID it saw in the pass: a DLJob deleted and re-created under
+the same name is a new job whose samples and model start afresh. Samples for
+a job the last pass did not see (deleted, never existed, or beyond
+``max_jobs``) are dropped and counted, never stored.
+
+Bounds. A job keeps at most ``max_rows`` rows: when more arrive, every other
+row is dropped (old and new alike, so the profile's clocks stay covered and
+older evidence weighs less), and what the learner counted as fitted is
+thinned the same way, so its "doubled samples" rule refits again after
+another ``max_rows / 2`` rows. Between two passes a job queues at most
+``max_pending`` rows and all jobs together ``max_queued``; more are dropped
+and counted. In total the store holds at most ``max_jobs * max_rows`` rows
+(48 bytes each: 98 MB at the defaults, were 2,000 jobs each past a thousand
+windows) plus ``max_queued`` queued ones (about 15 MB).
+
+Refit. The simulator's learner (``sim.learning.FittedLearner``), unchanged:
+the first ``MIN_SAMPLES`` rows fit the job's prior (``initial``), later rows
+refit warm-started (``update``) only when a placement is new or has doubled
+its rows, and not when the model already predicts the new rows within their
+noise. A job starts from the prior of its ``model`` hint
+(``models.priors.load_prior``), or, after an operator restart, from the
+parameters the previous operator wrote in ``status.model.params``; bad
+parameters there (edited by hand) fall back to the prior with a Warning
+(``Note``) and are removed from status.
+
+Threads. ``add`` only queues rows under a lock (microseconds; the ingest
+calls it on its event loop). ``refresh`` does the rest (sync with the pass's
+DLJobs, thin, fit) and runs in a worker thread of the pass (the compiled
+fitting kernels release the GIL); one refit costs 0.6-4 ms (40-1,000 rows,
+``python -m benchmarks refit``), and a pass spends at most
+``refit_budget_s`` on fits (the rest wait for the next pass). The very first
+fit of a process with a cold numba cache compiles the kernels (seconds, once).
+
+``status.model`` (written by ``reconcile`` in the job's one status patch):
+``prior`` (the prior's name), ``samples`` (windows received, over restarts),
+``params`` (the fitted ``ModelParams.to_dict()``, absent until a fit),
+``fits`` (refits so far) and ``fitErrorPercent``: the fitted model's mean
+absolute percentage error on the rows it holds, the larger of step time's and
+energy's, so one number says how far either prediction is off (it includes
+the samples' own noise, a few percent).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from powerflow.operator.bodies import DLJobBody
+from powerflow.operator.jobs import JobRequest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from powerflow.errors import PowerFlowError
+from powerflow.gpus import gpu_spec
+from powerflow.models.fitted import FittedModel
+from powerflow.models.fitting import MIN_SAMPLES
+from powerflow.models.metrics import mape
+from powerflow.models.params import ModelParams
+from powerflow.models.priors import GENERIC, load_prior
+from powerflow.models.samples import Samples
+from powerflow.sim.learning import FittedLearner, Knowledge, placement_counts
+from powerflow.telemetry import WindowSample
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 1024
+"""Rows a job keeps (a 240 s profile on 8 nodes is about 400 windows)."""
+MAX_PENDING = 1024
+"""Rows a job may queue between two passes (64 nodes at a 5 s window for a minute: 768)."""
+MAX_QUEUED = 65536
+"""Rows all jobs together may queue between two passes (a Python tuple each, ~230 bytes)."""
+MAX_JOBS = 2000
+REFIT_BUDGET_S = 2.0
+"""Most seconds of fitting one pass spends; jobs left over fit at the next pass."""
+
+Row = tuple[float, float, float, float, float, float]
+"""``n, r, bs, f, step_time_s, energy_j`` (whole job, per iteration)."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """A Warning for the controller to post on a DLJob (and log)."""
+
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+    message: str
+
+
+def model_row(sample: WindowSample) -> Row | None:
+    """The model row of one window (module docstring), None when it cannot be one.
+
+    ``telemetry.parse_batch`` already refuses such samples; the store checks
+    again because a sink must not trust its caller with its memory.
+    """
+    n, measured = sample.n, sample.gpus_measured
+    if not 0 < sample.gpus_per_node <= n or not 0 < measured <= n:
+        return None
+    row = (
+        float(n),
+        float(sample.gpus_per_node),
+        float(sample.local_batch_size),
+        float(sample.frequency_mhz),
+        float(sample.step_time_s),
+        float(sample.energy_j) * n / measured,
+    )
+    if not all(math.isfinite(x) and x > 0 for x in row):
+        return None
+    return row
+
+
+def _samples(rows: np.ndarray) -> Samples:
+    return Samples(*(np.ascontiguousarray(rows[:, j]) for j in range(6)))
+
+
+def thin(rows: np.ndarray, known: Knowledge, max_rows: int) -> tuple[np.ndarray, Knowledge]:
+    """Halve ``rows`` (every other one) until at most ``max_rows`` remain.
+
+    The learner's ``seen`` counts the rows it was fitted on, which come first
+    (``FittedLearner.update`` relies on that order); it is recounted on the
+    kept part of that prefix, so "doubled" means doubled since the thinning.
+    """
+    while len(rows) > max_rows:
+        fitted = sum(c for *_, c in known.seen)
+        rows = rows[::2]
+        kept = (fitted + 1) // 2  # the even indices below ``fitted``
+        seen = placement_counts(_samples(rows[:kept])) if kept else ()
+        known = replace(known, seen=seen)
+    return rows, known
+
+
+def fit_error_percent(model: FittedModel, rows: np.ndarray) -> float:
+    """``status.model.fitErrorPercent`` of ``model`` on ``rows`` (module docstring)."""
+    t, e = model.predict_columns(*(np.ascontiguousarray(rows[:, j]) for j in range(4)))
+    worst = max(mape(t, rows[:, 4]), mape(e, rows[:, 5]))
+    return round(100.0 * worst, 2)
+
+
+def _count(value: Any) -> int:
+    """A non-negative count written by someone else; 0 for anything else."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53
+    return int(value) if ok else 0
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _percent(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+class _Entry:
+    """One job: its samples and what the learner knows."""
+
+    __slots__ = (
+        "bad_params",
+        "error_percent",
+        "fresh",
+        "knowledge",
+        "last_try",
+        "model_name",
+        "pending",
+        "received",
+        "rows",
+        "uid",
+    )
+
+    def __init__(self, uid: str, model_name: str | None, knowledge: Knowledge) -> None:
+        self.uid = uid
+        self.model_name = model_name
+        self.knowledge = knowledge
+        self.rows = np.empty((0, 6))
+        self.pending: list[Row] = []
+        self.received = 0
+        self.error_percent: float | None = None
+        self.bad_params = False
+        self.fresh = False
+        """Rows arrived that the learner has not been shown yet."""
+        self.last_try = -1
+
+
+class SampleStore:
+    """Samples per job, refitted models, and their ``status.model`` fields.
+
+    Satisfies the ingest's ``SampleSink`` (``add``); ``model`` is a
+    ``reconcile.ModelFactory``. See the module docstring for the rules.
+    """
+
+    def __init__(
+        self,
+        *,
+        prior: Callable[[str | None], ModelParams] = load_prior,
+        max_rows: int = MAX_ROWS,
+        max_pending: int = MAX_PENDING,
+        max_queued: int = MAX_QUEUED,
+        max_jobs: int = MAX_JOBS,
+        refit_budget_s: float = REFIT_BUDGET_S,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if max_rows < 2 * MIN_SAMPLES or min(max_pending, max_queued, max_jobs) < 1:
+            raise ValueError(
+                f"need max_rows >= {2 * MIN_SAMPLES}, max_pending, max_queued and max_jobs >= 1"
+            )
+        self._prior = prior
+        self.max_rows = max_rows
+        self.max_pending = max_pending
+        self.max_queued = max_queued
+        self._queued = 0
+        """Rows queued by all jobs since the last ``refresh``."""
+        self.max_jobs = max_jobs
+        self.refit_budget_s = refit_budget_s
+        self._jobs: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
+        """Guards ``_jobs`` membership and each entry's ``pending`` (``add`` vs ``refresh``)."""
+        self._refreshing = threading.Lock()
+        """One ``refresh`` at a time: only it touches rows and knowledge."""
+        self._learners: dict[str, FittedLearner] = {}
+        self._passes = 0
+        registry = registry if registry is not None else CollectorRegistry()
+        self.dropped = Counter(
+            "powerflow_model_samples_dropped_total",
+            "Samples the online refit did not keep, by reason: unknown_job (no such "
+            "DLJob in the last pass, or more than the store tracks), invalid, backlog "
+            "(the job's, or all jobs', queue between two passes was full).",
+            ["reason"],
+            registry=registry,
+        )
+        self.accepted = Counter(
+            "powerflow_model_samples_total",
+            "Samples queued for the online refit.",
+            registry=registry,
+        )
+        self.refit_seconds = Histogram(
+            "powerflow_model_refit_seconds",
+            "Wall time of one call of the learner (initial fit or refit, skipped or not).",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+            registry=registry,
+        )
+
+    # --- the ingest's side --------------------------------------------------------
+
+    def add(self, node: str, samples: Sequence[WindowSample], now_s: float) -> None:
+        """Queue validated samples from ``node``'s agent (cheap: no fitting here).
+
+        ``node`` and ``now_s`` are not needed by the refit (rows are ordered
+        by arrival); they are part of the sink's interface for the ingest.
+        """
+        dropped: dict[str, int] = {}
+        accepted = 0
+        with self._lock:
+            for sample in samples:
+                entry = self._jobs.get(f"{sample.namespace}/{sample.job}")
+                row = None if entry is None else model_row(sample)
+                if entry is None or row is None:
+                    reason = "unknown_job" if entry is None else "invalid"
+                elif len(entry.pending) >= self.max_pending or self._queued >= self.max_queued:
+                    reason = "backlog"
+                else:
+                    entry.pending.append(row)
+                    entry.received += 1
+                    self._queued += 1
+                    accepted += 1
+                    continue
+                dropped[reason] = dropped.get(reason, 0) + 1
+        self.accepted.inc(accepted)
+        for reason, count in dropped.items():
+            self.dropped.labels(reason).inc(count)
+
+    # --- the allocation pass's side -----------------------------------------------
+
+    def model(self, req: JobRequest) -> FittedModel:
+        """The job's model: fitted if the store has one, else its prior (a ``ModelFactory``).
+
+        The same object until a refit replaces it, so the policy's per-model
+        memos stay valid across passes.
+        """
+        entry = self._jobs.get(req.key)
+        if entry is not None and entry.uid == req.uid:
+            model = entry.knowledge.model
+            assert isinstance(model, FittedModel)
+            return model
+        return self._prior_model(req.model_name)
+
+    def refresh(self, bodies: Sequence[DLJobBody]) -> list[Note]:
+        """Sync with the pass's DLJobs, then thin and refit; Warnings to post.
+
+        Runs in a worker thread of the pass (module docstring); blocking.
+        """
+        with self._refreshing:
+            self._passes += 1
+            notes: list[Note] = []
+            with self._lock:
+                work = self._sync(bodies, notes)
+                batches = [(entry, entry.pending) for entry in work]
+                for entry in work:
+                    entry.pending = []
+                self._queued = 0
+            deadline = time.perf_counter() + self.refit_budget_s
+            # Jobs that waited longest for a fit go first (``refit_budget_s``).
+            for entry, pending in sorted(batches, key=lambda b: b[0].last_try):
+                try:
+                    self._update(entry, pending, deadline)
+                except Exception:  # a bug must not stop the others' fits, nor the pass
+                    log.exception("online refit of a job failed; it keeps its model")
+                    entry.fresh = False  # retried when new samples arrive
+            return notes
+
+    def _update(self, entry: _Entry, pending: list[Row], deadline: float) -> None:
+        """Add the queued rows, thin, and ask the learner if the budget allows."""
+        rows = entry.rows
+        if pending:
+            rows = np.concatenate([rows, np.asarray(pending, dtype=np.float64)])
+        rows, known = thin(rows, entry.knowledge, self.max_rows)
+        entry.rows = rows
+        entry.fresh = entry.fresh or bool(pending)
+        if entry.fresh and time.perf_counter() < deadline:
+            entry.last_try = self._passes
+            entry.fresh = False
+            known = self._learn(entry, known, rows)
+        if (pending or known.model is not entry.knowledge.model) and len(rows):
+            model = known.model
+            assert isinstance(model, FittedModel)
+            entry.error_percent = fit_error_percent(model, rows)
+        entry.knowledge = known
+
+    def status_fields(self) -> dict[str, dict[str, Any]]:
+        """``status.model`` fields per job key, for ``reconcile`` (module docstring)."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            entries = list(self._jobs.items())
+        for key, entry in entries:
+            known = entry.knowledge
+            prior = self._prior_model(entry.model_name).params
+            fields: dict[str, Any] = {"prior": prior.model or GENERIC, "samples": entry.received}
+            if known.fits > 0 and known.params is not None:
+                fields["params"] = params_status(known.params)
+                fields["fits"] = known.fits
+            elif entry.bad_params:
+                fields["params"] = None  # a merge patch removes the bad ones
+            if entry.error_percent is not None:
+                fields["fitErrorPercent"] = entry.error_percent
+            out[key] = fields
+        return out
+
+    # --- internals ------------------------------------------------------------------
+
+    def _sync(self, bodies: Sequence[DLJobBody], notes: list[Note]) -> list[_Entry]:
+        """Track the pass's DLJobs (new, re-created, renamed hint), forget the rest."""
+        present: set[str] = set()
+        for body in bodies:
+            try:
+                self._track(body, present, notes)
+            except Exception:  # one odd body never stops the others
+                log.exception("online refit: cannot track a DLJob")
+        for key in set(self._jobs) - present:
+            del self._jobs[key]
+        return list(self._jobs.values())
+
+    def _track(self, body: DLJobBody, present: set[str], notes: list[Note]) -> None:
+        meta: Mapping[str, Any] = _dict(body.get("metadata"))
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            return
+        namespace = str(meta.get("namespace") or "default")
+        key = f"{namespace}/{name}"
+        uid = str(meta.get("uid") or "")
+        hint = _dict(body.get("spec")).get("model")
+        model_name = hint if isinstance(hint, str) and hint else None
+        present.add(key)
+        entry = self._jobs.get(key)
+        if entry is None or entry.uid != uid:
+            if entry is None and len(self._jobs) >= self.max_jobs:
+                return
+            model_status = _dict(_dict(body.get("status")).get("model"))
+            self._jobs[key] = self._restore(namespace, name, uid, model_name, model_status, notes)
+        elif entry.model_name != model_name:
+            entry.model_name = model_name
+            if entry.knowledge.fits == 0:  # nothing learnt yet: start from the new prior
+                entry.knowledge = self._prior_knowledge(model_name)
+
+    def _restore(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        model_name: str | None,
+        model_status: Mapping[str, Any],
+        notes: list[Note],
+    ) -> _Entry:
+        """A job the store has not tracked yet, from what its status says (a restart)."""
+        entry = _Entry(uid, model_name, self._prior_knowledge(model_name))
+        entry.received = _count(model_status.get("samples"))
+        entry.error_percent = _percent(model_status.get("fitErrorPercent"))
+        raw = model_status.get("params")
+        if raw is None:
+            return entry
+        try:
+            params = ModelParams.from_dict(raw)
+            gpu_spec(params.gpu)
+        except PowerFlowError as exc:
+            entry.bad_params = True
+            entry.error_percent = None
+            message = f"status.model.params ignored, starting from the prior: {exc}"
+            notes.append(Note(namespace, name, uid, "InvalidModelParams", message[:500]))
+            return entry
+        fits = max(_count(model_status.get("fits")), 1)
+        entry.knowledge = Knowledge(FittedModel(params), params, fits=fits)
+        return entry
+
+    def _learn(self, entry: _Entry, known: Knowledge, rows: np.ndarray) -> Knowledge:
+        """One call of the simulator's learner on the job's rows."""
+        if len(rows) < MIN_SAMPLES:
+            return known
+        learner = self._learner(entry.model_name)
+        samples = _samples(rows)
+        name = entry.model_name or GENERIC  # the learner's prior lookup wants a name
+        t0 = time.perf_counter()
+        if known.fits == 0 and known.failed_fits == 0 and not known.seen:
+            out = learner.initial(name, known.model, samples)
+        else:
+            out = learner.update(name, known.model, known, samples)
+        self.refit_seconds.observe(time.perf_counter() - t0)
+        return out
+
+    def _learner(self, model_name: str | None) -> FittedLearner:
+        gpu = self._prior_model(model_name).params.gpu
+        learner = self._learners.get(gpu)
+        if learner is None:
+            learner = self._learners[gpu] = FittedLearner(gpu_spec(gpu), prior=self._prior)
+        return learner
+
+    def _prior_knowledge(self, model_name: str | None) -> Knowledge:
+        """What ``FittedLearner.initial`` knows without samples, sharing one model object
+        per prior (the policy memoises per model object)."""
+        model = self._prior_model(model_name)
+        return Knowledge(model, model.params)
+
+    @functools.cached_property
+    def _prior_model(self) -> Callable[[str | None], FittedModel]:
+        @functools.cache
+        def by_name(name: str | None) -> FittedModel:
+            return FittedModel(self._prior(name))
+
+        return by_name
+
+
+def params_status(params: ModelParams) -> dict[str, Any]:
+    """``ModelParams.to_dict()`` without null fields (the CRD's schema has none)."""
+    return {k: v for k, v in params.to_dict().items() if v is not None}

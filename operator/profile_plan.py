@@ -1,0 +1,32 @@
+"""The profiling plan the operator writes on a profiling job's pods, for the node agent.
+
+While a job profiles (phase ``Profiling`` with its window started, see
+``reconcile``), each of its workers carries ``contract.PROFILE_ANNOTATION``:
+``{"clocksMhz": [...], "sliceSeconds": s}``, the clocks the simulator
+profiles with (``sim.config.profile_clocks_mhz`` of the pod's GPU type: every
+4th supported clock from the top, ascending) and ``s`` = the profiling window
+divided by their number, so the sweep fills the window as the simulator's
+does. The node agent (``nodeagent.pods.parse_profile``) locks each clock in
+turn at iteration boundaries and tags each window with its clock. Once the
+window ends the annotation goes, and the agent returns to ``frequency-mhz``.
+
+The text is a pure function of the GPU type and the window, written compactly
+and always the same way, so a pass (or a restarted operator) that finds it
+already on a pod writes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from powerflow.gpus import GpuSpec
+from powerflow.sim.config import profile_clocks_mhz
+
+
+@functools.lru_cache(maxsize=64)
+def plan_annotation(gpu: GpuSpec, window_s: float) -> str:
+    """``contract.PROFILE_ANNOTATION``'s value for ``gpu`` and a ``window_s`` window."""
+    clocks = profile_clocks_mhz(gpu)
+    slice_s = round(window_s / len(clocks), 3) or 0.001  # the agent needs a positive slice
+    return json.dumps({"clocksMhz": list(clocks), "sliceSeconds": slice_s}, separators=(",", ":"))

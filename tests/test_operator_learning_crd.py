@@ -1,0 +1,92 @@
+"""The CRD holds what the online refit writes in ``status.model``, and shows it in
+``kubectl get dlj -o wide``."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from powerflow.operator.learning import SampleStore, params_status
+from prometheus_client import CollectorRegistry
+from support.crd_schema import crd_validator
+
+from powerflow import contract
+from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
+from powerflow.models.priors import load_prior
+
+ROOT = Path(__file__).resolve().parent.parent
+CRD = ROOT / "crds" / "dljob.yaml"
+
+
+def version() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(CRD.read_text())
+    (v,) = doc["spec"]["versions"]
+    return v
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft4Validator:
+    return crd_validator(CRD, contract.VERSION)
+
+
+def example() -> dict[str, Any]:
+    paths = sorted((ROOT / "examples").glob("*dljob*.yaml"))
+    doc: dict[str, Any] = yaml.safe_load(paths[0].read_text())
+    return doc
+
+
+def test_samples_and_fit_error_are_wide_columns() -> None:
+    columns = {c["name"]: c for c in version()["additionalPrinterColumns"]}
+    samples, error = columns["Samples"], columns["Fit-Error-%"]
+    assert (samples["jsonPath"], samples["type"]) == (".status.model.samples", "integer")
+    assert (error["jsonPath"], error["type"]) == (".status.model.fitErrorPercent", "number")
+    assert samples["priority"] == error["priority"] == 1  # -o wide only
+    default = [c for n, c in columns.items() if n not in ("Samples", "Fit-Error-%")]
+    assert all(c.get("priority", 0) == 0 for c in default)  # the plain view is unchanged
+
+
+def test_params_schema_names_every_model_parameter() -> None:
+    schema = version()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    params = schema["properties"]["model"]["properties"]["params"]["properties"]
+    assert set(params) == {"version", "gpu", "model", "throughput", "energy"}
+    assert tuple(params["throughput"]["properties"]) == ThroughputParams.names()
+    assert tuple(params["energy"]["properties"]) == EnergyParams.names()
+
+
+def test_what_the_store_writes_validates(validator: jsonschema.Draft4Validator) -> None:
+    """The fields of a real fit, and of a prior without a model name, fit the schema."""
+    store = SampleStore(registry=CollectorRegistry())
+    doc = example()
+    doc["metadata"] = {"name": "job", "namespace": "ml", "uid": "u"}
+    store.refresh([doc])
+    fields = store.status_fields()["ml/job"]
+    params = {**params_status(load_prior("resnet50")), "model": "resnet50"}
+    status = {"model": {**fields, "params": params, "fits": 2, "fitErrorPercent": 3.5}}
+    assert validator.is_valid(doc | {"status": status})
+    unnamed = ModelParams(**{**load_prior("resnet50").__dict__, "model": None})
+    status["model"]["params"] = params_status(unnamed)
+    assert "model" not in status["model"]["params"]
+    assert validator.is_valid(doc | {"status": status})
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda m: m.update(fitErrorPercent=-1),
+        lambda m: m.update(fits=-1),
+        lambda m: m["params"].update(extra=1),
+        lambda m: m["params"]["throughput"].update(a_io="x"),
+    ],
+    ids=["negative-error", "negative-fits", "unknown-field", "not-a-number"],
+)
+def test_schema_rejects_bad_model_status(
+    mutate: Any, validator: jsonschema.Draft4Validator
+) -> None:
+    model = {"samples": 1, "fits": 1, "fitErrorPercent": 1.0}
+    model["params"] = copy.deepcopy(params_status(load_prior("resnet50")))
+    mutate(model)
+    assert not validator.is_valid(example() | {"status": {"model": model}})

@@ -1,0 +1,243 @@
+"""The online refit and the profile plan through ``powerflow operator`` against the
+emulated API server: samples handed to the operator's sample store (the sink the
+ingest endpoint calls) end up as a fitted model in ``status.model``, which a
+restarted operator schedules with; the profile plan is on the pods while the job
+profiles. Started as a user starts it (``serve`` with a kubeconfig); the models
+are the product's (no ``models`` seam)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from operator_cases import (
+    BUDGET,
+    JOBS,
+    MERGE,
+    NS,
+    ThresholdPolicy,
+    dljob,
+    eventually,
+    pods_of,
+    start_workers,
+    status_of,
+)
+from powerflow.operator.learning import SampleStore
+from powerflow.operator.profile_plan import plan_annotation
+from prometheus_client import CollectorRegistry
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import Operator, operator_args
+
+from powerflow import contract
+from powerflow import groundtruth as gt
+from powerflow.commands.operator import serve
+from powerflow.gpus import A100
+from powerflow.models.params import ModelParams
+from powerflow.models.priors import load_prior
+from powerflow.policy.snapshot import Plan, Snapshot
+from powerflow.sim.config import SimConfig
+from powerflow.telemetry import WindowSample
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+MODEL = "resnet50"
+N, BS = 4, 16  # dljob(): 64 samples per iteration on 4 GPUs
+
+
+class RecordingPolicy(ThresholdPolicy):
+    """Records the parameters of each job's model in every snapshot."""
+
+    def __init__(self) -> None:
+        self.params: list[dict[str, ModelParams]] = []
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        self.params.append({j.id: j.model.params for j in snapshot.jobs})  # type: ignore[attr-defined]
+        return super().plan(snapshot)
+
+
+def operator(kubeconfig: Path, policy: RecordingPolicy, window_s: float = 0.0) -> Operator:
+    args = operator_args(kubeconfig, "--profiling-window", str(window_s))
+    return Operator(args, policy)
+
+
+def windows(count: int) -> list[WindowSample]:
+    """``count`` windows of the job on one node (all 4 GPUs), the profile's clocks in turn."""
+    truth = gt.ground_truth(MODEL)
+    rng = np.random.default_rng(0)
+    clocks = SimConfig().profile_clocks_mhz
+    out = []
+    for i in range(count):
+        f = clocks[i % len(clocks)]
+        s = gt.measure(truth, N, N, BS, f, rng=rng, noise=0.03)
+        out.append(
+            WindowSample(
+                namespace=NS,
+                job="fit",
+                generation=1,
+                n=N,
+                gpus_per_node=N,
+                local_batch_size=BS,
+                frequency_mhz=f,
+                gpus_measured=N,
+                iterations=10,
+                step_time_s=float(s.step_time_s[0]),
+                energy_j=float(s.energy_j[0]),
+                end_s=1.0,
+            )
+        )
+    return out
+
+
+async def running_job(api: httpx.AsyncClient) -> None:
+    await api.post(JOBS, json=dljob("fit", model=MODEL))
+
+    async def four() -> list[dict[str, Any]]:
+        pods = await pods_of(api, "fit")
+        return pods if len(pods) == 4 else []
+
+    await start_workers(api, await eventually(four), "n1")
+
+
+async def model_status(api: httpx.AsyncClient) -> dict[str, Any]:
+    model: dict[str, Any] = (await status_of(api, "fit")).get("model", {})
+    return model
+
+
+def store_of(op: Operator) -> SampleStore:
+    assert op.controller is not None and op.controller.learning is not None
+    return op.controller.learning
+
+
+async def test_the_fitted_model_is_in_status_and_a_restart_schedules_with_it(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    # Passes every 0.2 s: samples are fitted at the next pass.
+    interval = {"data": {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "0.2"}}
+    await api.patch(BUDGET, json=interval, headers=MERGE)
+    policy = RecordingPolicy()
+    async with operator(kubeconfig, policy) as op:
+        await running_job(api)
+        assert policy.params[-1][f"{NS}/fit"] == load_prior(MODEL)
+        store_of(op).add("n1", windows(21), 1.0)
+
+        async def fitted() -> dict[str, Any]:
+            model = await model_status(api)
+            return model if "params" in model else {}
+
+        model = await eventually(fitted)
+        assert model["samples"] == 21 and model["fits"] == 1 and model["prior"] == MODEL
+        assert 0 < model["fitErrorPercent"] < 10
+        params = ModelParams.from_dict(model["params"])
+        assert params != load_prior(MODEL)
+
+        async def scheduled_with_fit() -> bool:
+            return policy.params[-1].get(f"{NS}/fit") == params
+
+        await eventually(scheduled_with_fit)
+
+    restarted = RecordingPolicy()
+    async with operator(kubeconfig, restarted):
+        await asyncio.sleep(0.5)  # a few passes
+        assert restarted.params[0][f"{NS}/fit"] == params  # from the first pass on
+        assert await model_status(api) == model  # read back, not rewritten
+
+
+async def test_bad_params_in_status_fall_back_to_the_prior_with_a_warning(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    await api.post(JOBS, json=dljob("fit", model=MODEL))
+    bad = {"status": {"model": {"params": {"version": 1, "gpu": "A100"}, "samples": 7}}}
+    path = f"{JOBS}/fit/status"
+    assert (await api.patch(path, json=bad, headers=MERGE)).is_success
+    policy = RecordingPolicy()
+    async with operator(kubeconfig, policy):
+
+        async def warned() -> list[dict[str, Any]]:
+            events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+            return [e for e in events if e.get("reason") == "InvalidModelParams"]
+
+        (event,) = await eventually(warned)
+        assert event["type"] == "Warning" and event["involvedObject"]["name"] == "fit"
+        assert policy.params[-1][f"{NS}/fit"] == load_prior(MODEL)
+
+        async def removed() -> dict[str, Any]:
+            model = await model_status(api)
+            return model if "params" not in model else {}
+
+        assert (await eventually(removed))["samples"] == 7
+
+
+async def test_the_profile_plan_is_on_the_pods_while_the_job_profiles(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    policy = RecordingPolicy()
+    window = 1.0
+    async with operator(kubeconfig, policy, window_s=window):
+        await running_job(api)
+        want = plan_annotation(A100, window)
+
+        async def planned() -> list[dict[str, Any]]:
+            pods = await pods_of(api, "fit")
+            ann = [p["metadata"].get("annotations", {}) for p in pods]
+            return pods if all(a.get(contract.PROFILE_ANNOTATION) == want for a in ann) else []
+
+        await eventually(planned)
+        assert (await status_of(api, "fit"))["phase"] == "Profiling"
+
+        async def cleared() -> list[dict[str, Any]]:
+            pods = await pods_of(api, "fit")
+            ann = [p["metadata"].get("annotations", {}) for p in pods]
+            return pods if all(contract.PROFILE_ANNOTATION not in a for a in ann) else []
+
+        await eventually(cleared)
+        assert (await status_of(api, "fit"))["phase"] == "Running"
+
+
+class BrokenStore(SampleStore):
+    """A store whose refresh fails every time (a bug in the refit)."""
+
+    def refresh(self, bodies: Any) -> Any:
+        raise RuntimeError("refit bug")
+
+
+class OperatorWithStore(Operator):
+    """``serve`` with its ``store`` seam (what the ingest is given as its sink)."""
+
+    def __init__(self, args: Any, policy: RecordingPolicy, store: SampleStore) -> None:
+        super().__init__(args, policy)
+        self.store = store
+
+    def _main(self) -> None:
+        try:
+            serve(
+                self.args,
+                stop_flag=self._stop,
+                ready_flag=self._ready,
+                policy=self.policy,
+                on_start=self._started,
+                store=self.store,
+            )
+        except BaseException as exc:
+            self.error = exc
+            self._ready.set()
+
+
+async def test_a_failing_refit_does_not_stop_scheduling(
+    kubeconfig: Path, api: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = BrokenStore(registry=CollectorRegistry())
+    args = operator_args(kubeconfig, "--profiling-window", "0")
+    async with OperatorWithStore(args, RecordingPolicy(), store) as op:
+        assert store_of(op) is store
+        await api.post(JOBS, json=dljob("fit", model=MODEL))
+
+        async def four() -> list[dict[str, Any]]:
+            pods = await pods_of(api, "fit")
+            return pods if len(pods) == 4 else []
+
+        await eventually(four)  # the pass went on with the priors
+    assert "online refit failed" in caplog.text
