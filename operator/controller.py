@@ -33,7 +33,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ from powerflow.operator.jobs import JobRequest, RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
 from powerflow.operator.learning import SampleStore
-from powerflow.operator.metrics import Metrics
+from powerflow.operator.metrics import Metrics, job_series
 from powerflow.operator.nodes import cluster_nodes
 from powerflow.operator.parking import busy_nodes, node_marks
 from powerflow.operator.reconcile import (
@@ -68,7 +68,7 @@ from powerflow.operator.timefmt import format_time
 from powerflow import contract
 from powerflow.errors import ResourceError
 from powerflow.models.protocol import PerfModel
-from powerflow.policy.snapshot import Policy
+from powerflow.policy.snapshot import Node, Policy
 from powerflow.taints import GPU_TOLERATIONS
 
 log = logging.getLogger(__name__)
@@ -355,6 +355,7 @@ class Controller:
         self._refused = by_job(refused)
         self._note_progress(actions, now, state)
         self._after(actions)
+        self._publish(state, nodes, actions)
         events, self._events = self._events, []
         await self.kube.post_events(events)
         self.metrics.loop_seconds.observe(time.perf_counter() - started)
@@ -395,6 +396,16 @@ class Controller:
             }
             for key in set(self._progress_written) - keys:
                 del self._progress_written[key]
+
+    def _publish(self, state: ClusterState, nodes: Sequence[Node], actions: Actions) -> None:
+        """The dashboard's gauges: the pool's GPUs and each job's, after the pass."""
+        total = sum(n.gpus for n in nodes)
+        down = set(actions.plan.powered_down_nodes) if actions.plan is not None else set()
+        powered = sum(n.gpus for n in nodes if n.name not in down)
+        self.metrics.set_gpus(total, powered, actions.allocated_gpus)
+        self.metrics.set_jobs(
+            job_series([o.body for o in state.jobs], [*actions.status_first, *actions.status])
+        )
 
     def _after(self, actions: Actions) -> None:
         for note in actions.notes:

@@ -3,8 +3,13 @@ so tests may run several) served on the operator's metrics port."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from powerflow.operator.timefmt import parse_time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PHASES = ("Pending", "Profiling", "Running", "Rescaling", "Succeeded", "Failed")
@@ -59,6 +64,129 @@ class Metrics:
             registry=r,
         )
 
+        self.cluster_gpus = Gauge(
+            "powerflow_cluster_gpus",
+            "GPUs of the planned pool: total, powered (on nodes the plan keeps on) "
+            "and allocated (to running DLJobs).",
+            ["state"],
+            registry=r,
+        )
+        job = ["namespace", "job"]
+        self.job_gpus = Gauge("powerflow_job_gpus", "GPUs allocated to a DLJob.", job, registry=r)
+        self.job_frequency = Gauge(
+            "powerflow_job_frequency_hertz", "GPU core clock of a DLJob's workers.", job, registry=r
+        )
+        self.job_iterations = Gauge(
+            "powerflow_job_iterations",
+            "Iterations a DLJob has done (reported, else estimated); its rate is the throughput.",
+            job,
+            registry=r,
+        )
+        self.job_fit_error = Gauge(
+            "powerflow_job_fit_error_ratio",
+            "The online-refitted model's error on the job's samples (MAPE, the larger of "
+            "step time and energy), as a ratio.",
+            job,
+            registry=r,
+        )
+        self.job_completion = Histogram(
+            "powerflow_job_completion_seconds",
+            "Job completion time (creation to success) of DLJobs that finished.",
+            buckets=(60, 300, 900, 1800, 3600, 7200, 14400, 28800, 57600, 86400, 172800, 604800),
+            registry=r,
+        )
+        self._job_labels: set[tuple[str, str]] = set()
+
     def set_phases(self, phases: Mapping[str, int]) -> None:
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(phases.get(phase, 0))
+
+    def set_gpus(self, total: int, powered: int, allocated: int) -> None:
+        for state, value in (("total", total), ("powered", powered), ("allocated", allocated)):
+            self.cluster_gpus.labels(state=state).set(value)
+
+    def set_jobs(self, series: Sequence[JobSeries]) -> None:
+        """One series per DLJob that exists; a deleted job's series go with it."""
+        per_job = (self.job_gpus, self.job_frequency, self.job_iterations, self.job_fit_error)
+        seen = set()
+        for s in series:
+            labels = (s.namespace, s.name)
+            seen.add(labels)
+            self.job_gpus.labels(*labels).set(s.gpus)
+            self.job_frequency.labels(*labels).set(s.frequency_mhz * 1e6)
+            self.job_iterations.labels(*labels).set(s.iterations)
+            if s.fit_error_percent is not None:
+                self.job_fit_error.labels(*labels).set(s.fit_error_percent / 100.0)
+            if s.completion_s is not None:
+                self.job_completion.observe(s.completion_s)
+        for labels in self._job_labels - seen:
+            for metric in per_job:
+                with contextlib.suppress(KeyError):  # never set (no fit yet)
+                    metric.remove(*labels)
+        self._job_labels = seen
+
+
+@dataclass(frozen=True)
+class JobSeries:
+    """What the dashboard shows of one DLJob, as its status reads after a pass."""
+
+    namespace: str
+    name: str
+    gpus: int
+    frequency_mhz: int
+    iterations: int
+    fit_error_percent: float | None
+    completion_s: float | None
+    """Job completion time (creation to completion), set only in the pass that
+    records the completion: the histogram counts each job once per operator."""
+
+
+def job_series(
+    bodies: Sequence[Mapping[str, Any]], patches: Sequence[tuple[str, str, Mapping[str, Any]]]
+) -> list[JobSeries]:
+    """Each job's series from its body's status merged with this pass's patches.
+
+    Pure and forgiving: a field that is missing or not a number counts as 0 (or
+    None), since a status written by someone else must not break the metrics.
+    """
+    patched: dict[tuple[str, str], dict[str, Any]] = {}
+    for namespace, name, patch in patches:
+        patched.setdefault((namespace, name), {}).update(patch)
+    out = []
+    for body in bodies:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        status = {**(body.get("status") or {}), **patched.get(key, {})}
+        allocation = _mapping(status.get("allocation"))
+        progress = _mapping(status.get("progress"))
+        model = _mapping(status.get("model"))
+        completion_s = None
+        new = patched.get(key, {})
+        if new.get("phase") == "Succeeded" and new.get("completionTime"):
+            created = parse_time(meta.get("creationTimestamp"))
+            done = parse_time(new.get("completionTime"))
+            if created is not None and done is not None and done >= created:
+                completion_s = done - created
+        error = _number(model.get("fitErrorPercent"))
+        out.append(
+            JobSeries(
+                namespace=key[0],
+                name=key[1],
+                gpus=int(_number(allocation.get("gpus")) or 0),
+                frequency_mhz=int(_number(allocation.get("frequencyMHz")) or 0),
+                iterations=int(_number(progress.get("iterations")) or 0),
+                fit_error_percent=error,
+                completion_s=completion_s,
+            )
+        )
+    return out
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
