@@ -137,7 +137,7 @@ def panels() -> list[dict[str, Any]]:
             (0, 25, 8, 8),
             [
                 (
-                    "sum by (namespace, job) (rate(powerflow_job_iterations[5m]))",
+                    "sum by (namespace, job) (deriv(powerflow_job_iterations[5m]))",
                     "{{namespace}}/{{job}}",
                 )
             ],
