@@ -19,10 +19,6 @@ from prometheus_client import CollectorRegistry
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "helm" / "powerflow" / "files" / "dashboard.json"
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count")}
-PROMQL_WORDS = {
-    "sum", "max", "min", "avg", "count", "rate", "increase", "deriv", "by", "without",
-    "histogram_quantile", "le", "on", "ignoring", "group_left", "group_right",
-}  # fmt: skip
 
 
 def exported() -> dict[str, set[str]]:
