@@ -20,6 +20,23 @@ out=$(run sh -c 'powerflow operator --kubeconfig /nonexistent 2>&1; echo "exit $
 [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "operator without a cluster: $out"
 [ "$(printf '%s\n' "$out" | wc -l)" = 2 ] || fail "operator's error is not one line: $out"
 
+# The node agent: without a GPU (NVML absent) and without a cluster, each a
+# one-line error and exit 2; the worker library imports without torch or numpy.
+run sh -c 'printf "%s\n" "apiVersion: v1" "kind: Config" \
+  "clusters: [{name: c, cluster: {server: \"http://127.0.0.1:1\"}}]" \
+  "users: [{name: u, user: {token: t}}]" \
+  "contexts: [{name: x, context: {cluster: c, user: u}}]" "current-context: x" > /tmp/kubeconfig'
+out=$(run sh -c 'powerflow nodeagent --node-name n1 --kubeconfig /tmp/kubeconfig 2>&1; echo "exit $?"')
+printf '%s\n' "$out" | grep -q 'NVML' || fail "nodeagent without a GPU: $out"
+for agent_args in "--node-name n1 --kubeconfig /tmp/kubeconfig" \
+                  "--simulate 2 --node-name n1 --once --kubeconfig /nonexistent"; do
+  out=$(run sh -c "powerflow nodeagent $agent_args 2>&1; echo \"exit \$?\"")
+  [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "nodeagent $agent_args: $out"
+  [ "$(printf '%s\n' "$out" | wc -l)" = 2 ] || fail "nodeagent $agent_args: not one line: $out"
+done
+run python3 -c 'import sys, powerflow.worker; assert "numpy" not in sys.modules' \
+  || fail "powerflow.worker imports something heavy"
+
 # The extender serves /readyz and says why it is not ready without a cluster.
 set +e
 out=$(run timeout 30 python3 -c '
