@@ -1,0 +1,236 @@
+"""The chart's RBAC against every API call each component makes, both ways.
+
+Each component runs as a user runs it, against the emulated API server,
+through scenarios that take each of its API paths; it logs in with a
+kubeconfig carrying a token of its own, so the emulator's request log
+(kmock records every request) tells whose each request is. Each request
+is mapped to what RBAC authorizes (``support.rbac.call_of``, as the API
+server's request-info resolver does: GET of a collection is ``list``,
+``?watch=true`` is ``watch``, GET of one object ``get``, POST ``create``, PUT
+``update``, PATCH ``patch``, DELETE ``delete``/``deletecollection``).
+Discovery (``/api``, ``/apis``, ``/apis/GROUP/VERSION``) and ``/version``
+are non-resource URLs that ``system:discovery`` and
+``system:public-info-viewer`` let every authenticated user read: they are
+not the chart's to grant and are left out.
+
+The rules come from the chart as the real ``helm template`` renders it, per
+ServiceAccount: ClusterRoles through ClusterRoleBindings (everywhere), Roles
+through RoleBindings (in their namespace only: the budget ConfigMap, the
+budget-in-force record and the Lease live in the release namespace). Then,
+for each component:
+
+- every call it made is granted (else: the call, and whose it is);
+- every (group, resource, verb) its roles grant was used by some call
+  (else: the unused grant).
+
+The scheduler pod's ServiceAccount also binds upstream's
+``system:kube-scheduler`` and ``system:volume-scheduler`` ClusterRoles (and
+the ``extension-apiserver-authentication-reader`` Role): the API server
+defines those for kube-scheduler itself, whose calls are not PowerFlow's
+code, so the extender's calls are checked against ``powerflow-extender``
+alone. The worker library (``powerflow.worker``, in users' training pods)
+is checked against the ``powerflow-worker`` ClusterRole the chart ships
+for users to bind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import pytest
+import yaml
+from operator_cases import JOBS, MERGE, NS, PODS, dljob, eventually, header, models, pods_of
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
+from support.rbac import Call, Grant, call_of, grants_of
+
+from powerflow import contract
+from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.telemetry import SampleBatch, encode_batch
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "powerflow"
+HELM = ROOT / ".tools" / "helm"
+RELEASE_NS = "powerflow-system"
+CMS = f"/api/v1/namespaces/{RELEASE_NS}/configmaps"
+BUDGET = f"{CMS}/{contract.BUDGET_CONFIGMAP}"
+AGENT = f"system:serviceaccount:{RELEASE_NS}:powerflow-nodeagent"
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+POD_EXTRA = "authentication.kubernetes.io/pod-name"
+UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+
+
+# -- the chart's rules ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chart() -> list[dict[str, Any]]:
+    """The chart as ``helm template`` renders it in the release namespace (agent on)."""
+    if not HELM.exists():
+        subprocess.run([str(ROOT / "scripts" / "fetch-k8s-tools.sh")], check=True)
+    args = [str(HELM), "template", "pf", str(CHART), "-n", RELEASE_NS]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def account_grants(chart: list[dict[str, Any]], account: str) -> list[Grant]:
+    """The chart's own grants to one of its ServiceAccounts (upstream roles left out)."""
+    grants, _upstream = grants_of(chart, RELEASE_NS, account)
+    return grants
+
+
+# -- the request log -----------------------------------------------------------------------
+
+
+def calls_of(emulator: KubeEmulator, token: str) -> set[Call]:
+    """The calls made with ``token``, as RBAC sees them (non-resource URLs left out)."""
+    calls = set()
+    for request in emulator:
+        if header(request, "Authorization") != f"Bearer {token}":
+            continue
+        call = call_of(str(request.method.value), request.url.path, request.params)
+        if call is not None:
+            calls.add(call)
+    return calls
+
+
+def check(component: str, calls: Iterable[Call], grants: list[Grant]) -> None:
+    """Both ways: each call granted, each grant used."""
+    calls = set(calls)
+    denied = sorted(str(c) for c in calls if not any(g.allows(c) for g in grants))
+    assert not denied, f"{component} makes calls the chart does not grant: {denied}"
+    unused = sorted({str(g) for g in grants if not any(g.allows(c) for c in calls)})
+    assert not unused, f"the chart grants {component} what it never uses: {unused}"
+
+
+# -- operator ------------------------------------------------------------------------------
+
+
+class RbacPolicy:
+    """Budget tiers that take each of the operator's write paths: at least 1 kW every job
+    its requested GPUs at 1410 MHz; from 500 W the same GPUs at 1005 MHz (a frequency
+    change: pods annotated); below, min GPUs at 1005 MHz (a rescale: a new generation).
+    Nodes no job needs (jobs packed on whole nodes, in name order) are powered down."""
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        limit = snapshot.budget.limit_watts
+        watts = 1e9 if limit is None else limit
+        nodes = sorted(snapshot.nodes, key=lambda n: n.name)
+        free = sum(n.gpus for n in nodes)
+        plans = []
+        for job in sorted(snapshot.jobs, key=lambda j: j.id):
+            want = job.requested_gpus if watts >= 500 else job.min_gpus
+            n = want if want <= free else 0
+            free -= n
+            bs = -(-job.global_batch_size // n) if n else 0
+            plans.append(JobPlan(job.id, n, 1410 if watts >= 1000 else 1005, bs))
+        used = sum(p.gpus for p in plans)
+        per_node = nodes[0].gpus if nodes else 1
+        down = tuple(n.name for n in nodes[-(-used // per_node) :])
+        return Plan(tuple(plans), limit_watts=watts, predicted_watts=1.0, powered_down_nodes=down)
+
+
+async def set_budget(api: httpx.AsyncClient, watts: int | str) -> None:
+    patch = {"data": {"powerLimitWatts": str(watts)}}
+    assert (await api.patch(BUDGET, json=patch, headers=MERGE)).is_success
+
+
+def generation_of(pods: list[dict[str, Any]]) -> set[str]:
+    """The generations of worker pods, from their names (``<job>-g<generation>-w<index>``)."""
+    return {p["metadata"]["name"].rsplit("-", 2)[1][1:] for p in pods}
+
+
+async def test_operator_calls_match_its_rules(
+    kmock: KubeEmulator, api: httpx.AsyncClient, chart: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """DLJobs created, re-clocked, rescaled, finished and failed; the budget changed and its
+    in-force record written, and read back by a restart while the budget is invalid; the
+    Lease taken, renewed and released; a node powered down (once after a conflict); events;
+    status writes; the ingest's TokenReview and, for a pre-1.30 token, the read of the
+    agent's pod."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="operator")
+    aud = (contract.INGEST_AUDIENCE,)
+    kmock.register_token("agent-n1", AGENT, extra={NODE_EXTRA: ["n1"]}, audiences=aud)
+    agent_pod = {"metadata": {"name": "nodeagent-x"}, "spec": {"nodeName": "n1"}}
+    made = await api.post(f"/api/v1/namespaces/{RELEASE_NS}/pods", json=agent_pod)
+    extra = {POD_EXTRA: ["nodeagent-x"], UID_EXTRA: [made.json()["metadata"]["uid"]]}
+    kmock.register_token("old-agent", AGENT, extra=extra, audiences=aud)
+    # One conflict on the first node write: the operator reads the node again.
+    conflict = kmock.refuse("patch", "nodes", status=409, reason="Conflict", times=1)
+    port = free_port()
+    args = operator_args(
+        kubeconfig,
+        "--lease-duration", "3",
+        "--profiling-window", "0",
+        "--ingest-port", str(port),
+        "--ingest-host", "127.0.0.1",
+    )  # fmt: skip
+    async with Operator(args, RbacPolicy(), models):
+        await api.post(JOBS, json=dljob("a"))
+
+        async def running(job: str, n: int) -> list[dict[str, Any]]:
+            pods = await pods_of(api, job)
+            return pods if len(pods) == n else []
+
+        await eventually(lambda: running("a", 4))
+
+        async def n2_parked() -> bool:
+            node = (await api.get("/api/v1/nodes/n2")).json()
+            return contract.POWERED_DOWN_ANNOTATION in node["metadata"].get("annotations", {})
+
+        await eventually(n2_parked)
+        assert conflict.hits == 1
+        await set_budget(api, 700)  # same GPUs, a lower clock: the pods are annotated
+
+        async def reclocked() -> bool:
+            pods = await pods_of(api, "a")
+            ann = [p["metadata"].get("annotations", {}) for p in pods]
+            return len(pods) == 4 and all(
+                a.get(contract.FREQUENCY_ANNOTATION) == "1005" for a in ann
+            )
+
+        await eventually(reclocked)
+        await set_budget(api, 300)  # min GPUs: a new generation (Service exists: 409, get)
+
+        async def rescaled() -> bool:
+            pods = await pods_of(api, "a")
+            return len(pods) == 2 and generation_of(pods) == {"2"}
+
+        await eventually(rescaled)
+        for token in ("agent-n1", "old-agent"):
+            batch = encode_batch(SampleBatch("n1", ()))
+            async with httpx.AsyncClient() as client:
+                url = f"http://127.0.0.1:{port}{contract.SAMPLES_PATH}"
+                headers = {"Authorization": f"Bearer {token}"}
+                sent = await client.post(url, content=json.dumps(batch), headers=headers)
+            assert sent.status_code == 200, sent.text
+        progress = {"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: "1000"}}}
+        name = (await pods_of(api, "a"))[0]["metadata"]["name"]
+        await api.patch(f"{PODS}/{name}", json=progress, headers=MERGE)
+
+        async def finished(job: str, phase: str) -> bool:
+            status = (await api.get(f"{JOBS}/{job}")).json().get("status", {})
+            return status.get("phase") == phase and not await pods_of(api, job)
+
+        await eventually(lambda: finished("a", "Succeeded"), timeout=10)
+        await api.post(JOBS, json=dljob("b", restart={"limit": 0, "backoffSeconds": 0}))
+        pods = await eventually(lambda: running("b", 2))  # 300 W: min GPUs
+        failed = {"status": {"phase": "Failed"}}
+        name = pods[0]["metadata"]["name"]
+        assert (await api.patch(f"{PODS}/{name}/status", json=failed, headers=MERGE)).is_success
+        await eventually(lambda: finished("b", "Failed"), timeout=10)
+    # A restart while the budget is invalid starts from the recorded budget in force.
+    await set_budget(api, "lots")
+    restart = operator_args(kubeconfig, "--lease-duration", "3")
+    async with Operator(restart, RbacPolicy(), models) as again:
+        assert again.controller is not None and again.controller.budget.budget.limit_watts == 300
+    check("the operator", calls_of(kmock, "operator"), account_grants(chart, "powerflow-operator"))
