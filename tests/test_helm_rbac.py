@@ -38,15 +38,17 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import kmock
 import pytest
 import yaml
-from operator_cases import JOBS, MERGE, NS, PODS, dljob, eventually, header, models, pods_of
+from extender_bodies import args as extender_args
+from extender_bodies import binding_args, go_json, node, pod
+from operator_cases import JOBS, MERGE, PODS, dljob, eventually, header, models, pods_of
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
 from support.rbac import Call, Grant, call_of, grants_of
@@ -67,6 +69,7 @@ AGENT = f"system:serviceaccount:{RELEASE_NS}:powerflow-nodeagent"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 POD_EXTRA = "authentication.kubernetes.io/pod-name"
 UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+JSON = {"Content-Type": "application/json"}
 
 
 # -- the chart's rules ---------------------------------------------------------------------
@@ -234,3 +237,90 @@ async def test_operator_calls_match_its_rules(
     async with Operator(restart, RbacPolicy(), models) as again:
         assert again.controller is not None and again.controller.budget.budget.limit_watts == 300
     check("the operator", calls_of(kmock, "operator"), account_grants(chart, "powerflow-operator"))
+
+
+# -- extender ------------------------------------------------------------------------------
+
+UPSTREAM = [
+    "ClusterRole system:kube-scheduler",
+    "ClusterRole system:volume-scheduler",
+    "Role extension-apiserver-authentication-reader",
+]
+"""The scheduler pod's roles that upstream defines for kube-scheduler itself."""
+
+
+async def create_pod(api: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """Create a pod of ``extender_bodies`` (server-set fields left to the server)."""
+    fresh = json.loads(json.dumps(body))
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        fresh["metadata"].pop(key)
+    namespace = fresh["metadata"]["namespace"]
+    response = await api.post(f"/api/v1/namespaces/{namespace}/pods", json=fresh)
+    assert response.status_code == 201, response.text
+    made: dict[str, Any] = response.json()
+    return made
+
+
+async def test_extender_calls_match_its_rules(
+    kmock: KubeEmulator, chart: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """``powerflow extender`` mirrors nodes and pods (list, watch), filters, prioritizes and
+    binds a two-worker gang, and binds a pod it does not cache (no GPU: read first)."""
+    kmock.load_builtins()
+    names = ["gpu-0", "gpu-1"]
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        for name in names:
+            body = node(name)
+            status = body.pop("status")
+            assert (await api.post("/api/v1/nodes", json=body)).status_code == 201
+            patch = {"status": status}
+            assert await api.patch(f"/api/v1/nodes/{name}/status", json=patch, headers=MERGE)
+        gang = [
+            await create_pod(api, pod(f"j-g1-w{i}", job="j", workers=2, generation="1", index=i))
+            for i in range(2)
+        ]
+        plain = await create_pod(api, pod("web", gpus=0))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="extender")
+        port = free_port()
+        argv = [sys.executable, "-m", "powerflow", "extender", "--port", str(port)]
+        argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as ext:
+                await ready(ext, proc)
+                nodes = [node(n) for n in names]
+                for worker in gang:
+                    body = go_json(extender_args(worker, nodes, cache_capable=True))
+                    answer = (await ext.post("/filter", content=body, headers=JSON)).json()
+                    assert not answer.get("Error") and answer["NodeNames"], answer
+                    host = answer["NodeNames"][0]
+                    ranked = await ext.post("/prioritize", content=body, headers=JSON)
+                    assert ranked.status_code == 200, ranked.text
+                    bound = (await ext.post("/bind", json=binding_args(worker, host))).json()
+                    assert not bound.get("Error"), bound
+                bound = (await ext.post("/bind", json=binding_args(plain, "gpu-1"))).json()
+                assert not bound.get("Error"), bound
+        finally:
+            proc.terminate()
+            output = (await proc.communicate())[0].decode()
+        assert "Traceback" not in output, output
+        stored = (await api.get("/api/v1/namespaces/default/pods/web")).json()
+        assert stored["spec"]["nodeName"] == "gpu-1"
+    grants, upstream = grants_of(chart, RELEASE_NS, "powerflow-scheduler")
+    assert sorted(upstream) == sorted(UPSTREAM)
+    check("the extender", calls_of(kmock, "extender"), grants)
+
+
+async def ready(ext: httpx.AsyncClient, proc: asyncio.subprocess.Process) -> None:
+    """Until ``/readyz`` answers 200 (its mirror listed); the emulator serves from this loop,
+    so the wait never blocks it."""
+    for _ in range(600):
+        try:
+            if (await ext.get("/readyz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            assert proc.returncode is None, "the extender exited"
+        await asyncio.sleep(0.1)
+    raise AssertionError("the extender never became ready")
