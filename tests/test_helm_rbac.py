@@ -50,10 +50,14 @@ from extender_bodies import args as extender_args
 from extender_bodies import binding_args, go_json, node, pod
 from operator_cases import JOBS, MERGE, PODS, dljob, eventually, header, models, pods_of
 from support.kube_emulator import KubeEmulator
+from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, agent_args, worker_pod
+from support.nodeagent_harness import PODS as AGENT_PODS
+from support.nodeagent_harness import eventually as wait_until
 from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
 from support.rbac import Call, Grant, call_of, grants_of
 
 from powerflow import contract
+from powerflow.gpus import A100
 from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
 from powerflow.telemetry import SampleBatch, encode_batch
 
@@ -324,3 +328,35 @@ async def ready(ext: httpx.AsyncClient, proc: asyncio.subprocess.Process) -> Non
             assert proc.returncode is None, "the extender exited"
         await asyncio.sleep(0.1)
     raise AssertionError("the extender never became ready")
+
+
+# -- node agent ----------------------------------------------------------------------------
+
+
+async def test_node_agent_calls_match_its_rules(
+    kmock: KubeEmulator, chart: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """``powerflow nodeagent`` watches its node's pods and its node, applies a pod's clock
+    and power limit (both clamped: an Event each) and parks idle GPUs of its node once the
+    node is marked powered down."""
+    kmock.load_builtins()
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        body = {"metadata": {"name": NODE}, "status": {"allocatable": {contract.GPU_RESOURCE: "4"}}}
+        assert (await api.post("/api/v1/nodes", json=body)).status_code == 201
+        clamped = worker_pod("a", 0, frequency_mhz="1400", power_limit_watts="40")
+        assert (await api.post(AGENT_PODS, json=clamped)).status_code == 201
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="agent")
+        gpus = RecordingGpus()
+        async with NodeAgent(agent_args(kubeconfig), gpus):
+
+            async def reported() -> bool:
+                items = (await api.get("/api/v1/namespaces/ns/events")).json()["items"]
+                reasons = {e["reason"] for e in items}
+                return {"ClockClamped", "PowerLimitClamped"} <= reasons
+
+            await eventually(reported)
+            mark = {"metadata": {"annotations": {contract.POWERED_DOWN_ANNOTATION: "now"}}}
+            await api.patch(f"/api/v1/nodes/{NODE}", json=mark, headers=MERGE)
+            lowest = A100.clocks_mhz[0]
+            await wait_until(lambda: all(gpus.locked(i) == lowest for i in (1, 2, 3)))
+    check("the node agent", calls_of(kmock, "agent"), account_grants(chart, "powerflow-nodeagent"))
