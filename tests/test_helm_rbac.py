@@ -49,12 +49,13 @@ import yaml
 from extender_bodies import args as extender_args
 from extender_bodies import binding_args, go_json, node, pod
 from operator_cases import JOBS, MERGE, PODS, dljob, eventually, header, models, pods_of
+from powerflow.worker import Worker
 from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, agent_args, worker_pod
 from support.nodeagent_harness import PODS as AGENT_PODS
 from support.nodeagent_harness import eventually as wait_until
 from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
-from support.rbac import Call, Grant, call_of, grants_of
+from support.rbac import Call, Grant, call_of, grants_of, role_grants
 
 from powerflow import contract
 from powerflow.gpus import A100
@@ -360,3 +361,38 @@ async def test_node_agent_calls_match_its_rules(
             lowest = A100.clocks_mhz[0]
             await wait_until(lambda: all(gpus.locked(i) == lowest for i in (1, 2, 3)))
     check("the node agent", calls_of(kmock, "agent"), account_grants(chart, "powerflow-nodeagent"))
+
+
+# -- worker library ------------------------------------------------------------------------
+
+
+async def test_worker_library_calls_match_its_role(
+    kmock: KubeEmulator,
+    chart: list[dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``powerflow.worker`` in a training pod writes its progress annotation (rank 0), with
+    the pod's credentials (a kubeconfig here, as outside a cluster)."""
+    kmock.load_builtins()
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="worker")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        made = await api.post(AGENT_PODS, json=worker_pod("a", 0))
+        assert made.status_code == 201, made.text
+        env = {
+            "POWERFLOW_POD_NAME": "a",
+            "POWERFLOW_POD_NAMESPACE": "ns",
+            "POWERFLOW_POD_UID": made.json()["metadata"]["uid"],
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+        }
+        worker = Worker(env=env, progress_interval_s=3600.0, min_interval_s=3600.0)
+        for _ in range(3):
+            worker.report_iteration()
+        await asyncio.to_thread(worker.close)  # the final write
+        pod_now = (await api.get(f"{AGENT_PODS}/a")).json()
+        assert pod_now["metadata"]["annotations"][contract.PROGRESS_ANNOTATION] == "3"
+    grants = role_grants(chart, "ClusterRole", "powerflow-worker")
+    check("the worker library", calls_of(kmock, "worker"), grants)
