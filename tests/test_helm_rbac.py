@@ -120,6 +120,127 @@ def check(component: str, calls: Iterable[Call], grants: list[Grant]) -> None:
     assert not unused, f"the chart grants {component} what it never uses: {unused}"
 
 
+# -- the model of RBAC, pinned ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "expected"),
+    [
+        ("GET", "/api/v1/namespaces/ns/pods", {}, Call("", "pods", "list", "ns")),
+        ("GET", "/api/v1/pods", {"watch": "true"}, Call("", "pods", "watch")),
+        ("GET", "/api/v1/watch/namespaces/ns/pods", {}, Call("", "pods", "watch", "ns")),
+        ("GET", "/api/v1/namespaces/ns/pods/p", {}, Call("", "pods", "get", "ns", "p")),
+        ("POST", "/api/v1/namespaces/ns/pods", {}, Call("", "pods", "create", "ns")),
+        (
+            "POST",
+            "/api/v1/namespaces/ns/pods/p/binding",
+            {},
+            Call("", "pods/binding", "create", "ns", "p"),
+        ),
+        (
+            "PATCH",
+            "/apis/powerflow.io/v1/namespaces/ml/dljobs/j/status",
+            {},
+            Call("powerflow.io", "dljobs/status", "patch", "ml", "j"),
+        ),
+        (
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/s/leases/l",
+            {},
+            Call("coordination.k8s.io", "leases", "update", "s", "l"),
+        ),
+        ("DELETE", "/api/v1/namespaces/ns/pods/p", {}, Call("", "pods", "delete", "ns", "p")),
+        ("DELETE", "/api/v1/namespaces/ns/pods", {}, Call("", "pods", "deletecollection", "ns")),
+        ("PATCH", "/api/v1/nodes/n", {}, Call("", "nodes", "patch", None, "n")),
+        ("GET", "/api/v1/namespaces/ns", {}, Call("", "namespaces", "get", None, "ns")),
+        # A list or watch selecting one name is authorized as that name (resourceNames).
+        (
+            "GET",
+            "/api/v1/configmaps",
+            {"watch": "true", "fieldSelector": "metadata.name=b,metadata.namespace=s"},
+            Call("", "configmaps", "watch", None, "b"),
+        ),
+        ("GET", "/api", {}, None),
+        ("GET", "/api/v1", {}, None),
+        ("GET", "/apis", {}, None),
+        ("GET", "/apis/powerflow.io", {}, None),
+        ("GET", "/apis/powerflow.io/v1", {}, None),
+        ("GET", "/version", {}, None),
+    ],
+)
+def test_requests_map_to_what_rbac_authorizes(
+    method: str, path: str, params: dict[str, str], expected: Call | None
+) -> None:
+    assert call_of(method, path, params) == expected
+
+
+ROLES: list[dict[str, Any]] = [
+    {
+        "kind": "ClusterRole",
+        "metadata": {"name": "everywhere"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+    },
+    {
+        "kind": "Role",
+        "metadata": {"name": "here", "namespace": "s"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "verbs": ["get", "create"],
+                "resourceNames": ["a"],
+            },
+        ],
+    },
+    {
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "x"},
+        "roleRef": {"kind": "ClusterRole", "name": "everywhere"},
+        "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": "s"}],
+    },
+    {
+        "kind": "RoleBinding",
+        "metadata": {"name": "y", "namespace": "s"},
+        "roleRef": {"kind": "Role", "name": "here"},
+        "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": "s"}],
+    },
+    {
+        "kind": "RoleBinding",
+        "metadata": {"name": "z", "namespace": "s"},
+        "roleRef": {"kind": "ClusterRole", "name": "upstream"},
+        "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": "s"}],
+    },
+]
+
+
+def test_bindings_scope_their_rules_as_rbac_does() -> None:
+    """A RoleBinding's rules hold in its namespace only; resourceNames limit to those
+    names and never allow create; a role the manifests lack is reported, not guessed."""
+    grants, missing = grants_of(ROLES, "s", "sa")
+    assert missing == ["ClusterRole upstream"]
+
+    def allowed(call: Call) -> bool:
+        return any(g.allows(call) for g in grants)
+
+    assert allowed(Call("", "nodes", "get", None, "n"))
+    assert allowed(Call("", "configmaps", "get", "s", "a"))
+    assert not allowed(Call("", "configmaps", "get", "other", "a"))
+    assert not allowed(Call("", "configmaps", "get", "s", "b"))
+    assert not allowed(Call("", "configmaps", "get", None, "a"))  # all namespaces
+    assert not allowed(Call("", "configmaps", "create", "s", "a"))
+    assert grants_of(ROLES, "s", "another") == ([], [])
+
+
+def test_the_check_fails_both_ways() -> None:
+    grants, _ = grants_of(ROLES, "s", "sa")
+    used = {Call("", "nodes", "get", None, "n"), Call("", "configmaps", "get", "s", "a")}
+    check("c", used, [g for g in grants if g.verb == "get"])
+    with pytest.raises(AssertionError, match=r"does not grant.*list core/nodes"):
+        check("c", {*used, Call("", "nodes", "list")}, grants)
+    with pytest.raises(AssertionError, match=r"never uses.*create core/configmaps \['a'\]"):
+        check("c", used, grants)
+
+
 # -- operator ------------------------------------------------------------------------------
 
 
