@@ -1,9 +1,12 @@
 """The chart's RBAC against every API call each component makes, both ways.
 
-Each component runs as a user runs it, against the emulated API server,
-through scenarios that take each of its API paths; it logs in with a
-kubeconfig carrying a token of its own, so the emulator's request log
-(kmock records every request) tells whose each request is. Each request
+Each component runs as a user runs it, with the command line the chart
+gives its container (``chart_args``; only the cluster address, ports and,
+for speed, the operator's Lease duration and profiling window overridden),
+against the emulated API server, through scenarios that take each of its
+API paths. It logs in with a kubeconfig carrying a token of its own, so the
+emulator's request log (kmock records every request) tells whose each
+request is. Each request
 is mapped to what RBAC authorizes (``support.rbac.call_of``, as the API
 server's request-info resolver does: GET of a collection is ``list``,
 ``?watch=true`` is ``watch``, GET of one object ``get``, POST ``create``, PUT
@@ -51,13 +54,14 @@ from extender_bodies import binding_args, go_json, node, pod
 from operator_cases import JOBS, MERGE, PODS, dljob, eventually, header, models, pods_of
 from powerflow.worker import Worker
 from support.kube_emulator import KubeEmulator
-from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, agent_args, worker_pod
+from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, worker_pod
 from support.nodeagent_harness import PODS as AGENT_PODS
 from support.nodeagent_harness import eventually as wait_until
 from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
 from support.rbac import Call, Grant, call_of, grants_of, role_grants
 
 from powerflow import contract
+from powerflow.cli import build_parser
 from powerflow.gpus import A100
 from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
 from powerflow.telemetry import SampleBatch, encode_batch
@@ -94,6 +98,20 @@ def account_grants(chart: list[dict[str, Any]], account: str) -> list[Grant]:
     """The chart's own grants to one of its ServiceAccounts (upstream roles left out)."""
     grants, _upstream = grants_of(chart, RELEASE_NS, account)
     return grants
+
+
+def chart_args(chart: list[dict[str, Any]], workload: str, container: str, *drop: str) -> list[str]:
+    """The command line the chart gives a container, less the arguments in ``drop``: the
+    tests start each component with it, then override only what points at the cluster
+    and the ports (later options win)."""
+    (found,) = [
+        c
+        for d in chart
+        if d["kind"] in ("Deployment", "DaemonSet") and d["metadata"]["name"] == workload
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == container
+    ]
+    return [str(a) for a in found["args"] if a not in drop]
 
 
 # -- the request log -----------------------------------------------------------------------
@@ -296,13 +314,12 @@ async def test_operator_calls_match_its_rules(
     # One conflict on the first node write: the operator reads the node again.
     conflict = kmock.refuse("patch", "nodes", status=409, reason="Conflict", times=1)
     port = free_port()
-    args = operator_args(
-        kubeconfig,
-        "--lease-duration", "3",
-        "--profiling-window", "0",
-        "--ingest-port", str(port),
-        "--ingest-host", "127.0.0.1",
-    )  # fmt: skip
+    argv = chart_args(chart, "powerflow-operator", "operator")
+    argv += ["--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
+    argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
+    argv += ["--ingest-port", str(port), "--ingest-host", "127.0.0.1"]
+    argv += ["--lease-duration", "3", "--profiling-window", "0"]
+    args = build_parser().parse_args(argv)
     async with Operator(args, RbacPolicy(), models):
         await api.post(JOBS, json=dljob("a"))
 
@@ -408,8 +425,9 @@ async def test_extender_calls_match_its_rules(
         plain = await create_pod(api, pod("web", gpus=0))
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="extender")
         port = free_port()
-        argv = [sys.executable, "-m", "powerflow", "extender", "--port", str(port)]
-        argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning"]
+        argv = [sys.executable, "-m", "powerflow"]
+        argv += chart_args(chart, "powerflow-scheduler", "extender", "--in-cluster")
+        argv += ["--port", str(port), "--kubeconfig", str(kubeconfig), "--log-level", "warning"]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
@@ -469,7 +487,14 @@ async def test_node_agent_calls_match_its_rules(
         assert (await api.post(AGENT_PODS, json=clamped)).status_code == 201
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="agent")
         gpus = RecordingGpus()
-        async with NodeAgent(agent_args(kubeconfig), gpus):
+        token = tmp_path / "token"
+        token.write_text("agent-ingest-token")
+        argv = chart_args(chart, "powerflow-nodeagent", "nodeagent")
+        argv += ["--kubeconfig", str(kubeconfig), "--node-name", NODE, "--simulate", "4"]
+        argv += ["--metrics-port", "0", "--worker-host", "127.0.0.1", "--worker-port", "0"]
+        argv += ["--pod-resources-socket", "/nonexistent/pod-resources/kubelet.sock"]
+        argv += ["--ingest-url", f"http://127.0.0.1:{free_port()}", "--token-file", str(token)]
+        async with NodeAgent(build_parser().parse_args(argv), gpus):
 
             async def reported() -> bool:
                 items = (await api.get("/api/v1/namespaces/ns/events")).json()["items"]
