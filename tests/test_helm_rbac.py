@@ -436,11 +436,11 @@ async def test_extender_calls_match_its_rules(
                 await ready(ext, proc)
                 nodes = [node(n) for n in names]
                 for worker in gang:
-                    body = go_json(extender_args(worker, nodes, cache_capable=True))
-                    answer = (await ext.post("/filter", content=body, headers=JSON)).json()
+                    wire = go_json(extender_args(worker, nodes, cache_capable=True))
+                    answer = (await ext.post("/filter", content=wire, headers=JSON)).json()
                     assert not answer.get("Error") and answer["NodeNames"], answer
                     host = answer["NodeNames"][0]
-                    ranked = await ext.post("/prioritize", content=body, headers=JSON)
+                    ranked = await ext.post("/prioritize", content=wire, headers=JSON)
                     assert ranked.status_code == 200, ranked.text
                     bound = (await ext.post("/bind", json=binding_args(worker, host))).json()
                     assert not bound.get("Error"), bound

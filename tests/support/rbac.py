@@ -118,7 +118,7 @@ def _rules(role: Mapping[str, Any]) -> Iterable[tuple[str, str, str, tuple[str, 
     """Each (group, resource, verb, resourceName) a role's rules grant, one by one (so
     that a name no call uses shows as an unused grant of its own)."""
     for rule in role.get("rules") or ():
-        names = [(n,) for n in rule.get("resourceNames") or ()] or [()]
+        names: list[tuple[str, ...]] = [(n,) for n in rule.get("resourceNames") or ()] or [()]
         for group in rule.get("apiGroups") or ():
             for resource in rule.get("resources") or ():
                 for verb in rule.get("verbs") or ():
