@@ -42,7 +42,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ import pytest
 import yaml
 from extender_bodies import args as extender_args
 from extender_bodies import binding_args, go_json, node, pod
-from operator_cases import JOBS, MERGE, PODS, dljob, eventually, header, models, pods_of
+from operator_cases import JOBS, MERGE, PODS, dljob, eventually, header, models, pods_of, seed
 from powerflow.worker import Worker
 from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, worker_pod
@@ -117,15 +117,41 @@ def chart_args(chart: list[dict[str, Any]], workload: str, container: str, *drop
 # -- the request log -----------------------------------------------------------------------
 
 
+TEST_AGENT = "powerflow-rbac-test"
+"""The User-Agent of the test's own requests (seeding the cluster, playing the kubelet)."""
+
+
+def client(emulator: KubeEmulator) -> httpx.AsyncClient:
+    """The test's own HTTP client of the emulator."""
+    return httpx.AsyncClient(base_url=str(emulator.url), headers={"User-Agent": TEST_AGENT})
+
+
+@pytest.fixture
+async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    """``conftest.api``'s cluster (two 4-GPU nodes, a 5 kW budget), seeded by ``client``."""
+    kmock.load_builtins()
+    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
+    async with client(kmock) as test_client:
+        await seed(test_client)
+        yield test_client
+
+
 def calls_of(emulator: KubeEmulator, token: str) -> set[Call]:
-    """The calls made with ``token``, as RBAC sees them (non-resource URLs left out)."""
+    """The calls made with ``token``, as RBAC sees them (non-resource URLs left out).
+
+    Every other request must be the test's own: a request of the component without
+    its credentials would otherwise go unchecked."""
     calls = set()
+    strays = []
     for request in emulator:
         if header(request, "Authorization") != f"Bearer {token}":
+            if header(request, "User-Agent") != TEST_AGENT:
+                strays.append(f"{request.method.value} {request.url}")
             continue
         call = call_of(str(request.method.value), request.url.path, request.params)
         if call is not None:
             calls.add(call)
+    assert not strays, f"requests without the component's token: {strays}"
     return calls
 
 
@@ -411,7 +437,7 @@ async def test_extender_calls_match_its_rules(
     binds a two-worker gang, and binds a pod it does not cache (no GPU: read first)."""
     kmock.load_builtins()
     names = ["gpu-0", "gpu-1"]
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+    async with client(kmock) as api:
         for name in names:
             body = node(name)
             status = body.pop("status")
@@ -480,7 +506,7 @@ async def test_node_agent_calls_match_its_rules(
     and power limit (both clamped: an Event each) and parks idle GPUs of its node once the
     node is marked powered down."""
     kmock.load_builtins()
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+    async with client(kmock) as api:
         body = {"metadata": {"name": NODE}, "status": {"allocatable": {contract.GPU_RESOURCE: "4"}}}
         assert (await api.post("/api/v1/nodes", json=body)).status_code == 201
         clamped = worker_pod("a", 0, frequency_mhz="1400", power_limit_watts="40")
@@ -524,7 +550,7 @@ async def test_worker_library_calls_match_its_role(
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="worker")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+    async with client(kmock) as api:
         made = await api.post(AGENT_PODS, json=worker_pod("a", 0))
         assert made.status_code == 201, made.text
         env = {
