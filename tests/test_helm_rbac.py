@@ -38,6 +38,7 @@ for users to bind.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import subprocess
@@ -57,7 +58,7 @@ from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, worker_pod
 from support.nodeagent_harness import PODS as AGENT_PODS
 from support.nodeagent_harness import eventually as wait_until
-from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
+from support.operator_harness import Operator, free_port, write_kubeconfig
 from support.rbac import Call, Grant, call_of, grants_of, role_grants
 
 from powerflow import contract
@@ -322,6 +323,17 @@ def generation_of(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["name"].rsplit("-", 2)[1][1:] for p in pods}
 
 
+def chart_operator(chart: list[dict[str, Any]], kubeconfig: Path, port: int) -> argparse.Namespace:
+    """``powerflow operator`` as the chart runs it, logged in to the emulator, with free
+    ports, the ingest on ``port`` and shorter Lease and profiling times."""
+    argv = chart_args(chart, "powerflow-operator", "operator")
+    argv += ["--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
+    argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
+    argv += ["--ingest-port", str(port), "--ingest-host", "127.0.0.1"]
+    argv += ["--lease-duration", "3", "--profiling-window", "0"]
+    return build_parser().parse_args(argv)
+
+
 async def test_operator_calls_match_its_rules(
     kmock: KubeEmulator, api: httpx.AsyncClient, chart: list[dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -340,13 +352,7 @@ async def test_operator_calls_match_its_rules(
     # One conflict on the first node write: the operator reads the node again.
     conflict = kmock.refuse("patch", "nodes", status=409, reason="Conflict", times=1)
     port = free_port()
-    argv = chart_args(chart, "powerflow-operator", "operator")
-    argv += ["--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
-    argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
-    argv += ["--ingest-port", str(port), "--ingest-host", "127.0.0.1"]
-    argv += ["--lease-duration", "3", "--profiling-window", "0"]
-    args = build_parser().parse_args(argv)
-    async with Operator(args, RbacPolicy(), models):
+    async with Operator(chart_operator(chart, kubeconfig, port), RbacPolicy(), models):
         await api.post(JOBS, json=dljob("a"))
 
         async def running(job: str, n: int) -> list[dict[str, Any]]:
@@ -402,7 +408,7 @@ async def test_operator_calls_match_its_rules(
         await eventually(lambda: finished("b", "Failed"), timeout=10)
     # A restart while the budget is invalid starts from the recorded budget in force.
     await set_budget(api, "lots")
-    restart = operator_args(kubeconfig, "--lease-duration", "3")
+    restart = chart_operator(chart, kubeconfig, free_port())
     async with Operator(restart, RbacPolicy(), models) as again:
         assert again.controller is not None and again.controller.budget.budget.limit_watts == 300
     check("the operator", calls_of(kmock, "operator"), account_grants(chart, "powerflow-operator"))
