@@ -331,7 +331,8 @@ def chart_operator(chart: list[dict[str, Any]], kubeconfig: Path, port: int) -> 
     argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
     argv += ["--ingest-port", str(port), "--ingest-host", "127.0.0.1"]
     argv += ["--lease-duration", "3", "--profiling-window", "0"]
-    return build_parser().parse_args(argv)
+    args: argparse.Namespace = build_parser().parse_args(argv)
+    return args
 
 
 async def test_operator_calls_match_its_rules(
