@@ -309,7 +309,8 @@ class RbacPolicy:
             plans.append(JobPlan(job.id, n, 1410 if watts >= 1000 else 1005, bs))
         used = sum(p.gpus for p in plans)
         per_node = nodes[0].gpus if nodes else 1
-        down = tuple(n.name for n in nodes[-(-used // per_node) :])
+        needed = -(-used // per_node)
+        down = tuple(n.name for n in nodes[needed:])
         return Plan(tuple(plans), limit_watts=watts, predicted_watts=1.0, powered_down_nodes=down)
 
 
