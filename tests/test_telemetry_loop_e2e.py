@@ -15,13 +15,20 @@ the GPU completes them).
 
 The DLJob says ``model: resnet50``, so the operator starts from the resnet50
 prior; but the network trains like inception3 (the simulated GPUs run
-inception3's ground truth): a hint that is only a guess, the prior 30-35 %
-off in step time and energy. The profiling sweep gives one window per clock
-of the plan (21 clocks), and after N windows (N = the ``samples`` count when
-``status.model`` first has a fitted model with that quality: 21-35 in runs on
-a loaded 2-core machine) the model the operator wrote in ``status.model.params``
-predicts the ground truth within 10 % at the job's n, placement and batch
-over the clocks it ran at.
+inception3's ground truth, at the job's n = 4 GPUs on one node and local batch
+8): a hint that is only a guess, the prior 31-34 % off in step time and energy.
+The operator's profile plan sweeps the A100's 21 profiling clocks over the
+``--profiling-window`` (0.8 s a clock); the agent closes a window every
+``--window`` (0.3 s) and at every sweep step, and posts them every 5 s.
+
+N: the model the operator wrote in ``status.model.params``, built as a
+restarted operator builds it, predicts the ground truth within 10 % in step
+time and energy (over the profiled clocks and the one the job ran at) after
+N = 10-11 windows in runs here: the agent's first batch, the sweep's lowest
+clocks, enough for the first fit (``MIN_SAMPLES`` = 10). Asserted: N <= 42
+(two sweeps' worth, for batches that fall badly on a loaded machine), and the
+model is still within 10 % once every clock of the plan was measured (about
+35 windows).
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from operator_cases import BUDGET, JOBS, MERGE, NS, PODS, dljob, node, pods_of, status_of
+from operator_cases import JOBS, MERGE, PODS, dljob, node, pods_of, status_of
 from powerflow.operator.learning import SampleStore
+from powerflow.worker import Worker
 from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NodeAgent
@@ -58,7 +66,6 @@ from powerflow.models.priors import load_prior
 from powerflow.models.protocol import PerfModel
 from powerflow.sim.config import SimConfig
 from powerflow.telemetry import WindowSample
-from powerflow.worker import Worker
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
@@ -67,7 +74,7 @@ HINT, TRUTH = "resnet50", "inception3"
 N, GLOBAL_BATCH = 4, 32
 BS = GLOBAL_BATCH / N
 PROFILE_CLOCKS = SimConfig().profile_clocks_mhz
-SLICE_S = 0.6
+SLICE_S = 0.8
 """Seconds per profiled clock: a few iterations even at the lowest clock (0.2 s each)."""
 PROFILE_S = SLICE_S * len(PROFILE_CLOCKS)
 WINDOW_S = 0.3
@@ -165,8 +172,8 @@ class OperatorWithStore(Operator):
 
 
 class Cluster:
-    """What the extender, the kubelet, the device plugin and the trainers do for the
-    job's pods on ``NODE``; nothing else."""
+    """What the scheduler extender, the kubelet, the device plugin and the training
+    loops do for the job's pods on ``NODE``; nothing else."""
 
     def __init__(self, api: httpx.AsyncClient, gpus: NodeGpus, agent_port: int) -> None:
         self.api = api
@@ -176,24 +183,23 @@ class Cluster:
         """Pod name -> its worker library and its GPU index."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._trainer = threading.Thread(target=self._train, name="trainers", daemon=True)
+        self._loops = threading.Thread(target=self._train, name="training-loops", daemon=True)
 
     async def run(self) -> None:
-        """Bind and start the job's pods as they appear (the operator creates them)."""
-        self._trainer.start()
+        """Bind and start the job's pods as the operator creates them."""
+        self._loops.start()
         while True:
             for pod in await pods_of(self.api, "fit"):
-                if not pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
-                    await self._start(pod, await pods_of(self.api, "fit"))
+                if not pod["spec"].get("nodeName"):
+                    await self._start(pod)
             await asyncio.sleep(0.05)
 
-    async def _start(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+    async def _start(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
-        name = meta["name"]
-        generation = meta["annotations"][contract.GENERATION_ANNOTATION]
-        gang = [p for p in pods if p["metadata"]["annotations"][contract.GENERATION_ANNOTATION] == generation]
-        index = int(meta["labels"][contract.WORKER_INDEX_LABEL])
-        block = [[NODE, i] for i in range(len(gang))]
+        name, index = meta["name"], int(meta["labels"][contract.WORKER_INDEX_LABEL])
+        # The extender: the gang's block (one GPU per worker), recorded at bind.
+        gang = int(meta["annotations"][contract.WORKERS_ANNOTATION])
+        block = [[NODE, i] for i in range(gang)]
         placement = json.dumps({"node": NODE, "block": block}, separators=(",", ":"))
         binding = {
             "apiVersion": "v1",
@@ -202,18 +208,24 @@ class Cluster:
             "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
         }
         assert (await self.api.post(f"{PODS}/{name}/binding", json=binding)).status_code == 201
-        status = {"status": {"phase": "Running", "hostIP": "127.0.0.1", "podIP": f"10.0.0.{index + 1}"}}
-        assert (await self.api.patch(f"{PODS}/{name}/status", json=status, headers=MERGE)).is_success
-        bound = (await self.api.get(f"{PODS}/{name}")).json()
-        gpu = index  # the device plugin's choice; the block is the extender's reservation
-        env = resolved_env(bound, self.agent_port)
+        # The kubelet: the container runs.
+        running = {"phase": "Running", "hostIP": "127.0.0.1", "podIP": f"10.0.0.{index + 1}"}
+        resp = await self.api.patch(
+            f"{PODS}/{name}/status", json={"status": running}, headers=MERGE
+        )
+        assert resp.is_success
+        env = resolved_env(resp.json(), self.agent_port)
+        # The device plugin: the container's GPU (the block's GPU of this worker).
+        gpu = block[index][1]
         env["NVIDIA_VISIBLE_DEVICES"] = self.gpus.gpus()[gpu].uuid
+        # The trainer: progress needs RBAC the test has no use for.
         worker = await asyncio.to_thread(Worker, env=env, write_progress=False)
         with self._lock:
             self.workers[name] = (worker, gpu)
 
     def _train(self) -> None:
-        """Every worker's training loop: an iteration ends when its GPU completes one."""
+        """Every worker's training loop: an iteration ends when its GPU completes one
+        (seen within ``POLL_S``), and the loop tells the worker library."""
         done: dict[str, int] = {}
         while not self._stop.wait(POLL_S):
             with self._lock:
@@ -226,7 +238,7 @@ class Cluster:
 
     def close(self) -> None:
         self._stop.set()
-        self._trainer.join(5)
+        self._loops.join(5)
         for worker, _ in self.workers.values():
             worker.close()
 
@@ -338,41 +350,39 @@ async def test_profiled_samples_refit_the_model_within_ten_percent_of_the_ground
         try:
 
             async def refitted() -> dict[str, Any]:
+                """``status.model`` once its params predict the ground truth within 10 %."""
                 model: dict[str, Any] = (await status_of(api, "fit")).get("model", {})
                 if "params" not in model:
                     return {}
-                fitted = FittedModel(ModelParams.from_dict(model["params"]))
+                fitted = FittedModel(ModelParams.from_dict(model["params"]))  # as on a restart
                 clocks = set(PROFILE_CLOCKS) | {s.frequency_mhz for s in store.received}
                 return model if max(error_percent(fitted, sorted(clocks))) < 10 else {}
-
-            model = await eventually(refitted, timeout=90)
-            t_fit = time.monotonic()
 
             async def swept() -> bool:
                 return {s.frequency_mhz for s in store.received} >= set(PROFILE_CLOCKS)
 
-            try:
-                await eventually(swept, timeout=40)
-            except AssertionError:
-                for x in store.received:
-                    print(x.frequency_mhz, x.iterations, round(x.step_time_s, 3), x.end_s)
-                raise
-            t_swept = time.monotonic()
-            final = await refitted()
+            first = await eventually(refitted, timeout=120)
+            await eventually(swept, timeout=120)  # every clock of the plan was measured
+            final = await eventually(refitted, timeout=30)  # and the model stays within 10 %
         finally:
             nodes.cancel()
             await asyncio.gather(nodes, return_exceptions=True)
             cluster.close()
         assert op.controller is not None
         registry = op.controller.metrics.registry
-        accepted = registry.get_sample_value("powerflow_ingest_samples_total") or 0
     samples = store.received
+    assert registry.get_sample_value("powerflow_ingest_samples_total") == len(samples)
+    assert {(s.job, s.n, s.gpus_per_node, s.local_batch_size) for s in samples} == {
+        ("fit", N, N, BS)
+    }
+    # Each window measures the ground truth (its noise, and the boundaries' jitter).
     truth = gt.ground_truth(TRUTH)
-    for s in samples:
-        t = s.step_time_s / float(truth.step_time_s(N, N, BS, s.frequency_mhz))
-        e = s.energy_j * N / s.gpus_measured / float(truth.energy_per_iter_j(N, N, BS, s.frequency_mhz))
-        print(f"{s.frequency_mhz} it={s.iterations} t={t:.3f} e={e:.3f}")
-    print(f"N = {model['samples']} windows; final {final.get('samples')} {final.get('fits')} {final.get('fitErrorPercent')}; accepted {accepted}; {t_swept - t_fit:.1f}s")
-    assert final
-    assert model["prior"] == HINT and model["fits"] >= 1
-    assert 0 < model["fitErrorPercent"] < 10
+    t = [s.step_time_s / truth.step_time_s(N, N, BS, s.frequency_mhz) for s in samples]
+    e = [
+        s.energy_j * N / s.gpus_measured / truth.energy_per_iter_j(N, N, BS, s.frequency_mhz)
+        for s in samples
+    ]
+    assert abs(np.median(t) - 1) < 0.05 and abs(np.median(e) - 1) < 0.05
+    assert first["prior"] == HINT and first["fits"] >= 1 and first["fitErrorPercent"] > 0
+    assert first["samples"] <= 2 * len(PROFILE_CLOCKS)  # N
+    assert final["samples"] > len(PROFILE_CLOCKS)
