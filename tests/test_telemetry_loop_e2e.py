@@ -142,7 +142,8 @@ class RecordingStore(SampleStore):
     the ingest accepted, so the test can see which clocks were measured."""
 
     def __init__(self) -> None:
-        super().__init__(registry=CollectorRegistry())
+        self.registry = CollectorRegistry()
+        super().__init__(registry=self.registry)
         self.received: list[WindowSample] = []
 
     def add(self, node: str, samples: Sequence[WindowSample], now_s: float) -> None:
@@ -289,6 +290,11 @@ async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+def total(registry: CollectorRegistry, sample: str) -> float:
+    """The sum of ``sample`` over its labels (0 when it has none yet)."""
+    return sum(s.value for m in registry.collect() for s in m.samples if s.name == sample)
+
+
 async def eventually(check: Callable[[], Any], timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -343,7 +349,7 @@ async def test_profiled_samples_refit_the_model_within_ten_percent_of_the_ground
     )
     async with (
         OperatorWithStore(op_args, store) as op,
-        NodeAgent(agent_args, gpus, clock=time.monotonic),
+        NodeAgent(agent_args, gpus, clock=time.monotonic) as agent,
     ):
         assert (await api.post(JOBS, json=job)).status_code == 201
         nodes = asyncio.create_task(cluster.run())
@@ -368,10 +374,16 @@ async def test_profiled_samples_refit_the_model_within_ten_percent_of_the_ground
             nodes.cancel()
             await asyncio.gather(nodes, return_exceptions=True)
             cluster.close()
-        assert op.controller is not None
-        registry = op.controller.metrics.registry
+        assert op.controller is not None and agent.agent is not None
+        registry, agent_registry = op.controller.metrics.registry, agent.agent.metrics.registry
     samples = store.received
-    assert registry.get_sample_value("powerflow_ingest_samples_total") == len(samples)
+    # What the agent sent, the ingest accepted and the store kept, none dropped on the way
+    # (a batch in flight when the agent stopped may be accepted but not counted as sent).
+    sent = total(agent_registry, "powerflow_agent_samples_sent_total")
+    assert 0 < sent <= total(registry, "powerflow_ingest_samples_total") == len(samples)
+    assert total(store.registry, "powerflow_model_samples_total") == len(samples)
+    assert total(agent_registry, "powerflow_agent_samples_dropped_total") == 0
+    assert total(store.registry, "powerflow_model_samples_dropped_total") == 0
     assert {(s.job, s.n, s.gpus_per_node, s.local_batch_size) for s in samples} == {
         ("fit", N, N, BS)
     }
