@@ -86,8 +86,9 @@ POLL_S = 0.02
 
 class NodeGpus(SimulatedGpus):
     """The node's simulated A100s: a job trains like ``TRUTH`` whatever its hint says
-    (``workload`` still answers what the agent assigned), and calls are serialised,
-    as NVML serialises them, since the training loop reads its GPU from another thread."""
+    (``workload`` still answers what the agent assigned). Calls are serialised (NVML
+    is thread-safe, ``SimulatedGpus`` is not): the training loops read their GPUs'
+    iterations from a thread of their own while the agent reads and sets them."""
 
     def __init__(self, count: int, **kwargs: Any) -> None:
         self._mutex = threading.RLock()
