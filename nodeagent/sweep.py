@@ -6,7 +6,14 @@ turn for ``slice_s`` and then goes back to ``frequency-mhz``. Every step,
 the first one included, happens at an iteration boundary (a report of the
 job's lead worker on this node): a window of samples must run at one clock
 from boundary to boundary, so a step mid-iteration would waste the window.
-A slice is timed from the boundary where its clock was asked for.
+Slices follow a schedule from the sweep's start (the boundary where the
+first clock was asked for): clock k from the first boundary at or after
+``start + k * slice_s``. The operator removes the plan ``len(clocks) *
+slice_s`` after it wrote it (``operator.profile_plan``); were each slice timed
+from its own (late) step, every step's lateness (up to an iteration plus the
+worker's report interval) would add up over the clocks and push the sweep past
+the window, cutting off the top clocks. On the schedule a late step shortens
+the next slice instead, and the sweep ends within one boundary of its plan.
 
 One sweep per job (``PodView.job_key``: a new generation is a new job):
 a new or changed plan restarts it from the first clock, a removed plan ends
@@ -28,7 +35,8 @@ class _Sweep:
     plan: ProfilePlan
     index: int = -1
     """Clock being swept; -1 before the first boundary, ``len(clocks)`` when done."""
-    slice_start_s: float = 0.0
+    start_s: float = 0.0
+    """The boundary where the first clock was asked for: the schedule's origin."""
 
     @property
     def clock_mhz(self) -> int | None:
@@ -60,10 +68,10 @@ class Sweeps:
             return False
         n = len(sweep.plan.clocks_mhz)
         if sweep.index < 0:
-            sweep.index, sweep.slice_start_s = 0, now_s
+            sweep.index, sweep.start_s = 0, now_s
             return True
-        if sweep.index < n and now_s - sweep.slice_start_s >= sweep.plan.slice_s:
-            sweep.index, sweep.slice_start_s = sweep.index + 1, now_s
+        if sweep.index < n and now_s - sweep.start_s >= (sweep.index + 1) * sweep.plan.slice_s:
+            sweep.index += 1
             return True
         return False
 

@@ -53,8 +53,10 @@ PROFILE_ANNOTATION: Final = f"{GROUP}/profile"
 """Pod annotation written by the operator while a job profiles: JSON
 ``{"clocksMhz": [int, ...], "sliceSeconds": float}``. The node agent locks each
 clock in turn (ascending order as written) for ``sliceSeconds``, stepping only
-at iteration boundaries, tags every sample with its clock, and goes back to
-``frequency-mhz`` after the last slice or as soon as the annotation goes."""
+at iteration boundaries on a schedule from the sweep's start (clock k from the
+first boundary at or after ``k * sliceSeconds``), tags every sample with its
+clock, and goes back to ``frequency-mhz`` after the last slice or as soon as
+the annotation goes."""
 POWER_LIMIT_ANNOTATION: Final = f"{GROUP}/power-limit-watts"
 """Pod annotation: a board power limit (W, per GPU) the node agent sets on the
 pod's GPUs: the budget's backstop. Absent: the GPU's default limit."""

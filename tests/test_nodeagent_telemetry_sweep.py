@@ -8,8 +8,6 @@ slice's clock.
 
 from __future__ import annotations
 
-import itertools
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nodeagent_telemetry_cases import SimNode, truth_per_gpu, worker
@@ -44,10 +42,10 @@ def test_a_sweep_steps_at_boundaries_and_tags_each_slice() -> None:
         1410,
         None,
     ]
-    # each slice lasts from its boundary to the first boundary >= 6 s later
+    # clock k from the first boundary at or after 6 k s into the sweep
     step_s, _ = truth_per_gpu(view, 900)
-    for a, b in itertools.pairwise(steps):
-        assert 6.0 <= b - a <= 6.0 + 2 * step_s
+    for k, at in enumerate(steps):
+        assert 6.0 * k <= at - steps[0] <= 6.0 * k + 2 * step_s
     assert node.locked == {0: 1005, 1: 1005}  # back to frequency-mhz after the sweep
     by_clock: dict[int, list[float]] = {}
     for s in node.samples():
@@ -99,20 +97,28 @@ def test_a_finished_sweep_is_not_rerun_by_a_replayed_annotation() -> None:
     slice_s=st.floats(0.1, 10.0),
     gaps=st.lists(st.floats(0.0, 4.0), min_size=1, max_size=60),
 )
-def test_sweeps_visit_every_clock_in_order_for_at_least_a_slice(
+def test_sweeps_visit_every_clock_in_order_on_the_plans_schedule(
     clocks: list[int], slice_s: float, gaps: list[float]
 ) -> None:
+    """Clock k from the first boundary after the previous step at or after
+    ``start + k * slice_s``: one step per boundary at most, never early."""
     sweeps = Sweeps()
     sweeps.sync({"job": ProfilePlan(tuple(clocks), slice_s)})
-    now, held = 0.0, []
+    now, held, boundaries = 0.0, [], []
     for gap in gaps:
         now += gap
+        boundaries.append(now)
         if sweeps.on_boundary("job", now):
-            held.append((now, sweeps.clock_mhz("job")))
+            held.append((len(boundaries) - 1, sweeps.clock_mhz("job")))
     visited = [c for _, c in held]
     assert visited == ([*clocks, None])[: len(visited)]
-    for (a, _), (b, _) in itertools.pairwise(held):
-        assert b - a >= slice_s
+    for k in range(1, min(len(held), len(clocks)) + 1):
+        start, previous = boundaries[held[0][0]], held[k - 1][0]
+        due = [
+            i for i in range(previous + 1, len(boundaries)) if boundaries[i] - start >= k * slice_s
+        ]
+        step = [i for i, _ in held[k : k + 1]]
+        assert step == due[:1]  # the first boundary it was due at, and not before
     assert sweeps.active("job") == (len(visited) <= len(clocks))
 
 
@@ -141,3 +147,22 @@ def test_a_step_applied_late_mislabels_no_sample() -> None:
     for clock, energies in by_clock.items():
         _, energy_j = truth_per_gpu(view, clock)
         assert all(abs(e - energy_j) <= 0.05 * energy_j for e in energies), (clock, energies)
+
+
+def test_late_boundaries_do_not_push_the_sweep_past_the_operators_window() -> None:
+    """The operator removes the plan ``len(clocks) * slice_s`` after writing it
+    (``operator.profile_plan``). Steps happen at boundaries, so each comes a little
+    late; timed on a schedule from the sweep's start (clock k from the first boundary
+    at or after ``start + k * slice_s``), a late step shortens the next slice instead
+    of delaying every later one, and the top clocks are not cut off."""
+    clocks = tuple(range(210, 1411, 60))  # the A100 profile: 21 clocks
+    sweeps = Sweeps()
+    sweeps.sync({"job": ProfilePlan(clocks, 1.0)})
+    steps: list[tuple[float, int | None]] = []
+    now = 0.0
+    while sweeps.active("job"):
+        if sweeps.on_boundary("job", now):
+            steps.append((now, sweeps.clock_mhz("job")))
+        now = round(now + 0.3, 6)  # a boundary every 0.3 s: each step up to 0.3 s late
+    assert [c for _, c in steps] == [*clocks, None]
+    assert steps[-1][0] < len(clocks) * 1.0 + 0.3  # was 25.2 s, timed slice by slice
