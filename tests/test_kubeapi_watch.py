@@ -5,6 +5,7 @@ replays nothing, a relist after ``410 Gone``, and ``stop``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -54,6 +55,18 @@ class Seen:
         self._check_thread()
         self.events.append((kind, obj["metadata"]["name"]))
 
+    async def lists_made(self, count: int, timeout: float = 10.0) -> None:
+        async def made() -> bool:
+            return len(self.lists) >= count
+
+        await eventually(made, timeout)
+
+    async def event_seen(self, kind: str, name: str, timeout: float = 10.0) -> None:
+        async def seen() -> bool:
+            return (kind, name) in self.events
+
+        await eventually(seen, timeout)
+
 
 @pytest.fixture
 async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
@@ -69,8 +82,12 @@ def core(kmock: KubeEmulator) -> Any:
     client.close()
 
 
-def watch(core: Any, seen: Seen, timeout_s: int = 300) -> ListWatch[dict[str, Any]]:
-    return ListWatch(
+@contextlib.asynccontextmanager
+async def watching(
+    core: Any, seen: Seen, timeout_s: int = 300
+) -> AsyncIterator[ListWatch[dict[str, Any]]]:
+    """A started watch of the ``app=a`` pods, once its first LIST arrived; stopped after."""
+    w: ListWatch[dict[str, Any]] = ListWatch(
         "test",
         core.list_pod_for_all_namespaces,
         seen.on_list,
@@ -78,6 +95,12 @@ def watch(core: Any, seen: Seen, timeout_s: int = 300) -> ListWatch[dict[str, An
         selection=SELECTED,
         timeout_s=timeout_s,
     )
+    w.start()
+    try:
+        await seen.lists_made(1)
+        yield w
+    finally:
+        w.stop()
 
 
 def watch_requests(kmock: KubeEmulator) -> list[Any]:
@@ -99,14 +122,7 @@ async def test_lists_every_page_then_hands_over_the_selections_events(
     assert (await api.post(PODS, json=pod("other", app="b"))).status_code == 201
     listed_at = (await api.get(PODS)).json()["metadata"]["resourceVersion"]
     seen = Seen()
-    w = watch(core, seen)
-    w.start()
-    try:
-
-        async def listed() -> bool:
-            return bool(seen.lists)
-
-        await eventually(listed)
+    async with watching(core, seen) as w:
         assert seen.lists == [["p1", "p2", "p3", "p4", "p5"]]
         pages = [r for r in kmock if str(r.url.path) == "/api/v1/pods" and "watch" not in r.params]
         assert len(pages) == 3 and all(r.params.get("limit") == "2" for r in pages)
@@ -117,11 +133,7 @@ async def test_lists_every_page_then_hands_over_the_selections_events(
         headers = {"Content-Type": "application/merge-patch+json"}
         assert (await api.patch(f"{PODS}/p6", json=patch, headers=headers)).is_success
         assert (await api.delete(f"{PODS}/p1")).is_success
-
-        async def delivered() -> bool:
-            return len(seen.events) >= 3
-
-        await eventually(delivered)
+        await seen.event_seen("DELETED", "p1")
         await asyncio.sleep(0.2)  # nothing else trails in
         assert seen.events == [("ADDED", "p6"), ("MODIFIED", "p6"), ("DELETED", "p1")]
         assert (w.lists, seen.wrong_thread) == (1, 0)
@@ -129,8 +141,6 @@ async def test_lists_every_page_then_hands_over_the_selections_events(
         (first,) = watch_requests(kmock)
         assert first.params["resourceVersion"] == listed_at
         assert first.params["allowWatchBookmarks"] == "true"
-    finally:
-        w.stop()
 
 
 async def test_a_watch_the_server_ends_resumes_from_the_last_version_without_replay(
@@ -138,14 +148,7 @@ async def test_a_watch_the_server_ends_resumes_from_the_last_version_without_rep
 ) -> None:
     assert (await api.post(PODS, json=pod("p1"))).status_code == 201
     seen = Seen()
-    w = watch(core, seen, timeout_s=1)
-    w.start()
-    try:
-
-        async def listed() -> bool:
-            return bool(seen.lists)
-
-        await eventually(listed)
+    async with watching(core, seen, timeout_s=1) as w:
         created = await api.post(PODS, json=pod("p2"))
         version = created.json()["metadata"]["resourceVersion"]
 
@@ -155,70 +158,47 @@ async def test_a_watch_the_server_ends_resumes_from_the_last_version_without_rep
         # The server ends each watch after a second; the next one starts from p2's version.
         await eventually(resumed_after_p2, timeout=10)
         assert (await api.post(PODS, json=pod("p3"))).status_code == 201
-
-        async def got_p3() -> bool:
-            return ("ADDED", "p3") in seen.events
-
-        await eventually(got_p3)
+        await seen.event_seen("ADDED", "p3")
         await asyncio.sleep(0.2)
         assert seen.events == [("ADDED", "p2"), ("ADDED", "p3")]  # p1, p2 not replayed
         assert w.lists == 1 and seen.lists == [["p1"]]
-    finally:
-        w.stop()
+
+
+@pytest.fixture
+def short_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history of three events: writes a watch does not select push its version out of
+    it, so its next resume is answered 410 Gone (an ERROR event, as kube-apiserver does)."""
+    monkeypatch.setattr(kube_emulator, "_HISTORY", 3)
 
 
 async def test_a_version_older_than_the_history_relists(
-    kmock: KubeEmulator, core: Any, monkeypatch: pytest.MonkeyPatch
+    short_history: None, api: httpx.AsyncClient, core: Any
 ) -> None:
-    # A short history: writes the watch does not select push its version out of it, so
-    # the next resume is answered 410 Gone (an ERROR event, as kube-apiserver sends it).
-    monkeypatch.setattr(kube_emulator, "_HISTORY", 3)
-    kmock.load_builtins()
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
-        assert (await api.post(PODS, json=pod("p1"))).status_code == 201
-        seen = Seen()
-        w = watch(core, seen, timeout_s=1)
-        w.start()
-        try:
+    assert (await api.post(PODS, json=pod("p1"))).status_code == 201
+    seen = Seen()
+    async with watching(core, seen, timeout_s=1) as w:
+        for i in range(5):
+            assert (await api.post(PODS, json=pod(f"b{i}", app="b"))).status_code == 201
+        await seen.lists_made(2)
+        assert seen.lists[1] == ["p1"] and w.lists == len(seen.lists)
 
-            async def listed() -> bool:
-                return bool(seen.lists)
-
-            await eventually(listed)
-            for i in range(5):
-                assert (await api.post(PODS, json=pod(f"b{i}", app="b"))).status_code == 201
-
-            async def relisted() -> bool:
-                return len(seen.lists) >= 2
-
-            await eventually(relisted, timeout=10)
-            assert seen.lists[1] == ["p1"] and w.lists == len(seen.lists)
-
-            # Watching goes on from the new LIST's version.
-            assert (await api.post(PODS, json=pod("p2"))).status_code == 201
-
-            async def got_p2() -> bool:
-                return ("ADDED", "p2") in seen.events
-
-            await eventually(got_p2, timeout=10)
-            assert seen.events == [("ADDED", "p2")] and seen.wrong_thread == 0
-        finally:
-            w.stop()
+        # Watching goes on from the new LIST's version.
+        assert (await api.post(PODS, json=pod("p2"))).status_code == 201
+        await seen.event_seen("ADDED", "p2")
+        assert seen.events == [("ADDED", "p2")] and seen.wrong_thread == 0
 
 
 async def test_stop_ends_an_open_watch_and_hands_over_nothing_more(
     kmock: KubeEmulator, api: httpx.AsyncClient, core: Any
 ) -> None:
     seen = Seen()
-    w = watch(core, seen)  # the server would hold this watch open for 300 s
-    w.start()
+    async with watching(core, seen) as w:  # the server would hold its watch open for 300 s
 
-    async def watching() -> bool:
-        return bool(seen.lists) and bool(watch_requests(kmock))
+        async def requested() -> bool:
+            return bool(watch_requests(kmock))
 
-    await eventually(watching)
-    await asyncio.sleep(0.2)  # the watch's stream is open
-    w.stop()
+        await eventually(requested)
+        await asyncio.sleep(0.2)  # the watch's stream is open
 
     async def ended() -> bool:
         return not w.running()
