@@ -4,7 +4,7 @@ One ``Agent`` per node, all on one event loop (the GPU interface is not
 thread-safe; NVML calls take microseconds). Each pass:
 
 1. the PowerFlow pods bound to this node and the node's powered-down mark
-   (``kube.Watch`` keeps them current);
+   (``kube``'s two watches keep them current);
 2. which GPUs each pod holds (``mapping``: the kubelet's PodResources, else
    what workers reported, else in ``--simulate`` the extender's placement);
 3. telemetry learns the pods and their GPUs (``Telemetry.sync``) and says the

@@ -106,6 +106,19 @@ async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
         await asyncio.sleep(0.02)
 
 
+async def poked_pass(api: httpx.AsyncClient, op: Any, job: str, timeout: float = 5.0) -> None:
+    """One more allocation pass of the running operator ``op`` (its ``passes`` count):
+    a label change on the DLJob ``job`` is an event; waits for a pass that ends after it."""
+    passes = op.passes
+    label = {"metadata": {"labels": {"poke": str(time.monotonic())}}}
+    assert (await api.patch(f"{JOBS}/{job}", json=label, headers=MERGE)).is_success
+
+    async def passed() -> bool:
+        return bool(op.passes > passes)
+
+    await eventually(passed, timeout)
+
+
 async def pods_of(api: httpx.AsyncClient, job: str) -> list[dict[str, Any]]:
     params = {"labelSelector": f"{contract.JOB_LABEL}={job}"}
     items: list[dict[str, Any]] = (await api.get(PODS, params=params)).json()["items"]

@@ -216,7 +216,7 @@ def test_simulated_gpus_tick_in_10_ms_steps() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("clusters: [\n", "not a usable configuration"),
+        ("clusters: [\n", "not a usable kubeconfig"),
         ("apiVersion: v1\nkind: Config\n", "current-context"),
     ],
 )

@@ -34,7 +34,6 @@ from support.operator_harness import Operator, operator_args
 
 from powerflow import contract
 from powerflow import groundtruth as gt
-from powerflow.commands.operator import serve
 from powerflow.gpus import A100
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import load_prior
@@ -204,34 +203,12 @@ class BrokenStore(SampleStore):
         raise RuntimeError("refit bug")
 
 
-class OperatorWithStore(Operator):
-    """``serve`` with its ``store`` seam (what the ingest is given as its sink)."""
-
-    def __init__(self, args: Any, policy: RecordingPolicy, store: SampleStore) -> None:
-        super().__init__(args, policy)
-        self.store = store
-
-    def _main(self) -> None:
-        try:
-            serve(
-                self.args,
-                stop_flag=self._stop,
-                ready_flag=self._ready,
-                policy=self.policy,
-                on_start=self._started,
-                store=self.store,
-            )
-        except BaseException as exc:
-            self.error = exc
-            self._ready.set()
-
-
 async def test_a_failing_refit_does_not_stop_scheduling(
     kubeconfig: Path, api: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = BrokenStore(registry=CollectorRegistry())
     args = operator_args(kubeconfig, "--profiling-window", "0")
-    async with OperatorWithStore(args, RecordingPolicy(), store) as op:
+    async with Operator(args, RecordingPolicy(), store=store) as op:
         assert store_of(op) is store
         await api.post(JOBS, json=dljob("fit", model=MODEL))
 

@@ -18,7 +18,7 @@ import httpx
 import kubernetes
 import pytest
 from kmock import method as verb
-from operator_cases import JOBS, MERGE, dljob, eventually, models
+from operator_cases import JOBS, MERGE, dljob, eventually, models, poked_pass
 from powerflow.operator.kube import Kube
 from powerflow.operator.parking import (
     busy_nodes,
@@ -271,14 +271,7 @@ async def test_a_node_where_a_foreign_pod_holds_a_gpu_is_never_marked(
     assert (await api.patch(f"{pods}/notebook/status", json=running, headers=MERGE)).is_success
     assert (await api.post(JOBS, json=job("a"))).status_code == 201
     async with operator(kubeconfig) as op:
-        passes = op.passes
-        label = {"metadata": {"labels": {"poke": "1"}}}
-        assert (await api.patch(f"{JOBS}/a", json=label, headers=MERGE)).is_success
-
-        async def passed() -> bool:
-            return op.passes > passes
-
-        await eventually(passed)
+        await poked_pass(api, op, "a")
         assert node_patches(kmock) == 0  # n2 left out of the plan, n1 used: nothing marked
 
         # The notebook ends: n2 is free, and powered down.
@@ -327,14 +320,7 @@ async def test_a_restarted_operator_writes_no_node_again(
     since = (await node_of(api, "n2"))["metadata"]["annotations"][KEY]
     before = node_patches(kmock)
     async with operator(kubeconfig) as second:
-        passes = second.passes
-        label = {"metadata": {"labels": {"poke": "1"}}}
-        assert (await api.patch(f"{JOBS}/a", json=label, headers=MERGE)).is_success
-
-        async def passed() -> bool:
-            return second.passes > passes
-
-        await eventually(passed)
+        await poked_pass(api, second, "a")
     assert node_patches(kmock) == before
     assert (await node_of(api, "n2"))["metadata"]["annotations"][KEY] == since
 
@@ -380,14 +366,7 @@ async def test_a_refused_node_patch_is_logged_once_and_stops_nothing(
             return len(got["items"]) == 4
 
         await eventually(created)  # the pass went on
-        passes = op.passes
-        label = {"metadata": {"labels": {"poke": "1"}}}
-        assert (await api.patch(f"{JOBS}/a", json=label, headers=MERGE)).is_success
-
-        async def passed() -> bool:
-            return op.passes > passes
-
-        await eventually(passed)
+        await poked_pass(api, op, "a")
     assert not is_marked(await node_of(api, "n2"))
     refusals = [r for r in caplog.records if "as powered down" in r.getMessage()]
     assert len(refusals) == 1 and "n2" in refusals[0].getMessage()

@@ -191,14 +191,7 @@ async def test_a_restart_adopts_a_complete_gang(
         await eventually(complete)
     before = (await api.get(PODS)).json()["items"]
     async with operator(kmock) as second:
-        passes = second.passes
-        label = {"metadata": {"labels": {"poke": "1"}}}
-        assert (await api.patch(f"{JOBS}/job", json=label, headers=MERGE)).is_success
-
-        async def passed() -> bool:
-            return second.passes > passes
-
-        await eventually(passed)
+        await operator_cases.poked_pass(api, second, "job", timeout=10.0)
     after = (await api.get(PODS)).json()["items"]
     assert [p["metadata"]["uid"] for p in after] == [p["metadata"]["uid"] for p in before]
     assert pod_writes(kmock)[1] == Counter()

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from powerflow import contract
+from powerflow.commands.kubeconfig import add_kubeconfig_option
 from powerflow.errors import PowerFlowError
 from powerflow.telemetry import NodePower
 
@@ -60,12 +61,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="kubeconfig file (default: in a pod its service account, else $KUBECONFIG, "
-        "else ~/.kube/config)",
-    )
+    add_kubeconfig_option(p)
     p.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME", ""),

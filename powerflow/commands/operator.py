@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from powerflow import __version__, contract
+from powerflow.commands.kubeconfig import add_kubeconfig_option
 from powerflow.commands.tolerate import add_tolerate_option
 from powerflow.errors import PowerFlowError
 from powerflow.taints import pool_tolerations
@@ -72,12 +73,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="kubeconfig file (default: in a pod its service account, else $KUBECONFIG, "
-        "else ~/.kube/config)",
-    )
+    add_kubeconfig_option(p)
     p.add_argument("--namespace", help="watch DLJobs in this namespace only (default: all)")
     p.add_argument("--budget-namespace", default="powerflow-system")
     p.add_argument("--budget-configmap", default=contract.BUDGET_CONFIGMAP)

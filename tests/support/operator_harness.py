@@ -29,6 +29,7 @@ from powerflow.commands.operator import serve
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
     from powerflow.operator.ingest import SampleSink
+    from powerflow.operator.learning import SampleStore
     from powerflow.operator.reconcile import ModelFactory
 
     from powerflow.policy.snapshot import Policy
@@ -77,12 +78,14 @@ class Operator:
         *,
         wait_for_pass: bool = True,
         sink: SampleSink | None = None,
+        store: SampleStore | None = None,
     ) -> None:
         self.args = args
         self.policy = policy
         self.models = models
         self.wait_for_pass = wait_for_pass
         self.sink = sink
+        self.store = store
         self.controller: Controller | None = None
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -102,6 +105,7 @@ class Operator:
                 models=self.models,
                 on_start=self._started,
                 sink=self.sink,
+                store=self.store,
             )
         except BaseException as exc:  # surfaced by __aenter__
             self.error = exc
