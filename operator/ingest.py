@@ -31,9 +31,12 @@ the GPUs the sample measured (``too_many_gpus``: one GPU per worker pod).
 Refused samples are counted by reason; the others go to the ``SampleSink``
 (``powerflow_ingest_samples_total``). The answer is 200 with
 ``{"accepted", "refused", "reasons": {reason: count}}`` when at least one
-sample was accepted or the batch had none, else 403 with the same body:
-a 2xx tells the agent "done, do not resend", a 4xx "this will never be
-accepted, drop it".
+sample was accepted or the batch had none, else 422 with the same body:
+a 2xx tells the agent "done, do not resend", a 422 "this will never be
+accepted, drop it" (samples of a generation that ended, or of a job deleted,
+while they waited in the agent's queue). 401 and 403 are kept for who sent
+the batch, which the agent retries: a rotated token or a moving node may
+fix it.
 
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
@@ -320,7 +323,7 @@ class Ingest:
             "refused": len(samples) - len(accepted),
             "reasons": dict(reasons),
         }
-        status = 403 if samples and not accepted else 200
+        status = 422 if samples and not accepted else 200
         return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 

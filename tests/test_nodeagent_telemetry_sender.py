@@ -155,10 +155,21 @@ async def test_failures_that_may_pass_are_retried_without_losing_samples(
     assert dropped(sender, "rejected") == dropped(sender, "queue_full") == 0
 
 
-async def test_a_batch_the_operator_refuses_is_dropped_and_counted() -> None:
-    ingest = Ingest(
-        lambda n: web.Response(status=400, text="samples[0].n: bad") if n == 1 else None
-    )
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        (400, "samples[0].n: bad"),
+        # The operator's answer when every sample was refused (e.g. a generation that
+        # ended while they were queued): resending never helps, and must not block
+        # the samples behind them.
+        (422, '{"accepted": 0, "refused": 4, "reasons": {"not_on_node": 4}}'),
+    ],
+)
+async def test_a_batch_the_operator_refuses_is_dropped_and_counted(
+    refusal: tuple[int, str],
+) -> None:
+    status, text = refusal
+    ingest = Ingest(lambda n: web.Response(status=status, text=text) if n == 1 else None)
     async with serve(ingest, free_port()) as url:
         sender = make_sender(url, None, batch_max=4)
         for i in range(10):

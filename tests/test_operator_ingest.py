@@ -220,7 +220,7 @@ async def test_samples_of_jobs_not_on_the_senders_node_are_refused_one_by_one(
     assert cluster.refused("not_on_node") == before["not_on_node"] + 1
     assert cluster.refused("too_many_gpus") == before["too_many_gpus"] + 1
     only_bad = await cluster.post(batch("n1", *bad))
-    assert only_bad.status_code == 403  # nothing accepted: resending will not help
+    assert only_bad.status_code == 422  # nothing accepted: resending will not help
     assert only_bad.json()["accepted"] == 0
     assert len(cluster.sink.added) == 1
 
