@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from powerflow import contract
 from powerflow.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,3 +156,27 @@ def test_the_budget_configmap_reads_as_the_values_say(helm: Path) -> None:
         "pMaxWatts": "350",
         "schedulingIntervalSeconds": "60",
     }
+
+
+@pytest.mark.parametrize("sets", [[], NON_DEFAULT], ids=["default", "non-default"])
+def test_the_agent_listens_where_the_operator_tells_workers_and_agents_report(
+    helm: Path, sets: list[str]
+) -> None:
+    """The worker port is the contract's (the operator writes it into every
+    worker's env), and the agents post to the operator's ingest port."""
+    docs = render(helm, *sets)
+    found = containers(docs)
+    agent, operator = found["nodeagent"], found["operator"]
+    (workers,) = [p for p in agent["ports"] if p["name"] == "workers"]
+    assert workers["containerPort"] == workers["hostPort"] == contract.AGENT_WORKER_PORT
+    assert f"--worker-port={contract.AGENT_WORKER_PORT}" in agent["args"]
+    ingest = next(a for a in operator["args"] if a.startswith("--ingest-port="))
+    port = int(ingest.split("=", 1)[1])
+    urls = [a for a in agent["args"] if a.startswith("--ingest-url=")]
+    if port:
+        (url,) = urls
+        assert url.endswith(f".svc:{port}")
+        service = next(d for d in docs if d["metadata"]["name"] == "powerflow-ingest")
+        assert service["spec"]["ports"][0]["port"] == port
+    else:
+        assert urls == []
