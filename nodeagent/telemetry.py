@@ -25,7 +25,9 @@ starts with whatever clock is locked once that call returns.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -76,8 +78,11 @@ class Telemetry:
         window_s: float,
         sender: SampleSender | None,
         locked_clock_of: Callable[[int], int | None],
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
+        self.wall = wall
+        """Unix time, for the samples' ``end_s`` (``clock`` may be monotonic)."""
         self.devices = devices
         self.clock = clock
         self.sender = sender
@@ -178,6 +183,10 @@ class Telemetry:
             next_clock_mhz=self._tag(job.gpus) if stepped else clock_before,
             close=stepped,
         )
+        if sample is not None:
+            # The window closed now, on the agent's clock (monotonic); the wire
+            # carries Unix time, comparable across nodes.
+            sample = dataclasses.replace(sample, end_s=self.wall() - (now_s - sample.end_s))
         if sample is not None and self._sendable(sample):
             self.samples += 1
             if self.sender is not None:

@@ -63,7 +63,7 @@ class WindowSample:
     energy_j: float
     """Energy per iteration of the ``gpus_measured`` GPUs (J)."""
     end_s: float
-    """When the window closed (Unix seconds)."""
+    """When the window closed (Unix seconds: the agent converts from its monotonic clock)."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from powerflow.devices import SimulatedGpus, Workload
 from powerflow.groundtruth import ground_truth
 from powerflow.telemetry import WindowSample
 
+EPOCH_S = 1.8e9
+"""Unix time at the simulated node's time 0 (samples carry Unix time)."""
 NODE = "node-a"
 MODEL = "resnet50"
 START_S = 1_700_000_000.0
@@ -99,6 +101,7 @@ class SimNode:
             window_s=window_s,
             sender=self.sender,
             locked_clock_of=self.locked.get,
+            wall=lambda: EPOCH_S + self.now_s,
         )
         self.telemetry.on_clock_change = self.apply_clocks
         self.pods: dict[PodKey, PodView] = {}

@@ -82,6 +82,14 @@ async def test_without_a_gpu_and_without_simulate_is_one_line_and_exit_2(
         (["--node-name", ""], "--node-name is required (or set NODE_NAME)"),
         (["--node-name", NODE, "--metrics-port", "70000"], "--metrics-port is not a TCP port"),
         (["--node-name", NODE, "--window", "0"], "--window must be > 0 s"),
+        (
+            ["--node-name", NODE, "--ingest-url", "powerflow-ingest:9443"],
+            "--ingest-url 'powerflow-ingest:9443': expected http(s)://HOST[:PORT]",
+        ),
+        (
+            ["--node-name", NODE, "--ingest-url", "http://"],
+            "--ingest-url 'http://': expected http(s)://HOST[:PORT]",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_and_exit_2(

@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -133,6 +134,12 @@ def check(args: argparse.Namespace) -> None:
         raise NodeAgentConfigError("--simulate needs a GPU count >= 1 (0: real GPUs)")
     if not args.window > 0:
         raise NodeAgentConfigError("--window must be > 0 s")
+    if args.ingest_url:
+        url = urllib.parse.urlsplit(args.ingest_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise NodeAgentConfigError(
+                f"--ingest-url {args.ingest_url!r}: expected http(s)://HOST[:PORT]"
+            )
 
 
 def open_devices(args: argparse.Namespace, clock: Callable[[], float]) -> GpuDevices:
