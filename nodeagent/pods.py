@@ -28,6 +28,8 @@ class ProfilePlan:
 
     clocks_mhz: tuple[int, ...]
     slice_s: float
+    until_s: float | None = None
+    """When the operator ends the profiling window (Unix seconds); None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,9 @@ def parse_profile(raw: str) -> ProfilePlan:
     if not isinstance(clocks, list) or not clocks:
         raise ValueError("clocksMhz: expected a non-empty list")
     slice_s = _pos_real(obj.get("sliceSeconds"))
-    return ProfilePlan(tuple(_pos_int(c) for c in clocks), slice_s)
+    until = obj.get("untilS")
+    until_s = None if until is None else _pos_real(until)
+    return ProfilePlan(tuple(_pos_int(c) for c in clocks), slice_s, until_s)
 
 
 def _gpus_per_node(raw: str) -> int:

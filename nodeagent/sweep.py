@@ -15,6 +15,13 @@ worker's report interval) would add up over the clocks and push the sweep past
 the window, cutting off the top clocks. On the schedule a late step shortens
 the next slice instead, and the sweep ends within one boundary of its plan.
 
+A plan with an end (``ProfilePlan.until_s``, Unix time) is fitted into the
+time left at the first boundary: the operator starts its window when the
+workers run, the first iteration comes after the framework's start-up, and
+the slices shrink to ``(until - start) / len(clocks)`` (never longer than
+planned) so that every clock is measured before the operator takes the plan
+back; with no time left the sweep is over before it starts.
+
 One sweep per job (``PodView.job_key``: a new generation is a new job):
 a new or changed plan restarts it from the first clock, a removed plan ends
 it at once (the operator took it back; no boundary to wait for), and a
@@ -37,6 +44,8 @@ class _Sweep:
     """Clock being swept; -1 before the first boundary, ``len(clocks)`` when done."""
     start_s: float = 0.0
     """The boundary where the first clock was asked for: the schedule's origin."""
+    slice_s: float = 0.0
+    """Each clock's share of the schedule (the plan's, or less: see the module doc)."""
 
     @property
     def clock_mhz(self) -> int | None:
@@ -61,16 +70,24 @@ class Sweeps:
             if current is None or current.plan != plan:
                 self._sweeps[job] = _Sweep(plan)
 
-    def on_boundary(self, job: Hashable, now_s: float) -> bool:
-        """An iteration boundary of ``job`` at ``now_s``; True when its clock steps."""
+    def on_boundary(self, job: Hashable, now_s: float, wall_s: float | None = None) -> bool:
+        """An iteration boundary of ``job`` at ``now_s`` (``wall_s``: the same moment
+        in Unix time, for a plan's end); True when its clock steps."""
         sweep = self._sweeps.get(job)
         if sweep is None:
             return False
         n = len(sweep.plan.clocks_mhz)
         if sweep.index < 0:
+            sweep.slice_s = sweep.plan.slice_s
+            if sweep.plan.until_s is not None and wall_s is not None:
+                left_s = sweep.plan.until_s - wall_s
+                if left_s <= 0:
+                    sweep.index = n  # the window is over: nothing to sweep
+                    return False
+                sweep.slice_s = min(sweep.slice_s, left_s / n)
             sweep.index, sweep.start_s = 0, now_s
             return True
-        if sweep.index < n and now_s - sweep.start_s >= (sweep.index + 1) * sweep.plan.slice_s:
+        if sweep.index < n and now_s - sweep.start_s >= (sweep.index + 1) * sweep.slice_s:
             sweep.index += 1
             return True
         return False

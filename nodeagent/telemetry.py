@@ -168,7 +168,7 @@ class Telemetry:
                 log.warning("reading the energy of %s's GPUs: %s", job_key[1], e)
                 self._windows.forget(job_key)
             clock_before = self._tag(job.gpus)
-        stepped = self._sweeps.on_boundary(job_key, now_s)
+        stepped = self._sweeps.on_boundary(job_key, now_s, self.wall())
         if stepped:
             self._call(self.on_clock_change)
         if energy is None or job.shape is None:

@@ -2,12 +2,18 @@
 
 While a job profiles (phase ``Profiling`` with its window started, see
 ``reconcile``), each of its workers carries ``contract.PROFILE_ANNOTATION``:
-``{"clocksMhz": [...], "sliceSeconds": s}``, the clocks the simulator
+``{"clocksMhz": [...], "sliceSeconds": s, "untilS": t}``, the clocks the simulator
 profiles with (``sim.config.profile_clocks_mhz`` of the pod's GPU type: every
 4th supported clock from the top, ascending) and ``s`` = the profiling window
 divided by their number, so the sweep fills the window as the simulator's
-does. The node agent (``nodeagent.pods.parse_profile``) locks each clock in
-turn at iteration boundaries and tags each window with its clock. Once the
+does, and ``t`` the window's end (Unix seconds, ``status.allocation.
+profilingUntil``). The window starts once every worker runs, but a worker
+iterates only after its framework starts (imports, rendezvous, data: often a
+minute or two); the agent starts the sweep at the first iteration and fits
+the clocks into the time left before ``t``, so a late start shortens every
+slice instead of cutting off the top clocks. The node agent
+(``nodeagent.pods.parse_profile``) locks each clock in turn at iteration
+boundaries and tags each window with its clock. Once the
 window ends the annotation goes, and the agent returns to ``frequency-mhz``.
 
 The text is a pure function of the GPU type and the window, written compactly
@@ -25,8 +31,10 @@ from powerflow.sim.config import profile_clocks_mhz
 
 
 @functools.lru_cache(maxsize=64)
-def plan_annotation(gpu: GpuSpec, window_s: float) -> str:
-    """``contract.PROFILE_ANNOTATION``'s value for ``gpu`` and a ``window_s`` window."""
+def plan_annotation(gpu: GpuSpec, window_s: float, until_s: float) -> str:
+    """``contract.PROFILE_ANNOTATION``'s value for ``gpu`` and a ``window_s`` window
+    ending at ``until_s`` (Unix seconds, kept to the millisecond as status keeps it)."""
     clocks = profile_clocks_mhz(gpu)
     slice_s = round(window_s / len(clocks), 3) or 0.001  # the agent needs a positive slice
-    return json.dumps({"clocksMhz": list(clocks), "sliceSeconds": slice_s}, separators=(",", ":"))
+    plan = {"clocksMhz": list(clocks), "sliceSeconds": slice_s, "untilS": round(until_s, 3)}
+    return json.dumps(plan, separators=(",", ":"))

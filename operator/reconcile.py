@@ -1194,7 +1194,7 @@ def _profile_plans(
         if profiling:
             node = pod.get("spec", {}).get("nodeName")
             gpu = gpus_of.get(node, default_gpu) if isinstance(node, str) else default_gpu
-            want = plan_annotation(gpu, window_s)
+            want = plan_annotation(gpu, window_s, until)
         if _annotation(pod, contract.PROFILE_ANNOTATION) != want:
             patch: dict[str, str | None] = {contract.PROFILE_ANNOTATION: want}
             actions.annotate_pods.append((v.ns, pod["metadata"]["name"], patch))

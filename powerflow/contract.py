@@ -51,12 +51,14 @@ it the operator estimates progress from the performance model."""
 # The telemetry loop (issue 12): operator -> node agent -> operator.
 PROFILE_ANNOTATION: Final = f"{GROUP}/profile"
 """Pod annotation written by the operator while a job profiles: JSON
-``{"clocksMhz": [int, ...], "sliceSeconds": float}``. The node agent locks each
-clock in turn (ascending order as written) for ``sliceSeconds``, stepping only
-at iteration boundaries on a schedule from the sweep's start (clock k from the
-first boundary at or after ``k * sliceSeconds``), tags every sample with its
-clock, and goes back to ``frequency-mhz`` after the last slice or as soon as
-the annotation goes."""
+``{"clocksMhz": [int, ...], "sliceSeconds": float, "untilS": float}``. The node
+agent locks each clock in turn (ascending order as written) for
+``sliceSeconds``, or less when the first iteration comes so late that the
+clocks would not fit before ``untilS`` (the window's end, Unix seconds;
+optional), stepping only at iteration boundaries on a schedule from the
+sweep's start (clock k from the first boundary at or after ``k * slice``),
+tags every sample with its clock, and goes back to ``frequency-mhz`` after the
+last slice or as soon as the annotation goes."""
 POWER_LIMIT_ANNOTATION: Final = f"{GROUP}/power-limit-watts"
 """Pod annotation: a board power limit (W, per GPU) the node agent sets on the
 pod's GPUs: the budget's backstop. Absent: the GPU's default limit."""

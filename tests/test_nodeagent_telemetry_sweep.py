@@ -166,3 +166,28 @@ def test_late_boundaries_do_not_push_the_sweep_past_the_operators_window() -> No
         now = round(now + 0.3, 6)  # a boundary every 0.3 s: each step up to 0.3 s late
     assert [c for _, c in steps] == [*clocks, None]
     assert steps[-1][0] < len(clocks) * 1.0 + 0.3  # was 25.2 s, timed slice by slice
+
+
+def test_a_late_first_iteration_fits_every_clock_before_the_window_ends() -> None:
+    """The operator's window starts when the workers run; the first iteration comes
+    after the framework's start-up. With the window's end in the plan the agent
+    shrinks the slices to the time left, so the top clocks are still measured."""
+    clocks = tuple(range(210, 1411, 60))  # 21 clocks, 1 s each: a 21 s window
+    until_wall = 1.8e9 + 21.0
+    sweeps = Sweeps()
+    sweeps.sync({"job": ProfilePlan(clocks, 1.0, until_wall)})
+    steps: list[tuple[float, int | None]] = []
+    now = 12.0  # the first iteration, 12 s into the window (monotonic = wall - 1.8e9)
+    while sweeps.active("job"):
+        if sweeps.on_boundary("job", now, wall_s=1.8e9 + now):
+            steps.append((now, sweeps.clock_mhz("job")))
+        now = round(now + 0.05, 6)
+    assert [c for _, c in steps] == [*clocks, None]
+    assert steps[-1][0] <= 21.0 + 0.05  # every clock measured before the plan goes
+
+
+def test_no_time_left_means_no_sweep() -> None:
+    sweeps = Sweeps()
+    sweeps.sync({"job": ProfilePlan((900, 1410), 5.0, 1.8e9)})
+    assert not sweeps.on_boundary("job", 50.0, wall_s=1.8e9 + 1.0)
+    assert sweeps.clock_mhz("job") is None and not sweeps.active("job")

@@ -28,6 +28,7 @@ from operator_cases import (
 )
 from powerflow.operator.learning import SampleStore
 from powerflow.operator.profile_plan import plan_annotation
+from powerflow.operator.timefmt import parse_time
 from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
@@ -177,9 +178,13 @@ async def test_the_profile_plan_is_on_the_pods_while_the_job_profiles(
     window = 1.0
     async with operator(kubeconfig, policy, window_s=window):
         await running_job(api)
-        want = plan_annotation(A100, window)
 
         async def planned() -> list[dict[str, Any]]:
+            allocation = (await status_of(api, "fit")).get("allocation", {})
+            until = parse_time(allocation.get("profilingUntil"))
+            if until is None:
+                return []
+            want = plan_annotation(A100, window, until)
             pods = await pods_of(api, "fit")
             ann = [p["metadata"].get("annotations", {}) for p in pods]
             return pods if all(a.get(contract.PROFILE_ANNOTATION) == want for a in ann) else []

@@ -48,9 +48,10 @@ def with_annotation(pods: tuple[dict[str, Any], ...], value: str) -> tuple[dict[
 
 
 def test_the_plan_is_the_simulators_sweep_over_the_window() -> None:
-    plan = parse_profile(plan_annotation(A100, 240.0))  # what the node agent reads
+    plan = parse_profile(plan_annotation(A100, 240.0, 1.8e9 + 0.1234))  # what the agent reads
     clocks = SimConfig().profile_clocks_mhz
     assert plan.clocks_mhz == clocks and list(clocks) == sorted(clocks)
+    assert plan.until_s == 1.8e9 + 0.123  # the window's end, to the millisecond
     assert clocks[-1] == A100.max_clock_mhz and len(clocks) == 21
     assert abs(plan.slice_s * len(clocks) - 240.0) < 0.01
 
@@ -63,7 +64,7 @@ def test_the_plan_goes_on_the_pods_when_the_window_starts() -> None:
 
     _, patch, annotated = one_pass(Observed(body(status), running_pods()), 100.0)
     assert "profilingUntil" in patch["allocation"]
-    want = plan_annotation(A100, WINDOW)
+    want = plan_annotation(A100, WINDOW, 100.0 + WINDOW)
     assert annotated == {p["metadata"]["name"]: {PLAN: want} for p in running_pods()}
     for pod in with_annotation(running_pods(), want):
         view = pod_view(pod)
@@ -74,19 +75,19 @@ def test_a_pass_during_the_window_rewrites_nothing() -> None:
     """Also what a restarted operator finds: the plan already on the pods."""
     until = 100.0 + WINDOW
     status = {"phase": "Profiling", "allocation": allocation(profilingUntil=format_time_ms(until))}
-    pods = with_annotation(running_pods(), plan_annotation(A100, WINDOW))
+    pods = with_annotation(running_pods(), plan_annotation(A100, WINDOW, 100.0 + WINDOW))
     _, _, annotated = one_pass(Observed(body(status), pods), until - 0.1)
     assert annotated == {}
     stale = with_annotation(running_pods(), '{"clocksMhz":[1410],"sliceSeconds":1}')
     _, _, annotated = one_pass(Observed(body(status), stale), until - 0.1)
-    want = plan_annotation(A100, WINDOW)
+    want = plan_annotation(A100, WINDOW, 100.0 + WINDOW)
     assert annotated == {p["metadata"]["name"]: {PLAN: want} for p in stale}
 
 
 def test_the_plan_goes_when_the_window_ends() -> None:
     until = 100.0 + WINDOW
     status = {"phase": "Profiling", "allocation": allocation(profilingUntil=format_time_ms(until))}
-    pods = with_annotation(running_pods(), plan_annotation(A100, WINDOW))
+    pods = with_annotation(running_pods(), plan_annotation(A100, WINDOW, 100.0 + WINDOW))
     _, patch, annotated = one_pass(Observed(body(status), pods), until)
     assert patch["phase"] == "Running"
     assert annotated == {p["metadata"]["name"]: {PLAN: None} for p in pods}  # merge: delete
