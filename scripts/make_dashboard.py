@@ -18,6 +18,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "helm" / "powerflow" / "files" / "dashboard.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
+JOB = "dljob_namespace, dljob"
+"""A DLJob's labels on the operator's per-job gauges and the agents' GPU metrics (not
+``namespace``/``job``: Prometheus sets those to the scraped target's)."""
+JOB_LEGEND = "{{dljob_namespace}}/{{dljob}}"
 
 
 def target(expr: str, legend: str, ref: str) -> dict[str, Any]:
@@ -103,7 +107,7 @@ def panels() -> list[dict[str, Any]]:
             5,
             "GPUs per job",
             (0, 17, 8, 8),
-            [("max by (namespace, job) (powerflow_job_gpus)", "{{namespace}}/{{job}}")],
+            [(f"max by ({JOB}) (powerflow_job_gpus)", JOB_LEGEND)],
             "short",
         )
     )
@@ -114,8 +118,8 @@ def panels() -> list[dict[str, Any]]:
             (8, 17, 8, 8),
             [
                 (
-                    "max by (namespace, job) (powerflow_job_frequency_hertz)",
-                    "{{namespace}}/{{job}}",
+                    f"max by ({JOB}) (powerflow_job_frequency_hertz)",
+                    JOB_LEGEND,
                 )
             ],
             "hertz",
@@ -126,8 +130,10 @@ def panels() -> list[dict[str, Any]]:
             7,
             "Measured power per job",
             (16, 17, 8, 8),
-            [('sum by (job) (powerflow_gpu_power_watts{job!=""})', "{{job}}")],
+            [(f'sum by ({JOB}) (powerflow_gpu_power_watts{{dljob!=""}})', JOB_LEGEND)],
             "watt",
+            description="Board power of the GPUs each DLJob's workers use, from the node "
+            "agents; idle GPUs (no DLJob) are left out.",
         )
     )
     add(
@@ -137,8 +143,8 @@ def panels() -> list[dict[str, Any]]:
             (0, 25, 8, 8),
             [
                 (
-                    "sum by (namespace, job) (deriv(powerflow_job_iterations[5m]))",
-                    "{{namespace}}/{{job}}",
+                    f"sum by ({JOB}) (deriv(powerflow_job_iterations[5m]))",
+                    JOB_LEGEND,
                 )
             ],
             "short",
@@ -176,8 +182,8 @@ def panels() -> list[dict[str, Any]]:
             (16, 25, 8, 8),
             [
                 (
-                    "max by (namespace, job) (powerflow_job_fit_error_ratio)",
-                    "{{namespace}}/{{job}}",
+                    f"max by ({JOB}) (powerflow_job_fit_error_ratio)",
+                    JOB_LEGEND,
                 )
             ],
             "percentunit",
@@ -234,6 +240,10 @@ def panels() -> list[dict[str, Any]]:
                     "refused/s {{reason}}",
                 ),
                 ("sum(rate(powerflow_agent_samples_dropped_total[5m]))", "dropped by agents/s"),
+                (
+                    "sum by (reason) (rate(powerflow_model_samples_dropped_total[5m]))",
+                    "dropped by the model store/s {{reason}}",
+                ),
             ],
             "short",
         )
