@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -296,8 +297,9 @@ def draw(board: dict[str, Any], path: Path) -> None:
             Rectangle((g["x"], g["y"]), g["w"], g["h"], fill=True, fc="#f4f6fa", ec="#4a5b7a")
         )
         ax.text(g["x"] + 0.3, g["y"] + 0.8, p["title"], fontsize=9, weight="bold", va="top")
-        legends = ", ".join(t["legendFormat"] for t in p["targets"])
-        ax.text(g["x"] + 0.3, g["y"] + 2.0, legends, fontsize=7, va="top", wrap=True, color="#333")
+        # Wrapped to the panel's width (about 6 characters of 7 pt text per grid column).
+        legends = textwrap.fill(", ".join(t["legendFormat"] for t in p["targets"]), g["w"] * 6)
+        ax.text(g["x"] + 0.3, g["y"] + 2.0, legends, fontsize=7, va="top", color="#333")
         ax.text(
             g["x"] + g["w"] - 0.3,
             g["y"] + g["h"] - 0.5,
