@@ -303,12 +303,10 @@ class Agent:
                     log.warning("GPU %d: cannot simulate %s: %s", gpu, workload, exc)
                 gpus.clear(gpu)
 
-    def users(self) -> dict[int, tuple[str, str]]:
-        """``(namespace/pod, job)`` per GPU a PowerFlow pod uses (metric labels)."""
+    def users(self) -> dict[int, tuple[str, str, str]]:
+        """``(namespace, job, pod)`` per GPU a PowerFlow pod uses (metric labels)."""
         return {
-            gpu: (f"{t.pod[0]}/{t.pod[1]}", t.job)
-            for gpu, t in self.targets.items()
-            if t.pod is not None
+            gpu: (t.pod[0], t.job, t.pod[1]) for gpu, t in self.targets.items() if t.pod is not None
         }
 
     def sample_metrics(self) -> None:

@@ -1,8 +1,11 @@
 """The node agent's Prometheus metrics, in a registry of its own (one per agent).
 
-Per GPU, labelled ``node``, ``gpu`` (UUID), ``pod`` (``namespace/name``) and
-``job`` (empty strings for a GPU no PowerFlow pod uses), sampled at 1 Hz by
-``GpuMetrics.sample``:
+Per GPU, labelled ``node``, ``gpu`` (UUID), ``dljob_namespace``, ``dljob`` (the
+DLJob) and ``worker_pod`` (the pod's name; empty strings for a GPU no PowerFlow
+pod uses), sampled at 1 Hz by ``GpuMetrics.sample``. Not ``namespace``, ``job``
+or ``pod``: Prometheus sets those on every series it scrapes (the target's: the
+agent's own pod) and would rename ours to ``exported_*``; the names match the
+operator's per-job gauges, so the dashboard joins them by (dljob_namespace, dljob):
 
 - ``powerflow_gpu_power_watts``: board power now;
 - ``powerflow_gpu_energy_joules_total``: energy since the agent started
@@ -27,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from powerflow.devices import GpuDevices, GpuError, GpuInfo, energy_delta_mj
 
 log = logging.getLogger(__name__)
-LABELS = ("node", "gpu", "pod", "job")
+LABELS = ("node", "gpu", "dljob_namespace", "dljob", "worker_pod")
 MHZ = 1_000_000.0
 
 
@@ -58,16 +61,16 @@ class GpuMetrics:
         self,
         devices: GpuDevices,
         infos: tuple[GpuInfo, ...],
-        users: Mapping[int, tuple[str, str]],
+        users: Mapping[int, tuple[str, str, str]],
         locked_mhz: Callable[[int], int | None],
     ) -> float:
-        """Read every GPU once; ``users`` maps a GPU index to ``(pod, job)``.
+        """Read every GPU once; ``users`` maps a GPU index to ``(namespace, job, pod)``.
         Returns the board power of the GPUs read (W): the node's measured
         power, which the sample sender carries to the operator."""
         total_w = 0.0
         for info in infos:
-            pod, job = users.get(info.index, ("", ""))
-            labels = (self.node, info.uuid, pod, job)
+            namespace, job, pod = users.get(info.index, ("", "", ""))
+            labels = (self.node, info.uuid, namespace, job, pod)
             old = self._labels.get(info.index)
             if old is not None and old != labels:
                 for metric in (self.power, self.energy, self.sm_clock, self.locked_clock):

@@ -71,7 +71,9 @@ class Metrics:
             ["state"],
             registry=r,
         )
-        job = ["namespace", "job"]
+        # Not ``namespace``/``job``: Prometheus sets those on every scraped series (the
+        # target's), and would rename ours to ``exported_*``.
+        job = ["dljob_namespace", "dljob"]
         self.job_gpus = Gauge("powerflow_job_gpus", "GPUs allocated to a DLJob.", job, registry=r)
         self.job_frequency = Gauge(
             "powerflow_job_frequency_hertz", "GPU core clock of a DLJob's workers.", job, registry=r

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "helm" / "powerflow" / "files" / "dashboard.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
+JOB = "dljob_namespace, dljob"
+"""A DLJob's labels on the operator's per-job gauges and the agents' GPU metrics (not
+``namespace``/``job``: Prometheus sets those to the scraped target's)."""
+JOB_LEGEND = "{{dljob_namespace}}/{{dljob}}"
 
 
 def target(expr: str, legend: str, ref: str) -> dict[str, Any]:
@@ -103,7 +108,7 @@ def panels() -> list[dict[str, Any]]:
             5,
             "GPUs per job",
             (0, 17, 8, 8),
-            [("max by (namespace, job) (powerflow_job_gpus)", "{{namespace}}/{{job}}")],
+            [(f"max by ({JOB}) (powerflow_job_gpus)", JOB_LEGEND)],
             "short",
         )
     )
@@ -114,8 +119,8 @@ def panels() -> list[dict[str, Any]]:
             (8, 17, 8, 8),
             [
                 (
-                    "max by (namespace, job) (powerflow_job_frequency_hertz)",
-                    "{{namespace}}/{{job}}",
+                    f"max by ({JOB}) (powerflow_job_frequency_hertz)",
+                    JOB_LEGEND,
                 )
             ],
             "hertz",
@@ -126,8 +131,10 @@ def panels() -> list[dict[str, Any]]:
             7,
             "Measured power per job",
             (16, 17, 8, 8),
-            [('sum by (job) (powerflow_gpu_power_watts{job!=""})', "{{job}}")],
+            [(f'sum by ({JOB}) (powerflow_gpu_power_watts{{dljob!=""}})', JOB_LEGEND)],
             "watt",
+            description="Board power of the GPUs each DLJob's workers use, from the node "
+            "agents; idle GPUs (no DLJob) are left out.",
         )
     )
     add(
@@ -137,8 +144,8 @@ def panels() -> list[dict[str, Any]]:
             (0, 25, 8, 8),
             [
                 (
-                    "sum by (namespace, job) (deriv(powerflow_job_iterations[5m]))",
-                    "{{namespace}}/{{job}}",
+                    f"sum by ({JOB}) (deriv(powerflow_job_iterations[5m]))",
+                    JOB_LEGEND,
                 )
             ],
             "short",
@@ -176,8 +183,8 @@ def panels() -> list[dict[str, Any]]:
             (16, 25, 8, 8),
             [
                 (
-                    "max by (namespace, job) (powerflow_job_fit_error_ratio)",
-                    "{{namespace}}/{{job}}",
+                    f"max by ({JOB}) (powerflow_job_fit_error_ratio)",
+                    JOB_LEGEND,
                 )
             ],
             "percentunit",
@@ -234,6 +241,10 @@ def panels() -> list[dict[str, Any]]:
                     "refused/s {{reason}}",
                 ),
                 ("sum(rate(powerflow_agent_samples_dropped_total[5m]))", "dropped by agents/s"),
+                (
+                    "sum by (reason) (rate(powerflow_model_samples_dropped_total[5m]))",
+                    "dropped by the model store/s {{reason}}",
+                ),
             ],
             "short",
         )
@@ -286,8 +297,9 @@ def draw(board: dict[str, Any], path: Path) -> None:
             Rectangle((g["x"], g["y"]), g["w"], g["h"], fill=True, fc="#f4f6fa", ec="#4a5b7a")
         )
         ax.text(g["x"] + 0.3, g["y"] + 0.8, p["title"], fontsize=9, weight="bold", va="top")
-        legends = ", ".join(t["legendFormat"] for t in p["targets"])
-        ax.text(g["x"] + 0.3, g["y"] + 2.0, legends, fontsize=7, va="top", wrap=True, color="#333")
+        # Wrapped to the panel's width (about 6 characters of 7 pt text per grid column).
+        legends = textwrap.fill(", ".join(t["legendFormat"] for t in p["targets"]), g["w"] * 6)
+        ax.text(g["x"] + 0.3, g["y"] + 2.0, legends, fontsize=7, va="top", color="#333")
         ax.text(
             g["x"] + g["w"] - 0.3,
             g["y"] + g["h"] - 0.5,

@@ -109,3 +109,20 @@ def test_the_legends_use_labels_the_queries_keep() -> None:
             for group in re.findall(r"\bby\s*\(([^)]*)\)", t["expr"]):
                 kept |= {x.strip() for x in group.split(",")}
             assert used <= kept, f"{p['title']}: legend uses {sorted(used - kept)}"
+
+
+# Labels Prometheus (and the Prometheus operator's ServiceMonitor) put on every series it
+# scrapes. With ``honor_labels: false`` (the default) an exported label of the same name
+# is renamed ``exported_<name>``, so queries grouping by it find nothing.
+TARGET_LABELS = frozenset(
+    {"job", "instance", "namespace", "pod", "service", "endpoint", "container"}
+)
+
+
+def test_no_metric_carries_a_label_prometheus_sets_on_its_targets() -> None:
+    clashes = {
+        name: sorted(labels & TARGET_LABELS)
+        for name, labels in exported().items()
+        if labels & TARGET_LABELS
+    }
+    assert not clashes, f"labels Prometheus would rename to exported_*: {clashes}"

@@ -3,7 +3,8 @@
 A subprocess serves the real command on a free port, logs in with a kubeconfig
 (bearer token) pointing at the emulator, mirrors its nodes and pods, and
 places and binds a two-worker gang as kube-scheduler would call it: filter,
-then bind, for each worker.
+then bind, for each worker. Its ``--metrics-port`` serves the metrics, and
+only them, where Prometheus reaches them (the app itself stays on loopback).
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ async def test_the_command_places_and_binds_a_gang(
     workers = [await created(cluster, pod(f"j-g1-w{i}", job="j", workers=2, generation="1",
                                           index=i)) for i in range(2)]  # fmt: skip
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token=TOKEN)
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     argv = [sys.executable, "-m", "powerflow", "extender", "--port", str(port)]
     argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning"]
+    argv += ["--metrics-port", str(metrics_port)]
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
@@ -90,11 +92,18 @@ async def test_the_command_places_and_binds_a_gang(
                 bound = (await ext.post("/bind", json=binding_args(worker, host))).json()
                 assert not bound.get("Error"), bound
                 hosts.append(host)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{metrics_port}") as scrape:
+            text = (await scrape.get("/metrics")).text
+            # Only the exposition: the app's verbs are not served there.
+            refused = await scrape.post("/bind", json=binding_args(workers[0], hosts[0]))
     finally:
         proc.terminate()
         output = (await proc.communicate())[0].decode()
     assert "Traceback" not in output
     assert hosts[0] == hosts[1]  # a gang of two fits in one node's aligned block
+    assert 'powerflow_extender_binds_total{result="bound"} 2.0' in text
+    assert 'powerflow_extender_requests_total{outcome="ok",verb="filter"} 2.0' in text
+    assert refused.status_code == 405
     for worker in workers:
         name = worker["metadata"]["name"]
         stored = (await cluster.get(f"/api/v1/namespaces/default/pods/{name}")).json()

@@ -29,6 +29,7 @@ NON_DEFAULT = [
     "budget.pMaxWatts=350",
     "operator.ingestPort=0",
     "operator.replicas=2",
+    "extender.metricsPort=9500",
     "agent.priorityClassName=system-node-critical",
     "agent.runtimeClassName=nvidia",
     "serviceMonitor.enabled=true",
@@ -94,6 +95,7 @@ def test_rendered_manifests_validate_strictly(helm: Path, sets: list[str], tmp_p
     [
         ("budget.eta=1.5", "eta"),
         ("operator.ingestPort=70000", "ingestPort"),
+        ("extender.metricsPort=0", "metricsPort"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.unknownKey=1", "unknownKey"),
     ],
@@ -180,3 +182,41 @@ def test_the_agent_listens_where_the_operator_tells_workers_and_agents_report(
         assert service["spec"]["ports"][0]["port"] == port
     else:
         assert urls == []
+
+
+def test_prometheus_reaches_every_components_metrics(helm: Path) -> None:
+    """Each PowerFlow container that serves metrics (operator, extender, node agent) is
+    scraped: a ServiceMonitor selects a Service whose ``metrics`` port targets a named
+    container port on that container's pod, and that port is the one the container's
+    ``--metrics-port`` serves on (the extender's app itself stays on loopback)."""
+    docs = render(helm, "serviceMonitor.enabled=true")
+    services = list(by_kind(docs, "Service"))
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "DaemonSet")]
+    scraped: set[str] = set()
+    for monitor in by_kind(docs, "ServiceMonitor"):
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        chosen = [s for s in services if wanted.items() <= s["metadata"]["labels"].items()]
+        assert chosen, f"{monitor['metadata']['name']} selects no Service"
+        for endpoint in monitor["spec"]["endpoints"]:
+            ports = [
+                (service, p)
+                for service in chosen
+                for p in service["spec"]["ports"]
+                if p["name"] == endpoint["port"]
+            ]
+            assert ports, f"{monitor['metadata']['name']}: no Service has {endpoint['port']}"
+            for service, port in ports:
+                selector = service["spec"]["selector"].items()
+                pods = [
+                    w["spec"]["template"]
+                    for w in workloads
+                    if selector <= w["spec"]["template"]["metadata"]["labels"].items()
+                ]
+                assert pods, f"{service['metadata']['name']} selects no pod"
+                for template in pods:
+                    for c in template["spec"]["containers"]:
+                        for cp in c.get("ports", []):
+                            if cp["name"] == port["targetPort"]:
+                                assert f"--metrics-port={cp['containerPort']}" in c["args"]
+                                scraped.add(c["args"][0])
+    assert scraped == {"operator", "extender", "nodeagent"}

@@ -150,20 +150,20 @@ async def test_sigterm_restores_defaults_and_metrics_show_the_locked_clock(
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
-        want = 'powerflow_gpu_locked_clock_hertz{gpu="'
+        want = "powerflow_gpu_locked_clock_hertz{"
         text = ""
         while loop.time() < deadline:
             text = await _scrape(port)
             if any(
-                line.startswith(want) and 'pod="ns/a"' in line and line.endswith(" 1.2e+09")
+                line.startswith(want) and 'worker_pod="a"' in line and line.endswith(" 1.2e+09")
                 for line in text.splitlines()
             ):
                 break
             await asyncio.sleep(0.1)
         else:
             raise AssertionError(f"no locked clock in the metrics:\n{text}")
-        line = next(x for x in text.splitlines() if x.startswith(want) and 'pod="ns/a"' in x)
-        assert 'job="j"' in line and f'node="{NODE}"' in line
+        line = next(x for x in text.splitlines() if x.startswith(want) and 'worker_pod="a"' in x)
+        assert 'dljob="j"' in line and 'dljob_namespace="ns"' in line and f'node="{NODE}"' in line
         assert "powerflow_gpu_power_watts{" in text
         assert "powerflow_gpu_energy_joules_total{" in text
         assert "powerflow_gpu_sm_clock_hertz{" in text
@@ -180,8 +180,9 @@ def test_energy_counter_survives_a_driver_restart() -> None:
     gpus.assign(0, Workload("resnet50", 1, 1, 32))
     metrics = GpuMetrics(NODE)
     infos = gpus.gpus()
-    users = {0: ("ns/a", "j")}
-    labels = {"node": NODE, "gpu": infos[0].uuid, "pod": "ns/a", "job": "j"}
+    users = {0: ("ns", "j", "a")}
+    labels = {"node": NODE, "gpu": infos[0].uuid, "dljob_namespace": "ns", "dljob": "j"}
+    labels["worker_pod"] = "a"
 
     def energy() -> float:
         value = metrics.registry.get_sample_value("powerflow_gpu_energy_joules_total", labels)
@@ -202,12 +203,18 @@ def test_energy_counter_survives_a_driver_restart() -> None:
     assert before < after < before + 10 * 400  # never backwards; at most 5 s lost
     power = metrics.registry.get_sample_value("powerflow_gpu_power_watts", labels)
     assert power == gpus.power_mw(0) / 1000.0
-    idle = {"node": NODE, "gpu": infos[1].uuid, "pod": "", "job": ""}
+    idle = {
+        "node": NODE,
+        "gpu": infos[1].uuid,
+        "dljob_namespace": "",
+        "dljob": "",
+        "worker_pod": "",
+    }
     assert metrics.registry.get_sample_value("powerflow_gpu_sm_clock_hertz", idle) is not None
     metrics.sample(gpus, infos, {}, lambda _gpu: 1200)  # the pod left: its series go
     exposition = generate_latest(metrics.registry).decode()
-    assert 'pod="ns/a"' not in exposition
-    empty = {**labels, "pod": "", "job": ""}
+    assert 'worker_pod="a"' not in exposition
+    empty = {**labels, "dljob_namespace": "", "dljob": "", "worker_pod": ""}
     assert metrics.registry.get_sample_value("powerflow_gpu_locked_clock_hertz", empty) == 1.2e9
 
 

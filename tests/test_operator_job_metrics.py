@@ -91,7 +91,7 @@ async def test_the_gauges_follow_jobs_and_a_deleted_job_leaves_none(
             return len(await pods_of(api, "m")) == 4
 
         await eventually(four)
-        job = {"namespace": NS, "job": "m"}
+        job = {"dljob_namespace": NS, "dljob": "m"}
         await eventually(reads(op, "powerflow_job_gpus", 4, **job))
         status = await status_of(api, "m")
         mhz = status["allocation"]["frequencyMHz"]

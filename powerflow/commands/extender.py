@@ -12,6 +12,11 @@ Pools: GPU nodes that are Ready, not cordoned, and whose hard taints
 operator the same ``--tolerate`` options, and put matching tolerations into
 the DLJobs' pod templates: a pod is placed only on nodes whose taints its own
 tolerations tolerate.
+
+Metrics: the app serves ``/metrics`` on ``--host``, which is loopback in the
+chart (its ``/bind`` acts with the pod's rights), out of Prometheus's reach.
+``--metrics-port PORT`` serves the same registry, and nothing else, on
+0.0.0.0:PORT for Prometheus (the chart uses 9403); 0, the default, serves none.
 """
 
 from __future__ import annotations
@@ -47,6 +52,14 @@ def register(subparsers: Any) -> None:
         "use 0.0.0.0 for HTTP probes from the kubelet)",
     )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="also serve the Prometheus metrics, and only them, on 0.0.0.0:PORT, for "
+        "Prometheus to scrape while --host stays on loopback; 0 for none (default 0)",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG)"
@@ -110,12 +123,21 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ExtenderConfigError(f"--port {args.port} is not a TCP port")
+    if not 0 <= args.metrics_port < 65536:
+        raise ExtenderConfigError(f"--metrics-port {args.metrics_port} is not a TCP port")
     options = app_options(args)
     import uvicorn
+    from prometheus_client import start_http_server
 
     from powerflow.extender import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(**options)
+    if args.metrics_port:
+        # prometheus_client's own server in a daemon thread: the registry's exposition on
+        # every path, none of the app's routes (no /bind on a routable address).
+        registry = app.state.extender.metrics.registry
+        httpd, _ = start_http_server(args.metrics_port, addr="0.0.0.0", registry=registry)
+        logging.getLogger(__name__).info("metrics on 0.0.0.0:%d", httpd.server_port)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
