@@ -131,20 +131,27 @@ def test_the_ddp_example_reports_iterations_to_the_agent(tmp_path: Path) -> None
                 str(tmp_path / "ckpt.pt"),
             ]
             base = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLOW_")}
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    env={**base, **env},
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
+            # Output to files, not pipes: a pipe nobody reads while the test waits on
+            # the other rank fills up, blocks that torchrun, and torchrun's exit
+            # barrier then holds the other one too.
+            log = tmp_path / f"rank{env['RANK']}.log"
+            with log.open("w") as out:
+                proc = subprocess.Popen(
+                    cmd, env={**base, **env}, stdout=out, stderr=subprocess.STDOUT, text=True
                 )
-            )
+            procs.append((proc, log))
         outputs = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=100)
-            outputs.append(out)
-            assert proc.returncode == 0, out
+        try:
+            for proc, log in procs:
+                proc.wait(timeout=100)
+                outputs.append(log.read_text())
+                assert proc.returncode == 0, outputs[-1]
+        finally:
+            for proc, log in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                    print(f"{log.name}:\n{log.read_text()[-3000:]}")
     assert [f"rank {i}: {ITERATIONS} iterations" in out for i, out in enumerate(outputs)] == [
         True,
         True,
