@@ -58,7 +58,6 @@ from powerflow import contract
 from powerflow import groundtruth as gt
 from powerflow.cli import build_parser
 from powerflow.commands.nodeagent import SIM_TICK_S, ticks
-from powerflow.commands.operator import serve
 from powerflow.devices import SimulatedGpus, Workload
 from powerflow.models.fitted import FittedModel
 from powerflow.models.params import ModelParams
@@ -150,27 +149,6 @@ class RecordingStore(SampleStore):
     def add(self, node: str, samples: Sequence[WindowSample], now_s: float) -> None:
         self.received.extend(samples)
         super().add(node, samples, now_s)
-
-
-class OperatorWithStore(Operator):
-    """``serve`` with the real policy and models and the recording store."""
-
-    def __init__(self, args: Any, store: SampleStore) -> None:
-        super().__init__(args)
-        self.store = store
-
-    def _main(self) -> None:
-        try:
-            serve(
-                self.args,
-                stop_flag=self._stop,
-                ready_flag=self._ready,
-                on_start=self._started,
-                store=self.store,
-            )
-        except BaseException as exc:
-            self.error = exc
-            self._ready.set()
 
 
 class Cluster:
@@ -349,7 +327,7 @@ async def test_profiled_samples_refit_the_model_within_ten_percent_of_the_ground
         gpus={"requested": N, "min": N, "max": N},
     )
     async with (
-        OperatorWithStore(op_args, store) as op,
+        Operator(op_args, store=store) as op,
         NodeAgent(agent_args, gpus, clock=time.monotonic) as agent,
     ):
         assert (await api.post(JOBS, json=job)).status_code == 201
