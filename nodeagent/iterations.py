@@ -102,6 +102,10 @@ def _text(value: object, where: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
+HEALTH_PATH = "/healthz"
+"""The agent's liveness endpoint, beside the worker endpoint (the chart's probe)."""
+
+
 def worker_app(
     handler: Callable[[IterationReport], str | None],
     *,
@@ -136,8 +140,15 @@ def worker_app(
             return web.Response(status=204)
         return _refuse(getattr(reason, "status", 409), str(reason))
 
+    async def healthz(request: web.Request) -> web.StreamResponse:
+        # Answered on the agent's event loop, where its passes run: a loop wedged
+        # in a pass (a hung NVML or API call) answers nothing, and the kubelet's
+        # liveness probe restarts the agent, which restores the GPUs' defaults.
+        return web.Response(text="ok")
+
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post(contract.ITERATIONS_PATH, post)
+    app.router.add_get(HEALTH_PATH, healthz)
     return app
 
 

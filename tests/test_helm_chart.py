@@ -220,3 +220,13 @@ def test_prometheus_reaches_every_components_metrics(helm: Path) -> None:
                                 assert f"--metrics-port={cp['containerPort']}" in c["args"]
                                 scraped.add(c["args"][0])
     assert scraped == {"operator", "extender", "nodeagent"}
+
+
+def test_the_agents_liveness_probe_asks_its_event_loop(helm: Path) -> None:
+    """The probe's path is the one the agent's worker endpoint answers on its loop."""
+    from powerflow.nodeagent.iterations import HEALTH_PATH
+
+    agent = containers(render(helm))["nodeagent"]
+    probe = agent["livenessProbe"]["httpGet"]
+    (port,) = [p for p in agent["ports"] if p["name"] == probe["port"]]
+    assert probe["path"] == HEALTH_PATH and port["containerPort"] == contract.AGENT_WORKER_PORT

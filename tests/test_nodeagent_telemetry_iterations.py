@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from powerflow.nodeagent.iterations import (
+    HEALTH_PATH,
     MAX_BODY_BYTES,
     IterationReport,
     Refusal,
@@ -143,6 +144,20 @@ def test_a_body_arriving_in_pieces_is_read_whole(endpoint: tuple[str, Recorder])
     assert conn.getresponse().status == 204
     conn.close()
     assert recorder.reports[-1].iterations == GOOD["iterations"]
+
+
+def test_the_liveness_endpoint_answers_from_the_agents_loop(
+    endpoint: tuple[str, Recorder],
+) -> None:
+    url, recorder = endpoint
+    before = len(recorder.reports)
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    conn.request("GET", HEALTH_PATH)
+    response = conn.getresponse()
+    assert (response.status, response.read()) == (200, b"ok")
+    conn.close()
+    assert len(recorder.reports) == before  # not a report
 
 
 def test_other_methods_and_paths_are_not_served(endpoint: tuple[str, Recorder]) -> None:
