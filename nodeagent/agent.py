@@ -275,8 +275,6 @@ class Agent:
             self._run_workloads(self.simulated)
         applied = self.applier.apply(self.targets)
         self.passes += 1
-        for line in applied.changes:
-            log.info("%s", line)
         if applied.events and self.post_event is not None:
             poster = self.post_event
             uids = {k: v.uid for k, v in self.pods.items()}
@@ -338,7 +336,8 @@ class Agent:
             await _first(listed, stop)
             while not stop.is_set():
                 try:
-                    await self.step()
+                    for line in (await self.step()).changes:  # --once prints them instead
+                        log.info("%s", line)
                 except Exception:  # one failed pass (a bug, a surprise) never ends the agent
                     log.exception("pass failed; retrying")
                 if on_pass is not None:
