@@ -14,12 +14,10 @@ call in a child process pinned to one CPU with one BLAS thread.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 
-_CHILD = "POWERFLOW_LEARNER_BENCH_CHILD"
+from benchmarks import pinned_child
 
 
 def _bench(generic: bool) -> None:
@@ -96,17 +94,8 @@ def _bench(generic: bool) -> None:
 
 def main() -> None:
     generic = "generic" in sys.argv[1:]
-    if os.environ.get(_CHILD) == "1":
+    if pinned_child("benchmarks.learner_bench"):
         _bench(generic)
-        return
-    env = {**os.environ, _CHILD: "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    cpu = min(os.sched_getaffinity(0))
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.learner_bench", *sys.argv[1:]],
-        env=env,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-    )
 
 
 if __name__ == "__main__":

@@ -16,12 +16,9 @@ The timing runs in a child process pinned to one CPU with one BLAS thread.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
-_CHILD = "POWERFLOW_MODELS_BENCH_CHILD"
+from benchmarks import pinned_child
 
 
 def _bench() -> None:
@@ -126,23 +123,8 @@ def _bench() -> None:
 
 
 def main() -> None:
-    if os.environ.get(_CHILD) == "1":
+    if pinned_child("benchmarks.models_bench"):
         _bench()
-        return
-    env = {
-        **os.environ,
-        _CHILD: "1",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-    cpu = min(os.sched_getaffinity(0))
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.models_bench"],
-        env=env,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-    )
 
 
 if __name__ == "__main__":

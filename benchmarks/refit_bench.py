@@ -14,13 +14,10 @@ cold numba cache compiles the kernels once per machine, seconds).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
-_CHILD = "POWERFLOW_REFIT_BENCH_CHILD"
+from benchmarks import pinned_child
 
 
 def _bench() -> None:
@@ -92,17 +89,8 @@ def _bench() -> None:
 
 
 def main() -> None:
-    if os.environ.get(_CHILD) == "1":
+    if pinned_child("benchmarks.refit_bench"):
         _bench()
-        return
-    env = {**os.environ, _CHILD: "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    cpu = min(os.sched_getaffinity(0))
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.refit_bench"],
-        env=env,
-        check=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-    )
 
 
 if __name__ == "__main__":
