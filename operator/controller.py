@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +47,7 @@ from powerflow.operator.budget import (
     describe,
     parse_budget,
 )
-from powerflow.operator.jobs import JobRequest, RequestCache
+from powerflow.operator.jobs import RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
 from powerflow.operator.learning import SampleStore
@@ -67,31 +66,16 @@ from powerflow.operator.timefmt import format_time
 
 from powerflow import contract
 from powerflow.errors import ResourceError
-from powerflow.models.protocol import PerfModel
 from powerflow.policy.snapshot import Node, Policy
 from powerflow.taints import GPU_TOLERATIONS
 
 log = logging.getLogger(__name__)
 
 
-def prior_models() -> ModelFactory:
-    """Each job's model: the shipped prior of its ``model`` hint (generic if unknown)."""
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.priors import load_prior
-
-    @functools.cache
-    def by_name(name: str | None) -> PerfModel:
-        return FittedModel(load_prior(name))
-
-    def factory(job: JobRequest) -> PerfModel:
-        return by_name(job.model_name)
-
-    return factory
-
-
 def learned_models(store: SampleStore) -> ModelFactory:
     """Each job's model: its fitted one when the store has one (refitted online, or
-    restored from ``status.model.params``), else its prior, as ``prior_models``."""
+    restored from ``status.model.params``), else the shipped prior of its ``model``
+    hint (generic if unknown)."""
     return store.model
 
 
