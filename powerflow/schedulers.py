@@ -108,7 +108,7 @@ def _no_budget(_: float | None) -> Budget:
     return Budget(eta=1.0)
 
 
-def _powerflow(**options: bool) -> Callable[[float | None], Policy]:
+def _powerflow(**options: bool | float) -> Callable[[float | None], Policy]:
     def build(_: float | None) -> Policy:
         from powerflow.policy.powerflow import PowerFlowPolicy
 
@@ -150,6 +150,15 @@ def _zeus(inner: Callable[[float | None], Policy]) -> Callable[[float | None], P
     return build
 
 
+POWERFLOW_PLUS: dict[str, bool | float] = {
+    "min_return": 1.0,
+    "rescale_cost_s": 30.0,
+    "rescale_margin": 1.0,
+}
+"""PowerFlow+'s options of ``PowerFlowPolicy`` (docs/policy.md, "PowerFlow+", gives
+the experiment behind each value). ``rescale_cost_s`` is the simulator's
+default checkpoint-restart (``SimConfig.restart_s``)."""
+
 POWERFLOW_PROFILING = Profiling(prerun_s=PRERUN_S, profile_s=PROFILE_S, fitted_models=True)
 ZEUS_PROFILING = Profiling(profile_s=ZEUS_PROFILE_S)
 
@@ -161,6 +170,17 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             "PowerFlow: energy-aware, elastic, frequency scaling (paper §5)",
             "eta",
             _powerflow(),
+            _eta_budget,
+            POWERFLOW_PROFILING,
+            DEFAULT_ETAS,
+            is_baseline=False,
+        ),
+        SchedulerSpec(
+            "powerflow+",
+            "PowerFlow+: PowerFlow with a floor on marginal returns and the rescale cost"
+            " in its priorities (docs/policy.md)",
+            "eta",
+            _powerflow(**POWERFLOW_PLUS),
             _eta_budget,
             POWERFLOW_PROFILING,
             DEFAULT_ETAS,

@@ -60,6 +60,7 @@ import numpy as np
 
 from powerflow.policy.curves import Curves
 from powerflow.policy.greedy_kernels import allocate_steps, heap_arrays
+from powerflow.policy.tables import IntArray
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,23 @@ class PowerModel:
 
 
 @dataclass(frozen=True)
+class Returns:
+    """PowerFlow+'s changes to the doubling keys (``greedy_kernels._doubling_key``).
+
+    ``current``: per job, the table row of the GPU count it runs on now (-1:
+    none, or a count it may no longer have). ``restart_s``: seconds a job's
+    JCT grows when it ends on another count (the checkpoint-restart, with any
+    hysteresis margin); ``restart_w``: per-GPU watts during it. ``min_ratio``:
+    the floor on a doubling's ``dJCT / dE`` in s/J (0: none).
+    """
+
+    current: IntArray
+    restart_s: float = 0.0
+    restart_w: float = 0.0
+    min_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
 class Allocation:
     rows: dict[int, int]
     """Job index -> its row in the tables (the GPU count it got); absent jobs wait."""
@@ -98,9 +116,16 @@ def allocate(
     energy_aware: bool,
     elastic: bool,
     strict: bool = False,
+    returns: Returns | None = None,
 ) -> Allocation:
-    """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned)."""
+    """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned).
+
+    ``returns`` (PowerFlow+) adds the rescale cost to the doubling keys and a
+    floor on their return; ``None`` is the paper's greedy.
+    """
     tables = curves.tables
+    if returns is None:
+        returns = Returns(np.full(tables.start.size, -1, dtype=np.int64))
     cand = np.asarray(candidates, dtype=np.int64)
     if cand.size and not 0 <= cand.min() <= cand.max() < tables.start.size:
         raise ValueError("allocate: a candidate is not a job of the tables")  # no bounds checks
@@ -126,6 +151,10 @@ def allocate(
         int(power.base_nodes),
         float(power.idle_w),
         float(power.limit_w),
+        returns.current,
+        float(returns.restart_s),
+        float(returns.restart_w),
+        float(returns.min_ratio),
         row,
         order,
         *heap_arrays(tables.start.size),

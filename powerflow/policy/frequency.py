@@ -52,12 +52,14 @@ def raise_clocks(
     *,
     step: int,
     energy_aware: bool,
+    min_ratio: float = 0.0,
 ) -> Clocks:
     """Raise clocks by ``step`` columns at a time while the limit allows.
 
     Row ``i`` of the matrices is one running job at its GPU count (columns:
     clocks); ``order[i]`` is its tie-break (arrival, id); ``total_w`` the
-    predicted cluster power at ``start``.
+    predicted cluster power at ``start``. ``min_ratio`` (PowerFlow+): no raise
+    whose ``dJCT / dE`` (s/J) is below it; 0, the paper's rule, takes any.
     """
     width = jct_s.shape[1] if jct_s.ndim == 2 else 0
     if width < 2 or not len(start):
@@ -83,6 +85,7 @@ def raise_clocks(
         float(limit_w),
         int(step),
         bool(energy_aware),
+        float(min_ratio),
         columns,
         raised_rows,
         raised_from,

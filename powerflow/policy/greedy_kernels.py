@@ -63,6 +63,40 @@ def _step_key(d_jct: float, d_energy: float, energy_aware: bool) -> tuple[int, f
 
 
 @njit
+def _doubling_key(
+    j: int,
+    nxt: int,
+    counts: IntArray,
+    eff_jct: FloatArray,
+    eff_energy: FloatArray,
+    current: IntArray,
+    restart_s: float,
+    restart_w: float,
+    energy_aware: bool,
+) -> tuple[int, float]:
+    """``_step_key`` of job ``j``'s step from row ``nxt - 1`` to ``nxt``, rescale cost included.
+
+    A running job (``current[j]``: the row of the count it holds, -1 for none)
+    pays a checkpoint-restart whenever it ends on another count: ``restart_s``
+    seconds added to its JCT and ``restart_s * restart_w`` joules per GPU it
+    then holds. The step into its current count therefore gains one restart
+    (it avoids it), the step out of it loses one; other steps pay it on both
+    sides and are unchanged. With ``restart_s`` 0 this is ``_step_key`` exactly.
+    """
+    d_jct = eff_jct[nxt - 1] - eff_jct[nxt]
+    d_energy = eff_energy[nxt] - eff_energy[nxt - 1]
+    cur = current[j]
+    if restart_s > 0 and cur >= 0:
+        if nxt == cur:
+            d_jct += restart_s
+            d_energy -= restart_s * restart_w * counts[nxt - 1]
+        elif nxt - 1 == cur:
+            d_jct -= restart_s
+            d_energy += restart_s * restart_w * counts[nxt]
+    return _step_key(d_jct, d_energy, energy_aware)
+
+
+@njit
 def _before(
     a: int, b: int, cls: IntArray, value: FloatArray, rank: IntArray, tie: IntArray
 ) -> bool:
@@ -145,6 +179,10 @@ def allocate_steps(
     base_nodes: int,
     idle_w: float,
     limit_w: float,
+    current: IntArray,
+    restart_s: float,
+    restart_w: float,
+    min_ratio: float,
     row: IntArray,
     order: IntArray,
     cls: IntArray,
@@ -160,8 +198,12 @@ def allocate_steps(
     inlined with the same arithmetic. Sets ``row[j]`` (it comes filled with
     -1, which stays for the jobs that wait) and lists in ``order`` the jobs
     in the order they got their first GPUs; returns how many did, the GPUs
-    allocated and the jobs' predicted power. ``cls`` .. ``heap``: scratch
-    (``heap_arrays``).
+    allocated and the jobs' predicted power. ``current``, ``restart_s`` and
+    ``restart_w``: the rescale cost (``_doubling_key``); ``min_ratio``: the
+    floor on a doubling's ``d_jct / d_energy`` (0: none). Doublings sit in
+    the heap by that ratio, so the first one below the floor ends them all;
+    first steps and free wins are never refused by it. ``cls`` .. ``heap``:
+    scratch (``heap_arrays``).
     """
     size = root = int(np.int64(0))  # see ``_sift``
     for j in candidates:
@@ -180,6 +222,8 @@ def allocate_steps(
     nodes = max(-(-allocated // gpn), base_nodes)
     while size and free > 0:  # every step costs at least one GPU
         j = heap[0]
+        if min_ratio > 0 and cls[j] == 2 and -value[j] < min_ratio:
+            break  # every later entry is a doubling of a lower ratio (or never taken)
         to = to_row[j]
         frm = row[j]
         cost = counts[to] - (counts[frm] if frm >= 0 else 0)
@@ -202,8 +246,8 @@ def allocate_steps(
         nxt = to + 1  # the job's next step replaces this one in the heap
         step_cls, step_value = 3, 0.0
         if elastic and nxt < start[j] + sizes[j]:
-            step_cls, step_value = _step_key(
-                eff_jct[nxt - 1] - eff_jct[nxt], eff_energy[nxt] - eff_energy[nxt - 1], energy_aware
+            step_cls, step_value = _doubling_key(
+                j, nxt, counts, eff_jct, eff_energy, current, restart_s, restart_w, energy_aware
             )
         if step_cls == 3:
             size = _pop(heap, size, cls, value, rank, to_row)
@@ -223,6 +267,7 @@ def raise_steps(
     limit_w: float,
     step: int,
     energy_aware: bool,
+    min_ratio: float,
     columns: IntArray,
     raised_rows: IntArray,
     raised_from: IntArray,
@@ -239,6 +284,8 @@ def raise_steps(
     columns before) are written in order to ``raised_rows`` and
     ``raised_from`` (room for ``rows * (width - 1)``: every raise moves a row
     at least one column up). Returns how many, and the predicted power.
+    ``min_ratio``: the floor on a raise's ``d_jct / d_energy`` (0: none), as
+    in ``allocate_steps``.
     ``cls`` .. ``heap``: scratch (``heap_arrays``, ``tie`` zero).
     """
     rows, width = jct.shape
@@ -258,6 +305,8 @@ def raise_steps(
     n_raised = 0
     while size:
         i = heap[0]
+        if min_ratio > 0 and cls[i] == 2 and -value[i] < min_ratio:
+            break  # every later entry is a raise of a lower ratio
         col = columns[i]
         up = min(col + step, width - 1)
         new_total = total_w + (power[i, up] - power[i, col])

@@ -73,6 +73,7 @@ from powerflow.policy.budget import resolve_limit_watts
 from powerflow.policy.curves import Curves, curves_of
 from powerflow.policy.frequency import raise_clocks
 from powerflow.policy.placement import place_columns
+from powerflow.policy.returns import returns_of
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.policy.tablecache import TableCache
 from powerflow.policy.tables import IntArray, build_tables
@@ -103,9 +104,24 @@ class PowerFlowPolicy:
     )
     """The previous call's job plans, reused when equal (see ``PlanMemo``): never changes a plan."""
 
+    min_return: float = 0.0
+    """PowerFlow+: the floor on a step's return. A doubling or a clock raise is taken
+    only if its cluster-normalised ratio ``(dJCT / JCT_total) / (dE / E_total)``
+    is at least this (``returns.py``); 0 takes any step that shortens the JCT."""
+    rescale_cost_s: float = 0.0
+    """PowerFlow+: checkpoint-restart seconds a running job pays to change its GPU
+    count, counted in the doubling priorities (0: the paper's greedy, blind to it)."""
+    rescale_margin: float = 0.0
+    """PowerFlow+ hysteresis: the rescale cost is counted ``1 + rescale_margin`` times,
+    so a running job changes its count only for a gain that beats it by that margin."""
+
     def __post_init__(self) -> None:
         if self.frequency_step < 1:
             raise SnapshotError(f"frequency_step {self.frequency_step} < 1")
+        if not (self.min_return >= 0 and self.rescale_cost_s >= 0 and self.rescale_margin >= 0):
+            raise SnapshotError("min_return, rescale_cost_s and rescale_margin must be >= 0")
+        if self.min_return > 0 and not self.energy_aware:
+            raise SnapshotError("min_return is a floor on dJCT / dE: it needs energy_aware")
 
     def clocks(self, gpu: GpuSpec) -> tuple[int, ...]:
         """The clocks this policy may choose from on ``gpu``."""
@@ -175,6 +191,13 @@ class _Decision:
         candidates = [
             i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
         ]
+        returns = returns_of(
+            self.policy.min_return,
+            self.policy.rescale_cost_s * (1.0 + self.policy.rescale_margin),
+            self.cluster.gpu.idle_power_w,
+            self.curves,
+            jobs,
+        )
         alloc = allocate(
             self.curves,
             candidates,
@@ -182,6 +205,7 @@ class _Decision:
             energy_aware=self.policy.energy_aware,
             elastic=self.policy.elastic,
             strict=self.policy.strict_power,
+            returns=returns,
         )
         rows = {i: int(first[i]) for i in pinned} | alloc.rows
         running = sorted(rows)
@@ -204,6 +228,7 @@ class _Decision:
                 self.limit,
                 step=self.policy.frequency_step,
                 energy_aware=self.policy.energy_aware,
+                min_ratio=0.0 if returns is None else returns.min_ratio,
             )
             columns = list(map(operator.add, result.columns, itertools.repeat(low)))
             # Shifted back by ``low`` only where the undo loop reads one (rarely).

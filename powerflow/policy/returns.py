@@ -1,0 +1,68 @@
+"""PowerFlow+'s changes to the greedy's priorities: a floor on returns, the rescale cost.
+
+The paper's greedy (``allocation.py``, ``frequency.py``) takes any doubling
+or clock raise that shortens a job's predicted JCT, as long as GPUs and
+power are left. When few jobs remain (the end of a trace) nothing competes
+for the budget, so a few long jobs take the whole cluster for near-zero
+gains: a doubling of a 64-GPU job that saves a few percent of its JCT costs
+as much energy as dozens of small jobs. Two rules (``PowerFlowPolicy``'s
+``min_return``, ``rescale_cost_s`` and ``rescale_margin``) change that; the
+experiments behind them are in docs/policy.md, section "PowerFlow+".
+
+* **Floor.** The paper ranks steps by ``priority = (dJCT / JCT_total) /
+  (dE / E_total)``. PowerFlow+ takes a doubling or a raise only if its
+  priority is at least ``min_return``: ``dJCT / dE >= min_return *
+  JCT_total / E_total``. ``JCT_total`` and ``E_total`` are the sums of the
+  unfinished jobs' predicted JCT and remaining energy, each on its first
+  allowed GPU count at its most efficient clock (the state the greedy starts
+  from, known before any step, so the floor is one number per decision).
+  With ``min_return`` 1 a step is taken only if it lowers the cluster's
+  ``JCT_total x E_total`` (to first order).
+* **Rescale cost.** A running job that ends on another GPU count is
+  checkpointed and restarted: ``restart_s`` seconds on its JCT (and idle
+  power on its GPUs meanwhile). The step into its current count gains that
+  cost, the step out of it pays it (``greedy_kernels._doubling_key``), so a
+  job grows only for a gain larger than a restart and is shrunk last.
+  Counting it ``1 + margin`` times is the hysteresis against thrashing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from powerflow.policy.allocation import Returns
+from powerflow.policy.curves import Curves
+from powerflow.policy.snapshot import Job
+
+
+def returns_of(
+    min_return: float,
+    restart_s: float,
+    restart_w: float,
+    curves: Curves,
+    jobs: Sequence[Job],
+) -> Returns | None:
+    """The kernel's inputs for PowerFlow+'s rules, or ``None`` when both are off."""
+    if min_return <= 0 and restart_s <= 0:
+        return None
+    tables = curves.tables
+    current = np.full(len(jobs), -1, dtype=np.int64)
+    if restart_s > 0:
+        counts = tables.counts
+        for j, job in enumerate(jobs):
+            n = len(job.placement)
+            if n:
+                first, size = int(tables.start[j]), int(tables.sizes[j])
+                hit = np.flatnonzero(counts[first : first + size] == n)
+                if hit.size:
+                    current[j] = first + int(hit[0])
+    min_ratio = 0.0
+    if min_return > 0:
+        live = [j for j, job in enumerate(jobs) if job.remaining_iterations > 0 and tables.sizes[j]]
+        rows = tables.start[np.asarray(live, dtype=np.int64)]
+        energy = float(curves.energy_j[rows].sum())
+        if energy > 0:
+            min_ratio = min_return * float(curves.jct_s[rows].sum()) / energy
+    return Returns(current, restart_s, restart_w, min_ratio)

@@ -1,0 +1,112 @@
+"""PowerFlow+'s experiments: PowerFlow's eta sweep against variants of its options.
+
+Each variant is ``PowerFlowPolicy`` with some options set (``--variant
+"name:min_return=1,rescale_cost_s=30"``) and runs the same eta sweep as
+``powerflow``; the table gives each run's total energy and average JCT, and
+each variant's average JCT over ``powerflow``'s at the same energy
+(``powerflow.sim.compare``'s interpolation; below 1: the variant is faster).
+docs/policy.md, section "PowerFlow+", shows the commands and their tables.
+
+    .venv/bin/python scripts/powerflow_plus_study.py --hours 6 \\
+        --variant "floor1:min_return=1" --variant "plus:min_return=1,rescale_cost_s=30"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from powerflow.policy.powerflow import PowerFlowPolicy
+from powerflow.schedulers import scheduler
+from powerflow.sim.compare import Curve
+from powerflow.sim.config import SimConfig
+from powerflow.sim.engine import Simulation
+from powerflow.sim.metrics import summarise
+from powerflow.sim.runner import TraceSpec, load_jobs
+from powerflow.sim.world import default_world
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, float]]:
+    name, _, rest = text.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        options[key.strip()] = float(value)
+    return name, options
+
+
+def run(
+    options: dict[str, float], eta: float, trace: TraceSpec, config: SimConfig, oracle: bool
+) -> dict[str, Any]:
+    options = dict(options)
+    scale = options.pop("min_return_eta", None)
+    if scale is not None:
+        options["min_return"] = options.get("min_return", 0.0) + scale * (1 / eta - 1)
+    world = default_world()
+    configured = scheduler("powerflow").configure(eta, oracle=oracle)
+    configured = replace(configured, policy=PowerFlowPolicy(**options))  # type: ignore[arg-type]
+    jobs = load_jobs(trace, config, world)
+    return summarise(Simulation(jobs, configured, config, world).run())
+
+
+def equal_energy(rows: list[dict[str, Any]], ref: list[dict[str, Any]]) -> list[float | None]:
+    """Each row's JCT over the reference curve's JCT at the row's energy (None: out of range)."""
+    curve = Curve.of((r["total_energy_j"], r["avg_jct_s"]) for r in ref)
+    out: list[float | None] = []
+    for r in rows:
+        theirs = curve.at(r["total_energy_j"])
+        out.append(None if theirs is None else r["avg_jct_s"] / theirs)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--trace", help="trace CSV (default: the bundled ITP window)")
+    p.add_argument("--hours", type=float, help="only jobs submitted in the first H hours")
+    p.add_argument("--etas", default="0.4,0.6,0.8,1.0")
+    p.add_argument("--variant", action="append", default=[], help="NAME:opt=value,...")
+    p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
+    p.add_argument("--no-reference", action="store_true", help="skip plain powerflow")
+    p.add_argument("--reference-json", type=Path, help="reuse/store the reference runs here")
+    args = p.parse_args()
+    trace = TraceSpec(args.trace, args.hours)
+    config = SimConfig()
+    etas = [float(x) for x in args.etas.split(",")]
+    variants = [parse_variant(v) for v in args.variant]
+    ref: list[dict[str, Any]] = []
+    if not args.no_reference:
+        if args.reference_json and args.reference_json.exists():
+            ref = json.loads(args.reference_json.read_text())
+        else:
+            ref = [{"eta": e, **run({}, e, trace, config, args.oracle)} for e in etas]
+            if args.reference_json:
+                args.reference_json.write_text(json.dumps(ref))
+    print(f"trace {trace.describe()}{' (oracle)' if args.oracle else ''}")
+    print("| variant | eta | energy (GJ) | avg JCT (h) | makespan (h) | rescales | JCT / powerflow's at equal energy |")
+    print("|---|---|---|---|---|---|---|")
+    for name, rows in [("powerflow", ref)] + [
+        (n, [{"eta": e, **run(o, e, trace, config, args.oracle)} for e in etas]) for n, o in variants
+    ]:
+        ratios = equal_energy(rows, ref) if ref else [None] * len(rows)
+        for r, q in zip(rows, ratios, strict=True):
+            cell = "out of range" if q is None else f"{q:.3f}"
+            print(
+                f"| {name} | {r['eta']:g} | {r['total_energy_j'] / 1e9:.2f} |"
+                f" {r['avg_jct_s'] / 3600:.3f} | {r['makespan_s'] / 3600:.1f} |"
+                f" {r['rescales']} | {cell} |",
+                flush=True,
+            )
+        valid = [q for q in ratios if q is not None]
+        if valid and name != "powerflow":
+            print(f"| {name} | mean | | | | | {float(np.mean(valid)):.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
