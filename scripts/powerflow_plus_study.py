@@ -3,8 +3,9 @@
 Each variant is ``PowerFlowPolicy`` with some options set (``--variant
 "name:min_return=1,rescale_cost_s=30"``) and runs the same eta sweep as
 ``powerflow``; the table gives each run's total energy and average JCT, and
-each variant's average JCT over ``powerflow``'s at the same energy
-(``powerflow.sim.compare``'s interpolation; below 1: the variant is faster).
+each variant's average JCT over ``powerflow``'s at equal energy over the
+energies both sweeps cover (``powerflow.sim.compare.versus``; below 1: the
+variant is faster).
 docs/policy.md, section "PowerFlow+", shows the commands and their tables.
 
     .venv/bin/python scripts/powerflow_plus_study.py --hours 6 \\
@@ -20,11 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.schedulers import scheduler
-from powerflow.sim.compare import Curve
+from powerflow.sim.compare import versus
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
 from powerflow.sim.metrics import summarise
@@ -44,25 +43,11 @@ def parse_variant(text: str) -> tuple[str, dict[str, float]]:
 def run(
     options: dict[str, float], eta: float, trace: TraceSpec, config: SimConfig, oracle: bool
 ) -> dict[str, Any]:
-    options = dict(options)
-    scale = options.pop("min_return_eta", None)
-    if scale is not None:
-        options["min_return"] = options.get("min_return", 0.0) + scale * (1 / eta - 1)
     world = default_world()
     configured = scheduler("powerflow").configure(eta, oracle=oracle)
     configured = replace(configured, policy=PowerFlowPolicy(**options))  # type: ignore[arg-type]
     jobs = load_jobs(trace, config, world)
     return summarise(Simulation(jobs, configured, config, world).run())
-
-
-def equal_energy(rows: list[dict[str, Any]], ref: list[dict[str, Any]]) -> list[float | None]:
-    """Each row's JCT over the reference curve's JCT at the row's energy (None: out of range)."""
-    curve = Curve.of((r["total_energy_j"], r["avg_jct_s"]) for r in ref)
-    out: list[float | None] = []
-    for r in rows:
-        theirs = curve.at(r["total_energy_j"])
-        out.append(None if theirs is None else r["avg_jct_s"] / theirs)
-    return out
 
 
 def main() -> int:
@@ -88,23 +73,37 @@ def main() -> int:
             if args.reference_json:
                 args.reference_json.write_text(json.dumps(ref))
     print(f"trace {trace.describe()}{' (oracle)' if args.oracle else ''}")
-    print("| variant | eta | energy (GJ) | avg JCT (h) | makespan (h) | rescales | JCT / powerflow's at equal energy |")
-    print("|---|---|---|---|---|---|---|")
-    for name, rows in [("powerflow", ref)] + [
-        (n, [{"eta": e, **run(o, e, trace, config, args.oracle)} for e in etas]) for n, o in variants
-    ]:
-        ratios = equal_energy(rows, ref) if ref else [None] * len(rows)
-        for r, q in zip(rows, ratios, strict=True):
-            cell = "out of range" if q is None else f"{q:.3f}"
+    print("| variant | eta | energy (GJ) | avg JCT (h) | makespan (h) | rescales |")
+    print("|---|---|---|---|---|---|")
+    summary = []
+    for name, options in [("powerflow", None), *variants]:
+        rows = (
+            ref
+            if options is None
+            else [{"eta": e, **run(options, e, trace, config, args.oracle)} for e in etas]
+        )
+        for r in rows:
             print(
                 f"| {name} | {r['eta']:g} | {r['total_energy_j'] / 1e9:.2f} |"
                 f" {r['avg_jct_s'] / 3600:.3f} | {r['makespan_s'] / 3600:.1f} |"
-                f" {r['rescales']} | {cell} |",
+                f" {r['rescales']} |",
                 flush=True,
             )
-        valid = [q for q in ratios if q is not None]
-        if valid and name != "powerflow":
-            print(f"| {name} | mean | | | | | {float(np.mean(valid)):.3f} |", flush=True)
+        if options is not None and ref:
+            both = [{**r, "scheduler": "powerflow"} for r in ref]
+            both += [{**r, "scheduler": name} for r in rows]
+            summary.append((name, versus(both, name)))
+    print("\nAvg JCT over powerflow's at equal energy (compare.versus; < 1: faster)\n")
+    print("| variant | mean | best | worst | common energy range (GJ) |")
+    print("|---|---|---|---|---|")
+    for name, v in summary:
+        if v is None:
+            print(f"| {name} | n/a | n/a | n/a | none |")
+        else:
+            print(
+                f"| {name} | {v['mean']:.3f} | {v['best']:.3f} | {v['worst']:.3f} |"
+                f" {v['energy_lo_j'] / 1e9:.2f}-{v['energy_hi_j'] / 1e9:.2f} |"
+            )
     return 0
 
 

@@ -136,13 +136,25 @@ def test_quick_comparison_writes_json_files_and_report(
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     names = {r["scheduler"] for r in data["runs"]}
-    assert names == {"powerflow", "gandiva", "tiresias", "afs", "gandiva+zeus", "tiresias+zeus"}
+    assert names == {
+        "powerflow",
+        "powerflow+",
+        "gandiva",
+        "tiresias",
+        "afs",
+        "gandiva+zeus",
+        "tiresias+zeus",
+    }
+    oracle = {r["scheduler"] for r in data["runs"] if r["oracle"]}
+    assert oracle == {"powerflow", "powerflow+"}
     for r in data["runs"]:
         assert ("eta" in r) or ("frequency_mhz" in r) or r["scheduler"].endswith("zeus")
         assert r["avg_jct_s"] > 0 and r["total_energy_j"] > 0
     ratios = data["jct_ratio_at_equal_energy"]
-    assert set(ratios) == names - {"powerflow"}
+    assert set(ratios) == names - {"powerflow", "powerflow+"}
     assert all(set(v) >= {"max", "at_zeus_energy"} for v in ratios.values())
+    plus = data["powerflow+_vs_powerflow"]  # None where the energy ranges do not meet
+    assert plus is None or set(plus) >= {"mean", "best", "worst"}
     for name in (
         "runs.csv",
         "results.json",
@@ -155,6 +167,18 @@ def test_quick_comparison_writes_json_files_and_report(
     assert "stand-in for the paper's Alibaba PAI subset" in text
     assert "out/jct_vs_energy.png" in text
     assert "Only the jobs submitted in the first 2 h" in text  # --quick's window, said
+    assert "powerflow+: fitted-vs-oracle" in text or "powerflow+: fitted and oracle" in text
+
+
+def test_powerflow_plus_runs_from_the_command_line(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "--scheduler", "powerflow+", "--eta", "0.6", "--trace", str(tiny)]
+    code = main([*args, "--nodes", "1", "--gpus-per-node", "4", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["scheduler"] == "powerflow+" and data["eta"] == 0.6
+    assert data["jobs"] == 6 and data["avg_jct_s"] > 0 and data["total_energy_j"] > 0
 
 
 def test_comparison_defaults_to_the_whole_trace_on_the_default_cluster() -> None:

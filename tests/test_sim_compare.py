@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerflow.sim.compare import Curve, jct_ratios
+from powerflow.sim.compare import Curve, jct_ratios, versus
 from powerflow.sim.config import SimConfig
 from powerflow.sim.experiments import (
     QUICK_HOURS,
@@ -105,3 +105,40 @@ def test_comparison_defaults_to_its_window_unless_told() -> None:
     assert {s.trace.hours for s in specs} == {None}
     quick = comparison(TraceSpec(), SimConfig(), quick=True)
     assert {s.trace.hours for s in quick} == {QUICK_HOURS}
+
+
+def test_powerflow_plus_is_compared_with_powerflow_not_ranked_as_a_baseline() -> None:
+    rows = [
+        _row("powerflow", 10.0, 4.0),
+        _row("powerflow", 20.0, 2.0),
+        _row("powerflow+", 5.0, 3.0),
+        _row("powerflow+", 15.0, 1.5),
+        _row("powerflow+", 25.0, 1.0),
+        _row("powerflow", 10.0, 8.0, oracle=True),
+        _row("powerflow", 20.0, 4.0, oracle=True),
+        _row("powerflow+", 10.0, 4.0, oracle=True),
+        _row("powerflow+", 20.0, 3.0, oracle=True),
+    ]
+    assert "powerflow+" not in jct_ratios(rows)
+    fitted = versus(rows, "powerflow+")
+    assert fitted is not None
+    # common range 10..20: powerflow+ 2.25 at 10 (over powerflow's 4.0), 1.5 at 15 (3.0),
+    # 1.25 at 20 (2.0)
+    assert (fitted["energy_lo_j"], fitted["energy_hi_j"]) == (10.0, 20.0)
+    assert fitted["best"] == pytest.approx(0.5)
+    assert fitted["worst"] == pytest.approx(1.25 / 2.0)
+    assert 0.5 < fitted["mean"] < 1.25 / 2.0
+    oracle = versus(rows, "powerflow+", oracle=True)
+    assert oracle is not None
+    assert oracle["best"] == pytest.approx(0.5) and oracle["worst"] == pytest.approx(0.75)
+    assert (
+        versus([_row("powerflow", 10.0, 4.0), _row("powerflow+", 5.0, 1.0)], "powerflow+") is None
+    )
+    assert versus(rows[:2], "powerflow+") is None
+
+
+def test_the_comparison_sweeps_powerflow_plus_and_runs_it_with_the_oracle() -> None:
+    specs = comparison(TraceSpec(), SimConfig())
+    plus = [s for s in specs if s.scheduler == "powerflow+"]
+    assert sorted(s.value for s in plus if not s.oracle) == [0.4, 0.6, 0.8, 1.0]
+    assert sorted(s.value for s in plus if s.oracle) == [0.6, 1.0]

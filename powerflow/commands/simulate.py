@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from powerflow.errors import SimulationError
 from powerflow.schedulers import SCHEDULERS, scheduler
 from powerflow.sim import experiments, output, plots
-from powerflow.sim.compare import jct_ratios
+from powerflow.sim.compare import jct_ratios, versus
 from powerflow.sim.config import SimConfig
 from powerflow.sim.report import write_report
 from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, run_many, run_one
@@ -138,17 +138,23 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     outcomes = _run_with_progress(specs, args.workers, console, quiet=args.json)
     rows = [o.row() for o in outcomes]
     ratios = jct_ratios(rows)
+    plus = plus_versus(rows)
     title = f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100"
     out = args.out or Path("results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    files = write_outputs(out, outcomes, ratios, title)
+    files = write_outputs(out, outcomes, ratios, title, plus)
     if args.report:
         write_report(args.report, outcomes, ratios, config, specs[0].trace, out, args)
         files.append(args.report)
     if args.json:
-        print(output.to_json({"runs": rows, "jct_ratio_at_equal_energy": ratios}))
+        print(output.to_json({"runs": rows, "jct_ratio_at_equal_energy": ratios, **plus}))
     else:
         stdout = output.stdout_console()
-        output.print_tables(stdout, output.results_table(rows, title), output.ratio_table(ratios))
+        output.print_tables(
+            stdout,
+            output.results_table(rows, title),
+            output.ratio_table(ratios),
+            output.versus_table(plus),
+        )
         stdout.print(f"wrote {len(files)} files to {out}/")
     return 0
 
@@ -174,14 +180,27 @@ def _run_with_progress(
         return run_many(specs, workers=workers, on_done=done)
 
 
+def plus_versus(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """PowerFlow+ against PowerFlow at equal energy, fitted and oracle (``compare.versus``)."""
+    return {
+        "powerflow+_vs_powerflow": versus(rows, "powerflow+"),
+        "powerflow+_vs_powerflow_oracle": versus(rows, "powerflow+", oracle=True),
+    }
+
+
 def write_outputs(
-    out: Path, outcomes: list[RunOutcome], ratios: dict[str, Any], title: str
+    out: Path,
+    outcomes: list[RunOutcome],
+    ratios: dict[str, Any],
+    title: str,
+    plus: dict[str, Any] | None = None,
 ) -> list[Path]:
     rows = [o.row() for o in outcomes]
     files = [
         output.write_csv(rows, out / "runs.csv"),
         output.write_json(
-            {"runs": rows, "jct_ratio_at_equal_energy": ratios}, out / "results.json"
+            {"runs": rows, "jct_ratio_at_equal_energy": ratios, **(plus or {})},
+            out / "results.json",
         ),
         plots.jct_vs_energy(rows, out / "jct_vs_energy.png", title),
         plots.allocation_and_power(pick_for_timeline(outcomes), out / "allocation_power.png"),

@@ -57,6 +57,7 @@ ablation isolates the energy term of the priority rather than the budget.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections import Counter
 from collections.abc import Mapping
@@ -73,7 +74,7 @@ from powerflow.policy.budget import resolve_limit_watts
 from powerflow.policy.curves import Curves, curves_of
 from powerflow.policy.frequency import raise_clocks
 from powerflow.policy.placement import place_columns
-from powerflow.policy.returns import returns_of
+from powerflow.policy.returns import floor_of, returns_of
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.policy.tablecache import TableCache
 from powerflow.policy.tables import IntArray, build_tables
@@ -108,6 +109,10 @@ class PowerFlowPolicy:
     """PowerFlow+: the floor on a step's return. A doubling or a clock raise is taken
     only if its cluster-normalised ratio ``(dJCT / JCT_total) / (dE / E_total)``
     is at least this (``returns.py``); 0 takes any step that shortens the JCT."""
+    budget_price: float = 0.0
+    """PowerFlow+: the floor grows by ``budget_price * (1 / eta - 1)`` (``eta`` the
+    limit over ``G * P_max``): the tighter the budget, the dearer a joule
+    (``returns.py``); 0 at or above ``eta`` 1."""
     rescale_cost_s: float = 0.0
     """PowerFlow+: checkpoint-restart seconds a running job pays to change its GPU
     count, counted in the doubling priorities (0: the paper's greedy, blind to it)."""
@@ -118,10 +123,13 @@ class PowerFlowPolicy:
     def __post_init__(self) -> None:
         if self.frequency_step < 1:
             raise SnapshotError(f"frequency_step {self.frequency_step} < 1")
-        if not (self.min_return >= 0 and self.rescale_cost_s >= 0 and self.rescale_margin >= 0):
-            raise SnapshotError("min_return, rescale_cost_s and rescale_margin must be >= 0")
-        if self.min_return > 0 and not self.energy_aware:
-            raise SnapshotError("min_return is a floor on dJCT / dE: it needs energy_aware")
+        options = (self.min_return, self.budget_price, self.rescale_cost_s, self.rescale_margin)
+        if not all(x >= 0 and math.isfinite(x) for x in options):
+            raise SnapshotError(
+                "min_return, budget_price, rescale_cost_s and rescale_margin must be finite, >= 0"
+            )
+        if (self.min_return > 0 or self.budget_price > 0) and not self.energy_aware:
+            raise SnapshotError("a floor on returns (dJCT / dE) needs energy_aware")
 
     def clocks(self, gpu: GpuSpec) -> tuple[int, ...]:
         """The clocks this policy may choose from on ``gpu``."""
@@ -191,8 +199,11 @@ class _Decision:
         candidates = [
             i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
         ]
+        budget = self.snapshot.budget
+        p_max = budget.p_max_watts or self.cluster.gpu.p_max_w
+        eta = self.limit / (self.cluster.total_gpus * p_max)
         returns = returns_of(
-            self.policy.min_return,
+            floor_of(self.policy.min_return, self.policy.budget_price, eta),
             self.policy.rescale_cost_s * (1.0 + self.policy.rescale_margin),
             self.cluster.gpu.idle_power_w,
             self.curves,

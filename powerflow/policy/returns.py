@@ -28,6 +28,7 @@ experiments behind them are in docs/policy.md, section "PowerFlow+".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,6 +36,21 @@ import numpy as np
 from powerflow.policy.allocation import Returns
 from powerflow.policy.curves import Curves
 from powerflow.policy.snapshot import Job
+
+
+def floor_of(min_return: float, budget_price: float, eta: float) -> float:
+    """The floor on a step's cluster-normalised priority at a budget of ``eta``.
+
+    ``min_return`` plus ``budget_price * (1 / eta - 1)``: the price of energy
+    against time rises as the budget tightens (a Lagrangian reading of the
+    power budget), and is ``min_return`` alone at ``eta`` 1 or above. A zero
+    budget refuses every doubling and raise.
+    """
+    if budget_price <= 0 or eta >= 1:
+        return min_return
+    if eta <= 0:
+        return math.inf
+    return min_return + budget_price * (1.0 / eta - 1.0)
 
 
 def returns_of(

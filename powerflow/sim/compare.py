@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 
 REFERENCE = "powerflow"
+CHALLENGERS = ("powerflow+",)
+"""Not baselines: PowerFlow's own variants, compared by ``versus`` instead."""
 ZEUS_TOLERANCE = 0.05
 ZEUS_LEVEL_OF = {
     "gandiva": "gandiva+zeus",
@@ -117,7 +119,7 @@ def jct_ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float |
         return {}
     out: dict[str, dict[str, float | None]] = {}
     for name, curve in by_name.items():
-        if name == REFERENCE:
+        if name == REFERENCE or name in CHALLENGERS:
             continue
         zeus = by_name.get(ZEUS_LEVEL_OF.get(name, ""))
         at_zeus: float | None = None
@@ -138,3 +140,38 @@ def jct_ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float |
             "dominance": _dominance(curve, ref),
         }
     return out
+
+
+def versus(
+    rows: Sequence[Mapping[str, Any]], name: str, *, oracle: bool = False
+) -> dict[str, float] | None:
+    """``name``'s average JCT over PowerFlow's at equal energy, over the common range.
+
+    Both Pareto fronts are interpolated on 201 energies spanning the range both
+    cover (with their own points added); ``mean``, ``best`` (the lowest ratio)
+    and ``worst`` summarise the ratio there (below 1: ``name`` is faster), and
+    ``energy_lo_j``/``energy_hi_j`` say where. ``oracle`` compares the runs
+    with ground-truth models instead. None when the ranges do not meet.
+    """
+    keep = [r for r in rows if bool(r.get("oracle")) == oracle and not r.get("tag")]
+    points: dict[str, list[tuple[float, float]]] = {}
+    for row in keep:
+        points.setdefault(row["scheduler"], []).append(
+            (float(row["total_energy_j"]), float(row["avg_jct_s"]))
+        )
+    if name not in points or REFERENCE not in points:
+        return None
+    mine, ref = Curve.of(points[name]), Curve.of(points[REFERENCE])
+    lo, hi = max(mine.lo, ref.lo), min(mine.hi, ref.hi)
+    if lo > hi:
+        return None
+    grid = np.unique(np.concatenate([np.linspace(lo, hi, 201), mine.energy_j, ref.energy_j]))
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    ratio = np.interp(grid, mine.energy_j, mine.jct_s) / np.interp(grid, ref.energy_j, ref.jct_s)
+    return {
+        "mean": float(ratio.mean()),
+        "best": float(ratio.min()),
+        "worst": float(ratio.max()),
+        "energy_lo_j": lo,
+        "energy_hi_j": hi,
+    }

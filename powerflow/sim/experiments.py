@@ -14,6 +14,8 @@ from powerflow.sim.synthetic import SyntheticSpec
 DEFAULT_ETAS = (0.4, 0.6, 0.8, 1.0)
 DEFAULT_FREQUENCIES = (1020, 1215, 1410)
 ORACLE_ETAS = (0.6, 1.0)
+ORACLE_SCHEDULERS = ("powerflow", "powerflow+")
+"""Run again with ground-truth models (Fig. 10; PowerFlow+'s fitted-vs-oracle gap)."""
 QUICK_ETAS = (0.5, 1.0)
 QUICK_FREQUENCIES = (1110, 1410)
 QUICK_HOURS = 2.0
@@ -35,12 +37,13 @@ def comparison(
     trace: TraceSpec, config: SimConfig, *, quick: bool = False, oracle: bool = True
 ) -> list[RunSpec]:
     """PowerFlow's eta sweep, every baseline's clock sweep, the Zeus points, and
-    (for Fig. 10) PowerFlow again with ground-truth models.
+    (for Fig. 10) PowerFlow and PowerFlow+ again with ground-truth models.
 
     Fewer points than ``powerflow.schedulers``' full sweeps: a fitted
     PowerFlow run of the full trace costs about 15 s of CPU (policy calls,
-    the engine and model fitting, see ``benchmarks/sim_bench.py``), and 17
-    runs keep the comparison within five minutes on two cores."""
+    the engine and model fitting, see ``benchmarks/sim_bench.py``), and the
+    23 runs (17 before PowerFlow+) keep the comparison within about seven
+    minutes on two cores."""
     trace = comparison_window(trace, quick=quick)
     specs: list[RunSpec] = []
     for spec in SCHEDULERS.values():
@@ -54,7 +57,8 @@ def comparison(
         specs += [RunSpec(spec.name, v, trace, config) for v in values]
     if oracle:
         etas = QUICK_ETAS if quick else ORACLE_ETAS
-        specs += [RunSpec("powerflow", v, trace, config, oracle=True) for v in etas]
+        for name in ORACLE_SCHEDULERS:
+            specs += [RunSpec(name, v, trace, config, oracle=True) for v in etas]
     return specs
 
 

@@ -103,6 +103,29 @@ def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
     return table
 
 
+def versus_table(plus: Mapping[str, Mapping[str, float] | None]) -> Table:
+    """PowerFlow+'s avg JCT over PowerFlow's at equal energy (``compare.versus``)."""
+    table = Table(
+        title="PowerFlow+ avg JCT / PowerFlow avg JCT at equal energy (<1: PowerFlow+ faster)"
+    )
+    table.add_column("models")
+    table.add_column("mean", justify="right")
+    table.add_column("best", justify="right")
+    table.add_column("worst", justify="right")
+    table.add_column("energy range (GJ)", justify="right")
+    for key, label in (
+        ("powerflow+_vs_powerflow", "fitted"),
+        ("powerflow+_vs_powerflow_oracle", "oracle"),
+    ):
+        r = plus.get(key)
+        if r is None:
+            table.add_row(label, "n/a", "n/a", "n/a", "no common range")
+            continue
+        span = f"{r['energy_lo_j'] / 1e9:.2f}-{r['energy_hi_j'] / 1e9:.2f}"
+        table.add_row(label, _fmt(r["mean"]), _fmt(r["best"]), _fmt(r["worst"]), span)
+    return table
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
 

@@ -18,6 +18,7 @@ GJ = 1e9
 HOUR = 3600.0
 STYLE = {
     "powerflow": ("tab:red", "o", "-"),
+    "powerflow+": ("tab:orange", "P", "-"),
     "gandiva": ("tab:blue", "s", "-"),
     "tiresias": ("tab:green", "^", "-"),
     "afs": ("tab:purple", "D", "-"),
@@ -70,17 +71,19 @@ def allocation_and_power(outcomes: Sequence[RunOutcome], path: Path) -> Path:
 
 
 def fitted_vs_oracle(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Fig. 10: PowerFlow with fitted models against the ground truth ("pre-profiled")."""
+    """Fig. 10: PowerFlow (and PowerFlow+, dashed) with fitted models against the ground
+    truth ("pre-profiled")."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for oracle, label, color in ((False, "fitted models", "tab:red"), (True, "oracle", "k")):
-        pts = sorted(
-            (r["total_energy_j"] / GJ, r["avg_jct_s"] / HOUR)
-            for r in rows
-            if r["scheduler"] == "powerflow" and bool(r.get("oracle")) == oracle
-        )
-        if pts:
-            x, y = zip(*pts, strict=True)
-            ax.plot(x, y, marker="o", color=color, label=label)
+    for name, line in (("powerflow", "-"), ("powerflow+", "--")):
+        for oracle, label, color in ((False, "fitted models", "tab:red"), (True, "oracle", "k")):
+            pts = sorted(
+                (r["total_energy_j"] / GJ, r["avg_jct_s"] / HOUR)
+                for r in rows
+                if r["scheduler"] == name and bool(r.get("oracle")) == oracle
+            )
+            if pts:
+                x, y = zip(*pts, strict=True)
+                ax.plot(x, y, marker="o", linestyle=line, color=color, label=f"{name}, {label}")
     ax.set_xlabel("total energy (GJ)")
     ax.set_ylabel("average JCT (h)")
     ax.grid(alpha=0.3)

@@ -159,6 +159,7 @@ def write_report(
         " it still reads when the energy ranges do not meet.",
         "",
         *_losses(ratios),
+        *_plus_section(rows),
         *_fastest(rows),
         *_observations(rows),
         "## Figures",
@@ -224,11 +225,43 @@ def _losses(ratios: Mapping[str, Mapping[str, float | None]]) -> list[str]:
     return ["Where PowerFlow is slower at equal energy (ratio below 1):", "", *losing, ""]
 
 
+def _plus_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """PowerFlow+ against PowerFlow at equal energy (``compare.versus``), if both ran."""
+    from powerflow.sim.compare import versus
+
+    lines = []
+    for oracle, label in ((False, "fitted models"), (True, "ground truth (oracle)")):
+        r = versus(rows, "powerflow+", oracle=oracle)
+        if r is None:
+            continue
+        lines.append(
+            f"- {label}: {r['mean']:.2f}x on average over"
+            f" {r['energy_lo_j'] / 1e9:.2f}-{r['energy_hi_j'] / 1e9:.2f} GJ (best"
+            f" {r['best']:.2f}x, worst {r['worst']:.2f}x)"
+        )
+    if not lines:
+        return []
+    return [
+        "## PowerFlow+ against PowerFlow",
+        "",
+        "PowerFlow+'s average JCT over PowerFlow's at equal total energy, over the energies"
+        " both eta sweeps cover (below 1: PowerFlow+ is faster; `compare.versus`;"
+        ' docs/policy.md, section "PowerFlow+", says what it changes):',
+        "",
+        *lines,
+        "",
+    ]
+
+
 def _oracle_gap(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [*_oracle_gap_of(rows, "powerflow"), *_oracle_gap_of(rows, "powerflow+")]
+
+
+def _oracle_gap_of(rows: Sequence[Mapping[str, Any]], name: str) -> list[str]:
     from powerflow.sim.compare import Curve
 
-    fitted = [r for r in rows if r["scheduler"] == "powerflow" and not r.get("oracle")]
-    oracle = [r for r in rows if r["scheduler"] == "powerflow" and r.get("oracle")]
+    fitted = [r for r in rows if r["scheduler"] == name and not r.get("oracle")]
+    oracle = [r for r in rows if r["scheduler"] == name and r.get("oracle")]
     if not fitted or not oracle:
         return []
     curve = Curve.of((r["total_energy_j"], r["avg_jct_s"]) for r in fitted)
@@ -238,9 +271,9 @@ def _oracle_gap(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         if jct is not None:
             gaps.append(jct / r["avg_jct_s"] - 1)
     if not gaps:
-        return ["Fitted and oracle sweeps do not overlap in energy; no gap computed.", ""]
+        return [f"{name}: fitted and oracle sweeps do not overlap in energy; no gap computed.", ""]
     return [
-        "Fitted-vs-oracle gap in average JCT at equal energy (fitted JCT interpolated at"
+        f"{name}: fitted-vs-oracle gap in average JCT at equal energy (fitted JCT interpolated at"
         " each oracle run's energy, over the oracle's JCT, minus 1; negative: the fitted"
         f" run is faster): {', '.join(f'{g:+.1%}' for g in gaps)} (paper: under 2%).",
         "",

@@ -1,0 +1,184 @@
+"""PowerFlow+'s options of ``PowerFlowPolicy``: the floor on returns and the rescale cost.
+
+Each rule on a hand-built snapshot whose predictions the test computes itself
+(``ScaledModel``: step time ``t1 * n**-a``), against the paper's greedy on the
+same snapshot, which takes any doubling that saves any time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from policy_cases import ScaledModel, efficient_clock, job, nodes
+
+from powerflow.errors import SnapshotError
+from powerflow.gpus import A100
+from powerflow.policy.powerflow import PowerFlowPolicy
+from powerflow.policy.returns import floor_of
+from powerflow.policy.snapshot import Budget, Job, Snapshot
+
+GPN = 8
+
+
+def _snapshot(*jobs: Job, eta: float = 1.0, count: int = 1) -> Snapshot:
+    return Snapshot(nodes=nodes(count, GPN), jobs=jobs, budget=Budget(eta=eta), now_s=0.0)
+
+
+def _gpus(policy: PowerFlowPolicy, snapshot: Snapshot, job_id: str) -> int:
+    return policy.plan(snapshot).job(job_id).gpus
+
+
+def _priority(model: ScaledModel, n: int) -> float:
+    """The paper's cluster-normalised priority of a lone job's doubling 1 -> 2 ... n -> 2n
+    (one job: ``JCT_total / E_total`` is its own JCT / energy on 1 GPU)."""
+    probe = job("probe", model=model)
+    f = float(efficient_clock(probe, 1, GPN, A100.clocks_mhz))
+
+    def t(k: int) -> float:
+        return float(model.step_time_s(k, min(k, GPN), 128, f))
+
+    def e(k: int) -> float:
+        return float(model.energy_per_iter_j(k, min(k, GPN), 128, f))
+
+    return ((t(n) - t(2 * n)) / t(1)) / ((e(2 * n) - e(n)) / e(1))
+
+
+FLAT = ScaledModel(t1=1.0, a=0.05, watts=300.0)
+"""Doubling saves 3 % of the step time for nearly twice the energy."""
+STEEP = ScaledModel(t1=1.0, a=0.9, watts=300.0)
+"""Doubling saves 46 % of the step time for 7 % more energy."""
+
+
+def test_the_models_give_the_returns_the_tests_rely_on() -> None:
+    assert _priority(FLAT, 1) < 0.1
+    assert all(_priority(STEEP, n) > 1.2 for n in (1, 2, 4))
+
+
+def test_floor_refuses_a_doubling_of_tiny_gain_that_the_paper_takes() -> None:
+    snapshot = _snapshot(job("flat", model=FLAT))
+    assert _gpus(PowerFlowPolicy(), snapshot, "flat") == GPN  # any saving is taken
+    assert _gpus(PowerFlowPolicy(min_return=1.0), snapshot, "flat") == 1
+
+
+def test_floor_takes_doublings_of_large_gain() -> None:
+    snapshot = _snapshot(job("steep", model=STEEP))
+    assert _gpus(PowerFlowPolicy(min_return=1.0), snapshot, "steep") == GPN
+
+
+def test_floor_between_two_returns_separates_them() -> None:
+    """A floor between the two jobs' priorities stops the poor one and not the good one."""
+    low, high = _priority(FLAT, 1), _priority(STEEP, 4)
+    snapshot = _snapshot(job("flat", model=FLAT), job("steep", model=STEEP), count=2)
+    policy = PowerFlowPolicy(min_return=math.sqrt(low * high))
+    plan = policy.plan(snapshot)
+    assert plan.job("flat").gpus == 1
+    assert plan.job("steep").gpus == GPN
+
+
+def test_floor_never_refuses_a_job_its_first_gpus() -> None:
+    snapshot = _snapshot(*(job(f"j{i}", model=FLAT, arrival_s=float(i)) for i in range(3)))
+    plan = PowerFlowPolicy(min_return=1e9).plan(snapshot)
+    assert [jp.gpus for jp in plan.jobs] == [1, 1, 1]
+
+
+def test_floor_holds_clocks_at_the_efficient_one_when_raises_return_little() -> None:
+    one = job("one", model=FLAT, min_gpus=1, max_gpus=1)
+    clock = efficient_clock(one, 1, GPN, A100.clocks_mhz)
+    snapshot = _snapshot(one)
+    assert PowerFlowPolicy().plan(snapshot).job("one").frequency_mhz > clock
+    assert PowerFlowPolicy(min_return=1e6).plan(snapshot).job("one").frequency_mhz == clock
+
+
+def test_budget_price_raises_the_floor_as_the_budget_tightens() -> None:
+    assert floor_of(0.5, 1.0, 1.0) == 0.5
+    assert floor_of(0.5, 1.0, 0.5) == pytest.approx(1.5)
+    assert floor_of(0.0, 2.0, 0.25) == pytest.approx(6.0)
+    assert floor_of(0.0, 1.0, 0.0) == math.inf
+    # A doubling of priority ~1.2 (between the floors at eta 1 and at eta 0.25):
+    model = ScaledModel(t1=1.0, a=0.45, watts=300.0)
+    assert 0.5 < _priority(model, 1) < 2.0
+    lone = job("m", model=model, max_gpus=2)
+    policy = PowerFlowPolicy(budget_price=0.7)
+    assert _gpus(policy, _snapshot(lone, eta=1.0), "m") == 2
+    assert _gpus(policy, _snapshot(lone, eta=0.25), "m") == 1
+    assert _gpus(PowerFlowPolicy(), _snapshot(lone, eta=0.25), "m") == 2
+
+
+def _running(model: ScaledModel, gain_s: float, on: int) -> Job:
+    """A job on ``on`` GPUs whose doubling saves ``gain_s`` seconds of JCT at its efficient
+    clock (the remaining iterations chosen for that)."""
+    probe = job("r", model=model)
+    f = float(efficient_clock(probe, on, GPN, A100.clocks_mhz))
+    step = model.step_time_s(on, on, 128, f) - model.step_time_s(2 * on, 2 * on, 128, f)
+    return job(
+        "r",
+        model=model,
+        remaining_iterations=gain_s / float(step),
+        placement=tuple(("n0", g) for g in range(on)),
+        frequency_mhz=int(f),
+    )
+
+
+def test_hysteresis_keeps_a_count_when_the_gain_is_below_the_restart_cost() -> None:
+    snapshot = _snapshot(_running(STEEP, 20.0, on=2))
+    assert _gpus(PowerFlowPolicy(), snapshot, "r") > 2  # 20 s saved: the paper doubles
+    assert _gpus(PowerFlowPolicy(rescale_cost_s=30.0), snapshot, "r") == 2
+
+
+def test_a_gain_above_the_restart_cost_rescales_unless_the_margin_asks_for_more() -> None:
+    snapshot = _snapshot(_running(STEEP, 45.0, on=2))
+    assert _gpus(PowerFlowPolicy(rescale_cost_s=30.0), snapshot, "r") > 2
+    assert _gpus(PowerFlowPolicy(rescale_cost_s=30.0, rescale_margin=1.0), snapshot, "r") == 2
+
+
+def test_the_rescale_cost_favours_keeping_a_running_job_over_shrinking_it() -> None:
+    """Two equal jobs, GPUs for only one of them on 4 (a pinned job holds 2 of 8): the
+    paper's tie-break (arrival) gives the 4 GPUs to the earlier job, which makes the
+    running one shrink; with the rescale cost the running one keeps them."""
+    model = ScaledModel(t1=1.0, a=0.9, watts=300.0)
+    pinned = job(
+        "pinned",
+        model=model,
+        placement=(("n0", 0), ("n0", 1)),
+        frequency_mhz=A100.max_clock_mhz,
+        pinned=True,
+    )
+    early = job("early", model=model, arrival_s=0.0, remaining_iterations=2000.0)
+    late = job(
+        "late",
+        model=model,
+        arrival_s=1.0,
+        remaining_iterations=2000.0,
+        placement=tuple(("n0", g) for g in range(4, 8)),
+        frequency_mhz=A100.max_clock_mhz,
+    )
+    snapshot = _snapshot(pinned, early, late)
+    paper = PowerFlowPolicy().plan(snapshot)
+    assert (paper.job("early").gpus, paper.job("late").gpus) == (4, 2)
+    plus = PowerFlowPolicy(rescale_cost_s=30.0).plan(snapshot)
+    assert (plus.job("early").gpus, plus.job("late").gpus) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"min_return": -1.0},
+        {"budget_price": float("nan")},
+        {"rescale_cost_s": -30.0},
+        {"rescale_margin": float("inf")},
+        {"min_return": 1.0, "energy_aware": False},
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, float]) -> None:
+    with pytest.raises(SnapshotError):
+        PowerFlowPolicy(**options)  # type: ignore[arg-type]
+
+
+def test_default_options_are_the_paper_s_greedy() -> None:
+    """The new options default to off: the paper's plan, field for field."""
+    snapshot = _snapshot(job("flat", model=FLAT), job("steep", model=STEEP), count=2)
+    off = PowerFlowPolicy(min_return=0.0, budget_price=0.0, rescale_cost_s=0.0)
+    assert off.plan(snapshot) == PowerFlowPolicy().plan(snapshot)
+    assert np.isfinite(PowerFlowPolicy().plan(snapshot).predicted_watts)
