@@ -108,7 +108,7 @@ def _no_budget(_: float | None) -> Budget:
     return Budget(eta=1.0)
 
 
-def _powerflow(**options: bool | float) -> Callable[[float | None], Policy]:
+def _powerflow(**options: bool) -> Callable[[float | None], Policy]:
     def build(_: float | None) -> Policy:
         from powerflow.policy.powerflow import PowerFlowPolicy
 
@@ -150,14 +150,24 @@ def _zeus(inner: Callable[[float | None], Policy]) -> Callable[[float | None], P
     return build
 
 
-POWERFLOW_PLUS: dict[str, bool | float] = {
-    "min_return": 1.0,
-    "rescale_cost_s": 30.0,
-    "rescale_margin": 1.0,
-}
-"""PowerFlow+'s options of ``PowerFlowPolicy`` (docs/policy.md, "PowerFlow+", gives
-the experiment behind each value). ``rescale_cost_s`` is the simulator's
-default checkpoint-restart (``SimConfig.restart_s``)."""
+PLUS_BUDGET_PRICE = 0.05
+"""PowerFlow+'s floor on a step's priority grows by this times ``1 / eta - 1``."""
+PLUS_RESCALE_COST_S = 30.0
+"""PowerFlow+'s checkpoint-restart estimate: the simulator's default ``restart_s``."""
+PLUS_RESCALE_MARGIN = 1.0
+"""PowerFlow+'s hysteresis: a rescale must gain twice its cost."""
+
+
+def _powerflow_plus(_: float | None) -> Policy:
+    """PowerFlow+ (docs/policy.md, "PowerFlow+", gives the experiment behind each value)."""
+    from powerflow.policy.powerflow import PowerFlowPolicy
+
+    return PowerFlowPolicy(
+        budget_price=PLUS_BUDGET_PRICE,
+        rescale_cost_s=PLUS_RESCALE_COST_S,
+        rescale_margin=PLUS_RESCALE_MARGIN,
+    )
+
 
 POWERFLOW_PROFILING = Profiling(prerun_s=PRERUN_S, profile_s=PROFILE_S, fitted_models=True)
 ZEUS_PROFILING = Profiling(profile_s=ZEUS_PROFILE_S)
@@ -180,7 +190,7 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             "PowerFlow+: PowerFlow with a floor on marginal returns and the rescale cost"
             " in its priorities (docs/policy.md)",
             "eta",
-            _powerflow(**POWERFLOW_PLUS),
+            _powerflow_plus,
             _eta_budget,
             POWERFLOW_PROFILING,
             DEFAULT_ETAS,

@@ -73,8 +73,10 @@ def main() -> int:
             if args.reference_json:
                 args.reference_json.write_text(json.dumps(ref))
     print(f"trace {trace.describe()}{' (oracle)' if args.oracle else ''}")
-    print("| variant | eta | energy (GJ) | avg JCT (h) | makespan (h) | rescales |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| variant | eta | energy (GJ) | avg JCT (h) | makespan (h) | rescales | above limit (h) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     summary = []
     for name, options in [("powerflow", None), *variants]:
         rows = (
@@ -86,7 +88,7 @@ def main() -> int:
             print(
                 f"| {name} | {r['eta']:g} | {r['total_energy_j'] / 1e9:.2f} |"
                 f" {r['avg_jct_s'] / 3600:.3f} | {r['makespan_s'] / 3600:.1f} |"
-                f" {r['rescales']} |",
+                f" {r['rescales']} | {r['time_above_limit_s'] / 3600:.2f} |",
                 flush=True,
             )
         if options is not None and ref:
