@@ -57,6 +57,9 @@ def main() -> int:
     p.add_argument("--etas", default="0.4,0.6,0.8,1.0")
     p.add_argument("--variant", action="append", default=[], help="NAME:opt=value,...")
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
+    p.add_argument(
+        "--strict", action="store_true", help="strict_power for the reference and every variant"
+    )
     p.add_argument("--no-reference", action="store_true", help="skip plain powerflow")
     p.add_argument("--reference-json", type=Path, help="reuse/store the reference runs here")
     args = p.parse_args()
@@ -64,15 +67,20 @@ def main() -> int:
     config = SimConfig()
     etas = [float(x) for x in args.etas.split(",")]
     variants = [parse_variant(v) for v in args.variant]
+    base: dict[str, float] = {"strict_power": True} if args.strict else {}
+    variants = [(name, {**base, **options}) for name, options in variants]
     ref: list[dict[str, Any]] = []
     if not args.no_reference:
         if args.reference_json and args.reference_json.exists():
             ref = json.loads(args.reference_json.read_text())
         else:
-            ref = [{"eta": e, **run({}, e, trace, config, args.oracle)} for e in etas]
+            ref = [{"eta": e, **run(base, e, trace, config, args.oracle)} for e in etas]
             if args.reference_json:
                 args.reference_json.write_text(json.dumps(ref))
-    print(f"trace {trace.describe()}{' (oracle)' if args.oracle else ''}")
+    print(
+        f"trace {trace.describe()}{' (oracle)' if args.oracle else ''}"
+        f"{' (strict power checks)' if args.strict else ''}"
+    )
     print(
         "| variant | eta | energy (GJ) | avg JCT (h) | makespan (h) | rescales | above limit (h) |"
     )

@@ -18,6 +18,12 @@ from powerflow.gpus import A100
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.returns import floor_of
 from powerflow.policy.snapshot import Budget, Job, Snapshot
+from powerflow.schedulers import (
+    PLUS_BUDGET_PRICE,
+    PLUS_RESCALE_COST_S,
+    PLUS_RESCALE_MARGIN,
+    scheduler,
+)
 
 GPN = 8
 
@@ -182,3 +188,17 @@ def test_default_options_are_the_paper_s_greedy() -> None:
     off = PowerFlowPolicy(min_return=0.0, budget_price=0.0, rescale_cost_s=0.0)
     assert off.plan(snapshot) == PowerFlowPolicy().plan(snapshot)
     assert np.isfinite(PowerFlowPolicy().plan(snapshot).predicted_watts)
+
+
+def test_the_registry_builds_powerflow_plus_from_the_same_policy() -> None:
+    plus, paper = scheduler("powerflow+"), scheduler("powerflow")
+    assert (plus.knob, plus.sweep, plus.profiling) == (paper.knob, paper.sweep, paper.profiling)
+    assert not plus.is_baseline
+    built = plus.configure(0.6)
+    assert built.budget == Budget(eta=0.6)
+    assert built.policy == PowerFlowPolicy(
+        budget_price=PLUS_BUDGET_PRICE,
+        rescale_cost_s=PLUS_RESCALE_COST_S,
+        rescale_margin=PLUS_RESCALE_MARGIN,
+    )
+    assert paper.configure(0.6).policy == PowerFlowPolicy()  # the paper's, untouched
