@@ -8,16 +8,22 @@ same snapshot, which takes any doubling that saves any time.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from policy_cases import ScaledModel, efficient_clock, job, nodes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_cases import ScaledModel, efficient_clock, job, nodes, snapshots
 
 from powerflow.errors import SnapshotError
 from powerflow.gpus import A100
+from powerflow.policy.curves import curves_of
 from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.returns import floor_of
+from powerflow.policy.returns import floor_of, returns_of
 from powerflow.policy.snapshot import Budget, Job, Snapshot
+from powerflow.policy.tables import build_tables
+from powerflow.policy.validate import cluster_of
 from powerflow.schedulers import (
     PLUS_BUDGET_PRICE,
     PLUS_RESCALE_COST_S,
@@ -202,3 +208,23 @@ def test_the_registry_builds_powerflow_plus_from_the_same_policy() -> None:
         rescale_margin=PLUS_RESCALE_MARGIN,
     )
     assert paper.configure(0.6).policy == PowerFlowPolicy()  # the paper's, untouched
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots(), st.data())
+def test_each_running_job_s_current_row_is_the_row_of_the_count_it_holds(
+    snapshot: Snapshot, data: st.DataObject
+) -> None:
+    held = [data.draw(st.integers(0, 16)) for _ in snapshot.jobs]
+    jobs = [
+        replace(j, placement=tuple(("x", g) for g in range(n)))
+        for j, n in zip(snapshot.jobs, held, strict=True)
+    ]
+    cluster = cluster_of(snapshot)
+    tables = build_tables(jobs, cluster, cluster.gpu.clocks_mhz, True)
+    curves = curves_of(tables, jobs, snapshot.now_s)
+    returns = returns_of(0.0, 30.0, 50.0, curves, jobs)
+    assert returns is not None
+    for j, n in enumerate(held):
+        rows = [r for r in tables.rows(j) if tables.counts[r] == n]
+        assert returns.current[j] == (rows[0] if n and rows else -1)

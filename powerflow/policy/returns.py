@@ -64,20 +64,23 @@ def returns_of(
     if min_return <= 0 and restart_s <= 0:
         return None
     tables = curves.tables
+    start, sizes = tables.start, tables.sizes
     current = np.full(len(jobs), -1, dtype=np.int64)
     if restart_s > 0:
-        counts = tables.counts
-        for j, job in enumerate(jobs):
-            n = len(job.placement)
-            if n:
-                first, size = int(tables.start[j]), int(tables.sizes[j])
-                hit = np.flatnonzero(counts[first : first + size] == n)
-                if hit.size:
-                    current[j] = first + int(hit[0])
+        # A job's rows hold its allowed counts, each double the one before, so
+        # the row of ``n`` GPUs is ``start + log2(n / first count)`` when that
+        # is a whole number within its rows.
+        held = np.asarray([len(job.placement) for job in jobs], dtype=np.int64)
+        on = np.flatnonzero((held > 0) & (sizes > 0))
+        first = tables.counts[start[on]]
+        level = np.log2(held[on] / first)
+        k = np.rint(level).astype(np.int64)
+        ok = (np.abs(level - k) < 1e-9) & (k >= 0) & (k < sizes[on])
+        current[on[ok]] = start[on[ok]] + k[ok]
     min_ratio = 0.0
     if min_return > 0:
-        live = [j for j, job in enumerate(jobs) if job.remaining_iterations > 0 and tables.sizes[j]]
-        rows = tables.start[np.asarray(live, dtype=np.int64)]
+        remaining = np.asarray([job.remaining_iterations for job in jobs], dtype=np.float64)
+        rows = start[(remaining > 0) & (sizes > 0)]
         energy = float(curves.energy_j[rows].sum())
         if energy > 0:
             min_ratio = min_return * float(curves.jct_s[rows].sum()) / energy
