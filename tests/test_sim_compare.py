@@ -142,3 +142,23 @@ def test_the_comparison_sweeps_powerflow_plus_and_runs_it_with_the_oracle() -> N
     plus = [s for s in specs if s.scheduler == "powerflow+"]
     assert sorted(s.value for s in plus if not s.oracle) == [0.4, 0.6, 0.8, 1.0]
     assert sorted(s.value for s in plus if s.oracle) == [0.6, 1.0]
+
+
+def test_the_report_ranks_baselines_not_powerflow_plus_against_powerflow() -> None:
+    """PowerFlow+ faster than PowerFlow's fastest run is its own section's news, not a
+    baseline that "wins at the fast, energy-hungry end"."""
+    from powerflow.sim.report import _fastest, _plus_section
+
+    rows = [
+        _row("powerflow", 10e9, 4.0, eta=0.6),
+        _row("powerflow", 20e9, 2.0, eta=1.0),
+        _row("powerflow+", 15e9, 1.5, eta=0.6),
+        _row("powerflow+", 25e9, 1.0, eta=1.0),
+        _row("gandiva", 30e9, 1.8, frequency_mhz=1410),
+    ]
+    lines = _fastest(rows)
+    assert any(line.startswith("- gandiva") for line in lines)
+    assert not any("powerflow+" in line for line in lines)
+    section = "\n".join(_plus_section(rows))
+    assert "## PowerFlow+ against PowerFlow" in section
+    assert "over 15.00-20.00 GJ (best 0.50x" in section

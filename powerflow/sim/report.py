@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from powerflow.sim.compare import CHALLENGERS, REFERENCE
 from powerflow.sim.config import SimConfig
 from powerflow.sim.output import knob_text
 from powerflow.sim.runner import RunOutcome, TraceSpec
@@ -327,8 +328,9 @@ def _fastest(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         return []
     best = min(fitted, key=lambda r: r["avg_jct_s"])
     lines = []
-    for name in dict.fromkeys(r["scheduler"] for r in rows if r["scheduler"] != "powerflow"):
-        theirs = min((r for r in rows if r["scheduler"] == name), key=lambda r: r["avg_jct_s"])
+    baselines = [r for r in rows if r["scheduler"] not in (REFERENCE, *CHALLENGERS)]
+    for name in dict.fromkeys(r["scheduler"] for r in baselines):
+        theirs = min((r for r in baselines if r["scheduler"] == name), key=lambda r: r["avg_jct_s"])
         if theirs["avg_jct_s"] < best["avg_jct_s"]:
             lines.append(
                 f"- {name} {knob_text(theirs)} reaches {theirs['avg_jct_s'] / 3600:.2f} h"
