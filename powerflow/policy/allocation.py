@@ -39,6 +39,10 @@ that does not fit (GPUs or power) drops its job from the heap and the others
 go on: Algorithm 1's ``break`` generalised to steps of different sizes and
 costs (a smaller step elsewhere may still fit the GPUs or the power left).
 
+PowerFlow+ (``returns.py``, the ``returns`` argument) adds a running job's
+rescale cost to its doubling keys and stops the doublings at a floor on
+their ratio; without it the rules above are unchanged.
+
 With ``strict`` every step is checked, so allocation never ends above the
 limit (or the pinned jobs' own power), at the price of leaving GPUs of a
 powered-on node idle when the budget is tight.

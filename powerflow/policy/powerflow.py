@@ -52,6 +52,12 @@ it wait, first come first served; ``energy_aware`` off orders both heaps by
 JCT reduction alone (the energy denominator dropped) while still starting at
 the efficient clocks and still respecting the power limit, so that the
 ablation isolates the energy term of the priority rather than the budget.
+
+PowerFlow+ (``powerflow+`` in ``powerflow.schedulers``) is this policy with
+``min_return``/``budget_price`` (a floor on the priority of a doubling or a
+clock raise) and ``rescale_cost_s``/``rescale_margin`` (a running job's
+checkpoint-restart inside its doubling priorities) set; ``returns.py`` states
+the rules. All four default to off, the paper's rules above.
 """
 
 from __future__ import annotations

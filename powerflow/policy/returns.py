@@ -6,18 +6,20 @@ power are left. When few jobs remain (the end of a trace) nothing competes
 for the budget, so a few long jobs take the whole cluster for near-zero
 gains: a doubling of a 64-GPU job that saves a few percent of its JCT costs
 as much energy as dozens of small jobs. Two rules (``PowerFlowPolicy``'s
-``min_return``, ``rescale_cost_s`` and ``rescale_margin``) change that; the
+``min_return``, ``budget_price``, ``rescale_cost_s`` and ``rescale_margin``)
+change that; the
 experiments behind them are in docs/policy.md, section "PowerFlow+".
 
 * **Floor.** The paper ranks steps by ``priority = (dJCT / JCT_total) /
   (dE / E_total)``. PowerFlow+ takes a doubling or a raise only if its
-  priority is at least ``min_return``: ``dJCT / dE >= min_return *
-  JCT_total / E_total``. ``JCT_total`` and ``E_total`` are the sums of the
-  unfinished jobs' predicted JCT and remaining energy, each on its first
-  allowed GPU count at its most efficient clock (the state the greedy starts
-  from, known before any step, so the floor is one number per decision).
-  With ``min_return`` 1 a step is taken only if it lowers the cluster's
-  ``JCT_total x E_total`` (to first order).
+  priority is at least the floor ``min_return + budget_price * (1 / eta -
+  1)`` (``floor_of``): ``dJCT / dE >= floor * JCT_total / E_total``.
+  ``JCT_total`` and ``E_total`` are the sums of the unfinished jobs'
+  predicted JCT and remaining energy, each on its first allowed GPU count at
+  its most efficient clock (the state the greedy starts from, known before
+  any step, so the floor is one number per decision). A floor of 1 takes a
+  step only if it lowers the cluster's ``JCT_total x E_total`` (to first
+  order).
 * **Rescale cost.** A running job that ends on another GPU count is
   checkpointed and restarted: ``restart_s`` seconds on its JCT (and idle
   power on its GPUs meanwhile). The step into its current count gains that
@@ -54,14 +56,18 @@ def floor_of(min_return: float, budget_price: float, eta: float) -> float:
 
 
 def returns_of(
-    min_return: float,
+    floor: float,
     restart_s: float,
     restart_w: float,
     curves: Curves,
     jobs: Sequence[Job],
 ) -> Returns | None:
-    """The kernel's inputs for PowerFlow+'s rules, or ``None`` when both are off."""
-    if min_return <= 0 and restart_s <= 0:
+    """The kernel's inputs for PowerFlow+'s rules, or ``None`` when both are off.
+
+    ``floor``: on the cluster-normalised priority (``floor_of``); ``restart_s``:
+    the rescale cost with its margin; ``restart_w``: per-GPU power during it.
+    """
+    if floor <= 0 and restart_s <= 0:
         return None
     tables = curves.tables
     start, sizes = tables.start, tables.sizes
@@ -78,10 +84,10 @@ def returns_of(
         ok = (np.abs(level - k) < 1e-9) & (k >= 0) & (k < sizes[on])
         current[on[ok]] = start[on[ok]] + k[ok]
     min_ratio = 0.0
-    if min_return > 0:
+    if floor > 0:
         remaining = np.asarray([job.remaining_iterations for job in jobs], dtype=np.float64)
         rows = start[(remaining > 0) & (sizes > 0)]
         energy = float(curves.energy_j[rows].sum())
         if energy > 0:
-            min_ratio = min_return * float(curves.jct_s[rows].sum()) / energy
+            min_ratio = floor * float(curves.jct_s[rows].sum()) / energy
     return Returns(current, restart_s, restart_w, min_ratio)
