@@ -55,6 +55,7 @@ def main() -> int:
     p.add_argument("--trace", help="trace CSV (default: the bundled ITP window)")
     p.add_argument("--hours", type=float, help="only jobs submitted in the first H hours")
     p.add_argument("--etas", default="0.4,0.6,0.8,1.0")
+    p.add_argument("--seed", type=int, default=0, help="seed of noise and model draws")
     p.add_argument("--variant", action="append", default=[], help="NAME:opt=value,...")
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
     p.add_argument(
@@ -63,8 +64,8 @@ def main() -> int:
     p.add_argument("--no-reference", action="store_true", help="skip plain powerflow")
     p.add_argument("--reference-json", type=Path, help="reuse/store the reference runs here")
     args = p.parse_args()
-    trace = TraceSpec(args.trace, args.hours)
-    config = SimConfig()
+    trace = TraceSpec(args.trace, args.hours, seed=args.seed)
+    config = SimConfig(seed=args.seed)
     etas = [float(x) for x in args.etas.split(",")]
     variants = [parse_variant(v) for v in args.variant]
     base: dict[str, float] = {"strict_power": True} if args.strict else {}
