@@ -75,6 +75,28 @@ def test_budget() -> None:
             parse_budget(bad)
 
 
+def test_budget_schedule_in_the_configmap() -> None:
+    """The plain keys outside the windows; ``at`` is the plain budget in force, which is
+    what a pass plans against; a bad window is an InvalidBudget naming it."""
+    cfg = parse_budget(
+        {
+            "eta": "0.7",
+            "timezone": "UTC",
+            "schedule": '- {start: "08:00", end: "20:00", powerLimitWatts: 300}',
+        }
+    )
+    assert cfg.budget.eta == 0.7 and cfg.schedule is not None
+    assert cfg.at(8 * 3600.0).budget.limit_watts == 300.0
+    assert cfg.at(8 * 3600.0).schedule is None
+    assert cfg.at(20 * 3600.0).budget.eta == 0.7
+    assert cfg.next_edge_s(9 * 3600.0) == 20 * 3600.0
+    assert parse_budget({"eta": "0.7"}).next_edge_s(0.0) is None
+    bad = {"eta": "0.7", "schedule": '[{start: "08:00", end: "20:00", eta: 3}]'}
+    with pytest.raises(ResourceError, match=r"window 1 \(08:00-20:00\): eta 3") as caught:
+        parse_budget(bad)
+    assert caught.value.reason == "InvalidBudget"
+
+
 def node(name: str, gpus: str, product: str | None = "NVIDIA-A100-SXM4-40GB", **extra: Any) -> Any:
     labels = {contract.GPU_PRODUCT_LABEL: product} if product else {}
     out: dict[str, Any] = {
