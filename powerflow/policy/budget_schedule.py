@@ -199,6 +199,19 @@ def parse_schedule_data(
     return BudgetSchedule(base, windows, timezone)
 
 
+def schedule_document(doc: Any, default: Budget) -> BudgetSchedule:
+    """A schedule file (``powerflow simulate --budget-schedule``): the list of windows,
+    as the ConfigMap's ``schedule`` key holds it (``default`` outside them), or a
+    mapping of ``SCHEDULE_KEYS`` as the ConfigMap's data (its plain keys, if any, in
+    place of ``default``)."""
+    if isinstance(doc, Mapping):
+        unknown = sorted(str(k) for k in set(doc) - set(SCHEDULE_KEYS))
+        if unknown:
+            raise BudgetError(f"unknown keys {unknown}; known: {list(SCHEDULE_KEYS)}")
+        return parse_schedule_data(doc, default=default)
+    return BudgetSchedule(default, parse_windows(doc, default))
+
+
 def load_windows(text: str) -> Any:
     """The ``schedule`` key's text as YAML (JSON included)."""
     try:
