@@ -170,16 +170,18 @@ def live_queue(
     import kubernetes
 
     from powerflow.kubeapi.config import load_configuration, resolve_source
+    from powerflow.operator.bodies import DLJobBody
     from powerflow.operator.budget import parse_budget
     from powerflow.operator.jobs import parse_dljob
+    from powerflow.operator.kube import call_json
     from powerflow.operator.learning import SampleStore
     from powerflow.operator.nodes import cluster_nodes
 
     api = kubernetes.client.ApiClient(load_configuration(resolve_source(args.kubeconfig)))
     try:
-        bodies = _list_dljobs(api, args.namespace)
+        bodies: list[DLJobBody] = _list_dljobs(api, args.namespace)
         core = kubernetes.client.CoreV1Api(api)
-        nodes_raw = json.loads(core.list_node(_preload_content=False).data)["items"]
+        nodes_raw = call_json(core.list_node)["items"]
         budget_cm = _read_config_map(core, args.budget_namespace, args.budget_configmap)
     except kubernetes.client.ApiException as exc:
         raise WhatIfError(f"the API server refused: {exc.status} {exc.reason}") from None
@@ -231,35 +233,36 @@ def live_queue(
     return queue, config, current, p_max, notes
 
 
-def _list_dljobs(api: Any, namespace: str | None) -> list[dict[str, Any]]:
+def _list_dljobs(api: Any, namespace: str | None) -> list[Any]:
     import kubernetes
+
+    from powerflow.operator.kube import call_json
 
     custom = kubernetes.client.CustomObjectsApi(api)
     where = (contract.GROUP, contract.VERSION)
     if namespace:
-        resp = custom.list_namespaced_custom_object(
-            *where, namespace, contract.PLURAL, _preload_content=False
-        )
+        found = call_json(custom.list_namespaced_custom_object, *where, namespace, contract.PLURAL)
     else:
-        resp = custom.list_cluster_custom_object(*where, contract.PLURAL, _preload_content=False)
-    items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+        found = call_json(custom.list_cluster_custom_object, *where, contract.PLURAL)
+    items: list[Any] = found["items"]
     return items
 
 
 def _read_config_map(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
     import kubernetes
 
+    from powerflow.operator.kube import call_json
+
     try:
-        resp = core.read_namespaced_config_map(name, namespace, _preload_content=False)
+        body: dict[str, Any] = call_json(core.read_namespaced_config_map, name, namespace)
     except kubernetes.client.ApiException as exc:
         if exc.status == 404:
             return None
         raise
-    body: dict[str, Any] = json.loads(resp.data)
     return body
 
 
-def _key(body: dict[str, Any]) -> str:
+def _key(body: Any) -> str:
     meta = body.get("metadata") or {}
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
