@@ -31,6 +31,11 @@ class GpuSpec:
     # None: unknown, and the simulated GPU then refuses power limits as NVML
     # does on a board without power management.
     min_power_limit_w: float | None = None
+    # The budget's P_max (``eta * G * P_max``): a training job's typical
+    # per-GPU power at the top clock, a constant of the GPU type so that the
+    # same eta means the same watts whatever the scheduler's models or the job
+    # mix (``powerflow.policy.budget``). None: the board limit ``max_power_w``.
+    reference_power_w: float | None = None
 
     def __post_init__(self) -> None:
         if not self.clocks_mhz or list(self.clocks_mhz) != sorted(set(self.clocks_mhz)):
@@ -44,6 +49,14 @@ class GpuSpec:
         low = self.min_power_limit_w
         if low is not None and not 0 < low <= self.max_power_w:
             raise DataError(f"{self.name}: need 0 < min power limit <= max power")
+        ref = self.reference_power_w
+        if ref is not None and not self.idle_power_w < ref <= self.max_power_w:
+            raise DataError(f"{self.name}: need idle power < reference power <= max power")
+
+    @property
+    def p_max_w(self) -> float:
+        """The budget's per-GPU ``P_max``: the reference power, else the board limit."""
+        return self.max_power_w if self.reference_power_w is None else self.reference_power_w
 
     @property
     def min_clock_mhz(self) -> int:
@@ -68,6 +81,12 @@ A100 = GpuSpec(
     max_power_w=400.0,
     f0_mhz=1095,
     min_power_limit_w=100.0,
+    # Mean per-GPU power of the six reference workloads (the shipped A100
+    # throughput tables' models), each averaged over its table's global batch
+    # sizes on one GPU at 1410 MHz, from the ground truth built on the shipped
+    # profiles; ``powerflow.groundtruth.reference_power_w`` recomputes it and
+    # tests/test_policy_budget.py checks the two agree.
+    reference_power_w=300.1,
 )
 
 GPU_SPECS: dict[str, GpuSpec] = {A100.name: A100}

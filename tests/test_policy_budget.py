@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
-import numpy as np
 import pytest
 from policy_cases import ZOO, job, nodes
 
-from powerflow.errors import SnapshotError
+from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy
+from powerflow.errors import DataError, SnapshotError
 from powerflow.gpus import A100
+from powerflow.groundtruth import reference_power_w
 from powerflow.policy.budget import limit_watts, resolve_limit_watts
 from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Budget, Job, Snapshot
+from powerflow.policy.snapshot import Budget, Snapshot
 
 
 def test_absolute_limit_wins_over_eta() -> None:
@@ -42,29 +44,41 @@ def test_nonsense_budgets_are_refused(budget: Budget) -> None:
         resolve_limit_watts(budget, 8, 300.0)
 
 
-def _per_gpu_top_power(j: Job, gpn: int) -> float:
-    n = j.requested_gpus
-    args = (n, min(n, gpn), -(-j.global_batch_size // n), A100.max_clock_mhz)
-    return float(j.model.energy_per_iter_j(*args) / j.model.step_time_s(*args)) / n
+def test_reference_power_is_recomputed_from_the_shipped_profiles() -> None:
+    assert A100.reference_power_w == pytest.approx(reference_power_w(A100), abs=0.05)
+    assert A100.p_max_w == A100.reference_power_w
 
 
-def test_p_max_is_the_mean_per_gpu_power_of_the_jobs_at_the_top_clock() -> None:
-    jobs = (
-        job("a", model=ZOO[0], requested_gpus=2, global_batch_size=100),
-        job("b", model=ZOO[1], requested_gpus=16, global_batch_size=64),
-    )
-    snap = Snapshot(nodes(2, 8), jobs, Budget(eta=0.7), now_s=0.0)
-    p_max = np.mean([_per_gpu_top_power(j, 8) for j in jobs])
-    expected = 0.7 * 16 * p_max
-    assert limit_watts(snap) == pytest.approx(expected, rel=1e-12)
-    # The policy resolves the same limit from its own tables.
-    assert PowerFlowPolicy().plan(snap).limit_watts == pytest.approx(expected, rel=1e-12)
+def test_p_max_is_the_gpu_types_constant_whatever_the_models_and_jobs() -> None:
+    """The same eta is the same watts with any models and any queue (issue 14)."""
+    queues = [
+        (),
+        (job("a", model=ZOO[0], requested_gpus=2, global_batch_size=100),),
+        (
+            job("a", model=ZOO[1], requested_gpus=16, global_batch_size=64),
+            job("b", model=ZOO[2], requested_gpus=1, global_batch_size=32),
+        ),
+    ]
+    expected = 0.7 * 16 * A100.reference_power_w
+    for jobs in queues:
+        snap = Snapshot(nodes(2, 8), jobs, Budget(eta=0.7), now_s=0.0)
+        assert limit_watts(snap) == pytest.approx(expected, rel=1e-12)
+        assert PowerFlowPolicy().plan(snap).limit_watts == pytest.approx(expected, rel=1e-12)
+        for policy in (TiresiasPolicy(), GandivaPolicy(), AfsPolicy()):
+            assert policy.plan(snap).limit_watts == pytest.approx(expected, rel=1e-12)
 
 
-def test_without_jobs_p_max_is_the_board_limit() -> None:
-    snap = Snapshot(nodes(3, 4), (), Budget(eta=0.5), now_s=0.0)
-    assert limit_watts(snap) == 0.5 * 12 * A100.max_power_w
-    assert PowerFlowPolicy().plan(snap).limit_watts == 0.5 * 12 * A100.max_power_w
+def test_p_max_watts_overrides_the_reference_power() -> None:
+    snap = Snapshot(nodes(3, 4), (), Budget(eta=0.5, p_max_watts=250.0), now_s=0.0)
+    assert limit_watts(snap) == 0.5 * 12 * 250.0
+    assert PowerFlowPolicy().plan(snap).limit_watts == 0.5 * 12 * 250.0
+
+
+def test_a_gpu_without_reference_power_uses_its_board_limit() -> None:
+    gpu = replace(A100, name="X", reference_power_w=None)
+    assert gpu.p_max_w == gpu.max_power_w
+    with pytest.raises(DataError, match="reference power"):
+        replace(A100, reference_power_w=A100.max_power_w + 1)
 
 
 def test_powered_down_nodes_still_count_in_g() -> None:

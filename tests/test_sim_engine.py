@@ -70,6 +70,7 @@ class FixedPolicy:
     overrides: dict[str, tuple[float, int]] = field(default_factory=dict)
     share: bool = False
     power_down: bool = False
+    limit_w: float = float("inf")
 
     def plan(self, snapshot: Snapshot) -> Plan:
         free = [(node.name, i) for node in snapshot.nodes for i in range(node.gpus)]
@@ -95,7 +96,7 @@ class FixedPolicy:
         down = (
             tuple(n.name for n in snapshot.nodes if n.name not in used) if self.power_down else ()
         )
-        return Plan(tuple(plans), float("inf"), 0.0, down)
+        return Plan(tuple(plans), self.limit_w, 0.0, down)
 
 
 def _run(jobs, policy, *, profiling=ORACLE, nodes=1, gpus=4, restart_s=30.0, seed=0, batch_s=0.0):  # type: ignore[no-untyped-def]
@@ -118,6 +119,22 @@ def test_one_job_alone_costs_its_step_time_and_idle_neighbours() -> None:
     assert res.active_energy_j == pytest.approx(1000 * POWER * 2 * 0.5)
     assert res.idle_energy_j == pytest.approx(2 * IDLE * jct)
     assert m["gpu_utilisation"] == pytest.approx(0.5)
+
+
+def test_power_above_the_limit_is_measured_in_time_energy_and_peak() -> None:
+    """From the ground truth: 2 x 250 W computing + 2 x idle against a 500 W limit."""
+    res = _run([_job(0, 100.0, 2, 1000.0)], FixedPolicy(limit_w=500.0))
+    over = 2 * POWER + 2 * IDLE - 500.0
+    m = summarise(res)
+    assert m["limit_watts"] == 500.0
+    assert m["time_above_limit_s"] == pytest.approx(500.0)
+    assert m["energy_above_limit_j"] == pytest.approx(500.0 * over)
+    assert m["max_overshoot_w"] == pytest.approx(over)
+    assert m["max_overshoot_pct"] == pytest.approx(100 * over / 500.0)
+    within = summarise(_run([_job(0, 100.0, 2, 1000.0)], FixedPolicy(limit_w=700.0)))
+    assert within["time_above_limit_s"] == 0.0
+    assert within["energy_above_limit_j"] == within["max_overshoot_w"] == 0.0
+    assert summarise(_run([_job(0, 0.0, 1, 10.0)], FixedPolicy()))["limit_watts"] is None
 
 
 def test_lower_clock_slows_the_job_in_proportion() -> None:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from powerflow.errors import SnapshotError
 from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import FloatArray, PerfModel
-from powerflow.policy.budget import estimate_p_max_w, limit_watts, resolve_limit_watts
+from powerflow.policy.budget import limit_watts
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Migration, Node, Plan, Snapshot
 
 
@@ -304,49 +304,6 @@ class ModelMemo:
         return t, e
 
 
-def plan_limit_watts(snapshot: Snapshot, memo: ModelMemo) -> float:
-    """``powerflow.policy.budget.limit_watts`` through the memo (same rule, same value).
-
-    Without an absolute limit or ``p_max_watts`` the budget estimates
-    ``P_max`` from every active job at its requested GPUs and the top clock:
-    a model call per job per event, which the memo saves.
-    """
-    budget = snapshot.budget
-    if budget.limit_watts is not None or budget.p_max_watts is not None or not snapshot.jobs:
-        return limit_watts(snapshot)
-    gpus = sum(node.gpus for node in snapshot.nodes)
-    gpn = max(node.gpus for node in snapshot.nodes)
-    top = max(node.gpu.max_clock_mhz for node in snapshot.nodes)
-    known = memo.last(("p_max", gpn, top))
-    powers: list[float] = []
-    miss: list[int] = []
-    recall = known.recall
-    for j in snapshot.jobs:
-        hit = recall(j.id, j.model, (j.requested_gpus, j.global_batch_size))
-        if hit is not None:
-            powers.append(hit)
-        else:
-            miss.append(len(powers))
-            powers.append(0.0)
-    if miss:
-        jobs = [snapshot.jobs[i] for i in miss]
-        configs = [
-            (
-                j.requested_gpus,
-                min(j.requested_gpus, gpn),
-                local_batch(j.global_batch_size, j.requested_gpus),
-                top,
-            )
-            for j in jobs
-        ]
-        t, e = memo.rows([j.model for j in jobs], configs)
-        for i, j, ti, ei, cfg in zip(miss, jobs, t, e, configs, strict=True):
-            powers[i] = ei / ti / cfg[0]
-            known.remember(j.id, j.model, (j.requested_gpus, j.global_batch_size), powers[i])
-    fallback = sum(n.gpus * n.gpu.max_power_w for n in snapshot.nodes) / gpus
-    return resolve_limit_watts(budget, gpus, estimate_p_max_w(powers, fallback))
-
-
 def predicted_watts(
     snapshot: Snapshot,
     jobs: Sequence[JobPlan],
@@ -408,7 +365,7 @@ def finish(
     ordered = tuple(by_id[job.id] for job in snapshot.jobs)
     return Plan(
         jobs=ordered,
-        limit_watts=plan_limit_watts(snapshot, memo),
+        limit_watts=limit_watts(snapshot),
         predicted_watts=predicted_watts(snapshot, ordered, spec, models, memo),
         powered_down_nodes=(),
         migrations=tuple(migrations),

@@ -97,6 +97,25 @@ def ground_truth(model_name: str, gpu: GpuSpec = A100) -> GroundTruth:
     return build(model_name, gpu)
 
 
+def reference_power_w(gpu: GpuSpec = A100) -> float:
+    """The per-GPU power a budget's ``eta`` is a fraction of (``GpuSpec.reference_power_w``).
+
+    The mean over the reference workloads (``MODEL_NAMES``) of each one's
+    mean per-GPU power on one GPU at the top clock over its throughput
+    table's global batch sizes: what a typical training job draws at full
+    speed, from measured data only, so that it depends on neither a
+    scheduler's models nor the jobs queued. One GPU, because that is where
+    every table has a column and no synchronisation dilutes the power.
+    """
+    means = []
+    for name in MODEL_NAMES:
+        truth = ground_truth(name, gpu)
+        top = gpu.max_clock_mhz
+        powers = [float(truth.power_w(1, 1, gb, top)) for gb in truth.global_batch_sizes]
+        means.append(sum(powers) / len(powers))
+    return sum(means) / len(means)
+
+
 __all__ = [
     "MODEL_NAMES",
     "DurationError",
@@ -106,6 +125,7 @@ __all__ = [
     "ground_truth",
     "measure",
     "one_gpu_sweep",
+    "reference_power_w",
     "sweep_plan",
     "trace_duration_error",
 ]

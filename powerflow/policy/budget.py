@@ -6,34 +6,35 @@ The rule (paper §5.2, ``power_limit = eta * G * P_max``), exactly:
    (an absolute limit is what a facility contract states; ``eta`` is a knob).
 2. Otherwise ``eta`` (``None`` means 1.0, the paper's "no saving" point):
    ``limit = eta * G * P_max`` with ``G`` every GPU of the cluster, powered on
-   or not, and ``P_max`` either ``budget.p_max_watts`` or, if unset, the mean
-   over the active jobs of each job's predicted power per GPU on its requested
-   GPU count (local batch ``ceil(global / n)``, ``min(n, GPUs per node)`` GPUs
-   per node) at the highest clock, ``E_iter / T_iter / n``. With no active
-   jobs ``P_max`` is the mean board power limit (``GpuSpec.max_power_w``) of
-   the cluster's GPUs.
+   or not, and ``P_max`` either ``budget.p_max_watts`` or the GPU type's
+   ``GpuSpec.p_max_w``: its reference power (A100: 300.1 W, the mean per-GPU
+   power of the six reference workloads at the top clock, from the shipped
+   profiles; ``powerflow.groundtruth.reference_power_w``), else its board limit.
+
+``P_max`` is a constant of the hardware, never an estimate from the models or
+the jobs queued: the same ``eta`` is the same watts for PowerFlow with fitted
+models, with the ground truth, and for every baseline, and the limit does not
+move when the queue changes. (The paper estimates ``P_max`` from the current
+jobs; with fitted models that put the limit about 9 % above what the admin
+meant, and the limit moved with the job mix.)
 
 ``eta`` must lie in [0, 1], ``limit_watts`` be finite and >= 0, and
-``p_max_watts`` finite and > 0; anything else is a ``SnapshotError``. Note
-that the estimated ``P_max`` moves with the job mix: the same ``eta`` gives a
-different limit when the queue changes, as in the paper.
+``p_max_watts`` finite and > 0; anything else is a ``SnapshotError``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-
-import numpy as np
 
 from powerflow.errors import SnapshotError
 from powerflow.policy.snapshot import Budget, Snapshot
 
 
 def resolve_limit_watts(budget: Budget, cluster_gpus: int, p_max_w: float) -> float:
-    """The limit from a budget, the cluster's GPU count and a ``P_max`` estimate.
+    """The limit from a budget, the cluster's GPU count and its GPUs' ``P_max``.
 
-    ``p_max_w`` is only used when ``budget.p_max_watts`` is unset.
+    ``p_max_w`` (the GPU type's ``GpuSpec.p_max_w``) is only used when
+    ``budget.p_max_watts`` is unset.
     """
     if budget.limit_watts is not None:
         if not math.isfinite(budget.limit_watts) or budget.limit_watts < 0:
@@ -48,38 +49,14 @@ def resolve_limit_watts(budget: Budget, cluster_gpus: int, p_max_w: float) -> fl
     return float(eta * cluster_gpus * p_max)
 
 
-def estimate_p_max_w(job_gpu_powers_w: Sequence[float], fallback_w: float) -> float:
-    """Mean per-GPU power of the jobs at the top clock; ``fallback_w`` with no jobs."""
-    if not job_gpu_powers_w:
-        return fallback_w
-    return float(np.mean(job_gpu_powers_w))
-
-
 def limit_watts(snapshot: Snapshot) -> float:
-    """The snapshot's power limit, for callers that do not run PowerFlow's tables.
+    """The snapshot's power limit (any cluster shape: baselines may plan mixed clusters).
 
-    Works for any cluster shape (baselines may plan mixed clusters): ``G`` is
-    the sum of the nodes' GPUs and GPUs per node is the largest node's.
+    ``G`` is the sum of the nodes' GPUs and ``P_max`` their GPUs' mean ``p_max_w``.
     """
     nodes = snapshot.nodes
     gpus = sum(n.gpus for n in nodes)
     if gpus == 0:
         raise SnapshotError("the cluster has no GPUs")
-    fallback = sum(n.gpus * n.gpu.max_power_w for n in nodes) / gpus
-    budget = snapshot.budget
-    if budget.limit_watts is not None or budget.p_max_watts is not None:
-        return resolve_limit_watts(budget, gpus, fallback)
-    gpn = max(n.gpus for n in nodes)
-    top = max(n.gpu.max_clock_mhz for n in nodes)
-    powers = []
-    for job in snapshot.jobs:
-        n = job.requested_gpus
-        if n < 1 or job.global_batch_size < 1:
-            raise SnapshotError(f"job {job.id!r}: requested GPUs and global batch must be >= 1")
-        args = (n, min(n, gpn), -(-job.global_batch_size // n), top)
-        t = float(np.asarray(job.model.step_time_s(*args)))
-        e = float(np.asarray(job.model.energy_per_iter_j(*args)))
-        if not (math.isfinite(t) and math.isfinite(e) and t > 0 and e > 0):
-            raise SnapshotError(f"job {job.id!r}: model predicts T={t}, E={e} at {top} MHz")
-        powers.append(e / t / n)
-    return resolve_limit_watts(budget, gpus, estimate_p_max_w(powers, fallback))
+    p_max = sum(n.gpus * n.gpu.p_max_w for n in nodes) / gpus
+    return resolve_limit_watts(snapshot.budget, gpus, p_max)

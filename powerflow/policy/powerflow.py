@@ -69,7 +69,7 @@ from powerflow.errors import PlacementError, SnapshotError
 from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import FloatArray
 from powerflow.policy.allocation import PowerModel, allocate
-from powerflow.policy.budget import estimate_p_max_w, resolve_limit_watts
+from powerflow.policy.budget import resolve_limit_watts
 from powerflow.policy.curves import Curves, curves_of
 from powerflow.policy.frequency import raise_clocks
 from powerflow.policy.placement import place_columns
@@ -121,8 +121,7 @@ class PowerFlowPolicy:
         validate_jobs(snapshot, cluster)
         clocks = self.clocks(cluster.gpu)
         tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.cache)
-        p_max = estimate_p_max_w(tables.requested_gpu_power_w.tolist(), cluster.gpu.max_power_w)
-        limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, p_max)
+        limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
         curves = curves_of(tables, snapshot.jobs, snapshot.now_s)
         return _Decision(self, snapshot, cluster, clocks, curves, limit).run()
 

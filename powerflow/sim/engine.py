@@ -60,6 +60,10 @@ class _Totals:
     held_gpu_s: float = 0.0
     powered_gpu_s: float = 0.0
     above_limit_s: float = 0.0
+    above_limit_j: float = 0.0
+    max_over_w: float = 0.0
+    max_over_pct: float = 0.0
+    lowest_limit_w: float = math.inf
     policy_calls: int = 0
     policy_s: float = 0.0
     fit_s: float = 0.0
@@ -232,6 +236,7 @@ class Simulation:
             self._powered_down = down
             self._nodes = self.cfg.make_nodes(down)
         self._limit_w = plan.limit_watts if math.isfinite(plan.limit_watts) else math.inf
+        self._totals.lowest_limit_w = min(self._totals.lowest_limit_w, self._limit_w)
 
     # ---------------------------------------------------------------- main loop
 
@@ -579,8 +584,18 @@ class Simulation:
             tot.busy_gpu_s += dt * self._busy_gpus
             tot.held_gpu_s += dt * self._held_gpus
             tot.powered_gpu_s += dt * powered
-            if self._active_w + idle_w > self._limit_w * (1 + 1e-9):
+            limit = self._limit_w
+            over = self._active_w + idle_w - limit
+            if over > limit * 1e-9:
+                # Measured from the ground truth's power, never from a model:
+                # the admin's question is what the cluster drew.
                 tot.above_limit_s += dt
+                tot.above_limit_j += dt * over
+                tot.max_over_w = max(tot.max_over_w, over)
+                if limit > 0:
+                    tot.max_over_pct = max(tot.max_over_pct, 100.0 * over / limit)
+                else:
+                    tot.max_over_pct = math.inf
         self.now = max(t, self.now)
 
     def _progress(self, dt: float) -> None:
@@ -771,6 +786,10 @@ class Simulation:
             held_gpu_s=tot.held_gpu_s,
             powered_gpu_s=tot.powered_gpu_s,
             above_limit_s=tot.above_limit_s,
+            above_limit_j=tot.above_limit_j,
+            max_overshoot_w=tot.max_over_w,
+            max_overshoot_pct=tot.max_over_pct,
+            limit_w=tot.lowest_limit_w,
             policy_calls=tot.policy_calls,
             policy_s=tot.policy_s,
             fit_s=tot.fit_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,11 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "prerun_energy_j": float(result.prerun_energy_j),
         "avg_power_w": float(cluster_j / makespan) if makespan > 0 else 0.0,
         "peak_power_w": float(power.max()),
+        "limit_watts": float(result.limit_w) if math.isfinite(result.limit_w) else None,
         "time_above_limit_s": float(result.above_limit_s),
+        "max_overshoot_w": float(result.max_overshoot_w),
+        "max_overshoot_pct": float(result.max_overshoot_pct),
+        "energy_above_limit_j": float(result.above_limit_j),
         "gpu_utilisation": float(result.busy_gpu_s / capacity),
         "gpu_allocation": float(result.held_gpu_s / capacity),
         "powered_fraction": float(result.powered_gpu_s / capacity),

@@ -31,7 +31,10 @@ COLUMNS = (
     ("prerun_energy_j", "pre-run (GJ)", 1e-9, 3),
     ("avg_power_w", "avg power (kW)", 1e-3, 1),
     ("peak_power_w", "peak power (kW)", 1e-3, 1),
+    ("limit_watts", "limit (kW)", 1e-3, 1),
     ("time_above_limit_s", "above limit (h)", 1 / 3600, 2),
+    ("max_overshoot_pct", "max over (%)", 1.0, 2),
+    ("energy_above_limit_j", "over (MJ)", 1e-6, 1),
     ("gpu_utilisation", "GPU util", 1.0, 2),
     ("rescales", "rescales", 1.0, 0),
     ("migrations", "migrations", 1.0, 0),
@@ -274,7 +277,11 @@ def _observations(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         text = f"- {name} {knob_text(row)}: idle {idle:.0%} of energy, GPU utilisation"
         text += f" {row['gpu_utilisation']:.0%}"
         if above > 0:
-            text += f", {above:.1f} h above its plan's power limit"
+            text += (
+                f", {above:.1f} h above its power limit (at most"
+                f" {row['max_overshoot_w'] / 1e3:.1f} kW, {row['max_overshoot_pct']:.1f} %;"
+                f" {row['energy_above_limit_j'] / 1e6:.1f} MJ above it)"
+            )
         lines.append(text)
     return [*lines, ""]
 

@@ -60,6 +60,16 @@ class RunResult:
     held_gpu_s: float
     powered_gpu_s: float
     above_limit_s: float
+    """Seconds the ground truth's cluster power was above the plan's limit."""
+    above_limit_j: float
+    """Energy drawn above the limit: the integral of max(0, power - limit)."""
+    max_overshoot_w: float
+    """Largest excess of power over the limit in force (0: never above)."""
+    max_overshoot_pct: float
+    """The same relative to the limit in force then, in percent."""
+    limit_w: float
+    """The lowest limit in force during the run (constant unless the budget
+    changes over time; the series has it per time); inf without a limit."""
     policy_calls: int
     policy_s: float
     fit_s: float
