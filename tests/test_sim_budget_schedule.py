@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from powerflow.cli import main
+from powerflow.gpus import A100
 from powerflow.policy.budget import limit_watts
 from powerflow.policy.budget_schedule import parse_schedule_data
 from powerflow.policy.powerflow import PowerFlowPolicy
@@ -86,6 +87,8 @@ def test_simulate_cli_takes_a_schedule_file(
     assert main(argv) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["eta"] == 0.9 and row["jobs"] > 0
+    assert row["budget_schedule"] == "00:10-00:40 eta 0.3 (UTC)"
+    assert row["limit_watts"] == pytest.approx(0.3 * 64 * A100.p_max_w)  # the lowest
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,8 @@ class RunOutcome:
         head["oracle"] = self.spec.oracle
         if self.spec.tag:
             head["tag"] = self.spec.tag
+        if self.spec.budget_schedule is not None:
+            head["budget_schedule"] = self.spec.budget_schedule.describe()
         return {**head, **self.metrics}
 
 
