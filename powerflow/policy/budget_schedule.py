@@ -30,7 +30,9 @@ one, so simulated ``t = 0`` is the trace's day start and ``08:00`` is
 ``t = 28800`` (``BudgetSchedule.on_sim_clock``).
 
 Every error is a ``BudgetError`` naming the key or the window (by its
-1-based position and its times).
+1-based position and its times). No clock is read here (the caller passes
+``t_s``); the only I/O is ``zoneinfo`` loading a time zone's rules, once
+per zone (UTC needs none).
 """
 
 from __future__ import annotations
