@@ -198,6 +198,9 @@ def live_queue(
     if any(n.gpus != per_node for n in nodes):
         notes.append(f"nodes differ in GPUs: simulated as {len(nodes)} x {per_node}")
     config = SimConfig(nodes=len(nodes), gpus_per_node=per_node)
+    others = sorted({n.gpu.name for n in nodes} - {config.gpu.name})
+    if others:
+        notes.append(f"{', '.join(others)} GPUs simulated as {config.gpu.name}")
     store = SampleStore()
     for note in store.refresh(bodies):
         notes.append(f"{note.namespace}/{note.name}: {note.message}")
