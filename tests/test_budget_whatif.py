@@ -164,3 +164,22 @@ async def test_the_live_queue_uses_the_cluster_the_budget_in_force_and_status_mo
     again = await what_if(kubeconfig, capsys)
     jct = {p["eta"]: p["avg_jct_s"] for p in again["predictions"]}
     assert jct[1.0] > 1.05 * by_eta[1.0]["avg_jct_s"]  # the same prior: equal
+
+
+def test_validate_compares_with_the_simulator_run_anyone_can_repeat(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--validate``'s simulated side is ``powerflow simulate``'s own run (ground
+    truth, fitted models) of the same trace and cluster."""
+    window = ["--hours", "0.5", "--nodes", "8"]
+    argv = ["budget", "what-if", "--validate", *window, "--etas", "0.5", "--json"]
+    assert main([*argv, "--workers", "1"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    simulate = ["simulate", "--scheduler", "powerflow", "--eta", "0.5", *window, "--json"]
+    assert main(simulate) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert row["simulated_avg_jct_s"] == run["avg_jct_s"]
+    assert row["simulated_energy_j"] == run["total_energy_j"]
+    assert row["simulated_completion_s"] == run["makespan_s"]
+    for what in ("avg_jct_s", "energy_j", "completion_s"):
+        assert row[f"predicted_{what}"] > 0
