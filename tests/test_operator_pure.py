@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from powerflow.operator.budget import parse_budget
+from powerflow.operator.budget import budget_warnings, parse_budget
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.nodes import FALLBACK_GPU, cluster_nodes, gpu_of, parse_node
 from powerflow.operator.reconcile import Observed, reconcile
@@ -95,6 +95,13 @@ def test_budget_schedule_in_the_configmap() -> None:
     with pytest.raises(ResourceError, match=r"window 1 \(08:00-20:00\): eta 3") as caught:
         parse_budget(bad)
     assert caught.value.reason == "InvalidBudget"
+    zero = parse_budget({"eta": "0.7", "schedule": '[{start: "08:00", end: "20:00", eta: 0}]'})
+    assert budget_warnings(zero) == [
+        (
+            "BudgetStopsAllJobs",
+            "schedule window 08:00-20:00: eta is 0: every job is stopped until it is raised",
+        )
+    ]
 
 
 def node(name: str, gpus: str, product: str | None = "NVIDIA-A100-SXM4-40GB", **extra: Any) -> Any:
