@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from powerflow.policy.budget_schedule import BudgetSchedule
 from powerflow.schedulers import scheduler
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
@@ -57,6 +58,8 @@ class RunSpec:
     oracle: bool = False
     tag: str = ""
     """Free-form label of the experiment this run belongs to (e.g. a sensitivity axis)."""
+    budget_schedule: BudgetSchedule | None = None
+    """The budget over the (simulated) day, in place of the knob's fixed budget."""
 
     @property
     def label(self) -> str:
@@ -66,6 +69,8 @@ class RunSpec:
             text += f" eta={self.value:g}"
         elif knob == "frequency_mhz":
             text += f" {self.value:.0f} MHz"
+        if self.budget_schedule is not None and self.budget_schedule.windows:
+            text += f" (schedule {self.budget_schedule.describe()})"
         return text + (" (oracle)" if self.oracle else "")
 
 
@@ -84,6 +89,8 @@ class RunOutcome:
         head["oracle"] = self.spec.oracle
         if self.spec.tag:
             head["tag"] = self.spec.tag
+        if self.spec.budget_schedule is not None:
+            head["budget_schedule"] = self.spec.budget_schedule.describe()
         return {**head, **self.metrics}
 
 
@@ -130,7 +137,9 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
         if world
         else _cached_jobs(spec.trace, spec.config)
     )
-    return Simulation(jobs, configured, spec.config, world or _world()).run()
+    return Simulation(
+        jobs, configured, spec.config, world or _world(), budget_schedule=spec.budget_schedule
+    ).run()
 
 
 def run_one(spec: RunSpec) -> RunOutcome:
