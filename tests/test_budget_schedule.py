@@ -135,6 +135,8 @@ def test_a_window_ending_at_midnight_and_one_starting_there_do_not_overlap() -> 
         ({"eta": "0.5", "schedule": "[8, 9"}, "schedule: not YAML or JSON"),
         ({"eta": "0.5", "schedule": "[8]"}, "schedule window 1: a mapping"),
         ({"eta": "0.5", "timezone": "Mars/Olympus"}, "timezone: 'Mars/Olympus' is not a known"),
+        # a region of the database, a folder there (zoneinfo raises IsADirectoryError)
+        ({"eta": "0.5", "timezone": "Europe"}, "timezone: 'Europe' is not a known"),
         ({"eta": "2"}, "eta 2 outside [0, 1]"),
     ],
 )

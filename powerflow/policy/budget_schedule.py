@@ -309,7 +309,8 @@ def _zone(name: str) -> dt.tzinfo:
 def _zone_checked(name: str) -> None:
     try:
         _zone(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: Python 3.11's zoneinfo opens a region's folder ('Europe') as a file
         raise BudgetError(
             f"timezone: {name!r} is not a known IANA time zone (such as 'Europe/Paris')"
         ) from None
