@@ -132,7 +132,11 @@ def test_a_window_ending_at_midnight_and_one_starting_there_do_not_overlap() -> 
             "schedule window 1 (08:00-20:00): powerLimitWatts -5 < 0",
         ),
         ({"eta": "0.5", "schedule": "start: '08:00'"}, "schedule: a list of windows"),
-        ({"eta": "0.5", "schedule": "[8, 9"}, "schedule: not YAML or JSON"),
+        (  # one line, for the Event: where and what, not PyYAML's drawing of it
+            {"eta": "0.5", "schedule": "[8, 9"},
+            "schedule: not YAML or JSON: expected ',' or ']', but got '<stream end>' "
+            "(line 1, column 6)",
+        ),
         ({"eta": "0.5", "schedule": "[8]"}, "schedule window 1: a mapping"),
         ({"eta": "0.5", "timezone": "Mars/Olympus"}, "timezone: 'Mars/Olympus' is not a known"),
         # a region of the database, a folder there (zoneinfo raises IsADirectoryError)

@@ -97,6 +97,7 @@ def test_simulate_cli_takes_a_schedule_file(
         ("- {start: '00:10', end: 20:00, eta: 0.3}\n", [], "end: 1200 is a number"),
         ("eta: 0.5\nschedule: []\n", ["--eta", "0.6"], "drop --eta"),
         ("eta: 0.5\nwindows: []\n", [], "unknown keys ['windows']"),
+        ("[ {start: '08:00'\n", [], "not YAML or JSON: expected ',' or '}'"),
     ],
 )
 def test_simulate_cli_refuses_a_bad_schedule_file(
@@ -108,6 +109,7 @@ def test_simulate_cli_refuses_a_bad_schedule_file(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and str(path) in err
+    assert err.count("\n") == 1, err  # one line
 
 
 def test_a_baseline_takes_no_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -219,7 +219,17 @@ def load_windows(text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise BudgetError(f"schedule: not YAML or JSON: {exc}") from None
+        raise BudgetError(f"schedule: not YAML or JSON: {yaml_problem(exc)}") from None
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line (an Event's message, a CLI's error line): what and
+    where, without the excerpt and caret it draws over several lines."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem is not None:
+        mark = exc.problem_mark
+        where = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
+        return f"{exc.problem}{where}"
+    return " ".join(str(exc).split())
 
 
 def parse_windows(spec: Any, default: Budget) -> tuple[BudgetWindow, ...]:
