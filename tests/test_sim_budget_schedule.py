@@ -98,6 +98,9 @@ def test_simulate_cli_takes_a_schedule_file(
         ("eta: 0.5\nschedule: []\n", ["--eta", "0.6"], "drop --eta"),
         ("eta: 0.5\nwindows: []\n", [], "unknown keys ['windows']"),
         ("[ {start: '08:00'\n", [], "not YAML or JSON: expected ',' or '}'"),
+        # an empty file is a mistake (a wrong path, an unsaved editor), not "no windows"
+        ("", [], "is empty"),
+        ("# nothing but a comment\n", [], "is empty"),
     ],
 )
 def test_simulate_cli_refuses_a_bad_schedule_file(

@@ -160,6 +160,11 @@ def read_schedule(path: Path, default: Budget, eta_given: bool) -> BudgetSchedul
         raise BudgetError(
             f"--budget-schedule {path}: not YAML or JSON: {yaml_problem(exc)}"
         ) from None
+    if doc is None:
+        raise BudgetError(
+            f"--budget-schedule {path} is empty; write a list of windows "
+            "(docs/operator.md), or [] for none"
+        )
     plain = isinstance(doc, dict) and ("eta" in doc or "powerLimitWatts" in doc)
     if plain and eta_given:
         raise BudgetError(
