@@ -68,6 +68,26 @@ def test_demo_refuses_bad_budgets_in_one_line(
     assert words in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("whatif", "has no file type"),  # matplotlib would write whatif.png
+        ("whatif.xyz", "'.xyz' is not a figure type matplotlib writes"),
+        ("a-file/whatif.png", "cannot create its folder"),
+    ],
+)
+def test_a_plot_that_cannot_be_written_is_refused_before_predicting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, words: str
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    plot = tmp_path / where
+    assert main(["budget", "what-if", "--demo", "--jobs", "2", "--plot", str(plot)]) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err and captured.err.count("\n") == 1, captured.err
+    assert captured.out == ""  # refused before the prediction, not after its table
+    assert list(tmp_path.iterdir()) == [tmp_path / "a-file"]
+
+
 # ------------------------------------------------------------------ live queue
 
 

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         title = f"demo queue (first {len(queue)} jobs of the default trace)"
     for note in notes:
         print(f"powerflow budget what-if: {note}", file=sys.stderr)
+    if args.plot is not None:
+        check_plot_path(args.plot)
     budgets = budget_levels(args, args.pmax_watts if args.pmax_watts is not None else p_max)
     if current is not None and current not in budgets:
         budgets.append(current)
@@ -273,6 +275,27 @@ def _key(body: Any) -> str:
 # ------------------------------------------------------------------- output
 
 
+def check_plot_path(path: Path) -> None:
+    """Refuse a ``--plot`` file that cannot be written before the prediction runs, not
+    after its table: a type matplotlib writes (without a suffix it would write
+    ``FILE.png``, not ``FILE``), and a folder that exists or can be made."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kind = path.suffix.lower().removeprefix(".")
+    known = FigureCanvasBase.get_supported_filetypes()
+    if not kind:
+        raise WhatIfError(f"--plot {path} has no file type; name it FILE.png (or .svg, .pdf)")
+    if kind not in known:
+        raise WhatIfError(
+            f"--plot {path}: '.{kind}' is not a figure type matplotlib writes "
+            f"({', '.join(sorted(known))})"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WhatIfError(f"--plot {path}: cannot create its folder: {exc}") from None
+
+
 def _row(p: Prediction, current: Budget | None) -> dict[str, Any]:
     return {
         "budget": p.label,
@@ -337,10 +360,14 @@ def plot(
         ax.grid(alpha=0.3)
         ax.margins(x=0.12)
     fig.suptitle(title + ("  (circled: the budget in force)" if current is not None else ""))
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise WhatIfError(f"--plot {path}: {exc}") from None
+    finally:
+        plt.close(fig)
     return path
 
 
