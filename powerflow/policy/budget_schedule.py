@@ -101,24 +101,30 @@ class BudgetSchedule:
         return self.default if window is None else window.budget
 
     def next_edge_s(self, t_s: float) -> float | None:
-        """The first window start or end strictly after ``t_s``; None without windows.
+        """The first instant strictly after ``t_s`` at which the budget may change (a
+        window starts or ends); None without windows.
 
-        Edges are wall-clock times of the schedule's clock: the candidates are
-        each edge on the local day of ``t_s`` and the two after, turned back
-        into epoch seconds (a daylight-saving gap or fold shifts them as
-        ``zoneinfo`` does, so they always advance)."""
+        Edges are wall-clock times of the schedule's clock, as ``window_at`` reads it:
+        the candidates are the instants that clock reaches each edge on the local day
+        of ``t_s`` and the two after (``_instants``: twice where a daylight-saving
+        change turns it back over the edge, with the change itself, which can move it
+        into or out of a window; the change where it jumps over the edge)."""
         if not self.windows:
             return None
         tz = _zone(self.timezone)
         day = dt.datetime.fromtimestamp(t_s, tz).date()
-        edges = sorted({s for w in self.windows for s in (w.start_s, w.end_s % DAY_S)})
-        for offset in range(3):
-            midnight = dt.datetime.combine(day + dt.timedelta(days=offset), dt.time(), tz)
-            for second in edges:
-                at = (midnight + dt.timedelta(seconds=second)).timestamp()
-                if at > t_s:
-                    return at
-        raise AssertionError("a daily edge within three days")  # pragma: no cover
+        edges = {s for w in self.windows for s in (w.start_s, w.end_s % DAY_S)}
+        return min(
+            at
+            for offset in range(3)
+            for second in edges
+            for at in _instants(
+                dt.datetime.combine(day + dt.timedelta(days=offset), dt.time())
+                + dt.timedelta(seconds=second),
+                tz,
+            )
+            if at > t_s
+        )
 
     def on_sim_clock(self) -> BudgetSchedule:
         """The same windows read on the simulator's clock (UTC from 00:00 of day one)."""
@@ -324,6 +330,32 @@ def _zone_checked(name: str) -> None:
         raise BudgetError(
             f"timezone: {name!r} is not a known IANA time zone (such as 'Europe/Paris')"
         ) from None
+
+
+def _instants(wall: dt.datetime, tz: dt.tzinfo) -> set[float]:
+    """The epoch seconds at which the clock of ``tz`` shows ``wall`` (naive) or passes it:
+    once; in a fold (the clock turned back over ``wall``) both times and the turn; in a
+    gap (the clock jumping over ``wall``) the jump."""
+    first = wall.replace(tzinfo=tz, fold=0).timestamp()
+    second = wall.replace(tzinfo=tz, fold=1).timestamp()
+    if first == second:
+        return {first}
+    turn = _offset_change(min(first, second), max(first, second), tz)
+    return {first, turn, second} if first < second else {turn}
+
+
+def _offset_change(lo: float, hi: float, tz: dt.tzinfo) -> float:
+    """The first whole second in ``(lo, hi]`` with ``hi``'s UTC offset (one change
+    between them: a daylight-saving transition), by bisection."""
+    after = dt.datetime.fromtimestamp(hi, tz).utcoffset()
+    low, high = math.floor(lo), math.ceil(hi)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if dt.datetime.fromtimestamp(mid, tz).utcoffset() == after:
+            high = mid
+        else:
+            low = mid
+    return float(high)
 
 
 def _second_of_day(t_s: float, timezone: str) -> float:
