@@ -20,7 +20,8 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from powerflow.errors import BudgetError, PowerFlowError
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import DEFAULT_ETAS
 from powerflow.sim.config import SimConfig
+from powerflow.sim.trace import TraceJob
 from powerflow.sim.whatif import Prediction, QueuedJob, predict
 
 HOUR = 3600.0
@@ -142,8 +144,6 @@ def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]
 def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJob], SimConfig]:
     """The default trace's first ``jobs`` jobs that fit the cluster, all waiting now, with
     their priors."""
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.priors import load_prior
     from powerflow.sim.runner import TraceSpec, load_jobs
 
     if jobs < 1:
@@ -151,17 +151,27 @@ def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJo
     config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node)
     fits = (j for j in load_jobs(TraceSpec(), SimConfig()) if j.num_gpu <= config.total_gpus)
     trace = list(itertools.islice(fits, jobs))
-    queue = [
+    queue = [replace(q, submit_s=0.0) for q in prior_queue(trace)]
+    return queue, config
+
+
+def prior_queue(trace: Iterable[TraceJob]) -> list[QueuedJob]:
+    """Trace jobs as a queue, each job's prior taken as its model (what the operator knows
+    before any job has run)."""
+    from powerflow.models.fitted import FittedModel
+    from powerflow.models.priors import load_prior
+
+    return [
         QueuedJob(
             j.job_id,
             FittedModel(load_prior(j.model_name)),
             j.num_gpu,
             j.global_batch_size,
             j.iterations,
+            j.submit_s,
         )
         for j in trace
     ]
-    return queue, config
 
 
 def live_queue(
@@ -383,8 +393,6 @@ def _console() -> Any:
 def _validate(args: argparse.Namespace) -> int:
     """The what-if (priors as the truth) against the full simulator (ground truth,
     models fitted online) on the default trace, at each eta."""
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.priors import load_prior
     from powerflow.sim.runner import RunSpec, TraceSpec, load_jobs, run_many
 
     if args.watts is not None:
@@ -393,17 +401,7 @@ def _validate(args: argparse.Namespace) -> int:
     config = SimConfig(nodes=nodes, gpus_per_node=args.gpus_per_node)
     spec = TraceSpec(hours=args.hours)
     trace = load_jobs(spec, config)
-    queue = [
-        QueuedJob(
-            j.job_id,
-            FittedModel(load_prior(j.model_name)),
-            j.num_gpu,
-            j.global_batch_size,
-            j.iterations,
-            j.submit_s,
-        )
-        for j in trace
-    ]
+    queue = prior_queue(trace)
     budgets = budget_levels(args, args.pmax_watts)
     predicted = predict(queue, budgets, config)
     truths = run_many(
