@@ -44,6 +44,7 @@ from powerflow.policy.budget_schedule import (
     describe_budget,
     number,
     parse_schedule_data,
+    stops_every_job,
 )
 from powerflow.policy.snapshot import Budget
 
@@ -125,7 +126,7 @@ def _warnings(budget: Budget, where: str) -> list[tuple[str, str]]:
                 f"({budget.limit_watts:g} W) is in force, eta ({budget.eta:g}) is ignored",
             )
         )
-    if budget.limit_watts == 0 or (budget.limit_watts is None and budget.eta == 0):
+    if stops_every_job(budget):
         key = "powerLimitWatts" if budget.limit_watts == 0 else "eta"
         out.append(
             ("BudgetStopsAllJobs", f"{where}{key} is 0: every job is stopped until it is raised")

@@ -186,6 +186,23 @@ async def test_the_live_queue_uses_the_cluster_the_budget_in_force_and_status_mo
     assert jct[1.0] > 1.05 * by_eta[1.0]["avg_jct_s"]  # the same prior: equal
 
 
+@pytest.mark.kmock(cls=KubeEmulator)
+async def test_a_budget_in_force_that_stops_every_job_is_named_not_predicted(
+    kmock: KubeEmulator, api: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A zero budget is valid (the peak window of a site that stops training then): the
+    queue never finishes under it, so the what-if says so and predicts the others."""
+    cm = {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": {"powerLimitWatts": "0"}}
+    assert (await api.post(CMS, json=cm)).status_code == 201
+    await add_job(api, dljob("a", "resnet50"), {})
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
+
+    out = await what_if(kubeconfig, capsys)
+    assert [p["eta"] for p in out["predictions"]] == [0.4, 1.0]
+    assert not any(p["in_force"] for p in out["predictions"])
+    assert "the budget in force (powerLimitWatts 0 W) stops every job" in out["stderr"]
+
+
 def test_validate_compares_with_the_simulator_run_anyone_can_repeat(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

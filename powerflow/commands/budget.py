@@ -29,6 +29,7 @@ from rich.table import Table
 
 from powerflow import contract
 from powerflow.errors import BudgetError, PowerFlowError
+from powerflow.policy.budget_schedule import describe_budget, stops_every_job
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import DEFAULT_ETAS
 from powerflow.sim.config import SimConfig
@@ -101,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         check_plot_path(args.plot)
     budgets = budget_levels(args, args.pmax_watts if args.pmax_watts is not None else p_max)
+    if current is not None and stops_every_job(current):
+        note = f"the budget in force ({describe_budget(current)}) stops every job: not predicted"
+        print(f"powerflow budget what-if: {note}", file=sys.stderr)
+        current = None  # the queue never finishes under it
     if current is not None and current not in budgets:
         budgets.append(current)
     predictions = predict(queue, budgets, config)

@@ -144,6 +144,11 @@ def describe_budget(budget: Budget) -> str:
     return "the default (eta 1, no power saving)"
 
 
+def stops_every_job(budget: Budget) -> bool:
+    """A zero budget (``powerLimitWatts`` 0, or ``eta`` 0 without it): valid, nothing runs."""
+    return budget.limit_watts == 0 or (budget.limit_watts is None and budget.eta == 0)
+
+
 def clock_text(second_of_day: int) -> str:
     h, rest = divmod(second_of_day, 3600)
     m, s = divmod(rest, 60)
