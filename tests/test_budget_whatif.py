@@ -51,6 +51,21 @@ def test_demo_predicts_each_budget_as_a_table_json_and_a_plot(
     assert "1500 W" in table and "avg JCT (h)" in table
 
 
+def test_a_budget_too_low_for_any_job_is_named_and_the_others_predicted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An admin scanning a range may go below what one job draws: that budget never
+    finishes the queue, which the what-if says, and it predicts the rest."""
+    argv = ["budget", "what-if", "--demo", "--jobs", "3", "--nodes", "2"]
+    assert main([*argv, "--watts", "1,20000", "--json"]) == 0
+    captured = capsys.readouterr()
+    (only,) = json.loads(captured.out)["predictions"]
+    assert only["power_limit_w"] == 20000
+    assert "1 W: the queue never finishes under it" in captured.err
+    assert main([*argv, "--watts", "1"]) == 2
+    assert "no budget lets the queue finish" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [

@@ -28,13 +28,13 @@ from typing import Any
 from rich.table import Table
 
 from powerflow import contract
-from powerflow.errors import BudgetError, PowerFlowError
+from powerflow.errors import BudgetError, PowerFlowError, SimulationError
 from powerflow.policy.budget_schedule import describe_budget, stops_every_job
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import DEFAULT_ETAS
 from powerflow.sim.config import SimConfig
 from powerflow.sim.trace import TraceJob
-from powerflow.sim.whatif import Prediction, QueuedJob, predict
+from powerflow.sim.whatif import Prediction, QueuedJob, budget_label, predict
 
 HOUR = 3600.0
 KWH = 3.6e6
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         current = None  # the queue never finishes under it
     if current is not None and current not in budgets:
         budgets.append(current)
-    predictions = predict(queue, budgets, config)
+    predictions = predict_each(queue, budgets, config)
     title += f" on {config.nodes} x {config.gpus_per_node} GPUs"
     if args.json:
         out = {
@@ -124,6 +124,27 @@ def run(args: argparse.Namespace) -> int:
         plot(predictions, args.plot, f"What-if: {title}", current)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def predict_each(
+    queue: Sequence[QueuedJob], budgets: Sequence[Budget], config: SimConfig
+) -> list[Prediction]:
+    """``predict`` at each budget; one under which the queue never finishes (below what
+    any job draws: the simulator stops on a stalled queue) is named on stderr and left
+    out, so that a range reaching too low still prices the rest."""
+    out = []
+    for budget in budgets:
+        try:
+            out += predict(queue, [budget], config)
+        except SimulationError as exc:
+            print(
+                f"powerflow budget what-if: {budget_label(budget)}: the queue never finishes "
+                f"under it ({exc}): left out",
+                file=sys.stderr,
+            )
+    if not out:
+        raise WhatIfError("no budget lets the queue finish: raise them")
+    return out
 
 
 def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]:
