@@ -77,6 +77,26 @@ def test_the_simulator_plans_against_the_window_in_force_and_changes_at_its_edge
     assert before > 3 * at[1 * H]  # the limit drops at the edge, not after it
 
 
+def test_a_window_that_stops_every_job_pauses_the_run_until_its_end() -> None:
+    """A zero window (valid: "no training at the peak") leaves the cluster idle while jobs
+    wait; the run goes on at the window's end, not stopped as a policy that never
+    schedules."""
+    schedule = parse_schedule_data(
+        {"eta": "1.0", "schedule": '[{start: "00:20", end: "03:00", powerLimitWatts: 0}]'}
+    )
+    config = SimConfig(nodes=8, gpus_per_node=8)
+    world = default_world()
+    jobs = load_jobs(TraceSpec(hours=0.5), config, world)
+    configured = Configured(PowerFlowPolicy(), Budget(eta=1.0), ORACLE, "eta", 1.0)
+    result = Simulation(
+        jobs, configured, config, world, OracleLearner(), budget_schedule=schedule
+    ).run()
+    series = result.series
+    paused = (series.t_s > 0.5 * H) & (series.t_s < 3 * H)
+    assert paused.any() and np.all(series.power_w[paused] < series.power_w.max() / 10)
+    assert all(j.finish_s > 3 * H for j in result.jobs if j.submit_s > 0.4 * H)
+
+
 def test_simulate_cli_takes_a_schedule_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
