@@ -14,7 +14,7 @@ import httpx
 import pytest
 from powerflow.operator.learning import params_status
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import write_kubeconfig
+from support.operator_harness import free_port, write_kubeconfig
 
 from powerflow import contract
 from powerflow.cli import main
@@ -199,6 +199,16 @@ async def test_the_live_queue_uses_the_cluster_the_budget_in_force_and_status_mo
     again = await what_if(kubeconfig, capsys)
     jct = {p["eta"]: p["avg_jct_s"] for p in again["predictions"]}
     assert jct[1.0] > 1.05 * by_eta[1.0]["avg_jct_s"]  # the same prior: equal
+
+
+def test_an_unreachable_cluster_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server)
+    assert main(["budget", "what-if", "--kubeconfig", str(kubeconfig)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach the API server at {server}" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.kmock(cls=KubeEmulator)

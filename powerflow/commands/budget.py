@@ -206,6 +206,7 @@ def live_queue(
     """The cluster's DLJobs not yet done, its GPU nodes, and the budget ConfigMap's budget in
     force and ``pMaxWatts``; notes on what was left out."""
     import kubernetes
+    import urllib3
 
     from powerflow.kubeapi.config import load_configuration, resolve_source
     from powerflow.operator.bodies import DLJobBody
@@ -223,6 +224,11 @@ def live_queue(
         budget_cm = _read_config_map(core, args.budget_namespace, args.budget_configmap)
     except kubernetes.client.ApiException as exc:
         raise WhatIfError(f"the API server refused: {exc.status} {exc.reason}") from None
+    except urllib3.exceptions.HTTPError as exc:  # no answer at all (after the retries)
+        reason = getattr(exc, "reason", None) or exc
+        raise WhatIfError(
+            f"cannot reach the API server at {api.configuration.host}: {reason}"
+        ) from None
     finally:
         api.close()
     notes: list[str] = []
