@@ -111,6 +111,30 @@ def test_simulate_cli_takes_a_schedule_file(
     assert row["limit_watts"] == pytest.approx(0.3 * 64 * A100.p_max_w)  # the lowest
 
 
+def test_simulate_cli_takes_the_budget_configmaps_data_as_kubectl_prints_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kubectl get configmap powerflow-budget -o jsonpath='{.data}'``: strings, and the
+    ``schedulingIntervalSeconds`` every ConfigMap of the chart holds (the simulator's
+    interval is its own ``--interval``)."""
+    data = {
+        "eta": "0.9",
+        "pMaxWatts": "300",
+        "schedulingIntervalSeconds": "60",
+        "schedule": '[{"start":"00:10","end":"00:40","eta":0.3}]',
+    }
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps(data))
+    argv = ["simulate", "--scheduler", "powerflow", "--hours", "0.25", "--nodes", "8"]
+    assert main([*argv, "--oracle", "--json", "--budget-schedule", str(path)]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["budget_schedule"] == "00:10-00:40 eta 0.3 (UTC)"
+    assert row["limit_watts"] == pytest.approx(0.3 * 64 * 300)
+    path.write_text(json.dumps({**data, "schedulingIntervalSeconds": "0"}))
+    assert main([*argv, "--budget-schedule", str(path)]) == 2
+    assert "schedulingIntervalSeconds 0 must be > 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("text", "extra", "words"),
     [

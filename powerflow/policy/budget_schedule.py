@@ -55,6 +55,7 @@ DAY_S = 86_400
 WINDOW_KEYS = ("start", "end", "eta", "powerLimitWatts", "pMaxWatts")
 SCHEDULE_KEYS = ("eta", "powerLimitWatts", "pMaxWatts", "timezone", "schedule")
 UTC = "UTC"
+INTERVAL_KEY = "schedulingIntervalSeconds"
 
 _TIME = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
 
@@ -212,15 +213,26 @@ def parse_schedule_data(
     return BudgetSchedule(base, windows, timezone)
 
 
+def scheduling_interval_s(data: Mapping[str, Any]) -> float | None:
+    """The ConfigMap's ``schedulingIntervalSeconds`` (> 0); None when absent."""
+    interval = number(data, INTERVAL_KEY)
+    if interval is not None and interval <= 0:
+        raise BudgetError(f"{INTERVAL_KEY} {interval:g} must be > 0")
+    return interval
+
+
 def schedule_document(doc: Any, default: Budget) -> BudgetSchedule:
     """A schedule file (``powerflow simulate --budget-schedule``): the list of windows,
-    as the ConfigMap's ``schedule`` key holds it (``default`` outside them), or a
-    mapping of ``SCHEDULE_KEYS`` as the ConfigMap's data (its plain keys, if any, in
-    place of ``default``)."""
+    as the ConfigMap's ``schedule`` key holds it (``default`` outside them), or the
+    ConfigMap's data as a mapping (its plain keys, if any, in place of ``default``;
+    its ``schedulingIntervalSeconds`` checked, then left to the caller, whose
+    re-evaluation interval is its own)."""
     if isinstance(doc, Mapping):
-        unknown = sorted(str(k) for k in set(doc) - set(SCHEDULE_KEYS))
+        known = (*SCHEDULE_KEYS, INTERVAL_KEY)
+        unknown = sorted(str(k) for k in set(doc) - set(known))
         if unknown:
-            raise BudgetError(f"unknown keys {unknown}; known: {list(SCHEDULE_KEYS)}")
+            raise BudgetError(f"unknown keys {unknown}; known: {list(known)}")
+        scheduling_interval_s(doc)
         return parse_schedule_data(doc, default=default)
     return BudgetSchedule(default, parse_windows(doc, default))
 
