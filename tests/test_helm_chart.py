@@ -283,3 +283,22 @@ def test_the_values_schema_takes_every_window_time_the_operator_reads(helm: Path
     assert parsed.schedule is not None
     labels = [w.label for w in parsed.schedule.windows]
     assert labels == ["00:00:01-07:59:59", "08:00-12:30:15", "22:00-24:00"]
+
+
+def test_the_readmes_install_command_passes_the_values_schema(helm: Path) -> None:
+    """The README's ``helm install`` line, rendered: ``--set`` gives helm a float as a
+    string (``budget.eta=0.6`` is "0.6"), which the schema's number refuses."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    (line,) = (x.strip() for x in text.splitlines() if x.strip().startswith("helm install"))
+    args = shlex.split(line.split("#")[0])
+    assert args[:4] == ["helm", "install", "powerflow", "helm/powerflow"]
+    run = subprocess.run(
+        [str(helm), "template", *args[2:]], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    data = next(
+        d["data"]
+        for d in yaml.safe_load_all(run.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "powerflow-budget"
+    )
+    assert parse_budget(data).budget.eta == 0.6
