@@ -42,8 +42,9 @@ from powerflow.policy.budget_schedule import (
     BudgetSchedule,
     BudgetWindow,
     describe_budget,
-    number,
     parse_schedule_data,
+    scheduling_interval_s,
+    stops_every_job,
 )
 from powerflow.policy.snapshot import Budget
 
@@ -95,11 +96,9 @@ def parse_budget(data: dict[str, str] | None) -> BudgetConfig:
         raise ResourceError("InvalidBudget", f"unknown keys {unknown}; known: {list(KEYS)}")
     try:
         schedule = parse_schedule_data(data)
-        interval = number(data, "schedulingIntervalSeconds")
+        interval = scheduling_interval_s(data)
     except BudgetError as exc:
         raise ResourceError("InvalidBudget", str(exc)) from None
-    if interval is not None and interval <= 0:
-        raise ResourceError("InvalidBudget", f"schedulingIntervalSeconds {interval} must be > 0")
     return BudgetConfig(
         schedule.default,
         DEFAULT_INTERVAL_S if interval is None else interval,
@@ -125,7 +124,7 @@ def _warnings(budget: Budget, where: str) -> list[tuple[str, str]]:
                 f"({budget.limit_watts:g} W) is in force, eta ({budget.eta:g}) is ignored",
             )
         )
-    if budget.limit_watts == 0 or (budget.limit_watts is None and budget.eta == 0):
+    if stops_every_job(budget):
         key = "powerLimitWatts" if budget.limit_watts == 0 else "eta"
         out.append(
             ("BudgetStopsAllJobs", f"{where}{key} is 0: every job is stopped until it is raised")

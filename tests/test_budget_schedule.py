@@ -132,9 +132,15 @@ def test_a_window_ending_at_midnight_and_one_starting_there_do_not_overlap() -> 
             "schedule window 1 (08:00-20:00): powerLimitWatts -5 < 0",
         ),
         ({"eta": "0.5", "schedule": "start: '08:00'"}, "schedule: a list of windows"),
-        ({"eta": "0.5", "schedule": "[8, 9"}, "schedule: not YAML or JSON"),
+        (  # one line, for the Event: where and what, not PyYAML's drawing of it
+            {"eta": "0.5", "schedule": "[8, 9"},
+            "schedule: not YAML or JSON: expected ',' or ']', but got '<stream end>' "
+            "(line 1, column 6)",
+        ),
         ({"eta": "0.5", "schedule": "[8]"}, "schedule window 1: a mapping"),
         ({"eta": "0.5", "timezone": "Mars/Olympus"}, "timezone: 'Mars/Olympus' is not a known"),
+        # a region of the database, a folder there (zoneinfo raises IsADirectoryError)
+        ({"eta": "0.5", "timezone": "Europe"}, "timezone: 'Europe' is not a known"),
         ({"eta": "2"}, "eta 2 outside [0, 1]"),
     ],
 )
@@ -187,3 +193,35 @@ def test_a_timezone_moves_the_edges_with_the_wall_clock_and_daylight_saving() ->
 def test_describe_names_each_window_and_the_clock() -> None:
     text = peak_and_night(timezone="Europe/Paris").describe()
     assert text == ("08:00-20:00 powerLimitWatts 300000 W; 22:00-06:00 eta 1 (Europe/Paris)")
+
+
+@pytest.mark.parametrize(
+    ("window", "day"),
+    [
+        ("{start: '02:15', end: '02:45', eta: 0.2}", "2026-10-25"),  # 02:xx happens twice
+        ("{start: '01:30', end: '02:30', eta: 0.2}", "2026-10-25"),
+        ("{start: '02:15', end: '05:00', eta: 0.2}", "2026-03-29"),  # 02:xx never happens
+        ("{start: '22:00', end: '02:30', eta: 0.2}", "2026-03-29"),
+    ],
+)
+def test_every_change_of_the_budget_is_an_edge_across_daylight_saving(
+    window: str, day: str
+) -> None:
+    """In Paris the clock goes back from 03:00 to 02:00 on 2026-10-25 and forward from
+    02:00 to 03:00 on 2026-03-29. The budget follows the wall clock (``budget_at``), so
+    each instant it changes must be an edge: a pass comes then, not up to an interval
+    later."""
+    schedule = parse_schedule_data(
+        {"eta": "0.6", "timezone": "Europe/Paris", "schedule": f"[{window}]"}
+    )
+    start = dt.datetime.fromisoformat(f"{day}T00:00:00+00:00").timestamp() - 3 * H
+    changes = [
+        t
+        for t in range(int(start) + 60, int(start + 9 * H), 60)
+        if schedule.budget_at(t) != schedule.budget_at(t - 60)
+    ]
+    edges, t = [], start
+    while t < start + 9 * H:
+        t = schedule.next_edge_s(t)
+        edges.append(t)
+    assert changes and set(changes) <= set(edges), (changes, edges)

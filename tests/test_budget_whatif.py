@@ -14,7 +14,7 @@ import httpx
 import pytest
 from powerflow.operator.learning import params_status
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import write_kubeconfig
+from support.operator_harness import free_port, write_kubeconfig
 
 from powerflow import contract
 from powerflow.cli import main
@@ -51,6 +51,21 @@ def test_demo_predicts_each_budget_as_a_table_json_and_a_plot(
     assert "1500 W" in table and "avg JCT (h)" in table
 
 
+def test_a_budget_too_low_for_any_job_is_named_and_the_others_predicted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An admin scanning a range may go below what one job draws: that budget never
+    finishes the queue, which the what-if says, and it predicts the rest."""
+    argv = ["budget", "what-if", "--demo", "--jobs", "3", "--nodes", "2"]
+    assert main([*argv, "--watts", "1,20000", "--json"]) == 0
+    captured = capsys.readouterr()
+    (only,) = json.loads(captured.out)["predictions"]
+    assert only["power_limit_w"] == 20000
+    assert "1 W: the queue never finishes under it" in captured.err
+    assert main([*argv, "--watts", "1"]) == 2
+    assert "no budget lets the queue finish" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
@@ -66,6 +81,26 @@ def test_demo_refuses_bad_budgets_in_one_line(
     assert main(["budget", "what-if", "--demo", *extra]) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("whatif", "has no file type"),  # matplotlib would write whatif.png
+        ("whatif.xyz", "'.xyz' is not a figure type matplotlib writes"),
+        ("a-file/whatif.png", "cannot create its folder"),
+    ],
+)
+def test_a_plot_that_cannot_be_written_is_refused_before_predicting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, words: str
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    plot = tmp_path / where
+    assert main(["budget", "what-if", "--demo", "--jobs", "2", "--plot", str(plot)]) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err and captured.err.count("\n") == 1, captured.err
+    assert captured.out == ""  # refused before the prediction, not after its table
+    assert list(tmp_path.iterdir()) == [tmp_path / "a-file"]
 
 
 # ------------------------------------------------------------------ live queue
@@ -164,6 +199,33 @@ async def test_the_live_queue_uses_the_cluster_the_budget_in_force_and_status_mo
     again = await what_if(kubeconfig, capsys)
     jct = {p["eta"]: p["avg_jct_s"] for p in again["predictions"]}
     assert jct[1.0] > 1.05 * by_eta[1.0]["avg_jct_s"]  # the same prior: equal
+
+
+def test_an_unreachable_cluster_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server)
+    assert main(["budget", "what-if", "--kubeconfig", str(kubeconfig)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach the API server at {server}" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.kmock(cls=KubeEmulator)
+async def test_a_budget_in_force_that_stops_every_job_is_named_not_predicted(
+    kmock: KubeEmulator, api: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A zero budget is valid (the peak window of a site that stops training then): the
+    queue never finishes under it, so the what-if says so and predicts the others."""
+    cm = {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": {"powerLimitWatts": "0"}}
+    assert (await api.post(CMS, json=cm)).status_code == 201
+    await add_job(api, dljob("a", "resnet50"), {})
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
+
+    out = await what_if(kubeconfig, capsys)
+    assert [p["eta"] for p in out["predictions"]] == [0.4, 1.0]
+    assert not any(p["in_force"] for p in out["predictions"])
+    assert "the budget in force (powerLimitWatts 0 W) stops every job" in out["stderr"]
 
 
 def test_validate_compares_with_the_simulator_run_anyone_can_repeat(

@@ -95,6 +95,9 @@ def test_rendered_manifests_validate_strictly(helm: Path, sets: list[str], tmp_p
     assert {"CustomResourceDefinition", "Deployment", "ConfigMap", "ClusterRole"} <= kinds
 
 
+WINDOW = "budget.schedule[0].start=08:00,budget.schedule[0].end=20:00"
+
+
 @pytest.mark.parametrize(
     ("bad", "complaint"),
     [
@@ -103,6 +106,22 @@ def test_rendered_manifests_validate_strictly(helm: Path, sets: list[str], tmp_p
         ("extender.metricsPort=0", "metricsPort"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.unknownKey=1", "unknownKey"),
+        # a window the operator would refuse: the whole ConfigMap refused, a fresh
+        # install left without any cap; the chart refuses it at install instead
+        (f"{WINDOW},budget.schedule[0].eta=1,budget.schedule[0].powerLimitWatts=9", "schedule"),
+        (WINDOW, "schedule"),  # neither eta nor powerLimitWatts
+        (
+            "budget.schedule[0].start=08:00,budget.schedule[0].end=25:00,budget.schedule[0].eta=1",
+            "schedule",
+        ),
+        (
+            "budget.schedule[0].start=24:00,budget.schedule[0].end=02:00,budget.schedule[0].eta=1",
+            "schedule",
+        ),
+        (
+            "budget.schedule[0].start=08:61,budget.schedule[0].end=09:00,budget.schedule[0].eta=1",
+            "schedule",
+        ),
     ],
 )
 def test_the_values_schema_refuses_bad_values(helm: Path, bad: str, complaint: str) -> None:
@@ -243,3 +262,43 @@ def test_the_agents_liveness_probe_asks_its_event_loop(helm: Path) -> None:
     probe = agent["livenessProbe"]["httpGet"]
     (port,) = [p for p in agent["ports"] if p["name"] == probe["port"]]
     assert probe["path"] == HEALTH_PATH and port["containerPort"] == contract.AGENT_WORKER_PORT
+
+
+def test_the_values_schema_takes_every_window_time_the_operator_reads(helm: Path) -> None:
+    """The schema's time patterns are no stricter than the operator: seconds, one-digit
+    hours, a window ending at 24:00."""
+    windows = [("8:00", "12:30:15", "eta=1"), ("22:00", "24:00", "powerLimitWatts=9000")]
+    windows += [("00:00:01", "07:59:59", "powerLimitWatts=0")]
+    sets = [
+        f"budget.schedule[{i}].start={start},budget.schedule[{i}].end={end},"
+        f"budget.schedule[{i}].{budget}"
+        for i, (start, end, budget) in enumerate(windows)
+    ]
+    data = next(
+        d["data"]
+        for d in by_kind(render(helm, *sets), "ConfigMap")
+        if d["metadata"]["name"] == "powerflow-budget"
+    )
+    parsed = parse_budget(data)
+    assert parsed.schedule is not None
+    labels = [w.label for w in parsed.schedule.windows]
+    assert labels == ["00:00:01-07:59:59", "08:00-12:30:15", "22:00-24:00"]
+
+
+def test_the_readmes_install_command_passes_the_values_schema(helm: Path) -> None:
+    """The README's ``helm install`` line, rendered: ``--set`` gives helm a float as a
+    string (``budget.eta=0.6`` is "0.6"), which the schema's number refuses."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    (line,) = (x.strip() for x in text.splitlines() if x.strip().startswith("helm install"))
+    args = shlex.split(line.split("#")[0])
+    assert args[:4] == ["helm", "install", "powerflow", "helm/powerflow"]
+    run = subprocess.run(
+        [str(helm), "template", *args[2:]], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    data = next(
+        d["data"]
+        for d in yaml.safe_load_all(run.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "powerflow-budget"
+    )
+    assert parse_budget(data).budget.eta == 0.6

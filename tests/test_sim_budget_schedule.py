@@ -77,6 +77,26 @@ def test_the_simulator_plans_against_the_window_in_force_and_changes_at_its_edge
     assert before > 3 * at[1 * H]  # the limit drops at the edge, not after it
 
 
+def test_a_window_that_stops_every_job_pauses_the_run_until_its_end() -> None:
+    """A zero window (valid: "no training at the peak") leaves the cluster idle while jobs
+    wait; the run goes on at the window's end, not stopped as a policy that never
+    schedules."""
+    schedule = parse_schedule_data(
+        {"eta": "1.0", "schedule": '[{start: "00:20", end: "03:00", powerLimitWatts: 0}]'}
+    )
+    config = SimConfig(nodes=8, gpus_per_node=8)
+    world = default_world()
+    jobs = load_jobs(TraceSpec(hours=0.5), config, world)
+    configured = Configured(PowerFlowPolicy(), Budget(eta=1.0), ORACLE, "eta", 1.0)
+    result = Simulation(
+        jobs, configured, config, world, OracleLearner(), budget_schedule=schedule
+    ).run()
+    series = result.series
+    paused = (series.t_s > 0.5 * H) & (series.t_s < 3 * H)
+    assert paused.any() and np.all(series.power_w[paused] < series.power_w.max() / 10)
+    assert all(j.finish_s > 3 * H for j in result.jobs if j.submit_s > 0.4 * H)
+
+
 def test_simulate_cli_takes_a_schedule_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -91,12 +111,40 @@ def test_simulate_cli_takes_a_schedule_file(
     assert row["limit_watts"] == pytest.approx(0.3 * 64 * A100.p_max_w)  # the lowest
 
 
+def test_simulate_cli_takes_the_budget_configmaps_data_as_kubectl_prints_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kubectl get configmap powerflow-budget -o jsonpath='{.data}'``: strings, and the
+    ``schedulingIntervalSeconds`` every ConfigMap of the chart holds (the simulator's
+    interval is its own ``--interval``)."""
+    data = {
+        "eta": "0.9",
+        "pMaxWatts": "300",
+        "schedulingIntervalSeconds": "60",
+        "schedule": '[{"start":"00:10","end":"00:40","eta":0.3}]',
+    }
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps(data))
+    argv = ["simulate", "--scheduler", "powerflow", "--hours", "0.25", "--nodes", "8"]
+    assert main([*argv, "--oracle", "--json", "--budget-schedule", str(path)]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["budget_schedule"] == "00:10-00:40 eta 0.3 (UTC)"
+    assert row["limit_watts"] == pytest.approx(0.3 * 64 * 300)
+    path.write_text(json.dumps({**data, "schedulingIntervalSeconds": "0"}))
+    assert main([*argv, "--budget-schedule", str(path)]) == 2
+    assert "schedulingIntervalSeconds 0 must be > 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("text", "extra", "words"),
     [
         ("- {start: '00:10', end: 20:00, eta: 0.3}\n", [], "end: 1200 is a number"),
         ("eta: 0.5\nschedule: []\n", ["--eta", "0.6"], "drop --eta"),
         ("eta: 0.5\nwindows: []\n", [], "unknown keys ['windows']"),
+        ("[ {start: '08:00'\n", [], "not YAML or JSON: expected ',' or '}'"),
+        # an empty file is a mistake (a wrong path, an unsaved editor), not "no windows"
+        ("", [], "is empty"),
+        ("# nothing but a comment\n", [], "is empty"),
     ],
 )
 def test_simulate_cli_refuses_a_bad_schedule_file(
@@ -108,6 +156,7 @@ def test_simulate_cli_refuses_a_bad_schedule_file(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and str(path) in err
+    assert err.count("\n") == 1, err  # one line
 
 
 def test_a_baseline_takes_no_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,18 +20,21 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from powerflow import contract
-from powerflow.errors import BudgetError, PowerFlowError
+from powerflow.errors import BudgetError, PowerFlowError, SimulationError
+from powerflow.policy.budget_schedule import describe_budget, stops_every_job
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import DEFAULT_ETAS
 from powerflow.sim.config import SimConfig
-from powerflow.sim.whatif import Prediction, QueuedJob, predict
+from powerflow.sim.trace import TraceJob
+from powerflow.sim.whatif import Prediction, QueuedJob, budget_label, predict
 
 HOUR = 3600.0
 KWH = 3.6e6
@@ -96,10 +99,16 @@ def run(args: argparse.Namespace) -> int:
         title = f"demo queue (first {len(queue)} jobs of the default trace)"
     for note in notes:
         print(f"powerflow budget what-if: {note}", file=sys.stderr)
+    if args.plot is not None:
+        check_plot_path(args.plot)
     budgets = budget_levels(args, args.pmax_watts if args.pmax_watts is not None else p_max)
+    if current is not None and stops_every_job(current):
+        note = f"the budget in force ({describe_budget(current)}) stops every job: not predicted"
+        print(f"powerflow budget what-if: {note}", file=sys.stderr)
+        current = None  # the queue never finishes under it
     if current is not None and current not in budgets:
         budgets.append(current)
-    predictions = predict(queue, budgets, config)
+    predictions = predict_each(queue, budgets, config)
     title += f" on {config.nodes} x {config.gpus_per_node} GPUs"
     if args.json:
         out = {
@@ -115,6 +124,27 @@ def run(args: argparse.Namespace) -> int:
         plot(predictions, args.plot, f"What-if: {title}", current)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def predict_each(
+    queue: Sequence[QueuedJob], budgets: Sequence[Budget], config: SimConfig
+) -> list[Prediction]:
+    """``predict`` at each budget; one under which the queue never finishes (below what
+    any job draws: the simulator stops on a stalled queue) is named on stderr and left
+    out, so that a range reaching too low still prices the rest."""
+    out = []
+    for budget in budgets:
+        try:
+            out += predict(queue, [budget], config)
+        except SimulationError as exc:
+            print(
+                f"powerflow budget what-if: {budget_label(budget)}: the queue never finishes "
+                f"under it ({exc}): left out",
+                file=sys.stderr,
+            )
+    if not out:
+        raise WhatIfError("no budget lets the queue finish: raise them")
+    return out
 
 
 def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]:
@@ -140,8 +170,6 @@ def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]
 def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJob], SimConfig]:
     """The default trace's first ``jobs`` jobs that fit the cluster, all waiting now, with
     their priors."""
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.priors import load_prior
     from powerflow.sim.runner import TraceSpec, load_jobs
 
     if jobs < 1:
@@ -149,17 +177,27 @@ def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJo
     config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node)
     fits = (j for j in load_jobs(TraceSpec(), SimConfig()) if j.num_gpu <= config.total_gpus)
     trace = list(itertools.islice(fits, jobs))
-    queue = [
+    queue = [replace(q, submit_s=0.0) for q in prior_queue(trace)]
+    return queue, config
+
+
+def prior_queue(trace: Iterable[TraceJob]) -> list[QueuedJob]:
+    """Trace jobs as a queue, each job's prior taken as its model (what the operator knows
+    before any job has run)."""
+    from powerflow.models.fitted import FittedModel
+    from powerflow.models.priors import load_prior
+
+    return [
         QueuedJob(
             j.job_id,
             FittedModel(load_prior(j.model_name)),
             j.num_gpu,
             j.global_batch_size,
             j.iterations,
+            j.submit_s,
         )
         for j in trace
     ]
-    return queue, config
 
 
 def live_queue(
@@ -168,6 +206,7 @@ def live_queue(
     """The cluster's DLJobs not yet done, its GPU nodes, and the budget ConfigMap's budget in
     force and ``pMaxWatts``; notes on what was left out."""
     import kubernetes
+    import urllib3
 
     from powerflow.kubeapi.config import load_configuration, resolve_source
     from powerflow.operator.bodies import DLJobBody
@@ -185,6 +224,11 @@ def live_queue(
         budget_cm = _read_config_map(core, args.budget_namespace, args.budget_configmap)
     except kubernetes.client.ApiException as exc:
         raise WhatIfError(f"the API server refused: {exc.status} {exc.reason}") from None
+    except urllib3.exceptions.HTTPError as exc:  # no answer at all (after the retries)
+        reason = getattr(exc, "reason", None) or exc
+        raise WhatIfError(
+            f"cannot reach the API server at {api.configuration.host}: {reason}"
+        ) from None
     finally:
         api.close()
     notes: list[str] = []
@@ -273,6 +317,27 @@ def _key(body: Any) -> str:
 # ------------------------------------------------------------------- output
 
 
+def check_plot_path(path: Path) -> None:
+    """Refuse a ``--plot`` file that cannot be written before the prediction runs, not
+    after its table: a type matplotlib writes (without a suffix it would write
+    ``FILE.png``, not ``FILE``), and a folder that exists or can be made."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kind = path.suffix.lower().removeprefix(".")
+    known = FigureCanvasBase.get_supported_filetypes()
+    if not kind:
+        raise WhatIfError(f"--plot {path} has no file type; name it FILE.png (or .svg, .pdf)")
+    if kind not in known:
+        raise WhatIfError(
+            f"--plot {path}: '.{kind}' is not a figure type matplotlib writes "
+            f"({', '.join(sorted(known))})"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WhatIfError(f"--plot {path}: cannot create its folder: {exc}") from None
+
+
 def _row(p: Prediction, current: Budget | None) -> dict[str, Any]:
     return {
         "budget": p.label,
@@ -337,10 +402,14 @@ def plot(
         ax.grid(alpha=0.3)
         ax.margins(x=0.12)
     fig.suptitle(title + ("  (circled: the budget in force)" if current is not None else ""))
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise WhatIfError(f"--plot {path}: {exc}") from None
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -356,8 +425,6 @@ def _console() -> Any:
 def _validate(args: argparse.Namespace) -> int:
     """The what-if (priors as the truth) against the full simulator (ground truth,
     models fitted online) on the default trace, at each eta."""
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.priors import load_prior
     from powerflow.sim.runner import RunSpec, TraceSpec, load_jobs, run_many
 
     if args.watts is not None:
@@ -366,17 +433,7 @@ def _validate(args: argparse.Namespace) -> int:
     config = SimConfig(nodes=nodes, gpus_per_node=args.gpus_per_node)
     spec = TraceSpec(hours=args.hours)
     trace = load_jobs(spec, config)
-    queue = [
-        QueuedJob(
-            j.job_id,
-            FittedModel(load_prior(j.model_name)),
-            j.num_gpu,
-            j.global_batch_size,
-            j.iterations,
-            j.submit_s,
-        )
-        for j in trace
-    ]
+    queue = prior_queue(trace)
     budgets = budget_levels(args, args.pmax_watts)
     predicted = predict(queue, budgets, config)
     truths = run_many(

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from powerflow.errors import BudgetError, SimulationError
-from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document
+from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import SCHEDULERS, scheduler
 from powerflow.sim import experiments, output, plots
@@ -154,8 +154,17 @@ def read_schedule(path: Path, default: Budget, eta_given: bool) -> BudgetSchedul
     """The schedule file; its plain keys and ``--eta`` are the same budget: one of them."""
     try:
         doc = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise BudgetError(f"--budget-schedule {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise BudgetError(
+            f"--budget-schedule {path}: not YAML or JSON: {yaml_problem(exc)}"
+        ) from None
+    if doc is None:
+        raise BudgetError(
+            f"--budget-schedule {path} is empty; write a list of windows "
+            "(docs/operator.md), or [] for none"
+        )
     plain = isinstance(doc, dict) and ("eta" in doc or "powerLimitWatts" in doc)
     if plain and eta_given:
         raise BudgetError(

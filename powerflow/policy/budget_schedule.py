@@ -55,6 +55,7 @@ DAY_S = 86_400
 WINDOW_KEYS = ("start", "end", "eta", "powerLimitWatts", "pMaxWatts")
 SCHEDULE_KEYS = ("eta", "powerLimitWatts", "pMaxWatts", "timezone", "schedule")
 UTC = "UTC"
+INTERVAL_KEY = "schedulingIntervalSeconds"
 
 _TIME = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
 
@@ -101,24 +102,30 @@ class BudgetSchedule:
         return self.default if window is None else window.budget
 
     def next_edge_s(self, t_s: float) -> float | None:
-        """The first window start or end strictly after ``t_s``; None without windows.
+        """The first instant strictly after ``t_s`` at which the budget may change (a
+        window starts or ends); None without windows.
 
-        Edges are wall-clock times of the schedule's clock: the candidates are
-        each edge on the local day of ``t_s`` and the two after, turned back
-        into epoch seconds (a daylight-saving gap or fold shifts them as
-        ``zoneinfo`` does, so they always advance)."""
+        Edges are wall-clock times of the schedule's clock, as ``window_at`` reads it:
+        the candidates are the instants that clock reaches each edge on the local day
+        of ``t_s`` and the two after (``_instants``: twice where a daylight-saving
+        change turns it back over the edge, with the change itself, which can move it
+        into or out of a window; the change where it jumps over the edge)."""
         if not self.windows:
             return None
         tz = _zone(self.timezone)
         day = dt.datetime.fromtimestamp(t_s, tz).date()
-        edges = sorted({s for w in self.windows for s in (w.start_s, w.end_s % DAY_S)})
-        for offset in range(3):
-            midnight = dt.datetime.combine(day + dt.timedelta(days=offset), dt.time(), tz)
-            for second in edges:
-                at = (midnight + dt.timedelta(seconds=second)).timestamp()
-                if at > t_s:
-                    return at
-        raise AssertionError("a daily edge within three days")  # pragma: no cover
+        edges = {s for w in self.windows for s in (w.start_s, w.end_s % DAY_S)}
+        return min(
+            at
+            for offset in range(3)
+            for second in edges
+            for at in _instants(
+                dt.datetime.combine(day + dt.timedelta(days=offset), dt.time())
+                + dt.timedelta(seconds=second),
+                tz,
+            )
+            if at > t_s
+        )
 
     def on_sim_clock(self) -> BudgetSchedule:
         """The same windows read on the simulator's clock (UTC from 00:00 of day one)."""
@@ -136,6 +143,11 @@ def describe_budget(budget: Budget) -> str:
     if budget.eta is not None:
         return f"eta {budget.eta:g}"
     return "the default (eta 1, no power saving)"
+
+
+def stops_every_job(budget: Budget) -> bool:
+    """A zero budget (``powerLimitWatts`` 0, or ``eta`` 0 without it): valid, nothing runs."""
+    return budget.limit_watts == 0 or (budget.limit_watts is None and budget.eta == 0)
 
 
 def clock_text(second_of_day: int) -> str:
@@ -201,15 +213,26 @@ def parse_schedule_data(
     return BudgetSchedule(base, windows, timezone)
 
 
+def scheduling_interval_s(data: Mapping[str, Any]) -> float | None:
+    """The ConfigMap's ``schedulingIntervalSeconds`` (> 0); None when absent."""
+    interval = number(data, INTERVAL_KEY)
+    if interval is not None and interval <= 0:
+        raise BudgetError(f"{INTERVAL_KEY} {interval:g} must be > 0")
+    return interval
+
+
 def schedule_document(doc: Any, default: Budget) -> BudgetSchedule:
     """A schedule file (``powerflow simulate --budget-schedule``): the list of windows,
-    as the ConfigMap's ``schedule`` key holds it (``default`` outside them), or a
-    mapping of ``SCHEDULE_KEYS`` as the ConfigMap's data (its plain keys, if any, in
-    place of ``default``)."""
+    as the ConfigMap's ``schedule`` key holds it (``default`` outside them), or the
+    ConfigMap's data as a mapping (its plain keys, if any, in place of ``default``;
+    its ``schedulingIntervalSeconds`` checked, then left to the caller, whose
+    re-evaluation interval is its own)."""
     if isinstance(doc, Mapping):
-        unknown = sorted(str(k) for k in set(doc) - set(SCHEDULE_KEYS))
+        known = (*SCHEDULE_KEYS, INTERVAL_KEY)
+        unknown = sorted(str(k) for k in set(doc) - set(known))
         if unknown:
-            raise BudgetError(f"unknown keys {unknown}; known: {list(SCHEDULE_KEYS)}")
+            raise BudgetError(f"unknown keys {unknown}; known: {list(known)}")
+        scheduling_interval_s(doc)
         return parse_schedule_data(doc, default=default)
     return BudgetSchedule(default, parse_windows(doc, default))
 
@@ -219,7 +242,17 @@ def load_windows(text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise BudgetError(f"schedule: not YAML or JSON: {exc}") from None
+        raise BudgetError(f"schedule: not YAML or JSON: {yaml_problem(exc)}") from None
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line (an Event's message, a CLI's error line): what and
+    where, without the excerpt and caret it draws over several lines."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem is not None:
+        mark = exc.problem_mark
+        where = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
+        return f"{exc.problem}{where}"
+    return " ".join(str(exc).split())
 
 
 def parse_windows(spec: Any, default: Budget) -> tuple[BudgetWindow, ...]:
@@ -309,10 +342,37 @@ def _zone(name: str) -> dt.tzinfo:
 def _zone_checked(name: str) -> None:
     try:
         _zone(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: Python 3.11's zoneinfo opens a region's folder ('Europe') as a file
         raise BudgetError(
             f"timezone: {name!r} is not a known IANA time zone (such as 'Europe/Paris')"
         ) from None
+
+
+def _instants(wall: dt.datetime, tz: dt.tzinfo) -> set[float]:
+    """The epoch seconds at which the clock of ``tz`` shows ``wall`` (naive) or passes it:
+    once; in a fold (the clock turned back over ``wall``) both times and the turn; in a
+    gap (the clock jumping over ``wall``) the jump."""
+    first = wall.replace(tzinfo=tz, fold=0).timestamp()
+    second = wall.replace(tzinfo=tz, fold=1).timestamp()
+    if first == second:
+        return {first}
+    turn = _offset_change(min(first, second), max(first, second), tz)
+    return {first, turn, second} if first < second else {turn}
+
+
+def _offset_change(lo: float, hi: float, tz: dt.tzinfo) -> float:
+    """The first whole second in ``(lo, hi]`` with ``hi``'s UTC offset (one change
+    between them: a daylight-saving transition), by bisection."""
+    after = dt.datetime.fromtimestamp(hi, tz).utcoffset()
+    low, high = math.floor(lo), math.ceil(hi)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if dt.datetime.fromtimestamp(mid, tz).utcoffset() == after:
+            high = mid
+        else:
+            low = mid
+    return float(high)
 
 
 def _second_of_day(t_s: float, timezone: str) -> float:

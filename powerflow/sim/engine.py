@@ -35,7 +35,7 @@ from powerflow.backend import schedule_once
 from powerflow.errors import SimulationError
 from powerflow.models.protocol import PerfModel
 from powerflow.models.samples import Samples
-from powerflow.policy.budget_schedule import BudgetSchedule
+from powerflow.policy.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.schedulers import Configured
 from powerflow.sim import kernels
@@ -301,14 +301,19 @@ class Simulation:
 
     def _check_progress(self) -> None:
         """A policy that leaves an idle cluster idle while jobs wait never ends:
-        after two re-evaluations with nothing running and nothing to come, stop."""
+        after two re-evaluations with nothing running and nothing to come, stop.
+        Under a budget schedule, only after a whole day more: a window's budget may
+        be too low for any job (zero: "no training at the peak") until its end."""
         if self._next_arrival < len(self.jobs) or self._held_gpus > 0:
             self._last_busy_s = self.now
             return
         if self._preruns:
             self._last_busy_s = self.now
             return
-        if self._active and self.now - self._last_busy_s > 2 * self.cfg.interval_s:
+        patience = 2 * self.cfg.interval_s
+        if self._budgets is not None and self._budgets.windows:
+            patience += DAY_S
+        if self._active and self.now - self._last_busy_s > patience:
             raise SimulationError(
                 f"the policy leaves {len(self._active)} job(s) waiting on an idle cluster "
                 f"at t={self.now:.0f} s"

@@ -61,9 +61,14 @@ class Prediction:
 
     @property
     def label(self) -> str:
-        if self.budget.limit_watts is not None:
-            return f"{self.budget.limit_watts:g} W"
-        return f"eta {1.0 if self.budget.eta is None else self.budget.eta:g}"
+        return budget_label(self.budget)
+
+
+def budget_label(budget: Budget) -> str:
+    """A budget as the what-if's table names it: ``60000 W`` or ``eta 0.6``."""
+    if budget.limit_watts is not None:
+        return f"{budget.limit_watts:g} W"
+    return f"eta {1.0 if budget.eta is None else budget.eta:g}"
 
 
 def predict(
