@@ -90,6 +90,7 @@ from powerflow.operator.jobs import (
     too_large,
 )
 from powerflow.operator.parking import NodeMark
+from powerflow.operator.power_order import cap_annotation, lowers
 from powerflow.operator.profile_plan import plan_annotation
 from powerflow.operator.progress import Running, account
 from powerflow.operator.refusals import Refusal, backoff_s
@@ -143,7 +144,10 @@ class Actions:
     delete_pods: list[tuple[str, str, int]] = field(default_factory=list)
     create: list[PodBody | ServiceBody] = field(default_factory=list)
     annotate_pods: list[tuple[str, str, dict[str, str | None]]] = field(default_factory=list)
-    """Pod annotation merge patches (``None`` removes the annotation)."""
+    """Pod annotation merge patches (``None`` removes the annotation) that may raise power."""
+    annotate_first: list[tuple[str, str, dict[str, str | None]]] = field(default_factory=list)
+    """Pod annotation patches that only lower power (``power_order.lowers``): written with
+    the deletions, before anything that raises power."""
     status: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     status_first: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """Status patches of jobs that start, stop or finish a generation: written before any pod."""
@@ -170,12 +174,15 @@ class Actions:
            created or deleted, so an operator that dies anywhere later finds
            pods its status explains (it neither deletes pods it just made nor
            creates a name twice, nor counts one failure twice);
-        2. deletions (old workers stop before new ones start), and the powered-down
-           marks of nodes the plan uses again (gone before their workers come);
+        2. deletions (old workers stop before new ones start), annotations that only
+           lower power (a lower clock, a new or lower power cap, a sweep's end), and
+           the powered-down marks of nodes the plan uses again (gone before their
+           workers come): power goes down before anything raises it;
         3. creations: Services and pods together (a worker may exist before its
            headless Service; its DNS name resolves once the Service does and
            torchrun's rendezvous retries), each name once;
-        4. frequency and profile-plan annotations, then every other status patch;
+        4. annotations that may raise power (a higher clock, a higher or removed
+           cap, a sweep's plan), then every other status patch;
         5. the powered-down marks of nodes the plan no longer uses (``parking``).
 
         ``Kube.apply`` carries them out; tests crash between any two of them.
@@ -185,7 +192,9 @@ class Actions:
         unmark = [("node", (m,)) for m in self.node_marks if not m.powered_down]
         return [
             [("status", args) for args in self.status_first],
-            [("delete", args) for args in self.delete_pods] + unmark,
+            [("delete", args) for args in self.delete_pods]
+            + [("annotate", args) for args in self.annotate_first]
+            + unmark,
             [("create", (body,)) for body in unique.values()],
             [("annotate", args) for args in self.annotate_pods],
             [("status", args) for args in self.status],
@@ -789,7 +798,9 @@ def _start(
     """A new generation of workers; Profiling if the job never ran on this GPU count
     (and profiling is on: ``window_s > 0``)."""
     generation = int(v.alloc.get("generation", 0)) + 1
-    ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
+    ws = WorkerSet(
+        generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap_annotation(jp.power_cap_w)
+    )
     actions.create.append(rendezvous_service(req))
     actions.create.extend(worker_pods(req, ws))
     v.new["allocation"] = {
@@ -904,13 +915,15 @@ def _carry_out(
     have = {p["metadata"]["name"] for p in v.current}
     missing = [i for i in range(jp.gpus) if pod_name(req.name, generation, i) not in have]
     if missing:  # only an unfinished gang's: a complete one's lost worker restarts it
-        ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
+        cap = cap_annotation(jp.power_cap_w)
+        ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap)
         actions.create.append(rendezvous_service(req))
         actions.create.extend(worker_pods(req, ws, missing))
+    _power_caps(actions, v, jp)
     if int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz:
         annotations: dict[str, str | None] = {contract.FREQUENCY_ANNOTATION: str(jp.frequency_mhz)}
         for pod in v.current:
-            actions.annotate_pods.append((v.ns, pod["metadata"]["name"], annotations))
+            _annotate(actions, v, pod, annotations)
         _event(
             actions, v, "Normal", "FrequencyChanged",
             f"{alloc.get('frequencyMHz')} -> {jp.frequency_mhz} MHz",
@@ -924,6 +937,24 @@ def _carry_out(
     if v.new.get("phase") != "Running":
         _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")
     return True
+
+
+def _power_caps(actions: Actions, v: _View, jp: JobPlan) -> None:
+    """Each current worker carries the plan's per-GPU power cap
+    (``contract.POWER_LIMIT_ANNOTATION``, which the node agent applies), or none;
+    written or removed only where it differs, so a restarted operator rewrites nothing."""
+    want = cap_annotation(jp.power_cap_w)
+    for pod in v.current:
+        if _annotation(pod, contract.POWER_LIMIT_ANNOTATION) != want:
+            _annotate(actions, v, pod, {contract.POWER_LIMIT_ANNOTATION: want})
+
+
+def _annotate(actions: Actions, v: _View, pod: PodBody, patch: dict[str, str | None]) -> None:
+    """Queue an annotation patch: with the deletions when it only lowers power, else
+    after the creations (``Actions.writes``)."""
+    old = pod.get("metadata", {}).get("annotations") or {}
+    target = actions.annotate_first if lowers(old, patch) else actions.annotate_pods
+    target.append((v.ns, pod["metadata"]["name"], patch))
 
 
 def _migrates(
@@ -1196,8 +1227,7 @@ def _profile_plans(
             gpu = gpus_of.get(node, default_gpu) if isinstance(node, str) else default_gpu
             want = plan_annotation(gpu, window_s, until)
         if _annotation(pod, contract.PROFILE_ANNOTATION) != want:
-            patch: dict[str, str | None] = {contract.PROFILE_ANNOTATION: want}
-            actions.annotate_pods.append((v.ns, pod["metadata"]["name"], patch))
+            _annotate(actions, v, pod, {contract.PROFILE_ANNOTATION: want})
     return True
 
 

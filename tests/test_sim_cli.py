@@ -121,9 +121,12 @@ def test_fitted_models_schedule_nearly_as_well_as_the_oracle(tmp_path: Path) -> 
     fitted = run_one(_spec(small, "powerflow", 0.6)).metrics
     oracle = run_one(_spec(small, "powerflow", 0.6, oracle=True)).metrics
     assert oracle["profiling_phases"] == 0 and oracle["prerun_energy_j"] == 0
-    # the fitted run also pays 4 min of pre-run per job; the rest of the gap is model error
+    # the fitted run also pays 4 min of pre-run per job; the rest of the gap is model error,
+    # which the fitted run pays within the budget (before the power loop it ran above the
+    # limit instead, for longer than the average JCT, and was within 1 % of the oracle)
+    assert fitted["time_above_limit_s"] == oracle["time_above_limit_s"] == 0
     gap = (fitted["avg_jct_s"] - 240.0) / oracle["avg_jct_s"] - 1
-    assert abs(gap) < 0.05
+    assert abs(gap) < 0.06
     assert fitted["total_energy_j"] == pytest.approx(oracle["total_energy_j"], rel=0.10)
 
 

@@ -7,6 +7,7 @@ boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -17,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from powerflow.schedulers import scheduler
+from powerflow.errors import SimulationError
+from powerflow.schedulers import Configured, scheduler
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
 from powerflow.sim.metrics import summarise
@@ -57,6 +59,9 @@ class RunSpec:
     oracle: bool = False
     tag: str = ""
     """Free-form label of the experiment this run belongs to (e.g. a sensitivity axis)."""
+    policy_options: tuple[tuple[str, Any], ...] = ()
+    """Constructor options of the scheduler's policy to change, as (name, value) pairs
+    (e.g. PowerFlow's ``strict_power``); empty: the scheduler's own."""
 
     @property
     def label(self) -> str:
@@ -125,12 +130,28 @@ def _cached_jobs(spec: TraceSpec, config: SimConfig) -> tuple[TraceJob, ...]:
 def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
     """One run, in this process."""
     configured = scheduler(spec.scheduler).configure(spec.value, oracle=spec.oracle)
+    if spec.policy_options:
+        configured = with_options(configured, dict(spec.policy_options))
     jobs = (
         load_jobs(spec.trace, spec.config, world)
         if world
         else _cached_jobs(spec.trace, spec.config)
     )
     return Simulation(jobs, configured, spec.config, world or _world()).run()
+
+
+def with_options(configured: Configured, options: dict[str, Any]) -> Configured:
+    """``configured`` with its policy rebuilt with ``options`` changed (a frozen dataclass
+    policy's constructor options); an option the policy does not have is an error."""
+    policy = configured.policy
+    known: set[str] = set()
+    if dataclasses.is_dataclass(policy):
+        known = {f.name for f in dataclasses.fields(policy) if f.init}
+    unknown = sorted(options.keys() - known)
+    if unknown:
+        raise SimulationError(f"{type(policy).__name__} has no option(s) {', '.join(unknown)}")
+    rebuilt = dataclasses.replace(policy, **options)  # type: ignore[type-var]
+    return dataclasses.replace(configured, policy=rebuilt)
 
 
 def run_one(spec: RunSpec) -> RunOutcome:
