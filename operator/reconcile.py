@@ -89,6 +89,7 @@ from powerflow.operator.jobs import (
     parse_dljob,
     too_large,
 )
+from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.parking import NodeMark
 from powerflow.operator.power_order import cap_annotation, lowers
 from powerflow.operator.profile_plan import plan_annotation
@@ -739,11 +740,21 @@ def _core_job(
     now_s: float,
     model: PerfModel,
     sizes: Mapping[str, int],
+    measured: MeasuredPower | None = None,
+    window_s: float = 0.0,
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current)
     frequency = v.alloc.get("frequencyMHz") if running else None
     placement = _placement(v.current, sizes) if running else ()
+    # Measured where it runs now (same GPUs per node and local batch), or not at all.
+    if measured is not None and placement:
+        nodes = Counter(node for node, _ in placement)
+        here = (len(placement), max(nodes.values()), int(v.alloc.get("localBatchSize", 0)))
+        if here != (measured.n, measured.gpus_per_node, measured.local_batch_size):
+            measured = None
+    else:
+        measured = None
     return Job(
         id=v.key,
         model=model,
@@ -760,6 +771,9 @@ def _core_job(
         model_name=req.model_name,
         # The policy may only keep GPUs it knows: pinning needs the extender's placement.
         pinned=bool(placement) and _is_profiling(v, now_s),
+        measured_power_w=measured.watts if measured is not None else None,
+        measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
+        profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
     )
 
 
@@ -770,16 +784,24 @@ def build_snapshot(
     now_s: float,
     models: ModelFactory,
     failed: Callable[[_View, Exception], None] | None = None,
+    measured: Mapping[str, MeasuredPower] | None = None,
+    window_s: float = 0.0,
 ) -> Snapshot:
     """The core's snapshot of ``views``; with ``failed``, a job whose conversion
-    raises is reported there and left out instead of failing the snapshot."""
+    raises is reported there and left out instead of failing the snapshot.
+
+    ``measured``: each job's latest measured power (``learning.SampleStore.
+    measured_power``), passed to the policy where the job still runs as
+    measured; ``window_s`` > 0: jobs profile new GPU counts (``Job.profiled_gpus``).
+    """
+    measured = measured or {}
     sizes = {n.name: n.gpus for n in nodes}
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
     for v in views:
         assert v.req is not None
         try:
-            job = _core_job(v, v.req, now_s, models(v.req), sizes)
+            job = _core_job(v, v.req, now_s, models(v.req), sizes, measured.get(v.key), window_s)
         except Exception as exc:
             if failed is None:
                 raise
@@ -1132,6 +1154,7 @@ def reconcile(
     progress_interval_s: float = 0.0,
     progress_written: Mapping[str, float] | None = None,
     learned: Mapping[str, Mapping[str, Any]] | None = None,
+    measured: Mapping[str, MeasuredPower] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
@@ -1141,8 +1164,9 @@ def reconcile(
     Progress and energy are written at most every ``progress_interval_s`` per
     job; ``progress_written`` says when each job's were last written (see
     ``_account_all``). ``learned``: the online refit's ``status.model`` fields
-    by job key (``_learned_model``). Each job's steps run under a ``_Guard``:
-    one job's failure never stops the others.
+    by job key (``_learned_model``). ``measured``: each job's latest measured power
+    (``build_snapshot``). Each job's steps run under a ``_Guard``: one job's failure
+    never stops the others.
     """
     actions = Actions()
     guard = _Guard(actions, now_s)
@@ -1164,7 +1188,9 @@ def reconcile(
         runnable = []
     if runnable:
         plan: Plan | None = None
-        snapshot = build_snapshot(runnable, nodes, budget, now_s, models, guard.fail)
+        snapshot = build_snapshot(
+            runnable, nodes, budget, now_s, models, guard.fail, measured, profiling_window_s
+        )
         runnable = [v for v in runnable if v.key not in guard.failed]
         try:
             plan = schedule_once(policy, _PassBackend(snapshot))

@@ -8,15 +8,30 @@ ordering rules are checked on ``reconcile``'s actions too.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from operator_cases import BUDGET, JOBS, MERGE, dljob, eventually, models, pods_of
+from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.power_order import cap_annotation, lowers
+from powerflow.operator.reconcile import Observed, reconcile
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
+from test_operator_profiling import (
+    BUDGET as ETA_BUDGET,
+)
+from test_operator_profiling import (
+    MODEL,
+    NODES,
+    WINDOW,
+    KeepPolicy,
+    allocation,
+    body,
+    running_pods,
+)
 
 from powerflow import contract
 from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
@@ -122,3 +137,18 @@ def test_which_patches_lower_power(
     old: dict[str, str], patch: dict[str, str | None], lower: bool
 ) -> None:
     assert lowers(old, patch) is lower
+
+
+def test_the_policy_sees_the_power_measured_where_the_job_runs() -> None:
+    """Measured on its 4 GPUs of n0 at 64 per GPU: passed on, with the clock it ran;
+    measured on another configuration (8 GPUs): not passed on."""
+    status = {"phase": "Running", "allocation": allocation(complete=True)}
+    here = MeasuredPower(4, 4, 64, 1350, 812.5)
+    for measured, expected in ((here, (812.5, 1350)), (replace(here, n=8), (None, None))):
+        policy = KeepPolicy()
+        obs = Observed(body(status), running_pods())
+        reconcile([obs], NODES, ETA_BUDGET, 1000.0, policy, lambda j: MODEL,
+                  profiling_window_s=WINDOW, measured={"ml/job": measured})  # fmt: skip
+        (job,) = policy.snapshots[-1].jobs
+        assert (job.measured_power_w, job.measured_frequency_mhz) == expected
+        assert job.profiled_gpus == frozenset()  # profiling is on; no count profiled yet
