@@ -36,9 +36,20 @@ Power-limit guarantee for the returned plan (``L`` the limit, ``P`` its
 * with pinned jobs the same holds with ``L`` replaced by ``max(L, P_pinned)``,
   ``P_pinned`` the pinned jobs' power plus idle power on their nodes.
 
-With ``strict_power`` every allocation step is checked and the bound is
-``P <= max(L, P_pinned)`` (when placement packs), the choice for a hard
-facility cap; the default follows Algorithm 1.
+With ``strict_power`` (the default) every allocation step is checked and the
+bound is ``P <= max(L, P_pinned)`` (when placement packs), the choice for a
+hard facility cap; ``strict_power=False`` follows Algorithm 1 (the bullets
+above), for the paper's reproduction.
+
+Keeping the budget with wrong models (``power_loop.py``): all power above is
+the *counted* power, each job's prediction times its measured correction
+(``Job.measured_power_w``), and ``L`` the *planning* limit,
+``limit / max(1, Snapshot.power_ratio) * (1 - power_margin)``; the plan's
+``limit_watts`` stays the admin's limit. Each placed job's ``JobPlan.power_w``
+is its counted power, and when the plan leaves less than ``cap_headroom`` of
+the admin's limit free (profiling sweeps at their peak), every placed job
+gets a per-GPU ``power_cap_w``, the caps and idle GPUs summing to the limit
+(``power_loop.caps_w``).
 
 If placement leaves more GPUs powered than the packing estimate, clock raises
 are undone (latest first) until ``P`` is back within ``max(L, P_before)``,

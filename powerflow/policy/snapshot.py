@@ -73,9 +73,9 @@ class Budget:
 
     Precedence: an absolute ``limit_watts`` wins over ``eta``. With ``eta``
     the limit is ``eta * G * p_max_watts`` (paper §5.2), ``G`` all GPUs of the
-    cluster; ``p_max_watts`` defaults to the policy's estimate of a training
-    job's average GPU power at the highest clock. ``powerflow.policy.budget``
-    states the exact rule (neither given: ``eta = 1``).
+    cluster; ``p_max_watts`` defaults to the GPU type's reference power
+    (``GpuSpec.p_max_w``). ``powerflow.policy.budget`` states the exact rule
+    (neither given: ``eta = 1``).
     """
 
     eta: float | None = None
