@@ -206,8 +206,8 @@ class _Decision:
 
     def run(self) -> Plan:
         jobs = self.snapshot.jobs
-        # Allocation and the clock phase work with the counted power (corrected,
-        # sweeps at their peak) against the planning limit (``power_loop``).
+        # Allocation and the clock phase work with the counted power (each job's
+        # prediction times its measured correction) against the planning limit.
         self.curves = replace(self.curves, power_w=self.fix.efficient(self.curves.power_w))
         plan_limit = planning_limit_w(self.limit, self.snapshot.power_ratio, self.options)
         first = self.curves.tables.start
