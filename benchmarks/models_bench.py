@@ -4,10 +4,13 @@ Per ground-truth model (A100): held-out MAPE of a fit to a seeded 90% of the
 dense profile (target <= 10% on throughput and energy); the 1-GPU-sweep-only
 fit (the 4-minute pre-run, multi-GPU terms from the generic prior of the OTHER
 five models) scored on every 1-GPU configuration of the profile (target
-<= 10%) and on the multi-GPU ones (no target: those terms are a prior's guess
-until online samples arrive); the same with the model's own prior (the DLJob
-hint); CPU time of one dense fit on one core (target < 1 s). Then the CPU time to
-predict 100,000 configurations (target < 50 ms; wall time shown beside it).
+<= 10%) and on the multi-GPU ones; the same with the model's own prior (the
+DLJob hint); multi-GPU target <= 10% (issue 14): met by every model with its
+own prior, by those the table marks with the others' prior (the rest
+synchronise up to twice as long as the other five, which no 1-GPU sample
+shows: docs/models.md); CPU time of one dense fit on one core (target < 1 s).
+Then the CPU time to predict 100,000 configurations (target < 50 ms; wall time
+shown beside it).
 
     python -m benchmarks.models_bench      (or: python -m benchmarks models)
 
@@ -50,7 +53,8 @@ def _bench() -> None:
         "fit CPU s",
     ):
         table.add_column(col, justify="right")
-    worst = {"held": 0.0, "sweep": 0.0, "fit": 0.0}
+    worst = {"held": 0.0, "sweep": 0.0, "fit": 0.0, "own": 0.0}
+    loo_met: list[str] = []
     for name in gt.MODEL_NAMES:
         truth = gt.ground_truth(name)
         profile = gt.dense_profile(truth, rng=np.random.default_rng(0))
@@ -68,6 +72,9 @@ def _bench() -> None:
         worst["held"] = max(worst["held"], held.throughput_mape, held.energy_mape)
         worst["sweep"] = max(worst["sweep"], s1.throughput_mape, s1.energy_mape)
         worst["fit"] = max(worst["fit"], fit_s)
+        worst["own"] = max(worst["own"], om.throughput_mape, om.energy_mape)
+        if max(sm.throughput_mape, sm.energy_mape) <= 0.10:
+            loo_met.append(name)
         table.add_row(
             name,
             pct(held.throughput_mape),
@@ -110,6 +117,16 @@ def _bench() -> None:
     rows = [
         ("held-out MAPE <= 10% (worst model, T or E)", pct(worst["held"]), worst["held"] <= 0.10),
         ("1-GPU sweep fit, 1-GPU MAPE <= 10% (worst)", pct(worst["sweep"]), worst["sweep"] <= 0.10),
+        (
+            "1-GPU sweep fit, own prior, multi-GPU MAPE <= 10% (worst)",
+            pct(worst["own"]),
+            worst["own"] <= 0.10,
+        ),
+        (
+            "1-GPU sweep fit, others' prior, multi-GPU MAPE <= 10%",
+            f"{len(loo_met)} of {len(gt.MODEL_NAMES)}: {', '.join(loo_met) or '-'}",
+            len(loo_met) == len(gt.MODEL_NAMES),
+        ),
         ("one fit < 1 s on one core (slowest)", f"{worst['fit']:.2f} s", worst["fit"] < 1.0),
         (
             "predict 100,000 configs < 50 ms (median CPU)",

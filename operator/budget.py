@@ -22,17 +22,39 @@ record with it), while this one has a single writer.
 ``budget_warnings`` lists what a valid budget does that may surprise: a zero budget
 stops every job, and with both ``eta`` and ``powerLimitWatts`` the absolute
 limit wins (``Budget``'s precedence); each becomes a Warning Event.
+
+A schedule (keys ``schedule`` and ``timezone``, format in
+``powerflow.policy.budget_schedule``) gives time windows budgets of their own;
+the plain keys are the budget outside them. ``BudgetConfig.at(now)`` is the
+plain budget in force, the one a pass plans against, and ``next_edge_s`` the
+next window start or end, at which the controller runs a pass. The record of
+the budget in force holds the whole data, schedule included: an operator that
+starts while the ConfigMap is invalid reads the window in force off its own
+clock.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from powerflow.errors import ResourceError
+from powerflow.errors import BudgetError, ResourceError
+from powerflow.policy.budget_schedule import (
+    BudgetSchedule,
+    BudgetWindow,
+    describe_budget,
+    number,
+    parse_schedule_data,
+)
 from powerflow.policy.snapshot import Budget
 
-KEYS = ("eta", "powerLimitWatts", "pMaxWatts", "schedulingIntervalSeconds")
+KEYS = (
+    "eta",
+    "powerLimitWatts",
+    "pMaxWatts",
+    "schedulingIntervalSeconds",
+    "schedule",
+    "timezone",
+)
 DEFAULT_INTERVAL_S = 60.0
 IN_FORCE_CONFIGMAP = "powerflow-budget-in-force"
 SOURCE_VERSION_ANNOTATION = "powerflow.io/source-resource-version"
@@ -41,23 +63,28 @@ RECORDED_AT_ANNOTATION = "powerflow.io/recorded-at"
 
 @dataclass(frozen=True)
 class BudgetConfig:
+    """The ConfigMap's budget: ``budget`` outside any window of ``schedule`` (None: no
+    windows), and the scheduling interval."""
+
     budget: Budget
     interval_s: float = DEFAULT_INTERVAL_S
+    schedule: BudgetSchedule | None = None
+
+    def window_at(self, now_s: float) -> BudgetWindow | None:
+        return None if self.schedule is None else self.schedule.window_at(now_s)
+
+    def at(self, now_s: float) -> BudgetConfig:
+        """The plain budget in force at ``now_s`` (what ``reconcile`` plans against)."""
+        if self.schedule is None:
+            return self
+        return BudgetConfig(self.schedule.budget_at(now_s), self.interval_s)
+
+    def next_edge_s(self, now_s: float) -> float | None:
+        """The next window start or end after ``now_s`` (None: no windows)."""
+        return None if self.schedule is None else self.schedule.next_edge_s(now_s)
 
 
 DEFAULT = BudgetConfig(Budget())
-
-
-def _number(data: dict[str, str], key: str) -> float | None:
-    if key not in data:
-        return None
-    try:
-        value = float(str(data[key]).strip())
-    except ValueError:
-        raise ResourceError("InvalidBudget", f"{key}: {data[key]!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ResourceError("InvalidBudget", f"{key}: {data[key]!r} is not finite")
-    return value
 
 
 def parse_budget(data: dict[str, str] | None) -> BudgetConfig:
@@ -66,51 +93,62 @@ def parse_budget(data: dict[str, str] | None) -> BudgetConfig:
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise ResourceError("InvalidBudget", f"unknown keys {unknown}; known: {list(KEYS)}")
-    eta = _number(data, "eta")
-    limit = _number(data, "powerLimitWatts")
-    p_max = _number(data, "pMaxWatts")
-    interval = _number(data, "schedulingIntervalSeconds")
-    if eta is None and limit is None:
-        raise ResourceError("InvalidBudget", "set eta or powerLimitWatts")
-    if eta is not None and not 0.0 <= eta <= 1.0:
-        raise ResourceError("InvalidBudget", f"eta {eta} outside [0, 1]")
-    if limit is not None and limit < 0:
-        raise ResourceError("InvalidBudget", f"powerLimitWatts {limit} < 0")
-    if p_max is not None and p_max <= 0:
-        raise ResourceError("InvalidBudget", f"pMaxWatts {p_max} must be > 0")
+    try:
+        schedule = parse_schedule_data(data)
+        interval = number(data, "schedulingIntervalSeconds")
+    except BudgetError as exc:
+        raise ResourceError("InvalidBudget", str(exc)) from None
     if interval is not None and interval <= 0:
         raise ResourceError("InvalidBudget", f"schedulingIntervalSeconds {interval} must be > 0")
     return BudgetConfig(
-        Budget(eta=eta, limit_watts=limit, p_max_watts=p_max),
+        schedule.default,
         DEFAULT_INTERVAL_S if interval is None else interval,
+        schedule if "schedule" in data or "timezone" in data else None,
     )
 
 
 def budget_warnings(config: BudgetConfig) -> list[tuple[str, str]]:
-    """(reason, message) for each surprising choice of a valid budget."""
+    """(reason, message) for each surprising choice of a valid budget (and window)."""
+    out = _warnings(config.budget, "")
+    for window in config.schedule.windows if config.schedule is not None else ():
+        out += _warnings(window.budget, f"schedule window {window.label}: ")
+    return out
+
+
+def _warnings(budget: Budget, where: str) -> list[tuple[str, str]]:
     out = []
-    budget = config.budget
     if budget.limit_watts is not None and budget.eta is not None:
         out.append(
             (
                 "BudgetKeysConflict",
-                f"both eta and powerLimitWatts are set: powerLimitWatts "
+                f"{where}both eta and powerLimitWatts are set: powerLimitWatts "
                 f"({budget.limit_watts:g} W) is in force, eta ({budget.eta:g}) is ignored",
             )
         )
     if budget.limit_watts == 0 or (budget.limit_watts is None and budget.eta == 0):
         key = "powerLimitWatts" if budget.limit_watts == 0 else "eta"
-        out.append(("BudgetStopsAllJobs", f"{key} is 0: every job is stopped until it is raised"))
+        out.append(
+            ("BudgetStopsAllJobs", f"{where}{key} is 0: every job is stopped until it is raised")
+        )
     return out
 
 
 def describe(config: BudgetConfig) -> str:
     """The budget in words, for logs and Events."""
-    budget = config.budget
-    if budget.limit_watts is not None:
-        what = f"powerLimitWatts {budget.limit_watts:g} W"
-    elif budget.eta is not None:
-        what = f"eta {budget.eta:g}"
-    else:
-        what = "the default (eta 1, no power saving)"
-    return f"{what}, every {config.interval_s:g} s"
+    text = f"{describe_budget(config.budget)}, every {config.interval_s:g} s"
+    if config.schedule is not None and config.schedule.windows:
+        text += f"; windows {config.schedule.describe()}"
+    return text
+
+
+def describe_in_force(config: BudgetConfig, now_s: float) -> str:
+    """Which of the schedule's budgets is in force at ``now_s``, for the edge's Event."""
+    window = config.window_at(now_s)
+    edge = config.next_edge_s(now_s)
+    schedule = config.schedule
+    tz = schedule.timezone if schedule is not None else "UTC"
+    where = f"window {window.label} ({tz})" if window is not None else "outside the windows"
+    budget = config.at(now_s).budget
+    return f"{where}: {describe_budget(budget)} in force" + (
+        "" if edge is None else f" until the next edge in {edge - now_s:.0f} s"
+    )

@@ -4,7 +4,9 @@ Every scheduling event (a DLJob, worker pod, Node or the budget ConfigMap
 changing in a way a pass decides on: ``triggers``) calls ``trigger``; the
 loop waits ``debounce_s`` so that a burst of events makes one pass, and never
 runs two passes at once. It also wakes on the budget's
-``schedulingIntervalSeconds`` and when a backoff or profiling window ends.
+``schedulingIntervalSeconds``, when a backoff or profiling window ends, and
+at each edge of the budget's schedule (a window starting or ending changes
+the budget in force: the pass comes at the edge, not at the next interval).
 Each pass re-reads the cluster (level-triggered: nothing is trusted from
 memory except the budget in force, which is also recorded in the
 cluster: ``budget``), calls ``reconcile`` and carries out its
@@ -45,6 +47,7 @@ from powerflow.operator.budget import (
     BudgetConfig,
     budget_warnings,
     describe,
+    describe_in_force,
     parse_budget,
 )
 from powerflow.operator.jobs import RequestCache
@@ -70,6 +73,8 @@ from powerflow.policy.snapshot import Node, Policy
 from powerflow.taints import GPU_TOLERATIONS
 
 log = logging.getLogger(__name__)
+
+_UNSEEN = object()
 
 
 def learned_models(store: SampleStore) -> ModelFactory:
@@ -125,6 +130,9 @@ class Controller:
     """The previous pass's refused writes, for the next pass to report (``refusals``)."""
     _requests: RequestCache = field(default_factory=RequestCache)
     _bad_budget_version: str | None = None
+    _window: object = field(default_factory=lambda: _UNSEEN)
+    """The schedule's window in force at the last pass (None: outside any; ``_UNSEEN``
+    before the first pass): a change is logged and posted on the budget ConfigMap."""
     _recorded: tuple[str | None, dict[str, str]] | None = None
     """The (source version, data) of the budget in force as recorded; None: not yet known."""
     _in_force_source: tuple[str | None, dict[str, str]] | None = None
@@ -311,10 +319,11 @@ class Controller:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))
         learned = await self._learn(state)
         now = self.clock()
+        self._note_window(state, now)
         actions = reconcile(
             state.jobs,
             nodes,
-            self.budget,
+            self.budget.at(now),
             now,
             self.policy,
             self.models,
@@ -347,7 +356,25 @@ class Controller:
         self.passes += 1
         if any(r.verb == "create" for r in refused):
             return now  # report the refusals and start the backoff at once
-        return actions.wake_at_s
+        edge = self.budget.next_edge_s(now)
+        if edge is None or (actions.wake_at_s is not None and actions.wake_at_s < edge):
+            return actions.wake_at_s
+        return edge
+
+    def _note_window(self, state: ClusterState, now: float) -> None:
+        """Log and post (on the budget ConfigMap) a change of the schedule's window in
+        force since the last pass; the first pass only logs it."""
+        window = self.budget.window_at(now)
+        if window == self._window:
+            return
+        first = self._window is _UNSEEN
+        self._window = window
+        if self.budget.schedule is None:
+            return
+        message = describe_in_force(self.budget, now)
+        log.info("budget schedule: %s", message)
+        if not first and state.budget is not None:
+            self._event(state.budget, "Normal", "BudgetWindow", message)
 
     async def _learn(self, state: ClusterState) -> dict[str, dict[str, Any]] | None:
         """Sync and refit the store in a worker thread; its Warnings; its status fields."""

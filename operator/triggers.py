@@ -20,7 +20,9 @@ the next pass, which comes at least every ``schedulingIntervalSeconds``.
   writes (every few seconds) are read at the next pass.
 - Node: allocatable GPUs, ``spec.unschedulable``, taints, the Ready
   condition's status and the GPU product label; not heartbeats.
-- The budget ConfigMap: its ``data``.
+- The budget ConfigMap: its ``data``. An edge of its schedule (a window
+  starting or ending) is no watch event: the controller wakes at it
+  (``BudgetConfig.next_edge_s``).
 - A foreign GPU pod arriving or leaving (``foreign_pods``, which calls the
   loop's ``trigger`` itself): not other pods' changes.
 """

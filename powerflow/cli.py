@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "operator",
     "nodeagent",
     "plan",
+    "budget",
 )
 
 

@@ -21,6 +21,10 @@ class SnapshotError(PowerFlowError):
     """A policy snapshot is inconsistent (bad job, bad budget, bad cluster)."""
 
 
+class BudgetError(PowerFlowError):
+    """A power budget or budget schedule is malformed (a file, a ConfigMap's data)."""
+
+
 class PlacementError(PowerFlowError):
     """GPUs cannot be placed as requested."""
 

@@ -95,7 +95,10 @@ async def seed(client: httpx.AsyncClient) -> None:
     await client.post("/api/v1/namespaces/powerflow-system/configmaps", json=cm)
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+async def eventually(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Wait for ``check`` to hold. The bound is generous: it only stops a broken
+    test, and a loaded machine (CI's two cores shared with pytest and kopf's
+    threads) once took more than 5 s for a pass that normally takes 0.1 s."""
     deadline = time.monotonic() + timeout
     while True:
         result = await check()

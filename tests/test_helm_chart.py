@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from powerflow.operator.budget import parse_budget
 
 from powerflow import contract
 from powerflow.cli import build_parser
@@ -27,6 +28,10 @@ NON_DEFAULT = [
     "budget.eta=null",
     "budget.powerLimitWatts=12000",
     "budget.pMaxWatts=350",
+    "budget.timezone=Europe/Paris",
+    "budget.schedule[0].start=08:00",
+    "budget.schedule[0].end=20:00",
+    "budget.schedule[0].powerLimitWatts=9000",
     "operator.ingestPort=0",
     "operator.replicas=2",
     "extender.metricsPort=9500",
@@ -153,11 +158,19 @@ def test_the_budget_configmap_reads_as_the_values_say(helm: Path) -> None:
         for d in by_kind(render(helm, *NON_DEFAULT), "ConfigMap")
         if d["metadata"]["name"] == "powerflow-budget"
     )
+    schedule = budget["data"].pop("schedule")
     assert budget["data"] == {
         "powerLimitWatts": "12000",
         "pMaxWatts": "350",
         "schedulingIntervalSeconds": "60",
+        "timezone": "Europe/Paris",
     }
+    # the operator reads the window as the values wrote it (times stay strings)
+    parsed = parse_budget({**budget["data"], "schedule": schedule})
+    assert parsed.schedule is not None and parsed.schedule.timezone == "Europe/Paris"
+    (window,) = parsed.schedule.windows
+    assert (window.label, window.budget.limit_watts) == ("08:00-20:00", 9000.0)
+    assert window.budget.p_max_watts == 350.0
 
 
 @pytest.mark.parametrize("sets", [[], NON_DEFAULT], ids=["default", "non-default"])

@@ -20,14 +20,70 @@ EP = TRUE.energy
 
 
 def test_sync_is_zero_on_one_gpu_and_uses_local_or_node_terms() -> None:
-    only_node = dataclasses.replace(
-        TP, alpha_sync_local=0.0, kappa_sync_local=0.0, beta_sync_local=0.0, theta_sync_local=0.0
-    )
+    only_node = dataclasses.replace(TP, sync_local_s=0.0, sync_step_s=0.0)
     n = np.array([1.0, 4.0, 4.0, 8.0])
-    r = np.array([1.0, 4.0, 2.0, 4.0])
+    r = np.array([1.0, 4.0, 2.0, 2.0])
     s = throughput.t_sync(only_node, n, r, np.full(4, 1410.0))
     assert s[0] == 0.0 and s[1] == 0.0  # one GPU; one node with no local cost
-    assert s[2] > 0.0 and s[3] > s[2]  # several nodes: grows with n
+    assert s[2] > 0.0 and s[3] > s[2]  # two nodes, then four: more inter-node traffic
+
+
+def _only(name: str, value: float = 0.01) -> ThroughputParams:
+    """``TP`` with one sync term set and the others 0, the clock share 0."""
+    zero = {"sync_local_s": 0.0, "sync_node_s": 0.0, "sync_step_s": 0.0, "sync_clock_share": 0.0}
+    return dataclasses.replace(TP, **{**zero, name: value})
+
+
+def test_sync_traffic_terms_follow_the_ring_all_reduce() -> None:
+    """Each GPU sends 2(m-1)/m of the gradient around a ring of m: the
+    intra-node term follows the GPUs per node, the inter-node term the nodes,
+    and neither grows without bound with n (the paper's linear form did)."""
+    n = np.array([2.0, 4.0, 8.0, 16.0, 64.0])
+    packed = np.minimum(n, 8.0)
+    f = np.full(5, 1410.0)
+    want_local = 0.01 * 2 * (packed - 1) / packed
+    np.testing.assert_allclose(throughput.t_sync(_only("sync_local_s"), n, packed, f), want_local)
+    k = np.ceil(n / packed)
+    want_node = 0.01 * 2 * (k - 1) / k
+    np.testing.assert_allclose(throughput.t_sync(_only("sync_node_s"), n, packed, f), want_node)
+    np.testing.assert_allclose(
+        throughput.t_sync(_only("sync_step_s"), n, packed, f), 0.01 * np.log2(n)
+    )
+    many = throughput.t_sync(_only("sync_node_s"), np.array([1024.0]), np.array([8.0]), f[:1])
+    assert many[0] < 0.02  # at most twice the gradient, however many nodes
+
+
+def test_sync_grows_with_gpus_and_nodes_for_any_parameters() -> None:
+    rng = np.random.default_rng(0)
+    n = 2.0 ** np.arange(1, 8)
+    for _ in range(20):
+        p = dataclasses.replace(
+            TP,
+            sync_local_s=float(rng.uniform(0, 0.02)),
+            sync_node_s=float(rng.uniform(0, 0.02)),
+            sync_step_s=float(rng.uniform(0, 0.02)),
+            sync_clock_share=float(rng.uniform(0, 1)),
+        )
+        packed = throughput.t_sync(p, n, np.minimum(n, 8.0), np.full(7, 1410.0))
+        assert np.all(np.diff(packed) >= 0)  # more GPUs never sync faster
+        spread = throughput.t_sync(p, n, np.minimum(n, 2.0), np.full(7, 1410.0))
+        one_per_node = throughput.t_sync(p, n, np.ones(7), np.full(7, 1410.0))
+        # fewer GPUs per node: intra-node traffic traded for inter-node traffic
+        assert np.all(np.diff(spread) >= 0) and np.all(np.diff(one_per_node) >= 0)
+
+
+def test_sync_clock_share_is_the_part_that_follows_the_clock() -> None:
+    n, r = np.array([4.0, 16.0]), np.array([4.0, 8.0])
+    fixed = dataclasses.replace(TP, sync_clock_share=0.0)
+    np.testing.assert_allclose(
+        throughput.t_sync(fixed, n, r, np.full(2, 600.0)),
+        throughput.t_sync(fixed, n, r, np.full(2, 1410.0)),
+    )
+    bound = dataclasses.replace(TP, sync_clock_share=1.0)
+    np.testing.assert_allclose(
+        throughput.t_sync(bound, n, r, np.full(2, 500.0)),
+        2.0 * throughput.t_sync(bound, n, r, np.full(2, 1000.0)),
+    )
 
 
 def test_sync_gets_faster_with_the_clock() -> None:

@@ -41,7 +41,7 @@ def fitted(profile: Samples) -> ModelParams:
 # Parameters the dense profile pins down (the others trade off against each
 # other, e.g. a_io against the overlap exponent, without changing predictions).
 IDENTIFIED = {
-    "throughput": ("a_grad", "b_grad", "k_grad", "theta_sync_node", "beta_sync_node", "gamma2"),
+    "throughput": ("a_grad", "b_grad", "k_grad", "sync_node_s", "sync_step_s", "gamma2"),
     "energy": ("p_grad_w", "p_sync_w", "p_static_w", "grad_low_slope", "sync_low_slope"),
 }
 
@@ -141,9 +141,9 @@ def test_online_refit_learns_what_the_prior_got_wrong() -> None:
         TRUE,
         throughput=dataclasses.replace(
             tp,
-            theta_sync_node=3 * tp.theta_sync_node,
-            beta_sync_node=3 * tp.beta_sync_node,
-            theta_sync_local=3 * tp.theta_sync_local,
+            sync_node_s=3 * tp.sync_node_s,
+            sync_step_s=3 * tp.sync_step_s,
+            sync_local_s=3 * tp.sync_local_s,
         ),
     )
     everything = sample(job, grid(clock_step=8), noise=0.0, seed=0)
@@ -180,9 +180,9 @@ def _random_problem(seed: int) -> tuple[Samples, ThroughputParams, EnergyParams]
     r = np.minimum(n, 2.0 ** rng.integers(0, 4, m))
     bs = rng.uniform(1, 256, m)
     f = rng.choice(np.asarray(A100.clocks_mhz, dtype=np.float64), m)
-    x = rng.uniform(0, 0.01, 15) * (rng.random(15) > 0.2)  # some terms exactly 0
+    x = rng.uniform(0, 0.01, 11) * (rng.random(11) > 0.2)  # some terms exactly 0
     x[4] = max(x[4], 1e-6)
-    x[13:] = rng.uniform(1, 6, 2)
+    x[9:] = rng.uniform(1, 6, 2)
     e = rng.uniform(0.0, 1.0, 12) * np.array([300, 0.5, 1, 1, 3, 3, 200, 1, 3, 3, 100, 1])
     e[2] += 1.0
     e[10] += 1.0

@@ -11,6 +11,7 @@ from powerflow.gpus import A100
 from powerflow.models.fitted import FittedModel
 from powerflow.models.fitting import fit_profile, fit_with_prior, refit_online
 from powerflow.models.metrics import accuracy, split
+from powerflow.models.params import ModelParams
 from powerflow.models.priors import generic_prior, load_prior
 from powerflow.models.samples import Samples
 
@@ -41,18 +42,45 @@ def test_one_gpu_sweep_with_a_leave_one_out_prior(name: str) -> None:
     assert one_gpu.throughput_mape <= 0.10 and one_gpu.energy_mape <= 0.10
 
 
+# Multi-GPU MAPE of the 1-GPU-sweep-only fit (issue 14 part 4): with the
+# model's own prior every model meets 10%; with the generic prior of the other
+# five, only these (inception3 and bert synchronise twice as long as the
+# others, which no 1-GPU sample shows; see docs/models.md).
+LOO_WITHIN_TARGET = ("resnet50", "gpt2", "deepspeech2")
+
+
+def _sweep_fit_multi_gpu(name: str, prior: ModelParams) -> tuple[float, float]:
+    truth = gt.ground_truth(name)
+    profile = _profile(name)
+    sweep = gt.one_gpu_sweep(truth, truth.global_batch_sizes[0], rng=np.random.default_rng(1))
+    acc = accuracy(FittedModel(fit_with_prior(prior, sweep, A100)), profile.take(profile.n > 1))
+    return acc.throughput_mape, acc.energy_mape
+
+
+@pytest.mark.parametrize("name", gt.MODEL_NAMES)
+def test_one_gpu_sweep_with_the_own_prior_predicts_multi_gpu(name: str) -> None:
+    t, e = _sweep_fit_multi_gpu(name, load_prior(name))
+    assert t <= 0.10 and e <= 0.10
+
+
+@pytest.mark.parametrize("name", LOO_WITHIN_TARGET)
+def test_one_gpu_sweep_with_the_others_prior_predicts_multi_gpu(name: str) -> None:
+    t, e = _sweep_fit_multi_gpu(name, generic_prior(exclude=name))
+    assert t <= 0.10 and e <= 0.10
+
+
 def test_online_samples_fix_the_multi_gpu_terms() -> None:
-    name = "gpt2"
+    name = "bert"  # the generic prior's worst multi-GPU guess (docs/models.md)
     truth = gt.ground_truth(name)
     profile = _profile(name)
     multi = profile.take(profile.n > 1)
-    sweep = gt.one_gpu_sweep(truth, 128, rng=np.random.default_rng(1))
+    sweep = gt.one_gpu_sweep(truth, 64, rng=np.random.default_rng(1))
     prior = generic_prior(exclude=name)
     before = fit_with_prior(prior, sweep, A100)
     # The scheduler then runs the job packed on 2, 8 and 32 GPUs, sweeping clocks.
     n = np.array([2.0, 8.0, 32.0])[:, None]
     f = np.asarray(A100.clocks_mhz[::4], dtype=np.float64)[None, :]
-    online = gt.measure(truth, n, np.minimum(n, 8), 128 / n, f, rng=np.random.default_rng(2))
+    online = gt.measure(truth, n, np.minimum(n, 8), 64 / n, f, rng=np.random.default_rng(2))
     after = refit_online(prior, Samples.concat([sweep, online]), A100, current=before)
     err_before = accuracy(FittedModel(before), multi)
     err_after = accuracy(FittedModel(after), multi)

@@ -63,6 +63,29 @@ def test_malformed_parameters_are_refused(mutate) -> None:  # type: ignore[no-un
         ModelParams.from_json(json.dumps(doc))
 
 
+def test_version_1_parameters_are_refused_with_a_reason() -> None:
+    """Stored params of the paper's linear sync form (status.model.params of a
+    job fitted before the ring all-reduce form) cannot be translated: the
+    error says so, and the operator refits such a job from its prior."""
+    old = {
+        "version": 1,
+        "gpu": "A100",
+        "throughput": {
+            **{k: 0.01 for k in ("a_io", "b_io", "a_grad", "b_grad", "k_grad")},
+            **{
+                f"{c}_sync_{w}": 0.001
+                for c in ("alpha", "kappa", "beta", "theta")
+                for w in ("local", "node")
+            },
+            "gamma1": 2.0,
+            "gamma2": 1.5,
+        },
+        "energy": json.loads(TRUE.to_json())["energy"],
+    }
+    with pytest.raises(ModelError, match=r"version 1.*refit"):
+        ModelParams.from_json(json.dumps(old))
+
+
 @pytest.mark.parametrize("text", ["not json", "[1, 2]"])
 def test_non_object_json_is_refused(text: str) -> None:
     with pytest.raises(ModelError):

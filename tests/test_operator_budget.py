@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import tempfile
 import time
@@ -269,3 +270,99 @@ async def test_an_unrecorded_budget_in_force_is_kept_over_an_older_record(
         r for r in caplog.records if f"could not write ConfigMap {IN_FORCE_CONFIGMAP}" in r.message
     ]
     assert len(refusals) == 1, [r.message for r in refusals]
+
+
+def clock_text(t_s: float) -> str:
+    """``t_s`` as a schedule time ``HH:MM:SS`` (UTC)."""
+    return dt.datetime.fromtimestamp(t_s, dt.UTC).strftime("%H:%M:%S")
+
+
+def schedule_from(start_s: float, watts: str, default: str = "4000") -> dict[str, str]:
+    """A budget of ``default`` W with a one-hour window of ``watts`` W from ``start_s``;
+    an hour-long interval, so that only the window's edge can cause a pass."""
+    window = f"start: '{clock_text(start_s)}', end: '{clock_text(start_s + 3600)}'"
+    return {
+        "powerLimitWatts": default,
+        "schedulingIntervalSeconds": "3600",
+        "schedule": f"- {{{window}, powerLimitWatts: {watts}}}",
+    }
+
+
+async def test_the_operator_switches_the_budget_at_a_window_edge(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """A window that starts a few seconds after the ConfigMap is written: the pass the
+    change causes plans against the default (4000 W: the job keeps 4 GPUs), and with no
+    event and an hour-long interval the operator runs a pass at the edge, plans
+    against the window's 300 W (2 GPUs) and says so in an Event. The edge is some
+    seconds ahead; on a machine too slow to see the default first, the test starts
+    again with the edge further out (it never judges how fast anything was)."""
+    await set_budget(api, {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "3600"})
+    await api.post(JOBS, json=dljob("job"))
+    async with operator(kmock) as op:
+
+        async def at(watts: float, gpus: int) -> None:
+            async def there() -> bool:
+                return budget_metric(op) == watts and len(await gpus_of(api, "job")) == gpus
+
+            await eventually(there)
+
+        await at(5000.0, 4)
+        for margin in (3.0, 6.0, 12.0, 24.0):
+            start = float(int(time.time() + margin))
+            await set_budget(api, schedule_from(start, "300"))
+
+            async def changed() -> float | None:
+                watts = budget_metric(op)
+                return watts if watts != 5000.0 else None
+
+            if await eventually(changed) == 4000.0:
+                break
+            # the edge passed before the change's pass: back to 4 GPUs, further out
+            await set_budget(api, {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "3600"})
+            await at(5000.0, 4)
+        else:
+            raise AssertionError("never saw the default before the edge")
+        assert len(await gpus_of(api, "job")) == 4
+
+        async def windowed() -> bool:
+            return budget_metric(op) == 300.0 and len(await gpus_of(api, "job")) == 2
+
+        await eventually(windowed, timeout=margin + 10.0)
+        label = f"{clock_text(start)}-{clock_text(start + 3600)}"
+
+        async def said() -> list[dict[str, Any]]:
+            found = await events(api, "BudgetWindow")
+            return [e for e in found if f"window {label} (UTC)" in e["message"]]
+
+        (event,) = await eventually(said)
+        assert event["involvedObject"]["name"] == contract.BUDGET_CONFIGMAP
+        assert "powerLimitWatts 300 W in force" in event["message"]
+
+
+async def gpus_of_at_least(api: httpx.AsyncClient, n: int) -> bool:
+    return len(await gpus_of(api, "job")) >= n
+
+
+async def test_a_restart_during_an_invalid_budget_keeps_the_recorded_schedule(
+    kmock: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """The record holds the schedule, not the budget it had in force: an operator
+    restarted while the ConfigMap is invalid plans against the window in force now."""
+    now = time.time()
+    data = schedule_from(now - 1800, "300", default="5000")
+    await set_budget(api, data)
+    await api.post(JOBS, json=dljob("job"))
+    async with operator(kmock) as op:
+        await eventually(lambda: gpus_of_at_least(api, 2))
+        assert budget_metric(op) == 300.0
+    recorded = (await api.get(f"{CMS}/{IN_FORCE_CONFIGMAP}")).json()
+    assert recorded["data"] == data
+    await set_budget(api, {**data, "schedule": "- {start: '08:00', end: 20:00, eta: 1}"})
+    async with operator(kmock) as op:
+        await settled_pass(api, op)
+        assert budget_metric(op) == 300.0
+        assert len(await gpus_of(api, "job")) == 2
+        (invalid,) = await events(api, "InvalidBudget")
+        assert "end: 1200 is a number" in invalid["message"]
+        assert "keeping powerLimitWatts 5000 W, every 3600 s; windows " in invalid["message"]

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from powerflow.operator.budget import parse_budget
+from powerflow.operator.budget import budget_warnings, parse_budget
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.nodes import FALLBACK_GPU, cluster_nodes, gpu_of, parse_node
 from powerflow.operator.reconcile import Observed, reconcile
@@ -73,6 +73,35 @@ def test_budget() -> None:
     for bad in ({}, {"eta": "2"}, {"eta": "x"}, {"powerLimitWatts": "-1"}, {"etta": "0.5"}):
         with pytest.raises(ResourceError):
             parse_budget(bad)
+
+
+def test_budget_schedule_in_the_configmap() -> None:
+    """The plain keys outside the windows; ``at`` is the plain budget in force, which is
+    what a pass plans against; a bad window is an InvalidBudget naming it."""
+    cfg = parse_budget(
+        {
+            "eta": "0.7",
+            "timezone": "UTC",
+            "schedule": '- {start: "08:00", end: "20:00", powerLimitWatts: 300}',
+        }
+    )
+    assert cfg.budget.eta == 0.7 and cfg.schedule is not None
+    assert cfg.at(8 * 3600.0).budget.limit_watts == 300.0
+    assert cfg.at(8 * 3600.0).schedule is None
+    assert cfg.at(20 * 3600.0).budget.eta == 0.7
+    assert cfg.next_edge_s(9 * 3600.0) == 20 * 3600.0
+    assert parse_budget({"eta": "0.7"}).next_edge_s(0.0) is None
+    bad = {"eta": "0.7", "schedule": '[{start: "08:00", end: "20:00", eta: 3}]'}
+    with pytest.raises(ResourceError, match=r"window 1 \(08:00-20:00\): eta 3") as caught:
+        parse_budget(bad)
+    assert caught.value.reason == "InvalidBudget"
+    zero = parse_budget({"eta": "0.7", "schedule": '[{start: "08:00", end: "20:00", eta: 0}]'})
+    assert budget_warnings(zero) == [
+        (
+            "BudgetStopsAllJobs",
+            "schedule window 08:00-20:00: eta is 0: every job is stopped until it is raised",
+        )
+    ]
 
 
 def node(name: str, gpus: str, product: str | None = "NVIDIA-A100-SXM4-40GB", **extra: Any) -> Any:

@@ -199,16 +199,17 @@ FACTORS = st.lists(st.floats(SCALE_RANGE[0], SCALE_RANGE[1]), min_size=1, max_si
 def test_strict_power_with_measured_power_keeps_the_true_power_within_the_limit(
     snapshot: Snapshot, factors: list[float], ratio: float, margin: float
 ) -> None:
-    """The models are off by a per-job factor (the truth); once each job is measured where
-    it runs, the next plan's true power stays within the limit, cut by the cluster ratio
-    and the margin."""
+    """The models of the running jobs are off by a per-job factor (the truth; the others'
+    are right); once each is measured where it runs, the next plan's true power stays
+    within the limit, cut by the cluster ratio and the margin."""
     policy = PowerFlowPolicy(power_margin=margin, power_caps=False)
     first = PAPER.plan(snapshot)
     measured = replace(_measured(snapshot, first, factors), power_ratio=ratio)
     plan = policy.plan(measured)
-    truth = dict(zip((j.id for j in snapshot.jobs), itertools.cycle(factors), strict=False))
+    truth = {j.id: j.measured_power_w / _model_w(j, first.job(j.id)) for j in measured.jobs
+             if j.measured_power_w is not None}  # fmt: skip
     true_w = _idle_w(snapshot, plan) + sum(
-        truth[job.id] * _model_w(job, plan.job(job.id))
+        truth.get(job.id, 1.0) * _model_w(job, plan.job(job.id))
         for job in measured.jobs
         if plan.job(job.id).gpus
     )

@@ -72,15 +72,17 @@ def test_update_refits_when_a_new_placement_contradicts_the_model() -> None:
 
 
 def test_update_keeps_a_model_that_already_explains_the_new_profile() -> None:
-    truth = gt.ground_truth("bert")
+    # vgg16's own prior predicts its 2-GPU profile within the noise (bert's
+    # is 3.6% slow there since the ring all-reduce sync form, see docs/models.md)
+    truth = gt.ground_truth("vgg16")
     rng = np.random.default_rng(1)
     learner = FittedLearner(A100)
     first = [gt.one_gpu_sweep(truth, 64.0, rng=rng), _profile(truth, 1, rng)]
-    known = learner.initial("bert", truth, Samples.concat(first))
+    known = learner.initial("vgg16", truth, Samples.concat(first))
     two = Samples.concat([*first, _profile(truth, 2, rng)])
     assert known.params is not None
     assert explains(FittedModel(known.params), two.take(slice(len(Samples.concat(first)), None)))
-    assert learner.update("bert", truth, known, two) is known
+    assert learner.update("vgg16", truth, known, two) is known
 
 
 def _noisy(params: ModelParams, n: int, factor: FloatArray, seed: int) -> Samples:

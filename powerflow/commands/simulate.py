@@ -14,10 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from powerflow.errors import SimulationError
+from powerflow.errors import BudgetError, SimulationError
+from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document
+from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import SCHEDULERS, scheduler
 from powerflow.sim import experiments, output, plots
 from powerflow.sim.compare import jct_ratios
@@ -36,6 +39,16 @@ def register(subparsers: Any) -> None:
     knob = p.add_mutually_exclusive_group()
     knob.add_argument("--eta", type=float, help="PowerFlow's power budget knob (0, 1]")
     knob.add_argument("--frequency", type=int, metavar="MHZ", help="a baseline's GPU clock")
+    p.add_argument(
+        "--budget-schedule",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "budgets for time windows (YAML or JSON, the budget ConfigMap's schedule "
+            "format, docs/operator.md); --eta holds outside them; simulated t = 0 is 00:00 "
+            "(UTC) of the trace's first day; needs an --eta scheduler"
+        ),
+    )
     add_cluster_args(p)
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
     add_power_args(p)
@@ -152,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         raise SimulationError("--eta/--frequency need --scheduler")
     if power_options(args):
         raise SimulationError("the power budget options need --scheduler powerflow")
+    if args.budget_schedule is not None:
+        raise SimulationError("--budget-schedule needs --scheduler")
     return _comparison(args, config, trace)
 
 
@@ -169,8 +184,21 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
     options = power_options(args)
     if options and spec.is_baseline:
         raise SimulationError(f"{spec.name} has no power budget options; they are PowerFlow's")
+    schedule = None
+    if args.budget_schedule is not None:
+        if spec.knob != "eta":
+            raise SimulationError(f"{spec.name} has no power budget; --budget-schedule needs one")
+        schedule = read_schedule(args.budget_schedule, Budget(eta=value), args.eta is not None)
     outcome = run_one(
-        RunSpec(spec.name, value, trace, config, oracle=args.oracle, policy_options=options)
+        RunSpec(
+            spec.name,
+            value,
+            trace,
+            config,
+            oracle=args.oracle,
+            budget_schedule=schedule,
+            policy_options=options,
+        )
     )
     row = outcome.row()
     if args.json:
@@ -182,6 +210,23 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
     if args.out:
         output.write_json(row, args.out / "run.json")
     return 0
+
+
+def read_schedule(path: Path, default: Budget, eta_given: bool) -> BudgetSchedule:
+    """The schedule file; its plain keys and ``--eta`` are the same budget: one of them."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise BudgetError(f"--budget-schedule {path}: {exc}") from None
+    plain = isinstance(doc, dict) and ("eta" in doc or "powerLimitWatts" in doc)
+    if plain and eta_given:
+        raise BudgetError(
+            f"--budget-schedule {path} sets the budget outside its windows; drop --eta"
+        )
+    try:
+        return schedule_document(doc, default)
+    except BudgetError as exc:
+        raise BudgetError(f"--budget-schedule {path}: {exc}") from None
 
 
 def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> int:

@@ -196,10 +196,9 @@ def _time_starts(s: Samples, count: int, seed: int) -> list[FloatArray]:
     while len(shapes) < count:
         g1, g2, frac = rng.uniform(1.0, 5.0), rng.uniform(1.0, 5.0), rng.uniform(0.3, 0.95)
         shapes.append((float(g1), float(g2), float(frac)))
-    per_unit = sync_ref / (1.0 + max(n_ref - 2.0, 0.0))
-
-    def per(share: float) -> float:
-        return share * per_unit
+    # One unit of ring traffic or latency step, so that the three sync terms
+    # add up to about sync_ref at the median GPU count.
+    per_unit = sync_ref / (2.0 + np.log2(max(n_ref, 2.0)))
 
     starts = []
     for g1, g2, frac in shapes[:count]:
@@ -209,14 +208,10 @@ def _time_starts(s: Samples, count: int, seed: int) -> list[FloatArray]:
             a_grad=0.05 * t_ref,
             b_grad=(0.93 - frac) * t_ref / bs_ref,
             k_grad=frac * t_ref * f_ref / bs_ref,
-            alpha_sync_local=per(0.3) * f_ref,
-            kappa_sync_local=per(0.1) * f_ref,
-            beta_sync_local=per(0.1),
-            theta_sync_local=per(0.3),
-            alpha_sync_node=per(0.6) * f_ref,
-            kappa_sync_node=per(0.2) * f_ref,
-            beta_sync_node=per(0.2),
-            theta_sync_node=per(0.6),
+            sync_local_s=0.5 * per_unit,
+            sync_node_s=per_unit,
+            sync_step_s=0.5 * per_unit,
+            sync_clock_share=0.15,
             gamma1=g1,
             gamma2=g2,
         )

@@ -20,7 +20,7 @@ numpy calls inside a kernel (``np.median``, ``np.diff``, ufuncs) each cost
 seconds more; loops compile fast.
 
 Every array is a C-contiguous float64 array; the fitted vectors are in the
-field order of ``ThroughputParams`` (15) and ``EnergyParams`` (12). Kernels
+field order of ``ThroughputParams`` (11) and ``EnergyParams`` (12). Kernels
 cannot raise catchable errors, so none divides by a value that can be 0 and
 the Cholesky solve reports failure as a flag.
 """
@@ -77,26 +77,32 @@ def _pnorm_d(a: float, b: float, g: float) -> tuple[float, float, float, float]:
 
 
 @njit
-def _terms(
-    x: FloatArray, n: float, r: float, bs: float, fg: float
-) -> tuple[float, float, float, int]:
-    """``T_IO``, ``T_grad``, ``T_sync`` of one configuration (``fg`` in GHz) and
-    the index of the first sync parameter used (0 on one GPU, where T_sync is 0)."""
-    io = x[0] + x[1] * (bs * r)
-    grad = x[2] + x[3] * bs + x[4] * (bs / fg)
-    if n <= 1.0:
-        return io, grad, 0.0, 0
-    off = 5 if n == r else 9
-    sync = x[off] / fg + x[off + 1] * ((n - 2.0) / fg) + x[off + 2] * (n - 2.0) + x[off + 3]
-    return io, grad, sync, off
+def _sync_shape(n: float, r: float) -> tuple[float, float, float]:
+    """``throughput.sync_shape`` of one multi-GPU configuration: ring traffic
+    inside and across nodes, and ``log2(n)`` latency steps."""
+    k = math.ceil(n / r - 1e-9)
+    return 2.0 * (r - 1.0) / r, 2.0 * (k - 1.0) / k, math.log2(n)
 
 
 @njit
-def _step_time(x: FloatArray, io: float, grad: float, sync: float, off: int) -> float:
-    inner = _pnorm_d(io, grad, x[13])[0]
-    if off == 0:
+def _terms(x: FloatArray, n: float, r: float, bs: float, fg: float) -> tuple[float, float, float]:
+    """``T_IO``, ``T_grad``, ``T_sync`` of one configuration (``fg`` in GHz;
+    ``T_sync`` is 0 on one GPU)."""
+    io = x[0] + x[1] * (bs * r)
+    grad = x[2] + x[3] * bs + x[4] * (bs / fg)
+    if n <= 1.0:
+        return io, grad, 0.0
+    local, node, steps = _sync_shape(n, r)
+    clock = (1.0 - x[8]) + x[8] / fg
+    return io, grad, (x[5] * local + x[6] * node + x[7] * steps) * clock
+
+
+@njit
+def _step_time(x: FloatArray, io: float, grad: float, sync: float, n: float) -> float:
+    inner = _pnorm_d(io, grad, x[9])[0]
+    if n <= 1.0:
         return inner
-    return _pnorm_d(inner, sync, x[14])[0]
+    return _pnorm_d(inner, sync, x[10])[0]
 
 
 @njit
@@ -133,8 +139,8 @@ def predict(
     t_out = np.empty(m)
     e_out = np.empty(m)
     for k in range(m):
-        io, grad, sync, off = _terms(tp, n[k], r[k], bs[k], f[k] / 1000.0)
-        it = _step_time(tp, io, grad, sync, off)
+        io, grad, sync = _terms(tp, n[k], r[k], bs[k], f[k] / 1000.0)
+        it = _step_time(tp, io, grad, sync, n[k])
         t_out[k] = it
         xr = f[k] / f0_mhz - 1.0
         e_out[k] = _energy(ep, bs[k], xr, n[k] * grad, n[k] * sync, n[k] * it)[0]
@@ -150,12 +156,12 @@ def energy_data(tp: FloatArray, f0_mhz: float, cols: FloatArray) -> FloatArray:
     out = np.empty((5, m))
     for k in range(m):
         n, r, bs, f = cols[0, k], cols[1, k], cols[2, k], cols[3, k]
-        io, grad, sync, off = _terms(tp, n, r, bs, f / 1000.0)
+        io, grad, sync = _terms(tp, n, r, bs, f / 1000.0)
         out[0, k] = bs
         out[1, k] = f / f0_mhz - 1.0
         out[2, k] = n * grad
         out[3, k] = n * sync
-        out[4, k] = n * _step_time(tp, io, grad, sync, off)
+        out[4, k] = n * _step_time(tp, io, grad, sync, n)
     return out
 
 
@@ -164,27 +170,29 @@ def _log_time(x: FloatArray, data: FloatArray, pred: FloatArray, jac: FloatArray
     """``log T_iter`` and its Jacobian (rows ``0..m-1`` of ``pred`` and ``jac``)."""
     for k in range(data.shape[1]):
         n, r, bs, fg = data[0, k], data[1, k], data[2, k], data[3, k] / 1000.0
-        io, grad, sync, off = _terms(x, n, r, bs, fg)
-        inner, d_io, d_grad, dlog_g1 = _pnorm_d(io, grad, x[13])
-        for j in range(15):
+        io, grad, sync = _terms(x, n, r, bs, fg)
+        inner, d_io, d_grad, dlog_g1 = _pnorm_d(io, grad, x[9])
+        for j in range(11):
             jac[k, j] = 0.0
-        if off == 0:
+        if n <= 1.0:
             total, w = inner, 1.0 / inner
         else:
-            total, d_inner, d_sync, dlog_g2 = _pnorm_d(inner, sync, x[14])
+            total, d_inner, d_sync, dlog_g2 = _pnorm_d(inner, sync, x[10])
             w = d_inner / total
             ds = d_sync / total
-            jac[k, off] = ds / fg
-            jac[k, off + 1] = ds * ((n - 2.0) / fg)
-            jac[k, off + 2] = ds * (n - 2.0)
-            jac[k, off + 3] = ds
-            jac[k, 14] = dlog_g2
+            local, node, steps = _sync_shape(n, r)
+            clock = (1.0 - x[8]) + x[8] / fg
+            jac[k, 5] = ds * (local * clock)
+            jac[k, 6] = ds * (node * clock)
+            jac[k, 7] = ds * (steps * clock)
+            jac[k, 8] = ds * ((x[5] * local + x[6] * node + x[7] * steps) * (1.0 / fg - 1.0))
+            jac[k, 10] = dlog_g2
         jac[k, 0] = w * d_io
         jac[k, 1] = (bs * r) * (w * d_io)
         jac[k, 2] = w * d_grad
         jac[k, 3] = bs * (w * d_grad)
         jac[k, 4] = (bs / fg) * (w * d_grad)
-        jac[k, 13] = w * inner * dlog_g1
+        jac[k, 9] = w * inner * dlog_g1
         pred[k] = math.log(total)
 
 

@@ -23,7 +23,11 @@ import numpy as np
 from powerflow.errors import ModelError
 from powerflow.models.protocol import FloatArray
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2: the synchronisation term of ``ThroughputParams`` is the ring
+all-reduce form (``throughput.t_sync``); version 1 held the paper's linear
+form, whose parameters do not translate (``ModelParams.from_dict`` refuses
+them with a clear error, and the operator then refits from the prior)."""
 
 
 class _Vector:
@@ -73,8 +77,12 @@ class ThroughputParams(_Vector):
     """Step-time model of paper §4.1 (times in s, ``f`` in GHz, ``bs`` in samples).
 
     ``T_IO = a_io + b_io*bs*r``; ``T_grad = a_grad + (b_grad + k_grad/f)*bs``;
-    ``T_sync`` per placement case with ``*_local`` (one node) and ``*_node``
-    (several nodes) parameters; ``gamma1``/``gamma2`` blend sum and max.
+    ``T_sync = (sync_local_s*2(r-1)/r + sync_node_s*2(k-1)/k + sync_step_s*log2(n))
+    * ((1 - sync_clock_share) + sync_clock_share/f)`` on ``n`` GPUs over
+    ``k = ceil(n/r)`` nodes (0 on one GPU): a hierarchical ring all-reduce's
+    traffic inside and across nodes, plus a per-doubling latency, in seconds
+    at 1 GHz (see ``throughput.t_sync`` for why this replaces the paper's
+    linear form); ``gamma1``/``gamma2`` blend sum and max.
     """
 
     a_io: float
@@ -82,14 +90,10 @@ class ThroughputParams(_Vector):
     a_grad: float
     b_grad: float
     k_grad: float
-    alpha_sync_local: float
-    kappa_sync_local: float
-    beta_sync_local: float
-    theta_sync_local: float
-    alpha_sync_node: float
-    kappa_sync_node: float
-    beta_sync_node: float
-    theta_sync_node: float
+    sync_local_s: float
+    sync_node_s: float
+    sync_step_s: float
+    sync_clock_share: float
     gamma1: float
     gamma2: float
 
@@ -100,20 +104,17 @@ class ThroughputParams(_Vector):
         "a_grad": (0.0, math.inf),
         "b_grad": (0.0, math.inf),
         "k_grad": (1e-9, math.inf),
-        "alpha_sync_local": (0.0, math.inf),
-        "kappa_sync_local": (0.0, math.inf),
-        "beta_sync_local": (0.0, math.inf),
-        "theta_sync_local": (0.0, math.inf),
-        "alpha_sync_node": (0.0, math.inf),
-        "kappa_sync_node": (0.0, math.inf),
-        "beta_sync_node": (0.0, math.inf),
-        "theta_sync_node": (0.0, math.inf),
+        "sync_local_s": (0.0, math.inf),
+        "sync_node_s": (0.0, math.inf),
+        "sync_step_s": (0.0, math.inf),
+        "sync_clock_share": (0.0, 1.0),
         "gamma1": (1.0, 12.0),
         "gamma2": (1.0, 12.0),
     }
     SCALE_FLOOR: ClassVar[dict[str, float]] = {
-        **{k: 1e-3 for k in BOUNDS if k.startswith(("a_", "alpha", "theta"))},
-        **{k: 1e-5 for k in BOUNDS if k.startswith(("b_", "k_", "kappa", "beta"))},
+        **{k: 1e-3 for k in ("a_io", "a_grad", "sync_local_s", "sync_node_s", "sync_step_s")},
+        **{k: 1e-5 for k in ("b_io", "b_grad", "k_grad")},
+        "sync_clock_share": 0.1,
         "gamma1": 1.0,
         "gamma2": 1.0,
     }
@@ -210,8 +211,14 @@ class ModelParams:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelParams:
         try:
-            if data.get("version") != SCHEMA_VERSION:
-                raise ModelError(f"unsupported parameter version {data.get('version')!r}")
+            version = data.get("version")
+            if version == 1:
+                raise ModelError(
+                    "parameters of version 1 (the paper's linear sync form) do not "
+                    f"translate to version {SCHEMA_VERSION} (ring all-reduce sync): refit them"
+                )
+            if version != SCHEMA_VERSION:
+                raise ModelError(f"unsupported parameter version {version!r}")
             tp = _group(ThroughputParams, data["throughput"])
             ep = _group(EnergyParams, data["energy"])
             model = data.get("model")

@@ -1,5 +1,7 @@
 """Step time of one training iteration, paper §4.1, vectorised over configurations.
 
+The synchronisation term departs from the paper (see ``t_sync``).
+
 Every function takes numpy arrays (or scalars) that broadcast: ``n`` GPUs in
 total, ``r`` GPUs per node used, ``bs`` the local batch size and ``f_mhz`` the
 core clock. The clock enters in GHz (see ``params.py``).
@@ -26,28 +28,57 @@ def t_grad(p: ThroughputParams, bs: FloatArray, f_mhz: FloatArray) -> FloatArray
     return np.asarray(p.a_grad + (p.b_grad + p.k_grad / f) * bs, dtype=np.float64)
 
 
-def t_sync(p: ThroughputParams, n: FloatArray, r: FloatArray, f_mhz: FloatArray) -> FloatArray:
-    """Gradient synchronisation time, the paper's three cases.
+def ring_share(n: FloatArray) -> FloatArray:
+    """Per-GPU traffic of a ring all-reduce over ``n`` members relative to the
+    buffer, ``2(n-1)/n``: 0 for one member, 1 for two, towards 2 for many."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.asarray(2.0 * (n - 1.0) / np.maximum(n, 1.0), dtype=np.float64)
 
-    0 on one GPU; ``alpha/f + (kappa/f + beta)*(n-2) + theta`` with the
-    ``*_local`` parameters when all ``n >= 2`` GPUs share one node (``n == r``),
-    and with the ``*_node`` parameters otherwise. The paper's multi-node line
-    prints ``beta^local`` although its text defines ``beta^node`` for that
-    case; we read it as ``beta^node`` (a typo), which the text supports.
+
+def nodes(n: FloatArray, r: FloatArray) -> FloatArray:
+    """Nodes a job of ``n`` GPUs spans at ``r`` GPUs per node."""
+    return np.asarray(np.ceil(np.asarray(n) / np.asarray(r) - 1e-9), dtype=np.float64)
+
+
+def sync_shape(n: FloatArray, r: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The three placement features ``T_sync`` weighs: intra-node ring
+    traffic ``2(r-1)/r``, inter-node ring traffic ``2(k-1)/k`` over the
+    ``k`` nodes, and ``log2(n)`` latency steps (each 0 on one GPU)."""
+    n = np.asarray(n, dtype=np.float64)
+    multi = n > 1
+    local = np.where(multi, ring_share(np.minimum(r, n)), 0.0)
+    node = np.where(multi, ring_share(nodes(n, r)), 0.0)
+    steps = np.where(multi, np.log2(np.maximum(n, 1.0)), 0.0)
+    return local, node, steps
+
+
+def sync_clock_factor(p: ThroughputParams, f_mhz: FloatArray) -> FloatArray:
+    """``(1 - s) + s/f`` (f in GHz): the share ``s`` of synchronisation that
+    runs at core clock (reductions, launches); the rest waits on the links."""
+    f = np.asarray(f_mhz, dtype=np.float64) / 1000.0
+    return np.asarray((1.0 - p.sync_clock_share) + p.sync_clock_share / f, dtype=np.float64)
+
+
+def t_sync(p: ThroughputParams, n: FloatArray, r: FloatArray, f_mhz: FloatArray) -> FloatArray:
+    """Gradient synchronisation time: a hierarchical ring all-reduce.
+
+    ``(sync_local_s*2(r-1)/r + sync_node_s*2(k-1)/k + sync_step_s*log2(n))
+    * sync_clock_factor`` on ``n`` GPUs over ``k = ceil(n/r)`` nodes; 0 on one GPU.
+
+    Why not the paper's ``alpha/f + (kappa/f + beta)*(n-2) + theta`` (one
+    set per placement case): it grows linearly in ``n``, so a fit to a few
+    GPU counts either overshoots at 64 GPUs or flattens the speed-up, and its
+    eight coefficients have no meaning that carries from one DNN to another.
+    Here the terms are what NCCL's ring does: each GPU sends ``2(m-1)/m`` times
+    the gradient over the ring of its ``m`` peers, inside a node (NVLink) and
+    across nodes (InfiniBand), and each doubling of the ring adds latency. The
+    per-term seconds are set by the gradient size and the links, not by how
+    fast the job computes, so a prior from other DNNs lends them as they are
+    (``fitting.rescale_prior``); the clock share is a property of the GPU.
     """
-    f = f_mhz / 1000.0
-    local = (
-        p.alpha_sync_local / f
-        + (p.kappa_sync_local / f + p.beta_sync_local) * (n - 2)
-        + p.theta_sync_local
-    )
-    node = (
-        p.alpha_sync_node / f
-        + (p.kappa_sync_node / f + p.beta_sync_node) * (n - 2)
-        + p.theta_sync_node
-    )
-    out = np.where(n <= 1, 0.0, np.where(n == r, local, node))
-    return np.asarray(out, dtype=np.float64)
+    local, node, steps = sync_shape(n, r)
+    base = p.sync_local_s * local + p.sync_node_s * node + p.sync_step_s * steps
+    return np.asarray(base * sync_clock_factor(p, f_mhz), dtype=np.float64)
 
 
 def _pnorm(a: FloatArray, b: FloatArray, gamma: float) -> FloatArray:
@@ -103,15 +134,16 @@ def log_step_time_jacobian(
     f = f_mhz / 1000.0
     io = t_io(p, r, bs)
     grad = t_grad(p, bs, f_mhz)
-    sync = t_sync(p, n, r, f_mhz)
+    local, node, steps = sync_shape(n, r)
+    clock = sync_clock_factor(p, f_mhz)
+    base = p.sync_local_s * local + p.sync_node_s * node + p.sync_step_s * steps
+    sync = base * clock
     inner = _pnorm(io, grad, p.gamma1)
     total = _pnorm(inner, sync, p.gamma2)
     d_inner, d_sync, d_g2 = _pnorm_partials(inner, sync, total, p.gamma2)
     d_io, d_grad, d_g1 = _pnorm_partials(io, grad, inner, p.gamma1)
     d_io, d_grad, d_g1 = d_io * d_inner, d_grad * d_inner, d_g1 * d_inner
-    multi = n > 1
-    local = (multi & (n == r)).astype(np.float64) * d_sync
-    node = (multi & (n != r)).astype(np.float64) * d_sync
+    d_sync = np.where(np.asarray(n) > 1, d_sync, 0.0)
     ones = np.ones_like(total)
     cols = [
         d_io * ones,
@@ -119,14 +151,10 @@ def log_step_time_jacobian(
         d_grad * ones,
         d_grad * bs,
         d_grad * bs / f,
-        local / f,
-        local * (n - 2) / f,
-        local * (n - 2),
-        local * ones,
-        node / f,
-        node * (n - 2) / f,
-        node * (n - 2),
-        node * ones,
+        d_sync * local * clock,
+        d_sync * node * clock,
+        d_sync * steps * clock,
+        d_sync * base * (1.0 / f - 1.0),
         d_g1 * ones,
         d_g2 * ones,
     ]

@@ -3,5 +3,7 @@
 Pure Python over numpy: no Kubernetes, no clock, no NVML. Progress and energy
 come from ``powerflow.groundtruth``, never from a scheduler's fitted models;
 every scheduler is a ``Policy`` reached through ``powerflow.backend``, the same
-interface the operator drives, so no policy logic lives here.
+interface the operator drives, so no policy logic lives here. One deliberate
+exception: ``whatif`` gives the engine the scheduler's current models as the
+truth, because it predicts what a budget would cost rather than evaluating.
 """

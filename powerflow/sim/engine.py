@@ -2,7 +2,11 @@
 
 Simulated time jumps from event to event: arrivals (batched per instant),
 the end of a pre-run, a checkpoint restart or a profiling phase, a
-completion, and a periodic re-evaluation. Between events every job's rate is
+completion, a periodic re-evaluation, and each edge of a budget schedule
+(``powerflow.policy.budget_schedule``, read on the simulated clock: ``t = 0``
+is 00:00 of day one), where the policy is called at once, even within
+``batch_s`` of its last call, so that a lower budget is planned for from
+its first second. Between events every job's rate is
 constant, so progress and energy are exact integrals. At each scheduling
 event the engine is the ``Backend`` of ``schedule_once``: it builds a
 snapshot, the policy plans, the engine applies the plan. It decides nothing
@@ -45,6 +49,7 @@ from powerflow.errors import SimulationError
 from powerflow.groundtruth import measure
 from powerflow.models.protocol import PerfModel
 from powerflow.models.samples import Samples
+from powerflow.policy.budget_schedule import BudgetSchedule
 from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.schedulers import Configured
 from powerflow.sim import kernels
@@ -97,7 +102,10 @@ class Simulation:
         config: SimConfig,
         world: World,
         learner: Learner | None = None,
+        budget_schedule: BudgetSchedule | None = None,
     ) -> None:
+        """``budget_schedule``: the budget over time, in place of ``configured.budget``
+        (its ``default`` outside its windows); read on the simulated clock."""
         if not trace:
             raise SimulationError("the trace has no jobs")
         self.cfg = config
@@ -155,6 +163,7 @@ class Simulation:
         self._peak_extra_w = 0.0  # their peak power above their mean, summed
         self._ratios: list[tuple[float, float]] = []  # (time, true / planned power)
         self._meter = np.random.default_rng([config.seed, 0x6D657465])  # measurement noise
+        self._budgets = None if budget_schedule is None else budget_schedule.on_sim_clock()
 
     # ------------------------------------------------------------------ Backend
 
@@ -207,9 +216,9 @@ class Simulation:
             stale.clear()
         # None marks the jobs still in their pre-run; a Job is never false
         jobs_seen = tuple(filter(None, views.values()))
-        return Snapshot(
-            self._nodes, jobs_seen, self.configured.budget, self.now, self._power_ratio()
-        )
+        budgets = self._budgets
+        budget = self.configured.budget if budgets is None else budgets.budget_at(self.now)
+        return Snapshot(self._nodes, jobs_seen, budget, self.now, self._power_ratio())
 
     def apply(self, plan: Plan) -> None:
         down = frozenset(plan.powered_down_nodes)
@@ -289,6 +298,8 @@ class Simulation:
         last_call = -math.inf
         gap = self.cfg.batch_s
         self.now = ordered[0].trace.submit_s
+        budgets = self._budgets
+        next_edge = math.inf if budgets is None else budgets.next_edge_s(self.now) or math.inf
         self._record()
         while self._next_arrival < len(ordered) or self._active:
             t_arrival = (
@@ -300,7 +311,7 @@ class Simulation:
             if self._preruns:
                 t_job = min(t_job, self._preruns[0][0])
             t_due = max(last_call + gap, self.now) if pending else math.inf
-            t_next = min(t_arrival, t_job, next_tick, t_due)
+            t_next = min(t_arrival, t_job, next_tick, t_due, next_edge)
             if t_next > self.cfg.horizon_s:
                 raise SimulationError(
                     f"not drained by the horizon ({self.cfg.horizon_s:.0f} s): "
@@ -320,10 +331,14 @@ class Simulation:
             if next_tick <= self.now + EPS:
                 pending = True
                 next_tick = self.now + self.cfg.interval_s
+            edge = next_edge <= self.now + EPS  # the budget changes: plan for it now
+            if edge:
+                assert budgets is not None
+                next_edge = budgets.next_edge_s(max(self.now, next_edge)) or math.inf
             if len(self._active) == len(self._preruns):
                 pending = False  # nothing schedulable: nothing to decide
-            if pending and self.now >= last_call + gap - EPS:
-                self._schedule()
+            if edge or (pending and self.now >= last_call + gap - EPS):
+                self._schedule()  # at an edge even with nothing to run: the new limit
                 pending = False
                 last_call = self.now
                 next_tick = self.now + self.cfg.interval_s

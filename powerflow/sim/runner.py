@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from powerflow.errors import SimulationError
+from powerflow.policy.budget_schedule import BudgetSchedule
 from powerflow.schedulers import Configured, scheduler
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
@@ -59,6 +60,8 @@ class RunSpec:
     oracle: bool = False
     tag: str = ""
     """Free-form label of the experiment this run belongs to (e.g. a sensitivity axis)."""
+    budget_schedule: BudgetSchedule | None = None
+    """The budget over the (simulated) day, in place of the knob's fixed budget."""
     policy_options: tuple[tuple[str, Any], ...] = ()
     """Constructor options of the scheduler's policy to change, as (name, value) pairs
     (e.g. PowerFlow's ``strict_power``); empty: the scheduler's own."""
@@ -71,6 +74,8 @@ class RunSpec:
             text += f" eta={self.value:g}"
         elif knob == "frequency_mhz":
             text += f" {self.value:.0f} MHz"
+        if self.budget_schedule is not None and self.budget_schedule.windows:
+            text += f" (schedule {self.budget_schedule.describe()})"
         return text + (" (oracle)" if self.oracle else "")
 
 
@@ -89,6 +94,8 @@ class RunOutcome:
         head["oracle"] = self.spec.oracle
         if self.spec.tag:
             head["tag"] = self.spec.tag
+        if self.spec.budget_schedule is not None:
+            head["budget_schedule"] = self.spec.budget_schedule.describe()
         return {**head, **self.metrics}
 
 
@@ -137,7 +144,9 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
         if world
         else _cached_jobs(spec.trace, spec.config)
     )
-    return Simulation(jobs, configured, spec.config, world or _world()).run()
+    return Simulation(
+        jobs, configured, spec.config, world or _world(), budget_schedule=spec.budget_schedule
+    ).run()
 
 
 def with_options(configured: Configured, options: dict[str, Any]) -> Configured:

@@ -1,0 +1,423 @@
+"""``powerflow budget what-if``: what a range of budgets would cost the queue.
+
+For each budget (``--etas`` or ``--watts``) it predicts the queue's average
+JCT, total energy and completion time with the scheduler's current models
+(``powerflow.sim.whatif``: the simulator with those models as the truth), as a
+table and, with ``--plot``, a figure. The queue is the live one
+(``--kubeconfig``: the DLJobs not yet done, each with its remaining
+iterations and its ``status.model`` parameters, else its prior; the cluster's
+GPU nodes; the budget ConfigMap's ``pMaxWatts`` and the budget in force,
+marked in the table) or a built-in one (``--demo``: the default trace's first
+``--jobs`` jobs, all waiting now, with their priors). ``--validate`` measures
+how far to trust it: the prediction against the full simulator (true
+performance, models fitted online) on the default trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from powerflow import contract
+from powerflow.errors import BudgetError, PowerFlowError
+from powerflow.policy.snapshot import Budget
+from powerflow.schedulers import DEFAULT_ETAS
+from powerflow.sim.config import SimConfig
+from powerflow.sim.whatif import Prediction, QueuedJob, predict
+
+HOUR = 3600.0
+KWH = 3.6e6
+DEMO_JOBS = 40
+DEMO_NODES = 8
+"""The demo's 40 jobs on 8 x 8 GPUs: enough jobs that the budget binds."""
+
+
+class WhatIfError(PowerFlowError):
+    """The what-if cannot run as asked (no queue, a bad budget list)."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("budget", help="choose a power budget knowing its cost")
+    sub = p.add_subparsers(dest="budget_command", metavar="SUBCOMMAND", required=True)
+    w = sub.add_parser(
+        "what-if",
+        help="predict the queue's JCT, energy and completion time at a range of budgets",
+        description=__doc__,
+    )
+    source = w.add_mutually_exclusive_group(required=True)
+    source.add_argument("--kubeconfig", metavar="FILE", help="the live queue of this cluster")
+    source.add_argument("--demo", action="store_true", help="the default trace's first jobs")
+    source.add_argument(
+        "--validate",
+        action="store_true",
+        help="the prediction against the full simulator on the default trace (how far to trust it)",
+    )
+    levels = w.add_mutually_exclusive_group()
+    levels.add_argument("--etas", help=f"budgets as eta, comma-separated (default {DEFAULT_ETAS})")
+    levels.add_argument("--watts", help="budgets as cluster power limits in W, comma-separated")
+    w.add_argument("--pmax-watts", type=float, help="P_max for --etas (default: the ConfigMap's)")
+    w.add_argument("--namespace", help="--kubeconfig: only this namespace's DLJobs")
+    w.add_argument("--budget-namespace", default="powerflow-system")
+    w.add_argument("--budget-configmap", default=contract.BUDGET_CONFIGMAP)
+    w.add_argument("--jobs", type=int, default=DEMO_JOBS, help="--demo: how many jobs")
+    w.add_argument("--hours", type=float, help="--validate: the trace's first H hours only")
+    d = SimConfig()
+    w.add_argument(
+        "--nodes",
+        type=int,
+        help=f"--demo/--validate: nodes (default {DEMO_NODES} for --demo, {d.nodes} to validate)",
+    )
+    w.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node, help="A100s per node")
+    w.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw the predictions")
+    w.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    w.add_argument("--workers", type=int, default=2, help="--validate: processes")
+    w.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.validate:
+        return _validate(args)
+    current: Budget | None = None
+    if args.kubeconfig is not None:
+        queue, config, current, p_max, notes = live_queue(args)
+        title = f"the live queue ({len(queue)} DLJobs)"
+    else:
+        nodes = DEMO_NODES if args.nodes is None else args.nodes
+        queue, config = demo_queue(args.jobs, nodes, args.gpus_per_node)
+        p_max, notes = None, []
+        title = f"demo queue (first {len(queue)} jobs of the default trace)"
+    for note in notes:
+        print(f"powerflow budget what-if: {note}", file=sys.stderr)
+    budgets = budget_levels(args, args.pmax_watts if args.pmax_watts is not None else p_max)
+    if current is not None and current not in budgets:
+        budgets.append(current)
+    predictions = predict(queue, budgets, config)
+    title += f" on {config.nodes} x {config.gpus_per_node} GPUs"
+    if args.json:
+        out = {
+            "jobs": [q.job_id for q in queue],
+            "nodes": config.nodes,
+            "gpus_per_node": config.gpus_per_node,
+            "predictions": [_row(p, current) for p in predictions],
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        _console().print(prediction_table(predictions, title, current))
+    if args.plot:
+        plot(predictions, args.plot, f"What-if: {title}", current)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]:
+    text = args.watts if args.watts is not None else args.etas
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()] if text else list(DEFAULT_ETAS)
+    except ValueError:
+        raise WhatIfError(f"budgets must be numbers separated by commas, not {text!r}") from None
+    if not values:
+        raise WhatIfError("no budget to predict")
+    if args.watts is not None:
+        if any(v <= 0 for v in values):
+            raise BudgetError("--watts: every limit must be > 0")
+        return [Budget(limit_watts=v, p_max_watts=p_max) for v in values]
+    if any(not 0 < v <= 1 for v in values):
+        raise BudgetError("--etas: every eta must be in (0, 1]")
+    return [Budget(eta=v, p_max_watts=p_max) for v in values]
+
+
+# ------------------------------------------------------------------- queues
+
+
+def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJob], SimConfig]:
+    """The default trace's first ``jobs`` jobs that fit the cluster, all waiting now, with
+    their priors."""
+    from powerflow.models.fitted import FittedModel
+    from powerflow.models.priors import load_prior
+    from powerflow.sim.runner import TraceSpec, load_jobs
+
+    if jobs < 1:
+        raise WhatIfError("--jobs must be >= 1")
+    config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node)
+    fits = (j for j in load_jobs(TraceSpec(), SimConfig()) if j.num_gpu <= config.total_gpus)
+    trace = list(itertools.islice(fits, jobs))
+    queue = [
+        QueuedJob(
+            j.job_id,
+            FittedModel(load_prior(j.model_name)),
+            j.num_gpu,
+            j.global_batch_size,
+            j.iterations,
+        )
+        for j in trace
+    ]
+    return queue, config
+
+
+def live_queue(
+    args: argparse.Namespace,
+) -> tuple[list[QueuedJob], SimConfig, Budget | None, float | None, list[str]]:
+    """The cluster's DLJobs not yet done, its GPU nodes, and the budget ConfigMap's budget in
+    force and ``pMaxWatts``; notes on what was left out."""
+    import kubernetes
+
+    from powerflow.kubeapi.config import load_configuration, resolve_source
+    from powerflow.operator.bodies import DLJobBody
+    from powerflow.operator.budget import parse_budget
+    from powerflow.operator.jobs import parse_dljob
+    from powerflow.operator.kube import call_json
+    from powerflow.operator.learning import SampleStore
+    from powerflow.operator.nodes import cluster_nodes
+
+    api = kubernetes.client.ApiClient(load_configuration(resolve_source(args.kubeconfig)))
+    try:
+        bodies: list[DLJobBody] = _list_dljobs(api, args.namespace)
+        core = kubernetes.client.CoreV1Api(api)
+        nodes_raw = call_json(core.list_node)["items"]
+        budget_cm = _read_config_map(core, args.budget_namespace, args.budget_configmap)
+    except kubernetes.client.ApiException as exc:
+        raise WhatIfError(f"the API server refused: {exc.status} {exc.reason}") from None
+    finally:
+        api.close()
+    notes: list[str] = []
+    nodes, left_out = cluster_nodes(nodes_raw)
+    if left_out:
+        notes.append(f"nodes of other pools left out: {', '.join(left_out)}")
+    if not nodes:
+        raise WhatIfError("the cluster has no GPU nodes PowerFlow schedules on")
+    per_node = max(n.gpus for n in nodes)
+    total = sum(n.gpus for n in nodes)
+    if any(n.gpus != per_node for n in nodes):
+        notes.append(f"nodes differ in GPUs: simulated as {len(nodes)} x {per_node}")
+    config = SimConfig(nodes=len(nodes), gpus_per_node=per_node)
+    others = sorted({n.gpu.name for n in nodes} - {config.gpu.name})
+    if others:
+        notes.append(f"{', '.join(others)} GPUs simulated as {config.gpu.name}")
+    store = SampleStore()
+    for note in store.refresh(bodies):
+        notes.append(f"{note.namespace}/{note.name}: {note.message}")
+    queue = []
+    for body in bodies:
+        status = body.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        try:
+            req = parse_dljob(body)
+        except PowerFlowError as exc:
+            notes.append(f"{_key(body)} left out: {exc}")
+            continue
+        if req.requested_gpus > total:
+            notes.append(f"{req.key} left out: asks for more GPUs than the cluster's {total}")
+            continue
+        done = (status.get("progress") or {}).get("iterations", 0)
+        left = req.iterations - (done if isinstance(done, int) else 0)
+        queue.append(
+            QueuedJob(req.key, store.model(req), req.requested_gpus, req.global_batch_size, left)
+        )
+    if not queue:
+        raise WhatIfError("no DLJob waits or runs: nothing to predict")
+    current = p_max = None
+    if budget_cm is not None:
+        try:
+            budget = parse_budget(budget_cm.get("data") or {})
+        except PowerFlowError as exc:
+            notes.append(f"the budget ConfigMap is invalid ({exc}): no budget in force shown")
+        else:
+            current = budget.at(time.time()).budget
+            p_max = budget.budget.p_max_watts
+    return queue, config, current, p_max, notes
+
+
+def _list_dljobs(api: Any, namespace: str | None) -> list[Any]:
+    import kubernetes
+
+    from powerflow.operator.kube import call_json
+
+    custom = kubernetes.client.CustomObjectsApi(api)
+    where = (contract.GROUP, contract.VERSION)
+    if namespace:
+        found = call_json(custom.list_namespaced_custom_object, *where, namespace, contract.PLURAL)
+    else:
+        found = call_json(custom.list_cluster_custom_object, *where, contract.PLURAL)
+    items: list[Any] = found["items"]
+    return items
+
+
+def _read_config_map(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    import kubernetes
+
+    from powerflow.operator.kube import call_json
+
+    try:
+        body: dict[str, Any] = call_json(core.read_namespaced_config_map, name, namespace)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return body
+
+
+def _key(body: Any) -> str:
+    meta = body.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+# ------------------------------------------------------------------- output
+
+
+def _row(p: Prediction, current: Budget | None) -> dict[str, Any]:
+    return {
+        "budget": p.label,
+        "eta": p.budget.eta,
+        "power_limit_w": p.budget.limit_watts,
+        "limit_watts": p.limit_watts,
+        "avg_jct_s": p.avg_jct_s,
+        "total_energy_j": p.total_energy_j,
+        "completion_s": p.completion_s,
+        "in_force": p.budget == current,
+    }
+
+
+def prediction_table(
+    predictions: Sequence[Prediction], title: str, current: Budget | None = None
+) -> Table:
+    """One row per budget; JCT and energy also relative to the most generous budget."""
+    base = max(predictions, key=lambda p: p.limit_watts)
+    table = Table(title=title)
+    for name in ("budget", "limit (kW)", "avg JCT (h)", "vs top", "energy (kWh)", "vs top"):
+        table.add_column(name, justify="right")
+    table.add_column("queue done in (h)", justify="right")
+    for p in sorted(predictions, key=lambda p: p.limit_watts):
+        label = p.label + (" (in force)" if p.budget == current else "")
+        table.add_row(
+            label,
+            f"{p.limit_watts / 1e3:,.1f}",
+            f"{p.avg_jct_s / HOUR:.2f}",
+            f"{(p.avg_jct_s / base.avg_jct_s - 1) * 100:+.1f}%",
+            f"{p.total_energy_j / KWH:,.0f}",
+            f"{(p.total_energy_j / base.total_energy_j - 1) * 100:+.1f}%",
+            f"{p.completion_s / HOUR:.2f}",
+        )
+    return table
+
+
+def plot(
+    predictions: Sequence[Prediction], path: Path, title: str, current: Budget | None = None
+) -> Path:
+    """Average JCT, energy and completion time against the budget's limit in kW."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(predictions, key=lambda p: p.limit_watts)
+    x = [p.limit_watts / 1e3 for p in ordered]
+    panels = (
+        ("average JCT (h)", [p.avg_jct_s / HOUR for p in ordered], "tab:red"),
+        ("total energy (kWh)", [p.total_energy_j / KWH for p in ordered], "tab:blue"),
+        ("queue done in (h)", [p.completion_s / HOUR for p in ordered], "tab:green"),
+    )
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    for ax, (label, y, color) in zip(axes, panels, strict=True):
+        ax.plot(x, y, marker="o", color=color)
+        for p, xi, yi in zip(ordered, x, y, strict=True):
+            ax.annotate(p.label, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            if p.budget == current:
+                ax.scatter([xi], [yi], s=140, facecolors="none", edgecolors="black")
+        ax.set_xlabel("cluster power limit (kW)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.12)
+    fig.suptitle(title + ("  (circled: the budget in force)" if current is not None else ""))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _console() -> Any:
+    from powerflow.sim.output import stdout_console
+
+    return stdout_console()
+
+
+# ----------------------------------------------------------------- validation
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """The what-if (priors as the truth) against the full simulator (ground truth,
+    models fitted online) on the default trace, at each eta."""
+    from powerflow.models.fitted import FittedModel
+    from powerflow.models.priors import load_prior
+    from powerflow.sim.runner import RunSpec, TraceSpec, load_jobs, run_many
+
+    if args.watts is not None:
+        raise WhatIfError("--validate compares etas (--etas), as the simulator's sweep does")
+    nodes = SimConfig().nodes if args.nodes is None else args.nodes
+    config = SimConfig(nodes=nodes, gpus_per_node=args.gpus_per_node)
+    spec = TraceSpec(hours=args.hours)
+    trace = load_jobs(spec, config)
+    queue = [
+        QueuedJob(
+            j.job_id,
+            FittedModel(load_prior(j.model_name)),
+            j.num_gpu,
+            j.global_batch_size,
+            j.iterations,
+            j.submit_s,
+        )
+        for j in trace
+    ]
+    budgets = budget_levels(args, args.pmax_watts)
+    predicted = predict(queue, budgets, config)
+    truths = run_many(
+        [RunSpec("powerflow", b.eta, spec, config) for b in budgets], workers=args.workers
+    )
+    rows = []
+    for p, t in zip(predicted, truths, strict=True):
+        m = t.metrics
+        rows.append(
+            {
+                "eta": p.budget.eta,
+                "predicted_avg_jct_s": p.avg_jct_s,
+                "simulated_avg_jct_s": m["avg_jct_s"],
+                "predicted_energy_j": p.total_energy_j,
+                "simulated_energy_j": m["total_energy_j"],
+                "predicted_completion_s": p.completion_s,
+                "simulated_completion_s": m["makespan_s"],
+            }
+        )
+    title = f"what-if vs simulator on {spec.describe()}, {config.nodes} x {config.gpus_per_node}"
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _console().print(validation_table(rows, title))
+    return 0
+
+
+def validation_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    for name in ("eta", "avg JCT (h)", "err", "energy (kWh)", "err", "done in (h)", "err"):
+        table.add_column(name, justify="right")
+
+    def pair(r: dict[str, Any], what: str, unit: float, fmt: str) -> tuple[str, str]:
+        p, s = r[f"predicted_{what}"], r[f"simulated_{what}"]
+        return f"{p / unit:{fmt}} / {s / unit:{fmt}}", f"{(p / s - 1) * 100:+.1f}%"
+
+    for r in rows:
+        cells = [f"{r['eta']:g}"]
+        cells += pair(r, "avg_jct_s", HOUR, ".2f")
+        cells += pair(r, "energy_j", KWH, ",.0f")
+        cells += pair(r, "completion_s", HOUR, ".1f")
+        table.add_row(*cells)
+    table.caption = "each cell: predicted / simulated (ground truth, fitted models); err: relative"
+    return table

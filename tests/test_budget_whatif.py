@@ -1,0 +1,185 @@
+"""``powerflow budget what-if`` through the command line: the demo queue, and the live
+queue of an emulated cluster (its DLJobs, nodes and budget ConfigMap)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from powerflow.operator.learning import params_status
+from support.kube_emulator import KubeEmulator
+from support.operator_harness import write_kubeconfig
+
+from powerflow import contract
+from powerflow.cli import main
+from powerflow.models.priors import load_prior
+
+NS = "ml"
+SYSTEM = "powerflow-system"
+JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/{contract.PLURAL}"
+CMS = f"/api/v1/namespaces/{SYSTEM}/configmaps"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_predicts_each_budget_as_a_table_json_and_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plot = tmp_path / "whatif.png"
+    argv = ["budget", "what-if", "--demo", "--jobs", "12", "--nodes", "2", "--pmax-watts", "300"]
+    argv += ["--etas", "0.3,1", "--json", "--plot", str(plot)]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["jobs"]) == 12 and (out["nodes"], out["gpus_per_node"]) == (2, 8)
+    low, high = out["predictions"]
+    # eta * G * P_max: the budget the simulator planned against
+    assert low["limit_watts"] == pytest.approx(0.3 * 16 * 300)
+    assert high["limit_watts"] == pytest.approx(1.0 * 16 * 300)
+    # a lower budget: less energy, longer jobs, a later end
+    assert low["total_energy_j"] < high["total_energy_j"]
+    assert low["avg_jct_s"] > high["avg_jct_s"]
+    assert low["completion_s"] >= high["completion_s"]
+    assert plot.read_bytes().startswith(PNG)
+    watts = ["budget", "what-if", "--demo", "--jobs", "12", "--nodes", "2", "--watts", "1500"]
+    assert main(watts) == 0
+    table = capsys.readouterr().out
+    assert "1500 W" in table and "avg JCT (h)" in table
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--etas", "0.3,x"], "numbers separated by commas"),
+        (["--etas", "1.5"], "every eta must be in (0, 1]"),
+        (["--watts", "-3"], "every limit must be > 0"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
+    ],
+)
+def test_demo_refuses_bad_budgets_in_one_line(
+    capsys: pytest.CaptureFixture[str], extra: list[str], words: str
+) -> None:
+    assert main(["budget", "what-if", "--demo", *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------ live queue
+
+
+@pytest.fixture
+async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
+    kmock.load_builtins()
+    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
+        for name in ("n1", "n2"):
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100"}},
+                "status": {"allocatable": {contract.GPU_RESOURCE: "4"}},
+            }
+            assert (await client.post("/api/v1/nodes", json=node)).status_code == 201
+        yield client
+
+
+def dljob(name: str, model: str, iterations: int = 100000) -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "model": model,
+            "globalBatchSize": 64,
+            "iterations": iterations,
+            "gpus": {"requested": 4, "min": 1, "max": 8},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "pytorch"}]}},
+        },
+    }
+
+
+async def add_job(api: httpx.AsyncClient, body: dict[str, Any], status: dict[str, Any]) -> None:
+    assert (await api.post(JOBS, json=body)).status_code == 201
+    if status:
+        url = f"{JOBS}/{body['metadata']['name']}/status"
+        current = (await api.get(url)).json()
+        current["status"] = status
+        assert (await api.put(url, json=current)).is_success
+
+
+async def what_if(kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    argv = ["budget", "what-if", "--kubeconfig", str(kubeconfig), "--etas", "0.4,1", "--json"]
+    code = await asyncio.to_thread(main, argv)  # the emulator serves from this loop
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out: dict[str, Any] = json.loads(captured.out)
+    out["stderr"] = captured.err
+    return out
+
+
+@pytest.mark.kmock(cls=KubeEmulator)
+async def test_the_live_queue_uses_the_cluster_the_budget_in_force_and_status_models(
+    kmock: KubeEmulator, api: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two jobs wait or run, one is done and one is invalid (left out, said on stderr);
+    the cluster's 2 x 4 GPUs and the ConfigMap's pMaxWatts make the limits, and the
+    budget in force (a window of its schedule covering the whole day but one second)
+    is added and marked. A job's ``status.model.params`` is its model: a slower one
+    there lengthens the predicted JCT."""
+    cm = {
+        "metadata": {"name": contract.BUDGET_CONFIGMAP},
+        "data": {
+            "eta": "0.9",
+            "pMaxWatts": "300",
+            "schedule": "- {start: '00:00:01', end: '00:00:00', eta: 0.5}",
+        },
+    }
+    assert (await api.post(CMS, json=cm)).status_code == 201
+    await add_job(api, dljob("a", "resnet50"), {"progress": {"iterations": 5000}})
+    await add_job(api, dljob("b", "resnet50"), {})
+    await add_job(api, dljob("done", "resnet50"), {"phase": "Succeeded"})
+    bad = dljob("bad", "resnet50")
+    bad["spec"]["globalBatchSize"] = 0
+    await add_job(api, bad, {})
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
+
+    out = await what_if(kubeconfig, capsys)
+    assert out["jobs"] == [f"{NS}/a", f"{NS}/b"]
+    assert (out["nodes"], out["gpus_per_node"]) == (2, 4)
+    assert f"{NS}/bad left out" in out["stderr"]
+    by_eta = {p["eta"]: p for p in out["predictions"]}
+    assert set(by_eta) == {0.4, 1.0, 0.5}
+    assert by_eta[0.5]["in_force"] and not by_eta[0.4]["in_force"]
+    assert by_eta[0.4]["limit_watts"] == pytest.approx(0.4 * 8 * 300)
+
+    slower = {"params": {**params_status(load_prior("vgg16")), "model": "vgg16"}, "fits": 3}
+    url = f"{JOBS}/b/status"
+    current = (await api.get(url)).json()
+    current["status"] = {"model": slower}
+    assert (await api.put(url, json=current)).is_success
+    again = await what_if(kubeconfig, capsys)
+    jct = {p["eta"]: p["avg_jct_s"] for p in again["predictions"]}
+    assert jct[1.0] > 1.05 * by_eta[1.0]["avg_jct_s"]  # the same prior: equal
+
+
+def test_validate_compares_with_the_simulator_run_anyone_can_repeat(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--validate``'s simulated side is ``powerflow simulate``'s own run (ground
+    truth, fitted models) of the same trace and cluster."""
+    window = ["--hours", "0.5", "--nodes", "8"]
+    argv = ["budget", "what-if", "--validate", *window, "--etas", "0.5", "--json"]
+    assert main([*argv, "--workers", "1"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    simulate = ["simulate", "--scheduler", "powerflow", "--eta", "0.5", *window, "--json"]
+    assert main(simulate) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert row["simulated_avg_jct_s"] == run["avg_jct_s"]
+    assert row["simulated_energy_j"] == run["total_energy_j"]
+    assert row["simulated_completion_s"] == run["makespan_s"]
+    for what in ("avg_jct_s", "energy_j", "completion_s"):
+        assert row[f"predicted_{what}"] > 0
