@@ -92,7 +92,9 @@ class ReferenceSimulation(Simulation):
         jobs = tuple(
             self._fresh_view(j) for j in self._active.values() if j.phase is not Phase.PRERUN
         )
-        return Snapshot(self._nodes, jobs, self.configured.budget, self.now, self._power_ratio())
+        budgets = self._budgets
+        budget = self.configured.budget if budgets is None else budgets.budget_at(self.now)
+        return Snapshot(self._nodes, jobs, budget, self.now, self._power_ratio())
 
 
 def _sim(engine: type[Simulation], name: str, value: float | None, jobs: int) -> Simulation:
