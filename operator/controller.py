@@ -334,6 +334,7 @@ class Controller:
             progress_interval_s=self.config.progress_interval_s,
             progress_written=self._progress_written,
             learned=learned,
+            measured=self.learning.measured_power() if self.learning is not None else None,
         )
         workers = (pod for observed in state.jobs for pod in observed.pods)
         busy = busy_nodes(workers, state.foreign_gpu_pods)

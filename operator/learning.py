@@ -103,6 +103,23 @@ Row = tuple[float, float, float, float, float, float]
 """``n, r, bs, f, step_time_s, energy_j`` (whole job, per iteration)."""
 
 
+MEASURED_ROWS = 20
+"""Windows averaged into a job's measured power (``SampleStore.measured_power``)."""
+
+
+@dataclass(frozen=True)
+class MeasuredPower:
+    """A job's power as its latest windows measured it: all ``n`` GPUs together, at
+    ``gpus_per_node`` per node, local batch ``local_batch_size`` and clock ``frequency_mhz``
+    (the clock the GPUs ran, which a power cap may hold below the planned one)."""
+
+    n: int
+    gpus_per_node: int
+    local_batch_size: int
+    frequency_mhz: int
+    watts: float
+
+
 @dataclass(frozen=True)
 class Note:
     """A Warning for the controller to post on a DLJob (and log)."""
@@ -370,6 +387,24 @@ class SampleStore:
             if entry.error_percent is not None:
                 fields["fitErrorPercent"] = entry.error_percent
             out[key] = fields
+        return out
+
+    def measured_power(self) -> dict[str, MeasuredPower]:
+        """Per job key, its power over its latest windows at the configuration of the
+        latest one (up to ``MEASURED_ROWS`` of them, energy over time): what the
+        policy's power loop corrects its predictions by (``Job.measured_power_w``)."""
+        out: dict[str, MeasuredPower] = {}
+        with self._lock:
+            entries = list(self._jobs.items())
+        for key, entry in entries:
+            rows = entry.rows
+            if not len(rows):
+                continue
+            last = rows[-1, :4]
+            same = rows[np.all(rows[:, :4] == last, axis=1)][-MEASURED_ROWS:]
+            watts = float(same[:, 5].sum() / same[:, 4].sum())
+            n, r, bs, f = (int(x) for x in last)
+            out[key] = MeasuredPower(n, r, bs, f, watts)
         return out
 
     # --- internals ------------------------------------------------------------------

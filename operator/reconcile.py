@@ -89,7 +89,9 @@ from powerflow.operator.jobs import (
     parse_dljob,
     too_large,
 )
+from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.parking import NodeMark
+from powerflow.operator.power_order import cap_annotation, lowers
 from powerflow.operator.profile_plan import plan_annotation
 from powerflow.operator.progress import Running, account
 from powerflow.operator.refusals import Refusal, backoff_s
@@ -143,7 +145,10 @@ class Actions:
     delete_pods: list[tuple[str, str, int]] = field(default_factory=list)
     create: list[PodBody | ServiceBody] = field(default_factory=list)
     annotate_pods: list[tuple[str, str, dict[str, str | None]]] = field(default_factory=list)
-    """Pod annotation merge patches (``None`` removes the annotation)."""
+    """Pod annotation merge patches (``None`` removes the annotation) that may raise power."""
+    annotate_first: list[tuple[str, str, dict[str, str | None]]] = field(default_factory=list)
+    """Pod annotation patches that only lower power (``power_order.lowers``): written with
+    the deletions, before anything that raises power."""
     status: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     status_first: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """Status patches of jobs that start, stop or finish a generation: written before any pod."""
@@ -170,12 +175,15 @@ class Actions:
            created or deleted, so an operator that dies anywhere later finds
            pods its status explains (it neither deletes pods it just made nor
            creates a name twice, nor counts one failure twice);
-        2. deletions (old workers stop before new ones start), and the powered-down
-           marks of nodes the plan uses again (gone before their workers come);
+        2. deletions (old workers stop before new ones start), annotations that only
+           lower power (a lower clock, a new or lower power cap, a sweep's end), and
+           the powered-down marks of nodes the plan uses again (gone before their
+           workers come): power goes down before anything raises it;
         3. creations: Services and pods together (a worker may exist before its
            headless Service; its DNS name resolves once the Service does and
            torchrun's rendezvous retries), each name once;
-        4. frequency and profile-plan annotations, then every other status patch;
+        4. annotations that may raise power (a higher clock, a higher or removed
+           cap, a sweep's plan), then every other status patch;
         5. the powered-down marks of nodes the plan no longer uses (``parking``).
 
         ``Kube.apply`` carries them out; tests crash between any two of them.
@@ -185,7 +193,9 @@ class Actions:
         unmark = [("node", (m,)) for m in self.node_marks if not m.powered_down]
         return [
             [("status", args) for args in self.status_first],
-            [("delete", args) for args in self.delete_pods] + unmark,
+            [("delete", args) for args in self.delete_pods]
+            + [("annotate", args) for args in self.annotate_first]
+            + unmark,
             [("create", (body,)) for body in unique.values()],
             [("annotate", args) for args in self.annotate_pods],
             [("status", args) for args in self.status],
@@ -730,11 +740,21 @@ def _core_job(
     now_s: float,
     model: PerfModel,
     sizes: Mapping[str, int],
+    measured: MeasuredPower | None = None,
+    window_s: float = 0.0,
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current)
     frequency = v.alloc.get("frequencyMHz") if running else None
     placement = _placement(v.current, sizes) if running else ()
+    # Measured where it runs now (same GPUs per node and local batch), or not at all.
+    if measured is not None and placement:
+        nodes = Counter(node for node, _ in placement)
+        here = (len(placement), max(nodes.values()), int(v.alloc.get("localBatchSize", 0)))
+        if here != (measured.n, measured.gpus_per_node, measured.local_batch_size):
+            measured = None
+    else:
+        measured = None
     return Job(
         id=v.key,
         model=model,
@@ -751,6 +771,9 @@ def _core_job(
         model_name=req.model_name,
         # The policy may only keep GPUs it knows: pinning needs the extender's placement.
         pinned=bool(placement) and _is_profiling(v, now_s),
+        measured_power_w=measured.watts if measured is not None else None,
+        measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
+        profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
     )
 
 
@@ -761,16 +784,24 @@ def build_snapshot(
     now_s: float,
     models: ModelFactory,
     failed: Callable[[_View, Exception], None] | None = None,
+    measured: Mapping[str, MeasuredPower] | None = None,
+    window_s: float = 0.0,
 ) -> Snapshot:
     """The core's snapshot of ``views``; with ``failed``, a job whose conversion
-    raises is reported there and left out instead of failing the snapshot."""
+    raises is reported there and left out instead of failing the snapshot.
+
+    ``measured``: each job's latest measured power (``learning.SampleStore.
+    measured_power``), passed to the policy where the job still runs as
+    measured; ``window_s`` > 0: jobs profile new GPU counts (``Job.profiled_gpus``).
+    """
+    measured = measured or {}
     sizes = {n.name: n.gpus for n in nodes}
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
     for v in views:
         assert v.req is not None
         try:
-            job = _core_job(v, v.req, now_s, models(v.req), sizes)
+            job = _core_job(v, v.req, now_s, models(v.req), sizes, measured.get(v.key), window_s)
         except Exception as exc:
             if failed is None:
                 raise
@@ -789,7 +820,9 @@ def _start(
     """A new generation of workers; Profiling if the job never ran on this GPU count
     (and profiling is on: ``window_s > 0``)."""
     generation = int(v.alloc.get("generation", 0)) + 1
-    ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
+    ws = WorkerSet(
+        generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap_annotation(jp.power_cap_w)
+    )
     actions.create.append(rendezvous_service(req))
     actions.create.extend(worker_pods(req, ws))
     v.new["allocation"] = {
@@ -904,13 +937,15 @@ def _carry_out(
     have = {p["metadata"]["name"] for p in v.current}
     missing = [i for i in range(jp.gpus) if pod_name(req.name, generation, i) not in have]
     if missing:  # only an unfinished gang's: a complete one's lost worker restarts it
-        ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz)
+        cap = cap_annotation(jp.power_cap_w)
+        ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap)
         actions.create.append(rendezvous_service(req))
         actions.create.extend(worker_pods(req, ws, missing))
+    _power_caps(actions, v, jp)
     if int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz:
         annotations: dict[str, str | None] = {contract.FREQUENCY_ANNOTATION: str(jp.frequency_mhz)}
         for pod in v.current:
-            actions.annotate_pods.append((v.ns, pod["metadata"]["name"], annotations))
+            _annotate(actions, v, pod, annotations)
         _event(
             actions, v, "Normal", "FrequencyChanged",
             f"{alloc.get('frequencyMHz')} -> {jp.frequency_mhz} MHz",
@@ -924,6 +959,24 @@ def _carry_out(
     if v.new.get("phase") != "Running":
         _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")
     return True
+
+
+def _power_caps(actions: Actions, v: _View, jp: JobPlan) -> None:
+    """Each current worker carries the plan's per-GPU power cap
+    (``contract.POWER_LIMIT_ANNOTATION``, which the node agent applies), or none;
+    written or removed only where it differs, so a restarted operator rewrites nothing."""
+    want = cap_annotation(jp.power_cap_w)
+    for pod in v.current:
+        if _annotation(pod, contract.POWER_LIMIT_ANNOTATION) != want:
+            _annotate(actions, v, pod, {contract.POWER_LIMIT_ANNOTATION: want})
+
+
+def _annotate(actions: Actions, v: _View, pod: PodBody, patch: dict[str, str | None]) -> None:
+    """Queue an annotation patch: with the deletions when it only lowers power, else
+    after the creations (``Actions.writes``)."""
+    old = pod.get("metadata", {}).get("annotations") or {}
+    target = actions.annotate_first if lowers(old, patch) else actions.annotate_pods
+    target.append((v.ns, pod["metadata"]["name"], patch))
 
 
 def _migrates(
@@ -1101,6 +1154,7 @@ def reconcile(
     progress_interval_s: float = 0.0,
     progress_written: Mapping[str, float] | None = None,
     learned: Mapping[str, Mapping[str, Any]] | None = None,
+    measured: Mapping[str, MeasuredPower] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
@@ -1110,8 +1164,9 @@ def reconcile(
     Progress and energy are written at most every ``progress_interval_s`` per
     job; ``progress_written`` says when each job's were last written (see
     ``_account_all``). ``learned``: the online refit's ``status.model`` fields
-    by job key (``_learned_model``). Each job's steps run under a ``_Guard``:
-    one job's failure never stops the others.
+    by job key (``_learned_model``). ``measured``: each job's latest measured power
+    (``build_snapshot``). Each job's steps run under a ``_Guard``: one job's failure
+    never stops the others.
     """
     actions = Actions()
     guard = _Guard(actions, now_s)
@@ -1133,7 +1188,9 @@ def reconcile(
         runnable = []
     if runnable:
         plan: Plan | None = None
-        snapshot = build_snapshot(runnable, nodes, budget, now_s, models, guard.fail)
+        snapshot = build_snapshot(
+            runnable, nodes, budget, now_s, models, guard.fail, measured, profiling_window_s
+        )
         runnable = [v for v in runnable if v.key not in guard.failed]
         try:
             plan = schedule_once(policy, _PassBackend(snapshot))
@@ -1196,8 +1253,7 @@ def _profile_plans(
             gpu = gpus_of.get(node, default_gpu) if isinstance(node, str) else default_gpu
             want = plan_annotation(gpu, window_s, until)
         if _annotation(pod, contract.PROFILE_ANNOTATION) != want:
-            patch: dict[str, str | None] = {contract.PROFILE_ANNOTATION: want}
-            actions.annotate_pods.append((v.ns, pod["metadata"]["name"], patch))
+            _annotate(actions, v, pod, {contract.PROFILE_ANNOTATION: want})
     return True
 
 

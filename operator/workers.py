@@ -28,6 +28,8 @@ class WorkerSet:
     gpus: int
     local_batch_size: int
     frequency_mhz: int
+    power_cap: str | None = None
+    """``contract.POWER_LIMIT_ANNOTATION``'s value (per-GPU watts), None: no cap."""
 
 
 def pod_name(job: str, generation: int, index: int) -> str:
@@ -136,6 +138,8 @@ def worker_pods(
     }
     if job.model_name:
         annotations[contract.MODEL_ANNOTATION] = job.model_name
+    if ws.power_cap is not None:
+        annotations[contract.POWER_LIMIT_ANNOTATION] = ws.power_cap
     values = _env_values(job, ws)
     containers: list[dict[str, Any]] = spec.get("containers") or []
     trainer = next((c for c in containers if c.get("name") == job.trainer), None)

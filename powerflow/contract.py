@@ -61,7 +61,9 @@ tags every sample with its clock, and goes back to ``frequency-mhz`` after the
 last slice or as soon as the annotation goes."""
 POWER_LIMIT_ANNOTATION: Final = f"{GROUP}/power-limit-watts"
 """Pod annotation: a board power limit (W, per GPU) the node agent sets on the
-pod's GPUs: the budget's backstop. Absent: the GPU's default limit."""
+pod's GPUs: the budget's backstop. The operator writes the plan's
+``JobPlan.power_cap_w`` here (``operator/power_order.py``), when the plan leaves
+little of the limit free. Absent: the GPU's default limit."""
 POWERED_DOWN_ANNOTATION: Final = f"{GROUP}/powered-down"
 """Node annotation written by the operator on nodes its plan powers down (value:
 when, RFC 3339). The node agent parks the GPUs of such a node that no container

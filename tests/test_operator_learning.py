@@ -358,3 +358,19 @@ def test_a_failing_job_neither_stops_the_others_nor_the_pass() -> None:
     assert s.status_fields()["ml/job"]["fits"] == 1
     assert "params" not in s.status_fields()["ml/flaky"]
     assert s.status_fields()["ml/flaky"]["samples"] == 42
+
+
+def test_measured_power_is_the_latest_configurations_windows() -> None:
+    """The profile's sweep, then three windows per node at 1005 MHz: the job's power is
+    those six windows' energy over their time, at 1005 MHz, within their 3 % noise."""
+    s = store()
+    s.refresh([body()])
+    rng = np.random.default_rng(2)
+    feed(s, windows(CLOCKS, rng))
+    feed(s, windows([1005.0] * 3, rng))
+    assert s.measured_power() == {}  # nothing until a pass takes the queued windows
+    s.refresh([body()])
+    m = s.measured_power()["ml/job"]
+    assert (m.n, m.gpus_per_node, m.local_batch_size, m.frequency_mhz) == (N, R, int(BS), 1005)
+    truth = TRUTH.energy_per_iter_j(N, R, BS, 1005.0) / TRUTH.step_time_s(N, R, BS, 1005.0)
+    assert m.watts == pytest.approx(float(truth), rel=0.03)

@@ -36,7 +36,8 @@ def one_pass(
     kw.setdefault("profiling_window_s", WINDOW)
     actions = reconcile([obs], NODES, BUDGET, now_s, KeepPolicy(), lambda j: MODEL, **kw)
     patches = {name: patch for _, name, patch in actions.status_first + actions.status}
-    return actions, patches.get("job", {}), {name: a for _, name, a in actions.annotate_pods}
+    annotations = actions.annotate_first + actions.annotate_pods
+    return actions, patches.get("job", {}), {name: a for _, name, a in annotations}
 
 
 def with_annotation(pods: tuple[dict[str, Any], ...], value: str) -> tuple[dict[str, Any], ...]:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import allowed_counts, fill_slack_w, raised_any, snapshots
 
+from powerflow.policy.power_loop import SCALE_RANGE
 from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Plan, Snapshot
+from powerflow.policy.snapshot import Job, JobPlan, Plan, Snapshot
 
 POLICY = PowerFlowPolicy()
 STRICT = PowerFlowPolicy(strict_power=True)
+PAPER = PowerFlowPolicy(strict_power=False)
+"""Algorithm 1's node-boundary check, for the reproduction."""
 VARIANTS = st.sampled_from(
     [
         POLICY,
-        STRICT,
+        PAPER,
         PowerFlowPolicy(frequency_scaling=False),
         PowerFlowPolicy(elastic=False),
         PowerFlowPolicy(energy_aware=False),
@@ -64,7 +69,7 @@ def test_counts_respect_min_max_memory_and_batch(
 @FAST
 @given(snapshots())
 def test_power_stays_within_the_stated_guarantee(snapshot: Snapshot) -> None:
-    plan = POLICY.plan(snapshot)
+    plan = PAPER.plan(snapshot)
     slack = 1e-6 * max(1.0, plan.limit_watts)
     if raised_any(snapshot, plan):
         # The clock phase only commits raises that keep the power within the limit.
@@ -149,3 +154,90 @@ def test_pinned_jobs_keep_their_gpus(snapshot: Snapshot, mask: int) -> None:
     for job in pinned.jobs:
         if job.pinned:
             assert again.job(job.id).placement == job.placement
+
+
+def _measured(snapshot: Snapshot, plan: Plan, factors: list[float]) -> Snapshot:
+    """Every placed job running as ``plan`` says, its power measured there: the model's
+    times its factor (a model ``factor`` times too low or too high everywhere)."""
+    jobs = []
+    for job, factor in zip(snapshot.jobs, itertools.cycle(factors), strict=False):
+        jp = plan.job(job.id)
+        if not jp.gpus:
+            jobs.append(job)
+            continue
+        watts = factor * _model_w(job, jp)
+        jobs.append(
+            replace(
+                job,
+                placement=jp.placement,
+                frequency_mhz=jp.frequency_mhz,
+                measured_power_w=watts,
+                measured_frequency_mhz=jp.frequency_mhz,
+            )
+        )
+    return replace(snapshot, jobs=tuple(jobs))
+
+
+def _model_w(job: Job, jp: JobPlan) -> float:
+    nodes = [n for n, _ in jp.placement]
+    r = max(nodes.count(n) for n in set(nodes))
+    args = (jp.gpus, r, jp.local_batch_size, jp.frequency_mhz)
+    return float(job.model.energy_per_iter_j(*args) / job.model.step_time_s(*args))
+
+
+def _idle_w(snapshot: Snapshot, plan: Plan) -> float:
+    gpu, gpn = snapshot.nodes[0].gpu, snapshot.nodes[0].gpus
+    on = len(snapshot.nodes) - len(plan.powered_down_nodes)
+    return gpu.idle_power_w * (on * gpn - sum(jp.gpus for jp in plan.jobs))
+
+
+FACTORS = st.lists(st.floats(SCALE_RANGE[0], SCALE_RANGE[1]), min_size=1, max_size=6)
+
+
+@FAST
+@given(snapshots(), FACTORS, st.floats(0.5, 1.5), st.floats(0.0, 0.2))
+def test_strict_power_with_measured_power_keeps_the_true_power_within_the_limit(
+    snapshot: Snapshot, factors: list[float], ratio: float, margin: float
+) -> None:
+    """The models of the running jobs are off by a per-job factor (the truth; the others'
+    are right); once each is measured where it runs, the next plan's true power stays
+    within the limit, cut by the cluster ratio and the margin."""
+    policy = PowerFlowPolicy(power_margin=margin, power_caps=False)
+    first = PAPER.plan(snapshot)
+    measured = replace(_measured(snapshot, first, factors), power_ratio=ratio)
+    plan = policy.plan(measured)
+    truth = {j.id: j.measured_power_w / _model_w(j, first.job(j.id)) for j in measured.jobs
+             if j.measured_power_w is not None}  # fmt: skip
+    true_w = _idle_w(snapshot, plan) + sum(
+        truth.get(job.id, 1.0) * _model_w(job, plan.job(job.id))
+        for job in measured.jobs
+        if plan.job(job.id).gpus
+    )
+    target = plan.limit_watts / max(1.0, ratio) * (1 - margin)
+    assert true_w <= target * (1 + 1e-9) + 1e-6
+    assert abs(plan.predicted_watts - true_w) <= 1e-6 * max(1.0, true_w)  # it counted them
+
+
+@FAST
+@given(snapshots(), FACTORS, st.floats(0.0, 1.0))
+def test_caps_and_idle_gpus_sum_to_the_limit_and_cover_what_the_plan_counted(
+    snapshot: Snapshot, factors: list[float], headroom: float
+) -> None:
+    policy = PowerFlowPolicy(cap_headroom=headroom)
+    plan = policy.plan(_measured(snapshot, PAPER.plan(snapshot), factors))
+    placed = [jp for jp in plan.jobs if jp.gpus]
+    assert all(jp.power_w is not None for jp in placed)
+    counted = sum(jp.power_w or 0.0 for jp in placed) + _idle_w(snapshot, plan)
+    assert abs(counted - plan.predicted_watts) <= 1e-6 * max(1.0, counted)
+    capped = [jp for jp in placed if jp.power_cap_w is not None]
+    if not capped:
+        left = plan.limit_watts - plan.predicted_watts
+        assert not placed or left >= headroom * plan.limit_watts
+        return
+    assert capped == placed  # all or none
+    total = sum(jp.power_cap_w * jp.gpus for jp in capped if jp.power_cap_w)
+    if plan.predicted_watts <= plan.limit_watts and min(jp.power_cap_w or 0 for jp in capped) > 1:
+        assert total + _idle_w(snapshot, plan) == pytest.approx(plan.limit_watts, rel=1e-9)
+        assert all(
+            (jp.power_cap_w or 0) * jp.gpus >= (jp.power_w or 0) * (1 - 1e-12) for jp in capped
+        )

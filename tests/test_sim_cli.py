@@ -110,20 +110,27 @@ def test_zeus_pays_for_its_profiling(tiny: Path) -> None:
     assert zeus["avg_jct_s"] > oracle["avg_jct_s"]
 
 
+def _longer(rows: str) -> str:
+    """The trace with every job ten times as many iterations."""
+    return "".join(
+        ",".join([*row.split(",")[:6], str(10 * int(row.split(",")[6])), "c"]) + "\n"
+        for row in rows.splitlines()
+    )
+
+
 def test_fitted_models_schedule_nearly_as_well_as_the_oracle(tmp_path: Path) -> None:
     # jobs of a few hours: long next to the 4-minute profiling phases, as in the trace
-    longer = "".join(
-        ",".join([*row.split(",")[:6], str(10 * int(row.split(",")[6])), "c"]) + "\n"
-        for row in TINY.splitlines()
-    )
     small = tmp_path / "small.csv"
-    small.write_text(HEADER + longer)
+    small.write_text(HEADER + _longer(TINY))
     fitted = run_one(_spec(small, "powerflow", 0.6)).metrics
     oracle = run_one(_spec(small, "powerflow", 0.6, oracle=True)).metrics
     assert oracle["profiling_phases"] == 0 and oracle["prerun_energy_j"] == 0
-    # the fitted run also pays 4 min of pre-run per job; the rest of the gap is model error
+    # the fitted run also pays 4 min of pre-run per job; the rest of the gap is model error,
+    # which the fitted run pays within the budget (before the power loop it ran above the
+    # limit instead, for longer than the average JCT, and was within 1 % of the oracle)
+    assert fitted["time_above_limit_s"] == oracle["time_above_limit_s"] == 0
     gap = (fitted["avg_jct_s"] - 240.0) / oracle["avg_jct_s"] - 1
-    assert abs(gap) < 0.05
+    assert abs(gap) < 0.06
     assert fitted["total_energy_j"] == pytest.approx(oracle["total_energy_j"], rel=0.10)
 
 
@@ -206,3 +213,32 @@ def test_comparison_defaults_to_the_whole_trace_on_the_default_cluster() -> None
     assert config.nodes == SimConfig().nodes
     config, _ = parsed("--nodes", "16")
     assert config.nodes == 16
+
+
+def test_powerflow_keeps_the_budget_where_the_papers_check_passes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fitted models, one 4-GPU node at eta 0.6 (720 W): Algorithm 1's node-boundary check
+    and uncorrected models pass the limit for hours; the default (every step checked,
+    measured power fed back, caps) never does."""
+    trace = tmp_path / "small.csv"
+    trace.write_text(HEADER + _longer(TINY))
+    args = ["simulate", "--scheduler", "powerflow", "--eta", "0.6", "--trace", str(trace)]
+    args += ["--nodes", "1", "--gpus-per-node", "4", "--interval", "300", "--json"]
+    paper = ["--no-strict-power", "--no-power-correction", "--no-power-caps"]
+    assert main([*args, *paper]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert before["limit_watts"] == after["limit_watts"] == pytest.approx(0.6 * 4 * 300.1)
+    assert before["time_above_limit_s"] > 3600 and before["max_overshoot_w"] > 0
+    assert after["time_above_limit_s"] == 0.0 and after["max_overshoot_w"] == 0.0
+    assert after["jobs"] == before["jobs"] == 6
+
+
+def test_power_options_are_powerflows(tiny: Path) -> None:
+    args = ["simulate", "--scheduler", "gandiva", "--frequency", "1410", "--trace", str(tiny)]
+    assert main([*args, "--no-strict-power"]) == 2
+    assert main(["simulate", "--quick", "--power-margin", "0.05", "--trace", str(tiny)]) == 2
+    args = ["simulate", "--scheduler", "powerflow", "--trace", str(tiny), "--nodes", "1"]
+    assert main([*args, "--gpus-per-node", "4", "--power-margin", "1.5"]) == 2

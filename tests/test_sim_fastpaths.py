@@ -61,6 +61,9 @@ class ReferenceSimulation(Simulation):
                 busy += job.share * job.n
         self._active_w = active_w
         self._busy_gpus = busy
+        self._peak_extra_w = sum(
+            job.share * (job.peak_w - job.power_w) for job in holders if job.phase is Phase.PROFILE
+        )
         for job in holders:
             end = job.phase_end_s
             job.next_is_completion = False
@@ -89,7 +92,9 @@ class ReferenceSimulation(Simulation):
         jobs = tuple(
             self._fresh_view(j) for j in self._active.values() if j.phase is not Phase.PRERUN
         )
-        return Snapshot(self._nodes, jobs, self.configured.budget, self.now)
+        budgets = self._budgets
+        budget = self.configured.budget if budgets is None else budgets.budget_at(self.now)
+        return Snapshot(self._nodes, jobs, budget, self.now, self._power_ratio())
 
 
 def _sim(engine: type[Simulation], name: str, value: float | None, jobs: int) -> Simulation:

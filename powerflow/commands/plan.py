@@ -49,7 +49,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--limit-watts", type=float, metavar="W", help="absolute limit (wins)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument(
-        "--strict-power", action="store_true", help="check the limit on every allocation step"
+        "--strict-power",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check the limit on every allocation step (default); --no-strict-power: only at "
+        "node boundaries, as the paper's Algorithm 1",
     )
     p.add_argument("--no-frequency-scaling", action="store_true", help="ablation: top clock")
     p.add_argument("--no-elastic", action="store_true", help="ablation: requested GPUs, FIFO")
@@ -109,6 +113,8 @@ def plan_json(snapshot: Snapshot, plan: Plan) -> dict[str, Any]:
                 "frequency_mhz": jp.frequency_mhz,
                 "local_batch_size": jp.local_batch_size,
                 "placement": [[node, index] for node, index in jp.placement],
+                "power_w": jp.power_w,
+                "power_cap_w": jp.power_cap_w,
             }
             for jp in plan.jobs
         ],

@@ -51,6 +51,7 @@ def register(subparsers: Any) -> None:
     )
     add_cluster_args(p)
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
+    add_power_args(p)
     p.add_argument(
         "--quick", action="store_true", help="fewer points, first 2 h of the trace, 8 nodes"
     )
@@ -60,6 +61,54 @@ def register(subparsers: Any) -> None:
     p.add_argument("--report", type=Path, help="also write a Markdown report to this file")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     p.set_defaults(func=run)
+
+
+def add_power_args(p: argparse.ArgumentParser) -> None:
+    """PowerFlow's budget-keeping options (``powerflow.policy.power_loop``); unset: its own."""
+    g = p.add_argument_group("keeping the power budget (PowerFlow)")
+    g.add_argument(
+        "--strict-power",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check the limit on every allocation step (default); --no-strict-power: only "
+        "at node boundaries, as the paper's Algorithm 1",
+    )
+    g.add_argument(
+        "--power-correction",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="correct predicted power by measured power, per job and cluster-wide (default on)",
+    )
+    g.add_argument(
+        "--power-caps",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="per-GPU power caps when the plan leaves little room (default on)",
+    )
+    g.add_argument(
+        "--power-margin",
+        type=float,
+        metavar="FRACTION",
+        help="fraction of the limit never planned, on top of the measured ratio (default 0)",
+    )
+    g.add_argument(
+        "--cap-headroom",
+        type=float,
+        metavar="FRACTION",
+        help="caps are set when the plan leaves less than this fraction free (default 0.1)",
+    )
+
+
+def power_options(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
+    """The policy options the power flags set, as ``RunSpec.policy_options``."""
+    named = {
+        "strict_power": args.strict_power,
+        "power_correction": args.power_correction,
+        "power_caps": args.power_caps,
+        "power_margin": args.power_margin,
+        "cap_headroom": args.cap_headroom,
+    }
+    return tuple((k, v) for k, v in named.items() if v is not None)
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -114,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         return _single(args, config, trace)
     if args.eta is not None or args.frequency is not None:
         raise SimulationError("--eta/--frequency need --scheduler")
+    if power_options(args):
+        raise SimulationError("the power budget options need --scheduler powerflow")
     if args.budget_schedule is not None:
         raise SimulationError("--budget-schedule needs --scheduler")
     return _comparison(args, config, trace)
@@ -130,13 +181,24 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
         raise SimulationError(f"{spec.name} takes --eta, not --frequency")
     if value is None and spec.knob is not None:
         value = spec.sweep[-1]
+    options = power_options(args)
+    if options and spec.is_baseline:
+        raise SimulationError(f"{spec.name} has no power budget options; they are PowerFlow's")
     schedule = None
     if args.budget_schedule is not None:
         if spec.knob != "eta":
             raise SimulationError(f"{spec.name} has no power budget; --budget-schedule needs one")
         schedule = read_schedule(args.budget_schedule, Budget(eta=value), args.eta is not None)
     outcome = run_one(
-        RunSpec(spec.name, value, trace, config, oracle=args.oracle, budget_schedule=schedule)
+        RunSpec(
+            spec.name,
+            value,
+            trace,
+            config,
+            oracle=args.oracle,
+            budget_schedule=schedule,
+            policy_options=options,
+        )
     )
     row = outcome.row()
     if args.json:

@@ -36,9 +36,20 @@ Power-limit guarantee for the returned plan (``L`` the limit, ``P`` its
 * with pinned jobs the same holds with ``L`` replaced by ``max(L, P_pinned)``,
   ``P_pinned`` the pinned jobs' power plus idle power on their nodes.
 
-With ``strict_power`` every allocation step is checked and the bound is
-``P <= max(L, P_pinned)`` (when placement packs), the choice for a hard
-facility cap; the default follows Algorithm 1.
+With ``strict_power`` (the default) every allocation step is checked and the
+bound is ``P <= max(L, P_pinned)`` (when placement packs), the choice for a
+hard facility cap; ``strict_power=False`` follows Algorithm 1 (the bullets
+above), for the paper's reproduction.
+
+Keeping the budget with wrong models (``power_loop.py``): all power above is
+the *counted* power, each job's prediction times its measured correction
+(``Job.measured_power_w``), and ``L`` the *planning* limit,
+``limit / max(1, Snapshot.power_ratio) * (1 - power_margin)``; the plan's
+``limit_watts`` stays the admin's limit. Each placed job's ``JobPlan.power_w``
+is its counted power, and when the plan leaves less than ``cap_headroom`` of
+the admin's limit free (profiling sweeps at their peak), every placed job
+gets a per-GPU ``power_cap_w``, the caps and idle GPUs summing to the limit
+(``power_loop.caps_w``).
 
 If placement leaves more GPUs powered than the packing estimate, clock raises
 are undone (latest first) until ``P`` is back within ``max(L, P_before)``,
@@ -67,7 +78,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -80,6 +91,14 @@ from powerflow.policy.budget import resolve_limit_watts
 from powerflow.policy.curves import Curves, curves_of
 from powerflow.policy.frequency import raise_clocks
 from powerflow.policy.placement import place_columns
+from powerflow.policy.power_loop import (
+    Correction,
+    LoopMemo,
+    LoopOptions,
+    caps_w,
+    correction,
+    planning_limit_w,
+)
 from powerflow.policy.returns import floor_of, returns_of
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.policy.tablecache import TableCache
@@ -97,8 +116,18 @@ class PowerFlowPolicy:
     energy_aware: bool = True
     frequency_step: int = 1
     """Hardware clock steps per raise (1: the GPU's own step, e.g. 15 MHz on A100)."""
-    strict_power: bool = False
-    """Check the power limit on every allocation step, not only at node boundaries."""
+    strict_power: bool = True
+    """Check the power limit on every allocation step; False: only at node boundaries,
+    as Algorithm 1 does (the paper's reproduction)."""
+    power_correction: bool = True
+    """Correct predicted power by measurement: per job and by the cluster ratio
+    (``power_loop.py``)."""
+    power_margin: float = 0.0
+    """Fraction of the limit never planned (on top of the measured ratio)."""
+    power_caps: bool = True
+    """Give placed jobs per-GPU power caps when the plan leaves little room (``power_loop``)."""
+    cap_headroom: float = 0.1
+    """Caps are set when the plan leaves less than this fraction of the limit free."""
     cache: TableCache = field(default_factory=TableCache, init=False, compare=False, repr=False)
     """Model predictions kept across calls (``tablecache.py``): never changes a plan.
 
@@ -110,6 +139,8 @@ class PowerFlowPolicy:
         default_factory=lambda: PlanMemo(), init=False, compare=False, repr=False
     )
     """The previous call's job plans, reused when equal (see ``PlanMemo``): never changes a plan."""
+    loop_memo: LoopMemo = field(default_factory=LoopMemo, init=False, compare=False, repr=False)
+    """Model answers of the power loop kept across calls (``power_loop.LoopMemo``)."""
 
     min_return: float = 0.0
     """PowerFlow+: the floor on a step's return. A doubling or a clock raise is taken
@@ -129,6 +160,7 @@ class PowerFlowPolicy:
     def __post_init__(self) -> None:
         if self.frequency_step < 1:
             raise SnapshotError(f"frequency_step {self.frequency_step} < 1")
+        self.loop_options()  # validates the options
         options = (self.min_return, self.budget_price, self.rescale_cost_s, self.rescale_margin)
         if not all(x >= 0 and math.isfinite(x) for x in options):
             raise SnapshotError(
@@ -136,6 +168,14 @@ class PowerFlowPolicy:
             )
         if (self.min_return > 0 or self.budget_price > 0) and not self.energy_aware:
             raise SnapshotError("a floor on returns (dJCT / dE) needs energy_aware")
+
+    def loop_options(self) -> LoopOptions:
+        return LoopOptions(
+            correction=self.power_correction,
+            margin=self.power_margin,
+            caps=self.power_caps,
+            cap_headroom=self.cap_headroom,
+        )
 
     def clocks(self, gpu: GpuSpec) -> tuple[int, ...]:
         """The clocks this policy may choose from on ``gpu``."""
@@ -153,7 +193,11 @@ class PowerFlowPolicy:
         tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.cache)
         limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
         curves = curves_of(tables, snapshot.jobs, snapshot.now_s)
-        return _Decision(self, snapshot, cluster, clocks, curves, limit).run()
+        options = self.loop_options()
+        fix = correction(
+            tables, snapshot.jobs, cluster.gpus_per_node, self.loop_memo, options.correction
+        )
+        return _Decision(self, snapshot, cluster, clocks, curves, limit, options, fix).run()
 
 
 class PlanMemo:
@@ -185,9 +229,17 @@ class _Decision:
     clocks: tuple[int, ...]
     curves: Curves
     limit: float
+    """The admin's limit (the plan's ``limit_watts``)."""
+    options: LoopOptions
+    fix: Correction
+    """Predicted power -> the power the plan counts (``power_loop``)."""
 
     def run(self) -> Plan:
         jobs = self.snapshot.jobs
+        # Allocation and the clock phase work with the counted power (each job's
+        # prediction times its measured correction) against the planning limit.
+        self.curves = replace(self.curves, power_w=self.fix.efficient(self.curves.power_w))
+        plan_limit = planning_limit_w(self.limit, self.snapshot.power_ratio, self.options)
         first = self.curves.tables.start
         eff = self.curves.efficient
         pinned = [i for i, job in enumerate(jobs) if job.pinned]
@@ -196,7 +248,7 @@ class _Decision:
         power = PowerModel(
             gpus_per_node=self.cluster.gpus_per_node,
             idle_w=self.cluster.gpu.idle_power_w,
-            limit_w=self.limit,
+            limit_w=plan_limit,
             free_gpus=self.cluster.total_gpus - base_gpus,
             base_gpus=base_gpus,
             base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
@@ -232,7 +284,8 @@ class _Decision:
         # lowest of them are never read: the clock phase and the pricing work
         # on columns ``low ..`` (the same floats, shifted; see raise_clocks).
         low = min(start, default=0)
-        matrices = self.curves.matrices(row_idx, low)
+        jct_m, energy_m, power_m = self.curves.matrices(row_idx, low)
+        matrices = (jct_m, energy_m, self.fix.matrix(row_idx, power_m))
         columns = start
         raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         predicted = alloc.power_w
@@ -242,7 +295,7 @@ class _Decision:
                 [c - low for c in start],
                 [(jobs[i].arrival_s, jobs[i].id) for i in running],
                 alloc.power_w,
-                self.limit,
+                plan_limit,
                 step=self.policy.frequency_step,
                 energy_aware=self.policy.energy_aware,
                 min_ratio=0.0 if returns is None else returns.min_ratio,
@@ -252,7 +305,7 @@ class _Decision:
             raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
         priced = _Power(matrices[2], low)
-        return self._place(rows, running, row_idx, priced, columns, raises, predicted)
+        return self._place(rows, running, row_idx, priced, columns, raises, predicted, plan_limit)
 
     def _place(
         self,
@@ -263,6 +316,7 @@ class _Decision:
         columns: list[int],
         raises: tuple[tuple[int, ...], tuple[int, ...]],
         predicted: float,
+        plan_limit: float,
     ) -> Plan:
         """Place, price the placement, undo raises if it costs more.
 
@@ -320,7 +374,7 @@ class _Decision:
         idle_w = self.cluster.gpu.idle_power_w * (nodes_on * gpn - used)
 
         watts = idle_w + sum(values)
-        target = max(self.limit, predicted)
+        target = max(plan_limit, predicted)
         undo = len(raises[0])
         while watts > target and undo:
             undo -= 1
@@ -339,19 +393,34 @@ class _Decision:
         last = self.policy.plans.last
         made: dict[str, JobPlan] = {}
         plans: list[JobPlan | None] = [None] * len(jobs)
-        for k in where:
+        caps: list[float] | None = None
+        if self.options.caps:
+            peak = self.fix.peak_w
+            caps = caps_w(
+                values,
+                [len(placed[running[k]]) for k in where],
+                [float(peak[rows[running[k]]]) for k in where],
+                watts,
+                self.limit,
+                self.options.cap_headroom,
+            )
+        for n_placed, k in enumerate(where):
             i = running[k]
             job_id = ids[k]
             got = placed[i]
             clock, bs = clocks[columns[k]], batch[k]
+            job_w = values[n_placed]
+            cap = caps[n_placed] if caps is not None else None
             plan = last.get(job_id)
             if not (
                 plan is not None
                 and plan.placement is got
                 and plan.frequency_mhz == clock
                 and plan.local_batch_size == bs
+                and plan.power_w == job_w
+                and plan.power_cap_w == cap
             ):
-                plan = JobPlan(job_id, len(got), clock, bs, got)
+                plan = JobPlan(job_id, len(got), clock, bs, got, job_w, cap)
             plans[i] = made[job_id] = plan
         if len(placed) < len(jobs):
             self._waiting(plans, notes, last, made)
@@ -417,8 +486,7 @@ class _Decision:
         e = np.asarray(job.model.energy_per_iter_j(n, r, bs, f), dtype=np.float64)
         if not (np.all(np.isfinite(t) & (t > 0)) and np.all(np.isfinite(e) & (e > 0))):
             raise SnapshotError(f"job {job.id!r}: model predicts nonsense on {r} GPUs per node")
-        out: list[float] = (e / t).tolist()
-        return out
+        return self.fix.row(row, (e / t).tolist())
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,15 @@ class Job:
     now (empty and ``None`` while it waits). ``pinned`` asks the policy to keep
     the job's current GPUs as they are (e.g. while it is profiling a new GPU
     count or restarting from a checkpoint).
+
+    What the backend measured, for the power loop (``powerflow.policy.power_loop``):
+    ``measured_power_w`` is the mean power of all the job's GPUs over its latest
+    measurement window on its current ``placement`` (local batch
+    ``ceil(global_batch_size / GPUs)``), at clock ``measured_frequency_mhz`` (the
+    clock the GPUs really ran, which a power cap may hold below the planned one);
+    ``None`` when not measured there yet. ``profiled_gpus`` lists the GPU counts
+    the job has been profiled on: a first run on any other count sweeps the
+    clocks up to the highest one (``None``: the backend does not profile).
     """
 
     id: str
@@ -53,6 +62,9 @@ class Job:
     attained_gpu_s: float = 0.0
     model_name: str | None = None
     pinned: bool = False
+    measured_power_w: float | None = None
+    measured_frequency_mhz: int | None = None
+    profiled_gpus: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,9 +73,9 @@ class Budget:
 
     Precedence: an absolute ``limit_watts`` wins over ``eta``. With ``eta``
     the limit is ``eta * G * p_max_watts`` (paper §5.2), ``G`` all GPUs of the
-    cluster; ``p_max_watts`` defaults to the policy's estimate of a training
-    job's average GPU power at the highest clock. ``powerflow.policy.budget``
-    states the exact rule (neither given: ``eta = 1``).
+    cluster; ``p_max_watts`` defaults to the GPU type's reference power
+    (``GpuSpec.p_max_w``). ``powerflow.policy.budget`` states the exact rule
+    (neither given: ``eta = 1``).
     """
 
     eta: float | None = None
@@ -73,23 +85,39 @@ class Budget:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Everything a policy may look at to make one decision."""
+    """Everything a policy may look at to make one decision.
+
+    ``power_ratio``: the backend's recent ratio of measured to predicted power
+    of the jobs running as planned (1.0 when it has none); a policy keeping the
+    budget plans against ``limit / max(1, power_ratio)``
+    (``powerflow.policy.power_loop``).
+    """
 
     nodes: tuple[Node, ...]
     jobs: tuple[Job, ...]
     budget: Budget
     now_s: float
+    power_ratio: float = 1.0
 
 
 @dataclass(frozen=True)
 class JobPlan:
-    """What one job should run on. ``gpus == 0`` means it waits."""
+    """What one job should run on. ``gpus == 0`` means it waits.
+
+    ``power_w``: the power of all its GPUs the plan counted for it (None: the
+    policy does not say). ``power_cap_w``: a per-GPU power limit the backend
+    sets on each of its GPUs (a hardware backstop: the GPU then runs at the
+    highest clock whose power fits it, ``powerflow.devices.capped_clock_mhz``);
+    None: no cap.
+    """
 
     job_id: str
     gpus: int
     frequency_mhz: int
     local_batch_size: int
     placement: tuple[GpuSlot, ...] = ()
+    power_w: float | None = None
+    power_cap_w: float | None = None
 
 
 @dataclass(frozen=True)

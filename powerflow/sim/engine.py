@@ -20,6 +20,19 @@ jobs give each job an equal share (its throughput and its power scale by
 Every GPU of a powered-on node not computing (free, or held by a job that is
 restarting) draws idle power; powered-down nodes draw nothing. The offline
 pre-run's energy is counted apart from the cluster's power series.
+
+Power caps and the budget. A plan's per-GPU ``power_cap_w`` holds the job's
+GPUs at the highest clock whose true power fits it (``TruthRates.capped``),
+so a capped job runs slower and draws less, and its time and energy say so.
+Time above the admin's limit is measured from the ground truth with every
+profiling job at its sweep's hungriest slice (the slices are not simulated
+one by one; the mean is what its energy counts), so a sweep that would pass
+the limit for one slice counts. A job running at its planned configuration
+is measured once there (its true power with the profiler's noise), as the
+node agent's windows do: ``Job.measured_power_w`` in the snapshot, and the
+snapshot's ``power_ratio`` is the largest ratio of true to planned power of
+the jobs running as planned over the last ``RATIO_WINDOW_S``
+(``powerflow.policy.power_loop``).
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import numpy as np
 
 from powerflow.backend import schedule_once
 from powerflow.errors import SimulationError
+from powerflow.groundtruth import measure
 from powerflow.models.protocol import PerfModel
 from powerflow.models.samples import Samples
 from powerflow.policy.budget_schedule import DAY_S, BudgetSchedule
@@ -49,6 +63,14 @@ from powerflow.sim.world import World
 
 EPS = 1e-6
 """Events closer than this (seconds) are simultaneous."""
+
+MEASURE_WINDOW_S = 60.0
+"""A running job's power is measured over this long a window (its noise shrinks
+with the iterations the window holds, as the node agent's windows do)."""
+
+RATIO_WINDOW_S = 3600.0
+"""How far back the snapshot's ``power_ratio`` looks: long enough to remember a
+model error until the jobs it came from are measured, short enough to forget it."""
 
 
 @dataclass
@@ -137,6 +159,10 @@ class Simulation:
         self._computing = np.zeros(0, dtype=np.intp)  # the computing ones among them
         self._next_job_s = math.inf  # soonest next_event_s of a holder, set by _refresh
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
+        self._profiling: set[int] = set()  # jobs in PROFILE (their peak counts for the limit)
+        self._peak_extra_w = 0.0  # their peak power above their mean, summed
+        self._ratios: list[tuple[float, float]] = []  # (time, true / planned power)
+        self._meter = np.random.default_rng([config.seed, 0x6D657465])  # measurement noise
         self._budgets = None if budget_schedule is None else budget_schedule.on_sim_clock()
 
     # ------------------------------------------------------------------ Backend
@@ -192,7 +218,7 @@ class Simulation:
         jobs_seen = tuple(filter(None, views.values()))
         budgets = self._budgets
         budget = self.configured.budget if budgets is None else budgets.budget_at(self.now)
-        return Snapshot(self._nodes, jobs_seen, budget, self.now)
+        return Snapshot(self._nodes, jobs_seen, budget, self.now, self._power_ratio())
 
     def apply(self, plan: Plan) -> None:
         down = frozenset(plan.powered_down_nodes)
@@ -220,14 +246,20 @@ class Simulation:
                 and jp.placement == job.placement
                 and jp.frequency_mhz == job.f
                 and jp.local_batch_size == job.bs
+                and jp.power_cap_w == job.cap_w
                 and not (down_held and any(node in down for node, _ in job.placement))
             ):
-                continue  # unchanged: the common case at most events
+                job.plan = jp  # unchanged: the common case at most events
+                continue
             self._check_slots(job, jp.placement, jp.gpus, down)
             if jp.frequency_mhz not in self._clocks:
                 raise SimulationError(
                     f"plan sets job {job.trace.job_id} to unsupported clock {jp.frequency_mhz}"
                 )
+            cap = jp.power_cap_w
+            if cap is not None and not (math.isfinite(cap) and cap > 0):
+                raise SimulationError(f"plan caps job {job.trace.job_id} at {cap} W per GPU")
+            job.cap_w = cap
             self._assign(job, jp.placement, jp.frequency_mhz, float(jp.local_batch_size))
             job.plan = jp
         if planned:
@@ -237,6 +269,24 @@ class Simulation:
             self._nodes = self.cfg.make_nodes(down)
         self._limit_w = plan.limit_watts if math.isfinite(plan.limit_watts) else math.inf
         self._totals.lowest_limit_w = min(self._totals.lowest_limit_w, self._limit_w)
+
+    def _power_ratio(self) -> float:
+        """The largest ratio of true to planned power of the jobs running as planned
+        over the last ``RATIO_WINDOW_S`` (1.0 when none), with this moment's sample."""
+        true_w = planned_w = 0.0
+        run = Phase.RUN
+        for job in self._holders.values():
+            jp = job.plan
+            if job.phase is run and jp is not None and jp.power_w:
+                true_w += job.share * job.power_w
+                planned_w += jp.power_w
+        ratios = self._ratios
+        if planned_w > 0:
+            ratios.append((self.now, true_w / planned_w))
+        cut = self.now - RATIO_WINDOW_S
+        while ratios and ratios[0][0] < cut:
+            ratios.pop(0)
+        return max((r for _, r in ratios), default=1.0)
 
     # ---------------------------------------------------------------- main loop
 
@@ -425,6 +475,7 @@ class Simulation:
             return
         self._finish_profile(job, complete=False)
         job.plan = None
+        job.cap_w = job.measured_w = job.measured_f = None
         job.preemptions += 1
         self._phase(job, Phase.QUEUED)
         job.placement = ()
@@ -436,9 +487,10 @@ class Simulation:
         if job.holding and set(placement) == set(job.placement):
             job.f = f
             job.bs = bs
-            if job.phase is Phase.RUN:
-                self._set_rates(job)
+            if job.computing:
+                self._set_rates(job)  # a new clock or cap
             return
+        job.measured_w = job.measured_f = None  # measured on other GPUs
         restart = job.holding or job.started
         if job.holding:
             self._finish_profile(job, complete=False)
@@ -476,14 +528,45 @@ class Simulation:
         self._set_rates(job)
 
     def _set_rates(self, job: SimJob) -> None:
+        """Rates at the clocks the job's GPUs really run (its cap may hold them lower);
+        a job running at its planned clock is measured there."""
         self._power_dirty = True
         name = job.trace.model_name
         if job.phase is Phase.PROFILE:
-            job.step_s, job.power_w = self.rates.sweep(
-                name, job.n, job.r, job.bs, job.profile_clocks
-            )
+            clocks = self._swept_clocks(job)
+            job.step_s, job.power_w = self.rates.sweep(name, job.n, job.r, job.bs, clocks)
+            job.peak_w = self.rates.peak(name, job.n, job.r, job.bs, clocks)
         else:
-            job.step_s, job.power_w = self.rates.rate(name, job.n, job.r, job.bs, job.f)
+            f = self.rates.capped(name, job.n, job.r, job.bs, job.f, job.cap_w)
+            job.step_s, job.power_w = self.rates.rate(name, job.n, job.r, job.bs, f)
+            job.peak_w = job.power_w
+            if job.phase is Phase.RUN and (job.measured_f != f or job.measured_w is None):
+                self._measure(job, f)
+
+    def _measure(self, job: SimJob, f: int) -> None:
+        """One ``MEASURE_WINDOW_S`` window of the job at clock ``f``, with the profiler's
+        noise (``powerflow.groundtruth.measure``), as the node agent reports it."""
+        iterations = max(1.0, MEASURE_WINDOW_S / job.step_s)
+        sample = measure(
+            job.truth,
+            job.n,
+            job.r,
+            job.bs,
+            float(f),
+            rng=self._meter,
+            noise=self.cfg.noise,
+            iterations=iterations,
+        )
+        job.measured_w = float(sample.energy_j[0] / sample.step_time_s[0])
+        job.measured_f = f
+        self._stale_views.add(job.index)
+
+    def _swept_clocks(self, job: SimJob) -> tuple[int, ...]:
+        """The clocks a profiling job's slices really run: each planned one under its cap."""
+        if job.cap_w is None:
+            return job.profile_clocks
+        name, n, r, bs, cap = job.trace.model_name, job.n, job.r, job.bs, job.cap_w
+        return tuple(self.rates.capped(name, n, r, bs, c, cap) for c in job.profile_clocks)
 
     def _finish_profile(self, job: SimJob, *, complete: bool, refit: bool = True) -> None:
         """Collect the samples of the slices run so far; refit if any arrived
@@ -497,7 +580,7 @@ class Simulation:
             job.profiled.add(job.n)
         if done <= 0:
             return
-        f = np.asarray(clocks[:done], dtype=np.float64)
+        f = np.asarray(self._swept_clocks(job)[:done], dtype=np.float64)
         job.samples.append(
             self.world.measure(
                 job.truth, job.n, job.r, job.bs, f, rng=job.rng, noise=self.cfg.noise
@@ -521,6 +604,10 @@ class Simulation:
         holding, computing = job.holding, job.computing
         job.set_phase(phase)
         self._stale_views.add(job.index)  # pinned, and the clock only while holding
+        if phase is Phase.PROFILE:
+            self._profiling.add(job.index)
+        else:
+            self._profiling.discard(job.index)
         if job.holding is not holding:
             self._slots_dirty = True
         elif job.computing is not computing:
@@ -590,7 +677,7 @@ class Simulation:
             tot.held_gpu_s += dt * self._held_gpus
             tot.powered_gpu_s += dt * powered
             limit = self._limit_w
-            over = self._active_w + idle_w - limit
+            over = self._active_w + self._peak_extra_w + idle_w - limit
             if over > limit * 1e-9:
                 # Measured from the ground truth's power, never from a model:
                 # the admin's question is what the cluster drew.
@@ -669,6 +756,10 @@ class Simulation:
             self._power_dirty = True
         if self._power_dirty:
             self._active_w, self._busy_gpus = kernels.draw(computing, a.share, a.power, a.n)
+            jobs = self.jobs
+            self._peak_extra_w = sum(
+                jobs[i].share * (jobs[i].peak_w - jobs[i].power_w) for i in self._profiling
+            )
             self._power_dirty = False
         self._next_job_s = kernels.next_events(
             held,
@@ -721,7 +812,12 @@ class Simulation:
                 job.attained_gpu_s,
                 job.phase in (Phase.RESTART, Phase.PROFILE),
             )
+            _measured(view, job, self._profiled_of(job))
         return view
+
+    def _profiled_of(self, job: SimJob) -> frozenset[int] | None:
+        """The GPU counts the job has profiled (None: this scheduler does not profile)."""
+        return frozenset(job.profiled) if self.profiling.profile_s > 0 else None
 
     def _fresh_view(self, job: SimJob) -> Job:
         """The policy's frozen view of a job, built afresh.
@@ -748,6 +844,9 @@ class Simulation:
             attained_gpu_s=job.attained_gpu_s,
             model_name=tj.model_name,
             pinned=job.phase in (Phase.RESTART, Phase.PROFILE),
+            measured_power_w=job.measured_w,
+            measured_frequency_mhz=job.measured_f,
+            profiled_gpus=self._profiled_of(job),
         )
 
     def _result(self, wall_s: float) -> RunResult:
@@ -834,6 +933,14 @@ def _with_changes(
     out = _new_object(Job)
     _set_field(out, "__dict__", fields)
     return out
+
+
+def _measured(view: Job, job: SimJob, profiled: frozenset[int] | None) -> None:
+    """Set the power loop's fields of a fresh copy ``view`` (``_with_changes``'s)."""
+    fields = view.__dict__
+    fields["measured_power_w"] = job.measured_w
+    fields["measured_frequency_mhz"] = job.measured_f
+    fields["profiled_gpus"] = profiled
 
 
 def _joined(parts: list[Samples]) -> Samples:

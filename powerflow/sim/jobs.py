@@ -75,6 +75,7 @@ class SimJob:
         "_n",
         "arrays",
         "bs",
+        "cap_w",
         "computing",
         "counted",
         "f",
@@ -84,7 +85,10 @@ class SimJob:
         "iterations",
         "job_id",
         "knowledge",
+        "measured_f",
+        "measured_w",
         "migrations",
+        "peak_w",
         "phase",
         "placement",
         "plan",
@@ -141,6 +145,10 @@ class SimJob:
         self.r = 0
         self.bs = 0.0
         self.f = 0
+        self.cap_w: float | None = None  # per-GPU power cap of its plan (None: none)
+        self.measured_w: float | None = None  # measured power on its placement, at:
+        self.measured_f: int | None = None  # the clock its GPUs really ran
+        self.peak_w = 0.0  # highest power of its GPUs in its current phase
         self.knowledge: Knowledge | None = None
         self.samples: list[Samples] = []
         self.profiled: set[int] = set()

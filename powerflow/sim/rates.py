@@ -7,6 +7,10 @@ supported clock costs about what one clock does: a miss at a supported clock
 fills the cache for all of them (the ground truth evaluates each row of an
 array exactly as it evaluates that row alone; tests/test_sim_fastpaths.py
 checks it).
+
+A GPU with a power cap runs at the clock ``powerflow.devices.capped_clock_mhz``
+gives (the node agent's simulated GPUs follow the same rule): ``capped``
+answers it per configuration, cached.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from powerflow.devices.simulated import Workload, capped_clock_mhz
 from powerflow.errors import SimulationError
 from powerflow.models.protocol import PerfModel
 
@@ -36,6 +41,8 @@ class TruthRates:
         self._models: dict[str, PerfModel] = {}
         self._cache: dict[Key, tuple[float, float]] = {}
         self._sweeps: dict[tuple[str, int, int, float, tuple[int, ...]], tuple[float, float]] = {}
+        self._peaks: dict[tuple[str, int, int, float, tuple[int, ...]], float] = {}
+        self._capped: dict[tuple[str, int, int, float, int, float], int] = {}
 
     def model(self, name: str) -> PerfModel:
         found = self._models.get(name)
@@ -87,4 +94,30 @@ class TruthRates:
             t = np.asarray(truth.step_time_s(n, r, bs, f), dtype=np.float64)
             e = np.asarray(truth.energy_per_iter_j(n, r, bs, f), dtype=np.float64)
             hit = self._sweeps[key] = (float(1.0 / np.mean(1.0 / t)), float(np.mean(e / t)))
+        return hit
+
+    def peak(self, name: str, n: int, r: int, bs: float, clocks: Sequence[int]) -> float:
+        """The highest power of the job's GPUs over ``clocks``: a sweep's hungriest slice."""
+        key = (name, n, r, bs, tuple(clocks))
+        hit = self._peaks.get(key)
+        if hit is None:
+            hit = self._peaks[key] = max(self.rate(name, n, r, bs, c)[1] for c in set(clocks))
+        return hit
+
+    def capped(self, name: str, n: int, r: int, bs: float, f: int, cap_w: float | None) -> int:
+        """The clock the job's GPUs run at when locked at ``f`` under a per-GPU ``cap_w``.
+
+        ``powerflow.devices.capped_clock_mhz`` on the ground truth: the highest
+        supported clock at or below ``f`` whose power per GPU fits the cap (the
+        lowest clock when none does).
+        """
+        if cap_w is None:
+            return f
+        key = (name, n, r, bs, f, cap_w)
+        hit = self._capped.get(key)
+        if hit is None:
+            clocks = sorted(self._clocks)
+            hit = self._capped[key] = capped_clock_mhz(
+                self.model(name), Workload(name, n, r, bs), clocks, f, cap_w
+            )
         return hit

@@ -7,6 +7,7 @@ boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -17,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from powerflow.errors import SimulationError
 from powerflow.policy.budget_schedule import BudgetSchedule
-from powerflow.schedulers import scheduler
+from powerflow.schedulers import Configured, scheduler
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
 from powerflow.sim.metrics import summarise
@@ -60,6 +62,9 @@ class RunSpec:
     """Free-form label of the experiment this run belongs to (e.g. a sensitivity axis)."""
     budget_schedule: BudgetSchedule | None = None
     """The budget over the (simulated) day, in place of the knob's fixed budget."""
+    policy_options: tuple[tuple[str, Any], ...] = ()
+    """Constructor options of the scheduler's policy to change, as (name, value) pairs
+    (e.g. PowerFlow's ``strict_power``); empty: the scheduler's own."""
 
     @property
     def label(self) -> str:
@@ -132,6 +137,8 @@ def _cached_jobs(spec: TraceSpec, config: SimConfig) -> tuple[TraceJob, ...]:
 def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
     """One run, in this process."""
     configured = scheduler(spec.scheduler).configure(spec.value, oracle=spec.oracle)
+    if spec.policy_options:
+        configured = with_options(configured, dict(spec.policy_options))
     jobs = (
         load_jobs(spec.trace, spec.config, world)
         if world
@@ -140,6 +147,20 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
     return Simulation(
         jobs, configured, spec.config, world or _world(), budget_schedule=spec.budget_schedule
     ).run()
+
+
+def with_options(configured: Configured, options: dict[str, Any]) -> Configured:
+    """``configured`` with its policy rebuilt with ``options`` changed (a frozen dataclass
+    policy's constructor options); an option the policy does not have is an error."""
+    policy = configured.policy
+    known: set[str] = set()
+    if dataclasses.is_dataclass(policy):
+        known = {f.name for f in dataclasses.fields(policy) if f.init}
+    unknown = sorted(options.keys() - known)
+    if unknown:
+        raise SimulationError(f"{type(policy).__name__} has no option(s) {', '.join(unknown)}")
+    rebuilt = dataclasses.replace(policy, **options)  # type: ignore[type-var]
+    return dataclasses.replace(configured, policy=rebuilt)
 
 
 def run_one(spec: RunSpec) -> RunOutcome:

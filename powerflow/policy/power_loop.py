@@ -1,0 +1,232 @@
+"""Keeping the budget with models that are wrong: measured power fed back, and caps.
+
+PowerFlow plans with predicted power (``E_iter / T_iter`` of each job's model),
+and fitted models are off by a few percent, more on GPU counts never run. Three
+mechanisms keep the measured power within the admin's limit anyway:
+
+* **Per-job correction.** A job measured on its current GPUs
+  (``Job.measured_power_w`` at ``Job.measured_frequency_mhz``) gets the factor
+  ``scale = measured / predicted`` there (clamped to ``SCALE_RANGE``), and the
+  policy multiplies every power it predicts for that job by it: a model's error
+  mostly carries over between clocks and GPU counts of one job.
+* **Cluster ratio.** The backend reports the recent ratio of measured to
+  predicted power of the jobs running as planned (``Snapshot.power_ratio``);
+  the policy plans against ``limit / max(1, ratio) * (1 - margin)``, so a
+  systematic error the per-job factors miss (jobs not measured yet) shrinks
+  the budget it plans with instead of passing the limit. ``margin`` is a fixed
+  floor (default 0).
+* **Profiling sweeps.** A job's first run on a GPU count not in
+  ``Job.profiled_gpus`` sweeps the clocks up to the highest one, so such a row
+  counts its highest power at any clock (``peak``), not its power at the clock
+  planned; the clock phase then costs it nothing more.
+* **Caps** (``caps``): when the planned power leaves less than ``headroom`` of
+  the limit free, every placed job gets a per-GPU power cap: what the plan
+  counted for it plus an equal share per GPU of what is left of the limit. The
+  caps and the idle GPUs sum to the limit, and a GPU never draws more than its
+  cap while some clock fits it (``powerflow.devices.capped_clock_mhz``), so even
+  a wrong model cannot pass the budget: the job slows down instead.
+
+Everything here is a pure function of the snapshot and the tables; the memo of
+model answers (``LoopMemo``) only saves model calls, it never changes an
+answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerflow.errors import SnapshotError
+from powerflow.models.protocol import FloatArray, PerfModel
+from powerflow.policy.snapshot import Job
+from powerflow.policy.tables import Tables
+
+SCALE_RANGE = (0.5, 2.0)
+"""Bounds of a per-job correction: a measurement farther off than this from its
+model is more likely a broken window than a model error."""
+
+
+MIN_CAP_W = 1.0
+"""The smallest cap the policy writes (a GPU clamps it to its own minimum anyway)."""
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """The policy's power-loop options (see ``PowerFlowPolicy``)."""
+
+    correction: bool = True
+    margin: float = 0.0
+    caps: bool = True
+    cap_headroom: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.margin < 1.0:
+            raise SnapshotError(f"power margin {self.margin} outside [0, 1)")
+        if not 0.0 <= self.cap_headroom <= 1.0:
+            raise SnapshotError(f"cap headroom {self.cap_headroom} outside [0, 1]")
+
+
+class LoopMemo:
+    """Model answers kept from the previous call: never changes an answer, saves work.
+
+    ``last``: predicted power at a job's measured configuration, keyed by the
+    model object's id and the configuration. ``peaks``: a job's rows' sweep
+    peaks, keyed by the id of its ``JobRows`` (which the table cache hands out
+    again while the job's model and shape stay). The object is kept in each
+    value so that an id reused by a new object never hits. Both are replaced
+    whole by each call, so they hold at most one call's jobs.
+    """
+
+    __slots__ = ("last", "peaks")
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[int, int, int, int, int], tuple[PerfModel, float]] = {}
+        self.peaks: dict[int, tuple[object, frozenset[int], FloatArray]] = {}
+
+
+def planning_limit_w(limit_w: float, power_ratio: float, options: LoopOptions) -> float:
+    """The limit the policy plans against: ``limit / max(1, ratio) * (1 - margin)``.
+
+    Without correction the ratio is ignored (only the fixed margin applies).
+    """
+    if not (math.isfinite(power_ratio) and power_ratio > 0):
+        raise SnapshotError(f"power ratio {power_ratio} must be finite and > 0")
+    ratio = max(1.0, power_ratio) if options.correction else 1.0
+    return limit_w / ratio * (1.0 - options.margin)
+
+
+def job_scales(jobs: Sequence[Job], gpus_per_node: int, memo: LoopMemo) -> FloatArray:
+    """Per job, ``measured / predicted`` power on its current GPUs (1 where unmeasured)."""
+    out = np.ones(len(jobs))
+    seen: dict[tuple[int, int, int, int, int], tuple[PerfModel, float]] = {}
+    last = memo.last
+    for i, job in enumerate(jobs):
+        measured, f = job.measured_power_w, job.measured_frequency_mhz
+        if measured is None or f is None or not job.placement:
+            continue
+        if not (math.isfinite(measured) and measured > 0):
+            raise SnapshotError(f"job {job.id!r}: measured power {measured} W")
+        n = len(job.placement)
+        nodes = [node for node, _ in job.placement]
+        r = max(nodes.count(node) for node in set(nodes))
+        bs = -(-job.global_batch_size // n)
+        key = (id(job.model), n, r, bs, int(f))
+        hit = seen.get(key) or last.get(key)
+        if hit is None or hit[0] is not job.model:
+            t = float(job.model.step_time_s(n, r, bs, float(f)))
+            e = float(job.model.energy_per_iter_j(n, r, bs, float(f)))
+            if not (t > 0 and e > 0 and math.isfinite(t) and math.isfinite(e)):
+                raise SnapshotError(f"job {job.id!r}: model predicts nonsense at {key[1:]}")
+            hit = (job.model, e / t)
+        seen[key] = hit
+        lo, hi = SCALE_RANGE
+        out[i] = min(hi, max(lo, measured / hit[1]))
+    memo.last = seen
+    return out
+
+
+def sweeping_rows(tables: Tables, jobs: Sequence[Job], memo: LoopMemo) -> FloatArray:
+    """Per table row: its highest power over the clocks where a run there would
+    sweep them (its count not yet profiled), else NaN."""
+    out = np.full(tables.row_job.size, np.nan)
+    last = memo.peaks
+    seen: dict[int, tuple[object, frozenset[int], FloatArray]] = {}
+    starts = tables.start.tolist()
+    sizes = tables.sizes.tolist()
+    for j, job in enumerate(jobs):
+        profiled = job.profiled_gpus
+        if profiled is None:
+            continue
+        entry = tables.job_rows[j]
+        key = id(entry)
+        lo, size = starts[j], sizes[j]
+        hit = last.get(key)
+        if hit is None or hit[0] is not entry or hit[1] != profiled:
+            counts = tables.counts[lo : lo + size].tolist()
+            todo = [k for k, n in enumerate(counts) if n not in profiled]
+            peaks = np.full(size, np.nan)
+            if todo:
+                both = entry.both
+                peaks[todo] = (both[todo, 1, :] / both[todo, 0, :]).max(axis=1)
+            hit = (entry, profiled, peaks)
+        seen[key] = hit
+        out[lo : lo + size] = hit[2]
+    memo.peaks = seen
+    return out
+
+
+@dataclass(frozen=True)
+class Correction:
+    """How the policy turns predicted power into the power it counts, per table row."""
+
+    row_scale: FloatArray
+    """Per row: the owning job's correction factor."""
+    peak_w: FloatArray
+    """Per row: its corrected sweep peak (NaN: no sweep there)."""
+
+    def efficient(self, power_w: FloatArray) -> FloatArray:
+        """The rows' counted power at their efficient clocks (``power_w``: predicted)."""
+        out: FloatArray = power_w * self.row_scale
+        return out
+
+    def matrix(self, rows: np.ndarray, power_w: FloatArray) -> FloatArray:
+        """``rows``' counted power at every clock (``power_w``: predicted, rows x clocks)."""
+        out: FloatArray = power_w * self.row_scale[rows, None]
+        return out
+
+    def row(self, row: int, power_w: Sequence[float]) -> list[float]:
+        """One row's counted power per clock from its predicted ``power_w``."""
+        scale = float(self.row_scale[row])
+        return [p * scale for p in power_w]
+
+
+def correction(
+    tables: Tables, jobs: Sequence[Job], gpus_per_node: int, memo: LoopMemo, enabled: bool
+) -> Correction:
+    """Per-row factors and sweep peaks for ``jobs`` (factors 1 when not ``enabled``)."""
+    scales = job_scales(jobs, gpus_per_node, memo) if enabled else np.ones(len(jobs))
+    row_scale = scales[tables.row_job]
+    return Correction(row_scale=row_scale, peak_w=sweeping_rows(tables, jobs, memo) * row_scale)
+
+
+def caps_w(
+    job_power_w: Sequence[float],
+    job_gpus: Sequence[int],
+    job_peak_w: Sequence[float],
+    planned_w: float,
+    limit_w: float,
+    headroom: float,
+) -> list[float] | None:
+    """Per-GPU caps for the placed jobs, or None when the plan leaves enough room.
+
+    ``job_power_w``/``job_gpus``: each placed job's counted power and GPUs;
+    ``job_peak_w`` its sweep's peak where it profiles (NaN elsewhere);
+    ``planned_w`` the plan's predicted cluster power (idle GPUs included) and
+    ``limit_w`` the admin's limit. Caps are set when the plan with every sweep
+    at its peak leaves less than ``headroom * limit`` free. What is left of the
+    limit, ``left = limit - planned``, goes first to the sweeps (each its
+    extra power at the peak, all scaled down alike when ``left`` does not
+    cover them), then in equal shares per GPU to every job; a negative
+    ``left`` (pinned jobs already past the limit) is taken in equal shares.
+    Either way the caps and the idle GPUs sum to the limit. A cap is at least
+    ``MIN_CAP_W``.
+    """
+    gpus = sum(job_gpus)
+    extra = [p - w if p > w else 0.0 for p, w in zip(job_peak_w, job_power_w, strict=True)]
+    need = sum(extra)
+    left = limit_w - planned_w
+    if not gpus or not math.isfinite(limit_w) or left - need >= headroom * limit_w:
+        return None
+    if left <= 0:
+        sweep, share = 0.0, left / gpus
+    elif need <= left:
+        sweep, share = 1.0, (left - need) / gpus
+    else:
+        sweep, share = left / need, 0.0
+    return [
+        max(MIN_CAP_W, (w + sweep * x) / n + share)
+        for w, x, n in zip(job_power_w, extra, job_gpus, strict=True)
+    ]
