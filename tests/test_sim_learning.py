@@ -71,18 +71,34 @@ def test_update_refits_when_a_new_placement_contradicts_the_model() -> None:
     assert again is refit  # same placements, not doubled: the same model object
 
 
+def _centred(rng: np.random.Generator, f: FloatArray) -> FloatArray:
+    """3 % log-normal noise with its mean and slope against ``1/f`` removed:
+    the statistics ``explains`` tests, so it passes for any seed."""
+    e = rng.normal(0.0, 0.03, f.size)
+    x = 1.0 / f - np.mean(1.0 / f)
+    e -= np.mean(e)
+    return np.exp(e - x * (x @ e) / (x @ x))
+
+
+def _explained_profile(model: FittedModel, n: int, rng: np.random.Generator) -> Samples:
+    """``_profile`` as ``model`` itself predicts it, with ``_centred`` noise."""
+    f, ones = CLOCKS, np.ones_like(CLOCKS)
+    t, e = model.predict_columns(n * ones, n * ones, 64.0 * ones, f)
+    return Samples(n * ones, n * ones, 64.0 * ones, f, t * _centred(rng, f), e * _centred(rng, f))
+
+
 def test_update_keeps_a_model_that_already_explains_the_new_profile() -> None:
-    # vgg16's own prior predicts its 2-GPU profile within the noise (bert's
-    # is 3.6% slow there since the ring all-reduce sync form, see docs/models.md)
-    truth = gt.ground_truth("vgg16")
+    """The 2-GPU profile is what the fitted model predicts, with noise: explained
+    by construction, whatever the seed or how well the prior transfers."""
+    truth = gt.ground_truth("bert")
     rng = np.random.default_rng(1)
     learner = FittedLearner(A100)
     first = [gt.one_gpu_sweep(truth, 64.0, rng=rng), _profile(truth, 1, rng)]
-    known = learner.initial("vgg16", truth, Samples.concat(first))
-    two = Samples.concat([*first, _profile(truth, 2, rng)])
+    known = learner.initial("bert", truth, Samples.concat(first))
     assert known.params is not None
-    assert explains(FittedModel(known.params), two.take(slice(len(Samples.concat(first)), None)))
-    assert learner.update("vgg16", truth, known, two) is known
+    new = _explained_profile(FittedModel(known.params), 2, rng)
+    assert explains(FittedModel(known.params), new)
+    assert learner.update("bert", truth, known, Samples.concat([*first, new])) is known
 
 
 def _noisy(params: ModelParams, n: int, factor: FloatArray, seed: int) -> Samples:
