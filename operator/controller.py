@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,7 @@ from powerflow.operator.budget import (
 from powerflow.operator.jobs import RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
-from powerflow.operator.learning import SampleStore
+from powerflow.operator.learning import MeasuredPower, SampleStore
 from powerflow.operator.metrics import Metrics, job_series
 from powerflow.operator.nodes import cluster_nodes
 from powerflow.operator.parking import busy_nodes, node_marks
@@ -69,7 +69,8 @@ from powerflow.operator.timefmt import format_time
 
 from powerflow import contract
 from powerflow.errors import ResourceError
-from powerflow.policy.snapshot import Node, Policy
+from powerflow.policy.power_ratio import RatioWindow
+from powerflow.policy.snapshot import JobPlan, Node, Policy
 from powerflow.taints import GPU_TOLERATIONS
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,25 @@ class OperatorConfig:
     """The node taints PowerFlow's pools accept (``--tolerate``; ``nodes.cluster_nodes``)."""
 
 
+def as_planned(
+    planned: Mapping[str, JobPlan], measured: Mapping[str, MeasuredPower]
+) -> list[tuple[float, float]]:
+    """(measured, planned) power of each job measured on the GPUs, local batch and
+    clock its plan gave it: a job a cap holds lower, or one measured on an earlier
+    configuration, says nothing about how far the plan's predictions are off."""
+    out = []
+    for key, m in measured.items():
+        jp = planned.get(key)
+        if (
+            jp is not None
+            and jp.power_w is not None
+            and (jp.gpus, jp.local_batch_size, jp.frequency_mhz)
+            == (m.n, m.local_batch_size, m.frequency_mhz)
+        ):
+            out.append((m.watts, jp.power_w))
+    return out
+
+
 @dataclass
 class Controller:
     kube: Kube
@@ -137,6 +157,10 @@ class Controller:
     """The (source version, data) of the budget in force as recorded; None: not yet known."""
     _in_force_source: tuple[str | None, dict[str, str]] | None = None
     """The (source version, data) of the budget in force, recorded or not."""
+    _ratio: RatioWindow = field(default_factory=RatioWindow)
+    """Measured over planned power of the jobs running as planned (``_power_ratio``)."""
+    _planned: dict[str, JobPlan] = field(default_factory=dict)
+    """The previous pass's job plans by job key (what ``_power_ratio`` compares with)."""
     _decided: bool = False
     """A budget was put in force in this process (valid, the default, or the record):
     the record is read at most once, at start, and never replaces a budget in force
@@ -306,6 +330,13 @@ class Controller:
         if self.post_events:
             self._events.append((body, type_, reason, message))
 
+    def _power_ratio(self, measured: Mapping[str, MeasuredPower] | None, now: float) -> float:
+        """The snapshot's ``power_ratio``: the largest measured / planned power of the
+        jobs running as the previous plan said over the last hour, as the simulator
+        computes it (``powerflow.policy.power_ratio``)."""
+        self._ratio.add(now, as_planned(self._planned, measured or {}))
+        return self._ratio.ratio(now)
+
     async def run_once(self) -> float | None:
         """One pass: read, decide, act. Returns when the loop must wake at the latest."""
         started = time.perf_counter()
@@ -320,6 +351,7 @@ class Controller:
         learned = await self._learn(state)
         now = self.clock()
         self._note_window(state, now)
+        measured = self.learning.measured_power() if self.learning is not None else None
         actions = reconcile(
             state.jobs,
             nodes,
@@ -334,8 +366,11 @@ class Controller:
             progress_interval_s=self.config.progress_interval_s,
             progress_written=self._progress_written,
             learned=learned,
-            measured=self.learning.measured_power() if self.learning is not None else None,
+            measured=measured,
+            power_ratio=self._power_ratio(measured, now),
         )
+        if actions.plan is not None:
+            self._planned = {jp.job_id: jp for jp in actions.plan.jobs}
         workers = (pod for observed in state.jobs for pod in observed.pods)
         busy = busy_nodes(workers, state.foreign_gpu_pods)
         actions.node_marks = node_marks(state.nodes, nodes, actions.plan, busy, format_time(now))

@@ -786,6 +786,7 @@ def build_snapshot(
     failed: Callable[[_View, Exception], None] | None = None,
     measured: Mapping[str, MeasuredPower] | None = None,
     window_s: float = 0.0,
+    power_ratio: float = 1.0,
 ) -> Snapshot:
     """The core's snapshot of ``views``; with ``failed``, a job whose conversion
     raises is reported there and left out instead of failing the snapshot.
@@ -811,7 +812,9 @@ def build_snapshot(
             job = replace(job, placement=(), pinned=False)
         held.update(job.placement)
         jobs.append(job)
-    return Snapshot(nodes=nodes, jobs=tuple(jobs), budget=budget.budget, now_s=now_s)
+    return Snapshot(
+        nodes=nodes, jobs=tuple(jobs), budget=budget.budget, now_s=now_s, power_ratio=power_ratio
+    )
 
 
 def _start(
@@ -1155,6 +1158,7 @@ def reconcile(
     progress_written: Mapping[str, float] | None = None,
     learned: Mapping[str, Mapping[str, Any]] | None = None,
     measured: Mapping[str, MeasuredPower] | None = None,
+    power_ratio: float = 1.0,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
@@ -1165,7 +1169,9 @@ def reconcile(
     job; ``progress_written`` says when each job's were last written (see
     ``_account_all``). ``learned``: the online refit's ``status.model`` fields
     by job key (``_learned_model``). ``measured``: each job's latest measured power
-    (``build_snapshot``). Each job's steps run under a ``_Guard``: one job's failure
+    (``build_snapshot``); ``power_ratio``: the recent measured / planned power of
+    the jobs running as planned (``Snapshot.power_ratio``, kept by the controller).
+    Each job's steps run under a ``_Guard``: one job's failure
     never stops the others.
     """
     actions = Actions()
@@ -1189,7 +1195,15 @@ def reconcile(
     if runnable:
         plan: Plan | None = None
         snapshot = build_snapshot(
-            runnable, nodes, budget, now_s, models, guard.fail, measured, profiling_window_s
+            runnable,
+            nodes,
+            budget,
+            now_s,
+            models,
+            guard.fail,
+            measured,
+            profiling_window_s,
+            power_ratio,
         )
         runnable = [v for v in runnable if v.key not in guard.failed]
         try:

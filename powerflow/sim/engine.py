@@ -31,7 +31,7 @@ the limit for one slice counts. A job running at its planned configuration
 is measured once there (its true power with the profiler's noise), as the
 node agent's windows do: ``Job.measured_power_w`` in the snapshot, and the
 snapshot's ``power_ratio`` is the largest ratio of true to planned power of
-the jobs running as planned over the last ``RATIO_WINDOW_S``
+the jobs running as planned over the last hour (``powerflow.policy.power_ratio``)
 (``powerflow.policy.power_loop``).
 """
 
@@ -50,6 +50,7 @@ from powerflow.groundtruth import measure
 from powerflow.models.protocol import PerfModel
 from powerflow.models.samples import Samples
 from powerflow.policy.budget_schedule import DAY_S, BudgetSchedule
+from powerflow.policy.power_ratio import RatioWindow
 from powerflow.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.schedulers import Configured
 from powerflow.sim import kernels
@@ -67,10 +68,6 @@ EPS = 1e-6
 MEASURE_WINDOW_S = 60.0
 """A running job's power is measured over this long a window (its noise shrinks
 with the iterations the window holds, as the node agent's windows do)."""
-
-RATIO_WINDOW_S = 3600.0
-"""How far back the snapshot's ``power_ratio`` looks: long enough to remember a
-model error until the jobs it came from are measured, short enough to forget it."""
 
 
 @dataclass
@@ -161,7 +158,7 @@ class Simulation:
         self._series: list[tuple[float, float, float, float, int, int, float]] = []
         self._profiling: set[int] = set()  # jobs in PROFILE (their peak counts for the limit)
         self._peak_extra_w = 0.0  # their peak power above their mean, summed
-        self._ratios: list[tuple[float, float]] = []  # (time, true / planned power)
+        self._ratios = RatioWindow()  # (time, true / planned power)
         self._meter = np.random.default_rng([config.seed, 0x6D657465])  # measurement noise
         self._budgets = None if budget_schedule is None else budget_schedule.on_sim_clock()
 
@@ -272,21 +269,17 @@ class Simulation:
 
     def _power_ratio(self) -> float:
         """The largest ratio of true to planned power of the jobs running as planned
-        over the last ``RATIO_WINDOW_S`` (1.0 when none), with this moment's sample."""
-        true_w = planned_w = 0.0
+        over the last hour (``RatioWindow``; 1.0 when none), with this moment's sample."""
         run = Phase.RUN
-        for job in self._holders.values():
-            jp = job.plan
-            if job.phase is run and jp is not None and jp.power_w:
-                true_w += job.share * job.power_w
-                planned_w += jp.power_w
-        ratios = self._ratios
-        if planned_w > 0:
-            ratios.append((self.now, true_w / planned_w))
-        cut = self.now - RATIO_WINDOW_S
-        while ratios and ratios[0][0] < cut:
-            ratios.pop(0)
-        return max((r for _, r in ratios), default=1.0)
+        self._ratios.add(
+            self.now,
+            (
+                (job.share * job.power_w, job.plan.power_w)
+                for job in self._holders.values()
+                if job.phase is run and job.plan is not None and job.plan.power_w
+            ),
+        )
+        return self._ratios.ratio(self.now)
 
     # ---------------------------------------------------------------- main loop
 

@@ -1,0 +1,71 @@
+"""The cluster ratio both backends report to the power loop (``Snapshot.power_ratio``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from powerflow.operator.controller import as_planned
+from powerflow.operator.learning import MeasuredPower
+from powerflow.operator.reconcile import Observed, reconcile
+from test_operator_profiling import (
+    BUDGET,
+    MODEL,
+    NODES,
+    WINDOW,
+    KeepPolicy,
+    allocation,
+    body,
+    running_pods,
+)
+
+from powerflow.policy.power_ratio import WINDOW_S, RatioWindow
+from powerflow.policy.snapshot import JobPlan
+
+
+def test_the_ratio_is_the_largest_of_the_last_hour_then_forgotten() -> None:
+    w = RatioWindow()
+    assert w.ratio(0.0) == 1.0  # nothing measured: plan with the limit itself
+    w.add(0.0, [(110.0, 100.0), (90.0, 100.0)])  # the cluster's sum: 200 / 200
+    w.add(600.0, [(130.0, 100.0)])
+    w.add(1200.0, [(95.0, 100.0)])
+    assert w.ratio(1200.0) == pytest.approx(1.3)
+    assert w.ratio(600.0 + WINDOW_S) == pytest.approx(1.3)  # still within the hour
+    assert w.ratio(600.0 + WINDOW_S + 1) == pytest.approx(0.95)
+    assert w.ratio(1200.0 + WINDOW_S + 1) == 1.0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0.0, -5.0])
+def test_a_bad_reading_is_left_out_not_the_whole_sample(bad: float) -> None:
+    w = RatioWindow()
+    w.add(0.0, [(bad, 100.0), (120.0, 100.0), (50.0, bad)])
+    assert w.ratio(0.0) == pytest.approx(1.2)
+    w2 = RatioWindow()
+    w2.add(0.0, [(bad, 100.0)])
+    assert w2.ratio(0.0) == 1.0
+
+
+def test_only_jobs_running_as_planned_count() -> None:
+    planned = {
+        "ml/a": JobPlan("ml/a", 4, 1350, 64, power_w=800.0),
+        "ml/b": JobPlan("ml/b", 4, 1350, 64, power_w=800.0),
+        "ml/c": JobPlan("ml/c", 2, 1410, 32, power_w=500.0),
+        "ml/d": JobPlan("ml/d", 2, 1410, 32),  # no power counted (a baseline's plan)
+    }
+    measured = {
+        "ml/a": MeasuredPower(4, 4, 64, 1350, 880.0),  # as planned
+        "ml/b": MeasuredPower(4, 4, 64, 1200, 700.0),  # a cap held it lower
+        "ml/c": MeasuredPower(1, 1, 64, 1410, 300.0),  # measured before it grew
+        "ml/d": MeasuredPower(2, 2, 32, 1410, 500.0),
+        "ml/e": MeasuredPower(2, 2, 32, 1410, 500.0),  # not in the plan
+    }
+    assert as_planned(planned, measured) == [(880.0, 800.0)]
+
+
+def test_reconcile_hands_the_ratio_to_the_policy() -> None:
+    status = {"phase": "Running", "allocation": allocation(complete=True)}
+    policy = KeepPolicy()
+    obs = Observed(body(status), running_pods())
+    reconcile([obs], NODES, BUDGET, 1000.0, policy, lambda j: MODEL,
+              profiling_window_s=WINDOW, power_ratio=1.25)  # fmt: skip
+    assert policy.snapshots[-1].power_ratio == 1.25
