@@ -392,7 +392,8 @@ class SampleStore:
     def measured_power(self) -> dict[str, MeasuredPower]:
         """Per job key, its power over its latest windows at the configuration of the
         latest one (up to ``MEASURED_ROWS`` of them, energy over time): what the
-        policy's power loop corrects its predictions by (``Job.measured_power_w``)."""
+        policy's power loop corrects its predictions by (``Job.measured_power_w``).
+        A job whose windows' power is not a finite number is left out."""
         out: dict[str, MeasuredPower] = {}
         with self._lock:
             entries = list(self._jobs.items())
@@ -402,7 +403,13 @@ class SampleStore:
                 continue
             last = rows[-1, :4]
             same = rows[np.all(rows[:, :4] == last, axis=1)][-MEASURED_ROWS:]
-            watts = float(same[:, 5].sum() / same[:, 4].sum())
+            with np.errstate(over="ignore"):
+                watts = float(same[:, 5].sum() / same[:, 4].sum())
+            if not math.isfinite(watts):
+                # Each window is in telemetry's range, yet energy over time can
+                # overflow: no measurement, rather than one the policy refuses
+                # (which would stop the pass for every job).
+                continue
             n, r, bs, f = (int(x) for x in last)
             out[key] = MeasuredPower(n, r, bs, f, watts)
         return out

@@ -24,7 +24,7 @@ from powerflow.models.priors import generic_prior, load_prior
 from powerflow.models.protocol import PerfModel
 from powerflow.sim.config import SimConfig
 from powerflow.sim.learning import Knowledge, placement_counts
-from powerflow.telemetry import WindowSample
+from powerflow.telemetry import SampleBatch, WindowSample, encode_batch, parse_batch
 
 MODEL = "resnet50"
 TRUTH = gt.ground_truth(MODEL)
@@ -405,3 +405,18 @@ def test_measured_power_is_the_latest_configurations_windows() -> None:
     assert (m.n, m.gpus_per_node, m.local_batch_size, m.frequency_mhz) == (N, R, int(BS), 1005)
     truth = TRUTH.energy_per_iter_j(N, R, BS, 1005.0) / TRUTH.step_time_s(N, R, BS, 1005.0)
     assert m.watts == pytest.approx(float(truth), rel=0.03)
+
+
+def test_a_window_whose_power_overflows_is_not_a_measurement() -> None:
+    """A window telemetry accepts (energy 1e12 J per 1e-300 s step: both in range)
+    has a power that overflows a float: the job is left unmeasured, never measured at
+    infinite watts (the policy refuses a snapshot with one, which stops the whole pass)."""
+    s = store()
+    s.refresh([body()])
+    ((node, good),) = windows([1005.0], np.random.default_rng(3))[:1]
+    huge = replace(good, frequency_mhz=1410, step_time_s=1e-300, energy_j=1e12)
+    wire = encode_batch(SampleBatch(node, (huge,)))
+    (bad,) = parse_batch(wire).samples
+    feed(s, [(node, good), (node, bad)])
+    s.refresh([body()])
+    assert s.measured_power() == {}

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import allowed_counts, fill_slack_w, raised_any, snapshots
 
-from powerflow.policy.power_loop import SCALE_RANGE
+from powerflow.policy.power_loop import SCALE_RANGE, caps_w
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.snapshot import Job, JobPlan, Plan, Snapshot
 
@@ -236,8 +236,33 @@ def test_caps_and_idle_gpus_sum_to_the_limit_and_cover_what_the_plan_counted(
         return
     assert capped == placed  # all or none
     total = sum(jp.power_cap_w * jp.gpus for jp in capped if jp.power_cap_w)
-    if plan.predicted_watts <= plan.limit_watts and min(jp.power_cap_w or 0 for jp in capped) > 1:
+    low = snapshot.nodes[0].gpu.min_power_limit_w or 0.0
+    assert min(jp.power_cap_w or 0 for jp in capped) >= low  # what the node agent applies
+    floors = sum(max(low * jp.gpus, jp.power_w or 0.0) for jp in capped)
+    if floors + _idle_w(snapshot, plan) <= plan.limit_watts:  # the boards allow the sum
         assert total + _idle_w(snapshot, plan) == pytest.approx(plan.limit_watts, rel=1e-9)
         assert all(
             (jp.power_cap_w or 0) * jp.gpus >= (jp.power_w or 0) * (1 - 1e-12) for jp in capped
         )
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("counted", "limit", "caps"),
+    [
+        ((90.0, 250.0), 350.0, [100.0, 250.0]),  # 95 W -> 100 W, from the other's room
+        ((90.0, 250.0), 345.0, [100.0, 245.0]),  # that room, then below what it counted
+        ((90.0, 80.0), 175.0, [100.0, 100.0]),  # both at the floor: only then above
+        ((150.0, 250.0), 410.0, [155.0, 255.0]),  # none below: equal shares
+    ],
+)
+def test_no_cap_is_below_the_boards_lowest_limit(
+    counted: tuple[float, float], limit: float, caps: list[float]
+) -> None:
+    """Two 1-GPU jobs, no idle GPU, 100 W the board's lowest limit: a cap below it
+    would be clamped up by the node agent (the GPU then draws more than its share), so
+    it is raised and the other job's cap gives up what it gains."""
+    got = caps_w(counted, (1, 1), (NAN, NAN), sum(counted), limit, 0.1, min_cap_w=100.0)
+    assert got == pytest.approx(caps)

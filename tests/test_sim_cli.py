@@ -236,9 +236,11 @@ def test_powerflow_keeps_the_budget_where_the_papers_check_passes_it(
     assert after["jobs"] == before["jobs"] == 6
 
 
-def test_power_options_are_powerflows(tiny: Path) -> None:
+def test_power_options_are_powerflows(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["simulate", "--scheduler", "gandiva", "--frequency", "1410", "--trace", str(tiny)]
     assert main([*args, "--no-strict-power"]) == 2
     assert main(["simulate", "--quick", "--power-margin", "0.05", "--trace", str(tiny)]) == 2
+    # the line names both schedulers that take them (powerflow+ does too)
+    assert "--scheduler powerflow or powerflow+" in capsys.readouterr().err
     args = ["simulate", "--scheduler", "powerflow", "--trace", str(tiny), "--nodes", "1"]
     assert main([*args, "--gpus-per-node", "4", "--power-margin", "1.5"]) == 2

@@ -129,3 +129,12 @@ def test_a_sweep_counts_its_hungriest_slice_against_the_limit() -> None:
 def test_a_cap_that_is_not_a_positive_number_is_refused() -> None:
     with pytest.raises(SimulationError, match="caps job j0"):
         _run([_job(0, 0.0, 1, 10.0)], CappedPolicy(cap_w=float("nan")))
+
+
+def test_a_cap_below_the_gpus_lowest_limit_holds_at_that_limit() -> None:
+    """The node agent clamps a cap into the board's range (A100: 100-400 W): a plan's
+    80 W cap runs the GPU at the clock whose power fits 100 W, not 80 W."""
+    assert A100.min_power_limit_w == 100.0
+    job = _job(0, 0.0, 1, 600.0)
+    capped = summarise(_run([job], CappedPolicy(cap_w=80.0)))
+    assert capped["avg_jct_s"] == pytest.approx(600 * FMAX / _capped_clock(100.0))

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if args.eta is not None or args.frequency is not None:
         raise SimulationError("--eta/--frequency need --scheduler")
     if power_options(args):
-        raise SimulationError("the power budget options need --scheduler powerflow")
+        raise SimulationError("the power budget options need --scheduler powerflow or powerflow+")
     if args.budget_schedule is not None:
         raise SimulationError("--budget-schedule needs --scheduler")
     return _comparison(args, config, trace)

@@ -50,7 +50,7 @@ model is more likely a broken window than a model error."""
 
 
 MIN_CAP_W = 1.0
-"""The smallest cap the policy writes (a GPU clamps it to its own minimum anyway)."""
+"""The smallest cap the policy writes on a GPU whose lowest limit is unknown."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,7 @@ def caps_w(
     planned_w: float,
     limit_w: float,
     headroom: float,
+    min_cap_w: float = 0.0,
 ) -> list[float] | None:
     """Per-GPU caps for the placed jobs, or None when the plan leaves enough room.
 
@@ -212,7 +213,11 @@ def caps_w(
     cover them), then in equal shares per GPU to every job; a negative
     ``left`` (pinned jobs already past the limit) is taken in equal shares.
     Either way the caps and the idle GPUs sum to the limit. A cap is at least
-    ``MIN_CAP_W``.
+    ``min_cap_w``, the lowest limit the board accepts (the node agent clamps a
+    lower one up to it, so the GPU would draw more than the plan's share): the
+    caps below it are raised to it and what they gain is taken from the others
+    (``_floored``), so the sum stays the limit where the boards allow it
+    (``MIN_CAP_W`` at least).
     """
     gpus = sum(job_gpus)
     extra = [p - w if p > w else 0.0 for p, w in zip(job_peak_w, job_power_w, strict=True)]
@@ -226,7 +231,33 @@ def caps_w(
         sweep, share = 1.0, (left - need) / gpus
     else:
         sweep, share = left / need, 0.0
-    return [
-        max(MIN_CAP_W, (w + sweep * x) / n + share)
-        for w, x, n in zip(job_power_w, extra, job_gpus, strict=True)
+    caps = [
+        (w + sweep * x) / n + share for w, x, n in zip(job_power_w, extra, job_gpus, strict=True)
     ]
+    floor = max(MIN_CAP_W, min_cap_w)
+    counted = [max(floor, w / n) for w, n in zip(job_power_w, job_gpus, strict=True)]
+    return _floored(caps, job_gpus, floor, counted)
+
+
+def _floored(
+    caps: list[float], gpus: Sequence[int], floor: float, counted: Sequence[float]
+) -> list[float]:
+    """``caps`` (per GPU, jobs of ``gpus`` GPUs) none below ``floor``, their GPUs' sum
+    kept: what the raised ones gain is taken first from the others' room above what
+    the plan counted for them (``counted``, per GPU, at least ``floor``), then, if
+    that is not enough, from their room above ``floor``; each gives up the same
+    fraction of its room. Only when every cap is at ``floor`` does the sum grow."""
+    deficit = sum(n * (floor - c) for c, n in zip(caps, gpus, strict=True) if c < floor)
+    if deficit <= 0:
+        return caps
+    out = [max(c, floor) for c in caps]
+    for low in (counted, [floor] * len(caps)):
+        room = sum(n * max(0.0, c - lo) for c, lo, n in zip(out, low, gpus, strict=True))
+        if room <= 0:
+            continue
+        keep = max(0.0, 1.0 - deficit / room)
+        out = [lo + (c - lo) * keep if c > lo else c for c, lo in zip(out, low, strict=True)]
+        deficit -= min(deficit, room)
+        if deficit <= 0:
+            break
+    return out

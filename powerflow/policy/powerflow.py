@@ -403,6 +403,7 @@ class _Decision:
                 watts,
                 self.limit,
                 self.options.cap_headroom,
+                self.cluster.gpu.min_power_limit_w or 0.0,
             )
         for n_placed, k in enumerate(where):
             i = running[k]

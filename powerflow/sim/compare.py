@@ -92,14 +92,23 @@ def curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, Curve]:
     return {name: Curve.of(pts) for name, pts in points.items()}
 
 
-def _max_ratio(base: Curve, ref: Curve) -> float | None:
+def _ratios(base: Curve, ref: Curve) -> np.ndarray | None:
+    """``base``'s JCT over ``ref``'s at equal energy, on 201 energies spanning the range
+    both cover with their own points added; None when the ranges do not meet."""
     lo, hi = max(base.lo, ref.lo), min(base.hi, ref.hi)
     if lo > hi:
         return None
     grid = np.unique(np.concatenate([np.linspace(lo, hi, 201), base.energy_j, ref.energy_j]))
     grid = grid[(grid >= lo) & (grid <= hi)]
-    ratio = np.interp(grid, base.energy_j, base.jct_s) / np.interp(grid, ref.energy_j, ref.jct_s)
-    return float(ratio.max())
+    ratio: np.ndarray = np.interp(grid, base.energy_j, base.jct_s) / np.interp(
+        grid, ref.energy_j, ref.jct_s
+    )
+    return ratio
+
+
+def _max_ratio(base: Curve, ref: Curve) -> float | None:
+    ratio = _ratios(base, ref)
+    return None if ratio is None else float(ratio.max())
 
 
 def _dominance(base: Curve, ref: Curve) -> float | None:
@@ -162,12 +171,10 @@ def versus(
     if name not in points or REFERENCE not in points:
         return None
     mine, ref = Curve.of(points[name]), Curve.of(points[REFERENCE])
-    lo, hi = max(mine.lo, ref.lo), min(mine.hi, ref.hi)
-    if lo > hi:
+    ratio = _ratios(mine, ref)
+    if ratio is None:
         return None
-    grid = np.unique(np.concatenate([np.linspace(lo, hi, 201), mine.energy_j, ref.energy_j]))
-    grid = grid[(grid >= lo) & (grid <= hi)]
-    ratio = np.interp(grid, mine.energy_j, mine.jct_s) / np.interp(grid, ref.energy_j, ref.jct_s)
+    lo, hi = max(mine.lo, ref.lo), min(mine.hi, ref.hi)
     return {
         "mean": float(ratio.mean()),
         "best": float(ratio.min()),

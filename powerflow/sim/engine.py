@@ -21,7 +21,8 @@ Every GPU of a powered-on node not computing (free, or held by a job that is
 restarting) draws idle power; powered-down nodes draw nothing. The offline
 pre-run's energy is counted apart from the cluster's power series.
 
-Power caps and the budget. A plan's per-GPU ``power_cap_w`` holds the job's
+Power caps and the budget. A plan's per-GPU ``power_cap_w``, clamped into the
+board's power-limit range as the node agent clamps it, holds the job's
 GPUs at the highest clock whose true power fits it (``TruthRates.capped``),
 so a capped job runs slower and draws less, and its time and energy say so.
 Time above the admin's limit is measured from the ground truth with every
@@ -530,7 +531,7 @@ class Simulation:
             job.step_s, job.power_w = self.rates.sweep(name, job.n, job.r, job.bs, clocks)
             job.peak_w = self.rates.peak(name, job.n, job.r, job.bs, clocks)
         else:
-            f = self.rates.capped(name, job.n, job.r, job.bs, job.f, job.cap_w)
+            f = self.rates.capped(name, job.n, job.r, job.bs, job.f, self._board_cap_w(job))
             job.step_s, job.power_w = self.rates.rate(name, job.n, job.r, job.bs, f)
             job.peak_w = job.power_w
             if job.phase is Phase.RUN and (job.measured_f != f or job.measured_w is None):
@@ -554,11 +555,21 @@ class Simulation:
         job.measured_f = f
         self._stale_views.add(job.index)
 
+    def _board_cap_w(self, job: SimJob) -> float | None:
+        """The power limit the job's GPUs really get: the node agent clamps the plan's
+        cap into the board's range (``nodeagent.settings.clamp_power_w``), and a board
+        without a settable limit (``min_power_limit_w`` None) keeps its default."""
+        gpu = self.cfg.gpu
+        if job.cap_w is None or gpu.min_power_limit_w is None:
+            return None
+        return min(max(job.cap_w, gpu.min_power_limit_w), gpu.max_power_w)
+
     def _swept_clocks(self, job: SimJob) -> tuple[int, ...]:
         """The clocks a profiling job's slices really run: each planned one under its cap."""
-        if job.cap_w is None:
+        cap = self._board_cap_w(job)
+        if cap is None:
             return job.profile_clocks
-        name, n, r, bs, cap = job.trace.model_name, job.n, job.r, job.bs, job.cap_w
+        name, n, r, bs = job.trace.model_name, job.n, job.r, job.bs
         return tuple(self.rates.capped(name, n, r, bs, c, cap) for c in job.profile_clocks)
 
     def _finish_profile(self, job: SimJob, *, complete: bool, refit: bool = True) -> None:
