@@ -774,7 +774,27 @@ def _core_job(
         measured_power_w=measured.watts if measured is not None else None,
         measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
         profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
+        power_cap_w=_current_cap(v.current) if running else None,
     )
+
+
+def _current_cap(pods: Sequence[PodBody]) -> float | None:
+    """The per-GPU cap the job's workers hold now (their ``power-limit-watts``), for
+    the policy to keep it steady (``Job.power_cap_w``): the highest of them (the
+    policy keeps a current cap only where it is no higher than the new one, so
+    the highest is the safe reading of workers caught mid-update); ``None`` when
+    a worker has none or an unreadable one (the agent holds no cap there)."""
+    caps = []
+    for pod in pods:
+        raw = _annotation(pod, contract.POWER_LIMIT_ANNOTATION)
+        try:
+            cap = float(raw) if raw is not None else math.nan
+        except ValueError:
+            cap = math.nan
+        if not (math.isfinite(cap) and cap > 0):
+            return None
+        caps.append(cap)
+    return max(caps, default=None)
 
 
 def build_snapshot(

@@ -98,6 +98,7 @@ from powerflow.policy.power_loop import (
     caps_w,
     correction,
     planning_limit_w,
+    steady_caps,
 )
 from powerflow.policy.returns import floor_of, returns_of
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
@@ -405,6 +406,13 @@ class _Decision:
                 self.options.cap_headroom,
                 self.cluster.gpu.min_power_limit_w or 0.0,
             )
+            if caps is not None:
+                caps = steady_caps(
+                    caps,
+                    [jobs[running[k]].power_cap_w for k in where],
+                    self.cluster.gpu.min_power_limit_w or 0.0,
+                    self.cluster.gpu.max_power_w,
+                )
         for n_placed, k in enumerate(where):
             i = running[k]
             job_id = ids[k]

@@ -45,6 +45,9 @@ class Job:
     ``None`` when not measured there yet. ``profiled_gpus`` lists the GPU counts
     the job has been profiled on: a first run on any other count sweeps the
     clocks up to the highest one (``None``: the backend does not profile).
+    ``power_cap_w`` is the per-GPU power cap its GPUs hold now (``None``: none);
+    the policy keeps it unless it must lower it or can raise it by a clear step
+    (``power_loop.steady_caps``), so that caps are not rewritten at every pass.
     """
 
     id: str
@@ -65,6 +68,7 @@ class Job:
     measured_power_w: float | None = None
     measured_frequency_mhz: int | None = None
     profiled_gpus: frozenset[int] | None = None
+    power_cap_w: float | None = None
 
 
 @dataclass(frozen=True)

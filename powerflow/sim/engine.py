@@ -851,6 +851,7 @@ class Simulation:
             measured_power_w=job.measured_w,
             measured_frequency_mhz=job.measured_f,
             profiled_gpus=self._profiled_of(job),
+            power_cap_w=job.cap_w if job.holding else None,
         )
 
     def _result(self, wall_s: float) -> RunResult:
@@ -945,6 +946,7 @@ def _measured(view: Job, job: SimJob, profiled: frozenset[int] | None) -> None:
     fields["measured_power_w"] = job.measured_w
     fields["measured_frequency_mhz"] = job.measured_f
     fields["profiled_gpus"] = profiled
+    fields["power_cap_w"] = job.cap_w if job.holding else None
 
 
 def _joined(parts: list[Samples]) -> Samples:
