@@ -280,18 +280,17 @@ def steady_caps(
     cap kept while it is no higher than the new cap and within ``CAP_RAISE_W``
     of it.
 
-    Why: the caps follow measured power, which moves a little with every window,
-    so exact caps changed at almost every pass (the first 3 h of the default
-    trace at eta 0.6: 73 % of the passes where a capped job kept its GPUs and
-    clock moved its cap; 16 % with these rules, by 5 W or more, mostly as other
-    jobs come and go: ``tests/test_policy_steady_caps.py``): one PATCH per
-    worker pod and one NVML write per GPU each time, and a restarted operator,
-    which has lost the windows, would rewrite them all. Both rules only lower a
-    cap, so the caps and the idle GPUs still sum to at most the limit, and a cap that must go down goes down at
-    once. The price: a cap may sit up to ``CAP_RAISE_W`` below what ``caps_w``
-    gave, i.e. up to that much below what the plan counted for the job when the
-    budget is tight, and the job then runs a clock step or two below the plan
-    (the simulator accounts for it; the power loop measures it).
+    Why: the caps follow measured power, which moves a little with every window, so exact caps
+    changed at almost every pass (the first 3 h of the default trace at eta 0.6: 73 % of the
+    passes where a capped job kept its GPUs and clock moved its cap; 16 % with these rules, by 5
+    W or more, mostly as other jobs come and go: ``tests/test_policy_steady_caps.py``): one
+    PATCH per worker pod and one NVML write per GPU each time, and a restarted operator, which
+    has lost the windows, would rewrite them all. Both rules only lower a cap, so the caps and
+    the idle GPUs still sum to at most the limit, and a cap that must go down goes down at once.
+    The price: a cap may sit up to ``CAP_RAISE_W`` below what ``caps_w`` gave, i.e. up to that
+    much below what the plan counted for the job when the budget is tight, and the job then runs
+    a clock step or two below the plan (the simulator accounts for it; the power loop measures
+    it).
     """
     floor = max(MIN_CAP_W, min_cap_w)
     out = []
