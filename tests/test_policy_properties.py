@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import allowed_counts, fill_slack_w, raised_any, snapshots
 
-from powerflow.policy.power_loop import CAP_STEP_W, SCALE_RANGE, caps_w
+from powerflow.policy.power_loop import CAP_SLACK_W, CAP_STEP_W, SCALE_RANGE, caps_w
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.snapshot import Job, JobPlan, Plan, Snapshot
 
@@ -246,12 +246,12 @@ def test_caps_and_idle_gpus_sum_to_the_limit_and_cover_what_the_plan_counted(
         high = snapshot.nodes[0].gpu.max_power_w  # nor above the board's highest limit
         assert max(jp.power_cap_w or 0 for jp in capped) <= high
         if all((jp.power_cap_w or 0) < high for jp in capped):
-            steps = CAP_STEP_W * sum(jp.gpus for jp in capped)
+            steps = (CAP_STEP_W + CAP_SLACK_W) * sum(jp.gpus for jp in capped)
             assert summed >= plan.limit_watts - steps - 1e-6
         assert all(
-            # rounded down to a step at most (no cap held yet in these snapshots), or
-            # the board's highest limit
-            (jp.power_cap_w or 0) >= min((jp.power_w or 0) / jp.gpus - CAP_STEP_W - 1e-9, high)
+            # no cap held yet in these snapshots: at least what was counted, or the
+            # board's highest limit
+            (jp.power_cap_w or 0) >= min((jp.power_w or 0) / jp.gpus * (1 - 1e-12), high)
             for jp in capped
         )
 

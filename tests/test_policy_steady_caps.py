@@ -22,7 +22,7 @@ from test_operator_profiling import (
 )
 
 from powerflow import contract
-from powerflow.policy.power_loop import CAP_RAISE_W, CAP_STEP_W, steady_caps
+from powerflow.policy.power_loop import CAP_RAISE_W, CAP_SLACK_W, CAP_STEP_W, steady_caps
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.snapshot import Plan, Snapshot
 from powerflow.schedulers import scheduler
@@ -35,21 +35,24 @@ LOW, HIGH = 100.0, 400.0
 
 
 @pytest.mark.parametrize(
-    ("cap", "current", "expected"),
+    ("cap", "counted", "current", "expected"),
     [
-        (187.3, None, 185.0),  # rounded down to the step
-        (193.0, 185.0, 185.0),  # a held cap kept: the new one is < CAP_RAISE_W above
-        (197.0, 183.0, 195.0),  # raised by a clear step
-        (183.0, 185.0, 180.0),  # a cap that must go down goes down at once
-        (548.0, None, HIGH),  # the board's highest limit
-        (548.0, 395.0, 395.0),  # ... a held cap within a raise step of it kept
-        (80.0, None, LOW),  # the board's lowest limit
-        (80.0, 95.0, LOW),
+        (187.3, 150.0, None, 185.0),  # a whole watt with a cushion below the cap
+        (187.3, 186.5, None, 186.5),  # never below what the plan counted
+        (193.0, 150.0, 185.0, 185.0),  # a held cap kept: the new one is < CAP_RAISE_W above
+        (192.0, 186.0, 185.0, 185.0),  # ... down to CAP_SLACK_W below what was counted
+        (197.0, 150.0, 185.0, 195.0),  # raised by a clear step
+        (183.0, 150.0, 185.0, 181.0),  # a cap that must go down goes down at once
+        (200.0, 190.0, 185.0, 198.0),  # a held cap too far below what was counted
+        (548.0, 375.0, None, HIGH),  # the board's highest limit
+        (548.0, 375.0, 395.0, 395.0),  # ... a held cap within a raise step of it kept
+        (80.0, 50.0, None, LOW),  # the board's lowest limit
+        (80.0, 50.0, 95.0, LOW),
     ],
 )
-def test_steady_caps(cap: float, current: float | None, expected: float) -> None:
-    assert steady_caps([cap], [current], LOW, HIGH) == [expected]
-    assert CAP_RAISE_W > CAP_STEP_W  # a rounded cap can be kept
+def test_steady_caps(cap: float, counted: float, current: float | None, expected: float) -> None:
+    assert steady_caps([cap], [counted], [current], LOW, HIGH) == [expected]
+    assert CAP_RAISE_W > CAP_SLACK_W + CAP_STEP_W  # a fresh cap can be kept
 
 
 @dataclass
@@ -67,8 +70,9 @@ class Recorder:
 
 def test_caps_do_not_move_at_every_pass_in_the_simulator() -> None:
     """The first 3 h of the default trace at eta 0.6: of the plans where a job keeps
-    its GPUs and clock and is capped in both, a sixth change its cap, when the budget
-    left to the job moved by a step or more (exact caps changed in 73 % of them)."""
+    its GPUs and clock and is capped in both, under a third change its cap, mostly
+    where the cap is what the plan counted and the measured power moved it down
+    (exact caps changed in 73 % of them)."""
     config = SimConfig()
     world = default_world()
     jobs = load_jobs(TraceSpec(hours=3.0), config, world)
@@ -86,7 +90,7 @@ def test_caps_do_not_move_at_every_pass_in_the_simulator() -> None:
                 moved += before[2] != now[2]
             last[jp.job_id] = now
     assert kept > 100  # caps were in force for a good part of the run
-    assert moved <= 0.25 * kept
+    assert moved <= 0.35 * kept
 
 
 def test_the_operator_hands_the_cap_its_workers_hold_to_the_policy() -> None:

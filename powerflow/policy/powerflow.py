@@ -409,6 +409,7 @@ class _Decision:
             if caps is not None:
                 caps = steady_caps(
                     caps,
+                    [w / len(placed[running[k]]) for w, k in zip(values, where, strict=True)],
                     [jobs[running[k]].power_cap_w for k in where],
                     self.cluster.gpu.min_power_limit_w or 0.0,
                     self.cluster.gpu.max_power_w,
