@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from operator_cases import node
 from powerflow.operator.learning import params_status
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import free_port, write_kubeconfig
@@ -112,13 +113,7 @@ async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
     async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
         for name in ("n1", "n2"):
-            node = {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100"}},
-                "status": {"allocatable": {contract.GPU_RESOURCE: "4"}},
-            }
-            assert (await client.post("/api/v1/nodes", json=node)).status_code == 201
+            assert (await client.post("/api/v1/nodes", json=node(name, 4))).status_code == 201
         yield client
 
 
