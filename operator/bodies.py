@@ -78,6 +78,7 @@ class ModelStatus(TypedDict, total=False):
     params: dict[str, Any]
     fits: int
     fitErrorPercent: float
+    measuredPower: dict[str, Any]
     profiledGpuCounts: list[int]
 
 

@@ -54,10 +54,15 @@ fit of a process with a cold numba cache compiles the kernels (seconds, once).
 ``status.model`` (written by ``reconcile`` in the job's one status patch):
 ``prior`` (the prior's name), ``samples`` (windows received, over restarts),
 ``params`` (the fitted ``ModelParams.to_dict()``, absent until a fit),
-``fits`` (refits so far) and ``fitErrorPercent``: the fitted model's mean
+``fits`` (refits so far), ``fitErrorPercent``: the fitted model's mean
 absolute percentage error on the rows it holds, the larger of step time's and
 energy's, so one number says how far either prediction is off (it includes
-the samples' own noise, a few percent).
+the samples' own noise, a few percent), and ``measuredPower``: the job's power
+over its latest windows and the configuration it was measured at
+(``measured_power``). A restarted operator reads ``measuredPower`` back, so its
+first passes correct the job's predicted power (``policy.power_loop``) as the
+previous operator did instead of planning uncorrected until new windows
+arrive; windows that arrive replace it.
 """
 
 from __future__ import annotations
@@ -208,6 +213,7 @@ class _Entry:
         "model_name",
         "pending",
         "received",
+        "restored_power",
         "rows",
         "uid",
     )
@@ -221,6 +227,8 @@ class _Entry:
         self.received = 0
         self.error_percent: float | None = None
         self.bad_params = False
+        self.restored_power: MeasuredPower | None = None
+        """What ``status.model.measuredPower`` said at a restart, until windows arrive."""
         self.fresh = False
         """Rows arrived that the learner has not been shown yet."""
         self.last_try = -1
@@ -386,6 +394,9 @@ class SampleStore:
                 fields["params"] = None  # a merge patch removes the bad ones
             if entry.error_percent is not None:
                 fields["fitErrorPercent"] = entry.error_percent
+            measured = _measured(entry)
+            if measured is not None:
+                fields["measuredPower"] = measured_status(measured)
             out[key] = fields
         return out
 
@@ -393,25 +404,17 @@ class SampleStore:
         """Per job key, its power over its latest windows at the configuration of the
         latest one (up to ``MEASURED_ROWS`` of them, energy over time): what the
         policy's power loop corrects its predictions by (``Job.measured_power_w``).
-        A job whose windows' power is not a finite number is left out."""
+        A job without windows since a restart has what the previous operator wrote
+        in ``status.model.measuredPower``, so a restart does not plan uncorrected
+        (module docstring). A job whose windows' power is not a finite number is
+        left out."""
         out: dict[str, MeasuredPower] = {}
         with self._lock:
             entries = list(self._jobs.items())
         for key, entry in entries:
-            rows = entry.rows
-            if not len(rows):
-                continue
-            last = rows[-1, :4]
-            same = rows[np.all(rows[:, :4] == last, axis=1)][-MEASURED_ROWS:]
-            with np.errstate(over="ignore"):
-                watts = float(same[:, 5].sum() / same[:, 4].sum())
-            if not math.isfinite(watts):
-                # Each window is in telemetry's range, yet energy over time can
-                # overflow: no measurement, rather than one the policy refuses
-                # (which would stop the pass for every job).
-                continue
-            n, r, bs, f = (int(x) for x in last)
-            out[key] = MeasuredPower(n, r, bs, f, watts)
+            measured = _measured(entry)
+            if measured is not None:
+                out[key] = measured
         return out
 
     # --- internals ------------------------------------------------------------------
@@ -463,6 +466,7 @@ class SampleStore:
         entry = _Entry(uid, model_name, self._prior_knowledge(model_name))
         entry.received = _count(model_status.get("samples"))
         entry.error_percent = _percent(model_status.get("fitErrorPercent"))
+        entry.restored_power = _restored_power(model_status.get("measuredPower"))
         raw = model_status.get("params")
         if raw is None:
             return entry
@@ -514,6 +518,48 @@ class SampleStore:
             return FittedModel(self._prior(name))
 
         return by_name
+
+
+def _measured(entry: _Entry) -> MeasuredPower | None:
+    """The job's measured power (``SampleStore.measured_power``), None without one."""
+    rows = entry.rows
+    if not len(rows):
+        return entry.restored_power
+    last = rows[-1, :4]
+    same = rows[np.all(rows[:, :4] == last, axis=1)][-MEASURED_ROWS:]
+    with np.errstate(over="ignore"):
+        watts = float(same[:, 5].sum() / same[:, 4].sum())
+    if not math.isfinite(watts):
+        # Each window is in telemetry's range, yet energy over time can
+        # overflow: no measurement, rather than one the policy refuses
+        # (which would stop the pass for every job).
+        return None
+    n, r, bs, f = (int(x) for x in last)
+    return MeasuredPower(n, r, bs, f, watts)
+
+
+def measured_status(measured: MeasuredPower) -> dict[str, Any]:
+    """``status.model.measuredPower``: the job's measured power and where it was measured."""
+    return {
+        "gpus": measured.n,
+        "gpusPerNode": measured.gpus_per_node,
+        "localBatchSize": measured.local_batch_size,
+        "frequencyMHz": measured.frequency_mhz,
+        "watts": round(measured.watts, 2),
+    }
+
+
+def _restored_power(raw: Any) -> MeasuredPower | None:
+    """``status.model.measuredPower`` read back after a restart; None unless every field is
+    there and sane (the schema checks them, but status may predate it or be edited)."""
+    if not isinstance(raw, dict):
+        return None
+    counts = [_count(raw.get(k)) for k in ("gpus", "gpusPerNode", "localBatchSize", "frequencyMHz")]
+    watts = _percent(raw.get("watts"))
+    if min(counts) < 1 or counts[1] > counts[0] or not watts:
+        return None
+    n, r, bs, f = counts
+    return MeasuredPower(n, r, bs, f, watts)
 
 
 def params_status(params: ModelParams) -> dict[str, Any]:

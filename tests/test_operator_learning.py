@@ -420,3 +420,48 @@ def test_a_window_whose_power_overflows_is_not_a_measurement() -> None:
     feed(s, [(node, good), (node, bad)])
     s.refresh([body()])
     assert s.measured_power() == {}
+
+
+def test_a_restart_keeps_the_measured_power_until_windows_arrive() -> None:
+    """``status.model.measuredPower`` carries the job's measured power over a restart:
+    the new store reports it (the policy corrects with it from the first pass), writes
+    it back unchanged, and windows that arrive afterwards replace it."""
+    s = store()
+    s.refresh([body()])
+    rng = np.random.default_rng(4)
+    feed(s, windows(CLOCKS, rng))
+    s.refresh([body()])
+    before = s.measured_power()["ml/job"]
+    fields = s.status_fields()["ml/job"]
+    assert fields["measuredPower"] == {
+        "gpus": N,
+        "gpusPerNode": R,
+        "localBatchSize": int(BS),
+        "frequencyMHz": int(CLOCKS[-1]),
+        "watts": round(before.watts, 2),
+    }
+    again = store()
+    again.refresh([body(model=fields)])
+    assert again.measured_power()["ml/job"] == replace(before, watts=round(before.watts, 2))
+    assert again.status_fields()["ml/job"] == fields  # nothing to write: no churn
+    feed(again, windows([1005.0], rng))
+    again.refresh([body(model=fields)])
+    assert again.measured_power()["ml/job"].frequency_mhz == 1005
+
+
+@pytest.mark.parametrize(
+    "measured",
+    [
+        {"gpus": 8, "gpusPerNode": 4, "localBatchSize": 32, "frequencyMHz": 1410},
+        {"gpus": 8, "gpusPerNode": 4, "localBatchSize": 32, "frequencyMHz": 1410, "watts": -5},
+        {"gpus": 4, "gpusPerNode": 8, "localBatchSize": 32, "frequencyMHz": 1410, "watts": 900},
+        {"gpus": "8", "gpusPerNode": 4, "localBatchSize": 32, "frequencyMHz": 1410, "watts": 9},
+        "900 W",
+    ],
+    ids=["no-watts", "negative", "more-per-node-than-gpus", "string-count", "not-an-object"],
+)
+def test_a_bad_measured_power_in_status_is_no_measurement(measured: Any) -> None:
+    s = store()
+    s.refresh([body(model={"samples": 5, "measuredPower": measured})])
+    assert s.measured_power() == {}
+    assert "measuredPower" not in s.status_fields()["ml/job"]

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from powerflow.operator.learning import SampleStore, params_status
+from powerflow.operator.learning import MeasuredPower, SampleStore, measured_status, params_status
 from prometheus_client import CollectorRegistry
 from support.crd_schema import crd_validator
 
@@ -90,3 +90,21 @@ def test_schema_rejects_bad_model_status(
     model["params"] = copy.deepcopy(params_status(load_prior("resnet50")))
     mutate(model)
     assert not validator.is_valid(example() | {"status": {"model": model}})
+
+
+def test_measured_power_in_status_validates_and_bad_ones_are_refused(
+    validator: jsonschema.Draft4Validator,
+) -> None:
+    """``status.model.measuredPower`` as the store writes it is valid; a partial or
+    negative one is refused by the API server's schema."""
+    measured = MeasuredPower(
+        n=8, gpus_per_node=4, local_batch_size=32, frequency_mhz=1410, watts=2e3
+    )
+    good = {"samples": 3, "measuredPower": measured_status(measured)}
+    assert validator.is_valid(example() | {"status": {"model": good}})
+    for bad in (
+        {k: v for k, v in good["measuredPower"].items() if k != "watts"},
+        {**good["measuredPower"], "watts": -1.0},
+        {**good["measuredPower"], "gpus": 0},
+    ):
+        assert not validator.is_valid(example() | {"status": {"model": {"measuredPower": bad}}})

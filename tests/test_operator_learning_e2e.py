@@ -53,9 +53,11 @@ class RecordingPolicy(ThresholdPolicy):
 
     def __init__(self) -> None:
         self.params: list[dict[str, ModelParams]] = []
+        self.measured: list[dict[str, float | None]] = []
 
     def plan(self, snapshot: Snapshot) -> Plan:
         self.params.append({j.id: j.model.params for j in snapshot.jobs})  # type: ignore[attr-defined]
+        self.measured.append({j.id: j.measured_power_w for j in snapshot.jobs})
         return super().plan(snapshot)
 
 
@@ -138,11 +140,15 @@ async def test_the_fitted_model_is_in_status_and_a_restart_schedules_with_it(
             return policy.params[-1].get(f"{NS}/fit") == params
 
         await eventually(scheduled_with_fit)
+        watts = policy.measured[-1][f"{NS}/fit"]
+        assert watts is not None and model["measuredPower"]["watts"] == round(watts, 2)
 
     restarted = RecordingPolicy()
     async with operator(kubeconfig, restarted):
         await asyncio.sleep(0.5)  # a few passes
         assert restarted.params[0][f"{NS}/fit"] == params  # from the first pass on
+        # The power loop corrects with the measured power from the first pass on too.
+        assert restarted.measured[0][f"{NS}/fit"] == model["measuredPower"]["watts"]
         assert await model_status(api) == model  # read back, not rewritten
 
 
