@@ -15,8 +15,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy, zeus_clock
+from powerflow.baselines import (
+    AfsPolicy,
+    GandivaPolicy,
+    TiresiasPolicy,
+    ZeusPolicy,
+    zeus_clock,
+    zeus_power_limit,
+)
 from powerflow.baselines.afs import Ladder, afs_l, ladder_counts
+from powerflow.baselines.zeus import power_limits_w
+from powerflow.devices import Workload, capped_clock_mhz
 from powerflow.errors import SnapshotError
 from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
@@ -350,9 +359,9 @@ def test_zeus_knob_ends() -> None:
 
 
 @pytest.mark.parametrize("inner", [GandivaPolicy(), TiresiasPolicy()])
-def test_zeus_only_changes_clocks_of_the_inner_plan(inner: Policy) -> None:
+def test_zeus_clock_variant_only_changes_clocks_of_the_inner_plan(inner: Policy) -> None:
     s = _random_snapshot(random.Random(3), nodes(2, 4), 8)
-    base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5).plan(s)
+    base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5, knob="clock").plan(s)
     strip = [replace(jp, frequency_mhz=0) for jp in base.jobs]
     assert [replace(jp, frequency_mhz=0) for jp in zeus.jobs] == strip
     assert (zeus.migrations, zeus.limit_watts) == (base.migrations, base.limit_watts)
@@ -365,6 +374,107 @@ def test_zeus_only_changes_clocks_of_the_inner_plan(inner: Policy) -> None:
             want = brute_force_clock(model, jp.gpus, r, jp.local_batch_size, 0.5)
             assert jp.frequency_mhz == want
     assert zeus.predicted_watts < base.predicted_watts
+
+
+def test_zeus_power_limits_are_zeus_profiling_range() -> None:
+    # GlobalPowerLimitOptimizer: range(max, min - pl_step, -pl_step), highest first.
+    assert power_limits_w(A100) == tuple(float(w) for w in range(400, 99, -25))
+    odd = replace(A100, min_power_limit_w=110.0)
+    assert power_limits_w(odd)[-2:] == (125.0, 110.0)  # 100 W is below the board: clamped
+    assert power_limits_w(replace(A100, min_power_limit_w=None)) == (400.0,)
+
+
+def brute_force_limit(model: Amdahl, n: int, r: int, bs: int, eta: float) -> tuple[float, int]:
+    """Zeus's ZeusCost selector over its profiled limits, each run as the simulated GPU runs it."""
+    best: tuple[float, int] = (0.0, 0)
+    best_cost = math.inf
+    for limit in range(400, 99, -25):  # highest first: a tie keeps the higher limit
+        f = capped_clock_mhz(model, Workload("m", n, r, bs), A100.clocks_mhz, 1410, limit)
+        t = float(model.step_time_s(n, r, bs, f))
+        e = float(model.energy_per_iter_j(n, r, bs, f))
+        cost = eta * e + (1 - eta) * n * A100.max_power_w * t
+        if cost < best_cost:
+            best, best_cost = (float(limit), f), cost
+    return best
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.3, 0.5, 0.8, 1.0])
+@pytest.mark.parametrize("model", [MODEL, Amdahl(static_w=40.0, dynamic_w=300.0)])
+@pytest.mark.parametrize(("n", "r"), [(1, 1), (8, 4)])
+def test_zeus_power_limit_minimises_the_cost_over_the_limits(
+    eta: float, model: Amdahl, n: int, r: int
+) -> None:
+    assert zeus_power_limit(model, n, r, 64, A100, eta) == brute_force_limit(model, n, r, 64, eta)
+
+
+def test_zeus_power_limit_cannot_reach_every_clock() -> None:
+    # Energy only (eta 1): the clock optimum is 525 MHz, but even the lowest limit
+    # (100 W) lets this GPU run at 810 MHz, so Zeus's limit search lands there.
+    model = Amdahl(static_w=40.0, dynamic_w=300.0)
+    assert zeus_clock(model, 1, 1, 64, A100, 1.0) == 525
+    assert zeus_power_limit(model, 1, 1, 64, A100, 1.0) == (100.0, 810)
+    # Time only (eta 0): the highest limit, the top clock, as Zeus picks it.
+    assert zeus_power_limit(model, 1, 1, 64, A100, 0.0) == (400.0, 1410)
+
+
+@pytest.mark.parametrize("inner", [GandivaPolicy(), TiresiasPolicy()])
+def test_zeus_caps_power_and_leaves_the_clock_unlocked(inner: Policy) -> None:
+    s = _random_snapshot(random.Random(3), nodes(2, 4), 8)
+    base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5).plan(s)
+    strip = [replace(jp, power_cap_w=None) for jp in zeus.jobs]
+    assert strip == list(base.jobs)  # same jobs, GPUs, clocks (the top one), batches
+    watts = 0.0
+    for jp in zeus.jobs:
+        if not jp.gpus:
+            assert jp.power_cap_w is None
+            continue
+        nodes_used = [node for node, _ in jp.placement]
+        r = max(nodes_used.count(x) for x in nodes_used)
+        model = next(j.model for j in s.jobs if j.id == jp.job_id)
+        assert isinstance(model, Amdahl)
+        limit, f = brute_force_limit(model, jp.gpus, r, jp.local_batch_size, 0.5)
+        assert (jp.frequency_mhz, jp.power_cap_w) == (1410, limit)
+        watts += float(model.energy_per_iter_j(jp.gpus, r, jp.local_batch_size, f)) / float(
+            model.step_time_s(jp.gpus, r, jp.local_batch_size, f)
+        )
+    assert any(jp.power_cap_w is not None and jp.power_cap_w < 400 for jp in zeus.jobs)
+    busy = sum(jp.gpus for jp in zeus.jobs)  # no time-slicing in this snapshot
+    assert len({slot for jp in zeus.jobs for slot in jp.placement}) == busy
+    idle = (sum(n.gpus for n in s.nodes) - busy) * A100.idle_power_w
+    assert zeus.predicted_watts == pytest.approx(watts + idle)  # at the clocks the caps give
+
+
+def test_zeus_leaves_a_profiling_job_uncapped() -> None:
+    # Zeus's JIT profiler sets the limits itself while the job profiles its GPU count.
+    cluster = nodes(1, 4)
+    profiling = job("p", 2, placement=on("n0", 0, 1), pinned=True, profiled_gpus=frozenset())
+    profiled = job("q", 2, placement=on("n0", 2, 3), pinned=True, profiled_gpus=frozenset({2}))
+    plan = ZeusPolicy(GandivaPolicy()).plan(snap(cluster, [profiling, profiled]))
+    assert plan.job("p").power_cap_w is None
+    assert plan.job("q").power_cap_w == brute_force_limit(MODEL, 2, 2, 32, 0.5)[0]
+
+
+def test_zeus_knob_is_checked() -> None:
+    with pytest.raises(SnapshotError):
+        ZeusPolicy(GandivaPolicy(), knob="voltage")  # type: ignore[arg-type]
+    with pytest.raises(SnapshotError):
+        ZeusPolicy(GandivaPolicy(), pl_step_w=0.0)
+
+
+def test_zeus_baselines_search_power_limits_and_the_clock_variant_is_reachable() -> None:
+    from powerflow.schedulers import scheduler
+    from powerflow.sim.config import SimConfig
+    from powerflow.sim.experiments import comparison
+    from powerflow.sim.runner import TraceSpec
+
+    for name in ("gandiva+zeus", "tiresias+zeus"):
+        for suffix, knob in (("", "power_limit"), ("-clock", "clock")):
+            policy = scheduler(name + suffix).configure().policy
+            assert isinstance(policy, ZeusPolicy)
+            assert (policy.knob, policy.eta_knob) == (knob, 0.5)
+    names = {run.scheduler for run in comparison(TraceSpec(), SimConfig(), quick=True)}
+    assert {"gandiva+zeus", "tiresias+zeus"} <= names
+    assert not {"gandiva+zeus-clock", "tiresias+zeus-clock"} & names  # variants: by name only
 
 
 # ------------------------------------------------------------ validity (hypothesis)

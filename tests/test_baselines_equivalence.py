@@ -124,6 +124,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "afs": lambda: AfsPolicy(frequency_mhz=1410),
     "gandiva+zeus": lambda: ZeusPolicy(GandivaPolicy(frequency_mhz=1410)),
     "tiresias+zeus": lambda: ZeusPolicy(TiresiasPolicy(), eta_knob=0.3),
+    "gandiva+zeus-clock": lambda: ZeusPolicy(GandivaPolicy(), knob="clock"),
 }
 
 

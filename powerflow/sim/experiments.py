@@ -47,6 +47,8 @@ def comparison(
     trace = comparison_window(trace, quick=quick)
     specs: list[RunSpec] = []
     for spec in SCHEDULERS.values():
+        if not spec.compared:
+            continue
         if spec.knob is None:
             specs.append(RunSpec(spec.name, None, trace, config))
             continue
