@@ -312,6 +312,79 @@ def test_afs_l_matches_the_literal_tournament(lads: list[Ladder], free: int) -> 
     assert afs_l(lads, free) == reference_afs_l(lads, free)
 
 
+def paper_afs_l(speeds: list[list[float]], work: list[float], gpus: int) -> list[int]:
+    """AFS-L as the paper writes it: GPUs one at a time to ``TopPriority``'s winner.
+
+    ``speeds[j][k]`` is job j's throughput on k GPUs (``speeds[j][0] == 0``), its
+    length ``work[j]`` (remaining iterations). In each pair, j_L is the job that
+    finishes sooner at its current share (no GPUs: never) and wins the GPU iff
+    ``(s'_L - s_L) / s_L > (s'_H - s_H) / s'_H``; two jobs without GPUs go by
+    their time on one GPU. A job at the end of its speed table takes no more.
+    """
+    alloc = [0] * len(speeds)
+    for _ in range(gpus):
+        open_ = [j for j in range(len(speeds)) if alloc[j] + 1 < len(speeds[j])]
+        if not open_:
+            break
+
+        def now(j: int) -> float:
+            s = speeds[j][alloc[j]]
+            return work[j] / s if s > 0 else math.inf
+
+        top = open_[0]
+        for j in open_[1:]:
+            if now(top) == math.inf and now(j) == math.inf:
+                top = j if work[j] / speeds[j][1] < work[top] / speeds[top][1] else top
+                continue
+            low, high = (j, top) if now(j) < now(top) else (top, j)
+            s_l, s_l1 = speeds[low][alloc[low]], speeds[low][alloc[low] + 1]
+            s_h, s_h1 = speeds[high][alloc[high]], speeds[high][alloc[high] + 1]
+            top = low if (s_l1 - s_l) / s_l > (s_h1 - s_h) / s_h1 else high
+        alloc[top] += 1
+    return alloc
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tables=st.lists(
+        st.tuples(
+            st.floats(1.0, 1e4),
+            st.lists(st.floats(1.01, 2.0), min_size=0, max_size=6),
+        ),
+        max_size=8,
+    ),
+    gpus=st.integers(0, 24),
+)
+def test_afs_l_with_one_gpu_steps_is_the_papers_rule(
+    tables: list[tuple[float, list[float]]], gpus: int
+) -> None:
+    # Ladders of 1, 2, 3, ... GPUs: every step costs one GPU, the per-GPU division
+    # is by 1, and afs_l must hand out GPUs exactly as the paper's AFS-L does.
+    speeds = [[0.0, *np.cumprod([1.0, *ups]).tolist()] for _, ups in tables]
+    work = [w for w, _ in tables]
+    lads = [
+        Ladder(tuple(range(1, len(sp))), tuple(w / x for x in sp[1:]))
+        for w, sp in zip(work, speeds, strict=True)
+    ]
+    assert afs_l(lads, gpus) == paper_afs_l(speeds, work, gpus)
+
+
+def test_afs_power_of_two_steps_compare_gains_per_gpu() -> None:
+    # Equal step costs (both double 2 -> 4): the division by 2 cancels and the paper's
+    # inequality decides on the whole step. Short (100 s) gains 1.3x - 1 = 0.3 over its
+    # speed; long gains 1 - 1/1.5 = 0.33 over its new speed: long wins.
+    short = Ladder((2, 4), (100.0, 100.0 / 1.3))
+    long_ = Ladder((2, 4), (1000.0, 1000.0 / 1.5))
+    assert afs_l([short, long_], 6) == [2, 4]
+    # Unequal costs. Short runs on 1, long (first step 4 GPUs, 1/4 = 0.25 per GPU) beats
+    # short's 1 -> 2 (0.2) and gets 4. Then short doubles 1 -> 2 (1 GPU) for 0.2, long
+    # 4 -> 8 (4 GPUs) for 0.33, i.e. 0.083 per GPU: short wins per GPU, and long's step
+    # no longer fits. The paper's rule on the whole steps (0.2 < 0.33) would give long 8.
+    short = Ladder((1, 2), (100.0, 100.0 / 1.2))
+    long_ = Ladder((4, 8), (1000.0, 1000.0 / 1.5))
+    assert afs_l([long_, short], 9) == [4, 2]
+
+
 def test_afs_steps_are_powers_of_two_within_the_job_bounds() -> None:
     j = job("j", 1, min_gpus=3, max_gpus=16, global_batch_size=512)
     assert ladder_counts(j, 64) == (4, 8, 16)
