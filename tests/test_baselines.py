@@ -163,6 +163,46 @@ def test_gandiva_consolidates_a_spread_job() -> None:
     assert [m.job_id for m in plan.migrations] == ["x"]
 
 
+def test_gandiva_grow_shrink_grows_in_place_while_it_speeds_the_job_up() -> None:
+    # MODEL's step: 1.05 s on 1 GPU, 0.57 s on 2, 0.32 s on 4 (global batch 64).
+    a = job("a", 1, placement=on("n0", 0))
+    s = snap(nodes(2, 4), [a])
+    assert GandivaPolicy().plan(s).job("a").gpus == 1  # off by default: not elastic
+    plan = GandivaPolicy(grow_shrink=True).plan(s)
+    assert plan.job("a").placement == on("n0", 0, 1, 2, 3)  # its node's idle GPUs
+    assert plan.job("a").local_batch_size == 16
+    assert not plan.migrations  # grown around its GPU: a resize
+    # Bounded by the global batch and max_gpus.
+    assert GandivaPolicy(grow_shrink=True).plan(
+        snap(nodes(1, 4), [replace(a, global_batch_size=2, model=Amdahl(sync_s=0.0))])
+    ).job("a").placement == on("n0", 0, 1)
+    assert (
+        GandivaPolicy(grow_shrink=True)
+        .plan(snap(nodes(1, 4), [replace(a, max_gpus=2)]))
+        .job("a")
+        .gpus
+        == 2
+    )
+    # A job that two GPUs do not speed up (0.15 s on 1 and on 2) keeps its one.
+    flat = replace(a, model=Amdahl(work_s=0.1, sync_s=0.05))
+    assert GandivaPolicy(grow_shrink=True).plan(snap(nodes(1, 4), [flat])).job("a").gpus == 1
+
+
+def test_gandiva_grow_shrink_shrinks_a_grown_job_for_a_waiting_one() -> None:
+    grown = job("a", 1, placement=on("n0", 0, 1, 2, 3))
+    s = snap(nodes(1, 4), [grown, job("b", 2, arrival=1.0)])
+    plan = GandivaPolicy(grow_shrink=True).plan(s)
+    assert plan.job("b").gpus == 2
+    assert ("n0", 0) in plan.job("a").placement  # shrunk within its GPUs (and regrown
+    assert plan.job("a").gpus == 2  # onto the one GPU left: nobody waits any more)
+    assert not plan.migrations
+    _check_valid(s, plan, max_share=1, elastic=True)
+    # While a job still waits (4 GPUs, none free), the grown job stays at its request.
+    s = snap(nodes(1, 4), [grown, job("c", 4, arrival=1.0)])
+    plan = GandivaPolicy(grow_shrink=True).plan(s)
+    assert (plan.job("a").placement, plan.job("c").gpus) == (on("n0", 0), 0)
+
+
 # -------------------------------------------------------------------- Tiresias
 
 
@@ -312,33 +352,35 @@ def test_afs_l_matches_the_literal_tournament(lads: list[Ladder], free: int) -> 
     assert afs_l(lads, free) == reference_afs_l(lads, free)
 
 
-def paper_afs_l(speeds: list[list[float]], work: list[float], gpus: int) -> list[int]:
+def paper_afs_l(times: list[list[float]], gpus: int) -> list[int]:
     """AFS-L as the paper writes it: GPUs one at a time to ``TopPriority``'s winner.
 
-    ``speeds[j][k]`` is job j's throughput on k GPUs (``speeds[j][0] == 0``), its
-    length ``work[j]`` (remaining iterations). In each pair, j_L is the job that
+    ``times[j][k - 1]`` is job j's remaining time on k GPUs; its throughput there
+    is ``1 / times[j][k - 1]`` (0 on no GPUs). In each pair, j_L is the job that
     finishes sooner at its current share (no GPUs: never) and wins the GPU iff
     ``(s'_L - s_L) / s_L > (s'_H - s_H) / s'_H``; two jobs without GPUs go by
-    their time on one GPU. A job at the end of its speed table takes no more.
+    their time on one GPU. A job at the end of its table takes no more.
     """
-    alloc = [0] * len(speeds)
+    alloc = [0] * len(times)
+
+    def speed(j: int, k: int) -> float:
+        return 1.0 / times[j][k - 1] if k > 0 else 0.0
+
+    def now(j: int) -> float:
+        return times[j][alloc[j] - 1] if alloc[j] > 0 else math.inf
+
     for _ in range(gpus):
-        open_ = [j for j in range(len(speeds)) if alloc[j] + 1 < len(speeds[j])]
+        open_ = [j for j in range(len(times)) if alloc[j] < len(times[j])]
         if not open_:
             break
-
-        def now(j: int) -> float:
-            s = speeds[j][alloc[j]]
-            return work[j] / s if s > 0 else math.inf
-
         top = open_[0]
         for j in open_[1:]:
             if now(top) == math.inf and now(j) == math.inf:
-                top = j if work[j] / speeds[j][1] < work[top] / speeds[top][1] else top
+                top = j if times[j][0] < times[top][0] else top
                 continue
             low, high = (j, top) if now(j) < now(top) else (top, j)
-            s_l, s_l1 = speeds[low][alloc[low]], speeds[low][alloc[low] + 1]
-            s_h, s_h1 = speeds[high][alloc[high]], speeds[high][alloc[high] + 1]
+            s_l, s_l1 = speed(low, alloc[low]), speed(low, alloc[low] + 1)
+            s_h, s_h1 = speed(high, alloc[high]), speed(high, alloc[high] + 1)
             top = low if (s_l1 - s_l) / s_l > (s_h1 - s_h) / s_h1 else high
         alloc[top] += 1
     return alloc
@@ -355,18 +397,17 @@ def paper_afs_l(speeds: list[list[float]], work: list[float], gpus: int) -> list
     ),
     gpus=st.integers(0, 24),
 )
+@example(  # a tie of gains (0.5 each, up to rounding): both must break it alike
+    tables=[(1.0, []), (1.0, []), (1.0, []), (1.0, []), (2.0, [2.0]), (1.5, [1.5])], gpus=7
+)
 def test_afs_l_with_one_gpu_steps_is_the_papers_rule(
     tables: list[tuple[float, list[float]]], gpus: int
 ) -> None:
     # Ladders of 1, 2, 3, ... GPUs: every step costs one GPU, the per-GPU division
     # is by 1, and afs_l must hand out GPUs exactly as the paper's AFS-L does.
-    speeds = [[0.0, *np.cumprod([1.0, *ups]).tolist()] for _, ups in tables]
-    work = [w for w, _ in tables]
-    lads = [
-        Ladder(tuple(range(1, len(sp))), tuple(w / x for x in sp[1:]))
-        for w, sp in zip(work, speeds, strict=True)
-    ]
-    assert afs_l(lads, gpus) == paper_afs_l(speeds, work, gpus)
+    times = [(w / np.cumprod([1.0, *ups])).tolist() for w, ups in tables]
+    lads = [Ladder(tuple(range(1, len(t) + 1)), tuple(t)) for t in times]
+    assert afs_l(lads, gpus) == paper_afs_l(times, gpus)
 
 
 def test_afs_power_of_two_steps_compare_gains_per_gpu() -> None:
@@ -623,6 +664,7 @@ def _check_valid(s: Snapshot, plan: Plan, max_share: int, elastic: bool = False)
 POLICIES: list[tuple[Policy, int, bool]] = [
     (GandivaPolicy(), 2, False),
     (GandivaPolicy(frequency_mhz=1050, max_jobs_per_gpu=1), 1, False),
+    (GandivaPolicy(grow_shrink=True), 2, True),
     (TiresiasPolicy(), 1, False),
     (TiresiasPolicy(queue_thresholds_gpu_s=(500.0, 5000.0), promote_knob=1.0), 1, False),
     (AfsPolicy(), 1, True),
