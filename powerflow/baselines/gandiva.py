@@ -7,8 +7,8 @@ The paper's four mechanisms (§4.1), each against what is here:
   size, round robin; the two plans have the same placement and the simulator
   gives each an equal share of time. Gandiva time-slices jobs of the same
   GPU count on the same GPUs (its affinity), so sharing never leaves part of
-  a gang idle. Sharing is bounded at ``max_jobs_per_gpu`` (default 2, as in
-  the paper's time-slicing experiments) and never joins a pinned job
+  a gang idle. Sharing is bounded at ``max_jobs_per_gpu`` (default 2: two
+  jobs per GPU) and never joins a pinned job
   (profiling or restarting). The victim is the most recently arrived
   same-size job (older jobs keep full speed, in the spirit of FIFO).
   Simplified: no switch cost (Gandiva suspends at the memory minimum of an
@@ -30,11 +30,10 @@ The paper's four mechanisms (§4.1), each against what is here:
   faster (Gandiva keeps a grown job only when its measured throughput
   improves). As soon as a job waits, grown jobs shrink back to their request
   within their own GPUs (a resize, not a migration) before admission. Off by
-  default because the paper offers it only to jobs that declare they
-  tolerate a changing GPU count and its cluster experiments (§6:
-  time-slicing with packing, time-slicing with migration) do not use it;
-  the comparison's elastic baseline is AFS. docs/baselines.md ("Gandiva")
-  gives its measured effect.
+  default because the paper's cluster experiments (§6: time-slicing with
+  packing, time-slicing with migration) do not use it, and the comparison's
+  elastic baseline is AFS. docs/baselines.md ("Gandiva") gives its measured
+  effect.
 - **Packing: left out.** Gandiva runs two jobs on one GPU at once when their
   memory fits, and keeps the pair only while introspection measures a higher
   combined throughput than time-slicing them; otherwise it unpacks. The
