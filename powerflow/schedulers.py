@@ -5,7 +5,7 @@ branch on its name: whatever differs between schedulers is data in its
 ``SchedulerSpec``: the knob its sweep turns (PowerFlow's ``eta``, a
 baseline's cluster-wide clock), the budget it is given, and the profiling it
 pays for (PowerFlow's pre-run and per-GPU-count profiling; Zeus's just-in-time
-clock sweep in a job's first minutes).
+power-limit sweep in a job's first minutes).
 
 Policies are imported inside the factories so that this table loads even
 while a policy module is absent or broken; only building that one fails.
@@ -85,6 +85,8 @@ class SchedulerSpec:
     profiling: Profiling
     sweep: tuple[float, ...] = field(default=())
     is_baseline: bool = True
+    compared: bool = True
+    """In the default comparison; ``False``: reachable by name only (a variant)."""
 
     def configure(self, value: float | None = None, *, oracle: bool = False) -> Configured:
         if self.knob is None and value is not None:
@@ -141,11 +143,17 @@ def _afs(value: float | None) -> Policy:
     return AfsPolicy(frequency_mhz=_clock(value))
 
 
-def _zeus(inner: Callable[[float | None], Policy]) -> Callable[[float | None], Policy]:
+def _zeus(
+    inner: Callable[[float | None], Policy], knob: str = "power_limit"
+) -> Callable[[float | None], Policy]:
     def build(_: float | None) -> Policy:
         from powerflow.baselines import ZeusPolicy
 
-        return ZeusPolicy(inner=inner(DEFAULT_FREQUENCIES_MHZ[-1]), eta_knob=ZEUS_ETA_KNOB)
+        return ZeusPolicy(
+            inner=inner(DEFAULT_FREQUENCIES_MHZ[-1]),
+            eta_knob=ZEUS_ETA_KNOB,
+            knob="clock" if knob == "clock" else "power_limit",
+        )
 
     return build
 
@@ -216,7 +224,7 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
         ),
         SchedulerSpec(
             "gandiva+zeus",
-            "Gandiva with each job at Zeus's optimal clock (eta_knob 0.5)",
+            "Gandiva with each job at Zeus's optimal GPU power limit (eta_knob 0.5)",
             None,
             _zeus(_gandiva),
             _no_budget,
@@ -224,11 +232,29 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
         ),
         SchedulerSpec(
             "tiresias+zeus",
-            "Tiresias with each job at Zeus's optimal clock (eta_knob 0.5)",
+            "Tiresias with each job at Zeus's optimal GPU power limit (eta_knob 0.5)",
             None,
             _zeus(_tiresias),
             _no_budget,
             ZEUS_PROFILING,
+        ),
+        SchedulerSpec(
+            "gandiva+zeus-clock",
+            "Gandiva with each job at the locked clock of least Zeus cost (eta_knob 0.5)",
+            None,
+            _zeus(_gandiva, "clock"),
+            _no_budget,
+            ZEUS_PROFILING,
+            compared=False,
+        ),
+        SchedulerSpec(
+            "tiresias+zeus-clock",
+            "Tiresias with each job at the locked clock of least Zeus cost (eta_knob 0.5)",
+            None,
+            _zeus(_tiresias, "clock"),
+            _no_budget,
+            ZEUS_PROFILING,
+            compared=False,
         ),
         SchedulerSpec(
             "afs",

@@ -15,8 +15,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy, zeus_clock
+from powerflow.baselines import (
+    AfsPolicy,
+    GandivaPolicy,
+    TiresiasPolicy,
+    ZeusPolicy,
+    zeus_clock,
+    zeus_power_limit,
+)
 from powerflow.baselines.afs import Ladder, afs_l, ladder_counts
+from powerflow.baselines.zeus import power_limits_w
+from powerflow.devices import Workload, capped_clock_mhz
 from powerflow.errors import SnapshotError
 from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
@@ -152,6 +161,46 @@ def test_gandiva_consolidates_a_spread_job() -> None:
     plan = GandivaPolicy().plan(snap(nodes(2, 2), [spread]))
     assert len({node for node, _ in plan.job("x").placement}) == 1
     assert [m.job_id for m in plan.migrations] == ["x"]
+
+
+def test_gandiva_grow_shrink_grows_in_place_while_it_speeds_the_job_up() -> None:
+    # MODEL's step: 1.05 s on 1 GPU, 0.57 s on 2, 0.32 s on 4 (global batch 64).
+    a = job("a", 1, placement=on("n0", 0))
+    s = snap(nodes(2, 4), [a])
+    assert GandivaPolicy().plan(s).job("a").gpus == 1  # off by default: not elastic
+    plan = GandivaPolicy(grow_shrink=True).plan(s)
+    assert plan.job("a").placement == on("n0", 0, 1, 2, 3)  # its node's idle GPUs
+    assert plan.job("a").local_batch_size == 16
+    assert not plan.migrations  # grown around its GPU: a resize
+    # Bounded by the global batch and max_gpus.
+    assert GandivaPolicy(grow_shrink=True).plan(
+        snap(nodes(1, 4), [replace(a, global_batch_size=2, model=Amdahl(sync_s=0.0))])
+    ).job("a").placement == on("n0", 0, 1)
+    assert (
+        GandivaPolicy(grow_shrink=True)
+        .plan(snap(nodes(1, 4), [replace(a, max_gpus=2)]))
+        .job("a")
+        .gpus
+        == 2
+    )
+    # A job that two GPUs do not speed up (0.15 s on 1 and on 2) keeps its one.
+    flat = replace(a, model=Amdahl(work_s=0.1, sync_s=0.05))
+    assert GandivaPolicy(grow_shrink=True).plan(snap(nodes(1, 4), [flat])).job("a").gpus == 1
+
+
+def test_gandiva_grow_shrink_shrinks_a_grown_job_for_a_waiting_one() -> None:
+    grown = job("a", 1, placement=on("n0", 0, 1, 2, 3))
+    s = snap(nodes(1, 4), [grown, job("b", 2, arrival=1.0)])
+    plan = GandivaPolicy(grow_shrink=True).plan(s)
+    assert plan.job("b").gpus == 2
+    assert ("n0", 0) in plan.job("a").placement  # shrunk within its GPUs (and regrown
+    assert plan.job("a").gpus == 2  # onto the one GPU left: nobody waits any more)
+    assert not plan.migrations
+    _check_valid(s, plan, max_share=1, elastic=True)
+    # While a job still waits (4 GPUs, none free), the grown job stays at its request.
+    s = snap(nodes(1, 4), [grown, job("c", 4, arrival=1.0)])
+    plan = GandivaPolicy(grow_shrink=True).plan(s)
+    assert (plan.job("a").placement, plan.job("c").gpus) == (on("n0", 0), 0)
 
 
 # -------------------------------------------------------------------- Tiresias
@@ -303,6 +352,80 @@ def test_afs_l_matches_the_literal_tournament(lads: list[Ladder], free: int) -> 
     assert afs_l(lads, free) == reference_afs_l(lads, free)
 
 
+def paper_afs_l(times: list[list[float]], gpus: int) -> list[int]:
+    """AFS-L as the paper writes it: GPUs one at a time to ``TopPriority``'s winner.
+
+    ``times[j][k - 1]`` is job j's remaining time on k GPUs; its throughput there
+    is ``1 / times[j][k - 1]`` (0 on no GPUs). In each pair, j_L is the job that
+    finishes sooner at its current share (no GPUs: never) and wins the GPU iff
+    ``(s'_L - s_L) / s_L > (s'_H - s_H) / s'_H``; two jobs without GPUs go by
+    their time on one GPU. A job at the end of its table takes no more.
+    """
+    alloc = [0] * len(times)
+
+    def speed(j: int, k: int) -> float:
+        return 1.0 / times[j][k - 1] if k > 0 else 0.0
+
+    def now(j: int) -> float:
+        return times[j][alloc[j] - 1] if alloc[j] > 0 else math.inf
+
+    for _ in range(gpus):
+        open_ = [j for j in range(len(times)) if alloc[j] < len(times[j])]
+        if not open_:
+            break
+        top = open_[0]
+        for j in open_[1:]:
+            if now(top) == math.inf and now(j) == math.inf:
+                top = j if times[j][0] < times[top][0] else top
+                continue
+            low, high = (j, top) if now(j) < now(top) else (top, j)
+            s_l, s_l1 = speed(low, alloc[low]), speed(low, alloc[low] + 1)
+            s_h, s_h1 = speed(high, alloc[high]), speed(high, alloc[high] + 1)
+            top = low if (s_l1 - s_l) / s_l > (s_h1 - s_h) / s_h1 else high
+        alloc[top] += 1
+    return alloc
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tables=st.lists(
+        st.tuples(
+            st.floats(1.0, 1e4),
+            st.lists(st.floats(1.01, 2.0), min_size=0, max_size=6),
+        ),
+        max_size=8,
+    ),
+    gpus=st.integers(0, 24),
+)
+@example(  # a tie of gains (0.5 each, up to rounding): both must break it alike
+    tables=[(1.0, []), (1.0, []), (1.0, []), (1.0, []), (2.0, [2.0]), (1.5, [1.5])], gpus=7
+)
+def test_afs_l_with_one_gpu_steps_is_the_papers_rule(
+    tables: list[tuple[float, list[float]]], gpus: int
+) -> None:
+    # Ladders of 1, 2, 3, ... GPUs: every step costs one GPU, the per-GPU division
+    # is by 1, and afs_l must hand out GPUs exactly as the paper's AFS-L does.
+    times = [(w / np.cumprod([1.0, *ups])).tolist() for w, ups in tables]
+    lads = [Ladder(tuple(range(1, len(t) + 1)), tuple(t)) for t in times]
+    assert afs_l(lads, gpus) == paper_afs_l(times, gpus)
+
+
+def test_afs_power_of_two_steps_compare_gains_per_gpu() -> None:
+    # Equal step costs (both double 2 -> 4): the division by 2 cancels and the paper's
+    # inequality decides on the whole step. Short (100 s) gains 1.3x - 1 = 0.3 over its
+    # speed; long gains 1 - 1/1.5 = 0.33 over its new speed: long wins.
+    short = Ladder((2, 4), (100.0, 100.0 / 1.3))
+    long_ = Ladder((2, 4), (1000.0, 1000.0 / 1.5))
+    assert afs_l([short, long_], 6) == [2, 4]
+    # Unequal costs. Short runs on 1, long (first step 4 GPUs, 1/4 = 0.25 per GPU) beats
+    # short's 1 -> 2 (0.2) and gets 4. Then short doubles 1 -> 2 (1 GPU) for 0.2, long
+    # 4 -> 8 (4 GPUs) for 0.33, i.e. 0.083 per GPU: short wins per GPU, and long's step
+    # no longer fits. The paper's rule on the whole steps (0.2 < 0.33) would give long 8.
+    short = Ladder((1, 2), (100.0, 100.0 / 1.2))
+    long_ = Ladder((4, 8), (1000.0, 1000.0 / 1.5))
+    assert afs_l([long_, short], 9) == [4, 2]
+
+
 def test_afs_steps_are_powers_of_two_within_the_job_bounds() -> None:
     j = job("j", 1, min_gpus=3, max_gpus=16, global_batch_size=512)
     assert ladder_counts(j, 64) == (4, 8, 16)
@@ -350,9 +473,9 @@ def test_zeus_knob_ends() -> None:
 
 
 @pytest.mark.parametrize("inner", [GandivaPolicy(), TiresiasPolicy()])
-def test_zeus_only_changes_clocks_of_the_inner_plan(inner: Policy) -> None:
+def test_zeus_clock_variant_only_changes_clocks_of_the_inner_plan(inner: Policy) -> None:
     s = _random_snapshot(random.Random(3), nodes(2, 4), 8)
-    base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5).plan(s)
+    base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5, knob="clock").plan(s)
     strip = [replace(jp, frequency_mhz=0) for jp in base.jobs]
     assert [replace(jp, frequency_mhz=0) for jp in zeus.jobs] == strip
     assert (zeus.migrations, zeus.limit_watts) == (base.migrations, base.limit_watts)
@@ -365,6 +488,107 @@ def test_zeus_only_changes_clocks_of_the_inner_plan(inner: Policy) -> None:
             want = brute_force_clock(model, jp.gpus, r, jp.local_batch_size, 0.5)
             assert jp.frequency_mhz == want
     assert zeus.predicted_watts < base.predicted_watts
+
+
+def test_zeus_power_limits_are_zeus_profiling_range() -> None:
+    # GlobalPowerLimitOptimizer: range(max, min - pl_step, -pl_step), highest first.
+    assert power_limits_w(A100) == tuple(float(w) for w in range(400, 99, -25))
+    odd = replace(A100, min_power_limit_w=110.0)
+    assert power_limits_w(odd)[-2:] == (125.0, 110.0)  # 100 W is below the board: clamped
+    assert power_limits_w(replace(A100, min_power_limit_w=None)) == (400.0,)
+
+
+def brute_force_limit(model: Amdahl, n: int, r: int, bs: int, eta: float) -> tuple[float, int]:
+    """Zeus's ZeusCost selector over its profiled limits, each run as the simulated GPU runs it."""
+    best: tuple[float, int] = (0.0, 0)
+    best_cost = math.inf
+    for limit in range(400, 99, -25):  # highest first: a tie keeps the higher limit
+        f = capped_clock_mhz(model, Workload("m", n, r, bs), A100.clocks_mhz, 1410, limit)
+        t = float(model.step_time_s(n, r, bs, f))
+        e = float(model.energy_per_iter_j(n, r, bs, f))
+        cost = eta * e + (1 - eta) * n * A100.max_power_w * t
+        if cost < best_cost:
+            best, best_cost = (float(limit), f), cost
+    return best
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.3, 0.5, 0.8, 1.0])
+@pytest.mark.parametrize("model", [MODEL, Amdahl(static_w=40.0, dynamic_w=300.0)])
+@pytest.mark.parametrize(("n", "r"), [(1, 1), (8, 4)])
+def test_zeus_power_limit_minimises_the_cost_over_the_limits(
+    eta: float, model: Amdahl, n: int, r: int
+) -> None:
+    assert zeus_power_limit(model, n, r, 64, A100, eta) == brute_force_limit(model, n, r, 64, eta)
+
+
+def test_zeus_power_limit_cannot_reach_every_clock() -> None:
+    # Energy only (eta 1): the clock optimum is 525 MHz, but even the lowest limit
+    # (100 W) lets this GPU run at 810 MHz, so Zeus's limit search lands there.
+    model = Amdahl(static_w=40.0, dynamic_w=300.0)
+    assert zeus_clock(model, 1, 1, 64, A100, 1.0) == 525
+    assert zeus_power_limit(model, 1, 1, 64, A100, 1.0) == (100.0, 810)
+    # Time only (eta 0): the highest limit, the top clock, as Zeus picks it.
+    assert zeus_power_limit(model, 1, 1, 64, A100, 0.0) == (400.0, 1410)
+
+
+@pytest.mark.parametrize("inner", [GandivaPolicy(), TiresiasPolicy()])
+def test_zeus_caps_power_and_leaves_the_clock_unlocked(inner: Policy) -> None:
+    s = _random_snapshot(random.Random(3), nodes(2, 4), 8)
+    base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5).plan(s)
+    strip = [replace(jp, power_cap_w=None) for jp in zeus.jobs]
+    assert strip == list(base.jobs)  # same jobs, GPUs, clocks (the top one), batches
+    watts = 0.0
+    for jp in zeus.jobs:
+        if not jp.gpus:
+            assert jp.power_cap_w is None
+            continue
+        nodes_used = [node for node, _ in jp.placement]
+        r = max(nodes_used.count(x) for x in nodes_used)
+        model = next(j.model for j in s.jobs if j.id == jp.job_id)
+        assert isinstance(model, Amdahl)
+        limit, f = brute_force_limit(model, jp.gpus, r, jp.local_batch_size, 0.5)
+        assert (jp.frequency_mhz, jp.power_cap_w) == (1410, limit)
+        watts += float(model.energy_per_iter_j(jp.gpus, r, jp.local_batch_size, f)) / float(
+            model.step_time_s(jp.gpus, r, jp.local_batch_size, f)
+        )
+    assert any(jp.power_cap_w is not None and jp.power_cap_w < 400 for jp in zeus.jobs)
+    busy = sum(jp.gpus for jp in zeus.jobs)  # no time-slicing in this snapshot
+    assert len({slot for jp in zeus.jobs for slot in jp.placement}) == busy
+    idle = (sum(n.gpus for n in s.nodes) - busy) * A100.idle_power_w
+    assert zeus.predicted_watts == pytest.approx(watts + idle)  # at the clocks the caps give
+
+
+def test_zeus_leaves_a_profiling_job_uncapped() -> None:
+    # Zeus's JIT profiler sets the limits itself while the job profiles its GPU count.
+    cluster = nodes(1, 4)
+    profiling = job("p", 2, placement=on("n0", 0, 1), pinned=True, profiled_gpus=frozenset())
+    profiled = job("q", 2, placement=on("n0", 2, 3), pinned=True, profiled_gpus=frozenset({2}))
+    plan = ZeusPolicy(GandivaPolicy()).plan(snap(cluster, [profiling, profiled]))
+    assert plan.job("p").power_cap_w is None
+    assert plan.job("q").power_cap_w == brute_force_limit(MODEL, 2, 2, 32, 0.5)[0]
+
+
+def test_zeus_knob_is_checked() -> None:
+    with pytest.raises(SnapshotError):
+        ZeusPolicy(GandivaPolicy(), knob="voltage")  # type: ignore[arg-type]
+    with pytest.raises(SnapshotError):
+        ZeusPolicy(GandivaPolicy(), pl_step_w=0.0)
+
+
+def test_zeus_baselines_search_power_limits_and_the_clock_variant_is_reachable() -> None:
+    from powerflow.schedulers import scheduler
+    from powerflow.sim.config import SimConfig
+    from powerflow.sim.experiments import comparison
+    from powerflow.sim.runner import TraceSpec
+
+    for name in ("gandiva+zeus", "tiresias+zeus"):
+        for suffix, knob in (("", "power_limit"), ("-clock", "clock")):
+            policy = scheduler(name + suffix).configure().policy
+            assert isinstance(policy, ZeusPolicy)
+            assert (policy.knob, policy.eta_knob) == (knob, 0.5)
+    names = {run.scheduler for run in comparison(TraceSpec(), SimConfig(), quick=True)}
+    assert {"gandiva+zeus", "tiresias+zeus"} <= names
+    assert not {"gandiva+zeus-clock", "tiresias+zeus-clock"} & names  # variants: by name only
 
 
 # ------------------------------------------------------------ validity (hypothesis)
@@ -440,6 +664,7 @@ def _check_valid(s: Snapshot, plan: Plan, max_share: int, elastic: bool = False)
 POLICIES: list[tuple[Policy, int, bool]] = [
     (GandivaPolicy(), 2, False),
     (GandivaPolicy(frequency_mhz=1050, max_jobs_per_gpu=1), 1, False),
+    (GandivaPolicy(grow_shrink=True), 2, True),
     (TiresiasPolicy(), 1, False),
     (TiresiasPolicy(queue_thresholds_gpu_s=(500.0, 5000.0), promote_knob=1.0), 1, False),
     (AfsPolicy(), 1, True),

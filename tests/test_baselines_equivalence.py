@@ -119,11 +119,13 @@ def advance(rng: random.Random, snap: Snapshot, plan: Plan, shared: list[Toy]) -
 POLICIES: dict[str, Callable[[], Policy]] = {
     "gandiva": lambda: GandivaPolicy(frequency_mhz=1410),
     "gandiva-3": lambda: GandivaPolicy(max_jobs_per_gpu=3),
+    "gandiva-grow": lambda: GandivaPolicy(grow_shrink=True),
     "tiresias": lambda: TiresiasPolicy(frequency_mhz=1305, queue_thresholds_gpu_s=(600.0, 3600.0)),
     "tiresias-nopromote": lambda: TiresiasPolicy(promote_knob=None),
     "afs": lambda: AfsPolicy(frequency_mhz=1410),
     "gandiva+zeus": lambda: ZeusPolicy(GandivaPolicy(frequency_mhz=1410)),
     "tiresias+zeus": lambda: ZeusPolicy(TiresiasPolicy(), eta_knob=0.3),
+    "gandiva+zeus-clock": lambda: ZeusPolicy(GandivaPolicy(), knob="clock"),
 }
 
 

@@ -10,6 +10,13 @@ algorithm it makes and why.
 from powerflow.baselines.afs import AfsPolicy
 from powerflow.baselines.gandiva import GandivaPolicy
 from powerflow.baselines.tiresias import TiresiasPolicy
-from powerflow.baselines.zeus import ZeusPolicy, zeus_clock
+from powerflow.baselines.zeus import ZeusPolicy, zeus_clock, zeus_power_limit
 
-__all__ = ["AfsPolicy", "GandivaPolicy", "TiresiasPolicy", "ZeusPolicy", "zeus_clock"]
+__all__ = [
+    "AfsPolicy",
+    "GandivaPolicy",
+    "TiresiasPolicy",
+    "ZeusPolicy",
+    "zeus_clock",
+    "zeus_power_limit",
+]

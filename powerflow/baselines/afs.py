@@ -1,39 +1,64 @@
 """AFS-L (Hwang et al., NSDI'21, "Elastic Resource Sharing for Distributed DL").
 
-What AFS does and what is kept here:
+Faithful to the paper:
 
 - **Elastic, not energy-aware**: every event re-divides the GPUs among all
   active jobs, from zero, at one cluster-wide clock (``frequency_mhz``,
   default the highest). The power limit is reported, not enforced, and no
   node is powered down.
-- **AFS-L's allocation loop**: GPUs are handed out one step at a time to the
-  winner of AFS-L's pairwise tournament (``TopPriority``). For two jobs, let
-  ``l`` be the one with the shorter remaining time at its current allocation
-  (a job without GPUs has infinite remaining time) and ``h`` the other; with
-  ``s`` a job's speed now and ``s'`` after the step, the step goes to ``l``
-  if ``(s'_l - s_l) / s_l > (s'_h - s_h) / s'_h`` and to ``h`` otherwise.
-  The asymmetric denominators are AFS's short-job preference: the shorter job
-  wins unless the longer one gains clearly more. Two jobs without GPUs: the
-  one that would finish sooner on its first step wins.
+- **AFS-L's allocation loop and its inequality**: GPUs are handed out one
+  step at a time to the winner of AFS-L's pairwise tournament
+  (``TopPriority``), the incumbent against each job in FIFO order. For two
+  jobs, ``l`` is the one with the shorter remaining time at its current
+  share (a job without GPUs: infinite; equal times: the incumbent) and ``h``
+  the other; with ``s`` a job's speed now and ``s'`` after the step, ``l``
+  wins iff ``(s'_l - s_l) / s_l > (s'_h - s_h) / s'_h`` (strictly: ``h`` on
+  ties). The two-job argument behind it: with the shares held until ``l``
+  ends and ``h`` running at ``s'_h`` afterwards either way (no optimism
+  about a larger future share), giving the step to ``l`` rather than ``h``
+  lowers the sum of the two JCTs iff ``s'_l / s_l - 1 > 1 - s_h / s'_h``,
+  which is the inequality above. Two jobs without GPUs: the one
+  that finishes sooner on its first step wins (the incumbent on ties).
+  ``tests/test_baselines.py::test_afs_l_with_one_gpu_steps_is_the_papers_rule``
+  checks ``afs_l`` against the paper's loop, GPU by GPU, on speed tables of
+  1, 2, 3, ... GPUs.
 - Speeds come from each job's ``PerfModel`` (``1 / T_iter`` at the step's GPU
   count, local batch ``ceil(global / n)``, consolidated placement), remaining
-  times from ``remaining_iterations`` -- AFS assumes job lengths are known, as
-  the trace gives them.
+  times from ``remaining_iterations``: AFS-L is the variant that knows job
+  lengths, and the trace gives them.
 - Placement: network packing with buddy allocation, ``powerflow.policy.
-  placement.place`` -- the placement AFS itself proposes and PowerFlow
-  borrows from it.
+  placement.place``, the placement PowerFlow borrows from AFS.
 
-Simplifications, and why:
+What power-of-two steps change, and why:
 
-- **Power-of-two steps**: network packing needs worker counts that are
-  powers of two, so a job grows ``0 -> n_min -> 2 n_min -> ...`` instead of
-  one GPU at a time, and each gain in the rule above is divided by the GPUs
-  the step costs (``n`` when doubling ``n``), so a doubling competes with a
-  single GPU per GPU spent. With all steps of one GPU it is AFS-L exactly.
-- A job's ladder ends where the next step would not speed it up (AFS's
-  per-job demand: GPUs that do not help a job are not its to take). A step
-  that no longer fits the free GPUs drops that job from the rest of the
-  round (the free count only shrinks); GPUs no step fits stay idle.
+- Network packing needs worker counts that are powers of two, so a job grows
+  ``0 -> n_min -> 2 n_min -> ...``, a step of ``n`` GPUs when doubling ``n``,
+  instead of one GPU at a time. Each side of the inequality is divided by
+  the GPUs its step costs::
+
+      l wins  iff  (s'_l - s_l) / s_l / c_l  >  (s'_h - s_h) / s'_h / c_h
+
+  When the two steps cost the same (every one-GPU step, and any two jobs at
+  the same level) the division cancels and this is the paper's inequality
+  on the whole step; the two-job argument above does not depend on the
+  share being one GPU. When they differ, the paper's rule would compare
+  unequal amounts of GPU and favour the job with the bigger step (doubling
+  an 8-GPU job gains more than doubling a 1-GPU job simply because it takes
+  eight GPUs); per GPU spent, the greedy stays a marginal-return greedy
+  (``test_afs_power_of_two_steps_compare_gains_per_gpu``). A job without
+  GPUs has ``s = 0``, so its side is ``1 / c_h``.
+- Two jobs without GPUs compare their remaining times on their first steps,
+  which are on one GPU for every job of the simulator (``min_gpus`` is 1 and
+  no memory cap is given), as in the paper. A first step of more GPUs
+  (``min_gpus`` or ``max_local_batch_size``) compares times on unequal
+  shares; this does not arise in the evaluation.
+
+Other simplifications, and why:
+
+- A job's ladder ends where the next step would not speed it up (GPUs that do
+  not help a job are not its to take). A step that no longer fits the free
+  GPUs drops that job from the rest of the round (the free count only
+  shrinks); GPUs no step fits stay idle.
 - Bounds: ``n_min`` is ``min_gpus`` (or what ``max_local_batch_size`` needs)
   rounded up to a power of two; a job never takes more than ``max_gpus``, the
   cluster or its global batch (local batch >= 1) allows.

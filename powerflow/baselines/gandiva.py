@@ -1,47 +1,58 @@
 """Gandiva (Xiao et al., OSDI'18): introspective, locality-aware, time-slicing.
 
-What Gandiva does and what is kept here:
+The paper's four mechanisms (§4.1), each against what is here:
 
-- **Not elastic, not energy-aware**: every job runs on exactly the GPU count
-  it asked for, at one cluster-wide clock (``frequency_mhz``, default the
-  highest; the paper's JCT-energy curve sweeps it). The power limit is
-  reported but not enforced.
-- **FIFO admission**: waiting jobs are considered in arrival order. A job
-  that cannot start does not block later ones (Gandiva has no head-of-line
-  blocking: its time-slicing admits everything it can).
-- **Packing with affinity**: a job that fits a node gets one node, best fit,
-  preferring nodes that already run jobs of the same size (Gandiva's node
-  affinity by job size, which keeps fragmentation low); a larger job gets
-  whole free nodes. Only when neither exists does it start spread over as few
-  nodes as possible, to be consolidated later (introspection).
-- **Migration for locality**: (a) when fragmentation alone blocks a job that
-  fits a node (enough free GPUs in total, none with enough on one node),
-  small exclusive jobs are moved off the node that needs the fewest moved
-  GPUs; (b) a running job spread over more nodes than it needs is moved onto a
-  consolidated set as soon as one is free; (c) a time-sliced job is moved to
-  free GPUs as soon as they exist.
-- **Time-slicing when oversubscribed**: when a job still cannot start because
+- **Suspend-resume and time-slicing: kept.** When a job cannot start because
   the GPUs are exhausted, it shares the GPUs of a running job of the same
-  size (suspend-resume round robin). The two plans then have the same
-  placement and the simulator gives each an equal share of time.
+  size, round robin; the two plans have the same placement and the simulator
+  gives each an equal share of time. Gandiva time-slices jobs of the same
+  GPU count on the same GPUs (its affinity), so sharing never leaves part of
+  a gang idle. Sharing is bounded at ``max_jobs_per_gpu`` (default 2: two
+  jobs per GPU) and never joins a pinned job
+  (profiling or restarting). The victim is the most recently arrived
+  same-size job (older jobs keep full speed, in the spirit of FIFO).
+  Simplified: no switch cost (Gandiva suspends at the memory minimum of an
+  iteration and measures well under a second; a checkpoint-restart charge
+  would weaken the baseline).
+- **Migration: kept**, for the three reasons the paper migrates: (a) when
+  fragmentation alone blocks a job that fits a node (enough free GPUs in
+  total, none with enough on one node), small exclusive jobs are moved off
+  the node that needs the fewest moved GPUs; (b) a running job spread over
+  more nodes than it needs is moved onto a consolidated set as soon as one
+  is free (introspection); (c) a time-sliced job is moved to free GPUs as
+  soon as they exist. Migrations cost the simulator's checkpoint-restart
+  time, like any rescale.
+- **Grow-shrink: kept, off by default** (``grow_shrink=True``). When nobody
+  waits and nothing is time-sliced, each exclusive one-node job (oldest
+  first) grows in place onto free GPUs of its node, to the largest
+  power-of-two multiple of its GPUs that its global batch and ``max_gpus``
+  allow, stopping before the first doubling its model does not predict
+  faster (Gandiva keeps a grown job only when its measured throughput
+  improves). As soon as a job waits, grown jobs shrink back to their request
+  within their own GPUs (a resize, not a migration) before admission. Off by
+  default because the paper's cluster experiments (§6: time-slicing with
+  packing, time-slicing with migration) do not use it, and the comparison's
+  elastic baseline is AFS. docs/baselines.md ("Gandiva") gives its measured
+  effect.
+- **Packing: left out.** Gandiva runs two jobs on one GPU at once when their
+  memory fits, and keeps the pair only while introspection measures a higher
+  combined throughput than time-slicing them; otherwise it unpacks. The
+  ground truth has no model of two jobs running concurrently on a GPU (its
+  profiles measure one job at a time, so a packed pair's speed and power
+  would be invented), and Gandiva's own rule falls back to time-slicing when
+  packing does not pay. Time-slicing is therefore what a packed pair is
+  assumed to achieve: exact when packing does not pay, an understatement of
+  Gandiva when two small jobs would have co-run faster.
 
-Simplifications, and why:
-
-- Oversubscription is bounded at ``max_jobs_per_gpu`` (default 2) and only
-  between jobs of the same size on the same GPU set (gang time-slicing):
-  Gandiva's evaluation shares a GPU between two jobs, and the same-size rule
-  is its affinity; sharing uneven sets would leave part of a gang idle.
-  Sharing never joins a pinned job (profiling or restarting).
-- Gandiva's *packing of jobs onto one GPU at once* (concurrent execution
-  when memory allows) and its *grow-shrink* are left out: the first needs an
-  interference model the ground truth does not have, the second is elasticity,
-  which the paper's comparison explicitly withholds from Gandiva.
-- Suspend-resume is modelled by the simulator as equal time shares (no
-  switch cost): Gandiva measures suspend-resume at well under a second, and
-  charging the checkpoint-restart cost would weaken the baseline.
-- The victim a new job shares with is the most recently arrived same-size
-  job (older jobs keep full speed, in the spirit of FIFO).
-- Migrations cost the simulator's checkpoint-restart time, like any rescale.
+Also kept: FIFO admission, a job never blocking later ones (Gandiva has no
+head-of-line blocking: time-slicing admits what it can), and packing *onto
+nodes* with affinity: a job that fits a node gets one node, best fit,
+preferring nodes that already run jobs of the same size (Gandiva's node
+affinity by job size, which keeps fragmentation low); a larger job gets
+whole free nodes; only when neither exists does it start spread over as few
+nodes as possible, to be consolidated later. Every job runs at one
+cluster-wide clock (``frequency_mhz``, default the highest; the paper's
+JCT-energy curve sweeps it); the power limit is reported, not enforced.
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ from powerflow.baselines.common import (
     finish,
     fixed_clock,
     job_plans,
+    local_batch,
     node_count,
 )
 from powerflow.errors import SnapshotError
@@ -70,6 +82,7 @@ class GandivaPolicy:
 
     frequency_mhz: int | None = None
     max_jobs_per_gpu: int = 2
+    grow_shrink: bool = False
     memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -79,16 +92,18 @@ class GandivaPolicy:
     def plan(self, snapshot: Snapshot) -> Plan:
         spec = cluster_gpu(snapshot)
         clock = fixed_clock(spec, self.frequency_mhz)
-        return _Round(snapshot, self.max_jobs_per_gpu).run(spec, clock, self.memo)
+        round_ = _Round(snapshot, self.max_jobs_per_gpu, self.grow_shrink)
+        return round_.run(spec, clock, self.memo)
 
 
 class _Round:
     """The mutable state of one Gandiva decision (never outlives ``plan``)."""
 
-    def __init__(self, snapshot: Snapshot, max_share: int) -> None:
+    def __init__(self, snapshot: Snapshot, max_share: int, grow_shrink: bool = False) -> None:
         self.snapshot = snapshot
         self.jobs = arrival_order(snapshot.jobs)
         self.max_share = max_share
+        self.grow_shrink = grow_shrink
         self.pool = Pool(snapshot.nodes)
         self.where: dict[str, tuple[GpuSlot, ...]] = {}
         self.users: dict[tuple[GpuSlot, ...], list[str]] = defaultdict(list)
@@ -96,13 +111,18 @@ class _Round:
         self.moves: dict[str, tuple[GpuSlot, ...]] = {}
         # Step 3's GPU sets open to sharing, by job size: set -> newest sharer's arrival.
         self.sharable: dict[int, dict[tuple[GpuSlot, ...], float]] | None = None
+        # Grow-shrink, reactive half: a job waits, so grown jobs give their extra GPUs back.
+        self.shrink = grow_shrink and any(not job.placement for job in self.jobs)
         for job in self.jobs:
             if job.placement:
                 self._hold(job)
 
     def _hold(self, job: Job) -> None:
-        """Keep a running job where it is (sharers of one GPU set hold it once)."""
+        """Keep a running job where it is (sharers of one GPU set hold it once);
+        a grown job shrinks in place to its first requested GPUs when ``shrink``."""
         key = tuple(sorted(job.placement))
+        if self.shrink and len(key) > job.requested_gpus and not job.pinned:
+            key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
         if key in self.users:
             if len(self.users[key]) >= self.max_share:
                 raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
@@ -157,12 +177,55 @@ class _Round:
             partner = self._partner(job)
             if partner is not None:
                 self._share(job, partner)
+        # 4. Grow-shrink, introspective half: nobody waits or time-slices, so jobs
+        # grow in place onto idle GPUs while that speeds them up.
+        if self.grow_shrink and not left and all(len(ids) == 1 for ids in self.users.values()):
+            self._grow(clock, memo)
         migrations: list[Migration] = []
         plans = job_plans(self.jobs, self.where, clock, memo)
         for job in self.jobs:
             if job.id in self.moves:
                 migrations.append(Migration(job.id, job.placement, self.moves[job.id]))
         return finish(self.snapshot, spec, plans, memo, migrations)
+
+    def _grow(self, clock: int, memo: ModelMemo) -> None:
+        """Double each exclusive one-node job, oldest first, onto free GPUs of its node.
+
+        A job grows to the largest power-of-two multiple of its GPUs that its node's
+        free GPUs, its global batch and ``max_gpus`` allow, stopping before the first
+        doubling its model does not predict faster (Gandiva keeps a grown job only
+        if its measured throughput improves). One resize, not one per doubling.
+        """
+        for job in self.jobs:
+            key = self.where.get(job.id)
+            if key is None or job.pinned or len(self.users[key]) != 1:
+                continue
+            nodes = {node for node, _ in key}
+            if len(nodes) != 1:
+                continue
+            (node,) = nodes
+            n = len(key)
+            cap = min(n + len(self.pool.free[node]), job.global_batch_size)
+            if job.max_gpus is not None:
+                cap = min(cap, job.max_gpus)
+            sizes = [n]
+            while sizes[-1] * 2 <= cap:
+                sizes.append(sizes[-1] * 2)
+            if len(sizes) == 1:
+                continue
+            configs = [(m, m, local_batch(job.global_batch_size, m), clock) for m in sizes]
+            step, _ = memo.rows([job.model] * len(sizes), configs)
+            keep = 0
+            while keep + 1 < len(sizes) and step[keep + 1] < step[keep]:
+                keep += 1
+            if keep == 0:
+                continue
+            extra = self.pool.free[node][: sizes[keep] - n]
+            self.pool.take((node, i) for i in extra)
+            grown = tuple(sorted((*key, *((node, i) for i in extra))))
+            self.users.pop(key)
+            self.users[grown].append(job.id)
+            self.where[job.id] = grown
 
     def _exclusive(self, job: Job) -> tuple[GpuSlot, ...] | None:
         n = job.requested_gpus

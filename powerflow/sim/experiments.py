@@ -47,6 +47,8 @@ def comparison(
     trace = comparison_window(trace, quick=quick)
     specs: list[RunSpec] = []
     for spec in SCHEDULERS.values():
+        if not spec.compared:
+            continue
         if spec.knob is None:
             specs.append(RunSpec(spec.name, None, trace, config))
             continue
@@ -92,7 +94,7 @@ def sensitivity(config: SimConfig, *, quick: bool = False) -> list[RunSpec]:
     """100-job synthetic traces (Gavel's generator) along the three axes of Fig. 11.
 
     Schedulers run at one operating point each (PowerFlow eta 0.6, baselines
-    at full clock, the Zeus variants at their own clock); the paper instead
+    at full clock, the Zeus variants at their own power limits); the paper instead
     matches each baseline to the Zeus energy, which needs a sweep per point.
     """
     specs: list[RunSpec] = []
