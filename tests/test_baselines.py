@@ -174,6 +174,19 @@ def test_tiresias_demotes_across_the_queue_threshold(attained: float, old_runs: 
     assert (plan.job("new").gpus == 1) is not old_runs
 
 
+def test_tiresias_waiting_job_does_not_preempt_a_running_one_of_its_queue() -> None:
+    """Both in the second queue: the earlier arrival waits behind the running job,
+    as Tiresias's simulator moves waiting jobs to the back of their queue."""
+    early = job("early", 1, arrival=0.0, attained_gpu_s=5000.0)
+    late = job("late", 1, arrival=10.0, attained_gpu_s=4000.0, placement=on("n0", 0))
+    plan = TiresiasPolicy(promote_knob=None).plan(snap(nodes(1, 1), [early, late], now=9000.0))
+    assert (plan.job("late").gpus, plan.job("early").gpus) == (1, 0)
+    # a job of a higher queue still preempts it
+    new = job("new", 1, arrival=20.0)
+    plan = TiresiasPolicy(promote_knob=None).plan(snap(nodes(1, 1), [late, new], now=9000.0))
+    assert (plan.job("late").gpus, plan.job("new").gpus) == (0, 1)
+
+
 def test_tiresias_queues_follow_the_thresholds() -> None:
     policy = TiresiasPolicy(queue_thresholds_gpu_s=(100.0, 1000.0), promote_knob=None)
     queues = [policy.queue(job("j", attained_gpu_s=a), now_s=0.0) for a in (0, 99, 100, 999, 1e4)]

@@ -121,15 +121,21 @@ class TiresiasPolicy:
 
 def _serve_key(
     thresholds: tuple[float, ...], knob: float | None, now: float
-) -> Callable[[Job], tuple[bool, int, float, str]]:
-    """The sort key of Tiresias's service order: (not pinned, queue, arrival, id).
+) -> Callable[[Job], tuple[bool, int, bool, float, str]]:
+    """The sort key of Tiresias's service order:
+    (not pinned, queue, not running, arrival, id).
+
+    Within a queue the jobs running now come first, then the waiting ones by
+    arrival: Tiresias's simulator moves the jobs it leaves waiting to the
+    back of their queue after every round, so a waiting job never preempts a
+    running job of its own queue.
 
     One closure per policy call rather than a method per job: the key runs for
     every job at every event, and ``queue`` reads its second field.
     """
     bisect_right = bisect.bisect_right
 
-    def key(j: Job) -> tuple[bool, int, float, str]:
+    def key(j: Job) -> tuple[bool, int, bool, float, str]:
         q = bisect_right(thresholds, j.attained_gpu_s)
         if q and knob is not None:
             n = j.requested_gpus
@@ -137,6 +143,6 @@ def _serve_key(
             waited = now - j.arrival_s - executed
             if waited >= (knob / 2 if j.placement else knob) * executed:
                 q = 0
-        return (not j.pinned, q, j.arrival_s, j.id)
+        return (not j.pinned, q, not j.placement, j.arrival_s, j.id)
 
     return key
