@@ -244,3 +244,23 @@ def test_power_options_are_powerflows(tiny: Path, capsys: pytest.CaptureFixture[
     assert "--scheduler powerflow or powerflow+" in capsys.readouterr().err
     args = ["simulate", "--scheduler", "powerflow", "--trace", str(tiny), "--nodes", "1"]
     assert main([*args, "--gpus-per-node", "4", "--power-margin", "1.5"]) == 2
+
+
+def test_paper_baselines_keeps_every_node_on_and_rows_say_which_setting(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Default: empty nodes are off for every scheduler, and a node boots before its
+    first job; --paper-baselines: a baseline's nodes stay on, none boots."""
+    args = ["simulate", "--scheduler", "tiresias", "--frequency", "1410", "--trace", str(tiny)]
+    args += ["--nodes", "2", "--gpus-per-node", "4", "--json"]
+    assert main(args) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert main([*args, "--paper-baselines"]) == 0
+    paper = json.loads(capsys.readouterr().out)
+    assert off["idle_nodes_off"] is True and paper["idle_nodes_off"] is False
+    assert off["power_ons"] >= 1 and off["power_on_energy_j"] > 0
+    assert paper["power_ons"] == 0 and paper["power_on_energy_j"] == 0
+    assert paper["powered_fraction"] == pytest.approx(1.0)
+    assert off["powered_fraction"] < 1.0
+    assert off["idle_energy_j"] < paper["idle_energy_j"]
+    assert off["avg_jct_s"] > paper["avg_jct_s"]  # the boot's wait

@@ -438,7 +438,8 @@ def _validate(args: argparse.Namespace) -> int:
     if args.watts is not None:
         raise WhatIfError("--validate compares etas (--etas), as the simulator's sweep does")
     nodes = SimConfig().nodes if args.nodes is None else args.nodes
-    config = live_cluster(nodes, args.gpus_per_node)
+    # the simulator's own setting: the run is `powerflow simulate`'s (anyone can repeat it)
+    config = SimConfig(nodes=nodes, gpus_per_node=args.gpus_per_node)
     spec = TraceSpec(hours=args.hours)
     trace = load_jobs(spec, config)
     queue = prior_queue(trace)
