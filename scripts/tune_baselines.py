@@ -12,8 +12,10 @@ with the lowest average JCT, the objective Tiresias minimises; the knobs
 change when jobs run, not how fast or at which clock, so they are tuned once
 and used at every clock of the comparison's sweep.
 
-One whole-trace run takes about a minute of CPU; the 12 runs take about
-6-10 minutes on two cores (use ``nice``; ``--hours 2`` to try it quickly):
+Stage two runs four neighbours of stage one's best (thresholds a third and
+three times as large, one queue fewer, one more) at its PROMOTE_KNOB. One
+whole-trace run takes about a minute of CPU; the 16 runs take about 10-15
+minutes on two shared cores (use ``nice``; ``--hours 2`` to try it quickly):
 
     nice -n 10 .venv/bin/python scripts/tune_baselines.py
     nice -n 10 .venv/bin/python scripts/tune_baselines.py --hours 2 --workers 1
@@ -58,6 +60,32 @@ def grid(trace: TraceSpec, config: SimConfig) -> list[RunSpec]:
         )
         for th in THRESHOLDS
         for knob in PROMOTE_KNOBS
+    ]
+
+
+def neighbours(
+    thresholds: tuple[float, ...], knob: float | None, trace: TraceSpec, config: SimConfig
+) -> list[RunSpec]:
+    """Stage two, around stage one's best: its thresholds a third and three times as
+    large, one queue fewer and one more (the last threshold 2.5 times the one before),
+    at its PROMOTE_KNOB."""
+    variants = [
+        tuple(t / 3 for t in thresholds),
+        tuple(t * 3 for t in thresholds),
+        thresholds[:-1],
+        (*thresholds, thresholds[-1] * 2.5),
+    ]
+    return [
+        RunSpec(
+            "tiresias",
+            float(CLOCK_MHZ),
+            trace,
+            config,
+            tag=f"tune thresholds={list(th)} promote_knob={knob}",
+            policy_options=(("queue_thresholds_gpu_s", th), ("promote_knob", knob)),
+        )
+        for th in variants
+        if th  # one threshold less than one is no queue at all
     ]
 
 
@@ -109,18 +137,41 @@ def main() -> int:
     )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    p.add_argument(
+        "--stage1",
+        type=Path,
+        metavar="JSON",
+        help="take stage one's rows from this file (an earlier --json) instead of running it",
+    )
     args = p.parse_args()
     if args.hours is not None and not args.hours > 0:
         p.error("--hours must be > 0")
     config = SimConfig(idle_nodes_off=not args.paper_baselines)
     trace = TraceSpec(hours=args.hours)
-    outcomes = run_many(grid(trace, config), workers=args.workers)
-    table_rows = rows(outcomes)
+    if args.stage1:
+        first = json.loads(args.stage1.read_text())
+    else:
+        first = rows(run_many(grid(trace, config), workers=args.workers))
+    best = min(first, key=lambda r: r["avg_jct_h"])
+    around = tuple(float(t) for t in best["queue_thresholds_gpu_s"])
+    second = rows(
+        run_many(neighbours(around, best["promote_knob"], trace, config), workers=args.workers)
+    )
     setting = "paper setting" if args.paper_baselines else "idle nodes off for all"
     print(f"Tiresias at {CLOCK_MHZ} MHz on {trace.describe()}, {setting}\n")
-    print(table(table_rows))
+    print("Stage one: the grid\n")
+    print(table(first))
+    print("\nStage two: around stage one's best\n")
+    print(table(second))
+    overall = min([*first, *second], key=lambda r: r["avg_jct_h"])
+    knob = overall["promote_knob"]
+    print(
+        f"\nbest: queue_thresholds_gpu_s={tuple(overall['queue_thresholds_gpu_s'])} "
+        f"promote_knob={knob}, average JCT {overall['avg_jct_h']:.2f} h, "
+        f"{overall['preemptions']} preemptions"
+    )
     if args.json:
-        args.json.write_text(json.dumps(table_rows, indent=2) + "\n")
+        args.json.write_text(json.dumps(first + second, indent=2) + "\n")
     return 0
 
 
