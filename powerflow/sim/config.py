@@ -45,14 +45,15 @@ def profile_clocks_mhz(gpu: GpuSpec, stride: int = PROFILE_CLOCK_STRIDE) -> tupl
 
 
 POWER_ON_S = 300.0
-"""Seconds from powering a node on until a job can run on it (boot firmware,
-OS, kubelet, GPU driver). Gandhi, Harchol-Balter and Adan ("Server farms with
-setup costs", Performance Evaluation 2010) and Gandhi et al.'s AutoScale
-(ACM TOCS 2012) measured a setup time of about 200 s for the ordinary 1U
-servers of their testbed; an 8-GPU server trains far more memory and
-initialises its GPUs and NVSwitches before the driver is up, so 300 s is
-taken here. The cost falls on every scheduler alike; ``power_on_s=0`` makes
-powering on free."""
+"""Seconds from powering a node on until a job can run on it (firmware
+self-test, OS, kubelet, GPU driver). The model is that of Gandhi,
+Harchol-Balter and Adan ("Server farms with setup costs", Performance
+Evaluation 67, 2010): a server is on, off or in setup, and setup costs time
+and, in data centers, power. The same group's work on switching servers off
+uses a 200 s setup delay for a commodity server; an 8-GPU server trains far
+more memory and brings up its GPUs and NVSwitches before the driver is up,
+so 300 s is taken here. The cost falls on every scheduler alike;
+``power_on_s=0`` makes powering on free."""
 
 INTERVAL_S = 600.0
 """Periodic re-evaluation, besides arrivals, completions and profiling ends:
