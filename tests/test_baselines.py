@@ -31,6 +31,7 @@ from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
 from powerflow.policy.budget import limit_watts
 from powerflow.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Policy, Snapshot
+from powerflow.schedulers import scheduler
 
 F_MAX = float(A100.max_clock_mhz)
 
@@ -206,10 +207,26 @@ def test_gandiva_grow_shrink_shrinks_a_grown_job_for_a_waiting_one() -> None:
 # -------------------------------------------------------------------- Tiresias
 
 
+ONE_HOUR = TiresiasPolicy(queue_thresholds_gpu_s=(3600.0,), promote_knob=None)
+"""Two queues split at one GPU-hour, no promotion: the mechanisms by hand."""
+
+
+def test_the_comparison_runs_tiresias_with_its_tuned_knobs() -> None:
+    """docs/baselines.md, "Tiresias at its best": four queues, no promotion; the
+    Zeus variant's inner Tiresias too."""
+    tuned = ((32500.0, 72000.0, 180000.0), None)
+    policy = scheduler("tiresias").configure(1410.0).policy
+    assert isinstance(policy, TiresiasPolicy)
+    assert (policy.queue_thresholds_gpu_s, policy.promote_knob) == tuned
+    zeus = scheduler("tiresias+zeus").configure().policy
+    assert isinstance(zeus, ZeusPolicy) and isinstance(zeus.inner, TiresiasPolicy)
+    assert (zeus.inner.queue_thresholds_gpu_s, zeus.inner.promote_knob) == tuned
+
+
 def test_tiresias_new_job_preempts_one_with_more_attained_service() -> None:
     old = job("old", 1, arrival=0.0, attained_gpu_s=5000.0, placement=on("n0", 0))
     new = job("new", 1, arrival=10.0)
-    plan = TiresiasPolicy(promote_knob=None).plan(snap(nodes(1, 1), [old, new], now=5010.0))
+    plan = ONE_HOUR.plan(snap(nodes(1, 1), [old, new], now=5010.0))
     assert plan.job("new").placement == on("n0", 0)
     assert plan.job("old").gpus == 0
 
@@ -218,9 +235,22 @@ def test_tiresias_new_job_preempts_one_with_more_attained_service() -> None:
 def test_tiresias_demotes_across_the_queue_threshold(attained: float, old_runs: bool) -> None:
     old = job("old", 1, arrival=0.0, attained_gpu_s=attained, placement=on("n0", 0))
     new = job("new", 1, arrival=10.0)
-    plan = TiresiasPolicy(promote_knob=None).plan(snap(nodes(1, 1), [new, old], now=attained))
+    plan = ONE_HOUR.plan(snap(nodes(1, 1), [new, old], now=attained))
     assert (plan.job("old").gpus == 1) is old_runs
     assert (plan.job("new").gpus == 1) is not old_runs
+
+
+def test_tiresias_waiting_job_does_not_preempt_a_running_one_of_its_queue() -> None:
+    """Both in the second queue: the earlier arrival waits behind the running job,
+    as Tiresias's simulator moves waiting jobs to the back of their queue."""
+    early = job("early", 1, arrival=0.0, attained_gpu_s=5000.0)
+    late = job("late", 1, arrival=10.0, attained_gpu_s=4000.0, placement=on("n0", 0))
+    plan = ONE_HOUR.plan(snap(nodes(1, 1), [early, late], now=9000.0))
+    assert (plan.job("late").gpus, plan.job("early").gpus) == (1, 0)
+    # a job of a higher queue still preempts it
+    new = job("new", 1, arrival=20.0)
+    plan = ONE_HOUR.plan(snap(nodes(1, 1), [late, new], now=9000.0))
+    assert (plan.job("late").gpus, plan.job("new").gpus) == (0, 1)
 
 
 def test_tiresias_queues_follow_the_thresholds() -> None:
@@ -245,7 +275,7 @@ def test_tiresias_promotes_a_starving_job() -> None:
     executed = 4000.0  # in the second queue
     starving = job("old", 1, arrival=0.0, attained_gpu_s=executed)
     new = job("new", 1, arrival=1.0)
-    policy = TiresiasPolicy(promote_knob=2.0)
+    policy = TiresiasPolicy(queue_thresholds_gpu_s=(3600.0,), promote_knob=2.0)
     before = policy.plan(snap(nodes(1, 1), [starving, new], now=executed + 7999.0))
     after = policy.plan(snap(nodes(1, 1), [starving, new], now=executed + 8000.0))
     assert (before.job("old").gpus, before.job("new").gpus) == (0, 1)

@@ -4,13 +4,15 @@ runs on the real ground truth (determinism, Zeus's profiling, fitted vs oracle).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from powerflow.cli import main
+from powerflow.gpus import A100
 from powerflow.sim.config import SimConfig
-from powerflow.sim.runner import RunSpec, TraceSpec, run_one
+from powerflow.sim.runner import RunSpec, TraceSpec, run_one, simulate
 
 HEADER = "job_id,submit_time,num_gpu,duration,model_name,global_batch_size,num_iteration,cluster\n"
 TINY = (
@@ -244,3 +246,40 @@ def test_power_options_are_powerflows(tiny: Path, capsys: pytest.CaptureFixture[
     assert "--scheduler powerflow or powerflow+" in capsys.readouterr().err
     args = ["simulate", "--scheduler", "powerflow", "--trace", str(tiny), "--nodes", "1"]
     assert main([*args, "--gpus-per-node", "4", "--power-margin", "1.5"]) == 2
+
+
+def test_paper_baselines_keeps_every_node_on_and_rows_say_which_setting(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Default: empty nodes are off for every scheduler, and a node boots before its
+    first job; --paper-baselines: a baseline's nodes stay on, none boots."""
+    args = ["simulate", "--scheduler", "tiresias", "--frequency", "1410", "--trace", str(tiny)]
+    args += ["--nodes", "2", "--gpus-per-node", "4", "--json"]
+    assert main(args) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert main([*args, "--paper-baselines"]) == 0
+    paper = json.loads(capsys.readouterr().out)
+    assert off["idle_nodes_off"] is True and paper["idle_nodes_off"] is False
+    assert off["power_ons"] >= 1 and off["power_on_energy_j"] > 0
+    assert paper["power_ons"] == 0 and paper["power_on_energy_j"] == 0
+    assert paper["powered_fraction"] == pytest.approx(1.0)
+    assert off["powered_fraction"] < 1.0
+    assert off["idle_energy_j"] < paper["idle_energy_j"]
+    assert off["avg_jct_s"] > paper["avg_jct_s"]  # the boot's wait
+
+
+def test_powerflow_pays_the_same_power_on_as_the_baselines(tiny: Path) -> None:
+    """The default setting, PowerFlow on the real ground truth: its one node starts
+    off, so the first job waits its pre-run and then the node's 300 s boot, whose
+    4 GPUs draw idle power; the node never goes off while jobs are left."""
+    spec = _spec(tiny, "powerflow", 1.0)
+    assert spec.config.idle_nodes_off and spec.config.power_on_s == 300.0
+    res = simulate(spec)
+    first = next(j for j in res.jobs if j.job_id == "a")
+    assert first.jct_s > 240.0 + 300.0
+    assert res.power_ons >= 1
+    boot_j = 4 * A100.idle_power_w * 300.0
+    assert res.power_on_energy_j == pytest.approx(res.power_ons * boot_j)
+    free = simulate(replace(spec, config=replace(spec.config, power_on_s=0.0)))
+    assert free.power_on_energy_j == 0.0
+    assert next(j for j in free.jobs if j.job_id == "a").jct_s < first.jct_s

@@ -99,9 +99,29 @@ class FixedPolicy:
         return Plan(tuple(plans), self.limit_w, 0.0, down)
 
 
-def _run(jobs, policy, *, profiling=ORACLE, nodes=1, gpus=4, restart_s=30.0, seed=0, batch_s=0.0):  # type: ignore[no-untyped-def]
+def _run(
+    jobs,
+    policy,
+    *,
+    profiling=ORACLE,
+    nodes=1,
+    gpus=4,
+    restart_s=30.0,
+    seed=0,
+    batch_s=0.0,
+    idle_off=False,
+    power_on_s=0.0,
+):  # type: ignore[no-untyped-def]
+    """One run; by default in the paper's setting with free power-on (nodes on
+    unless a plan powers them down), which the hand computations below assume."""
     cfg = SimConfig(
-        nodes=nodes, gpus_per_node=gpus, restart_s=restart_s, seed=seed, batch_s=batch_s
+        nodes=nodes,
+        gpus_per_node=gpus,
+        restart_s=restart_s,
+        seed=seed,
+        batch_s=batch_s,
+        idle_nodes_off=idle_off,
+        power_on_s=power_on_s,
     )
     configured = Configured(policy, Budget(eta=1.0), profiling, None, None)
     return Simulation(tuple(jobs), configured, cfg, WORLD, OracleLearner()).run()
@@ -218,3 +238,83 @@ def test_events_within_the_batch_window_wait_for_one_joint_decision() -> None:
     # the second arrival is decided 60 s after the first decision, at t = 60
     assert batched.jobs[1].finish_s == pytest.approx(160.0)
     assert batched.jobs[0].finish_s == pytest.approx(100.0)
+
+
+# ---------------------------------------------------------------- idle nodes off
+
+
+def test_a_job_on_an_off_node_starts_after_it_boots_and_the_boot_is_counted() -> None:
+    """Idle nodes off: both nodes start off; the job's node boots 300 s (its two
+    GPUs at idle power), then the job computes 500 s; the other node stays off."""
+    jobs = [_job(0, 100.0, 2, 1000.0)]
+    res = _run(jobs, FixedPolicy(), nodes=2, gpus=2, idle_off=True, power_on_s=300.0)
+    assert res.jobs[0].jct_s == pytest.approx(300.0 + 500.0)
+    assert res.active_energy_j == pytest.approx(1000 * POWER * 2 * 0.5)
+    assert res.idle_energy_j == pytest.approx(2 * IDLE * 300.0)
+    assert res.power_on_energy_j == pytest.approx(2 * IDLE * 300.0)
+    assert res.power_ons == 1
+    assert summarise(res)["powered_fraction"] == pytest.approx(2 * 800.0 / (4 * 800.0))
+    # the paper's setting: every node on from the start, no boot, idle neighbours
+    paper = _run(jobs, FixedPolicy(), nodes=2, gpus=2, idle_off=False, power_on_s=300.0)
+    assert paper.jobs[0].jct_s == pytest.approx(500.0)
+    assert paper.idle_energy_j == pytest.approx(2 * IDLE * 500.0)
+    assert paper.power_ons == 0 and paper.power_on_energy_j == 0.0
+
+
+def test_a_node_goes_off_when_its_last_job_leaves_and_boots_again_for_the_next() -> None:
+    """One 2-GPU node: j0 boots it (50 s) and runs 100 s on one GPU; with nothing
+    left it goes off at t = 150 and draws nothing until j1 boots it again at 1000."""
+    jobs = [_job(0, 0.0, 1, 100.0), _job(1, 1000.0, 1, 100.0)]
+    res = _run(jobs, FixedPolicy(), nodes=1, gpus=2, idle_off=True, power_on_s=50.0)
+    assert [j.finish_s for j in res.jobs] == pytest.approx([150.0, 1150.0])
+    assert res.power_ons == 2
+    assert res.power_on_energy_j == pytest.approx(2 * (2 * IDLE * 50.0))
+    # boots, plus the free GPU beside each running job
+    assert res.idle_energy_j == pytest.approx(2 * (2 * IDLE * 50.0) + 2 * IDLE * 100.0)
+
+
+def test_a_node_emptied_while_others_run_goes_off_at_the_next_decision() -> None:
+    """Two 1-GPU nodes: j0 ends at 100 on node-0, j1 runs to 300 on node-1; the
+    decision at j0's completion switches node-0 off (the paper's setting keeps
+    it on, idle, for 200 s)."""
+    jobs = [_job(0, 0.0, 1, 100.0), _job(1, 0.0, 1, 300.0)]
+    off = _run(jobs, FixedPolicy(), nodes=2, gpus=1, idle_off=True)
+    assert [j.finish_s for j in off.jobs] == pytest.approx([100.0, 300.0])
+    assert off.idle_energy_j == pytest.approx(0.0)
+    on = _run(jobs, FixedPolicy(), nodes=2, gpus=1, idle_off=False)
+    assert on.idle_energy_j == pytest.approx(IDLE * 200.0)
+    assert on.active_energy_j == pytest.approx(off.active_energy_j)
+
+
+def test_a_plan_that_powers_nodes_down_pays_the_boot_when_it_uses_them_again() -> None:
+    """The paper's setting, a policy powering down empty nodes (as PowerFlow's
+    plans do): node-1, powered down by the first plan, boots 300 s for j1."""
+    jobs = [_job(0, 0.0, 1, 1000.0), _job(1, 50.0, 1, 100.0)]
+    policy = FixedPolicy(power_down=True)
+    res = _run(jobs, policy, nodes=2, gpus=1, idle_off=False, power_on_s=300.0)
+    assert res.jobs[1].jct_s == pytest.approx(300.0 + 100.0)
+    assert res.power_ons == 1
+    assert res.power_on_energy_j == pytest.approx(IDLE * 300.0)
+    free = _run(jobs, policy, nodes=2, gpus=1, idle_off=False, power_on_s=0.0)
+    assert free.jobs[1].jct_s == pytest.approx(100.0)
+    # the same policy with idle nodes off for all pays the same boot
+    same = _run(jobs, policy, nodes=2, gpus=1, idle_off=True, power_on_s=300.0)
+    assert same.jobs[1].jct_s == pytest.approx(400.0)
+    assert same.jobs[0].jct_s == pytest.approx(300.0 + 1000.0)  # its node boots too
+
+
+def test_a_restart_on_a_booting_node_waits_for_the_longer_of_the_two() -> None:
+    """j0 rescales from 1 to 2 GPUs at t = 200 onto a node that must boot (100 s)
+    while its checkpoint restart takes 30 s: it computes again at t = 300."""
+    policy = FixedPolicy(overrides={"j0": (200.0, 2)})
+    jobs = [_job(0, 0.0, 1, 1000.0), _job(1, 200.0, 1, 10.0)]
+    res = _run(jobs, policy, nodes=2, gpus=1, idle_off=True, power_on_s=100.0, restart_s=30.0)
+    # boot 0-100, 100 iterations by t = 200, then 900 left at 0.5 s each from t = 300
+    assert res.jobs[0].finish_s == pytest.approx(300.0 + 900 * 0.5)
+    assert res.jobs[0].restarts == 1
+
+
+def test_power_on_time_must_be_finite_and_not_negative() -> None:
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(SimulationError, match="power-on"):
+            SimConfig(power_on_s=bad)

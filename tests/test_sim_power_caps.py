@@ -61,7 +61,10 @@ class CappedPolicy(FixedPolicy):
 
 
 def _run(jobs: list[TraceJob], policy: FixedPolicy, profiling: Profiling = ORACLE) -> RunResult:
-    cfg = SimConfig(nodes=1, gpus_per_node=4, restart_s=30.0, seed=0, batch_s=0.0)
+    # the paper's setting (the node on from the start, no boot): the hand computations
+    cfg = SimConfig(
+        nodes=1, gpus_per_node=4, restart_s=30.0, seed=0, batch_s=0.0, idle_nodes_off=False
+    )
     configured = Configured(policy, Budget(eta=1.0), profiling, None, None)
     return Simulation(tuple(jobs), configured, cfg, WORLD, OracleLearner()).run()
 

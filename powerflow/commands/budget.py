@@ -167,6 +167,14 @@ def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]
 # ------------------------------------------------------------------- queues
 
 
+def live_cluster(nodes: int, gpus_per_node: int) -> SimConfig:
+    """The simulated cluster of a what-if: PowerFlow's operator parks the nodes its
+    plan leaves empty (docs/powered-down-nodes.md) and they take jobs again at once,
+    so nodes are on unless the plan powers them down, and powering on is free (not
+    the simulator's default, where every empty node is off and boots first)."""
+    return SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, idle_nodes_off=False, power_on_s=0.0)
+
+
 def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJob], SimConfig]:
     """The default trace's first ``jobs`` jobs that fit the cluster, all waiting now, with
     their priors."""
@@ -174,7 +182,7 @@ def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJo
 
     if jobs < 1:
         raise WhatIfError("--jobs must be >= 1")
-    config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node)
+    config = live_cluster(nodes, gpus_per_node)
     fits = (j for j in load_jobs(TraceSpec(), SimConfig()) if j.num_gpu <= config.total_gpus)
     trace = list(itertools.islice(fits, jobs))
     queue = [replace(q, submit_s=0.0) for q in prior_queue(trace)]
@@ -241,7 +249,7 @@ def live_queue(
     total = sum(n.gpus for n in nodes)
     if any(n.gpus != per_node for n in nodes):
         notes.append(f"nodes differ in GPUs: simulated as {len(nodes)} x {per_node}")
-    config = SimConfig(nodes=len(nodes), gpus_per_node=per_node)
+    config = live_cluster(len(nodes), per_node)
     others = sorted({n.gpu.name for n in nodes} - {config.gpu.name})
     if others:
         notes.append(f"{', '.join(others)} GPUs simulated as {config.gpu.name}")
@@ -430,6 +438,7 @@ def _validate(args: argparse.Namespace) -> int:
     if args.watts is not None:
         raise WhatIfError("--validate compares etas (--etas), as the simulator's sweep does")
     nodes = SimConfig().nodes if args.nodes is None else args.nodes
+    # the simulator's own setting: the run is `powerflow simulate`'s (anyone can repeat it)
     config = SimConfig(nodes=nodes, gpus_per_node=args.gpus_per_node)
     spec = TraceSpec(hours=args.hours)
     trace = load_jobs(spec, config)

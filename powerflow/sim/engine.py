@@ -18,8 +18,12 @@ Accounting. A job computing on ``n`` GPUs draws the ground truth's
 jobs give each job an equal share (its throughput and its power scale by
 ``1/k`` on a GPU shared by ``k`` jobs, so a GPU's energy is counted once).
 Every GPU of a powered-on node not computing (free, or held by a job that is
-restarting) draws idle power; powered-down nodes draw nothing. The offline
-pre-run's energy is counted apart from the cluster's power series.
+restarting or waiting for its node to boot) draws idle power; nodes that are
+off draw nothing. With ``SimConfig.idle_nodes_off`` (the default) every node
+holding no job after a scheduling decision is off, whatever the scheduler;
+otherwise only the plan's ``powered_down_nodes``. A job placed on a node that
+is off waits ``power_on_s`` for it to boot (``_switch_nodes``, ``_power_on``).
+The offline pre-run's energy is counted apart from the cluster's power series.
 
 Power caps and the budget. A plan's per-GPU ``power_cap_w``, clamped into the
 board's power-limit range as the node agent clamps it, holds the job's
@@ -88,6 +92,8 @@ class _Totals:
     policy_s: float = 0.0
     fit_s: float = 0.0
     events: int = 0
+    power_ons: int = 0
+    power_on_j: float = 0.0
 
 
 class Simulation:
@@ -134,8 +140,12 @@ class Simulation:
         self._holders: dict[int, SimJob] = {}  # holding GPUs
         self._preruns: list[tuple[float, int]] = []  # heap of (pre-run end, index)
         self._node_index = {name: i for i, name in enumerate(config.node_names())}
-        self._powered_down: frozenset[str] = frozenset()
-        self._nodes = config.make_nodes()
+        self._powered_down: frozenset[str] = frozenset()  # the last plan's list
+        # Nodes switched off now, and when each booting node is ready: with
+        # idle_nodes_off every node starts off (nothing runs yet).
+        self._off: set[str] = set(config.node_names()) if config.idle_nodes_off else set()
+        self._ready: dict[str, float] = {}
+        self._nodes = config.make_nodes(frozenset(self._off))
         self._limit_w = math.inf
         self._clocks = frozenset(config.gpu.clocks_mhz)
         self._profile_clocks = config.profile_clocks_mhz
@@ -262,11 +272,39 @@ class Simulation:
             job.plan = jp
         if planned:
             raise SimulationError(f"plan names job(s) not schedulable now: {sorted(planned)[:3]}")
-        if down != self._powered_down:
-            self._powered_down = down
-            self._nodes = self.cfg.make_nodes(down)
+        self._powered_down = down
+        self._switch_nodes(down)
         self._limit_w = plan.limit_watts if math.isfinite(plan.limit_watts) else math.inf
         self._totals.lowest_limit_w = min(self._totals.lowest_limit_w, self._limit_w)
+
+    def _switch_nodes(self, down: frozenset[str]) -> None:
+        """After a plan: switch off the plan's powered-down nodes and, with
+        ``idle_nodes_off``, every node that holds no job; a node that was off
+        and is wanted again boots (``_power_on``). Decided here, at the
+        scheduling decisions, as an operator acting on its plans would: a
+        node emptied by a completion stays on until the next decision (at
+        most ``batch_s`` later), when a waiting job may take it."""
+        off = set(down)
+        if self.cfg.idle_nodes_off:
+            load = self._node_load
+            off.update(name for name in self._node_index if name not in load)
+        if off == self._off:
+            return
+        for name in self._off - off:
+            self._power_on(name)
+        for name in off:
+            self._ready.pop(name, None)  # a boot cut short: its energy so far is spent
+        self._off = off
+        self._nodes = self.cfg.make_nodes(frozenset(off))
+
+    def _power_on(self, name: str) -> float:
+        """Switch node ``name`` on if it is off; when it can run jobs."""
+        if name in self._off:
+            self._off.discard(name)
+            self._ready[name] = self.now + self.cfg.power_on_s
+            self._totals.power_ons += 1
+            self._nodes = self.cfg.make_nodes(frozenset(self._off))
+        return self._ready.get(name, self.now)
 
     def _power_ratio(self) -> float:
         """The largest ratio of true to planned power of the jobs running as planned
@@ -331,6 +369,7 @@ class Simulation:
                 next_edge = budgets.next_edge_s(max(self.now, next_edge)) or math.inf
             if len(self._active) == len(self._preruns):
                 pending = False  # nothing schedulable: nothing to decide
+                self._switch_nodes(self._powered_down)  # but emptied nodes go off now
             if edge or (pending and self.now >= last_call + gap - EPS):
                 self._schedule()  # at an edge even with nothing to run: the new limit
                 pending = False
@@ -500,10 +539,14 @@ class Simulation:
         job.r = max(per_node.values())
         job.f = f
         job.bs = bs
-        if restart and self.cfg.restart_s > 0:
-            job.restarts += 1
+        ready = max(self._power_on(node) for node in per_node)  # off nodes boot first
+        restarting = restart and self.cfg.restart_s > 0
+        if restarting or ready > self.now + EPS:
+            # holding its GPUs, not computing: a checkpoint restart, a boot or both
+            if restarting:
+                job.restarts += 1
             self._phase(job, Phase.RESTART)
-            job.phase_end_s = self.now + self.cfg.restart_s
+            job.phase_end_s = max(self.now + (self.cfg.restart_s if restarting else 0.0), ready)
             job.step_s, job.power_w = math.inf, 0.0
         else:
             self._start_compute(job)
@@ -673,6 +716,8 @@ class Simulation:
         if dt > 0:
             self._progress(dt)
             tot = self._totals
+            if self._ready:
+                self._booting(t)
             powered = self._powered_gpus()
             idle_w = (powered - self._busy_gpus) * self.cfg.gpu.idle_power_w
             tot.active_j += dt * self._active_w
@@ -693,6 +738,20 @@ class Simulation:
                 else:
                     tot.max_over_pct = math.inf
         self.now = max(t, self.now)
+
+    def _booting(self, t: float) -> None:
+        """The power-on energy from now to ``t``: a booting node's GPUs draw idle
+        power (counted with the idle energy, as a node that is on; this is the
+        part of it spent booting); nodes ready by ``t`` are done booting."""
+        per_node_w = self.cfg.gpus_per_node * self.cfg.gpu.idle_power_w
+        done = []
+        for name, ready in self._ready.items():
+            if ready > self.now:
+                self._totals.power_on_j += (min(t, ready) - self.now) * per_node_w
+            if ready <= t:
+                done.append(name)
+        for name in done:
+            del self._ready[name]
 
     def _progress(self, dt: float) -> None:
         """Every holder's held time, and every computing one's work and energy,
@@ -731,7 +790,7 @@ class Simulation:
         return self._held, self._computing
 
     def _powered_gpus(self) -> int:
-        return (self.cfg.nodes - len(self._powered_down)) * self.cfg.gpus_per_node
+        return (self.cfg.nodes - len(self._off)) * self.cfg.gpus_per_node
 
     def _refresh(self) -> None:
         """Recompute shares, cluster power and every job's next event.
@@ -904,6 +963,8 @@ class Simulation:
             fit_s=tot.fit_s,
             events=tot.events,
             wall_s=wall_s,
+            power_ons=tot.power_ons,
+            power_on_energy_j=tot.power_on_j,
         )
 
 

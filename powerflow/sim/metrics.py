@@ -44,6 +44,8 @@ def summarise(result: RunResult) -> dict[str, Any]:
         "gpu_utilisation": float(result.busy_gpu_s / capacity),
         "gpu_allocation": float(result.held_gpu_s / capacity),
         "powered_fraction": float(result.powered_gpu_s / capacity),
+        "power_ons": result.power_ons,
+        "power_on_energy_j": float(result.power_on_energy_j),
         "rescales": sum(j.rescales for j in result.jobs),
         "migrations": sum(j.migrations for j in result.jobs),
         "preemptions": sum(j.preemptions for j in result.jobs),

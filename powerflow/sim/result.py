@@ -75,3 +75,7 @@ class RunResult:
     fit_s: float
     events: int
     wall_s: float
+    power_ons: int = 0
+    """Nodes switched on (each boots for ``SimConfig.power_on_s`` first)."""
+    power_on_energy_j: float = 0.0
+    """The part of ``idle_energy_j`` drawn by nodes while they boot."""

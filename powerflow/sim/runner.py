@@ -92,6 +92,7 @@ class RunOutcome:
         if knob is not None:
             head[knob] = self.spec.value
         head["oracle"] = self.spec.oracle
+        head["idle_nodes_off"] = self.spec.config.idle_nodes_off
         if self.spec.tag:
             head["tag"] = self.spec.tag
         if self.spec.budget_schedule is not None:
