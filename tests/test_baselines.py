@@ -598,6 +598,56 @@ def test_zeus_leaves_a_profiling_job_uncapped() -> None:
     assert plan.job("q").power_cap_w == brute_force_limit(MODEL, 2, 2, 32, 0.5)[0]
 
 
+def test_zeus_starts_a_job_uncapped_where_it_has_not_profiled() -> None:
+    # A job the plan starts on a GPU count it has not profiled enters its profiling
+    # phase with the plan's cap: Zeus must not cap it (it profiles from the highest
+    # limit down). A job resumed on a count it has profiled gets its limit at once.
+    cluster = nodes(1, 4)
+    new = job("new", 2, profiled_gpus=frozenset())
+    resumed = job("resumed", 2, arrival=1.0, profiled_gpus=frozenset({2}))
+    plan = ZeusPolicy(GandivaPolicy()).plan(snap(cluster, [new, resumed]))
+    assert (plan.job("new").gpus, plan.job("resumed").gpus) == (2, 2)
+    assert plan.job("new").power_cap_w is None
+    assert plan.job("resumed").power_cap_w == brute_force_limit(MODEL, 2, 2, 32, 0.5)[0]
+
+
+@dataclass
+class SnapshotLog:
+    """A policy that keeps every snapshot the simulator hands it."""
+
+    inner: Policy
+    seen: list[Snapshot]
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        self.seen.append(snapshot)
+        return self.inner.plan(snapshot)
+
+
+def test_zeus_profiling_phases_run_uncapped_in_the_simulator() -> None:
+    from powerflow.sim.config import SimConfig
+    from powerflow.sim.engine import Simulation
+    from powerflow.sim.runner import TraceSpec, load_jobs
+    from powerflow.sim.world import default_world
+
+    config, world = SimConfig(nodes=8), default_world()
+    jobs = load_jobs(TraceSpec(hours=0.5), config, world)
+    configured = scheduler("gandiva+zeus").configure()
+    log = SnapshotLog(configured.policy, [])
+    Simulation(jobs, replace(configured, policy=log), config, world).run()
+    profiling = capped = 0
+    for s in log.seen:
+        for j in s.jobs:
+            if not j.placement:
+                continue
+            assert j.profiled_gpus is not None
+            if len(j.placement) in j.profiled_gpus:
+                capped += j.power_cap_w is not None
+            else:  # profiling (or restarting into it) on this GPU count
+                profiling += 1
+                assert j.power_cap_w is None, (s.now_s, j.id)
+    assert profiling > 20 and capped > 20  # both phases seen, and Zeus did cap
+
+
 def test_zeus_knob_is_checked() -> None:
     with pytest.raises(SnapshotError):
         ZeusPolicy(GandivaPolicy(), knob="voltage")  # type: ignore[arg-type]

@@ -32,10 +32,10 @@ Faithful:
   ``eta_knob`` default.
 - Just-in-time profiling during the job's first minutes: the simulator
   charges Zeus a profiling phase on each job's first run
-  (``powerflow.schedulers.ZEUS_PROFILING``). While a job profiles (pinned, its
-  GPU count not yet in ``profiled_gpus``) it is left uncapped: Zeus's profiler
-  sets the limits itself, from the highest down, and the simulator sweeps the
-  clocks for it.
+  (``powerflow.schedulers.ZEUS_PROFILING``). A job planned onto a GPU count
+  not yet in its ``profiled_gpus`` (profiling, or about to: starting, resumed
+  or resized there) is left uncapped: Zeus's profiler sets the limits itself,
+  from the highest down, and the simulator sweeps the clocks for it.
 
 Simplified, and why:
 
@@ -172,8 +172,14 @@ def _power_limits(
 
 
 def _profiling(job: Job, jp: JobPlan) -> bool:
-    """A job in its just-in-time profiling phase: Zeus's profiler owns its limit."""
-    return job.pinned and job.profiled_gpus is not None and jp.gpus not in job.profiled_gpus
+    """A job that profiles on the plan's GPU count: Zeus's profiler owns its limit.
+
+    Not only a job already profiling (pinned): a job the plan starts, resumes or
+    resizes onto a GPU count it has not profiled begins its profiling phase with
+    the plan's cap, so it must get none (Zeus sets the highest limit before it
+    profiles); the limit comes at the first plan after the phase.
+    """
+    return job.profiled_gpus is not None and jp.gpus not in job.profiled_gpus
 
 
 @dataclass(frozen=True)
