@@ -50,7 +50,8 @@ Simplified, and why:
   higher (a limit reaches only the clocks whose power fits one of Zeus's
   limits, and none below the clock the lowest limit allows); over the
   trace's jobs the power-limit optimum costs 0.16 % more on average, 0.74 %
-  at most (docs/baselines.md, "Zeus", with the whole-trace runs of both).
+  at most (``scripts/zeus_knob_cost.py``; docs/baselines.md, "Zeus", with
+  the whole-trace runs of both).
 - The batch-size half of Zeus is left out: the trace fixes each job's global
   batch, and changing it would change the iterations to convergence, which
   the simulator does not model.
