@@ -6,7 +6,13 @@ node) and its local batch: Zeus's cost at the clock of least cost
 (``knob="clock"``) and at the clock its power-limit optimum runs
 (``knob="power_limit"``, the comparison's Zeus). Prints how many jobs land on
 another clock, the clock optima, and how much higher the power-limit cost is
-(mean and maximum over the jobs). docs/baselines.md ("Zeus") quotes it:
+(mean and maximum over the jobs). Then what the simulated profiling phase
+costs against Zeus's real one: the simulator sweeps the profiling clocks
+(``SimConfig.profile_clocks_mhz``, 210-1410 MHz) for ``ZEUS_PROFILE_S``,
+where Zeus sweeps its 13 power limits (clocks no lower than the lowest limit
+allows); per job, the share of the phase's progress lost against the top
+clock and the job's mean power, each sweep's points weighted equally.
+docs/baselines.md ("Zeus") quotes it:
 
     .venv/bin/python scripts/zeus_knob_cost.py
 """
@@ -19,7 +25,9 @@ from collections import Counter
 import numpy as np
 
 from powerflow.baselines.common import local_batch
-from powerflow.baselines.zeus import zeus_cost, zeus_power_limit
+from powerflow.baselines.zeus import power_limits_w, zeus_cost, zeus_power_limit
+from powerflow.devices import Workload
+from powerflow.devices.simulated import capped_clock_mhz
 from powerflow.schedulers import ZEUS_ETA_KNOB
 from powerflow.sim.config import SimConfig
 from powerflow.sim.runner import TraceSpec, load_jobs
@@ -38,6 +46,9 @@ def main() -> None:
     extra: list[float] = []
     optima: Counter[int] = Counter()
     moved = 0
+    swept = np.asarray(config.profile_clocks_mhz, dtype=np.float64)
+    lost: dict[str, list[float]] = {"clocks": [], "limits": []}
+    watts: dict[str, list[float]] = {"clocks": [], "limits": []}
     for job in jobs:
         n = job.num_gpu
         r = min(n, config.gpus_per_node)
@@ -49,6 +60,17 @@ def main() -> None:
         extra.append(float(cost[clocks.index(capped)] / cost[best] - 1.0))
         optima[clocks[best]] += 1
         moved += capped != clocks[best]
+        work = Workload(job.model_name, n, r, bs)
+        under = [
+            capped_clock_mhz(model, work, clocks, clocks[-1], limit)
+            for limit in power_limits_w(spec)
+        ]
+        top = float(model.step_time_s(n, r, bs, float(clocks[-1])))
+        for name, f in (("clocks", swept), ("limits", np.asarray(under, dtype=np.float64))):
+            t = np.asarray(model.step_time_s(n, r, bs, f), dtype=np.float64)
+            e = np.asarray(model.energy_per_iter_j(n, r, bs, f), dtype=np.float64)
+            lost[name].append(float(1.0 - np.mean(top / t)))
+            watts[name].append(float(np.mean(e / t)))
     print(f"jobs: {len(jobs)}")
     print(f"power-limit optimum on another clock than the clock optimum: {moved}")
     print("clock optima (MHz: jobs): " + ", ".join(f"{f}: {k}" for f, k in sorted(optima.items())))
@@ -56,6 +78,11 @@ def main() -> None:
         f"Zeus cost of the power-limit optimum above the clock optimum: "
         f"mean {100 * np.mean(extra):.2f} %, max {100 * np.max(extra):.2f} %"
     )
+    for name in ("clocks", "limits"):
+        print(
+            f"profiling sweep over the {name}: {100 * np.mean(lost[name]):.0f} % of the "
+            f"phase's progress lost, job power {np.mean(watts[name]):.0f} W (means over jobs)"
+        )
 
 
 if __name__ == "__main__":

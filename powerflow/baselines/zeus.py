@@ -35,10 +35,18 @@ Faithful:
   (``powerflow.schedulers.ZEUS_PROFILING``). A job planned onto a GPU count
   not yet in its ``profiled_gpus`` (profiling, or about to: starting, resumed
   or resized there) is left uncapped: Zeus's profiler sets the limits itself,
-  from the highest down, and the simulator sweeps the clocks for it.
+  from the highest down. The simulator runs that phase as its clock sweep
+  (``SimConfig.profile_clocks_mhz``), not as a sweep of Zeus's limits (see
+  "Simplified").
 
 Simplified, and why:
 
+- The profiling phase sweeps the simulator's profiling clocks (210-1410 MHz)
+  rather than the clocks Zeus's 13 limits give (none below the clock the
+  lowest limit allows): per job it loses more progress (36 % of the phase
+  against 16 %) at lower power (243 W against 334 W, means over the trace's
+  jobs, ``scripts/zeus_knob_cost.py``), about 48 s of JCT per job. Sweeping
+  limits would need the engine to profile under a sequence of caps.
 - Which clock a limit gives, and the time and energy there, are read from the
   job's model (the ground truth: Zeus's profiling is not fitted, see
   ``ZEUS_PROFILING``) rather than from Zeus's 40 measured iterations per
