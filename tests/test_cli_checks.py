@@ -184,6 +184,7 @@ def test_eta_has_the_same_range_in_plan_and_simulate_and_says_it(
         (["--restart-s", "-1"], "--restart-s must be >= 0"),
         (["--seed", "-1"], "--seed must be >= 0"),
         (["--nodes", "0"], "--nodes must be at least 1"),
+        (["--workers", "0"], "--workers must be at least 1"),
     ],
 )
 @pytest.mark.usefixtures("no_compute")
@@ -192,6 +193,23 @@ def test_cluster_options_are_refused_by_their_own_names(
 ) -> None:
     assert main(["simulate", "--scheduler", "gandiva", *extra]) == 2
     assert words in _one_line_error(capsys, "simulate")
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--pmax-watts", "0"], "--pmax-watts must be a positive number, got 0"),
+        (["--gpus-per-node", "0"], "--gpus-per-node must be at least 1"),
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--hours", "1"], "--hours cuts the trace of --validate"),
+    ],
+)
+@pytest.mark.usefixtures("no_compute")
+def test_budget_what_if_options_are_refused_by_their_own_names(
+    extra: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["budget", "what-if", "--demo", "--jobs", "2", *extra]) == 2
+    assert words in _one_line_error(capsys, "budget")
 
 
 def test_messages_name_no_internal_symbols() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -103,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
         raise WhatIfError("--hours cuts the trace of --validate; --demo takes --jobs")
     if args.nodes is not None and args.nodes < 1:
         raise WhatIfError(f"--nodes must be at least 1, got {args.nodes}")
+    if args.gpus_per_node < 1:
+        raise WhatIfError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
+    if args.workers < 1:
+        raise WhatIfError(f"--workers must be at least 1, got {args.workers}")
+    if args.pmax_watts is not None and not (0 < args.pmax_watts < math.inf):
+        raise WhatIfError(f"--pmax-watts must be a positive number, got {args.pmax_watts:g}")
     if args.plot is not None:
         check_plot_path(args.plot)
     if args.validate:

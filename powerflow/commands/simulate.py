@@ -194,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     can be refused is found after minutes of compute."""
     config, trace = config_from(args), trace_from(args)
     checks.eta(args.eta)
+    if args.workers < 1:
+        raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
     if args.out is not None:
         checks.output_folder(args.out, "--out")
     if args.scheduler:

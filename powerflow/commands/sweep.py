@@ -33,6 +33,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
+    if args.workers < 1:
+        raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
     default_out = Path("results") / dt.datetime.now().strftime("sensitivity-%Y%m%d-%H%M%S")
     out = checks.output_folder(args.out or default_out, "--out" if args.out else "--out (default)")
     specs = experiments.sensitivity(config, quick=args.quick)
