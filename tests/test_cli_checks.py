@@ -252,7 +252,15 @@ def test_fit_refuses_options_of_the_other_mode(
         ("a,0,1,0,resnet50,128.5,3000,c\n", "global_batch_size must be a positive integer"),
         ("a,0,1,0,resnet50,128,3000,c\n\nb,0,1,0,bert,64,-1,c\n", "t.csv:4: num_iteration"),
     ],
-    ids=["short-row", "long-row", "batch-1e30", "submit-1e30", "iterations-1e30", "half", "line"],
+    ids=[
+        "short-row",
+        "long-row",
+        "batch-1e30",
+        "submit-1e30",
+        "iterations-1e30",
+        "half",
+        "line",
+    ],
 )
 def test_a_bad_trace_row_is_one_line_naming_it(
     rows: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -261,6 +269,24 @@ def test_a_bad_trace_row_is_one_line_naming_it(
     argv = ["simulate", "--scheduler", "gandiva", "--trace", str(trace), *CLUSTER, "--json"]
     assert main(argv) == 2
     assert words in _one_line_error(capsys, "simulate")
+
+
+def test_rows_outside_the_window_are_still_checked_but_need_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run(rows: str) -> int:
+        trace = _trace(tmp_path, rows, name=f"t{len(list(tmp_path.iterdir()))}.csv")
+        argv = ["simulate", "--scheduler", "gandiva", "--trace", str(trace), *CLUSTER]
+        return main([*argv, "--hours", "1", "--json"])
+
+    assert run(ROWS + "late,7200,1,0,bert,64,1e30,c\n") == 0  # never replayed: not refused
+    assert json.loads(capsys.readouterr().out)["jobs"] == 2
+    assert run(ROWS + "a,7200,1,0,bert,64,10,c\n") == 2
+    assert "t1.csv:4: duplicate job id 'a' (first on line 2)" in _one_line_error(capsys, "simulate")
+    assert run(ROWS + "late,7200,1,0,bert,64,x,c\n") == 2
+    assert "t2.csv:4: column 'num_iteration' is not a" in _one_line_error(capsys, "simulate")
+    assert run("a,7200,1,0,resnet50,128,3000,c\n") == 2
+    assert "no job is submitted in the first 1 h" in _one_line_error(capsys, "simulate")
 
 
 @pytest.mark.usefixtures("no_compute")

@@ -149,7 +149,8 @@ def load_itp(
     path: Path, known_models: Iterable[str], *, max_gpus: int | None = None
 ) -> tuple[TraceJob, ...]:
     """An ITP-format trace (with models, batch sizes and iteration counts)."""
-    return _sorted(_admit(path, _parse_itp(path, known_models), max_gpus=max_gpus))
+    jobs = _unique(path, _parse_itp(path, known_models))
+    return _sorted(_admit(path, jobs, max_gpus=max_gpus))
 
 
 def _parse_philly(
@@ -199,7 +200,7 @@ def load_philly(
     jobs ran).
     """
     jobs = _parse_philly(path, pool, truth, seed=seed, gpus_per_node=gpus_per_node)
-    return _sorted(_admit(path, jobs, max_gpus=max_gpus))
+    return _sorted(_admit(path, _unique(path, jobs), max_gpus=max_gpus))
 
 
 def step_times(
@@ -261,10 +262,19 @@ def _admit(
     return jobs
 
 
+def _unique(path: Path, jobs: Lined) -> Lined:
+    """Every job id once in the file (in or out of a window): the simulator keys on it."""
+    first: dict[str, int] = {}
+    for line, job in jobs:
+        seen = first.setdefault(job.job_id, line)
+        if seen != line:
+            raise DataError(
+                f"{path}:{line}: duplicate job id {job.job_id!r} (first on line {seen})"
+            )
+    return jobs
+
+
 def _sorted(jobs: Lined) -> tuple[TraceJob, ...]:
-    ids = [j.job_id for _, j in jobs]
-    if len(set(ids)) != len(ids):
-        raise DataError("trace has duplicate job ids")
     return tuple(sorted((j for _, j in jobs), key=lambda j: (j.submit_s, j.job_id)))
 
 
@@ -292,6 +302,7 @@ def load_trace(
         jobs = _parse_itp(path, known_models)
     else:
         jobs = _parse_philly(path, pool, truth, seed=seed, gpus_per_node=gpus_per_node)
+    _unique(path, jobs)
     if hours is not None:
         jobs = [(line, j) for line, j in jobs if j.submit_s < hours * 3600.0]
         if not jobs:
