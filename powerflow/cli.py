@@ -2,7 +2,8 @@
 
 Each module in ``powerflow.commands`` adds its subparser with
 ``register(subparsers)`` and sets ``func`` (returning the exit code). Bad input
-is reported as one line on stderr with exit code 2.
+is reported as one line on stderr with exit code 2, and so is a file-system
+error the checks before the work could not foresee.
 
 The commands' descriptions are their module docstrings, written in
 reStructuredText for the API docs; ``plain_help`` turns their inline literals
@@ -79,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = func(args)
     except PowerFlowError as exc:
         print(f"powerflow {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # what the checks before the work cannot foresee (a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"powerflow {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     return code
 

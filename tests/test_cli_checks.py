@@ -135,6 +135,17 @@ def test_a_folder_the_user_names_is_created_with_its_parents(
     capsys.readouterr()
 
 
+def test_a_write_that_fails_after_the_work_is_still_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    (out / "run.json").mkdir(parents=True)  # a folder where the result goes
+    args = ["simulate", "--scheduler", "gandiva", "--trace", str(_trace(tmp_path)), *CLUSTER]
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"powerflow simulate: error: {out / 'run.json'}: Is a directory\n"
+
+
 # ------------------------------------------------------------------- value ranges
 
 
