@@ -187,6 +187,15 @@ def test_eta_has_the_same_range_in_plan_and_simulate_and_says_it(
     assert planned == simulated == f"--eta must be in (0, 1], got {float(eta):g}\n"
 
 
+@pytest.mark.parametrize("watts", ["0", "-100", "nan"])
+@pytest.mark.usefixtures("no_compute")
+def test_plan_refuses_a_limit_that_is_not_positive(
+    watts: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--demo", "--limit-watts", watts]) == 2
+    assert f"--limit-watts must be > 0, got {float(watts):g}" in _one_line_error(capsys, "plan")
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from powerflow.errors import PowerFlowError
+from powerflow.gpus import A100
 
 
 class ArgumentError(PowerFlowError):
@@ -74,6 +75,11 @@ def hours(value: float | None, option: str = "--hours") -> float | None:
 ETA_RANGE = "(0, 1]"
 """The power budget as a share of the cluster's maximum power: 0 would stop every
 job (only a budget schedule's window may do that), above 1 is no budget."""
+
+ETA_HELP = (
+    f"power budget: the limit is eta x GPUs x P_max ({A100.p_max_w:g} W per A100), "
+    f"eta in {ETA_RANGE}"
+)
 
 
 def eta(value: float | None, option: str = "--eta") -> float | None:

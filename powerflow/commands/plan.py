@@ -50,8 +50,7 @@ def register(subparsers: Any) -> None:
         "--eta",
         type=float,
         default=0.6,
-        help=f"power budget as a share of the cluster's maximum power, in {checks.ETA_RANGE} "
-        "(default 0.6)",
+        help=f"{checks.ETA_HELP} (default 0.6)",
     )
     p.add_argument("--limit-watts", type=float, metavar="W", help="absolute limit (wins)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")

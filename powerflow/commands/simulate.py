@@ -41,8 +41,7 @@ def register(subparsers: Any) -> None:
     knob.add_argument(
         "--eta",
         type=float,
-        help=f"PowerFlow's power budget as a share of the cluster's maximum power, in "
-        f"{checks.ETA_RANGE}",
+        help=f"PowerFlow's {checks.ETA_HELP}",
     )
     knob.add_argument("--frequency", type=int, metavar="MHZ", help="a baseline's GPU clock")
     p.add_argument(
@@ -130,6 +129,7 @@ def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
         p.add_argument(
             "--hours",
             type=float,
+            metavar="H",
             help=(
                 "only jobs submitted in the first H hours, H > 0 (default: all; "
                 f"{experiments.QUICK_HOURS:g} with --quick)"
