@@ -44,7 +44,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--samples", type=Path, metavar="FILE.csv", help="fit measured samples")
     p.add_argument("--gpu", default="A100", help="GPU type of the samples (default A100)")
-    p.add_argument("--out", metavar="PATH", help="parameters JSON for --samples ('-' for stdout)")
+    p.add_argument(
+        "--out",
+        metavar="PATH",
+        help="parameters JSON for --samples, in a folder that exists ('-' for stdout)",
+    )
     p.add_argument(
         "--model", metavar="NAME", help="DNN of --samples: picks the prior (default generic)"
     )

@@ -62,8 +62,18 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--no-oracle-runs", action="store_true", help="skip the Fig. 10 runs")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--out", type=Path, help="results folder (default results/<timestamp>)")
-    p.add_argument("--report", type=Path, help="also write a Markdown report to this file")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="results folder, created with its parents (default results/<timestamp>)",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE.md",
+        help="also write a Markdown report to this file (its folder must exist)",
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     p.set_defaults(func=run)
 

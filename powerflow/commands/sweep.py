@@ -26,7 +26,12 @@ def register(subparsers: Any) -> None:
     add_cluster_args(p, trace=False)  # each study sets its own traces and cluster sizes
     p.add_argument("--quick", action="store_true", help="every other point of each axis")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--out", type=Path, help="results folder (default results/<timestamp>)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="results folder, created with its parents (default results/<timestamp>)",
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     p.set_defaults(func=run)
 
