@@ -2,13 +2,19 @@
 
 Each module in ``powerflow.commands`` adds its subparser with
 ``register(subparsers)`` and sets ``func`` (returning the exit code). Bad input
-is reported as one line on stderr with exit code 2.
+is reported as one line on stderr with exit code 2, and so is a file-system
+error the checks before the work could not foresee.
+
+The commands' descriptions are their module docstrings, written in
+reStructuredText for the API docs; ``plain_help`` turns their inline literals
+into the plain text a terminal shows, for every parser at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -38,7 +44,29 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f"powerflow.commands.{name}")
         module.register(subparsers)
+    plain_help(parser)
     return parser
+
+
+_LITERAL = re.compile(r"``(.+?)``|`([^`]+)`", re.DOTALL)
+
+
+def plain(text: str | None) -> str | None:
+    """``x`` and `x` (reStructuredText literals and references) as x."""
+    return _LITERAL.sub(lambda m: m.group(1) or m.group(2), text) if text else text
+
+
+def plain_help(parser: argparse.ArgumentParser) -> None:
+    """Every description and help string of ``parser`` and its subcommands in plain text."""
+    parser.description = plain(parser.description)
+    parser.epilog = plain(parser.epilog)
+    for action in parser._actions:
+        action.help = plain(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = plain(choice.help)
+            for sub in dict.fromkeys(action.choices.values()):
+                plain_help(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = func(args)
     except PowerFlowError as exc:
         print(f"powerflow {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # what the checks before the work cannot foresee (a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"powerflow {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     return code
 

@@ -89,7 +89,7 @@ def test_demo_refuses_bad_budgets_in_one_line(
     [
         ("whatif", "has no file type"),  # matplotlib would write whatif.png
         ("whatif.xyz", "'.xyz' is not a figure type matplotlib writes"),
-        ("a-file/whatif.png", "cannot create its folder"),
+        ("a-file/whatif.png", "a-file is a file, not a folder"),
     ],
 )
 def test_a_plot_that_cannot_be_written_is_refused_before_predicting(

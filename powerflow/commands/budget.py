@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 from rich.table import Table
 
 from powerflow import contract
+from powerflow.commands import checks
 from powerflow.errors import BudgetError, PowerFlowError, SimulationError
 from powerflow.policy.budget_schedule import describe_budget, stops_every_job
 from powerflow.policy.snapshot import Budget
@@ -68,8 +70,17 @@ def register(subparsers: Any) -> None:
     levels.add_argument("--watts", help="budgets as cluster power limits in W, comma-separated")
     w.add_argument("--pmax-watts", type=float, help="P_max for --etas (default: the ConfigMap's)")
     w.add_argument("--namespace", help="--kubeconfig: only this namespace's DLJobs")
-    w.add_argument("--budget-namespace", default="powerflow-system")
-    w.add_argument("--budget-configmap", default=contract.BUDGET_CONFIGMAP)
+    w.add_argument(
+        "--budget-namespace",
+        default="powerflow-system",
+        help="--kubeconfig: namespace of the budget ConfigMap (default powerflow-system)",
+    )
+    w.add_argument(
+        "--budget-configmap",
+        default=contract.BUDGET_CONFIGMAP,
+        help="--kubeconfig: the budget ConfigMap, for pMaxWatts and the budget in force "
+        f"(default {contract.BUDGET_CONFIGMAP})",
+    )
     w.add_argument("--jobs", type=int, default=DEMO_JOBS, help="--demo: how many jobs")
     w.add_argument("--hours", type=float, help="--validate: the trace's first H hours only")
     d = SimConfig()
@@ -86,6 +97,21 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the options and the ``--plot`` file first: the what-if reads the cluster and
+    simulates the queue at every budget before it draws."""
+    checks.hours(args.hours)
+    if args.hours is not None and not args.validate:
+        raise WhatIfError("--hours cuts the trace of --validate; --demo takes --jobs")
+    if args.nodes is not None and args.nodes < 1:
+        raise WhatIfError(f"--nodes must be at least 1, got {args.nodes}")
+    if args.gpus_per_node < 1:
+        raise WhatIfError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
+    if args.workers < 1:
+        raise WhatIfError(f"--workers must be at least 1, got {args.workers}")
+    if args.pmax_watts is not None and not (0 < args.pmax_watts < math.inf):
+        raise WhatIfError(f"--pmax-watts must be a positive number, got {args.pmax_watts:g}")
+    if args.plot is not None:
+        check_plot_path(args.plot)
     if args.validate:
         return _validate(args)
     current: Budget | None = None
@@ -99,8 +125,6 @@ def run(args: argparse.Namespace) -> int:
         title = f"demo queue (first {len(queue)} jobs of the default trace)"
     for note in notes:
         print(f"powerflow budget what-if: {note}", file=sys.stderr)
-    if args.plot is not None:
-        check_plot_path(args.plot)
     budgets = budget_levels(args, args.pmax_watts if args.pmax_watts is not None else p_max)
     if current is not None and stops_every_job(current):
         note = f"the budget in force ({describe_budget(current)}) stops every job: not predicted"
@@ -328,7 +352,8 @@ def _key(body: Any) -> str:
 def check_plot_path(path: Path) -> None:
     """Refuse a ``--plot`` file that cannot be written before the prediction runs, not
     after its table: a type matplotlib writes (without a suffix it would write
-    ``FILE.png``, not ``FILE``), and a folder that exists or can be made."""
+    ``FILE.png``, not ``FILE``), in a folder that exists (a file's folder is not
+    created: a typo would leave a stray folder)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     kind = path.suffix.lower().removeprefix(".")
@@ -340,10 +365,7 @@ def check_plot_path(path: Path) -> None:
             f"--plot {path}: '.{kind}' is not a figure type matplotlib writes "
             f"({', '.join(sorted(known))})"
         )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise WhatIfError(f"--plot {path}: cannot create its folder: {exc}") from None
+    checks.output_file(path, "--plot")
 
 
 def _row(p: Prediction, current: Budget | None) -> dict[str, Any]:
@@ -412,7 +434,6 @@ def plot(
     fig.suptitle(title + ("  (circled: the budget in force)" if current is not None else ""))
     fig.tight_layout()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     except OSError as exc:
         raise WhatIfError(f"--plot {path}: {exc}") from None

@@ -88,7 +88,12 @@ def register(subparsers: Any) -> None:
         help="memory for prioritize's cache of written answers per node name (default 16 MiB)",
     )
     add_tolerate_option(p, "operator")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="least severe log lines written (default info)",
+    )
     p.set_defaults(func=run)
 
 

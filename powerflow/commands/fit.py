@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from powerflow.commands import checks
 from powerflow.errors import DataError, ModelError
 from powerflow.gpus import GpuSpec, gpu_spec
 from powerflow.models.fitted import FittedModel
@@ -43,7 +44,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--samples", type=Path, metavar="FILE.csv", help="fit measured samples")
     p.add_argument("--gpu", default="A100", help="GPU type of the samples (default A100)")
-    p.add_argument("--out", metavar="PATH", help="parameters JSON for --samples ('-' for stdout)")
+    p.add_argument(
+        "--out",
+        metavar="PATH",
+        help="parameters JSON for --samples, in a folder that exists ('-' for stdout)",
+    )
     p.add_argument(
         "--model", metavar="NAME", help="DNN of --samples: picks the prior (default generic)"
     )
@@ -74,9 +79,25 @@ class _Result:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Refuse options of the other mode and unwritable outputs, then fit."""
     gpu = gpu_spec(args.gpu)
+    if args.seed < 0:
+        raise checks.ArgumentError(f"--seed must be >= 0, got {args.seed}")
+    mode = "--samples" if args.samples is not None else "the ground-truth fit"
+    foreign = (
+        ("--plot", "--write-priors", "--models")
+        if args.samples is not None
+        else ("--out", "--model")
+    )
+    given = [o for o in foreign if getattr(args, o[2:].replace("-", "_")) is not None]
+    if given:
+        raise checks.ArgumentError(f"{', '.join(given)}: not an option of {mode}")
     if args.samples is not None:
         return _run_samples(args, gpu)
+    if args.plot is not None:
+        checks.output_folder(args.plot, "--plot")
+    if args.write_priors is not None:
+        checks.output_folder(args.write_priors, "--write-priors")
     return _run_ground_truth(args, gpu)
 
 
@@ -122,7 +143,9 @@ def _run_samples(args: argparse.Namespace, gpu: GpuSpec) -> int:
         raise DataError("--json and --out - would both write to stdout; pick one")
     # A held-out MAPE needs enough rows that its 90% still meets MIN_SAMPLES.
     need = 2 * MIN_SAMPLES if args.json else MIN_SAMPLES
-    samples = read_samples_csv(path, min_rows=need)
+    samples = read_samples_csv(path, min_rows=need, gpu=gpu)
+    if out != "-":  # before the fit, not after it
+        checks.output_file(Path(out), "--out" if args.out is not None else "--out (default)")
     prior = _prior_for(args.model, gpu)
     params = fit_profile(samples, gpu, prior=prior, model=args.model or path.stem)
     if out == "-":

@@ -75,8 +75,17 @@ def register(subparsers: Any) -> None:
     )
     add_kubeconfig_option(p)
     p.add_argument("--namespace", help="watch DLJobs in this namespace only (default: all)")
-    p.add_argument("--budget-namespace", default="powerflow-system")
-    p.add_argument("--budget-configmap", default=contract.BUDGET_CONFIGMAP)
+    p.add_argument(
+        "--budget-namespace",
+        default="powerflow-system",
+        help="namespace of the budget ConfigMap (default powerflow-system)",
+    )
+    p.add_argument(
+        "--budget-configmap",
+        default=contract.BUDGET_CONFIGMAP,
+        help=f"name of the budget ConfigMap: eta or powerLimitWatts, pMaxWatts, schedule "
+        f"(docs/operator.md; default {contract.BUDGET_CONFIGMAP})",
+    )
     p.add_argument(
         "--leader-election",
         action=argparse.BooleanOptionalAction,

@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from powerflow.commands import checks
 from powerflow.errors import PowerFlowError
 from powerflow.gpus import A100
 from powerflow.policy.powerflow import PowerFlowPolicy
@@ -45,7 +46,12 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--demo", action="store_true", help="plan the built-in cluster and queue")
-    p.add_argument("--eta", type=float, default=0.6, help="power budget as eta (default 0.6)")
+    p.add_argument(
+        "--eta",
+        type=float,
+        default=0.6,
+        help=f"{checks.ETA_HELP} (default 0.6)",
+    )
     p.add_argument("--limit-watts", type=float, metavar="W", help="absolute limit (wins)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument(
@@ -85,6 +91,9 @@ def demo_snapshot(budget: Budget) -> Snapshot:
 def run(args: argparse.Namespace) -> int:
     if not args.demo:
         raise PowerFlowError("nothing to plan: pass --demo (the built-in cluster and queue)")
+    checks.eta(args.eta)
+    if args.limit_watts is not None and not args.limit_watts > 0:
+        raise checks.ArgumentError(f"--limit-watts must be > 0, got {args.limit_watts:g}")
     snapshot = demo_snapshot(Budget(eta=args.eta, limit_watts=args.limit_watts))
     policy = PowerFlowPolicy(
         frequency_scaling=not args.no_frequency_scaling,

@@ -18,6 +18,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from powerflow.commands import checks
 from powerflow.errors import BudgetError, SimulationError
 from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.policy.snapshot import Budget
@@ -26,7 +27,7 @@ from powerflow.sim import experiments, output, plots
 from powerflow.sim.compare import jct_ratios, versus
 from powerflow.sim.config import SimConfig
 from powerflow.sim.report import write_report
-from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, run_many, run_one
+from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +38,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--scheduler", choices=list(SCHEDULERS), help="run one scheduler only")
     knob = p.add_mutually_exclusive_group()
-    knob.add_argument("--eta", type=float, help="PowerFlow's power budget knob (0, 1]")
+    knob.add_argument(
+        "--eta",
+        type=float,
+        help=f"PowerFlow's {checks.ETA_HELP}",
+    )
     knob.add_argument("--frequency", type=int, metavar="MHZ", help="a baseline's GPU clock")
     p.add_argument(
         "--budget-schedule",
@@ -57,8 +62,18 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--no-oracle-runs", action="store_true", help="skip the Fig. 10 runs")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--out", type=Path, help="results folder (default results/<timestamp>)")
-    p.add_argument("--report", type=Path, help="also write a Markdown report to this file")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="results folder, created with its parents (default results/<timestamp>)",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE.md",
+        help="also write a Markdown report to this file (its folder must exist)",
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     p.set_defaults(func=run)
 
@@ -111,26 +126,38 @@ def power_options(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
     return tuple((k, v) for k, v in named.items() if v is not None)
 
 
-def add_cluster_args(p: argparse.ArgumentParser) -> None:
+MAX_GPUS_PER_NODE = 8
+"""An A100 server (DGX/HGX A100) holds at most eight GPUs."""
+
+
+def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
+    """The cluster's options; with ``trace`` also which jobs (``--trace``, ``--hours``)
+    and how many nodes, which ``sweep`` sets itself and does not take."""
     d = SimConfig()
-    p.add_argument("--trace", type=Path, help="trace CSV (default: the bundled ITP window)")
+    if trace:
+        p.add_argument("--trace", type=Path, help="trace CSV (default: the bundled ITP window)")
+        p.add_argument(
+            "--hours",
+            type=float,
+            metavar="H",
+            help=(
+                "only jobs submitted in the first H hours, H > 0 (default: all; "
+                f"{experiments.QUICK_HOURS:g} with --quick)"
+            ),
+        )
+        p.add_argument(
+            "--nodes",
+            type=int,
+            help=(
+                f"nodes (default {d.nodes}; {experiments.QUICK_NODES} for the comparison "
+                "with --quick)"
+            ),
+        )
     p.add_argument(
-        "--hours",
-        type=float,
-        help=(
-            "only jobs submitted in the first H hours (default: all; "
-            f"{experiments.QUICK_HOURS:g} with --quick)"
-        ),
-    )
-    p.add_argument(
-        "--nodes",
+        "--gpus-per-node",
         type=int,
-        help=(
-            f"nodes (default {d.nodes}; {experiments.QUICK_NODES} for the comparison with --quick)"
-        ),
-    )
-    p.add_argument(
-        "--gpus-per-node", type=int, default=d.gpus_per_node, help="A100s per node (<= 8)"
+        default=d.gpus_per_node,
+        help=f"A100s per node (1 to {MAX_GPUS_PER_NODE}; default {d.gpus_per_node})",
     )
     p.add_argument("--interval", type=float, default=d.interval_s, help="re-evaluation (s)")
     p.add_argument("--restart-s", type=float, default=d.restart_s, help="checkpoint-restart (s)")
@@ -147,7 +174,21 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
-    nodes = args.nodes
+    """The cluster options as a ``SimConfig``, each refused by its own name when out of
+    range (a negative seed would otherwise end in numpy's traceback)."""
+    nodes: int | None = getattr(args, "nodes", None)
+    if nodes is not None and nodes < 1:
+        raise checks.ArgumentError(f"--nodes must be at least 1, got {nodes}")
+    if not 1 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise checks.ArgumentError(
+            f"--gpus-per-node must be 1 to {MAX_GPUS_PER_NODE}, got {args.gpus_per_node}"
+        )
+    if not args.interval > 0:
+        raise checks.ArgumentError(f"--interval must be > 0 seconds, got {args.interval:g}")
+    if not args.restart_s >= 0:
+        raise checks.ArgumentError(f"--restart-s must be >= 0 seconds, got {args.restart_s:g}")
+    if args.seed < 0:
+        raise checks.ArgumentError(f"--seed must be >= 0, got {args.seed}")
     if nodes is None:
         quick_comparison = getattr(args, "quick", False) and not getattr(args, "scheduler", None)
         nodes = experiments.QUICK_NODES if quick_comparison else SimConfig().nodes
@@ -164,12 +205,22 @@ def config_from(args: argparse.Namespace) -> SimConfig:
 def trace_from(args: argparse.Namespace) -> TraceSpec:
     if args.trace is not None and not args.trace.is_file():
         raise SimulationError(f"no trace file {args.trace}")
-    return TraceSpec(str(args.trace) if args.trace else None, args.hours, seed=args.seed)
+    hours = checks.hours(args.hours)
+    return TraceSpec(str(args.trace) if args.trace else None, hours, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check every option, the output paths and the trace, then simulate: nothing that
+    can be refused is found after minutes of compute."""
     config, trace = config_from(args), trace_from(args)
+    checks.eta(args.eta)
+    if args.workers < 1:
+        raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
+    if args.out is not None:
+        checks.output_folder(args.out, "--out")
     if args.scheduler:
+        if args.report is not None:
+            raise SimulationError("--report writes the comparison's report: drop --scheduler")
         return _single(args, config, trace)
     if args.eta is not None or args.frequency is not None:
         raise SimulationError("--eta/--frequency need --scheduler")
@@ -177,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
         raise SimulationError("the power budget options need --scheduler powerflow or powerflow+")
     if args.budget_schedule is not None:
         raise SimulationError("--budget-schedule needs --scheduler")
+    if args.report is not None:
+        checks.output_file(args.report, "--report")
     return _comparison(args, config, trace)
 
 
@@ -254,6 +307,11 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     )
     if args.oracle:
         specs = [replace(s, oracle=True) for s in specs]
+    out = args.out or checks.output_folder(
+        Path("results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out (default)"
+    )
+    for trace_spec, run_config in {(s.trace, s.config) for s in specs}:
+        load_jobs(trace_spec, run_config)  # a bad row refused here, not in every worker
     console = Console(stderr=True)
     outcomes = _run_with_progress(specs, args.workers, console, quiet=args.json)
     rows = [o.row() for o in outcomes]
@@ -262,7 +320,6 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     title = f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100, " + (
         "idle nodes off for all" if config.idle_nodes_off else "paper setting (--paper-baselines)"
     )
-    out = args.out or Path("results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     files = write_outputs(out, outcomes, ratios, title, plus)
     if args.report:
         write_report(args.report, outcomes, ratios, config, specs[0].trace, out, args)

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
 from powerflow.sim import experiments, output, plots
 
@@ -22,20 +23,28 @@ from powerflow.sim import experiments, output, plots
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="parameter studies (sensitivity, paper Fig. 11)")
     p.add_argument("study", choices=["sensitivity"], help="which study")
-    add_cluster_args(p)
+    add_cluster_args(p, trace=False)  # each study sets its own traces and cluster sizes
     p.add_argument("--quick", action="store_true", help="every other point of each axis")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--out", type=Path, help="results folder (default results/<timestamp>)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="results folder, created with its parents (default results/<timestamp>)",
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
+    if args.workers < 1:
+        raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
+    default_out = Path("results") / dt.datetime.now().strftime("sensitivity-%Y%m%d-%H%M%S")
+    out = checks.output_folder(args.out or default_out, "--out" if args.out else "--out (default)")
     specs = experiments.sensitivity(config, quick=args.quick)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     studies = experiments.sensitivity_rows(outcomes)
-    out = args.out or Path("results") / dt.datetime.now().strftime("sensitivity-%Y%m%d-%H%M%S")
     rows = [row for study in studies.values() for row in study]
     output.write_csv(rows, out / "sensitivity.csv")
     output.write_json(studies, out / "sensitivity.json")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from powerflow.errors import DataError
+from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import FloatArray
 
 
@@ -40,7 +41,7 @@ class Samples:
             if np.any(c <= 0):
                 raise DataError("samples must be positive")
         if np.any(self.r > self.n):
-            raise DataError("GPUs per node (r) cannot exceed GPUs (n)")
+            raise DataError("GPUs per node cannot exceed the GPUs of the job")
 
     def __len__(self) -> int:
         return len(self.n)
@@ -91,21 +92,34 @@ CSV_COLUMNS: tuple[str, ...] = (
 """Columns of a samples CSV, in ``Samples`` field order (extra columns are ignored)."""
 
 
-def read_samples_csv(path: Path, *, min_rows: int = 1) -> Samples:
+def read_samples_csv(path: Path, *, min_rows: int = 1, gpu: GpuSpec | None = None) -> Samples:
     """Load measured samples, refusing anything a fit would silently misread.
 
     Every problem is one ``DataError`` naming the file and, where there is
-    one, the row (1-based, counting the header as row 1) and the column.
+    one, the row (its line in the file, the header being line 1) and the
+    column. A byte-order mark (``utf-8-sig``, as spreadsheet tools write CSV)
+    is not part of the first column's name. GPU counts are whole numbers; with
+    ``gpu``, clocks are within its range; and what the fits derive from a row
+    (global batch, GPU-seconds, power per GPU) must be finite too: a row of
+    finite values such as ``1e308`` can still overflow them.
     """
     try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip() for h in next(reader, [])]
             missing = [c for c in CSV_COLUMNS if c not in header]
             if missing:
                 raise DataError(f"{path}: missing column(s) {', '.join(missing)}")
-            reader.fieldnames = header
-            rows = list(reader)
+            rows: list[tuple[int, dict[str, str]]] = []
+            for fields in reader:
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise DataError(
+                        f"{path}: row {reader.line_num}: {len(fields)} fields, "
+                        f"the header has {len(header)}"
+                    )
+                rows.append((reader.line_num, dict(zip(header, fields, strict=True))))
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except (csv.Error, UnicodeDecodeError) as exc:
@@ -113,24 +127,53 @@ def read_samples_csv(path: Path, *, min_rows: int = 1) -> Samples:
     if len(rows) < min_rows:
         raise DataError(f"{path}: {len(rows)} sample row(s); at least {min_rows} are needed")
     values = np.empty((len(rows), len(CSV_COLUMNS)), dtype=np.float64)
-    for i, row in enumerate(rows):
+    for i, (line, row) in enumerate(rows):
         for j, col in enumerate(CSV_COLUMNS):
-            cell = (row.get(col) or "").strip()
-            try:
-                v = float(cell)
-            except ValueError:
-                raise DataError(
-                    f"{path}: row {i + 2}, column {col}: {cell!r} is not a number"
-                ) from None
-            if not np.isfinite(v) or v <= 0:
-                raise DataError(
-                    f"{path}: row {i + 2}, column {col}: {cell!r} must be a positive finite number"
-                )
-            values[i, j] = v
+            values[i, j] = _cell(path, line, col, row[col].strip(), whole=j < 2)
+    lines = np.array([line for line, _ in rows])
     bad = np.flatnonzero(values[:, 1] > values[:, 0])
     if bad.size:
-        raise DataError(f"{path}: row {bad[0] + 2}: gpus_per_node exceeds n")
+        raise DataError(
+            f"{path}: row {lines[bad[0]]}: gpus_per_node {values[bad[0], 1]:g} exceeds "
+            f"n {values[bad[0], 0]:g} (the GPUs of the job)"
+        )
+    if gpu is not None:
+        lo, hi = gpu.clocks_mhz[0], gpu.clocks_mhz[-1]
+        bad = np.flatnonzero((values[:, 3] < lo) | (values[:, 3] > hi))
+        if bad.size:
+            raise DataError(
+                f"{path}: row {lines[bad[0]]}, column frequency_mhz: {values[bad[0], 3]:g} "
+                f"is outside the {gpu.name}'s clocks ({lo}-{hi} MHz)"
+            )
+    n, bs, step, energy = values[:, 0], values[:, 2], values[:, 4], values[:, 5]
+    with np.errstate(all="ignore"):  # what the fits compute from a row
+        derived = {
+            "n x local_batch_size (the global batch)": n * bs,
+            "n x step_time_s (GPU-seconds per iteration)": n * step,
+            "energy_j / (n x step_time_s) (power per GPU)": energy / (n * step),
+        }
+    for name, column in derived.items():
+        bad = np.flatnonzero(~(np.isfinite(column) & (column > 0)))
+        if bad.size:
+            raise DataError(
+                f"{path}: row {lines[bad[0]]}: {name} is not a positive finite number: "
+                "a value far out of range"
+            )
     return Samples(*(values[:, j].copy() for j in range(len(CSV_COLUMNS))))
+
+
+def _cell(path: Path, line: int, col: str, cell: str, *, whole: bool) -> float:
+    try:
+        v = float(cell)
+    except ValueError:
+        raise DataError(f"{path}: row {line}, column {col}: {cell!r} is not a number") from None
+    if not np.isfinite(v) or v <= 0:
+        raise DataError(
+            f"{path}: row {line}, column {col}: {cell!r} must be a positive finite number"
+        )
+    if whole and v != int(v):
+        raise DataError(f"{path}: row {line}, column {col}: {cell!r} must be a whole number")
+    return v
 
 
 def write_samples_csv(samples: Samples, path: Path) -> None:

@@ -26,7 +26,7 @@ from powerflow.sim.engine import Simulation
 from powerflow.sim.metrics import summarise
 from powerflow.sim.result import RunResult, Series
 from powerflow.sim.synthetic import SyntheticSpec, generate
-from powerflow.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_trace, window
+from powerflow.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_trace
 from powerflow.sim.world import World, default_world
 
 PLOT_POINTS = 2000
@@ -118,7 +118,7 @@ def load_jobs(
             max_gpus=config.total_gpus,
         )
     path = Path(spec.path) if spec.path else bundled_trace(ITP_TRACE)
-    jobs = load_trace(
+    return load_trace(
         path,
         world.model_names,
         world.pool,
@@ -126,8 +126,9 @@ def load_jobs(
         seed=spec.seed,
         gpus_per_node=config.gpus_per_node,
         max_gpus=config.total_gpus,
+        hours=spec.hours,
+        horizon_s=config.horizon_s,
     )
-    return window(jobs, spec.hours) if spec.hours else jobs
 
 
 @functools.cache

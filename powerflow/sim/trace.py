@@ -54,13 +54,31 @@ def bundled_trace(name: str) -> Path:
     return Path(str(ref))
 
 
-def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    """CSV header and rows, with a DataError for unreadable files."""
+Row = tuple[int, dict[str, str]]
+"""A data row and its line in the file (1-based; the header is line 1)."""
+
+
+def read_rows(path: Path) -> tuple[list[str], list[Row]]:
+    """CSV header and rows with their line numbers, with a DataError for unreadable
+    files and for a row whose field count differs from the header's.
+
+    ``utf-8-sig`` reads a file saved with a byte-order mark (as spreadsheet tools
+    write CSV) the same as one without: the mark is not part of the first column's
+    name. Header names are stripped of surrounding blanks."""
     try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            rows = list(reader)
-            header = list(reader.fieldnames or [])
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip() for h in next(reader, [])]
+            rows: list[Row] = []
+            for fields in reader:
+                if not fields:  # a blank line
+                    continue
+                if len(fields) != len(header):
+                    raise DataError(
+                        f"{path}:{reader.line_num}: {len(fields)} fields, the header has "
+                        f"{len(header)}"
+                    )
+                rows.append((reader.line_num, dict(zip(header, fields, strict=True))))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"cannot read trace {path}: {exc}") from exc
     if not rows:
@@ -78,45 +96,92 @@ def _number(row: Mapping[str, str], col: str, line: int, path: Path) -> float:
     return value
 
 
+def _whole(row: Mapping[str, str], col: str, line: int, path: Path) -> int:
+    """A count (GPUs, a batch): a positive whole number, never silently truncated."""
+    value = _number(row, col, line, path)
+    if value < 1 or value != int(value):
+        raise DataError(f"{path}:{line}: {col} must be a positive integer, got {row[col]!r}")
+    return int(value)
+
+
 def _require(header: Iterable[str], columns: Iterable[str], path: Path) -> None:
     missing = [c for c in columns if c not in header]
     if missing:
         raise DataError(f"trace {path} lacks column(s): {', '.join(missing)}")
 
 
-def _check_common(submit: float, gpus: float, line: int, path: Path, max_gpus: int | None) -> None:
+def _submit(row: Mapping[str, str], line: int, path: Path) -> float:
+    submit = _number(row, "submit_time", line, path)
     if submit < 0:
         raise DataError(f"{path}:{line}: negative submit time {submit}")
-    if gpus < 1 or gpus != int(gpus):
-        raise DataError(f"{path}:{line}: num_gpu must be a positive integer, got {gpus}")
-    if max_gpus is not None and gpus > max_gpus:
-        raise DataError(f"{path}:{line}: job asks for {int(gpus)} GPUs, the cluster has {max_gpus}")
+    return submit
+
+
+Lined = list[tuple[int, TraceJob]]
+"""Jobs with the line of the row each came from, in file order."""
+
+
+def _parse_itp(path: Path, known_models: Iterable[str]) -> Lined:
+    header, rows = read_rows(path)
+    _require(header, (*ITP_COLUMNS, "num_iteration"), path)
+    known = set(known_models)
+    jobs = []
+    for line, row in rows:
+        submit = _submit(row, line, path)
+        gpus = _whole(row, "num_gpu", line, path)
+        model = row["model_name"].strip()
+        if model not in known:
+            raise DataError(f"{path}:{line}: unknown model {model!r}; known: {sorted(known)}")
+        gbs = _whole(row, "global_batch_size", line, path)
+        iters = _number(row, "num_iteration", line, path)
+        if iters <= 0:
+            raise DataError(
+                f"{path}:{line}: num_iteration must be positive, got {row['num_iteration']!r}"
+            )
+        duration = _number(row, "duration", line, path) if "duration" in row else None
+        if duration is not None and duration < 0:
+            raise DataError(f"{path}:{line}: negative duration {duration}")
+        jobs.append((line, TraceJob(row["job_id"], submit, gpus, model, gbs, iters, duration)))
+    return jobs
 
 
 def load_itp(
     path: Path, known_models: Iterable[str], *, max_gpus: int | None = None
 ) -> tuple[TraceJob, ...]:
     """An ITP-format trace (with models, batch sizes and iteration counts)."""
+    jobs = _unique(path, _parse_itp(path, known_models))
+    return _sorted(_admit(path, jobs, max_gpus=max_gpus))
+
+
+def _parse_philly(
+    path: Path,
+    pool: Iterable[tuple[str, int]],
+    truth: TruthFn,
+    *,
+    seed: int,
+    gpus_per_node: int,
+) -> Lined:
     header, rows = read_rows(path)
-    _require(header, (*ITP_COLUMNS, "num_iteration"), path)
-    known = set(known_models)
-    jobs = []
-    for line, row in enumerate(rows, start=2):
-        submit = _number(row, "submit_time", line, path)
-        gpus = _number(row, "num_gpu", line, path)
-        _check_common(submit, gpus, line, path, max_gpus)
-        model = row["model_name"].strip()
-        if model not in known:
-            raise DataError(f"{path}:{line}: unknown model {model!r}; known: {sorted(known)}")
-        gbs = _number(row, "global_batch_size", line, path)
-        iters = _number(row, "num_iteration", line, path)
-        if gbs < 1 or iters <= 0:
-            raise DataError(f"{path}:{line}: batch size and iterations must be positive")
-        duration = _number(row, "duration", line, path) if "duration" in row else None
-        if duration is not None and duration < 0:
-            raise DataError(f"{path}:{line}: negative duration {duration}")
-        jobs.append(TraceJob(row["job_id"], submit, int(gpus), model, int(gbs), iters, duration))
-    return _sorted(jobs)
+    _require(header, PHILLY_COLUMNS, path)
+    choices = sorted(set(pool))
+    if not choices:
+        raise DataError("empty model pool")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(choices), size=len(rows))
+    parsed = []
+    for (line, row), pick in zip(rows, picks, strict=True):
+        submit = _submit(row, line, path)
+        gpus = _whole(row, "num_gpu", line, path)
+        duration = _number(row, "duration", line, path)
+        if duration <= 0:
+            raise DataError(f"{path}:{line}: duration must be positive, got {duration}")
+        model, gbs = choices[int(pick)]
+        parsed.append((line, row["job_id"], submit, gpus, model, gbs, duration))
+    steps = step_times([(m, n, gbs) for _, _, _, n, m, gbs, _ in parsed], truth, gpus_per_node)
+    return [
+        (line, TraceJob(job_id, submit, n, model, gbs, duration / step, duration))
+        for (line, job_id, submit, n, model, gbs, duration), step in zip(parsed, steps, strict=True)
+    ]
 
 
 def load_philly(
@@ -134,29 +199,8 @@ def load_philly(
     packed on as few nodes as possible, at the highest clock (how the trace's
     jobs ran).
     """
-    header, rows = read_rows(path)
-    _require(header, PHILLY_COLUMNS, path)
-    choices = sorted(set(pool))
-    if not choices:
-        raise DataError("empty model pool")
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(choices), size=len(rows))
-    parsed = []
-    for line, (row, pick) in enumerate(zip(rows, picks, strict=True), start=2):
-        submit = _number(row, "submit_time", line, path)
-        gpus = _number(row, "num_gpu", line, path)
-        _check_common(submit, gpus, line, path, max_gpus)
-        duration = _number(row, "duration", line, path)
-        if duration <= 0:
-            raise DataError(f"{path}:{line}: duration must be positive, got {duration}")
-        model, gbs = choices[int(pick)]
-        parsed.append((row["job_id"], submit, int(gpus), model, gbs, duration))
-    steps = step_times([(m, n, gbs) for _, _, n, m, gbs, _ in parsed], truth, gpus_per_node)
-    jobs = [
-        TraceJob(job_id, submit, n, model, gbs, duration / step, duration)
-        for (job_id, submit, n, model, gbs, duration), step in zip(parsed, steps, strict=True)
-    ]
-    return _sorted(jobs)
+    jobs = _parse_philly(path, pool, truth, seed=seed, gpus_per_node=gpus_per_node)
+    return _sorted(_admit(path, _unique(path, jobs), max_gpus=max_gpus))
 
 
 def step_times(
@@ -167,7 +211,8 @@ def step_times(
     for name in sorted({m for m, _, _ in configs}):
         idx = np.array([i for i, (m, _, _) in enumerate(configs) if m == name])
         n = np.array([configs[i][1] for i in idx], dtype=np.float64)
-        bs = np.maximum(np.array([configs[i][2] for i in idx]) / n, 1.0)
+        gbs = np.array([configs[i][2] for i in idx], dtype=np.float64)
+        bs = np.maximum(gbs / n, 1.0)
         out[idx] = truth(name).step_time_s(n, np.minimum(n, gpus_per_node), bs, _FMAX)
     return out
 
@@ -177,11 +222,60 @@ def step_times(
 _FMAX = 1410
 
 
-def _sorted(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
-    ids = [j.job_id for j in jobs]
-    if len(set(ids)) != len(ids):
-        raise DataError("trace has duplicate job ids")
-    return tuple(sorted(jobs, key=lambda j: (j.submit_s, j.job_id)))
+def _admit(
+    path: Path,
+    jobs: Lined,
+    *,
+    max_gpus: int | None,
+    horizon_s: float | None = None,
+    truth: TruthFn | None = None,
+    gpus_per_node: int = 1,
+) -> Lined:
+    """The jobs a cluster of ``max_gpus`` GPUs can run, each within ``horizon_s``
+    (the simulator's; with ``truth``): a job that asks for more GPUs, or that alone
+    on its requested GPUs at the top clock would end after the horizon (a submit
+    time or a batch far out of range), is refused naming its row, before a run
+    spends minutes and ends at the horizon."""
+    for line, job in jobs:
+        if max_gpus is not None and job.num_gpu > max_gpus:
+            raise DataError(
+                f"{path}:{line}: job asks for {job.num_gpu} GPUs, the cluster has {max_gpus}"
+            )
+    if horizon_s is None or truth is None or not jobs:
+        return jobs
+    with np.errstate(all="ignore"):  # a batch of 1e30 may overflow: then it is beyond
+        steps = step_times(
+            [(j.model_name, j.num_gpu, j.global_batch_size) for _, j in jobs], truth, gpus_per_node
+        )
+        runs = np.array([j.iterations for _, j in jobs]) * steps
+        ends = np.array([j.submit_s for _, j in jobs]) + runs
+    late = np.flatnonzero(~(ends <= horizon_s))
+    if late.size:
+        line, job = jobs[int(late[0])]
+        day = 86400.0
+        raise DataError(
+            f"{path}:{line}: job {job.job_id} cannot finish within the simulated "
+            f"{horizon_s / day:g} days: submitted at day {job.submit_s / day:.3g}, it runs "
+            f"{runs[late[0]] / day:.3g} days alone on its {job.num_gpu} "
+            "GPU(s) at the top clock"
+        )
+    return jobs
+
+
+def _unique(path: Path, jobs: Lined) -> Lined:
+    """Every job id once in the file (in or out of a window): the simulator keys on it."""
+    first: dict[str, int] = {}
+    for line, job in jobs:
+        seen = first.setdefault(job.job_id, line)
+        if seen != line:
+            raise DataError(
+                f"{path}:{line}: duplicate job id {job.job_id!r} (first on line {seen})"
+            )
+    return jobs
+
+
+def _sorted(jobs: Lined) -> tuple[TraceJob, ...]:
+    return tuple(sorted((j for _, j in jobs), key=lambda j: (j.submit_s, j.job_id)))
 
 
 def load_trace(
@@ -193,12 +287,35 @@ def load_trace(
     seed: int,
     gpus_per_node: int,
     max_gpus: int | None = None,
+    hours: float | None = None,
+    horizon_s: float | None = None,
 ) -> tuple[TraceJob, ...]:
-    """Any trace file: ITP format if it names models, else Philly format."""
+    """Any trace file: ITP format if it names models, else Philly format.
+
+    Every row is checked; with ``hours`` only the jobs submitted in the first
+    ``hours`` are returned, and only they must fit the cluster (``max_gpus``) and
+    end within ``horizon_s``: a job the run never sees cannot stop it."""
+    if hours is not None and not hours > 0:
+        raise DataError(f"the trace window must be a positive number of hours, got {hours:g}")
     header, _ = read_rows(path)
     if "model_name" in header:
-        return load_itp(path, known_models, max_gpus=max_gpus)
-    return load_philly(path, pool, truth, seed=seed, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
+        jobs = _parse_itp(path, known_models)
+    else:
+        jobs = _parse_philly(path, pool, truth, seed=seed, gpus_per_node=gpus_per_node)
+    _unique(path, jobs)
+    if hours is not None:
+        jobs = [(line, j) for line, j in jobs if j.submit_s < hours * 3600.0]
+        if not jobs:
+            raise DataError(f"trace {path}: no job is submitted in the first {hours:g} h")
+    admitted = _admit(
+        path,
+        jobs,
+        max_gpus=max_gpus,
+        horizon_s=horizon_s,
+        truth=truth,
+        gpus_per_node=gpus_per_node,
+    )
+    return _sorted(admitted)
 
 
 @dataclass(frozen=True)
