@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -22,10 +23,10 @@ from powerflow.errors import BudgetError, SimulationError
 from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import SCHEDULERS, scheduler
-from powerflow.sim import experiments, output, plots
+from powerflow.sim import experiments, headline, output, plots
 from powerflow.sim.compare import jct_ratios, versus
 from powerflow.sim.config import SimConfig
-from powerflow.sim.report import write_report
+from powerflow.sim.report import setting_label, write_report
 from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, run_many, run_one
 
 
@@ -50,6 +51,15 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_cluster_args(p)
+    p.add_argument(
+        "--max-duration",
+        type=float,
+        metavar="HOURS",
+        help=(
+            "leave out the jobs that take longer than this at their requested GPUs and full"
+            " clock (the comparison without the trace's long tail; the bound is printed)"
+        ),
+    )
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
     add_power_args(p)
     p.add_argument(
@@ -154,7 +164,12 @@ def config_from(args: argparse.Namespace) -> SimConfig:
 def trace_from(args: argparse.Namespace) -> TraceSpec:
     if args.trace is not None and not args.trace.is_file():
         raise SimulationError(f"no trace file {args.trace}")
-    return TraceSpec(str(args.trace) if args.trace else None, args.hours, seed=args.seed)
+    bound = getattr(args, "max_duration", None)
+    if bound is not None and not (math.isfinite(bound) and bound > 0):
+        raise SimulationError(f"--max-duration must be a positive number of hours, got {bound:g}")
+    return TraceSpec(
+        str(args.trace) if args.trace else None, args.hours, seed=args.seed, max_duration_h=bound
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -249,14 +264,22 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     rows = [o.row() for o in outcomes]
     ratios = jct_ratios(rows)
     plus = plus_versus(rows)
-    title = f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100"
+    title = (
+        f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100,"
+        f" {setting_label(config)}"
+    )
+    lines = headline.closing_lines(rows, ratios, specs[0].trace)
     out = args.out or Path("results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    files = write_outputs(out, outcomes, ratios, title, plus)
+    files = write_outputs(out, outcomes, ratios, title, {**plus, "headline": lines})
     if args.report:
         write_report(args.report, outcomes, ratios, config, specs[0].trace, out, args)
         files.append(args.report)
     if args.json:
-        print(output.to_json({"runs": rows, "jct_ratio_at_equal_energy": ratios, **plus}))
+        print(
+            output.to_json(
+                {"runs": rows, "jct_ratio_at_equal_energy": ratios, **plus, "headline": lines}
+            )
+        )
     else:
         stdout = output.stdout_console()
         output.print_tables(
@@ -266,6 +289,9 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
             output.versus_table(plus),
         )
         stdout.print(f"wrote {len(files)} files to {out}/")
+        stdout.print()
+        for line in lines:
+            stdout.print(line, markup=False, highlight=False)
     return 0
 
 
@@ -309,7 +335,7 @@ def write_outputs(
     files = [
         output.write_csv(rows, out / "runs.csv"),
         output.write_json(
-            {"runs": rows, "jct_ratio_at_equal_energy": ratios, **(plus or {})},
+            {"title": title, "runs": rows, "jct_ratio_at_equal_energy": ratios, **(plus or {})},
             out / "results.json",
         ),
         plots.jct_vs_energy(rows, out / "jct_vs_energy.png", title),
