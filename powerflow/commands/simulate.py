@@ -291,7 +291,7 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
         stdout.print(f"wrote {len(files)} files to {out}/")
         stdout.print()
         for line in lines:
-            stdout.print(line, markup=False, highlight=False)
+            stdout.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -39,11 +39,17 @@ def display(name: str) -> str:
 def possessive(name: str) -> str:
     """``Tiresias'``, ``Gandiva's``."""
     shown = display(name)
-    return shown + ("'" if shown.endswith("s") else "'s")
+    return shown + ("'" if shown.lower().endswith("s") else "'s")
+
+
+def _unit(x: float) -> tuple[float, str]:
+    """GJ for a whole trace's energies, MJ for a small trace's (0.00 GJ says nothing)."""
+    return (GJ, "GJ") if abs(x) >= 0.1 * GJ else (1e6, "MJ")
 
 
 def _gj(x: float) -> str:
-    return f"{x / GJ:.2f} GJ"
+    scale, unit = _unit(x)
+    return f"{x / scale:.2f} {unit}"
 
 
 def _times(ratio: float) -> tuple[str, str]:
@@ -79,9 +85,13 @@ def sentence(
     if best is not None and worst is not None and lo is not None and hi is not None:
         same = "At the same energy, PowerFlow's average JCT is"
         where = f"{_span(lo, hi)}, the energies both sweeps reach"
-        if math.isclose(best, worst, rel_tol=5e-3):
+        single = r.get("baseline_lo_j") == r.get("baseline_hi_j")
+        if single or math.isclose(best, worst, rel_tol=5e-3):
             n, way = _times(best)
-            return f"{same} {n} {way} than {them} (at {where})."
+            if single:
+                where = f"{_gj(lo)}, {them} only run" + _nearest(lo, r)
+            at_or_over = "at" if single or math.isclose(lo, hi, rel_tol=1e-9) else "over"
+            return f"{same} {n} {way} than {them} ({at_or_over} {where})."
         if worst >= 1.0:
             peak = "" if at is None else f" (at {_gj(at)})"
             return (
@@ -99,6 +109,17 @@ def sentence(
             f" {1 / worst:.2f}x higher elsewhere (over {where})."
         )
     return _missing(name, r, rows)
+
+
+def _nearest(energy: float, r: Mapping[str, float | None]) -> str:
+    """Where a single baseline point lies just outside PowerFlow's energies and was
+    matched with PowerFlow's nearest run (``compare.ZEUS_TOLERANCE``), say so."""
+    p_lo, p_hi = r.get("powerflow_lo_j"), r.get("powerflow_hi_j")
+    if p_lo is not None and energy < p_lo:
+        return f"; PowerFlow's cheapest run, at {_gj(p_lo)}, is within 5 % of it"
+    if p_hi is not None and energy > p_hi:
+        return f"; PowerFlow's costliest run, at {_gj(p_hi)}, is within 5 % of it"
+    return ""
 
 
 def _missing(name: str, r: Mapping[str, float | None], rows: Sequence[Mapping[str, Any]]) -> str:
@@ -134,7 +155,9 @@ def _missing(name: str, r: Mapping[str, float | None], rows: Sequence[Mapping[st
 
 
 def _span(lo: float, hi: float) -> str:
-    return _gj(lo) if math.isclose(lo, hi, rel_tol=1e-9) else f"{_gj(lo)}-{_gj(hi)}"
+    """``12.00 GJ`` or ``12.00-18.00 GJ``."""
+    scale, _ = _unit(hi)
+    return _gj(lo) if math.isclose(lo, hi, rel_tol=1e-9) else f"{lo / scale:.2f}-{_gj(hi)}"
 
 
 def headlines(

@@ -34,7 +34,8 @@ def reference_durations_s(
     steps = step_times(
         [(j.model_name, j.num_gpu, j.global_batch_size) for j in jobs], truth, gpus_per_node
     )
-    return np.array([j.iterations for j in jobs], dtype=np.float64) * steps
+    durations: np.ndarray = np.array([j.iterations for j in jobs], dtype=np.float64) * steps
+    return durations
 
 
 def reference_work_gpu_s(jobs: Iterable[TraceJob], truth: TruthFn, *, gpus_per_node: int) -> float:
