@@ -412,3 +412,15 @@ def test_the_comparison_sweeps_powerflow_low_and_baselines_from_the_lowest_effic
     assert values["powerflow"] == [0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0]
     for name in ("gandiva", "tiresias", "afs"):
         assert values[name] == list(DEFAULT_FREQUENCIES_MHZ)
+
+
+def test_the_report_says_which_trace_ran() -> None:
+    from powerflow.sim.report import _trace_text
+
+    itp = " ".join(_trace_text(TraceSpec()))
+    assert "stand-in for the paper's Alibaba PAI subset" in itp
+    philly = " ".join(_trace_text(TraceSpec("powerflow/data/traces/philly-24h-1903jobs.csv")))
+    assert "Philly" in philly and "Alibaba PAI subset**" not in philly
+    assert _trace_text(TraceSpec("x/mine.csv", max_duration_h=5.0)) == [
+        "Trace: mine.csv without jobs longer than 5 h."
+    ]
