@@ -218,7 +218,9 @@ def _headline(
     """The terminal's closing lines (``headline.closing_lines``) as Markdown."""
     from powerflow.sim.headline import closing_lines
 
-    return _paragraphs(closing_lines(rows, ratios, trace))
+    # the trace gets its own paragraph below
+    lines = [line for line in closing_lines(rows, ratios, trace) if not line.startswith("Trace:")]
+    return _paragraphs(lines)
 
 
 def _paragraphs(lines: list[str]) -> list[str]:
