@@ -424,3 +424,25 @@ def test_the_report_says_which_trace_ran() -> None:
     assert _trace_text(TraceSpec("x/mine.csv", max_duration_h=5.0)) == [
         "Trace: mine.csv without jobs longer than 5 h."
     ]
+
+
+def test_the_main_report_summarises_every_other_comparison(tmp_path: Path) -> None:
+    """make_results.sh writes each other comparison to its own folder; the main page
+    gives each one's title, a link to its report and its headline sentences."""
+    import json
+
+    from powerflow.sim.report import _others
+
+    out = tmp_path / "docs" / "results"
+    philly = out / "philly"
+    philly.mkdir(parents=True)
+    (philly / "results.json").write_text(
+        json.dumps({"title": "philly on 64 x 8", "headline": ["Trace: p.", "- sentence one"]})
+    )
+    (philly / "report.md").write_text("# p\n")
+    (out / "sensitivity").mkdir()  # no results.json: not a comparison
+    lines = _others(out, tmp_path / "docs")
+    assert lines[:4] == ["## Other comparisons", "", "### philly on 64 x 8", ""]
+    assert "Full report: [philly/report.md](results/philly/report.md)." in lines
+    assert "- sentence one" in lines and "Trace: p." in lines
+    assert _others(tmp_path / "empty", tmp_path) == []
