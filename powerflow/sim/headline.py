@@ -89,7 +89,7 @@ def sentence(
         if single or math.isclose(best, worst, rel_tol=5e-3):
             n, way = _times(best)
             if single:
-                where = f"{_gj(lo)}, {them} only run" + _nearest(lo, r)
+                where = f"{_gj(lo)}, {them} run" + _nearest(lo, r)
             at_or_over = "at" if single or math.isclose(lo, hi, rel_tol=1e-9) else "over"
             return f"{same} {n} {way} than {them} ({at_or_over} {where})."
         if worst >= 1.0:
