@@ -15,7 +15,10 @@ DEFAULT_ETAS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 """PowerFlow's sweep. Down to 0.2 so that its energies reach the baselines' once every
 scheduler's empty nodes are off: on the whole ITP trace the baselines' cheapest runs
 (1020 MHz, idle nodes off) spend 27-28 GJ, PowerFlow 39.9 GJ at eta 1, 34.7 at 0.4,
-32.2 at 0.3 and 28.5 at 0.2 (measured once, 2026-11-26)."""
+32.2 at 0.3 and 28.5 at 0.2 (measured once, 2026-11-26, with every empty node off
+and no power-on cost). In that measurement the equal-energy ratio was a number for every
+baseline. At 0.2 and 0.3 PowerFlow passed its limit for 0.8 and 0.5 h (by up to 27 and
+7 %), where every higher eta kept it: the results page lists it per run."""
 PLUS_ETAS = (0.4, 0.6, 0.8, 1.0)
 """PowerFlow+ is compared with PowerFlow (``compare.versus``), not with the baselines;
 its energies already reach down to 23 GJ at 0.4."""
@@ -54,7 +57,8 @@ def comparison(
     trace, so the equal-energy ratios are interpolated, not n/a: 7 PowerFlow etas,
     5 clocks per baseline. A fitted PowerFlow run of the full trace costs about 15 s
     of CPU on a quiet machine (``benchmarks/sim_bench.py``), a baseline run less;
-    the 32 runs take about 5 minutes of CPU, under 10 minutes on two cores."""
+    the 32 runs took 9 minutes of CPU on a heavily shared machine (2026-11-26), so
+    under 10 minutes of wall time on two cores."""
     trace = comparison_window(trace, quick=quick)
     specs: list[RunSpec] = []
     for spec in SCHEDULERS.values():
