@@ -18,7 +18,11 @@ scheduler's empty nodes are off: on the whole ITP trace the baselines' cheapest 
 32.2 at 0.3 and 28.5 at 0.2 (measured once, 2026-11-26, with every empty node off
 and no power-on cost). In that measurement the equal-energy ratio was a number for every
 baseline. At 0.2 and 0.3 PowerFlow passed its limit for 0.8 and 0.5 h (by up to 27 and
-7 %), where every higher eta kept it: the results page lists it per run."""
+7 %), where every higher eta kept it: the results page lists it per run.
+On the bundled Philly trace (4,000 GPU-hours in 24 h: a third of 512 GPUs) the sweeps
+do not meet: Gandiva, Tiresias and the Zeus variants spend 3.5-4.6 GJ, PowerFlow 5.1 GJ
+at eta 0.2 and 7.2 at 1 (it spreads jobs over idle GPUs, faster but dearer per GPU-hour
+of work), so those ratios read n/a there and the headline says why."""
 PLUS_ETAS = (0.4, 0.6, 0.8, 1.0)
 """PowerFlow+ is compared with PowerFlow (``compare.versus``), not with the baselines;
 its energies already reach down to 23 GJ at 0.4."""
