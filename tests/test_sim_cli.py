@@ -173,7 +173,8 @@ def test_quick_comparison_writes_json_files_and_report(
     ):
         assert (out / name).stat().st_size > 0
     text = report.read_text()
-    assert "stand-in for the paper's Alibaba PAI subset" in text
+    # the page names the trace it ran; the ITP stand-in note is for the bundled trace only
+    assert "Trace: tiny.csv" in text and "Alibaba PAI" not in text
     assert "out/jct_vs_energy.png" in text
     assert "Only the jobs submitted in the first 2 h" in text  # --quick's window, said
     assert "powerflow+: fitted-vs-oracle" in text or "powerflow+: fitted and oracle" in text

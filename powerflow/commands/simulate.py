@@ -23,10 +23,10 @@ from powerflow.errors import BudgetError, SimulationError
 from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import SCHEDULERS, scheduler
-from powerflow.sim import experiments, output, plots
+from powerflow.sim import experiments, headline, output, plots
 from powerflow.sim.compare import jct_ratios, versus
 from powerflow.sim.config import SimConfig
-from powerflow.sim.report import write_report
+from powerflow.sim.report import setting_label, write_report
 from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
 
 
@@ -55,6 +55,15 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_cluster_args(p)
+    p.add_argument(
+        "--max-duration",
+        type=float,
+        metavar="HOURS",
+        help=(
+            "leave out the jobs that take longer than this at their requested GPUs and full"
+            " clock (the comparison without the trace's long tail; the bound is printed)"
+        ),
+    )
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
     add_power_args(p)
     p.add_argument(
@@ -206,7 +215,10 @@ def trace_from(args: argparse.Namespace) -> TraceSpec:
     if args.trace is not None and not args.trace.is_file():
         raise SimulationError(f"no trace file {args.trace}")
     hours = checks.hours(args.hours)
-    return TraceSpec(str(args.trace) if args.trace else None, hours, seed=args.seed)
+    bound = checks.hours(getattr(args, "max_duration", None), "--max-duration")
+    return TraceSpec(
+        str(args.trace) if args.trace else None, hours, seed=args.seed, max_duration_h=bound
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -317,15 +329,21 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     rows = [o.row() for o in outcomes]
     ratios = jct_ratios(rows)
     plus = plus_versus(rows)
-    title = f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100, " + (
-        "idle nodes off for all" if config.idle_nodes_off else "paper setting (--paper-baselines)"
+    title = (
+        f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100,"
+        f" {setting_label(config)}"
     )
-    files = write_outputs(out, outcomes, ratios, title, plus)
+    lines = headline.closing_lines(rows, ratios, specs[0].trace)
+    files = write_outputs(out, outcomes, ratios, title, {**plus, "headline": lines})
     if args.report:
         write_report(args.report, outcomes, ratios, config, specs[0].trace, out, args)
         files.append(args.report)
     if args.json:
-        print(output.to_json({"runs": rows, "jct_ratio_at_equal_energy": ratios, **plus}))
+        print(
+            output.to_json(
+                {"runs": rows, "jct_ratio_at_equal_energy": ratios, **plus, "headline": lines}
+            )
+        )
     else:
         stdout = output.stdout_console()
         output.print_tables(
@@ -335,6 +353,9 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
             output.versus_table(plus),
         )
         stdout.print(f"wrote {len(files)} files to {out}/")
+        stdout.print()
+        for line in lines:
+            stdout.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -378,7 +399,7 @@ def write_outputs(
     files = [
         output.write_csv(rows, out / "runs.csv"),
         output.write_json(
-            {"runs": rows, "jct_ratio_at_equal_energy": ratios, **(plus or {})},
+            {"title": title, "runs": rows, "jct_ratio_at_equal_energy": ratios, **(plus or {})},
             out / "results.json",
         ),
         plots.jct_vs_energy(rows, out / "jct_vs_energy.png", title),

@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         console = output.stdout_console()
         for name, study_rows in studies.items():
-            console.print(output.results_table(study_rows, f"sensitivity: {labels[name]}"))
+            console.print(
+                output.results_table(
+                    study_rows, f"sensitivity: {labels[name]}", value=("x", labels[name])
+                )
+            )
         console.print(f"wrote 3 files to {out}/")
     return 0

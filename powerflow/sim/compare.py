@@ -92,9 +92,9 @@ def curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, Curve]:
     return {name: Curve.of(pts) for name, pts in points.items()}
 
 
-def _ratios(base: Curve, ref: Curve) -> np.ndarray | None:
-    """``base``'s JCT over ``ref``'s at equal energy, on 201 energies spanning the range
-    both cover with their own points added; None when the ranges do not meet."""
+def _ratios(base: Curve, ref: Curve) -> tuple[np.ndarray, np.ndarray] | None:
+    """``base``'s JCT over ``ref``'s at equal energy, and those energies: 201 spanning the
+    range both cover, with their own points added; None when the ranges do not meet."""
     lo, hi = max(base.lo, ref.lo), min(base.hi, ref.hi)
     if lo > hi:
         return None
@@ -103,25 +103,28 @@ def _ratios(base: Curve, ref: Curve) -> np.ndarray | None:
     ratio: np.ndarray = np.interp(grid, base.energy_j, base.jct_s) / np.interp(
         grid, ref.energy_j, ref.jct_s
     )
-    return ratio
+    return ratio, grid
 
 
-def _max_ratio(base: Curve, ref: Curve) -> float | None:
-    ratio = _ratios(base, ref)
-    return None if ratio is None else float(ratio.max())
-
-
-def _dominance(base: Curve, ref: Curve) -> float | None:
+def _dominance(base: Curve, ref: Curve) -> tuple[float, float, float] | None:
+    """(ratio, E_b, E_p) of the best dominance pair, or None (see the module docstring)."""
     ratio = base.jct_s[:, None] / ref.jct_s[None, :]
     allowed = ref.energy_j[None, :] <= base.energy_j[:, None]
     if not allowed.any():
         return None
-    best = float(ratio[allowed].max())
-    return best if best > 1.0 else None
+    masked = np.where(allowed, ratio, -np.inf)
+    i, k = np.unravel_index(int(np.argmax(masked)), masked.shape)
+    best = float(masked[i, k])
+    return (best, float(base.energy_j[i]), float(ref.energy_j[k])) if best > 1.0 else None
 
 
 def jct_ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """``{baseline: {"max": x, "at_zeus_energy": y, "zeus_energy_j": e, "dominance": d}}``."""
+    """Per baseline: ``max`` and ``min`` of the equal-energy ratio over the energies both
+    curves cover (``energy_lo_j``..``energy_hi_j``; ``max_at_j``: where the max is),
+    ``at_zeus_energy`` at ``zeus_energy_j``, ``dominance`` with its pair's energies
+    (``dominance_baseline_j``, ``dominance_powerflow_j``), and each curve's energy span
+    (``baseline_lo_j``, ``baseline_hi_j``, ``powerflow_lo_j``, ``powerflow_hi_j``), which
+    says why a ratio is missing. None where a figure does not exist."""
     by_name = curves(rows)
     ref = by_name.get(REFERENCE)
     if ref is None:
@@ -139,14 +142,33 @@ def jct_ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float |
             theirs = ref.at(zeus_e, ZEUS_TOLERANCE)
             if mine is not None and theirs is not None:
                 at_zeus = mine / theirs
-        best = _max_ratio(curve, ref)
-        if best is None and len(curve.energy_j) == 1:
-            best = at_zeus  # a single point outside the common range: its 5% match
+        best = worst = best_at = lo = hi = None
+        spread = _ratios(curve, ref)
+        if spread is not None:
+            ratio, grid = spread
+            best, worst = float(ratio.max()), float(ratio.min())
+            best_at = float(grid[int(np.argmax(ratio))])
+            lo, hi = float(grid[0]), float(grid[-1])
+        elif len(curve.energy_j) == 1 and at_zeus is not None:
+            # a single point just outside the common range: its 5% match
+            best = worst = at_zeus
+            best_at = lo = hi = curve.lo
+        dom = _dominance(curve, ref)
         out[name] = {
             "max": best,
+            "min": worst,
+            "max_at_j": best_at,
+            "energy_lo_j": lo,
+            "energy_hi_j": hi,
             "at_zeus_energy": at_zeus,
             "zeus_energy_j": zeus_e,
-            "dominance": _dominance(curve, ref),
+            "dominance": None if dom is None else dom[0],
+            "dominance_baseline_j": None if dom is None else dom[1],
+            "dominance_powerflow_j": None if dom is None else dom[2],
+            "baseline_lo_j": curve.lo,
+            "baseline_hi_j": curve.hi,
+            "powerflow_lo_j": ref.lo,
+            "powerflow_hi_j": ref.hi,
         }
     return out
 
@@ -171,9 +193,10 @@ def versus(
     if name not in points or REFERENCE not in points:
         return None
     mine, ref = Curve.of(points[name]), Curve.of(points[REFERENCE])
-    ratio = _ratios(mine, ref)
-    if ratio is None:
+    spread = _ratios(mine, ref)
+    if spread is None:
         return None
+    ratio = spread[0]
     lo, hi = max(mine.lo, ref.lo), min(mine.hi, ref.hi)
     return {
         "mean": float(ratio.mean()),

@@ -14,14 +14,21 @@ from rich.table import Table
 
 TABLE_COLUMNS = (
     ("avg_jct_s", "avg JCT h", 1 / 3600),
-    ("p95_jct_s", "p95 h", 1 / 3600),
+    ("median_jct_s", "p50 h", 1 / 3600),
+    ("p90_jct_s", "p90 h", 1 / 3600),
+    ("p99_jct_s", "p99 h", 1 / 3600),
     ("total_energy_j", "energy GJ", 1e-9),
+    ("window_energy_j", "in window GJ", 1e-9),
+    ("energy_per_work_gpu_h_j", "Wh per work GPU-h", 1 / 3600),
     ("idle_energy_j", "idle GJ", 1e-9),
-    ("avg_power_w", "avg kW", 1e-3),
+    ("limit_watts", "budget W", 1.0),
     ("gpu_utilisation", "util", 1.0),
     ("rescales", "rescales", 1.0),
     ("wall_s", "wall s", 1.0),
 )
+"""The terminal's columns: (row key, header, scale). ``in window``: energy from the
+first to the last submission; ``Wh per work GPU-h``: total energy over the trace's
+work (``metrics.reference_work_gpu_s``); ``budget W``: the run's lowest power limit."""
 
 
 def _clean(value: Any) -> Any:
@@ -64,25 +71,40 @@ def knob_text(row: Mapping[str, Any]) -> str:
     return "-"
 
 
-def results_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
+def results_table(
+    rows: Sequence[Mapping[str, Any]], title: str, *, value: tuple[str, str] | None = None
+) -> Table:
+    """One line per run. ``value``: a (row key, header) column shown first, the
+    parameter a sensitivity row belongs to (``x``)."""
     table = Table(title=title)
+    if value is not None:
+        table.add_column(value[1], justify="right", no_wrap=True)
     table.add_column("scheduler", no_wrap=True)
     table.add_column("setting", no_wrap=True)
     for _, label, _ in TABLE_COLUMNS:
         table.add_column(label, justify="right")
     for row in rows:
         name = row["scheduler"] + (" (oracle)" if row.get("oracle") else "")
-        cells = [name, knob_text(row)]
-        for key, _, scale in TABLE_COLUMNS:
-            value = row.get(key)
-            if isinstance(value, int):
-                cells.append(str(value))
-            elif isinstance(value, float):
-                cells.append(f"{value * scale:.2f}")
-            else:
-                cells.append("-")
+        cells = [] if value is None else [_plain(row.get(value[0]))]
+        cells += [name, knob_text(row)]
+        for key, label, scale in TABLE_COLUMNS:
+            cells.append(_number(row.get(key), scale, 0 if label == "budget W" else 2))
         table.add_row(*cells)
     return table
+
+
+def _number(value: Any, scale: float, digits: int) -> str:
+    if isinstance(value, bool) or value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value * scale:,.0f}" if scale != 1.0 else str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value * scale:,.{digits}f}"
+    return "-"
+
+
+def _plain(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float | int) else str(value)
 
 
 def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
@@ -91,12 +113,17 @@ def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
     )
     table.add_column("baseline")
     table.add_column("max over common energy", justify="right")
+    table.add_column("min", justify="right")
+    table.add_column("common energy GJ", justify="right")
     table.add_column("at Zeus energy", justify="right")
     table.add_column("dominance (PowerFlow at <= energy)", justify="right")
     for name, r in ratios.items():
+        lo, hi = r.get("energy_lo_j"), r.get("energy_hi_j")
         table.add_row(
             name,
             _fmt(r.get("max")),
+            _fmt(r.get("min")),
+            "none" if lo is None or hi is None else f"{lo / 1e9:.2f}-{hi / 1e9:.2f}",
             _fmt(r.get("at_zeus_energy")),
             _fmt(r.get("dominance")),
         )

@@ -23,7 +23,7 @@ from powerflow.policy.budget_schedule import BudgetSchedule
 from powerflow.schedulers import Configured, scheduler
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
-from powerflow.sim.metrics import summarise
+from powerflow.sim.metrics import reference_durations_s, reference_work_gpu_s, summarise
 from powerflow.sim.result import RunResult, Series
 from powerflow.sim.synthetic import SyntheticSpec, generate
 from powerflow.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_trace
@@ -36,19 +36,25 @@ PLOT_POINTS = 2000
 @dataclass(frozen=True)
 class TraceSpec:
     """Which jobs: a trace file (default: the bundled ITP window), optionally
-    cut to its first ``hours``, or a synthetic trace."""
+    cut to its first ``hours``, or a synthetic trace; ``max_duration_h`` drops
+    the jobs that take longer than that (``metrics.reference_durations_s``)."""
 
     path: str | None = None
     hours: float | None = None
     synthetic: SyntheticSpec | None = None
     seed: int = 0
+    max_duration_h: float | None = None
 
     def describe(self) -> str:
         if self.synthetic is not None:
             s = self.synthetic
-            return f"synthetic({s.jobs} jobs, {s.mean_interval_s:.0f} s, x{s.job_size:g})"
-        name = Path(self.path).name if self.path else ITP_TRACE
-        return name + (f" (first {self.hours:g} h)" if self.hours else "")
+            text = f"synthetic({s.jobs} jobs, {s.mean_interval_s:.0f} s, x{s.job_size:g})"
+        else:
+            name = Path(self.path).name if self.path else ITP_TRACE
+            text = name + (f" (first {self.hours:g} h)" if self.hours else "")
+        if self.max_duration_h is not None:
+            text += f" without jobs longer than {self.max_duration_h:g} h"
+        return text
 
 
 @dataclass(frozen=True)
@@ -109,26 +115,36 @@ def load_jobs(
     spec: TraceSpec, config: SimConfig, world: World | None = None
 ) -> tuple[TraceJob, ...]:
     world = world or _world()
+    jobs: tuple[TraceJob, ...]
     if spec.synthetic is not None:
-        return generate(
+        jobs = generate(
             spec.synthetic,
             world.pool,
             world.truth,
             gpus_per_node=config.gpus_per_node,
             max_gpus=config.total_gpus,
         )
-    path = Path(spec.path) if spec.path else bundled_trace(ITP_TRACE)
-    return load_trace(
-        path,
-        world.model_names,
-        world.pool,
-        world.truth,
-        seed=spec.seed,
-        gpus_per_node=config.gpus_per_node,
-        max_gpus=config.total_gpus,
-        hours=spec.hours,
-        horizon_s=config.horizon_s,
-    )
+    else:
+        path = Path(spec.path) if spec.path else bundled_trace(ITP_TRACE)
+        jobs = load_trace(
+            path,
+            world.model_names,
+            world.pool,
+            world.truth,
+            seed=spec.seed,
+            gpus_per_node=config.gpus_per_node,
+            max_gpus=config.total_gpus,
+            hours=spec.hours,
+            horizon_s=config.horizon_s,
+        )
+    if spec.max_duration_h is not None:
+        durations = reference_durations_s(jobs, world.truth, gpus_per_node=config.gpus_per_node)
+        jobs = tuple(
+            j for j, d in zip(jobs, durations, strict=True) if d <= spec.max_duration_h * 3600
+        )
+        if not jobs:
+            raise SimulationError(f"no job of the trace takes at most {spec.max_duration_h:g} h")
+    return jobs
 
 
 @functools.cache
@@ -167,7 +183,14 @@ def with_options(configured: Configured, options: dict[str, Any]) -> Configured:
 
 def run_one(spec: RunSpec) -> RunOutcome:
     result = simulate(spec)
-    return RunOutcome(spec, summarise(result), resample(result.series, PLOT_POINTS))
+    work = reference_work_gpu_s(
+        _cached_jobs(spec.trace, spec.config),
+        _world().truth,
+        gpus_per_node=spec.config.gpus_per_node,
+    )
+    return RunOutcome(
+        spec, summarise(result, work_gpu_s=work), resample(result.series, PLOT_POINTS)
+    )
 
 
 def resample(series: Series, points: int) -> Series:
