@@ -81,7 +81,10 @@ def register(subparsers: Any) -> None:
         "--report",
         type=Path,
         metavar="FILE.md",
-        help="also write a Markdown report to this file (its folder must exist)",
+        help=(
+            "also write a Markdown report to this file (its folder must exist, or be"
+            " in the --out folder, which is made)"
+        ),
     )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     p.set_defaults(func=run)
@@ -241,7 +244,13 @@ def run(args: argparse.Namespace) -> int:
     if args.budget_schedule is not None:
         raise SimulationError("--budget-schedule needs --scheduler")
     if args.report is not None:
-        checks.output_file(args.report, "--report")
+        if args.out is not None and args.report.parent.resolve().is_relative_to(args.out.resolve()):
+            # In the --out folder (or below): made with it, as the user asked for it.
+            checks.output_folder(args.report.parent, "--report's folder")
+            if args.report.is_dir():
+                raise checks.ArgumentError(f"--report {args.report} is a folder; name a file")
+        else:
+            checks.output_file(args.report, "--report")
     return _comparison(args, config, trace)
 
 
