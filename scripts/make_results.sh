@@ -12,7 +12,8 @@
 # 3. the main comparison: the ITP trace, idle nodes off for every scheduler
 #    (the default), written last to docs/results.md.
 #
-# Pass --full for the whole traces on 64 x 8 GPUs (each comparison about 10 minutes on
+# The four other comparisons skip the oracle runs (only the main one plots fitted vs
+# oracle). Pass --full for the whole traces on 64 x 8 GPUs (each comparison about 10 minutes on
 # two cores); without it every comparison is --quick (2 h of each trace, 8 nodes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ bound_h=24
 compare() {
     local name=$1
     shift
-    powerflow simulate "${mode[@]}" "$@" --out "docs/results/$name" \
+    powerflow simulate "${mode[@]}" --no-oracle-runs "$@" --out "docs/results/$name" \
         --report "docs/results/$name/report.md"
 }
 
