@@ -9,6 +9,8 @@ DLJob hint); multi-GPU target <= 10% (issue 14): met by every model with its
 own prior, by those the table marks with the others' prior (the rest
 synchronise up to twice as long as the other five, which no 1-GPU sample
 shows: docs/models.md); CPU time of one dense fit on one core (target < 1 s).
+Then the speed-up on 32 GPUs those sweep-only fits predict (issue 14: it
+flattens), against the ground truth's.
 Then the CPU time to predict 100,000 configurations (target < 50 ms; wall time
 shown beside it).
 
@@ -35,6 +37,7 @@ def _bench() -> None:
     from powerflow.models.fitting import fit_profile, fit_with_prior
     from powerflow.models.metrics import accuracy, split
     from powerflow.models.priors import generic_prior, load_prior
+    from powerflow.models.protocol import PerfModel
 
     def pct(x: float) -> str:
         return f"{100 * x:.1f}%"
@@ -53,6 +56,12 @@ def _bench() -> None:
         "fit CPU s",
     ):
         table.add_column(col, justify="right")
+    speedups = Table(
+        title="Speed-up on 32 GPUs over 1 GPU (smallest global batch, packed, 1410 MHz), "
+        "fitted from the 1-GPU sweep alone"
+    )
+    for col in ("model", "global batch", "true", "own prior", "others' prior"):
+        speedups.add_column(col, justify="right")
     worst = {"held": 0.0, "sweep": 0.0, "fit": 0.0, "own": 0.0}
     loo_met: list[str] = []
     for name in gt.MODEL_NAMES:
@@ -75,6 +84,13 @@ def _bench() -> None:
         worst["own"] = max(worst["own"], om.throughput_mape, om.energy_mape)
         if max(sm.throughput_mape, sm.energy_mape) <= 0.10:
             loo_met.append(name)
+        gb = float(truth.global_batch_sizes[0])
+
+        def speedup(m: PerfModel, gb: float = gb) -> str:
+            one, many = m.step_time_s(1, 1, gb, 1410.0), m.step_time_s(32, 8, gb / 32, 1410.0)
+            return f"{float(one / many):.2f}x"
+
+        speedups.add_row(name, f"{gb:.0f}", speedup(truth), speedup(own), speedup(loo))
         table.add_row(
             name,
             pct(held.throughput_mape),
@@ -89,6 +105,7 @@ def _bench() -> None:
         )
     console = Console(width=150)
     console.print(table)
+    console.print(speedups)
 
     rng = np.random.default_rng(0)
     count = 100_000

@@ -30,7 +30,13 @@ def test_sync_is_zero_on_one_gpu_and_uses_local_or_node_terms() -> None:
 
 def _only(name: str, value: float = 0.01) -> ThroughputParams:
     """``TP`` with one sync term set and the others 0, the clock share 0."""
-    zero = {"sync_local_s": 0.0, "sync_node_s": 0.0, "sync_step_s": 0.0, "sync_clock_share": 0.0}
+    zero = {
+        "sync_local_s": 0.0,
+        "sync_node_s": 0.0,
+        "sync_step_s": 0.0,
+        "sync_hop_s": 0.0,
+        "sync_clock_share": 0.0,
+    }
     return dataclasses.replace(TP, **{**zero, name: value})
 
 
@@ -49,6 +55,11 @@ def test_sync_traffic_terms_follow_the_ring_all_reduce() -> None:
     np.testing.assert_allclose(
         throughput.t_sync(_only("sync_step_s"), n, packed, f), 0.01 * np.log2(n)
     )
+    # each of the intra-node ring's 2(r-1) hops pays a latency (alpha-beta model)
+    hops = throughput.t_sync(_only("sync_hop_s"), n, packed, f)
+    np.testing.assert_allclose(hops, 0.01 * 2 * (packed - 1))
+    spread = throughput.t_sync(_only("sync_hop_s"), n, np.minimum(n, 2.0), f)
+    np.testing.assert_allclose(spread, np.full(5, 0.02))  # two per node: 2 hops
     many = throughput.t_sync(_only("sync_node_s"), np.array([1024.0]), np.array([8.0]), f[:1])
     assert many[0] < 0.02  # at most twice the gradient, however many nodes
 
@@ -62,6 +73,7 @@ def test_sync_grows_with_gpus_and_nodes_for_any_parameters() -> None:
             sync_local_s=float(rng.uniform(0, 0.02)),
             sync_node_s=float(rng.uniform(0, 0.02)),
             sync_step_s=float(rng.uniform(0, 0.02)),
+            sync_hop_s=float(rng.uniform(0, 0.005)),
             sync_clock_share=float(rng.uniform(0, 1)),
         )
         packed = throughput.t_sync(p, n, np.minimum(n, 8.0), np.full(7, 1410.0))

@@ -26,6 +26,7 @@ from powerflow.models.fitting import (
 from powerflow.models.metrics import accuracy, split
 from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
 from powerflow.models.samples import Samples
+from powerflow.sim.learning import FittedLearner
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +159,29 @@ def test_online_refit_learns_what_the_prior_got_wrong() -> None:
     assert err_after < 0.03
 
 
+def test_online_refit_learns_a_sync_term_the_prior_has_at_zero() -> None:
+    """Dense-profile priors leave some sync terms at their bound of 0, where
+    the solver's bounded coordinates are flat: once multi-GPU samples are in,
+    each starts at least at its scale, so the job's own profiles can set it.
+    A 1-GPU sweep cannot, so there it stays at the prior's 0."""
+    job = dataclasses.replace(
+        TRUE, throughput=dataclasses.replace(TRUE.throughput, sync_hop_s=0.002)
+    )
+    multi = sample(job, grid(clock_step=8), noise=0.0, seed=0)
+    multi = multi.take(multi.n > 1)
+    sweep = _sweep(job, 64.0, 1)
+    before = fit_with_prior(TRUE, sweep, A100)
+    assert before.throughput.sync_hop_s < 1e-6  # the prior's 0 (the solver keeps off the bound)
+    online = sample(job, grid(clock_step=16), noise=0.01, seed=2)
+    # with the learner's budget (15 evaluations), which a term at 0 never leaves
+    options = FittedLearner.REFIT_OPTIONS
+    after = refit_online(
+        TRUE, Samples.concat([sweep, online]), A100, current=before, options=options
+    )
+    assert after.throughput.sync_hop_s == pytest.approx(0.002, rel=0.3)
+    assert accuracy(FittedModel(after), multi).throughput_mape < 0.02
+
+
 def test_prior_for_another_gpu_is_refused(profile: Samples) -> None:
     other = dataclasses.replace(A100, name="B100")
     with pytest.raises(ModelError, match="B100"):
@@ -180,9 +204,9 @@ def _random_problem(seed: int) -> tuple[Samples, ThroughputParams, EnergyParams]
     r = np.minimum(n, 2.0 ** rng.integers(0, 4, m))
     bs = rng.uniform(1, 256, m)
     f = rng.choice(np.asarray(A100.clocks_mhz, dtype=np.float64), m)
-    x = rng.uniform(0, 0.01, 11) * (rng.random(11) > 0.2)  # some terms exactly 0
+    x = rng.uniform(0, 0.01, 12) * (rng.random(12) > 0.2)  # some terms exactly 0
     x[4] = max(x[4], 1e-6)
-    x[9:] = rng.uniform(1, 6, 2)
+    x[9:11] = rng.uniform(1, 6, 2)  # the gammas; x[11] the hop latency
     e = rng.uniform(0.0, 1.0, 12) * np.array([300, 0.5, 1, 1, 3, 3, 200, 1, 3, 3, 100, 1])
     e[2] += 1.0
     e[10] += 1.0

@@ -18,9 +18,9 @@ def _random_model(seed: int) -> tuple[ModelParams, tuple[np.ndarray, ...]]:
     r = np.minimum(n, 2.0 ** rng.integers(0, 4, m))
     bs = rng.uniform(1, 512, m)
     f = rng.choice(np.asarray(A100.clocks_mhz, dtype=np.float64), m)
-    x = rng.uniform(0, 0.01, 11) * (rng.random(11) > 0.3)  # some terms exactly 0
+    x = rng.uniform(0, 0.01, 12) * (rng.random(12) > 0.3)  # some terms exactly 0
     x[4] = max(x[4], 1e-6)
-    x[9:] = rng.choice([1.0, 12.0, *rng.uniform(1, 12, 2)], 2)  # the bounds included
+    x[9:11] = rng.choice([1.0, 12.0, *rng.uniform(1, 12, 2)], 2)  # the bounds included
     e = rng.uniform(0.0, 1.0, 12) * np.array([300, 0.5, 1, 1, 3, 3, 200, 1, 3, 3, 100, 1])
     e[2] += 1.0
     e[10] += 1.0

@@ -86,6 +86,20 @@ def test_version_1_parameters_are_refused_with_a_reason() -> None:
         ModelParams.from_json(json.dumps(old))
 
 
+def test_version_2_parameters_read_as_version_3_without_hop_latency() -> None:
+    """Version 2 had no ``sync_hop_s``: read with it at 0 they predict exactly
+    what they did, so a job's stored fit survives the upgrade (and is
+    written back as version 3)."""
+    doc = json.loads(TRUE.to_json())
+    doc["version"] = 2
+    del doc["throughput"]["sync_hop_s"]
+    params = ModelParams.from_json(json.dumps(doc))
+    assert params.throughput == TRUE.throughput and params.throughput.sync_hop_s == 0.0
+    assert params.to_dict()["version"] == 3
+    doc["throughput"]["sync_hop_s"] = 0.5  # not a field of version 2... but the same name
+    assert ModelParams.from_json(json.dumps(doc)).throughput.sync_hop_s == 0.5
+
+
 @pytest.mark.parametrize("text", ["not json", "[1, 2]"])
 def test_non_object_json_is_refused(text: str) -> None:
     with pytest.raises(ModelError):

@@ -214,6 +214,7 @@ def _time_starts(s: Samples, count: int, seed: int) -> list[FloatArray]:
             sync_clock_share=0.15,
             gamma1=g1,
             gamma2=g2,
+            sync_hop_s=0.1 * per_unit,
         )
         starts.append(p.to_vector())
     return starts
@@ -350,6 +351,15 @@ _T_BOUNDS = ThroughputParams.bounds()
 _T_FLOOR = ThroughputParams.scale_floor()
 _E_BOUNDS = EnergyParams.bounds()
 _E_FLOOR = EnergyParams.scale_floor()
+_SYNC_SECONDS = frozenset({"sync_local_s", "sync_node_s", "sync_step_s", "sync_hop_s"})
+_T_LIFT = np.array(
+    [
+        floor if name in _SYNC_SECONDS else -np.inf
+        for name, floor in zip(ThroughputParams.names(), _T_FLOOR, strict=True)
+    ]
+)
+"""Least start of each synchronisation term once multi-GPU samples are in
+(its scale floor, 1 ms; no bound on the others): see ``fit_with_prior``."""
 _COMPUTE_TERMS = frozenset({"a_io", "b_io", "a_grad", "b_grad", "k_grad"})
 _TIMED = np.array([name in _COMPUTE_TERMS for name in ThroughputParams.names()])
 _POWERS = np.array(
@@ -419,6 +429,15 @@ def fit_with_prior(
     _check(samples)
     t_anchor, e_anchor = _rescaled(prior, samples, gpu)
     t_start, e_start = (t_anchor, e_anchor) if warm_start is None else warm_start.vectors()
+    if np.any(samples.n > 1):
+        # A term at its bound of 0 cannot leave it: the solver's bounded
+        # coordinates are flat there (``kernels.to_free``). Priors fitted to
+        # dense profiles leave some sync terms at 0 (those profiles span
+        # every batch size, a job's own profiles one), so once samples can
+        # show synchronisation each term starts at least at its scale; the
+        # pull to the prior still brings back what they do not support.
+        # Not with 1-GPU samples only: nothing there could move it back.
+        t_start = np.maximum(t_start, _T_LIFT)
     x_t = _fit_stage(
         _time_problem(t_anchor, options), samples, [t_start], _T_BOUNDS, _T_FLOOR, options
     )

@@ -20,7 +20,7 @@ numpy calls inside a kernel (``np.median``, ``np.diff``, ufuncs) each cost
 seconds more; loops compile fast.
 
 Every array is a C-contiguous float64 array; the fitted vectors are in the
-field order of ``ThroughputParams`` (11) and ``EnergyParams`` (12). Kernels
+field order of ``ThroughputParams`` (12) and ``EnergyParams`` (12). Kernels
 cannot raise catchable errors, so none divides by a value that can be 0 and
 the Cholesky solve reports failure as a flag.
 """
@@ -77,11 +77,13 @@ def _pnorm_d(a: float, b: float, g: float) -> tuple[float, float, float, float]:
 
 
 @njit
-def _sync_shape(n: float, r: float) -> tuple[float, float, float]:
+def _sync_shape(n: float, r: float) -> tuple[float, float, float, float]:
     """``throughput.sync_shape`` of one multi-GPU configuration: ring traffic
-    inside and across nodes, and ``log2(n)`` latency steps."""
+    inside and across nodes, ``log2(n)`` latency steps and the intra-node
+    ring's ``2(r-1)`` hops."""
+    r = min(r, n)
     k = math.ceil(n / r - 1e-9)
-    return 2.0 * (r - 1.0) / r, 2.0 * (k - 1.0) / k, math.log2(n)
+    return 2.0 * (r - 1.0) / r, 2.0 * (k - 1.0) / k, math.log2(n), 2.0 * (r - 1.0)
 
 
 @njit
@@ -92,9 +94,9 @@ def _terms(x: FloatArray, n: float, r: float, bs: float, fg: float) -> tuple[flo
     grad = x[2] + x[3] * bs + x[4] * (bs / fg)
     if n <= 1.0:
         return io, grad, 0.0
-    local, node, steps = _sync_shape(n, r)
+    local, node, steps, hops = _sync_shape(n, r)
     clock = (1.0 - x[8]) + x[8] / fg
-    return io, grad, (x[5] * local + x[6] * node + x[7] * steps) * clock
+    return io, grad, (x[5] * local + x[6] * node + x[7] * steps + x[11] * hops) * clock
 
 
 @njit
@@ -172,7 +174,7 @@ def _log_time(x: FloatArray, data: FloatArray, pred: FloatArray, jac: FloatArray
         n, r, bs, fg = data[0, k], data[1, k], data[2, k], data[3, k] / 1000.0
         io, grad, sync = _terms(x, n, r, bs, fg)
         inner, d_io, d_grad, dlog_g1 = _pnorm_d(io, grad, x[9])
-        for j in range(11):
+        for j in range(12):
             jac[k, j] = 0.0
         if n <= 1.0:
             total, w = inner, 1.0 / inner
@@ -180,13 +182,15 @@ def _log_time(x: FloatArray, data: FloatArray, pred: FloatArray, jac: FloatArray
             total, d_inner, d_sync, dlog_g2 = _pnorm_d(inner, sync, x[10])
             w = d_inner / total
             ds = d_sync / total
-            local, node, steps = _sync_shape(n, r)
+            local, node, steps, hops = _sync_shape(n, r)
             clock = (1.0 - x[8]) + x[8] / fg
+            base = x[5] * local + x[6] * node + x[7] * steps + x[11] * hops
             jac[k, 5] = ds * (local * clock)
             jac[k, 6] = ds * (node * clock)
             jac[k, 7] = ds * (steps * clock)
-            jac[k, 8] = ds * ((x[5] * local + x[6] * node + x[7] * steps) * (1.0 / fg - 1.0))
+            jac[k, 8] = ds * (base * (1.0 / fg - 1.0))
             jac[k, 10] = dlog_g2
+            jac[k, 11] = ds * (hops * clock)
         jac[k, 0] = w * d_io
         jac[k, 1] = (bs * r) * (w * d_io)
         jac[k, 2] = w * d_grad

@@ -23,11 +23,14 @@ import numpy as np
 from powerflow.errors import ModelError
 from powerflow.models.protocol import FloatArray
 
-SCHEMA_VERSION = 2
-"""Version 2: the synchronisation term of ``ThroughputParams`` is the ring
-all-reduce form (``throughput.t_sync``); version 1 held the paper's linear
-form, whose parameters do not translate (``ModelParams.from_dict`` refuses
-them with a clear error, and the operator then refits from the prior)."""
+SCHEMA_VERSION = 3
+"""Version 3: ``ThroughputParams.sync_hop_s``, the latency of each hop of the
+intra-node ring, joins the ring all-reduce form of version 2
+(``throughput.t_sync``). Version 2 parameters read as version 3 with
+``sync_hop_s = 0``, which predicts exactly what they did. Version 1 held the
+paper's linear form, whose parameters do not translate
+(``ModelParams.from_dict`` refuses them with a clear error, and the operator
+then refits from the prior)."""
 
 
 class _Vector:
@@ -77,12 +80,14 @@ class ThroughputParams(_Vector):
     """Step-time model of paper §4.1 (times in s, ``f`` in GHz, ``bs`` in samples).
 
     ``T_IO = a_io + b_io*bs*r``; ``T_grad = a_grad + (b_grad + k_grad/f)*bs``;
-    ``T_sync = (sync_local_s*2(r-1)/r + sync_node_s*2(k-1)/k + sync_step_s*log2(n))
-    * ((1 - sync_clock_share) + sync_clock_share/f)`` on ``n`` GPUs over
-    ``k = ceil(n/r)`` nodes (0 on one GPU): a hierarchical ring all-reduce's
-    traffic inside and across nodes, plus a per-doubling latency, in seconds
-    at 1 GHz (see ``throughput.t_sync`` for why this replaces the paper's
-    linear form); ``gamma1``/``gamma2`` blend sum and max.
+    ``T_sync = (sync_local_s*2(r-1)/r + sync_node_s*2(k-1)/k + sync_step_s*log2(n)
+    + sync_hop_s*2(r-1)) * ((1 - sync_clock_share) + sync_clock_share/f)`` on
+    ``n`` GPUs over ``k = ceil(n/r)`` nodes (0 on one GPU): a hierarchical ring
+    all-reduce's traffic inside and across nodes, a per-doubling latency, and
+    the latency of the intra-node ring's ``2(r-1)`` hops, in seconds at 1 GHz
+    (see ``throughput.t_sync`` for why this replaces the paper's linear form);
+    ``gamma1``/``gamma2`` blend sum and max. ``sync_hop_s`` comes last (and
+    defaults to 0) so that version 2 vectors keep their positions.
     """
 
     a_io: float
@@ -96,6 +101,7 @@ class ThroughputParams(_Vector):
     sync_clock_share: float
     gamma1: float
     gamma2: float
+    sync_hop_s: float = 0.0
 
     # k_grad > 0 keeps T_grad, hence T_iter, strictly positive for bs > 0.
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
@@ -110,9 +116,13 @@ class ThroughputParams(_Vector):
         "sync_clock_share": (0.0, 1.0),
         "gamma1": (1.0, 12.0),
         "gamma2": (1.0, 12.0),
+        "sync_hop_s": (0.0, math.inf),
     }
     SCALE_FLOOR: ClassVar[dict[str, float]] = {
-        **{k: 1e-3 for k in ("a_io", "a_grad", "sync_local_s", "sync_node_s", "sync_step_s")},
+        **{
+            k: 1e-3
+            for k in ("a_io", "a_grad", "sync_local_s", "sync_node_s", "sync_step_s", "sync_hop_s")
+        },
         **{k: 1e-5 for k in ("b_io", "b_grad", "k_grad")},
         "sync_clock_share": 0.1,
         "gamma1": 1.0,
@@ -217,9 +227,13 @@ class ModelParams:
                     "parameters of version 1 (the paper's linear sync form) do not "
                     f"translate to version {SCHEMA_VERSION} (ring all-reduce sync): refit them"
                 )
-            if version != SCHEMA_VERSION:
+            if version not in (2, SCHEMA_VERSION):
                 raise ModelError(f"unsupported parameter version {version!r}")
-            tp = _group(ThroughputParams, data["throughput"])
+            throughput = data["throughput"]
+            if version == 2 and isinstance(throughput, dict):
+                # version 2 had no hop latency: 0 predicts what it predicted
+                throughput = {**throughput, "sync_hop_s": throughput.get("sync_hop_s", 0.0)}
+            tp = _group(ThroughputParams, throughput)
             ep = _group(EnergyParams, data["energy"])
             model = data.get("model")
             return cls(

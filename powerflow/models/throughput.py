@@ -40,16 +40,21 @@ def nodes(n: FloatArray, r: FloatArray) -> FloatArray:
     return np.asarray(np.ceil(np.asarray(n) / np.asarray(r) - 1e-9), dtype=np.float64)
 
 
-def sync_shape(n: FloatArray, r: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """The three placement features ``T_sync`` weighs: intra-node ring
+def sync_shape(
+    n: FloatArray, r: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """The four placement features ``T_sync`` weighs: intra-node ring
     traffic ``2(r-1)/r``, inter-node ring traffic ``2(k-1)/k`` over the
-    ``k`` nodes, and ``log2(n)`` latency steps (each 0 on one GPU)."""
+    ``k`` nodes, ``log2(n)`` latency steps and the ``2(r-1)`` hops of the
+    intra-node ring (each 0 on one GPU)."""
     n = np.asarray(n, dtype=np.float64)
     multi = n > 1
-    local = np.where(multi, ring_share(np.minimum(r, n)), 0.0)
+    per_node = np.minimum(r, n)
+    local = np.where(multi, ring_share(per_node), 0.0)
     node = np.where(multi, ring_share(nodes(n, r)), 0.0)
     steps = np.where(multi, np.log2(np.maximum(n, 1.0)), 0.0)
-    return local, node, steps
+    hops = np.where(multi, 2.0 * (per_node - 1.0), 0.0)
+    return local, node, steps, hops
 
 
 def sync_clock_factor(p: ThroughputParams, f_mhz: FloatArray) -> FloatArray:
@@ -62,8 +67,9 @@ def sync_clock_factor(p: ThroughputParams, f_mhz: FloatArray) -> FloatArray:
 def t_sync(p: ThroughputParams, n: FloatArray, r: FloatArray, f_mhz: FloatArray) -> FloatArray:
     """Gradient synchronisation time: a hierarchical ring all-reduce.
 
-    ``(sync_local_s*2(r-1)/r + sync_node_s*2(k-1)/k + sync_step_s*log2(n))
-    * sync_clock_factor`` on ``n`` GPUs over ``k = ceil(n/r)`` nodes; 0 on one GPU.
+    ``(sync_local_s*2(r-1)/r + sync_node_s*2(k-1)/k + sync_step_s*log2(n)
+    + sync_hop_s*2(r-1)) * sync_clock_factor`` on ``n`` GPUs over
+    ``k = ceil(n/r)`` nodes; 0 on one GPU.
 
     Why not the paper's ``alpha/f + (kappa/f + beta)*(n-2) + theta`` (one
     set per placement case): it grows linearly in ``n``, so a fit to a few
@@ -75,9 +81,20 @@ def t_sync(p: ThroughputParams, n: FloatArray, r: FloatArray, f_mhz: FloatArray)
     per-term seconds are set by the gradient size and the links, not by how
     fast the job computes, so a prior from other DNNs lends them as they are
     (``fitting.rescale_prior``); the clock share is a property of the GPU.
+
+    ``sync_hop_s``: a ring of ``m`` GPUs takes ``2(m-1)`` steps in sequence,
+    each paying a latency (the alpha of the alpha-beta cost model), so inside
+    a node the exposed sync also grows linearly with the GPUs per node. On
+    the ground truth's one-node profiles it does (resnet50 at global batch
+    64: 2.1, 4.1, 12.4 ms at 2, 4, 8 GPUs), which the saturating traffic
+    term and ``log2(n)`` cannot follow; without this term, a job profiled at
+    2-16 GPUs extrapolated worse to 32 (``python -m benchmarks learner``,
+    docs/models.md).
     """
-    local, node, steps = sync_shape(n, r)
-    base = p.sync_local_s * local + p.sync_node_s * node + p.sync_step_s * steps
+    local, node, steps, hops = sync_shape(n, r)
+    base = (
+        p.sync_local_s * local + p.sync_node_s * node + p.sync_step_s * steps + p.sync_hop_s * hops
+    )
     return np.asarray(base * sync_clock_factor(p, f_mhz), dtype=np.float64)
 
 
@@ -134,9 +151,11 @@ def log_step_time_jacobian(
     f = f_mhz / 1000.0
     io = t_io(p, r, bs)
     grad = t_grad(p, bs, f_mhz)
-    local, node, steps = sync_shape(n, r)
+    local, node, steps, hops = sync_shape(n, r)
     clock = sync_clock_factor(p, f_mhz)
-    base = p.sync_local_s * local + p.sync_node_s * node + p.sync_step_s * steps
+    base = (
+        p.sync_local_s * local + p.sync_node_s * node + p.sync_step_s * steps + p.sync_hop_s * hops
+    )
     sync = base * clock
     inner = _pnorm(io, grad, p.gamma1)
     total = _pnorm(inner, sync, p.gamma2)
@@ -157,6 +176,7 @@ def log_step_time_jacobian(
         d_sync * base * (1.0 / f - 1.0),
         d_g1 * ones,
         d_g2 * ones,
+        d_sync * hops * clock,
     ]
     jac = np.stack(np.broadcast_arrays(*cols), axis=-1) / total[..., None]
     return np.log(total), jac
