@@ -127,6 +127,13 @@ def table(table_rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def stage_one(saved: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stage one's rows of an earlier ``--json``, which holds both stages (each row
+    tagged with its ``stage``; a row without a tag is stage one's): fed back whole,
+    stage two's rows would join the grid and move its best."""
+    return [{k: v for k, v in r.items() if k != "stage"} for r in saved if r.get("stage", 1) == 1]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--hours", type=float, help="only jobs submitted in the first H hours")
@@ -141,7 +148,8 @@ def main() -> int:
         "--stage1",
         type=Path,
         metavar="JSON",
-        help="take stage one's rows from this file (an earlier --json) instead of running it",
+        help="take stage one's rows from this file (an earlier --json: its stage one rows) "
+        "instead of running it",
     )
     args = p.parse_args()
     if args.hours is not None and not args.hours > 0:
@@ -149,7 +157,7 @@ def main() -> int:
     config = SimConfig(idle_nodes_off=not args.paper_baselines)
     trace = TraceSpec(hours=args.hours)
     if args.stage1:
-        first = json.loads(args.stage1.read_text())
+        first = stage_one(json.loads(args.stage1.read_text()))
     else:
         first = rows(run_many(grid(trace, config), workers=args.workers))
     best = min(first, key=lambda r: r["avg_jct_h"])
@@ -171,7 +179,8 @@ def main() -> int:
         f"{overall['preemptions']} preemptions"
     )
     if args.json:
-        args.json.write_text(json.dumps(first + second, indent=2) + "\n")
+        tagged = [{**r, "stage": 1} for r in first] + [{**r, "stage": 2} for r in second]
+        args.json.write_text(json.dumps(tagged, indent=2) + "\n")
     return 0
 
 

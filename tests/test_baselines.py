@@ -296,6 +296,27 @@ def test_tiresias_consolidates_new_jobs() -> None:
     assert {node for node, _ in plan.job("new").placement} == {"n1"}
 
 
+# ------------------------------------------------------- nodes that are on first
+
+
+@pytest.mark.parametrize("policy", [GandivaPolicy(), TiresiasPolicy()], ids=["gandiva", "tiresias"])
+def test_baselines_take_a_node_that_is_on_over_one_that_must_boot(policy: Policy) -> None:
+    """With idle nodes off (the simulator's default) an empty node that is on (emptied
+    since the last decision) and one that is off are equal to the baselines' placement
+    rules; taking the one that is off charges the baseline a boot (``power_on_s`` of
+    JCT and energy) that its own rules do not ask for and PowerFlow's placement avoids."""
+    cluster = (*(replace(n, powered_on=False) for n in nodes(2, 4)), Node("n2", 4, A100))
+    small, whole = job("small", 1, arrival=0.0), job("whole", 4, arrival=1.0)
+    one = policy.plan(snap(cluster, [small]))
+    assert {node for node, _ in one.job("small").placement} == {"n2"}
+    four = policy.plan(snap(cluster, [whole]))
+    assert {node for node, _ in four.job("whole").placement} == {"n2"}
+    eight = policy.plan(snap(cluster, [job("big", 8)]))
+    assert "n2" in {node for node, _ in eight.job("big").placement}  # and one node boots
+    all_on = policy.plan(snap(nodes(3, 4), [small]))
+    assert {node for node, _ in all_on.job("small").placement} == {"n0"}  # as before
+
+
 # ------------------------------------------------------------------------- AFS
 
 

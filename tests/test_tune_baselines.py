@@ -102,3 +102,34 @@ def test_one_command_prints_both_tables_and_the_best(
     best = min(rows, key=lambda r: r["avg_jct_h"])
     assert f"average JCT {best['avg_jct_h']:.2f} h" in text
     assert "| 3,250, 7,200 | off | 50.00 |" in text
+
+
+def test_stage1_takes_back_an_earlier_json_as_stage_one_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--json`` writes both stages; fed back with ``--stage1`` (what its help offers),
+    stage one is the earlier stage one again, not both stages: its table and the
+    neighbours of its best are the same as the first time."""
+    tune = _script()
+    row = {
+        "queue_thresholds_gpu_s": [3600.0],
+        "promote_knob": None,
+        "avg_jct_h": 9.0,
+        "median_jct_h": 1.0,
+        "p95_jct_h": 2.0,
+        "energy_gj": 1.0,
+        "preemptions": 9,
+        "restarts": 9,
+    }
+    stage1 = tmp_path / "stage1.json"
+    stage1.write_text(json.dumps([row]))
+    argv = ["tune_baselines.py", "--hours", "0.1", "--workers", "1"]
+    first, again = tmp_path / "first.json", tmp_path / "again.json"
+    monkeypatch.setattr(sys, "argv", [*argv, "--stage1", str(stage1), "--json", str(first)])
+    assert tune.main() == 0
+    once = capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", [*argv, "--stage1", str(first), "--json", str(again)])
+    assert tune.main() == 0
+    twice = capsys.readouterr().out
+    assert twice.split("Stage two")[0] == once.split("Stage two")[0]  # one row, as before
+    assert json.loads(again.read_text()) == json.loads(first.read_text())

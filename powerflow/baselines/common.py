@@ -104,13 +104,18 @@ class Pool:
     """Free GPUs of the cluster during one ``plan`` call (mutable, never shared).
 
     Every node is usable: the baselines are not energy-aware and never keep a
-    node powered down. The free count and each node's rank are kept alongside
-    the free lists: a round asks for them once per waiting job, and most of
-    those asks fail on the count alone.
+    node powered down. Nodes that are on rank before nodes that are off (each
+    group in cluster order): where a baseline's own rule leaves a choice
+    between two empty nodes, it takes the one that runs at once rather than
+    one that must boot first (``SimConfig.idle_nodes_off``, ``power_on_s``), as
+    PowerFlow's placement does; with every node on, the order is the cluster's.
+    The free count and each node's rank are kept alongside the free lists: a
+    round asks for them once per waiting job, and most of those asks fail on
+    the count alone.
     """
 
     def __init__(self, nodes: Sequence[Node]) -> None:
-        self.order = [node.name for node in nodes]
+        self.order = [node.name for node in sorted(nodes, key=lambda node: not node.powered_on)]
         self.rank: dict[str, int] = {}
         for i, name in enumerate(self.order):
             self.rank.setdefault(name, i)  # ``order.index``: the first one

@@ -179,7 +179,8 @@ def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
         action="store_true",
         help=(
             "the paper's setting: only PowerFlow switches off the nodes its plan leaves "
-            "empty, the baselines keep every node on (default: every scheduler's empty "
+            "empty, the baselines keep every node on; a node PowerFlow switched off still "
+            f"boots {d.power_on_s:g} s when reused (default: every scheduler's empty "
             f"nodes are off; a node boots {d.power_on_s:g} s before its first job runs)"
         ),
     )
