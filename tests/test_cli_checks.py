@@ -475,3 +475,38 @@ def test_a_philly_duration_that_overflows_is_one_line_without_a_warning(
 def test_fit_says_models_names_none(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fit", "--models", ","]) == 2
     assert "--models names no model" in _one_line_error(capsys, "fit")
+
+
+def test_more_workers_than_runs_start_one_process_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python 3.11 forks every worker of a fork-started pool at once."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from powerflow.sim import runner
+
+    class Pool(ProcessPoolExecutor):
+        def __init__(self, max_workers: int) -> None:
+            assert max_workers <= 2, f"{max_workers} processes for 2 runs"
+            super().__init__(max_workers=max_workers)
+
+    monkeypatch.setattr(runner, "ProcessPoolExecutor", Pool)
+    spec = runner.RunSpec(
+        "gandiva", 1410, runner.TraceSpec(str(_trace(tmp_path))), runner.SimConfig(nodes=1)
+    )
+    outcomes = runner.run_many([spec, spec], workers=50)
+    assert [o.row()["jobs"] for o in outcomes] == [2, 2]
+
+
+@pytest.mark.usefixtures("no_compute")
+def test_a_report_named_as_the_results_folder_is_refused_before_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both checks pass while the folder does not exist yet; the report then met a
+    folder after the whole comparison."""
+    out = str(tmp_path / "res")
+    trace = str(_trace(tmp_path))
+    argv = ["simulate", "--quick", "--trace", trace, *CLUSTER, "--out", out, "--report", out]
+    assert main(argv) == 2
+    assert "--report" in _one_line_error(capsys, "simulate")
+    assert not (tmp_path / "res").exists()

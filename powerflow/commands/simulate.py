@@ -229,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
         raise SimulationError("--budget-schedule needs --scheduler")
     if args.report is not None:
         checks.output_file(args.report, "--report")
+        if args.out is not None and args.report.resolve() == args.out.resolve():
+            raise checks.ArgumentError(f"--report {args.report} is the --out folder; name a file")
     return _comparison(args, config, trace)
 
 
