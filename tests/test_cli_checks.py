@@ -510,3 +510,15 @@ def test_a_report_named_as_the_results_folder_is_refused_before_the_runs(
     assert main(argv) == 2
     assert "--report" in _one_line_error(capsys, "simulate")
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--debounce", "nan"), ("--profiling-window", "inf"), ("--progress-interval", "-1")],
+)
+def test_operator_timings_are_finite_and_named_before_it_connects(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["operator", option, value, "--kubeconfig", "/nonexistent"]) == 2
+    err = _one_line_error(capsys, "operator")
+    assert f"{option} must be a finite number >= 0, got {float(value):g}" in err
