@@ -522,3 +522,13 @@ def test_operator_timings_are_finite_and_named_before_it_connects(
     assert main(["operator", option, value, "--kubeconfig", "/nonexistent"]) == 2
     err = _one_line_error(capsys, "operator")
     assert f"{option} must be a finite number >= 0, got {float(value):g}" in err
+
+
+@pytest.mark.usefixtures("no_compute")
+def test_validate_refuses_a_plot_it_would_never_draw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(budget, "_validate", _never)
+    plot = tmp_path / "w.png"
+    assert main(["budget", "what-if", "--validate", "--plot", str(plot)]) == 2
+    assert "--validate draws none" in _one_line_error(capsys, "budget")

@@ -95,7 +95,12 @@ def register(subparsers: Any) -> None:
         default=d.gpus_per_node,
         help=f"A100s per node (1 to {checks.MAX_GPUS_PER_NODE})",
     )
-    w.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw the predictions")
+    w.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw the predictions (--demo, --kubeconfig)",
+    )
     w.add_argument("--json", action="store_true", help="print the predictions as JSON")
     w.add_argument("--workers", type=int, default=2, help="--validate: processes")
     w.set_defaults(func=run)
@@ -113,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pmax_watts is not None and not (0 < args.pmax_watts < math.inf):
         raise WhatIfError(f"--pmax-watts must be a positive number, got {args.pmax_watts:g}")
     if args.plot is not None:
+        if args.validate:
+            raise WhatIfError("--plot draws the what-if's predictions; --validate draws none")
         check_plot_path(args.plot)
     level_values(args)  # a bad --etas/--watts before the cluster is read
     if args.validate:
