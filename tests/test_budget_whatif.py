@@ -72,7 +72,7 @@ def test_a_budget_too_low_for_any_job_is_named_and_the_others_predicted(
     [
         (["--etas", "0.3,x"], "numbers separated by commas"),
         (["--etas", "1.5"], "every eta must be in (0, 1]"),
-        (["--watts", "-3"], "every limit must be > 0"),
+        (["--watts", "-3"], "every limit must be a positive finite number"),
         (["--jobs", "0"], "--jobs must be >= 1"),
     ],
 )

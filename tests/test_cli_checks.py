@@ -193,17 +193,19 @@ def test_plan_refuses_a_limit_that_is_not_positive(
     watts: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["plan", "--demo", "--limit-watts", watts]) == 2
-    assert f"--limit-watts must be > 0, got {float(watts):g}" in _one_line_error(capsys, "plan")
+    assert f"--limit-watts must be > 0 and finite, got {float(watts):g}" in _one_line_error(
+        capsys, "plan"
+    )
 
 
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
         (["--gpus-per-node", "9"], "--gpus-per-node must be 1 to 8"),
-        (["--interval", "0"], "--interval must be > 0"),
-        (["--restart-s", "-1"], "--restart-s must be >= 0"),
+        (["--interval", "0"], "--interval must be a finite number > 0"),
+        (["--restart-s", "-1"], "--restart-s must be a finite number >= 0"),
         (["--seed", "-1"], "--seed must be >= 0"),
-        (["--nodes", "0"], "--nodes must be at least 1"),
+        (["--nodes", "0"], "--nodes must be 1 to 10000, got 0"),
         (["--workers", "0"], "--workers must be at least 1"),
     ],
 )
@@ -219,7 +221,7 @@ def test_cluster_options_are_refused_by_their_own_names(
     ("extra", "words"),
     [
         (["--pmax-watts", "0"], "--pmax-watts must be a positive number, got 0"),
-        (["--gpus-per-node", "0"], "--gpus-per-node must be at least 1"),
+        (["--gpus-per-node", "0"], "--gpus-per-node must be 1 to 8, got 0"),
         (["--workers", "0"], "--workers must be at least 1"),
         (["--hours", "1"], "--hours cuts the trace of --validate"),
     ],
@@ -403,3 +405,130 @@ def test_help_is_plain_text_with_a_help_string_per_option(
     text = capsys.readouterr().out
     assert text.startswith("usage: powerflow")
     assert "`" not in text
+
+
+# ------------------------------------------------------------- review: more ranges
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--nodes", "1000000000"], "--nodes must be 1 to 10000, got 1000000000"),
+        (["--interval", "inf"], "--interval must be a finite number > 0 seconds, got inf"),
+        (["--restart-s", "inf"], "--restart-s must be a finite number >= 0 seconds, got inf"),
+    ],
+)
+@pytest.mark.usefixtures("no_compute")
+def test_a_cluster_or_timing_value_out_of_all_range_is_refused_by_name(
+    extra: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A billion nodes took 21 GB before any job ran; an infinite interval never
+    re-evaluates and still printed a result."""
+    trace = ["--trace", str(_trace(tmp_path))]
+    assert main(["simulate", "--scheduler", "gandiva", *trace, *extra]) == 2
+    assert words in _one_line_error(capsys, "simulate")
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--nodes", "1000000000"], "--nodes must be 1 to 10000, got 1000000000"),
+        (["--gpus-per-node", "100"], "--gpus-per-node must be 1 to 8, got 100"),
+        (["--watts", "nan"], "--watts: every limit must be a positive finite number"),
+        (["--watts", "1e5,inf"], "--watts: every limit must be a positive finite number"),
+    ],
+)
+@pytest.mark.usefixtures("no_compute")
+def test_budget_what_if_refuses_sizes_and_limits_by_name_before_reading_the_queue(
+    extra: list[str],
+    words: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(budget, "demo_queue", _never)
+    monkeypatch.setattr(budget, "live_queue", _never)
+    for source in (["--demo"], ["--kubeconfig", "/nonexistent"]):
+        if "--nodes" in extra and source[0] == "--kubeconfig":
+            continue  # the live cluster sets its own size
+        assert main(["budget", "what-if", *source, *extra]) == 2
+        assert words in _one_line_error(capsys, "budget")
+
+
+@pytest.mark.parametrize("watts", ["inf", "1e400"])
+@pytest.mark.usefixtures("no_compute")
+def test_plan_names_the_option_of_an_infinite_limit(
+    watts: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--demo", "--limit-watts", watts]) == 2
+    assert "--limit-watts must be > 0 and finite, got inf" in _one_line_error(capsys, "plan")
+
+
+def test_a_philly_duration_that_overflows_is_one_line_without_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path, "0,1,1,1e308\n", header="job_id,submit_time,num_gpu,duration\n")
+    argv = ["simulate", "--scheduler", "gandiva", "--trace", str(trace), *CLUSTER, "--json"]
+    assert main(argv) == 2  # pytest turns a RuntimeWarning into an error: it would raise
+    assert "t.csv:2: job 0 cannot finish within" in _one_line_error(capsys, "simulate")
+
+
+def test_fit_says_models_names_none(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fit", "--models", ","]) == 2
+    assert "--models names no model" in _one_line_error(capsys, "fit")
+
+
+def test_more_workers_than_runs_start_one_process_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python 3.11 forks every worker of a fork-started pool at once."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from powerflow.sim import runner
+
+    class Pool(ProcessPoolExecutor):
+        def __init__(self, max_workers: int) -> None:
+            assert max_workers <= 2, f"{max_workers} processes for 2 runs"
+            super().__init__(max_workers=max_workers)
+
+    monkeypatch.setattr(runner, "ProcessPoolExecutor", Pool)
+    spec = runner.RunSpec(
+        "gandiva", 1410, runner.TraceSpec(str(_trace(tmp_path))), runner.SimConfig(nodes=1)
+    )
+    outcomes = runner.run_many([spec, spec], workers=50)
+    assert [o.row()["jobs"] for o in outcomes] == [2, 2]
+
+
+@pytest.mark.usefixtures("no_compute")
+def test_a_report_named_as_the_results_folder_is_refused_before_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both checks pass while the folder does not exist yet; the report then met a
+    folder after the whole comparison."""
+    out = str(tmp_path / "res")
+    trace = str(_trace(tmp_path))
+    argv = ["simulate", "--quick", "--trace", trace, *CLUSTER, "--out", out, "--report", out]
+    assert main(argv) == 2
+    assert "--report" in _one_line_error(capsys, "simulate")
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--debounce", "nan"), ("--profiling-window", "inf"), ("--progress-interval", "-1")],
+)
+def test_operator_timings_are_finite_and_named_before_it_connects(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["operator", option, value, "--kubeconfig", "/nonexistent"]) == 2
+    err = _one_line_error(capsys, "operator")
+    assert f"{option} must be a finite number >= 0, got {float(value):g}" in err
+
+
+@pytest.mark.usefixtures("no_compute")
+def test_validate_refuses_a_plot_it_would_never_draw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(budget, "_validate", _never)
+    plot = tmp_path / "w.png"
+    assert main(["budget", "what-if", "--validate", "--plot", str(plot)]) == 2
+    assert "--validate draws none" in _one_line_error(capsys, "budget")

@@ -89,8 +89,18 @@ def register(subparsers: Any) -> None:
         type=int,
         help=f"--demo/--validate: nodes (default {DEMO_NODES} for --demo, {d.nodes} to validate)",
     )
-    w.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node, help="A100s per node")
-    w.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw the predictions")
+    w.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=d.gpus_per_node,
+        help=f"A100s per node (1 to {checks.MAX_GPUS_PER_NODE})",
+    )
+    w.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw the predictions (--demo, --kubeconfig)",
+    )
     w.add_argument("--json", action="store_true", help="print the predictions as JSON")
     w.add_argument("--workers", type=int, default=2, help="--validate: processes")
     w.set_defaults(func=run)
@@ -102,16 +112,16 @@ def run(args: argparse.Namespace) -> int:
     checks.hours(args.hours)
     if args.hours is not None and not args.validate:
         raise WhatIfError("--hours cuts the trace of --validate; --demo takes --jobs")
-    if args.nodes is not None and args.nodes < 1:
-        raise WhatIfError(f"--nodes must be at least 1, got {args.nodes}")
-    if args.gpus_per_node < 1:
-        raise WhatIfError(f"--gpus-per-node must be at least 1, got {args.gpus_per_node}")
+    checks.cluster(args.nodes, args.gpus_per_node)
     if args.workers < 1:
         raise WhatIfError(f"--workers must be at least 1, got {args.workers}")
     if args.pmax_watts is not None and not (0 < args.pmax_watts < math.inf):
         raise WhatIfError(f"--pmax-watts must be a positive number, got {args.pmax_watts:g}")
     if args.plot is not None:
+        if args.validate:
+            raise WhatIfError("--plot draws the what-if's predictions; --validate draws none")
         check_plot_path(args.plot)
+    level_values(args)  # a bad --etas/--watts before the cluster is read
     if args.validate:
         return _validate(args)
     current: Budget | None = None
@@ -171,7 +181,9 @@ def predict_each(
     return out
 
 
-def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]:
+def level_values(args: argparse.Namespace) -> list[float]:
+    """The numbers of ``--watts`` or ``--etas`` (default: the simulator's etas), each
+    in its option's range."""
     text = args.watts if args.watts is not None else args.etas
     try:
         values = [float(x) for x in text.split(",") if x.strip()] if text else list(DEFAULT_ETAS)
@@ -180,11 +192,17 @@ def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]
     if not values:
         raise WhatIfError("no budget to predict")
     if args.watts is not None:
-        if any(v <= 0 for v in values):
-            raise BudgetError("--watts: every limit must be > 0")
-        return [Budget(limit_watts=v, p_max_watts=p_max) for v in values]
-    if any(not 0 < v <= 1 for v in values):
+        if any(not 0 < v < math.inf for v in values):
+            raise BudgetError("--watts: every limit must be a positive finite number")
+    elif any(not 0 < v <= 1 for v in values):
         raise BudgetError("--etas: every eta must be in (0, 1]")
+    return values
+
+
+def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]:
+    values = level_values(args)
+    if args.watts is not None:
+        return [Budget(limit_watts=v, p_max_watts=p_max) for v in values]
     return [Budget(eta=v, p_max_watts=p_max) for v in values]
 
 

@@ -87,3 +87,21 @@ def eta(value: float | None, option: str = "--eta") -> float | None:
     if value is not None and not 0 < value <= 1:  # NaN fails too
         raise ArgumentError(f"{option} must be in {ETA_RANGE}, got {value:g}")
     return value
+
+
+MAX_NODES = 10_000
+"""Far above any cluster the papers simulate (64 nodes here, 2,000 GPUs in
+Tiresias'); a typo of a billion nodes took 21 GB of memory before any job ran."""
+
+MAX_GPUS_PER_NODE = 8
+"""An A100 server (DGX/HGX A100) holds at most eight GPUs."""
+
+
+def cluster(nodes: int | None, gpus_per_node: int) -> None:
+    """The simulated cluster's size, each option by its own name."""
+    if nodes is not None and not 1 <= nodes <= MAX_NODES:
+        raise ArgumentError(f"--nodes must be 1 to {MAX_NODES}, got {nodes}")
+    if not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise ArgumentError(
+            f"--gpus-per-node must be 1 to {MAX_GPUS_PER_NODE}, got {gpus_per_node}"
+        )

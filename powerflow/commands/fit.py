@@ -174,8 +174,10 @@ def _run_ground_truth(args: argparse.Namespace, gpu: GpuSpec) -> int:
     names = gt.MODEL_NAMES
     if args.models:
         names = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        if not names:
+            raise DataError(f"--models names no model; known: {', '.join(gt.MODEL_NAMES)}")
         unknown = [m for m in names if m not in gt.MODEL_NAMES]
-        if unknown or not names:
+        if unknown:
             raise DataError(
                 f"unknown model(s) {', '.join(unknown)}; known: {', '.join(gt.MODEL_NAMES)}"
             )

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -161,10 +162,10 @@ def register(subparsers: Any) -> None:
 def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``kopf.operator`` for these options (always standalone:
     the Lease, not kopf's peering, decides who acts)."""
-    if args.debounce < 0 or args.profiling_window < 0 or args.progress_interval < 0:
-        raise OperatorConfigError(
-            "--debounce, --profiling-window and --progress-interval must be >= 0"
-        )
+    for option in ("--debounce", "--profiling-window", "--progress-interval"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if not 0 <= value < math.inf:  # NaN fails too
+            raise OperatorConfigError(f"{option} must be a finite number >= 0, got {value:g}")
     if args.lease_duration < 1:
         raise OperatorConfigError(f"--lease-duration must be >= 1 s, got {args.lease_duration}")
     if not 0 <= args.metrics_port < 65536:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -92,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.demo:
         raise PowerFlowError("nothing to plan: pass --demo (the built-in cluster and queue)")
     checks.eta(args.eta)
-    if args.limit_watts is not None and not args.limit_watts > 0:
-        raise checks.ArgumentError(f"--limit-watts must be > 0, got {args.limit_watts:g}")
+    if args.limit_watts is not None and not 0 < args.limit_watts < math.inf:
+        raise checks.ArgumentError(
+            f"--limit-watts must be > 0 and finite, got {args.limit_watts:g}"
+        )
     snapshot = demo_snapshot(Budget(eta=args.eta, limit_watts=args.limit_watts))
     policy = PowerFlowPolicy(
         frequency_scaling=not args.no_frequency_scaling,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -138,8 +139,7 @@ def power_options(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
     return tuple((k, v) for k, v in named.items() if v is not None)
 
 
-MAX_GPUS_PER_NODE = 8
-"""An A100 server (DGX/HGX A100) holds at most eight GPUs."""
+MAX_GPUS_PER_NODE = checks.MAX_GPUS_PER_NODE
 
 
 def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
@@ -190,16 +190,15 @@ def config_from(args: argparse.Namespace) -> SimConfig:
     """The cluster options as a ``SimConfig``, each refused by its own name when out of
     range (a negative seed would otherwise end in numpy's traceback)."""
     nodes: int | None = getattr(args, "nodes", None)
-    if nodes is not None and nodes < 1:
-        raise checks.ArgumentError(f"--nodes must be at least 1, got {nodes}")
-    if not 1 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:
+    checks.cluster(nodes, args.gpus_per_node)
+    if not 0 < args.interval < math.inf:
         raise checks.ArgumentError(
-            f"--gpus-per-node must be 1 to {MAX_GPUS_PER_NODE}, got {args.gpus_per_node}"
+            f"--interval must be a finite number > 0 seconds, got {args.interval:g}"
         )
-    if not args.interval > 0:
-        raise checks.ArgumentError(f"--interval must be > 0 seconds, got {args.interval:g}")
-    if not args.restart_s >= 0:
-        raise checks.ArgumentError(f"--restart-s must be >= 0 seconds, got {args.restart_s:g}")
+    if not 0 <= args.restart_s < math.inf:
+        raise checks.ArgumentError(
+            f"--restart-s must be a finite number >= 0 seconds, got {args.restart_s:g}"
+        )
     if args.seed < 0:
         raise checks.ArgumentError(f"--seed must be >= 0, got {args.seed}")
     if nodes is None:
@@ -245,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
     if args.budget_schedule is not None:
         raise SimulationError("--budget-schedule needs --scheduler")
     if args.report is not None:
+        if args.out is not None and args.report.resolve() == args.out.resolve():
+            raise checks.ArgumentError(f"--report {args.report} is the --out folder; name a file")
         if args.out is not None and args.report.parent.resolve().is_relative_to(args.out.resolve()):
             # In the --out folder (or below): made with it, as the user asked for it.
             checks.output_folder(args.report.parent, "--report's folder")

@@ -178,10 +178,13 @@ def _parse_philly(
         model, gbs = choices[int(pick)]
         parsed.append((line, row["job_id"], submit, gpus, model, gbs, duration))
     steps = step_times([(m, n, gbs) for _, _, _, n, m, gbs, _ in parsed], truth, gpus_per_node)
-    return [
-        (line, TraceJob(job_id, submit, n, model, gbs, duration / step, duration))
-        for (line, job_id, submit, n, model, gbs, duration), step in zip(parsed, steps, strict=True)
-    ]
+    with np.errstate(over="ignore"):  # a duration of 1e308: infinite work, refused by _admit
+        return [
+            (line, TraceJob(job_id, submit, n, model, gbs, float(duration / step), duration))
+            for (line, job_id, submit, n, model, gbs, duration), step in zip(
+                parsed, steps, strict=True
+            )
+        ]
 
 
 def load_philly(
