@@ -256,13 +256,24 @@ def decode_binding_args(raw: bytes, content_type: str | None = None) -> Extender
         raise WireError(f"{_UNDECODABLE}body: Field required")
     data = _load(raw)
     try:
-        return ExtenderBindingArgs.model_validate(data)
+        args = ExtenderBindingArgs.model_validate(data)
     except ValidationError as exc:
         parts = []
         for err in exc.errors()[:3]:
             where = ".".join(str(p) for p in err.get("loc", ())) or "body"
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
         raise WireError(_UNDECODABLE + "; ".join(parts)) from None
+    for field in ("PodName", "PodNamespace", "PodUID", "Node"):
+        # A ``\ud800`` escape decodes to a lone surrogate: no object is named so, and it
+        # cannot go into the API's URLs or bodies (UTF-8).
+        try:
+            getattr(args, field).encode()
+        except UnicodeEncodeError:
+            raise WireError(
+                f"{_UNDECODABLE}{field}: {getattr(args, field)!r:.80} is not valid Unicode"
+                " (a lone surrogate)"
+            ) from None
+    return args
 
 
 _DIGITS_AS_9 = bytes(57 if 48 <= c <= 57 else 32 for c in range(256))  # digit -> "9", else " "
