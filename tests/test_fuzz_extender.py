@@ -60,7 +60,10 @@ from powerflow.contract import (
     WORKERS_ANNOTATION,
 )
 
-pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+pytestmark = [pytest.mark.kmock(cls=KubeEmulator), pytest.mark.timeout(600)]
+"""600 s: 10,000 cases take a minute or two on a 2-core box (docs/verification.md); the
+suite's 120 s per test would end a run on a slower one. A hung request fails within
+``support.fuzz.HANG_S`` anyway."""
 
 NODES = [f"gpu-{i}" for i in range(4)]
 MERGE = {"Content-Type": "application/merge-patch+json"}
