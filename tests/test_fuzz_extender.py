@@ -351,7 +351,12 @@ extra_headers = st.dictionaries(
 )  # fmt: skip
 
 
-def check_page(answer: Answer, method: str) -> None:
+def check_page(answer: Answer, method: str, page: str) -> None:
+    if page == "/readyz" and answer.status == 503 and method == "GET":
+        # Not ready, by contract (the kubelet's probe): here when the mirror's watch broke
+        # on the emulator, starved by this test; it says why.
+        assert answer.json()["ready"] is False and answer.json()["reason"], answer
+        return
     assert answer.status < 500, answer
     if answer.status >= 400 and method != "HEAD":
         assert answer.body, answer  # a 4xx says what was wrong
@@ -373,12 +378,12 @@ async def test_every_other_route_answers_any_request(extender: Extender) -> None
         payload = body if body or method in ("POST", "PUT", "PATCH") else None
         for page in (*PAGES, unknown):
             answer = http.request(method, page + query, payload, headers)
-            check_page(answer, method)
+            check_page(answer, method, page)
             seen[answer.status] += 1
-            if page in ("/healthz", "/readyz", "/version") and method == "GET":
+            if page in ("/healthz", "/version") and method == "GET":
                 assert answer.status == 200, answer
         answer = scrape.request(method, unknown + query, payload, headers)
-        check_page(answer, method)
+        check_page(answer, method, unknown)
 
     with Http(extender.port) as http, Http(extender.metrics_port) as scrape:
         await fuzz(case)
