@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from powerflow import __version__
 from powerflow.errors import PowerFlowError
@@ -96,13 +97,16 @@ def _reason(exc: Exception) -> str:
         return "cannot decode the request: " + "; ".join(parts)
     if isinstance(exc, HTTPException):
         return f"cannot decode the request: {exc.detail}"
+    if isinstance(exc, ClientDisconnect):
+        return "cannot decode the request: the client went away before sending the whole body"
     if isinstance(exc, PowerFlowError):
         return str(exc)
     return f"internal error: {type(exc).__name__}: {exc}"
 
 
-_EXPECTED = (PowerFlowError, RequestValidationError, HTTPException)
-"""Failures that are answers (bad input, undecidable); anything else is logged as a bug."""
+_EXPECTED = (PowerFlowError, RequestValidationError, HTTPException, ClientDisconnect)
+"""Failures that are answers (bad input, undecidable, a body cut short: its answer reaches
+nobody); anything else is logged as a bug."""
 
 
 class _VerbRoute(APIRoute):

@@ -256,13 +256,39 @@ def decode_binding_args(raw: bytes, content_type: str | None = None) -> Extender
         raise WireError(f"{_UNDECODABLE}body: Field required")
     data = _load(raw)
     try:
-        return ExtenderBindingArgs.model_validate(data)
+        args = ExtenderBindingArgs.model_validate(data)
     except ValidationError as exc:
         parts = []
         for err in exc.errors()[:3]:
             where = ".".join(str(p) for p in err.get("loc", ())) or "body"
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
         raise WireError(_UNDECODABLE + "; ".join(parts)) from None
+    for field, (what, longest) in _BINDING_LIMITS.items():
+        # No object is named so; and the names go into the API's URLs and bodies, which
+        # take neither lone surrogates (a ``\ud800`` escape) nor 70,000 characters.
+        value: str = getattr(args, field)
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise WireError(
+                f"{_UNDECODABLE}{field}: {value!r:.80} is not valid Unicode (a lone surrogate)"
+            ) from None
+        if len(value) > longest:
+            raise WireError(
+                f"{_UNDECODABLE}{field}: {len(value)} characters, longer than any {what}"
+                f" ({longest})"
+            )
+    return args
+
+
+_BINDING_LIMITS = {
+    "PodName": ("pod name", 253),
+    "PodNamespace": ("namespace", 63),
+    "PodUID": ("uid", 253),
+    "Node": ("node name", 253),
+}
+"""The longest value of each field that can name an object: a pod's and a node's name are
+DNS subdomains (253), a namespace a DNS label (63); a UID is a UUID (36; 253 is lenient)."""
 
 
 _DIGITS_AS_9 = bytes(57 if 48 <= c <= 57 else 32 for c in range(256))  # digit -> "9", else " "

@@ -19,7 +19,8 @@ one count of ``powerflow_ingest_refused_total{reason}``):
    ``Retry-After``, also when the API server could not review the token.
    The agent keeps the batch and retries, as for any 5xx; no bad input ever
    gets a 5xx;
-4. the body: not JSON or refused by ``telemetry.parse_batch``: 400
+4. the body: unreadable (a broken chunk, a ``Content-Encoding`` it is not
+   in, cut short), not JSON, or refused by ``telemetry.parse_batch``: 400
    ``invalid`` with its one-line message; ``batch.node`` not the sender's
    node: 403 ``node_mismatch``.
 
@@ -261,8 +262,8 @@ class Ingest:
         except ReviewUnavailable as exc:
             return self._busy(str(exc))
         body = await self._read(request)
-        if body is None:
-            return self._refuse(413, "body_too_large", f"body over {MAX_BODY_BYTES} bytes")
+        if isinstance(body, web.Response):
+            return body
         try:
             batch = parse_batch(orjson.loads(body))
         except orjson.JSONDecodeError as exc:
@@ -277,17 +278,26 @@ class Ingest:
             self._unavailable = None
         return self._accept(sender, batch.node, batch.samples, batch.power, view.state)
 
-    async def _read(self, request: web.Request) -> bytes | None:
-        """The body, or ``None`` past ``MAX_BODY_BYTES`` (stops reading there)."""
+    async def _read(self, request: web.Request) -> bytes | web.Response:
+        """The body, or the refusal: 413 past ``MAX_BODY_BYTES`` (stops reading there), 400
+        for a body that cannot be read (a broken chunk, a ``Content-Encoding`` it is not
+        in) or was cut short (the client went away: the answer reaches nobody, but the
+        handler ends as usual, where an exception would log a traceback and a 500)."""
         chunks: list[bytes] = []
         size = 0
         while True:
-            chunk = await request.content.readany()
+            try:
+                chunk = await request.content.readany()
+            except web.RequestPayloadError as exc:
+                why = " ".join(str(exc.__cause__ or exc).split())[:120]
+                return self._refuse(400, "invalid", f"body: cannot be read ({why})")
+            except ConnectionResetError:
+                return self._refuse(400, "invalid", "body: the client went away before its end")
             if not chunk:
                 return b"".join(chunks)
             size += len(chunk)
             if size > MAX_BODY_BYTES:
-                return None
+                return self._refuse(413, "body_too_large", f"body over {MAX_BODY_BYTES} bytes")
             chunks.append(chunk)
 
     def _accept(

@@ -86,7 +86,7 @@ BAD_BODIES: dict[str, tuple[str, bytes, str]] = {
     "surrogate-bind": (
         "/bind",
         b'{"PodName": "\\ud800", "PodNamespace": "ml", "PodUID": "u", "Node": "\\ud800"}',
-        "no Kubernetes API",
+        "PodName: '\\ud800' is not valid Unicode",
     ),
 }
 
