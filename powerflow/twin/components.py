@@ -1,0 +1,199 @@
+"""PowerFlow's components, started as a user starts them.
+
+The operator and the extender run as their own processes, ``python -m powerflow
+operator|extender --kubeconfig FILE ...``: the command a user runs, with the
+product's defaults (the PowerFlow policy, the shipped priors, online refits)
+and nothing of the twin inside them. Processes, so that a fault test can kill
+one (``signal``) and start it again. Their logs go to files in the twin's folder.
+
+The node agents run in this process, one thread each, through
+``powerflow.commands.nodeagent.serve`` (what ``powerflow nodeagent`` runs) with
+``--simulate``: their GPUs are the twin's (``TwinGpus``), which the workers
+read too, on the twin's clock (``serve``'s ``devices`` and ``clock`` seams).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from powerflow.twin.gpus import TwinGpus
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _environment() -> dict[str, str]:
+    """This environment without anything pointing at a real cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.pop("KUBECONFIG", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Process:
+    """``powerflow ARGS`` in a child process; ``ready`` is an HTTP URL that answers
+    once it serves."""
+
+    def __init__(self, name: str, args: list[str], ready: str, log: Path) -> None:
+        self.name, self.args, self.ready, self.log = name, args, ready, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout_s: float = 120.0) -> Process:
+        self._out = self.log.open("ab")
+        argv = [sys.executable, "-m", "powerflow", *self.args]
+        self.proc = subprocess.Popen(
+            argv, stdout=self._out, stderr=subprocess.STDOUT, env=_environment()
+        )
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                if httpx.get(self.ready, timeout=1.0).status_code < 500:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not become ready in {timeout_s:g} s: {self.tail()}")
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; the exit status."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self._out is not None:
+            self._out.close()
+        return self.proc.returncode
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def operator_process(
+    kubeconfig: Path, folder: Path, ingest_port: int, *, real_s: Callable[[float], float]
+) -> Process:
+    """``powerflow operator`` with its durations in real seconds (``real_s``)."""
+    live = free_port()
+    args = [
+        "operator",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--metrics-port",
+        "0",
+        "--liveness",
+        f"http://127.0.0.1:{live}/healthz",
+        "--ingest-host",
+        "127.0.0.1",
+        "--ingest-port",
+        str(ingest_port),
+        "--profiling-window",
+        f"{real_s(240.0):g}",
+        "--progress-interval",
+        f"{real_s(30.0):g}",
+        "--lease-duration",
+        "15",
+    ]
+    return Process("operator", args, f"http://127.0.0.1:{live}/healthz", folder / "operator.log")
+
+
+def extender_process(kubeconfig: Path, folder: Path, port: int) -> Process:
+    """``powerflow extender`` on ``port`` (the scheduler's ``urlPrefix``)."""
+    args = ["extender", "--kubeconfig", str(kubeconfig), "--port", str(port)]
+    args += ["--log-level", "warning"]
+    return Process("extender", args, f"http://127.0.0.1:{port}/healthz", folder / "extender.log")
+
+
+class Agent:
+    """One node's ``powerflow nodeagent`` in a thread of this process."""
+
+    def __init__(
+        self,
+        node: str,
+        gpus: TwinGpus,
+        kubeconfig: Path,
+        *,
+        clock: Callable[[], float],
+        ingest_url: str,
+        token_file: Path,
+    ) -> None:
+        from powerflow.cli import build_parser
+
+        self.node, self.gpus, self.clock = node, gpus, clock
+        self.port = free_port()
+        argv = ["nodeagent", "--kubeconfig", str(kubeconfig), "--node-name", node]
+        argv += ["--metrics-port", "0", "--worker-host", "127.0.0.1"]
+        argv += ["--worker-port", str(self.port), "--simulate", str(len(gpus.gpus()))]
+        argv += ["--pod-resources-socket", "/nonexistent/pod-resources/kubelet.sock"]
+        argv += ["--ingest-url", ingest_url, "--token-file", str(token_file)]
+        self.args = build_parser().parse_args(argv)
+        self.error: BaseException | None = None
+        self.code: int | None = None
+        self.agent: Any = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Agent:
+        self._stop.clear()
+        self._ready.clear()
+        self._thread = threading.Thread(target=self._main, name=f"agent-{self.node}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError(f"node agent {self.node} did not start")
+        if self.error is not None:
+            raise RuntimeError(f"node agent {self.node} failed: {self.error!r}") from self.error
+        return self
+
+    def _main(self) -> None:
+        from powerflow.commands.nodeagent import serve
+
+        try:
+            self.code = serve(
+                self.args,
+                stop_flag=self._stop,
+                ready_flag=self._ready,
+                devices=self.gpus,
+                clock=self.clock,
+                on_start=self._started,
+            )
+        except BaseException as exc:  # surfaced by start()
+            self.error = exc
+            self._ready.set()
+
+    def _started(self, agent: Any) -> None:
+        self.agent = agent
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(20)

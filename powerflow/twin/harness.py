@@ -1,0 +1,262 @@
+"""``Twin``: the whole system on this machine, and a trace run to completion on it.
+
+::
+
+    with Twin(folder, nodes=2, gpus_per_node=8, speed=20) as twin:
+        result = twin.run(mini_trace(24, 0.02))
+
+``start`` brings up, in order: the emulated API server with the nodes
+(``nvidia.com/gpu`` allocatable, Ready) and the budget ConfigMap; one
+ServiceAccount token per node agent (registered with the emulator's
+TokenReview, as the kubelet projects them); the extender and the operator
+(processes, ``components``); the node agents on the twin's GPUs; the kubelet;
+the scheduler. ``run`` applies each job's DLJob at its submission time (on the
+twin's clock), waits until every DLJob is ``Succeeded`` (or ``Failed``), and
+returns each job's JCT (from its submission to the moment the twin saw it
+finish) and the GPUs' energy. The parts stay reachable for fault tests
+(``twin.operator.signal(SIGKILL)``, ``twin.operator.start()``, ``twin.agents``,
+``twin.api.emulator.refuse(...)``, ``twin.scheduler.stats``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from powerflow import contract
+from powerflow.commands.operator import AGENT_ACCOUNT
+from powerflow.gpus import A100
+from powerflow.twin.apiserver import ApiServer, write_kubeconfig
+from powerflow.twin.clock import TwinClock
+from powerflow.twin.components import (
+    Agent,
+    Process,
+    extender_process,
+    free_port,
+    operator_process,
+)
+from powerflow.twin.gpus import TwinGpus, totals
+from powerflow.twin.kubelet import Kubelet
+from powerflow.twin.scheduler import Scheduler
+from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
+
+log = logging.getLogger(__name__)
+MERGE = {"Content-Type": "application/merge-patch+json"}
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    name: str
+    submit_s: float
+    finish_s: float
+    phase: str
+
+    @property
+    def jct_s(self) -> float:
+        return self.finish_s - self.submit_s
+
+
+@dataclass(frozen=True)
+class TwinResult:
+    jobs: tuple[JobOutcome, ...]
+    active_energy_j: float
+    """Energy of GPUs while they trained (what ``simulate`` counts per job)."""
+    idle_energy_j: float
+    makespan_s: float
+
+    @property
+    def avg_jct_s(self) -> float:
+        return sum(j.jct_s for j in self.jobs) / len(self.jobs)
+
+
+def node_body(name: str, gpus: int) -> dict[str, Any]:
+    """A GPU node as its kubelet and the NVIDIA device plugin register it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                contract.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-40GB",
+                "kubernetes.io/hostname": name,
+            },
+        },
+        "status": {
+            "capacity": {contract.GPU_RESOURCE: str(gpus)},
+            "allocatable": {contract.GPU_RESOURCE: str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+        },
+    }
+
+
+class Twin:
+    """The twin (see the module docstring). ``speed``: simulated seconds per real one;
+    ``eta``: the budget ConfigMap's ``eta`` (None: no budget, eta 1);
+    ``interval_s``: its ``schedulingIntervalSeconds`` in simulated seconds;
+    ``startup_s``: a worker's checkpoint-restart cost (the simulator's ``restart_s``)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        nodes: int = 2,
+        gpus_per_node: int = 8,
+        speed: float = 20.0,
+        eta: float | None = None,
+        interval_s: float = 600.0,
+        startup_s: float = 30.0,
+        seed: int = 0,
+    ) -> None:
+        self.folder = folder
+        self.node_names = tuple(f"node-{i}" for i in range(nodes))
+        self.gpus_per_node = gpus_per_node
+        self.clock = TwinClock(speed)
+        self.eta, self.interval_s, self.startup_s, self.seed = eta, interval_s, startup_s, seed
+        self.api = ApiServer()
+        self.gpus: dict[str, TwinGpus] = {}
+        self.agents: dict[str, Agent] = {}
+        self.operator: Process | None = None
+        self.extender: Process | None = None
+        self.kubelet: Kubelet | None = None
+        self.scheduler: Scheduler | None = None
+        self.client: httpx.Client | None = None
+
+    @property
+    def cluster_gpus(self) -> int:
+        return len(self.node_names) * self.gpus_per_node
+
+    def start(self) -> Twin:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.api.start()
+        client = self.client = httpx.Client(base_url=self.api.url, timeout=30.0)
+        for name in self.node_names:
+            ok = client.post("/api/v1/nodes", json=node_body(name, self.gpus_per_node))
+            ok.raise_for_status()
+        client.post(
+            "/api/v1/namespaces/powerflow-system/configmaps", json=self.budget_configmap()
+        ).raise_for_status()
+        kubeconfig = write_kubeconfig(self.folder / "kubeconfig", self.api.url)
+        ingest_port = free_port()
+        ext_port = free_port()
+        self.extender = extender_process(kubeconfig, self.folder, ext_port)
+        self.operator = operator_process(
+            kubeconfig, self.folder, ingest_port, real_s=self.clock.real_s
+        )
+        self.extender.start()
+        self.operator.start()
+        assert self.api.emulator is not None
+        for i, name in enumerate(self.node_names):
+            token = f"twin-agent-token-{name}"
+            self.api.emulator.register_token(
+                token,
+                AGENT_ACCOUNT,
+                groups=("system:serviceaccounts", "system:serviceaccounts:powerflow-system"),
+                extra={NODE_EXTRA: [name]},
+                audiences=(contract.INGEST_AUDIENCE,),
+            )
+            token_file = self.folder / f"token-{name}"
+            token_file.write_text(token)
+            gpus = TwinGpus(
+                self.gpus_per_node, node=name, seed=self.seed + i, clock=self.clock.now_s
+            )
+            self.gpus[name] = gpus
+            self.agents[name] = Agent(
+                name,
+                gpus,
+                kubeconfig,
+                clock=self.clock.now_s,
+                ingest_url=f"http://127.0.0.1:{ingest_port}",
+                token_file=token_file,
+            ).start()
+        self.kubelet = Kubelet(
+            self.api.url,
+            self.gpus,
+            {n: a.port for n, a in self.agents.items()},
+            now_s=self.clock.now_s,
+            real_s=self.clock.real_s,
+            startup_s=self.startup_s,
+        ).start()
+        self.scheduler = Scheduler(
+            self.api.url, f"http://127.0.0.1:{ext_port}", real_s=self.clock.real_s, seed=self.seed
+        ).start()
+        return self
+
+    def budget_configmap(self) -> dict[str, Any]:
+        data = {"schedulingIntervalSeconds": f"{self.clock.real_s(self.interval_s):g}"}
+        if self.eta is not None:
+            data["eta"] = f"{self.eta:g}"
+            data["pMaxWatts"] = f"{A100.max_power_w:g}"
+        return {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": data}
+
+    def submit(self, job: MiniJob) -> None:
+        assert self.client is not None
+        body = dljob(job, self.cluster_gpus)
+        path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
+        self.client.post(path, json=body).raise_for_status()
+
+    def phases(self) -> dict[str, str]:
+        assert self.client is not None
+        path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
+        items = self.client.get(path).json()["items"]
+        return {i["metadata"]["name"]: (i.get("status") or {}).get("phase", "") for i in items}
+
+    def run(self, jobs: tuple[MiniJob, ...], *, timeout_s: float = 600.0) -> TwinResult:
+        """Submit ``jobs`` on their submission times (relative to now), wait until all end
+        (``timeout_s`` real seconds at most: a TimeoutError naming the unfinished)."""
+        start = self.clock.now_s() - min(j.job.submit_s for j in jobs)
+        active0, idle0 = totals(self.gpus)
+        pending = sorted(jobs, key=lambda j: j.job.submit_s)
+        finish: dict[str, tuple[float, str]] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(finish) < len(jobs):
+            now = self.clock.now_s() - start
+            while pending and pending[0].job.submit_s <= now:
+                self.submit(pending.pop(0))
+            for name, phase in self.phases().items():
+                if phase in ("Succeeded", "Failed") and name not in finish:
+                    finish[name] = (self.clock.now_s() - start, phase)
+            if time.monotonic() > deadline:
+                left = sorted({j.name for j in jobs} - set(finish))
+                raise TimeoutError(f"jobs not finished in {timeout_s:g} s: {left}")
+            time.sleep(0.05)
+        active, idle = totals(self.gpus)
+        outcomes = tuple(
+            JobOutcome(j.name, j.job.submit_s, finish[j.name][0], finish[j.name][1]) for j in jobs
+        )
+        makespan = max(o.finish_s for o in outcomes) - min(o.submit_s for o in outcomes)
+        return TwinResult(outcomes, active - active0, idle - idle0, makespan)
+
+    def stop(self) -> None:
+        for part in (self.scheduler, self.kubelet):
+            if part is not None:
+                part.stop()
+        for agent in self.agents.values():
+            agent.stop()
+        for proc in (self.operator, self.extender):
+            if proc is not None:
+                proc.stop()
+        if self.client is not None:
+            self.client.close()
+        self.api.stop()
+
+    def __enter__(self) -> Twin:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)
