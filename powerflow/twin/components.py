@@ -7,9 +7,9 @@ and nothing of the twin inside them. Processes, so that a fault test can kill
 one (``signal``) and start it again. Their logs go to files in the twin's folder.
 
 The node agents run in this process, one thread each, through
-``powerflow.commands.nodeagent.serve`` (what ``powerflow nodeagent`` runs) with
-``--simulate``: their GPUs are the twin's (``TwinGpus``), which the workers
-read too, on the twin's clock (``serve``'s ``devices`` and ``clock`` seams).
+``powerflow.commands.nodeagent.serve`` (what ``powerflow nodeagent`` runs): their
+GPUs are the twin's (``TwinGpus``, which the workers drive; ``serve``'s ``devices``
+seam), in place of NVML.
 """
 
 from __future__ import annotations
@@ -21,13 +21,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 
 from powerflow.twin.gpus import TwinGpus
+from powerflow.twin.timescale import (
+    PROFILE_WINDOW_S,
+    PROGRESS_INTERVAL_S,
+    SAMPLE_WINDOW_S,
+    TimeScale,
+)
 
 
 def free_port() -> int:
@@ -100,9 +105,9 @@ class Process:
 
 
 def operator_process(
-    kubeconfig: Path, folder: Path, ingest_port: int, *, real_s: Callable[[float], float]
+    kubeconfig: Path, folder: Path, ingest_port: int, *, scale: TimeScale
 ) -> Process:
-    """``powerflow operator`` with its durations in real seconds (``real_s``)."""
+    """``powerflow operator`` with its durations on the twin's time scale."""
     live = free_port()
     args = [
         "operator",
@@ -117,9 +122,9 @@ def operator_process(
         "--ingest-port",
         str(ingest_port),
         "--profiling-window",
-        f"{real_s(240.0):g}",
+        f"{scale(PROFILE_WINDOW_S):g}",
         "--progress-interval",
-        f"{real_s(30.0):g}",
+        f"{scale(PROGRESS_INTERVAL_S):g}",
         "--lease-duration",
         "15",
     ]
@@ -142,19 +147,20 @@ class Agent:
         gpus: TwinGpus,
         kubeconfig: Path,
         *,
-        clock: Callable[[], float],
+        scale: TimeScale,
         ingest_url: str,
         token_file: Path,
     ) -> None:
         from powerflow.cli import build_parser
 
-        self.node, self.gpus, self.clock = node, gpus, clock
+        self.node, self.gpus = node, gpus
         self.port = free_port()
         argv = ["nodeagent", "--kubeconfig", str(kubeconfig), "--node-name", node]
         argv += ["--metrics-port", "0", "--worker-host", "127.0.0.1"]
-        argv += ["--worker-port", str(self.port), "--simulate", str(len(gpus.gpus()))]
+        argv += ["--worker-port", str(self.port)]
         argv += ["--pod-resources-socket", "/nonexistent/pod-resources/kubelet.sock"]
         argv += ["--ingest-url", ingest_url, "--token-file", str(token_file)]
+        argv += ["--window", f"{scale(SAMPLE_WINDOW_S):g}"]
         self.args = build_parser().parse_args(argv)
         self.error: BaseException | None = None
         self.code: int | None = None
@@ -183,7 +189,6 @@ class Agent:
                 stop_flag=self._stop,
                 ready_flag=self._ready,
                 devices=self.gpus,
-                clock=self.clock,
                 on_start=self._started,
             )
         except BaseException as exc:  # surfaced by start()

@@ -1,8 +1,9 @@
 """One node's simulated GPUs, shared by its node agent and its workers.
 
-The agent (its own thread and event loop) locks clocks and assigns each pod's
-workload (``--simulate``); the twin's workers (the kubelet's thread) read how
-many iterations their GPU has run. ``SimulatedGpus`` is not thread-safe, so
+The node agent (its own thread and event loop) sets clocks and power limits
+and reads power and energy, as it does through NVML; the twin's workers (the
+kubelet's thread) make their GPU compute (``assign``: the trainer's kernels)
+and read how many iterations it has run. ``SimulatedGpus`` is not thread-safe, so
 every call here holds one lock. The energy each GPU draws is also summed by
 what it did: training a workload (``active_j``) or idling (``idle_j``), the
 split ``powerflow simulate`` reports.

@@ -2,20 +2,21 @@
 
 ::
 
-    with Twin(folder, nodes=2, gpus_per_node=8, speed=20) as twin:
-        result = twin.run(mini_trace(24, 0.02))
+    with Twin(folder, nodes=2, gpus_per_node=8, scale=TimeScale(0.02)) as twin:
+        result = twin.run(mini_trace(24, TimeScale(0.02)))
 
 ``start`` brings up, in order: the emulated API server with the nodes
 (``nvidia.com/gpu`` allocatable, Ready) and the budget ConfigMap; one
 ServiceAccount token per node agent (registered with the emulator's
 TokenReview, as the kubelet projects them); the extender and the operator
 (processes, ``components``); the node agents on the twin's GPUs; the kubelet;
-the scheduler. ``run`` applies each job's DLJob at its submission time (on the
-twin's clock), waits until every DLJob is ``Succeeded`` (or ``Failed``), and
-returns each job's JCT (from its submission to the moment the twin saw it
-finish) and the GPUs' energy. The parts stay reachable for fault tests
-(``twin.operator.signal(SIGKILL)``, ``twin.operator.start()``, ``twin.agents``,
-``twin.api.emulator.refuse(...)``, ``twin.scheduler.stats``).
+the scheduler. ``run`` applies each job's DLJob at its submission time,
+waits until every DLJob is ``Succeeded`` (or ``Failed``), and returns each
+job's JCT (from its submission to the moment the twin saw it finish) and the
+GPUs' energy. The parts stay reachable for fault tests and the demo:
+``twin.operator.signal(SIGKILL)`` then ``twin.operator.start()``,
+``twin.agents[node].stop()``/``.start()``, ``twin.api.emulator.refuse(...)``,
+``twin.scheduler.stats``, ``twin.kubelet.stats``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ import httpx
 
 from powerflow import contract
 from powerflow.commands.operator import AGENT_ACCOUNT
-from powerflow.gpus import A100
+from powerflow.sim.config import INTERVAL_S, RESTART_S
 from powerflow.twin.apiserver import ApiServer, write_kubeconfig
-from powerflow.twin.clock import TwinClock
 from powerflow.twin.components import (
     Agent,
     Process,
@@ -44,10 +44,12 @@ from powerflow.twin.components import (
 from powerflow.twin.gpus import TwinGpus, totals
 from powerflow.twin.kubelet import Kubelet
 from powerflow.twin.scheduler import Scheduler
+from powerflow.twin.timescale import DEFAULT, PROGRESS_INTERVAL_S, TimeScale
 from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
 
 log = logging.getLogger(__name__)
 MERGE = {"Content-Type": "application/merge-patch+json"}
+GPU_TICK_S = 0.01
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
@@ -98,10 +100,11 @@ def node_body(name: str, gpus: int) -> dict[str, Any]:
 
 
 class Twin:
-    """The twin (see the module docstring). ``speed``: simulated seconds per real one;
-    ``eta``: the budget ConfigMap's ``eta`` (None: no budget, eta 1);
-    ``interval_s``: its ``schedulingIntervalSeconds`` in simulated seconds;
-    ``startup_s``: a worker's checkpoint-restart cost (the simulator's ``restart_s``)."""
+    """The twin (see the module docstring). ``scale``: the time scale of everything the
+    simulator also times (``timescale``); ``eta``: the budget ConfigMap's ``eta``;
+    ``interval_s``: its ``schedulingIntervalSeconds`` and ``restart_s`` a worker's
+    checkpoint-restart cost, both at full size (the simulator's ``interval_s`` and
+    ``restart_s``; the twin scales them)."""
 
     def __init__(
         self,
@@ -109,17 +112,17 @@ class Twin:
         *,
         nodes: int = 2,
         gpus_per_node: int = 8,
-        speed: float = 20.0,
-        eta: float | None = None,
-        interval_s: float = 600.0,
-        startup_s: float = 30.0,
+        scale: TimeScale = DEFAULT,
+        eta: float = 1.0,
+        interval_s: float = INTERVAL_S,
+        restart_s: float = RESTART_S,
         seed: int = 0,
     ) -> None:
         self.folder = folder
         self.node_names = tuple(f"node-{i}" for i in range(nodes))
         self.gpus_per_node = gpus_per_node
-        self.clock = TwinClock(speed)
-        self.eta, self.interval_s, self.startup_s, self.seed = eta, interval_s, startup_s, seed
+        self.scale = scale
+        self.eta, self.interval_s, self.restart_s, self.seed = eta, interval_s, restart_s, seed
         self.api = ApiServer()
         self.gpus: dict[str, TwinGpus] = {}
         self.agents: dict[str, Agent] = {}
@@ -128,6 +131,13 @@ class Twin:
         self.kubelet: Kubelet | None = None
         self.scheduler: Scheduler | None = None
         self.client: httpx.Client | None = None
+
+    @staticmethod
+    def gpu_clock() -> float:
+        """``time.monotonic`` in steps of ``GPU_TICK_S``: a burst of reads (the agent's
+        metrics, the workers' polls) costs one noisy draw per GPU, not one per read
+        (``powerflow nodeagent --simulate`` rounds its clock the same way)."""
+        return math.floor(time.monotonic() / GPU_TICK_S) * GPU_TICK_S
 
     @property
     def cluster_gpus(self) -> int:
@@ -147,9 +157,7 @@ class Twin:
         ingest_port = free_port()
         ext_port = free_port()
         self.extender = extender_process(kubeconfig, self.folder, ext_port)
-        self.operator = operator_process(
-            kubeconfig, self.folder, ingest_port, real_s=self.clock.real_s
-        )
+        self.operator = operator_process(kubeconfig, self.folder, ingest_port, scale=self.scale)
         self.extender.start()
         self.operator.start()
         assert self.api.emulator is not None
@@ -164,15 +172,13 @@ class Twin:
             )
             token_file = self.folder / f"token-{name}"
             token_file.write_text(token)
-            gpus = TwinGpus(
-                self.gpus_per_node, node=name, seed=self.seed + i, clock=self.clock.now_s
-            )
+            gpus = TwinGpus(self.gpus_per_node, node=name, seed=self.seed + i, clock=self.gpu_clock)
             self.gpus[name] = gpus
             self.agents[name] = Agent(
                 name,
                 gpus,
                 kubeconfig,
-                clock=self.clock.now_s,
+                scale=self.scale,
                 ingest_url=f"http://127.0.0.1:{ingest_port}",
                 token_file=token_file,
             ).start()
@@ -180,20 +186,19 @@ class Twin:
             self.api.url,
             self.gpus,
             {n: a.port for n, a in self.agents.items()},
-            now_s=self.clock.now_s,
-            real_s=self.clock.real_s,
-            startup_s=self.startup_s,
+            startup_s=self.scale(self.restart_s),
+            progress_interval_s=self.scale(PROGRESS_INTERVAL_S),
         ).start()
         self.scheduler = Scheduler(
-            self.api.url, f"http://127.0.0.1:{ext_port}", real_s=self.clock.real_s, seed=self.seed
+            self.api.url, f"http://127.0.0.1:{ext_port}", seed=self.seed
         ).start()
         return self
 
     def budget_configmap(self) -> dict[str, Any]:
-        data = {"schedulingIntervalSeconds": f"{self.clock.real_s(self.interval_s):g}"}
-        if self.eta is not None:
-            data["eta"] = f"{self.eta:g}"
-            data["pMaxWatts"] = f"{A100.max_power_w:g}"
+        data = {
+            "eta": f"{self.eta:g}",
+            "schedulingIntervalSeconds": f"{self.scale(self.interval_s):g}",
+        }
         return {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": data}
 
     def submit(self, job: MiniJob) -> None:
@@ -211,18 +216,18 @@ class Twin:
     def run(self, jobs: tuple[MiniJob, ...], *, timeout_s: float = 600.0) -> TwinResult:
         """Submit ``jobs`` on their submission times (relative to now), wait until all end
         (``timeout_s`` real seconds at most: a TimeoutError naming the unfinished)."""
-        start = self.clock.now_s() - min(j.job.submit_s for j in jobs)
+        start = time.monotonic() - min(j.job.submit_s for j in jobs)
         active0, idle0 = totals(self.gpus)
         pending = sorted(jobs, key=lambda j: j.job.submit_s)
         finish: dict[str, tuple[float, str]] = {}
         deadline = time.monotonic() + timeout_s
         while len(finish) < len(jobs):
-            now = self.clock.now_s() - start
+            now = time.monotonic() - start
             while pending and pending[0].job.submit_s <= now:
                 self.submit(pending.pop(0))
             for name, phase in self.phases().items():
                 if phase in ("Succeeded", "Failed") and name not in finish:
-                    finish[name] = (self.clock.now_s() - start, phase)
+                    finish[name] = (time.monotonic() - start, phase)
             if time.monotonic() > deadline:
                 left = sorted({j.name for j in jobs} - set(finish))
                 raise TimeoutError(f"jobs not finished in {timeout_s:g} s: {left}")
@@ -256,7 +261,3 @@ class Twin:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)

@@ -8,8 +8,11 @@ NVIDIA device plugin do for PowerFlow's worker pods:
   names for it (the block's GPUs on the node, in worker-index order: what the
   node agent's ``--simulate`` mapping assumes too), as the device plugin's
   ``NVIDIA_VISIBLE_DEVICES`` would;
-- its worker first spends ``startup_s`` (container start, model load, restore:
-  the simulator's checkpoint-restart cost), then trains: its iterations are
+- its worker waits for the rendezvous (every worker of its generation
+  started, as ``torchrun`` waits for ``WORLD_SIZE``), first spending
+  ``startup_s`` when the job ran before (container
+  start, model load, restore: the simulator's checkpoint-restart cost, which
+  it charges on every start but the first), its GPU idle, then trains: its iterations are
   what its simulated GPU has run since (``TwinGpus``: the ground truth at the
   clock the node agent set, with the measurement noise), from the job's last
   checkpoint;
@@ -23,6 +26,12 @@ NVIDIA device plugin do for PowerFlow's worker pods:
   checkpoint store plays the job's shared volume). The emulator removes a pod
   at once (it has no kubelet to wait for), so the checkpoint is taken when the
   kubelet sees it gone.
+
+The workers, not the node agents, make the simulated GPUs compute: the agents
+run without ``--simulate`` on the twin's GPUs (``TwinGpus``, through
+``serve``'s ``devices`` seam), so they see pods and GPUs as on a real node:
+which GPU a pod holds from its worker's reports (``gpuUuids``; there is no
+PodResources socket), clocks and power limits set, power and energy read.
 """
 
 from __future__ import annotations
@@ -30,13 +39,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from powerflow import contract
+from powerflow.devices import Workload
 from powerflow.twin.gpus import TwinGpus
 from powerflow.worker.reporter import AgentReporter
 
@@ -52,9 +63,10 @@ def _env(pod: Obj) -> dict[str, str]:
     return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
 
 
-def gpu_of(pod: Obj, pods: list[Obj], node: str) -> int | None:
-    """The GPU the device plugin gives ``pod``: the placement block's GPUs on ``node``,
-    handed to the gang's pods on the node in worker-index order."""
+def gpu_of(pod: Obj, node: str, gpus: int, taken: set[int]) -> int | None:
+    """The GPU the device plugin gives ``pod`` on ``node``: the lowest free one of the
+    extender's placement block there (the block is the extender's plan for these
+    pods), else the lowest free one; None if the block is not written yet."""
     meta = pod["metadata"]
     raw = (meta.get("annotations") or {}).get(contract.PLACEMENT_ANNOTATION)
     if raw is None:
@@ -62,27 +74,23 @@ def gpu_of(pod: Obj, pods: list[Obj], node: str) -> int | None:
     try:
         block = sorted(int(g) for where, g in json.loads(raw)["block"] if where == node)
     except (ValueError, KeyError, TypeError):
-        return None
-    job = (meta.get("labels") or {}).get(contract.JOB_LABEL)
+        block = []
+    for gpu in [*block, *range(gpus)]:
+        if gpu not in taken:
+            return gpu
+    return None
 
-    def index(p: Obj) -> tuple[int, str]:
-        labels = p["metadata"].get("labels") or {}
-        return int(labels.get(contract.WORKER_INDEX_LABEL, 1 << 30)), p["metadata"]["name"]
 
-    gang = sorted(
-        (
-            p
-            for p in pods
-            if p["metadata"].get("namespace") == meta.get("namespace")
-            and (p["metadata"].get("labels") or {}).get(contract.JOB_LABEL) == job
-            and (p["metadata"].get("annotations") or {}).get(contract.PLACEMENT_ANNOTATION) == raw
-            and (p.get("spec") or {}).get("nodeName") == node
-        ),
-        key=index,
-    )
-    names = [p["metadata"]["name"] for p in gang]
-    rank = names.index(meta["name"]) if meta["name"] in names else -1
-    return block[rank] if 0 <= rank < len(block) else None
+def gpus_per_node(raw: str) -> int:
+    """The placement block's GPUs per node (the most on any node: the models' ``r``)."""
+    try:
+        block = json.loads(raw)["block"]
+    except (ValueError, KeyError, TypeError):
+        return 1
+    per_node: dict[str, int] = {}
+    for where, _ in block:
+        per_node[str(where)] = per_node.get(str(where), 0) + 1
+    return max(per_node.values(), default=1)
 
 
 @dataclass
@@ -96,6 +104,9 @@ class Worker:
     node: str
     gpu: int
     total: int
+    workload: Workload
+    generation: str
+    world: int
     started_s: float
     train_from_s: float
     base: int
@@ -119,7 +130,8 @@ class KubeletStats:
     checkpoints: int = 0
     lost_iterations: int = 0
     """Iterations reached but not checkpointed (0: the worker's hook always ran)."""
-    finished_jobs: dict[str, float] = field(default_factory=dict)
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    """(``time.monotonic()``, pod, what): started, training, succeeded, checkpointed."""
 
 
 class Kubelet:
@@ -131,17 +143,14 @@ class Kubelet:
         gpus: Mapping[str, TwinGpus],
         agent_ports: Mapping[str, int],
         *,
-        now_s: Callable[[], float],
-        real_s: Callable[[float], float],
         startup_s: float = 30.0,
         progress_interval_s: float = 30.0,
-        tick_s: float = 0.02,
+        tick_s: float = 0.05,
     ) -> None:
         self.api = httpx.Client(base_url=api, timeout=30.0)
         self.gpus = gpus
         self.agent_ports = agent_ports
-        self.now_s = now_s
-        self.real_s = real_s
+        self.now_s = time.monotonic
         self.startup_s = startup_s
         self.progress_interval_s = progress_interval_s
         self.tick_s = tick_s
@@ -190,12 +199,15 @@ class Kubelet:
             self._train(w, now)
 
     def _start(self, pod: Obj, pods: list[Obj], node: str) -> None:
-        gpu = gpu_of(pod, pods, node)
+        taken = {w.gpu for w in self.workers.values() if w.node == node}
+        gpu = gpu_of(pod, node, len(self.gpus[node].gpus()), taken)
         if gpu is None:
             return  # not placed yet (the extender's bind writes the block with the node)
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
         env = _env(pod)
+        per_node = gpus_per_node(annotations.get(contract.PLACEMENT_ANNOTATION, ""))
         job = labels.get(contract.JOB_LABEL, meta["name"])
         key = (meta["namespace"], job)
         uuid = self.gpus[node].gpus()[gpu].uuid
@@ -219,8 +231,18 @@ class Kubelet:
             node=node,
             gpu=gpu,
             total=int(env.get("POWERFLOW_ITERATIONS", "0")),
+            workload=Workload(
+                annotations.get(contract.MODEL_ANNOTATION, ""),
+                int(env.get("WORLD_SIZE", "1")),
+                per_node,
+                float(env.get("LOCAL_BATCH_SIZE", "1")),
+            ),
+            generation=env.get("POWERFLOW_GENERATION", ""),
+            world=int(env.get("WORLD_SIZE", "1")),
             started_s=now,
-            train_from_s=now + self.startup_s,
+            # The simulator's rule: a job's first start is free, every restart (a
+            # rescale, a migration, a resume) costs the checkpoint-restart time.
+            train_from_s=now + (self.startup_s if key in self.checkpoints else 0.0),
             base=self.checkpoints.get(key, 0),
             reporter=AgentReporter(
                 "127.0.0.1",
@@ -232,20 +254,35 @@ class Kubelet:
             ),
         )
         self.stats.started += 1
+        self.stats.events.append((now, meta["name"], f"started on {node} GPU {gpu}"))
+
+    def _met(self, w: Worker, now: float) -> bool:
+        """Whether the rendezvous is complete: every worker of the generation is up
+        (``torchrun`` waits for ``WORLD_SIZE`` workers), each past its start-up."""
+        gang = [
+            o
+            for o in self.workers.values()
+            if (o.namespace, o.job, o.generation) == (w.namespace, w.job, w.generation)
+        ]
+        return len(gang) >= w.world and all(now >= o.train_from_s for o in gang)
 
     def _train(self, w: Worker, now: float) -> None:
-        if w.finished or now < w.train_from_s:
+        if w.finished:
             return
         gpus = self.gpus[w.node]
-        ran = gpus.iterations_completed(w.gpu) if gpus.workload(w.gpu) is not None else 0
         if w.gpu_seen is None:
-            w.gpu_seen = ran  # training starts now: what the GPU ran before was start-up
+            if not self._met(w, now):
+                return
+            gpus.assign(w.gpu, w.workload)  # the trainer's kernels start
+        ran = gpus.iterations_completed(w.gpu)
+        if w.gpu_seen is None:
+            w.gpu_seen = ran  # training starts now
+            self.stats.events.append((now, w.pod, f"training from {w.base}"))
         delta = ran - w.gpu_seen if ran >= w.gpu_seen else ran  # reassigned: counts restart
         w.gpu_seen = ran
         w.done = min(w.done + delta, max(w.total - w.base, 0))
-        real_now = self.real_s(now)
-        if delta and real_now - w.reported_at >= REPORT_INTERVAL_S:
-            w.reported_at = real_now
+        if delta and now - w.reported_at >= REPORT_INTERVAL_S:
+            w.reported_at = now
             w.reporter.offer(w.iterations)
         if w.iterations >= w.total:
             w.finished = True
@@ -268,9 +305,11 @@ class Kubelet:
         self.checkpoints[key] = max(self.checkpoints.get(key, 0), w.iterations)
         w.reporter.close(0.5)
         self.workers.pop(w.uid, None)
+        self.gpus[w.node].clear(w.gpu)
         path = f"/api/v1/namespaces/{w.namespace}/pods/{w.pod}/status"
         self.api.patch(path, json={"status": {"phase": phase}}, headers=MERGE)
         self.stats.succeeded += 1
+        self.stats.events.append((self.now_s(), w.pod, f"{phase} at {w.iterations}"))
 
     def _terminate(self, w: Worker) -> None:
         """The pod was deleted: the worker's SIGTERM hook checkpoints where it is."""
@@ -278,4 +317,6 @@ class Kubelet:
         key = (w.namespace, w.job)
         self.checkpoints[key] = max(self.checkpoints.get(key, 0), w.iterations)
         self.stats.checkpoints += 1
+        self.gpus[w.node].clear(w.gpu)
+        self.stats.events.append((self.now_s(), w.pod, f"checkpointed at {w.iterations}"))
         w.reporter.close(0.5)

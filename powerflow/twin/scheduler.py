@@ -30,8 +30,8 @@ order (``pkg/scheduler/schedule_one.go``):
    assumption and retries the pod after the back-off.
 
 Back-off: ``podInitialBackoffSeconds`` 1 s doubling per failed attempt up to
-``podMaxBackoffSeconds`` 10 s (kube-scheduler's defaults); like the other
-durations, the twin divides them by its speed (``TwinClock.real_s``).
+``podMaxBackoffSeconds`` 10 s (kube-scheduler's defaults, real seconds: the
+scheduler's own latency, not a duration of the trace).
 kube-scheduler also moves unschedulable pods back to the active queue on
 cluster events that may make them fit; here a pod deleted or a node changed
 does the same.
@@ -43,7 +43,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,13 @@ class SchedulerStats:
     unschedulable: int = 0
     errors: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Real seconds spent in each verb (and in reading the cluster), for ``docs/twin.md``."""
+
+    def timed(self, verb: str, since: float) -> None:
+        self.calls[verb] = self.calls.get(verb, 0) + 1
+        self.seconds[verb] = self.seconds.get(verb, 0.0) + time.monotonic() - since
 
     def note(self, reason: str) -> None:
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
@@ -145,21 +152,18 @@ def feasible(pod: Obj, nodes: list[Obj], used: Mapping[str, int]) -> tuple[list[
 
 class Scheduler:
     """The loop (a thread): ``start()``, ``stop()``. ``api`` is the API server's URL,
-    ``extender`` the extender's ``urlPrefix``; ``real_s`` turns simulated seconds into
-    real ones (the back-off)."""
+    ``extender`` the extender's ``urlPrefix``."""
 
     def __init__(
         self,
         api: str,
         extender: str,
         *,
-        real_s: Callable[[float], float] = lambda s: s,
         seed: int = 0,
-        tick_s: float = 0.02,
+        tick_s: float = 0.05,
     ) -> None:
         self.api = httpx.Client(base_url=api, timeout=30.0)
         self.extender = httpx.Client(base_url=extender, timeout=HTTP_TIMEOUT_S)
-        self.real_s = real_s
         self.tick_s = tick_s
         self.rng = random.Random(seed)
         self.stats = SchedulerStats()
@@ -189,8 +193,13 @@ class Scheduler:
 
     def schedule_pending(self) -> None:
         """One pass over the active queue: every pending pod whose back-off is over."""
+        t0 = time.monotonic()
+        unbound = self.api.get("/api/v1/pods", params={"fieldSelector": "spec.nodeName="})
+        if not unbound.json()["items"] and not self.attempts:
+            return  # nothing pending: no need to read the rest
         pods: list[Obj] = self.api.get("/api/v1/pods").json()["items"]
         nodes: list[Obj] = self.api.get("/api/v1/nodes").json()["items"]
+        self.stats.timed("read", t0)
         self._requeue_on_events(pods, nodes)
         used: dict[str, int] = {}
         pending = []
@@ -216,7 +225,7 @@ class Scheduler:
             if host is None:
                 state.failures += 1
                 backoff = min(INITIAL_BACKOFF_S * 2 ** (state.failures - 1), MAX_BACKOFF_S)
-                state.retry_at = time.monotonic() + self.real_s(backoff)
+                state.retry_at = time.monotonic() + backoff
             else:
                 used[host] = used.get(host, 0) + gpu_request(pod)
                 self.attempts.pop(pod["metadata"]["uid"], None)
@@ -252,7 +261,9 @@ class Scheduler:
             return None
         args = {"Pod": pod, "Nodes": None, "NodeNames": names}
         try:
+            t0 = time.monotonic()
             response = self.extender.post("/filter", json=args)
+            self.stats.timed("filter", t0)
             response.raise_for_status()
             result = response.json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -280,7 +291,9 @@ class Scheduler:
             "Node": host,
         }
         try:
+            t0 = time.monotonic()
             response = self.extender.post("/bind", json=binding)
+            self.stats.timed("bind", t0)
             response.raise_for_status()
             error = response.json().get("Error")
         except (httpx.HTTPError, ValueError) as exc:
@@ -294,7 +307,9 @@ class Scheduler:
     def _prioritize(self, pod: Obj, names: list[str]) -> str | None:
         args = {"Pod": pod, "Nodes": None, "NodeNames": names}
         try:
+            t0 = time.monotonic()
             response = self.extender.post("/prioritize", json=args)
+            self.stats.timed("prioritize", t0)
             response.raise_for_status()
             scores = {h["Host"]: int(h["Score"]) for h in response.json() or []}
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:

@@ -15,6 +15,7 @@ from typing import Any
 from powerflow import contract
 from powerflow.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_itp
 from powerflow.sim.world import default_world
+from powerflow.twin.timescale import DEFAULT, TimeScale
 
 NAMESPACE = "ml"
 
@@ -27,11 +28,14 @@ class MiniJob:
     job: TraceJob
 
 
-def mini_trace(jobs: int = 24, scale: float = 0.02, *, first: int = 0) -> tuple[MiniJob, ...]:
+def mini_trace(
+    jobs: int = 24, scale: TimeScale = DEFAULT, *, first: int = 0
+) -> tuple[MiniJob, ...]:
     """Jobs ``first`` .. ``first + jobs - 1`` of the bundled ITP trace in submission order,
-    each with ``ceil(iterations * scale)`` iterations (at least one)."""
-    if jobs < 1 or not scale > 0:
-        raise ValueError("a mini trace needs at least one job and a positive scale")
+    each with ``ceil(iterations * scale)`` iterations (at least one), submitted at
+    ``scale`` times its submission time (``timescale``: a smaller trace, same shape)."""
+    if jobs < 1:
+        raise ValueError("a mini trace needs at least one job")
     trace = sorted(
         load_itp(bundled_trace(ITP_TRACE), default_world().model_names),
         key=lambda j: (j.submit_s, j.job_id),
@@ -39,8 +43,9 @@ def mini_trace(jobs: int = 24, scale: float = 0.02, *, first: int = 0) -> tuple[
     chosen = trace[first : first + jobs]
     out = []
     for i, tj in enumerate(chosen):
-        iterations = max(1, math.ceil(tj.iterations * scale))
-        out.append(MiniJob(f"j{i:02d}-{tj.model_name}", replace(tj, iterations=iterations)))
+        iterations = max(1, math.ceil(scale(tj.iterations)))
+        small = replace(tj, iterations=iterations, submit_s=scale(tj.submit_s))
+        out.append(MiniJob(f"j{i:02d}-{tj.model_name}", small))
     return tuple(out)
 
 
