@@ -1,13 +1,18 @@
-"""The emulated API server (``emulator.KubeEmulator``) on a real port, in a thread.
+"""The emulated API server (``emulator.KubeEmulator``) on a real port.
 
-kmock serves from an asyncio loop; the twin's other parts are threads and
-processes that talk HTTP to it, so the loop gets a thread of its own and
-nothing else runs on it (a blocking call there would stall every watch).
+kmock serves from an asyncio loop, and every watch (kopf's, the agents', the
+extender's) is served from it: it must not share a process's interpreter lock
+with the twin's busy threads (simulated GPUs, kubelet, agents), or every API
+call waits seconds. ``ApiServerProcess`` runs it as
+``python -m powerflow.twin.apiserver`` with the tokens it must know (TokenReview);
+``ApiServer`` runs it in a thread of this process (tests that need the emulator
+object itself).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
@@ -41,7 +46,8 @@ class ApiServer:
     """``with ApiServer() as api:`` serves a ``KubeEmulator`` with the built-in resources
     and the DLJob resource on ``api.url`` until the block ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port
         self.emulator: KubeEmulator | None = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -62,7 +68,7 @@ class ApiServer:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with KubeEmulator() as emulator, Server(emulator) as server:
+        async with KubeEmulator() as emulator, Server(emulator, port=self.port) as server:
             emulator.load_builtins()
             emulator.declare(
                 f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND
@@ -95,3 +101,35 @@ class ApiServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve_forever(port: int, tokens: Path | None) -> None:
+    """The process's body: serve on ``port`` until killed, knowing ``tokens`` (a JSON list
+    of ``register_token`` keyword arguments)."""
+    import json
+    import signal
+
+    server = ApiServer(port)
+    server.start()
+    if tokens is not None:
+        assert server.emulator is not None
+        for entry in json.loads(tokens.read_text()):
+            entry["groups"] = tuple(entry.get("groups", ()))
+            entry["audiences"] = tuple(entry["audiences"])
+            server.emulator.register_token(**entry)
+    print(server.url, flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        done.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the twin's emulated API server")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tokens", type=Path)
+    options = parser.parse_args()
+    serve_forever(options.port, options.tokens)

@@ -14,6 +14,7 @@ seam), in place of NVML.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -51,18 +52,21 @@ def _environment() -> dict[str, str]:
 
 
 class Process:
-    """``powerflow ARGS`` in a child process; ``ready`` is an HTTP URL that answers
-    once it serves."""
+    """``python -m MODULE ARGS`` (``powerflow ARGS``) in a child process; ``ready`` is an
+    HTTP URL that answers once it serves."""
 
-    def __init__(self, name: str, args: list[str], ready: str, log: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], ready: str, log: Path, module: str = "powerflow"
+    ) -> None:
         self.name, self.args, self.ready, self.log = name, args, ready, log
+        self.module = module
         self.proc: subprocess.Popen[bytes] | None = None
         self._out: IO[bytes] | None = None
         self.starts = 0
 
     def start(self, timeout_s: float = 120.0) -> Process:
         self._out = self.log.open("ab")
-        argv = [sys.executable, "-m", "powerflow", *self.args]
+        argv = [sys.executable, "-m", self.module, *self.args]
         self.proc = subprocess.Popen(
             argv, stdout=self._out, stderr=subprocess.STDOUT, env=_environment()
         )
@@ -102,6 +106,15 @@ class Process:
             return self.log.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+
+def apiserver_process(folder: Path, port: int, tokens: list[dict[str, Any]]) -> Process:
+    """The emulated API server in a process of its own (``apiserver``), knowing ``tokens``."""
+    path = folder / "tokens.json"
+    path.write_text(json.dumps(tokens))
+    args = ["--port", str(port), "--tokens", str(path)]
+    ready = f"http://127.0.0.1:{port}/api/v1/nodes"
+    return Process("apiserver", args, ready, folder / "apiserver.log", "powerflow.twin.apiserver")
 
 
 def operator_process(

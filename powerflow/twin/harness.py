@@ -5,7 +5,7 @@
     with Twin(folder, nodes=2, gpus_per_node=8, scale=TimeScale(0.02)) as twin:
         result = twin.run(mini_trace(24, TimeScale(0.02)))
 
-``start`` brings up, in order: the emulated API server with the nodes
+``start`` brings up, in order: the emulated API server (a process) with the nodes
 (``nvidia.com/gpu`` allocatable, Ready) and the budget ConfigMap; one
 ServiceAccount token per node agent (registered with the emulator's
 TokenReview, as the kubelet projects them); the extender and the operator
@@ -15,7 +15,7 @@ waits until every DLJob is ``Succeeded`` (or ``Failed``), and returns each
 job's JCT (from its submission to the moment the twin saw it finish) and the
 GPUs' energy. The parts stay reachable for fault tests and the demo:
 ``twin.operator.signal(SIGKILL)`` then ``twin.operator.start()``,
-``twin.agents[node].stop()``/``.start()``, ``twin.api.emulator.refuse(...)``,
+``twin.agents[node].stop()``/``.start()``, ``twin.api`` (the API server's process),
 ``twin.scheduler.stats``, ``twin.kubelet.stats``.
 """
 
@@ -33,10 +33,11 @@ import httpx
 from powerflow import contract
 from powerflow.commands.operator import AGENT_ACCOUNT
 from powerflow.sim.config import INTERVAL_S, RESTART_S
-from powerflow.twin.apiserver import ApiServer, write_kubeconfig
+from powerflow.twin.apiserver import write_kubeconfig
 from powerflow.twin.components import (
     Agent,
     Process,
+    apiserver_process,
     extender_process,
     free_port,
     operator_process,
@@ -49,7 +50,7 @@ from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
 
 log = logging.getLogger(__name__)
 MERGE = {"Content-Type": "application/merge-patch+json"}
-GPU_TICK_S = 0.01
+GPU_TICK_S = 0.1
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
@@ -123,7 +124,8 @@ class Twin:
         self.gpus_per_node = gpus_per_node
         self.scale = scale
         self.eta, self.interval_s, self.restart_s, self.seed = eta, interval_s, restart_s, seed
-        self.api = ApiServer()
+        self.api: Process | None = None
+        self.url = ""
         self.gpus: dict[str, TwinGpus] = {}
         self.agents: dict[str, Agent] = {}
         self.operator: Process | None = None
@@ -145,33 +147,36 @@ class Twin:
 
     def start(self) -> Twin:
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.api.start()
-        client = self.client = httpx.Client(base_url=self.api.url, timeout=30.0)
+        tokens = [
+            {
+                "token": self.token(name),
+                "username": AGENT_ACCOUNT,
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:powerflow-system"],
+                "extra": {NODE_EXTRA: [name]},
+                "audiences": [contract.INGEST_AUDIENCE],
+            }
+            for name in self.node_names
+        ]
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.api = apiserver_process(self.folder, port, tokens).start()
+        client = self.client = httpx.Client(base_url=self.url, timeout=30.0)
         for name in self.node_names:
             ok = client.post("/api/v1/nodes", json=node_body(name, self.gpus_per_node))
             ok.raise_for_status()
         client.post(
             "/api/v1/namespaces/powerflow-system/configmaps", json=self.budget_configmap()
         ).raise_for_status()
-        kubeconfig = write_kubeconfig(self.folder / "kubeconfig", self.api.url)
+        kubeconfig = write_kubeconfig(self.folder / "kubeconfig", self.url)
         ingest_port = free_port()
         ext_port = free_port()
         self.extender = extender_process(kubeconfig, self.folder, ext_port)
         self.operator = operator_process(kubeconfig, self.folder, ingest_port, scale=self.scale)
         self.extender.start()
         self.operator.start()
-        assert self.api.emulator is not None
         for i, name in enumerate(self.node_names):
-            token = f"twin-agent-token-{name}"
-            self.api.emulator.register_token(
-                token,
-                AGENT_ACCOUNT,
-                groups=("system:serviceaccounts", "system:serviceaccounts:powerflow-system"),
-                extra={NODE_EXTRA: [name]},
-                audiences=(contract.INGEST_AUDIENCE,),
-            )
             token_file = self.folder / f"token-{name}"
-            token_file.write_text(token)
+            token_file.write_text(self.token(name))
             gpus = TwinGpus(self.gpus_per_node, node=name, seed=self.seed + i, clock=self.gpu_clock)
             self.gpus[name] = gpus
             self.agents[name] = Agent(
@@ -183,16 +188,20 @@ class Twin:
                 token_file=token_file,
             ).start()
         self.kubelet = Kubelet(
-            self.api.url,
+            self.url,
             self.gpus,
             {n: a.port for n, a in self.agents.items()},
             startup_s=self.scale(self.restart_s),
             progress_interval_s=self.scale(PROGRESS_INTERVAL_S),
         ).start()
-        self.scheduler = Scheduler(
-            self.api.url, f"http://127.0.0.1:{ext_port}", seed=self.seed
-        ).start()
+        self.scheduler = Scheduler(self.url, f"http://127.0.0.1:{ext_port}", seed=self.seed).start()
         return self
+
+    @staticmethod
+    def token(node: str) -> str:
+        """The node agent's projected ServiceAccount token (the emulator's TokenReview
+        knows it: the agents' account, the node named in its extra)."""
+        return f"twin-agent-token-{node}"
 
     def budget_configmap(self) -> dict[str, Any]:
         data = {
@@ -250,7 +259,8 @@ class Twin:
                 proc.stop()
         if self.client is not None:
             self.client.close()
-        self.api.stop()
+        if self.api is not None:
+            self.api.stop()
 
     def __enter__(self) -> Twin:
         try:

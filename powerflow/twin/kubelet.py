@@ -72,12 +72,12 @@ def gpu_of(pod: Obj, node: str, gpus: int, taken: set[int]) -> int | None:
     if raw is None:
         return None
     try:
-        block = sorted(int(g) for where, g in json.loads(raw)["block"] if where == node)
+        block: list[int] = sorted(int(g) for where, g in json.loads(raw)["block"] if where == node)
     except (ValueError, KeyError, TypeError):
         block = []
     for gpu in [*block, *range(gpus)]:
         if gpu not in taken:
-            return gpu
+            return int(gpu)
     return None
 
 
@@ -145,7 +145,7 @@ class Kubelet:
         *,
         startup_s: float = 30.0,
         progress_interval_s: float = 30.0,
-        tick_s: float = 0.05,
+        tick_s: float = 0.1,
     ) -> None:
         self.api = httpx.Client(base_url=api, timeout=30.0)
         self.gpus = gpus
@@ -189,7 +189,9 @@ class Kubelet:
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
             phase = (pod.get("status") or {}).get("phase", "Pending")
-            if node not in self.gpus or pod["metadata"].get("deletionTimestamp"):
+            if not isinstance(node, str) or node not in self.gpus:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
                 continue
             uid = pod["metadata"]["uid"]
             if phase == "Pending" and uid not in self.workers:

@@ -29,17 +29,25 @@ class MiniJob:
 
 
 def mini_trace(
-    jobs: int = 24, scale: TimeScale = DEFAULT, *, first: int = 0
+    jobs: int = 24,
+    scale: TimeScale = DEFAULT,
+    *,
+    first: int = 0,
+    max_duration_s: float | None = None,
 ) -> tuple[MiniJob, ...]:
     """Jobs ``first`` .. ``first + jobs - 1`` of the bundled ITP trace in submission order,
     each with ``ceil(iterations * scale)`` iterations (at least one), submitted at
-    ``scale`` times its submission time (``timescale``: a smaller trace, same shape)."""
+    ``scale`` times its submission time (``timescale``: a smaller trace, same shape).
+    ``max_duration_s``: only jobs the trace says took at most this long (so that a short
+    run holds more jobs; submission times keep their place in the trace)."""
     if jobs < 1:
         raise ValueError("a mini trace needs at least one job")
     trace = sorted(
         load_itp(bundled_trace(ITP_TRACE), default_world().model_names),
         key=lambda j: (j.submit_s, j.job_id),
     )
+    if max_duration_s is not None:
+        trace = [j for j in trace if j.duration_s is not None and j.duration_s <= max_duration_s]
     chosen = trace[first : first + jobs]
     out = []
     for i, tj in enumerate(chosen):

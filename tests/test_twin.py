@@ -1,0 +1,101 @@
+"""The twin: every component together, a mini trace to completion, and the simulator's
+figures on the same jobs (``powerflow.twin``, ``docs/twin.md``).
+
+The run is one test: it starts the operator and the extender as processes (as a user
+starts them), two node agents on simulated GPUs, the kubelet and the scheduler, and runs
+the mini trace in real time. Its tolerance is justified in ``docs/twin.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from powerflow import contract
+from powerflow.twin.compare import agreement, simulate_mini
+from powerflow.twin.harness import Twin
+from powerflow.twin.kubelet import gpu_of, gpus_per_node
+from powerflow.twin.scheduler import feasible, gpu_request
+from powerflow.twin.timescale import TimeScale
+from powerflow.twin.trace import mini_trace
+
+SCALE = TimeScale(0.02)
+JOBS = 24
+NODES, GPUS = 2, 8
+JCT_TOLERANCE = 0.25
+ENERGY_TOLERANCE = 0.15
+
+
+def node(name: str, gpus: int, *, ready: bool = True, taints: list[Any] | None = None) -> Any:
+    return {
+        "metadata": {"name": name},
+        "spec": {"taints": taints or []},
+        "status": {
+            "allocatable": {contract.GPU_RESOURCE: str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod(gpus: int, tolerations: list[Any] | None = None) -> Any:
+    limits = {contract.GPU_RESOURCE: str(gpus)}
+    return {
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": limits}}],
+            "tolerations": tolerations or [],
+        },
+    }
+
+
+def test_scheduler_in_tree_filters_as_kube_scheduler() -> None:
+    """NodeResourcesFit counts the GPUs bound and assumed; NotReady, cordoned and
+    untolerated-taint nodes never reach the extender; the message lists why."""
+    taint = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+    nodes = [
+        node("full", 8),
+        node("free", 8),
+        node("down", 8, ready=False),
+        node("tainted", 8, taints=[taint]),
+    ]
+    names, why = feasible(pod(1), nodes, {"full": 8, "free": 7})
+    assert names == ["free"]
+    assert "1 Insufficient nvidia.com/gpu" in why
+    assert "1 node(s) had untolerated taint" in why
+    assert "1 node(s) were unschedulable or not ready" in why
+    names, _ = feasible(pod(1, [{"key": "nvidia.com/gpu", "operator": "Exists"}]), nodes, {})
+    assert names == ["full", "free", "tainted"]
+    assert gpu_request(pod(2)) == 2
+
+
+def test_kubelet_gives_the_block_gpus_first() -> None:
+    """The device plugin's choice: the lowest free GPU of the extender's block on the
+    node, then any free one; none before the block is written."""
+    placed = pod(1)
+    block = '{"node": "n1", "block": [["n1", 4], ["n1", 5], ["n2", 0]]}'
+    placed["metadata"]["annotations"] = {contract.PLACEMENT_ANNOTATION: block}
+    assert gpu_of(placed, "n1", 8, set()) == 4
+    assert gpu_of(placed, "n1", 8, {4}) == 5
+    assert gpu_of(placed, "n1", 8, {4, 5}) == 0
+    assert gpu_of(pod(1), "n1", 8, set()) is None
+    assert gpus_per_node(block) == 2
+
+
+@pytest.mark.timeout(900)
+def test_mini_trace_runs_to_completion_and_agrees_with_simulate(tmp_path: Path) -> None:
+    jobs = mini_trace(JOBS, SCALE)
+    sim = simulate_mini(jobs, nodes=NODES, gpus_per_node=GPUS, scale=SCALE)
+    with Twin(tmp_path, nodes=NODES, gpus_per_node=GPUS, scale=SCALE) as twin:
+        result = twin.run(jobs, timeout_s=700)
+        assert twin.scheduler is not None and twin.kubelet is not None
+        scheduler, kubelet = twin.scheduler.stats, twin.kubelet.stats
+    assert {j.name: j.phase for j in result.jobs} == {j.name: "Succeeded" for j in jobs}
+    # Every worker the kubelet ran was bound through the extender, once.
+    assert scheduler.bound == kubelet.started
+    assert kubelet.lost_iterations == 0
+    agree = agreement(result, sim)
+    print(agree.describe())
+    assert abs(agree.jct_diff) <= JCT_TOLERANCE, agree.describe()
+    assert abs(agree.energy_diff) <= ENERGY_TOLERANCE, agree.describe()
