@@ -14,6 +14,7 @@ seam), in place of NVML.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -43,6 +44,16 @@ def free_port() -> int:
         return port
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the twin's process ends (Linux
+    ``PR_SET_PDEATHSIG``), so that a twin killed mid-run leaves no operator behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _environment() -> dict[str, str]:
     """This environment without anything pointing at a real cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
@@ -68,7 +79,11 @@ class Process:
         self._out = self.log.open("ab")
         argv = [sys.executable, "-m", self.module, *self.args]
         self.proc = subprocess.Popen(
-            argv, stdout=self._out, stderr=subprocess.STDOUT, env=_environment()
+            argv,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env=_environment(),
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self.starts += 1
         deadline = time.monotonic() + timeout_s
@@ -138,8 +153,11 @@ def operator_process(
         f"{scale(PROFILE_WINDOW_S):g}",
         "--progress-interval",
         f"{scale(PROGRESS_INTERVAL_S):g}",
+        # A lease of 60 s, not 15: a pass's first policy call compiles its kernels
+        # (numba) for seconds of CPU, and on a loaded 2-core machine renewals then came
+        # late enough that the operator stepped down every few seconds.
         "--lease-duration",
-        "15",
+        "60",
     ]
     return Process("operator", args, f"http://127.0.0.1:{live}/healthz", folder / "operator.log")
 
