@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from powerflow import contract
+from powerflow.twin.apiserver import ApiServer
 from powerflow.twin.compare import agreement, simulate_mini
 from powerflow.twin.harness import Twin
 from powerflow.twin.kubelet import gpu_of, gpus_per_node
@@ -81,6 +83,26 @@ def test_kubelet_gives_the_block_gpus_first() -> None:
     assert gpu_of(placed, "n1", 8, {4, 5}) == 0
     assert gpu_of(pod(1), "n1", 8, set()) is None
     assert gpus_per_node(block) == 2
+
+
+def test_emulator_with_a_bounded_log_serves_every_write() -> None:
+    """The twin's API server keeps only the last requests in kmock's log (kmock scans
+    the whole log per request: seconds per call after a few minutes of a twin); writes,
+    whose results are kept by request, still answer each with its own object."""
+    with ApiServer(keep_requests=10) as server, httpx.Client(base_url=server.url) as client:
+        for i in range(60):
+            body = {"metadata": {"name": f"cm{i}"}, "data": {"i": str(i)}}
+            made = client.post("/api/v1/namespaces/ns/configmaps", json=body)
+            assert made.status_code == 201 and made.json()["metadata"]["name"] == f"cm{i}"
+            patch = {"data": {"j": str(i)}}
+            merge = {"Content-Type": "application/merge-patch+json"}
+            done = client.patch(
+                f"/api/v1/namespaces/ns/configmaps/cm{i}", json=patch, headers=merge
+            )
+            assert done.json()["data"] == {"i": str(i), "j": str(i)}
+        assert len(client.get("/api/v1/namespaces/ns/configmaps").json()["items"]) == 60
+        assert server.emulator is not None
+        assert len(server.emulator._requests) <= 21
 
 
 @pytest.mark.timeout(900)

@@ -46,8 +46,9 @@ class ApiServer:
     """``with ApiServer() as api:`` serves a ``KubeEmulator`` with the built-in resources
     and the DLJob resource on ``api.url`` until the block ends."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, keep_requests: int | None = 1000) -> None:
         self.port = port
+        self.keep_requests = keep_requests
         self.emulator: KubeEmulator | None = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -68,7 +69,8 @@ class ApiServer:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with KubeEmulator() as emulator, Server(emulator, port=self.port) as server:
+        emulator = KubeEmulator(keep_requests=self.keep_requests)
+        async with emulator, Server(emulator, port=self.port) as server:
             emulator.load_builtins()
             emulator.declare(
                 f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND
@@ -121,7 +123,8 @@ def serve_forever(port: int, tokens: Path | None) -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     with contextlib.suppress(KeyboardInterrupt):
-        done.wait()
+        while not done.wait(0.5):  # a timed wait: the handler runs between two waits
+            pass
     server.stop()
 
 

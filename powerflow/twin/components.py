@@ -29,9 +29,9 @@ from typing import IO, Any
 import httpx
 
 from powerflow.twin.gpus import TwinGpus
+from powerflow.twin.kubelet import PROGRESS_INTERVAL_S
 from powerflow.twin.timescale import (
     PROFILE_WINDOW_S,
-    PROGRESS_INTERVAL_S,
     SAMPLE_WINDOW_S,
     TimeScale,
 )
@@ -152,7 +152,7 @@ def operator_process(
         "--profiling-window",
         f"{scale(PROFILE_WINDOW_S):g}",
         "--progress-interval",
-        f"{scale(PROGRESS_INTERVAL_S):g}",
+        f"{PROGRESS_INTERVAL_S:g}",
         # A lease of 60 s, not 15: a pass's first policy call compiles its kernels
         # (numba) for seconds of CPU, and on a loaded 2-core machine renewals then came
         # late enough that the operator stepped down every few seconds.

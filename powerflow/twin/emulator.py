@@ -234,6 +234,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         init=False,
     )
     _results: dict[int, Any] = attrs.field(factory=dict, init=False)
+    """Write results by the request object's ``id`` (alive while it is served; kmock's
+    ``request.id`` is its index in the log, which ``keep_requests`` trims)."""
+    keep_requests: int | None = None
+    """Keep only the last this many requests in kmock's log (None: all, for tests that
+    assert on them). kmock matches each request against its reactions by scanning the
+    whole log, so a long-running emulator (the twin's: thousands of requests a minute)
+    slows down quadratically without a bound."""
     _refusals: list[Refusal] = attrs.field(factory=list, init=False)
     _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
     """Continue token -> (the list's resourceVersion, the items not yet sent)."""
@@ -493,12 +500,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # -- writes ----------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> Any:
+        keep = self.keep_requests
+        if keep is not None and len(self._requests) > 2 * keep:
+            del self._requests[:-keep]  # the one being served is the last
         if request.resource is not None:
             async with self._lock:
                 self._refused(request)
                 result = await self._write(request)
             if result is not None:
-                self._results[request.id] = result
+                self._results[id(request)] = result
         # Skip KubernetesEmulator._handle (its naive writes); user reactions still apply.
         return await apps.RawHandler._handle(self, request)
 
@@ -593,8 +603,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return kmock.Response(status=201, payload=status)
 
     async def _serve_result(self, request: kmock.Request) -> Any:
-        if request.id in self._results:
-            return self._results.pop(request.id)
+        if id(request) in self._results:
+            return self._results.pop(id(request))
         raise k8s.KubernetesEndpointNotFoundError()
 
     _serve_create = _serve_update = _serve_delete = _serve_result

@@ -45,7 +45,7 @@ from powerflow.twin.components import (
 from powerflow.twin.gpus import TwinGpus, totals
 from powerflow.twin.kubelet import Kubelet
 from powerflow.twin.scheduler import Scheduler
-from powerflow.twin.timescale import DEFAULT, PROGRESS_INTERVAL_S, TimeScale
+from powerflow.twin.timescale import DEFAULT, TimeScale
 from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,6 @@ class Twin:
             self.gpus,
             {n: a.port for n, a in self.agents.items()},
             startup_s=self.scale(self.restart_s),
-            progress_interval_s=self.scale(PROGRESS_INTERVAL_S),
         ).start()
         self.scheduler = Scheduler(self.url, f"http://127.0.0.1:{ext_port}", seed=self.seed).start()
         return self

@@ -54,6 +54,12 @@ from powerflow.worker.reporter import AgentReporter
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE = {"Content-Type": "application/merge-patch+json"}
+PROGRESS_INTERVAL_S = 5.0
+"""Between two progress writes of a worker, and the operator's ``--progress-interval``:
+not scaled (the simulator has no such writes, and the operator learns that a job is
+done from the final write, not from these), and short enough for the demo to show
+progress; scaled like the rest, twenty workers would write the API server 30 times a
+second."""
 REPORT_INTERVAL_S = 0.1
 """The worker library's ``min_interval_s`` between reports (real seconds)."""
 
@@ -144,8 +150,8 @@ class Kubelet:
         agent_ports: Mapping[str, int],
         *,
         startup_s: float = 30.0,
-        progress_interval_s: float = 30.0,
-        tick_s: float = 0.1,
+        progress_interval_s: float = PROGRESS_INTERVAL_S,
+        tick_s: float = 0.2,
     ) -> None:
         self.api = httpx.Client(base_url=api, timeout=30.0)
         self.gpus = gpus

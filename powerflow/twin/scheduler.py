@@ -160,7 +160,7 @@ class Scheduler:
         extender: str,
         *,
         seed: int = 0,
-        tick_s: float = 0.05,
+        tick_s: float = 0.1,
     ) -> None:
         self.api = httpx.Client(base_url=api, timeout=30.0)
         self.extender = httpx.Client(base_url=extender, timeout=HTTP_TIMEOUT_S)

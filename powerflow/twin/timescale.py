@@ -9,8 +9,8 @@ them would put two units on one wire. So every part of the twin reads the one
 real clock, and the *trace* is made smaller instead: ``TimeScale(f)`` multiplies
 by ``f`` every duration that the simulator also has (iterations, hence
 training time, submission times, the profiling window, the checkpoint-restart
-cost, the scheduling interval, the progress interval and the agents' sample
-window), in the twin and in the ``powerflow simulate`` run it is compared with.
+cost, the scheduling interval and the agents' sample window), in the twin
+and in the ``powerflow simulate`` run it is compared with.
 The schedule keeps its shape; what does not shrink is the software's own
 latency (API round trips, watch delivery, debounces, a bind), which is then
 ``1/f`` times larger next to the jobs than on a real cluster. ``docs/twin.md``
@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 PROFILE_WINDOW_S = 240.0
 """The operator's default ``--profiling-window`` and the simulator's ``profile_s``."""
-PROGRESS_INTERVAL_S = 30.0
-"""The operator's ``--progress-interval`` and the worker library's progress interval."""
 SAMPLE_WINDOW_S = 5.0
 """The node agent's ``--window``."""
 
