@@ -46,7 +46,7 @@ class ApiServer:
     """``with ApiServer() as api:`` serves a ``KubeEmulator`` with the built-in resources
     and the DLJob resource on ``api.url`` until the block ends."""
 
-    def __init__(self, port: int | None = None, keep_requests: int | None = 1000) -> None:
+    def __init__(self, port: int | None = None, keep_requests: int | None = 20) -> None:
         self.port = port
         self.keep_requests = keep_requests
         self.emulator: KubeEmulator | None = None
