@@ -233,7 +233,12 @@ class Twin:
             now = time.monotonic() - start
             while pending and pending[0].job.submit_s <= now:
                 self.submit(pending.pop(0))
-            for name, phase in self.phases().items():
+            try:
+                phases = self.phases()
+            except httpx.HTTPError as exc:  # a slow moment of the API server: ask again
+                log.warning("twin: reading the DLJobs: %s", exc)
+                phases = {}
+            for name, phase in phases.items():
                 if phase in ("Succeeded", "Failed") and name not in finish:
                     finish[name] = (time.monotonic() - start, phase)
             if time.monotonic() > deadline:
