@@ -1,0 +1,138 @@
+"""The emulated API server (``emulator.KubeEmulator``) on a real port.
+
+kmock serves from an asyncio loop, and every watch (kopf's, the agents', the
+extender's) is served from it: it must not share a process's interpreter lock
+with the twin's busy threads (simulated GPUs, kubelet, agents), or every API
+call waits seconds. ``ApiServerProcess`` runs it as
+``python -m powerflow.twin.apiserver`` with the tokens it must know (TokenReview);
+``ApiServer`` runs it in a thread of this process (tests that need the emulator
+object itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from powerflow import contract
+from powerflow.twin.emulator import KubeEmulator
+
+T = TypeVar("T")
+
+
+def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:
+    """A kubeconfig with one cluster (plain HTTP, as the emulator serves) and one user:
+    what a user hands each component with ``--kubeconfig``."""
+    user = {"token": token} if token else {}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "twin", "cluster": {"server": server}}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "twin", "context": {"cluster": "twin", "user": "user"}}],
+        "current-context": "twin",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class ApiServer:
+    """``with ApiServer() as api:`` serves a ``KubeEmulator`` with the built-in resources
+    and the DLJob resource on ``api.url`` until the block ends."""
+
+    def __init__(self, port: int | None = None, keep_requests: int | None = 20) -> None:
+        self.port = port
+        self.keep_requests = keep_requests
+        self.emulator: KubeEmulator | None = None
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="twin-apiserver", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        from kmock._internal.apps import Server
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        emulator = KubeEmulator(keep_requests=self.keep_requests)
+        async with emulator, Server(emulator, port=self.port) as server:
+            emulator.load_builtins()
+            emulator.declare(
+                f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND
+            )
+            self.emulator = emulator
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def start(self) -> ApiServer:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the emulated API server did not start")
+        if self._error is not None:
+            raise RuntimeError(f"the emulated API server failed: {self._error!r}") from self._error
+        return self
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
+        """Run ``coro`` on the server's loop (for the emulator's async methods)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def __enter__(self) -> ApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_forever(port: int, tokens: Path | None) -> None:
+    """The process's body: serve on ``port`` until killed, knowing ``tokens`` (a JSON list
+    of ``register_token`` keyword arguments)."""
+    import json
+    import signal
+
+    server = ApiServer(port)
+    server.start()
+    if tokens is not None:
+        assert server.emulator is not None
+        for entry in json.loads(tokens.read_text()):
+            entry["groups"] = tuple(entry.get("groups", ()))
+            entry["audiences"] = tuple(entry["audiences"])
+            server.emulator.register_token(**entry)
+    print(server.url, flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        while not done.wait(0.5):  # a timed wait: the handler runs between two waits
+            pass
+    server.stop()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the twin's emulated API server")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tokens", type=Path)
+    options = parser.parse_args()
+    serve_forever(options.port, options.tokens)

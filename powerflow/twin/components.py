@@ -1,0 +1,235 @@
+"""PowerFlow's components, started as a user starts them.
+
+The operator and the extender run as their own processes, ``python -m powerflow
+operator|extender --kubeconfig FILE ...``: the command a user runs, with the
+product's defaults (the PowerFlow policy, the shipped priors, online refits)
+and nothing of the twin inside them. Processes, so that a fault test can kill
+one (``signal``) and start it again. Their logs go to files in the twin's folder.
+
+The node agents run in this process, one thread each, through
+``powerflow.commands.nodeagent.serve`` (what ``powerflow nodeagent`` runs): their
+GPUs are the twin's (``TwinGpus``, which the workers drive; ``serve``'s ``devices``
+seam), in place of NVML.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from powerflow.twin.gpus import TwinGpus
+from powerflow.twin.kubelet import PROGRESS_INTERVAL_S
+from powerflow.twin.timescale import (
+    PROFILE_WINDOW_S,
+    SAMPLE_WINDOW_S,
+    TimeScale,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the twin's process ends (Linux
+    ``PR_SET_PDEATHSIG``), so that a twin killed mid-run leaves no operator behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _environment() -> dict[str, str]:
+    """This environment without anything pointing at a real cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.pop("KUBECONFIG", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Process:
+    """``python -m MODULE ARGS`` (``powerflow ARGS``) in a child process; ``ready`` is an
+    HTTP URL that answers once it serves."""
+
+    def __init__(
+        self, name: str, args: list[str], ready: str, log: Path, module: str = "powerflow"
+    ) -> None:
+        self.name, self.args, self.ready, self.log = name, args, ready, log
+        self.module = module
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout_s: float = 120.0) -> Process:
+        self._out = self.log.open("ab")
+        argv = [sys.executable, "-m", self.module, *self.args]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env=_environment(),
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                if httpx.get(self.ready, timeout=1.0).status_code < 500:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not become ready in {timeout_s:g} s: {self.tail()}")
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; the exit status."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        if self._out is not None:
+            self._out.close()
+        return self.proc.returncode
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def apiserver_process(folder: Path, port: int, tokens: list[dict[str, Any]]) -> Process:
+    """The emulated API server in a process of its own (``apiserver``), knowing ``tokens``."""
+    path = folder / "tokens.json"
+    path.write_text(json.dumps(tokens))
+    args = ["--port", str(port), "--tokens", str(path)]
+    ready = f"http://127.0.0.1:{port}/api/v1/nodes"
+    return Process("apiserver", args, ready, folder / "apiserver.log", "powerflow.twin.apiserver")
+
+
+def operator_process(
+    kubeconfig: Path, folder: Path, ingest_port: int, *, scale: TimeScale
+) -> Process:
+    """``powerflow operator`` with its durations on the twin's time scale."""
+    live = free_port()
+    args = [
+        "operator",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--metrics-port",
+        "0",
+        "--liveness",
+        f"http://127.0.0.1:{live}/healthz",
+        "--ingest-host",
+        "127.0.0.1",
+        "--ingest-port",
+        str(ingest_port),
+        "--profiling-window",
+        f"{scale(PROFILE_WINDOW_S):g}",
+        "--progress-interval",
+        f"{PROGRESS_INTERVAL_S:g}",
+        # A lease of 60 s, not 15: a pass's first policy call compiles its kernels
+        # (numba) for seconds of CPU, and on a loaded 2-core machine renewals then came
+        # late enough that the operator stepped down every few seconds.
+        "--lease-duration",
+        "60",
+    ]
+    return Process("operator", args, f"http://127.0.0.1:{live}/healthz", folder / "operator.log")
+
+
+def extender_process(kubeconfig: Path, folder: Path, port: int) -> Process:
+    """``powerflow extender`` on ``port`` (the scheduler's ``urlPrefix``)."""
+    args = ["extender", "--kubeconfig", str(kubeconfig), "--port", str(port)]
+    args += ["--log-level", "warning"]
+    return Process("extender", args, f"http://127.0.0.1:{port}/healthz", folder / "extender.log")
+
+
+class Agent:
+    """One node's ``powerflow nodeagent`` in a thread of this process."""
+
+    def __init__(
+        self,
+        node: str,
+        gpus: TwinGpus,
+        kubeconfig: Path,
+        *,
+        scale: TimeScale,
+        ingest_url: str,
+        token_file: Path,
+    ) -> None:
+        from powerflow.cli import build_parser
+
+        self.node, self.gpus = node, gpus
+        self.port = free_port()
+        argv = ["nodeagent", "--kubeconfig", str(kubeconfig), "--node-name", node]
+        argv += ["--metrics-port", "0", "--worker-host", "127.0.0.1"]
+        argv += ["--worker-port", str(self.port)]
+        argv += ["--pod-resources-socket", "/nonexistent/pod-resources/kubelet.sock"]
+        argv += ["--ingest-url", ingest_url, "--token-file", str(token_file)]
+        argv += ["--window", f"{scale(SAMPLE_WINDOW_S):g}"]
+        self.args = build_parser().parse_args(argv)
+        self.error: BaseException | None = None
+        self.code: int | None = None
+        self.agent: Any = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Agent:
+        self._stop.clear()
+        self._ready.clear()
+        self._thread = threading.Thread(target=self._main, name=f"agent-{self.node}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError(f"node agent {self.node} did not start")
+        if self.error is not None:
+            raise RuntimeError(f"node agent {self.node} failed: {self.error!r}") from self.error
+        return self
+
+    def _main(self) -> None:
+        from powerflow.commands.nodeagent import serve
+
+        try:
+            self.code = serve(
+                self.args,
+                stop_flag=self._stop,
+                ready_flag=self._ready,
+                devices=self.gpus,
+                on_start=self._started,
+            )
+        except BaseException as exc:  # surfaced by start()
+            self.error = exc
+            self._ready.set()
+
+    def _started(self, agent: Any) -> None:
+        self.agent = agent
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(20)

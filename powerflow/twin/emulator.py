@@ -1,0 +1,722 @@
+"""kmock's Kubernetes emulator with the API-server semantics a real operator relies on.
+
+kmock 0.8 stores objects as plain dicts: no ``resourceVersion``, watches that
+replay everything and lose events between snapshot and subscription, no pod
+binding, no ``PUT``, no selectors and no garbage collection. kopf stalls on
+each of these (``../shared/TESTING.md``). This subclass owns every write and
+every list/watch and imitates what kube-apiserver does; reads of single
+objects and discovery stay kmock's. Select it with
+``@pytest.mark.kmock(cls=KubeEmulator)``.
+
+What it imitates (each pinned by ``tests/test_kube_emulator.py``):
+
+- one cluster-wide, strictly increasing ``resourceVersion``, bumped by every
+  effective write (a no-op patch changes nothing); ``uid``,
+  ``creationTimestamp`` and ``generation`` set on create, ``generation``
+  bumped only when something outside ``metadata`` and ``status`` changes;
+- the ``status`` subresource: the main endpoint ignores ``status``, the
+  ``/status`` endpoint ignores everything else, ``status`` is dropped when
+  creating custom resources and pods (nodes keep theirs, as kubelets register);
+- optimistic concurrency: a stale ``metadata.resourceVersion`` in a merge
+  patch or a ``PUT`` answers 409, a failed JSON-patch ``test`` answers 422;
+- ``generateName``; 409 ``AlreadyExists`` on create;
+- list with the current ``resourceVersion``; watch from ``?resourceVersion=``
+  without replaying seen objects (410 when too old), atomically subscribed;
+  label and field selectors (equality and set-based; a field the object
+  lacks reads as ``""``, as the server's field sets do) and ``timeoutSeconds``;
+- paginated lists (``limit``/``continue``): pages in key order
+  (namespace/name) from one snapshot at the first page's
+  ``resourceVersion``, ``metadata.continue`` while more remain, and
+  ``remainingItemCount`` only without selectors; an unknown token is 410;
+- ``POST pods/{name}/binding``: sets ``spec.nodeName`` and copies the
+  binding's annotations to the pod (as ``setPodHostAndAnnotations`` does),
+  201, 409 if already bound;
+- delete with finalizers (``deletionTimestamp``), ``preconditions``, and
+  graceful deletion of pods (``_grace_period_s``): ``deletionTimestamp`` is the
+  request time plus the grace period and ``deletionGracePeriodSeconds`` says it
+  (0 for an object that is not a pod), options from the body or, without one,
+  the query (``?gracePeriodSeconds=``, as the ``kubernetes`` client sends it), and
+  background garbage collection of objects whose ``ownerReferences`` name a
+  deleted ``uid``;
+- ``TokenReview`` (``POST /apis/authentication.k8s.io/v1/tokenreviews``) as
+  ``pkg/registry/authentication/tokenreview/storage.go`` answers it, for tokens a
+  test registers (``register_token``): nothing stored, 201 with the review's
+  ``status``; an empty token is 400 ``BadRequest``; an unknown token, or one
+  whose audiences do not meet ``spec.audiences`` (default: the API server's
+  own), is ``authenticated`` false (omitted, as Go's ``omitempty`` does) with an
+  ``error``; else ``authenticated: true``, ``user`` (username, uid, groups,
+  extra) and ``audiences``: the intersection;
+- writes refused for chosen objects (``refuse``): the ``Status`` body
+  kube-apiserver sends when admission (PodSecurity, ResourceQuota, a webhook)
+  or validation denies a request, and nothing stored.
+
+Not imitated: the kubelet's part of graceful termination (a pod without
+finalizers goes at once, as an unscheduled one does; a finalizer keeps it
+terminating, as an unreachable node's kubelet does), shortening the grace
+period of a pod already terminating, defaulting (a pod without
+``terminationGracePeriodSeconds`` gets the server's default 30 s here),
+schema validation, strategic merge (treated as merge patch), synthetic
+DELETED events when an object stops matching a label selector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import datetime
+import fnmatch
+import gzip
+import importlib.resources
+import json
+import re
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import apps, dicts, k8s
+
+Obj = dict[str, Any]
+_HISTORY = 10_000  # watch events kept per resource for ?resourceVersion= resumes
+
+
+class Conflict(kmock.KubernetesError):
+    def __init__(self, message: str, reason: str = "Conflict") -> None:
+        super().__init__(status=409, reason=reason, message=message)
+
+
+class Invalid(kmock.KubernetesError):
+    def __init__(self, message: str) -> None:
+        super().__init__(status=422, reason="Invalid", message=message)
+
+
+class Gone(kmock.KubernetesError):
+    def __init__(self, message: str) -> None:
+        super().__init__(status=410, reason="Expired", message=message)
+
+
+@attrs.define
+class Refusal:
+    """One rule of ``KubeEmulator.refuse``; ``hits`` counts the requests it answered."""
+
+    verb: str
+    resource: str
+    name: str
+    namespace: str | None
+    status: int
+    reason: str
+    message: str | None
+    times: int | None
+    hits: int = 0
+
+    def matches(self, verb: str, resource: str, namespace: str | None, name: str) -> bool:
+        return (
+            (self.times is None or self.hits < self.times)
+            and verb == self.verb
+            and resource == self.resource
+            and self.namespace in (None, namespace)
+            and fnmatch.fnmatchcase(name, self.name)
+        )
+
+
+def _now(after_s: int = 0) -> str:
+    at = datetime.datetime.now(tz=datetime.UTC) + datetime.timedelta(seconds=after_s)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _grace_period_s(resource: Any, obj: Obj, options: Mapping[str, Any]) -> int:
+    """The grace period of a delete, as ``podStrategy.CheckGracefulDelete`` decides it:
+    the options' ``gracePeriodSeconds``, else the pod's ``terminationGracePeriodSeconds``
+    (defaulted to 30 s by the server); 0 for a pod not scheduled or already finished,
+    and for every object that is not a pod (no graceful deletion)."""
+    if getattr(resource, "group", None) or getattr(resource, "plural", None) != "pods":
+        return 0
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+        return 0
+    grace = options.get("gracePeriodSeconds")
+    if grace is None:
+        grace = spec.get("terminationGracePeriodSeconds", 30)
+    return max(int(grace), 0)
+
+
+def _selector(text: str | None) -> list[tuple[str, str, set[str]]]:
+    """Parse a label/field selector into (key, op, values) terms."""
+    terms: list[tuple[str, str, set[str]]] = []
+    for raw in re.split(r",(?![^()]*\))", text or ""):
+        term = raw.strip()
+        if not term:
+            continue
+        if m := re.fullmatch(r"(\S+)\s+(in|notin)\s+\((.*)\)", term):
+            terms.append((m[1], m[2], {v.strip() for v in m[3].split(",")}))
+        elif m := re.fullmatch(r"([^!=\s]+)\s*(==|=|!=)\s*(\S*)", term):
+            terms.append((m[1], "!=" if m[2] == "!=" else "=", {m[3]}))
+        elif term.startswith("!"):
+            terms.append((term[1:], "!", set()))
+        else:
+            terms.append((term, "exists", set()))
+    return terms
+
+
+def _matches(terms: list[tuple[str, str, set[str]]], values: Mapping[str, Any]) -> bool:
+    for key, op, wanted in terms:
+        present = key in values
+        value = str(values.get(key, ""))
+        ok = {
+            "=": present and value in wanted,
+            "!=": not present or value not in wanted,
+            "in": present and value in wanted,
+            "notin": not present or value not in wanted,
+            "exists": present,
+            "!": not present,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _field(obj: Obj, path: str) -> Any:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return cur
+
+
+class _Fields(Mapping[str, Any]):
+    """An object's fields addressed by dotted path, for field selectors.
+
+    Every selectable field exists, unset ones as ``""`` (the API server's
+    field sets: ``spec.nodeName!=`` selects bound pods only)."""
+
+    def __init__(self, obj: Obj) -> None:
+        self._obj = obj
+
+    def __getitem__(self, key: str) -> Any:
+        value = _field(self._obj, key)
+        return "" if value is None else value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str)
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+API_AUDIENCES = ("https://kubernetes.default.svc.cluster.local",)
+"""The API server's own audiences (``--api-audiences``, default its issuer)."""
+
+
+@attrs.define(frozen=True)
+class TokenUser:
+    """What the API server knows of a registered token (``register_token``)."""
+
+    username: str
+    uid: str
+    groups: tuple[str, ...]
+    extra: dict[str, list[str]]
+    audiences: tuple[str, ...]
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(kmock.KubernetesEmulator):
+    """An in-memory API server close enough to kube-apiserver for kopf and the extender."""
+
+    _revision: int = attrs.field(default=0, init=False)
+    _history: dict[Any, collections.deque[tuple[int, Obj]]] = attrs.field(
+        factory=lambda: collections.defaultdict(lambda: collections.deque(maxlen=_HISTORY)),
+        init=False,
+    )
+    _results: dict[int, Any] = attrs.field(factory=dict, init=False)
+    """Write results by the request object's ``id`` (alive while it is served; kmock's
+    ``request.id`` is its index in the log, which ``keep_requests`` trims)."""
+    keep_requests: int | None = None
+    """Keep only the last this many requests in kmock's log (None: all, for tests that
+    assert on them). kmock matches each request against its reactions by scanning the
+    whole log, so a long-running emulator (the twin's: thousands of requests a minute)
+    slows down quadratically without a bound."""
+    _refusals: list[Refusal] = attrs.field(factory=list, init=False)
+    _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
+    """Continue token -> (the list's resourceVersion, the items not yet sent)."""
+    _tokens: dict[str, TokenUser] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # Writes kmock's routing does not classify: PUT and subresource POSTs (binding).
+        self.fallback[kmock.method.PUT] << self._serve_result
+        self.fallback[kmock.method.POST] << self._serve_result
+
+    def load_builtins(self) -> None:
+        """Declare the built-in resources (pods, nodes, events, ...) kmock bundles.
+
+        ``kmock.resources.load_bundled()`` uses the deprecated
+        ``importlib.resources.read_binary``, an error under ``-W error``.
+        """
+        blob = importlib.resources.files("kmock._internal").joinpath("resources.json.gz")
+        self.resources.load_data(gzip.decompress(blob.read_bytes()))
+
+    def declare(self, plural: str, kind: str, *, namespaced: bool = True) -> None:
+        """Declare a custom resource (``group/version/plural``) with a status subresource."""
+        self.resources[plural] = kmock.ResourceInfo(
+            kind=kind,
+            namespaced=namespaced,
+            subresources={"status"},
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+        )
+
+    def refuse(
+        self,
+        verb: str,
+        resource: str,
+        name: str = "*",
+        *,
+        namespace: str | None = None,
+        status: int = 403,
+        reason: str = "Forbidden",
+        message: str | None = None,
+        times: int | None = None,
+    ) -> Refusal:
+        """Refuse ``verb`` (create, update, patch, delete) on ``resource`` (a plural,
+        ``pods/status`` for a subresource, as RBAC names them) for objects whose name
+        matches the ``fnmatch`` pattern ``name``, ``times`` times (``None``: always).
+
+        The answer is what kube-apiserver sends when admission or validation denies
+        a request: a ``Status`` (``status: Failure``, ``code``, ``reason``,
+        ``message``, ``details`` naming the object), and nothing is written. The
+        default message is the API server's wording for a forbidden request.
+        """
+        rule = Refusal(verb, resource, name, namespace, status, reason, message, times)
+        self._refusals.append(rule)
+        return rule
+
+    def register_token(
+        self,
+        token: str,
+        username: str,
+        *,
+        groups: tuple[str, ...] = (),
+        extra: Mapping[str, list[str]] | None = None,
+        audiences: tuple[str, ...] = API_AUDIENCES,
+        uid: str | None = None,
+    ) -> TokenUser:
+        """Make ``token`` a valid token of ``username`` for ``audiences`` (what the token's
+        ``aud`` claim says); ``extra`` as the ServiceAccount authenticator fills it
+        (``authentication.kubernetes.io/pod-name`` ..., ``.../node-name`` from 1.30)."""
+        user = TokenUser(
+            username, uid or str(uuid.uuid4()), tuple(groups), dict(extra or {}), tuple(audiences)
+        )
+        self._tokens[token] = user
+        return user
+
+    def _token_review(self, request: kmock.Request) -> kmock.Response:
+        """``tokenreview.REST.Create``: authenticate ``spec.token`` for ``spec.audiences``."""
+        review: Obj = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
+        spec = review.get("spec") if isinstance(review.get("spec"), dict) else {}
+        token = spec.get("token")
+        if not isinstance(token, str) or not token:
+            raise kmock.KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message="token is required for TokenReview in authentication",
+            )
+        wanted = [str(a) for a in spec.get("audiences") or ()] or list(API_AUDIENCES)
+        user = self._tokens.get(token)
+        status: Obj = {"user": {}}
+        if user is None:
+            status["error"] = "[invalid bearer token, token lookup failed]"
+        elif not set(wanted) & set(user.audiences):
+            status["error"] = (
+                f"[invalid bearer token, token audiences {list(user.audiences)!r} is invalid "
+                f"for the target audiences {wanted!r}]"
+            )
+        else:
+            status = {
+                "authenticated": True,
+                "user": {
+                    "username": user.username,
+                    "uid": user.uid,
+                    "groups": list(user.groups),
+                    "extra": copy.deepcopy(user.extra),
+                },
+                "audiences": [a for a in wanted if a in user.audiences],
+            }
+        review.setdefault("apiVersion", "authentication.k8s.io/v1")
+        review.setdefault("kind", "TokenReview")
+        review.setdefault("metadata", {})
+        review["status"] = status
+        return kmock.Response(status=201, payload=review)
+
+    def _refused(self, request: kmock.Request) -> None:
+        """Raise the chosen refusal for this write, if any rule matches it."""
+        if not self._refusals or request.resource is None:
+            return
+        method, sub = request.method, request.subresource
+        if request.action == kmock.action.CREATE:
+            verb = "create"
+        elif method == kmock.method.PATCH:
+            verb = "patch"
+        elif method == kmock.method.PUT:
+            verb = "update"
+        elif method == kmock.method.DELETE:
+            verb = "delete"
+        else:
+            return
+        name = request.name
+        if verb == "create":
+            meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+            name = (meta or {}).get("name") if isinstance(meta, dict) else None
+        plural = request.resource.plural + (f"/{sub}" if sub else "")
+        for rule in self._refusals:
+            if rule.matches(verb, plural, request.namespace, str(name or "")):
+                rule.hits += 1
+                group = request.resource.group or ""
+                message = rule.message or (
+                    f'{plural} "{name}" is forbidden: {rule.reason}'
+                    if rule.status == 403
+                    else f'{plural} "{name}" is invalid: {rule.reason}'
+                )
+                details = {"name": name, "kind": request.resource.plural}
+                if group:
+                    details["group"] = group
+                raise kmock.KubernetesError(
+                    status=rule.status, reason=rule.reason, message=message, details=details
+                )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _info(self, resource: Any) -> kmock.ResourceInfo | None:
+        # not .get(): ResourcesArray.__getitem__ creates missing entries
+        return self.resources[resource] if resource in self.resources else None  # noqa: SIM401
+
+    def _has_status(self, resource: Any) -> bool:
+        info = self._info(resource)
+        return info is not None and "status" in info.subresources
+
+    def _bump(self) -> str:
+        self._revision += 1
+        return str(self._revision)
+
+    def _live(self, key: Any) -> Obj | None:
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        raw = self.objects[key].raw
+        if not raw.get("metadata", {}).get("resourceVersion"):  # seeded via kmock.objects[...]
+            raw = self._stamp_new(copy.deepcopy(raw))
+            self._put(key, raw)
+        return raw
+
+    def _put(self, key: Any, obj: Obj) -> None:
+        """Store a new version, keeping the history for assertions."""
+        if key in self.objects:
+            self.objects[key].history.append(obj)
+        else:
+            self.objects[key] = obj
+
+    def _stamp_new(self, obj: Obj) -> Obj:
+        meta = obj.setdefault("metadata", {})
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        meta["resourceVersion"] = self._bump()
+        return obj
+
+    async def _emit(self, resource: Any, kind: str, obj: Obj) -> None:
+        event = {"type": kind, "object": copy.deepcopy(obj)}
+        self._history[resource].append((int(obj["metadata"]["resourceVersion"]), event))
+        await self._buses[resource].put(event)
+
+    async def _store(self, resource: Any, key: Any, old: Obj, new: Obj) -> Obj:
+        """Write a changed object: server-managed fields, generation, version, event."""
+        if self._has_status(resource):
+            new.pop("status", None)
+            if "status" in old:
+                new["status"] = old["status"]
+        return await self._commit(resource, key, old, new)
+
+    async def _commit(self, resource: Any, key: Any, old: Obj, new: Obj) -> Obj:
+        meta, old_meta = new.setdefault("metadata", {}), old.get("metadata", {})
+        for field in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+            if field in old_meta:
+                meta[field] = old_meta[field]
+        meta["generation"] = old_meta.get("generation", 1)
+        meta["resourceVersion"] = old_meta.get("resourceVersion")
+
+        def content(o: Obj) -> Obj:
+            return {k: v for k, v in o.items() if k not in ("metadata", "status")}
+
+        if new == old:
+            return old  # no-op writes change nothing, not even the version
+        if content(new) != content(old):
+            meta["generation"] += 1
+        meta["resourceVersion"] = self._bump()
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            await self._remove(resource, key, new)
+        else:
+            self._put(key, new)
+            await self._emit(resource, "MODIFIED", new)
+        return new
+
+    async def _remove(self, resource: Any, key: Any, obj: Obj) -> None:
+        self._put(key, obj)
+        self.objects[key].delete()
+        await self._emit(resource, "DELETED", obj)
+        await self._collect_garbage(obj["metadata"]["uid"])
+
+    async def _collect_garbage(self, owner_uid: str) -> None:
+        """Background cascading deletion of dependents, as the garbage collector does."""
+        for okey in list(self.objects):
+            dependent = self._live(okey)
+            refs = (dependent or {}).get("metadata", {}).get("ownerReferences", [])
+            if dependent is not None and any(r.get("uid") == owner_uid for r in refs):
+                await self._delete(okey[0], okey, dependent, {})
+
+    async def _delete(self, resource: Any, key: Any, obj: Obj, options: Mapping[str, Any]) -> Obj:
+        pre = options.get("preconditions") or {}
+        meta = obj["metadata"]
+        if pre.get("uid") not in (None, meta.get("uid")):
+            raise Conflict(f"Precondition failed: UID in precondition: {pre['uid']}")
+        if pre.get("resourceVersion") not in (None, meta.get("resourceVersion")):
+            raise Conflict("Precondition failed: resourceVersion in precondition")
+        if meta.get("finalizers"):
+            if meta.get("deletionTimestamp"):
+                return obj
+            new = copy.deepcopy(obj)
+            grace = _grace_period_s(resource, obj, options)
+            new["metadata"]["deletionTimestamp"] = _now(grace)
+            new["metadata"]["deletionGracePeriodSeconds"] = grace
+            new["metadata"]["resourceVersion"] = self._bump()
+            self._put(key, new)
+            await self._emit(resource, "MODIFIED", new)
+            return new
+        final = copy.deepcopy(obj)
+        final["metadata"]["resourceVersion"] = self._bump()
+        await self._remove(resource, key, final)
+        return final
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        keep = self.keep_requests
+        if keep is not None and len(self._requests) > 2 * keep:
+            del self._requests[:-keep]  # the one being served is the last
+        if request.resource is not None:
+            async with self._lock:
+                self._refused(request)
+                result = await self._write(request)
+            if result is not None:
+                self._results[id(request)] = result
+        # Skip KubernetesEmulator._handle (its naive writes); user reactions still apply.
+        return await apps.RawHandler._handle(self, request)
+
+    async def _write(self, request: kmock.Request) -> Any:
+        res, data = request.resource, request.data
+        method, action, sub = request.method, request.action, request.subresource
+        if action == kmock.action.CREATE:
+            if res.group == "authentication.k8s.io" and res.plural == "tokenreviews":
+                return self._token_review(request)
+            return await self._create(request)
+        if request.name is None:
+            return None
+        key = (res, request.namespace, request.name)
+        if method == kmock.method.POST and sub == "binding":
+            return await self._bind(request, key)
+        if method not in (kmock.method.PATCH, kmock.method.PUT, kmock.method.DELETE):
+            return None
+        old = self._live(key)
+        if old is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        if method == kmock.method.DELETE:
+            # DeleteOptions from the body, else from the query (as kube-apiserver decodes them).
+            options = data if isinstance(data, dict) and data else dict(request.params)
+            return await self._delete(res, key, old, options)
+        if sub not in (None, "status"):
+            return None
+        if isinstance(data, list):  # application/json-patch+json
+            try:
+                new = jsonpatch.apply_patch(copy.deepcopy(old), data)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                raise Invalid(f"the server rejected our request due to an error: {exc}") from exc
+        else:
+            body: Obj = data if isinstance(data, dict) else {}
+            stated = body.get("metadata", {}).get("resourceVersion")
+            if stated is not None and stated != old["metadata"]["resourceVersion"]:
+                raise Conflict(
+                    f"Operation cannot be fulfilled on {res.plural} {request.name!r}: "
+                    "the object has been modified; please apply your changes to the latest version"
+                )
+            if method == kmock.method.PUT:
+                new = copy.deepcopy(body)
+            else:
+                new = dict(dicts.merge_patch_dict(copy.deepcopy(old), body))
+        if sub == "status":
+            status = new.get("status")
+            new = copy.deepcopy(old)
+            new.pop("status", None)
+            if status is not None:
+                new["status"] = status
+            return await self._commit(res, key, old, new)
+        return await self._store(res, key, old, new)
+
+    async def _create(self, request: kmock.Request) -> Any:
+        res = request.resource
+        obj: Obj = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        info = self._info(res)
+        if request.namespace and (info is None or info.namespaced is not False):
+            meta["namespace"] = request.namespace
+        key = (res, meta.get("namespace"), meta.get("name"))
+        if self._live(key) is not None:
+            raise Conflict(f"{res.plural} {meta.get('name')!r} already exists", "AlreadyExists")
+        if self._has_status(res) and (res.group or res.plural == "pods"):
+            obj.pop("status", None)  # CRDs and pods; nodes keep what the kubelet registers
+        self._stamp_new(obj)
+        self._put(key, obj)
+        await self._emit(res, "ADDED", obj)
+        return kmock.Response(status=201, payload=obj)
+
+    async def _bind(self, request: kmock.Request, key: Any) -> Any:
+        pod = self._live(key)
+        if pod is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        node = pod.get("spec", {}).get("nodeName")
+        if node:
+            raise Conflict(f"pod {request.name} is already assigned to node {node!r}")
+        binding: Obj = request.data if isinstance(request.data, dict) else {}
+        target = (binding.get("target") or {}).get("name")
+        if not target:
+            raise Invalid("Binding target name is required")
+        new = copy.deepcopy(pod)
+        new.setdefault("spec", {})["nodeName"] = target
+        annotations = binding.get("metadata", {}).get("annotations") or {}
+        if annotations:
+            new["metadata"].setdefault("annotations", {}).update(annotations)
+        conditions = new.setdefault("status", {}).setdefault("conditions", [])
+        conditions.append({"type": "PodScheduled", "status": "True"})
+        await self._commit(key[0], key, pod, new)
+        status = {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+        return kmock.Response(status=201, payload=status)
+
+    async def _serve_result(self, request: kmock.Request) -> Any:
+        if id(request) in self._results:
+            return self._results.pop(id(request))
+        raise k8s.KubernetesEndpointNotFoundError()
+
+    _serve_create = _serve_update = _serve_delete = _serve_result
+
+    async def _stream_error(self, exc: Exception, raw_response: Any) -> None:
+        """Errors inside a watch go out as an ERROR event with the real status code."""
+        if not isinstance(exc, kmock.KubernetesError):
+            return await super()._stream_error(exc, raw_response)
+        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+        status.update(code=exc.status, reason=exc.reason, message=exc.message)
+        await raw_response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+        return None
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _select(self, request: kmock.Request) -> list[tuple[Any, Obj]]:
+        labels = _selector(request.params.get("labelSelector"))
+        fields = _selector(request.params.get("fieldSelector"))
+        found = []
+        for key in list(self.objects):
+            res, namespace, name = key
+            if res != request.resource or (request.namespace not in (None, namespace)):
+                continue
+            if request.name is not None and request.name != name:
+                continue
+            obj = self._live(key)
+            if obj is not None and self._selected(obj, labels, fields):
+                found.append((key, obj))
+        return found
+
+    @staticmethod
+    def _selected(obj: Obj, labels: Any, fields: Any) -> bool:
+        meta_labels = obj.get("metadata", {}).get("labels") or {}
+        return _matches(labels, meta_labels) and _matches(fields, _Fields(obj))
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        if request.resource not in self.resources and not self._select(request):
+            raise k8s.KubernetesResourceNotFoundError()
+        token = request.params.get("continue")
+        if token:
+            if token not in self._pages:
+                raise Gone("The provided continue parameter is too old or invalid")
+            version, items = self._pages.pop(token)
+        else:
+            async with self._lock:
+                found = sorted(self._select(request), key=lambda ko: (ko[0][1] or "", ko[0][2]))
+                items = [copy.deepcopy(obj) for _, obj in found]
+                version = str(self._revision)
+        meta: Obj = {"resourceVersion": version}
+        limit = int(request.params.get("limit") or 0)
+        if 0 < limit < len(items):
+            items, rest = items[:limit], items[limit:]
+            token = secrets.token_urlsafe(12)
+            self._pages[token] = (version, rest)
+            meta["continue"] = token
+            if not request.params.get("labelSelector") and not request.params.get("fieldSelector"):
+                meta["remainingItemCount"] = len(rest)
+        info = self._info(request.resource)
+        kind = f"{info.kind}List" if info is not None and info.kind else "List"
+        return {"kind": kind, "metadata": meta, "items": items}
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        yield b""  # send the headers at once, as a real server does
+        since = request.params.get("resourceVersion") or "0"
+        timeout = request.params.get("timeoutSeconds")
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + float(timeout)
+        labels = _selector(request.params.get("labelSelector"))
+        fields = _selector(request.params.get("fieldSelector"))
+        bus = self._buses[request.resource]
+        async with self._lock:  # writers hold the lock too: nothing slips between the two
+            if since == "0":
+                backlog = [{"type": "ADDED", "object": obj} for _, obj in self._select(request)]
+            else:
+                history = self._history[request.resource]
+                oldest = history[0][0] if history else self._revision + 1
+                if int(since) < oldest - 1 and len(history) == history.maxlen:
+                    raise Gone(f"too old resource version: {since} ({oldest - 1})")
+                backlog = [event for rv, event in history if rv > int(since)]
+            mark = await bus.mark()
+        try:
+            stream = bus.stream(since=mark)
+            for event in backlog:
+                if self._event_selected(request, event, labels, fields):
+                    yield event
+            loop = asyncio.get_running_loop()
+            while deadline is None or loop.time() < deadline:
+                left = None if deadline is None else deadline - loop.time()
+                try:
+                    event = await asyncio.wait_for(anext(stream), left)
+                except TimeoutError:
+                    return
+                if self._event_selected(request, event, labels, fields):
+                    yield event
+        finally:
+            await bus.unmark(mark)
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        async with self._lock:
+            obj = self._live((request.resource, request.namespace, request.name))
+        if obj is None:
+            raise kmock.KubernetesObjectNotFoundError()
+        return obj
+
+    def _event_selected(self, request: kmock.Request, event: Obj, labels: Any, fields: Any) -> bool:
+        meta = event["object"].get("metadata", {})
+        if request.namespace is not None and meta.get("namespace") != request.namespace:
+            return False
+        if request.name is not None and meta.get("name") != request.name:
+            return False
+        return self._selected(event["object"], labels, fields)
+
+
+def dump(obj: Any) -> str:
+    """Compact JSON for assertion messages."""
+    return json.dumps(obj, sort_keys=True, default=str)

@@ -1,0 +1,330 @@
+"""A simulated kubelet for the twin's nodes, and the workers it runs.
+
+The kubelet (one thread for every node) does what a node's kubelet and the
+NVIDIA device plugin do for PowerFlow's worker pods:
+
+- a pod bound to one of its nodes becomes ``Running`` (``hostIP`` 127.0.0.1:
+  the twin is one machine) and gets the GPU the extender's placement block
+  names for it (the block's GPUs on the node, in worker-index order: what the
+  node agent's ``--simulate`` mapping assumes too), as the device plugin's
+  ``NVIDIA_VISIBLE_DEVICES`` would;
+- its worker waits for the rendezvous (every worker of its generation
+  started, as ``torchrun`` waits for ``WORLD_SIZE``), first spending
+  ``startup_s`` when the job ran before (container
+  start, model load, restore: the simulator's checkpoint-restart cost, which
+  it charges on every start but the first), its GPU idle, then trains: its iterations are
+  what its simulated GPU has run since (``TwinGpus``: the ground truth at the
+  clock the node agent set, with the measurement noise), from the job's last
+  checkpoint;
+- it reports iterations as ``powerflow.worker`` does: ``AgentReporter`` (the
+  library's own class) posts them to its node's agent at boundaries at least
+  ``REPORT_INTERVAL_S`` apart, and the pod's ``powerflow.io/iterations``
+  annotation is patched every ``progress_interval_s`` and once more at the end;
+- at the job's total the worker exits 0: the pod becomes ``Succeeded``;
+- a pod deleted stops its worker, which checkpoints the iterations it reached
+  (the worker library's SIGTERM hook at the next boundary; the twin's
+  checkpoint store plays the job's shared volume). The emulator removes a pod
+  at once (it has no kubelet to wait for), so the checkpoint is taken when the
+  kubelet sees it gone.
+
+The workers, not the node agents, make the simulated GPUs compute: the agents
+run without ``--simulate`` on the twin's GPUs (``TwinGpus``, through
+``serve``'s ``devices`` seam), so they see pods and GPUs as on a real node:
+which GPU a pod holds from its worker's reports (``gpuUuids``; there is no
+PodResources socket), clocks and power limits set, power and energy read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from powerflow import contract
+from powerflow.devices import Workload
+from powerflow.twin.gpus import TwinGpus
+from powerflow.worker.reporter import AgentReporter
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+MERGE = {"Content-Type": "application/merge-patch+json"}
+PROGRESS_INTERVAL_S = 5.0
+"""Between two progress writes of a worker, and the operator's ``--progress-interval``:
+not scaled (the simulator has no such writes, and the operator learns that a job is
+done from the final write, not from these), and short enough for the demo to show
+progress; scaled like the rest, twenty workers would write the API server 30 times a
+second."""
+REPORT_INTERVAL_S = 0.1
+"""The worker library's ``min_interval_s`` between reports (real seconds)."""
+
+
+def _env(pod: Obj) -> dict[str, str]:
+    (container, *_) = pod["spec"]["containers"]
+    return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
+
+
+def gpu_of(pod: Obj, node: str, gpus: int, taken: set[int]) -> int | None:
+    """The GPU the device plugin gives ``pod`` on ``node``: the lowest free one of the
+    extender's placement block there (the block is the extender's plan for these
+    pods), else the lowest free one; None if the block is not written yet."""
+    meta = pod["metadata"]
+    raw = (meta.get("annotations") or {}).get(contract.PLACEMENT_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        block: list[int] = sorted(int(g) for where, g in json.loads(raw)["block"] if where == node)
+    except (ValueError, KeyError, TypeError):
+        block = []
+    for gpu in [*block, *range(gpus)]:
+        if gpu not in taken:
+            return int(gpu)
+    return None
+
+
+def gpus_per_node(raw: str) -> int:
+    """The placement block's GPUs per node (the most on any node: the models' ``r``)."""
+    try:
+        block = json.loads(raw)["block"]
+    except (ValueError, KeyError, TypeError):
+        return 1
+    per_node: dict[str, int] = {}
+    for where, _ in block:
+        per_node[str(where)] = per_node.get(str(where), 0) + 1
+    return max(per_node.values(), default=1)
+
+
+@dataclass
+class Worker:
+    """One worker pod's trainer."""
+
+    namespace: str
+    pod: str
+    uid: str
+    job: str
+    node: str
+    gpu: int
+    total: int
+    workload: Workload
+    generation: str
+    world: int
+    started_s: float
+    train_from_s: float
+    base: int
+    reporter: AgentReporter
+    done: int = 0
+    gpu_seen: int | None = None
+    progress_at: float = -1e18
+    written: int | None = None
+    finished: bool = False
+    reported_at: float = -1e18
+
+    @property
+    def iterations(self) -> int:
+        return self.base + self.done
+
+
+@dataclass
+class KubeletStats:
+    started: int = 0
+    succeeded: int = 0
+    checkpoints: int = 0
+    lost_iterations: int = 0
+    """Iterations reached but not checkpointed (0: the worker's hook always ran)."""
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    """(``time.monotonic()``, pod, what): started, training, succeeded, checkpointed."""
+
+
+class Kubelet:
+    """The simulated kubelets of every node in ``gpus`` (one thread)."""
+
+    def __init__(
+        self,
+        api: str,
+        gpus: Mapping[str, TwinGpus],
+        agent_ports: Mapping[str, int],
+        *,
+        startup_s: float = 30.0,
+        progress_interval_s: float = PROGRESS_INTERVAL_S,
+        tick_s: float = 0.2,
+    ) -> None:
+        self.api = httpx.Client(base_url=api, timeout=30.0)
+        self.gpus = gpus
+        self.agent_ports = agent_ports
+        self.now_s = time.monotonic
+        self.startup_s = startup_s
+        self.progress_interval_s = progress_interval_s
+        self.tick_s = tick_s
+        self.workers: dict[str, Worker] = {}
+        self.checkpoints: dict[tuple[str, str], int] = {}
+        self.stats = KubeletStats()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="twin-kubelet", daemon=True)
+
+    def start(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        for w in self.workers.values():
+            w.reporter.close(0.5)
+        self.api.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except httpx.HTTPError as exc:
+                log.warning("kubelet: %s", exc)
+            self._stop.wait(self.tick_s)
+
+    def step(self) -> None:
+        pods: list[Obj] = self.api.get("/api/v1/pods").json()["items"]
+        live = {p["metadata"]["uid"]: p for p in pods}
+        for uid in list(self.workers):
+            pod = live.get(uid)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                self._terminate(self.workers.pop(uid))
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            if not isinstance(node, str) or node not in self.gpus:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            uid = pod["metadata"]["uid"]
+            if phase == "Pending" and uid not in self.workers:
+                self._start(pod, pods, node)
+        now = self.now_s()
+        for w in list(self.workers.values()):
+            self._train(w, now)
+
+    def _start(self, pod: Obj, pods: list[Obj], node: str) -> None:
+        taken = {w.gpu for w in self.workers.values() if w.node == node}
+        gpu = gpu_of(pod, node, len(self.gpus[node].gpus()), taken)
+        if gpu is None:
+            return  # not placed yet (the extender's bind writes the block with the node)
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        env = _env(pod)
+        per_node = gpus_per_node(annotations.get(contract.PLACEMENT_ANNOTATION, ""))
+        job = labels.get(contract.JOB_LABEL, meta["name"])
+        key = (meta["namespace"], job)
+        uuid = self.gpus[node].gpus()[gpu].uuid
+        status = {
+            "status": {
+                "phase": "Running",
+                "hostIP": "127.0.0.1",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+        }
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        if not self.api.patch(path, json=status, headers=MERGE).is_success:
+            return
+        now = self.now_s()
+        self.workers[meta["uid"]] = Worker(
+            namespace=meta["namespace"],
+            pod=meta["name"],
+            uid=meta["uid"],
+            job=job,
+            node=node,
+            gpu=gpu,
+            total=int(env.get("POWERFLOW_ITERATIONS", "0")),
+            workload=Workload(
+                annotations.get(contract.MODEL_ANNOTATION, ""),
+                int(env.get("WORLD_SIZE", "1")),
+                per_node,
+                float(env.get("LOCAL_BATCH_SIZE", "1")),
+            ),
+            generation=env.get("POWERFLOW_GENERATION", ""),
+            world=int(env.get("WORLD_SIZE", "1")),
+            started_s=now,
+            # The simulator's rule: a job's first start is free, every restart (a
+            # rescale, a migration, a resume) costs the checkpoint-restart time.
+            train_from_s=now + (self.startup_s if key in self.checkpoints else 0.0),
+            base=self.checkpoints.get(key, 0),
+            reporter=AgentReporter(
+                "127.0.0.1",
+                self.agent_ports[node],
+                namespace=meta["namespace"],
+                pod=meta["name"],
+                uid=meta["uid"],
+                gpu_uuids=(uuid,),
+            ),
+        )
+        self.stats.started += 1
+        self.stats.events.append((now, meta["name"], f"started on {node} GPU {gpu}"))
+
+    def _met(self, w: Worker, now: float) -> bool:
+        """Whether the rendezvous is complete: every worker of the generation is up
+        (``torchrun`` waits for ``WORLD_SIZE`` workers), each past its start-up."""
+        gang = [
+            o
+            for o in self.workers.values()
+            if (o.namespace, o.job, o.generation) == (w.namespace, w.job, w.generation)
+        ]
+        return len(gang) >= w.world and all(now >= o.train_from_s for o in gang)
+
+    def _train(self, w: Worker, now: float) -> None:
+        if w.finished:
+            return
+        gpus = self.gpus[w.node]
+        if w.gpu_seen is None:
+            if not self._met(w, now):
+                return
+            gpus.assign(w.gpu, w.workload)  # the trainer's kernels start
+        ran = gpus.iterations_completed(w.gpu)
+        if w.gpu_seen is None:
+            w.gpu_seen = ran  # training starts now
+            self.stats.events.append((now, w.pod, f"training from {w.base}"))
+        delta = ran - w.gpu_seen if ran >= w.gpu_seen else ran  # reassigned: counts restart
+        w.gpu_seen = ran
+        w.done = min(w.done + delta, max(w.total - w.base, 0))
+        if delta and now - w.reported_at >= REPORT_INTERVAL_S:
+            w.reported_at = now
+            w.reporter.offer(w.iterations)
+        if w.iterations >= w.total:
+            w.finished = True
+            self._progress(w)
+            self._exit(w, "Succeeded")
+        elif now - w.progress_at >= self.progress_interval_s:
+            w.progress_at = now
+            self._progress(w)
+
+    def _progress(self, w: Worker) -> None:
+        if w.written == w.iterations:
+            return
+        body = {"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: str(w.iterations)}}}
+        path = f"/api/v1/namespaces/{w.namespace}/pods/{w.pod}"
+        if self.api.patch(path, json=body, headers=MERGE).is_success:
+            w.written = w.iterations
+
+    def _exit(self, w: Worker, phase: str) -> None:
+        key = (w.namespace, w.job)
+        self.checkpoints[key] = max(self.checkpoints.get(key, 0), w.iterations)
+        w.reporter.close(0.5)
+        self.workers.pop(w.uid, None)
+        self.gpus[w.node].clear(w.gpu)
+        path = f"/api/v1/namespaces/{w.namespace}/pods/{w.pod}/status"
+        self.api.patch(path, json={"status": {"phase": phase}}, headers=MERGE)
+        self.stats.succeeded += 1
+        self.stats.events.append((self.now_s(), w.pod, f"{phase} at {w.iterations}"))
+
+    def _terminate(self, w: Worker) -> None:
+        """The pod was deleted: the worker's SIGTERM hook checkpoints where it is."""
+        self._train(w, self.now_s())
+        key = (w.namespace, w.job)
+        self.checkpoints[key] = max(self.checkpoints.get(key, 0), w.iterations)
+        self.stats.checkpoints += 1
+        self.gpus[w.node].clear(w.gpu)
+        self.stats.events.append((self.now_s(), w.pod, f"checkpointed at {w.iterations}"))
+        w.reporter.close(0.5)

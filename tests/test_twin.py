@@ -1,0 +1,126 @@
+"""The twin: every component together, a mini trace to completion, and the simulator's
+figures on the same jobs (``powerflow.twin``, ``docs/twin.md``).
+
+The run starts the operator and the extender as processes (as a user starts them), two
+node agents on simulated GPUs, the kubelet and the scheduler, and runs one job of the
+default trace in real time. The 20-job mini trace is not a test yet: it does not
+complete (docs/twin.md, "Not done yet"). Tolerances are justified in docs/twin.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from powerflow import contract
+from powerflow.twin.apiserver import ApiServer
+from powerflow.twin.compare import agreement, simulate_mini
+from powerflow.twin.harness import Twin
+from powerflow.twin.kubelet import gpu_of, gpus_per_node
+from powerflow.twin.scheduler import feasible, gpu_request
+from powerflow.twin.timescale import TimeScale
+from powerflow.twin.trace import mini_trace
+
+NODES, GPUS = 2, 8
+JCT_TOLERANCE = 0.25
+ENERGY_TOLERANCE = 0.15
+
+
+def node(name: str, gpus: int, *, ready: bool = True, taints: list[Any] | None = None) -> Any:
+    return {
+        "metadata": {"name": name},
+        "spec": {"taints": taints or []},
+        "status": {
+            "allocatable": {contract.GPU_RESOURCE: str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod(gpus: int, tolerations: list[Any] | None = None) -> Any:
+    limits = {contract.GPU_RESOURCE: str(gpus)}
+    return {
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": limits}}],
+            "tolerations": tolerations or [],
+        },
+    }
+
+
+def test_scheduler_in_tree_filters_as_kube_scheduler() -> None:
+    """NodeResourcesFit counts the GPUs bound and assumed; NotReady, cordoned and
+    untolerated-taint nodes never reach the extender; the message lists why."""
+    taint = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+    nodes = [
+        node("full", 8),
+        node("free", 8),
+        node("down", 8, ready=False),
+        node("tainted", 8, taints=[taint]),
+    ]
+    names, why = feasible(pod(1), nodes, {"full": 8, "free": 7})
+    assert names == ["free"]
+    assert "1 Insufficient nvidia.com/gpu" in why
+    assert "1 node(s) had untolerated taint" in why
+    assert "1 node(s) were unschedulable or not ready" in why
+    names, _ = feasible(pod(1, [{"key": "nvidia.com/gpu", "operator": "Exists"}]), nodes, {})
+    assert names == ["full", "free", "tainted"]
+    assert gpu_request(pod(2)) == 2
+
+
+def test_kubelet_gives_the_block_gpus_first() -> None:
+    """The device plugin's choice: the lowest free GPU of the extender's block on the
+    node, then any free one; none before the block is written."""
+    placed = pod(1)
+    block = '{"node": "n1", "block": [["n1", 4], ["n1", 5], ["n2", 0]]}'
+    placed["metadata"]["annotations"] = {contract.PLACEMENT_ANNOTATION: block}
+    assert gpu_of(placed, "n1", 8, set()) == 4
+    assert gpu_of(placed, "n1", 8, {4}) == 5
+    assert gpu_of(placed, "n1", 8, {4, 5}) == 0
+    assert gpu_of(pod(1), "n1", 8, set()) is None
+    assert gpus_per_node(block) == 2
+
+
+def test_emulator_with_a_bounded_log_serves_every_write() -> None:
+    """The twin's API server keeps only the last requests in kmock's log (kmock scans
+    the whole log per request: seconds per call after a few minutes of a twin); writes,
+    whose results are kept by request, still answer each with its own object."""
+    with ApiServer(keep_requests=10) as server, httpx.Client(base_url=server.url) as client:
+        for i in range(60):
+            body = {"metadata": {"name": f"cm{i}"}, "data": {"i": str(i)}}
+            made = client.post("/api/v1/namespaces/ns/configmaps", json=body)
+            assert made.status_code == 201 and made.json()["metadata"]["name"] == f"cm{i}"
+            patch = {"data": {"j": str(i)}}
+            merge = {"Content-Type": "application/merge-patch+json"}
+            done = client.patch(
+                f"/api/v1/namespaces/ns/configmaps/cm{i}", json=patch, headers=merge
+            )
+            assert done.json()["data"] == {"i": str(i), "j": str(i)}
+        assert len(client.get("/api/v1/namespaces/ns/configmaps").json()["items"]) == 60
+        assert server.emulator is not None
+        assert len(server.emulator._requests) <= 21
+
+
+@pytest.mark.timeout(600)
+def test_one_job_runs_to_completion_and_agrees_with_simulate(tmp_path: Path) -> None:
+    """The first job of the default trace at 1/20 of its size, on 2 x 8 GPUs, through
+    every component: it succeeds, every worker was bound through the extender, and its
+    JCT and energy agree with the simulator's run of the same job (docs/twin.md: +9 % and
+    +6 % measured here; the tolerance covers the software's latency at this scale)."""
+    scale = TimeScale(0.05)
+    jobs = mini_trace(1, scale)
+    sim = simulate_mini(jobs, nodes=NODES, gpus_per_node=GPUS, scale=scale)
+    with Twin(tmp_path, nodes=NODES, gpus_per_node=GPUS, scale=scale) as twin:
+        result = twin.run(jobs, timeout_s=450)
+        assert twin.scheduler is not None and twin.kubelet is not None
+        scheduler, kubelet = twin.scheduler.stats, twin.kubelet.stats
+    assert [(j.name, j.phase) for j in result.jobs] == [(jobs[0].name, "Succeeded")]
+    assert scheduler.bound == kubelet.started > 0
+    assert kubelet.lost_iterations == 0
+    agree = agreement(result, sim)
+    print(agree.describe())
+    assert abs(agree.jct_diff) <= JCT_TOLERANCE, agree.describe()
+    assert abs(agree.energy_diff) <= ENERGY_TOLERANCE, agree.describe()
