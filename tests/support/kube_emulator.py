@@ -48,7 +48,12 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   extra) and ``audiences``: the intersection;
 - writes refused for chosen objects (``refuse``): the ``Status`` body
   kube-apiserver sends when admission (PodSecurity, ResourceQuota, a webhook)
-  or validation denies a request, and nothing stored.
+  or validation denies a request, and nothing stored;
+- faults (``faults``, ``support.api_faults``): 409, 429 with ``Retry-After``,
+  500 (before or after the write), slow answers, watches that end with a 410
+  ``ERROR`` event, per verb, resource, name, count or seeded probability; and
+  etcd compaction (``compact``): watches, continue tokens and exact lists from
+  before it are 410 ``Expired``.
 
 Not imitated: the kubelet's part of graceful termination (a pod without
 finalizers goes at once, as an unscheduled one does; a finalizer keeps it
@@ -79,6 +84,8 @@ import attrs
 import jsonpatch
 import kmock
 from kmock._internal import apps, dicts, k8s
+
+from .api_faults import ApiFaults, Injected
 
 Obj = dict[str, Any]
 _HISTORY = 10_000  # watch events kept per resource for ?resourceVersion= resumes
@@ -238,6 +245,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
     """Continue token -> (the list's resourceVersion, the items not yet sent)."""
     _tokens: dict[str, TokenUser] = attrs.field(factory=dict, init=False)
+    faults: ApiFaults = attrs.field(factory=ApiFaults, init=False)
+    """Injected faults (``support.api_faults``): ``kmock.faults.inject(...)``."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -287,6 +296,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         rule = Refusal(verb, resource, name, namespace, status, reason, message, times)
         self._refusals.append(rule)
         return rule
+
+    def compact(self) -> int:
+        """etcd compaction at the current revision (the API server compacts every 5
+        minutes): watches from an older ``resourceVersion`` end with a 410 ``ERROR``
+        event, lists under way lose their continue tokens (410). Returns the revision."""
+        self.faults.compacted = self._revision
+        self._pages.clear()
+        return self._revision
+
+    async def _render_error(self, exc: Exception) -> Any:
+        if isinstance(exc, Injected):
+            return exc.response()
+        return await super()._render_error(exc)
 
     def register_token(
         self,
@@ -493,10 +515,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # -- writes ----------------------------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> Any:
+        after = await self.faults.before(request)  # delays, and errors served instead
         if request.resource is not None:
             async with self._lock:
                 self._refused(request)
                 result = await self._write(request)
+            if after is not None:  # done, but the client hears of an error
+                raise after
             if result is not None:
                 self._results[request.id] = result
         # Skip KubernetesEmulator._handle (its naive writes); user reactions still apply.
@@ -634,6 +659,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.resource not in self.resources and not self._select(request):
             raise k8s.KubernetesResourceNotFoundError()
         token = request.params.get("continue")
+        version_asked = request.params.get("resourceVersion") or ""
+        exact = request.params.get("resourceVersionMatch") == "Exact" or (
+            request.params.get("limit") and not request.params.get("resourceVersionMatch")
+        )
+        if exact and version_asked not in ("", "0") and int(version_asked) < self.faults.compacted:
+            raise Gone("The resourceVersion for the provided list is too old.")
         if token:
             if token not in self._pages:
                 raise Gone("The provided continue parameter is too old or invalid")
@@ -672,15 +703,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 oldest = history[0][0] if history else self._revision + 1
                 if int(since) < oldest - 1 and len(history) == history.maxlen:
                     raise Gone(f"too old resource version: {since} ({oldest - 1})")
+                if int(since) < self.faults.compacted:
+                    raise Gone(f"too old resource version: {since} ({self.faults.compacted})")
                 backlog = [event for rv, event in history if rv > int(since)]
             mark = await bus.mark()
+        end = self.faults.watch_end(request, self._revision)
+        sent = 0
         try:
             stream = bus.stream(since=mark)
             for event in backlog:
+                if end is not None and sent >= end[0]:
+                    raise end[1]
                 if self._event_selected(request, event, labels, fields):
                     yield event
+                    sent += 1
             loop = asyncio.get_running_loop()
             while deadline is None or loop.time() < deadline:
+                if end is not None and sent >= end[0]:
+                    raise end[1]
                 left = None if deadline is None else deadline - loop.time()
                 try:
                     event = await asyncio.wait_for(anext(stream), left)
@@ -688,6 +728,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     return
                 if self._event_selected(request, event, labels, fields):
                     yield event
+                    sent += 1
         finally:
             await bus.unmark(mark)
 
