@@ -197,6 +197,11 @@ async def test_rules_select_by_verb_resource_name_and_namespace(
     assert (await api.get("/api/v1/nodes")).status_code == 200
     assert (await api.get("/api")).status_code == 200  # discovery is no resource's
     assert (status_only.hits, other_ns.hits, only_b.hits) == (1, 1, 1)
+    # by client: the User-Agent, as the API server's flow schemas can tell them apart
+    faults.inject("list", "nodes", status=500, user_agent="powerflow-operator/*")
+    operator = {"User-Agent": "powerflow-operator/1.0 (pod-a)"}
+    assert (await api.get("/api/v1/nodes", headers=operator)).status_code == 500
+    assert (await api.get("/api/v1/nodes")).status_code == 200
     faults.remove(only_b)
     assert (await api.get(f"{PODS}/b1")).status_code == 200
     faults.clear()

@@ -11,8 +11,8 @@ stream (``ApiFaults.watch_end``) and when rendering the error
 A rule (``ApiFaults.inject``) matches requests by RBAC verb (``get``,
 ``list``, ``watch``, ``create``, ``update``, ``patch``, ``delete``, or
 ``*``), resource as RBAC names it (``pods``, ``pods/status``,
-``pods/binding``, ``dljobs``, or ``*``), object name (an ``fnmatch``
-pattern) and namespace; it fires ``times`` times (``None``: always), each
+``pods/binding``, ``dljobs``, or ``*``), object name and client
+(``User-Agent``; both ``fnmatch`` patterns) and namespace; it fires ``times`` times (``None``: always), each
 matching request with ``probability`` drawn from a generator seeded by
 ``ApiFaults(seed=...)`` (the draws are reproducible; which request gets which
 draw follows the order the requests arrive in). What it does, as
@@ -128,6 +128,7 @@ class Fault:
     after_events: int = 0
     retry_after_s: int = 1
     message: str | None = None
+    user_agent: str = "*"
     hits: int = 0
 
     @property
@@ -135,9 +136,12 @@ class Fault:
         """Whether it ends a watch stream (410) rather than answering the request."""
         return self.verb == "watch" and self.status == 410
 
-    def covers(self, verb: str, resource: str, namespace: str | None, name: str) -> bool:
+    def covers(
+        self, verb: str, resource: str, namespace: str | None, name: str, agent: str
+    ) -> bool:
         return (
             (self.times is None or self.hits < self.times)
+            and fnmatch.fnmatchcase(agent, self.user_agent)
             and self.verb in ("*", verb)
             and self.resource in ("*", resource)
             and self.namespace in (None, namespace)
@@ -203,6 +207,7 @@ class ApiFaults:
         after_events: int = 0,
         retry_after_s: int = 1,
         message: str | None = None,
+        user_agent: str = "*",
     ) -> Fault:
         """Add a rule (see the module); returns it, to read its ``hits`` or ``remove`` it."""
         if verb not in VERBS:
@@ -217,7 +222,7 @@ class ApiFaults:
             raise ValueError(f"probability {probability} is not in [0, 1]")
         fault = Fault(
             verb, resource, status, delay_s, name, namespace, times, probability, committed,
-            after_events, retry_after_s, message,
+            after_events, retry_after_s, message, user_agent,
         )  # fmt: skip
         self.rules.append(fault)
         return fault
@@ -234,8 +239,11 @@ class ApiFaults:
         if what is None:
             return None
         verb, resource, namespace, name = what
+        agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
         for rule in self.rules:
-            if rule.in_stream != in_stream or not rule.covers(verb, resource, namespace, name):
+            if rule.in_stream != in_stream:
+                continue
+            if not rule.covers(verb, resource, namespace, name, agent):
                 continue
             if rule.probability < 1.0 and self._rng.random() >= rule.probability:
                 continue
