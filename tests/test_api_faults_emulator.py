@@ -294,6 +294,23 @@ async def test_a_watch_open_when_the_fault_comes_ends_on_its_next_event(
     assert (status, [e["type"] for e in events]) == (200, ["ADDED", "ERROR"])
 
 
+async def test_a_rule_catches_a_watch_already_open(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    version = (await api.get(PODS)).json()["metadata"]["resourceVersion"]
+    task = asyncio.create_task(watch_lines(api, {"resourceVersion": version}))
+    await api.post(PODS, json=pod("a"))
+    await asyncio.sleep(0.2)
+    rule = emulator.faults.inject("watch", "pods", status=410, after_events=1, times=1)
+    await api.post(PODS, json=pod("b"))
+    await api.post(PODS, json=pod("c"))
+    status, events = await asyncio.wait_for(task, 10)
+    assert status == 200
+    assert [e["type"] for e in events] == ["ADDED", "ADDED", "ERROR"]
+    assert [e["object"]["metadata"]["name"] for e in events[:2]] == ["a", "b"]
+    assert rule.hits == 1
+
+
 async def test_compaction_expires_older_watches_lists_and_continue_tokens(
     emulator: KubeEmulator, api: httpx.AsyncClient
 ) -> None:

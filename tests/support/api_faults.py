@@ -12,10 +12,11 @@ A rule (``ApiFaults.inject``) matches requests by RBAC verb (``get``,
 ``list``, ``watch``, ``create``, ``update``, ``patch``, ``delete``, or
 ``*``), resource as RBAC names it (``pods``, ``pods/status``,
 ``pods/binding``, ``dljobs``, or ``*``), object name and client
-(``User-Agent``; both ``fnmatch`` patterns) and namespace; it fires ``times`` times (``None``: always), each
-matching request with ``probability`` drawn from a generator seeded by
-``ApiFaults(seed=...)`` (the draws are reproducible; which request gets which
-draw follows the order the requests arrive in). What it does, as
+(``User-Agent``; both ``fnmatch`` patterns) and namespace; it fires
+``times`` times (``None``: always), each matching request with
+``probability`` drawn from a generator seeded by ``ApiFaults(seed=...)``
+(the draws are reproducible; which request gets which draw follows the
+order the requests arrive in). What it does, as
 kube-apiserver does it:
 
 - ``delay_s``: the answer comes that many seconds late (an overloaded server,
@@ -34,7 +35,9 @@ kube-apiserver does it:
   ``after_events`` events, ends with an ``ERROR`` event carrying an
   ``Expired`` ``Status`` (``too old resource version: X (Y)``), as the watch
   cache and etcd's compaction end a watch (``watch.go``/``cacher.go``:
-  ``newErrWatcher``); the client must relist.
+  ``newErrWatcher``); the client must relist. The rule catches a watch when
+  it starts or, if it is already open, at its next event (a probability is
+  then drawn per event until one catches it).
 
 ``KubeEmulator.compact()`` is the other half of 410: etcd compaction at the
 current revision. A watch from an older ``resourceVersion`` then gets the

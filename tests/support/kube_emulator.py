@@ -707,28 +707,37 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     raise Gone(f"too old resource version: {since} ({self.faults.compacted})")
                 backlog = [event for rv, event in history if rv > int(since)]
             mark = await bus.mark()
-        end = self.faults.watch_end(request, self._revision)
-        sent = 0
+        end: tuple[int, Exception] | None = None  # events still to send, then the ERROR
+
+        def ending() -> tuple[int, Exception] | None:
+            """An injected 410 ends this watch: one matched when it began or since."""
+            if end is not None:
+                return end
+            return self.faults.watch_end(request, self._revision)
+
         try:
             stream = bus.stream(since=mark)
+            end = ending()
             for event in backlog:
-                if end is not None and sent >= end[0]:
+                if (end := ending()) is not None and end[0] <= 0:
                     raise end[1]
                 if self._event_selected(request, event, labels, fields):
                     yield event
-                    sent += 1
+                    end = None if end is None else (end[0] - 1, end[1])
             loop = asyncio.get_running_loop()
             while deadline is None or loop.time() < deadline:
-                if end is not None and sent >= end[0]:
+                if end is not None and end[0] <= 0:
                     raise end[1]
                 left = None if deadline is None else deadline - loop.time()
                 try:
                     event = await asyncio.wait_for(anext(stream), left)
                 except TimeoutError:
                     return
+                if (end := ending()) is not None and end[0] <= 0:
+                    raise end[1]
                 if self._event_selected(request, event, labels, fields):
                     yield event
-                    sent += 1
+                    end = None if end is None else (end[0] - 1, end[1])
         finally:
             await bus.unmark(mark)
 
