@@ -341,3 +341,33 @@ async def test_compaction_expires_older_watches_lists_and_continue_tokens(
         watch_lines(api, {"resourceVersion": str(revision)}, until=1), 10
     )
     assert [e["object"]["metadata"]["name"] for e in events] == ["e"]
+
+
+async def test_a_watch_ends_when_its_client_goes_away(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """kube-apiserver ends a watch whose connection closed (the request's context is
+    cancelled): nothing stays open for a client that left."""
+
+    async def opened() -> bool:
+        return emulator.open_watches == 1
+
+    async with (
+        httpx.AsyncClient(base_url=str(emulator.url)) as client,
+        client.stream("GET", PODS, params={"watch": "true"}) as resp,
+    ):
+        assert resp.status_code == 200
+        await until(opened)
+    # the client closed the stream and its connection
+
+    async def closed() -> bool:
+        return emulator.open_watches == 0
+
+    await until(closed)
+
+
+async def until(check: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met"
+        await asyncio.sleep(0.02)

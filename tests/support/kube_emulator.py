@@ -24,6 +24,7 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   without replaying seen objects (410 when too old), atomically subscribed;
   label and field selectors (equality and set-based; a field the object
   lacks reads as ``""``, as the server's field sets do) and ``timeoutSeconds``;
+  a watch ends when its client closes the connection (``open_watches``);
 - paginated lists (``limit``/``continue``): pages in key order
   (namespace/name) from one snapshot at the first page's
   ``resourceVersion``, ``metadata.continue`` while more remain, and
@@ -128,6 +129,18 @@ class Refusal:
             and self.namespace in (None, namespace)
             and fnmatch.fnmatchcase(name, self.name)
         )
+
+
+_WATCH_POLL_S = 0.2
+"""How often an idle watch checks that its client is still there."""
+
+
+def _disconnected(request: kmock.Request) -> bool:
+    """Whether the client closed the connection (kube-apiserver then ends the watch: the
+    request's context is cancelled)."""
+    raw = getattr(request, "_raw_request", None)
+    transport = None if raw is None else raw.transport
+    return transport is None or transport.is_closing()
 
 
 def _now(after_s: int = 0) -> str:
@@ -245,6 +258,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
     """Continue token -> (the list's resourceVersion, the items not yet sent)."""
     _tokens: dict[str, TokenUser] = attrs.field(factory=dict, init=False)
+    open_watches: int = attrs.field(default=0, init=False)
+    """Watch streams being served now (one ends when its client goes away)."""
     faults: ApiFaults = attrs.field(factory=ApiFaults, init=False)
     """Injected faults (``support.api_faults``): ``kmock.faults.inject(...)``."""
 
@@ -707,7 +722,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     raise Gone(f"too old resource version: {since} ({self.faults.compacted})")
                 backlog = [event for rv, event in history if rv > int(since)]
             mark = await bus.mark()
+            self.open_watches += 1
         end: tuple[int, Exception] | None = None  # events still to send, then the ERROR
+        pending: asyncio.Future[Any] | None = None  # the next event, awaited
 
         def ending() -> tuple[int, Exception] | None:
             """An injected 410 ends this watch: one matched when it began or since."""
@@ -728,17 +745,23 @@ class KubeEmulator(kmock.KubernetesEmulator):
             while deadline is None or loop.time() < deadline:
                 if end is not None and end[0] <= 0:
                     raise end[1]
-                left = None if deadline is None else deadline - loop.time()
-                try:
-                    event = await asyncio.wait_for(anext(stream), left)
-                except TimeoutError:
-                    return
+                left = _WATCH_POLL_S if deadline is None else deadline - loop.time()
+                pending = pending or asyncio.ensure_future(anext(stream))
+                await asyncio.wait({pending}, timeout=max(min(left, _WATCH_POLL_S), 0))
+                if not pending.done():
+                    if _disconnected(request):  # the client went away: the watch ends
+                        return
+                    continue
+                event, pending = pending.result(), None
                 if (end := ending()) is not None and end[0] <= 0:
                     raise end[1]
                 if self._event_selected(request, event, labels, fields):
                     yield event
                     end = None if end is None else (end[0] - 1, end[1])
         finally:
+            if pending is not None:
+                pending.cancel()
+            self.open_watches -= 1
             await bus.unmark(mark)
 
     async def _serve_fetch(self, request: kmock.Request) -> Any:
