@@ -426,7 +426,9 @@ async def test_the_extender_answers_errors_and_books_nothing_twice_under_api_fau
         # 409 on the binding (not bound after all): an Error, nothing bound; the retry binds.
         rule = faults.inject("create", "pods/binding", status=409, times=1, **EXT_AGENT)
         answer = await filter_and_bind(ext, gang[1])
-        assert answer["Error"] and rule.hits == 1, answer
+        assert "409 Conflict" in answer["Error"] and rule.hits == 1, answer
+        assert "bound to no node; nothing was bound" in answer["Error"]
+        assert "already bound" not in answer["Error"]
         assert not (await stored(ext_api, "j-g1-w1"))["spec"].get("nodeName")
         hosts.append(await scheduled(ext, gang[1]))
         # 500 after a committed binding: an Error, but bound; the retry finds it bound there.
