@@ -147,10 +147,16 @@ class Extender:
             )
             if status == 409:
                 current = pod_info(await self.api.get_pod(namespace, args.PodName))
+                if not current.node:  # a conflict that bound nothing (a precondition, a race)
+                    self.metrics.binds.labels("failed").inc()
+                    raise UndecidableError(
+                        f"cannot bind {where}: the API server answered 409 Conflict and the "
+                        "pod is bound to no node; nothing was bound (the scheduler retries)"
+                    )
                 if current.node != args.Node:
                     self.metrics.binds.labels("refused").inc()
                     raise UndecidableError(
-                        f"cannot bind {where}: it is already bound to {current.node or 'no node'}"
+                        f"cannot bind {where}: it is already bound to {current.node}"
                     )
                 if annotations and current.block == ():
                     await self.api.annotate_pod(namespace, args.PodName, annotations)

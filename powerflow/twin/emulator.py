@@ -24,6 +24,7 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   without replaying seen objects (410 when too old), atomically subscribed;
   label and field selectors (equality and set-based; a field the object
   lacks reads as ``""``, as the server's field sets do) and ``timeoutSeconds``;
+  a watch ends when its client closes the connection (``open_watches``);
 - paginated lists (``limit``/``continue``): pages in key order
   (namespace/name) from one snapshot at the first page's
   ``resourceVersion``, ``metadata.continue`` while more remain, and
@@ -48,7 +49,12 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   extra) and ``audiences``: the intersection;
 - writes refused for chosen objects (``refuse``): the ``Status`` body
   kube-apiserver sends when admission (PodSecurity, ResourceQuota, a webhook)
-  or validation denies a request, and nothing stored.
+  or validation denies a request, and nothing stored;
+- faults (``faults``, ``powerflow.twin.api_faults``): 409, 429 with ``Retry-After``,
+  500 (before or after the write), slow answers, watches that end with a 410
+  ``ERROR`` event, per verb, resource, name, count or seeded probability; and
+  etcd compaction (``compact``): watches, continue tokens and exact lists from
+  before it are 410 ``Expired``.
 
 Not imitated: the kubelet's part of graceful termination (a pod without
 finalizers goes at once, as an unscheduled one does; a finalizer keeps it
@@ -79,6 +85,8 @@ import attrs
 import jsonpatch
 import kmock
 from kmock._internal import apps, dicts, k8s
+
+from .api_faults import ApiFaults, Injected
 
 Obj = dict[str, Any]
 _HISTORY = 10_000  # watch events kept per resource for ?resourceVersion= resumes
@@ -121,6 +129,18 @@ class Refusal:
             and self.namespace in (None, namespace)
             and fnmatch.fnmatchcase(name, self.name)
         )
+
+
+_WATCH_POLL_S = 0.2
+"""How often an idle watch checks that its client is still there."""
+
+
+def _disconnected(request: kmock.Request) -> bool:
+    """Whether the client closed the connection (kube-apiserver then ends the watch: the
+    request's context is cancelled)."""
+    raw = getattr(request, "_raw_request", None)
+    transport = None if raw is None else raw.transport
+    return transport is None or transport.is_closing()
 
 
 def _now(after_s: int = 0) -> str:
@@ -245,6 +265,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
     """Continue token -> (the list's resourceVersion, the items not yet sent)."""
     _tokens: dict[str, TokenUser] = attrs.field(factory=dict, init=False)
+    open_watches: int = attrs.field(default=0, init=False)
+    """Watch streams being served now (one ends when its client goes away)."""
+    faults: ApiFaults = attrs.field(factory=ApiFaults, init=False)
+    """Injected faults (``powerflow.twin.api_faults``): ``kmock.faults.inject(...)``."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -294,6 +318,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         rule = Refusal(verb, resource, name, namespace, status, reason, message, times)
         self._refusals.append(rule)
         return rule
+
+    def compact(self) -> int:
+        """etcd compaction at the current revision (the API server compacts every 5
+        minutes): watches from an older ``resourceVersion`` end with a 410 ``ERROR``
+        event, lists under way lose their continue tokens (410). Returns the revision."""
+        self.faults.compacted = self._revision
+        self._pages.clear()
+        return self._revision
+
+    async def _render_error(self, exc: Exception) -> Any:
+        if isinstance(exc, Injected):
+            return exc.response()
+        return await super()._render_error(exc)
 
     def register_token(
         self,
@@ -503,10 +540,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         keep = self.keep_requests
         if keep is not None and len(self._requests) > 2 * keep:
             del self._requests[:-keep]  # the one being served is the last
+        after = await self.faults.before(request)  # delays, and errors served instead
         if request.resource is not None:
             async with self._lock:
                 self._refused(request)
                 result = await self._write(request)
+            if after is not None:  # done, but the client hears of an error
+                raise after
             if result is not None:
                 self._results[id(request)] = result
         # Skip KubernetesEmulator._handle (its naive writes); user reactions still apply.
@@ -644,6 +684,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.resource not in self.resources and not self._select(request):
             raise k8s.KubernetesResourceNotFoundError()
         token = request.params.get("continue")
+        version_asked = request.params.get("resourceVersion") or ""
+        exact = request.params.get("resourceVersionMatch") == "Exact" or (
+            request.params.get("limit") and not request.params.get("resourceVersionMatch")
+        )
+        if exact and version_asked not in ("", "0") and int(version_asked) < self.faults.compacted:
+            raise Gone("The resourceVersion for the provided list is too old.")
         if token:
             if token not in self._pages:
                 raise Gone("The provided continue parameter is too old or invalid")
@@ -682,23 +728,50 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 oldest = history[0][0] if history else self._revision + 1
                 if int(since) < oldest - 1 and len(history) == history.maxlen:
                     raise Gone(f"too old resource version: {since} ({oldest - 1})")
+                if int(since) < self.faults.compacted:
+                    raise Gone(f"too old resource version: {since} ({self.faults.compacted})")
                 backlog = [event for rv, event in history if rv > int(since)]
             mark = await bus.mark()
+            self.open_watches += 1
+        end: tuple[int, Exception] | None = None  # events still to send, then the ERROR
+        pending: asyncio.Future[Any] | None = None  # the next event, awaited
+
+        def ending() -> tuple[int, Exception] | None:
+            """An injected 410 ends this watch: one matched when it began or since."""
+            if end is not None:
+                return end
+            return self.faults.watch_end(request, self._revision)
+
         try:
             stream = bus.stream(since=mark)
+            end = ending()
             for event in backlog:
+                if (end := ending()) is not None and end[0] <= 0:
+                    raise end[1]
                 if self._event_selected(request, event, labels, fields):
                     yield event
+                    end = None if end is None else (end[0] - 1, end[1])
             loop = asyncio.get_running_loop()
             while deadline is None or loop.time() < deadline:
-                left = None if deadline is None else deadline - loop.time()
-                try:
-                    event = await asyncio.wait_for(anext(stream), left)
-                except TimeoutError:
-                    return
+                if end is not None and end[0] <= 0:
+                    raise end[1]
+                left = _WATCH_POLL_S if deadline is None else deadline - loop.time()
+                pending = pending or asyncio.ensure_future(anext(stream))
+                await asyncio.wait({pending}, timeout=max(min(left, _WATCH_POLL_S), 0))
+                if not pending.done():
+                    if _disconnected(request):  # the client went away: the watch ends
+                        return
+                    continue
+                event, pending = pending.result(), None
+                if (end := ending()) is not None and end[0] <= 0:
+                    raise end[1]
                 if self._event_selected(request, event, labels, fields):
                     yield event
+                    end = None if end is None else (end[0] - 1, end[1])
         finally:
+            if pending is not None:
+                pending.cancel()
+            self.open_watches -= 1
             await bus.unmark(mark)
 
     async def _serve_fetch(self, request: kmock.Request) -> Any:

@@ -1,0 +1,8 @@
+"""The emulator's injected API faults, kept importable as ``support.api_faults`` for the
+tests: the module lives with the emulator in ``powerflow.twin.api_faults`` (one object)."""
+
+import sys
+
+from powerflow.twin import api_faults
+
+sys.modules[__name__] = api_faults
