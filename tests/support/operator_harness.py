@@ -122,7 +122,7 @@ class Operator:
         which must stay free while the operator talks to it.
         """
         self._thread.start()
-        if not await asyncio.to_thread(self._ready.wait, 10):
+        if not await asyncio.to_thread(self._ready.wait, 60):
             raise RuntimeError("operator did not start")
         if self.error is not None:
             raise RuntimeError(f"operator failed: {self.error!r}") from self.error
