@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,6 @@ def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
     signals = [signal.SIGKILL] * 10 + [signal.SIGTERM] * 10
     rng.shuffle(signals)
     kills: list[tuple[float, str]] = []
-    done = threading.Event()
     with Twin(tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED) as twin:
         operator = twin.operator
         assert operator is not None and operator.proc is not None
@@ -218,32 +218,30 @@ def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
         watch = Watch(twin.url)
         progress = ProgressLog(twin)
 
-        def kill() -> None:
-            for i, sig in enumerate(signals):
-                if i % 5 == 4:  # an operator at work: up, its passes running
-                    operator.wait_ready(timeout_s=300)
-                    pause = rng.uniform(0.5, 3.0)
-                else:  # any moment of its life, its start-up included (a crash loop)
-                    pause = rng.uniform(0.0, 8.0)
-                if done.wait(pause):
-                    return
-                assert operator.proc is not None
-                operator.signal(sig)
-                operator.proc.wait(60)
-                kills.append((time.monotonic(), signal.Signals(sig).name))
-                operator.launch()
-            operator.wait_ready(timeout_s=300)
-
-        killer = threading.Thread(target=kill, name="faults-killer", daemon=True)
         began = time.monotonic()
-        killer.start()
-        try:
-            result = twin.run(jobs, timeout_s=700)
-        finally:
-            done.set()
-            killer.join(320)
-            watch.close()
-            progress.close()
+        # The faults come from this thread and the trace runs in another: a child
+        # process dies with the thread that started it (PR_SET_PDEATHSIG).
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(twin.run, jobs, timeout_s=700)
+            try:
+                for i, sig in enumerate(signals):
+                    if i % 5 == 4:  # an operator at work: up, its passes running
+                        operator.wait_ready(timeout_s=300)
+                        pause = rng.uniform(0.5, 3.0)
+                    else:  # any moment of its life, its start-up included (a crash loop)
+                        pause = rng.uniform(0.0, 8.0)
+                    time.sleep(pause)
+                    if running.done():
+                        break
+                    operator.signal(sig)
+                    operator.proc.wait(60)
+                    kills.append((time.monotonic(), signal.Signals(sig).name))
+                    operator.launch()
+                operator.wait_ready(timeout_s=300)
+                result = running.result()
+            finally:
+                watch.close()
+                progress.close()
         took = time.monotonic() - began
         final = _progress(twin)
         assert twin.kubelet is not None
@@ -284,17 +282,6 @@ def test_extender_restarted_mid_gang_rebuilds_its_reservations(tmp_path: Path) -
         watch = Watch(twin.url)
         outside: list[str] = []
 
-        def restart() -> None:
-            while len(restarts) < 3 and not done.is_set():
-                if not watch.partial.wait(1.0):
-                    continue
-                assert extender.proc is not None
-                extender.signal(signal.SIGKILL)
-                extender.proc.wait(60)
-                restarts.append(", ".join(sorted(watch.live)))
-                extender.start(timeout_s=300)
-                done.wait(5.0)
-
         def workers() -> None:
             """The kubelet's GPU for each worker, against its pod's block."""
             assert twin.kubelet is not None
@@ -305,16 +292,26 @@ def test_extender_restarted_mid_gang_rebuilds_its_reservations(tmp_path: Path) -
                     if block is not None and (w.node, w.gpu) not in block:
                         outside.append(f"{w.pod} on {w.node} GPU {w.gpu}, block {block}")
 
-        threads = [threading.Thread(target=f, daemon=True) for f in (restart, workers)]
-        for t in threads:
-            t.start()
-        try:
-            result = twin.run(jobs, timeout_s=450)
-        finally:
-            done.set()
-            for t in threads:
-                t.join(320)
-            watch.close()
+        checker = threading.Thread(target=workers, daemon=True)
+        checker.start()
+        # Restarts from this thread (a child dies with the thread that started it).
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(twin.run, jobs, timeout_s=450)
+            try:
+                while len(restarts) < 3 and not running.done():
+                    if not watch.partial.wait(1.0):
+                        continue
+                    assert extender.proc is not None
+                    extender.signal(signal.SIGKILL)
+                    extender.proc.wait(60)
+                    restarts.append(", ".join(sorted(watch.live)))
+                    extender.start(timeout_s=300)
+                    time.sleep(5.0)
+                result = running.result()
+            finally:
+                done.set()
+                checker.join(30)
+                watch.close()
         binds = twin.scheduler.stats.bound if twin.scheduler is not None else 0
     print(f"extender restarts {len(restarts)}, binds {binds}, gangs {len(watch.blocks)}")
     assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
