@@ -10,6 +10,8 @@
   from the cluster), no GPU is held by two gangs at once (the extender's placement
   blocks of the live pods, and the GPU the kubelet gave each worker), the gang runs
   to completion.
+- The watch behind these checks, on its own: it does see a slot created twice, a GPU
+  in two gangs' blocks and a partly bound gang.
 
 The trace runs on one node of 8 GPUs: on 2 x 8, 16-GPU gangs can stall in the
 extender (docs/twin.md, "Not done yet"), which another change fixes; gangs here are
@@ -34,6 +36,7 @@ import httpx
 import pytest
 
 from powerflow import contract
+from powerflow.twin.apiserver import ApiServer
 from powerflow.twin.harness import Twin
 from powerflow.twin.timescale import TimeScale
 from powerflow.twin.trace import NAMESPACE, mini_trace
@@ -321,3 +324,45 @@ def test_extender_restarted_mid_gang_rebuilds_its_reservations(tmp_path: Path) -
     assert outside == []
     split = {gang: blocks for gang, blocks in watch.blocks.items() if len(blocks) > 1}
     assert split == {}, f"gangs bound to more than one block: {split}"
+
+
+def _pod(name: str, world: int, node: str | None = None, block: str | None = None) -> Obj:
+    annotations = {contract.PLACEMENT_ANNOTATION: block} if block else {}
+    env = [{"name": "WORLD_SIZE", "value": str(world)}]
+    spec: Obj = {"containers": [{"name": "w", "image": "i", "env": env}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "annotations": annotations}, "spec": spec}
+
+
+def test_the_watch_sees_a_slot_created_twice_a_gpu_held_twice_and_a_partial_gang() -> None:
+    """The checks above can fail: a pod name created, deleted and created again counts
+    2; two gangs' blocks on one GPU are an overlap; a gang with 1 of its 2 pods bound
+    is partial, and no longer once both are."""
+    with ApiServer() as server, httpx.Client(base_url=server.url) as client:
+        watch = Watch(server.url)
+        pods = "/api/v1/namespaces/ml/pods"
+        try:
+            block = '{"node": "n", "block": [["n", 0], ["n", 1]]}'
+            client.post(pods, json=_pod("a-g1-w0", 2, "n", block)).raise_for_status()
+            assert _eventually(watch.partial.is_set)
+            client.post(pods, json=_pod("a-g1-w1", 2, "n", block)).raise_for_status()
+            assert _eventually(lambda: not watch.partial.is_set())
+            other = '{"node": "n", "block": [["n", 1]]}'
+            client.post(pods, json=_pod("b-g1-w0", 1, "n", other)).raise_for_status()
+            client.delete(f"{pods}/b-g1-w0").raise_for_status()
+            client.post(pods, json=_pod("b-g1-w0", 1)).raise_for_status()
+            assert _eventually(lambda: watch.created.get("b-g1-w0") == 2)
+            assert watch.overlaps and "('n', 1)" in watch.overlaps[0]
+            assert watch.created["a-g1-w0"] == 1
+        finally:
+            watch.close()
+
+
+def _eventually(check: Any, limit_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
