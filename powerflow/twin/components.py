@@ -76,6 +76,14 @@ class Process:
         self.starts = 0
 
     def start(self, timeout_s: float = 120.0) -> Process:
+        """Launch, then wait until ``ready`` answers (``timeout_s``)."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> Process:
+        """Start the process without waiting for it to serve (a fault test kills it at
+        any moment of its life, its start-up included)."""
+        if self._out is not None:
+            self._out.close()
         self._out = self.log.open("ab")
         argv = [sys.executable, "-m", self.module, *self.args]
         self.proc = subprocess.Popen(
@@ -86,6 +94,10 @@ class Process:
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         self.starts += 1
+        return self
+
+    def wait_ready(self, timeout_s: float = 120.0) -> Process:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
