@@ -24,8 +24,8 @@ from powerflow.twin.timescale import TimeScale
 from powerflow.twin.trace import mini_trace
 
 NODES, GPUS = 2, 8
-MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.02), 700
-JCT_TOLERANCE = 0.6
+MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.01), 450
+JCT_TOLERANCE = 0.9
 ENERGY_TOLERANCE = 0.15
 
 
