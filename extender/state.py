@@ -347,6 +347,14 @@ class ClusterState:
         self._release_if_done(info.gang)
 
     def _put_pod(self, info: PodInfo) -> None:
+        old = self.pods.get(info.key)
+        stale = old is not None and old.bound and old.uid == info.uid
+        if stale and not info.bound and not info.terminal:
+            # The watch lags our own bind (``end_bind``): this body predates it. A bound
+            # pod never unbinds (``spec.nodeName`` is immutable), and forgetting the
+            # worker even briefly let an expiry shrink its gang's block below the
+            # workers bound there.
+            return
         self._drop_pod(info.key)
         if info.terminal or (info.gang is None and info.gpus == 0):
             self._release_if_done(info.gang)

@@ -248,3 +248,27 @@ def test_bind_to_a_node_outside_the_block_is_refused() -> None:
     other = ({"n0", "n1"} - set(admitted)).pop()
     with pytest.raises(Exception, match="no room left"):
         state.begin_bind(info, other)
+
+
+def test_a_watch_event_older_than_the_bind_never_unbinds_a_worker() -> None:
+    """The watch lags the extender's own bind: the pod's pre-bind body (its ADDED or an
+    earlier MODIFIED) can arrive after ``end_bind``. A bound pod never becomes unbound
+    (``spec.nodeName`` is immutable once set), so that body must not drop the worker
+    from its gang: if it did, the reservation's expiry in that window shrank the block
+    below the workers bound there (negative room), and filter admitted a node that
+    bind then refused ("no aligned block"), as the twin's mini trace showed."""
+    state, clock = cluster(2, ttl_s=120.0)
+    members = gang("bert", 16, generation="9")
+    first = schedule(state, members[0])
+    assert first is not None and schedule(state, members[1]) == first
+    state.upsert_pod(members[0])  # the lagging pre-bind event of the worker just bound
+    clock.now += 121  # the reservation lapses while the lagging event is applied
+    assert schedule(state, members[2]) is not None
+    bound = dict(members[0], spec=dict(members[0]["spec"], nodeName=first))
+    state.upsert_pod(bound)  # the bind's own event, at last
+    key = pod_info(members[0]).gang
+    assert key is not None
+    assert min(state.room(state.gangs[key]).values()) >= 0
+    assert state.pods[pod_info(members[0]).key].node == first
+    for p in members[3:]:
+        assert schedule(state, p) is not None

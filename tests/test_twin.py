@@ -2,9 +2,8 @@
 figures on the same jobs (``powerflow.twin``, ``docs/twin.md``).
 
 The run starts the operator and the extender as processes (as a user starts them), two
-node agents on simulated GPUs, the kubelet and the scheduler, and runs one job of the
-default trace in real time. The 20-job mini trace is not a test yet: it does not
-complete (docs/twin.md, "Not done yet"). Tolerances are justified in docs/twin.md.
+node agents on simulated GPUs, the kubelet and the scheduler, and runs the 20-job mini
+trace of the default trace in real time. Tolerances are justified in docs/twin.md.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ from powerflow.twin.timescale import TimeScale
 from powerflow.twin.trace import mini_trace
 
 NODES, GPUS = 2, 8
-JCT_TOLERANCE = 0.25
+MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.01), 450
+JCT_TOLERANCE = 1.5
 ENERGY_TOLERANCE = 0.15
 
 
@@ -104,20 +104,22 @@ def test_emulator_with_a_bounded_log_serves_every_write() -> None:
         assert len(server.emulator._requests) <= 21
 
 
-@pytest.mark.timeout(600)
-def test_one_job_runs_to_completion_and_agrees_with_simulate(tmp_path: Path) -> None:
-    """The first job of the default trace at 1/20 of its size, on 2 x 8 GPUs, through
-    every component: it succeeds, every worker was bound through the extender, and its
-    JCT and energy agree with the simulator's run of the same job (docs/twin.md: +9 % and
-    +6 % measured here; the tolerance covers the software's latency at this scale)."""
-    scale = TimeScale(0.05)
-    jobs = mini_trace(1, scale)
-    sim = simulate_mini(jobs, nodes=NODES, gpus_per_node=GPUS, scale=scale)
-    with Twin(tmp_path, nodes=NODES, gpus_per_node=GPUS, scale=scale) as twin:
-        result = twin.run(jobs, timeout_s=450)
+@pytest.mark.timeout(MINI_TIMEOUT_S + 120)
+def test_mini_trace_runs_to_completion_and_agrees_with_simulate(tmp_path: Path) -> None:
+    """The first 20 jobs of the default trace, scaled by ``MINI_SCALE``, on 2 x 8 GPUs,
+    through every component: every job succeeds (a 16-GPU gang included, which once
+    stalled: docs/twin.md), every worker was bound through the extender, no progress was
+    lost, and the average JCT and the jobs' energy agree with the simulator's run of the
+    same jobs within the tolerances that docs/twin.md states and justifies."""
+    jobs = mini_trace(MINI_JOBS, MINI_SCALE)
+    sim = simulate_mini(jobs, nodes=NODES, gpus_per_node=GPUS, scale=MINI_SCALE)
+    with Twin(tmp_path, nodes=NODES, gpus_per_node=GPUS, scale=MINI_SCALE) as twin:
+        result = twin.run(jobs, timeout_s=MINI_TIMEOUT_S)
         assert twin.scheduler is not None and twin.kubelet is not None
         scheduler, kubelet = twin.scheduler.stats, twin.kubelet.stats
-    assert [(j.name, j.phase) for j in result.jobs] == [(jobs[0].name, "Succeeded")]
+    assert sorted((j.name, j.phase) for j in result.jobs) == sorted(
+        (job.name, "Succeeded") for job in jobs
+    )
     assert scheduler.bound == kubelet.started > 0
     assert kubelet.lost_iterations == 0
     agree = agreement(result, sim)

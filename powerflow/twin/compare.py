@@ -44,6 +44,11 @@ def simulate_mini(
             restart_s=scale(restart_s),
             batch_s=scale(BATCH_S),
             seed=seed,
+            # The twin's nodes never power off; with the simulator's default (idle nodes
+            # off, 300 s unscaled to power one on) a job paid up to 600 s per node it
+            # spread to, whatever the time scale.
+            idle_nodes_off=False,
+            power_on_s=0.0,
         )
         configured = scheduler("powerflow").configure(eta)
         profiling = replace(
