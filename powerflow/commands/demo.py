@@ -58,6 +58,9 @@ GPUS_PER_NODE = 8
 POLL_S = 0.25
 """Between two reads of the DLJobs and Events (and two pictures): a job's end is
 seen within this, small next to the JCTs at the default speed."""
+TAIL_READS = 4
+"""Reads after the last job ended, for the Events its end brings (posted after the
+status that says it ended)."""
 INSTALL = "pip install 'powerflow[demo]'"
 
 SUMMARY_COLUMNS = (
@@ -169,7 +172,7 @@ def demo(args: argparse.Namespace, console: Console) -> int:
             print(f"powerflow demo: the twin failed: {exc}", file=sys.stderr)
             print(log.read_text(errors="replace")[-3000:], file=sys.stderr, end="")
             return 1
-    console.print(f"simulating the same {len(jobs)} jobs with powerflow simulate ...")
+    console.print(f"simulating the same {what} with powerflow simulate ...")
     sim = simulate_mini(
         jobs, nodes=args.nodes, gpus_per_node=GPUS_PER_NODE, scale=scale, eta=args.eta
     )
@@ -258,6 +261,19 @@ def drive(
             title, now, job_rows(items), len(pending), node_rows(twin.gpus), budget, tuple(lines)
         )
 
+    def read(now: float) -> list[dict[str, Any]]:
+        """The DLJobs (the last ones read if the API server does not answer), and the
+        new Events into the view's lines."""
+        assert twin.client is not None
+        try:
+            got = twin.client.get(dljobs).json()["items"]
+            events = twin.client.get(events_path).json()["items"]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:  # a slow moment: next read
+            lines.append(f"{now:7.1f} s  (reading the API server: {exc})")
+            return items
+        lines.extend(event_line(event, now) for event in new_events(events, seen))
+        return list(got)
+
     with Live(render(frame(0.0)), console=console, auto_refresh=False) as live:
         while len(finish) < len(jobs):
             now = clock() - start
@@ -265,14 +281,7 @@ def drive(
                 job = pending.pop(0)
                 twin.submit(job)
                 lines.append(f"{now:7.1f} s  {job.name}  applied ({job.job.model_name})")
-            try:
-                items = twin.client.get(dljobs).json()["items"]
-                events = twin.client.get(events_path).json()["items"]
-            except (httpx.HTTPError, ValueError, KeyError) as exc:  # a slow moment: next read
-                lines.append(f"{now:7.1f} s  (reading the API server: {exc})")
-                events = []
-            for event in new_events(events, seen):
-                lines.append(event_line(event, now))
+            items = read(now)
             for body in items:
                 name = body["metadata"]["name"]
                 phase = (body.get("status") or {}).get("phase", "")
@@ -281,12 +290,17 @@ def drive(
             live.update(render(frame(clock() - start)), refresh=True)
             if len(finish) < len(jobs):
                 time.sleep(POLL_S)
-    active, idle = totals(twin.gpus)
+        active, idle = totals(twin.gpus)
+        wall_s = clock() - began
+        for _ in range(TAIL_READS):  # the operator posts a pass's Events after its writes
+            time.sleep(POLL_S)
+            items = read(clock() - start)
+            live.update(render(frame(clock() - start)), refresh=True)
     outcomes = tuple(
         JobOutcome(j.name, j.job.submit_s, finish[j.name][0], finish[j.name][1]) for j in jobs
     )
     makespan = max(o.finish_s for o in outcomes) - min(o.submit_s for o in outcomes)
-    return TwinResult(outcomes, active - active0, idle - idle0, makespan), clock() - began
+    return TwinResult(outcomes, active - active0, idle - idle0, makespan), wall_s
 
 
 def summary_rows(
