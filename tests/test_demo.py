@@ -28,6 +28,7 @@ from powerflow.commands.demo_view import (
     job_row,
     new_events,
     render,
+    shown_jobs,
 )
 from powerflow.sim.config import POWER_ON_S
 from powerflow.twin.compare import simulate_mini
@@ -194,3 +195,30 @@ def test_the_view_shows_jobs_gpus_power_and_the_newest_events() -> None:
     assert "5,100 W of a 4,800 W budget (106%)" in text
     assert "event 11" in text and "event 4" in text and "event 3" not in text
     assert frame.power_w == 5100.0 and frame.done == 0
+
+
+def test_on_a_short_terminal_the_ended_jobs_give_way() -> None:
+    """rich cuts a live view taller than the terminal at its bottom (the power and the
+    events): the jobs' table shows the jobs still running first, and says how many it
+    leaves out."""
+    jobs = tuple(
+        JobRow(f"j{i:02d}", "bert", "Succeeded" if i % 2 else "Running", 1, (), 1410, 1, 9)
+        for i in range(10)
+    )
+    frame = Frame("T", 1.0, jobs, 0, (NodeRow("node-0", (True,), (1410,), 300.0),), 4800.0, ())
+    running = [j.name for j in jobs if j.phase == "Running"]
+    assert [j.name for j in shown_jobs(jobs, 6)] == ["j00", "j01", "j02", "j04", "j06", "j08"]
+    assert [j.name for j in shown_jobs(jobs, 3)] == running[:3]
+    assert shown_jobs(jobs, None) == jobs
+    height = 20
+    console = Console(width=140, height=height, record=True, file=io.StringIO())
+    console.print(render(frame, height))
+    text = console.export_text()
+    assert len(text.splitlines()) <= height
+    assert "cluster power" in text and "(none yet)" in text
+    assert "7 not shown" in text
+    assert [j for j in ("j00", "j01", "j02", "j04", "j06") if j in text] == ["j00", "j02", "j04"]
+    tall = Console(width=140, record=True, file=io.StringIO())
+    tall.print(render(frame))
+    everything = tall.export_text()
+    assert all(j.name in everything for j in jobs)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 
 from powerflow import contract
@@ -256,10 +256,11 @@ def drive(
     seen: set[str] = set()
     lines: list[str] = []
 
-    def frame(now: float) -> Frame:
-        return Frame(
-            title, now, job_rows(items), len(pending), node_rows(twin.gpus), budget, tuple(lines)
-        )
+    height = console.size.height if console.is_terminal else None
+
+    def frame(now: float) -> RenderableType:
+        rows, nodes = job_rows(items), node_rows(twin.gpus)
+        return render(Frame(title, now, rows, len(pending), nodes, budget, tuple(lines)), height)
 
     def read(now: float) -> list[dict[str, Any]]:
         """The DLJobs (the last ones read if the API server does not answer), and the
@@ -274,7 +275,7 @@ def drive(
         lines.extend(event_line(event, now) for event in new_events(events, seen))
         return list(got)
 
-    with Live(render(frame(0.0)), console=console, auto_refresh=False) as live:
+    with Live(frame(0.0), console=console, auto_refresh=False) as live:
         while len(finish) < len(jobs):
             now = clock() - start
             while pending and pending[0].job.submit_s <= now:
@@ -287,7 +288,7 @@ def drive(
                 phase = (body.get("status") or {}).get("phase", "")
                 if phase in ("Succeeded", "Failed") and name not in finish:
                     finish[name] = (clock() - start, phase)
-            live.update(render(frame(clock() - start)), refresh=True)
+            live.update(frame(clock() - start), refresh=True)
             if len(finish) < len(jobs):
                 time.sleep(POLL_S)
         active, idle = totals(twin.gpus)
@@ -295,7 +296,7 @@ def drive(
         for _ in range(TAIL_READS):  # the operator posts a pass's Events after its writes
             time.sleep(POLL_S)
             items = read(clock() - start)
-            live.update(render(frame(clock() - start)), refresh=True)
+            live.update(frame(clock() - start), refresh=True)
     outcomes = tuple(
         JobOutcome(j.name, j.job.submit_s, finish[j.name][0], finish[j.name][1]) for j in jobs
     )

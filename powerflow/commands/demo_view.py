@@ -142,7 +142,21 @@ def new_events(items: Iterable[Mapping[str, Any]], seen: set[str]) -> list[Mappi
     return sorted(fresh, key=order)
 
 
-def _jobs_table(frame: Frame) -> Table:
+ENDED = ("Succeeded", "Failed")
+
+
+def shown_jobs(jobs: tuple[JobRow, ...], limit: int | None) -> tuple[JobRow, ...]:
+    """At most ``limit`` jobs, the ended ones left out first (in name order): on a
+    terminal, rich cuts a view taller than the screen at its bottom."""
+    if limit is None or len(jobs) <= limit:
+        return jobs
+    running = [j for j in jobs if j.phase not in ENDED]
+    ended = [j for j in jobs if j.phase in ENDED]
+    keep = set(map(id, running[:limit] + ended[: max(0, limit - len(running))]))
+    return tuple(j for j in jobs if id(j) in keep)
+
+
+def _jobs_table(frame: Frame, limit: int | None) -> Table:
     table = Table(title=f"DLJobs ({frame.done}/{len(frame.jobs) + frame.waiting} done)")
     table.add_column("job", no_wrap=True)
     table.add_column("phase", no_wrap=True)
@@ -151,7 +165,8 @@ def _jobs_table(frame: Frame) -> Table:
     table.add_column("clock MHz", justify="right")
     table.add_column("progress", no_wrap=True)
     table.add_column("iterations", justify="right")
-    for j in frame.jobs:
+    shown = shown_jobs(frame.jobs, limit)
+    for j in shown:
         share = j.iterations / j.total if j.total else 0.0
         table.add_row(
             j.name,
@@ -162,8 +177,12 @@ def _jobs_table(frame: Frame) -> Table:
             Group(ProgressBar(total=max(j.total, 1), completed=j.iterations, width=20)),
             f"{j.iterations}/{j.total} ({share:.0%})",
         )
+    notes = []
+    if len(shown) < len(frame.jobs):
+        notes.append(f"{len(frame.jobs) - len(shown)} not shown")
     if frame.waiting:
-        table.caption = f"{frame.waiting} more to be submitted at their trace times"
+        notes.append(f"{frame.waiting} more to be submitted at their trace times")
+    table.caption = "; ".join(notes) or None
     return table
 
 
@@ -194,13 +213,21 @@ def _power(frame: Frame) -> Table:
     return grid
 
 
-def render(frame: Frame) -> RenderableType:
-    """The whole view: title line, jobs, GPUs, power against the budget, events."""
+def render(frame: Frame, height: int | None = None) -> RenderableType:
+    """The whole view: title line, jobs, GPUs, power against the budget, events;
+    ``height``: the terminal's lines, which the jobs' table gives way to (None: all)."""
     head = Text(f"{frame.title}   t = {frame.elapsed_s:,.1f} s", style="bold")
-    events = Text("\n".join(frame.events[-EVENTS_SHOWN:]) or "(none yet)")
+    recent = frame.events[-EVENTS_SHOWN:]
+    events = Text("\n".join(recent) or "(none yet)")
+    limit = None
+    if height is not None:
+        # Every line but the jobs' rows: title; the jobs' table's title, borders,
+        # header and caption; the GPUs' table; the power line; the events' panel.
+        other = 1 + 6 + 5 + len(frame.nodes) + 1 + 2 + max(1, len(recent))
+        limit = max(1, height - other)
     return Group(
         head,
-        _jobs_table(frame),
+        _jobs_table(frame, limit),
         _nodes_table(frame),
         _power(frame),
         Panel(events, title="events", title_align="left"),
