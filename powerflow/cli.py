@@ -31,6 +31,7 @@ COMMANDS: tuple[str, ...] = (
     "nodeagent",
     "plan",
     "budget",
+    "demo",
 )
 
 

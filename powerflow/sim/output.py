@@ -72,22 +72,27 @@ def knob_text(row: Mapping[str, Any]) -> str:
 
 
 def results_table(
-    rows: Sequence[Mapping[str, Any]], title: str, *, value: tuple[str, str] | None = None
+    rows: Sequence[Mapping[str, Any]],
+    title: str,
+    *,
+    value: tuple[str, str] | None = None,
+    columns: Sequence[tuple[str, str, float]] = TABLE_COLUMNS,
 ) -> Table:
     """One line per run. ``value``: a (row key, header) column shown first, the
-    parameter a sensitivity row belongs to (``x``)."""
+    parameter a sensitivity row belongs to (``x``). ``columns``: ``TABLE_COLUMNS``, or
+    the same keys in other units (``powerflow demo``'s runs last minutes, not days)."""
     table = Table(title=title)
     if value is not None:
         table.add_column(value[1], justify="right", no_wrap=True)
     table.add_column("scheduler", no_wrap=True)
     table.add_column("setting", no_wrap=True)
-    for _, label, _ in TABLE_COLUMNS:
+    for _, label, _ in columns:
         table.add_column(label, justify="right")
     for row in rows:
         name = row["scheduler"] + (" (oracle)" if row.get("oracle") else "")
         cells = [] if value is None else [_plain(row.get(value[0]))]
         cells += [name, knob_text(row)]
-        for key, label, scale in TABLE_COLUMNS:
+        for key, label, scale in columns:
             cells.append(_number(row.get(key), scale, 0 if label == "budget W" else 2))
         table.add_row(*cells)
     return table

@@ -1,6 +1,6 @@
 """The twin: every PowerFlow component together on one machine, without a cluster or a GPU.
 
-A library for tests (``tests/test_twin.py``) and, later, ``powerflow demo``:
+A library for tests (``tests/test_twin.py``) and ``powerflow demo``:
 the emulated API server (``emulator``, served by ``apiserver``), the operator
 and the extender started as a user starts them (``components``), a small
 kube-scheduler (``scheduler``), node agents on simulated GPUs and a simulated
