@@ -120,7 +120,9 @@ def test_mini_trace_runs_to_completion_and_agrees_with_simulate(tmp_path: Path) 
     assert sorted((j.name, j.phase) for j in result.jobs) == sorted(
         (job.name, "Succeeded") for job in jobs
     )
-    assert scheduler.bound == kubelet.started > 0
+    # A pod the operator deletes (a rescale) after its bind but before the kubelet
+    # starts it is bound and never started.
+    assert 0 < kubelet.started <= scheduler.bound
     assert kubelet.lost_iterations == 0
     agree = agreement(result, sim)
     print(agree.describe())
