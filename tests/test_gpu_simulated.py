@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import itertools
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -231,3 +235,48 @@ def test_gpu_spec_checks_its_power_limit_range() -> None:
         GpuSpec("X", (100, 200), 200, 10.0, 100.0, 150, min_power_limit_w=120.0)
     with pytest.raises(DataError, match="min power limit"):
         GpuSpec("X", (100, 200), 200, 10.0, 100.0, 150, min_power_limit_w=0.0)
+
+
+def test_threads_sharing_the_gpus_keep_each_gpus_state_whole() -> None:
+    """The node agent (its own thread) and the workers (the kubelet's) share one node's
+    GPUs: the agent reads power and energy while a worker's GPU is cleared. A GPU cleared
+    while another thread runs the GPUs forward must stay cleared: idle, with no iterations
+    (a half-applied update would credit the old job's iterations to it)."""
+    ticks = itertools.count()
+    clock_lock = threading.Lock()
+
+    def clock() -> float:
+        # a thread-safe fake clock that moves 1 s per reading (several iterations)
+        with clock_lock:
+            return float(next(ticks))
+
+    count = 32
+    gpus = SimulatedGpus(count, seed=3, clock=clock)
+    done = threading.Event()
+
+    def read(worker: int) -> None:
+        g = worker
+        while not done.is_set():
+            gpus.power_mw(g)
+            gpus.total_energy_mj(g)
+            g = (g + 1) % count
+
+    def clear_all() -> None:
+        for g in range(count):
+            gpus.clear(g)
+        done.set()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, as a loaded machine does
+    try:
+        for _ in range(5):
+            for g in range(count):
+                gpus.assign(g, RESNET)
+            done.clear()
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                jobs = [pool.submit(read, w) for w in range(3)] + [pool.submit(clear_all)]
+                for job in jobs:
+                    job.result()
+            assert [gpus.iterations_completed(g) for g in range(count)] == [0] * count
+    finally:
+        sys.setswitchinterval(switch)

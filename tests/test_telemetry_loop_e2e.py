@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import threading
 import time
@@ -85,56 +84,24 @@ POLL_S = 0.02
 
 class NodeGpus(SimulatedGpus):
     """The node's simulated A100s: a job trains like ``TRUTH`` whatever its hint says
-    (``workload`` still answers what the agent assigned). Calls are serialised (NVML
-    is thread-safe, ``SimulatedGpus`` is not): the training loops read their GPUs'
-    iterations from a thread of their own while the agent reads and sets them."""
+    (``workload`` still answers what the agent assigned). Only the agent assigns and
+    asks what runs; the training loops (a thread of their own) read iterations, which
+    ``SimulatedGpus`` serialises itself."""
 
     def __init__(self, count: int, **kwargs: Any) -> None:
-        self._mutex = threading.RLock()
         self._assigned: dict[int, Workload] = {}
         super().__init__(count, **kwargs)
 
     def assign(self, gpu: int, workload: Workload) -> None:
-        with self._mutex:
-            super().assign(gpu, dataclasses.replace(workload, model_name=TRUTH))
-            self._assigned[gpu] = workload
+        super().assign(gpu, dataclasses.replace(workload, model_name=TRUTH))
+        self._assigned[gpu] = workload
 
     def clear(self, gpu: int) -> None:
-        with self._mutex:
-            super().clear(gpu)
-            self._assigned.pop(gpu, None)
+        super().clear(gpu)
+        self._assigned.pop(gpu, None)
 
     def workload(self, gpu: int) -> Workload | None:
-        with self._mutex:
-            return self._assigned.get(gpu) if super().workload(gpu) is not None else None
-
-
-def _serialised(name: str) -> None:
-    method = getattr(SimulatedGpus, name)
-
-    @functools.wraps(method)
-    def call(self: NodeGpus, *args: Any) -> Any:
-        with self._mutex:
-            return method(self, *args)
-
-    setattr(NodeGpus, name, call)
-
-
-for _name in (
-    "gpus",
-    "supported_graphics_clocks_mhz",
-    "lock_clocks_mhz",
-    "reset_clocks",
-    "power_limit_w",
-    "power_limit_range_w",
-    "set_power_limit_w",
-    "reset_power_limit",
-    "total_energy_mj",
-    "power_mw",
-    "sm_clock_mhz",
-    "iterations_completed",
-):
-    _serialised(_name)
+        return self._assigned.get(gpu) if super().workload(gpu) is not None else None
 
 
 class RecordingStore(SampleStore):

@@ -23,15 +23,24 @@ GPU in index order: the same calls with the same seed give the same readings.
 Simplifications (no data to do better): idle power does not depend on the
 clock; the GPUs of one job progress independently (real data-parallel GPUs
 wait for each other), so read a job's iterations from one of its GPUs.
-Not thread-safe: one owner drives it.
+
+Thread-safe: every public call holds one lock of the node's. A node's GPUs
+always have two users on different threads, as NVML's do: the node agent
+(clocks, limits, power and energy readings) and the workers (``assign``,
+``clear``, iterations). Every call first runs the GPUs forward to the clock,
+so two unserialised calls interleave that catch-up with a change (a GPU
+cleared mid-run would be credited the old job's iterations).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -89,6 +98,22 @@ def capped_clock_mhz(
     return below[int(fits[-1])] if fits.size else below[0]
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S", bound="SimulatedGpus")
+
+
+def _serialised(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """Run ``method`` holding the GPUs' lock (see the module docstring: why)."""
+
+    @functools.wraps(method)
+    def call(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._mutex:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class _Gpu:
     """Mutable state of one simulated GPU (private to ``SimulatedGpus``)."""
 
@@ -126,6 +151,8 @@ class SimulatedGpus:
             raise SimulationError("a simulated node needs at least one GPU")
         if not noise >= 0:
             raise SimulationError("noise must be >= 0")
+        # Reentrant: a subclass's method may call the public ones while holding it.
+        self._mutex = threading.RLock()
         self._spec = gpu
         self._noise = noise
         self._rng = np.random.default_rng(seed)
@@ -149,8 +176,10 @@ class SimulatedGpus:
     @property
     def now_s(self) -> float:
         """Simulated time the GPUs have been advanced to."""
-        return self._now_s
+        with self._mutex:
+            return self._now_s
 
+    @_serialised
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` pass (only without an injected ``clock``)."""
         if self._clock is not None:
@@ -159,6 +188,7 @@ class SimulatedGpus:
             raise SimulationError(f"cannot advance by {seconds!r} s")
         self._run(seconds)
 
+    @_serialised
     def assign(self, gpu: int, workload: Workload) -> None:
         """From now on ``gpu`` trains ``workload`` (replacing what ran; iterations restart)."""
         state = self._state(gpu)
@@ -168,20 +198,24 @@ class SimulatedGpus:
         state.workload, state.truth, state.iterations = workload, truth, 0.0
         self._settle(state)
 
+    @_serialised
     def clear(self, gpu: int) -> None:
         """From now on ``gpu`` is idle."""
         state = self._state(gpu)
         state.workload, state.truth, state.iterations = None, None, 0.0
         self._settle(state)
 
+    @_serialised
     def workload(self, gpu: int) -> Workload | None:
         """What ``gpu`` runs now, if anything."""
         return self._state(gpu).workload
 
+    @_serialised
     def iterations_completed(self, gpu: int) -> int:
         """Whole iterations the current workload has finished on ``gpu``."""
         return math.floor(self._state(gpu).iterations)
 
+    @_serialised
     def restart_driver(self) -> None:
         """What a driver reload does: energy counters restart at zero, clocks
         and power limits return to their defaults (workloads keep running)."""
@@ -194,54 +228,66 @@ class SimulatedGpus:
 
     # -- GpuDevices ----------------------------------------------------------
 
+    @_serialised
     def gpus(self) -> tuple[GpuInfo, ...]:
         self._sync()
         return self._infos
 
+    @_serialised
     def supported_graphics_clocks_mhz(self, gpu: int) -> tuple[int, ...]:
         self._state(gpu)
         return self._spec.clocks_mhz
 
+    @_serialised
     def lock_clocks_mhz(self, gpu: int, lo_mhz: int, hi_mhz: int) -> None:
         state = self._state(gpu)
         check_clock_range(state.info.label, lo_mhz, hi_mhz)
         state.lock = (lo_mhz, hi_mhz)
         self._settle(state)
 
+    @_serialised
     def reset_clocks(self, gpu: int) -> None:
         state = self._state(gpu)
         state.lock = None
         self._settle(state)
 
+    @_serialised
     def power_limit_w(self, gpu: int) -> float:
         state = self._state(gpu)
         self._range(state)
         assert state.limit_w is not None
         return state.limit_w
 
+    @_serialised
     def power_limit_range_w(self, gpu: int) -> PowerLimitRangeW:
         return self._range(self._state(gpu))
 
+    @_serialised
     def set_power_limit_w(self, gpu: int, watts: float) -> None:
         state = self._state(gpu)
         check_power_limit(state.info.label, watts, self._range(state))
         state.limit_w = round(watts * 1000.0) / 1000.0  # NVML takes whole mW
         self._settle(state)
 
+    @_serialised
     def reset_power_limit(self, gpu: int) -> None:
         state = self._state(gpu)
         state.limit_w = self._range(state).default_w
         self._settle(state)
 
+    @_serialised
     def total_energy_mj(self, gpu: int) -> int:
         return math.floor(self._state(gpu).energy_mj)
 
+    @_serialised
     def power_mw(self, gpu: int) -> int:
         return round(self._state(gpu).power_w * 1000.0)
 
+    @_serialised
     def sm_clock_mhz(self, gpu: int) -> int:
         return self._state(gpu).clock_mhz
 
+    @_serialised
     def close(self) -> None:
         self._closed = True
 
