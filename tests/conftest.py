@@ -4,6 +4,8 @@
 DLJob resource, two 4-GPU nodes and a 5 kW budget (``operator_cases.seed``);
 ``kubeconfig`` is a kubeconfig file pointing at it, as a user would write one.
 Test modules that need another cluster define their own ``api``.
+
+How the tests split over xdist's workers: ``support.ci_order``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from operator_cases import seed
+from support.ci_order import pytest_collection_modifyitems  # noqa: F401  (a pytest hook)
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import write_kubeconfig
 
