@@ -23,9 +23,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import sys
-import tempfile
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -39,18 +36,17 @@ from extender_bodies import binding_args, go_json
 from extender_bodies import node as ext_node
 from extender_bodies import pod as ext_pod
 from powerflow.nodeagent.kube import COMPONENT as AGENT_COMPONENT
-from powerflow.operator.jobs import JobRequest
 from support.api_faults import Fault
+from support.extender_process import create, extender_process
 from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, agent_args, worker_pod
 from support.nodeagent_harness import PODS as AGENT_PODS
 from support.nodeagent_harness import eventually as agent_eventually
-from support.operator_harness import Operator, free_port, operator_args, write_kubeconfig
+from support.operator_cluster import NODES, cluster, gang_dljob, kubelet, operator
+from support.operator_harness import write_kubeconfig
 
 from powerflow import contract
 from powerflow.contract import PLACEMENT_ANNOTATION
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
@@ -69,79 +65,15 @@ JOBS_N = 4
 eventually = functools.partial(operator_cases.eventually, timeout=90.0)
 
 
-class FirstComePolicy:
-    """Requested GPUs, first come, while they last (the same plan after any retry)."""
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        free = sum(n.gpus for n in snapshot.nodes)
-        plans = []
-        for job in sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.id)):
-            n = job.requested_gpus if job.requested_gpus <= free else 0
-            free -= n
-            plans.append(JobPlan(job.id, n, 1410, -(-job.global_batch_size // n) if n else 0))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
-
-
-def models(job: JobRequest) -> SyntheticModel:
-    return SyntheticModel()
-
-
 def dljob(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "globalBatchSize": 64,
-            "iterations": ITERATIONS,
-            "gpus": {"requested": 4, "min": 4, "max": 4},
-            "restart": {"limit": 3, "backoffSeconds": 0},
-            "template": {"spec": {"containers": [{"name": "trainer", "image": "pytorch"}]}},
-        },
-    }
+    return gang_dljob(name, ITERATIONS)
 
 
 @pytest.fixture
 async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    async with httpx.AsyncClient(base_url=str(kmock.url), headers=TESTER) as client:
-        for name in ("n1", "n2"):
-            body = operator_cases.node(name, 4)
-            assert (await client.post("/api/v1/nodes", json=body)).status_code == 201
+    bodies = [operator_cases.node(name, 4) for name in NODES]
+    async with cluster(kmock, bodies, headers=TESTER) as client:
         yield client
-
-
-def operator(kmock: KubeEmulator) -> Operator:
-    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
-    args = operator_args(kubeconfig, "--debounce", "0.02", "--profiling-window", "0.2")
-    return Operator(args, FirstComePolicy(), models)
-
-
-async def kubelet(api: httpx.AsyncClient, run_s: float) -> None:
-    """Pods run; once a gang ran ``run_s`` in full, its worker 0 reports the last
-    iteration (what the trainer writes), which completes the job."""
-    since: dict[str, float] = {}
-    reported: set[str] = set()
-    while True:
-        gangs: dict[str, list[dict[str, Any]]] = {}
-        for pod in (await api.get(PODS)).json()["items"]:
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
-            if pod.get("status", {}).get("phase") != "Running":
-                running = {"status": {"phase": "Running"}}
-                await api.patch(f"{PODS}/{meta['name']}/status", json=running, headers=MERGE)
-            gangs.setdefault(meta["name"].rsplit("-w", 1)[0], []).append(pod)
-        now = time.monotonic()
-        for gang, members in gangs.items():
-            if len(members) < 4:
-                continue
-            if gang not in reported and now - since.setdefault(gang, now) >= run_s:
-                reported.add(gang)
-                report = {"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: "100"}}}
-                await api.patch(f"{PODS}/{gang}-w0", json=report, headers=MERGE)
-        await asyncio.sleep(0.05)
 
 
 def pod_incarnations(kmock: KubeEmulator) -> dict[str, set[str]]:
@@ -222,7 +154,7 @@ async def test_the_operator_loses_nothing_under_api_faults(
     rules: list[Fault] = faults(kmock)
     for i in range(JOBS_N):
         assert (await api.post(JOBS, json=dljob(f"job{i}"))).status_code == 201
-    player = asyncio.create_task(kubelet(api, run_s=0.3))
+    player = asyncio.create_task(kubelet(api, PODS, run_s=0.3))
     try:
         async with operator(kmock):
 
@@ -329,12 +261,7 @@ async def ext_api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     kmock.load_builtins()
     async with httpx.AsyncClient(base_url=str(kmock.url), headers=TESTER) as client:
         for name in ("gpu-0", "gpu-1"):
-            body = ext_node(name)
-            status = body.pop("status")
-            assert (await client.post("/api/v1/nodes", json=body)).status_code == 201
-            patch = {"status": status}
-            patched = await client.patch(f"/api/v1/nodes/{name}/status", json=patch, headers=MERGE)
-            assert patched.status_code == 200
+            await create(client, "/api/v1/nodes", ext_node(name))
         yield client
 
 
@@ -342,38 +269,15 @@ async def ext_api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
 async def extender(kmock: KubeEmulator, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     """``powerflow extender --kubeconfig FILE`` in a subprocess; a client of it once ready."""
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="t")
-    port = free_port()
-    argv = [sys.executable, "-m", "powerflow", "extender", "--port", str(port)]
-    argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning", "--metrics-port", "0"]
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as ext:
-            for _ in range(600):  # the emulator serves from this loop: wait without blocking
-                try:
-                    if (await ext.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    assert proc.returncode is None
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the extender never became ready")
-            yield ext
-    finally:
-        proc.terminate()
-        output = (await proc.communicate())[0].decode()
-        assert "Traceback" not in output, output
+    async with (
+        extender_process(kubeconfig) as running,
+        httpx.AsyncClient(base_url=running.url, timeout=30) as ext,
+    ):
+        yield ext
 
 
 async def created_pod(api: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    fresh = json.loads(json.dumps(body))
-    for key in ("uid", "resourceVersion", "creationTimestamp"):
-        fresh["metadata"].pop(key)
-    response = await api.post("/api/v1/namespaces/default/pods", json=fresh)
-    assert response.status_code == 201
-    made: dict[str, Any] = response.json()
-    return made
+    return await create(api, "/api/v1/namespaces/default/pods", body)
 
 
 async def filter_and_bind(ext: httpx.AsyncClient, worker: dict[str, Any]) -> dict[str, Any]:

@@ -3,25 +3,24 @@
 A subprocess serves the real command on a free port, logs in with a kubeconfig
 (bearer token) pointing at the emulator, mirrors its nodes and pods, and
 places and binds a two-worker gang as kube-scheduler would call it: filter,
-then bind, for each worker. Its ``--metrics-port`` serves the metrics, and
+then bind, for each worker (``support.extender_process``; it fails the test if the log
+holds a traceback). Its ``--metrics-port`` serves the metrics, and
 only them, where Prometheus reaches them (the app itself stays on loopback).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from extender_bodies import args, binding_args, go_json, node, pod
 from operator_cases import header
+from support.extender_process import create, extender_process
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import free_port, write_kubeconfig
+from support.operator_harness import write_kubeconfig
 
 from powerflow.contract import PLACEMENT_ANNOTATION
 
@@ -38,68 +37,36 @@ async def cluster(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     kmock.load_builtins()
     async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
         for name in ("gpu-0", "gpu-1"):
-            body = node(name)
-            status = body.pop("status")
-            assert (await api.post("/api/v1/nodes", json=body)).status_code == 201
-            patch = await api.patch(f"/api/v1/nodes/{name}/status", json={"status": status},
-                                    headers=MERGE)  # fmt: skip
-            assert patch.status_code == 200
+            await create(api, "/api/v1/nodes", node(name))
         yield api
-
-
-async def created(api: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    fresh = json.loads(json.dumps(body))
-    for key in ("uid", "resourceVersion", "creationTimestamp"):
-        fresh["metadata"].pop(key)
-    response = await api.post("/api/v1/namespaces/default/pods", json=fresh)
-    assert response.status_code == 201
-    made: dict[str, Any] = response.json()
-    return made
 
 
 async def test_the_command_places_and_binds_a_gang(
     kmock: KubeEmulator, cluster: httpx.AsyncClient, tmp_path: Path
 ) -> None:
-    workers = [await created(cluster, pod(f"j-g1-w{i}", job="j", workers=2, generation="1",
-                                          index=i)) for i in range(2)]  # fmt: skip
+    pods = "/api/v1/namespaces/default/pods"
+    workers = [await create(cluster, pods, pod(f"j-g1-w{i}", job="j", workers=2, generation="1",
+                                               index=i)) for i in range(2)]  # fmt: skip
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token=TOKEN)
-    port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "powerflow", "extender", "--port", str(port)]
-    argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning"]
-    argv += ["--metrics-port", str(metrics_port)]
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as ext:
-            for _ in range(600):  # the emulator serves from this loop: wait without blocking it
-                try:
-                    if (await ext.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    assert proc.returncode is None
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the extender never became ready")
-            names = ["gpu-0", "gpu-1"]
-            nodes = [node(n) for n in names]
-            hosts = []
-            for worker in workers:
-                body = go_json(args(worker, nodes, cache_capable=True))
-                answer = (await ext.post("/filter", content=body, headers=JSON)).json()
-                assert not answer.get("Error") and answer["NodeNames"], answer
-                host = answer["NodeNames"][0]
-                bound = (await ext.post("/bind", json=binding_args(worker, host))).json()
-                assert not bound.get("Error"), bound
-                hosts.append(host)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{metrics_port}") as scrape:
+    async with (
+        extender_process(kubeconfig) as running,
+        httpx.AsyncClient(base_url=running.url) as ext,
+    ):
+        names = ["gpu-0", "gpu-1"]
+        nodes = [node(n) for n in names]
+        hosts = []
+        for worker in workers:
+            body = go_json(args(worker, nodes, cache_capable=True))
+            answer = (await ext.post("/filter", content=body, headers=JSON)).json()
+            assert not answer.get("Error") and answer["NodeNames"], answer
+            host = answer["NodeNames"][0]
+            bound = (await ext.post("/bind", json=binding_args(worker, host))).json()
+            assert not bound.get("Error"), bound
+            hosts.append(host)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{running.metrics_port}") as scrape:
             text = (await scrape.get("/metrics")).text
             # Only the exposition: the app's verbs are not served there.
             refused = await scrape.post("/bind", json=binding_args(workers[0], hosts[0]))
-    finally:
-        proc.terminate()
-        output = (await proc.communicate())[0].decode()
-    assert "Traceback" not in output
     assert hosts[0] == hosts[1]  # a gang of two fits in one node's aligned block
     assert 'powerflow_extender_binds_total{result="bound"} 2.0' in text
     assert 'powerflow_extender_requests_total{outcome="ok",verb="filter"} 2.0' in text

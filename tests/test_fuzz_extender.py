@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
-import sys
 import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +32,11 @@ from hypothesis import strategies as st
 from powerflow.extender import create_app
 from powerflow.extender.app import MAX_BODY_BYTES
 from powerflow.extender.wire import MAX_EXTENDER_PRIORITY, is_json
+from support.extender_process import ExtenderProcess, create, extender_process
 from support.fuzz import (
     CASES,
     CUT_SHORT,
+    FUZZ_TIMEOUT,
     MALFORMED,
     NASTY,
     SETTINGS,
@@ -45,7 +44,6 @@ from support.fuzz import (
     Http,
     bodies,
     content_types,
-    free_port,
     raw_status,
 )
 from support.kube_emulator import KubeEmulator
@@ -60,78 +58,33 @@ from powerflow.contract import (
     WORKERS_ANNOTATION,
 )
 
-pytestmark = [pytest.mark.kmock(cls=KubeEmulator), pytest.mark.timeout(600)]
-"""600 s: 10,000 cases take a minute or two on a 2-core box (docs/verification.md); the
-suite's 120 s per test would end a run on a slower one. A hung request fails within
-``support.fuzz.HANG_S`` anyway."""
+pytestmark = [pytest.mark.kmock(cls=KubeEmulator), FUZZ_TIMEOUT]
 
 NODES = [f"gpu-{i}" for i in range(4)]
-MERGE = {"Content-Type": "application/merge-patch+json"}
 OLD = [pod(f"old-{i}", job="old", workers=4, generation="1", index=i) for i in range(4)]
 NEW = [pod(f"new-{i}", job="new", workers=2, generation="1", index=i) for i in range(2)]
 PLAIN = pod("plain", gpus=0)
 
 
-@dataclass
-class Extender:
-    port: int
-    metrics_port: int
-    proc: asyncio.subprocess.Process
-
-
-async def _create(api: httpx.AsyncClient, path: str, body: dict[str, Any]) -> None:
-    fresh = json.loads(json.dumps(body))
-    status = fresh.pop("status", None)
-    for key in ("uid", "resourceVersion", "creationTimestamp"):
-        fresh["metadata"].pop(key, None)
-    assert (await api.post(path, json=fresh)).status_code == 201
-    if status is not None:
-        name = fresh["metadata"]["name"]
-        patched = await api.patch(f"{path}/{name}/status", json={"status": status}, headers=MERGE)
-        assert patched.status_code == 200
-
-
 @pytest.fixture
-async def extender(kmock: KubeEmulator, tmp_path: Path) -> AsyncIterator[Extender]:
+async def extender(kmock: KubeEmulator, tmp_path: Path) -> AsyncIterator[ExtenderProcess]:
     """``powerflow extender`` mirroring four nodes, a bound gang ``old`` and a pending gang
     ``new``; the test fails if its log holds a traceback."""
     kmock.load_builtins()
     async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
         for name in NODES:
-            await _create(api, "/api/v1/nodes", node(name))
+            await create(api, "/api/v1/nodes", node(name))
         for body in (*OLD, *NEW, PLAIN):
-            await _create(api, "/api/v1/namespaces/default/pods", body)
+            await create(api, "/api/v1/namespaces/default/pods", body)
         for body in OLD:
             binding = {"metadata": {"name": body["metadata"]["name"]},
                        "target": {"kind": "Node", "name": "gpu-0"}}  # fmt: skip
             path = f"/api/v1/namespaces/default/pods/{body['metadata']['name']}/binding"
             assert (await api.post(path, json=binding)).status_code == 201
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="t")
-    port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "powerflow", "extender", "--port", str(port)]
-    argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning"]
-    argv += ["--metrics-port", str(metrics_port)]
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as ext:
-            for _ in range(600):  # the emulator serves from this loop: wait without blocking it
-                try:
-                    if (await ext.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    assert proc.returncode is None
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the extender never became ready")
-        yield Extender(port, metrics_port, proc)
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        output = (await proc.communicate())[0].decode()
-    assert "Traceback" not in output, output[-3000:]
-    assert " failed" not in output, output[-3000:]  # _VerbRoute's "<verb> failed": a bug
+    async with extender_process(kubeconfig) as running:
+        yield running
+    assert " failed" not in running.output, running.output[-3000:]  # _VerbRoute's: a bug
 
 
 async def fuzz(run: Any) -> None:
@@ -209,7 +162,7 @@ def check_prioritize(answer: Answer, content_type: str | None) -> str:
     return error
 
 
-async def test_filter_and_prioritize_answer_every_body(extender: Extender) -> None:
+async def test_filter_and_prioritize_answer_every_body(extender: ExtenderProcess) -> None:
     sent: Counter[str] = Counter()
     errors: Counter[bool] = Counter()
 
@@ -251,7 +204,7 @@ BINDINGS = [
 """``ExtenderBindingArgs`` for a pod the cluster has (pending, bound, plain) or not."""
 
 
-async def test_bind_answers_every_body(extender: Extender) -> None:
+async def test_bind_answers_every_body(extender: ExtenderProcess) -> None:
     errors: Counter[bool] = Counter()
 
     @SETTINGS
@@ -283,7 +236,7 @@ async def test_bind_answers_every_body(extender: Extender) -> None:
 # -- bodies over the limit -------------------------------------------------------------------
 
 
-async def test_bodies_over_the_limit_are_413_with_a_reason(extender: Extender) -> None:
+async def test_bodies_over_the_limit_are_413_with_a_reason(extender: ExtenderProcess) -> None:
     """Refused before they are read whole, with a length or chunked; the next request is
     answered as usual. (One extender for all six: each start costs seconds.)"""
     huge = b'{"NodeNames":["' + b"n" * MAX_BODY_BYTES + b'"]}'
@@ -360,7 +313,7 @@ def check_page(answer: Answer, method: str, page: str) -> None:
         assert answer.body, answer  # a 4xx says what was wrong
 
 
-async def test_every_other_route_answers_any_request(extender: Extender) -> None:
+async def test_every_other_route_answers_any_request(extender: ExtenderProcess) -> None:
     seen: Counter[int] = Counter()
 
     @SETTINGS
@@ -389,7 +342,7 @@ async def test_every_other_route_answers_any_request(extender: Extender) -> None
     assert {200, 404, 405} <= set(seen), seen
 
 
-async def test_malformed_http_is_refused_and_the_server_goes_on(extender: Extender) -> None:
+async def test_malformed_http_is_refused_and_the_server_goes_on(extender: ExtenderProcess) -> None:
     """Requests no client library sends (``support.fuzz.MALFORMED``), to each verb."""
     for verb in ("/filter", "/prioritize", "/bind"):
         for request in MALFORMED:

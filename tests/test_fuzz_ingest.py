@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from support.fuzz import (
     CASES,
     CUT_SHORT,
+    FUZZ_TIMEOUT,
     MALFORMED,
     SETTINGS,
     Answer,
@@ -41,10 +42,7 @@ from test_operator_ingest import Cluster, batch, cluster, sample  # noqa: F401 (
 from powerflow import contract
 from powerflow.telemetry import MAX_BODY_BYTES
 
-pytestmark = [pytest.mark.kmock(cls=KubeEmulator), pytest.mark.timeout(600)]
-"""600 s: 10,000 cases take a minute or two on a 2-core box (docs/verification.md); the
-suite's 120 s per test would end a run on a slower one. A hung request fails within
-``support.fuzz.HANG_S`` anyway."""
+pytestmark = [pytest.mark.kmock(cls=KubeEmulator), FUZZ_TIMEOUT]
 
 REFUSALS = {
     400: {"invalid"},

@@ -10,25 +10,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import operator_cases
 import pytest
 from kmock import method as verb
-from powerflow.operator.jobs import JobRequest
 from powerflow.operator.reconcile import STUCK_TERMINATION_S
 from support.kube_emulator import KubeEmulator
-from support.operator_harness import Operator, operator_args, write_kubeconfig
+from support.operator_cluster import NODES, cluster, gang_dljob, kubelet, operator
 
 from powerflow import contract
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
@@ -39,36 +34,8 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 ITERATIONS = 100
 
 
-class FirstComePolicy:
-    """Requested GPUs, first come, while they last (the plan is the same after a restart)."""
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        free = sum(n.gpus for n in snapshot.nodes)
-        plans = []
-        for job in sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.id)):
-            n = job.requested_gpus if job.requested_gpus <= free else 0
-            free -= n
-            plans.append(JobPlan(job.id, n, 1410, -(-job.global_batch_size // n) if n else 0))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
-
-
-def models(job: JobRequest) -> SyntheticModel:
-    return SyntheticModel()
-
-
 def dljob(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "globalBatchSize": 64,
-            "iterations": ITERATIONS,
-            "gpus": {"requested": 4, "min": 4, "max": 4},
-            "restart": {"limit": 3, "backoffSeconds": 0},
-            "template": {"spec": {"containers": [{"name": "trainer", "image": "pytorch"}]}},
-        },
-    }
+    return gang_dljob(name, ITERATIONS)
 
 
 def node(name: str) -> dict[str, Any]:
@@ -82,18 +49,8 @@ def node(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
-        for name in ("n1", "n2"):
-            assert (await client.post("/api/v1/nodes", json=node(name))).status_code == 201
+    async with cluster(kmock, [node(name) for name in NODES]) as client:
         yield client
-
-
-def operator(kmock: KubeEmulator) -> Operator:
-    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
-    args = operator_args(kubeconfig, "--debounce", "0.02", "--profiling-window", "0.2")
-    return Operator(args, FirstComePolicy(), models)
 
 
 # The shared wait, with the longer default these operator restarts need.
@@ -114,34 +71,6 @@ def pod_writes(kmock: KubeEmulator) -> tuple[Counter[str], Counter[str]]:
     return created, deleted
 
 
-async def kubelet(api: httpx.AsyncClient, run_s: float) -> None:
-    """Pods run; once a generation ran ``run_s`` in full, its worker 0 reports the
-    last iteration (what the trainer writes), which completes the job."""
-    since: dict[str, float] = {}
-    reported: set[str] = set()
-    while True:
-        pods = (await api.get(PODS)).json()["items"]
-        gangs: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
-            if pod.get("status", {}).get("phase") != "Running":
-                running = {"status": {"phase": "Running"}}
-                await api.patch(f"{PODS}/{meta['name']}/status", json=running, headers=MERGE)
-            gang = meta["name"].rsplit("-w", 1)[0]
-            gangs.setdefault(gang, []).append(pod)
-        now = time.monotonic()
-        for gang, members in gangs.items():
-            if len(members) < 4:
-                continue
-            if gang not in reported and now - since.setdefault(gang, now) >= run_s:
-                reported.add(gang)
-                report = {"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: "100"}}}
-                await api.patch(f"{PODS}/{gang}-w0", json=report, headers=MERGE)
-        await asyncio.sleep(0.05)
-
-
 async def phases(api: httpx.AsyncClient) -> Counter[str]:
     items = (await api.get(JOBS)).json()["items"]
     return Counter(str(job.get("status", {}).get("phase")) for job in items)
@@ -156,7 +85,7 @@ async def test_restarts_during_twenty_jobs_create_no_pod_twice(
     jobs = 20
     for i in range(jobs):
         assert (await api.post(JOBS, json=dljob(f"job{i:02d}"))).status_code == 201
-    player = asyncio.create_task(kubelet(api, run_s=0.2))
+    player = asyncio.create_task(kubelet(api, PODS, run_s=0.2))
     try:
         for _ in range(20):
             async with operator(kmock):

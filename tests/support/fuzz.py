@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,11 @@ SETTINGS = settings(
 
 HANG_S = 60.0
 """A request unanswered this long is a hang (the failure), not a slow answer."""
+
+FUZZ_TIMEOUT = pytest.mark.timeout(600)
+"""600 s for a fuzz test: 10,000 cases take a minute or two on a 2-core box
+(docs/verification.md); the suite's 120 s per test would end a run on a slower one. A hung
+request fails within ``HANG_S`` anyway."""
 
 
 @dataclass(frozen=True)
