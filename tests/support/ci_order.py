@@ -1,5 +1,6 @@
-"""How the suite splits over pytest-xdist's workers (``-n auto --dist loadgroup`` in
-pyproject.toml's addopts): the twin's tests run one at a time, and first.
+"""How the suite splits over pytest-xdist's workers (``pytest -n auto --dist loadgroup``;
+not the default, see docs/verification.md "CI time"): the twin's tests run one at a
+time, and first.
 
 A test that starts a twin (``powerflow.twin``: an API server, the operator, the
 extender and the node agents, as processes, against a real-time, time-scaled trace)
