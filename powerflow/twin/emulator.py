@@ -498,7 +498,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _commit(self, resource: Any, key: Any, old: Obj, new: Obj) -> Obj:
         meta, old_meta = new.setdefault("metadata", {}), old.get("metadata", {})
-        for field in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+        for field in (
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ):
             if field in old_meta:
                 meta[field] = old_meta[field]
         meta["generation"] = old_meta.get("generation", 1)

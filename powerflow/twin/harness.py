@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,7 @@ class Twin:
         self.scale = scale
         self.eta, self.interval_s, self.restart_s, self.seed = eta, interval_s, restart_s, seed
         self.checkpoint_s = checkpoint_s
+        self._stopped = threading.Event()
         self.nodelife: NodeLifecycle | None = None
         self.api: Process | None = None
         self.url = ""
@@ -252,6 +254,8 @@ class Twin:
             for name, phase in phases.items():
                 if phase in ("Succeeded", "Failed") and name not in finish:
                     finish[name] = (time.monotonic() - start, phase)
+            if self._stopped.is_set():  # a failing test's teardown: end now, not at the timeout
+                raise RuntimeError("the twin was stopped during the run")
             if time.monotonic() > deadline:
                 left = sorted({j.name for j in jobs} - set(finish))
                 raise TimeoutError(f"jobs not finished in {timeout_s:g} s: {left}")
@@ -298,6 +302,7 @@ class Twin:
         self.kubelet.fail_gpu(node, gpu)
 
     def stop(self) -> None:
+        self._stopped.set()
         if self.nodelife is not None:
             self.nodelife.stop()
         for part in (self.scheduler, self.kubelet):

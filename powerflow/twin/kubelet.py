@@ -445,6 +445,7 @@ class Kubelet:
         with self._lock:
             self.down.discard(node)
             self._renewed.pop(node, None)
+            self._renew_leases()  # first: a stale Lease beside Ready would read as dead again
             ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
             body = {"status": {"conditions": [ready]}}
             self.api.patch(f"/api/v1/nodes/{node}/status", json=body, headers=MERGE)

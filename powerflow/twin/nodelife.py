@@ -97,7 +97,7 @@ def wanted_taint(ready: str) -> str | None:
     return {"True": None, "False": NOT_READY}.get(ready, UNREACHABLE)
 
 
-def eviction_at(pod: Obj, taints: list[Obj]) -> datetime.datetime | None:
+def eviction_at(pod: Obj, taints: list[Obj], now: datetime.datetime) -> datetime.datetime | None:
     """When the taint eviction controller deletes ``pod`` from a node with ``taints``:
     now if a ``NoExecute`` taint is not tolerated, else the shortest
     ``tolerationSeconds`` after the taint was added, None when never."""
@@ -109,11 +109,11 @@ def eviction_at(pod: Obj, taints: list[Obj]) -> datetime.datetime | None:
     for taint in hard:
         used = [t for t in tolerations if tolerates(t, taint)]
         if not used:
-            return _now()
+            return now
         seconds = [t["tolerationSeconds"] for t in used if t.get("tolerationSeconds") is not None]
         if not seconds:
             continue  # tolerated for ever
-        added = _parse(taint.get("timeAdded")) or _now()
+        added = _parse(taint.get("timeAdded")) or now
         due = added + datetime.timedelta(seconds=max(min(int(s) for s in seconds), 0))
         at = due if at is None else min(at, due)
     return at
@@ -191,9 +191,10 @@ class NodeLifecycle:
             }
             body = {"status": {"conditions": [condition]}}
             path = f"/api/v1/nodes/{name}/status"
-            if self.api.patch(path, json=body, headers=MERGE).is_success:
+            answer = self.api.patch(path, json=body, headers=MERGE)
+            if answer.is_success:
                 self._note(name, "Ready Unknown")
-                ready = "Unknown"
+                ready, node = "Unknown", answer.json()  # its new version, for the taints
         want = wanted_taint(ready)
         taints: list[Obj] = (node.get("spec") or {}).get("taints") or []
         ours = {
@@ -229,7 +230,7 @@ class NodeLifecycle:
                 continue
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
-            due = eviction_at(pod, taints.get(node, []))
+            due = eviction_at(pod, taints.get(node, []), now)
             if due is None or due > now:
                 continue
             path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
