@@ -51,6 +51,7 @@ class NodeWatch(Watch):
     set by the test when it lowers it)."""
 
     def __post_init__(self) -> None:
+        self.bound: set[str] = set()
         self.present: dict[str, Obj] = {}
         self.added_at: dict[str, float] = {}
         self.two_generations: list[str] = []
@@ -75,16 +76,19 @@ class NodeWatch(Watch):
             match = POD_NAME.match(other)
             if match is not None:
                 generations.setdefault(match["job"], set()).add(match["gen"])
-            node = body["spec"].get("nodeName")
-            if node:
-                bound[node] = bound.get(node, 0) + 1
+            where = body["spec"].get("nodeName")
+            if where:
+                bound[where] = bound.get(where, 0) + 1
         for job, gens in generations.items():
             if len(gens) > 1:
                 self.two_generations.append(f"{job}: generations {sorted(gens)} at once")
-        for node, count in bound.items():
-            if count > self.allocatable.get(node, count):
+        node = pod["spec"].get("nodeName")
+        if node and name not in self.bound:  # a bind: never beyond the node's allocatable
+            self.bound.add(name)
+            if name in self.present and bound[node] > self.allocatable.get(node, bound[node]):
                 self.over.append(
-                    f"{node}: {count} GPUs' pods bound, allocatable {self.allocatable[node]}"
+                    f"{name} bound to {node} as GPU {bound[node]}, "
+                    f"allocatable {self.allocatable[node]}"
                 )
 
 
@@ -146,10 +150,19 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
                 # A node with a worker that has trained past its first checkpoint.
                 _until("a worker training past a checkpoint", lambda: _checkpointed(twin), 240)
                 victim = _checkpointed(twin)[0].node
-                on_it = {w.pod: w.job for w in twin.kubelet.workers.values() if w.node == victim}
-                victims = set(on_it.values())
                 failed_at = time.monotonic()
                 twin.fail_node(victim)
+                time.sleep(1.0)  # the watch catches up
+                # The dead workers' pods still there (one a rescale deleted just before,
+                # and its kubelet finished, is not on the node any more).
+                on_it = {
+                    pod: str((POD_NAME.match(pod) or {"job": ""})["job"])
+                    for t, pod, what in list(twin.kubelet.stats.events)
+                    if t >= failed_at and what.startswith("died with its node")
+                    if pod in watch.present
+                }
+                victims = set(on_it.values())
+                assert on_it, "no pod of the dead node's workers left"
                 _until("the node Unknown", lambda: _ready(_node(twin, victim)) == "Unknown", 60)
                 life = twin.nodelife.stats
                 say(f"failed {victim} with {on_it}")
@@ -286,7 +299,7 @@ def test_the_node_watch_sees_two_generations_and_a_node_over_its_gpus() -> None:
     a node with more pods bound than its allocatable GPUs."""
     watch = NodeWatch.__new__(NodeWatch)
     watch.present, watch.added_at, watch.two_generations = {}, {}, []
-    watch.allocatable, watch.over = {"n": 1}, []
+    watch.allocatable, watch.over, watch.bound = {"n": 1}, [], set()
     watch.created, watch.live, watch.blocks, watch.overlaps = {}, {}, {}, []
     watch.partial = threading.Event()
 

@@ -213,11 +213,11 @@ class NodeLifecycle:
         ]
         for key, effect in sorted(goal - ours):
             kept.append({"key": key, "effect": effect, "timeAdded": _stamp(now)})
-        body = {
+        patch: Obj = {
             "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
             "spec": {"taints": kept or None},
         }
-        if self.api.patch(f"/api/v1/nodes/{name}", json=body, headers=MERGE).is_success:
+        if self.api.patch(f"/api/v1/nodes/{name}", json=patch, headers=MERGE).is_success:
             self._note(name, f"taints {sorted(k for k, _ in goal) or 'removed'}")
 
     def _evict(self, nodes: list[Obj], pods: list[Obj]) -> None:
