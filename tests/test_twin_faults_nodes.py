@@ -244,7 +244,7 @@ def _finished(twin: Twin) -> set[str]:
 
 
 @pytest.mark.timeout(600)
-def test_a_gpu_turns_unhealthy_under_a_worker(tmp_path: Path) -> None:
+def test_a_gpu_on_a_node_dies_under_a_worker(tmp_path: Path) -> None:
     jobs = mini_trace(3, SCALE, max_duration_s=3000)
     node = "node-0"
     with Twin(
@@ -253,6 +253,7 @@ def test_a_gpu_turns_unhealthy_under_a_worker(tmp_path: Path) -> None:
         assert twin.kubelet is not None
         watch = NodeWatch(twin.url)
         progress = ProgressLog(twin)
+        began = time.monotonic()
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(twin.run, jobs, timeout_s=480)
             try:
@@ -261,10 +262,17 @@ def test_a_gpu_turns_unhealthy_under_a_worker(tmp_path: Path) -> None:
                 watch.allocatable[node] = 7
                 failed_at = time.monotonic()
                 twin.fail_gpu(node, worker.gpu)
+                say(f"GPU {worker.gpu} failed under {worker.pod}")
                 allocatable = _node(twin, node)["status"]["allocatable"][contract.GPU_RESOURCE]
                 capacity = _node(twin, node)["status"]["capacity"][contract.GPU_RESOURCE]
                 result = running.result()
                 restarts = _restarts(twin)
+            except BaseException:
+                for t, name, what in sorted(twin.kubelet.stats.events):
+                    say(f"{t - began:7.1f} {name}: {what}")
+                if twin.scheduler is not None:
+                    say(f"jobs {twin.phases()}; scheduler {twin.scheduler.stats}")
+                raise
             finally:
                 watch.close()
                 progress.close()
