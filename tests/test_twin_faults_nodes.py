@@ -188,7 +188,9 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
                 kubelet = twin.kubelet
 
                 def resumed() -> bool:
-                    training = {w.job for w in list(kubelet.workers.values()) if w.gpu_seen}
+                    training = {
+                        w.job for w in list(kubelet.workers.values()) if w.gpu_seen is not None
+                    }
                     return victims <= training | _finished(twin)
 
                 _until("its jobs training again elsewhere", resumed, 240)
