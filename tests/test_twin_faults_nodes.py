@@ -208,6 +208,7 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
             except BaseException:
                 for t, name, what in sorted(twin.kubelet.stats.events + twin.nodelife.stats.events):
                     say(f"{t - began:7.1f} {name}: {what}")
+                twin.stop()  # the run ends now, not at its timeout
                 raise
             finally:
                 watch.close()
@@ -278,6 +279,7 @@ def test_a_gpu_on_a_node_dies_under_a_worker(tmp_path: Path) -> None:
                     say(f"{t - began:7.1f} {name}: {what}")
                 if twin.scheduler is not None:
                     say(f"jobs {twin.phases()}; scheduler {twin.scheduler.stats}")
+                twin.stop()  # the run ends now, not at its timeout
                 raise
             finally:
                 watch.close()
