@@ -116,14 +116,18 @@ def _until(what: str, test: Any, timeout_s: float, every_s: float = 0.2) -> None
         time.sleep(every_s)
 
 
-def _checkpointed(twin: Twin) -> list[Any]:
-    """Workers training in a generation that has taken a checkpoint already."""
+def _checkpointed(twin: Twin, watch: NodeWatch) -> list[Any]:
+    """Workers training in a generation that has taken a checkpoint already, their pods
+    not being deleted."""
     assert twin.kubelet is not None
     kubelet = twin.kubelet
     return [
         w
         for w in list(kubelet.workers.values())
-        if w.gpu_seen is not None and kubelet.checkpoints.get((w.namespace, w.job), 0) > w.base
+        if w.gpu_seen is not None
+        and kubelet.checkpoints.get((w.namespace, w.job), 0) > w.base
+        and w.pod in watch.present
+        and not watch.present[w.pod]["metadata"].get("deletionTimestamp")
     ]
 
 
@@ -147,22 +151,22 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(twin.run, jobs, timeout_s=480)
             try:
-                # A node with a worker that has trained past its first checkpoint.
-                _until("a worker training past a checkpoint", lambda: _checkpointed(twin), 240)
-                victim = _checkpointed(twin)[0].node
-                failed_at = time.monotonic()
-                twin.fail_node(victim)
+                # A node with workers training past a checkpoint. A rescale can stop them
+                # just before the node dies (the kubelet then had none there): the node
+                # comes back at once (before anything saw it gone) and the test tries again.
+                for _ in range(5):
+                    _until("a worker past a checkpoint", lambda: _checkpointed(twin, watch), 240)
+                    victim = _checkpointed(twin, watch)[0].node
+                    failed_at = time.monotonic()
+                    died = twin.fail_node(victim)
+                    if died:
+                        break
+                    say(f"{victim} had no worker left when it died: back, and again")
+                    twin.restore_node(victim)
                 time.sleep(1.0)  # the watch catches up
-                # The dead workers' pods still there (one a rescale deleted just before,
-                # and its kubelet finished, is not on the node any more).
-                on_it = {
-                    pod: str((POD_NAME.match(pod) or {"job": ""})["job"])
-                    for t, pod, what in list(twin.kubelet.stats.events)
-                    if t >= failed_at and what.startswith("died with its node")
-                    if pod in watch.present
-                }
+                on_it = {pod: str((POD_NAME.match(pod) or {"job": ""})["job"]) for pod in died}
                 victims = set(on_it.values())
-                assert on_it, "no pod of the dead node's workers left"
+                assert on_it, "no worker on the node when it died"
                 _until("the node Unknown", lambda: _ready(_node(twin, victim)) == "Unknown", 60)
                 life = twin.nodelife.stats
                 say(f"failed {victim} with {on_it}")
@@ -208,6 +212,8 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
             except BaseException:
                 for t, name, what in sorted(twin.kubelet.stats.events + twin.nodelife.stats.events):
                     say(f"{t - began:7.1f} {name}: {what}")
+                watch.close()
+                progress.close()
                 twin.stop()  # the run ends now, not at its timeout
                 raise
             finally:
@@ -264,8 +270,8 @@ def test_a_gpu_on_a_node_dies_under_a_worker(tmp_path: Path) -> None:
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(twin.run, jobs, timeout_s=480)
             try:
-                _until("a worker training past a checkpoint", lambda: _checkpointed(twin), 240)
-                worker = _checkpointed(twin)[0]
+                _until("a worker past a checkpoint", lambda: _checkpointed(twin, watch), 240)
+                worker = _checkpointed(twin, watch)[0]
                 watch.allocatable[node] = 7
                 failed_at = time.monotonic()
                 twin.fail_gpu(node, worker.gpu)
@@ -279,6 +285,8 @@ def test_a_gpu_on_a_node_dies_under_a_worker(tmp_path: Path) -> None:
                     say(f"{t - began:7.1f} {name}: {what}")
                 if twin.scheduler is not None:
                     say(f"jobs {twin.phases()}; scheduler {twin.scheduler.stats}")
+                watch.close()
+                progress.close()
                 twin.stop()  # the run ends now, not at its timeout
                 raise
             finally:

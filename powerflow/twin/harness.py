@@ -267,12 +267,13 @@ class Twin:
         makespan = max(o.finish_s for o in outcomes) - min(o.submit_s for o in outcomes)
         return TwinResult(outcomes, active - active0, idle - idle0, makespan)
 
-    def fail_node(self, node: str) -> None:
+    def fail_node(self, node: str) -> list[str]:
         """The node's machine dies: its workers and node agent stop, its kubelet falls
-        silent (``Kubelet.fail_node``)."""
+        silent (``Kubelet.fail_node``). The pods whose workers died."""
         assert self.kubelet is not None
-        self.kubelet.fail_node(node)
+        dead = self.kubelet.fail_node(node)
         self.agents[node].stop()
+        return dead
 
     def restore_node(self, node: str) -> None:
         """The node boots again: its node agent starts (clocks back to default), its

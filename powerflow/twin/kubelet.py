@@ -430,13 +430,16 @@ class Kubelet:
 
     # -- faults ----------------------------------------------------------------------------
 
-    def fail_node(self, node: str) -> None:
+    def fail_node(self, node: str) -> list[str]:
         """The node's machine dies: its workers stop where they are, nothing more of it
-        reaches the API server (no Lease renewal, no pod status, no deletion finished)."""
+        reaches the API server (no Lease renewal, no pod status, no deletion finished).
+        The pods whose workers died."""
         with self._lock:
             self.down.add(node)
-            for w in [w for w in self.workers.values() if w.node == node]:
+            dead = [w for w in self.workers.values() if w.node == node]
+            for w in dead:
                 self._die(w, "died with its node")
+            return [w.pod for w in dead]
 
     def restore_node(self, node: str) -> None:
         """The node boots again: the kubelet posts ``Ready`` and renews its Lease; pods
