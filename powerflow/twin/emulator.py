@@ -659,6 +659,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """``DefaultTolerationSeconds``: a ``NoExecute`` toleration of each node-failure
         taint the pod does not tolerate already (one with that key, or with no key,
         and the ``NoExecute`` effect or none)."""
+        if self.not_ready_toleration_s is None and self.unreachable_toleration_s is None:
+            return  # no such admission: the pod as it came
         spec = pod.setdefault("spec", {})
         tolerations = spec.get("tolerations") or []
         for key, seconds in (
