@@ -111,7 +111,9 @@ class Twin:
     simulator also times (``timescale``); ``eta``: the budget ConfigMap's ``eta``;
     ``interval_s``: its ``schedulingIntervalSeconds`` and ``restart_s`` a worker's
     checkpoint-restart cost, both at full size (the simulator's ``interval_s`` and
-    ``restart_s``; the twin scales them)."""
+    ``restart_s``; the twin scales them); ``checkpoint_s``: how often a training worker
+    checkpoints, at full size (None: only when its pod is deleted, which is all the
+    simulator assumes; a node fault loses what was reached since)."""
 
     def __init__(
         self,
