@@ -422,6 +422,86 @@ async def test_deleting_a_pod_sets_the_end_of_its_grace_period(
         assert at <= after + datetime.timedelta(seconds=grace), meta["name"]
 
 
+async def test_with_kubelets_a_bound_pod_stays_until_a_delete_with_grace_0(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """kube-apiserver keeps a pod on a node through its grace period: a graceful delete
+    only marks it, updates (its kubelet's status) keep it, another graceful delete
+    changes nothing; the kubelet's delete with ``gracePeriodSeconds=0`` (or a force
+    delete) removes it. A pod not scheduled, or finished, goes at once (grace 0).
+    Without ``kubelets`` (tests with no kubelet) a bound pod goes at once too."""
+    on_node = pod("run") | {"spec": {"containers": [], "nodeName": "n1"}}
+    assert (await api.post(PODS, json=on_node)).status_code == 201
+    assert (await api.delete(f"{PODS}/run")).status_code == 200
+    assert (await api.get(f"{PODS}/run")).status_code == 404  # no kubelets: at once
+
+    emulator.kubelets = True
+    for name in ("run", "finished"):
+        assert (await api.post(PODS, json=on_node | {"metadata": {"name": name}})).is_success
+    assert (await api.post(PODS, json=pod("unscheduled"))).status_code == 201
+    done = {"status": {"phase": "Succeeded"}}
+    assert (await api.patch(f"{PODS}/finished/status", json=done, headers=MERGE)).is_success
+    for name in ("run", "finished", "unscheduled"):
+        assert (await api.delete(f"{PODS}/{name}")).status_code == 200
+    assert (await api.get(f"{PODS}/finished")).status_code == 404
+    assert (await api.get(f"{PODS}/unscheduled")).status_code == 404
+    marked = (await api.get(f"{PODS}/run")).json()["metadata"]
+    assert marked["deletionTimestamp"] and marked["deletionGracePeriodSeconds"] == 30
+    stopped = {"status": {"phase": "Failed"}}
+    assert (await api.patch(f"{PODS}/run/status", json=stopped, headers=MERGE)).is_success
+    assert (await api.delete(f"{PODS}/run")).status_code == 200  # terminal now: grace 0
+    assert (await api.get(f"{PODS}/run")).status_code == 404
+
+    assert (await api.post(PODS, json=on_node | {"metadata": {"name": "run"}})).is_success
+    await api.delete(f"{PODS}/run", params={"gracePeriodSeconds": "5"})
+    await api.delete(f"{PODS}/run")  # graceful again: still there
+    assert (await api.get(f"{PODS}/run")).status_code == 200
+    final = {"gracePeriodSeconds": 0, "preconditions": {"uid": marked["uid"]}}
+    assert (await api.request("DELETE", f"{PODS}/run", json=final)).status_code == 409
+    await api.request("DELETE", f"{PODS}/run", json={"gracePeriodSeconds": 0})
+    assert (await api.get(f"{PODS}/run")).status_code == 404
+
+
+async def test_default_toleration_seconds_admission(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """The ``DefaultTolerationSeconds`` admission plugin (kube-apiserver's
+    ``--default-not-ready-toleration-seconds``, ``--default-unreachable-toleration-seconds``):
+    a pod gets a ``NoExecute`` toleration of ``node.kubernetes.io/not-ready`` and of
+    ``node.kubernetes.io/unreachable`` for that long, unless it tolerates the taint
+    already (its key, or no key, with ``NoExecute`` or no effect); off by default."""
+    plain = (await api.post(PODS, json=pod("before"))).json()
+    assert "tolerations" not in plain["spec"]
+    emulator.not_ready_toleration_s = 300
+    emulator.unreachable_toleration_s = 200
+    got = (await api.post(PODS, json=pod("plain"))).json()["spec"]["tolerations"]
+    assert got == [
+        {
+            "key": "node.kubernetes.io/not-ready",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 300,
+        },
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 200,
+        },
+    ]
+    own = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
+    body = pod("own")
+    body["spec"]["tolerations"] = [own | {"tolerationSeconds": 10}]
+    got = (await api.post(PODS, json=body)).json()["spec"]["tolerations"]
+    keys = [t["key"] for t in got]
+    assert keys == ["node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"]
+    assert got[0]["tolerationSeconds"] == 10
+    body = pod("all")
+    body["spec"]["tolerations"] = [{"operator": "Exists"}]
+    got = (await api.post(PODS, json=body)).json()["spec"]["tolerations"]
+    assert got == [{"operator": "Exists"}]
+
+
 # -- TokenReview: pkg/registry/authentication/tokenreview/storage.go and the API reference
 # (https://kubernetes.io/docs/reference/kubernetes-api/authentication-resources/token-review-v1/)
 

@@ -46,9 +46,17 @@ class ApiServer:
     """``with ApiServer() as api:`` serves a ``KubeEmulator`` with the built-in resources
     and the DLJob resource on ``api.url`` until the block ends."""
 
-    def __init__(self, port: int | None = None, keep_requests: int | None = 20) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        keep_requests: int | None = 20,
+        *,
+        kubelets: bool = False,
+        toleration_s: int | None = None,
+    ) -> None:
         self.port = port
         self.keep_requests = keep_requests
+        self.kubelets, self.toleration_s = kubelets, toleration_s
         self.emulator: KubeEmulator | None = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -69,7 +77,12 @@ class ApiServer:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        emulator = KubeEmulator(keep_requests=self.keep_requests)
+        emulator = KubeEmulator(
+            keep_requests=self.keep_requests,
+            kubelets=self.kubelets,
+            not_ready_toleration_s=self.toleration_s,
+            unreachable_toleration_s=self.toleration_s,
+        )
         async with emulator, Server(emulator, port=self.port) as server:
             emulator.load_builtins()
             emulator.declare(
@@ -105,13 +118,16 @@ class ApiServer:
         self.stop()
 
 
-def serve_forever(port: int, tokens: Path | None) -> None:
+def serve_forever(
+    port: int, tokens: Path | None, *, kubelets: bool = False, toleration_s: int | None = None
+) -> None:
     """The process's body: serve on ``port`` until killed, knowing ``tokens`` (a JSON list
-    of ``register_token`` keyword arguments)."""
+    of ``register_token`` keyword arguments); ``kubelets`` and ``toleration_s``: see
+    ``KubeEmulator.kubelets`` and its ``DefaultTolerationSeconds``."""
     import json
     import signal
 
-    server = ApiServer(port)
+    server = ApiServer(port, kubelets=kubelets, toleration_s=toleration_s)
     server.start()
     if tokens is not None:
         assert server.emulator is not None
@@ -134,5 +150,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the twin's emulated API server")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tokens", type=Path)
+    parser.add_argument(
+        "--kubelets", action="store_true", help="bound pods wait for their kubelet's delete"
+    )
+    parser.add_argument(
+        "--default-toleration-seconds",
+        type=int,
+        help="kube-apiserver's --default-not-ready-toleration-seconds and "
+        "--default-unreachable-toleration-seconds (unset: no such admission)",
+    )
     options = parser.parse_args()
-    serve_forever(options.port, options.tokens)
+    serve_forever(
+        options.port,
+        options.tokens,
+        kubelets=options.kubelets,
+        toleration_s=options.default_toleration_seconds,
+    )

@@ -56,7 +56,12 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   etcd compaction (``compact``): watches, continue tokens and exact lists from
   before it are 410 ``Expired``.
 
-Not imitated: the kubelet's part of graceful termination (a pod without
+- with ``kubelets``, graceful deletion of a bound pod as the server does it: it
+  stays terminating until a delete with grace 0 (its kubelet's, or a force
+  delete); with ``not_ready_toleration_s``/``unreachable_toleration_s``, the
+  ``DefaultTolerationSeconds`` admission plugin (the twin turns both on).
+
+Not imitated: without ``kubelets``, the kubelet's part of graceful termination (a pod without
 finalizers goes at once, as an unscheduled one does; a finalizer keeps it
 terminating, as an unreachable node's kubelet does), shortening the grace
 period of a pod already terminating, defaulting (a pod without
@@ -89,6 +94,8 @@ from kmock._internal import apps, dicts, k8s
 from .api_faults import ApiFaults, Injected
 
 Obj = dict[str, Any]
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 _HISTORY = 10_000  # watch events kept per resource for ?resourceVersion= resumes
 
 
@@ -269,6 +276,21 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """Watch streams being served now (one ends when its client goes away)."""
     faults: ApiFaults = attrs.field(factory=ApiFaults, init=False)
     """Injected faults (``powerflow.twin.api_faults``): ``kmock.faults.inject(...)``."""
+    kubelets: bool = False
+    """Bound pods terminate as kube-apiserver keeps them: a graceful delete of a pod on a
+    node (not finished) only marks it (``deletionTimestamp``), and it goes when a delete
+    with ``gracePeriodSeconds=0`` comes: its kubelet's, once the containers stopped, or
+    a force delete. Off by default, for tests without kubelets (a pod then goes at
+    once); the twin's kubelet finishes its pods' deletions, and a node that died keeps
+    them terminating, as a real one does."""
+    not_ready_toleration_s: int | None = None
+    unreachable_toleration_s: int | None = None
+    """The ``DefaultTolerationSeconds`` admission plugin (kube-apiserver's
+    ``--default-not-ready-toleration-seconds``/``--default-unreachable-toleration-seconds``,
+    300 s there): a pod created without a ``NoExecute`` toleration of the
+    ``node.kubernetes.io/not-ready`` (``unreachable``) taint gets one for this long,
+    which is how long it stays on a failed node before the taint evicts it. None: no
+    such admission (the pod is evicted at once)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -476,7 +498,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _commit(self, resource: Any, key: Any, old: Obj, new: Obj) -> Obj:
         meta, old_meta = new.setdefault("metadata", {}), old.get("metadata", {})
-        for field in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+        for field in (
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ):
             if field in old_meta:
                 meta[field] = old_meta[field]
         meta["generation"] = old_meta.get("generation", 1)
@@ -490,7 +519,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if content(new) != content(old):
             meta["generation"] += 1
         meta["resourceVersion"] = self._bump()
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if (
+            meta.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and not (self.kubelets and meta.get("deletionGracePeriodSeconds"))
+        ):  # the last finalizer went (a pod its kubelet holds goes with the kubelet's delete)
             await self._remove(resource, key, new)
         else:
             self._put(key, new)
@@ -518,11 +551,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise Conflict(f"Precondition failed: UID in precondition: {pre['uid']}")
         if pre.get("resourceVersion") not in (None, meta.get("resourceVersion")):
             raise Conflict("Precondition failed: resourceVersion in precondition")
-        if meta.get("finalizers"):
-            if meta.get("deletionTimestamp"):
-                return obj
+        grace = _grace_period_s(resource, obj, options)
+        if meta.get("deletionTimestamp") and (meta.get("finalizers") or grace > 0):
+            return obj  # already terminating (a shorter grace period is not imitated)
+        if meta.get("finalizers") or (self.kubelets and grace > 0):
             new = copy.deepcopy(obj)
-            grace = _grace_period_s(resource, obj, options)
             new["metadata"]["deletionTimestamp"] = _now(grace)
             new["metadata"]["deletionGracePeriodSeconds"] = grace
             new["metadata"]["resourceVersion"] = self._bump()
@@ -615,10 +648,34 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise Conflict(f"{res.plural} {meta.get('name')!r} already exists", "AlreadyExists")
         if self._has_status(res) and (res.group or res.plural == "pods"):
             obj.pop("status", None)  # CRDs and pods; nodes keep what the kubelet registers
+        if not res.group and res.plural == "pods":
+            self._default_tolerations(obj)
         self._stamp_new(obj)
         self._put(key, obj)
         await self._emit(res, "ADDED", obj)
         return kmock.Response(status=201, payload=obj)
+
+    def _default_tolerations(self, pod: Obj) -> None:
+        """``DefaultTolerationSeconds``: a ``NoExecute`` toleration of each node-failure
+        taint the pod does not tolerate already (one with that key, or with no key,
+        and the ``NoExecute`` effect or none)."""
+        if self.not_ready_toleration_s is None and self.unreachable_toleration_s is None:
+            return  # no such admission: the pod as it came
+        spec = pod.setdefault("spec", {})
+        tolerations = spec.get("tolerations") or []
+        for key, seconds in (
+            (NOT_READY_TAINT, self.not_ready_toleration_s),
+            (UNREACHABLE_TAINT, self.unreachable_toleration_s),
+        ):
+            if seconds is None or any(
+                t.get("key") in (None, "", key) and t.get("effect") in (None, "", "NoExecute")
+                for t in tolerations
+            ):
+                continue
+            added = {"key": key, "operator": "Exists", "effect": "NoExecute"}
+            tolerations = [*tolerations, {**added, "tolerationSeconds": seconds}]
+        if tolerations:
+            spec["tolerations"] = tolerations
 
     async def _bind(self, request: kmock.Request, key: Any) -> Any:
         pod = self._live(key)

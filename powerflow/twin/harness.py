@@ -16,13 +16,18 @@ job's JCT (from its submission to the moment the twin saw it finish) and the
 GPUs' energy. The parts stay reachable for fault tests and the demo:
 ``twin.operator.signal(SIGKILL)`` then ``twin.operator.start()``,
 ``twin.agents[node].stop()``/``.start()``, ``twin.api`` (the API server's process),
-``twin.scheduler.stats``, ``twin.kubelet.stats``.
+``twin.scheduler.stats``, ``twin.kubelet.stats``. Node faults: ``fail_node`` and
+``restore_node`` (the machine dies and boots again: its kubelet and node agent with
+it; ``twin.nodelife``, kube-controller-manager's node lifecycle, marks it and evicts
+its pods), ``fence_node`` (an admin's ``node.kubernetes.io/out-of-service`` taint),
+``fail_gpu`` (the device plugin reports a GPU unhealthy).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +49,7 @@ from powerflow.twin.components import (
 )
 from powerflow.twin.gpus import TwinGpus, totals
 from powerflow.twin.kubelet import Kubelet
+from powerflow.twin.nodelife import OUT_OF_SERVICE, NodeLifecycle, grace_s, toleration_s
 from powerflow.twin.scheduler import Scheduler
 from powerflow.twin.timescale import DEFAULT, TimeScale
 from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
@@ -105,7 +111,9 @@ class Twin:
     simulator also times (``timescale``); ``eta``: the budget ConfigMap's ``eta``;
     ``interval_s``: its ``schedulingIntervalSeconds`` and ``restart_s`` a worker's
     checkpoint-restart cost, both at full size (the simulator's ``interval_s`` and
-    ``restart_s``; the twin scales them)."""
+    ``restart_s``; the twin scales them); ``checkpoint_s``: how often a training worker
+    checkpoints, at full size (None: only when its pod is deleted, which is all the
+    simulator assumes; a node fault loses what was reached since)."""
 
     def __init__(
         self,
@@ -118,12 +126,16 @@ class Twin:
         interval_s: float = INTERVAL_S,
         restart_s: float = RESTART_S,
         seed: int = 0,
+        checkpoint_s: float | None = None,
     ) -> None:
         self.folder = folder
         self.node_names = tuple(f"node-{i}" for i in range(nodes))
         self.gpus_per_node = gpus_per_node
         self.scale = scale
         self.eta, self.interval_s, self.restart_s, self.seed = eta, interval_s, restart_s, seed
+        self.checkpoint_s = checkpoint_s
+        self._stopped = threading.Event()
+        self.nodelife: NodeLifecycle | None = None
         self.api: Process | None = None
         self.url = ""
         self.gpus: dict[str, TwinGpus] = {}
@@ -159,7 +171,8 @@ class Twin:
         ]
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.api = apiserver_process(self.folder, port, tokens).start()
+        tolerate = toleration_s(self.scale)
+        self.api = apiserver_process(self.folder, port, tokens, toleration_s=tolerate).start()
         client = self.client = httpx.Client(base_url=self.url, timeout=30.0)
         for name in self.node_names:
             ok = client.post("/api/v1/nodes", json=node_body(name, self.gpus_per_node))
@@ -192,7 +205,9 @@ class Twin:
             self.gpus,
             {n: a.port for n, a in self.agents.items()},
             startup_s=self.scale(self.restart_s),
+            checkpoint_s=None if self.checkpoint_s is None else self.scale(self.checkpoint_s),
         ).start()
+        self.nodelife = NodeLifecycle(self.url, grace_s=grace_s(self.scale)).start()
         self.scheduler = Scheduler(self.url, f"http://127.0.0.1:{ext_port}", seed=self.seed).start()
         return self
 
@@ -241,6 +256,8 @@ class Twin:
             for name, phase in phases.items():
                 if phase in ("Succeeded", "Failed") and name not in finish:
                     finish[name] = (time.monotonic() - start, phase)
+            if self._stopped.is_set():  # a failing test's teardown: end now, not at the timeout
+                raise RuntimeError("the twin was stopped during the run")
             if time.monotonic() > deadline:
                 left = sorted({j.name for j in jobs} - set(finish))
                 raise TimeoutError(f"jobs not finished in {timeout_s:g} s: {left}")
@@ -252,7 +269,45 @@ class Twin:
         makespan = max(o.finish_s for o in outcomes) - min(o.submit_s for o in outcomes)
         return TwinResult(outcomes, active - active0, idle - idle0, makespan)
 
+    def fail_node(self, node: str) -> list[str]:
+        """The node's machine dies: its workers and node agent stop, its kubelet falls
+        silent (``Kubelet.fail_node``). The pods whose workers died."""
+        assert self.kubelet is not None
+        dead = self.kubelet.fail_node(node)
+        self.agents[node].stop()
+        return dead
+
+    def restore_node(self, node: str) -> None:
+        """The node boots again: its node agent starts (clocks back to default), its
+        kubelet reports ``Ready`` (``Kubelet.restore_node``)."""
+        assert self.kubelet is not None
+        self.agents[node].start()
+        self.kubelet.restore_node(node)
+
+    def fence_node(self, node: str, *, on: bool = True) -> None:
+        """What an admin does once a dead node is known to be off (non-graceful node
+        shutdown): the ``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute``
+        taint; ``on=False`` removes it (the node is back)."""
+        assert self.client is not None
+        body = self.client.get(f"/api/v1/nodes/{node}").json()
+        taints = [t for t in body.get("spec", {}).get("taints") or [] if t["key"] != OUT_OF_SERVICE]
+        if on:
+            taints.append({"key": OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute"})
+        patch = {
+            "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+            "spec": {"taints": taints or None},
+        }
+        self.client.patch(f"/api/v1/nodes/{node}", json=patch, headers=MERGE).raise_for_status()
+
+    def fail_gpu(self, node: str, gpu: int) -> None:
+        """GPU ``gpu`` of ``node`` becomes unhealthy (``Kubelet.fail_gpu``)."""
+        assert self.kubelet is not None
+        self.kubelet.fail_gpu(node, gpu)
+
     def stop(self) -> None:
+        self._stopped.set()
+        if self.nodelife is not None:
+            self.nodelife.stop()
         for part in (self.scheduler, self.kubelet):
             if part is not None:
                 part.stop()

@@ -23,9 +23,23 @@ NVIDIA device plugin do for PowerFlow's worker pods:
 - at the job's total the worker exits 0: the pod becomes ``Succeeded``;
 - a pod deleted stops its worker, which checkpoints the iterations it reached
   (the worker library's SIGTERM hook at the next boundary; the twin's
-  checkpoint store plays the job's shared volume). The emulator removes a pod
-  at once (it has no kubelet to wait for), so the checkpoint is taken when the
-  kubelet sees it gone.
+  checkpoint store plays the job's shared volume); then the kubelet deletes the
+  pod with grace 0, which is when the API server lets it go (the twin's
+  emulator runs with ``kubelets``); with ``checkpoint_s`` a worker also
+  checkpoints that often while it trains, as a training script does;
+- it renews its node's Lease (``kube-node-lease``) every ``lease_s``: the
+  heartbeat the node lifecycle controller (``nodelife``) watches.
+
+Faults (from any thread): ``fail_node`` (the machine dies: its workers stop
+where they are, without a checkpoint, its Lease is no longer renewed and its
+pods are left as they were: a terminating one stays terminating),
+``restore_node`` (it boots again: it posts ``Ready``, finishes the deletions
+left and fails the pods whose containers died with it: ``restartPolicy:
+Never``), ``fail_gpu`` (the device plugin reports a GPU unhealthy: the node's
+allocatable ``nvidia.com/gpu`` drops by one, as the kubelet's device manager
+reports only healthy devices, and the worker on it dies, its pod ``Failed``;
+no pod gets that GPU again, and a pod for which no healthy GPU is free is
+rejected at admission, ``UnexpectedAdmissionError``, as the device manager does).
 
 The workers, not the node agents, make the simulated GPUs compute: the agents
 run without ``--simulate`` on the twin's GPUs (``TwinGpus``, through
@@ -36,6 +50,7 @@ PodResources socket), clocks and power limits set, power and energy read.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import threading
@@ -60,6 +75,8 @@ not scaled (the simulator has no such writes, and the operator learns that a job
 done from the final write, not from these), and short enough for the demo to show
 progress; scaled like the rest, twenty workers would write the API server 30 times a
 second."""
+NODE_LEASE_NS = "kube-node-lease"
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NS}/leases"
 REPORT_INTERVAL_S = 0.1
 """The worker library's ``min_interval_s`` between reports (real seconds)."""
 
@@ -123,6 +140,7 @@ class Worker:
     written: int | None = None
     finished: bool = False
     reported_at: float = -1e18
+    checkpointed_at: float = 0.0
 
     @property
     def iterations(self) -> int:
@@ -136,6 +154,12 @@ class KubeletStats:
     checkpoints: int = 0
     lost_iterations: int = 0
     """Iterations reached but not checkpointed (0: the worker's hook always ran)."""
+    died: int = 0
+    """Workers stopped by a fault (their node died, their GPU failed): no hook ran."""
+    lost_in_faults: int = 0
+    """Iterations those workers reached after their job's last checkpoint."""
+    rejected: int = 0
+    """Pods refused at admission: no healthy GPU free for them on their node."""
     events: list[tuple[float, str, str]] = field(default_factory=list)
     """(``time.monotonic()``, pod, what): started, training, succeeded, checkpointed."""
 
@@ -152,6 +176,8 @@ class Kubelet:
         startup_s: float = 30.0,
         progress_interval_s: float = PROGRESS_INTERVAL_S,
         tick_s: float = 0.2,
+        lease_s: float = 1.0,
+        checkpoint_s: float | None = None,
     ) -> None:
         self.api = httpx.Client(base_url=api, timeout=30.0)
         self.gpus = gpus
@@ -163,6 +189,13 @@ class Kubelet:
         self.workers: dict[str, Worker] = {}
         self.checkpoints: dict[tuple[str, str], int] = {}
         self.stats = KubeletStats()
+        self.lease_s, self.checkpoint_s = lease_s, checkpoint_s
+        self.down: set[str] = set()
+        """Nodes whose machine is dead (``fail_node``)."""
+        self.unhealthy: dict[str, set[int]] = {}
+        """Each node's GPUs the device plugin reports unhealthy (``fail_gpu``)."""
+        self._renewed: dict[str, float] = {}
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="twin-kubelet", daemon=True)
 
@@ -186,6 +219,11 @@ class Kubelet:
             self._stop.wait(self.tick_s)
 
     def step(self) -> None:
+        with self._lock:
+            self._step()
+
+    def _step(self) -> None:
+        self._renew_leases()
         pods: list[Obj] = self.api.get("/api/v1/pods").json()["items"]
         live = {p["metadata"]["uid"]: p for p in pods}
         for uid in list(self.workers):
@@ -195,9 +233,10 @@ class Kubelet:
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
             phase = (pod.get("status") or {}).get("phase", "Pending")
-            if not isinstance(node, str) or node not in self.gpus:
+            if not isinstance(node, str) or node not in self.gpus or node in self.down:
                 continue
             if pod["metadata"].get("deletionTimestamp"):
+                self._finish_deletion(pod)  # its worker (if any) checkpointed above
                 continue
             uid = pod["metadata"]["uid"]
             if phase == "Pending" and uid not in self.workers:
@@ -206,11 +245,50 @@ class Kubelet:
         for w in list(self.workers.values()):
             self._train(w, now)
 
+    def _renew_leases(self) -> None:
+        """Each live node's heartbeat: its Lease's ``renewTime`` (created if missing)."""
+        now = self.now_s()
+        for node in self.gpus:
+            if node in self.down or now - self._renewed.get(node, -1e18) < self.lease_s:
+                continue
+            stamp = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            spec = {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": stamp}
+            path = f"{LEASES}/{node}"
+            answer = self.api.patch(path, json={"spec": spec}, headers=MERGE)
+            if answer.status_code == 404:
+                lease = {"metadata": {"name": node, "namespace": NODE_LEASE_NS}, "spec": spec}
+                answer = self.api.post(LEASES, json=lease)
+            if answer.is_success:
+                self._renewed[node] = now
+
+    def _finish_deletion(self, pod: Obj) -> None:
+        """The containers stopped: the kubelet's delete with grace 0 lets the pod go."""
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        options = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+        self.api.request("DELETE", path, json=options)
+
+    def _set_phase(self, pod: Obj, phase: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        status = {"status": {"phase": phase, "reason": reason, "message": message}}
+        self.api.patch(path, json=status, headers=MERGE)
+
     def _start(self, pod: Obj, pods: list[Obj], node: str) -> None:
-        taken = {w.gpu for w in self.workers.values() if w.node == node}
-        gpu = gpu_of(pod, node, len(self.gpus[node].gpus()), taken)
-        if gpu is None:
+        if contract.PLACEMENT_ANNOTATION not in (pod["metadata"].get("annotations") or {}):
             return  # not placed yet (the extender's bind writes the block with the node)
+        bad = self.unhealthy.get(node, set())
+        taken = {w.gpu for w in self.workers.values() if w.node == node} | bad
+        gpu = gpu_of(pod, node, len(self.gpus[node].gpus()), taken)
+        if gpu is None:  # the device manager's admission: no healthy device free
+            self.stats.rejected += 1
+            message = (
+                f"Allocate failed due to requested number of devices unavailable for "
+                f"{contract.GPU_RESOURCE}. Requested: 1, Available: 0"
+            )
+            self._set_phase(pod, "Failed", "UnexpectedAdmissionError", message)
+            self.stats.events.append((self.now_s(), pod["metadata"]["name"], "rejected"))
+            return
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
@@ -285,10 +363,14 @@ class Kubelet:
         ran = gpus.iterations_completed(w.gpu)
         if w.gpu_seen is None:
             w.gpu_seen = ran  # training starts now
+            w.checkpointed_at = now
             self.stats.events.append((now, w.pod, f"training from {w.base}"))
         delta = ran - w.gpu_seen if ran >= w.gpu_seen else ran  # reassigned: counts restart
         w.gpu_seen = ran
         w.done = min(w.done + delta, max(w.total - w.base, 0))
+        if self.checkpoint_s is not None and now - w.checkpointed_at >= self.checkpoint_s:
+            w.checkpointed_at = now
+            self._checkpoint(w, now)
         if delta and now - w.reported_at >= REPORT_INTERVAL_S:
             w.reported_at = now
             w.reporter.offer(w.iterations)
@@ -328,3 +410,66 @@ class Kubelet:
         self.gpus[w.node].clear(w.gpu)
         self.stats.events.append((self.now_s(), w.pod, f"checkpointed at {w.iterations}"))
         w.reporter.close(0.5)
+
+    def _checkpoint(self, w: Worker, now: float) -> None:
+        key = (w.namespace, w.job)
+        if w.iterations > self.checkpoints.get(key, 0):
+            self.checkpoints[key] = w.iterations
+            self.stats.events.append((now, w.pod, f"checkpointed at {w.iterations}"))
+
+    def _die(self, w: Worker, what: str) -> None:
+        """The worker's process is gone without its hook: what it reached after its
+        job's last checkpoint is lost."""
+        self.workers.pop(w.uid, None)
+        lost = max(w.iterations - self.checkpoints.get((w.namespace, w.job), 0), 0)
+        self.stats.died += 1
+        self.stats.lost_in_faults += lost
+        self.gpus[w.node].clear(w.gpu)
+        w.reporter.close(0.5)
+        self.stats.events.append((self.now_s(), w.pod, f"{what} at {w.iterations}, lost {lost}"))
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def fail_node(self, node: str) -> list[str]:
+        """The node's machine dies: its workers stop where they are, nothing more of it
+        reaches the API server (no Lease renewal, no pod status, no deletion finished).
+        The pods whose workers died."""
+        with self._lock:
+            self.down.add(node)
+            dead = [w for w in self.workers.values() if w.node == node]
+            for w in dead:
+                self._die(w, "died with its node")
+            return [w.pod for w in dead]
+
+    def restore_node(self, node: str) -> None:
+        """The node boots again: the kubelet posts ``Ready`` and renews its Lease; pods
+        that ran there lost their containers (``restartPolicy: Never``: ``Failed``), the
+        terminating ones it deletes (next step), the bound, not started ones it starts."""
+        with self._lock:
+            self.down.discard(node)
+            self._renewed.pop(node, None)
+            self._renew_leases()  # first: a stale Lease beside Ready would read as dead again
+            ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+            body = {"status": {"conditions": [ready]}}
+            self.api.patch(f"/api/v1/nodes/{node}/status", json=body, headers=MERGE)
+            here = {"fieldSelector": f"spec.nodeName={node}"}
+            for pod in self.api.get("/api/v1/pods", params=here).json()["items"]:
+                phase = (pod.get("status") or {}).get("phase", "Pending")
+                if phase == "Running" and not pod["metadata"].get("deletionTimestamp"):
+                    message = "the container's state is unknown: its node restarted"
+                    self._set_phase(pod, "Failed", "ContainerStatusUnknown", message)
+
+    def fail_gpu(self, node: str, gpu: int) -> None:
+        """The device plugin reports ``gpu`` unhealthy: the node's allocatable drops by
+        one (capacity stays), then the worker on it dies and its pod is ``Failed``."""
+        with self._lock:
+            bad = self.unhealthy.setdefault(node, set())
+            bad.add(gpu)
+            healthy = len(self.gpus[node].gpus()) - len(bad)
+            body = {"status": {"allocatable": {contract.GPU_RESOURCE: str(healthy)}}}
+            self.api.patch(f"/api/v1/nodes/{node}/status", json=body, headers=MERGE)
+            for w in [w for w in self.workers.values() if (w.node, w.gpu) == (node, gpu)]:
+                self._die(w, f"GPU {gpu} failed")
+                pod = {"metadata": {"namespace": w.namespace, "name": w.pod}}
+                message = f"GPU {gpu} became unhealthy (Xid 79: fallen off the bus)"
+                self._set_phase(pod, "Failed", "Error", message)
