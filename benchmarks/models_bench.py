@@ -15,12 +15,20 @@ Then the CPU time to predict 100,000 configurations (target < 50 ms; wall time
 shown beside it).
 
     python -m benchmarks.models_bench      (or: python -m benchmarks models)
+    python -m benchmarks.models_bench --priors
+
+``--priors`` measures, instead, other ways to build the others' prior from
+the five shipped ones than the parameter-wise median (multi-GPU step-time
+MAPE of the sweep-only fit, leave-one-model-out), and how well each of the
+five, fitted to the job's 1-GPU sweep, explains that sweep: the evidence in
+docs/models.md that a 1-GPU sweep cannot choose among them.
 
 The timing runs in a child process pinned to one CPU with one BLAS thread.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 from benchmarks import pinned_child
@@ -156,9 +164,102 @@ def _bench() -> None:
     console.print(targets)
 
 
+def _priors() -> None:
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    from powerflow import groundtruth as gt
+    from powerflow.gpus import A100
+    from powerflow.models.fitted import FittedModel
+    from powerflow.models.fitting import fit_with_prior, rescale_prior
+    from powerflow.models.metrics import mape
+    from powerflow.models.params import ModelParams, ThroughputParams
+    from powerflow.models.priors import generic_prior, shipped_priors
+    from powerflow.models.protocol import FloatArray
+    from powerflow.models.samples import Samples
+
+    names = ThroughputParams.names()
+    sync = np.array([k.startswith("sync_") and k.endswith("_s") for k in names])
+
+    def with_sync(prior: ModelParams, factor: float | FloatArray) -> ModelParams:
+        x = prior.throughput.to_vector()
+        x = np.where(sync, x * factor, x)
+        return ModelParams(prior.gpu, ThroughputParams.from_vector(x), prior.energy, prior.model)
+
+    def step_mape(t: FloatArray, s: Samples) -> float:
+        return mape(1.0 / t, 1.0 / s.step_time_s)  # throughput MAPE, as the main table
+
+    methods = (
+        "median (shipped)",
+        "median of 5 fits",
+        "nearest by sweep",
+        "sync at 75th pct",
+        "sync x compute",
+        "sync x compute^0.5",
+    )
+    table = Table(
+        title="Others' prior built other ways: multi-GPU throughput MAPE of the fit to the "
+        "1-GPU sweep alone (leave-one-model-out)"
+    )
+    for col in ("model", *methods, "sweep RMS log error of the 5 fits", "their multi MAPE"):
+        table.add_column(col, justify="right")
+    for name in gt.MODEL_NAMES:
+        truth = gt.ground_truth(name)
+        profile = gt.dense_profile(truth, rng=np.random.default_rng(0))
+        multi = profile.take(profile.n > 1)
+        sweep = gt.one_gpu_sweep(truth, truth.global_batch_sizes[0], rng=np.random.default_rng(1))
+        cfg = (multi.n, multi.r, multi.bs, multi.f)
+
+        def fitted(prior: ModelParams, sweep: Samples = sweep) -> FittedModel:
+            return FittedModel(fit_with_prior(prior, sweep, A100))
+
+        generic = generic_prior(exclude=name)
+        others = [p for k, p in shipped_priors().items() if k != name]
+        fits = [fitted(p) for p in others]
+        preds = np.array([m.step_time_s(*cfg) for m in fits])
+        sweep_err = [
+            float(
+                np.sqrt(
+                    np.mean(np.log(m.step_time_s(*sweep.configurations) / sweep.step_time_s) ** 2)
+                )
+            )
+            for m in fits
+        ]
+        stacked = np.array([p.throughput.to_vector() for p in others])
+        q75 = ModelParams(
+            generic.gpu,
+            ThroughputParams.from_vector(
+                np.where(sync, np.quantile(stacked, 0.75, axis=0), generic.throughput.to_vector())
+            ),
+            generic.energy,
+            generic.model,
+        )
+        # the factor by which the prior's compute terms are rescaled to this job
+        k = rescale_prior(generic, sweep, A100).throughput.a_grad / generic.throughput.a_grad
+        results = [
+            step_mape(fitted(generic).step_time_s(*cfg), multi),
+            step_mape(np.median(preds, axis=0), multi),
+            step_mape(preds[int(np.argmin(sweep_err))], multi),
+            step_mape(fitted(q75).step_time_s(*cfg), multi),
+            step_mape(fitted(with_sync(generic, k)).step_time_s(*cfg), multi),
+            step_mape(fitted(with_sync(generic, k**0.5)).step_time_s(*cfg), multi),
+        ]
+        table.add_row(
+            name,
+            *(f"{100 * x:.1f}%" for x in results),
+            " ".join(f"{100 * e:.2f}" for e in sweep_err),
+            " ".join(f"{100 * step_mape(p, multi):.0f}" for p in preds),
+        )
+    Console(width=200).print(table)
+
+
 def main() -> None:
     if pinned_child("benchmarks.models_bench"):
-        _bench()
+        if "--priors" in sys.argv[1:]:
+            _priors()
+        else:
+            _bench()
 
 
 if __name__ == "__main__":

@@ -197,3 +197,27 @@ def test_analytic_jacobians_match_finite_differences() -> None:
         x0 = EP.to_vector()
         num = approx_fprime(x0, log_e, 1e-7 * np.maximum(np.abs(x0), 1e-3))
         np.testing.assert_allclose(jac[row], num, rtol=2e-3, atol=1e-4 * np.abs(num).max())
+
+
+def test_the_per_step_overhead_draws_the_light_power() -> None:
+    """``a_grad`` (launches, optimizer step, host work: fixed per step) is
+    charged at the synchronisation power, the rest of ``T_grad`` at the
+    compute power: on one GPU and on 16, a model's joules per iteration are
+    exactly that sum, and raising ``a_grad`` by one second adds ``n`` times
+    the light plus static power, not the compute power."""
+    model = FittedModel(TRUE)
+    for n, r, bs in ((1.0, 1.0, 64.0), (16.0, 8.0, 4.0)):
+        f = 1230.0
+        f_rel = f / A100.f0_mhz
+        grad = throughput.t_grad(TP, bs, f)
+        sync = throughput.t_sync(TP, n, r, f)
+        it = throughput.step_time(TP, n, r, bs, f)
+        p_grad = energy.p_grad(EP, bs, f_rel)
+        p_light = energy.p_sync(EP, f_rel)
+        want = n * (
+            p_grad * (grad - TP.a_grad)
+            + p_light * (sync + TP.a_grad)
+            + energy.p_static(EP, f_rel) * it
+        )
+        assert float(model.energy_per_iter_j(n, r, bs, f)) == pytest.approx(float(want), rel=1e-12)
+    assert TP.a_grad > 0 and float(energy.p_grad(EP, 64.0, 1.0)) > float(energy.p_sync(EP, 1.0))

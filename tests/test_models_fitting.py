@@ -111,9 +111,7 @@ def test_rescaled_prior_is_the_median_ratios_of_the_reference_model() -> None:
     compute = ("a_io", "b_io", "a_grad", "b_grad", "k_grad")
     want_t = dataclasses.replace(tp, **{k: getattr(tp, k) * k_t for k in compute})
     np.testing.assert_allclose(anchor.throughput.to_vector(), want_t.to_vector(), rtol=1e-12)
-    grad = throughput.t_grad(want_t, s.bs, s.f)
-    sync = throughput.t_sync(want_t, s.n, s.r, s.f)
-    it = throughput.step_time(want_t, s.n, s.r, s.bs, s.f)
+    grad, sync, it = throughput.power_phases(want_t, s.n, s.r, s.bs, s.f)
     e = energy.energy_per_iter(TRUE.energy, s.n, s.bs, s.f / A100.f0_mhz, grad, sync, it)
     k_e = np.median(s.energy_j / e)
     ep = TRUE.energy
@@ -234,9 +232,7 @@ def test_fast_models_match_the_generic_jacobians(seed: int) -> None:
     got, got_jac = _bare_model(_time_problem(None, FitOptions())(s), tp.to_vector())
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got_jac, want_jac, rtol=1e-9, atol=1e-12)
-    grad = throughput.t_grad(tp, s.bs, s.f)
-    sync = throughput.t_sync(tp, s.n, s.r, s.f)
-    it = throughput.combine(tp, throughput.t_io(tp, s.r, s.bs), grad, sync)
+    grad, sync, it = throughput.power_phases(tp, s.n, s.r, s.bs, s.f)
     f_rel = s.f / A100.f0_mhz
     want, want_jac = energy.log_energy_jacobian(ep, s.n, s.bs, f_rel, grad, sync, it)
     problem = _energy_problem(tp.to_vector(), A100, None, FitOptions())(s)

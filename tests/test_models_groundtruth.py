@@ -100,3 +100,26 @@ def test_unknown_or_missing_hint_gives_the_generic_prior() -> None:
     assert load_prior(None).model == "generic"
     assert load_prior("alexnet") == load_prior(None)
     assert load_prior("BERT").model == "bert"
+
+
+@pytest.mark.parametrize("name", SUBSET)
+def test_profiles_at_2_to_16_gpus_predict_energy_from_1_to_32(name: str) -> None:
+    """The learner's situation (``python -m benchmarks learner``): the 1-GPU
+    sweep, then clock profiles packed at 2, 4, 8 and 16 GPUs at the job's
+    global batch; energy per iteration at 1-32 GPUs and every clock within
+    2.5% on average. The paper's attribution of the fixed per-step time to
+    the compute power missed it (vgg16 3.9%, gpt2 4.2%; 0.9% and 2.2% with
+    it at the light power: docs/models.md)."""
+    truth = gt.ground_truth(name)
+    gb = float(truth.global_batch_sizes[0])
+    rng = np.random.default_rng(0)
+    parts = [gt.one_gpu_sweep(truth, gb, rng=rng)]
+    f = np.asarray(A100.clocks_mhz[::4], dtype=np.float64)[None, :]
+    for n in (2.0, 4.0, 8.0, 16.0):
+        parts.append(gt.measure(truth, n, min(n, 8.0), gb / n, f, rng=rng))
+    params = fit_with_prior(load_prior(name), Samples.concat(parts), A100)
+    n = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 32.0])[:, None]
+    every = np.asarray(A100.clocks_mhz, dtype=np.float64)[None, :]
+    want = truth.energy_per_iter_j(n, np.minimum(n, 8.0), gb / n, every)
+    got = FittedModel(params).energy_per_iter_j(n, np.minimum(n, 8.0), gb / n, every)
+    assert float(np.mean(np.abs(got / want - 1.0))) <= 0.025

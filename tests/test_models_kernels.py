@@ -31,9 +31,7 @@ def _random_model(seed: int) -> tuple[ModelParams, tuple[np.ndarray, ...]]:
 def _reference(params: ModelParams, cols: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
     n, r, bs, f = cols
     tp = params.throughput
-    grad = throughput.t_grad(tp, bs, f)
-    sync = throughput.t_sync(tp, n, r, f)
-    it = throughput.step_time(tp, n, r, bs, f)
+    grad, sync, it = throughput.power_phases(tp, n, r, bs, f)
     return it, energy.energy_per_iter(params.energy, n, bs, f / A100.f0_mhz, grad, sync, it)
 
 

@@ -86,18 +86,17 @@ def test_version_1_parameters_are_refused_with_a_reason() -> None:
         ModelParams.from_json(json.dumps(old))
 
 
-def test_version_2_parameters_read_as_version_3_without_hop_latency() -> None:
-    """Version 2 had no ``sync_hop_s``: read with it at 0 they predict exactly
-    what they did, so a job's stored fit survives the upgrade (and is
-    written back as version 3)."""
+@pytest.mark.parametrize("version", [2, 3])
+def test_parameters_fitted_with_the_overhead_at_compute_power_are_refused(version: int) -> None:
+    """Versions 2 and 3 charged the fixed per-step time ``a_grad`` at the
+    compute power; version 4 charges it at the light power, so their energy
+    parameters would predict other joules under the same numbers. Refused
+    with the reason, the operator refits such a job from its prior."""
     doc = json.loads(TRUE.to_json())
-    doc["version"] = 2
-    del doc["throughput"]["sync_hop_s"]
-    params = ModelParams.from_json(json.dumps(doc))
-    assert params.throughput == TRUE.throughput and params.throughput.sync_hop_s == 0.0
-    assert params.to_dict()["version"] == 3
-    doc["throughput"]["sync_hop_s"] = 0.5  # not a field of version 2... but the same name
-    assert ModelParams.from_json(json.dumps(doc)).throughput.sync_hop_s == 0.5
+    assert doc["version"] == 4
+    doc["version"] = version
+    with pytest.raises(ModelError, match=rf"version {version}.*overhead.*refit"):
+        ModelParams.from_json(json.dumps(doc))
 
 
 @pytest.mark.parametrize("text", ["not json", "[1, 2]"])

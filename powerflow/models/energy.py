@@ -1,6 +1,12 @@
 """Energy of one training iteration, paper §4.2, vectorised over configurations.
 
-``E_iter = (P_grad*T_grad + P_sync*T_sync + P_static*T_iter) * n``.
+``E_iter = (P_grad*T_heavy + P_sync*T_light + P_static*T_iter) * n``, where
+``T_heavy = T_grad - a_grad`` (per-sample compute) and ``T_light = T_sync +
+a_grad`` (``throughput.power_phases``). The paper charges all of ``T_grad``
+at ``P_grad``; its fixed per-step part (launches, optimizer step, host work)
+leaves the GPU mostly waiting, so it draws the light power of
+synchronisation here (parameters version 4; why, with the measurements, in
+docs/models.md "Energy of the per-step overhead").
 
 Choices where the paper is ambiguous or over-parameterised (all documented in
 ``EnergyParams``):
@@ -75,7 +81,9 @@ def energy_per_iter(
 ) -> FloatArray:
     """Joules per iteration over all ``n`` GPUs, from the step-time terms.
 
-    ``f_rel`` is the clock divided by the GPU's knee ``f0``.
+    ``f_rel`` is the clock divided by the GPU's knee ``f0``; ``grad_s`` and
+    ``sync_s`` are the GPU-heavy and GPU-light seconds of
+    ``throughput.power_phases`` (not ``T_grad`` and ``T_sync`` themselves).
     """
     per_gpu = p_grad(p, bs, f_rel) * grad_s + p_sync(p, f_rel) * sync_s
     per_gpu = per_gpu + p_static(p, f_rel) * iter_s

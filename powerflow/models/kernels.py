@@ -145,15 +145,17 @@ def predict(
         it = _step_time(tp, io, grad, sync, n[k])
         t_out[k] = it
         xr = f[k] / f0_mhz - 1.0
-        e_out[k] = _energy(ep, bs[k], xr, n[k] * grad, n[k] * sync, n[k] * it)[0]
+        # a_grad (tp[2]) draws the light power: ``throughput.power_phases``
+        heavy, light = grad - tp[2], sync + tp[2]
+        e_out[k] = _energy(ep, bs[k], xr, n[k] * heavy, n[k] * light, n[k] * it)[0]
     return t_out, e_out
 
 
 @njit
 def energy_data(tp: FloatArray, f0_mhz: float, cols: FloatArray) -> FloatArray:
     """The energy stage's ``data`` from the time stage's (rows ``n, r, bs, f``):
-    rows ``bs``, ``f/f0 - 1`` and the GPU-seconds computing, synchronising
-    and in all under the step-time parameters ``tp``."""
+    rows ``bs``, ``f/f0 - 1`` and the GPU-seconds GPU-heavy, GPU-light and
+    in all under the step-time parameters ``tp`` (``throughput.power_phases``)."""
     m = cols.shape[1]
     out = np.empty((5, m))
     for k in range(m):
@@ -161,8 +163,8 @@ def energy_data(tp: FloatArray, f0_mhz: float, cols: FloatArray) -> FloatArray:
         io, grad, sync = _terms(tp, n, r, bs, f / 1000.0)
         out[0, k] = bs
         out[1, k] = f / f0_mhz - 1.0
-        out[2, k] = n * grad
-        out[3, k] = n * sync
+        out[2, k] = n * (grad - tp[2])
+        out[3, k] = n * (sync + tp[2])
         out[4, k] = n * _step_time(tp, io, grad, sync, n)
     return out
 

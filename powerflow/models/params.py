@@ -23,14 +23,16 @@ import numpy as np
 from powerflow.errors import ModelError
 from powerflow.models.protocol import FloatArray
 
-SCHEMA_VERSION = 3
-"""Version 3: ``ThroughputParams.sync_hop_s``, the latency of each hop of the
-intra-node ring, joins the ring all-reduce form of version 2
-(``throughput.t_sync``). Version 2 parameters read as version 3 with
-``sync_hop_s = 0``, which predicts exactly what they did. Version 1 held the
-paper's linear form, whose parameters do not translate
-(``ModelParams.from_dict`` refuses them with a clear error, and the operator
-then refits from the prior)."""
+SCHEMA_VERSION = 4
+"""Version 4: the energy model charges the fixed per-step time ``a_grad`` at
+the light (synchronisation) power instead of the compute power
+(``throughput.power_phases``); the fields are version 3's. Version 3 added
+``ThroughputParams.sync_hop_s`` (the latency of each hop of the intra-node
+ring) to the ring all-reduce form of version 2 (``throughput.t_sync``).
+Parameters of versions 2 and 3 were fitted with ``a_grad`` at compute power,
+so their energy parameters mean something else, and version 1 held the
+paper's linear sync form: ``ModelParams.from_dict`` refuses all three with a
+clear error, and the operator then refits the job from its prior."""
 
 
 class _Vector:
@@ -227,13 +229,15 @@ class ModelParams:
                     "parameters of version 1 (the paper's linear sync form) do not "
                     f"translate to version {SCHEMA_VERSION} (ring all-reduce sync): refit them"
                 )
-            if version not in (2, SCHEMA_VERSION):
+            if version in (2, 3):
+                raise ModelError(
+                    f"parameters of version {version} charge the per-step overhead at "
+                    f"compute power; their energy terms do not translate to version "
+                    f"{SCHEMA_VERSION}: refit them"
+                )
+            if version != SCHEMA_VERSION:
                 raise ModelError(f"unsupported parameter version {version!r}")
-            throughput = data["throughput"]
-            if version == 2 and isinstance(throughput, dict):
-                # version 2 had no hop latency: 0 predicts what it predicted
-                throughput = {**throughput, "sync_hop_s": throughput.get("sync_hop_s", 0.0)}
-            tp = _group(ThroughputParams, throughput)
+            tp = _group(ThroughputParams, data["throughput"])
             ep = _group(EnergyParams, data["energy"])
             model = data.get("model")
             return cls(
