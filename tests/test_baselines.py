@@ -775,6 +775,7 @@ POLICIES: list[tuple[Policy, int, bool]] = [
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(seed=4829, node_count=3, per_node=8, count=10)  # Gandiva moved and grew one job
 @given(
     seed=st.integers(0, 10**6),
     node_count=st.integers(1, 4),

@@ -184,8 +184,8 @@ class _Round:
         migrations: list[Migration] = []
         plans = job_plans(self.jobs, self.where, clock, memo)
         for job in self.jobs:
-            if job.id in self.moves:
-                migrations.append(Migration(job.id, job.placement, self.moves[job.id]))
+            if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
+                migrations.append(Migration(job.id, job.placement, self.where[job.id]))
         return finish(self.snapshot, spec, plans, memo, migrations)
 
     def _grow(self, clock: int, memo: ModelMemo) -> None:
