@@ -6,7 +6,9 @@ with the twin's busy threads (simulated GPUs, kubelet, agents), or every API
 call waits seconds. ``ApiServerProcess`` runs it as
 ``python -m powerflow.twin.apiserver`` with the tokens it must know (TokenReview);
 ``ApiServer`` runs it in a thread of this process (tests that need the emulator
-object itself).
+object itself). ``--fault-control`` opens the emulator's fault routes
+(``/_twin/faults``, ``/_twin/compact``) for a test to inject API faults into the
+process from outside it; ``FaultControl`` is their client.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import yaml
 
 from powerflow import contract
-from powerflow.twin.emulator import KubeEmulator
+from powerflow.twin.emulator import CONTROL, KubeEmulator
 
 T = TypeVar("T")
+FAULTS = f"{CONTROL}faults"
 
 
 def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:
@@ -46,9 +50,12 @@ class ApiServer:
     """``with ApiServer() as api:`` serves a ``KubeEmulator`` with the built-in resources
     and the DLJob resource on ``api.url`` until the block ends."""
 
-    def __init__(self, port: int | None = None, keep_requests: int | None = 20) -> None:
+    def __init__(
+        self, port: int | None = None, keep_requests: int | None = 20, fault_control: bool = False
+    ) -> None:
         self.port = port
         self.keep_requests = keep_requests
+        self.fault_control = fault_control
         self.emulator: KubeEmulator | None = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -69,7 +76,7 @@ class ApiServer:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        emulator = KubeEmulator(keep_requests=self.keep_requests)
+        emulator = KubeEmulator(keep_requests=self.keep_requests, fault_control=self.fault_control)
         async with emulator, Server(emulator, port=self.port) as server:
             emulator.load_builtins()
             emulator.declare(
@@ -105,13 +112,48 @@ class ApiServer:
         self.stop()
 
 
-def serve_forever(port: int, tokens: Path | None) -> None:
+class FaultControl:
+    """The client of an API server's fault routes (``--fault-control``): ``inject`` takes
+    ``ApiFaults.inject``'s keywords, ``rules`` reads them back with their ``hits`` (how
+    many requests each answered: the faults actually served)."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def inject(self, *rules: dict[str, Any], seed: int | None = None) -> list[dict[str, Any]]:
+        """Add ``rules`` (all or none: a rule the server refuses raises); every rule now."""
+        body: dict[str, Any] = {"rules": list(rules)}
+        if seed is not None:
+            body["seed"] = seed
+        return self._answer(self.client.post(FAULTS, json=body))
+
+    def rules(self) -> list[dict[str, Any]]:
+        return self._answer(self.client.get(FAULTS))
+
+    def clear(self) -> list[dict[str, Any]]:
+        """Remove every rule; returns them as they were, with their final ``hits``."""
+        return self._answer(self.client.delete(FAULTS))
+
+    def compact(self) -> int:
+        answer = self.client.post(f"{CONTROL}compact")
+        answer.raise_for_status()
+        return int(answer.json()["revision"])
+
+    @staticmethod
+    def _answer(answer: httpx.Response) -> list[dict[str, Any]]:
+        if answer.is_error:
+            raise ValueError(f"{answer.status_code}: {answer.text}")
+        rules: list[dict[str, Any]] = answer.json()["rules"]
+        return rules
+
+
+def serve_forever(port: int, tokens: Path | None, fault_control: bool = False) -> None:
     """The process's body: serve on ``port`` until killed, knowing ``tokens`` (a JSON list
     of ``register_token`` keyword arguments)."""
     import json
     import signal
 
-    server = ApiServer(port)
+    server = ApiServer(port, fault_control=fault_control)
     server.start()
     if tokens is not None:
         assert server.emulator is not None
@@ -134,5 +176,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the twin's emulated API server")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tokens", type=Path)
+    parser.add_argument(
+        "--fault-control",
+        action="store_true",
+        help="serve /_twin/faults and /_twin/compact (fault injection by tests)",
+    )
     options = parser.parse_args()
-    serve_forever(options.port, options.tokens)
+    serve_forever(options.port, options.tokens, options.fault_control)

@@ -135,11 +135,15 @@ class Process:
             return ""
 
 
-def apiserver_process(folder: Path, port: int, tokens: list[dict[str, Any]]) -> Process:
-    """The emulated API server in a process of its own (``apiserver``), knowing ``tokens``."""
+def apiserver_process(
+    folder: Path, port: int, tokens: list[dict[str, Any]], *, fault_control: bool = False
+) -> Process:
+    """The emulated API server in a process of its own (``apiserver``), knowing ``tokens``;
+    ``fault_control``: with its fault routes open (``apiserver.FaultControl``)."""
     path = folder / "tokens.json"
     path.write_text(json.dumps(tokens))
     args = ["--port", str(port), "--tokens", str(path)]
+    args += ["--fault-control"] if fault_control else []
     ready = f"http://127.0.0.1:{port}/api/v1/nodes"
     return Process("apiserver", args, ready, folder / "apiserver.log", "powerflow.twin.apiserver")
 

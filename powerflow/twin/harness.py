@@ -51,6 +51,10 @@ from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
 log = logging.getLogger(__name__)
 MERGE = {"Content-Type": "application/merge-patch+json"}
 GPU_TICK_S = 0.1
+USER_AGENT = "twin-harness"
+"""The ``User-Agent`` of the twin's own clients (the user's DLJobs, the kubelet, the
+scheduler: ``twin-*``), apart from the product's, so that API faults can be aimed
+at the product alone (``api_faults``' ``user_agent`` pattern)."""
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
@@ -105,7 +109,8 @@ class Twin:
     simulator also times (``timescale``); ``eta``: the budget ConfigMap's ``eta``;
     ``interval_s``: its ``schedulingIntervalSeconds`` and ``restart_s`` a worker's
     checkpoint-restart cost, both at full size (the simulator's ``interval_s`` and
-    ``restart_s``; the twin scales them)."""
+    ``restart_s``; the twin scales them); ``fault_control``: the API server's fault
+    routes open (``apiserver.FaultControl(twin.client)``)."""
 
     def __init__(
         self,
@@ -118,12 +123,14 @@ class Twin:
         interval_s: float = INTERVAL_S,
         restart_s: float = RESTART_S,
         seed: int = 0,
+        fault_control: bool = False,
     ) -> None:
         self.folder = folder
         self.node_names = tuple(f"node-{i}" for i in range(nodes))
         self.gpus_per_node = gpus_per_node
         self.scale = scale
         self.eta, self.interval_s, self.restart_s, self.seed = eta, interval_s, restart_s, seed
+        self.fault_control = fault_control
         self.api: Process | None = None
         self.url = ""
         self.gpus: dict[str, TwinGpus] = {}
@@ -159,8 +166,12 @@ class Twin:
         ]
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.api = apiserver_process(self.folder, port, tokens).start()
-        client = self.client = httpx.Client(base_url=self.url, timeout=30.0)
+        self.api = apiserver_process(
+            self.folder, port, tokens, fault_control=self.fault_control
+        ).start()
+        client = self.client = httpx.Client(
+            base_url=self.url, timeout=30.0, headers={"User-Agent": USER_AGENT}
+        )
         for name in self.node_names:
             ok = client.post("/api/v1/nodes", json=node_body(name, self.gpus_per_node))
             ok.raise_for_status()

@@ -153,7 +153,7 @@ class Kubelet:
         progress_interval_s: float = PROGRESS_INTERVAL_S,
         tick_s: float = 0.2,
     ) -> None:
-        self.api = httpx.Client(base_url=api, timeout=30.0)
+        self.api = httpx.Client(base_url=api, timeout=30.0, headers={"User-Agent": "twin-kubelet"})
         self.gpus = gpus
         self.agent_ports = agent_ports
         self.now_s = time.monotonic
