@@ -17,6 +17,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 from support.api_faults import THROTTLED, ApiFaults
 from support.kube_emulator import KubeEmulator
 
-from powerflow.twin.apiserver import FaultControl
+from powerflow.twin.apiserver import ApiServer, FaultControl
 from powerflow.twin.components import apiserver_process, free_port
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
@@ -509,3 +510,26 @@ def test_the_api_server_process_opens_its_fault_routes_only_with_the_flag(
                 assert control.rules() == []
         finally:
             server.stop()
+
+
+def test_a_slow_request_is_answered_while_the_bounded_log_moves_on() -> None:
+    """A request still waiting (here a 1 s delay) while dozens of others fill the
+    twin's bounded log (``keep_requests``) is answered as it should be, not 500:
+    kmock looks for the request itself in the log to find its reaction."""
+    with (
+        ApiServer(keep_requests=5, fault_control=True) as server,
+        httpx.Client(base_url=server.url) as client,
+        httpx.Client(base_url=server.url) as others,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        rule = {"verb": "create", "resource": "configmaps", "delay_s": 1.0, "times": 1}
+        FaultControl(client).inject(rule)
+        body = {"metadata": {"name": "late"}, "data": {"a": "1"}}
+        late = pool.submit(client.post, "/api/v1/namespaces/ns/configmaps", json=body)
+        while not late.done():
+            assert others.get("/api/v1/namespaces/ns/pods").status_code == 200
+        answer = late.result()
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["metadata"]["name"] == "late"
+        assert server.emulator is not None
+        assert len(server.emulator._requests) <= 11

@@ -266,6 +266,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     assert on them). kmock matches each request against its reactions by scanning the
     whole log, so a long-running emulator (the twin's: thousands of requests a minute)
     slows down quadratically without a bound."""
+    _serving: set[int] = attrs.field(factory=set, init=False)
+    """The ``id`` of every request being served now (``_trim`` keeps them in the log)."""
     _refusals: list[Refusal] = attrs.field(factory=list, init=False)
     _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
     """Continue token -> (the list's resourceVersion, the items not yet sent)."""
@@ -574,10 +576,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     # -- writes ----------------------------------------------------------------------------
 
-    async def _handle(self, request: kmock.Request) -> Any:
+    def _trim(self) -> None:
+        """Bound kmock's log (``keep_requests``), keeping the requests still being served:
+        kmock finds a request's reaction by looking for the request itself in the log,
+        so one dropped while it waits (a slow answer, a lock, a busy loop) found none
+        and was answered 500 ``NotImplementedError``."""
         keep = self.keep_requests
         if keep is not None and len(self._requests) > 2 * keep:
-            del self._requests[:-keep]  # the one being served is the last
+            older, recent = self._requests[:-keep], self._requests[-keep:]
+            self._requests[:] = [r for r in older if id(r) in self._serving] + recent
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        self._trim()
+        self._serving.add(id(request))
+        try:
+            return await self._answer(request)
+        finally:
+            self._serving.discard(id(request))
+
+    async def _answer(self, request: kmock.Request) -> Any:
         if request.url.path.startswith(CONTROL):
             return self._control(request)
         after = await self.faults.before(request)  # delays, and errors served instead
