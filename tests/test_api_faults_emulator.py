@@ -5,7 +5,9 @@ Each test pins one fault of ``support.api_faults`` over real HTTP: 409
 (plain text, ``Retry-After``), 500 before or after the write, slow answers,
 a watch that ends with a 410 ``ERROR`` event, and etcd compaction (410 on
 watches, continue tokens and exact lists from before it); and how rules
-select requests (verb, resource, name, namespace, count, seeded probability).
+select requests (verb, resource, name, namespace, count, seeded probability);
+and the fault routes (``/_twin/faults``) through which a test reaches the rules
+of the twin's API server, a process of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +26,9 @@ import kubernetes
 import pytest
 from support.api_faults import THROTTLED, ApiFaults
 from support.kube_emulator import KubeEmulator
+
+from powerflow.twin.apiserver import ApiServer, FaultControl
+from powerflow.twin.components import apiserver_process, free_port
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
@@ -371,3 +378,158 @@ async def until(check: Any, timeout: float = 10.0) -> None:
     while not await check():
         assert asyncio.get_running_loop().time() < deadline, "condition not met"
         await asyncio.sleep(0.02)
+
+
+# -- the fault routes (``fault_control``): the twin's API server is another process ---------
+
+CONTROL = "/_twin/faults"
+
+
+async def test_the_fault_routes_are_not_found_unless_enabled(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """Off by default: 404 with kube-apiserver's body for an unknown path, no rule
+    added, and the cluster's paths served as before."""
+    rule = {"verb": "create", "resource": "pods", "status": 500}
+    for method, path in (("POST", CONTROL), ("GET", CONTROL), ("POST", "/_twin/compact")):
+        answer = await api.request(method, path, json={"rules": [rule]})
+        assert answer.status_code == 404
+        assert (answer.json()["kind"], answer.json()["reason"]) == ("Status", "NotFound")
+    assert emulator.faults.rules == []
+    assert (await api.post(PODS, json=pod("a"))).status_code == 201
+
+
+async def test_rules_posted_to_the_fault_route_are_served_and_counted(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    """POST adds rules (201, every rule back); the faults they serve show in GET's
+    ``hits``; a rule on every verb and resource never faults the routes themselves;
+    DELETE answers the rules with their final hits and removes them."""
+    emulator.fault_control = True
+    rules = [
+        {"verb": "create", "resource": "pods", "status": 409, "times": 1, "user_agent": "x/*"},
+        {"verb": "*", "resource": "*", "status": 500, "user_agent": "python-httpx/*"},
+    ]
+    added = await api.post(CONTROL, json={"rules": rules, "seed": 7})
+    assert added.status_code == 201, added.text
+    body = added.json()
+    assert body["seed"] == 7
+    assert [(r["verb"], r["status"], r["hits"]) for r in body["rules"]] == [
+        ("create", 409, 0), ("*", 500, 0),
+    ]  # fmt: skip
+    conflict = await api.post(PODS, json=pod("a"), headers={"User-Agent": "x/1"})
+    assert (conflict.status_code, conflict.json()["reason"]) == (409, "Conflict")
+    assert (await api.get(PODS)).status_code == 500  # python-httpx: the second rule
+    seen = (await api.get(CONTROL)).json()["rules"]  # not faulted by "*"/"*"
+    assert [r["hits"] for r in seen] == [1, 1]
+    assert emulator.faults.rules[0].hits == 1
+    removed = await api.delete(CONTROL)
+    assert removed.status_code == 200
+    assert [r["hits"] for r in removed.json()["rules"]] == [1, 1]
+    assert emulator.faults.rules == []
+    assert (await api.post(PODS, json=pod("a"))).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"rules": [{"verb": "get", "resource": "pods", "delay_s": 1, "bogus": 1}]}, "bogus"),
+        ({"rules": [{"verb": "get", "resource": "pods", "delay_s": "1"}]}, "delay_s"),
+        ({"rules": [{"verb": "get", "resource": "pods", "delay_s": 1, "times": True}]}, "times"),
+        ({"rules": [{"verb": "fly", "resource": "pods", "status": 500}]}, "unknown verb"),
+        ({"rules": [{"verb": "get", "resource": "pods"}]}, "needs a status"),
+        ({"rules": {"verb": "get"}}, "list of objects"),
+        ({"rules": [], "seed": "1"}, "seed"),
+        ({"rule": []}, "the body must be"),
+        ([], "the body must be"),
+    ],
+)
+async def test_a_bad_rule_is_refused_and_nothing_is_added(
+    emulator: KubeEmulator, api: httpx.AsyncClient, body: Any, reason: str
+) -> None:
+    """400 ``BadRequest`` naming what is wrong (the rule's index), checked as strictly
+    as ``inject``'s signature (a string is no number, a bool no count), and no rule
+    added: not even the good rule sent before the bad one."""
+    emulator.fault_control = True
+    good = {"verb": "get", "resource": "pods", "status": 500}
+    if isinstance(body, dict) and isinstance(body.get("rules"), list) and body["rules"]:
+        body = {**body, "rules": [good, *body["rules"]]}
+    answer = await api.post(CONTROL, json=body)
+    assert answer.status_code == 400
+    assert answer.json()["reason"] == "BadRequest"
+    assert reason in answer.json()["message"]
+    if isinstance(body, dict) and isinstance(body.get("rules"), list) and body["rules"]:
+        assert "rule 1" in answer.json()["message"]
+    assert emulator.faults.rules == []
+    assert (await api.get(PODS)).status_code == 200
+
+
+async def test_compaction_through_the_route_expires_older_watches(
+    emulator: KubeEmulator, api: httpx.AsyncClient
+) -> None:
+    emulator.fault_control = True
+    await api.post(PODS, json=pod("a"))
+    old = (await api.get(PODS)).json()["metadata"]["resourceVersion"]
+    await api.post(PODS, json=pod("b"))
+    answer = await api.post("/_twin/compact")
+    assert answer.status_code == 201
+    revision = answer.json()["revision"]
+    assert revision > int(old) and emulator.faults.compacted == revision
+    _, events = await asyncio.wait_for(watch_lines(api, {"resourceVersion": old}), 10)
+    assert [e["type"] for e in events] == ["ERROR"] and events[0]["object"]["code"] == 410
+
+
+def test_the_api_server_process_opens_its_fault_routes_only_with_the_flag(
+    tmp_path: Path,
+) -> None:
+    """``python -m powerflow.twin.apiserver`` as the twin starts it: with
+    ``--fault-control`` a test in another process injects faults through
+    ``FaultControl`` and reads how many were served; without it the route is 404."""
+    for enabled in (False, True):
+        folder = tmp_path / str(enabled)
+        folder.mkdir()
+        port = free_port()
+        server = apiserver_process(folder, port, [], fault_control=enabled).start(60)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+                control = FaultControl(client)
+                if not enabled:
+                    with pytest.raises(ValueError, match="404"):
+                        control.inject({"verb": "list", "resource": "pods", "status": 500})
+                    assert client.get("/api/v1/pods").status_code == 200
+                    continue
+                control.inject(
+                    {"verb": "list", "resource": "pods", "status": 429, "times": 2}, seed=3
+                )
+                answers = [client.get("/api/v1/pods") for _ in range(3)]
+                assert [a.status_code for a in answers] == [429, 429, 200]
+                assert answers[0].headers["Retry-After"] == "1"
+                assert [r["hits"] for r in control.rules()] == [2]
+                assert control.compact() >= 0
+                assert [r["hits"] for r in control.clear()] == [2]
+                assert control.rules() == []
+        finally:
+            server.stop()
+
+
+def test_a_slow_request_is_answered_while_the_bounded_log_moves_on() -> None:
+    """A request still waiting (here a 1 s delay) while dozens of others fill the
+    twin's bounded log (``keep_requests``) is answered as it should be, not 500:
+    kmock looks for the request itself in the log to find its reaction."""
+    with (
+        ApiServer(keep_requests=5, fault_control=True) as server,
+        httpx.Client(base_url=server.url) as client,
+        httpx.Client(base_url=server.url) as others,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        rule = {"verb": "create", "resource": "configmaps", "delay_s": 1.0, "times": 1}
+        FaultControl(client).inject(rule)
+        body = {"metadata": {"name": "late"}, "data": {"a": "1"}}
+        late = pool.submit(client.post, "/api/v1/namespaces/ns/configmaps", json=body)
+        while not late.done():
+            assert others.get("/api/v1/namespaces/ns/pods").status_code == 200
+        answer = late.result()
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["metadata"]["name"] == "late"
+        assert server.emulator is not None
+        assert len(server.emulator._requests) <= 11

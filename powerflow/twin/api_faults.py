@@ -39,6 +39,13 @@ kube-apiserver does it:
   it starts or, if it is already open, at its next event (a probability is
   then drawn per event until one catches it).
 
+The twin's API server runs in a process of its own, so a test there reaches the
+rules over HTTP (``KubeEmulator(fault_control=True)``, ``python -m
+powerflow.twin.apiserver --fault-control``): ``ApiFaults.add_json`` takes the
+rules of a ``POST /_twin/faults`` body, checked as strictly as a call of
+``inject`` (unknown keys, wrong types and bad values refused, nothing added),
+and ``ApiFaults.as_json`` gives them back with their ``hits``.
+
 ``KubeEmulator.compact()`` is the other half of 410: etcd compaction at the
 current revision. A watch from an older ``resourceVersion`` then gets the
 same ``ERROR`` event at once, continue tokens of lists begun before are
@@ -56,8 +63,10 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
+import pydantic
 
 VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "*"})
+_STRICT = pydantic.ConfigDict(strict=True)
 THROTTLED = "Too many requests, please try again later."
 """The body of kube-apiserver's 429 (``maxinflight.go``), plain text, not a ``Status``."""
 
@@ -229,6 +238,33 @@ class ApiFaults:
         )  # fmt: skip
         self.rules.append(fault)
         return fault
+
+    def add_json(self, body: Any) -> list[Fault]:
+        """Add the rules of a control request's body, ``{"rules": [{inject's keywords}],
+        "seed": N}`` (``seed`` optional: reseeds the draws first). Every rule is checked
+        before any is added (``inject``'s signature, strictly: a JSON string is not a
+        number): a ``ValueError`` naming the bad rule, and nothing changed."""
+        if not isinstance(body, dict) or set(body) - {"rules", "seed"}:
+            raise ValueError('the body must be {"rules": [...], "seed": N} (seed optional)')
+        rules, seed = body.get("rules"), body.get("seed")
+        if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+            raise ValueError('"rules" must be a list of objects (inject\'s keywords)')
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ValueError(f'"seed" must be an integer, not {seed!r}')
+        scratch = pydantic.validate_call(config=_STRICT)(ApiFaults().inject)
+        for i, rule in enumerate(rules):
+            try:
+                scratch(**rule)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"rule {i}: {exc}") from exc
+        if seed is not None:
+            self.reseed(seed)
+        return [self.inject(**rule) for rule in rules]
+
+    def as_json(self) -> dict[str, Any]:
+        """The rules as ``GET /_twin/faults`` answers: each with its ``hits``."""
+        rules = [attrs.asdict(rule) for rule in self.rules]
+        return {"seed": self.seed, "compacted": self.compacted, "rules": rules}
 
     def remove(self, fault: Fault) -> None:
         if fault in self.rules:

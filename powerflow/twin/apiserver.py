@@ -6,7 +6,9 @@ with the twin's busy threads (simulated GPUs, kubelet, agents), or every API
 call waits seconds. ``ApiServerProcess`` runs it as
 ``python -m powerflow.twin.apiserver`` with the tokens it must know (TokenReview);
 ``ApiServer`` runs it in a thread of this process (tests that need the emulator
-object itself).
+object itself). ``--fault-control`` opens the emulator's fault routes
+(``/_twin/faults``, ``/_twin/compact``) for a test to inject API faults into the
+process from outside it; ``FaultControl`` is their client.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import yaml
 
 from powerflow import contract
-from powerflow.twin.emulator import KubeEmulator
+from powerflow.twin.emulator import CONTROL, KubeEmulator
 
 T = TypeVar("T")
+FAULTS = f"{CONTROL}faults"
 
 
 def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:
@@ -53,10 +57,12 @@ class ApiServer:
         *,
         kubelets: bool = False,
         toleration_s: int | None = None,
+        fault_control: bool = False,
     ) -> None:
         self.port = port
         self.keep_requests = keep_requests
         self.kubelets, self.toleration_s = kubelets, toleration_s
+        self.fault_control = fault_control
         self.emulator: KubeEmulator | None = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,6 +88,7 @@ class ApiServer:
             kubelets=self.kubelets,
             not_ready_toleration_s=self.toleration_s,
             unreachable_toleration_s=self.toleration_s,
+            fault_control=self.fault_control,
         )
         async with emulator, Server(emulator, port=self.port) as server:
             emulator.load_builtins()
@@ -118,8 +125,48 @@ class ApiServer:
         self.stop()
 
 
+class FaultControl:
+    """The client of an API server's fault routes (``--fault-control``): ``inject`` takes
+    ``ApiFaults.inject``'s keywords, ``rules`` reads them back with their ``hits`` (how
+    many requests each answered: the faults actually served)."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def inject(self, *rules: dict[str, Any], seed: int | None = None) -> list[dict[str, Any]]:
+        """Add ``rules`` (all or none: a rule the server refuses raises); every rule now."""
+        body: dict[str, Any] = {"rules": list(rules)}
+        if seed is not None:
+            body["seed"] = seed
+        return self._answer(self.client.post(FAULTS, json=body))
+
+    def rules(self) -> list[dict[str, Any]]:
+        return self._answer(self.client.get(FAULTS))
+
+    def clear(self) -> list[dict[str, Any]]:
+        """Remove every rule; returns them as they were, with their final ``hits``."""
+        return self._answer(self.client.delete(FAULTS))
+
+    def compact(self) -> int:
+        answer = self.client.post(f"{CONTROL}compact")
+        answer.raise_for_status()
+        return int(answer.json()["revision"])
+
+    @staticmethod
+    def _answer(answer: httpx.Response) -> list[dict[str, Any]]:
+        if answer.is_error:
+            raise ValueError(f"{answer.status_code}: {answer.text}")
+        rules: list[dict[str, Any]] = answer.json()["rules"]
+        return rules
+
+
 def serve_forever(
-    port: int, tokens: Path | None, *, kubelets: bool = False, toleration_s: int | None = None
+    port: int,
+    tokens: Path | None,
+    *,
+    kubelets: bool = False,
+    toleration_s: int | None = None,
+    fault_control: bool = False,
 ) -> None:
     """The process's body: serve on ``port`` until killed, knowing ``tokens`` (a JSON list
     of ``register_token`` keyword arguments); ``kubelets`` and ``toleration_s``: see
@@ -127,7 +174,9 @@ def serve_forever(
     import json
     import signal
 
-    server = ApiServer(port, kubelets=kubelets, toleration_s=toleration_s)
+    server = ApiServer(
+        port, kubelets=kubelets, toleration_s=toleration_s, fault_control=fault_control
+    )
     server.start()
     if tokens is not None:
         assert server.emulator is not None
@@ -159,10 +208,16 @@ if __name__ == "__main__":
         help="kube-apiserver's --default-not-ready-toleration-seconds and "
         "--default-unreachable-toleration-seconds (unset: no such admission)",
     )
+    parser.add_argument(
+        "--fault-control",
+        action="store_true",
+        help="serve /_twin/faults and /_twin/compact (fault injection by tests)",
+    )
     options = parser.parse_args()
     serve_forever(
         options.port,
         options.tokens,
         kubelets=options.kubelets,
         toleration_s=options.default_toleration_seconds,
+        fault_control=options.fault_control,
     )

@@ -54,7 +54,9 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   500 (before or after the write), slow answers, watches that end with a 410
   ``ERROR`` event, per verb, resource, name, count or seeded probability; and
   etcd compaction (``compact``): watches, continue tokens and exact lists from
-  before it are 410 ``Expired``.
+  before it are 410 ``Expired``; with ``fault_control`` the rules are reachable
+  over HTTP under ``/_twin/`` (``KubeEmulator._control``: the twin's API server
+  is another process), refused (404, as any unknown path) without it.
 
 - with ``kubelets``, graceful deletion of a bound pod as the server does it: it
   stays terminating until a delete with grace 0 (its kubelet's, or a force
@@ -86,6 +88,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
@@ -97,6 +100,8 @@ Obj = dict[str, Any]
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 _HISTORY = 10_000  # watch events kept per resource for ?resourceVersion= resumes
+CONTROL = "/_twin/"
+"""The fault-control routes' prefix (``KubeEmulator._control``): no API group's path."""
 
 
 class Conflict(kmock.KubernetesError):
@@ -268,6 +273,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     assert on them). kmock matches each request against its reactions by scanning the
     whole log, so a long-running emulator (the twin's: thousands of requests a minute)
     slows down quadratically without a bound."""
+    _serving: set[int] = attrs.field(factory=set, init=False)
+    """The ``id`` of every request being served now (``_trim`` keeps them in the log)."""
     _refusals: list[Refusal] = attrs.field(factory=list, init=False)
     _pages: dict[str, tuple[str, list[Obj]]] = attrs.field(factory=dict, init=False)
     """Continue token -> (the list's resourceVersion, the items not yet sent)."""
@@ -291,6 +298,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
     ``node.kubernetes.io/not-ready`` (``unreachable``) taint gets one for this long,
     which is how long it stays on a failed node before the taint evicts it. None: no
     such admission (the pod is evicted at once)."""
+
+    fault_control: bool = False
+    """Serve ``/_twin/faults`` and ``/_twin/compact`` (``_control``): off unless the
+    server's owner asks (``python -m powerflow.twin.apiserver --fault-control``), so
+    that no client of a twin started for a demo can break it by accident."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -567,12 +579,57 @@ class KubeEmulator(kmock.KubernetesEmulator):
         await self._remove(resource, key, final)
         return final
 
+    # -- fault control ---------------------------------------------------------------------
+
+    def _control(self, request: kmock.Request) -> aiohttp.web.Response:
+        """``/_twin/faults``: ``GET`` the rules with their hits, ``POST`` rules to add
+        (``ApiFaults.add_json``; 201, or 400 with the reason and nothing added),
+        ``DELETE`` them all (answering them as they were, hits included);
+        ``POST /_twin/compact``: etcd compaction now (``compact``). Never faulted
+        itself; 404 (kube-apiserver's answer to an unknown path) unless
+        ``fault_control``."""
+        path, method = request.url.path.rstrip("/"), request.method
+        if not self.fault_control:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        if path == f"{CONTROL}faults" and method == kmock.method.GET:
+            return aiohttp.web.json_response(self.faults.as_json())
+        if path == f"{CONTROL}faults" and method == kmock.method.POST:
+            try:
+                self.faults.add_json(request.data)
+            except ValueError as exc:
+                return _status(400, "BadRequest", str(exc))
+            return aiohttp.web.json_response(self.faults.as_json(), status=201)
+        if path == f"{CONTROL}faults" and method == kmock.method.DELETE:
+            answer = self.faults.as_json()
+            self.faults.clear()
+            return aiohttp.web.json_response(answer)
+        if path == f"{CONTROL}compact" and method == kmock.method.POST:
+            return aiohttp.web.json_response({"revision": self.compact()}, status=201)
+        return _status(404, "NotFound", "the server could not find the requested resource")
+
     # -- writes ----------------------------------------------------------------------------
 
-    async def _handle(self, request: kmock.Request) -> Any:
+    def _trim(self) -> None:
+        """Bound kmock's log (``keep_requests``), keeping the requests still being served:
+        kmock finds a request's reaction by looking for the request itself in the log,
+        so one dropped while it waits (a slow answer, a lock, a busy loop) found none
+        and was answered 500 ``NotImplementedError``."""
         keep = self.keep_requests
         if keep is not None and len(self._requests) > 2 * keep:
-            del self._requests[:-keep]  # the one being served is the last
+            older, recent = self._requests[:-keep], self._requests[-keep:]
+            self._requests[:] = [r for r in older if id(r) in self._serving] + recent
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        self._trim()
+        self._serving.add(id(request))
+        try:
+            return await self._answer(request)
+        finally:
+            self._serving.discard(id(request))
+
+    async def _answer(self, request: kmock.Request) -> Any:
+        if request.url.path.startswith(CONTROL):
+            return self._control(request)
         after = await self.faults.before(request)  # delays, and errors served instead
         if request.resource is not None:
             async with self._lock:
@@ -845,6 +902,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.name is not None and meta.get("name") != request.name:
             return False
         return self._selected(event["object"], labels, fields)
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    body.update(code=code, reason=reason, message=message)
+    return aiohttp.web.json_response(body, status=code)
 
 
 def dump(obj: Any) -> str:

@@ -57,6 +57,10 @@ from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
 log = logging.getLogger(__name__)
 MERGE = {"Content-Type": "application/merge-patch+json"}
 GPU_TICK_S = 0.1
+USER_AGENT = "twin-harness"
+"""The ``User-Agent`` of the twin's own clients (the user's DLJobs, the kubelet, the
+scheduler: ``twin-*``), apart from the product's, so that API faults can be aimed
+at the product alone (``api_faults``' ``user_agent`` pattern)."""
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
@@ -113,7 +117,8 @@ class Twin:
     checkpoint-restart cost, both at full size (the simulator's ``interval_s`` and
     ``restart_s``; the twin scales them); ``checkpoint_s``: how often a training worker
     checkpoints, at full size (None: only when its pod is deleted, which is all the
-    simulator assumes; a node fault loses what was reached since)."""
+    simulator assumes; a node fault loses what was reached since); ``fault_control``: the
+    API server's fault routes open (``apiserver.FaultControl(twin.client)``)."""
 
     def __init__(
         self,
@@ -127,6 +132,7 @@ class Twin:
         restart_s: float = RESTART_S,
         seed: int = 0,
         checkpoint_s: float | None = None,
+        fault_control: bool = False,
     ) -> None:
         self.folder = folder
         self.node_names = tuple(f"node-{i}" for i in range(nodes))
@@ -136,6 +142,7 @@ class Twin:
         self.checkpoint_s = checkpoint_s
         self._stopped = threading.Event()
         self.nodelife: NodeLifecycle | None = None
+        self.fault_control = fault_control
         self.api: Process | None = None
         self.url = ""
         self.gpus: dict[str, TwinGpus] = {}
@@ -172,8 +179,12 @@ class Twin:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         tolerate = toleration_s(self.scale)
-        self.api = apiserver_process(self.folder, port, tokens, toleration_s=tolerate).start()
-        client = self.client = httpx.Client(base_url=self.url, timeout=30.0)
+        self.api = apiserver_process(
+            self.folder, port, tokens, toleration_s=tolerate, fault_control=self.fault_control
+        ).start()
+        client = self.client = httpx.Client(
+            base_url=self.url, timeout=30.0, headers={"User-Agent": USER_AGENT}
+        )
         for name in self.node_names:
             ok = client.post("/api/v1/nodes", json=node_body(name, self.gpus_per_node))
             ok.raise_for_status()

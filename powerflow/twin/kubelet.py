@@ -179,7 +179,7 @@ class Kubelet:
         lease_s: float = 1.0,
         checkpoint_s: float | None = None,
     ) -> None:
-        self.api = httpx.Client(base_url=api, timeout=30.0)
+        self.api = httpx.Client(base_url=api, timeout=30.0, headers={"User-Agent": "twin-kubelet"})
         self.gpus = gpus
         self.agent_ports = agent_ports
         self.now_s = time.monotonic

@@ -162,7 +162,9 @@ class Scheduler:
         seed: int = 0,
         tick_s: float = 0.1,
     ) -> None:
-        self.api = httpx.Client(base_url=api, timeout=30.0)
+        self.api = httpx.Client(
+            base_url=api, timeout=30.0, headers={"User-Agent": "twin-scheduler"}
+        )
         self.extender = httpx.Client(base_url=extender, timeout=HTTP_TIMEOUT_S)
         self.tick_s = tick_s
         self.rng = random.Random(seed)
