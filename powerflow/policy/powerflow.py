@@ -95,6 +95,7 @@ from powerflow.policy.power_loop import (
     Correction,
     LoopMemo,
     LoopOptions,
+    cappable_gpus,
     caps_w,
     correction,
     planning_limit_w,
@@ -246,11 +247,23 @@ class _Decision:
         pinned = [i for i, job in enumerate(jobs) if job.pinned]
         base_w = sum(float(self.curves.power_w[first[i]]) for i in pinned)
         base_gpus = sum(len(jobs[i].placement) for i in pinned)
+        free_gpus = self.cluster.total_gpus - base_gpus
+        if self.options.caps:
+            # Caps cannot go below the board's lowest limit: run no more GPUs than
+            # caps at that floor can hold within the admin's limit (power_loop).
+            gpu = self.cluster.gpu
+            most = cappable_gpus(
+                self.limit,
+                gpu.min_power_limit_w or 0.0,
+                gpu.idle_power_w,
+                self.cluster.gpus_per_node,
+            )
+            free_gpus = max(0, min(free_gpus, most - base_gpus))
         power = PowerModel(
             gpus_per_node=self.cluster.gpus_per_node,
             idle_w=self.cluster.gpu.idle_power_w,
             limit_w=plan_limit,
-            free_gpus=self.cluster.total_gpus - base_gpus,
+            free_gpus=free_gpus,
             base_gpus=base_gpus,
             base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
             base_power_w=base_w,
