@@ -235,6 +235,8 @@ class _Decision:
     options: LoopOptions
     fix: Correction
     """Predicted power -> the power the plan counts (``power_loop``)."""
+    cappable: int | None = None
+    """With caps: the most GPUs caps at the board's lowest limit can hold (``run`` sets it)."""
 
     def run(self) -> Plan:
         jobs = self.snapshot.jobs
@@ -259,6 +261,7 @@ class _Decision:
                 self.cluster.gpus_per_node,
             )
             free_gpus = max(0, min(free_gpus, most - base_gpus))
+            self.cappable = most
         power = PowerModel(
             gpus_per_node=self.cluster.gpus_per_node,
             idle_w=self.cluster.gpu.idle_power_w,
@@ -467,7 +470,9 @@ class _Decision:
         """Waiting jobs' plans (the ``None`` in ``plans``) show the clock and local batch of
         their first count.
 
-        A job with no allowed count gets a note (in job order) and the top clock.
+        A job with no allowed count gets a note (in job order) and the top clock; so
+        does one whose smallest count is more GPUs than caps can hold (``cappable``):
+        it waits rather than pass the limit.
         """
         jobs = self.snapshot.jobs
         tables = self.curves.tables
@@ -477,7 +482,10 @@ class _Decision:
         levels = tables.sizes[idx].tolist()
         column = self.curves.efficient[first].tolist()
         local = tables.local_batch[first].tolist()
-        for i, size, col, bs in zip(waiting, levels, column, local, strict=True):
+        first_row = first.tolist()
+        for n_wait, (i, size, col, bs) in enumerate(
+            zip(waiting, levels, column, local, strict=True)
+        ):
             job = jobs[i]
             if size == 0:
                 notes.append(
@@ -486,6 +494,17 @@ class _Decision:
                 clock, bs = self.clocks[-1], job.global_batch_size
             else:
                 clock = self.clocks[col]
+                smallest = int(tables.counts[first_row[n_wait]])
+                if (
+                    self.cappable is not None
+                    and smallest > self.cappable
+                    and job.remaining_iterations > 0
+                ):
+                    notes.append(
+                        f"{job.id}: its smallest count, {smallest} GPUs, is more than caps at"
+                        f" the GPUs' lowest power limit can hold within the {self.limit:.0f} W"
+                        f" limit ({self.cappable} GPUs); it waits"
+                    )
             plan = last.get(job.id)
             if not (
                 plan is not None
