@@ -49,7 +49,11 @@ the *counted* power, each job's prediction times its measured correction
 is its counted power, and when the plan leaves less than ``cap_headroom`` of
 the admin's limit free (profiling sweeps at their peak), every placed job
 gets a per-GPU ``power_cap_w``, the caps and idle GPUs summing to the limit
-(``power_loop.caps_w``).
+(``power_loop.caps_w``). No cap is below the board's lowest power limit, so
+with caps on, allocation runs at most ``power_loop.cappable_gpus`` GPUs (with
+the pinned ones): as many as caps at that floor and one partly used node's
+idle GPUs fit in the admin's limit; a job whose smallest count is more waits
+with a note.
 
 If placement leaves more GPUs powered than the packing estimate, clock raises
 are undone (latest first) until ``P`` is back within ``max(L, P_before)``,
