@@ -482,14 +482,13 @@ class _Decision:
         tables = self.curves.tables
         waiting = [i for i, plan in enumerate(plans) if plan is None]
         idx = np.asarray(waiting, dtype=np.int64)
-        first = tables.start[idx]
         levels = tables.sizes[idx].tolist()
-        column = self.curves.efficient[first].tolist()
-        local = tables.local_batch[first].tolist()
-        first_row = first.tolist()
-        for n_wait, (i, size, col, bs) in enumerate(
-            zip(waiting, levels, column, local, strict=True)
-        ):
+        # A job with no allowed count has no rows (its start is the next job's).
+        first = tables.start[idx][tables.sizes[idx] > 0]
+        rows = iter(first.tolist())
+        column = iter(self.curves.efficient[first].tolist())
+        local = iter(tables.local_batch[first].tolist())
+        for i, size in zip(waiting, levels, strict=True):
             job = jobs[i]
             if size == 0:
                 notes.append(
@@ -497,8 +496,8 @@ class _Decision:
                 )
                 clock, bs = self.clocks[-1], job.global_batch_size
             else:
-                clock = self.clocks[col]
-                smallest = int(tables.counts[first_row[n_wait]])
+                clock, bs = self.clocks[next(column)], next(local)
+                smallest = int(tables.counts[next(rows)])
                 if (
                     self.cappable is not None
                     and smallest > self.cappable
