@@ -37,11 +37,16 @@ def _floor_w(snapshot: Snapshot, plan: Plan) -> float:
 
 
 def test_cappable_gpus_leave_room_for_floor_caps_and_a_partly_used_node() -> None:
-    # 2 x 8 A100 at eta 0.2: 960.3 W; 7 idle GPUs of a partly used node take 367.5 W
+    # 2 x 8 A100 at eta 0.2: 960.3 W; one full node (800 W) fits, 9 GPUs on two
+    # nodes (900 W + 7 idle at 52.5 W) do not
     limit = 0.2 * 16 * A100.p_max_w
-    assert cappable_gpus(limit, 100.0, A100.idle_power_w, 8) == 5
-    assert cappable_gpus(300.0, 100.0, 52.5, 8) == 0
-    assert cappable_gpus(float("inf"), 100.0, 52.5, 8) >= 2**62
+    assert cappable_gpus(limit, 100.0, A100.idle_power_w, 8, 16) == 8
+    # 64 x 8 at eta 0.2 (30,730 W): 304 GPUs on 38 nodes; 305 would open a 39th
+    assert cappable_gpus(0.2 * 512 * A100.p_max_w, 100.0, 52.5, 8, 512) == 304
+    assert cappable_gpus(0.4 * 512 * A100.p_max_w, 100.0, 52.5, 8, 512) == 512
+    assert cappable_gpus(500.0, 100.0, 52.5, 8, 16) == 1  # 2: 200 + 6 x 52.5 > 500
+    assert cappable_gpus(99.0, 100.0, 52.5, 8, 16) == 0
+    assert cappable_gpus(float("inf"), 100.0, 52.5, 8, 16) == 16
 
 
 def test_a_tight_limit_runs_only_as_many_gpus_as_floor_caps_can_hold() -> None:
@@ -53,7 +58,7 @@ def test_a_tight_limit_runs_only_as_many_gpus_as_floor_caps_can_hold() -> None:
     )
     plan = PowerFlowPolicy().plan(snapshot)
     # the models alone would fit all eight (about 55 W each): caps at 100 W could not
-    assert sum(jp.gpus for jp in plan.jobs) == 5
+    assert sum(jp.gpus for jp in plan.jobs) == 8
     assert _floor_w(snapshot, plan) <= plan.limit_watts
     # without caps (the paper's mode) nothing holds it anyway: no change there
     paper = PowerFlowPolicy(power_caps=False).plan(snapshot)
@@ -63,14 +68,15 @@ def test_a_tight_limit_runs_only_as_many_gpus_as_floor_caps_can_hold() -> None:
 def test_a_job_larger_than_floor_caps_can_hold_waits_and_says_why() -> None:
     snapshot = Snapshot(
         nodes=nodes(2, 8),
-        jobs=(job("big", model=LOW_POWER, requested_gpus=8, min_gpus=8),),
+        jobs=(job("big", model=LOW_POWER, requested_gpus=16, min_gpus=16),),
         budget=Budget(eta=0.2),
         now_s=0.0,
     )
     plan = PowerFlowPolicy().plan(snapshot)
     assert plan.job("big").gpus == 0
     assert any(
-        note.startswith("big: its smallest count, 8 GPUs, is more than caps") and "(5 GPUs)" in note
+        note.startswith("big: its smallest count, 16 GPUs, is more than caps")
+        and "(8 GPUs)" in note
         for note in plan.notes
     )
     assert _floor_w(snapshot, plan) <= plan.limit_watts

@@ -23,7 +23,7 @@ mechanisms keep the measured power within the admin's limit anyway:
   board's lowest power limit (A100: 100 W), so under a limit of less than that
   per GPU (eta below about 1/3) caps at that floor on every busy GPU could sum
   above the limit and hold nothing. With caps on, the policy runs at most as
-  many GPUs as their floor caps and the idle GPUs of one partly used node fit.
+  many GPUs as their floor caps and the idle GPUs of the nodes they use fit.
 * **Caps** (``caps``): when the planned power leaves less than ``headroom`` of
   the limit free, every placed job gets a per-GPU power cap: what the plan
   counted for it plus an equal share per GPU of what is left of the limit,
@@ -111,22 +111,35 @@ def planning_limit_w(limit_w: float, power_ratio: float, options: LoopOptions) -
     return limit_w / ratio * (1.0 - options.margin)
 
 
-def cappable_gpus(limit_w: float, floor_w: float, idle_w: float, gpus_per_node: int) -> int:
+def cappable_gpus(
+    limit_w: float, floor_w: float, idle_w: float, gpus_per_node: int, total_gpus: int
+) -> int:
     """The most GPUs that may compute at once so that caps can still hold ``limit_w``.
 
     A cap is never below ``floor_w`` (``max(MIN_CAP_W, the board's lowest
-    limit)``), so ``g`` busy GPUs capped at the floor draw up to ``g * floor_w``,
-    plus the idle GPUs of the one node placement leaves partly used (at most
-    ``gpus_per_node - 1`` at ``idle_w``). Why: at eta 0.2 and 0.3 on A100s the
-    limit is 60 and 90 W per GPU, below the 100 W floor; the policy ran up to
-    416 GPUs on 30.7 kW, every cap sat at the floor, and a model error or a
-    profiling sweep on a new job passed the limit by up to 27.8 % with nothing
-    to stop it. Unbounded (``sys.maxsize``-like) for an infinite limit.
+    limit)``), so ``u`` busy GPUs packed on ``k = ceil(u / gpus_per_node)``
+    nodes (placement packs: at most one node partly used) draw up to
+    ``u * floor + (k * gpus_per_node - u) * idle_w``; the answer is the largest
+    ``u`` (at most ``total_gpus``) where that fits. Why: at eta 0.2 and 0.3 on
+    A100s the limit is 60 and 90 W per GPU, below the 100 W floor; the policy
+    ran up to 416 GPUs on 30.7 kW, every cap sat at the floor, and a model
+    error or a profiling sweep on a new job passed the limit by up to 27.8 %
+    with nothing to stop it.
     """
-    floor = max(MIN_CAP_W, floor_w)
     if not math.isfinite(limit_w):
-        return 2**62
-    return max(0, math.floor((limit_w - (gpus_per_node - 1) * idle_w) / floor))
+        return total_gpus
+    floor = max(MIN_CAP_W, floor_w)
+    g = gpus_per_node
+    best = 0
+    for k in range(1, -(-total_gpus // g) + 1):
+        lo, hi = (k - 1) * g + 1, min(k * g, total_gpus)
+        if floor > idle_w:  # the draw grows with u: the most that fits
+            u = min(hi, math.floor((limit_w - k * g * idle_w) / (floor - idle_w)))
+        else:  # it does not: all of this node's GPUs, if that fits
+            u = hi if hi * floor + (k * g - hi) * idle_w <= limit_w else 0
+        if u >= lo:
+            best = u
+    return best
 
 
 def job_scales(jobs: Sequence[Job], gpus_per_node: int, memo: LoopMemo) -> FloatArray:

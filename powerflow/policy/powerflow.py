@@ -51,8 +51,8 @@ the admin's limit free (profiling sweeps at their peak), every placed job
 gets a per-GPU ``power_cap_w``, the caps and idle GPUs summing to the limit
 (``power_loop.caps_w``). No cap is below the board's lowest power limit, so
 with caps on, allocation runs at most ``power_loop.cappable_gpus`` GPUs (with
-the pinned ones): as many as caps at that floor and one partly used node's
-idle GPUs fit in the admin's limit; a job whose smallest count is more waits
+the pinned ones): as many as caps at that floor and the idle GPUs of the
+nodes they pack fit in the admin's limit; a job whose smallest count is more waits
 with a note.
 
 If placement leaves more GPUs powered than the packing estimate, clock raises
@@ -263,6 +263,7 @@ class _Decision:
                 gpu.min_power_limit_w or 0.0,
                 gpu.idle_power_w,
                 self.cluster.gpus_per_node,
+                self.cluster.total_gpus,
             )
             free_gpus = max(0, min(free_gpus, most - base_gpus))
             self.cappable = most
