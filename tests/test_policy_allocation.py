@@ -38,7 +38,6 @@ def _curves(rng: np.random.Generator, jobs: int) -> tuple[Curves, list[float], l
         counts=ints,
         gpus_per_node=ints,
         local_batch=ints,
-        requested_gpu_power_w=np.zeros(jobs),
         efficient=np.zeros(rows, dtype=np.int64),
         efficient_step_time_s=np.ones(rows),
         efficient_energy_j=np.ones(rows),

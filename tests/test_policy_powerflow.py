@@ -105,6 +105,23 @@ def test_a_job_with_no_feasible_count_waits_with_a_note() -> None:
     assert any(note.startswith("c:") for note in plan.notes)
 
 
+def test_jobs_with_no_rows_between_and_after_waiting_jobs_keep_their_own_clocks() -> None:
+    """A job with no allowed count has no table rows (its start is the next job's first
+    row, or past the end): a waiting job beside it still shows its own first count's
+    clock and local batch."""
+    wide = job("w", global_batch_size=256, max_local_batch_size=32)  # needs >= 8 GPUs
+    waits = job("b", requested_gpus=4, min_gpus=4, global_batch_size=64, model=ZOO[1])
+    runs = job("a", requested_gpus=4, min_gpus=4, global_batch_size=64, arrival_s=-1.0)
+    plan = POLICY.plan(snap(nodes(1, 4), runs, wide, waits, replace(wide, id="z")))
+    assert sorted(plan.job(x).gpus for x in "ab") == [0, 4]  # one node: one of them
+    assert [plan.job(x).gpus for x in "wz"] == [0, 0]
+    idle = runs if plan.job("a").gpus == 0 else waits
+    assert plan.job(idle.id).local_batch_size == 16
+    assert plan.job(idle.id).frequency_mhz == efficient_clock(idle, 4, 4, A100.clocks_mhz)
+    assert plan.job("w").local_batch_size == plan.job("z").local_batch_size == 256
+    assert sum(note.startswith(("w:", "z:")) for note in plan.notes) == 2
+
+
 def test_a_finished_job_gets_no_gpus() -> None:
     plan = POLICY.plan(snap(nodes(1, 4), job("done", remaining_iterations=0.0)))
     assert plan.job("done").gpus == 0

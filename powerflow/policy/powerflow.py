@@ -49,7 +49,11 @@ the *counted* power, each job's prediction times its measured correction
 is its counted power, and when the plan leaves less than ``cap_headroom`` of
 the admin's limit free (profiling sweeps at their peak), every placed job
 gets a per-GPU ``power_cap_w``, the caps and idle GPUs summing to the limit
-(``power_loop.caps_w``).
+(``power_loop.caps_w``). No cap is below the board's lowest power limit, so
+with caps on, allocation runs at most ``power_loop.cappable_gpus`` GPUs (with
+the pinned ones): as many as caps at that floor and the idle GPUs of the
+nodes they pack fit in the admin's limit; a job whose smallest count is more waits
+with a note.
 
 If placement leaves more GPUs powered than the packing estimate, clock raises
 are undone (latest first) until ``P`` is back within ``max(L, P_before)``,
@@ -95,6 +99,7 @@ from powerflow.policy.power_loop import (
     Correction,
     LoopMemo,
     LoopOptions,
+    cappable_gpus,
     caps_w,
     correction,
     planning_limit_w,
@@ -234,6 +239,8 @@ class _Decision:
     options: LoopOptions
     fix: Correction
     """Predicted power -> the power the plan counts (``power_loop``)."""
+    cappable: int | None = None
+    """With caps: the most GPUs caps at the board's lowest limit can hold (``run`` sets it)."""
 
     def run(self) -> Plan:
         jobs = self.snapshot.jobs
@@ -246,11 +253,25 @@ class _Decision:
         pinned = [i for i, job in enumerate(jobs) if job.pinned]
         base_w = sum(float(self.curves.power_w[first[i]]) for i in pinned)
         base_gpus = sum(len(jobs[i].placement) for i in pinned)
+        free_gpus = self.cluster.total_gpus - base_gpus
+        if self.options.caps:
+            # Caps cannot go below the board's lowest limit: run no more GPUs than
+            # caps at that floor can hold within the admin's limit (power_loop).
+            gpu = self.cluster.gpu
+            most = cappable_gpus(
+                self.limit,
+                gpu.min_power_limit_w or 0.0,
+                gpu.idle_power_w,
+                self.cluster.gpus_per_node,
+                self.cluster.total_gpus,
+            )
+            free_gpus = max(0, min(free_gpus, most - base_gpus))
+            self.cappable = most
         power = PowerModel(
             gpus_per_node=self.cluster.gpus_per_node,
             idle_w=self.cluster.gpu.idle_power_w,
             limit_w=plan_limit,
-            free_gpus=self.cluster.total_gpus - base_gpus,
+            free_gpus=free_gpus,
             base_gpus=base_gpus,
             base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
             base_power_w=base_w,
@@ -454,17 +475,21 @@ class _Decision:
         """Waiting jobs' plans (the ``None`` in ``plans``) show the clock and local batch of
         their first count.
 
-        A job with no allowed count gets a note (in job order) and the top clock.
+        A job with no allowed count gets a note (in job order) and the top clock; so
+        does one whose smallest count is more GPUs than caps can hold (``cappable``):
+        it waits rather than pass the limit.
         """
         jobs = self.snapshot.jobs
         tables = self.curves.tables
         waiting = [i for i, plan in enumerate(plans) if plan is None]
         idx = np.asarray(waiting, dtype=np.int64)
-        first = tables.start[idx]
         levels = tables.sizes[idx].tolist()
-        column = self.curves.efficient[first].tolist()
-        local = tables.local_batch[first].tolist()
-        for i, size, col, bs in zip(waiting, levels, column, local, strict=True):
+        # A job with no allowed count has no rows (its start is the next job's).
+        first = tables.start[idx][tables.sizes[idx] > 0]
+        rows = iter(first.tolist())
+        column = iter(self.curves.efficient[first].tolist())
+        local = iter(tables.local_batch[first].tolist())
+        for i, size in zip(waiting, levels, strict=True):
             job = jobs[i]
             if size == 0:
                 notes.append(
@@ -472,7 +497,18 @@ class _Decision:
                 )
                 clock, bs = self.clocks[-1], job.global_batch_size
             else:
-                clock = self.clocks[col]
+                clock, bs = self.clocks[next(column)], next(local)
+                smallest = int(tables.counts[next(rows)])
+                if (
+                    self.cappable is not None
+                    and smallest > self.cappable
+                    and job.remaining_iterations > 0
+                ):
+                    notes.append(
+                        f"{job.id}: its smallest count, {smallest} GPUs, is more than caps at"
+                        f" the GPUs' lowest power limit can hold within the {self.limit:.0f} W"
+                        f" limit ({self.cappable} GPUs); it waits"
+                    )
             plan = last.get(job.id)
             if not (
                 plan is not None

@@ -9,7 +9,7 @@ iterations and the time only enter the JCT, which ``curves.py`` derives from
 the rows afresh on every call.
 
 The key is therefore what decides what the model is asked: the model
-object's identity, the clocks, the GPU's top clock (the ``P_max`` row's) and
+object's identity, the clocks and
 the cluster shape (a small ``tag`` per distinct context), and the job fields
 that choose its rows of ``(n, r, local batch)`` (``tables.JobKey``). The
 entry holds a strong reference to the model, so its ``id`` cannot be reused

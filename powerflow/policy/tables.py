@@ -44,8 +44,8 @@ IntArray = npt.NDArray[np.int64]
 class Tables:
     """Stacked predictions: one row per (job, allowed GPU count), one column per clock.
 
-    Job ``j`` owns rows ``rows(j)`` (contiguous, smallest count first). Rows
-    of no job (each job's ``P_max`` point) may sit between them. The per-row
+    Job ``j`` owns rows ``rows(j)`` (contiguous, smallest count first; none
+    when no count is allowed, ``start[j]`` then the next job's first row). The per-row
     vectors are stacked; the full step time and energy rows stay with each
     job (``job_rows``) and are gathered on demand (``values``), since a
     decision reads only the rows of the jobs it runs.
@@ -54,12 +54,10 @@ class Tables:
     start: IntArray
     sizes: IntArray
     row_job: IntArray
-    """The job each row belongs to (``P_max`` rows: the job they were evaluated for)."""
+    """The job each row belongs to."""
     counts: IntArray
     gpus_per_node: IntArray
     local_batch: IntArray
-    requested_gpu_power_w: FloatArray
-    """Per job: power per GPU on the requested count at the highest clock (for ``P_max``)."""
     efficient: IntArray
     """Per row, the clock column with the least energy per iteration (lowest on ties)."""
     efficient_step_time_s: FloatArray
@@ -205,30 +203,26 @@ def build_tables(
     elastic: bool,
     cache: TableCache | None = None,
 ) -> Tables:
-    """Evaluate every job's grid plus its ``P_max`` point, one call per model object.
+    """Evaluate every job's grid, one call per model object.
 
     A model that also offers ``predict(n, r, bs, f) -> (step_time_s,
     energy_per_iter_j)`` (``FittedModel`` does, sharing the step-time terms)
     is called once instead of twice.
 
     Arguments go to the models as broadcasting columns (rows x 1) and a clock
-    row (1 x clocks), so no point grid is materialised. Each job gets one more
-    row for its ``P_max`` point (requested count; read at the top clock), and
+    row (1 x clocks), so no point grid is materialised, and
     jobs are ordered by model object, so each model's rows are one slice.
 
     A job's rows depend only on its model object, the fields that choose its
-    GPU counts (``JobKey``) and the call's clocks, the GPU's top clock (the
-    ``P_max`` row's) and the cluster's shape, so they are
+    GPU counts (``JobKey``) and the call's clocks and the cluster's shape, so they are
     built once per distinct key (``JobRows``) and stacked; with a ``cache``
     (``tablecache.py``) also across calls, so that a replan with unchanged
     models does no per-row work in Python and calls no model. The jobs whose
     key misses are evaluated together, one model call per model object.
     """
     count = len(jobs)
-    # The top clock too: the ``P_max`` row is read there, and a fixed clock list omits it.
     context = (
         tuple(clocks_mhz),
-        cluster.gpu.max_clock_mhz,
         elastic,
         cluster.total_gpus,
         cluster.gpus_per_node,
@@ -321,7 +315,7 @@ requested GPUs, a pinned job's (GPUs, GPUs per node)): all that a job's rows dep
 
 @dataclass(frozen=True)
 class JobRows(CachedRows):
-    """One job's rows: its allowed counts, smallest first, then its ``P_max`` row.
+    """One job's rows: its allowed counts, smallest first.
 
     ``both`` holds the policy's clock columns only. ``vectors`` holds per row
     (count, GPUs per node, local batch, efficient column, step time and
@@ -334,8 +328,7 @@ class JobRows(CachedRows):
     each is one slice."""
     vectors: FloatArray
     size: int
-    """Allowed counts (rows before the ``P_max`` row)."""
-    requested_gpu_power_w: float
+    """Allowed counts (its rows)."""
 
 
 def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
@@ -345,7 +338,6 @@ def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
 
 
 _SIZE = operator.attrgetter("size")
-_REQUESTED_POWER = operator.attrgetter("requested_gpu_power_w")
 
 
 def _stack(
@@ -355,23 +347,19 @@ def _stack(
     count = len(entries)
     sizes = np.fromiter(map(_SIZE, entries), dtype=np.int64, count=count)
     order = np.asarray(job_order, dtype=np.int64)
-    ext_sizes = sizes[order] + 1
-    ext_start = np.cumsum(ext_sizes) - ext_sizes
+    ordered = sizes[order]
     start = np.empty(count, dtype=np.int64)
-    start[order] = ext_start
+    start[order] = np.cumsum(ordered) - ordered
     parts = [entries[j].vectors for j in job_order]
     vectors = np.concatenate(parts) if parts else np.zeros((0, 6))
     ints = vectors[:, :4].astype(np.int64)
     return Tables(
         start=start,
         sizes=sizes,
-        row_job=np.repeat(order, ext_sizes),
+        row_job=np.repeat(order, ordered),
         counts=ints[:, 0],
         gpus_per_node=ints[:, 1],
         local_batch=ints[:, 2],
-        requested_gpu_power_w=np.fromiter(
-            map(_REQUESTED_POWER, entries), dtype=np.float64, count=count
-        ),
         efficient=ints[:, 3],
         efficient_step_time_s=vectors[:, 4].copy(),
         efficient_energy_j=vectors[:, 5].copy(),
@@ -394,28 +382,19 @@ def _evaluate(
     the wrong shape.
     """
     gpn = cluster.gpus_per_node
-    top = cluster.gpu.max_clock_mhz
-    ext_clocks = sorted({*clocks_mhz, top})
-    columns = np.asarray([ext_clocks.index(c) for c in clocks_mhz], dtype=np.int64)
-    top_column = ext_clocks.index(top)
-    f_row = np.asarray(ext_clocks, dtype=np.float64)[None, :]
+    f_row = np.asarray(clocks_mhz, dtype=np.float64)[None, :]
     count = len(jobs)
     mask = allowed_mask(jobs, cluster, elastic)
     pinned = np.asarray([job.pinned for job in jobs], dtype=bool)
     sizes = np.where(pinned, 1, mask.sum(axis=1)).astype(np.int64)
-    ext_sizes = sizes + 1
-    ext_start = np.cumsum(ext_sizes) - ext_sizes
-    ext_job = np.repeat(np.arange(count), ext_sizes)
-    pos = np.arange(ext_job.size) - np.repeat(ext_start, ext_sizes)
-    is_req = pos == sizes[ext_job]
+    ext_start = np.cumsum(sizes) - sizes
+    ext_job = np.repeat(np.arange(count), sizes)
 
-    # Counts per row: the k-th allowed power of two, a pinned job's own count,
-    # or the requested count on P_max rows.
-    req = np.asarray([j.requested_gpus for j in jobs], dtype=np.int64)
+    # Counts per row: the k-th allowed power of two, or a pinned job's own count.
     batch = np.asarray([j.global_batch_size for j in jobs], dtype=np.int64)
     ks = np.nonzero(mask)[1]
-    counts = req[ext_job].copy()
-    counts[~is_req & ~pinned[ext_job]] = np.left_shift(1, ks)
+    counts = np.ones(ext_job.size, dtype=np.int64)
+    counts[~pinned[ext_job]] = np.left_shift(1, ks)
     r = np.minimum(counts, gpn)
     for j in np.flatnonzero(pinned).tolist():
         counts[ext_start[j]], r[ext_start[j]] = _pinned_shape(jobs[j].placement)
@@ -429,6 +408,8 @@ def _evaluate(
     for lo, hi in itertools.pairwise(bounds):
         model: PerfModel = jobs[lo].model
         rows = slice(first_row[lo], first_row[hi] if hi < count else ext_job.size)
+        if rows.start == rows.stop:
+            continue  # none of these jobs may run on any count now
         args = (n_col[rows], r_col[rows], bs_col[rows], f_row)
         predict = getattr(model, "predict", None)
         job_id = names[id(model)]
@@ -439,10 +420,7 @@ def _evaluate(
         else:
             t[rows] = _checked_shape(model.step_time_s(*args), args, job_id, "step time")
             e[rows] = _checked_shape(model.energy_per_iter_j(*args), args, job_id, "energy")
-    _check_predictions(jobs, ext_job, counts, ext_clocks, t, e)
-    req_power = e[is_req, top_column] / t[is_req, top_column] / req
-    if columns.size != len(ext_clocks):
-        t, e = t[:, columns], e[:, columns]
+    _check_predictions(jobs, ext_job, counts, clocks_mhz, t, e)
     idx = np.arange(ext_job.size)
     efficient = (
         np.argmin(e, axis=1).astype(np.int64)
@@ -454,7 +432,7 @@ def _evaluate(
     both_all = np.stack([t, e], axis=1)
     out = []
     for j, (lo, size) in enumerate(zip(first_row, sizes.tolist(), strict=True)):
-        rows = slice(lo, lo + size + 1)
+        rows = slice(lo, lo + size)
         both = both_all[rows].copy()
         out.append(
             JobRows(
@@ -462,7 +440,6 @@ def _evaluate(
                 both=both,
                 vectors=vectors[rows].copy(),
                 size=size,
-                requested_gpu_power_w=float(req_power[j]),
             )
         )
     return out
