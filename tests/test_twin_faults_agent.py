@@ -22,6 +22,7 @@ Plus the relay and the journal on their own (the checks can fail).
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 import signal
 import threading
@@ -97,7 +98,8 @@ class Relay:
                     raw = await answer.read()
                     status, kind = answer.status, answer.content_type
                 try:
-                    batch = parse_batch(body)
+                    plain = gzip.decompress(body) if "Content-Encoding" in headers else body
+                    batch = parse_batch(orjson.loads(plain))
                     reply = orjson.loads(raw) if raw else {}
                     self.posted.append(
                         Posted(time.monotonic(), batch.node, batch.samples, status, reply)
@@ -166,7 +168,8 @@ def _desired(pod: Obj) -> tuple[int, int] | str | None:
 
 def _settled(twin: Twin, since: int) -> Callable[[], bool]:
     """True once, after journal entry ``since``, the node's GPUs carry the clock the
-    operator wants for each training worker that is not sweeping (and one such)."""
+    operator wants for each training worker (a sweeping one: a clock locked since),
+    with at least one such worker."""
 
     def check() -> bool:
         assert twin.kubelet is not None and twin.gpu_server is not None
@@ -181,9 +184,14 @@ def _settled(twin: Twin, since: int) -> Callable[[], bool]:
             if pod is None or w.finished or time.monotonic() < w.train_from_s:
                 continue
             want = _desired(pod)
-            if want == "sweep":
-                continue
-            if clocks.get(w.gpu) != want:
+            if want == "sweep":  # the agent steps the clock: any clock it locked since
+                swept = any(
+                    s.gpu == w.gpu and s.node == NODE and s.call == "lock_clocks_mhz"
+                    for s in journal[since:]
+                )
+                if not swept:
+                    return False
+            elif clocks.get(w.gpu) != want:
                 return False
             checked += 1
         return checked > 0

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     rest = own.agent[1:] if own.agent[:1] == ["--"] else own.agent
     args = build_parser().parse_args(["nodeagent", *rest])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every worker report
     devices = connect(own.gpus, own.key_file.read_bytes(), args.node_name)
     return serve(args, devices=devices)
 
