@@ -11,9 +11,11 @@ jobs of the default trace training:
   anything, then locks the clocks the operator wants (the pods' annotations);
 - samples resume after each restart, none is sent twice, no two windows of one
   job on the node overlap in time (a restarted agent has no memory of the old
-  one's queue or windows), and the operator counts no more samples for a job
-  than were posted for it: a recording relay between the agent and the
-  operator's ingest sees every batch and the operator's answer;
+  one's queue or windows), the samples' iterations and joules add up to no more
+  than the job trained and the GPUs drew (the ground truth), and the operator
+  counts no more samples for a job than were posted for it: a recording relay
+  between the agent and the operator's ingest sees every batch and the
+  operator's answer;
 - the jobs complete, no progress goes back, no iteration is lost.
 
 Plus the relay and the journal on their own (the checks can fail).
@@ -319,7 +321,9 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
     posted = relay.posted
     print(
         f"faults {[f[0] for f in faults]}, journal {len(journal)} settings, "
-        f"batches {len(posted)}, samples {sum(len(b.samples) for b in posted)}, "
+        f"batches {len(posted)}, samples {sum(len(b.samples) for b in posted)} of "
+        f"{sum(s.energy_j * s.iterations for b in posted for s in b.samples):.0f} J "
+        f"(the GPUs' active energy {result.active_energy_j:.0f} J), "
         f"operator's counts {samples}, workers started {stats.started}"
     )
     assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
@@ -335,7 +339,13 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
         if 200 <= b.status < 300:
             for s in b.samples:
                 by_job[s.job] = by_job.get(s.job, 0) + 1
+    # What the samples carry adds up to no more than the ground truth: each iteration
+    # and each joule in one window at most.
+    joules = sum(s.energy_j * s.iterations for b in posted for s in b.samples)
+    assert 0 < joules <= result.active_energy_j, (joules, result.active_energy_j)
     for job in jobs:
+        trained = sum(s.iterations for b in posted for s in b.samples if s.job == job.name)
+        assert 0 < trained <= job.job.iterations, (job.name, trained)
         assert 0 < samples[job.name] <= by_job.get(job.name, 0), (job.name, samples, by_job)
         seen = progress.seen.get(job.name, [])
         assert seen == sorted(seen), f"{job.name}'s progress went back: {seen}"
