@@ -27,6 +27,7 @@ import asyncio
 import gzip
 import itertools
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -357,8 +358,9 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
 
 def test_the_journal_and_the_relay_see_what_they_check(tmp_path: Path) -> None:
     """The GPU server journals a setting made through an agent's proxy (and not a refused
-    one, whose error reaches the caller); ``_overlaps`` finds a sample sent twice and two
-    windows that overlap; ``_starts_with_defaults`` refuses an agent that locks first."""
+    one, whose error reaches the caller), and stopping it leaves ``sys.stdout`` alone;
+    ``_overlaps`` finds a sample sent twice and two windows that overlap;
+    ``_starts_with_defaults`` refuses an agent that locks first."""
     gpus = TwinGpus(2, node="n", seed=0, clock=time.monotonic)
     server = GpuServer({"n": gpus}, tmp_path / "key").start()
     try:
@@ -375,7 +377,10 @@ def test_the_journal_and_the_relay_see_what_they_check(tmp_path: Path) -> None:
         remote.reset_clocks(1)
         assert _clocks(server.journal, "n") == {1: None}
     finally:
+        out, err = sys.stdout, sys.stderr
         server.stop()
+    # Stopping leaves this process's output alone (``Server.serve_forever`` resets it).
+    assert (sys.stdout, sys.stderr) == (out, err)
     s = WindowSample("ml", "j", 1, 1, 1, 32.0, 1410, 1, 10, 0.5, 100.0, 1000.0)
     later = WindowSample("ml", "j", 1, 1, 1, 32.0, 1410, 1, 10, 0.5, 100.0, 1004.0)
     after = WindowSample("ml", "j", 1, 1, 1, 32.0, 1410, 1, 10, 0.5, 100.0, 1005.0)

@@ -24,7 +24,6 @@ agent start), for the checks of a fault test.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import secrets
 import sys
@@ -106,20 +105,33 @@ class GpuServer:
         address: Any = self._server.address  # (host, port) for a TCP listener
         host, port = address
         self.address = f"{host}:{port}"
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="twin-gpu-server", daemon=True)
 
     def _serve(self) -> None:
-        # ``serve_forever`` ends with ``sys.exit(0)`` (it was made to be a process's main).
-        with contextlib.suppress(SystemExit):
-            self._server.serve_forever()
+        """Accept agents until ``stop``: ``Server.serve_forever``'s accept loop, without
+        what it does as a process's main (it resets ``sys.stdout`` and ``sys.stderr`` and
+        calls ``sys.exit`` when it ends, which would take a test's or the demo's output)."""
+        server: Any = self._server
+        server.stop_event = self._stopping  # what each connection's loop checks
+        # ``Listener`` keeps its socket private; a timeout lets the loop see ``stop``.
+        server.listener._listener._socket.settimeout(0.25)
+        while not self._stopping.is_set():
+            try:
+                connection = server.listener.accept()
+            except OSError:  # the timeout, or one failed handshake
+                continue
+            threading.Thread(target=server.handle_request, args=(connection,), daemon=True).start()
 
     def start(self) -> GpuServer:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.stop_event.set()  # type: ignore[attr-defined]
+        self._stopping.set()
         self._thread.join(5)
+        server: Any = self._server
+        server.listener.close()
 
 
 def connect(address: str, key: bytes, node: str) -> GpuDevices:
