@@ -6,10 +6,11 @@ product's defaults (the PowerFlow policy, the shipped priors, online refits)
 and nothing of the twin inside them. Processes, so that a fault test can kill
 one (``signal``) and start it again. Their logs go to files in the twin's folder.
 
-The node agents run in this process, one thread each, through
+The node agents run as processes too, one per node, through
 ``powerflow.commands.nodeagent.serve`` (what ``powerflow nodeagent`` runs): their
-GPUs are the twin's (``TwinGpus``, which the workers drive; ``serve``'s ``devices``
-seam), in place of NVML.
+GPUs are the twin's (``TwinGpus``, which the workers drive in this process), served
+to them over a local socket in place of NVML (``agentproc``), so that a test can
+SIGKILL an agent and nothing of it runs.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 
+from powerflow.nodeagent.iterations import HEALTH_PATH
+from powerflow.twin.agentproc import GpuServer
 from powerflow.twin.gpus import TwinGpus
 from powerflow.twin.kubelet import PROGRESS_INTERVAL_S
 from powerflow.twin.timescale import (
@@ -195,7 +197,10 @@ def extender_process(kubeconfig: Path, folder: Path, port: int) -> Process:
 
 
 class Agent:
-    """One node's ``powerflow nodeagent`` in a thread of this process."""
+    """One node's ``powerflow nodeagent`` in a process of its own (``agentproc``: a kill
+    is a kill), on the twin's GPUs served by ``gpu_server``. ``stop`` sends SIGTERM (the
+    agent restores the GPUs' defaults and exits), ``kill`` SIGKILL (nothing runs: the
+    GPUs keep what it set); ``start`` again brings up a new agent on the same port."""
 
     def __init__(
         self,
@@ -206,55 +211,39 @@ class Agent:
         scale: TimeScale,
         ingest_url: str,
         token_file: Path,
+        gpu_server: GpuServer,
+        folder: Path,
     ) -> None:
-        from powerflow.cli import build_parser
-
         self.node, self.gpus = node, gpus
         self.port = free_port()
-        argv = ["nodeagent", "--kubeconfig", str(kubeconfig), "--node-name", node]
+        argv = ["--gpus", gpu_server.address, "--key-file", str(gpu_server.key_file), "--"]
+        argv += ["--kubeconfig", str(kubeconfig), "--node-name", node]
         argv += ["--metrics-port", "0", "--worker-host", "127.0.0.1"]
         argv += ["--worker-port", str(self.port)]
         argv += ["--pod-resources-socket", "/nonexistent/pod-resources/kubelet.sock"]
         argv += ["--ingest-url", ingest_url, "--token-file", str(token_file)]
         argv += ["--window", f"{scale(SAMPLE_WINDOW_S):g}"]
-        self.args = build_parser().parse_args(argv)
-        self.error: BaseException | None = None
-        self.code: int | None = None
-        self.agent: Any = None
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.process = Process(
+            f"agent-{node}",
+            argv,
+            f"http://127.0.0.1:{self.port}{HEALTH_PATH}",
+            folder / f"agent-{node}.log",
+            "powerflow.twin.agentproc",
+        )
 
-    def start(self) -> Agent:
-        self._stop.clear()
-        self._ready.clear()
-        self._thread = threading.Thread(target=self._main, name=f"agent-{self.node}", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(60):
-            raise RuntimeError(f"node agent {self.node} did not start")
-        if self.error is not None:
-            raise RuntimeError(f"node agent {self.node} failed: {self.error!r}") from self.error
+    def start(self, timeout_s: float = 120.0) -> Agent:
+        """Launch and wait until its worker endpoint answers (after it restored the GPUs'
+        defaults, as every agent does at start)."""
+        self.process.start(timeout_s)
         return self
 
-    def _main(self) -> None:
-        from powerflow.commands.nodeagent import serve
-
-        try:
-            self.code = serve(
-                self.args,
-                stop_flag=self._stop,
-                ready_flag=self._ready,
-                devices=self.gpus,
-                on_start=self._started,
-            )
-        except BaseException as exc:  # surfaced by start()
-            self.error = exc
-            self._ready.set()
-
-    def _started(self, agent: Any) -> None:
-        self.agent = agent
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(20)
+        """SIGTERM, as the kubelet stops the pod: the agent restores the defaults."""
+        self.process.stop()
+
+    def kill(self) -> None:
+        """SIGKILL: the agent ends at once, running nothing (module docstring)."""
+        proc = self.process.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -9,13 +9,16 @@
 (``nvidia.com/gpu`` allocatable, Ready) and the budget ConfigMap; one
 ServiceAccount token per node agent (registered with the emulator's
 TokenReview, as the kubelet projects them); the extender and the operator
-(processes, ``components``); the node agents on the twin's GPUs; the kubelet;
+(processes, ``components``); the twin's GPUs, served to the node agents
+(processes too, ``agentproc``); the kubelet;
 the scheduler. ``run`` applies each job's DLJob at its submission time,
 waits until every DLJob is ``Succeeded`` (or ``Failed``), and returns each
 job's JCT (from its submission to the moment the twin saw it finish) and the
 GPUs' energy. The parts stay reachable for fault tests and the demo:
 ``twin.operator.signal(SIGKILL)`` then ``twin.operator.start()``,
-``twin.agents[node].stop()``/``.start()``, ``twin.api`` (the API server's process),
+``twin.agents[node].kill()`` (SIGKILL), ``.stop()`` (SIGTERM), ``.start()``,
+``twin.gpu_server.journal`` (every GPU setting the agents made),
+``twin.api`` (the API server's process),
 ``twin.scheduler.stats``, ``twin.kubelet.stats``. Node faults: ``fail_node`` and
 ``restore_node`` (the machine dies and boots again: its kubelet and node agent with
 it; ``twin.nodelife``, kube-controller-manager's node lifecycle, marks it and evicts
@@ -38,6 +41,7 @@ import httpx
 from powerflow import contract
 from powerflow.commands.operator import AGENT_ACCOUNT
 from powerflow.sim.config import INTERVAL_S, RESTART_S
+from powerflow.twin.agentproc import GpuServer
 from powerflow.twin.apiserver import write_kubeconfig
 from powerflow.twin.components import (
     Agent,
@@ -146,6 +150,7 @@ class Twin:
         self.api: Process | None = None
         self.url = ""
         self.gpus: dict[str, TwinGpus] = {}
+        self.gpu_server: GpuServer | None = None
         self.agents: dict[str, Agent] = {}
         self.operator: Process | None = None
         self.extender: Process | None = None
@@ -199,17 +204,21 @@ class Twin:
         self.extender.start()
         self.operator.start()
         for i, name in enumerate(self.node_names):
-            token_file = self.folder / f"token-{name}"
-            token_file.write_text(self.token(name))
             gpus = TwinGpus(self.gpus_per_node, node=name, seed=self.seed + i, clock=self.gpu_clock)
             self.gpus[name] = gpus
+        self.gpu_server = GpuServer(self.gpus, self.folder / "gpu-server.key").start()
+        for name in self.node_names:
+            token_file = self.folder / f"token-{name}"
+            token_file.write_text(self.token(name))
             self.agents[name] = Agent(
                 name,
-                gpus,
+                self.gpus[name],
                 kubeconfig,
                 scale=self.scale,
                 ingest_url=f"http://127.0.0.1:{ingest_port}",
                 token_file=token_file,
+                gpu_server=self.gpu_server,
+                folder=self.folder,
             ).start()
         self.kubelet = Kubelet(
             self.url,
@@ -281,11 +290,12 @@ class Twin:
         return TwinResult(outcomes, active - active0, idle - idle0, makespan)
 
     def fail_node(self, node: str) -> list[str]:
-        """The node's machine dies: its workers and node agent stop, its kubelet falls
-        silent (``Kubelet.fail_node``). The pods whose workers died."""
+        """The node's machine dies: its workers stop, its node agent is killed (no
+        clean-up of its runs: the machine lost power), its kubelet falls silent
+        (``Kubelet.fail_node``). The pods whose workers died."""
         assert self.kubelet is not None
         dead = self.kubelet.fail_node(node)
-        self.agents[node].stop()
+        self.agents[node].kill()
         return dead
 
     def restore_node(self, node: str) -> None:
@@ -327,6 +337,8 @@ class Twin:
         for proc in (self.operator, self.extender):
             if proc is not None:
                 proc.stop()
+        if self.gpu_server is not None:
+            self.gpu_server.stop()
         if self.client is not None:
             self.client.close()
         if self.api is not None:
