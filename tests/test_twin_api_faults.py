@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_twin_faults import POD_NAME, SEED, ProgressLog, Watch, _progress, _resumes, _world
+from support.twin_checks import POD_NAME, SEED, ProgressLog, Watch, bad_resumes, job_progress, world
 
 from powerflow import contract
 from powerflow.twin.apiserver import FaultControl
@@ -107,7 +107,7 @@ class PartialGangs:
                 if match is not None and pod["spec"].get("nodeName"):
                     bound.setdefault((match["job"], match["gen"]), []).append(pod)
             now = time.monotonic()
-            partial = {g for g, pods in bound.items() if 0 < len(pods) < _world(pods[0])}
+            partial = {g for g, pods in bound.items() if 0 < len(pods) < world(pods[0])}
             for gang in partial:
                 self.longest_s = max(self.longest_s, now - self.since.setdefault(gang, now))
             for gang in set(self.since) - partial:
@@ -145,9 +145,9 @@ def test_the_mini_trace_loses_nothing_under_api_faults(tmp_path: Path) -> None:
             watch.close()
             progress.close()
         took = time.monotonic() - began
-        final = _progress(twin)
+        final = job_progress(twin)
         stats = twin.kubelet.stats
-        resumes = _resumes(twin)
+        resumes = bad_resumes(twin)
     hits: Counter[str] = Counter()
     by_agent: Counter[str] = Counter()
     position = 0

@@ -20,183 +20,31 @@ up to 8 GPUs. Real time: limits are generous, nothing is timed.
 
 from __future__ import annotations
 
-import json
 import random
-import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from support.twin_checks import (
+    SEED,
+    Obj,
+    ProgressLog,
+    Watch,
+    bad_resumes,
+    block,
+    eventually,
+    job_progress,
+)
 
 from powerflow import contract
 from powerflow.twin.apiserver import ApiServer
 from powerflow.twin.harness import Twin
 from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import NAMESPACE, mini_trace
-
-SEED = 16
-POD_NAME = re.compile(r"^(?P<job>.+)-g(?P<gen>\d+)-w(?P<rank>\d+)$")
-Obj = dict[str, Any]
-
-
-def _world(pod: Obj) -> int:
-    (container, *_) = pod["spec"]["containers"]
-    env = {e["name"]: e.get("value") for e in container.get("env") or []}
-    return int(env.get("WORLD_SIZE") or 1)
-
-
-def _block(pod: Obj) -> list[tuple[str, int]] | None:
-    raw = (pod["metadata"].get("annotations") or {}).get(contract.PLACEMENT_ANNOTATION)
-    if raw is None:
-        return None
-    return [(str(n), int(g)) for n, g in json.loads(raw)["block"]]
-
-
-@dataclass
-class Watch:
-    """Every pod event of the API server, from a watch resumed where it ended (a watch
-    sees every creation, however short-lived the pod: a list every few seconds would
-    not), with the checks that need the cluster as it was at each moment."""
-
-    url: str
-    created: dict[str, int] = field(default_factory=dict)
-    """Pod name -> how many times it was ADDED."""
-    live: dict[str, Obj] = field(default_factory=dict)
-    blocks: dict[tuple[str, str], set[str]] = field(default_factory=dict)
-    """(job, generation) -> every placement annotation its bound pods carried."""
-    overlaps: list[str] = field(default_factory=list)
-    """GPUs that two gangs' blocks held at once (two live, bound pods)."""
-    partial: threading.Event = field(default_factory=threading.Event)
-    """Set while some gang has some, but not all, of its pods bound."""
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(30.0, read=None))
-        self.version = self.client.get("/api/v1/pods").json()["metadata"]["resourceVersion"]
-        self.thread = threading.Thread(target=self._main, name="faults-watch", daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.client.close()
-        self.thread.join(10)
-
-    def _events(self) -> Iterator[Obj]:
-        params = {"watch": "true", "resourceVersion": self.version}
-        with self.client.stream("GET", "/api/v1/pods", params=params) as answer:
-            for line in answer.iter_lines():
-                if line:
-                    yield json.loads(line)
-
-    def _main(self) -> None:
-        while not self.stop.is_set():
-            try:
-                for event in self._events():
-                    self._see(event)
-            except (httpx.HTTPError, RuntimeError, ValueError):
-                if self.stop.is_set():
-                    return
-                time.sleep(0.2)
-
-    def _see(self, event: Obj) -> None:
-        kind, pod = event["type"], event["object"]
-        if kind == "ERROR":
-            raise RuntimeError(f"watch ended: {pod}")
-        meta = pod["metadata"]
-        self.version = meta["resourceVersion"]
-        name = meta["name"]
-        if kind == "ADDED":
-            self.created[name] = self.created.get(name, 0) + 1
-        phase = (pod.get("status") or {}).get("phase", "Pending")
-        if kind == "DELETED" or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
-            self.live.pop(name, None)
-        else:
-            self.live[name] = pod
-        self._check()
-
-    def _check(self) -> None:
-        held: dict[tuple[str, int], tuple[str, str]] = {}
-        bound: dict[tuple[str, str], list[Obj]] = {}
-        for name, pod in self.live.items():
-            match = POD_NAME.match(name)
-            if match is None or not pod["spec"].get("nodeName"):
-                continue
-            gang = (match["job"], match["gen"])
-            bound.setdefault(gang, []).append(pod)
-            raw = (pod["metadata"].get("annotations") or {}).get(contract.PLACEMENT_ANNOTATION)
-            self.blocks.setdefault(gang, set()).add(str(raw))
-            for gpu in _block(pod) or []:
-                other = held.setdefault(gpu, gang)
-                if other != gang:
-                    self.overlaps.append(f"{gpu} held by {other} and {gang}")
-        if any(0 < len(pods) < _world(pods[0]) for pods in bound.values()):
-            self.partial.set()
-        else:
-            self.partial.clear()
-
-
-def _progress(twin: Twin) -> dict[str, int]:
-    assert twin.client is not None
-    path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
-    items = twin.client.get(path).json()["items"]
-    return {
-        i["metadata"]["name"]: int(
-            ((i.get("status") or {}).get("progress") or {}).get("iterations", 0)
-        )
-        for i in items
-    }
-
-
-@dataclass
-class ProgressLog:
-    """Each DLJob's ``status.progress.iterations`` as it was read, every 0.5 s."""
-
-    twin: Twin
-    seen: dict[str, list[int]] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self.thread = threading.Thread(target=self._main, name="faults-progress", daemon=True)
-        self.thread.start()
-
-    def _main(self) -> None:
-        while not self.stop.wait(0.5):
-            try:
-                for job, done in _progress(self.twin).items():
-                    self.seen.setdefault(job, []).append(done)
-            except (httpx.HTTPError, ValueError):
-                continue
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-
-
-def _resumes(twin: Twin) -> list[str]:
-    """Every worker start that trained from less than its job's last checkpoint before
-    it (the kubelet's events: ``training from N``, ``checkpointed at N``)."""
-    assert twin.kubelet is not None
-    last: dict[str, int] = {}
-    wrong = []
-    for _, pod, what in twin.kubelet.stats.events:
-        match = POD_NAME.match(pod)
-        if match is None:
-            continue
-        job = match["job"]
-        if what.startswith("checkpointed at "):
-            last[job] = max(last.get(job, 0), int(what.rsplit(" ", 1)[1]))
-        elif what.startswith("training from "):
-            base = int(what.rsplit(" ", 1)[1])
-            if base < last.get(job, 0):
-                wrong.append(f"{pod} trained from {base} after a checkpoint at {last[job]}")
-    return wrong
+from powerflow.twin.trace import mini_trace
 
 
 @pytest.mark.timeout(900)
@@ -246,7 +94,7 @@ def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
                 watch.close()
                 progress.close()
         took = time.monotonic() - began
-        final = _progress(twin)
+        final = job_progress(twin)
         assert twin.kubelet is not None
         stats = twin.kubelet.stats
     kills_in_run = sum(1 for at, _ in kills if at - began <= took)
@@ -262,7 +110,7 @@ def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
     assert not twice, f"pods created more than once: {twice}"
     assert watch.created, "the watch saw no pod"
     assert stats.lost_iterations == 0
-    assert _resumes(twin) == []
+    assert bad_resumes(twin) == []
     for job in jobs:
         seen = progress.seen.get(job.name, [])
         assert seen == sorted(seen), f"{job.name}'s progress went back: {seen}"
@@ -291,9 +139,9 @@ def test_extender_restarted_mid_gang_rebuilds_its_reservations(tmp_path: Path) -
             while not done.wait(0.2):
                 for w in list(twin.kubelet.workers.values()):
                     pod = watch.live.get(w.pod)
-                    block = _block(pod) if pod is not None else None
-                    if block is not None and (w.node, w.gpu) not in block:
-                        outside.append(f"{w.pod} on {w.node} GPU {w.gpu}, block {block}")
+                    held = block(pod) if pod is not None else None
+                    if held is not None and (w.node, w.gpu) not in held:
+                        outside.append(f"{w.pod} on {w.node} GPU {w.gpu}, block {held}")
 
         checker = threading.Thread(target=workers, daemon=True)
         checker.start()
@@ -345,24 +193,15 @@ def test_the_watch_sees_a_slot_created_twice_a_gpu_held_twice_and_a_partial_gang
         try:
             block = '{"node": "n", "block": [["n", 0], ["n", 1]]}'
             client.post(pods, json=_pod("a-g1-w0", 2, "n", block)).raise_for_status()
-            assert _eventually(watch.partial.is_set)
+            assert eventually(watch.partial.is_set)
             client.post(pods, json=_pod("a-g1-w1", 2, "n", block)).raise_for_status()
-            assert _eventually(lambda: not watch.partial.is_set())
+            assert eventually(lambda: not watch.partial.is_set())
             other = '{"node": "n", "block": [["n", 1]]}'
             client.post(pods, json=_pod("b-g1-w0", 1, "n", other)).raise_for_status()
             client.delete(f"{pods}/b-g1-w0").raise_for_status()
             client.post(pods, json=_pod("b-g1-w0", 1)).raise_for_status()
-            assert _eventually(lambda: watch.created.get("b-g1-w0") == 2)
+            assert eventually(lambda: watch.created.get("b-g1-w0") == 2)
             assert watch.overlaps and "('n', 1)" in watch.overlaps[0]
             assert watch.created["a-g1-w0"] == 1
         finally:
             watch.close()
-
-
-def _eventually(check: Any, limit_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False

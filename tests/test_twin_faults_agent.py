@@ -40,7 +40,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from test_twin_faults import POD_NAME, ProgressLog, _progress, _resumes
+from support.twin_checks import POD_NAME, ProgressLog, bad_resumes, eventually, job_progress
 
 from powerflow import contract
 from powerflow.devices import GpuInvalidArgument
@@ -217,15 +217,6 @@ def _training(twin: Twin) -> bool:
     return False
 
 
-def _eventually(check: Callable[[], bool], limit_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _model_samples(twin: Twin) -> dict[str, int]:
     assert twin.client is not None
     path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
@@ -285,7 +276,7 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
             running = pool.submit(twin.run, jobs, timeout_s=600)
             try:
                 for sig in (signal.SIGKILL, signal.SIGTERM):
-                    assert _eventually(lambda: _training(twin) or running.done(), 300)
+                    assert eventually(lambda: _training(twin) or running.done(), 300)
                     assert not running.done(), "the trace ended before the fault"
                     sent = len(journal)
                     locked = _clocks(journal, NODE)
@@ -307,18 +298,18 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
                     agent.start()
                     restarts.append(time.monotonic())
                     faults.append((signal.Signals(sig).name, sent, after))
-                    assert _eventually(_settled(twin, after), 60), (
+                    assert eventually(_settled(twin, after), 60), (
                         f"clocks not back to the operator's after {signal.Signals(sig).name}"
                     )
                 result = running.result()
             finally:
                 progress.close()
                 relay.close()
-        final = _progress(twin)
+        final = job_progress(twin)
         stats = twin.kubelet.stats
         samples = _model_samples(twin)
         events = list(twin.kubelet.stats.events)
-        resumes = _resumes(twin)
+        resumes = bad_resumes(twin)
     posted = relay.posted
     print(
         f"faults {[f[0] for f in faults]}, journal {len(journal)} settings, "

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support.twin_checks import eventually
 
 from powerflow import contract
 from powerflow.gpus import A100
@@ -115,15 +115,6 @@ def set_eta(twin: Twin, eta: float) -> None:
     twin.client.patch(path, json=patch, headers=MERGE).raise_for_status()
 
 
-def _eventually(check: Callable[[], bool], limit_s: float) -> bool:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.timeout(900)
 def test_budget_lowered_then_raised_mid_run_power_follows_within_one_interval(
     tmp_path: Path,
@@ -141,7 +132,7 @@ def test_budget_lowered_then_raised_mid_run_power_follows_within_one_interval(
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(twin.run, jobs, timeout_s=600)
             try:
-                busy = _eventually(lambda: running.done() or power.recent() > low * 1.1, 300)
+                busy = eventually(lambda: running.done() or power.recent() > low * 1.1, 300)
                 assert busy and not running.done(), "the jobs never drew more than the low limit"
                 lowered = time.monotonic()
                 set_eta(twin, LOW)

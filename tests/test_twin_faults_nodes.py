@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_twin_faults import POD_NAME, SEED, ProgressLog, Watch, _progress, _resumes
+from support.twin_checks import POD_NAME, SEED, ProgressLog, Watch, bad_resumes, job_progress
 
 from powerflow import contract
 from powerflow.twin.harness import Twin
@@ -220,7 +220,7 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
                 watch.close()
                 progress.close()
         took = time.monotonic() - began
-        final = _progress(twin)
+        final = job_progress(twin)
         stats = twin.kubelet.stats
         events = [e for e in stats.events if e[0] >= failed_at]
     print(
@@ -246,7 +246,7 @@ def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: 
     assert watch.overlaps == []
     assert stats.died >= len(on_it)
     assert stats.lost_iterations == 0
-    assert _resumes(twin) == [], "a restart trained from before its job's last checkpoint"
+    assert bad_resumes(twin) == [], "a restart trained from before its job's last checkpoint"
     assert any(what.startswith("training from ") for _, _, what in events)
     for job in jobs:
         assert final[job.name] == job.job.iterations
@@ -292,7 +292,7 @@ def test_a_gpu_on_a_node_dies_under_a_worker(tmp_path: Path) -> None:
             finally:
                 watch.close()
                 progress.close()
-        final = _progress(twin)
+        final = job_progress(twin)
         stats = twin.kubelet.stats
         later = [e for e in stats.events if e[0] >= failed_at]
     print(
@@ -311,7 +311,7 @@ def test_a_gpu_on_a_node_dies_under_a_worker(tmp_path: Path) -> None:
     twice = {name: n for name, n in watch.created.items() if n > 1}
     assert not twice, f"pods created more than once: {twice}"
     assert watch.overlaps == []
-    assert _resumes(twin) == []
+    assert bad_resumes(twin) == []
     assert stats.lost_iterations == 0
     for job in jobs:
         seen = progress.seen.get(job.name, [])
