@@ -272,3 +272,23 @@ def test_a_watch_event_older_than_the_bind_never_unbinds_a_worker() -> None:
     assert state.pods[pod_info(members[0]).key].node == first
     for p in members[3:]:
         assert schedule(state, p) is not None
+
+
+def test_a_gang_whose_binds_all_failed_still_expires() -> None:
+    """Every worker's bind was attempted (so each was assumed) and every one failed: the
+    gang has no worker placed, so its reservation lapses after the TTL like any pending
+    one; it is not settled (kept for ever) by binds that did not happen."""
+    state, clock = cluster(1, ttl_s=30.0)
+    members = [pod_info(body) for body in gang("failing", 8)]
+    for body in gang("failing", 8):
+        state.upsert_pod(body)  # the watch sees the pending workers
+    for info in members:  # kube-scheduler binds asynchronously: all are in flight at once
+        assert state.filter(info, ["n0"]).admitted == ["n0"]
+        state.begin_bind(info, "n0")
+    for info in members:
+        state.end_bind(info, None)  # the API refused every binding
+    clock.now += 31
+    other = pod_info(gang("other", 8)[0])
+    assert state.filter(other, ["n0"]).admitted == ["n0"]
+    assert members[0].gang not in state.gangs
+    assert state.expired_total == 1
