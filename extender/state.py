@@ -40,6 +40,8 @@ from .wire import MAX_EXTENDER_PRIORITY
 
 PodKey = tuple[str, str]
 _K = TypeVar("_K")
+DELETED_UIDS = 4096
+"""Deleted pods remembered, for binds answered after their pod's deletion was seen."""
 log = logging.getLogger(__name__)
 
 
@@ -239,6 +241,7 @@ class ClusterState:
         self._known: dict[GangKey, int] = {}  # cached pods (bound or not) of each gang
         self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
         self._foreign: dict[str, int] = {}  # node -> GPUs of bound pods of no gang
+        self._deleted: dict[str, None] = {}  # uids of the last pods deleted, oldest first
         self._view: PoolView | None = None  # the main pool, rebuilt after changes
         self._epoch = 0  # bumped by every node change: blocks are checked again
         self.synced = False
@@ -346,6 +349,10 @@ class ClusterState:
 
     def delete_pod(self, body: Any) -> None:
         info = pod_info(body)
+        if info.uid:
+            self._deleted[info.uid] = None
+            if len(self._deleted) > DELETED_UIDS:
+                del self._deleted[next(iter(self._deleted))]
         self._drop_pod(info.key)
         self._release_if_done(info.gang)
 
@@ -765,12 +772,18 @@ class ClusterState:
         return gang
 
     def end_bind(self, info: PodInfo, node: str | None) -> None:
-        """The API answered: record the binding (``node``) or forget the attempt (``None``)."""
+        """The API answered: record the binding (``node``) or forget the attempt (``None``).
+
+        A pod whose deletion the watch delivered while its bind was in flight is
+        not recorded: no later event would ever remove it, and its GPUs would
+        stay taken.
+        """
         if info.gang is not None and info.gang in self.gangs:
             self._unassume(self.gangs[info.gang], info.key)
-        if node is not None and (info.gang is not None or info.gpus > 0):
+        gone = bool(info.uid) and info.uid in self._deleted
+        if node is not None and not gone and (info.gang is not None or info.gpus > 0):
             self._put_pod(dataclasses.replace(info, node=node))
-        else:  # its pods may have gone while the bind was in flight (a rescale)
+        else:  # the pod, or all its gang's pods, may have gone while the bind was in flight
             self._release_if_done(info.gang)
 
     def gauges(self) -> Mapping[str, float]:

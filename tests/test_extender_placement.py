@@ -292,3 +292,19 @@ def test_a_gang_whose_binds_all_failed_still_expires() -> None:
     assert state.filter(other, ["n0"]).admitted == ["n0"]
     assert members[0].gang not in state.gangs
     assert state.expired_total == 1
+
+
+def test_a_pod_deleted_while_its_bind_was_in_flight_holds_no_gpus() -> None:
+    """The watch delivers the pod's deletion (a rescale) before the extender handles its
+    bind's 201: the bind must not put the pod back in the cache, where no event would ever
+    remove it and its GPUs (and its gang's block) would stay taken."""
+    state, _ = cluster(1)
+    body = gang("gone", 8)[0]
+    state.upsert_pod(body)
+    info = pod_info(body)
+    assert state.filter(info, ["n0"]).admitted == ["n0"]
+    state.begin_bind(info, "n0")
+    state.delete_pod({**body, "spec": {**body["spec"], "nodeName": "n0"}})
+    state.end_bind(info, "n0")  # the binding was committed (201) before the deletion
+    assert state.pods == {} and state.gangs == {}
+    assert state.filter(pod_info(gang("next", 8)[0]), ["n0"]).admitted == ["n0"]
