@@ -358,3 +358,27 @@ async def test_a_gang_whose_binds_all_failed_and_whose_pods_went_away_frees_its_
     assert answers == [{"Error": ""}] * 4, answers
     assert [str(key) for key in ext.state.gangs] == ["ml/bert@23"]
     assert not ext.state._in_flight
+
+
+async def test_binds_answered_500_after_commit_leave_no_gpus_taken_once_the_pods_go(
+    kmock: KubeEmulator, cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    """A real API server can commit a binding and answer 500 (an etcd timeout): the
+    extender forgets the attempt, then counts the pod from the watch; when the pods are
+    deleted (a rescale) every GPU is free again for the next generation."""
+    ext = await start()
+    await ready(ext)
+    old = [await create_pod(cluster, gen_worker(i, "7")) for i in range(4)]
+    fault = kmock.faults.inject("create", "pods/binding", status=500, committed=True, times=4)
+    for body in old:
+        assert "500" in (await filter_and_bind(ext, body))["Error"]
+    assert fault.hits == 4
+    await wait_for(lambda: all(p.bound for p in ext.state.pods.values()))
+    assert not ext.state._in_flight
+    for body in old:
+        path = f"/api/v1/namespaces/ml/pods/{body['metadata']['name']}"
+        assert (await cluster.delete(path)).status_code == 200
+    await wait_for(lambda: not ext.state.pods)
+    assert ext.state.gangs == {}
+    new = [await create_pod(cluster, gen_worker(i, "8")) for i in range(4)]
+    assert [await filter_and_bind(ext, body) for body in new] == [{"Error": ""}] * 4
