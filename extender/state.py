@@ -25,7 +25,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from powerflow.errors import PlacementError
 from powerflow.policy.buddy import is_power_of_two
@@ -39,6 +39,9 @@ from .placing import choose_block, gpu_spec_for, occupied_indices
 from .wire import MAX_EXTENDER_PRIORITY
 
 PodKey = tuple[str, str]
+_K = TypeVar("_K")
+DELETED_UIDS = 4096
+"""Deleted pods remembered, for binds answered after their pod's deletion was seen."""
 log = logging.getLogger(__name__)
 
 
@@ -235,8 +238,10 @@ class ClusterState:
         self.gangs = Reservations()
         self._bound_gpus: dict[str, int] = {}  # node -> GPUs of bound, running pods
         self._members: dict[GangKey, dict[PodKey, str]] = {}  # bound pods of each gang
+        self._known: dict[GangKey, int] = {}  # cached pods (bound or not) of each gang
         self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
         self._foreign: dict[str, int] = {}  # node -> GPUs of bound pods of no gang
+        self._deleted: dict[str, None] = {}  # uids of the last pods deleted, oldest first
         self._view: PoolView | None = None  # the main pool, rebuilt after changes
         self._epoch = 0  # bumped by every node change: blocks are checked again
         self.synced = False
@@ -258,6 +263,7 @@ class ClusterState:
         self.pods.clear()
         self._bound_gpus.clear()
         self._members.clear()
+        self._known.clear()
         self._foreign.clear()
         self._view = None
         self._epoch += 1
@@ -267,8 +273,8 @@ class ClusterState:
             self._skip_bad(lambda body: self._put_pod(pod_info(body)), pod)
         for key, gang in list(self.gangs.items()):
             # In-memory reservations survive a relist, but a gang whose workers all
-            # went away while we were not watching has finished.
-            if gang.started and not gang.assumed and not self._members.get(key):
+            # went away while we were not watching has finished (or was rescaled).
+            if self._abandoned(gang):
                 del self.gangs[key]
         self._adopt_annotated()
         self.mark_synced()
@@ -343,6 +349,10 @@ class ClusterState:
 
     def delete_pod(self, body: Any) -> None:
         info = pod_info(body)
+        if info.uid:
+            self._deleted[info.uid] = None
+            if len(self._deleted) > DELETED_UIDS:
+                del self._deleted[next(iter(self._deleted))]
         self._drop_pod(info.key)
         self._release_if_done(info.gang)
 
@@ -360,6 +370,8 @@ class ClusterState:
             self._release_if_done(info.gang)
             return
         self.pods[info.key] = info
+        if info.gang is not None:
+            self._known[info.gang] = self._known.get(info.gang, 0) + 1
         if info.bound:
             self._bound_gpus[info.node] = self._bound_gpus.get(info.node, 0) + info.gpus
             if info.gang is None:
@@ -375,6 +387,8 @@ class ClusterState:
 
     def _drop_pod(self, key: PodKey) -> None:
         old = self.pods.pop(key, None)
+        if old is not None and old.gang is not None:
+            _subtract(self._known, old.gang, 1)
         if old is None or not old.bound:
             return
         _subtract(self._bound_gpus, old.node, old.gpus)
@@ -388,14 +402,23 @@ class ClusterState:
                 self._members.pop(old.gang, None)
 
     def _release_if_done(self, key: GangKey | None) -> None:
-        """Forget a started gang once none of its workers holds GPUs (finished or rescaled).
-
-        A reservation whose first worker is still pending is kept until it binds
-        or expires.
-        """
+        """Forget a gang once none of its workers holds GPUs (finished or rescaled)."""
         gang = self.gangs.get(key) if key is not None else None
-        if gang is not None and gang.started and not gang.assumed and gang.key not in self._members:
+        if gang is not None and self._abandoned(gang):
             del self.gangs[gang.key]
+
+    def _abandoned(self, gang: Gang) -> bool:
+        """No worker of the gang holds or is being given GPUs, and none is left to come.
+
+        A started gang with no bound worker has finished. A gang none of whose
+        workers ever bound (every bind failed, whatever the API answered) is
+        over once the watch has none of its pods: the operator deleted them (a
+        rescale starts a new gang). While its pods are pending (or not seen by
+        the watch yet), its reservation is kept until they bind or it expires.
+        """
+        if gang.assumed or gang.key in self._members:
+            return False
+        return gang.started or not self._known.get(gang.key)
 
     def _adopt_annotated(self) -> None:
         """Rebuild gangs from bound pods' placement annotations (restart, or another extender)."""
@@ -418,7 +441,9 @@ class ClusterState:
         self._unassume(gang, key)
         gang.assumed[key] = (node, gpus)
         self._in_flight[node] = self._in_flight.get(node, 0) + gpus
-        gang.settled = gang.settled or self._complete(gang)
+        # Not settled yet: a bind may still fail (whatever the API answers), and a gang
+        # settled by binds that all failed would hold its block for ever. ``_put_pod``
+        # settles it once its workers are seen bound.
 
     def _unassume(self, gang: Gang, key: PodKey) -> None:
         entry = gang.assumed.pop(key, None)
@@ -747,11 +772,19 @@ class ClusterState:
         return gang
 
     def end_bind(self, info: PodInfo, node: str | None) -> None:
-        """The API answered: record the binding (``node``) or forget the attempt (``None``)."""
+        """The API answered: record the binding (``node``) or forget the attempt (``None``).
+
+        A pod whose deletion the watch delivered while its bind was in flight is
+        not recorded: no later event would ever remove it, and its GPUs would
+        stay taken.
+        """
         if info.gang is not None and info.gang in self.gangs:
             self._unassume(self.gangs[info.gang], info.key)
-        if node is not None and (info.gang is not None or info.gpus > 0):
+        gone = bool(info.uid) and info.uid in self._deleted
+        if node is not None and not gone and (info.gang is not None or info.gpus > 0):
             self._put_pod(dataclasses.replace(info, node=node))
+        else:  # the pod, or all its gang's pods, may have gone while the bind was in flight
+            self._release_if_done(info.gang)
 
     def gauges(self) -> Mapping[str, float]:
         return {
@@ -768,9 +801,9 @@ def _short(number: int) -> str:
     return text if len(text) <= 12 else f"{text[:3]}...({len(text)} digits)"
 
 
-def _subtract(counts: dict[str, int], node: str, amount: int) -> None:
-    left = counts.get(node, 0) - amount
+def _subtract(counts: dict[_K, int], key: _K, amount: int) -> None:
+    left = counts.get(key, 0) - amount
     if left > 0:
-        counts[node] = left
+        counts[key] = left
     else:
-        counts.pop(node, None)
+        counts.pop(key, None)

@@ -307,3 +307,78 @@ async def test_bind_of_a_pod_re_created_behind_the_cache_asks_the_api(
     assert answer.json() == {"Error": ""}
     stored = (await cluster.get("/api/v1/namespaces/ml/pods/web-0")).json()
     assert stored["spec"]["nodeName"] == "gpu-2"
+
+
+def gen_worker(i: int, generation: str) -> dict[str, Any]:
+    """A worker of the 32-GPU gang ``ml/bert@<generation>``: four pods of 8 GPUs."""
+    return pod(
+        f"bert-{generation}-{i}", job="bert", workers=4, gpus=8, index=i,
+        namespace="ml", generation=generation,
+    )  # fmt: skip
+
+
+async def filter_and_bind(ext: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """Filter, then bind to the first admitted node; the bind's answer (or the filter's)."""
+    nodes = [node(n) for n in NODE_NAMES]
+    content = go_json(args(body, nodes, cache_capable=True))
+    filtered = (await ext.post("/filter", content=content, headers=JSON)).json()
+    if filtered["Error"] or not filtered["NodeNames"]:
+        return {"Error": filtered["Error"] or str(filtered["FailedNodes"]), "filter": True}
+    host = filtered["NodeNames"][0]
+    bound = await ext.post("/bind", content=go_json(binding_args(body, host)), headers=JSON)
+    answer: dict[str, Any] = bound.json()
+    return answer
+
+
+async def test_a_gang_whose_binds_all_failed_and_whose_pods_went_away_frees_its_block(
+    kmock: KubeEmulator, cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    """The twin's stall: every bind of a generation failed (500s, a 404 for a pod deleted
+    meanwhile), the operator rescaled (deleted the pods, created the next generation), and
+    the old generation's block, never bound, was kept for ever; the new gang found no block.
+    """
+    ext = await start()
+    await ready(ext)
+    old = [await create_pod(cluster, gen_worker(i, "22")) for i in range(4)]
+    fault = kmock.faults.inject("create", "pods/binding", status=500, times=3)
+    for body in old[:3]:
+        assert "500" in (await filter_and_bind(ext, body))["Error"]
+    assert fault.hits == 3
+    # The last worker is deleted (the rescale) while its bind is in flight: 404.
+    fault = kmock.faults.inject("create", "pods/binding", delay_s=1.0, times=1)
+    binding = asyncio.create_task(filter_and_bind(ext, old[3]))
+    await wait_for(lambda: fault.hits == 1)
+    for body in old:
+        path = f"/api/v1/namespaces/ml/pods/{body['metadata']['name']}"
+        assert (await cluster.delete(path)).status_code == 200
+    assert "404" in (await binding)["Error"]
+    await wait_for(lambda: not ext.state.pods)
+    new = [await create_pod(cluster, gen_worker(i, "23")) for i in range(4)]
+    answers = [await filter_and_bind(ext, body) for body in new]
+    assert answers == [{"Error": ""}] * 4, answers
+    assert [str(key) for key in ext.state.gangs] == ["ml/bert@23"]
+    assert not ext.state._in_flight
+
+
+async def test_binds_answered_500_after_commit_leave_no_gpus_taken_once_the_pods_go(
+    kmock: KubeEmulator, cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    """A real API server can commit a binding and answer 500 (an etcd timeout): the
+    extender forgets the attempt, then counts the pod from the watch; when the pods are
+    deleted (a rescale) every GPU is free again for the next generation."""
+    ext = await start()
+    await ready(ext)
+    old = [await create_pod(cluster, gen_worker(i, "7")) for i in range(4)]
+    fault = kmock.faults.inject("create", "pods/binding", status=500, committed=True, times=4)
+    for body in old:
+        assert "500" in (await filter_and_bind(ext, body))["Error"]
+    assert fault.hits == 4
+    await wait_for(lambda: all(p.bound for p in ext.state.pods.values()))
+    assert not ext.state._in_flight
+    for body in old:
+        path = f"/api/v1/namespaces/ml/pods/{body['metadata']['name']}"
+        assert (await cluster.delete(path)).status_code == 200
+    await wait_for(lambda: not ext.state.pods)
+    assert ext.state.gangs == {}
+    new = [await create_pod(cluster, gen_worker(i, "8")) for i in range(4)]
+    assert [await filter_and_bind(ext, body) for body in new] == [{"Error": ""}] * 4

@@ -272,3 +272,39 @@ def test_a_watch_event_older_than_the_bind_never_unbinds_a_worker() -> None:
     assert state.pods[pod_info(members[0]).key].node == first
     for p in members[3:]:
         assert schedule(state, p) is not None
+
+
+def test_a_gang_whose_binds_all_failed_still_expires() -> None:
+    """Every worker's bind was attempted (so each was assumed) and every one failed: the
+    gang has no worker placed, so its reservation lapses after the TTL like any pending
+    one; it is not settled (kept for ever) by binds that did not happen."""
+    state, clock = cluster(1, ttl_s=30.0)
+    members = [pod_info(body) for body in gang("failing", 8)]
+    for body in gang("failing", 8):
+        state.upsert_pod(body)  # the watch sees the pending workers
+    for info in members:  # kube-scheduler binds asynchronously: all are in flight at once
+        assert state.filter(info, ["n0"]).admitted == ["n0"]
+        state.begin_bind(info, "n0")
+    for info in members:
+        state.end_bind(info, None)  # the API refused every binding
+    clock.now += 31
+    other = pod_info(gang("other", 8)[0])
+    assert state.filter(other, ["n0"]).admitted == ["n0"]
+    assert members[0].gang not in state.gangs
+    assert state.expired_total == 1
+
+
+def test_a_pod_deleted_while_its_bind_was_in_flight_holds_no_gpus() -> None:
+    """The watch delivers the pod's deletion (a rescale) before the extender handles its
+    bind's 201: the bind must not put the pod back in the cache, where no event would ever
+    remove it and its GPUs (and its gang's block) would stay taken."""
+    state, _ = cluster(1)
+    body = gang("gone", 8)[0]
+    state.upsert_pod(body)
+    info = pod_info(body)
+    assert state.filter(info, ["n0"]).admitted == ["n0"]
+    state.begin_bind(info, "n0")
+    state.delete_pod({**body, "spec": {**body["spec"], "nodeName": "n0"}})
+    state.end_bind(info, "n0")  # the binding was committed (201) before the deletion
+    assert state.pods == {} and state.gangs == {}
+    assert state.filter(pod_info(gang("next", 8)[0]), ["n0"]).admitted == ["n0"]
