@@ -31,8 +31,10 @@ from powerflow.telemetry import (
     MAX_BODY_BYTES,
     NodePower,
     SampleBatch,
+    TelemetryError,
     WindowSample,
     encode_batch,
+    parse_batch,
 )
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
@@ -65,11 +67,24 @@ class Cluster:
     operator: Operator
     sink: Recording
     url: str
+    started_s: float
+    """Before the operator started: every view it reads is newer."""
 
     def metric(self, name: str, **labels: str) -> float:
         assert self.operator.controller is not None
         value = self.operator.controller.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
+
+    def may_defer(self, sent: bytes) -> bool:
+        """Whether a 503 ``view_behind`` is honest for ``sent``: a well-formed batch (the
+        wire format's) with a sample that ended after the operator started, so maybe after
+        its view was read, and not over ``MAX_AHEAD_S`` past now."""
+        try:
+            parsed = parse_batch(json.loads(sent))
+        except (ValueError, TelemetryError):
+            return False
+        latest = time.time() + ingest.MAX_AHEAD_S
+        return any(self.started_s < s.end_s <= latest for s in parsed.samples)
 
     def refused(self, reason: str) -> float:
         return self.metric("powerflow_ingest_refused_total", reason=reason)
@@ -136,6 +151,7 @@ async def cluster(
         "127.0.0.1",
     )
     sink = Recording()
+    started_s = time.time()
     async with Operator(args, ThresholdPolicy(), models, sink=sink) as op:
         await api.post(
             f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/dljobs",
@@ -149,7 +165,8 @@ async def cluster(
         pods = await eventually(four_pods, timeout=10)
         for pod, node in zip(pods, ("n1", "n1", "n2", "n2"), strict=True):
             await bind(api, pod["metadata"]["name"], node)
-        cluster = Cluster(api, kmock, op, sink, f"http://127.0.0.1:{port}{contract.SAMPLES_PATH}")
+        url = f"http://127.0.0.1:{port}{contract.SAMPLES_PATH}"
+        cluster = Cluster(api, kmock, op, sink, url, started_s)
 
         async def sees_pods() -> bool:  # the operator's next pass reads the bindings
             return (await cluster.post(batch("n1", sample()))).status_code == 200
