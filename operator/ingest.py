@@ -41,23 +41,24 @@ fix it.
 
 A view older than a sample cannot refuse it: the scheduler binds a gang's
 pods after the pass that created them, so a sample measuring all the GPUs
-its node's workers hold may come before the pass that sees them bound
-(``not_on_node``, ``too_many_gpus``). A sample the view would refuse
-(``not_on_node``, ``too_many_gpus``) whose window ended after the view's read
-began (``ClusterView.read_at_s``) is not judged: the whole batch gets 503
-``view_behind`` with ``Retry-After`` and nothing of it is taken (no
-duplicates when the agent resends it, as it does for any 5xx). The next pass
-reads a view newer than the sample, which judges it for good: accepted once
-the pods are seen bound, 422 if its generation ended meanwhile. So nothing is
-held here and nothing is retried forever: passes come at least every
-``schedulingIntervalSeconds``. A window that ends more than
-``MAX_AHEAD_S`` past the operator's clock (an agent's clock far ahead) is
-judged at once, or its batch would wait as long, with the agent's queue
-behind it. ``unknown_job`` is never deferred: a job's pods are created by a
-pass that read the job, so a sample of a job the view lacks is of a job
-deleted. The deferral is skewed by the agents' clocks against the
-operator's: one behind by more than the time from a bind to a sample's end
-can still see that sample refused.
+its node's workers hold may come before the pass that sees them bound. A
+sample the view would refuse as ``not_on_node`` or ``too_many_gpus`` whose
+window ended after the view's read began (``ClusterView.read_at_s``) is not
+judged: the whole batch gets 503 ``view_behind`` with ``Retry-After`` (one
+count of ``powerflow_ingest_refused_total{reason="view_behind"}``) and
+nothing of it is taken, so the agent resends it, as it does on any 5xx,
+without duplicates; its other samples wait with it. Nothing is held here.
+The next pass reads a view newer than the sample, which judges it for good:
+accepted once the pods are seen bound, 422 if its generation ended
+meanwhile; passes come at least every ``schedulingIntervalSeconds``, so
+nothing is retried forever. A window that ends more than ``MAX_AHEAD_S``
+past the operator's clock (an agent's clock far ahead) is judged at once, or
+its batch, and the agent's queue behind it, would wait as long.
+``unknown_job`` is never deferred: a job's pods are created by a pass that
+read the job, so a sample of a job the view lacks is of a job deleted. The
+comparison trusts the agents' clocks: one behind the operator's by more
+than the time from a bind to the sample's end can still see such a sample
+refused.
 
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
