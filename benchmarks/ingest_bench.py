@@ -72,7 +72,7 @@ def cluster_view() -> ClusterView:
             for i in range(8)
         )
         jobs.append(Observed({"metadata": {"name": name, "namespace": "ml"}}, pods))
-    return ClusterView(ClusterState(tuple(jobs), (), None), leading=True)
+    return ClusterView(ClusterState(tuple(jobs), (), None), leading=True, read_at_s=time.time())
 
 
 def body(size: int) -> bytes:

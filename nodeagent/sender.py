@@ -10,8 +10,9 @@ agent's projected ServiceAccount token. The token file is read again for
 every post because the kubelet rotates it.
 
 A batch leaves the queue only once the operator took it (2xx). On a failure
-that may pass (no connection, a timeout, 5xx, 401/403 while RBAC or the
-token catches up, 429) it stays at the head of the queue and the sender
+that may pass (no connection, a timeout, 5xx, among them the ingest's 503
+``view_behind`` for samples newer than its cluster view, 401/403 while RBAC
+or the token catches up, 429) it stays at the head of the queue and the sender
 backs off exponentially with jitter (``backoff_s``), honouring a 429's
 ``Retry-After``. Any other 4xx means the operator will never accept this
 batch (the wire format's validation refused it): it is logged with the

@@ -173,6 +173,9 @@ class Controller:
     _events: list[tuple[dict[str, Any], str, str, str]] = field(default_factory=list)
     state: ClusterState | None = None
     """The cluster as the last pass read it (the ingest judges samples by it)."""
+    state_read_s: float = 0.0
+    """Unix time (``time.time``, the agents' samples' clock, not ``clock``) when the
+    read of ``state`` began: the ingest defers a sample that ended after it."""
 
     def trigger(self, reason: str = "", *, immediate: bool = False) -> None:
         """A scheduling event; ``immediate`` skips the debounce (a new DLJob waits
@@ -340,8 +343,9 @@ class Controller:
     async def run_once(self) -> float | None:
         """One pass: read, decide, act. Returns when the loop must wake at the latest."""
         started = time.perf_counter()
+        read_s = time.time()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
-        self.state = state
+        self.state, self.state_read_s = state, read_s
         await self._budget(state)
         nodes, left_out = cluster_nodes(
             state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations

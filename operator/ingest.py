@@ -39,6 +39,27 @@ while they waited in the agent's queue). 401 and 403 are kept for who sent
 the batch, which the agent retries: a rotated token or a moving node may
 fix it.
 
+A view older than a sample cannot refuse it: the scheduler binds a gang's
+pods after the pass that created them, so a sample measuring all the GPUs
+its node's workers hold may come before the pass that sees them bound. A
+sample the view would refuse as ``not_on_node`` or ``too_many_gpus`` whose
+window ended after the view's read began (``ClusterView.read_at_s``) is not
+judged: the whole batch gets 503 ``view_behind`` with ``Retry-After`` (one
+count of ``powerflow_ingest_refused_total{reason="view_behind"}``) and
+nothing of it is taken, so the agent resends it, as it does on any 5xx,
+without duplicates; its other samples wait with it. Nothing is held here.
+The next pass reads a view newer than the sample, which judges it for good:
+accepted once the pods are seen bound, 422 if its generation ended
+meanwhile; passes come at least every ``schedulingIntervalSeconds``, so
+nothing is retried forever. A window that ends more than ``MAX_AHEAD_S``
+past the operator's clock (an agent's clock far ahead) is judged at once, or
+its batch, and the agent's queue behind it, would wait as long.
+``unknown_job`` is never deferred: a job's pods are created by a pass that
+read the job, so a sample of a job the view lacks is of a job deleted. The
+comparison trusts the agents' clocks: one behind the operator's by more
+than the time from a bind to the sample's end can still see such a sample
+refused.
+
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
 a node left out once its reading is older than ``power_staleness_s``
@@ -80,6 +101,10 @@ from powerflow.telemetry import (
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "1"
+MAX_AHEAD_S = 300.0
+"""How far past the operator's clock a sample's end may lie and still be deferred."""
+DEFERRABLE = frozenset({"not_on_node", "too_many_gpus"})
+"""Refusals a later view may undo: the pods' binds the view has not seen yet."""
 
 
 class SampleSink(Protocol):
@@ -101,6 +126,9 @@ class ClusterView:
 
     state: ClusterState
     leading: bool
+    read_at_s: float
+    """Unix time when the read of ``state`` began: samples that ended later may
+    have measured pods bound after it (module docstring)."""
 
 
 Placements = Mapping[tuple[str, str], Mapping[int, Mapping[str, int]]]
@@ -276,7 +304,7 @@ class Ingest:
         if self._unavailable is not None:
             log.info("ingest serving again")
             self._unavailable = None
-        return self._accept(sender, batch.node, batch.samples, batch.power, view.state)
+        return self._accept(sender, batch.node, batch.samples, batch.power, view)
 
     async def _read(self, request: web.Request) -> bytes | web.Response:
         """The body, or the refusal: 413 past ``MAX_BODY_BYTES`` (stops reading there), 400
@@ -306,7 +334,7 @@ class Ingest:
         node: str,
         samples: Sequence[WindowSample],
         power: NodePower | None,
-        state: ClusterState,
+        view: ClusterView,
     ) -> web.Response:
         if node != sender.node:
             return self._refuse(
@@ -314,15 +342,26 @@ class Ingest:
             )
         if power is not None:
             self.power.record(node, power)
-        index = self._placements(state)
+        index = self._placements(view.state)
         accepted: list[WindowSample] = []
         reasons: Counter[str] = Counter()
+        latest_s = self._clock() + MAX_AHEAD_S
+        behind = 0
         for sample in samples:
             why = judge(index, node, sample)
             if why is None:
                 accepted.append(sample)
             else:
                 reasons[why] += 1
+                behind += why in DEFERRABLE and view.read_at_s < sample.end_s <= latest_s
+        if behind:
+            return self._refuse(
+                503,
+                "view_behind",
+                f"{behind} sample(s) ended after the cluster view was read; resend after "
+                "the next allocation pass",
+                **{"Retry-After": RETRY_AFTER_S},
+            )
         for why, count in reasons.items():
             self.metrics.ingest_refused.labels(reason=why).inc(count)
         if accepted:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -19,6 +20,9 @@ from typing import Any
 import httpx
 import pytest
 from operator_cases import NS, PODS, ThresholdPolicy, dljob, eventually, models, pods_of
+from powerflow.nodeagent.sender import SampleSender
+from powerflow.operator import ingest
+from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, free_port, operator_args
 
@@ -27,8 +31,10 @@ from powerflow.telemetry import (
     MAX_BODY_BYTES,
     NodePower,
     SampleBatch,
+    TelemetryError,
     WindowSample,
     encode_batch,
+    parse_batch,
 )
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
@@ -61,11 +67,24 @@ class Cluster:
     operator: Operator
     sink: Recording
     url: str
+    started_s: float
+    """Before the operator started: every view it reads is newer."""
 
     def metric(self, name: str, **labels: str) -> float:
         assert self.operator.controller is not None
         value = self.operator.controller.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
+
+    def may_defer(self, sent: bytes) -> bool:
+        """Whether a 503 ``view_behind`` is honest for ``sent``: a well-formed batch (the
+        wire format's) with a sample that ended after the operator started, so maybe after
+        its view was read, and not over ``MAX_AHEAD_S`` past now."""
+        try:
+            parsed = parse_batch(json.loads(sent))
+        except (ValueError, TelemetryError):
+            return False
+        latest = time.time() + ingest.MAX_AHEAD_S
+        return any(self.started_s < s.end_s <= latest for s in parsed.samples)
 
     def refused(self, reason: str) -> float:
         return self.metric("powerflow_ingest_refused_total", reason=reason)
@@ -132,6 +151,7 @@ async def cluster(
         "127.0.0.1",
     )
     sink = Recording()
+    started_s = time.time()
     async with Operator(args, ThresholdPolicy(), models, sink=sink) as op:
         await api.post(
             f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/dljobs",
@@ -145,7 +165,8 @@ async def cluster(
         pods = await eventually(four_pods, timeout=10)
         for pod, node in zip(pods, ("n1", "n1", "n2", "n2"), strict=True):
             await bind(api, pod["metadata"]["name"], node)
-        cluster = Cluster(api, kmock, op, sink, f"http://127.0.0.1:{port}{contract.SAMPLES_PATH}")
+        url = f"http://127.0.0.1:{port}{contract.SAMPLES_PATH}"
+        cluster = Cluster(api, kmock, op, sink, url, started_s)
 
         async def sees_pods() -> bool:  # the operator's next pass reads the bindings
             return (await cluster.post(batch("n1", sample()))).status_code == 200
@@ -199,13 +220,15 @@ async def test_senders_that_are_not_the_nodes_agent_are_refused(
 async def test_samples_of_jobs_not_on_the_senders_node_are_refused_one_by_one(
     cluster: Cluster,
 ) -> None:
-    """A batch is judged sample by sample: the good one is kept, the rest counted."""
+    """A batch is judged sample by sample: the good one is kept, the rest counted. The
+    bad ones ended before the operator started, so its view is newer than they are."""
     good = sample()
+    old = time.time() - 3600
     bad = [
-        sample(job="ghost"),  # no such DLJob
-        sample(namespace="other"),
-        sample(generation=2),  # no pod of generation 2
-        sample(gpus_measured=3, n=4),  # 2 worker pods (one GPU each) on n1
+        sample(job="ghost", end_s=old),  # no such DLJob
+        sample(namespace="other", end_s=old),
+        sample(generation=2, end_s=old),  # no pod of generation 2
+        sample(gpus_measured=3, n=4, end_s=old),  # 2 worker pods (one GPU each) on n1
     ]
     before = {r: cluster.refused(r) for r in ("unknown_job", "not_on_node", "too_many_gpus")}
     resp = await cluster.post(batch("n1", bad[0], good, *bad[1:]))
@@ -223,6 +246,99 @@ async def test_samples_of_jobs_not_on_the_senders_node_are_refused_one_by_one(
     assert only_bad.status_code == 422  # nothing accepted: resending will not help
     assert only_bad.json()["accepted"] == 0
     assert len(cluster.sink.added) == 1
+
+
+async def test_a_sample_newer_than_the_view_is_resent_until_a_pass_judges_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The 20-job twin's ``too_many_gpus``: a gang's pods bound after the operator's last
+    pass; the agent's sample measuring them must not be dropped. Job ``bert`` has one
+    worker bound to n1 (its other three pending) when n1's agent sends a sample of two
+    GPUs; the operator's view cannot judge it yet (503, the agent keeps it), and once
+    the second worker is bound the next pass's view takes it."""
+    api = cluster.api
+    await api.post(
+        f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/dljobs", json=dljob("bert")
+    )
+
+    async def bert_pods() -> list[dict[str, Any]]:
+        pods = await pods_of(api, "bert")
+        return pods if len(pods) == 4 else []
+
+    pods = await eventually(bert_pods, timeout=10)
+    await bind(api, pods[0]["metadata"]["name"], "n1")
+
+    async def sees_one() -> bool:
+        one = sample(job="bert", gpus_measured=1)
+        return (await cluster.post(batch("n1", one))).status_code == 200
+
+    await eventually(sees_one, timeout=10)
+    cluster.sink.added.clear()
+    # The agent's clock a little ahead: the sample ends after any view read so far.
+    two = sample(job="bert", gpus_measured=2, end_s=time.time() + 30)
+    direct = await cluster.post(batch("n1", two))
+    assert direct.status_code == 503, direct.text
+    assert direct.json()["error"] == "view_behind" and direct.headers["Retry-After"]
+    assert cluster.sink.added == []
+    assert cluster.refused("view_behind") >= 1
+
+    token = tmp_path / "token"
+    token.write_text("agent-n1")
+    registry = CollectorRegistry()
+    sender = SampleSender(
+        cluster.url.removesuffix(contract.SAMPLES_PATH),
+        str(token),
+        "n1",
+        interval_s=0.05,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        registry=registry,
+        rng=random.Random(1),
+    )
+    sender.put(two)
+    stop = asyncio.Event()
+    task = asyncio.create_task(sender.run(stop))
+    try:
+
+        async def resent() -> bool:
+            return sender.failures >= 2  # answered 503 at least twice, still queued
+
+        await eventually(resent, timeout=10)
+        assert sender.queued() == (two,)
+        await bind(api, pods[1]["metadata"]["name"], "n1")
+
+        async def delivered() -> bool:
+            return not sender.queued()
+
+        await eventually(delivered, timeout=10)
+    finally:
+        stop.set()
+        await task
+    assert cluster.sink.samples == [two]
+    assert registry.get_sample_value("powerflow_agent_samples_sent_total") == 1
+    dropped = registry.get_sample_value(
+        "powerflow_agent_samples_dropped_total", {"reason": "rejected"}
+    )
+    assert dropped == 0
+
+
+async def test_a_sample_the_view_is_newer_than_or_from_far_ahead_is_judged_at_once(
+    cluster: Cluster,
+) -> None:
+    """Only a view older than the sample defers it: a sample that ended before the view
+    was read, or that claims to end over ``MAX_AHEAD_S`` past the operator's clock (it
+    would hold its batch, and the agent's queue behind it, as long), gets its 422; so
+    does one of a deleted job, whatever its time."""
+    ahead = time.time() + ingest.MAX_AHEAD_S + 600
+    cases = [
+        sample(generation=2, end_s=time.time() - 3600),
+        sample(gpus_measured=3, end_s=ahead),
+        sample(job="ghost", end_s=time.time() + 30),
+    ]
+    for case in cases:
+        resp = await cluster.post(batch("n1", case))
+        assert resp.status_code == 422, (case, resp.text)
+    assert cluster.sink.added == []
 
 
 async def test_invalid_bodies_are_400_with_the_parsers_message(cluster: Cluster) -> None:

@@ -301,7 +301,7 @@ def serve(
         if controller is None or controller.state is None:
             return None
         leading = controller.leader is None or controller.leader.is_leader
-        return ClusterView(controller.state, leading)
+        return ClusterView(controller.state, leading, controller.state_read_s)
 
     reviewer = TokenReviewer(
         lambda: apis[-1] if apis else None, contract.INGEST_AUDIENCE, args.ingest_service_account
