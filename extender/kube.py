@@ -20,6 +20,7 @@ from urllib.parse import quote
 import httpx
 import yaml
 
+from powerflow import __version__
 from powerflow.errors import PowerFlowError
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,9 @@ class KubeApi:
             base_url=connection.host,
             verify=connection.ssl_context or True,
             timeout=httpx.Timeout(timeout_s),
+            # Named as the operator and the node agent name themselves, so that the API
+            # server's audit log and its priority-and-fairness rules can tell it apart.
+            headers={"User-Agent": f"powerflow-extender/{__version__}"},
         )
 
     async def aclose(self) -> None:

@@ -251,7 +251,7 @@ async def test_the_node_agent_keeps_applying_clocks_through_api_faults(
 
 # -- the extender ------------------------------------------------------------------------
 
-EXT_AGENT = {"user_agent": "python-httpx/*"}
+EXT_AGENT = {"user_agent": "powerflow-extender/*"}
 """The extender's client (httpx); the test's own client says ``test-kubelet``."""
 
 

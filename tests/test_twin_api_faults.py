@@ -6,7 +6,7 @@ mini trace runs: 409 conflicts, 429 with ``Retry-After``, 500s before and after 
 committed write, watches that end with a 410 ``ERROR`` event, and answers seconds
 late, each with a seeded probability, aimed at the product's clients only (by
 ``User-Agent``: the operator's two, ``powerflow-operator/*`` and ``kopf/*``, the node
-agents' ``powerflow-nodeagent/*`` and the extender's ``python-httpx/*``); the twin's
+agents' ``powerflow-nodeagent/*`` and the extender's ``powerflow-extender/*``); the twin's
 own kubelet, scheduler and user (``twin-*``) and the test's observers are spared,
 as a test of the product must not test the stand-ins.
 
@@ -37,7 +37,7 @@ from powerflow.twin.harness import Twin
 from powerflow.twin.timescale import TimeScale
 from powerflow.twin.trace import mini_trace
 
-PRODUCT = ("powerflow-operator/*", "kopf/*", "powerflow-nodeagent/*", "python-httpx/*")
+PRODUCT = ("powerflow-operator/*", "kopf/*", "powerflow-nodeagent/*", "powerflow-extender/*")
 """The product's clients: the operator's allocation loop and its kopf watches, the node
 agents, the extender (``httpx``'s default agent; the twin's own clients say ``twin-*``)."""
 OBSERVER = {"User-Agent": "twin-test-watch"}

@@ -132,7 +132,9 @@ class NodeLifecycle:
     """The controllers (see the module docstring), one thread: ``start()``, ``stop()``."""
 
     def __init__(self, api: str, *, grace_s: float, tick_s: float = 0.5) -> None:
-        self.api = httpx.Client(base_url=api, timeout=30.0)
+        # A User-Agent of its own: the API-fault tests aim their faults at the product's
+        # clients, never at the twin's stand-ins for Kubernetes itself.
+        self.api = httpx.Client(base_url=api, timeout=30.0, headers={"User-Agent": "twin-nodelife"})
         self.grace_s, self.tick_s = grace_s, tick_s
         self.stats = NodeLifeStats()
         self._first_seen: dict[str, datetime.datetime] = {}
@@ -159,9 +161,17 @@ class NodeLifecycle:
     def _note(self, name: str, what: str) -> None:
         self.stats.events.append((time.monotonic(), name, what))
 
+    def _items(self, path: str) -> list[Obj]:
+        """A list's items; an error answer raises ``httpx.HTTPStatusError`` (the loop
+        tries again next tick), never a body read as a list."""
+        answer = self.api.get(path)
+        answer.raise_for_status()
+        items: list[Obj] = answer.json()["items"]
+        return items
+
     def step(self) -> None:
-        nodes: list[Obj] = self.api.get("/api/v1/nodes").json()["items"]
-        leases = self.api.get(LEASES).json()["items"]
+        nodes = self._items("/api/v1/nodes")
+        leases = self._items(LEASES)
         renewed = {
             lease["metadata"]["name"]: _parse((lease.get("spec") or {}).get("renewTime"))
             for lease in leases
@@ -169,8 +179,8 @@ class NodeLifecycle:
         now = _now()
         for node in nodes:
             self._monitor(node, renewed.get(node["metadata"]["name"]), now)
-        nodes = self.api.get("/api/v1/nodes").json()["items"]
-        pods: list[Obj] = self.api.get("/api/v1/pods").json()["items"]
+        nodes = self._items("/api/v1/nodes")
+        pods = self._items("/api/v1/pods")
         self._evict(nodes, pods)
         self._collect(nodes, pods)
 
