@@ -35,14 +35,18 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or, with ``only``, the parser with that subcommand alone: each
+    subcommand module imports what its options need (``simulate`` the simulator,
+    matplotlib, scipy, numba: about 2 s), and an operator, extender or node agent
+    restarted in a crash loop should not pay for the others."""
     parser = argparse.ArgumentParser(
         prog="powerflow",
         description="Energy-aware scheduling of deep-learning training on GPU clusters.",
     )
     parser.add_argument("--version", action="version", version=f"powerflow {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         module = importlib.import_module(f"powerflow.commands.{name}")
         module.register(subparsers)
     plain_help(parser)
@@ -70,9 +74,16 @@ def plain_help(parser: argparse.ArgumentParser) -> None:
                 plain_help(sub)
 
 
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word not an option), if it is one."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=chosen_command(words))
+    args = parser.parse_args(words)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

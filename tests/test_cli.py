@@ -21,3 +21,38 @@ def test_version_via_module() -> None:
 def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "usage: powerflow" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["operator", "extender", "nodeagent"])
+def test_a_cluster_component_loads_none_of_the_simulator(command: str) -> None:
+    """The operator, extender and node agent restart in crash loops and at every
+    upgrade: their command line loads only their own subcommand, not the simulator,
+    matplotlib, scipy or numba that ``simulate``'s options pull in (about 2 s a start)."""
+    probe = (
+        "import sys\n"
+        "from powerflow.cli import main\n"
+        "try:\n"
+        f"    main([{command!r}, '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('powerflow.sim', 'matplotlib', 'scipy', 'numba')\n"
+        "print(sorted({m.split('.')[0] + ('.sim' if m.startswith('powerflow.sim') else '')\n"
+        "    for m in sys.modules if m.startswith(heavy)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--help"], ["--help"], ["bogus"]])
+def test_help_and_unknown_commands_still_list_every_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(argv)
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    if argv[0] == "simulate":
+        assert "--scheduler" in text
+    else:
+        for name in ("simulate", "operator", "extender", "nodeagent", "demo"):
+            assert name in text
