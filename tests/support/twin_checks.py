@@ -69,7 +69,11 @@ class Watch:
         self.thread.join(10)
 
     def _events(self) -> Iterator[Obj]:
-        params = {"watch": "true", "resourceVersion": self.version}
+        # The server ends the watch every second (``timeoutSeconds``, as a client-go
+        # reflector asks for a bounded one) and it resumes from the last event's version:
+        # nothing is missed, and ``close`` takes at most that second, where a watch held
+        # open blocked its reading thread, and the server's shutdown, for 10 s each.
+        params = {"watch": "true", "resourceVersion": self.version, "timeoutSeconds": "1"}
         with self.client.stream("GET", "/api/v1/pods", params=params) as answer:
             for line in answer.iter_lines():
                 if line:
