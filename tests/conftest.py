@@ -18,7 +18,10 @@ import httpx
 import pytest
 from hypothesis import settings
 from operator_cases import seed
-from support.ci_order import pytest_collection_modifyitems  # noqa: F401  (a pytest hook)
+from support.ci_order import (  # noqa: F401  (pytest hooks)
+    pytest_collection_modifyitems,
+    pytest_xdist_make_scheduler,
+)
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import write_kubeconfig
 

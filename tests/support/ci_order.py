@@ -1,33 +1,58 @@
-"""How the suite splits over pytest-xdist's workers (``pytest -n auto --dist loadgroup``;
-not the default, see docs/verification.md "CI time"): the twin's tests run one at a
-time, and first.
+"""How the suite splits over pytest-xdist's workers (``-n auto --dist loadgroup``, in
+``addopts``): the twin's tests run one at a time, on one worker, and first.
 
 A test that starts a twin (``powerflow.twin``: an API server, the operator, the
 extender and the node agents, as processes, against a real-time, time-scaled trace)
 is load-sensitive: two at once on a 2-core machine starve each other's components.
-So they share one xdist group (one worker runs them, in turn), and they come first:
-the group is the suite's longest unit of work, so starting it early lets the other
-worker(s) run everything else beside it; started last, it would run alone at the end.
-Twin tests mostly wait on real time, so a CPU-bound test beside one costs it little.
+So they form one unit of work (one worker runs them, in turn), and it comes first:
+it is the suite's longest unit, so starting it early lets the other worker(s) run
+everything else beside it; started last, it would run alone at the end. Twin tests
+mostly wait on real time, so a CPU-bound test beside one costs it little.
+
+The unit is made by the scheduler (``TwinFirstScheduling``), from the test's file:
+xdist's own ``loadgroup`` reads ``xdist_group`` marks by appending ``@group`` to each
+test id on the workers, which pytest 9.2 no longer lets it do (its ids are built
+from the collection tree: pytest-dev/pytest-xdist#1386, unreleased fix #1388), so the
+marks were silently ignored and two twins ran at once.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 TWIN_GROUP = "twin"
 
 
-def starts_a_twin(item: pytest.Item) -> bool:
+def starts_a_twin(path: str) -> bool:
     """By file: tests/test_twin*.py and tests/test_demo.py (``powerflow demo`` runs the
     twin). A new twin test file named so joins the group by itself."""
-    name = item.path.name
+    name = path.rsplit("/", 1)[-1]
     return name.startswith("test_twin") or name == "test_demo.py"
 
 
+def scope_of(nodeid: str) -> str:
+    """The unit of work of a test: ``TWIN_GROUP`` for a twin test, else the test itself."""
+    return TWIN_GROUP if starts_a_twin(nodeid.split("::", 1)[0]) else nodeid
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put every twin test into ``TWIN_GROUP`` and move them first (stable otherwise)."""
-    for item in items:
-        if starts_a_twin(item):
-            item.add_marker(pytest.mark.xdist_group(TWIN_GROUP))
-    items.sort(key=lambda item: not starts_a_twin(item))
+    """Twin tests first (stable otherwise): one process runs them first too, and a
+    worker's collection order is the order its units are queued in."""
+    items.sort(key=lambda item: not starts_a_twin(str(item.path)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the twin's files as one group (``scope_of``); any other
+    ``--dist`` is xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwinFirstScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return TwinFirstScheduling(config, log)
