@@ -35,7 +35,9 @@ async def test_user_reactions_answer_as_kmock_orders_them(
     (kmock["get /a"] | kmock["get /b"]) << b"a or b"
     kmock["/p"] ** 5 << b"high"
     kmock["/p"] << b"low"
-    answers = [(await api.get(path)).text for path in ["/x", "/x", "/x", "/y?v=1", "/a", "/b", "/p"]]
+    answers = [
+        (await api.get(path)).text for path in ["/x", "/x", "/x", "/y?v=1", "/a", "/b", "/p"]
+    ]
     assert answers == ["first two", "first two", "later", "callable", "a or b", "a or b", "high"]
     # The API server's own routes still answer beside them.
     assert (await api.get("/api/v1/namespaces/ns/pods")).status_code == 200
@@ -52,7 +54,7 @@ async def test_sees_agrees_with_kmocks_scan_for_every_reaction_and_request(
     kmock[lambda request: "q" in request.params] << b"callable"
     (kmock["get /a"] | kmock["post /a"]) << b"group"
     (kmock["/e"] - kmock["get /e"]) << b"exclusion"
-    kmock.fallback ** 3 << 404
+    kmock.fallback**3 << 404
     for path in ["/x", "/x", "/x?q=1", "/a", "/e", "/zzz"]:
         await api.get(path)
     await api.post("/a", json={})
