@@ -131,6 +131,13 @@ def slow(kmock: KubeEmulator) -> list[Fault]:
     ]
 
 
+def outage(kmock: KubeEmulator) -> list[Fault]:
+    """The first seven lists of pods of each client fail (an API server restarting, an
+    etcd leader election: about 30 s of kopf's retries). With four retries kopf's pod
+    watcher gave up, and with it the whole operator: no pass ever again."""
+    return for_operator(kmock, "list", "pods", status=500, times=7)
+
+
 def everything(kmock: KubeEmulator) -> list[Fault]:
     return [
         *conflicts(kmock),
@@ -144,7 +151,7 @@ def everything(kmock: KubeEmulator) -> list[Fault]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "faults",
-    [conflicts, throttling, internal_errors, gone_watches, slow, everything],
+    [conflicts, throttling, internal_errors, gone_watches, slow, outage, everything],
     ids=lambda f: f.__name__,
 )
 async def test_the_operator_loses_nothing_under_api_faults(
