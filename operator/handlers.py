@@ -17,9 +17,8 @@ trigger one (``triggers``): heartbeats do not.
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -35,24 +34,16 @@ from powerflow.operator.triggers import (
 
 from powerflow import contract
 
+API_BACKOFFS_S: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 5.0) + (10.0,) * 60
+"""kopf's delays between retries of a failed API request (its lists and watches, and
+its discovery): quick at first, then every 10 s, for about ten and a half minutes.
 
-class ApiBackoffs:
-    """kopf's delays between retries of a failed API request (its watches' lists and
-    watches): quick at first, then every ``CEILING_S`` seconds for as long as it takes.
-
-    kopf gives up on a request once its ``error_backoffs`` run out, and a watcher that
-    gives up stops the whole operator: with four retries (6.6 s) an API server that
-    answered 500 or 429, or was unreachable, for a few seconds more (a restart, an
-    etcd leader election, an upgrade) left the operator doing nothing, with no pass
-    ever again. A client-go reflector retries its list and watch for ever; so does
-    this. kopf takes an iterable without a length as "no limit", and iterates it anew
-    for each request."""
-
-    FIRST_S = (0.1, 0.5, 1.0, 2.0, 5.0)
-    CEILING_S = 10.0
-
-    def __iter__(self) -> Iterator[float]:
-        return itertools.chain(self.FIRST_S, itertools.repeat(self.CEILING_S))
+kopf gives up on a request once these run out, and a watcher that gives up stops
+the whole operator (the process exits; its Deployment restarts it). With the four
+retries it had (6.6 s), an API server that answered 500 or 429, or could not be
+reached, for a few seconds more (a restart, an etcd leader election, an upgrade)
+stopped it. Ten minutes rides through those; what lasts longer (a missing RBAC
+rule: kopf retries a 403 too) still ends in a visible restart, not a silent stall."""
 
 
 log = logging.getLogger(__name__)
@@ -95,7 +86,7 @@ def build_registry(
         settings.watching.field_selectors["", "v1", "configmaps"] = (
             f"metadata.name={config.budget_name},metadata.namespace={config.budget_namespace}"
         )
-        settings.networking.error_backoffs = ApiBackoffs()
+        settings.networking.error_backoffs = API_BACKOFFS_S
         controller = make_controller()
         holder["c"] = controller
         controller.start()

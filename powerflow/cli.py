@@ -75,9 +75,15 @@ def plain_help(parser: argparse.ArgumentParser) -> None:
 
 
 def chosen_command(argv: Sequence[str]) -> str | None:
-    """The subcommand ``argv`` names (its first word not an option), if it is one."""
-    first = next((word for word in argv if not word.startswith("-")), None)
-    return first if first in COMMANDS else None
+    """The subcommand ``argv`` names (its first word not an option), if it is one and
+    no option before it asks for the top-level help or version (``powerflow -h
+    operator`` lists every command)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+        if word in ("-h", "--help", "--version"):
+            return None
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.ci_order import TWIN_GROUP, scope_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +21,7 @@ def test_twin_files_are_one_unit_and_the_rest_one_unit_per_test() -> None:
     assert scope_of("tests/test_twinkle_free.py::t") == TWIN_GROUP  # named so: it joins
 
 
+@pytest.mark.timeout(300)  # two workers start, each importing the suite's plugins
 def test_two_workers_run_every_twin_test_on_one_of_them() -> None:
     """Failed with xdist's own loadgroup on pytest 9.2, which spread the marked tests
     over both workers (pytest-dev/pytest-xdist#1386)."""

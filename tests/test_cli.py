@@ -43,7 +43,10 @@ def test_a_cluster_component_loads_none_of_the_simulator(command: str) -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.parametrize("argv", [["simulate", "--help"], ["--help"], ["bogus"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["simulate", "--help"], ["--help"], ["bogus"], ["-h", "operator"], ["--help", "simulate"]],
+)
 def test_help_and_unknown_commands_still_list_every_command(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

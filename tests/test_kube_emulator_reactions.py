@@ -55,22 +55,29 @@ async def test_sees_agrees_with_kmocks_scan_for_every_reaction_and_request(
     (kmock["get /a"] | kmock["post /a"]) << b"group"
     (kmock["/e"] - kmock["get /e"]) << b"exclusion"
     kmock.fallback**3 << 404
+    # A callable after a method: kmock keeps them two filters, and the callable sees
+    # only POSTs (on a GET, ``data`` is None and it would raise).
+    chained = kmock["post"][lambda request: request.data.get("x") == 1]
+    assert type(chained) is dsl.Filter and type(chained._source) is dsl.Filter
+    chained << b"posted x"
     for path in ["/x", "/x", "/x?q=1", "/a", "/e", "/zzz"]:
         await api.get(path)
+    assert (await api.get("/c")).status_code == 404
+    assert (await api.post("/c", json={"x": 1})).text == "posted x"
     await api.post("/a", json={})
     await api.post("/e", json={})
     await api.post("/api/v1/namespaces/ns/pods", json={"metadata": {"name": "p"}})
     await api.get("/api/v1/namespaces/ns/pods/p")
     requests = list(kmock)
     reactions = list(kmock._payloads)
-    assert len(requests) == 10 and len(reactions) >= 6
+    assert len(requests) == 12 and len(reactions) >= 7
     shortcut = 0
     for payload in reactions:
         source = payload._source
         for request in requests:
             assert sees(kmock, source, request) == (request in source), (payload, request)
         shortcut += _chain_is_criteria(kmock, source)
-    assert shortcut >= 3  # the fallbacks, the chained criteria and the callable
+    assert shortcut >= 4  # the fallbacks, the chained criteria, the callables
 
 
 def _chain_is_criteria(root: kmock.RawHandler, view: dsl.View) -> bool:

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from powerflow.commands.nodeagent import serve
 
     rest = own.agent[1:] if own.agent[:1] == ["--"] else own.agent
-    args = build_parser().parse_args(["nodeagent", *rest])
+    args = build_parser(only="nodeagent").parse_args(["nodeagent", *rest])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every worker report
     devices = connect(own.gpus, own.key_file.read_bytes(), args.node_name)

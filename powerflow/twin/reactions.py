@@ -25,20 +25,21 @@ from kmock._internal import apps, dsl, rendering
 
 
 def sees(root: dsl.Root, view: dsl.View, request: rendering.Request) -> bool:
-    """Whether ``view`` (a reaction's source) sees ``request``, which ``root`` logged."""
+    """Whether ``view`` (a reaction's source) sees ``request``, which ``root`` logged.
+
+    The criteria are applied innermost first, as kmock's scan applies them (each
+    filter sees only what its source let through): ``kmock["post"][fn]`` never calls
+    ``fn`` on a GET."""
+    criteria = []
     node: dsl.View = view
-    while True:
+    while node is not root:
         kind = type(node)
         if kind is dsl.Filter:
-            if not node.criteria(request):  # type: ignore[attr-defined]
-                return False
-            node = node._source  # type: ignore[attr-defined]
-        elif kind is dsl.Priority:
-            node = node._source  # type: ignore[attr-defined]
-        elif node is root:
-            return True
-        else:
+            criteria.append(node.criteria)  # type: ignore[attr-defined]
+        elif kind is not dsl.Priority:
             return request in view  # kmock's scan: the view needs the other requests
+        node = node._source  # type: ignore[attr-defined]
+    return all(criterion(request) for criterion in reversed(criteria))
 
 
 async def react(root: apps.RawHandler, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -50,7 +51,9 @@ async def react(root: apps.RawHandler, request: rendering.Request) -> aiohttp.we
     width = max((len(priority) for priority in priorities), default=0)
     keys = [tuple(-p for p in priority) + (0,) * (width - len(priority)) for priority in priorities]
     order = sorted(range(len(payloads)), key=lambda index: keys[index])
-    for payload in (payloads[index] for index in order):
+    # A snapshot, as kmock's: a reaction replaced while one answers (``r << x`` swaps it
+    # in place in the list) is not tried in the same round.
+    for payload in [payloads[index] for index in order]:
         if payload._disabled.is_set() or not sees(root, payload._source, request):
             continue
         try:
