@@ -26,13 +26,14 @@ def _bench() -> None:
     from prometheus_client import CollectorRegistry
 
     from powerflow import groundtruth as gt
+    from powerflow.gpus import A100
     from powerflow.models.priors import generic_prior
-    from powerflow.sim.config import SimConfig
+    from powerflow.profiling import profile_clocks_mhz
     from powerflow.telemetry import WindowSample
 
     truth = gt.ground_truth("resnet50")
     n, bs = 8, 32.0
-    clocks = SimConfig().profile_clocks_mhz
+    clocks = profile_clocks_mhz(A100)
     body: dict[str, Any] = {
         "metadata": {"name": "job", "namespace": "ml", "uid": "u"},
         "spec": {"model": "resnet50"},

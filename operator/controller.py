@@ -71,6 +71,8 @@ from powerflow import contract
 from powerflow.errors import ResourceError
 from powerflow.policy.power_ratio import RatioWindow
 from powerflow.policy.snapshot import JobPlan, Node, Policy
+from powerflow.profiling import PAPER_SWEEP, ClockSweep
+from powerflow.schedulers import scheduler
 from powerflow.taints import GPU_TOLERATIONS
 
 log = logging.getLogger(__name__)
@@ -85,11 +87,10 @@ def learned_models(store: SampleStore) -> ModelFactory:
     return store.model
 
 
-def default_policy() -> Policy:
-    from powerflow.policy.powerflow import PowerFlowPolicy
-
-    policy: Policy = PowerFlowPolicy()
-    return policy
+def default_policy(name: str = "powerflow") -> Policy:
+    """The policy of scheduler ``name`` (``powerflow.schedulers``; the operator's
+    ``--scheduler`` offers PowerFlow's own)."""
+    return scheduler(name).build_policy(None)
 
 
 @dataclass
@@ -101,6 +102,8 @@ class OperatorConfig:
     """Wait after an event so that a burst makes one pass (a new DLJob skips it)."""
     profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S
     """How long a job profiles a GPU count it has not run on (paper: 240 s)."""
+    profile_sweep: ClockSweep = PAPER_SWEEP
+    """The clocks a profiling window sweeps (the scheduler's ``Profiling.sweep``)."""
     progress_interval_s: float = DEFAULT_PROGRESS_INTERVAL_S
     """At most one progress/energy status write per job in this time (unless its
     status changes anyway)."""
@@ -365,6 +368,7 @@ class Controller:
             self.models,
             self._anchors,
             profiling_window_s=self.config.profiling_window_s,
+            profile_sweep=self.config.profile_sweep,
             requests=self._requests,
             refused=self._refused,
             progress_interval_s=self.config.progress_interval_s,

@@ -3,8 +3,9 @@
 While a job profiles (phase ``Profiling`` with its window started, see
 ``reconcile``), each of its workers carries ``contract.PROFILE_ANNOTATION``:
 ``{"clocksMhz": [...], "sliceSeconds": s, "untilS": t}``, the clocks the simulator
-profiles with (``sim.config.profile_clocks_mhz`` of the pod's GPU type: every
-4th supported clock from the top, ascending) and ``s`` = the profiling window
+profiles with for the operator's scheduler (its ``Profiling.sweep`` on the pod's
+GPU type, ``powerflow.profiling``: PowerFlow's every 4th supported clock from the
+top, PowerFlow+'s every 8th down to half the top; ascending) and ``s`` = the profiling window
 divided by their number, so the sweep fills the window as the simulator's
 does, and ``t`` the window's end (Unix seconds, ``status.allocation.
 profilingUntil``). The window starts once every worker runs, but a worker
@@ -27,14 +28,17 @@ import functools
 import json
 
 from powerflow.gpus import GpuSpec
-from powerflow.sim.config import profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP, ClockSweep
 
 
 @functools.lru_cache(maxsize=64)
-def plan_annotation(gpu: GpuSpec, window_s: float, until_s: float) -> str:
+def plan_annotation(
+    gpu: GpuSpec, window_s: float, until_s: float, sweep: ClockSweep = PAPER_SWEEP
+) -> str:
     """``contract.PROFILE_ANNOTATION``'s value for ``gpu`` and a ``window_s`` window
-    ending at ``until_s`` (Unix seconds, kept to the millisecond as status keeps it)."""
-    clocks = profile_clocks_mhz(gpu)
+    ending at ``until_s`` (Unix seconds, kept to the millisecond as status keeps it),
+    sweeping ``sweep``'s clocks."""
+    clocks = sweep.clocks_mhz(gpu)
     slice_s = round(window_s / len(clocks), 3) or 0.001  # the agent needs a positive slice
     plan = {"clocksMhz": list(clocks), "sliceSeconds": slice_s, "untilS": round(until_s, 3)}
     return json.dumps(plan, separators=(",", ":"))

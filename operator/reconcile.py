@@ -105,6 +105,7 @@ from powerflow.errors import PowerFlowError, ResourceError
 from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import PerfModel
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
+from powerflow.profiling import PAPER_SWEEP, ClockSweep
 
 log = logging.getLogger(__name__)
 ModelFactory = Callable[[JobRequest], PerfModel]
@@ -1172,6 +1173,7 @@ def reconcile(
     anchors: Mapping[str, float] | None = None,
     *,
     profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S,
+    profile_sweep: ClockSweep = PAPER_SWEEP,
     requests: RequestCache | None = None,
     refused: Mapping[str, Sequence[Refusal]] | None = None,
     progress_interval_s: float = 0.0,
@@ -1185,6 +1187,8 @@ def reconcile(
     ``anchors`` are the previous pass's ``Actions.anchors``; ``requests``
     memoises DLJob parsing across passes; ``refused`` are the previous pass's
     refused writes by job key (``Kube.apply``'s answer, see ``refusals``).
+    A job profiles a GPU count it has not run on for ``profiling_window_s``,
+    its workers sweeping ``profile_sweep``'s clocks (``_profile_plans``).
     Progress and energy are written at most every ``progress_interval_s`` per
     job; ``progress_written`` says when each job's were last written (see
     ``_account_all``). ``learned``: the online refit's ``status.model`` fields
@@ -1242,7 +1246,14 @@ def reconcile(
                 if guard.run(
                     v, _carry_out, actions, v, jp, now_s, profiling_window_s, seen, claimed
                 ) and guard.run(
-                    v, _profile_plans, actions, v, gpus_of, nodes[0].gpu, profiling_window_s, now_s
+                    v,
+                    _profile_plans,
+                    actions,
+                    v,
+                    gpus_of,
+                    nodes[0].gpu,
+                    (profiling_window_s, profile_sweep),
+                    now_s,
                 ):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
@@ -1270,12 +1281,14 @@ def _profile_plans(
     v: _View,
     gpus_of: Mapping[str, GpuSpec],
     default_gpu: GpuSpec,
-    window_s: float,
+    window: tuple[float, ClockSweep],
     now_s: float,
 ) -> bool:
     """Each current worker carries the sweep plan exactly while the job's profiling
-    window runs (``profile_plan``); written or removed only where it differs, so a
-    restarted operator rewrites nothing. Always True (a ``_Guard`` step)."""
+    window runs (``profile_plan``; ``window``: its length and the clocks it sweeps);
+    written or removed only where it differs, so a restarted operator rewrites
+    nothing. Always True (a ``_Guard`` step)."""
+    window_s, sweep = window
     alloc = v.new.get("allocation") or v.alloc
     until = parse_time(alloc.get("profilingUntil"))
     phase = v.new.get("phase", v.status.get("phase"))
@@ -1285,7 +1298,7 @@ def _profile_plans(
         if profiling:
             node = pod.get("spec", {}).get("nodeName")
             gpu = gpus_of.get(node, default_gpu) if isinstance(node, str) else default_gpu
-            want = plan_annotation(gpu, window_s, until)
+            want = plan_annotation(gpu, window_s, until, sweep)
         if _annotation(pod, contract.PROFILE_ANNOTATION) != want:
             _annotate(actions, v, pod, {contract.PROFILE_ANNOTATION: want})
     return True

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from powerflow.errors import SimulationError
 from powerflow.policy.snapshot import Budget, Policy
+from powerflow.profiling import PAPER_SWEEP, ClockSweep
 
 PRERUN_S = 240.0
 """PowerFlow pre-runs each job for about four minutes on one GPU (paper §5.1)."""
@@ -46,7 +47,7 @@ class Profiling:
     ``prerun_s``: seconds a job runs offline on one GPU sweeping clocks before
     it becomes schedulable (counted in its JCT and the energy).
     ``profile_s``: seconds of a job's first run at each GPU count spent sliced
-    across the clocks (the job makes progress meanwhile).
+    across the clocks of ``sweep`` (the job makes progress meanwhile).
     ``fitted_models``: the policy sees models fitted to the samples so far;
     otherwise it sees the ground truth (a scheduler that measures directly,
     like Zeus, or one given perfect knowledge, like the baselines).
@@ -55,6 +56,7 @@ class Profiling:
     prerun_s: float = 0.0
     profile_s: float = 0.0
     fitted_models: bool = False
+    sweep: ClockSweep = PAPER_SWEEP
 
 
 ORACLE = Profiling()
@@ -177,7 +179,21 @@ def _powerflow_plus(_: float | None) -> Policy:
     )
 
 
+PLUS_PROFILE_SWEEP = ClockSweep(stride=8, lowest_fraction=0.5)
+"""PowerFlow+ sweeps every 8th clock from the top down to half the top clock
+(A100: 810-1410 MHz, 6 clocks; the paper's ladder has 21 from 210 MHz). The
+policy runs a job at its most energy-efficient clock or above, and that clock
+is 1,065-1,080 MHz for every model, GPU count and batch of the ground truth,
+so slices below it measure clocks no plan uses, at a fraction of the speed
+(docs/policy.md, "Cheaper profiling")."""
+PLUS_PROFILE_S = 69.0
+"""Six slices of 11.5 s, the paper's slice length (240 s over 21 clocks)."""
+
+
 POWERFLOW_PROFILING = Profiling(prerun_s=PRERUN_S, profile_s=PROFILE_S, fitted_models=True)
+PLUS_PROFILING = Profiling(profile_s=PLUS_PROFILE_S, fitted_models=True, sweep=PLUS_PROFILE_SWEEP)
+"""No offline pre-run: as the operator does, a job is schedulable at once with
+its prior, and its first GPU count's profile is its first sweep."""
 ZEUS_PROFILING = Profiling(profile_s=ZEUS_PROFILE_S)
 
 SCHEDULERS: dict[str, SchedulerSpec] = {
@@ -200,7 +216,7 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             "eta",
             _powerflow_plus,
             _eta_budget,
-            POWERFLOW_PROFILING,
+            PLUS_PROFILING,
             DEFAULT_ETAS,
             is_baseline=False,
         ),

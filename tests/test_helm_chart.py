@@ -34,6 +34,8 @@ NON_DEFAULT = [
     "budget.schedule[0].powerLimitWatts=9000",
     "operator.ingestPort=0",
     "operator.replicas=2",
+    "operator.scheduler=powerflow+",
+    "operator.profilingWindowSeconds=0",
     "extender.metricsPort=9500",
     "agent.priorityClassName=system-node-critical",
     "agent.runtimeClassName=nvidia",
@@ -106,6 +108,8 @@ WINDOW = "budget.schedule[0].start=08:00,budget.schedule[0].end=20:00"
         ("extender.metricsPort=0", "metricsPort"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.unknownKey=1", "unknownKey"),
+        ("operator.scheduler=gandiva", "scheduler"),  # a baseline keeps no budget
+        ("operator.profilingWindowSeconds=-1", "profilingWindowSeconds"),
         # a window the operator would refuse: the whole ConfigMap refused, a fresh
         # install left without any cap; the chart refuses it at install instead
         (f"{WINDOW},budget.schedule[0].eta=1,budget.schedule[0].powerLimitWatts=9", "schedule"),
@@ -169,6 +173,22 @@ def test_every_component_accepts_the_arguments_the_chart_gives_it(
         except SystemExit as exc:
             raise AssertionError(f"{name}: {shlex.join(args)} is refused") from exc
         assert parsed.command == args[0]
+
+
+@pytest.mark.parametrize(
+    ("sets", "scheduler", "window"),
+    [
+        ([], "powerflow", None),  # the scheduler's own window
+        (["operator.scheduler=powerflow+"], "powerflow+", None),
+        (["operator.profilingWindowSeconds=0"], "powerflow", 0.0),  # 0 is off, not unset
+        (["operator.profilingWindowSeconds=120"], "powerflow", 120.0),
+    ],
+)
+def test_the_operator_runs_the_scheduler_and_window_the_values_name(
+    helm: Path, sets: list[str], scheduler: str, window: float | None
+) -> None:
+    args = build_parser().parse_args(containers(render(helm, *sets))["operator"]["args"])
+    assert (args.scheduler, args.profiling_window) == (scheduler, window)
 
 
 def test_the_budget_configmap_reads_as_the_values_say(helm: Path) -> None:

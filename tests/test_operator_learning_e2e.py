@@ -26,6 +26,7 @@ from operator_cases import (
     start_workers,
     status_of,
 )
+from powerflow.nodeagent.pods import parse_profile
 from powerflow.operator.learning import SampleStore
 from powerflow.operator.profile_plan import plan_annotation
 from powerflow.operator.timefmt import parse_time
@@ -39,7 +40,8 @@ from powerflow.gpus import A100
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import load_prior
 from powerflow.policy.snapshot import Plan, Snapshot
-from powerflow.sim.config import SimConfig
+from powerflow.profiling import profile_clocks_mhz
+from powerflow.schedulers import scheduler
 from powerflow.telemetry import WindowSample
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
@@ -70,7 +72,7 @@ def windows(count: int) -> list[WindowSample]:
     """``count`` windows of the job on one node (all 4 GPUs), the profile's clocks in turn."""
     truth = gt.ground_truth(MODEL)
     rng = np.random.default_rng(0)
-    clocks = SimConfig().profile_clocks_mhz
+    clocks = profile_clocks_mhz(A100)
     out = []
     for i in range(count):
         f = clocks[i % len(clocks)]
@@ -234,3 +236,37 @@ async def test_a_failing_refit_does_not_stop_scheduling(
 
         await eventually(four)  # the pass went on with the priors
     assert "online refit failed" in caplog.text
+
+
+async def test_powerflow_plus_runs_its_policy_and_sweeps_its_own_clocks(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    """``--scheduler powerflow+``: the operator plans with PowerFlow+'s policy and its
+    profiling windows are PowerFlow+'s (69 s over 810-1410 MHz, not the paper's 240 s
+    over 21 clocks from 210 MHz), the same ``Profiling`` the simulator charges."""
+    plus = scheduler("powerflow+")
+    async with Operator(operator_args(kubeconfig, "--scheduler", "powerflow+")) as op:
+        assert op.controller is not None and op.controller.policy == plus.build_policy(None)
+        assert op.controller.policy != scheduler("powerflow").build_policy(None)
+    args = operator_args(kubeconfig, "--scheduler", "powerflow+")  # no --profiling-window
+    async with Operator(args, RecordingPolicy()):
+        await running_job(api)
+
+        async def planned() -> dict[str, Any]:
+            until = parse_time(
+                (await status_of(api, "fit")).get("allocation", {}).get("profilingUntil")
+            )
+            pods = await pods_of(api, "fit")
+            plans = {
+                p["metadata"].get("annotations", {}).get(contract.PROFILE_ANNOTATION) for p in pods
+            }
+            if until is None or len(plans) != 1 or None in plans:
+                return {}
+            return {"until": until, "plan": plans.pop()}
+
+        found = await eventually(planned)
+        want = plan_annotation(A100, plus.profiling.profile_s, found["until"], plus.profiling.sweep)
+        assert found["plan"] == want
+        plan = parse_profile(found["plan"])
+        assert plan.clocks_mhz == (810, 930, 1050, 1170, 1290, 1410)
+        assert plan.slice_s == pytest.approx(69.0 / 6, abs=1e-3)

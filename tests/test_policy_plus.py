@@ -26,6 +26,7 @@ from powerflow.policy.tables import build_tables
 from powerflow.policy.validate import cluster_of
 from powerflow.schedulers import (
     PLUS_BUDGET_PRICE,
+    PLUS_PROFILING,
     PLUS_RESCALE_COST_S,
     PLUS_RESCALE_MARGIN,
     scheduler,
@@ -198,8 +199,15 @@ def test_default_options_are_the_paper_s_greedy() -> None:
 
 def test_the_registry_builds_powerflow_plus_from_the_same_policy() -> None:
     plus, paper = scheduler("powerflow+"), scheduler("powerflow")
-    assert (plus.knob, plus.sweep, plus.profiling) == (paper.knob, paper.sweep, paper.profiling)
+    assert (plus.knob, plus.sweep) == (paper.knob, paper.sweep)
     assert not plus.is_baseline
+    # PowerFlow+ profiles as the operator does: no offline pre-run, a short sweep of the
+    # clocks a plan can use; the paper's keeps its pre-run and its 21-clock, 240 s sweep
+    assert plus.profiling == PLUS_PROFILING != paper.profiling
+    assert (plus.profiling.prerun_s, plus.profiling.fitted_models) == (0.0, True)
+    assert plus.profiling.sweep.clocks_mhz(A100) == (810, 930, 1050, 1170, 1290, 1410)
+    assert (paper.profiling.prerun_s, paper.profiling.profile_s) == (240.0, 240.0)
+    assert len(paper.profiling.sweep.clocks_mhz(A100)) == 21
     built = plus.configure(0.6)
     assert built.budget == Budget(eta=0.6)
     assert built.policy == PowerFlowPolicy(

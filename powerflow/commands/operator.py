@@ -51,6 +51,13 @@ from powerflow.commands.tolerate import add_tolerate_option
 from powerflow.errors import PowerFlowError
 from powerflow.taints import pool_tolerations
 
+OPERATED = ("powerflow", "powerflow+")
+"""The schedulers the operator runs (``--scheduler``), each by its registry entry
+(``powerflow.schedulers``): the policy and the profiling (window and clocks) that
+``powerflow simulate --scheduler`` measures, except the pre-run: the operator has
+none, a job profiles on its first GPU count. The baselines are there to compare
+against: they keep no budget."""
+
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
     from powerflow.operator.ingest import SampleSink
@@ -127,10 +134,18 @@ def register(subparsers: Any) -> None:
         "--debounce", type=float, default=0.02, help="seconds a burst of events is merged (0.02)"
     )
     p.add_argument(
+        "--scheduler",
+        choices=OPERATED,
+        default="powerflow",
+        help="the policy and profiling of 'powerflow simulate --scheduler': powerflow "
+        "(the paper's) or powerflow+ (docs/policy.md) (default powerflow)",
+    )
+    p.add_argument(
         "--profiling-window",
         type=float,
-        default=240.0,
-        help="seconds a job profiles a GPU count it never ran on; 0 turns profiling off (240)",
+        metavar="SECONDS",
+        help="seconds a job profiles a GPU count it never ran on; 0 turns profiling off "
+        "(default: the scheduler's, 240 for powerflow, 69 for powerflow+)",
     )
     p.add_argument(
         "--progress-interval",
@@ -164,7 +179,7 @@ def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
     the Lease, not kopf's peering, decides who acts)."""
     for option in ("--debounce", "--profiling-window", "--progress-interval"):
         value = getattr(args, option[2:].replace("-", "_"))
-        if not 0 <= value < math.inf:  # NaN fails too
+        if value is not None and not 0 <= value < math.inf:  # NaN fails too
             raise OperatorConfigError(f"{option} must be a finite number >= 0, got {value:g}")
     if args.lease_duration < 1:
         raise OperatorConfigError(f"--lease-duration must be >= 1 s, got {args.lease_duration}")
@@ -242,6 +257,7 @@ def serve(
     from powerflow.operator.learning import SampleStore
     from powerflow.operator.metrics import Metrics
     from powerflow.operator.tokenreview import TokenReviewer
+    from powerflow.schedulers import scheduler
 
     options = kopf_options(args)
     try:
@@ -252,12 +268,16 @@ def serve(
     load_configuration(source)  # fail now, in one line, rather than in kopf's login retries
     identity = args.leader_identity or default_identity()
     user_agent = f"powerflow-operator/{__version__} ({identity})"
+    profiling = scheduler(args.scheduler).profiling
     config = OperatorConfig(
         namespace=args.namespace,
         budget_namespace=args.budget_namespace,
         budget_name=args.budget_configmap,
         debounce_s=args.debounce,
-        profiling_window_s=args.profiling_window,
+        profiling_window_s=(
+            profiling.profile_s if args.profiling_window is None else args.profiling_window
+        ),
+        profile_sweep=profiling.sweep,
         progress_interval_s=args.progress_interval,
         pool_tolerations=tolerations,
     )
@@ -284,7 +304,7 @@ def serve(
         controller = Controller(
             Kube(api, args.namespace),
             config,
-            policy or default_policy(),
+            policy or default_policy(args.scheduler),
             models or learned_models(learning),
             metrics=metrics,
             leader=leader,

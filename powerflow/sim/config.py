@@ -28,21 +28,6 @@ does. With ~8,000 events in the busy first day of the ITP trace (arrivals,
 pre-run and profiling ends, completions) this cuts policy calls severalfold;
 a job waits at most a minute longer for its first GPUs."""
 
-PROFILE_CLOCK_STRIDE = 4
-"""A profiling phase visits every 4th supported clock (A100: 81 clocks, 21
-slices of ~11 s in a 240 s window): enough clocks for the frequency terms,
-slices long enough for several iterations each."""
-
-
-def profile_clocks_mhz(gpu: GpuSpec, stride: int = PROFILE_CLOCK_STRIDE) -> tuple[int, ...]:
-    """The clocks one profiling phase visits, ascending: every ``stride``-th
-    supported clock counted down from the top, so the default (top) clock is
-    always among them. Shared by the simulator and the operator, which writes
-    them on a profiling job's pods for the node agent to sweep."""
-    if stride < 1:
-        raise SimulationError("profile clock stride must be >= 1")
-    return tuple(gpu.clocks_mhz[::-stride][::-1])
-
 
 POWER_ON_S = 300.0
 """Seconds from powering a node on until a job can run on it (firmware
@@ -66,8 +51,6 @@ class SimConfig:
     """How the simulator runs: cluster shape, costs, noise and seed.
 
     ``noise`` is the relative (log-normal) noise of profiling measurements.
-    ``profile_clock_stride`` picks every k-th supported clock for a profiling
-    phase's slices (A100: 81 clocks; stride 4 gives 21 slices of ~11 s).
     ``horizon_s`` stops a run that has not drained (a SimulationError).
 
     ``idle_nodes_off`` (default): a node that holds no job after a scheduling
@@ -89,7 +72,6 @@ class SimConfig:
     restart_s: float = RESTART_S
     noise: float = 0.03
     seed: int = 0
-    profile_clock_stride: int = PROFILE_CLOCK_STRIDE
     horizon_s: float = 120 * 86400.0
     idle_nodes_off: bool = True
     power_on_s: float = POWER_ON_S
@@ -99,8 +81,6 @@ class SimConfig:
             raise SimulationError("the cluster needs at least one node with one GPU")
         if self.interval_s <= 0 or self.restart_s < 0 or self.noise < 0 or self.batch_s < 0:
             raise SimulationError("interval must be positive, restart cost and noise >= 0")
-        if self.profile_clock_stride < 1:
-            raise SimulationError("profile clock stride must be >= 1")
         if not 0 <= self.power_on_s < math.inf:
             raise SimulationError("power-on time must be a finite number of seconds >= 0")
 
@@ -117,7 +97,3 @@ class SimConfig:
             Node(name, self.gpus_per_node, self.gpu, name not in powered_down)
             for name in self.node_names()
         )
-
-    @property
-    def profile_clocks_mhz(self) -> tuple[int, ...]:
-        return profile_clocks_mhz(self.gpu, self.profile_clock_stride)

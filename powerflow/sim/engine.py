@@ -148,7 +148,7 @@ class Simulation:
         self._nodes = config.make_nodes(frozenset(self._off))
         self._limit_w = math.inf
         self._clocks = frozenset(config.gpu.clocks_mhz)
-        self._profile_clocks = config.profile_clocks_mhz
+        self._profile_clocks = self.profiling.sweep.clocks_mhz(config.gpu)
         self.now = 0.0
         self._totals = _Totals()
         self._active_w = 0.0
