@@ -10,6 +10,13 @@ docs/policy.md, section "PowerFlow+", shows the commands and their tables.
 
     .venv/bin/python scripts/powerflow_plus_study.py --hours 6 \\
         --variant "floor1:min_return=1" --variant "plus:min_return=1,rescale_cost_s=30"
+
+A variant's options may also set its profiling (otherwise PowerFlow's: the
+paper's 240 s pre-run, then 240 s over 21 clocks per new GPU count):
+``prerun_s``, ``profile_s``, ``sweep_stride`` and ``sweep_lowest`` (the
+``powerflow.profiling.ClockSweep`` fields). ``--oracle-gap`` also runs each
+variant with the ground truth and no profiling, and prints the fitted sweep's
+JCT at each oracle run's energy over the oracle's (the report's rule).
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from powerflow.policy.powerflow import PowerFlowPolicy
+from powerflow.profiling import ClockSweep
 from powerflow.schedulers import scheduler
-from powerflow.sim.compare import versus
+from powerflow.sim.compare import Curve, versus
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
 from powerflow.sim.metrics import summarise
@@ -40,12 +48,29 @@ def parse_variant(text: str) -> tuple[str, dict[str, float]]:
     return name, options
 
 
+PROFILING_KEYS = ("prerun_s", "profile_s", "sweep_stride", "sweep_lowest")
+
+
 def run(
     options: dict[str, float], eta: float, trace: TraceSpec, config: SimConfig, oracle: bool
 ) -> dict[str, Any]:
     world = default_world()
     configured = scheduler("powerflow").configure(eta, oracle=oracle)
-    configured = replace(configured, policy=PowerFlowPolicy(**options))  # type: ignore[arg-type]
+    policy = {k: v for k, v in options.items() if k not in PROFILING_KEYS}
+    configured = replace(configured, policy=PowerFlowPolicy(**policy))  # type: ignore[arg-type]
+    if not oracle and any(k in options for k in PROFILING_KEYS):
+        profiling = configured.profiling
+        sweep = ClockSweep(
+            int(options.get("sweep_stride", profiling.sweep.stride)),
+            options.get("sweep_lowest", profiling.sweep.lowest_fraction),
+        )
+        profiling = replace(
+            profiling,
+            prerun_s=options.get("prerun_s", profiling.prerun_s),
+            profile_s=options.get("profile_s", profiling.profile_s),
+            sweep=sweep,
+        )
+        configured = replace(configured, profiling=profiling)
     jobs = load_jobs(trace, config, world)
     return summarise(Simulation(jobs, configured, config, world).run())
 
@@ -60,6 +85,9 @@ def main() -> int:
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
     p.add_argument(
         "--strict", action="store_true", help="strict_power for the reference and every variant"
+    )
+    p.add_argument(
+        "--oracle-gap", action="store_true", help="also each variant's fitted-vs-oracle gap"
     )
     p.add_argument("--no-reference", action="store_true", help="skip plain powerflow")
     p.add_argument("--reference-json", type=Path, help="reuse/store the reference runs here")
@@ -87,6 +115,7 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|")
     summary = []
+    gaps: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = []
     for name, options in [("powerflow", None), *variants]:
         rows = (
             ref
@@ -104,6 +133,9 @@ def main() -> int:
             both = [{**r, "scheduler": "powerflow"} for r in ref]
             both += [{**r, "scheduler": name} for r in rows]
             summary.append((name, versus(both, name)))
+        if options is not None and args.oracle_gap and not args.oracle:
+            oracle = [{"eta": e, **run(options, e, trace, config, True)} for e in etas]
+            gaps.append((name, rows, oracle))
     print("\nAvg JCT over powerflow's at equal energy (compare.versus; < 1: faster)\n")
     print("| variant | mean | best | worst | common energy range (GJ) |")
     print("|---|---|---|---|---|")
@@ -114,6 +146,19 @@ def main() -> int:
             print(
                 f"| {name} | {v['mean']:.3f} | {v['best']:.3f} | {v['worst']:.3f} |"
                 f" {v['energy_lo_j'] / 1e9:.2f}-{v['energy_hi_j'] / 1e9:.2f} |"
+            )
+    if gaps:
+        print("\nFitted against oracle (fitted JCT at the oracle run's energy / oracle JCT - 1)\n")
+        print("| variant | eta | oracle energy (GJ) | oracle avg JCT (h) | fitted vs oracle |")
+        print("|---|---|---|---|---|")
+    for name, rows, oracle in gaps:
+        curve = Curve.of((r["total_energy_j"], r["avg_jct_s"]) for r in rows)
+        for o in oracle:
+            jct = curve.at(o["total_energy_j"], 0.05)
+            gap = "out of range" if jct is None else f"{jct / o['avg_jct_s'] - 1:+.1%}"
+            print(
+                f"| {name} | {o['eta']:g} | {o['total_energy_j'] / 1e9:.2f} |"
+                f" {o['avg_jct_s'] / 3600:.3f} | {gap} |"
             )
     return 0
 
