@@ -1252,7 +1252,8 @@ def reconcile(
                     v,
                     gpus_of,
                     nodes[0].gpu,
-                    (profiling_window_s, profile_sweep),
+                    profiling_window_s,
+                    profile_sweep,
                     now_s,
                 ):
                     held.append((v, jp))
@@ -1281,14 +1282,14 @@ def _profile_plans(
     v: _View,
     gpus_of: Mapping[str, GpuSpec],
     default_gpu: GpuSpec,
-    window: tuple[float, ClockSweep],
+    window_s: float,
+    sweep: ClockSweep,
     now_s: float,
 ) -> bool:
-    """Each current worker carries the sweep plan exactly while the job's profiling
-    window runs (``profile_plan``; ``window``: its length and the clocks it sweeps);
-    written or removed only where it differs, so a restarted operator rewrites
-    nothing. Always True (a ``_Guard`` step)."""
-    window_s, sweep = window
+    """Each current worker carries the sweep plan (``sweep``'s clocks over ``window_s``)
+    exactly while the job's profiling window runs (``profile_plan``); written or
+    removed only where it differs, so a restarted operator rewrites nothing. Always
+    True (a ``_Guard`` step)."""
     alloc = v.new.get("allocation") or v.alloc
     until = parse_time(alloc.get("profilingUntil"))
     phase = v.new.get("phase", v.status.get("phase"))

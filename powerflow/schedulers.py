@@ -1,6 +1,6 @@
 """Every scheduler by name: how to build its policy and what it must profile.
 
-The simulator (and later the operator) look a scheduler up here and never
+The simulator and the operator look a scheduler up here and never
 branch on its name: whatever differs between schedulers is data in its
 ``SchedulerSpec``: the knob its sweep turns (PowerFlow's ``eta``, a
 baseline's cluster-wide clock), the budget it is given, and the profiling it

@@ -60,8 +60,11 @@ def run(
     configured = replace(configured, policy=PowerFlowPolicy(**policy))  # type: ignore[arg-type]
     if not oracle and any(k in options for k in PROFILING_KEYS):
         profiling = configured.profiling
+        stride = options.get("sweep_stride", profiling.sweep.stride)
+        if stride != int(stride):
+            raise SystemExit(f"sweep_stride must be a whole number, not {stride:g}")
         sweep = ClockSweep(
-            int(options.get("sweep_stride", profiling.sweep.stride)),
+            int(stride),
             options.get("sweep_lowest", profiling.sweep.lowest_fraction),
         )
         profiling = replace(

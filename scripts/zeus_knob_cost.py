@@ -8,7 +8,7 @@ node) and its local batch: Zeus's cost at the clock of least cost
 another clock, the clock optima, and how much higher the power-limit cost is
 (mean and maximum over the jobs). Then what the simulated profiling phase
 costs against Zeus's real one: the simulator sweeps the profiling clocks
-(``SimConfig.profile_clocks_mhz``, 210-1410 MHz) for ``ZEUS_PROFILE_S``,
+(``ZEUS_PROFILING.sweep``: the paper's ladder, 210-1410 MHz) for ``ZEUS_PROFILE_S``,
 where Zeus sweeps its 13 power limits (clocks no lower than the lowest limit
 allows); per job, the share of the phase's progress lost against the top
 clock and the job's mean power, each sweep's points weighted equally.
@@ -28,7 +28,7 @@ from powerflow.baselines.common import local_batch
 from powerflow.baselines.zeus import power_limits_w, zeus_cost, zeus_power_limit
 from powerflow.devices import Workload
 from powerflow.devices.simulated import capped_clock_mhz
-from powerflow.schedulers import ZEUS_ETA_KNOB
+from powerflow.schedulers import ZEUS_ETA_KNOB, ZEUS_PROFILING
 from powerflow.sim.config import SimConfig
 from powerflow.sim.runner import TraceSpec, load_jobs
 from powerflow.sim.world import default_world
@@ -46,7 +46,7 @@ def main() -> None:
     extra: list[float] = []
     optima: Counter[int] = Counter()
     moved = 0
-    swept = np.asarray(config.profile_clocks_mhz, dtype=np.float64)
+    swept = np.asarray(ZEUS_PROFILING.sweep.clocks_mhz(spec), dtype=np.float64)
     lost: dict[str, list[float]] = {"clocks": [], "limits": []}
     watts: dict[str, list[float]] = {"clocks": [], "limits": []}
     for job in jobs:

@@ -52,6 +52,22 @@ def test_demo_predicts_each_budget_as_a_table_json_and_a_plot(
     assert "1500 W" in table and "avg JCT (h)" in table
 
 
+def test_the_scheduler_the_operator_runs_is_the_one_predicted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--scheduler powerflow+`` predicts PowerFlow+ (the operator's ``--scheduler``):
+    at the same eta its floor on returns spends less energy than the paper's greedy."""
+    argv = ["budget", "what-if", "--demo", "--jobs", "12", "--nodes", "2", "--pmax-watts", "300"]
+    argv += ["--etas", "0.6", "--json"]
+    energy = {}
+    for name in ("powerflow", "powerflow+"):
+        assert main([*argv, "--scheduler", name]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["scheduler"] == name
+        energy[name] = out["predictions"][0]["total_energy_j"]
+    assert energy["powerflow+"] < energy["powerflow"]
+
+
 def test_a_budget_too_low_for_any_job_is_named_and_the_others_predicted(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -38,7 +38,8 @@ def test_bad_ladders_are_refused(stride: int, fraction: float) -> None:
 def test_powerflow_plus_s_ladder_brackets_every_model_s_most_efficient_clock() -> None:
     """PowerFlow+ sweeps only from half the top clock up because no plan runs a job
     below its most energy-efficient clock: on the ground truth that clock is inside
-    the ladder for every model, GPU count and batch (not below its lowest clock)."""
+    the ladder for every model, GPU count, placement and batch (not below its
+    lowest clock)."""
     ladder = PLUS_PROFILE_SWEEP.clocks_mhz(A100)
     f = np.asarray(A100.clocks_mhz, dtype=np.float64)
     seen = set()
@@ -46,9 +47,10 @@ def test_powerflow_plus_s_ladder_brackets_every_model_s_most_efficient_clock() -
         truth = gt.ground_truth(name)
         for gbs in truth.global_batch_sizes:
             for n in (1, 2, 4, 8, 16, 32):
-                if gbs % n:
-                    continue
-                ones = np.ones_like(f)
-                energy = truth.energy_per_iter_j(n * ones, max(1, n // 8) * ones, gbs / n * ones, f)
-                seen.add(int(f[np.argmin(energy)]))
+                for r in (1, 2, 4, 8):  # GPUs per node: packed and spread placements
+                    if gbs % n or r > n or n % r:
+                        continue
+                    ones = np.ones_like(f)
+                    energy = truth.energy_per_iter_j(n * ones, r * ones, gbs / n * ones, f)
+                    seen.add(int(f[np.argmin(energy)]))
     assert seen and ladder[0] < min(seen) <= max(seen) < ladder[-1]

@@ -17,14 +17,20 @@ from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
 from powerflow.models.samples import Samples
 from powerflow.policy.snapshot import Budget, JobPlan, Plan, Snapshot
-from powerflow.profiling import profile_clocks_mhz
-from powerflow.schedulers import ORACLE, Configured, Profiling
+from powerflow.profiling import PAPER_SWEEP, ClockSweep, profile_clocks_mhz
+from powerflow.schedulers import (
+    ORACLE,
+    PLUS_PROFILE_SWEEP,
+    Configured,
+    Profiling,
+    scheduler,
+)
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
 from powerflow.sim.learning import OracleLearner
 from powerflow.sim.metrics import summarise
 from powerflow.sim.trace import TraceJob
-from powerflow.sim.world import World
+from powerflow.sim.world import World, default_world
 
 FMAX = A100.max_clock_mhz
 IDLE = A100.idle_power_w
@@ -319,3 +325,45 @@ def test_power_on_time_must_be_finite_and_not_negative() -> None:
     for bad in (-1.0, float("inf"), float("nan")):
         with pytest.raises(SimulationError, match="power-on"):
             SimConfig(power_on_s=bad)
+
+
+@pytest.mark.parametrize(
+    ("profile_s", "sweep", "per_clock"),
+    [
+        (240.0, PAPER_SWEEP, 2),  # 11.4 s slices: two of the agent's 5 s windows each
+        (69.0, PLUS_PROFILE_SWEEP, 2),  # PowerFlow+'s 11.5 s slices
+        (21.0, PAPER_SWEEP, 1),  # 1 s slices: one sample each, never none
+        (240.0, ClockSweep(40, 0.0), 16),  # 3 clocks, 80 s each
+    ],
+)
+def test_a_profile_reports_a_sample_per_agent_window_of_each_slice(
+    profile_s: float, sweep: ClockSweep, per_clock: int
+) -> None:
+    """The operator's learner gets a row per node-agent window (5 s, closed at each
+    clock change too), and the simulator's learner as many: a 69 s, six-clock profile
+    gives 12 rows, enough for a fit (``MIN_SAMPLES``), not 6."""
+    sizes: list[int] = []
+
+    def measure(truth, n, r, bs, f, *, rng, noise):  # type: ignore[no-untyped-def]
+        sizes.append(np.size(f))
+        return _measure(truth, n, r, bs, f, rng=rng, noise=noise)
+
+    world = World(WORLD.truth, measure, _sweep, WORLD.model_names, WORLD.pool)
+    cfg = SimConfig(nodes=1, gpus_per_node=4, idle_nodes_off=False, power_on_s=0.0, batch_s=0.0)
+    profiling = Profiling(profile_s=profile_s, sweep=sweep)
+    configured = Configured(FixedPolicy(), Budget(eta=1.0), profiling, None, None)
+    Simulation((_job(0, 0.0, 1, 5000.0),), configured, cfg, world, OracleLearner()).run()
+    clocks = sweep.clocks_mhz(A100)
+    assert sizes[:1] == [per_clock * len(clocks)]
+
+
+def test_powerflow_plus_refits_a_job_after_its_first_profile() -> None:
+    """With no pre-run, a job's first profile is its first evidence: PowerFlow+'s
+    learner must fit it then (with one sample per slice it had 6 rows, under
+    ``MIN_SAMPLES``, and the job ran on its prior until a second GPU count)."""
+    world = default_world()
+    cfg = SimConfig(nodes=1, gpus_per_node=8)
+    job = TraceJob("j0", 0.0, 1, "resnet50", 64, 20_000.0)
+    configured = scheduler("powerflow+").configure(0.6)
+    result = Simulation((job,), configured, cfg, world).run()
+    assert result.jobs[0].profilings >= 1 and result.jobs[0].fits >= 1

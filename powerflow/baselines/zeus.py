@@ -36,7 +36,7 @@ Faithful:
   not yet in its ``profiled_gpus`` (profiling, or about to: starting, resumed
   or resized there) is left uncapped: Zeus's profiler sets the limits itself,
   from the highest down. The simulator runs that phase as its clock sweep
-  (``SimConfig.profile_clocks_mhz``), not as a sweep of Zeus's limits (see
+  (``ZEUS_PROFILING.sweep``, the paper's ladder), not as a sweep of Zeus's limits (see
   "Simplified").
 
 Simplified, and why:

@@ -101,6 +101,13 @@ def register(subparsers: Any) -> None:
         metavar="FILE.png",
         help="also draw the predictions (--demo, --kubeconfig)",
     )
+    w.add_argument(
+        "--scheduler",
+        choices=("powerflow", "powerflow+"),
+        default="powerflow",
+        help="the policy the operator runs (its --scheduler; default powerflow): the same "
+        "eta costs very different energy under each",
+    )
     w.add_argument("--json", action="store_true", help="print the predictions as JSON")
     w.add_argument("--workers", type=int, default=2, help="--validate: processes")
     w.set_defaults(func=run)
@@ -142,13 +149,14 @@ def run(args: argparse.Namespace) -> int:
         current = None  # the queue never finishes under it
     if current is not None and current not in budgets:
         budgets.append(current)
-    predictions = predict_each(queue, budgets, config)
-    title += f" on {config.nodes} x {config.gpus_per_node} GPUs"
+    predictions = predict_each(queue, budgets, config, args.scheduler)
+    title += f" on {config.nodes} x {config.gpus_per_node} GPUs, {args.scheduler}"
     if args.json:
         out = {
             "jobs": [q.job_id for q in queue],
             "nodes": config.nodes,
             "gpus_per_node": config.gpus_per_node,
+            "scheduler": args.scheduler,
             "predictions": [_row(p, current) for p in predictions],
         }
         print(json.dumps(out, indent=2))
@@ -161,7 +169,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def predict_each(
-    queue: Sequence[QueuedJob], budgets: Sequence[Budget], config: SimConfig
+    queue: Sequence[QueuedJob],
+    budgets: Sequence[Budget],
+    config: SimConfig,
+    scheduler_name: str = "powerflow",
 ) -> list[Prediction]:
     """``predict`` at each budget; one under which the queue never finishes (below what
     any job draws: the simulator stops on a stalled queue) is named on stderr and left
@@ -169,7 +180,7 @@ def predict_each(
     out = []
     for budget in budgets:
         try:
-            out += predict(queue, [budget], config)
+            out += predict(queue, [budget], config, scheduler_name)
         except SimulationError as exc:
             print(
                 f"powerflow budget what-if: {budget_label(budget)}: the queue never finishes "
@@ -483,9 +494,9 @@ def _validate(args: argparse.Namespace) -> int:
     trace = load_jobs(spec, config)
     queue = prior_queue(trace)
     budgets = budget_levels(args, args.pmax_watts)
-    predicted = predict(queue, budgets, config)
+    predicted = predict(queue, budgets, config, args.scheduler)
     truths = run_many(
-        [RunSpec("powerflow", b.eta, spec, config) for b in budgets], workers=args.workers
+        [RunSpec(args.scheduler, b.eta, spec, config) for b in budgets], workers=args.workers
     )
     rows = []
     for p, t in zip(predicted, truths, strict=True):
