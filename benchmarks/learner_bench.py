@@ -3,7 +3,9 @@
 Per ground-truth model (A100), each of its global batch sizes and seeds 0-2:
 the 4-minute 1-GPU pre-run (``initial``), then a 21-clock profile at 2, 4, 8
 and 16 GPUs (one node up to 8, ``bs = global/n``, 3% noise) after each of
-which the learner may refit (``update``). Scored against the ground truth at
+which the learner may refit (``update``); one row per clock (the simulator
+now reports two, one per full 5 s agent window of each 11.4 s slice: the
+figures in docs/models.md were measured with one). Scored against the ground truth at
 1-32 GPUs, every clock, ``bs = global/n``: after the pre-run and at the end.
 ``--prior generic`` gives every job the other five models' generic prior (a
 DNN the system has no prior for). CPU time per ``initial`` and ``update``

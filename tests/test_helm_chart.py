@@ -179,6 +179,7 @@ def test_every_component_accepts_the_arguments_the_chart_gives_it(
     ("sets", "scheduler", "window"),
     [
         ([], "powerflow", None),  # the scheduler's own window
+        (["operator.scheduler=null"], "powerflow", None),  # values kept from an older release
         (["operator.scheduler=powerflow+"], "powerflow+", None),
         (["operator.profilingWindowSeconds=0"], "powerflow", 0.0),  # 0 is off, not unset
         (["operator.profilingWindowSeconds=120"], "powerflow", 120.0),

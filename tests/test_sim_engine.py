@@ -366,4 +366,16 @@ def test_powerflow_plus_refits_a_job_after_its_first_profile() -> None:
     job = TraceJob("j0", 0.0, 1, "resnet50", 64, 20_000.0)
     configured = scheduler("powerflow+").configure(0.6)
     result = Simulation((job,), configured, cfg, world).run()
-    assert result.jobs[0].profilings >= 1 and result.jobs[0].fits >= 1
+    assert (result.jobs[0].profilings, result.jobs[0].fits) == (1, 1)
+
+
+def test_the_sample_window_is_the_node_agent_s_and_the_twin_s() -> None:
+    """The simulator's rows per slice follow the agent's default ``--window``; the twin
+    scales that same window for its agents and for the run it compares with."""
+    from powerflow.cli import build_parser
+    from powerflow.twin.timescale import SAMPLE_WINDOW_S
+
+    agent = build_parser(only="nodeagent").parse_args(["nodeagent", "--simulate", "1"])
+    assert agent.window == SimConfig().sample_window_s == SAMPLE_WINDOW_S
+    with pytest.raises(SimulationError):
+        SimConfig(sample_window_s=0.0)

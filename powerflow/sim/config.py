@@ -29,6 +29,13 @@ pre-run and profiling ends, completions) this cuts policy calls severalfold;
 a job waits at most a minute longer for its first GPUs."""
 
 
+SAMPLE_WINDOW_S = 5.0
+"""The node agent's sample window (``powerflow nodeagent --window``): a profiling
+slice of ``s`` seconds reports ``floor(s / 5)`` samples (at least one). The agent
+also closes a short window at each clock change; the simulator leaves that
+shorter, noisier tail out, so the paper's 11.4 s slices give two rows each, not
+three. Each row carries the profiler's full noise, as one slice's did."""
+
 POWER_ON_S = 300.0
 """Seconds from powering a node on until a job can run on it (firmware
 self-test, OS, kubelet, GPU driver). The model is that of Gandhi,
@@ -75,12 +82,15 @@ class SimConfig:
     horizon_s: float = 120 * 86400.0
     idle_nodes_off: bool = True
     power_on_s: float = POWER_ON_S
+    sample_window_s: float = SAMPLE_WINDOW_S
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise SimulationError("the cluster needs at least one node with one GPU")
         if self.interval_s <= 0 or self.restart_s < 0 or self.noise < 0 or self.batch_s < 0:
             raise SimulationError("interval must be positive, restart cost and noise >= 0")
+        if not 0 < self.sample_window_s < math.inf:
+            raise SimulationError("the sample window must be a positive number of seconds")
         if not 0 <= self.power_on_s < math.inf:
             raise SimulationError("power-on time must be a finite number of seconds >= 0")
 

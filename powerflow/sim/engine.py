@@ -70,12 +70,6 @@ from powerflow.sim.world import World
 EPS = 1e-6
 """Events closer than this (seconds) are simultaneous."""
 
-PROFILE_WINDOW_S = 5.0
-"""A profiling slice reports one sample per this many seconds (at least one): the
-node agent closes a sample window every 5 s (``powerflow nodeagent --window``)
-and at each clock change, so the operator's learner gets two rows from each of
-the paper's 11.4 s slices. Each sample carries the profiler's full noise."""
-
 MEASURE_WINDOW_S = 60.0
 """A running job's power is measured over this long a window (its noise shrinks
 with the iterations the window holds, as the node agent's windows do)."""
@@ -633,7 +627,7 @@ class Simulation:
             job.profiled.add(job.n)
         if done <= 0:
             return
-        per_slice = max(1, int(slice_s / PROFILE_WINDOW_S + EPS))
+        per_slice = max(1, int(slice_s / self.cfg.sample_window_s + EPS))  # full windows
         f = np.repeat(np.asarray(self._swept_clocks(job)[:done], dtype=np.float64), per_slice)
         job.samples.append(
             self.world.measure(

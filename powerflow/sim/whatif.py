@@ -2,12 +2,15 @@
 
 An admin choosing a budget wants its price in the queue's terms: how much
 longer jobs take, how much energy is saved, when the queue is done. The
-prediction is the simulator itself (the same engine and the same PowerFlow
-policy as every other run), with one change: the models the scheduler has now
+prediction is the simulator itself (the same engine and the policy of the
+scheduler the operator runs, ``--scheduler``, as every other run), with one
+change: the models the scheduler has now
 (each DLJob's fitted ``status.model`` parameters, else the prior of its
 ``model``) are taken as the ground truth, and the policy knows them
-(``OracleLearner``). Jobs still pay PowerFlow's pre-run and profiling phases
-and every checkpoint-restart, as they would. So the prediction is exactly as
+(``OracleLearner``). Jobs still pay that scheduler's profiling as
+the simulator charges it (for ``powerflow`` a 240 s pre-run the operator does
+not run, so its predicted JCT is up to 4 minutes per job pessimistic; PowerFlow+
+has none) and every checkpoint-restart, as they would. So the prediction is exactly as
 good as the models: ``powerflow budget what-if --validate`` measures its error
 against the full simulator (true performance, models fitted online) on a
 trace, and docs/operator.md states it.

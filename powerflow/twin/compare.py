@@ -13,7 +13,7 @@ from powerflow.sim.result import RunResult
 from powerflow.sim.runner import TraceSpec, load_jobs
 from powerflow.sim.world import default_world
 from powerflow.twin.harness import TwinResult
-from powerflow.twin.timescale import TimeScale
+from powerflow.twin.timescale import SAMPLE_WINDOW_S, TimeScale
 from powerflow.twin.trace import MiniJob, write_csv
 
 
@@ -52,6 +52,7 @@ def simulate_mini(
             # spread to, whatever the time scale.
             idle_nodes_off=False,
             power_on_s=0.0,
+            sample_window_s=scale(SAMPLE_WINDOW_S),  # the twin's agents' --window
         )
         configured = scheduler("powerflow").configure(eta)
         profiling = replace(

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 PROFILE_WINDOW_S = 240.0
 """The operator's default ``--profiling-window`` and the simulator's ``profile_s``."""
 SAMPLE_WINDOW_S = 5.0
-"""The node agent's ``--window``."""
+"""The node agent's ``--window`` and the simulator's ``SimConfig.sample_window_s``
+(``tests/test_sim_engine.py`` keeps the three equal)."""
 
 
 @dataclass(frozen=True)
