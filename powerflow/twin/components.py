@@ -162,14 +162,21 @@ def apiserver_process(
 def operator_process(
     kubeconfig: Path, folder: Path, ingest_port: int, *, scale: TimeScale
 ) -> Process:
-    """``powerflow operator`` with its durations on the twin's time scale."""
+    """``powerflow operator`` with its durations on the twin's time scale.
+
+    Every port is explicit: with ``--metrics-port 0`` the operator's metrics server
+    once took, from the kernel, the very port just chosen for its ingest (released by
+    ``free_port`` a moment before), and the operator exited on the ingest's bind."""
     live = free_port()
+    metrics = free_port()
+    while metrics in (live, ingest_port):
+        metrics = free_port()
     args = [
         "operator",
         "--kubeconfig",
         str(kubeconfig),
         "--metrics-port",
-        "0",
+        str(metrics),
         "--liveness",
         f"http://127.0.0.1:{live}/healthz",
         "--ingest-host",
