@@ -31,14 +31,14 @@ def _bench(generic: bool) -> None:
     from powerflow.models.priors import generic_prior, load_prior
     from powerflow.models.protocol import PerfModel
     from powerflow.models.samples import Samples
-    from powerflow.profiling import profile_clocks_mhz
+    from powerflow.profiling import PAPER_SWEEP
     from powerflow.sim.learning import FittedLearner
 
     def prior(name: str | None) -> ModelParams:
         return generic_prior(exclude=name) if generic else load_prior(name)
 
     learner = FittedLearner(A100, prior=prior)
-    clocks = np.asarray(profile_clocks_mhz(A100), dtype=np.float64)
+    clocks = np.asarray(PAPER_SWEEP.clocks_mhz(A100), dtype=np.float64)
     every = np.asarray(A100.clocks_mhz, dtype=np.float64)
 
     def error(model: PerfModel, truth: gt.GroundTruth, gbs: float) -> tuple[float, float]:

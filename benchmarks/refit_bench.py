@@ -28,12 +28,12 @@ def _bench() -> None:
     from powerflow import groundtruth as gt
     from powerflow.gpus import A100
     from powerflow.models.priors import generic_prior
-    from powerflow.profiling import profile_clocks_mhz
+    from powerflow.profiling import PAPER_SWEEP
     from powerflow.telemetry import WindowSample
 
     truth = gt.ground_truth("resnet50")
     n, bs = 8, 32.0
-    clocks = profile_clocks_mhz(A100)
+    clocks = PAPER_SWEEP.clocks_mhz(A100)
     body: dict[str, Any] = {
         "metadata": {"name": "job", "namespace": "ml", "uid": "u"},
         "spec": {"model": "resnet50"},

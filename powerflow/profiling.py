@@ -43,8 +43,3 @@ class ClockSweep:
 
 PAPER_SWEEP = ClockSweep()
 """The paper's ladder (A100: 21 clocks, 210-1410 MHz)."""
-
-
-def profile_clocks_mhz(gpu: GpuSpec, sweep: ClockSweep = PAPER_SWEEP) -> tuple[int, ...]:
-    """The clocks one profiling phase visits on ``gpu``, ascending."""
-    return sweep.clocks_mhz(gpu)

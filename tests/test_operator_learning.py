@@ -22,7 +22,7 @@ from powerflow.models.fitted import FittedModel
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import generic_prior, load_prior
 from powerflow.models.protocol import PerfModel
-from powerflow.profiling import profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP
 from powerflow.sim.learning import Knowledge, placement_counts
 from powerflow.telemetry import SampleBatch, WindowSample, encode_batch, parse_batch
 
@@ -30,7 +30,7 @@ MODEL = "resnet50"
 TRUTH = gt.ground_truth(MODEL)
 N, R, NODES = 8, 4, ("n0", "n1")  # an 8-GPU job on two nodes of 4
 BS = TRUTH.global_batch_sizes[-1] / N
-CLOCKS = profile_clocks_mhz(A100)
+CLOCKS = PAPER_SWEEP.clocks_mhz(A100)
 EVERY = np.asarray(A100.clocks_mhz, dtype=np.float64)
 
 

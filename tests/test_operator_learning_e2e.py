@@ -40,7 +40,7 @@ from powerflow.gpus import A100
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import load_prior
 from powerflow.policy.snapshot import Plan, Snapshot
-from powerflow.profiling import profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP
 from powerflow.schedulers import scheduler
 from powerflow.telemetry import WindowSample
 
@@ -72,7 +72,7 @@ def windows(count: int) -> list[WindowSample]:
     """``count`` windows of the job on one node (all 4 GPUs), the profile's clocks in turn."""
     truth = gt.ground_truth(MODEL)
     rng = np.random.default_rng(0)
-    clocks = profile_clocks_mhz(A100)
+    clocks = PAPER_SWEEP.clocks_mhz(A100)
     out = []
     for i in range(count):
         f = clocks[i % len(clocks)]

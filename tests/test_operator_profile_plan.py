@@ -24,7 +24,7 @@ from test_operator_profiling import (
 
 from powerflow import contract
 from powerflow.gpus import A100
-from powerflow.profiling import profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP
 
 PLAN = contract.PROFILE_ANNOTATION
 
@@ -50,7 +50,7 @@ def with_annotation(pods: tuple[dict[str, Any], ...], value: str) -> tuple[dict[
 
 def test_the_plan_is_the_simulators_sweep_over_the_window() -> None:
     plan = parse_profile(plan_annotation(A100, 240.0, 1.8e9 + 0.1234))  # what the agent reads
-    clocks = profile_clocks_mhz(A100)
+    clocks = PAPER_SWEEP.clocks_mhz(A100)
     assert plan.clocks_mhz == clocks and list(clocks) == sorted(clocks)
     assert plan.until_s == 1.8e9 + 0.123  # the window's end, to the millisecond
     assert clocks[-1] == A100.max_clock_mhz and len(clocks) == 21

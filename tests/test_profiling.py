@@ -8,12 +8,12 @@ import pytest
 from powerflow import groundtruth as gt
 from powerflow.errors import SimulationError
 from powerflow.gpus import A100
-from powerflow.profiling import PAPER_SWEEP, ClockSweep, profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP, ClockSweep
 from powerflow.schedulers import PLUS_PROFILE_SWEEP
 
 
 def test_the_paper_s_ladder_is_every_fourth_clock_from_the_top() -> None:
-    clocks = profile_clocks_mhz(A100)
+    clocks = PAPER_SWEEP.clocks_mhz(A100)
     assert clocks == PAPER_SWEEP.clocks_mhz(A100)
     assert len(clocks) == 21 and clocks[0] == 210 and clocks[-1] == A100.clocks_mhz[-1]
     assert list(clocks) == sorted(clocks)

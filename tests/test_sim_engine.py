@@ -17,7 +17,7 @@ from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
 from powerflow.models.samples import Samples
 from powerflow.policy.snapshot import Budget, JobPlan, Plan, Snapshot
-from powerflow.profiling import PAPER_SWEEP, ClockSweep, profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP, ClockSweep
 from powerflow.schedulers import (
     ORACLE,
     PLUS_PROFILE_SWEEP,
@@ -173,7 +173,7 @@ def test_prerun_and_profiling_are_counted_in_jct_and_energy() -> None:
     profiling = Profiling(prerun_s=240.0, profile_s=240.0, fitted_models=False)
     iters = 5000.0
     res = _run([_job(0, 0.0, 1, iters)], FixedPolicy(), profiling=profiling)
-    clocks = np.array(profile_clocks_mhz(A100), dtype=float)
+    clocks = np.array(PAPER_SWEEP.clocks_mhz(A100), dtype=float)
     slice_s = 240.0 / len(clocks)
     progress = np.sum(slice_s / (FMAX / clocks))  # n = 1
     expected = 240.0 + 240.0 + (iters - progress) * 1.0

@@ -19,7 +19,7 @@ from powerflow.errors import SimulationError
 from powerflow.gpus import A100
 from powerflow.models.protocol import ArrayLike, FloatArray
 from powerflow.policy.snapshot import Budget, Plan, Snapshot
-from powerflow.profiling import profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP
 from powerflow.schedulers import ORACLE, Configured, Profiling
 from powerflow.sim.config import SimConfig
 from powerflow.sim.engine import Simulation
@@ -118,7 +118,7 @@ def test_a_sweep_counts_its_hungriest_slice_against_the_limit() -> None:
     sweep's mean (clocks averaging 810 MHz) is far lower; the limit sits in between."""
     profiling = Profiling(profile_s=240.0, fitted_models=False)
     limit = 2 * 240.0 + 2 * IDLE
-    clocks = np.array(profile_clocks_mhz(A100), dtype=float)
+    clocks = np.array(PAPER_SWEEP.clocks_mhz(A100), dtype=float)
     assert 2 * TOP_W * clocks.mean() / FMAX < 2 * 240.0 < 2 * TOP_W
     job = _job(0, 0.0, 2, 5000.0)
     res = _run([job], CappedPolicy(limit_w=limit, frequency_mhz=1005), profiling)

@@ -63,7 +63,7 @@ from powerflow.models.fitted import FittedModel
 from powerflow.models.params import ModelParams
 from powerflow.models.priors import load_prior
 from powerflow.models.protocol import PerfModel
-from powerflow.profiling import profile_clocks_mhz
+from powerflow.profiling import PAPER_SWEEP
 from powerflow.telemetry import WindowSample
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
@@ -72,7 +72,7 @@ NODE = "n1"
 HINT, TRUTH = "resnet50", "inception3"
 N, GLOBAL_BATCH = 4, 32
 BS = GLOBAL_BATCH / N
-PROFILE_CLOCKS = profile_clocks_mhz(A100)
+PROFILE_CLOCKS = PAPER_SWEEP.clocks_mhz(A100)
 SLICE_S = 0.8
 """Seconds per profiled clock: a few iterations even at the lowest clock (0.2 s each)."""
 PROFILE_S = SLICE_S * len(PROFILE_CLOCKS)

@@ -30,6 +30,7 @@ from rich.table import Table
 
 from powerflow import contract
 from powerflow.commands import checks
+from powerflow.commands.operator import OPERATED
 from powerflow.errors import BudgetError, PowerFlowError, SimulationError
 from powerflow.policy.budget_schedule import describe_budget, stops_every_job
 from powerflow.policy.snapshot import Budget
@@ -103,7 +104,7 @@ def register(subparsers: Any) -> None:
     )
     w.add_argument(
         "--scheduler",
-        choices=("powerflow", "powerflow+"),
+        choices=OPERATED,
         default="powerflow",
         help="the policy the operator runs (its --scheduler; default powerflow): the same "
         "eta costs very different energy under each",
