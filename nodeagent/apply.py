@@ -160,6 +160,9 @@ class Applier:
 def _describe(target: GpuTarget) -> str:
     if target.parked:
         return "parked: node powered down"
+    if target.armed_for:
+        pods = ", ".join(f"{ns}/{name}" for ns, name in target.armed_for)
+        return f"armed for starting pod {pods}"
     if target.pod is None:
         return "unused"
     return f"pod {target.pod[0]}/{target.pod[1]}"

@@ -13,10 +13,21 @@ tested without a cluster, a GPU or a clock:
   lowest when it is below all: the GPU cannot go slower), a power limit into
   the GPU's range; every clamp is part of the target, so it can be reported
   on the pod;
-- a GPU no PowerFlow pod uses gets default clocks and power limit, unless
-  the node is marked powered down and no container at all holds it (the
-  kubelet's PodResources lists every pod's devices, foreign ones too): then
-  it is parked at its lowest clock and minimum power limit until used again.
+- a GPU no PowerFlow pod uses and no container holds is *armed* while a
+  PowerFlow pod bound to the node does not yet have its GPUs known (its
+  container is starting, or, without PodResources, its worker has not
+  reported yet): it gets the lowest clock and the lowest power limit any such
+  pod asks for. The device plugin picks which free GPU a pod gets, so the
+  agent cannot know it in advance; arming them all means a worker's first
+  kernels run at no more than its plan, never at the board's defaults, so a
+  new or rescaled job cannot push the node past the power budget before the
+  agent has seen it (the operator plans the budget with the pod's clock and
+  cap; an idle GPU draws the same whatever it is set to);
+- any other GPU no PowerFlow pod uses gets default clocks and power limit,
+  unless the node is marked powered down and no container at all holds it
+  (the kubelet's PodResources lists every pod's devices, foreign ones too):
+  then it is parked at its lowest clock and minimum power limit until used
+  again.
 
 Two pods claiming one GPU (a stale view) is resolved deterministically: the
 first by ``(namespace, name)`` wins.
@@ -79,6 +90,8 @@ class GpuTarget:
     """The PowerFlow pod using the GPU (None: idle or parked)."""
     job: str = ""
     clamps: tuple[Clamp, ...] = ()
+    armed_for: tuple[PodKey, ...] = ()
+    """The bound PowerFlow pods, GPUs not yet known, this free GPU is armed for."""
 
     @property
     def device_settings(self) -> tuple[int | None, float | None]:
@@ -130,16 +143,35 @@ def desired_settings(
             if gpu in limits and gpu not in owner:
                 owner[gpu] = view
     in_use = set(owner) | set(held or ())
+    pending = [
+        view
+        for key, view in sorted(pods.items())
+        if view.active and view.gpus > 0 and not any(g in limits for g in gpus_of.get(key, ()))
+    ]
     targets: dict[int, GpuTarget] = {}
     for gpu, lim in sorted(limits.items()):
         user = owner.get(gpu)
         if user is not None:
             targets[gpu] = _pod_target(user, lim, overrides.get(user.key))
+        elif pending and gpu not in in_use:
+            targets[gpu] = _armed([_pod_target(v, lim, overrides.get(v.key)) for v in pending])
         elif node_powered_down and gpu not in in_use:
             targets[gpu] = _parked(lim)
         else:
             targets[gpu] = DEFAULT
     return targets
+
+
+def _armed(wanted: Sequence[GpuTarget]) -> GpuTarget:
+    """The strictest of the pending pods' targets, field by field (None: the default,
+    the loosest); clamps are reported on the pod once its GPUs are known."""
+    clocks = [t.clock_mhz for t in wanted if t.clock_mhz is not None]
+    powers = [t.power_limit_w for t in wanted if t.power_limit_w is not None]
+    return GpuTarget(
+        min(clocks) if clocks else None,
+        min(powers) if powers else None,
+        armed_for=tuple(t.pod for t in wanted if t.pod is not None),
+    )
 
 
 def _pod_target(view: PodView, lim: GpuLimits, sweep_mhz: int | None) -> GpuTarget:

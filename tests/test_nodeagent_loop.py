@@ -307,6 +307,31 @@ async def test_sweep_clock_and_reported_gpus_from_telemetry(
         await eventually(lambda: gpus.locked(2) == 1200)
 
 
+async def test_free_gpus_armed_for_a_starting_worker_until_it_reports_its_gpu(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """Without PodResources the agent learns a worker's GPU from its first report; until
+    then the worker may already compute on any free GPU, so each runs at its plan."""
+    gpus = RecordingGpus()
+    telemetry = FakeTelemetry()
+
+    def parts(*_: Any) -> Parts:
+        return Parts(telemetry)
+
+    await create(api, worker_pod("a", None, frequency_mhz="1200", power_limit_watts="250"))
+
+    def settings() -> list[tuple[int | None, float]]:
+        return [(gpus.locked(i), gpus.power_limit_w(i)) for i in range(4)]
+
+    async with NodeAgent(agent_args(kubeconfig), gpus, parts=parts):
+        armed = [(1200, 250.0)] * 4
+        await eventually(lambda: settings() == armed)
+        telemetry.uuids[("ns", "a")] = (gpus.gpus()[2].uuid,)  # the first report
+        telemetry.on_clock_change()
+        want = [(None, MAX_W), (None, MAX_W), (1200, 250.0), (None, MAX_W)]
+        await eventually(lambda: settings() == want)
+
+
 async def _eventually_async(check: Any, timeout: float = 10.0) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -7,6 +7,7 @@ simulated GPUs, whose lock and power limit are observed through the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -32,8 +33,9 @@ RANGE = PowerLimitRangeW(100.0, 400.0, 400.0)
 LIMITS = {i: GpuLimits(CLOCKS, RANGE) for i in range(4)}
 
 
-def pod(name: str, **ann: str) -> PodView:
+def pod(name: str, gpus: int = 0, **ann: str) -> PodView:
     annotations = {k.replace("_", "-"): v for k, v in ann.items()}
+    limits = {"limits": {contract.GPU_RESOURCE: str(gpus)}}
     body: dict[str, Any] = {
         "metadata": {
             "namespace": "ns",
@@ -42,7 +44,7 @@ def pod(name: str, **ann: str) -> PodView:
             "labels": {contract.JOB_LABEL: "job-" + name},
             "annotations": {f"{contract.GROUP}/{k}": v for k, v in annotations.items()},
         },
-        "spec": {"nodeName": "n1"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": limits}]},
         "status": {"phase": "Running"},
     }
     return pod_view(body)
@@ -120,6 +122,39 @@ def test_parking_only_on_a_powered_down_node_and_only_gpus_nobody_holds() -> Non
     assert targets[3] == DEFAULT  # a foreign container holds it: never parked
     awake = desired_settings({a.key: a}, {a.key: (0,)}, LIMITS, held=frozenset({0}))
     assert all(not t.parked for t in awake.values())
+
+
+def test_free_gpus_are_armed_with_the_strictest_plan_of_pods_whose_gpus_are_unknown() -> None:
+    """A bound worker whose GPU is not known yet (container starting, no report yet)
+    may start computing on any free GPU: every free one runs no faster and draws no
+    more than the strictest such plan; GPUs a container holds are left alone."""
+    a = pod("a", 1, frequency_mhz="1395", power_limit_watts="250")
+    b = pod("b", 1, frequency_mhz="240", power_limit_watts="300")
+    c = pod("c", 2, power_limit_watts="200")  # no clock: only its cap binds
+    known = {a.key: (0,)}
+    targets = desired_settings(
+        {a.key: a, b.key: b, c.key: c}, known, LIMITS, held=frozenset({0, 3})
+    )
+    assert targets[0] == GpuTarget(1395, 250.0, pod=a.key, job="job-a")
+    armed = GpuTarget(240, 200.0, armed_for=(b.key, c.key))
+    assert (targets[1], targets[2]) == (armed, armed)
+    assert targets[3] == DEFAULT  # a foreign container holds it
+    # b's GPU becomes known: it gets b's plan, the free one stays armed for c alone.
+    targets = desired_settings({a.key: a, b.key: b, c.key: c}, {**known, b.key: (1,)}, LIMITS)
+    assert targets[1] == GpuTarget(240, 300.0, pod=b.key, job="job-b")
+    assert targets[2] == targets[3] == GpuTarget(None, 200.0, armed_for=(c.key,))
+
+
+def test_no_arming_for_pods_without_gpus_or_finished_and_arming_beats_parking() -> None:
+    cpu_only = pod("cpu", 0, frequency_mhz="240")
+    done = dataclasses.replace(pod("d", 1, frequency_mhz="225"), phase="Failed")
+    targets = desired_settings({cpu_only.key: cpu_only, done.key: done}, {}, LIMITS)
+    assert set(targets.values()) == {DEFAULT}
+    # A pod bound to a node still marked powered down (the mark is lifted as it wakes):
+    # its worker gets its plan, not the parked minimum.
+    new = pod("n", 1, frequency_mhz="1395")
+    targets = desired_settings({new.key: new}, {}, LIMITS, node_powered_down=True)
+    assert set(targets.values()) == {GpuTarget(1395, None, armed_for=(new.key,))}
 
 
 def test_two_pods_on_one_gpu_first_by_name_wins() -> None:
