@@ -313,6 +313,28 @@ async def test_garbage_collection_of_owned_objects(api: httpx.AsyncClient) -> No
     assert names == ["free"]
 
 
+async def test_an_object_created_for_a_deleted_owner_is_collected(
+    api: httpx.AsyncClient,
+) -> None:
+    """The garbage collector deletes a dependent whose owners are all gone (a
+    controller that creates pods from a stale view of a deleted owner); one live
+    owner among them keeps it."""
+    gone = (await api.post(JOBS, json={"metadata": {"name": "gone"}})).json()
+    kept = (await api.post(JOBS, json={"metadata": {"name": "kept"}})).json()
+    assert (await api.delete(f"{JOBS}/gone")).status_code == 200
+
+    def ref(owner: dict[str, Any]) -> dict[str, str]:
+        name, uid = owner["metadata"]["name"], owner["metadata"]["uid"]
+        return {"apiVersion": "powerflow.io/v1alpha1", "kind": "DLJob", "name": name, "uid": uid}
+
+    late = pod("late") | {"metadata": {"name": "late", "ownerReferences": [ref(gone)]}}
+    both = pod("both") | {"metadata": {"name": "both", "ownerReferences": [ref(gone), ref(kept)]}}
+    assert (await api.post(PODS, json=late)).status_code == 201
+    assert (await api.post(PODS, json=both)).status_code == 201
+    names = [o["metadata"]["name"] for o in (await api.get(PODS)).json()["items"]]
+    assert names == ["both"]
+
+
 async def test_seeded_objects_get_versions(emulator: KubeEmulator, api: httpx.AsyncClient) -> None:
     emulator.objects["v1/pods", "ns", "seeded"] = pod("seeded")
     fetched = (await api.get(f"{PODS}/seeded")).json()

@@ -38,7 +38,9 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   (0 for an object that is not a pod), options from the body or, without one,
   the query (``?gracePeriodSeconds=``, as the ``kubernetes`` client sends it), and
   background garbage collection of objects whose ``ownerReferences`` name a
-  deleted ``uid``;
+  deleted ``uid``, and of an object created with owners none of which exists
+  (a dangling reference: the garbage collector looks its owners up and deletes
+  it, as it does the pods a controller creates for an owner deleted meanwhile);
 - ``TokenReview`` (``POST /apis/authentication.k8s.io/v1/tokenreviews``) as
   ``pkg/registry/authentication/tokenreview/storage.go`` answers it, for tokens a
   test registers (``register_token``): nothing stored, 201 with the review's
@@ -712,7 +714,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._stamp_new(obj)
         self._put(key, obj)
         await self._emit(res, "ADDED", obj)
+        owners = {r.get("uid") for r in meta.get("ownerReferences") or []}
+        if owners and not self._any_uid_live(owners):
+            await self._delete(res, key, obj, {})  # the garbage collector's, after the 201
         return kmock.Response(status=201, payload=obj)
+
+    def _any_uid_live(self, uids: set[Any]) -> bool:
+        return any(
+            (o := self._live(k)) is not None and o.get("metadata", {}).get("uid") in uids
+            for k in list(self.objects)
+        )
 
     def _default_tolerations(self, pod: Obj) -> None:
         """``DefaultTolerationSeconds``: a ``NoExecute`` toleration of each node-failure
