@@ -58,6 +58,10 @@ def free_port() -> int:
         return port
 
 
+STOP_GRACE_S = 30.0
+"""A pod's default ``terminationGracePeriodSeconds``."""
+
+
 def operator_args(kubeconfig: Path, *options: str) -> argparse.Namespace:
     """``powerflow operator --kubeconfig FILE OPTIONS``, with free ports for liveness and
     metrics (several operators may run in one test), and no ingest unless OPTIONS ask."""
@@ -133,8 +137,13 @@ class Operator:
         return self
 
     async def stop(self) -> None:
+        """Stop as SIGTERM does, and fail if it takes longer than a pod's default grace
+        period (30 s: the kubelet would SIGKILL it), rather than go on and leave an
+        operator running into the next tests."""
         self._stop.set()
-        await asyncio.to_thread(self._thread.join, 10)
+        await asyncio.to_thread(self._thread.join, STOP_GRACE_S)
+        if self._thread.is_alive():
+            raise AssertionError(f"the operator did not stop within {STOP_GRACE_S} s")
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
