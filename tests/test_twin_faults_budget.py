@@ -178,12 +178,13 @@ def describe(
     if not lowered:
         return "the budget was never lowered"
     settle_low = settled_after(log, lowered, raised, low)
-    under = log.between(lowered + (settle_low or 0.0) + 0.05, raised)
+    # From the first one-second mean that holds no reading from before the settling.
+    under = log.between(lowered + (settle_low or 0.0) + MEAN_S, raised)
     after = log.between(raised, end)
     return (
         f"limits {low:.0f}/{high:.0f} W; before lowering: max "
         f"{max(log.between(lowered - 5.0, lowered), default=0):.0f} W; lowered: under the "
-        f"limit after {settle_low} s, then max {max(under, default=0):.0f} W, mean "
+        f"limit after {settle_low} s, one second on max {max(under, default=0):.0f} W, mean "
         f"{sum(under) / max(1, len(under)):.0f} W; raised: max {max(after, default=0):.0f} W, "
         f"over the limit for {settled_after(log, raised, end, high)} s; run after the change "
         f"{end - lowered:.0f} s"
