@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import itertools
-import math
 import sys
 import threading
 
@@ -119,32 +118,6 @@ def test_a_power_cap_lowers_the_clock_until_the_true_power_fits() -> None:
     gpus.reset_clocks(0)
     gpus.reset_power_limit(0)
     assert gpus.sm_clock_mhz(0) == A100.max_clock_mhz
-
-
-def test_a_power_cap_binds_every_reading_not_only_the_mean() -> None:
-    """A cap exactly at the workload's true power at its clock: the noise would put
-    half the 0.1 s readings above it; the board's controller slows those instead."""
-    clock = 1005
-    cap_w = math.ceil(_true_power_w(BERT, clock) * 1000.0) / 1000.0  # NVML's whole mW
-
-    def readings(capped: bool) -> list[float]:
-        gpus = SimulatedGpus(1, seed=5)
-        gpus.assign(0, BERT)
-        if capped:
-            gpus.set_power_limit_w(0, cap_w)
-        else:
-            gpus.lock_clocks_mhz(0, clock, clock)
-        assert gpus.sm_clock_mhz(0) == clock
-        out = []
-        for _ in range(500):
-            gpus.advance(0.1)
-            out.append(gpus.power_mw(0) / 1000.0)
-        return out
-
-    free, capped = readings(False), readings(True)
-    assert sum(w > cap_w for w in free) > 100  # the noise around the mean
-    assert max(capped) <= cap_w + 0.001
-    assert np.mean(capped) > 0.97 * cap_w  # held at the cap, not far below it
 
 
 def test_capped_clock_rule() -> None:

@@ -16,12 +16,7 @@ energy, their spread shrinking with the iterations the stretch holds), and
 runs at that sample's power and speed for the whole stretch. So the energy
 counter is exactly the integral of the power readings, iterations advance at
 the sampled speed, and a window of iterations costs the ground truth's energy
-per iteration within the noise. A power limit holds: where a stretch's sample
-draws more than the GPU's limit, the board's power controller slows it to the
-limit (the same energy per iteration over a longer step), as long as its clock
-is above the lowest (below that it cannot slow further). So the limit binds
-every reading, not only the mean, as a board's power capping does over its
-averaging window. An idle GPU draws the GPU type's idle power
+per iteration within the noise. An idle GPU draws the GPU type's idle power
 with the same noise. Randomness comes from one seeded generator, drawn GPU by
 GPU in index order: the same calls with the same seed give the same readings.
 
@@ -372,10 +367,6 @@ class SimulatedGpus:
                 )
                 step_s = float(sample.step_time_s[0])
                 power_w = float(sample.energy_j[0]) / n / step_s
-                cap = state.limit_w
-                if cap is not None and power_w > cap and f > self._spec.clocks_mhz[0]:
-                    step_s *= power_w / cap  # the controller slows it to the limit
-                    power_w = cap
                 state.iterations += dt / step_s
             state.power_w = power_w
             state.energy_mj += power_w * dt * 1000.0
