@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -33,7 +34,13 @@ from powerflow.nodeagent.mapping import block_on_node, indices_of, placement_gpu
 from powerflow.nodeagent.metrics import GpuMetrics
 from powerflow.nodeagent.podresources import PodResourcesUnavailable
 from powerflow.nodeagent.pods import PodKey, PodView, pod_view
-from powerflow.nodeagent.settings import GpuLimits, GpuTarget, desired_settings
+from powerflow.nodeagent.settings import (
+    ARM_S,
+    GpuLimits,
+    GpuTarget,
+    desired_settings,
+    unmapped_pods,
+)
 
 from powerflow import contract
 from powerflow.devices import (
@@ -154,6 +161,8 @@ class Agent:
         self._wake = asyncio.Event()
         self._podresources_ok: bool | None = None
         self._bad_workloads: set[tuple[int, Workload]] = set()
+        self._unarmed: set[PodKey] = set()
+        """Pods whose GPUs are still unknown ``ARM_S`` after they started (warned once)."""
 
     # -- news from the watches (on the loop) ----------------------------------------------
 
@@ -263,6 +272,7 @@ class Agent:
         active = {k: v for k, v in self.pods.items() if v.active}
         self.telemetry.sync(active, {k: g for k, g in gpus_of.items() if k in active})
         overrides = {k: self.telemetry.clock_for(k) for k in active}
+        now = time.time()
         self.targets = desired_settings(
             active,
             gpus_of,
@@ -270,7 +280,9 @@ class Agent:
             node_powered_down=self.powered_down,
             held=held,
             clock_overrides=overrides,
+            now_s=now,
         )
+        self._warn_unmapped(unmapped_pods(active, gpus_of, self.limits), now)
         if self.simulated is not None:
             self._run_workloads(self.simulated)
         applied = self.applier.apply(self.targets)
@@ -282,6 +294,21 @@ class Agent:
                 *(asyncio.to_thread(poster, e, uids.get(e.pod, "")) for e in applied.events)
             )
         return applied
+
+    def _warn_unmapped(self, unmapped: list[PodView], now: float) -> None:
+        """Say once per pod that its GPUs are still unknown past ``ARM_S``: the free
+        GPUs are no longer armed for it, and its own GPUs get no settings."""
+        late = {v.key for v in unmapped if v.started_s is not None and now - v.started_s > ARM_S}
+        for ns, name in sorted(late - self._unarmed):
+            log.warning(
+                "pod %s/%s: its GPUs are unknown %.0f s after it started (no PodResources "
+                "assignment, no worker report): free GPUs no longer armed for it, its "
+                "clock and power limit not applied",
+                ns,
+                name,
+                ARM_S,
+            )
+        self._unarmed = late
 
     def _run_workloads(self, gpus: SimulatedGpus) -> None:
         """``--simulate``: each GPU runs its pod's ground truth; GPUs no pod holds idle."""

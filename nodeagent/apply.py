@@ -56,7 +56,7 @@ class Applier:
     def __init__(self, devices: GpuDevices, infos: tuple[GpuInfo, ...]) -> None:
         self.devices = devices
         self.infos = {i.index: i for i in infos}
-        self._written: dict[int, tuple[int | None, float | None]] = {}
+        self._written: dict[int, tuple[int | None, float | None, int | None]] = {}
         self._reported: set[tuple[PodKey, str, float]] = set()
         self._logged: set[tuple[int, str]] = set()
 
@@ -84,7 +84,7 @@ class Applier:
                     errors.append(f"{info.label}: {action}: {exc}")
                     log.error("%s: %s: %s", info.label, action, exc)
             if ok:
-                self._written[gpu] = (None, None)
+                self._written[gpu] = (None, None, None)
             else:
                 self._written.pop(gpu, None)
         return tuple(errors)
@@ -123,17 +123,23 @@ class Applier:
         return out
 
     def _write(
-        self, info: GpuInfo, target: GpuTarget, before: tuple[int | None, float | None] | None
+        self,
+        info: GpuInfo,
+        target: GpuTarget,
+        before: tuple[int | None, float | None, int | None] | None,
     ) -> tuple[str, str]:
         """Write what differs from ``before`` (None: unknown, write both)."""
         gpu = info.index
-        clock, power = target.device_settings
+        clock, power, floor = target.device_settings
         what: list[str] = []
         try:
-            if before is None or before[0] != clock:
+            if before is None or (before[0], before[2]) != (clock, floor):
                 if clock is None:
                     self.devices.reset_clocks(gpu)
                     what.append("clocks reset")
+                elif floor is not None:
+                    self.devices.lock_clocks_mhz(gpu, floor, clock)
+                    what.append(f"clocks locked to {floor}-{clock} MHz")
                 else:
                     self.devices.lock_clocks_mhz(gpu, clock, clock)
                     what.append(f"clock locked at {clock} MHz")
@@ -152,7 +158,7 @@ class Applier:
                 self._logged.add(key)
                 log.error("%s: could not apply %s: %s", info.label, _describe(target), exc)
             return "", f"{info.label}: {exc}"
-        self._written[gpu] = (clock, power)
+        self._written[gpu] = (clock, power, floor)
         self._logged = {k for k in self._logged if k[0] != gpu}
         return f"{info.label}: {', '.join(what)} ({_describe(target)})", ""
 

@@ -14,15 +14,22 @@ tested without a cluster, a GPU or a clock:
   the GPU's range; every clamp is part of the target, so it can be reported
   on the pod;
 - a GPU no PowerFlow pod uses and no container holds is *armed* while a
-  PowerFlow pod bound to the node does not yet have its GPUs known (its
+  PowerFlow pod bound to the node has fewer GPUs known than it requests (its
   container is starting, or, without PodResources, its worker has not
-  reported yet): it gets the lowest clock and the lowest power limit any such
-  pod asks for. The device plugin picks which free GPU a pod gets, so the
-  agent cannot know it in advance; arming them all means a worker's first
+  reported yet): its clocks are locked to the range from the lowest supported
+  clock to the lowest clock any such pod asks for, and its power limit is the
+  lowest such pod's. The device plugin picks which free GPU a pod gets, so
+  the agent cannot know it in advance; arming them all means a worker's first
   kernels run at no more than its plan, never at the board's defaults, so a
   new or rescaled job cannot push the node past the power budget before the
   agent has seen it (the operator plans the budget with the pod's clock and
-  cap; an idle GPU draws the same whatever it is set to);
+  cap). The range lets an idle armed GPU stay at its low idle clock. A pod
+  arms for at most ``ARM_S`` after the kubelet acknowledged it
+  (``status.startTime``): without PodResources a worker that never reports
+  (no worker library, no GPU UUIDs in its environment, a crash loop) would
+  otherwise hold the node's free GPUs, foreign pods' ones included (without
+  PodResources the agent cannot tell them from free ones), at its plan for
+  good;
 - any other GPU no PowerFlow pod uses gets default clocks and power limit,
   unless the node is marked powered down and no container at all holds it
   (the kubelet's PodResources lists every pod's devices, foreign ones too):
@@ -92,14 +99,22 @@ class GpuTarget:
     clamps: tuple[Clamp, ...] = ()
     armed_for: tuple[PodKey, ...] = ()
     """The bound PowerFlow pods, GPUs not yet known, this free GPU is armed for."""
+    clock_floor_mhz: int | None = None
+    """The lower end of the clock lock (None: ``clock_mhz`` itself): an armed GPU
+    may idle below the clock it is armed with."""
 
     @property
-    def device_settings(self) -> tuple[int | None, float | None]:
+    def device_settings(self) -> tuple[int | None, float | None, int | None]:
         """What is written to the GPU (the diff key: who asked does not matter)."""
-        return (self.clock_mhz, self.power_limit_w)
+        return (self.clock_mhz, self.power_limit_w, self.clock_floor_mhz)
 
 
 DEFAULT = GpuTarget()
+
+ARM_S = 300.0
+"""How long after the kubelet acknowledged a pod its unknown GPUs keep the free
+GPUs armed (module docstring): a framework's start-up (image, imports, NCCL,
+data loaders) before its first iteration and report is minutes at most."""
 
 
 def clamp_clock_mhz(requested: int, clocks_mhz: Sequence[int]) -> int:
@@ -125,13 +140,15 @@ def desired_settings(
     node_powered_down: bool = False,
     held: frozenset[int] | None = None,
     clock_overrides: Mapping[PodKey, int | None] | None = None,
+    now_s: float | None = None,
 ) -> dict[int, GpuTarget]:
     """One target for every GPU in ``limits`` (the node's GPUs, by index).
 
     ``gpus_of``: the GPU indices each pod holds; ``held``: indices any
     container holds (PowerFlow's or not; None: only what ``gpus_of`` says);
     ``clock_overrides``: the profiling sweep's clock per pod (None or absent:
-    follow ``frequency-mhz``).
+    follow ``frequency-mhz``); ``now_s``: Unix time, for ``ARM_S`` (None: no
+    bound).
     """
     overrides = clock_overrides or {}
     owner: dict[int, PodView] = {}
@@ -145,8 +162,8 @@ def desired_settings(
     in_use = set(owner) | set(held or ())
     pending = [
         view
-        for key, view in sorted(pods.items())
-        if view.active and view.gpus > 0 and not any(g in limits for g in gpus_of.get(key, ()))
+        for view in unmapped_pods(pods, gpus_of, limits)
+        if now_s is None or view.started_s is None or now_s - view.started_s <= ARM_S
     ]
     targets: dict[int, GpuTarget] = {}
     for gpu, lim in sorted(limits.items()):
@@ -154,7 +171,7 @@ def desired_settings(
         if user is not None:
             targets[gpu] = _pod_target(user, lim, overrides.get(user.key))
         elif pending and gpu not in in_use:
-            targets[gpu] = _armed([_pod_target(v, lim, overrides.get(v.key)) for v in pending])
+            targets[gpu] = _armed([_pod_target(v, lim, overrides.get(v.key)) for v in pending], lim)
         elif node_powered_down and gpu not in in_use:
             targets[gpu] = _parked(lim)
         else:
@@ -162,15 +179,33 @@ def desired_settings(
     return targets
 
 
-def _armed(wanted: Sequence[GpuTarget]) -> GpuTarget:
+def unmapped_pods(
+    pods: Mapping[PodKey, PodView],
+    gpus_of: Mapping[PodKey, Sequence[int]],
+    limits: Mapping[int, GpuLimits],
+) -> list[PodView]:
+    """The active pods with fewer of this node's GPUs known than they request."""
+    return [
+        view
+        for key, view in sorted(pods.items())
+        if view.active and len({g for g in gpus_of.get(key, ()) if g in limits}) < view.gpus
+    ]
+
+
+def _armed(wanted: Sequence[GpuTarget], lim: GpuLimits) -> GpuTarget:
     """The strictest of the pending pods' targets, field by field (None: the default,
-    the loosest); clamps are reported on the pod once its GPUs are known."""
+    the loosest), locked down to the lowest clock; clamps are reported on the pod
+    once its GPUs are known."""
     clocks = [t.clock_mhz for t in wanted if t.clock_mhz is not None]
     powers = [t.power_limit_w for t in wanted if t.power_limit_w is not None]
+    clock = min(clocks) if clocks else None
+    lowest = min(lim.clocks_mhz) if lim.clocks_mhz else None
+    floor = lowest if clock is not None and lowest is not None and lowest < clock else None
     return GpuTarget(
-        min(clocks) if clocks else None,
+        clock,
         min(powers) if powers else None,
         armed_for=tuple(t.pod for t in wanted if t.pod is not None),
+        clock_floor_mhz=floor,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from powerflow.nodeagent.pods import ProfilePlan, pod_view
 
 from powerflow import contract
@@ -62,6 +63,21 @@ def test_a_worker_pod_reads_as_its_contract() -> None:
     assert (v.frequency_mhz, v.power_limit_w, v.model_name, v.gpus) == (1410, 250.0, "bert", 1)
     assert v.profile == ProfilePlan((810, 1410), 12.5)
     assert v.active and v.problems == ()
+
+
+@pytest.mark.parametrize(
+    ("start", "expected"),
+    [
+        ("2026-11-27T10:00:00Z", 1795773600.0),
+        ("2026-11-27T11:00:00+01:00", 1795773600.0),
+        ("yesterday", None),
+        (None, None),
+    ],
+)
+def test_start_time_is_read_as_unix_seconds(start: str | None, expected: float | None) -> None:
+    body = pod(GOOD)
+    body["status"] = {**body.get("status", {}), "startTime": start}
+    assert pod_view(body).started_s == expected
 
 
 def test_bad_annotations_become_none_with_a_reason_and_keep_the_rest() -> None:

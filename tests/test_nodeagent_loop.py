@@ -320,15 +320,15 @@ async def test_free_gpus_armed_for_a_starting_worker_until_it_reports_its_gpu(
 
     await create(api, worker_pod("a", None, frequency_mhz="1200", power_limit_watts="250"))
 
-    def settings() -> list[tuple[int | None, float]]:
-        return [(gpus.locked(i), gpus.power_limit_w(i)) for i in range(4)]
+    def settings() -> list[tuple[tuple[int, int] | None, float]]:
+        return [(gpus.locks[i], gpus.power_limit_w(i)) for i in range(4)]
 
     async with NodeAgent(agent_args(kubeconfig), gpus, parts=parts):
-        armed = [(1200, 250.0)] * 4
+        armed = [((A100.clocks_mhz[0], 1200), 250.0)] * 4  # idle ones may stay low
         await eventually(lambda: settings() == armed)
         telemetry.uuids[("ns", "a")] = (gpus.gpus()[2].uuid,)  # the first report
         telemetry.on_clock_change()
-        want = [(None, MAX_W), (None, MAX_W), (1200, 250.0), (None, MAX_W)]
+        want = [(None, MAX_W), (None, MAX_W), ((1200, 1200), 250.0), (None, MAX_W)]
         await eventually(lambda: settings() == want)
 
 

@@ -15,6 +15,7 @@ from powerflow.nodeagent.apply import Applier
 from powerflow.nodeagent.mapping import block_on_node, indices_of, placement_gpus
 from powerflow.nodeagent.pods import PodView, pod_view
 from powerflow.nodeagent.settings import (
+    ARM_S,
     DEFAULT,
     Clamp,
     GpuLimits,
@@ -127,7 +128,8 @@ def test_parking_only_on_a_powered_down_node_and_only_gpus_nobody_holds() -> Non
 def test_free_gpus_are_armed_with_the_strictest_plan_of_pods_whose_gpus_are_unknown() -> None:
     """A bound worker whose GPU is not known yet (container starting, no report yet)
     may start computing on any free GPU: every free one runs no faster and draws no
-    more than the strictest such plan; GPUs a container holds are left alone."""
+    more than the strictest such plan, idling as low as it likes; GPUs a container
+    holds are left alone."""
     a = pod("a", 1, frequency_mhz="1395", power_limit_watts="250")
     b = pod("b", 1, frequency_mhz="240", power_limit_watts="300")
     c = pod("c", 2, power_limit_watts="200")  # no clock: only its cap binds
@@ -136,13 +138,34 @@ def test_free_gpus_are_armed_with_the_strictest_plan_of_pods_whose_gpus_are_unkn
         {a.key: a, b.key: b, c.key: c}, known, LIMITS, held=frozenset({0, 3})
     )
     assert targets[0] == GpuTarget(1395, 250.0, pod=a.key, job="job-a")
-    armed = GpuTarget(240, 200.0, armed_for=(b.key, c.key))
+    armed = GpuTarget(240, 200.0, armed_for=(b.key, c.key), clock_floor_mhz=210)
     assert (targets[1], targets[2]) == (armed, armed)
     assert targets[3] == DEFAULT  # a foreign container holds it
-    # b's GPU becomes known: it gets b's plan, the free one stays armed for c alone.
+    # b's GPU becomes known: it gets b's plan, the free ones stay armed for c alone.
     targets = desired_settings({a.key: a, b.key: b, c.key: c}, {**known, b.key: (1,)}, LIMITS)
     assert targets[1] == GpuTarget(240, 300.0, pod=b.key, job="job-b")
     assert targets[2] == targets[3] == GpuTarget(None, 200.0, armed_for=(c.key,))
+    # One of c's two GPUs known: the other may still be any free one.
+    targets = desired_settings(
+        {a.key: a, b.key: b, c.key: c}, {**known, b.key: (1,), c.key: (2,)}, LIMITS
+    )
+    assert targets[2].pod == c.key
+    assert targets[3] == GpuTarget(None, 200.0, armed_for=(c.key,))
+    # A clock at the lowest supported one is locked as it is.
+    low = pod("low", 1, frequency_mhz="100")
+    assert desired_settings({low.key: low}, {}, LIMITS)[0] == GpuTarget(210, armed_for=(low.key,))
+
+
+def test_arming_ends_arm_s_after_the_kubelet_started_the_pod() -> None:
+    """A worker that never reports (no worker library, a crash loop) must not hold the
+    free GPUs, which without PodResources may be foreign pods', at its plan for good."""
+    started = dataclasses.replace(pod("s", 1, frequency_mhz="240"), started_s=1000.0)
+    waiting = pod("w", 1, frequency_mhz="1395")  # not acknowledged by the kubelet yet
+    pods = {started.key: started, waiting.key: waiting}
+    early = desired_settings(pods, {}, LIMITS, now_s=1000.0 + ARM_S)
+    assert early[0].armed_for == (started.key, waiting.key) and early[0].clock_mhz == 240
+    late = desired_settings(pods, {}, LIMITS, now_s=1000.0 + ARM_S + 1)
+    assert late[0].armed_for == (waiting.key,) and late[0].clock_mhz == 1395
 
 
 def test_no_arming_for_pods_without_gpus_or_finished_and_arming_beats_parking() -> None:
@@ -154,7 +177,8 @@ def test_no_arming_for_pods_without_gpus_or_finished_and_arming_beats_parking() 
     # its worker gets its plan, not the parked minimum.
     new = pod("n", 1, frequency_mhz="1395")
     targets = desired_settings({new.key: new}, {}, LIMITS, node_powered_down=True)
-    assert set(targets.values()) == {GpuTarget(1395, None, armed_for=(new.key,))}
+    armed = GpuTarget(1395, None, armed_for=(new.key,), clock_floor_mhz=210)
+    assert set(targets.values()) == {armed}
 
 
 def test_two_pods_on_one_gpu_first_by_name_wins() -> None:

@@ -297,9 +297,11 @@ class Kubelet:
         job = labels.get(contract.JOB_LABEL, meta["name"])
         key = (meta["namespace"], job)
         uuid = self.gpus[node].gpus()[gpu].uuid
+        started = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status = {
             "status": {
                 "phase": "Running",
+                "startTime": started,  # as the kubelet acknowledges a pod
                 "hostIP": "127.0.0.1",
                 "podIP": "127.0.0.1",
                 "conditions": [{"type": "Ready", "status": "True"}],
