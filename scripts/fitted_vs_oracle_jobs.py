@@ -5,10 +5,12 @@ models (profiling, online refit) and with the ground truth (``--oracle``), and
 groups the jobs by (model, requested GPUs): each group's summed JCT difference
 (fitted minus oracle) and energy difference, the GPU-hours each got, and how
 often it was rescaled. The groups that lose most JCT come first, then the
-groups that spend most extra energy. docs/policy.md ("What the fitted runs
+groups that spend most extra energy; ``--jobs N`` lists the N jobs that lose
+most JCT, each on its own row. docs/policy.md ("What the fitted runs
 lose") quotes its output.
 
-    .venv/bin/python scripts/fitted_vs_oracle_jobs.py --eta 0.7 [--scheduler powerflow+] [--hours H]
+    .venv/bin/python scripts/fitted_vs_oracle_jobs.py --eta 0.7 [--scheduler powerflow+] \\
+        [--hours H] [--jobs N]
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top", type=int, default=8, help="groups per table")
     parser.add_argument("--hours", type=float, help="only the jobs of the trace's first H hours")
+    parser.add_argument("--jobs", type=int, default=0, help="also list the N jobs that lose most")
     args = parser.parse_args(argv)
     runs = {}
     for oracle in (False, True):
@@ -100,6 +103,18 @@ def main(argv: list[str] | None = None) -> None:
     by_energy = sorted(groups.items(), key=lambda kv: -kv[1].d_energy_gj)
     for name, g in by_energy[: args.top]:
         print(g.line(name))
+    if args.jobs:
+        print(f"\nthe {args.jobs} jobs that lose most JCT:\n{head}")
+        losses = sorted(fitted, key=lambda j: -_jct_s(fitted[j]) + _jct_s(oracle[j]))
+        for job_id in losses[: args.jobs]:
+            one = Group()
+            one.add(fitted[job_id], oracle[job_id])
+            f = fitted[job_id]
+            print(one.line(f"{f.model_name} x{f.requested_gpus} {job_id[:8]}"))
+
+
+def _jct_s(job: JobRecord) -> float:
+    return job.finish_s - job.submit_s
 
 
 if __name__ == "__main__":

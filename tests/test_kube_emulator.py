@@ -313,26 +313,38 @@ async def test_garbage_collection_of_owned_objects(api: httpx.AsyncClient) -> No
     assert names == ["free"]
 
 
-async def test_an_object_created_for_a_deleted_owner_is_collected(
-    api: httpx.AsyncClient,
-) -> None:
-    """The garbage collector deletes a dependent whose owners are all gone (a
-    controller that creates pods from a stale view of a deleted owner); one live
-    owner among them keeps it."""
+async def test_a_dependent_goes_once_none_of_its_owners_exists(api: httpx.AsyncClient) -> None:
+    """The garbage collector deletes a dependent whose owners are all gone, also one
+    created after its owner was deleted (a controller acting on a stale view); one
+    live owner keeps it; a namespaced owner in another namespace counts as absent."""
     gone = (await api.post(JOBS, json={"metadata": {"name": "gone"}})).json()
     kept = (await api.post(JOBS, json={"metadata": {"name": "kept"}})).json()
+    other_ns = "/apis/powerflow.io/v1alpha1/namespaces/elsewhere/dljobs"
+    elsewhere = (await api.post(other_ns, json={"metadata": {"name": "x"}})).json()
+
+    def owned(name: str, *owners: dict[str, Any]) -> dict[str, Any]:
+        refs = [
+            {
+                "apiVersion": "powerflow.io/v1alpha1",
+                "kind": "DLJob",
+                "name": o["metadata"]["name"],
+                "uid": o["metadata"]["uid"],
+            }
+            for o in owners
+        ]
+        return pod(name) | {"metadata": {"name": name, "ownerReferences": refs}}
+
+    async def names() -> list[str]:
+        return sorted(o["metadata"]["name"] for o in (await api.get(PODS)).json()["items"])
+
+    assert (await api.post(PODS, json=owned("both", gone, kept))).status_code == 201
     assert (await api.delete(f"{JOBS}/gone")).status_code == 200
-
-    def ref(owner: dict[str, Any]) -> dict[str, str]:
-        name, uid = owner["metadata"]["name"], owner["metadata"]["uid"]
-        return {"apiVersion": "powerflow.io/v1alpha1", "kind": "DLJob", "name": name, "uid": uid}
-
-    late = pod("late") | {"metadata": {"name": "late", "ownerReferences": [ref(gone)]}}
-    both = pod("both") | {"metadata": {"name": "both", "ownerReferences": [ref(gone), ref(kept)]}}
-    assert (await api.post(PODS, json=late)).status_code == 201
-    assert (await api.post(PODS, json=both)).status_code == 201
-    names = [o["metadata"]["name"] for o in (await api.get(PODS)).json()["items"]]
-    assert names == ["both"]
+    assert await names() == ["both"]  # kept still owns it
+    assert (await api.post(PODS, json=owned("late", gone))).status_code == 201
+    assert (await api.post(PODS, json=owned("astray", elsewhere))).status_code == 201
+    assert await names() == ["both"]
+    assert (await api.delete(f"{JOBS}/kept")).status_code == 200
+    assert await names() == []
 
 
 async def test_seeded_objects_get_versions(emulator: KubeEmulator, api: httpx.AsyncClient) -> None:

@@ -552,12 +552,34 @@ class KubeEmulator(kmock.KubernetesEmulator):
         await self._collect_garbage(obj["metadata"]["uid"])
 
     async def _collect_garbage(self, owner_uid: str) -> None:
-        """Background cascading deletion of dependents, as the garbage collector does."""
+        """Background cascading deletion of dependents, as the garbage collector does:
+        a dependent of ``owner_uid`` goes once none of its owners exists."""
         for okey in list(self.objects):
             dependent = self._live(okey)
             refs = (dependent or {}).get("metadata", {}).get("ownerReferences", [])
-            if dependent is not None and any(r.get("uid") == owner_uid for r in refs):
+            if (
+                dependent is not None
+                and any(r.get("uid") == owner_uid for r in refs)
+                and self._owners_absent(dependent)
+            ):
                 await self._delete(okey[0], okey, dependent, {})
+
+    def _owners_absent(self, obj: Obj) -> bool:
+        """Whether ``obj`` has owners and none of them exists: an owner counts when an
+        object with its uid lives in ``obj``'s namespace or is cluster-scoped (a
+        namespaced owner elsewhere is treated as absent, as the garbage collector does)."""
+        meta = obj.get("metadata", {})
+        uids = {r.get("uid") for r in meta.get("ownerReferences") or []}
+        if not uids:
+            return False
+        namespace = meta.get("namespace")
+        for stored in list(self.objects.values()):
+            if stored.deleted:
+                continue
+            owner_meta = stored.raw.get("metadata", {})
+            if owner_meta.get("uid") in uids and owner_meta.get("namespace") in (None, namespace):
+                return False
+        return True
 
     async def _delete(self, resource: Any, key: Any, obj: Obj, options: Mapping[str, Any]) -> Obj:
         pre = options.get("preconditions") or {}
@@ -714,16 +736,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._stamp_new(obj)
         self._put(key, obj)
         await self._emit(res, "ADDED", obj)
-        owners = {r.get("uid") for r in meta.get("ownerReferences") or []}
-        if owners and not self._any_uid_live(owners):
+        if self._owners_absent(obj):
             await self._delete(res, key, obj, {})  # the garbage collector's, after the 201
         return kmock.Response(status=201, payload=obj)
-
-    def _any_uid_live(self, uids: set[Any]) -> bool:
-        return any(
-            (o := self._live(k)) is not None and o.get("metadata", {}).get("uid") in uids
-            for k in list(self.objects)
-        )
 
     def _default_tolerations(self, pod: Obj) -> None:
         """``DefaultTolerationSeconds``: a ``NoExecute`` toleration of each node-failure

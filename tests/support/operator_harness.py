@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -58,6 +59,7 @@ def free_port() -> int:
         return port
 
 
+log = logging.getLogger(__name__)
 STOP_GRACE_S = 30.0
 """A pod's default ``terminationGracePeriodSeconds``."""
 
@@ -136,14 +138,18 @@ class Operator:
             await asyncio.sleep(0.01)
         return self
 
-    async def stop(self) -> None:
+    async def stop(self, *, failing: bool = False) -> None:
         """Stop as SIGTERM does, and fail if it takes longer than a pod's default grace
-        period (30 s: the kubelet would SIGKILL it), rather than go on and leave an
-        operator running into the next tests."""
+        period (30 s: the kubelet would SIGKILL it) rather than pass silently with an
+        operator still running (its thread cannot be killed; the failure names it).
+        ``failing``: the test already failed; its error stays the one reported."""
         self._stop.set()
         await asyncio.to_thread(self._thread.join, STOP_GRACE_S)
         if self._thread.is_alive():
-            raise AssertionError(f"the operator did not stop within {STOP_GRACE_S} s")
+            message = f"the operator did not stop within {STOP_GRACE_S} s"
+            if not failing:
+                raise AssertionError(message)
+            log.error("%s (while the test failed)", message)
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        await self.stop(failing=exc_type is not None)
