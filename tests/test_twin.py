@@ -25,7 +25,7 @@ from powerflow.twin.trace import mini_trace
 
 NODES, GPUS = 2, 8
 MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.01), 450
-JCT_TOLERANCE = 1.5
+JCT_TOLERANCE = 2.5
 ENERGY_TOLERANCE = 0.15
 
 
