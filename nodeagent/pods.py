@@ -10,7 +10,6 @@ annotation never stops the agent from handling the node's other pods.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from powerflow import contract
+from powerflow.timefmt import parse_time
 
 PodKey = tuple[str, str]
 """``(namespace, name)`` of a pod."""
@@ -115,21 +115,8 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         model_name=ann.get(contract.MODEL_ANNOTATION) or None,
         gpus=sum(_gpu_limit(c) for c in containers),
         problems=tuple(problems),
-        started_s=_timestamp_s(status.get("startTime")),
+        started_s=parse_time(status.get("startTime")),
     )
-
-
-def _timestamp_s(raw: Any) -> float | None:
-    """An RFC 3339 timestamp of the API (``2026-11-27T10:00:00Z``) in Unix seconds."""
-    if not isinstance(raw, str):
-        return None
-    try:
-        at = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=datetime.UTC)
-    return at.timestamp()
 
 
 def parse_profile(raw: str) -> ProfilePlan:

@@ -65,7 +65,6 @@ from powerflow.operator.reconcile import (
     reconcile,
 )
 from powerflow.operator.refusals import Refusal, by_job
-from powerflow.operator.timefmt import format_time
 
 from powerflow import contract
 from powerflow.errors import ResourceError
@@ -74,6 +73,7 @@ from powerflow.policy.snapshot import JobPlan, Node, Policy
 from powerflow.profiling import PAPER_SWEEP, ClockSweep
 from powerflow.schedulers import scheduler
 from powerflow.taints import GPU_TOLERATIONS
+from powerflow.timefmt import format_time
 
 log = logging.getLogger(__name__)
 

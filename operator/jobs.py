@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from powerflow.operator.bodies import DLJobBody
-from powerflow.operator.timefmt import parse_time
 
 from powerflow.errors import ResourceError
+from powerflow.timefmt import parse_time
 
 # Worker pods are <job>-g<generation>-w<index> and double as DNS hostnames
 # (a 63-character label); the job name is also the headless Service's name,

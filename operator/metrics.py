@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from powerflow.operator.timefmt import parse_time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from powerflow.timefmt import parse_time
 
 PHASES = ("Pending", "Profiling", "Running", "Rescaling", "Succeeded", "Failed")
 

@@ -96,7 +96,6 @@ from powerflow.operator.profile_plan import plan_annotation
 from powerflow.operator.progress import Running, account
 from powerflow.operator.refusals import Refusal, backoff_s
 from powerflow.operator.status import merge_diff, set_condition
-from powerflow.operator.timefmt import format_time, format_time_ms, parse_time
 from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
 
 from powerflow import contract
@@ -106,6 +105,7 @@ from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import PerfModel
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
 from powerflow.profiling import PAPER_SWEEP, ClockSweep
+from powerflow.timefmt import format_time, format_time_ms, parse_time
 
 log = logging.getLogger(__name__)
 ModelFactory = Callable[[JobRequest], PerfModel]

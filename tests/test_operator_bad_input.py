@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import BOUNDS, RequestCache, parse_dljob
 from powerflow.operator.reconcile import Actions, Observed, _block, reconcile
-from powerflow.operator.timefmt import format_time, format_time_ms
 from powerflow.operator.workers import WorkerSet, worker_pods
 
 from powerflow import contract
@@ -25,6 +24,7 @@ from powerflow.errors import ResourceError
 from powerflow.gpus import A100
 from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
 from powerflow.policy.synthetic import SyntheticModel
+from powerflow.timefmt import format_time, format_time_ms
 
 FAST = settings(max_examples=300, deadline=None, derandomize=True)
 NODES = (Node("n0", 8, A100), Node("n1", 8, A100))

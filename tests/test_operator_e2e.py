@@ -26,12 +26,12 @@ from operator_cases import (
     start_workers,
     status_of,
 )
-from powerflow.operator.timefmt import parse_time
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
 from powerflow import contract
 from powerflow.policy.snapshot import Plan, Policy, Snapshot
+from powerflow.timefmt import parse_time
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

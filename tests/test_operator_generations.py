@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from powerflow.operator.budget import BudgetConfig, parse_budget
 from powerflow.operator.reconcile import STUCK_TERMINATION_S
-from powerflow.operator.timefmt import parse_time
 from support.fake_cluster import FakeCluster
 
 from powerflow.gpus import A100
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
 from powerflow.policy.synthetic import SyntheticModel
+from powerflow.timefmt import parse_time
 
 NODES = tuple(Node(f"n{i}", 4, A100) for i in (1, 2))
 GENEROUS = parse_budget({"powerLimitWatts": "5000"})

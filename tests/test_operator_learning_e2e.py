@@ -29,7 +29,6 @@ from operator_cases import (
 from powerflow.nodeagent.pods import parse_profile
 from powerflow.operator.learning import SampleStore
 from powerflow.operator.profile_plan import plan_annotation
-from powerflow.operator.timefmt import parse_time
 from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
@@ -43,6 +42,7 @@ from powerflow.policy.snapshot import Plan, Snapshot
 from powerflow.profiling import PAPER_SWEEP
 from powerflow.schedulers import scheduler
 from powerflow.telemetry import WindowSample
+from powerflow.timefmt import parse_time
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -28,13 +28,13 @@ from powerflow.operator.parking import (
     powered_down,
 )
 from powerflow.operator.reconcile import Actions
-from powerflow.operator.timefmt import parse_time
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
 from powerflow import contract
 from powerflow.gpus import A100
 from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
+from powerflow.timefmt import parse_time
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

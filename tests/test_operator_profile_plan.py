@@ -9,7 +9,6 @@ from typing import Any
 from powerflow.nodeagent.pods import parse_profile, pod_view
 from powerflow.operator.profile_plan import plan_annotation
 from powerflow.operator.reconcile import Actions, Observed, reconcile
-from powerflow.operator.timefmt import format_time_ms
 from test_operator_profiling import (
     BUDGET,
     MODEL,
@@ -25,6 +24,7 @@ from test_operator_profiling import (
 from powerflow import contract
 from powerflow.gpus import A100
 from powerflow.profiling import PAPER_SWEEP
+from powerflow.timefmt import format_time_ms
 
 PLAN = contract.PROFILE_ANNOTATION
 

@@ -9,13 +9,13 @@ from typing import Any
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.reconcile import Actions, Observed, reconcile
-from powerflow.operator.timefmt import format_time_ms, parse_time
 from powerflow.operator.workers import WorkerSet, worker_pods
 
 from powerflow import contract
 from powerflow.gpus import A100
 from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
 from powerflow.policy.synthetic import SyntheticModel
+from powerflow.timefmt import format_time_ms, parse_time
 
 NODES = (Node("n0", 8, A100), Node("n1", 8, A100))
 BUDGET = parse_budget({"eta": "1"})

@@ -17,7 +17,6 @@ from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.kube import Kube, WritesFailed
 from powerflow.operator.reconcile import Actions, Observed, reconcile
 from powerflow.operator.refusals import MAX_BACKOFF_S, Refusal, backoff_s
-from powerflow.operator.timefmt import format_time
 from powerflow.operator.workers import WorkerSet, rendezvous_service, worker_pods
 from support.kube_emulator import KubeEmulator
 
@@ -25,6 +24,7 @@ from powerflow import contract
 from powerflow.gpus import A100
 from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
 from powerflow.policy.synthetic import SyntheticModel
+from powerflow.timefmt import format_time
 
 NODES = (Node("n0", 8, A100), Node("n1", 8, A100))
 NOW = 1_000_000.0

@@ -63,6 +63,7 @@ import httpx
 
 from powerflow import contract
 from powerflow.devices import Workload
+from powerflow.timefmt import format_time
 from powerflow.twin.gpus import TwinGpus
 from powerflow.worker.reporter import AgentReporter
 
@@ -297,7 +298,7 @@ class Kubelet:
         job = labels.get(contract.JOB_LABEL, meta["name"])
         key = (meta["namespace"], job)
         uuid = self.gpus[node].gpus()[gpu].uuid
-        started = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started = format_time(time.time())
         status = {
             "status": {
                 "phase": "Running",

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerflow.operator.reconcile import Actions, Observed, reconcile
-from powerflow.operator.timefmt import format_time
 
 from powerflow import contract
 from powerflow.policy.placement import reserve_block
 from powerflow.policy.snapshot import Node
+from powerflow.timefmt import format_time
 
 Obj = dict[str, Any]
 

@@ -1,4 +1,8 @@
-"""RFC 3339 timestamps as Kubernetes writes them, to and from epoch seconds."""
+"""RFC 3339 timestamps as Kubernetes writes them, to and from epoch seconds.
+
+In the core because more than one component reads them (the operator its
+status times, the node agent a pod's ``status.startTime``), and components
+never import each other."""
 
 from __future__ import annotations
 
