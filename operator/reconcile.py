@@ -209,7 +209,7 @@ class _View:
 
     __slots__ = (
         "alloc", "current", "first", "key", "meta", "name", "new", "ns", "obs", "other",
-        "reported", "req", "running", "status", "terminating",
+        "reported", "req", "running", "status", "stopping", "terminating",
     )  # fmt: skip
 
     def __init__(self, obs: Observed) -> None:
@@ -228,6 +228,7 @@ class _View:
         self.terminating: list[PodBody] = []
         self.reported: int | None = None
         self.first = False  # starts or stops a generation: its status goes before its pods
+        self.stopping = False  # old workers still stop: planned, but nothing carried out
         generation = int(self.alloc.get("generation", 0))
         for pod in obs.pods:
             if pod.get("metadata", {}).get("deletionTimestamp"):
@@ -530,7 +531,7 @@ def _lifecycle(
         v.new["conditions"] = conditions
     if v.alloc.get("stopped") is True and v.current:  # stopped; deleting it did not finish
         _delete_all(actions, v, req.grace_s)
-        return False
+        return _stopping(v, req, cluster_gpus)
     failed = [p["metadata"]["name"] for p in v.current if _pod_phase(p) == "Failed"]
     failed += _lost(v, req)
     if failed:
@@ -583,9 +584,10 @@ def _lifecycle(
     if v.terminating or v.other:
         for pod in v.other:
             actions.delete_pods.append((v.ns, pod["metadata"]["name"], req.grace_s))
-        if not _stuck(actions, v, now_s, now):
-            _set_phase(actions, v, "Rescaling", "Rescaling", "waiting for old workers to stop")
-        return False
+        if _stuck(actions, v, now_s, now):
+            return False
+        _set_phase(actions, v, "Rescaling", "Rescaling", "waiting for old workers to stop")
+        return _stopping(v, req, cluster_gpus)
     _unstuck(v, now)
     reason = too_large(req, cluster_gpus)
     v.new["conditions"] = set_condition(
@@ -596,6 +598,21 @@ def _lifecycle(
         _set_phase(actions, v, "Pending", "TooLargeForCluster", reason)
         return False
     return True
+
+
+def _stopping(v: _View, req: JobRequest, cluster_gpus: int) -> bool:
+    """The job's old workers are still stopping (a rescale, a migration, a restart):
+    True (plan it) unless it cannot fit the cluster.
+
+    It starts its next generation as soon as they are gone, so the pass plans it like
+    a pending job and carries nothing out for it (``reconcile``): its GPUs in the
+    plan stay its own. Left out of the plan, its demand vanished for a pass or two;
+    the policy gave its GPUs to others, which started (or grew) and were preempted
+    again once it came back, each a checkpoint-restart for nothing: in the twin,
+    jobs were restarted dozens of times a minute (docs/twin.md, "Churn").
+    """
+    v.stopping = True
+    return too_large(req, cluster_gpus) is None
 
 
 def _refusal_text(refusal: Refusal) -> str:
@@ -745,7 +762,7 @@ def _core_job(
     window_s: float = 0.0,
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
-    running = bool(v.current)
+    running = bool(v.current) and not v.stopping
     frequency = v.alloc.get("frequencyMHz") if running else None
     placement = _placement(v.current, sizes) if running else ()
     # Measured where it runs now (same GPUs per node and local batch), or not at all.
@@ -1242,6 +1259,8 @@ def reconcile(
             gpus_of = {n.name: n.gpu for n in nodes}
             for v, job in zip(runnable, snapshot.jobs, strict=True):
                 jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
+                if v.stopping:  # planned, so its GPUs go to no one else; it starts later
+                    continue
                 seen = () if job.pinned else job.placement
                 if guard.run(
                     v, _carry_out, actions, v, jp, now_s, profiling_window_s, seen, claimed

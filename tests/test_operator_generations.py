@@ -318,3 +318,49 @@ def test_a_spec_edited_invalid_stops_a_running_gang_gracefully() -> None:
     )
     assert cluster.jobs["a"]["status"]["phase"] == "Failed"
     assert sorted(actions.delete_pods) == [("ml", name, 90) for name in running]
+
+
+class WantsPolicy:
+    """First come (snapshot order), each job its ``wants`` GPUs if they are free, else none."""
+
+    def __init__(self, wants: dict[str, int]) -> None:
+        self.wants = wants
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        free = sum(n.gpus for n in snapshot.nodes)
+        plans = []
+        for job in snapshot.jobs:
+            want = self.wants[job.id]
+            n = want if want <= free else 0
+            free -= n
+            plans.append(JobPlan(job.id, n, 1410, -(-64 // n) if n else 0))
+        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
+
+
+def test_a_job_whose_old_workers_stop_keeps_its_gpus_in_the_plan() -> None:
+    """a rescales from 4 to 2 GPUs; until its old workers are gone, the plan still counts
+    a's demand. Left out of the snapshot, a's GPUs looked free, the pending c was started
+    on them and preempted again once a came back: a checkpoint-restart for nothing,
+    which the twin showed as jobs restarted dozens of times a minute (docs/twin.md)."""
+    cluster = FakeCluster(NODES)
+    policy = WantsPolicy({"ml/a": 4, "ml/b": 4, "ml/c": 4})
+    cluster.submit(dljob("a", "ua"))
+    cluster.submit(dljob("b", "ub"))
+    settle(cluster, GENEROUS, policy)
+    cluster.submit(dljob("c", "uc"))
+    settle(cluster, GENEROUS, policy)
+    assert not any(name.startswith("c-") for name in cluster.pods)  # no room
+    a_node = cluster.pods["a-g1-w0"]["spec"]["nodeName"]
+    cluster.stuck_nodes.add(a_node)  # a's old workers take their time to stop
+    policy.wants["ml/a"] = 2
+    for _ in range(3):
+        one_pass(cluster, GENEROUS, policy=policy)
+        cluster.settle()
+    assert cluster.jobs["a"]["status"]["phase"] == "Rescaling"
+    cluster.stuck_nodes.clear()
+    settle(cluster, GENEROUS, policy)
+    assert sorted(cluster.pods) == [f"a-g2-w{i}" for i in range(2)] + [
+        f"b-g1-w{i}" for i in range(4)
+    ]
+    assert not any(name.startswith("c-") for name in cluster.created)  # never started
+    assert cluster.jobs["c"]["status"]["phase"] == "Pending"

@@ -25,8 +25,9 @@ from powerflow.twin.trace import mini_trace
 
 NODES, GPUS = 2, 8
 MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.01), 450
-JCT_TOLERANCE = 2.5
+JCT_TOLERANCE = 1.0
 ENERGY_TOLERANCE = 0.15
+RESTART_TOLERANCE = 1.5
 
 
 def node(name: str, gpus: int, *, ready: bool = True, taints: list[Any] | None = None) -> Any:
@@ -128,3 +129,6 @@ def test_mini_trace_runs_to_completion_and_agrees_with_simulate(tmp_path: Path) 
     print(agree.describe())
     assert abs(agree.jct_diff) <= JCT_TOLERANCE, agree.describe()
     assert abs(agree.energy_diff) <= ENERGY_TOLERANCE, agree.describe()
+    # The operator restarts jobs about as often as the simulator does (each one a
+    # checkpoint-restart on a real cluster): it once restarted 591 times for 53.
+    assert agree.twin_restarts <= (1 + RESTART_TOLERANCE) * agree.sim_restarts, agree.describe()

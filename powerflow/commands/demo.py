@@ -240,7 +240,7 @@ def drive(
     ended; a job's JCT from its submission to the read that saw it end), with the
     view redrawn at every read; and the run's wall-clock seconds."""
     from powerflow.twin.gpus import totals
-    from powerflow.twin.harness import JobOutcome, TwinResult
+    from powerflow.twin.harness import JobOutcome, TwinResult, job_state
     from powerflow.twin.trace import NAMESPACE
 
     assert twin.client is not None
@@ -251,7 +251,7 @@ def drive(
     began = clock()
     active0, idle0 = totals(twin.gpus)
     pending = sorted(jobs, key=lambda j: j.job.submit_s)
-    finish: dict[str, tuple[float, str]] = {}
+    finish: dict[str, tuple[float, str, int]] = {}
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     lines: list[str] = []
@@ -285,9 +285,9 @@ def drive(
             items = read(now)
             for body in items:
                 name = body["metadata"]["name"]
-                phase = (body.get("status") or {}).get("phase", "")
+                phase, generation = job_state(body)
                 if phase in ("Succeeded", "Failed") and name not in finish:
-                    finish[name] = (clock() - start, phase)
+                    finish[name] = (clock() - start, phase, generation)
             live.update(frame(clock() - start), refresh=True)
             if len(finish) < len(jobs):
                 time.sleep(POLL_S)
@@ -297,9 +297,7 @@ def drive(
             time.sleep(POLL_S)
             items = read(clock() - start)
             live.update(frame(clock() - start), refresh=True)
-    outcomes = tuple(
-        JobOutcome(j.name, j.job.submit_s, finish[j.name][0], finish[j.name][1]) for j in jobs
-    )
+    outcomes = tuple(JobOutcome(j.name, j.job.submit_s, *finish[j.name]) for j in jobs)
     makespan = max(o.finish_s for o in outcomes) - min(o.submit_s for o in outcomes)
     return TwinResult(outcomes, active - active0, idle - idle0, makespan), wall_s
 
@@ -324,6 +322,7 @@ def summary_rows(
         "active_energy_j": twin.active_energy_j,
         "idle_energy_j": twin.idle_energy_j,
         "limit_watts": limit_w if math.isfinite(limit_w) else None,
+        "restarts": twin.restarts,
         "wall_s": wall_s,
     }
     simulated = summarise(sim)

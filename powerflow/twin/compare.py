@@ -71,6 +71,9 @@ class Agreement:
     sim_jct_s: float
     twin_energy_j: float
     sim_energy_j: float
+    twin_restarts: int = 0
+    sim_restarts: int = 0
+    """Checkpoint-restarts of all jobs (rescales, moves, preemptions' resumes)."""
 
     @property
     def jct_diff(self) -> float:
@@ -84,11 +87,15 @@ class Agreement:
         return (
             f"average JCT: twin {self.twin_jct_s:.0f} s, simulate {self.sim_jct_s:.0f} s "
             f"({self.jct_diff:+.1%}); job energy: twin {self.twin_energy_j / 1e6:.2f} MJ, "
-            f"simulate {self.sim_energy_j / 1e6:.2f} MJ ({self.energy_diff:+.1%})"
+            f"simulate {self.sim_energy_j / 1e6:.2f} MJ ({self.energy_diff:+.1%}); "
+            f"restarts: twin {self.twin_restarts}, simulate {self.sim_restarts}"
         )
 
 
 def agreement(twin: TwinResult, sim: RunResult) -> Agreement:
     sim_jct = sum(j.jct_s for j in sim.jobs) / len(sim.jobs)
     sim_energy = sum(j.energy_j for j in sim.jobs)
-    return Agreement(twin.avg_jct_s, sim_jct, twin.active_energy_j, sim_energy)
+    sim_restarts = sum(j.restarts for j in sim.jobs)
+    return Agreement(
+        twin.avg_jct_s, sim_jct, twin.active_energy_j, sim_energy, twin.restarts, sim_restarts
+    )

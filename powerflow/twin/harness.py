@@ -32,6 +32,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ USER_AGENT = "twin-harness"
 scheduler: ``twin-*``), apart from the product's, so that API faults can be aimed
 at the product alone (``api_faults``' ``user_agent`` pattern)."""
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
+DLJOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
+"""Where the twin's user puts its DLJobs."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,17 @@ class JobOutcome:
     submit_s: float
     finish_s: float
     phase: str
+    generations: int = 1
+    """Worker generations the job went through (``status.allocation.generation``): 1
+    when it never restarted; each rescale, move or restart after a failure adds one."""
 
     @property
     def jct_s(self) -> float:
         return self.finish_s - self.submit_s
+
+    @property
+    def restarts(self) -> int:
+        return max(self.generations - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,18 @@ class TwinResult:
     @property
     def avg_jct_s(self) -> float:
         return sum(j.jct_s for j in self.jobs) / len(self.jobs)
+
+    @property
+    def restarts(self) -> int:
+        """Checkpoint-restarts of all jobs (what ``simulate`` counts as ``restarts``)."""
+        return sum(j.restarts for j in self.jobs)
+
+
+def job_state(body: Mapping[str, Any]) -> tuple[str, int]:
+    """A DLJob's phase and worker generation, from its body as the API server lists it."""
+    status = body.get("status") or {}
+    generation = (status.get("allocation") or {}).get("generation", 0)
+    return str(status.get("phase", "")), generation if isinstance(generation, int) else 0
 
 
 def node_body(name: str, gpus: int) -> dict[str, Any]:
@@ -247,14 +269,16 @@ class Twin:
     def submit(self, job: MiniJob) -> None:
         assert self.client is not None
         body = dljob(job, self.cluster_gpus)
-        path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
-        self.client.post(path, json=body).raise_for_status()
+        self.client.post(DLJOBS, json=body).raise_for_status()
 
     def phases(self) -> dict[str, str]:
+        return {name: phase for name, (phase, _) in self.states().items()}
+
+    def states(self) -> dict[str, tuple[str, int]]:
+        """Each DLJob's phase and worker generation."""
         assert self.client is not None
-        path = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
-        items = self.client.get(path).json()["items"]
-        return {i["metadata"]["name"]: (i.get("status") or {}).get("phase", "") for i in items}
+        items = self.client.get(DLJOBS).json()["items"]
+        return {i["metadata"]["name"]: job_state(i) for i in items}
 
     def run(self, jobs: tuple[MiniJob, ...], *, timeout_s: float = 600.0) -> TwinResult:
         """Submit ``jobs`` on their submission times (relative to now), wait until all end
@@ -262,20 +286,20 @@ class Twin:
         start = time.monotonic() - min(j.job.submit_s for j in jobs)
         active0, idle0 = totals(self.gpus)
         pending = sorted(jobs, key=lambda j: j.job.submit_s)
-        finish: dict[str, tuple[float, str]] = {}
+        finish: dict[str, tuple[float, str, int]] = {}
         deadline = time.monotonic() + timeout_s
         while len(finish) < len(jobs):
             now = time.monotonic() - start
             while pending and pending[0].job.submit_s <= now:
                 self.submit(pending.pop(0))
             try:
-                phases = self.phases()
+                states = self.states()
             except httpx.HTTPError as exc:  # a slow moment of the API server: ask again
                 log.warning("twin: reading the DLJobs: %s", exc)
-                phases = {}
-            for name, phase in phases.items():
+                states = {}
+            for name, (phase, generation) in states.items():
                 if phase in ("Succeeded", "Failed") and name not in finish:
-                    finish[name] = (time.monotonic() - start, phase)
+                    finish[name] = (time.monotonic() - start, phase, generation)
             if self._stopped.is_set():  # a failing test's teardown: end now, not at the timeout
                 raise RuntimeError("the twin was stopped during the run")
             if time.monotonic() > deadline:
@@ -283,9 +307,7 @@ class Twin:
                 raise TimeoutError(f"jobs not finished in {timeout_s:g} s: {left}")
             time.sleep(0.05)
         active, idle = totals(self.gpus)
-        outcomes = tuple(
-            JobOutcome(j.name, j.job.submit_s, finish[j.name][0], finish[j.name][1]) for j in jobs
-        )
+        outcomes = tuple(JobOutcome(j.name, j.job.submit_s, *finish[j.name]) for j in jobs)
         makespan = max(o.finish_s for o in outcomes) - min(o.submit_s for o in outcomes)
         return TwinResult(outcomes, active - active0, idle - idle0, makespan)
 
