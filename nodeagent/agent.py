@@ -301,9 +301,9 @@ class Agent:
         late = {v.key for v in unmapped if v.started_s is not None and now - v.started_s > ARM_S}
         for ns, name in sorted(late - self._unarmed):
             log.warning(
-                "pod %s/%s: its GPUs are unknown %.0f s after it started (no PodResources "
-                "assignment, no worker report): free GPUs no longer armed for it, its "
-                "clock and power limit not applied",
+                "pod %s/%s: its GPUs are still unknown more than %.0f s after it started "
+                "(no PodResources assignment, no worker report): free GPUs no longer armed "
+                "for it, its clock and power limit not applied",
                 ns,
                 name,
                 ARM_S,
