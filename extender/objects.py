@@ -18,6 +18,7 @@ from powerflow.contract import (
     GPU_RESOURCE,
     JOB_LABEL,
     PLACEMENT_ANNOTATION,
+    PLANNED_BLOCK_ANNOTATION,
     WORKERS_ANNOTATION,
 )
 from powerflow.errors import PlacementError
@@ -61,6 +62,8 @@ class PodInfo:
     terminal: bool
     tolerations: tuple[dict[str, Any], ...] = ()
     """Kept for PowerFlow's workers only: which tainted nodes their gang may use."""
+    planned: tuple[GpuSlot, ...] = ()
+    """The operator's plan for the worker's gang (``PLANNED_BLOCK_ANNOTATION``), if any."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -217,6 +220,7 @@ def pod_info(pod: Any) -> PodInfo:
         block=parse_block(annotations.get(PLACEMENT_ANNOTATION)) if gang else (),
         terminal=isinstance(phase, str) and phase in TERMINAL_PHASES,
         tolerations=pod_tolerations(body) if gang else (),
+        planned=parse_block(annotations.get(PLANNED_BLOCK_ANNOTATION)) if gang else (),
     )
 
 

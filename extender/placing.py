@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from powerflow.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.policy.buddy import exact_block, geometry, resolve_slots
 from powerflow.policy.placement import reserve_block
 from powerflow.policy.snapshot import GpuSlot, Node
 
@@ -60,3 +61,31 @@ def choose_block(
         if not nodes:
             return None
     return reserve_block(nodes, occupied, size)
+
+
+def planned_block(
+    nodes: Sequence[Node],
+    occupied: Mapping[str, Collection[int]],
+    planned: Sequence[GpuSlot],
+    size: int,
+) -> tuple[GpuSlot, ...] | None:
+    """``planned`` (the operator's plan for the gang, ``contract.PLANNED_BLOCK_ANNOTATION``)
+    when it is an aligned block of ``size`` GPUs of ``nodes``, all free in ``occupied``;
+    None otherwise, and ``choose_block`` decides.
+
+    Taking the plan's block keeps the cluster where the policy thinks it is: with a
+    block of the extender's own choosing, the next plan found the gang elsewhere and
+    moved other jobs again to make room (docs/twin.md, "Churn"). The plan comes
+    from a pod annotation anyone who can edit the pod may write, so it is only a
+    preference: a block that is not aligned, not free or on a node the gang may not
+    use (``occupied`` marks those full) is ignored.
+    """
+    if len(planned) != size or not nodes:
+        return None
+    geo = geometry(nodes)
+    slots, valid = resolve_slots(geo, planned)
+    if not valid or exact_block(geo, slots, size) is None:
+        return None
+    if any(index in occupied.get(node, ()) for node, index in planned):
+        return None
+    return tuple(sorted(planned))

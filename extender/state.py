@@ -35,7 +35,7 @@ from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_r
 
 from .objects import GangKey, PodInfo, describe, node_gpus, node_product, pod_info
 from .objects import name_of as _name_of
-from .placing import choose_block, gpu_spec_for, occupied_indices
+from .placing import choose_block, gpu_spec_for, occupied_indices, planned_block
 from .wire import MAX_EXTENDER_PRIORITY
 
 PodKey = tuple[str, str]
@@ -608,7 +608,11 @@ class ClusterState:
             full = frozenset(range(view.pool.per_node))
             for name in view.members - allowed:
                 occupied[name] = full
-        block = choose_block(view.nodes, occupied, need)
+        block = None
+        if gang is None and pod.planned:  # a new gang: the plan's block if it is free
+            block = planned_block(view.nodes, occupied, pod.planned, need)
+        if block is None:
+            block = choose_block(view.nodes, occupied, need)
         if block is None:
             return None
         new = Gang(key, tuple(held) + tuple(block), workers, created_s=self._clock())

@@ -1,9 +1,11 @@
 """One pass of the allocation loop as a pure function: cluster state in, actions out.
 
 ``reconcile`` looks at every DLJob with its pods, settles each job's lifecycle
-(invalid, failed, backing off, done, terminating), builds the core snapshot of
-the runnable ones, asks the policy for a plan and turns the plan into pod
-creations, graceful deletions, annotation updates, status patches and events.
+(invalid, failed, backing off, done), builds the core snapshot of the runnable
+ones (a job whose old workers still stop among them: it is planned, and started
+once they are gone, ``_stopping``), asks the policy for a plan and turns the
+plan into pod creations, graceful deletions, annotation updates, status patches
+and events.
 It holds no state: what it needs to remember lives in DLJob status and pod
 names and annotations, so a restarted operator carries on where it stopped
 (the optional ``RequestCache`` and progress anchors only save work; the
@@ -480,7 +482,8 @@ def _lifecycle(
     parse: Callable[[DLJobBody], JobRequest],
     refused: Sequence[Refusal] = (),
 ) -> bool:
-    """Settle everything but the allocation; True when the job is runnable.
+    """Settle everything but the allocation; True when the policy plans the job (its
+    plan is carried out unless ``v.stopping``: its old workers still stop).
 
     ``refused`` are the writes of this job the API server refused in the
     previous pass (see ``refusals``).
@@ -531,6 +534,8 @@ def _lifecycle(
         v.new["conditions"] = conditions
     if v.alloc.get("stopped") is True and v.current:  # stopped; deleting it did not finish
         _delete_all(actions, v, req.grace_s)
+        if _failure_backoff(actions, v, req, restarts, now_s):
+            return False  # as once its workers are gone: not planned while it backs off
         return _stopping(v, req, cluster_gpus)
     failed = [p["metadata"]["name"] for p in v.current if _pod_phase(p) == "Failed"]
     failed += _lost(v, req)
@@ -575,12 +580,8 @@ def _lifecycle(
                 actions.delete_pods.append((v.ns, pod["metadata"]["name"], req.grace_s))
         _set_phase(actions, v, "Succeeded", "Completed", f"{req.iterations} iterations done")
         return False
-    last_failure = parse_time(v.status.get("lastFailureTime"))
-    if last_failure is not None and restarts and not v.current:
-        ready_s = last_failure + _backoff_s(req, restarts)
-        if now_s < ready_s:
-            actions.wake(ready_s)
-            return False
+    if not v.current and _failure_backoff(actions, v, req, restarts, now_s):
+        return False
     if v.terminating or v.other:
         for pod in v.other:
             actions.delete_pods.append((v.ns, pod["metadata"]["name"], req.grace_s))
@@ -600,13 +601,29 @@ def _lifecycle(
     return True
 
 
+def _failure_backoff(
+    actions: Actions, v: _View, req: JobRequest, restarts: int, now_s: float
+) -> bool:
+    """True while the job waits out the backoff after a worker failure (a wake-up set
+    for its end); the job is not planned meanwhile."""
+    last_failure = parse_time(v.status.get("lastFailureTime"))
+    if last_failure is None or not restarts:
+        return False
+    ready_s = last_failure + _backoff_s(req, restarts)
+    if now_s >= ready_s:
+        return False
+    actions.wake(ready_s)
+    return True
+
+
 def _stopping(v: _View, req: JobRequest, cluster_gpus: int) -> bool:
     """The job's old workers are still stopping (a rescale, a migration, a restart):
     True (plan it) unless it cannot fit the cluster.
 
     It starts its next generation as soon as they are gone, so the pass plans it like
-    a pending job and carries nothing out for it (``reconcile``): its GPUs in the
-    plan stay its own. Left out of the plan, its demand vanished for a pass or two;
+    a pending job (its GPU count, placed anew) and carries nothing out for it
+    (``reconcile``): no other job is planned onto what it will get. Left out of the
+    plan, its demand vanished for a pass or two;
     the policy gave its GPUs to others, which started (or grew) and were preempted
     again once it came back, each a checkpoint-restart for nothing: in the twin,
     jobs were restarted dozens of times a minute (docs/twin.md, "Churn").
@@ -861,9 +878,8 @@ def _start(
     """A new generation of workers; Profiling if the job never ran on this GPU count
     (and profiling is on: ``window_s > 0``)."""
     generation = int(v.alloc.get("generation", 0)) + 1
-    ws = WorkerSet(
-        generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap_annotation(jp.power_cap_w)
-    )
+    cap = cap_annotation(jp.power_cap_w)
+    ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap, jp.placement)
     actions.create.append(rendezvous_service(req))
     actions.create.extend(worker_pods(req, ws))
     v.new["allocation"] = {
@@ -926,13 +942,16 @@ def _carry_out(
     window_s: float,
     seen: tuple[GpuSlot, ...] = (),
     claimed: Mapping[GpuSlot, str] | None = None,
+    leaving: Callable[[], Mapping[GpuSlot, float]] | None = None,
 ) -> bool:
     """Turn the job's plan into actions; True when it holds GPUs after this pass.
 
     ``seen``: the job's GPUs as the snapshot gave them to the policy (empty when
     unknown); ``claimed``: which job the plan gives each GPU. A plan that puts
     the job on other GPUs of the same count and gives its GPUs to another job
-    is a migration (module docstring).
+    is a migration (module docstring). ``leaving``: the GPUs that workers being
+    deleted still hold, and until when they count (``_leaving``): a new
+    generation the plan puts there waits for them (``_wait_for_room``).
     """
     req = v.req
     assert req is not None
@@ -963,7 +982,6 @@ def _carry_out(
             f"{_nodes(jp.placement)}",
         )  # fmt: skip
         return False
-    actions.allocated_gpus += jp.gpus
     # A generation recorded (status goes first) but not all created: a pass died
     # between its writes. Its missing workers are created, under the same names.
     unfinished = (
@@ -971,7 +989,11 @@ def _carry_out(
         and alloc.get("complete") is not True
         and alloc.get("stopped") is not True
     )
-    if not v.current and not unfinished:
+    starts = not v.current and not unfinished
+    if starts and leaving is not None and _wait_for_room(actions, v, jp, leaving(), now_s):
+        return False
+    actions.allocated_gpus += jp.gpus
+    if starts:
         _start(actions, v, req, jp, now_s, window_s)
         return True
     generation = int(alloc.get("generation", 0))
@@ -979,7 +1001,9 @@ def _carry_out(
     missing = [i for i in range(jp.gpus) if pod_name(req.name, generation, i) not in have]
     if missing:  # only an unfinished gang's: a complete one's lost worker restarts it
         cap = cap_annotation(jp.power_cap_w)
-        ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap)
+        ws = WorkerSet(
+            generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap, jp.placement
+        )
         actions.create.append(rendezvous_service(req))
         actions.create.extend(worker_pods(req, ws, missing))
     _power_caps(actions, v, jp)
@@ -1000,6 +1024,55 @@ def _carry_out(
     if v.new.get("phase") != "Running":
         _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")
     return True
+
+
+def _wait_for_room(
+    actions: Actions, v: _View, jp: JobPlan, leaving: Mapping[GpuSlot, float], now_s: float
+) -> bool:
+    """True (the job waits) while workers being deleted still hold GPUs the plan
+    gives this job's new generation.
+
+    The extender takes the plan's block (``contract.PLANNED_BLOCK_ANNOTATION``) only
+    when it is free; created at once, the gang would get other GPUs, the next plan
+    would find it elsewhere than it placed it and move other jobs again to make
+    room. So the job starts once those workers are gone (a pod deletion is an
+    event: the next pass comes then), or once they count as stuck
+    (``STUCK_TERMINATION_S`` past their grace period; the extender then chooses
+    other GPUs).
+    """
+    until = [leaving[slot] for slot in jp.placement if slot in leaving and leaving[slot] > now_s]
+    if not until:
+        return False
+    actions.wake(min(until))
+    _set_phase(
+        actions, v, "Pending", "WaitingForGPUs",
+        f"{jp.gpus} GPUs planned on {_nodes(jp.placement)}; waiting for stopping workers "
+        "to free them",
+    )  # fmt: skip
+    return True
+
+
+def _leaving(views: Sequence[_View], actions: Actions, now_s: float) -> dict[GpuSlot, float]:
+    """GPUs held by workers being deleted (terminating, or deleted by this pass), each
+    with the time after which its pod counts as stuck and no longer holds it up."""
+    out: dict[GpuSlot, float] = {}
+
+    def add(pod: PodBody, until: float) -> None:
+        raw = _annotation(pod, contract.PLACEMENT_ANNOTATION)
+        for slot in _block(raw) if raw else ():
+            out[slot] = max(out.get(slot, until), until)
+
+    for v in views:
+        for pod in v.terminating:
+            add(pod, _deadline(pod) or now_s + STUCK_TERMINATION_S)
+    deleted = {(ns, name): grace for ns, name, grace in actions.delete_pods}
+    if deleted:
+        for v in views:
+            for pod in v.current + v.other:
+                grace = deleted.get((v.ns, pod["metadata"]["name"]))
+                if grace is not None:
+                    add(pod, now_s + grace + STUCK_TERMINATION_S)
+    return out
 
 
 def _power_caps(actions: Actions, v: _View, jp: JobPlan) -> None:
@@ -1257,13 +1330,28 @@ def reconcile(
             claimed = {slot: jp.job_id for jp in plan.jobs for slot in jp.placement}
             held = []
             gpus_of = {n.name: n.gpu for n in nodes}
-            for v, job in zip(runnable, snapshot.jobs, strict=True):
+            # Jobs with workers first, so that a job that starts knows which GPUs this
+            # pass frees (``_wait_for_room``); computed once, at the first start.
+            pairs = sorted(
+                zip(runnable, snapshot.jobs, strict=True), key=lambda p: not p[0].current
+            )
+            leaving = functools.cache(lambda: _leaving(views, actions, now_s))
+            for v, job in pairs:
                 jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
-                if v.stopping:  # planned, so its GPUs go to no one else; it starts later
+                if v.stopping:  # planned, so its GPUs go to no other job; it starts later
                     continue
                 seen = () if job.pinned else job.placement
                 if guard.run(
-                    v, _carry_out, actions, v, jp, now_s, profiling_window_s, seen, claimed
+                    v,
+                    _carry_out,
+                    actions,
+                    v,
+                    jp,
+                    now_s,
+                    profiling_window_s,
+                    seen,
+                    claimed,
+                    leaving,
                 ) and guard.run(
                     v,
                     _profile_plans,

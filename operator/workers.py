@@ -10,6 +10,7 @@ gets ``AlreadyExists`` instead of a duplicate.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,13 @@ class WorkerSet:
     frequency_mhz: int
     power_cap: str | None = None
     """``contract.POWER_LIMIT_ANNOTATION``'s value (per-GPU watts), None: no cap."""
+    planned: tuple[tuple[str, int], ...] = ()
+    """The plan's GPUs for the gang (``contract.PLANNED_BLOCK_ANNOTATION``); empty: none."""
+
+
+def planned_block_annotation(slots: Iterable[tuple[str, int]]) -> str:
+    """``contract.PLANNED_BLOCK_ANNOTATION``'s value: the placement annotation's form."""
+    return json.dumps({"block": [[node, index] for node, index in sorted(slots)]})
 
 
 def pod_name(job: str, generation: int, index: int) -> str:
@@ -140,6 +148,8 @@ def worker_pods(
         annotations[contract.MODEL_ANNOTATION] = job.model_name
     if ws.power_cap is not None:
         annotations[contract.POWER_LIMIT_ANNOTATION] = ws.power_cap
+    if ws.planned:
+        annotations[contract.PLANNED_BLOCK_ANNOTATION] = planned_block_annotation(ws.planned)
     values = _env_values(job, ws)
     containers: list[dict[str, Any]] = spec.get("containers") or []
     trainer = next((c for c in containers if c.get("name") == job.trainer), None)

@@ -30,6 +30,12 @@ FREQUENCY_ANNOTATION: Final = f"{GROUP}/frequency-mhz"
 """Pod annotation: the GPU core clock the node agent should lock, in MHz."""
 GENERATION_ANNOTATION: Final = f"{GROUP}/allocation-generation"
 """Pod annotation: which allocation (rescale count) the pod belongs to."""
+PLANNED_BLOCK_ANNOTATION: Final = f"{GROUP}/planned-block"
+"""Pod annotation: JSON ``{"block": [[node, gpu_index], ...]}``, the GPUs the
+policy's plan placed the gang on. The extender takes that block when it is an
+aligned block of the gang's size whose GPUs are free, else chooses its own, so
+that the next plan finds the gang where it put it (otherwise it may move other
+jobs again to make room: docs/twin.md, "Churn")."""
 MODEL_ANNOTATION: Final = f"{GROUP}/model"
 """Pod annotation: the DLJob's ``model`` hint (absent without one); the node
 agent's ``--simulate`` mode runs that model's ground truth on the pod's GPU."""

@@ -8,13 +8,16 @@ what the extender makes of them for whole gangs.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
 import pytest
 from extender_bodies import node, pod
-from powerflow.extender.objects import pod_info
+from powerflow.extender.objects import GangKey, pod_info
 from powerflow.extender.state import ClusterState, NotSynced
+
+from powerflow.contract import PLANNED_BLOCK_ANNOTATION
 
 
 class FakeClock:
@@ -308,3 +311,49 @@ def test_a_pod_deleted_while_its_bind_was_in_flight_holds_no_gpus() -> None:
     state.end_bind(info, "n0")  # the binding was committed (201) before the deletion
     assert state.pods == {} and state.gangs == {}
     assert state.filter(pod_info(gang("next", 8)[0]), ["n0"]).admitted == ["n0"]
+
+
+def planned(body: dict[str, Any], *slots: tuple[str, int]) -> dict[str, Any]:
+    """The worker as the operator creates it: with its plan's block."""
+    block = json.dumps({"block": [list(s) for s in slots]})
+    body["metadata"]["annotations"][PLANNED_BLOCK_ANNOTATION] = block
+    return body
+
+
+def test_a_gang_takes_its_planned_block_when_it_is_free() -> None:
+    """Best fit alone puts a 2-GPU gang on the busier n0; the plan says n1's last two."""
+    state, _ = cluster(2)
+    for p in gang("a", 4):
+        schedule(state, p)
+    placed = [schedule(state, planned(p, ("n1", 6), ("n1", 7))) for p in gang("b", 2)]
+    assert placed == ["n1", "n1"]
+    assert set(state.gangs[GangKey("default", "b", "")].block) == {("n1", 6), ("n1", 7)}
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        (("n0", 0), ("n0", 1)),  # held by a
+        (("n1", 1), ("n1", 2)),  # not an aligned block
+        (("n1", 6),),  # not the gang's size
+        (("n9", 0), ("n9", 1)),  # no such node
+    ],
+)
+def test_a_planned_block_that_is_taken_or_not_a_block_is_ignored(
+    slots: tuple[tuple[str, int], ...],
+) -> None:
+    state, _ = cluster(2)
+    for p in gang("a", 4):
+        schedule(state, p)
+    placed = [schedule(state, planned(p, *slots)) for p in gang("b", 2)]
+    assert placed == ["n0", "n0"]  # the extender's own best fit
+    assert set(state.gangs[GangKey("default", "b", "")].block) == {("n0", 4), ("n0", 5)}
+
+
+def test_a_planned_block_on_a_cordoned_node_is_ignored() -> None:
+    state, _ = cluster(2)
+    cordoned = node("n1")
+    cordoned["spec"] = {"unschedulable": True}
+    state.upsert_node(cordoned)
+    placed = [schedule(state, planned(p, ("n1", 0), ("n1", 1))) for p in gang("b", 2)]
+    assert placed == ["n0", "n0"]

@@ -7,6 +7,7 @@ server's effects, the extender's block choice and the kubelet, in memory).
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from powerflow.operator.budget import BudgetConfig, parse_budget
 from powerflow.operator.reconcile import STUCK_TERMINATION_S
 from support.fake_cluster import FakeCluster
 
+from powerflow import contract
 from powerflow.gpus import A100
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
@@ -276,18 +278,24 @@ def test_a_migration_makes_room_for_a_gang(policy: Any) -> None:
 
 
 class MovePolicy:
-    """Runs a on 2 GPUs of n2 (and b, when it exists, on n1's first two GPUs)."""
+    """Runs a on 2 GPUs of n2 (and b, when it exists, on n1's first two GPUs); with
+    ``placed=False`` it says nothing of where (the extender chooses)."""
+
+    def __init__(self, placed: bool = True) -> None:
+        self.placed = placed
 
     def plan(self, snapshot: Snapshot) -> Plan:
         where = {"ml/a": (("n2", 0), ("n2", 1)), "ml/b": (("n1", 0), ("n1", 1))}
-        plans = tuple(JobPlan(j.id, 2, 1410, 32, where[j.id]) for j in snapshot.jobs)
+        plans = tuple(
+            JobPlan(j.id, 2, 1410, 32, where[j.id] if self.placed else ()) for j in snapshot.jobs
+        )
         return Plan(plans, limit_watts=1e9, predicted_watts=1.0)
 
 
 def test_a_move_only_to_pack_jobs_is_not_carried_out() -> None:
     cluster = FakeCluster(NODES)
     cluster.submit(dljob("a", "ua", 2, 2, 2))
-    settle(cluster, GENEROUS, MovePolicy())
+    settle(cluster, GENEROUS, MovePolicy(placed=False))  # the extender puts a on n1
     assert {p["spec"]["nodeName"] for p in cluster.pods.values()} == {"n1"}
     settle(cluster, GENEROUS, MovePolicy())
     assert sum(cluster.deleted.values()) == 0  # n1's GPUs are nobody else's
@@ -364,3 +372,117 @@ def test_a_job_whose_old_workers_stop_keeps_its_gpus_in_the_plan() -> None:
     ]
     assert not any(name.startswith("c-") for name in cluster.created)  # never started
     assert cluster.jobs["c"]["status"]["phase"] == "Pending"
+
+
+class WherePolicy:
+    """Each job its GPUs where ``where`` says (a job not in it gets none)."""
+
+    def __init__(self, where: dict[str, tuple[tuple[str, int], ...]]) -> None:
+        self.where = where
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        plans = []
+        for job in snapshot.jobs:
+            slots = self.where.get(job.id, ())
+            n = len(slots)
+            plans.append(JobPlan(job.id, n, 1410, -(-64 // n) if n else 0, slots))
+        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
+
+
+def _slots(node: str, *indices: int) -> tuple[tuple[str, int], ...]:
+    return tuple((node, i) for i in indices)
+
+
+def _blocks(cluster: FakeCluster, job: str) -> set[tuple[str, int]]:
+    return {
+        tuple(s)  # type: ignore[misc]
+        for name, pod in cluster.pods.items()
+        if name.startswith(f"{job}-")
+        for s in json.loads(pod["metadata"]["annotations"][contract.PLACEMENT_ANNOTATION])["block"]
+    }
+
+
+def test_a_gang_waits_for_the_gpus_its_plan_frees_and_lands_where_planned() -> None:
+    """The plan moves a from n1 to n2 to give b all of n1. Created at once, b's gang
+    found n1 still held by a's stopping workers and got n2, where a was planned: the
+    next plan found both elsewhere than it put them and moved them again. Now every
+    worker carries the plan's block, and b starts once a's old workers are gone."""
+    cluster = FakeCluster(NODES)
+    policy = WherePolicy({"ml/a": _slots("n1", 0, 1)})
+    cluster.submit(dljob("a", "ua", 2, 2, 2))
+    settle(cluster, GENEROUS, policy)
+    planned = json.loads(
+        cluster.pods["a-g1-w0"]["metadata"]["annotations"][contract.PLANNED_BLOCK_ANNOTATION]
+    )
+    assert planned == {"block": [["n1", 0], ["n1", 1]]}
+    cluster.submit(dljob("b", "ub", 4, 4, 4))
+    policy.where.update({"ml/a": _slots("n2", 0, 1), "ml/b": _slots("n1", 0, 1, 2, 3)})
+    actions, _ = cluster.one_pass(budget=GENEROUS, policy=policy, models=lambda j: SyntheticModel())
+    assert sorted(name for _, name, _ in actions.delete_pods) == ["a-g1-w0", "a-g1-w1"]
+    assert not any(name.startswith("b-") for name in cluster.pods)  # n1 is not free yet
+    status = cluster.jobs["b"]["status"]
+    assert status["phase"] == "Pending" and "waiting for stopping workers" in status["message"]
+    settle(cluster, GENEROUS, policy)
+    assert _blocks(cluster, "a") == set(_slots("n2", 0, 1))
+    assert _blocks(cluster, "b") == set(_slots("n1", 0, 1, 2, 3))
+    assert sum(cluster.deleted.values()) == 2  # a's old workers, once each
+    assert cluster.jobs["b"]["status"]["phase"] == "Running"
+
+
+def test_a_gang_stops_waiting_for_workers_stuck_terminating() -> None:
+    """Workers stuck terminating (their node stopped answering) hold the planned GPUs
+    up only until they count as stuck; then the gang starts and the extender chooses."""
+    cluster = FakeCluster(NODES)
+    policy = WherePolicy({"ml/a": _slots("n1", 0, 1)})
+    cluster.submit(dljob("a", "ua", 2, 2, 2))
+    settle(cluster, GENEROUS, policy)
+    cluster.stuck_nodes.add("n1")
+    cluster.submit(dljob("b", "ub", 2, 2, 2))
+    policy.where.update({"ml/a": (), "ml/b": _slots("n1", 0, 1)})
+    one_pass(cluster, GENEROUS, policy=policy)
+    cluster.settle()
+    actions, _ = cluster.one_pass(budget=GENEROUS, policy=policy, models=lambda j: SyntheticModel())
+    assert not any(name.startswith("b-") for name in cluster.pods)
+    deadline = parse_time(cluster.pods["a-g1-w0"]["metadata"]["deletionTimestamp"])
+    assert deadline is not None and actions.wake_at_s == deadline + STUCK_TERMINATION_S
+    cluster.now_s = deadline + STUCK_TERMINATION_S
+    settle(cluster, GENEROUS, policy)
+    got = _blocks(cluster, "b")  # other GPUs: n1's first two are still held
+    assert len(got) == 2 and got.isdisjoint(_slots("n1", 0, 1))
+
+
+class Recording:
+    """A policy that keeps the snapshots it was given."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.seen = inner, []  # type: list[Snapshot]
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        self.seen.append(snapshot)
+        return self.inner.plan(snapshot)  # type: ignore[no-any-return]
+
+
+def test_a_job_stopped_by_a_pass_that_died_before_deleting_stays_planned() -> None:
+    """A pass recorded a's rescale (its generation stopped) and died before deleting its
+    workers: the next pass deletes them again and plans a as a pending job (no
+    placement, no clock: its workers are on their way out), not leaving its GPUs to c."""
+    cluster = FakeCluster(NODES)
+    policy = Recording(WantsPolicy({"ml/a": 4, "ml/b": 4, "ml/c": 4}))
+    cluster.submit(dljob("a", "ua"))
+    cluster.submit(dljob("b", "ub"))
+    settle(cluster, GENEROUS, policy)
+    cluster.submit(dljob("c", "uc"))
+    settle(cluster, GENEROUS, policy)
+    policy.inner.wants["ml/a"] = 2
+    one_pass(cluster, GENEROUS, limit=1, policy=policy)  # a's status only
+    assert cluster.jobs["a"]["status"]["allocation"]["stopped"] is True
+    assert not any(p["metadata"].get("deletionTimestamp") for p in cluster.pods.values())
+    actions, _ = cluster.one_pass(budget=GENEROUS, policy=policy, models=lambda j: SyntheticModel())
+    assert sorted(name for _, name, _ in actions.delete_pods) == [f"a-g1-w{i}" for i in range(4)]
+    (a,) = [job for job in policy.seen[-1].jobs if job.id == "ml/a"]
+    assert (a.placement, a.frequency_mhz, a.pinned) == ((), None, False)
+    settle(cluster, GENEROUS, policy)
+    assert not any(name.startswith("c-") for name in cluster.created)
+    assert sorted(cluster.pods) == [f"a-g2-w{i}" for i in range(2)] + [
+        f"b-g1-w{i}" for i in range(4)
+    ]

@@ -27,7 +27,7 @@ NODES, GPUS = 2, 8
 MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.01), 450
 JCT_TOLERANCE = 1.0
 ENERGY_TOLERANCE = 0.15
-RESTART_TOLERANCE = 1.5
+RESTART_TOLERANCE = 0.5
 
 
 def node(name: str, gpus: int, *, ready: bool = True, taints: list[Any] | None = None) -> Any:

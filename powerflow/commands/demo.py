@@ -72,6 +72,7 @@ SUMMARY_COLUMNS = (
     ("idle_energy_j", "idle MJ", 1e-6),
     ("limit_watts", "budget W", 1.0),
     ("rescales", "rescales", 1.0),
+    ("restarts", "restarts", 1.0),
     ("wall_s", "wall s", 1.0),
 )
 """``simulate``'s columns (``output.TABLE_COLUMNS``) in the mini trace's units

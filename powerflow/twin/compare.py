@@ -71,9 +71,9 @@ class Agreement:
     sim_jct_s: float
     twin_energy_j: float
     sim_energy_j: float
+    # Checkpoint-restarts of all jobs (``TwinResult.restarts``, ``JobRecord.restarts``).
     twin_restarts: int = 0
     sim_restarts: int = 0
-    """Checkpoint-restarts of all jobs (rescales, moves, preemptions' resumes)."""
 
     @property
     def jct_diff(self) -> float:

@@ -79,7 +79,8 @@ class JobOutcome:
     phase: str
     generations: int = 1
     """Worker generations the job went through (``status.allocation.generation``): 1
-    when it never restarted; each rescale, move or restart after a failure adds one."""
+    when it never restarted; each rescale, move, resume after a preemption, restart
+    after a failure or retry after a refused create adds one."""
 
     @property
     def jct_s(self) -> float:
@@ -104,7 +105,9 @@ class TwinResult:
 
     @property
     def restarts(self) -> int:
-        """Checkpoint-restarts of all jobs (what ``simulate`` counts as ``restarts``)."""
+        """New generations of all jobs after their first: ``simulate``'s ``restarts``
+        (rescales, moves, resumes after a preemption), plus what the simulator does
+        not have (restarts after a failure, retries after a refused create)."""
         return sum(j.restarts for j in self.jobs)
 
 

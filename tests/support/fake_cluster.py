@@ -4,8 +4,9 @@ It carries out ``Actions.writes`` as the API server would (status merge
 patches, graceful pod deletion, creates that answer AlreadyExists, annotation
 patches), optionally only a prefix of them (an operator that dies mid-pass),
 and plays the extender and the kubelet: a gang whose pods all exist is bound
-to the block ``reserve_block`` chooses among the GPUs bound pods hold (the
-extender's own rule), and bound pods run. Every pod creation and deletion is
+to the plan's block (``contract.PLANNED_BLOCK_ANNOTATION``) when it is free, else to
+the block ``reserve_block`` chooses among the GPUs pods hold (the extender's
+own rules, ``extender/placing.py``), and bound pods run. Every pod creation and deletion is
 recorded, so tests can count churn. No HTTP: the emulator tests cover the wire.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from powerflow.extender.placing import planned_block
 from powerflow.operator.reconcile import Actions, Observed, reconcile
 
 from powerflow import contract
@@ -124,7 +126,11 @@ class FakeCluster:
             size = int(members[0]["metadata"]["annotations"][contract.WORKERS_ANNOTATION])
             if len(members) != size:
                 continue  # the extender waits for the whole gang
-            block = reserve_block(self.nodes, self._occupied(), size)
+            occupied = self._occupied()
+            raw = members[0]["metadata"]["annotations"].get(contract.PLANNED_BLOCK_ANNOTATION)
+            planned = [tuple(s) for s in json.loads(raw)["block"]] if raw else []
+            block = planned_block(self.nodes, occupied, planned, size)  # type: ignore[arg-type]
+            block = block or reserve_block(self.nodes, occupied, size)
             if block is None:
                 continue
             node = block[0][0]
