@@ -1,8 +1,9 @@
 """The bridge to the core's placement: cache entries in, one aligned block out.
 
-Placement decisions come from ``powerflow.policy.placement.reserve_block``
-(buddy allocation with network packing); this module only translates the
-cache's view (GPU nodes, GPUs already taken) into the core's types.
+A new gang gets the operator's planned block when it is free (``planned_block``),
+else the block ``powerflow.policy.placement.reserve_block`` chooses (buddy
+allocation with network packing, best fit); this module translates the cache's
+view (GPU nodes, GPUs already taken) into the core's types.
 """
 
 from __future__ import annotations

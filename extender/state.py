@@ -587,9 +587,10 @@ class ClusterState:
 
         A new gang reserves ``workers * gpus_per_pod`` GPUs at once, in the main
         pool, on nodes ``_allowed`` for ``info`` (the worker being filtered) among
-        ``candidates``. A worker of an expired gang (its reservation shrank to
-        its bound workers) finds no room in the block and reserves its own GPUs,
-        so late workers still run.
+        ``candidates``: the operator's planned block when it is free there
+        (``placing.planned_block``), else ``choose_block``'s. A worker of an
+        expired gang (its reservation shrank to its bound workers) finds no room
+        in the block and reserves its own GPUs, so late workers still run.
         """
         gang = self.gangs.get(key)
         if gang is not None:

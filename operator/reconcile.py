@@ -44,9 +44,12 @@ A worker stuck terminating past its grace period plus
 ``STUCK_TERMINATION_S`` is reported (condition ``WorkersStuck``) and the job
 waits for it (``_stuck`` says why it does not start elsewhere).
 
-Migrations. The extender, not the operator, chooses a gang's GPUs (the
-free aligned block that fits best), so the policy's placement is carried
-out only through what the operator creates and deletes. When the plan gives
+Migrations. The extender, not the operator, binds a gang's GPUs: the
+plan's block, which every worker carries (``contract.PLANNED_BLOCK_ANNOTATION``),
+when it is free, else the free aligned block that fits best; so the policy's
+placement is carried out through what the operator creates and deletes and
+that hint, and a new generation waits a little for workers being deleted to
+free its planned GPUs (``_wait_for_room``). When the plan gives
 a running job the same GPU count on other GPUs (a ``Plan.migrations``
 entry, for PowerFlow's placement: to make room for a gang that would not fit
 otherwise), the job is checkpoint-restarted like a rescale (not counted
@@ -116,6 +119,9 @@ DEFAULT_PROFILING_WINDOW_S = 240.0
 DEFAULT_PROGRESS_INTERVAL_S = 30.0
 STUCK_TERMINATION_S = 300.0
 """How long after its grace period a terminating worker counts as stuck (see ``_stuck``)."""
+ROOM_WAIT_S = 120.0
+"""The longest a new generation waits for workers being deleted to free its planned GPUs
+(``_wait_for_room``): twice the default grace period, short next to a training job."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +290,9 @@ def _clean_status(raw: Any) -> DLJobStatus:
     fixes: dict[str, Any] = {}
     if "restarts" in status and _count(status["restarts"], -1) < 0:
         fixes["restarts"] = 0
-    for key in ("phase", "message", "lastFailureTime", "startTime", "lastCreateRefusalTime"):
+    for key in (
+        "phase", "message", "lastFailureTime", "startTime", "lastCreateRefusalTime", "roomWaitSince"
+    ):  # fmt: skip
         if key in status and not isinstance(status[key], str):
             fixes[key] = None
     if "createRefusals" in status and _count(status["createRefusals"], -1) < 0:
@@ -894,6 +902,7 @@ def _start(
     }
     v.first = True
     v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
+    v.new["roomWaitSince"] = None
     if window_s > 0 and jp.gpus not in _profiled(v):
         _set_phase(
             actions, v, "Profiling", "Profiling",
@@ -966,6 +975,7 @@ def _carry_out(
         base = v.new.get("allocation") or alloc
         v.new["allocation"] = dict(base, gpus=0, nodes=[], profilingUntil=None)
         v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
+        v.new["roomWaitSince"] = None
         return False
     if v.current and (jp.gpus, jp.local_batch_size) != shape:
         _delete_all(actions, v, req.grace_s)
@@ -1036,14 +1046,20 @@ def _wait_for_room(
     when it is free; created at once, the gang would get other GPUs, the next plan
     would find it elsewhere than it placed it and move other jobs again to make
     room. So the job starts once those workers are gone (a pod deletion is an
-    event: the next pass comes then), or once they count as stuck
-    (``STUCK_TERMINATION_S`` past their grace period; the extender then chooses
-    other GPUs).
+    event: the next pass comes then), once they count as stuck
+    (``STUCK_TERMINATION_S`` past their grace period), or ``ROOM_WAIT_S`` after it
+    began to wait (``status.roomWaitSince``), whatever the others do: a delete the
+    API server refuses, a grace period of a day. The extender then chooses
+    other GPUs.
     """
     until = [leaving[slot] for slot in jp.placement if slot in leaving and leaving[slot] > now_s]
-    if not until:
+    since = parse_time(v.status.get("roomWaitSince"))
+    since = now_s if since is None else since
+    if not until or now_s >= since + ROOM_WAIT_S:
         return False
-    actions.wake(min(until))
+    v.new["roomWaitSince"] = v.status.get("roomWaitSince") or format_time(now_s)
+    v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
+    actions.wake(min(*until, since + ROOM_WAIT_S))
     _set_phase(
         actions, v, "Pending", "WaitingForGPUs",
         f"{jp.gpus} GPUs planned on {_nodes(jp.placement)}; waiting for stopping workers "
@@ -1058,6 +1074,8 @@ def _leaving(views: Sequence[_View], actions: Actions, now_s: float) -> dict[Gpu
     out: dict[GpuSlot, float] = {}
 
     def add(pod: PodBody, until: float) -> None:
+        if _pod_phase(pod) in ("Succeeded", "Failed"):  # holds no GPU any more
+            return
         raw = _annotation(pod, contract.PLACEMENT_ANNOTATION)
         for slot in _block(raw) if raw else ():
             out[slot] = max(out.get(slot, until), until)
@@ -1331,7 +1349,8 @@ def reconcile(
             held = []
             gpus_of = {n.name: n.gpu for n in nodes}
             # Jobs with workers first, so that a job that starts knows which GPUs this
-            # pass frees (``_wait_for_room``); computed once, at the first start.
+            # pass frees (``_wait_for_room``); computed once, at the first start: only
+            # jobs with workers delete in this loop, and ``_lifecycle`` deleted before it.
             pairs = sorted(
                 zip(runnable, snapshot.jobs, strict=True), key=lambda p: not p[0].current
             )

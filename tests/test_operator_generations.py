@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from powerflow.operator.budget import BudgetConfig, parse_budget
-from powerflow.operator.reconcile import STUCK_TERMINATION_S
+from powerflow.operator.reconcile import ROOM_WAIT_S, STUCK_TERMINATION_S
 from support.fake_cluster import FakeCluster
 
 from powerflow import contract
@@ -20,7 +20,7 @@ from powerflow.gpus import A100
 from powerflow.policy.powerflow import PowerFlowPolicy
 from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
 from powerflow.policy.synthetic import SyntheticModel
-from powerflow.timefmt import parse_time
+from powerflow.timefmt import format_time, parse_time
 
 NODES = tuple(Node(f"n{i}", 4, A100) for i in (1, 2))
 GENEROUS = parse_budget({"powerLimitWatts": "5000"})
@@ -429,26 +429,59 @@ def test_a_gang_waits_for_the_gpus_its_plan_frees_and_lands_where_planned() -> N
     assert cluster.jobs["b"]["status"]["phase"] == "Running"
 
 
-def test_a_gang_stops_waiting_for_workers_stuck_terminating() -> None:
-    """Workers stuck terminating (their node stopped answering) hold the planned GPUs
-    up only until they count as stuck; then the gang starts and the extender chooses."""
+@pytest.mark.parametrize("how", ["stuck", "refused"])
+def test_a_gang_waits_for_the_planned_gpus_at_most_room_wait_s(how: str) -> None:
+    """Workers that do not go (their node stopped answering, or the API server refuses
+    their deletion, so every pass deletes them again) hold the planned GPUs up for
+    ``ROOM_WAIT_S`` at most; then the gang starts and the extender chooses others."""
     cluster = FakeCluster(NODES)
     policy = WherePolicy({"ml/a": _slots("n1", 0, 1)})
     cluster.submit(dljob("a", "ua", 2, 2, 2))
     settle(cluster, GENEROUS, policy)
-    cluster.stuck_nodes.add("n1")
+    if how == "stuck":
+        cluster.stuck_nodes.add("n1")
+    else:
+        write = cluster.write
+        cluster.write = lambda verb, args: None if verb == "delete" else write(verb, args)  # type: ignore[method-assign]
     cluster.submit(dljob("b", "ub", 2, 2, 2))
     policy.where.update({"ml/a": (), "ml/b": _slots("n1", 0, 1)})
-    one_pass(cluster, GENEROUS, policy=policy)
-    cluster.settle()
-    actions, _ = cluster.one_pass(budget=GENEROUS, policy=policy, models=lambda j: SyntheticModel())
-    assert not any(name.startswith("b-") for name in cluster.pods)
-    deadline = parse_time(cluster.pods["a-g1-w0"]["metadata"]["deletionTimestamp"])
-    assert deadline is not None and actions.wake_at_s == deadline + STUCK_TERMINATION_S
-    cluster.now_s = deadline + STUCK_TERMINATION_S
+    began = cluster.now_s
+    for _ in range(3):
+        actions, _ = cluster.one_pass(
+            budget=GENEROUS, policy=policy, models=lambda j: SyntheticModel()
+        )
+        cluster.settle()
+        assert not any(name.startswith("b-") for name in cluster.pods)
+        assert actions.wake_at_s == began + ROOM_WAIT_S
+        assert cluster.jobs["b"]["status"]["roomWaitSince"] == format_time(began)
+        cluster.now_s += 30.0
+    cluster.now_s = began + ROOM_WAIT_S
     settle(cluster, GENEROUS, policy)
     got = _blocks(cluster, "b")  # other GPUs: n1's first two are still held
     assert len(got) == 2 and got.isdisjoint(_slots("n1", 0, 1))
+    assert "roomWaitSince" not in cluster.jobs["b"]["status"]
+
+
+def test_a_job_stopped_after_a_failure_backs_off_even_before_its_deletes_show() -> None:
+    """A worker failed; the pass recorded it and died before deleting the workers. The
+    next pass deletes them again and, as once they are gone, leaves the job out of
+    the plan until its backoff ends."""
+    cluster = FakeCluster(NODES)
+    body = dljob("a", "ua")
+    body["spec"]["restart"]["backoffSeconds"] = 30
+    policy = Recording(WantsPolicy({"ml/a": 4}))
+    cluster.submit(body)
+    settle(cluster, GENEROUS, policy)
+    cluster.pods["a-g1-w1"]["status"] = {"phase": "Failed"}
+    one_pass(cluster, GENEROUS, limit=1, policy=policy)  # a's status only
+    status = cluster.jobs["a"]["status"]
+    assert (status["restarts"], status["allocation"]["stopped"]) == (1, True)
+    actions, _ = cluster.one_pass(budget=GENEROUS, policy=policy, models=lambda j: SyntheticModel())
+    assert sorted(name for _, name, _ in actions.delete_pods) == [f"a-g1-w{i}" for i in range(4)]
+    assert actions.plan is None  # no job to plan: a backs off
+    failed_at = parse_time(status["lastFailureTime"])
+    assert failed_at is not None and actions.wake_at_s is not None
+    assert actions.wake_at_s > cluster.now_s and actions.wake_at_s <= failed_at + 60
 
 
 class Recording:
