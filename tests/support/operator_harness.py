@@ -18,7 +18,9 @@ import argparse
 import asyncio
 import logging
 import socket
+import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,6 +73,18 @@ def operator_args(kubeconfig: Path, *options: str) -> argparse.Namespace:
     argv += ["--ingest-port", "0"]  # off unless a test turns it on (OPTIONS come later, win)
     argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz", *options]
     return build_parser().parse_args(argv)
+
+
+def stacks() -> str:
+    """Where every thread of the process is now (the operator's loop and its workers):
+    what a stop that does not finish waits for."""
+    frames = sys._current_frames()
+    out = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if frame is not None:
+            out.append(f"--- thread {thread.name}:\n" + "".join(traceback.format_stack(frame)))
+    return "\n".join(out)
 
 
 class Operator:
@@ -146,7 +160,7 @@ class Operator:
         self._stop.set()
         await asyncio.to_thread(self._thread.join, STOP_GRACE_S)
         if self._thread.is_alive():
-            message = f"the operator did not stop within {STOP_GRACE_S} s"
+            message = f"the operator did not stop within {STOP_GRACE_S} s\n{stacks()}"
             if not failing:
                 raise AssertionError(message)
             log.error("%s (while the test failed)", message)
