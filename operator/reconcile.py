@@ -631,10 +631,10 @@ def _stopping(v: _View, req: JobRequest, cluster_gpus: int) -> bool:
     It starts its next generation as soon as they are gone, so the pass plans it like
     a pending job (its GPU count, placed anew) and carries nothing out for it
     (``reconcile``): no other job is planned onto what it will get. Left out of the
-    plan, its demand vanished for a pass or two;
-    the policy gave its GPUs to others, which started (or grew) and were preempted
-    again once it came back, each a checkpoint-restart for nothing: in the twin,
-    jobs were restarted dozens of times a minute (docs/twin.md, "Churn").
+    plan, its demand vanished for a pass or two: the policy gave its GPUs to others,
+    which started (or grew) and were preempted again once it came back, each a
+    checkpoint-restart for nothing; in the twin, jobs were restarted dozens of times
+    a minute (docs/twin.md, "Churn").
     """
     v.stopping = True
     return too_large(req, cluster_gpus) is None

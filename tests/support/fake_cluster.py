@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from powerflow.extender.objects import parse_block
 from powerflow.extender.placing import planned_block
 from powerflow.operator.reconcile import Actions, Observed, reconcile
 
@@ -128,8 +129,7 @@ class FakeCluster:
                 continue  # the extender waits for the whole gang
             occupied = self._occupied()
             raw = members[0]["metadata"]["annotations"].get(contract.PLANNED_BLOCK_ANNOTATION)
-            planned = [tuple(s) for s in json.loads(raw)["block"]] if raw else []
-            block = planned_block(self.nodes, occupied, planned, size)  # type: ignore[arg-type]
+            block = planned_block(self.nodes, occupied, parse_block(raw), size)
             block = block or reserve_block(self.nodes, occupied, size)
             if block is None:
                 continue
