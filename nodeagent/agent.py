@@ -384,7 +384,8 @@ class Agent:
             self.sample_metrics()
             next_at += 1.0
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
+                async with asyncio.timeout(max(0.0, next_at - loop.time())):
+                    await stop.wait()
 
 
 async def _first(

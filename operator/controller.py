@@ -210,7 +210,8 @@ class Controller:
             if wake_at is not None:
                 timeout = min(timeout, max(wake_at - self.clock(), 0.0))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see pyproject's ruff
+                    await self._wake.wait()
             if not self._immediate:
                 await asyncio.sleep(self.config.debounce_s)
             self._wake.clear()

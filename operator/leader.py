@@ -134,7 +134,8 @@ class LeaderElector:
                     else None
                 )
                 try:
-                    ok = await asyncio.wait_for(asyncio.shield(attempt), left)
+                    async with asyncio.timeout(left):  # not wait_for: see pyproject's ruff
+                        ok = await asyncio.shield(attempt)
                 except TimeoutError as exc:
                     if attempt.done():  # the try itself timed out, not our wait for it
                         log.warning("lease %s/%s: %s", *self._where(), _reason(exc))

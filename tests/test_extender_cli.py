@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,7 @@ import httpx
 import pytest
 
 from powerflow.cli import main
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
+from powerflow.twin.ports import free_port
 
 BAD_KUBECONFIGS = {
     "missing": (None, "does not exist"),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from powerflow import contract
 from powerflow.telemetry import NodePower, SampleBatch, WindowSample, parse_batch
+from powerflow.twin.ports import free_port
 
 NODE = "node-a"
 
@@ -60,12 +60,6 @@ class Ingest:
                 await self.changed.wait()
 
         await asyncio.wait_for(loop(), 20)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @asynccontextmanager

@@ -316,7 +316,8 @@ async def _main(
     try:
         if args.once:
             try:
-                await asyncio.wait_for(agent.listed(), ONCE_TIMEOUT_S)
+                async with asyncio.timeout(ONCE_TIMEOUT_S):
+                    await agent.listed()
             except TimeoutError:
                 raise NodeAgentConfigError(
                     f"could not list the pods and the node {args.node_name} "

@@ -19,7 +19,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,18 +31,12 @@ from powerflow.nodeagent.iterations import HEALTH_PATH
 from powerflow.twin.agentproc import GpuServer
 from powerflow.twin.gpus import TwinGpus
 from powerflow.twin.kubelet import PROGRESS_INTERVAL_S
+from powerflow.twin.ports import free_port
 from powerflow.twin.timescale import (
     PROFILE_WINDOW_S,
     SAMPLE_WINDOW_S,
     TimeScale,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _die_with_parent() -> None:
@@ -164,13 +157,13 @@ def operator_process(
 ) -> Process:
     """``powerflow operator`` with its durations on the twin's time scale.
 
-    Every port is explicit: with ``--metrics-port 0`` the operator's metrics server
-    once took, from the kernel, the very port just chosen for its ingest (released by
-    ``free_port`` a moment before), and the operator exited on the ingest's bind."""
+    Every port is explicit and from ``free_port``: with ``--metrics-port 0`` the
+    operator's metrics server once took, from the kernel, the very port just chosen for
+    its ingest (released a moment before), and the operator exited on the ingest's
+    bind; ``free_port`` never returns a port the kernel hands out, nor one twice in a
+    row."""
     live = free_port()
     metrics = free_port()
-    while metrics in (live, ingest_port):
-        metrics = free_port()
     args = [
         "operator",
         "--kubeconfig",

@@ -49,12 +49,12 @@ from powerflow.twin.components import (
     Process,
     apiserver_process,
     extender_process,
-    free_port,
     operator_process,
 )
 from powerflow.twin.gpus import TwinGpus, totals
 from powerflow.twin.kubelet import Kubelet
 from powerflow.twin.nodelife import OUT_OF_SERVICE, NodeLifecycle, grace_s, toleration_s
+from powerflow.twin.ports import free_port
 from powerflow.twin.scheduler import Scheduler
 from powerflow.twin.timescale import DEFAULT, TimeScale
 from powerflow.twin.trace import NAMESPACE, MiniJob, dljob

@@ -152,13 +152,6 @@ def _chunks(body: bytes, size: int = 1 << 16) -> Iterator[bytes]:
         yield body[start : start + size]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 # -- bodies as raw text ---------------------------------------------------------------------
 
 DEEP = 100_000

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import socket
 import sys
 import threading
 import traceback
@@ -28,6 +27,7 @@ import yaml
 
 from powerflow.cli import build_parser
 from powerflow.commands.operator import serve
+from powerflow.twin.ports import free_port
 
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
@@ -51,14 +51,6 @@ def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:
     }
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def free_port() -> int:
-    """A port nothing listens on now (kopf's liveness URL cannot say "any port")."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 log = logging.getLogger(__name__)
