@@ -57,3 +57,25 @@ def test_settings_reach_the_controller_config() -> None:
     ):
         with pytest.raises(PowerFlowError):
             command.kopf_options(parse(*bad))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://0.0.0.0/healthz",  # kopf would take port 80
+        "http://0.0.0.0:0/healthz",  # the same: kopf reads 0 as 80
+        "http://0.0.0.0:70000/healthz",
+        "https://0.0.0.0:8080/healthz",  # kopf serves plain HTTP only
+        "0.0.0.0:8080",
+        "http://:8080/healthz",
+    ],
+)
+def test_a_liveness_url_kopf_would_misread_is_one_clear_error(url: str) -> None:
+    with pytest.raises(PowerFlowError, match="--liveness"):
+        command.kopf_options(parse("--liveness", url))
+
+
+def test_liveness_addresses_as_kopf_serves_them() -> None:
+    assert command.liveness_address("http://0.0.0.0:8080/healthz") == ("0.0.0.0", 8080)
+    assert command.liveness_address("http://[::]:8080/healthz") == ("::", 8080)
+    assert command.liveness_address("") is None

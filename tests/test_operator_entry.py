@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import signal
+import socket
 from pathlib import Path
 
 import httpx
@@ -90,6 +91,29 @@ def test_garbage_kubeconfig_is_one_line_and_exit_2(
     assert len(err) == 1
     assert err[0].startswith(f"powerflow operator: error: {path}: ")
     assert expected in err[0]
+
+
+async def test_a_busy_liveness_port_is_one_line_and_exit_2(
+    kmock: KubeEmulator, tmp_path: Path
+) -> None:
+    """kopf's liveness server failed on its bind in a traceback, and the operator
+    stopped with a line that did not name the option."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="t")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        live = f"http://127.0.0.1:{port}/healthz"
+        proc = await start(
+            "--kubeconfig", str(kubeconfig), "--metrics-port", "0", "--liveness", live
+        )
+        output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2, output.decode()[-2000:]
+    last = output.decode().strip().splitlines()[-1]
+    assert last.startswith(
+        f"powerflow operator: error: --liveness: cannot listen on 127.0.0.1:{port}"
+    )
+    assert "Traceback" not in output.decode()
 
 
 def test_in_cluster_without_service_account_is_one_line(

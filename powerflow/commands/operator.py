@@ -21,8 +21,9 @@ Pools: GPU nodes whose hard taints the ``--tolerate`` tolerations all
 tolerate (default: ``nvidia.com/gpu``); give the scheduler extender the same
 options, and put matching tolerations into the DLJobs' pod templates.
 
-Liveness on ``--liveness`` URL (empty: none), Prometheus metrics on
-``--metrics-port`` (0: any free port, logged).
+Liveness on ``--liveness`` URL (empty: none; ``http://HOST:PORT/PATH``, the
+port named; one that cannot be listened on fails at start, in one line),
+Prometheus metrics on ``--metrics-port`` (0: any free port, logged).
 
 Ingest: the node agents post their samples to ``--ingest-host:--ingest-port``
 (default 0.0.0.0:9443, 0 turns it off; HTTPS with ``--ingest-tls-cert`` and
@@ -41,7 +42,9 @@ import argparse
 import asyncio
 import logging
 import math
+import socket
 import threading
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -174,6 +177,36 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def liveness_address(url: str) -> tuple[str, int] | None:
+    """Where kopf will serve ``--liveness`` (None: off), checked as kopf reads it:
+    plain ``http`` only, and a missing port or port 0 would be 80 there, so a port
+    must be named."""
+    if not url:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme != "http" or not parts.hostname or port is None or not 0 < port < 65536:
+        raise OperatorConfigError(
+            f"--liveness {url!r}: expected http://HOST:PORT/PATH with a port 1-65535 "
+            "(or empty for none)"
+        )
+    return parts.hostname, port
+
+
+def check_listen(option: str, address: tuple[str, int]) -> None:
+    """Fail in one line, naming the option, when ``address`` cannot be listened on
+    (kopf's liveness server would fail later, in a traceback, and stop the operator)."""
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    try:
+        socket.create_server(address, family=family).close()
+    except OSError as exc:
+        host, port = address
+        raise OperatorConfigError(f"{option}: cannot listen on {host}:{port}: {exc}") from None
+
+
 def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``kopf.operator`` for these options (always standalone:
     the Lease, not kopf's peering, decides who acts)."""
@@ -189,6 +222,7 @@ def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
         raise OperatorConfigError(f"--ingest-port {args.ingest_port} is not a TCP port")
     if args.ingest_tls_key and not args.ingest_tls_cert:
         raise OperatorConfigError("--ingest-tls-key needs --ingest-tls-cert")
+    liveness_address(args.liveness)
     if not args.ingest_service_account.startswith("system:serviceaccount:"):
         raise OperatorConfigError(
             f"--ingest-service-account {args.ingest_service_account!r}: expected "
@@ -331,6 +365,9 @@ def serve(
     async def main() -> None:
         """kopf and the ingest server on one event loop."""
         server: IngestServer | None = None
+        live = liveness_address(args.liveness)
+        if live is not None:
+            check_listen("--liveness", live)
         if args.ingest_port:
             try:
                 server = await start(ingest, args.ingest_host, args.ingest_port, tls)
