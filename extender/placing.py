@@ -71,8 +71,9 @@ def planned_block(
     size: int,
 ) -> tuple[GpuSlot, ...] | None:
     """``planned`` (the operator's plan for the gang, ``contract.PLANNED_BLOCK_ANNOTATION``)
-    when it is an aligned block of ``size`` GPUs of ``nodes``, all free in ``occupied``;
-    None otherwise, and ``choose_block`` decides.
+    when it is a block of ``size`` GPUs of ``nodes``, all free in ``occupied``: an
+    aligned block of one node, or whole nodes; None otherwise, and ``choose_block``
+    decides.
 
     Taking the plan's block keeps the cluster where the policy thinks it is: with a
     block of the extender's own choosing, the next plan found the gang elsewhere and
@@ -80,12 +81,22 @@ def planned_block(
     from a pod annotation anyone who can edit the pod may write, so it is only a
     preference: a block that is not aligned, not free or on a node the gang may not
     use (``occupied`` marks those full) is ignored.
+
+    Whole nodes need not be aligned in ``nodes``' order: the plan numbers nodes over
+    its own list, which leaves out a node partly held by other pods, so a pair of
+    nodes aligned there can straddle a pair boundary here.
     """
     if len(planned) != size or not nodes:
         return None
     geo = geometry(nodes)
     slots, valid = resolve_slots(geo, planned)
-    if not valid or exact_block(geo, slots, size) is None:
+    if not valid:
+        return None
+    if size > geo.per_node:
+        on = {n for n, _ in slots}
+        if slots != {(n, i) for n in on for i in range(geo.per_node)}:
+            return None
+    elif exact_block(geo, slots, size) is None:
         return None
     if any(index in occupied.get(node, ()) for node, index in planned):
         return None

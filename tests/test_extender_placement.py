@@ -350,6 +350,35 @@ def test_a_planned_block_that_is_taken_or_not_a_block_is_ignored(
     assert set(state.gangs[GangKey("default", "b", "")].block) == {("n0", 4), ("n0", 5)}
 
 
+def test_a_planned_block_of_whole_nodes_is_taken_out_of_the_pools_alignment() -> None:
+    """The plan pairs n1 and n2 (it left out n0, partly held by other pods); in the
+    extender's order the aligned pairs are (n0, n1) and (n2, n3), so aligned only there,
+    the hint was ignored and the gang went to n2 and n3, away from the plan."""
+    state, _ = cluster(4)
+    schedule(state, gang("a", 1)[0])  # n0 partly held
+    slots = [(n, i) for n in ("n1", "n2") for i in range(8)]
+    placed = [schedule(state, planned(p, *slots)) for p in gang("b", 2, gpus=8)]
+    assert placed == ["n1", "n2"]
+    assert set(state.gangs[GangKey("default", "b", "")].block) == set(slots)
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [*(("n1", i) for i in range(8)), *((n, i) for n in ("n2", "n3") for i in range(4))],
+        [(n, i) for n in ("n1", "n9") for i in range(8)],  # no such node
+    ],
+    ids=["halves", "unknown"],
+)
+def test_a_planned_block_of_nodes_that_is_not_whole_nodes_is_ignored(
+    slots: list[tuple[str, int]],
+) -> None:
+    state, _ = cluster(4)
+    schedule(state, gang("a", 1)[0])
+    placed = [schedule(state, planned(p, *slots)) for p in gang("b", 2, gpus=8)]
+    assert placed == ["n2", "n3"]  # the extender's own best fit
+
+
 def test_a_planned_block_on_a_cordoned_node_is_ignored() -> None:
     state, _ = cluster(2)
     cordoned = node("n1")
