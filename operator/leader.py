@@ -120,9 +120,9 @@ class LeaderElector:
         started = 0.0
         try:
             while True:
-                # One try at a time. Shielded: a try that outlives the deadline still ends
-                # (its thread cannot be stopped); the next round waits for it, and so does
-                # the release below rather than racing it.
+                # One try at a time, never cancelled: a try that outlives the deadline
+                # still ends (its thread cannot be stopped); the next round waits for it,
+                # and so does the release below rather than racing it.
                 if attempt is None or attempt.done():
                     started = self.clock()
                     attempt = asyncio.ensure_future(asyncio.to_thread(self._try_acquire_or_renew))
@@ -133,16 +133,16 @@ class LeaderElector:
                     if self.is_leader
                     else None
                 )
-                try:
-                    async with asyncio.timeout(left):  # not wait_for: see pyproject's ruff
-                        ok = await asyncio.shield(attempt)
-                except TimeoutError as exc:
-                    if attempt.done():  # the try itself timed out, not our wait for it
+                # asyncio.wait neither cancels the try nor swallows a cancel of this
+                # task (wait_for on 3.11 can: pyproject's ruff), and a try that ends in
+                # the deadline's tick still counts, as it did with wait_for.
+                done, _ = await asyncio.wait({attempt}, timeout=left)
+                ok = False  # not done: the wait ended at the deadline
+                if done:
+                    try:
+                        ok = attempt.result()
+                    except Exception as exc:  # the API is unreachable or refuses: retry
                         log.warning("lease %s/%s: %s", *self._where(), _reason(exc))
-                    ok = False
-                except Exception as exc:  # the API is unreachable or refuses: retry
-                    log.warning("lease %s/%s: %s", *self._where(), _reason(exc))
-                    ok = False
                 now = self.clock()
                 # The Lease was written somewhere between the try's start and now: count
                 # from the start, and a success older than the deadline counts for nothing.

@@ -116,6 +116,26 @@ async def test_a_busy_liveness_port_is_one_line_and_exit_2(
     assert "Traceback" not in output.decode()
 
 
+async def test_a_liveness_port_the_ingest_took_is_one_line_and_exit_2(
+    kmock: KubeEmulator, tmp_path: Path
+) -> None:
+    """Checked after the ingest's bind: before it, the check passed, the ingest took the
+    port and kopf's liveness server failed in a traceback."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="t")
+    port = free_port()
+    proc = await start(
+        *("--kubeconfig", str(kubeconfig), "--metrics-port", "0"),
+        *("--ingest-host", "127.0.0.1", "--ingest-port", str(port)),
+        *("--liveness", f"http://127.0.0.1:{port}/healthz"),
+    )
+    output, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2, output.decode()[-2000:]
+    last = output.decode().strip().splitlines()[-1]
+    assert last.startswith(
+        f"powerflow operator: error: --liveness: cannot listen on 127.0.0.1:{port}"
+    )
+
+
 def test_in_cluster_without_service_account_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

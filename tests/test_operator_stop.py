@@ -53,7 +53,7 @@ async def test_the_allocation_loop_stops_when_cancelled_as_a_trigger_wakes_it(
     )
     loop = asyncio.create_task(controller.run())
     for _ in range(3):  # a few rounds: each a trigger and a cancel in the same tick
-        await asyncio.sleep(0.2)  # the loop waits for a trigger (its first pass done)
+        await asyncio.sleep(0.2)  # the loop waits for a trigger
         assert not loop.done()
         controller.trigger("an event", immediate=True)
         await asyncio.sleep(0)  # the wait for the trigger ends in this tick...

@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import logging
 import math
-import socket
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -178,9 +177,9 @@ def register(subparsers: Any) -> None:
 
 
 def liveness_address(url: str) -> tuple[str, int] | None:
-    """Where kopf will serve ``--liveness`` (None: off), checked as kopf reads it:
-    plain ``http`` only, and a missing port or port 0 would be 80 there, so a port
-    must be named."""
+    """Where kopf will serve ``--liveness`` (None: off). Stricter than kopf, which
+    reads a missing port or port 0 as 80 and a missing host as localhost: plain
+    ``http`` only, host and port named."""
     if not url:
         return None
     parts = urllib.parse.urlsplit(url)
@@ -196,15 +195,17 @@ def liveness_address(url: str) -> tuple[str, int] | None:
     return parts.hostname, port
 
 
-def check_listen(option: str, address: tuple[str, int]) -> None:
+async def check_listen(option: str, address: tuple[str, int]) -> None:
     """Fail in one line, naming the option, when ``address`` cannot be listened on
-    (kopf's liveness server would fail later, in a traceback, and stop the operator)."""
-    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    (kopf's liveness server would fail later, in a traceback, and stop the operator).
+    Bound as aiohttp binds it, every address the host resolves to."""
+    host, port = address
     try:
-        socket.create_server(address, family=family).close()
+        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, host, port)
     except OSError as exc:
-        host, port = address
         raise OperatorConfigError(f"{option}: cannot listen on {host}:{port}: {exc}") from None
+    server.close()
+    await server.wait_closed()
 
 
 def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -365,9 +366,6 @@ def serve(
     async def main() -> None:
         """kopf and the ingest server on one event loop."""
         server: IngestServer | None = None
-        live = liveness_address(args.liveness)
-        if live is not None:
-            check_listen("--liveness", live)
         if args.ingest_port:
             try:
                 server = await start(ingest, args.ingest_host, args.ingest_port, tls)
@@ -376,6 +374,9 @@ def serve(
                 message = f"--ingest-port: cannot listen on {where}: {exc}"
                 raise OperatorConfigError(message) from None
         try:
+            live = liveness_address(args.liveness)
+            if live is not None:  # after the ingest's bind, which may take the same port
+                await check_listen("--liveness", live)
             await kopf.operator(
                 registry=registry, stop_flag=stop_flag, ready_flag=ready_flag, **options
             )
