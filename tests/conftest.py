@@ -2,7 +2,9 @@
 
 ``api`` is an HTTP client of the emulator with the built-in resources, the
 DLJob resource, two 4-GPU nodes and a 5 kW budget (``operator_cases.seed``);
-``kubeconfig`` is a kubeconfig file pointing at it, as a user would write one.
+``kubeconfig`` is a kubeconfig file pointing at it, as a user would write one;
+``kube`` is the operator's ``Kube`` client of the emulator with the built-ins and the
+DLJob resource (nothing seeded).
 Test modules that need another cluster define their own ``api``.
 
 How the tests split over xdist's workers: ``support.ci_order``.
@@ -15,9 +17,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import kubernetes
 import pytest
 from hypothesis import settings
 from operator_cases import seed
+from powerflow.operator.kube import Kube
 from support.ci_order import (  # noqa: F401  (pytest hooks)
     pytest_collection_modifyitems,
     pytest_xdist_make_scheduler,
@@ -47,3 +51,14 @@ async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
     return write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url))
+
+
+@pytest.fixture
+async def kube(kmock: KubeEmulator) -> AsyncIterator[Kube]:
+    kmock.load_builtins()
+    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
+    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(kmock.url)))
+    try:
+        yield Kube(api, None)
+    finally:
+        api.close()

@@ -8,11 +8,9 @@ crash (issue 11, item 4), so the record must come first or nothing at all.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import kubernetes
 import pytest
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.kube import Kube, WritesFailed
@@ -27,17 +25,6 @@ pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/ml/{contract.PLURAL}"
 STATUS = f"{contract.PLURAL}/status"
 RECORD = {"allocation": {"generation": 1, "gpus": 2}}
-
-
-@pytest.fixture
-async def kube(kmock: KubeEmulator) -> AsyncIterator[Kube]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(kmock.url)))
-    try:
-        yield Kube(api, None)
-    finally:
-        api.close()
 
 
 def _body(name: str) -> dict[str, Any]:

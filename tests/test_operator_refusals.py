@@ -6,7 +6,6 @@ back from status) and ``Kube.apply`` against the emulator over real HTTP.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -175,17 +174,6 @@ def test_other_refused_writes_are_reported_without_a_backoff() -> None:
 
 
 # -- Kube.apply against the emulator ----------------------------------------------------------
-
-
-@pytest.fixture
-async def kube(kmock: KubeEmulator) -> AsyncIterator[Kube]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(kmock.url)))
-    try:
-        yield Kube(api, None)
-    finally:
-        api.close()
 
 
 async def _create_jobs(kmock: KubeEmulator, *names: str) -> dict[str, Any]:

@@ -13,9 +13,7 @@ period, with the Lease unreleased, so a standby would wait out the Lease.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import kubernetes
 import pytest
 from powerflow.operator.controller import (
     Controller,
@@ -28,20 +26,7 @@ from powerflow.operator.learning import SampleStore
 from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 
-from powerflow import contract
-
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
-
-
-@pytest.fixture
-async def kube(kmock: KubeEmulator) -> AsyncIterator[Kube]:
-    kmock.load_builtins()
-    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
-    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(kmock.url)))
-    try:
-        yield Kube(api, None)
-    finally:
-        api.close()
 
 
 async def test_the_allocation_loop_stops_when_cancelled_as_a_trigger_wakes_it(
