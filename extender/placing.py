@@ -79,8 +79,9 @@ def planned_block(
     block of the extender's own choosing, the next plan found the gang elsewhere and
     moved other jobs again to make room (docs/twin.md, "Churn"). The plan comes
     from a pod annotation anyone who can edit the pod may write, so it is only a
-    preference: a block that is not aligned, not free or on a node the gang may not
-    use (``occupied`` marks those full) is ignored.
+    preference: a block within one node that is not aligned, a block of several nodes
+    that is not whole nodes, one not free or on a node the gang may not use
+    (``occupied`` marks those full) is ignored.
 
     Whole nodes need not be aligned in ``nodes``' order: the plan numbers nodes over
     its own list, which leaves out a node partly held by other pods, so a pair of

@@ -117,6 +117,7 @@ class LeaderElector:
         cfg = self.config
         last_renew = 0.0  # when the last renewal that counts STARTED (the write came after)
         attempt: asyncio.Future[bool] | None = None
+        late = False
         started = 0.0
         try:
             while True:
@@ -124,6 +125,8 @@ class LeaderElector:
                 # still ends (its thread cannot be stopped); the next round waits for it,
                 # and so does the release below rather than racing it.
                 if attempt is None or attempt.done():
+                    if attempt is not None and late:  # ended after its deadline, unread
+                        self._outcome(attempt)
                     started = self.clock()
                     attempt = asyncio.ensure_future(asyncio.to_thread(self._try_acquire_or_renew))
                 # A leader waits only for the time its last renewal still covers, not for
@@ -137,12 +140,8 @@ class LeaderElector:
                 # task (wait_for on 3.11 can: pyproject's ruff), and a try that ends in
                 # the deadline's tick still counts, as it did with wait_for.
                 done, _ = await asyncio.wait({attempt}, timeout=left)
-                ok = False  # not done: the wait ended at the deadline
-                if done:
-                    try:
-                        ok = attempt.result()
-                    except Exception as exc:  # the API is unreachable or refuses: retry
-                        log.warning("lease %s/%s: %s", *self._where(), _reason(exc))
+                late = not done  # the wait ended at the deadline: read it when it ends
+                ok = self._outcome(attempt) if done else False
                 now = self.clock()
                 # The Lease was written somewhere between the try's start and now: count
                 # from the start, and a success older than the deadline counts for nothing.
@@ -165,6 +164,15 @@ class LeaderElector:
                     attempt.exception()  # retrieved: its failure was logged or is moot
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._release)
+
+    def _outcome(self, attempt: asyncio.Future[bool]) -> bool:
+        """A finished try's answer; its failure logged in one line (the API is
+        unreachable or refuses: the loop retries)."""
+        try:
+            return attempt.result()
+        except Exception as exc:
+            log.warning("lease %s/%s: %s", *self._where(), _reason(exc))
+            return False
 
     def _where(self) -> tuple[str, str]:
         return self.config.namespace, self.config.name

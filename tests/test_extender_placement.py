@@ -355,7 +355,7 @@ def test_a_planned_block_of_whole_nodes_is_taken_out_of_the_pools_alignment() ->
     extender's order the aligned pairs are (n0, n1) and (n2, n3), so aligned only there,
     the hint was ignored and the gang went to n2 and n3, away from the plan."""
     state, _ = cluster(4)
-    schedule(state, gang("a", 1)[0])  # n0 partly held
+    state.upsert_pod(pod("foreign", gpus=1, node_name="n0"))  # n0 partly held
     slots = [(n, i) for n in ("n1", "n2") for i in range(8)]
     placed = [schedule(state, planned(p, *slots)) for p in gang("b", 2, gpus=8)]
     assert placed == ["n1", "n2"]
@@ -367,14 +367,16 @@ def test_a_planned_block_of_whole_nodes_is_taken_out_of_the_pools_alignment() ->
     [
         [*(("n1", i) for i in range(8)), *((n, i) for n in ("n2", "n3") for i in range(4))],
         [(n, i) for n in ("n1", "n9") for i in range(8)],  # no such node
+        [(n, i) for n in ("n0", "n1") for i in range(8)],  # n0 partly held
     ],
-    ids=["halves", "unknown"],
+    ids=["halves", "unknown", "held"],
 )
 def test_a_planned_block_of_nodes_that_is_not_whole_nodes_is_ignored(
     slots: list[tuple[str, int]],
 ) -> None:
+    """Not whole nodes, or not all free: the extender's own best fit."""
     state, _ = cluster(4)
-    schedule(state, gang("a", 1)[0])
+    state.upsert_pod(pod("foreign", gpus=1, node_name="n0"))
     placed = [schedule(state, planned(p, *slots)) for p in gang("b", 2, gpus=8)]
     assert placed == ["n2", "n3"]  # the extender's own best fit
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import http.server
 import json
 import signal
@@ -238,6 +239,7 @@ class _LeaseServer(http.server.ThreadingHTTPServer):
         self.last_write = 0.0  # time.monotonic() of the last stored write
         self.broken_since: float | None = None
         self.fail_for_s = 1.9
+        self.slow_s = 0.0  # > 0: once broken, every answer (500) comes this late instead
         self.released = threading.Event()
 
 
@@ -261,7 +263,9 @@ class _LeaseHandler(http.server.BaseHTTPRequestHandler):
         data = json.loads(self.rfile.read(size)) if size else None
         broken = server.broken_since
         if broken is not None:
-            if time.monotonic() - broken >= server.fail_for_s:
+            if server.slow_s:
+                time.sleep(server.slow_s)
+            elif time.monotonic() - broken >= server.fail_for_s:
                 server.released.wait(10)  # hangs: the client's own timeout ends the call
             status = {"kind": "Status", "status": "Failure", "code": 500, "reason": "Internal"}
             self._answer(500, status)
@@ -310,6 +314,50 @@ async def test_leader_stops_acting_by_its_last_renewal_plus_the_renew_deadline()
         while elector.is_leader and time.monotonic() < deadline + 0.5:
             await asyncio.sleep(0.01)
         assert not elector.is_leader, "still acting after its last renewal + renew deadline"
+    finally:
+        server.released.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        server.shutdown()
+        server.server_close()
+        client.close()
+
+
+async def test_a_try_that_ends_after_its_deadline_is_still_read_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The API server hangs a renewal: the leader stops waiting at its deadline and
+    steps down, and the try fails later, on its own timeout. The next round replaced it
+    unread: asyncio's "Task exception was never retrieved" with a traceback, instead of
+    the elector's one line."""
+    server = _LeaseServer()
+    server.slow_s = 1.5  # past the renew deadline (2 s from the last renewal, which was
+    # a retry period, 1 s, before the try), before the next round (1 s after that)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
+    client = kubernetes.client.ApiClient(configuration)
+    elector = LeaderElector(client, LeaseConfig("ns", "lease", "me", 3, 2.0, 1.0))
+    task = asyncio.create_task(elector.run())
+    try:
+
+        async def leading() -> bool:
+            return elector.is_leader
+
+        await eventually(leading, timeout=5)
+        caplog.clear()
+        server.broken_since = time.monotonic()
+
+        async def late_try_logged() -> bool:
+            return any("lease ns/lease: 500" in r.getMessage() for r in caplog.records)
+
+        await eventually(late_try_logged, timeout=10)
+        assert not elector.is_leader
+        await asyncio.sleep(2.0)  # more rounds, each replacing the try before
+        gc.collect()  # an unread task's exception is reported when it is collected
+        unread = [r for r in caplog.records if "never retrieved" in r.getMessage()]
+        assert not unread, unread[0].getMessage()
     finally:
         server.released.set()
         task.cancel()

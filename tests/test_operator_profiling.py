@@ -13,7 +13,8 @@ from powerflow.operator.workers import WorkerSet, worker_pods
 
 from powerflow import contract
 from powerflow.gpus import A100
-from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
+from powerflow.policy.powerflow import PowerFlowPolicy
+from powerflow.policy.snapshot import JobPlan, Node, Plan, Policy, Snapshot
 from powerflow.policy.synthetic import SyntheticModel
 from powerflow.timefmt import format_time_ms, parse_time
 
@@ -56,11 +57,11 @@ def body(status: dict[str, Any] | None = None, gpus: int = 4) -> dict[str, Any]:
 
 
 def running_pods(
-    generation: int = 1, gpus: int = 4, phase: str = "Running"
+    generation: int = 1, gpus: int = 4, phase: str = "Running", first: int = 0
 ) -> tuple[dict[str, Any], ...]:
     """The job's workers as the extender (placement) and the kubelet (phase) leave them."""
     req = parse_dljob(body(gpus=gpus))
-    block = [["n0", i] for i in range(gpus)]
+    block = [["n0", i] for i in range(first, first + gpus)]
     placement = json.dumps({"node": "n0", "block": block})
     pods = []
     for pod in worker_pods(req, WorkerSet(generation, gpus, 256 // gpus, 1410)):
@@ -76,7 +77,7 @@ def allocation(**extra: Any) -> dict[str, Any]:
 
 
 def one_pass(
-    obs: Observed, now_s: float, policy: KeepPolicy | None = None, **kw: Any
+    obs: Observed, now_s: float, policy: Policy | None = None, **kw: Any
 ) -> tuple[Actions, dict[str, Any]]:
     kw.setdefault("profiling_window_s", WINDOW)
     actions = reconcile([obs], NODES, BUDGET, now_s, policy or KeepPolicy(), lambda j: MODEL, **kw)
@@ -150,6 +151,22 @@ def test_without_placement_a_profiling_job_is_not_pinned() -> None:
     policy = KeepPolicy()
     one_pass(Observed(body(status), pods), 100.0, policy)
     assert not policy.snapshots[-1].jobs[0].pinned
+
+
+def test_a_profiling_job_on_gpus_that_are_no_aligned_block_does_not_stop_the_plan() -> None:
+    """The policy keeps a pinned job's GPUs only as an aligned block of the plan's nodes
+    and refuses the whole pass otherwise ("policy refused the snapshot": no plan for any
+    job). A gang can sit unaligned there: the extender takes a plan's whole nodes in any
+    order, and the plan's nodes change as other pods come and go."""
+    status = {"phase": "Profiling", "allocation": allocation()}
+    obs = Observed(body(status), running_pods(first=2))  # n0's GPUs 2-5
+    policy = KeepPolicy()
+    one_pass(obs, 100.0, policy)
+    assert not policy.snapshots[-1].jobs[0].pinned
+    paper = PowerFlowPolicy()
+    actions, _ = one_pass(obs, 100.0, paper)
+    assert not any("refused" in note for note in actions.notes), actions.notes
+    assert actions.plan is not None and actions.plan.jobs[0].gpus > 0
 
 
 def test_progress_counts_whole_iterations_and_keeps_the_rest() -> None:

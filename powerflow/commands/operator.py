@@ -202,7 +202,7 @@ async def check_listen(option: str, address: tuple[str, int]) -> None:
     host, port = address
     try:
         server = await asyncio.get_running_loop().create_server(asyncio.Protocol, host, port)
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a host IDNA cannot encode
         raise OperatorConfigError(f"{option}: cannot listen on {host}:{port}: {exc}") from None
     server.close()
     await server.wait_closed()
@@ -261,7 +261,8 @@ def serve(
     controller once it runs), ``store`` (the online refit's sample store; by
     default a new one whose metrics go to the operator's registry), ``sink``
     (where the ingest's accepted samples go; by default the store). Raises
-    ``PowerFlowError`` for unusable settings before anything starts.
+    ``PowerFlowError`` for unusable settings before kopf starts (a port that cannot be
+    listened on once the metrics and ingest servers have started: they are stopped).
     """
     import kopf
     from prometheus_client import start_http_server

@@ -160,8 +160,8 @@ def operator_process(
     Every port is explicit and from ``free_port``: with ``--metrics-port 0`` the
     operator's metrics server once took, from the kernel, the very port just chosen for
     its ingest (released a moment before), and the operator exited on the ingest's
-    bind; ``free_port`` never returns a port the kernel hands out, nor one twice in a
-    row."""
+    bind; ``free_port`` returns none the kernel hands out, nor one twice in a row
+    (unless the kernel leaves no room outside its range: ``powerflow.twin.ports``)."""
     live = free_port()
     metrics = free_port()
     args = [

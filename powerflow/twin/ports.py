@@ -104,5 +104,6 @@ os.register_at_fork(after_in_child=_walk.restart)
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing holds now and that the kernel will not give to
     an outgoing connection before its server binds it; not one returned before in
-    this process unless all of the range has been."""
+    this process unless all of the range has been. (Neither promise holds in the
+    bind(0) fallback, where the kernel leaves no room outside its range.)"""
     return _walk.free_port()
