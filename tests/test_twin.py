@@ -17,7 +17,7 @@ import pytest
 from powerflow import contract
 from powerflow.twin.apiserver import ApiServer
 from powerflow.twin.compare import agreement, simulate_mini
-from powerflow.twin.harness import Twin
+from powerflow.twin.harness import Twin, TwinResult
 from powerflow.twin.kubelet import gpu_of, gpus_per_node
 from powerflow.twin.scheduler import feasible, gpu_request
 from powerflow.twin.timescale import TimeScale
@@ -131,4 +131,20 @@ def test_mini_trace_runs_to_completion_and_agrees_with_simulate(tmp_path: Path) 
     assert abs(agree.energy_diff) <= ENERGY_TOLERANCE, agree.describe()
     # The operator restarts jobs about as often as the simulator does (each one a
     # checkpoint-restart on a real cluster): it once restarted 591 times for 53.
-    assert agree.twin_restarts <= (1 + RESTART_TOLERANCE) * agree.sim_restarts, agree.describe()
+    if agree.twin_restarts > (1 + RESTART_TOLERANCE) * agree.sim_restarts:
+        raise AssertionError(f"{agree.describe()}\n{restart_report(result, tmp_path)}")
+
+
+def restart_report(result: TwinResult, folder: Path) -> str:
+    """What a failure on restarts needs to be understood from CI's output alone (it was
+    seen once, 103 for 53, on a machine loaded beyond CI's own load): the restarts job
+    by job, and the operator's lines about its lease and its failed or cancelled
+    passes."""
+    by_job = ", ".join(f"{j.name} {j.restarts}" for j in result.jobs if j.restarts)
+    log = folder / "operator.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    marks = ("stepping down", "is the leader", "pass cancelled", "pass failed", "Traceback")
+    lines = [line for line in text.splitlines() if any(m in line for m in marks)]
+    return f"restarts by job: {by_job}\noperator log ({len(lines)} lines):\n" + "\n".join(
+        lines[-40:]
+    )
