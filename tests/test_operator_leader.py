@@ -7,6 +7,7 @@ User-Agent of its writes, so the emulator's request log tells who wrote what.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import gc
 import http.server
@@ -14,6 +15,7 @@ import json
 import signal
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -287,18 +289,16 @@ class _LeaseHandler(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = _serve
 
 
-async def test_leader_stops_acting_by_its_last_renewal_plus_the_renew_deadline() -> None:
-    """Renewals fail fast for 1.9 s, then the API server hangs: the leader must stop acting
-    by the last stored renewal + ``renew_deadline_s`` (2 s), before the 3 s Lease expires
-    and a successor may act. (It stepped down 4 s after: it waited a whole deadline for the
-    hung try, and counted a renewal from when the answer came.)"""
-    server = _LeaseServer()
+@contextlib.asynccontextmanager
+async def leading_on(server: _LeaseServer, config: LeaseConfig) -> AsyncIterator[LeaderElector]:
+    """A candidate running against ``server`` (served from a thread), once it leads; all
+    of it stopped at the end."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     configuration = kubernetes.client.Configuration()
     configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
     client = kubernetes.client.ApiClient(configuration)
-    elector = LeaderElector(client, LeaseConfig("ns", "lease", "me", 3, 2.0, 0.4))
+    elector = LeaderElector(client, config)
     task = asyncio.create_task(elector.run())
     try:
 
@@ -306,6 +306,23 @@ async def test_leader_stops_acting_by_its_last_renewal_plus_the_renew_deadline()
             return elector.is_leader
 
         await eventually(leading, timeout=5)
+        yield elector
+    finally:
+        server.released.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        server.shutdown()
+        server.server_close()
+        client.close()
+
+
+async def test_leader_stops_acting_by_its_last_renewal_plus_the_renew_deadline() -> None:
+    """Renewals fail fast for 1.9 s, then the API server hangs: the leader must stop acting
+    by the last stored renewal + ``renew_deadline_s`` (2 s), before the 3 s Lease expires
+    and a successor may act. (It stepped down 4 s after: it waited a whole deadline for the
+    hung try, and counted a renewal from when the answer came.)"""
+    server = _LeaseServer()
+    async with leading_on(server, LeaseConfig("ns", "lease", "me", 3, 2.0, 0.4)) as elector:
         server.broken_since = time.monotonic()
         with server.lock:
             last_write = server.last_write
@@ -314,13 +331,6 @@ async def test_leader_stops_acting_by_its_last_renewal_plus_the_renew_deadline()
         while elector.is_leader and time.monotonic() < deadline + 0.5:
             await asyncio.sleep(0.01)
         assert not elector.is_leader, "still acting after its last renewal + renew deadline"
-    finally:
-        server.released.set()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        server.shutdown()
-        server.server_close()
-        client.close()
 
 
 async def test_a_try_that_ends_after_its_deadline_is_still_read_and_logged(
@@ -333,19 +343,7 @@ async def test_a_try_that_ends_after_its_deadline_is_still_read_and_logged(
     server = _LeaseServer()
     server.slow_s = 1.5  # past the renew deadline (2 s from the last renewal, which was
     # a retry period, 1 s, before the try), before the next round (1 s after that)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    configuration = kubernetes.client.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-    client = kubernetes.client.ApiClient(configuration)
-    elector = LeaderElector(client, LeaseConfig("ns", "lease", "me", 3, 2.0, 1.0))
-    task = asyncio.create_task(elector.run())
-    try:
-
-        async def leading() -> bool:
-            return elector.is_leader
-
-        await eventually(leading, timeout=5)
+    async with leading_on(server, LeaseConfig("ns", "lease", "me", 3, 2.0, 1.0)) as elector:
         caplog.clear()
         server.broken_since = time.monotonic()
 
@@ -358,10 +356,3 @@ async def test_a_try_that_ends_after_its_deadline_is_still_read_and_logged(
         gc.collect()  # an unread task's exception is reported when it is collected
         unread = [r for r in caplog.records if "never retrieved" in r.getMessage()]
         assert not unread, unread[0].getMessage()
-    finally:
-        server.released.set()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        server.shutdown()
-        server.server_close()
-        client.close()
