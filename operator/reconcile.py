@@ -108,7 +108,7 @@ from powerflow.backend import schedule_once
 from powerflow.errors import PowerFlowError, ResourceError
 from powerflow.gpus import GpuSpec
 from powerflow.models.protocol import PerfModel
-from powerflow.policy.buddy import exact_block, geometry, resolve_slots
+from powerflow.policy.buddy import is_aligned_block
 from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
 from powerflow.profiling import PAPER_SWEEP, ClockSweep
 from powerflow.timefmt import format_time, format_time_ms, parse_time
@@ -863,7 +863,6 @@ def build_snapshot(
     sizes = {n.name: n.gpus for n in nodes}
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
-    keepable = functools.partial(_is_block, nodes)
     for v in views:
         assert v.req is not None
         try:
@@ -875,7 +874,7 @@ def build_snapshot(
             continue
         if not held.isdisjoint(job.placement):  # two gangs claim a GPU: trust neither's
             job = replace(job, placement=(), pinned=False)
-        elif job.pinned and not keepable(job.placement):
+        elif job.pinned and not is_aligned_block(nodes, job.placement):
             # The policy keeps a pinned job's GPUs only as an aligned block of these
             # nodes, and refuses the whole pass otherwise; the gang's nodes can be
             # unaligned here (the plan's nodes change as other pods come and go).
@@ -885,16 +884,6 @@ def build_snapshot(
     return Snapshot(
         nodes=nodes, jobs=tuple(jobs), budget=budget.budget, now_s=now_s, power_ratio=power_ratio
     )
-
-
-def _is_block(nodes: tuple[Node, ...], placement: Sequence[GpuSlot]) -> bool:
-    """Whether ``placement`` is an aligned block of ``nodes`` (``buddy.exact_block``)."""
-    try:
-        geo = geometry(nodes)
-    except PowerFlowError:
-        return False
-    slots, valid = resolve_slots(geo, placement)
-    return valid and exact_block(geo, slots, len(placement)) is not None
 
 
 def _start(

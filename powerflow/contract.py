@@ -32,8 +32,9 @@ GENERATION_ANNOTATION: Final = f"{GROUP}/allocation-generation"
 """Pod annotation: which allocation (rescale count) the pod belongs to."""
 PLANNED_BLOCK_ANNOTATION: Final = f"{GROUP}/planned-block"
 """Pod annotation: JSON ``{"block": [[node, gpu_index], ...]}``, the GPUs the
-policy's plan placed the gang on. The extender takes that block when it is an
-aligned block of the gang's size whose GPUs are free, else chooses its own, so
+policy's plan placed the gang on. The extender takes that block when it is a
+block of the gang's size (aligned within one node, or whole nodes) whose GPUs
+are free, else chooses its own, so
 that the next plan finds the gang where it put it (otherwise it may move other
 jobs again to make room: docs/twin.md, "Churn")."""
 MODEL_ANNOTATION: Final = f"{GROUP}/model"

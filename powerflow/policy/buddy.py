@@ -212,6 +212,17 @@ def exact_block(geo: Geometry, slots: set[tuple[int, int]], size: int) -> Block 
     return block
 
 
+def is_aligned_block(nodes: Sequence[Node], slots: Sequence[GpuSlot]) -> bool:
+    """Whether ``slots`` are exactly an aligned block of ``nodes`` (False for nodes
+    buddy placement cannot number): what the placement keeps for an immovable job."""
+    try:
+        geo = geometry(nodes)
+    except PlacementError:
+        return False
+    resolved, valid = resolve_slots(geo, slots)
+    return valid and exact_block(geo, resolved, len(slots)) is not None
+
+
 def _covers(geo: Geometry, block: Block, slots: set[tuple[int, int]]) -> bool:
     if block.size <= geo.per_node:
         return all(
