@@ -8,7 +8,6 @@ what the extender makes of them for whole gangs.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from extender_bodies import node, pod
 from powerflow.extender.objects import GangKey, pod_info
 from powerflow.extender.state import ClusterState, NotSynced
+from powerflow.operator.workers import planned_block_annotation
 
 from powerflow.contract import PLANNED_BLOCK_ANNOTATION
 
@@ -315,7 +315,7 @@ def test_a_pod_deleted_while_its_bind_was_in_flight_holds_no_gpus() -> None:
 
 def planned(body: dict[str, Any], *slots: tuple[str, int]) -> dict[str, Any]:
     """The worker as the operator creates it: with its plan's block."""
-    block = json.dumps({"block": [list(s) for s in slots]})
+    block = planned_block_annotation(slots)
     body["metadata"]["annotations"][PLANNED_BLOCK_ANNOTATION] = block
     return body
 

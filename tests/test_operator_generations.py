@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+from powerflow.extender.objects import parse_block
 from powerflow.operator.budget import BudgetConfig, parse_budget
 from powerflow.operator.reconcile import ROOM_WAIT_S, STUCK_TERMINATION_S
 from support.fake_cluster import FakeCluster
@@ -395,10 +396,10 @@ def _slots(node: str, *indices: int) -> tuple[tuple[str, int], ...]:
 
 def _blocks(cluster: FakeCluster, job: str) -> set[tuple[str, int]]:
     return {
-        tuple(s)  # type: ignore[misc]
+        slot
         for name, pod in cluster.pods.items()
         if name.startswith(f"{job}-")
-        for s in json.loads(pod["metadata"]["annotations"][contract.PLACEMENT_ANNOTATION])["block"]
+        for slot in parse_block(pod["metadata"]["annotations"][contract.PLACEMENT_ANNOTATION])
     }
 
 

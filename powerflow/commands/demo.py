@@ -31,7 +31,6 @@ import numpy as np
 from rich.console import Console, RenderableType
 from rich.live import Live
 
-from powerflow import contract
 from powerflow.commands import checks
 from powerflow.commands.demo_view import Frame, NodeRow, event_line, job_rows, new_events, render
 from powerflow.errors import PowerFlowError
@@ -241,12 +240,10 @@ def drive(
     ended; a job's JCT from its submission to the read that saw it end), with the
     view redrawn at every read; and the run's wall-clock seconds."""
     from powerflow.twin.gpus import totals
-    from powerflow.twin.harness import JobOutcome, TwinResult, job_state
+    from powerflow.twin.harness import DLJOBS, JobOutcome, TwinResult, job_state
     from powerflow.twin.trace import NAMESPACE
 
     assert twin.client is not None
-    group = f"/apis/{contract.GROUP}/{contract.VERSION}"
-    dljobs = f"{group}/namespaces/{NAMESPACE}/{contract.PLURAL}"
     events_path = f"/api/v1/namespaces/{NAMESPACE}/events"
     start = clock() - min(j.job.submit_s for j in jobs)
     began = clock()
@@ -268,7 +265,7 @@ def drive(
         new Events into the view's lines."""
         assert twin.client is not None
         try:
-            got = twin.client.get(dljobs).json()["items"]
+            got = twin.client.get(DLJOBS).json()["items"]
             events = twin.client.get(events_path).json()["items"]
         except (httpx.HTTPError, ValueError, KeyError) as exc:  # a slow moment: next read
             lines.append(f"{now:7.1f} s  (reading the API server: {exc})")
