@@ -19,6 +19,7 @@ so the agent can fall back to the GPU UUIDs the worker library reports.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 
@@ -35,6 +36,27 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """Largest List answer accepted: the kubelet's own client (and DCGM-exporter)
 allow 16 MiB, gRPC's default of 4 MiB can be too little on a node with
 hundreds of pods."""
+
+SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "v1.PodResourcesLister"}],
+                "retryPolicy": {
+                    "maxAttempts": 3,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "0.5s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+"""gRPC's own retry of ``List`` (a read, safe to repeat) when the transport fails
+under it: after a kubelet restart the channel's old connection can still look open,
+and the first call on it fails with ``UNAVAILABLE: Stream removed (sendmsg: Broken
+pipe)`` although the new kubelet answers. Retries stay within the call's deadline."""
 
 Assignments = dict[tuple[str, str], tuple[str, ...]]
 """(namespace, pod name) -> the GPU device IDs its containers hold."""
@@ -95,7 +117,11 @@ class PodResourcesClient:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
                 f"unix://{os.path.abspath(self.socket_path)}",
-                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+                options=[
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.enable_retries", 1),
+                    ("grpc.service_config", SERVICE_CONFIG),
+                ],
             )
         return PodResourcesListerStub(self._channel)
 
