@@ -33,7 +33,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,44 @@ class TwinResult:
         return sum(j.restarts for j in self.jobs)
 
 
+@dataclass(frozen=True)
+class StatusChange:
+    """A DLJob's decision-bearing status as one poll of ``Twin.states`` saw it (phase,
+    generation, GPUs, nodes, message), kept when it differs from the poll before: a
+    run's churn read job by job (``Twin.changes``)."""
+
+    at_s: float
+    """``time.monotonic()`` of the poll."""
+    phase: str
+    generation: int
+    gpus: int
+    nodes: tuple[str, ...]
+    message: str
+
+    def describe(self, start_s: float) -> str:
+        where = ",".join(self.nodes) or "-"
+        return (
+            f"{self.at_s - start_s:8.2f} s  g{self.generation} {self.phase:<11} "
+            f"{self.gpus:>2} GPUs on {where}: {self.message}"
+        )
+
+
+def status_change(body: Mapping[str, Any], at_s: float) -> StatusChange:
+    status = body.get("status") or {}
+    alloc = status.get("allocation") or {}
+    phase, generation = job_state(body)
+    gpus = alloc.get("gpus", 0)
+    nodes = alloc.get("nodes") or []
+    return StatusChange(
+        at_s,
+        phase,
+        generation,
+        gpus if isinstance(gpus, int) else 0,
+        tuple(str(n) for n in nodes) if isinstance(nodes, list) else (),
+        str(status.get("message", "")),
+    )
+
+
 def job_state(body: Mapping[str, Any]) -> tuple[str, int]:
     """A DLJob's phase and worker generation, from its body as the API server lists it."""
     status = body.get("status") or {}
@@ -182,6 +220,8 @@ class Twin:
         self.kubelet: Kubelet | None = None
         self.scheduler: Scheduler | None = None
         self.client: httpx.Client | None = None
+        self.changes: dict[str, list[StatusChange]] = {}
+        """Each DLJob's status changes as ``states`` saw them (``StatusChange``)."""
 
     @staticmethod
     def gpu_clock() -> float:
@@ -278,9 +318,16 @@ class Twin:
         return {name: phase for name, (phase, _) in self.states().items()}
 
     def states(self) -> dict[str, tuple[str, int]]:
-        """Each DLJob's phase and worker generation."""
+        """Each DLJob's phase and worker generation; a change of its status since the
+        last call is kept in ``changes``."""
         assert self.client is not None
         items = self.client.get(DLJOBS).json()["items"]
+        now = time.monotonic()
+        for item in items:
+            change = status_change(item, now)
+            seen = self.changes.setdefault(item["metadata"]["name"], [])
+            if not seen or replace(seen[-1], at_s=now) != change:
+                seen.append(change)
         return {i["metadata"]["name"]: job_state(i) for i in items}
 
     def run(self, jobs: tuple[MiniJob, ...], *, timeout_s: float = 600.0) -> TwinResult:
