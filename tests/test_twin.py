@@ -8,19 +8,24 @@ trace of the default trace in real time. Tolerances are justified in docs/twin.m
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from powerflow.nodeagent.windows import JobShape, Reading, Windows
 
 from powerflow import contract
+from powerflow.devices.simulated import Workload
 from powerflow.twin.apiserver import ApiServer
 from powerflow.twin.compare import agreement, simulate_mini
+from powerflow.twin.gpus import TwinGpus
 from powerflow.twin.harness import DLJOBS, Twin, TwinResult
 from powerflow.twin.kubelet import gpu_of, gpus_per_node
 from powerflow.twin.scheduler import feasible, gpu_request
-from powerflow.twin.timescale import TimeScale
+from powerflow.twin.timescale import SAMPLE_WINDOW_S, TimeScale
 from powerflow.twin.trace import mini_trace
 
 NODES, GPUS = 2, 8
@@ -103,6 +108,39 @@ def test_emulator_with_a_bounded_log_serves_every_write() -> None:
         assert len(client.get("/api/v1/namespaces/ns/configmaps").json()["items"]) == 60
         assert server.emulator is not None
         assert len(server.emulator._requests) <= 21
+
+
+def test_windows_over_the_twins_gpus_measure_their_power(tmp_path: Path) -> None:
+    """The node agent's windows (``nodeagent.windows``) over the twin's GPUs, read at
+    a worker's iteration reports as the agent reads them, measure the power the GPUs'
+    energy counters show over the whole time. With the GPU clock's step at 0.1 s,
+    twice the scaled window, the windows measured 1.8 times that power (a window
+    either saw no step and was dropped, or a step's energy in less than a step's time),
+    and the operator planned against a lower limit for the rest of the run."""
+    twin = Twin(tmp_path, nodes=1, gpus_per_node=8, scale=MINI_SCALE)
+    gpus = TwinGpus(8, node="n", seed=0, clock=twin.gpu_clock)
+    gpus.assign(0, Workload("resnet50", 1, 1, 128))
+    windows = Windows(MINI_SCALE(SAMPLE_WINDOW_S))
+    shape = JobShape("ns", "j", generation=1, n=1, gpus_per_node=1, local_batch_size=128)
+    rng = random.Random(0)
+    start_s, start_mj = time.monotonic(), gpus.total_energy_mj(0)
+    samples = []
+    iterations = 0
+    while time.monotonic() - start_s < 1.5:
+        time.sleep(rng.uniform(0.005, 0.02))  # a training step, then the lead reports
+        iterations += 1
+        reading = Reading(time.monotonic(), iterations, (gpus.total_energy_mj(0),))
+        sample = windows.observe(
+            "j", shape, "w0", (0,), reading, clock_mhz=1410, next_clock_mhz=1410
+        )
+        if sample is not None:
+            samples.append(sample)
+    end_s, end_mj = time.monotonic(), gpus.total_energy_mj(0)
+    counters_w = (end_mj - start_mj) / 1000.0 / (end_s - start_s)
+    joules = sum(s.energy_j * s.iterations for s in samples)
+    seconds = sum(s.step_time_s * s.iterations for s in samples)
+    assert len(samples) >= 10
+    assert joules / seconds == pytest.approx(counters_w, rel=0.1)
 
 
 def test_states_keep_each_jobs_status_changes(tmp_path: Path) -> None:

@@ -56,12 +56,21 @@ from powerflow.twin.kubelet import Kubelet
 from powerflow.twin.nodelife import OUT_OF_SERVICE, NodeLifecycle, grace_s, toleration_s
 from powerflow.twin.ports import free_port
 from powerflow.twin.scheduler import Scheduler
-from powerflow.twin.timescale import DEFAULT, TimeScale
+from powerflow.twin.timescale import DEFAULT, SAMPLE_WINDOW_S, TimeScale
 from powerflow.twin.trace import NAMESPACE, MiniJob, dljob
 
 log = logging.getLogger(__name__)
 MERGE = {"Content-Type": "application/merge-patch+json"}
-GPU_TICK_S = 0.1
+TICKS_PER_WINDOW = 5
+"""The simulated GPUs' clock steps at least this many times per node-agent window
+(``gpu_tick_s``). A window's energy is the difference of the counters at its two ends,
+which move only at a step; the agent drops a window whose counters did not move. With
+the step (0.1 s) twice the scaled window (0.05 s at ``TimeScale(0.01)``), a window
+either saw no step (dropped) or one step's energy in less than a step's time: the
+windows measured 1.8 times the counters' power (``tests/test_twin.py``), the
+operator's power ratio (the largest over an hour: the whole run) reached 1.14 in a
+run here, and the operator planned against the lowered limit for the rest of the run
+(docs/twin.md, "Churn")."""
 USER_AGENT = "twin-harness"
 """The ``User-Agent`` of the twin's own clients (the user's DLJobs, the kubelet, the
 scheduler: ``twin-*``), apart from the product's, so that API faults can be aimed
@@ -109,6 +118,12 @@ class TwinResult:
         (rescales, moves, resumes after a preemption), plus what the simulator does
         not have (restarts after a failure, retries after a refused create)."""
         return sum(j.restarts for j in self.jobs)
+
+
+def gpu_tick_s(scale: TimeScale) -> float:
+    """The step of the twin's GPU clock: ``TICKS_PER_WINDOW`` per agent window, at most
+    0.1 s (0.01 s at ``TimeScale(0.01)``, as ``powerflow nodeagent --simulate``'s)."""
+    return min(0.1, scale(SAMPLE_WINDOW_S) / TICKS_PER_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -223,12 +238,12 @@ class Twin:
         self.changes: dict[str, list[StatusChange]] = {}
         """Each DLJob's status changes as ``states`` saw them (``StatusChange``)."""
 
-    @staticmethod
-    def gpu_clock() -> float:
-        """``time.monotonic`` in steps of ``GPU_TICK_S``: a burst of reads (the agent's
-        metrics, the workers' polls) costs one noisy draw per GPU, not one per read
-        (``powerflow nodeagent --simulate`` rounds its clock the same way)."""
-        return math.floor(time.monotonic() / GPU_TICK_S) * GPU_TICK_S
+    def gpu_clock(self) -> float:
+        """``time.monotonic`` in steps of ``gpu_tick_s(scale)``: a burst of reads (the
+        agent's metrics, the workers' polls) costs one noisy draw per GPU, not one per
+        read (``powerflow nodeagent --simulate`` rounds its clock the same way)."""
+        tick = gpu_tick_s(self.scale)
+        return math.floor(time.monotonic() / tick) * tick
 
     @property
     def cluster_gpus(self) -> int:
