@@ -70,7 +70,7 @@ either saw no step (dropped) or one step's energy in less than a step's time: th
 windows measured 1.8 times the counters' power (``tests/test_twin.py``), the
 operator's power ratio (the largest over an hour: the whole run) reached 1.14 in a
 run here, and the operator planned against the lowered limit for the rest of the run
-(docs/twin.md, "Churn")."""
+(docs/twin.md, "Agreement with `powerflow simulate`")."""
 USER_AGENT = "twin-harness"
 """The ``User-Agent`` of the twin's own clients (the user's DLJobs, the kubelet, the
 scheduler: ``twin-*``), apart from the product's, so that API faults can be aimed
@@ -160,7 +160,7 @@ def status_change(body: Mapping[str, Any], at_s: float) -> StatusChange:
         generation,
         gpus if isinstance(gpus, int) else 0,
         tuple(str(n) for n in nodes) if isinstance(nodes, list) else (),
-        str(status.get("message", "")),
+        str(status.get("message") or ""),
     )
 
 
@@ -223,6 +223,9 @@ class Twin:
         self.eta, self.interval_s, self.restart_s, self.seed = eta, interval_s, restart_s, seed
         self.checkpoint_s = checkpoint_s
         self._stopped = threading.Event()
+        self._polls = threading.Lock()
+        """Serialises ``states``: ``run`` polls on a test's worker thread while the test
+        may poll too, and ``changes`` must stay in time order."""
         self.nodelife: NodeLifecycle | None = None
         self.fault_control = fault_control
         self.api: Process | None = None
@@ -336,7 +339,11 @@ class Twin:
         """Each DLJob's phase and worker generation; a change of its status since the
         last call is kept in ``changes``."""
         assert self.client is not None
-        items = self.client.get(DLJOBS).json()["items"]
+        with self._polls:
+            return self._poll(self.client)
+
+    def _poll(self, client: httpx.Client) -> dict[str, tuple[str, int]]:
+        items = client.get(DLJOBS).json()["items"]
         now = time.monotonic()
         for item in items:
             change = status_change(item, now)
