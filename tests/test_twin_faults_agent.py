@@ -153,6 +153,17 @@ def _starts_with_defaults(entries: list[Setting], gpus: int) -> str | None:
     return None if got == want else f"first settings {[(s.gpu, s.call) for s in head]}"
 
 
+def _ends_with_defaults(entries: list[Setting], gpus: int) -> str | None:
+    """Why ``entries`` (a stopped agent's settings) do not end by resetting every GPU's
+    clocks and power limit, or None. A pass under way at the SIGTERM ends first (the
+    loop stops between passes), so its settings may come before the resets (a CI run
+    had it lock all eight clocks there); none may come after them."""
+    tail = entries[-2 * gpus :]
+    want = {(g, c) for g in range(gpus) for c in ("reset_clocks", "reset_power_limit")}
+    got = {(s.gpu, s.call) for s in tail}
+    return None if got == want else f"last settings {[(s.gpu, s.call) for s in tail]}"
+
+
 def _pods(twin: Twin) -> dict[str, Obj]:
     assert twin.client is not None
     items = twin.client.get(f"/api/v1/namespaces/{NAMESPACE}/pods").json()["items"]
@@ -358,7 +369,8 @@ def test_the_journal_and_the_relay_see_what_they_check(tmp_path: Path) -> None:
     """The GPU server journals a setting made through an agent's proxy (and not a refused
     one, whose error reaches the caller), and stopping it leaves ``sys.stdout`` alone;
     ``_overlaps`` finds a sample sent twice and two windows that overlap;
-    ``_starts_with_defaults`` refuses an agent that locks first."""
+    ``_starts_with_defaults`` refuses an agent that locks first, ``_ends_with_defaults``
+    one that locks after its resets."""
     gpus = TwinGpus(2, node="n", seed=0, clock=time.monotonic)
     server = GpuServer({"n": gpus}, tmp_path / "key").start()
     try:
@@ -374,6 +386,12 @@ def test_the_journal_and_the_relay_see_what_they_check(tmp_path: Path) -> None:
         assert _starts_with_defaults(server.journal, 2) is not None
         remote.reset_clocks(1)
         assert _clocks(server.journal, "n") == {1: None}
+        remote.reset_power_limit(1)
+        remote.reset_clocks(0)
+        remote.reset_power_limit(0)
+        assert _ends_with_defaults(server.journal, 2) is None  # a lock, then every reset
+        remote.lock_clocks_mhz(0, 900, 900)
+        assert _ends_with_defaults(server.journal, 2) is not None  # a lock after them
     finally:
         out, err = sys.stdout, sys.stderr
         server.stop()
