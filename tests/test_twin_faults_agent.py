@@ -144,13 +144,17 @@ def _clocks(journal: list[Setting], node: str, upto: int | None = None) -> dict[
     return out
 
 
+def _all_reset(entries: list[Setting], gpus: int, which: str) -> str | None:
+    """Why ``entries`` are not a reset of every GPU's clocks and power limit, or None."""
+    want = {(g, c) for g in range(gpus) for c in ("reset_clocks", "reset_power_limit")}
+    got = {(s.gpu, s.call) for s in entries}
+    return None if got == want else f"{which} settings {[(s.gpu, s.call) for s in entries]}"
+
+
 def _starts_with_defaults(entries: list[Setting], gpus: int) -> str | None:
     """Why ``entries`` (a new agent's settings) do not begin by resetting every GPU's
     clocks and power limit, or None."""
-    head = entries[: 2 * gpus]
-    want = {(g, c) for g in range(gpus) for c in ("reset_clocks", "reset_power_limit")}
-    got = {(s.gpu, s.call) for s in head}
-    return None if got == want else f"first settings {[(s.gpu, s.call) for s in head]}"
+    return _all_reset(entries[: 2 * gpus], gpus, "first")
 
 
 def _ends_with_defaults(entries: list[Setting], gpus: int) -> str | None:
@@ -158,10 +162,7 @@ def _ends_with_defaults(entries: list[Setting], gpus: int) -> str | None:
     clocks and power limit, or None. A pass under way at the SIGTERM ends first (the
     loop stops between passes), so its settings may come before the resets (a CI run
     had it lock all eight clocks there); none may come after them."""
-    tail = entries[-2 * gpus :]
-    want = {(g, c) for g in range(gpus) for c in ("reset_clocks", "reset_power_limit")}
-    got = {(s.gpu, s.call) for s in tail}
-    return None if got == want else f"last settings {[(s.gpu, s.call) for s in tail]}"
+    return _all_reset(entries[-2 * gpus :], gpus, "last")
 
 
 def _pods(twin: Twin) -> dict[str, Obj]:

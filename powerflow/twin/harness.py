@@ -340,16 +340,13 @@ class Twin:
         last call is kept in ``changes``."""
         assert self.client is not None
         with self._polls:
-            return self._poll(self.client)
-
-    def _poll(self, client: httpx.Client) -> dict[str, tuple[str, int]]:
-        items = client.get(DLJOBS).json()["items"]
-        now = time.monotonic()
-        for item in items:
-            change = status_change(item, now)
-            seen = self.changes.setdefault(item["metadata"]["name"], [])
-            if not seen or replace(seen[-1], at_s=now) != change:
-                seen.append(change)
+            items = self.client.get(DLJOBS).json()["items"]
+            now = time.monotonic()
+            for item in items:
+                change = status_change(item, now)
+                seen = self.changes.setdefault(item["metadata"]["name"], [])
+                if not seen or replace(seen[-1], at_s=now) != change:
+                    seen.append(change)
         return {i["metadata"]["name"]: job_state(i) for i in items}
 
     def run(self, jobs: tuple[MiniJob, ...], *, timeout_s: float = 600.0) -> TwinResult:
