@@ -21,12 +21,14 @@ import httpx
 import yaml
 
 from powerflow import __version__
+from powerflow.contract import GROUP, PLURAL, VERSION
 from powerflow.errors import PowerFlowError
 
 log = logging.getLogger(__name__)
 
 NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/pods"
+DLJOBS_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
 
 class ApiError(PowerFlowError):

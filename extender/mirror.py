@@ -1,7 +1,7 @@
 """Keeps the extender's ``ClusterState`` equal to the cluster: list, watch, relist.
 
-The informer pattern without client-go: list nodes and pods, replace the
-state, then watch both from the lists' resourceVersions; a watch that the
+The informer pattern without client-go: list DLJobs, nodes and pods, replace
+the state, then watch all three from the lists' resourceVersions; a watch that the
 server ends is resumed from the last version seen, a 410 or a broken
 connection leads to a fresh list. While the API cannot be reached the state
 is marked not synced (``/readyz`` fails and PowerFlow pods get an ``Error``).
@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .kube import NODES_PATH, PODS_PATH, ApiError, KubeApi, WatchExpired
+from .kube import DLJOBS_PATH, NODES_PATH, PODS_PATH, ApiError, KubeApi, WatchExpired
 from .objects import describe
 from .state import ClusterState
 
@@ -41,6 +41,7 @@ class Mirror:
         self.watch_timeout_s = watch_timeout_s
         self.backoff_s = backoff_s
         self.relists = 0
+        self._told_no_crd = False
 
     async def run(self) -> None:
         """Mirror forever; cancel the task to stop."""
@@ -63,11 +64,19 @@ class Mirror:
             delay = min(delay * 2, self.backoff_s[1])
 
     async def _list_and_watch(self) -> None:
+        # DLJobs first: a pod's gang is adopted only as the worker of a DLJob it knows.
+        jobs, job_version = await self._dljobs()
         nodes, node_version = await self.api.list(NODES_PATH)
         pods, pod_version = await self.api.list(PODS_PATH)
-        self.state.replace(nodes, pods)
+        self.state.replace(nodes, pods, jobs)
         self.relists += 1
         async with asyncio.TaskGroup() as group:
+            if job_version is not None:
+                group.create_task(
+                    self._watch(
+                        DLJOBS_PATH, job_version, self.state.upsert_job, self.state.delete_job
+                    )
+                )
             group.create_task(
                 self._watch(
                     NODES_PATH, node_version, self.state.upsert_node, self.state.delete_node
@@ -76,6 +85,20 @@ class Mirror:
             group.create_task(
                 self._watch(PODS_PATH, pod_version, self.state.upsert_pod, self.state.delete_pod)
             )
+
+    async def _dljobs(self) -> tuple[list[dict[str, Any]], str | None]:
+        """The DLJobs and their list's version; none, and no version to watch from, when
+        the API server has no such resource (the CRD is not installed: no DLJob exists,
+        no gang is adopted; the next relist looks again)."""
+        try:
+            return await self.api.list(DLJOBS_PATH)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            if not self._told_no_crd:
+                self._told_no_crd = True
+                log.warning("%s: no DLJob resource (CRD not installed?): no gang adopted", exc)
+            return [], None
 
     async def _watch(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
         while True:

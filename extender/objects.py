@@ -12,11 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from powerflow import untrusted
 from powerflow.contract import (
     GENERATION_ANNOTATION,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     JOB_LABEL,
+    KIND,
     PLACEMENT_ANNOTATION,
     PLANNED_BLOCK_ANNOTATION,
     WORKERS_ANNOTATION,
@@ -64,6 +66,9 @@ class PodInfo:
     """Kept for PowerFlow's workers only: which tainted nodes their gang may use."""
     planned: tuple[GpuSlot, ...] = ()
     """The operator's plan for the worker's gang (``PLANNED_BLOCK_ANNOTATION``), if any."""
+    owner: str = ""
+    """The UID of the DLJob that controls the pod (``ownerReferences``), "" if none:
+    what tells the operator's workers from a pod that only carries their label."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -178,23 +183,19 @@ def placement_annotation(node: str, block: tuple[GpuSlot, ...]) -> str:
 
 
 def parse_block(raw: Any) -> tuple[GpuSlot, ...]:
-    """The block recorded on a bound pod; empty when absent or unreadable (GPUs then count)."""
+    """The block recorded on a bound pod; empty when absent or unreadable (GPUs then count).
+
+    ``powerflow.untrusted.parse_block`` reads it: the same reader as the operator's
+    and the node agent's, refusing what ``placement_annotation`` never writes."""
     if not isinstance(raw, str):
         return ()
     try:
-        block = json.loads(raw).get("block")
-        slots = tuple((n, i) for n, i in block)
-    except (ValueError, TypeError, AttributeError, RecursionError):
+        return untrusted.parse_block(raw, "placement annotation")
+    except untrusted.UntrustedTextError:
         return ()
-    # Only what ``placement_annotation`` writes: a name and a small index (a value like
-    # ``1e400`` or ``Infinity`` decodes to a float, and ``int`` of it raises OverflowError).
-    if all(type(n) is str and type(i) is int and 0 <= i < MAX_GPU_INDEX for n, i in slots):
-        return slots
-    return ()
 
 
-MAX_GPU_INDEX = 1 << 16
-"""No node has this many GPUs; a larger index in an annotation is garbage."""
+MAX_GPU_INDEX = untrusted.MAX_GPU_INDEX
 
 
 def pod_info(pod: Any) -> PodInfo:
@@ -221,7 +222,21 @@ def pod_info(pod: Any) -> PodInfo:
         terminal=isinstance(phase, str) and phase in TERMINAL_PHASES,
         tolerations=pod_tolerations(body) if gang else (),
         planned=parse_block(annotations.get(PLANNED_BLOCK_ANNOTATION)) if gang else (),
+        owner=dljob_owner(body) if gang else "",
     )
+
+
+def dljob_owner(pod: Any) -> str:
+    """The UID of the pod's controller when that is a DLJob (as the operator creates its
+    workers), else "". The API server's garbage collector deletes a pod whose owner
+    does not exist, so a UID here names a DLJob that exists or did a moment ago."""
+    refs = _dict(_dict(pod).get("metadata")).get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        ref = _dict(ref)
+        uid = ref.get("uid")
+        if ref.get("kind") == KIND and ref.get("controller") is True and isinstance(uid, str):
+            return uid
+    return ""
 
 
 def describe(body: Any) -> str:

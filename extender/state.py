@@ -16,6 +16,16 @@ hold them is chosen again (``_prune``). It is written on each bound pod's
 gangs from those annotations, so a restarted extender continues where the old
 one stopped. A gang that does not complete within ``ttl_s`` keeps only the
 GPUs of its bound workers; a late worker reserves what is missing.
+
+Anyone who may create a pod can write the job label and a placement
+annotation, so a gang is rebuilt (*adopted*) only from the operator's own
+workers: pods a DLJob controls (``ownerReferences``, the UID of a DLJob the
+mirror holds, in the pod's namespace and of the label's name), of the
+DLJob's current allocation generation (``status.allocation.generation``),
+that request GPUs; the block adopted is at most the gang's size. Other pods
+with the label are never a reservation (their GPUs, if they request any,
+count as they do for any pod). An adopted gang that is not complete expires
+like any other.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from powerflow.policy.snapshot import GpuSlot, Node
 from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
 
 from .objects import GangKey, PodInfo, describe, node_gpus, node_product, pod_info
+from .objects import _dict as _dict_of
 from .objects import name_of as _name_of
 from .placing import choose_block, gpu_spec_for, occupied_indices, planned_block
 from .wire import MAX_EXTENDER_PRIORITY
@@ -242,6 +253,10 @@ class ClusterState:
         self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
         self._foreign: dict[str, int] = {}  # node -> GPUs of bound pods of no gang
         self._deleted: dict[str, None] = {}  # uids of the last pods deleted, oldest first
+        self.dljobs: dict[tuple[str, str], tuple[str, str]] = {}
+        """(namespace, name) -> (uid, ``status.allocation.generation``) of each DLJob."""
+        self._unadopted: set[GangKey] = set()
+        """Annotated gangs not adopted for want of their DLJob's view (retried on its news)."""
         self._view: PoolView | None = None  # the main pool, rebuilt after changes
         self._epoch = 0  # bumped by every node change: blocks are checked again
         self.synced = False
@@ -257,8 +272,13 @@ class ClusterState:
     def mark_unsynced(self, reason: str) -> None:
         self.synced, self.unsynced_reason = False, reason
 
-    def replace(self, nodes: Iterable[Any], pods: Iterable[Any]) -> None:
+    def replace(
+        self, nodes: Iterable[Any], pods: Iterable[Any], dljobs: Iterable[Any] = ()
+    ) -> None:
         """Take a full listing as the truth (startup and every relist)."""
+        self.dljobs.clear()
+        for job in dljobs:
+            self._skip_bad(self._put_job, job)
         self.nodes.clear()
         self.pods.clear()
         self._bound_gpus.clear()
@@ -280,12 +300,34 @@ class ClusterState:
         self.mark_synced()
 
     @staticmethod
-    def _skip_bad(apply: Callable[[Any], None], body: Any) -> None:
+    def _skip_bad(apply: Callable[[Any], object], body: Any) -> None:
         """Apply one object of a listing; one that cannot be read is logged and skipped."""
         try:
             apply(body)
         except Exception as exc:  # one bad object must not keep the cache from syncing
             log.warning("skipping %s: %s: %s", describe(body), type(exc).__name__, exc)
+
+    def upsert_job(self, body: Any) -> None:
+        """A DLJob's news: a gang waiting for its view may be adopted now."""
+        key = self._put_job(body)
+        if key is not None and any(g[:2] == key for g in self._unadopted):
+            self._adopt_annotated()
+
+    def delete_job(self, body: Any) -> None:
+        meta = _dict_of(_dict_of(body).get("metadata"))
+        self.dljobs.pop((str(meta.get("namespace") or "default"), _name_of(body)), None)
+
+    def _put_job(self, body: Any) -> tuple[str, str] | None:
+        meta = _dict_of(_dict_of(body).get("metadata"))
+        name, uid = _name_of(body), meta.get("uid")
+        if not name or not isinstance(uid, str):
+            return None
+        allocation = _dict_of(_dict_of(_dict_of(body).get("status")).get("allocation"))
+        generation = allocation.get("generation")
+        ok = isinstance(generation, int) and not isinstance(generation, bool)
+        key = (str(meta.get("namespace") or "default"), name)
+        self.dljobs[key] = (uid, str(generation) if ok else "")
+        return key
 
     def upsert_node(self, body: Any) -> None:
         name = _name_of(body)
@@ -421,10 +463,15 @@ class ClusterState:
         return gang.started or not self._known.get(gang.key)
 
     def _adopt_annotated(self) -> None:
-        """Rebuild gangs from bound pods' placement annotations (restart, or another extender)."""
+        """Rebuild gangs from bound pods' placement annotations (restart, or another
+        extender), only from the operator's own workers (``_adoptable``)."""
         found: dict[GangKey, tuple[list[GpuSlot], int]] = {}
+        waiting: set[GangKey] = set()
         for info in self.pods.values():
             if info.gang is None or not info.bound or not info.block or info.gang in self.gangs:
+                continue
+            if not self._adoptable(info):
+                waiting.add(info.gang)
                 continue
             slots, workers = found.setdefault(info.gang, ([], info.workers))
             slots.extend(s for s in info.block if s not in slots)
@@ -432,10 +479,32 @@ class ClusterState:
         now = self._clock()
         tolerations = {i.gang: i.tolerations for i in self.pods.values() if i.gang in found}
         for key, (slots, workers) in found.items():
-            gang = Gang(key, tuple(slots), workers, created_s=now, started=True)
+            # A gang holds one GPU per worker: a longer block is not the operator's.
+            gang = Gang(key, tuple(slots[:workers]), workers, created_s=now, started=True)
             gang.tolerations = tolerations.get(key, ())
             gang.settled = self._complete(gang)
             self.gangs[key] = gang
+        new = waiting - set(found) - self._unadopted
+        for key in sorted(new):
+            log.warning(
+                "not adopting the placement of %s: its pods are not the workers of a DLJob's "
+                "current allocation that request GPUs (yet)",
+                key,
+            )
+        self._unadopted = waiting - set(found)
+
+    def _adoptable(self, info: PodInfo) -> bool:
+        """A worker of a DLJob this mirror holds, of its current generation, with GPUs."""
+        assert info.gang is not None
+        job = self.dljobs.get((info.namespace, info.gang.job))
+        return (
+            job is not None
+            and info.gpus > 0
+            and bool(info.owner)
+            and info.owner == job[0]
+            and bool(job[1])
+            and info.gang.generation == job[1]
+        )
 
     def _assume(self, gang: Gang, key: PodKey, node: str, gpus: int) -> None:
         self._unassume(gang, key)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -161,6 +162,8 @@ class Agent:
         self._wake = asyncio.Event()
         self._podresources_ok: bool | None = None
         self._bad_workloads: set[tuple[int, Workload]] = set()
+        self._first_seen: dict[str, float] = {}
+        """When a bound pod without ``status.startTime`` was first seen, by UID (``_keep``)."""
         self._unarmed: set[PodKey] = set()
         """Pods whose GPUs are still unknown ``ARM_S`` after they started (warned once)."""
 
@@ -179,6 +182,8 @@ class Agent:
         self.blocks.clear()
         for body in items:
             self._keep(body)
+        for uid in set(self._first_seen) - {v.uid for v in self.pods.values()}:
+            del self._first_seen[uid]
         self.pods_listed.set()
         self.wake()
 
@@ -186,16 +191,28 @@ class Agent:
         if kind == "DELETED":
             meta = body.get("metadata") or {}
             key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
-            self.pods.pop(key, None)
+            gone = self.pods.pop(key, None)
             self.blocks.pop(key, None)
+            if gone is not None:
+                self._first_seen.pop(gone.uid, None)
         else:
             self._keep(body)
         self.wake()
 
     def _keep(self, body: Obj) -> None:
-        view = pod_view(body)
+        try:
+            view = pod_view(body)
+        except Exception as exc:  # a body the API would never send; the others go on
+            log.warning("skipping a pod that cannot be read: %s: %s", type(exc).__name__, exc)
+            return
         if view.node != self.node:
             return
+        if view.started_s is None and view.active:
+            # No ``status.startTime`` (yet, or unreadable): the arming bound (``ARM_S``)
+            # counts from when this agent first saw the pod bound here, so a pod the
+            # kubelet never starts cannot keep the free GPUs armed for ever.
+            first = self._first_seen.setdefault(view.uid, time.time())
+            view = dataclasses.replace(view, started_s=first)
         if view.problems and self.pods.get(view.key, view).problems != view.problems:
             log.warning("pod %s/%s: %s", view.namespace, view.name, "; ".join(view.problems))
         self.pods[view.key] = view

@@ -18,7 +18,6 @@ newer than the agent still reports.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -28,7 +27,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from powerflow import contract
+from powerflow import contract, untrusted
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +131,9 @@ def worker_app(
         if len(raw) > MAX_BODY_BYTES:
             return _refuse(413, f"body exceeds {MAX_BODY_BYTES} bytes")
         try:
-            report = parse_report(json.loads(raw), received_s)
-        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
-            return _refuse(400, str(e) if isinstance(e, ReportError) else f"not JSON: {e}")
+            report = parse_report(untrusted.load_json(bytes(raw), "body"), received_s)
+        except (ReportError, untrusted.UntrustedTextError) as e:
+            return _refuse(400, str(e))
         reason = handler(report)
         if reason is None:
             return web.Response(status=204)

@@ -11,12 +11,11 @@ handed to the job's pods on this node in worker-index order.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 
 from powerflow.nodeagent.pods import PodKey, PodView
 
-from powerflow import contract
+from powerflow import contract, untrusted
 from powerflow.devices import GpuInfo
 
 
@@ -32,10 +31,10 @@ def block_on_node(annotations: Mapping[str, str], node: str) -> tuple[int, ...] 
     if raw is None:
         return None
     try:
-        block = json.loads(raw)["block"]
-        return tuple(sorted(int(gpu) for where, gpu in block if str(where) == node))
-    except (ValueError, TypeError, KeyError):
+        block = untrusted.parse_block(raw, "placement annotation")
+    except untrusted.UntrustedTextError:
         return None
+    return tuple(sorted(gpu for where, gpu in block if where == node))
 
 
 def placement_gpus(

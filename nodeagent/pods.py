@@ -10,13 +10,12 @@ annotation never stops the agent from handling the node's other pods.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from powerflow import contract
+from powerflow import contract, untrusted
 from powerflow.timefmt import parse_time
 
 PodKey = tuple[str, str]
@@ -60,6 +59,10 @@ class PodView:
     started_s: float | None = None
     """When the kubelet acknowledged the pod (``status.startTime``, Unix seconds; None
     before it has, or unreadable)."""
+    strict: bool = False
+    """Its clock or power-limit annotation is there but unreadable: its GPUs run at
+    their lowest clock and power limit until the operator writes it again (a garbled
+    value must never lift the budget's backstop)."""
 
     @property
     def key(self) -> PodKey:
@@ -91,11 +94,16 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
             return None
         try:
             return convert(raw)
-        except (ValueError, TypeError, KeyError) as e:
-            problems.append(f"annotation {key}={raw!r:.60}: {e}")
+        except Exception as e:  # hostile text: whatever it raises, the field is unreadable
+            problems.append(f"annotation {key}={raw!r:.60}: {type(e).__name__}: {e!s:.200}")
             return None
 
     containers = spec.get("containers") or []
+    frequency = parse(contract.FREQUENCY_ANNOTATION, _pos_int)
+    power_limit = parse(contract.POWER_LIMIT_ANNOTATION, _pos_real)
+    strict = (frequency is None and contract.FREQUENCY_ANNOTATION in ann) or (
+        power_limit is None and contract.POWER_LIMIT_ANNOTATION in ann
+    )
     return PodView(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
@@ -109,19 +117,20 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         n=parse(contract.WORKERS_ANNOTATION, _pos_int),
         gpus_per_node=parse(contract.PLACEMENT_ANNOTATION, _gpus_per_node),
         local_batch_size=_env_batch(containers, problems),
-        frequency_mhz=parse(contract.FREQUENCY_ANNOTATION, _pos_int),
+        frequency_mhz=frequency,
         profile=parse(contract.PROFILE_ANNOTATION, parse_profile),
-        power_limit_w=parse(contract.POWER_LIMIT_ANNOTATION, _pos_real),
+        power_limit_w=power_limit,
         model_name=ann.get(contract.MODEL_ANNOTATION) or None,
         gpus=sum(_gpu_limit(c) for c in containers),
         problems=tuple(problems),
         started_s=parse_time(status.get("startTime")),
+        strict=strict,
     )
 
 
 def parse_profile(raw: str) -> ProfilePlan:
     """``contract.PROFILE_ANNOTATION``'s JSON; ValueError says what is wrong."""
-    obj = json.loads(raw)
+    obj = untrusted.load_json(raw, "profile annotation")
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
     clocks = obj.get("clocksMhz")
@@ -134,10 +143,9 @@ def parse_profile(raw: str) -> ProfilePlan:
 
 
 def _gpus_per_node(raw: str) -> int:
-    block = json.loads(raw)["block"]
     per_node: dict[str, int] = {}
-    for node, _gpu in block:
-        per_node[str(node)] = per_node.get(str(node), 0) + 1
+    for node, _gpu in untrusted.parse_block(raw, "placement annotation"):
+        per_node[node] = per_node.get(node, 0) + 1
     if not per_node:
         raise ValueError("empty block")
     return max(per_node.values())

@@ -9,6 +9,11 @@ tested without a cluster, a GPU or a clock:
 - a GPU of an active PowerFlow pod gets the pod's clock: the sweep's clock
   while the pod profiles, else ``frequency-mhz``, else the default (reset);
   and the pod's ``power-limit-watts``, else the default limit;
+- a pod whose clock or power-limit annotation is there but unreadable
+  (``PodView.strict``: garbled by hand or by a hostile tenant) gets the
+  lowest clock and the minimum power limit until the operator writes the
+  value again: a value the agent cannot read never lifts the budget's
+  backstop;
 - a clock is clamped to the nearest supported clock at or below it (the
   lowest when it is below all: the GPU cannot go slower), a power limit into
   the GPU's range; every clamp is part of the target, so it can be reported
@@ -210,6 +215,9 @@ def _armed(wanted: Sequence[GpuTarget], lim: GpuLimits) -> GpuTarget:
 
 
 def _pod_target(view: PodView, lim: GpuLimits, sweep_mhz: int | None) -> GpuTarget:
+    if view.strict:  # an unreadable clock or cap: the strictest settings (``PodView.strict``)
+        parked = _parked(lim)
+        return GpuTarget(parked.clock_mhz, parked.power_limit_w, pod=view.key, job=view.job)
     clamps: list[Clamp] = []
     wanted = sweep_mhz if sweep_mhz is not None else view.frequency_mhz
     clock: int | None = None

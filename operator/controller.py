@@ -68,7 +68,7 @@ from powerflow.operator.refusals import Refusal, by_job
 
 from powerflow import contract
 from powerflow.errors import ResourceError
-from powerflow.policy.power_ratio import RatioWindow
+from powerflow.policy.power_ratio import BELIEVED, RatioWindow
 from powerflow.policy.snapshot import JobPlan, Node, Policy
 from powerflow.profiling import PAPER_SWEEP, ClockSweep
 from powerflow.schedulers import scheduler
@@ -113,9 +113,9 @@ class OperatorConfig:
 
 def as_planned(
     planned: Mapping[str, JobPlan], measured: Mapping[str, MeasuredPower]
-) -> list[tuple[float, float]]:
-    """(measured, planned) power of each job measured on the GPUs, local batch and
-    clock its plan gave it: a job a cap holds lower, or one measured on an earlier
+) -> list[tuple[str, float, float]]:
+    """(job key, measured, planned) power of each job measured on the GPUs, local batch
+    and clock its plan gave it: a job a cap holds lower, or one measured on an earlier
     configuration, says nothing about how far the plan's predictions are off."""
     out = []
     for key, m in measured.items():
@@ -126,8 +126,21 @@ def as_planned(
             and (jp.gpus, jp.local_batch_size, jp.frequency_mhz)
             == (m.n, m.local_batch_size, m.frequency_mhz)
         ):
-            out.append((m.watts, jp.power_w))
+            out.append((key, m.watts, jp.power_w))
     return out
+
+
+def _job_ref(state: ClusterState, key: str) -> dict[str, Any] | None:
+    """The DLJob of job key ``namespace/name`` in ``state``, as an Event's object."""
+    for observed in state.jobs:
+        meta = observed.body.get("metadata") or {}
+        if f"{meta.get('namespace')}/{meta.get('name')}" == key:
+            return {
+                "apiVersion": contract.API_VERSION,
+                "kind": contract.KIND,
+                "metadata": {k: meta.get(k) for k in ("namespace", "name", "uid")},
+            }
+    return None
 
 
 @dataclass
@@ -162,6 +175,9 @@ class Controller:
     """The (source version, data) of the budget in force, recorded or not."""
     _ratio: RatioWindow = field(default_factory=RatioWindow)
     """Measured over planned power of the jobs running as planned (``_power_ratio``)."""
+    _outliers: dict[str, MeasuredPower | None] = field(default_factory=dict)
+    """The jobs whose measured power was an outlier at the last pass, and where
+    (recorded once per job and configuration)."""
     _planned: dict[str, JobPlan] = field(default_factory=dict)
     """The previous pass's job plans by job key (what ``_power_ratio`` compares with)."""
     _decided: bool = False
@@ -337,11 +353,33 @@ class Controller:
         if self.post_events:
             self._events.append((body, type_, reason, message))
 
-    def _power_ratio(self, measured: Mapping[str, MeasuredPower] | None, now: float) -> float:
+    def _power_ratio(
+        self, measured: Mapping[str, MeasuredPower] | None, now: float, state: ClusterState
+    ) -> float:
         """The snapshot's ``power_ratio``: the largest measured / planned power of the
         jobs running as the previous plan said over the last hour, as the simulator
-        computes it (``powerflow.policy.power_ratio``)."""
-        self._ratio.add(now, as_planned(self._planned, measured or {}))
+        computes it (``powerflow.policy.power_ratio``, which bounds it and leaves
+        outliers out: each is recorded once per job and configuration)."""
+        rows = as_planned(self._planned, measured or {})
+        outliers = self._ratio.add(now, [(m, p) for _, m, p in rows])
+        noted = {}
+        for key, m, p in (rows[i] for i in outliers):
+            seen = measured[key] if measured is not None else None
+            noted[key] = seen
+            if seen is None or self._outliers.get(key) == seen:
+                continue
+            self.metrics.power_outliers.inc()
+            lo, hi = BELIEVED
+            message = (
+                f"measured {m:.4g} W on {seen.n} GPUs at {seen.frequency_mhz} MHz where the "
+                f"plan counted {p:.4g} W: outside {lo:g}-{hi:g}x, not believed (the cluster's "
+                "power ratio leaves it out; a broken or lying node agent, or a broken model)"
+            )
+            log.warning("%s: %s", key, message)
+            ref = _job_ref(state, key)
+            if ref is not None:
+                self._event(ref, "Warning", "PowerOutlier", message)
+        self._outliers = noted
         return self._ratio.ratio(now)
 
     async def run_once(self) -> float | None:
@@ -376,7 +414,7 @@ class Controller:
             progress_written=self._progress_written,
             learned=learned,
             measured=measured,
-            power_ratio=self._power_ratio(measured, now),
+            power_ratio=self._power_ratio(measured, now, state),
         )
         if actions.plan is not None:
             self._planned = {jp.job_id: jp for jp in actions.plan.jobs}

@@ -25,11 +25,17 @@ one count of ``powerflow_ingest_refused_total{reason}``):
    node: 403 ``node_mismatch``.
 
 Then each sample on its own, against the leader's latest cluster view (the
-``ClusterState`` its last allocation pass read: no API call per sample): its
-DLJob must exist (``unknown_job``) and have a worker pod of the sample's
-generation bound to the sender's node (``not_on_node``), at least as many as
-the GPUs the sample measured (``too_many_gpus``: one GPU per worker pod).
-Refused samples are counted by reason; the others go to the ``SampleSink``
+``ClusterState`` its last allocation pass read: no API call per sample), by
+``sample_checks``: the DLJob must exist (``unknown_job``) and have a worker pod
+of the sample's generation bound to the sender's node (``not_on_node``), at
+least as many as the GPUs the sample measured (``too_many_gpus``: one GPU per
+worker pod); the sample must match that generation's allocation
+(``wrong_allocation``), have a clock the node's GPU has
+(``impossible_clock``) and a power the GPUs can draw (``impossible_power``);
+and it must come after the last window taken from that sender for that job
+(``duplicate``, ``overlap``). Refused samples are counted by reason (and by
+reason and sender: ``powerflow_ingest_samples_refused_total{node,reason}``,
+each new pair logged once); the others go to the ``SampleSink``
 (``powerflow_ingest_samples_total``). The answer is 200 with
 ``{"accepted", "refused", "reasons": {reason: count}}`` when at least one
 sample was accepted or the batch had none, else 422 with the same body:
@@ -73,14 +79,16 @@ import logging
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
+from powerflow.operator import sample_checks
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.metrics import Metrics
+from powerflow.operator.nodes import FALLBACK_GPU
 from powerflow.operator.tokenreview import (
     Denied,
     ReviewUnavailable,
@@ -90,6 +98,7 @@ from powerflow.operator.tokenreview import (
 )
 
 from powerflow import contract
+from powerflow.gpus import GpuSpec
 from powerflow.telemetry import (
     MAX_BODY_BYTES,
     NodePower,
@@ -129,41 +138,6 @@ class ClusterView:
     read_at_s: float
     """Unix time when the read of ``state`` began: samples that ended later may
     have measured pods bound after it (module docstring)."""
-
-
-Placements = Mapping[tuple[str, str], Mapping[int, Mapping[str, int]]]
-"""(namespace, job) -> generation -> node -> worker pods there."""
-
-
-def placements(state: ClusterState) -> Placements:
-    """Where each DLJob's worker pods of each generation are bound, from one state."""
-    out: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
-    for observed in state.jobs:
-        meta = observed.body.get("metadata") or {}
-        by_gen: dict[int, dict[str, int]] = {}
-        out[str(meta.get("namespace", "")), str(meta.get("name", ""))] = by_gen
-        for pod in observed.pods:
-            node = (pod.get("spec") or {}).get("nodeName")
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
-            generation = str(annotations.get(contract.GENERATION_ANNOTATION, ""))
-            if not node or not generation.isdigit() or len(generation) > 12:
-                continue
-            nodes = by_gen.setdefault(int(generation), {})
-            nodes[node] = nodes.get(node, 0) + 1
-    return out
-
-
-def judge(index: Placements, node: str, sample: WindowSample) -> str | None:
-    """Why ``sample`` from ``node`` is refused, or ``None`` to accept it."""
-    job = index.get((sample.namespace, sample.job))
-    if job is None:
-        return "unknown_job"
-    pods = job.get(sample.generation, {}).get(node, 0)
-    if pods == 0:
-        return "not_on_node"
-    if sample.gpus_measured > pods:
-        return "too_many_gpus"
-    return None
 
 
 class ClusterPower:
@@ -216,8 +190,11 @@ class Ingest:
         self.metrics = metrics
         self.power = power
         self._clock = clock
-        self._index: tuple[ClusterState, Placements] | None = None
+        self._index: tuple[ClusterState, sample_checks.Index, dict[str, GpuSpec]] | None = None
+        self.windows = sample_checks.Windows()
         self._unavailable: str | None = None
+        self._told: set[tuple[str, str]] = set()
+        """(sender, reason) of per-sample refusals already logged (once each)."""
         metrics.cluster_power_watts.set_function(power.total_watts)
 
     def app(self) -> web.Application:
@@ -248,10 +225,12 @@ class Ingest:
         self.metrics.ingest_refused.labels(reason=reason).inc()
         return _answer(status, reason, message, **headers)
 
-    def _placements(self, state: ClusterState) -> Placements:
+    def _jobs(self, state: ClusterState) -> tuple[sample_checks.Index, dict[str, GpuSpec]]:
         if self._index is None or self._index[0] is not state:
-            self._index = (state, placements(state))
-        return self._index[1]
+            jobs = sample_checks.index(state)
+            self._index = (state, jobs, sample_checks.node_gpus(state))
+            self.windows.keep_only(jobs)
+        return self._index[1], self._index[2]
 
     def _busy(self, why: str) -> web.Response:
         if why != self._unavailable:  # once per distinct cause, not per request
@@ -342,13 +321,16 @@ class Ingest:
             )
         if power is not None:
             self.power.record(node, power)
-        index = self._placements(view.state)
+        jobs, gpus = self._jobs(view.state)
+        gpu = gpus.get(node, FALLBACK_GPU)
         accepted: list[WindowSample] = []
         reasons: Counter[str] = Counter()
         latest_s = self._clock() + MAX_AHEAD_S
         behind = 0
         for sample in samples:
-            why = judge(index, node, sample)
+            why = sample_checks.judge(jobs, node, gpu, sample)
+            if why is None:
+                why = self.windows.check(node, sample)
             if why is None:
                 accepted.append(sample)
             else:
@@ -362,8 +344,14 @@ class Ingest:
                 "the next allocation pass",
                 **{"Retry-After": RETRY_AFTER_S},
             )
+        for sample in accepted:
+            self.windows.take(node, sample)
         for why, count in reasons.items():
             self.metrics.ingest_refused.labels(reason=why).inc(count)
+            self.metrics.ingest_sender_refused.labels(sender_node=node, reason=why).inc(count)
+            if (node, why) not in self._told:
+                self._told.add((node, why))
+                log.warning("node %s: %d sample(s) refused: %s", node, count, why)
         if accepted:
             self.sink.add(node, accepted, self._clock())
             self.metrics.ingest_samples.inc(len(accepted))

@@ -131,6 +131,35 @@ def requests_gpus(pod: PodBody) -> bool:
     return False
 
 
+def owned_by(pod: PodBody, uid: object) -> bool:
+    """Whether ``pod`` is a worker of the DLJob with ``uid``: its controller is that
+    DLJob, as the operator creates them (``workers.owner_reference``). The job label
+    alone is anyone's to write; the owner's UID is the API server's truth (the garbage
+    collector deletes a pod whose owner does not exist)."""
+    if not isinstance(uid, str) or not uid:
+        return False
+    refs = (pod.get("metadata") or {}).get("ownerReferences")
+    return isinstance(refs, list) and any(
+        isinstance(ref, dict)
+        and ref.get("uid") == uid
+        and ref.get("kind") == contract.KIND
+        and ref.get("controller") is True
+        for ref in refs
+    )
+
+
+def holds_gpus(pod: PodBody) -> bool:
+    """A bound, unfinished pod that requests GPUs: they are taken, whoever it is."""
+    phase = (pod.get("status") or {}).get("phase")
+    bound = bool((pod.get("spec") or {}).get("nodeName"))
+    return bound and phase not in foreign_pods.TERMINAL and requests_gpus(pod)
+
+
+def _pod_key(pod: PodBody) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
 @dataclass(frozen=True)
 class ClusterState:
     jobs: tuple[Observed, ...]
@@ -138,7 +167,8 @@ class ClusterState:
     budget: ConfigMapBody | None
     foreign_gpu_pods: tuple[PodBody, ...] = ()
     """Bound, non-terminal pods that request ``nvidia.com/gpu`` and are not PowerFlow's
-    (no ``powerflow.io/job`` label): their GPUs are occupied."""
+    (no ``powerflow.io/job`` label, or the label on a pod no DLJob owns: ``owned_by``):
+    their GPUs are occupied."""
 
 
 class Kube:
@@ -161,6 +191,8 @@ class Kube:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.foreign = foreign_pods.ForeignGpuPods(self.core, self._list_foreign, requests_gpus)
         """Foreign GPU pods, once ``watch_foreign`` started the cache."""
+        self._squatters: set[tuple[str, str]] = set()
+        """Labelled pods no DLJob owns, as the last pass saw them (``_note_squatters``)."""
         self._node_failures: dict[str, str] = {}
         """Why each node's last mark failed (``_mark_node`` logs each new reason once)."""
 
@@ -258,17 +290,40 @@ class Kube:
             if cached is not None
             else asyncio.to_thread(self._foreign_gpu_pods),
         )
+        uids = {
+            (meta.get("namespace", ""), meta.get("name", "")): meta.get("uid")
+            for meta in (body.get("metadata", {}) for body in jobs_raw)
+        }
         pods: dict[tuple[str, str], list[PodBody]] = defaultdict(list)
+        squatters: list[PodBody] = []
         for pod in pods_raw:
             meta = pod.get("metadata", {})
-            owner = (meta.get("labels") or {}).get(contract.JOB_LABEL, "")
-            pods[meta.get("namespace", ""), owner].append(pod)
+            label = (meta.get("labels") or {}).get(contract.JOB_LABEL, "")
+            key = (meta.get("namespace", ""), label)
+            if owned_by(pod, uids.get(key)):
+                pods[key].append(pod)
+            elif holds_gpus(pod):
+                squatters.append(pod)
+        self._note_squatters(squatters)
         jobs = []
         for body in jobs_raw:
             meta = body.get("metadata", {})
             key = (meta.get("namespace", ""), meta.get("name", ""))
             jobs.append(Observed(body, tuple(pods.get(key, ()))))
-        return ClusterState(tuple(jobs), tuple(nodes), cm, tuple(foreign))
+        return ClusterState(tuple(jobs), tuple(nodes), cm, (*foreign, *squatters))
+
+    def _note_squatters(self, squatters: list[PodBody]) -> None:
+        """Log once each pod that carries the job label but no DLJob of ours owns."""
+        keys = {_pod_key(p) for p in squatters}
+        for ns, name in sorted(keys - self._squatters):
+            log.warning(
+                "pod %s/%s has the label %s but no DLJob owns it: its GPUs count as "
+                "another workload's, and it is none of PowerFlow's",
+                ns,
+                name,
+                contract.JOB_LABEL,
+            )
+        self._squatters = keys
 
     async def read_config_map(self, namespace: str, name: str) -> ConfigMapBody | None:
         """One ConfigMap, ``None`` if absent (the persisted budget in force)."""

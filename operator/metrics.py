@@ -64,6 +64,21 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.ingest_sender_refused = Counter(
+            "powerflow_ingest_samples_refused",
+            "Samples the ingest endpoint refused, by the node whose agent sent them and "
+            "reason (operator/sample_checks.py): a node that keeps sending impossible "
+            "samples is broken or compromised.",
+            ["sender_node", "reason"],
+            registry=r,
+        )
+        self.power_outliers = Counter(
+            "powerflow_power_outliers",
+            "Jobs whose measured power was so far from the plan's (outside "
+            "powerflow.policy.power_ratio.BELIEVED) that it was recorded instead of "
+            "believed, counted once per job and configuration.",
+            registry=r,
+        )
 
         self.cluster_gpus = Gauge(
             "powerflow_cluster_gpus",

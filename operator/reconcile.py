@@ -69,7 +69,6 @@ is not worth a checkpoint-restart).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 from collections import Counter
@@ -103,7 +102,7 @@ from powerflow.operator.refusals import Refusal, backoff_s
 from powerflow.operator.status import merge_diff, set_condition
 from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
 
-from powerflow import contract
+from powerflow import contract, untrusted
 from powerflow.backend import schedule_once
 from powerflow.errors import PowerFlowError, ResourceError
 from powerflow.gpus import GpuSpec
@@ -383,35 +382,21 @@ def _reported_iterations(pods: Sequence[PodBody]) -> int | None:
     return best
 
 
-MAX_GPU_INDEX = 1 << 16
-
-
 @functools.lru_cache(maxsize=4096)
 def _block(raw: str) -> tuple[GpuSlot, ...]:
     """The GPUs of one placement annotation (empty if malformed).
 
     Memoised across passes: the annotation never changes once the extender
-    bound the pod, and every pod of a gang carries the same one. Anything but
-    ``{"block": [[node, index], ...]}`` with string nodes and integer indices
-    is skipped (``1e400`` and ``Infinity`` parse as floats; nesting 10,000
-    deep raises ``RecursionError``), and logged here once per distinct value:
-    the cache keeps it from repeating every pass.
+    bound the pod, and every pod of a gang carries the same one. Read by
+    ``powerflow.untrusted.parse_block`` (any text, nesting and huge numbers
+    included, is a block or an error), and a malformed one is logged here once
+    per distinct value: the cache keeps it from repeating every pass.
     """
     try:
-        block = json.loads(raw)["block"]
-        slots = tuple((node, index) for node, index in block)
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
-        slots = None
-    if slots is None or not all(
-        isinstance(node, str)
-        and isinstance(index, int)
-        and not isinstance(index, bool)
-        and 0 <= index < MAX_GPU_INDEX
-        for node, index in slots
-    ):
-        log.warning("ignoring a malformed placement annotation: %.120r", raw)
+        return untrusted.parse_block(raw, "placement annotation")
+    except untrusted.UntrustedTextError as exc:
+        log.warning("ignoring a malformed placement annotation: %s", exc)
         return ()
-    return slots
 
 
 def _placement(pods: Sequence[PodBody], sizes: Mapping[str, int]) -> tuple[GpuSlot, ...]:
@@ -1023,10 +1008,12 @@ def _carry_out(
         actions.create.append(rendezvous_service(req))
         actions.create.extend(worker_pods(req, ws, missing))
     _power_caps(actions, v, jp)
-    if int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz:
-        annotations: dict[str, str | None] = {contract.FREQUENCY_ANNOTATION: str(jp.frequency_mhz)}
-        for pod in v.current:
-            _annotate(actions, v, pod, annotations)
+    changed = int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz
+    clock = str(jp.frequency_mhz)
+    for pod in v.current:  # also where a pod's value was edited: the plan's clock stands
+        if changed or _annotation(pod, contract.FREQUENCY_ANNOTATION) != clock:
+            _annotate(actions, v, pod, {contract.FREQUENCY_ANNOTATION: clock})
+    if changed:
         _event(
             actions, v, "Normal", "FrequencyChanged",
             f"{alloc.get('frequencyMHz')} -> {jp.frequency_mhz} MHz",

@@ -20,10 +20,19 @@ from extender_bodies import args, binding_args, go_json, node, pod
 from fastapi import FastAPI
 from powerflow.extender import create_app
 from powerflow.extender.kube import Connection, KubeApi
+from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState
 from support.kube_emulator import KubeEmulator
 
-from powerflow.contract import PLACEMENT_ANNOTATION
+from powerflow.contract import (
+    API_VERSION,
+    GENERATION_ANNOTATION,
+    GROUP,
+    KIND,
+    PLACEMENT_ANNOTATION,
+    PLURAL,
+    VERSION,
+)
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
@@ -34,8 +43,9 @@ NODE_NAMES = [f"gpu-{i}" for i in range(4)]
 
 @pytest.fixture
 async def cluster(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
-    """The emulator with four 8-GPU nodes; yields a plain client to it."""
+    """The emulator with four 8-GPU nodes and the DLJob resource; yields a plain client."""
     kmock.load_builtins()
+    kmock.declare(f"{GROUP}/{VERSION}/{PLURAL}", KIND)
     async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
         for name in NODE_NAMES:
             body = node(name)
@@ -121,8 +131,31 @@ async def schedule(ext: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, d
     return best, bound.json()
 
 
-def worker(i: int, workers: int = 4, job: str = "train") -> dict[str, Any]:
-    return pod(f"{job}-{i}", job=job, workers=workers, index=i, namespace="ml")
+def worker(
+    i: int, workers: int = 4, job: str = "train", owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A worker pod of DLJob ``job``; ``owner``: that DLJob as the API server stored it
+    (the pod then names it as its controller and carries its current generation)."""
+    body = pod(f"{job}-{i}", job=job, workers=workers, index=i, namespace="ml")
+    if owner is not None:
+        meta = owner["metadata"]
+        ref = {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"]}
+        body["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
+        generation = owner["status"]["allocation"]["generation"]
+        body["metadata"]["annotations"][GENERATION_ANNOTATION] = str(generation)
+    return body
+
+
+async def create_dljob(api: httpx.AsyncClient, name: str, generation: int) -> dict[str, Any]:
+    """A DLJob in namespace ``ml`` whose status says allocation ``generation``."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/ml/{PLURAL}"
+    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": {}}
+    assert (await api.post(path, json=body)).status_code == 201
+    status = {"status": {"allocation": {"generation": generation}}}
+    patched = await api.patch(f"{path}/{name}/status", json=status, headers=MERGE)
+    assert patched.status_code == 200, patched.text
+    stored: dict[str, Any] = patched.json()
+    return stored
 
 
 async def test_bind_sets_node_and_records_the_placement(
@@ -186,7 +219,8 @@ async def test_a_whole_gang_over_http_and_a_restart_rebuilds_it(
 ) -> None:
     ext = await start()
     await ready(ext)
-    bodies = [await create_pod(cluster, worker(i, workers=16)) for i in range(16)]
+    job = await create_dljob(cluster, "train", generation=1)
+    bodies = [await create_pod(cluster, worker(i, workers=16, owner=job)) for i in range(16)]
     placed = [(await schedule(ext, b))[0] for b in bodies[:12]]
     assert sorted({placed.count(n) for n in set(placed)}) == [4, 8]
     block = next(iter(ext.state.gangs.values())).block
@@ -203,6 +237,42 @@ async def test_a_whole_gang_over_http_and_a_restart_rebuilds_it(
     other = await create_pod(cluster, worker(0, workers=8, job="other"))
     node_name, _ = await schedule(fresh, other)
     assert node_name not in counts
+
+
+async def test_a_restart_adopts_no_gang_from_pods_no_dljob_owns(
+    cluster: httpx.AsyncClient, start: Callable[..., Any]
+) -> None:
+    """Pods that carry the job label and a placement annotation but are not a DLJob's
+    workers of its current generation (a tenant's pod, or an old generation) reserve
+    nothing after a restart; a DLJob whose status catches up is adopted then."""
+    job = await create_dljob(cluster, "train", generation=1)
+    ext = await start()
+    await ready(ext)
+    bodies = [await create_pod(cluster, worker(i, workers=8, owner=job)) for i in range(4)]
+    placed = [(await schedule(ext, b))[0] for b in bodies]
+    squatter = pod("squat", job="train", workers=1, namespace="ml", gpus=0, generation="1")
+    squatter["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps(
+        {"node": "gpu-3", "block": [[n, i] for n in NODE_NAMES for i in range(8)]}
+    )
+    squatter["spec"]["nodeName"] = "gpu-3"
+    squatter["metadata"]["namespace"] = "tenant"
+    await create_pod(cluster, squatter)
+    # The DLJob moved on (a rescale the extender missed while it was down): its old
+    # generation's pods are not adopted either.
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/ml/{PLURAL}/train/status"
+    moved = {"status": {"allocation": {"generation": 2}}}
+    assert (await cluster.patch(path, json=moved, headers=MERGE)).status_code == 200
+
+    fresh = await start()
+    await ready(fresh)
+    assert fresh.state.gangs == {}
+    assert fresh.state.filter(pod_info(worker(0, workers=16, job="big")), NODE_NAMES[:]).admitted
+    back = {"status": {"allocation": {"generation": 1}}}
+    assert (await cluster.patch(path, json=back, headers=MERGE)).status_code == 200
+    train = ("ml", "train", "1")
+    await wait_for(lambda: train in fresh.state.gangs)
+    gang = fresh.state.gangs[train]  # type: ignore[index]
+    assert {n for n, _ in gang.block} == set(placed) and len(gang.block) == 8
 
 
 async def test_mirror_follows_the_watch(

@@ -51,7 +51,8 @@ REFUSALS = {
     413: {"body_too_large"},
 }
 """Every 4xx of the ingest before the samples are judged, with the reasons it may give."""
-JUDGED = {"unknown_job", "not_on_node", "too_many_gpus"}
+JUDGED = {"unknown_job", "not_on_node", "too_many_gpus", "wrong_allocation", "impossible_clock",
+          "impossible_power", "duplicate", "overlap"}  # fmt: skip
 
 FIELDS = ["namespace", "job", "generation", "n", "gpusPerNode", "localBatchSize", "frequencyMhz",
           "gpusMeasured", "iterations", "stepTimeS", "energyJ", "endS", "extra"]  # fmt: skip
@@ -63,11 +64,13 @@ BATCH_PATHS: list[tuple[str | int, ...]] = [
 """Every field the agent sends, unknown keys, and a key in the wrong case."""
 
 
+END_S = time.time() + 200
+"""After every window the fixture sent (a replay is refused), within ``MAX_AHEAD_S``."""
 BATCHES = [
     batch(
         node,
-        sample(job=first, end_s=1.7e9, iterations=iterations),
-        sample(job=second, end_s=1.7e9),
+        sample(job=first, end_s=END_S, iterations=iterations),
+        sample(job=second, end_s=END_S + 10),
         watts=300.0,
     )
     for node in ("n1", "n2")
@@ -191,7 +194,7 @@ async def test_a_body_over_the_limit_is_413(cluster: Cluster) -> None:  # noqa: 
             send = functools.partial(http.request, chunked=chunked)
             answer = await asyncio.to_thread(send, "POST", contract.SAMPLES_PATH, huge, token)
             assert answer.status == 413 and answer.json()["error"] == "body_too_large", answer
-            fine = json.dumps(batch("n1", sample(end_s=time.time()))).encode()
+            fine = json.dumps(batch("n1", sample())).encode()
             again = await asyncio.to_thread(
                 http.request, "POST", contract.SAMPLES_PATH, fine, token
             )
@@ -217,7 +220,7 @@ async def test_malformed_http_is_refused_and_the_server_goes_on(
         status = await asyncio.to_thread(functools.partial(raw_status, port, raw, hang_up=True))
         assert status is None or status < 500, (status, raw[:200])
     with Http(port) as http:
-        fine = json.dumps(batch("n1", sample(end_s=time.time()))).encode()
+        fine = json.dumps(batch("n1", sample())).encode()
         answer = await asyncio.to_thread(
             http.request, "POST", contract.SAMPLES_PATH, fine, {"Authorization": "Bearer agent-n1"}
         )

@@ -441,9 +441,11 @@ async def create_pod(api: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, 
 async def test_extender_calls_match_its_rules(
     kmock: KubeEmulator, chart: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    """``powerflow extender`` mirrors nodes and pods (list, watch), filters, prioritizes and
-    binds a two-worker gang, and binds a pod it does not cache (no GPU: read first)."""
+    """``powerflow extender`` mirrors DLJobs, nodes and pods (list, watch), filters,
+    prioritizes and binds a two-worker gang, and binds a pod it does not cache (no GPU:
+    read first)."""
     kmock.load_builtins()
+    kmock.declare(f"{contract.GROUP}/{contract.VERSION}/{contract.PLURAL}", contract.KIND)
     names = ["gpu-0", "gpu-1"]
     async with client(kmock) as api:
         for name in names:

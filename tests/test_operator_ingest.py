@@ -96,7 +96,13 @@ class Cluster:
             return await client.post(self.url, content=content, headers=headers, **kw)
 
 
+_LAST_END = [0.0]
+
+
 def sample(**changes: Any) -> WindowSample:
+    """A window of ``resnet`` on n1 as its agent measures it; without ``end_s``, the
+    window after the last one this module made (windows of one job follow each other:
+    the ingest refuses a replay or an overlap)."""
     base = WindowSample(
         namespace=NS,
         job="resnet",
@@ -109,9 +115,13 @@ def sample(**changes: Any) -> WindowSample:
         iterations=10,
         step_time_s=0.5,
         energy_j=300.0,
-        end_s=time.time(),
+        end_s=0.0,
     )
-    return replace(base, **changes)
+    out = replace(base, **changes)
+    if "end_s" not in changes:
+        _LAST_END[0] = max(time.time(), _LAST_END[0] + out.iterations * out.step_time_s)
+        out = replace(out, end_s=_LAST_END[0])
+    return out
 
 
 def batch(node: str, *samples: WindowSample, watts: float | None = None) -> dict[str, Any]:
@@ -178,7 +188,7 @@ async def cluster(
 
 async def test_accepted_samples_reach_the_sink(cluster: Cluster) -> None:
     before = cluster.metric("powerflow_ingest_samples_total")
-    s1, s2 = sample(iterations=5), sample(iterations=6, frequency_mhz=1005)
+    s1, s2 = sample(iterations=5), sample(iterations=6, frequency_mhz=1005, energy_j=150.0)
     resp = await cluster.post(batch("n1", s1, s2))
     assert resp.status_code == 200
     assert resp.json() == {"accepted": 2, "refused": 0, "reasons": {}}
@@ -248,6 +258,52 @@ async def test_samples_of_jobs_not_on_the_senders_node_are_refused_one_by_one(
     assert len(cluster.sink.added) == 1
 
 
+async def test_samples_that_do_not_match_the_allocation_or_physics_are_refused(
+    cluster: Cluster,
+) -> None:
+    """A node agent's token can send anything that parses: a sample must also match the
+    generation's allocation (n, GPUs per node, local batch), have a clock the node's GPU
+    (an A100, by its product label) has and a power it can draw, and follow the last
+    window taken from its sender; each refusal is counted by reason and by sender."""
+    before = {
+        r: cluster.metric("powerflow_ingest_samples_refused_total", sender_node="n1", reason=r)
+        for r in ("wrong_allocation", "impossible_clock", "impossible_power", "duplicate")
+    }
+    bad = {
+        "wrong_allocation": [
+            sample(n=8),  # the generation has 4 workers
+            sample(gpus_per_node=1),  # 2 of them on n1
+            sample(gpus_per_node=3),  # all 4 bound, 2 per node: the placement is known
+            sample(local_batch_size=32.0),  # they were given 16
+        ],
+        "impossible_clock": [sample(frequency_mhz=1980), sample(frequency_mhz=100)],
+        "impossible_power": [
+            sample(step_time_s=0.001, energy_j=1e11),  # the finding: 5e13 W per GPU
+            sample(energy_j=10.0),  # 10 W per GPU: below an idle A100
+            sample(energy_j=2 * 0.5 * 1.21 * 400),  # 21 % over the 400 W board limit
+        ],
+    }
+    for reason, cases in bad.items():
+        resp = await cluster.post(batch("n1", *cases))
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["reasons"] == {reason: len(cases)}, (reason, resp.json())
+    good = sample(energy_j=2 * 0.5 * 1.19 * 400)  # within the slack: believed
+    accepted = await cluster.post(batch("n1", good))
+    assert accepted.status_code == 200 and accepted.json()["accepted"] == 1
+    replayed = [await cluster.post(batch("n1", good)) for _ in range(3)]
+    assert all(r.status_code == 422 for r in replayed)
+    assert replayed[0].json()["reasons"] == {"duplicate": 1}
+    overlap = replace(sample(), end_s=good.end_s + 1.0)  # a 5 s window that ended 1 s later
+    assert (await cluster.post(batch("n1", overlap))).json()["reasons"] == {"overlap": 1}
+    assert cluster.sink.samples == [good]
+    counts = {"wrong_allocation": 4, "impossible_clock": 2, "impossible_power": 3}
+    for reason, count in {**counts, "duplicate": 3}.items():
+        after = cluster.metric(
+            "powerflow_ingest_samples_refused_total", sender_node="n1", reason=reason
+        )
+        assert after == before[reason] + count, reason
+
+
 async def test_a_sample_newer_than_the_view_is_resent_until_a_pass_judges_it(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -269,13 +325,13 @@ async def test_a_sample_newer_than_the_view_is_resent_until_a_pass_judges_it(
     await bind(api, pods[0]["metadata"]["name"], "n1")
 
     async def sees_one() -> bool:
-        one = sample(job="bert", gpus_measured=1)
+        one = sample(job="bert", gpus_measured=1, energy_j=150.0)
         return (await cluster.post(batch("n1", one))).status_code == 200
 
     await eventually(sees_one, timeout=10)
     cluster.sink.added.clear()
     # The agent's clock a little ahead: the sample ends after any view read so far.
-    two = sample(job="bert", gpus_measured=2, end_s=time.time() + 30)
+    two = sample(job="bert", gpus_measured=2, end_s=max(time.time(), _LAST_END[0]) + 30)
     direct = await cluster.post(batch("n1", two))
     assert direct.status_code == 503, direct.text
     assert direct.json()["error"] == "view_behind" and direct.headers["Retry-After"]

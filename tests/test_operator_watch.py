@@ -255,7 +255,13 @@ async def test_read_pages_lists_and_finds_foreign_gpu_pods(
         "cpu-only": gpu_pod("cpu-only", "n1", gpus=""),
         "done": gpu_pod("done", "n2"),
         "ours": gpu_pod("ours", "n2", **{contract.JOB_LABEL: "j0"}),
+        # The label alone, no DLJob as controller: someone else's GPUs (a squatter).
+        "squatter": gpu_pod("squatter", "n4", **{contract.JOB_LABEL: "j0"}),
+        "squatter-cpu": gpu_pod("squatter-cpu", "n4", gpus="", **{contract.JOB_LABEL: "j0"}),
     }
+    j0 = (await api.get(f"{JOBS}/j0")).json()["metadata"]
+    owner = {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "controller": True}
+    cases["ours"]["metadata"]["ownerReferences"] = [{**owner, "name": "j0", "uid": j0["uid"]}]
     for body in cases.values():
         assert (await api.post(PODS, json=body)).status_code == 201
     succeeded = {"status": {"phase": "Succeeded"}}
@@ -269,7 +275,8 @@ async def test_read_pages_lists_and_finds_foreign_gpu_pods(
     assert len(state.jobs) == 5
     (j0,) = [o for o in state.jobs if o.body["metadata"]["name"] == "j0"]
     assert [p["metadata"]["name"] for p in j0.pods] == ["ours"]
-    assert sorted(p["metadata"]["name"] for p in state.foreign_gpu_pods) == ["foreign", "foreign-2"]
+    foreign = sorted(p["metadata"]["name"] for p in state.foreign_gpu_pods)
+    assert foreign == ["foreign", "foreign-2", "squatter"]
     continued = [r for r in kmock if r.params.get("continue")]
     assert continued and all(r.params.get("limit") == "2" for r in continued)
 

@@ -19,7 +19,7 @@ from test_operator_profiling import (
     running_pods,
 )
 
-from powerflow.policy.power_ratio import WINDOW_S, RatioWindow
+from powerflow.policy.power_ratio import BELIEVED, MAX_RATIO, WINDOW_S, RatioWindow
 from powerflow.policy.snapshot import JobPlan
 
 
@@ -27,10 +27,10 @@ def test_the_ratio_is_the_largest_of_the_last_hour_then_forgotten() -> None:
     w = RatioWindow()
     assert w.ratio(0.0) == 1.0  # nothing measured: plan with the limit itself
     w.add(0.0, [(110.0, 100.0), (90.0, 100.0)])  # the cluster's sum: 200 / 200
-    w.add(600.0, [(130.0, 100.0)])
+    w.add(600.0, [(120.0, 100.0)])
     w.add(1200.0, [(95.0, 100.0)])
-    assert w.ratio(1200.0) == pytest.approx(1.3)
-    assert w.ratio(600.0 + WINDOW_S) == pytest.approx(1.3)  # still within the hour
+    assert w.ratio(1200.0) == pytest.approx(1.2)
+    assert w.ratio(600.0 + WINDOW_S) == pytest.approx(1.2)  # still within the hour
     assert w.ratio(600.0 + WINDOW_S + 1) == pytest.approx(0.95)
     assert w.ratio(1200.0 + WINDOW_S + 1) == 1.0
 
@@ -43,6 +43,18 @@ def test_a_bad_reading_is_left_out_not_the_whole_sample(bad: float) -> None:
     w2 = RatioWindow()
     w2.add(0.0, [(bad, 100.0)])
     assert w2.ratio(0.0) == 1.0
+
+
+def test_an_outlier_is_left_out_and_named_and_the_ratio_is_bounded() -> None:
+    """One job measured at 10^9 times its plan (a lying agent) moves nothing and is
+    returned; jobs all a little over their plans together reach at most MAX_RATIO."""
+    w = RatioWindow()
+    lo, hi = BELIEVED
+    pairs = [(100.0, 100.0), (1e11, 100.0), (100.0 * lo * 0.99, 100.0), (110.0, 100.0)]
+    assert w.add(0.0, pairs) == [1, 2]
+    assert w.ratio(0.0) == pytest.approx(1.05)
+    assert w.add(1.0, [(100.0 * hi, 100.0)] * 3) == []  # believed: 2x, each within range
+    assert w.ratio(1.0) == MAX_RATIO
 
 
 def test_only_jobs_running_as_planned_count() -> None:
@@ -59,7 +71,7 @@ def test_only_jobs_running_as_planned_count() -> None:
         "ml/d": MeasuredPower(2, 2, 32, 1410, 500.0),
         "ml/e": MeasuredPower(2, 2, 32, 1410, 500.0),  # not in the plan
     }
-    assert as_planned(planned, measured) == [(880.0, 800.0)]
+    assert as_planned(planned, measured) == [("ml/a", 880.0, 800.0)]
 
 
 def test_reconcile_hands_the_ratio_to_the_policy() -> None:
