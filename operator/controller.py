@@ -166,6 +166,9 @@ class Controller:
     """The previous pass's refused writes, for the next pass to report (``refusals``)."""
     _requests: RequestCache = field(default_factory=RequestCache)
     _bad_budget_version: str | None = None
+    _parsed: tuple[tuple[str | None, dict[str, str]], BudgetConfig | ResourceError] | None = None
+    """The last budget ConfigMap parsed (version and data) and what it gave
+    (``_parse_budget``)."""
     _window: object = field(default_factory=lambda: _UNSEEN)
     """The schedule's window in force at the last pass (None: outside any; ``_UNSEEN``
     before the first pass): a change is logged and posted on the budget ConfigMap."""
@@ -269,7 +272,7 @@ class Controller:
         version = cm.get("metadata", {}).get("resourceVersion")
         data = cm.get("data") or {}
         try:
-            config = parse_budget(data)
+            config = await self._parse_budget(version, data)
         except ResourceError as exc:
             self.metrics.budget_valid.set(0)
             if not self._decided:  # just started: the last good one is the recorded one
@@ -287,6 +290,23 @@ class Controller:
             for reason, message in budget_warnings(config):
                 log.warning("budget: %s", message)
                 self._event(cm, "Warning", reason, message)
+
+    async def _parse_budget(self, version: str | None, data: dict[str, str]) -> BudgetConfig:
+        """``parse_budget`` once per ConfigMap version, in a worker thread: a schedule is
+        up to ``MAX_SCHEDULE_BYTES`` of YAML, and the event loop also answers the
+        liveness probe and the ingest. The answer (or the refusal) is kept for the
+        passes that see the same version and data."""
+        key = (version, data)
+        if self._parsed is None or self._parsed[0] != key:
+            try:
+                outcome: BudgetConfig | ResourceError = await asyncio.to_thread(parse_budget, data)
+            except ResourceError as exc:
+                outcome = exc
+            self._parsed = (key, outcome)
+        outcome = self._parsed[1]
+        if isinstance(outcome, ResourceError):
+            raise outcome.with_traceback(None)  # kept: not a traceback longer every pass
+        return outcome
 
     async def _in_force(
         self, config: BudgetConfig, data: dict[str, str], version: str | None, source: str
@@ -342,7 +362,7 @@ class Controller:
         version = (meta.get("annotations") or {}).get(SOURCE_VERSION_ANNOTATION) or None
         data = saved.get("data") or {}
         try:
-            self.budget = parse_budget(data) if data else DEFAULT
+            self.budget = await asyncio.to_thread(parse_budget, data) if data else DEFAULT
         except ResourceError as exc:  # edited by hand: nothing better to start from
             log.warning("recorded budget in force is invalid, using the default: %s", exc)
             self.budget = DEFAULT

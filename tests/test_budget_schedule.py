@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import time
 from typing import Any
 
 import pytest
+import yaml
 
 from powerflow.errors import BudgetError
 from powerflow.policy.budget_schedule import (
+    MAX_SCHEDULE_BYTES,
+    MAX_WINDOWS,
     BudgetSchedule,
+    clock_text,
     parse_schedule_data,
     parse_windows,
 )
@@ -134,8 +140,7 @@ def test_a_window_ending_at_midnight_and_one_starting_there_do_not_overlap() -> 
         ({"eta": "0.5", "schedule": "start: '08:00'"}, "schedule: a list of windows"),
         (  # one line, for the Event: where and what, not PyYAML's drawing of it
             {"eta": "0.5", "schedule": "[8, 9"},
-            "schedule: not YAML or JSON: expected ',' or ']', but got '<stream end>' "
-            "(line 1, column 6)",
+            "schedule: not YAML or JSON: did not find expected ',' or ']' (line 2, column 1)",
         ),
         ({"eta": "0.5", "schedule": "[8]"}, "schedule window 1: a mapping"),
         ({"eta": "0.5", "timezone": "Mars/Olympus"}, "timezone: 'Mars/Olympus' is not a known"),
@@ -148,6 +153,62 @@ def test_bad_schedules_are_refused_naming_the_window(data: dict[str, Any], words
     with pytest.raises(BudgetError) as caught:
         parse_schedule_data(data)
     assert words in str(caught.value)
+
+
+def window_text(count: int, step_s: int = 1) -> str:
+    """``count`` windows of ``step_s`` seconds from midnight, one after the other."""
+    return json.dumps(
+        [
+            {"start": clock_text(i * step_s), "end": clock_text((i + 1) * step_s), "eta": 0.5}
+            for i in range(count)
+        ]
+    )
+
+
+def test_a_schedule_over_the_size_bounds_is_refused_before_it_is_read() -> None:
+    """The finding: 10,000 one-second windows (about 630 KB, under the ConfigMap limit)
+    took the operator's passes over a minute; an aliased list expands without bound.
+    Both are refused by their size, in milliseconds, saying the bounds."""
+    huge = window_text(10_000)
+    assert len(huge) > MAX_SCHEDULE_BYTES
+    started = time.perf_counter()
+    with pytest.raises(BudgetError, match=f"at most {MAX_SCHEDULE_BYTES}"):
+        parse_schedule_data({"eta": "1", "schedule": huge})
+    aliases = "a: &w {start: '08:00', end: '09:00', eta: 0.5}\nb: [" + "*w, " * 5000 + "*w]"
+    with pytest.raises(BudgetError, match=f"at most {MAX_WINDOWS}"):
+        parse_windows(yaml.safe_load(aliases)["b"], Budget())
+    assert time.perf_counter() - started < 1.0
+    # At the bound: accepted, and checked in O(n log n) (a second is ample here).
+    started = time.perf_counter()
+    schedule = parse_schedule_data({"eta": "1", "schedule": window_text(MAX_WINDOWS, 60)})
+    assert len(schedule.windows) == MAX_WINDOWS
+    assert time.perf_counter() - started < 1.0
+
+
+def test_overlaps_are_found_among_many_windows_and_named() -> None:
+    """Sorting finds an overlap anywhere, also over midnight, naming both windows."""
+    windows = [{"start": clock_text(i * 60), "end": clock_text(i * 60 + 60), "eta": 1}
+               for i in range(1000)]  # fmt: skip
+    windows.insert(500, {"start": "23:59:30", "end": "00:00:10", "eta": 1})  # over midnight
+    with pytest.raises(BudgetError, match=r"windows 1 \(00:00-00:01\) and 501 "):
+        parse_windows(windows, Budget())
+    ok = [w for i, w in enumerate(windows) if i != 0]
+    ok[499] = {"start": "23:59:30", "end": "24:00", "eta": 1}
+    assert len(parse_windows(ok, Budget())) == 1000
+
+
+def test_the_next_edge_is_remembered_until_it_passes() -> None:
+    """``next_edge_s`` gives the same answers with its memo as without (every minute of
+    two days, a schedule in a daylight-saving zone)."""
+    data = {"eta": "1", "timezone": "Europe/Paris",
+            "schedule": "[{start: '02:30', end: '03:30', eta: 0.5}, "
+                        "{start: '12:00', end: '13:00', eta: 0.2}]"}  # fmt: skip
+    schedule = parse_schedule_data(data)
+    fresh = parse_schedule_data(data)
+    start = 1_711_846_800.0  # 2024-03-31 00:00 UTC: the spring change that day
+    for minute in range(0, 2 * 1440, 7):
+        t = start + 60 * minute
+        assert schedule.next_edge_s(t) == fresh._edge_after(t)
 
 
 def test_the_budget_in_force_and_the_next_edge_around_the_day() -> None:
