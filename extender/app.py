@@ -5,10 +5,15 @@ one: ``_VerbRoute`` turns any exception raised while decoding or deciding
 into ``VerbFailed``, and the one exception handler answers it with 200 and
 the verb's own error shape (``Error`` for filter and bind; for prioritize,
 whose ``HostPriorityList`` has no error field, an empty list, which means "no
-opinion" to the scheduler). The one other status is 413, for a body over
-the size limit, refused before it is read (``_body``); bodies too big to
-decode in a moment are decoded, and their answers written, on a worker
-thread, so health probes and binds are not held up (``OFFLOAD_BYTES``).
+opinion" to the scheduler). Two other statuses: 413, for a body over the size
+limit, refused before it is read (``BodyBudget.body``), and 503 with ``Retry-After``
+while the bodies being read and handled already hold ``max_bodies_in_flight``
+bytes (``BodyBudget``: each body, once decoded, takes several times its size,
+so 16 concurrent 4 MiB bodies took the extender near its 1 GiB limit;
+kube-scheduler calls an extender for one pod at a time, so only a client that
+is not the scheduler meets it). Bodies too big to decode in a moment are
+decoded, and their answers written, on a worker thread, so health probes and
+binds are not held up (``OFFLOAD_BYTES``).
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ NodeLists (``nodeCacheCapable: false``, about 2 kB per node) fits up to about
 2,000 nodes; raise the limit for more.
 """
 
+MAX_BODIES_IN_FLIGHT = 16 << 20
+"""Bytes of request bodies read or being handled at once (``BodyBudget``): four bodies at
+the default size limit."""
+
 OFFLOAD_BYTES = 256 << 10
 """Bodies larger than this are decoded and answers written on a worker thread, so that the
 event loop (health probes, the watch, binds) keeps running meanwhile. kube-scheduler's
@@ -83,6 +92,56 @@ class VerbFailed(Exception):
 
 class BodyTooLarge(PowerFlowError):
     """The request body is over the limit; answered 413 without reading (the rest of) it."""
+
+
+class Busy(PowerFlowError):
+    """The bodies in flight hold the budget; answered 503 with ``Retry-After``."""
+
+
+class BodyBudget:
+    """The bytes of request bodies in flight (read, or held while their verb runs):
+    at most ``max_bytes`` (module docstring). One event loop: no lock."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+
+    def _take(self, wanted: int) -> None:
+        if self.held + wanted > self.max_bytes:
+            raise Busy(
+                f"busy: {self.held} bytes of request bodies in flight, at most "
+                f"{self.max_bytes}; retry"
+            )
+        self.held += wanted
+
+    @asynccontextmanager
+    async def body(self, request: Request, limit: int) -> AsyncIterator[bytes]:
+        """The request body, its bytes held until the block ends: over ``limit`` it is
+        ``BodyTooLarge``, refused from ``Content-Length`` before anything is read, else
+        while it streams in; past the budget it is ``Busy`` the same way."""
+        taken = 0
+        try:
+            length = request.headers.get("content-length", "")
+            if length.isdigit() and int(length) > limit:
+                raise BodyTooLarge(
+                    f"the request body of {int(length)} bytes is over the {limit}-byte limit"
+                )
+            if length.isdigit():
+                self._take(int(length))
+                taken = int(length)
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
+                if size > taken:
+                    self._take(size - taken)
+                    taken = size
+                chunks.append(chunk)
+            yield b"".join(chunks)
+        finally:
+            self.held -= taken
 
 
 def _reason(exc: Exception) -> str:
@@ -104,6 +163,8 @@ def _reason(exc: Exception) -> str:
     return f"internal error: {type(exc).__name__}: {exc}"
 
 
+_STATUS: dict[type[Exception], int] = {BodyTooLarge: 413, Busy: 503}
+"""The verbs' answers that are not 200 (module docstring)."""
 _EXPECTED = (PowerFlowError, RequestValidationError, HTTPException, ClientDisconnect)
 """Failures that are answers (bad input, undecidable, a body cut short: its answer reaches
 nobody); anything else is logged as a bug."""
@@ -125,7 +186,9 @@ class _VerbRoute(APIRoute):
                 metrics.requests.labels(verb, "error").inc()
                 if not isinstance(exc, _EXPECTED):
                     log.exception("%s failed", verb)
-                status = 413 if isinstance(exc, BodyTooLarge) else 200
+                status = (
+                    413 if isinstance(exc, BodyTooLarge) else 503 if isinstance(exc, Busy) else 200
+                )
                 raise VerbFailed(verb, _reason(exc), status) from exc
             finally:
                 metrics.latency.labels(verb).observe(time.perf_counter() - start)
@@ -138,16 +201,17 @@ class _VerbRoute(APIRoute):
 async def _answer_failure(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, VerbFailed)
     log.info("%s answered with Error: %s", exc.verb, exc.reason)
+    retry = {"Retry-After": "1"} if exc.status == 503 else {}
     if exc.verb == "filter":
         return Response(
-            encode(dump(ExtenderFilterResult(Error=exc.reason))), exc.status, None, JSON
+            encode(dump(ExtenderFilterResult(Error=exc.reason))), exc.status, retry, JSON
         )
     if exc.verb == "bind":
         return Response(
-            encode(dump(ExtenderBindingResult(Error=exc.reason))), exc.status, None, JSON
+            encode(dump(ExtenderBindingResult(Error=exc.reason))), exc.status, retry, JSON
         )
     header = exc.reason[:200].encode("ascii", "replace").decode()
-    return Response(b"[]", exc.status, {"X-PowerFlow-Error": header}, JSON)
+    return Response(b"[]", exc.status, {"X-PowerFlow-Error": header, **retry}, JSON)
 
 
 JSON = "application/json"
@@ -158,24 +222,6 @@ _ARGS_SCHEMA.pop("$defs", None)  # NodeList is in the components through Extende
 _ARGS_BODY = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": _ARGS_SCHEMA}}}
 }
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (``BodyTooLarge``) as soon as it is known to exceed ``limit``:
-    from ``Content-Length`` before reading anything, else while it streams in."""
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise BodyTooLarge(
-            f"the request body of {int(length)} bytes is over the {limit}-byte limit"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def _off_loop(big: bool, fn: Callable[..., T], *args: Any) -> T:
@@ -196,6 +242,7 @@ def create_app(
     clock: Callable[[], float] | None = None,
     state: ClusterState | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_bodies_in_flight: int = MAX_BODIES_IN_FLIGHT,
     priority_cache_bytes: int = PRIORITY_CACHE_BYTES,
     pool_tolerations: Sequence[dict[str, Any]] = GPU_TOLERATIONS,
 ) -> FastAPI:
@@ -238,6 +285,7 @@ def create_app(
         exception_handlers={VerbFailed: _answer_failure},
     )
     app.state.extender = extender
+    bodies = app.state.bodies = BodyBudget(max(max_bodies_in_flight, max_body_bytes))
 
     verbs = APIRouter(route_class=_VerbRoute)
 
@@ -247,22 +295,24 @@ def create_app(
     # decision. The OpenAPI schema still documents ``ExtenderArgs``.
     @verbs.post("/filter", response_model=ExtenderFilterResult, openapi_extra=_ARGS_BODY)
     async def filter_(request: Request) -> Response:
-        raw = await _body(request, max_body_bytes)
-        big = len(raw) > OFFLOAD_BYTES
-        args = await _off_loop(big, decode_args, raw, request.headers.get("content-type"))
-        answer = extender.filter(args)
-        return Response(await _off_loop(big, encode, answer), media_type=JSON)
+        async with bodies.body(request, max_body_bytes) as raw:
+            big = len(raw) > OFFLOAD_BYTES
+            args = await _off_loop(big, decode_args, raw, request.headers.get("content-type"))
+            answer = extender.filter(args)
+            return Response(await _off_loop(big, encode, answer), media_type=JSON)
 
     @verbs.post("/prioritize", response_model=list[HostPriority], openapi_extra=_ARGS_BODY)
     async def prioritize(request: Request) -> Response:
-        raw = await _body(request, max_body_bytes)
-        if len(raw) <= OFFLOAD_BYTES:
-            args = decode_args(raw, request.headers.get("content-type"))
-            return Response(extender.prioritize(args), media_type=JSON)
-        # A big call: off the loop, and not through the cache (it would only churn it).
-        args = await asyncio.to_thread(decode_args, raw, request.headers.get("content-type"))
-        hosts, scores = extender.priorities(args)
-        return Response(await asyncio.to_thread(encode_priorities, hosts, scores), media_type=JSON)
+        async with bodies.body(request, max_body_bytes) as raw:
+            if len(raw) <= OFFLOAD_BYTES:
+                args = decode_args(raw, request.headers.get("content-type"))
+                return Response(extender.prioritize(args), media_type=JSON)
+            # A big call: off the loop, and not through the cache (it would only churn it).
+            kind = request.headers.get("content-type")
+            args = await asyncio.to_thread(decode_args, raw, kind)
+            hosts, scores = extender.priorities(args)
+            encoded = await asyncio.to_thread(encode_priorities, hosts, scores)
+            return Response(encoded, media_type=JSON)
 
     @verbs.post(
         "/bind",
@@ -277,8 +327,8 @@ def create_app(
         },
     )
     async def bind(request: Request) -> Response:
-        raw = await _body(request, max_body_bytes)
-        args = decode_binding_args(raw, request.headers.get("content-type"))
+        async with bodies.body(request, max_body_bytes) as raw:
+            args = decode_binding_args(raw, request.headers.get("content-type"))
         return JSONResponse(dump(await extender.bind(args)))
 
     app.include_router(verbs)

@@ -342,3 +342,54 @@ async def _eventually_async(check: Any, timeout: float = 10.0) -> Any:
         if loop.time() > deadline:
             raise AssertionError(f"condition not met in {timeout} s")
         await asyncio.sleep(0.02)
+
+
+NESTED = "[" * 10_000 + "]" * 10_000
+"""10 KB of JSON nesting: Python's decoder raises RecursionError on it."""
+
+
+async def test_a_deeply_nested_annotation_stops_nothing_and_never_lifts_a_cap(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """The finding: one pod on the node with a 10 KB ``[[[[`` annotation aborted the
+    agent's pod listing at start (no GPU was ever locked, /healthz stayed 200), and a
+    tenant who set one on their own worker stopped later clock changes. Now the bad
+    field is a problem of that pod alone; the other pods' clocks apply and follow their
+    changes; an unreadable clock or power limit puts the pod's GPU at its lowest
+    settings until the operator writes it again."""
+    gpus = RecordingGpus()
+    bad = worker_pod("bad", None, frequency_mhz="1200", profile=NESTED)
+    bad["metadata"]["annotations"][contract.PLACEMENT_ANNOTATION] = NESTED
+    await create(api, bad)
+    await create(api, worker_pod("a", 2, frequency_mhz="1005"))
+    async with NodeAgent(agent_args(kubeconfig), gpus):
+        await eventually(lambda: gpus.locked(2) == 1005)
+        await annotate(api, "a", frequency_mhz="900")
+        await eventually(lambda: gpus.locked(2) == 900)
+        await annotate(api, "a", frequency_mhz=NESTED)
+        lowest = A100.clocks_mhz[0]
+        await eventually(lambda: gpus.locked(2) == lowest and gpus.power_limit_w(2) == MIN_W)
+        await annotate(api, "a", frequency_mhz="1005")  # the operator writes it again
+        await eventually(lambda: gpus.locked(2) == 1005 and gpus.power_limit_w(2) == MAX_W)
+
+
+async def test_a_pod_the_kubelet_never_started_arms_the_free_gpus_for_arm_s_only(
+    api: httpx.AsyncClient, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``status.startTime`` (a kubelet that never acknowledges the pod, or a
+    tenant's pod) the arming bound counts from when the agent first saw the pod bound:
+    the free GPUs go back to their defaults after ``ARM_S`` (1 s here), not never."""
+    from powerflow.nodeagent import agent as agent_module
+    from powerflow.nodeagent import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "ARM_S", 1.0)
+    monkeypatch.setattr(agent_module, "ARM_S", 1.0)
+    gpus = RecordingGpus()
+    await create(api, worker_pod("a", None, frequency_mhz="1200", power_limit_watts="250"))
+
+    def settings() -> list[tuple[tuple[int, int] | None, float]]:
+        return [(gpus.locks[i], gpus.power_limit_w(i)) for i in range(4)]
+
+    async with NodeAgent(agent_args(kubeconfig), gpus):
+        await eventually(lambda: settings() == [((A100.clocks_mhz[0], 1200), 250.0)] * 4)
+        await eventually(lambda: settings() == [(None, MAX_W)] * 4)
