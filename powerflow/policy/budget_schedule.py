@@ -281,7 +281,7 @@ def load_windows(text: str) -> Any:
             f"(at most {MAX_WINDOWS} windows)"
         )
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a safe loader)
+        return yaml.load(text, Loader=_Loader)  # a safe loader (_Loader)
     except yaml.YAMLError as exc:
         raise BudgetError(f"schedule: not YAML or JSON: {yaml_problem(exc)}") from None
 
