@@ -284,6 +284,9 @@ def load_windows(text: str) -> Any:
         return yaml.load(text, Loader=_Loader)  # a safe loader (_Loader)
     except yaml.YAMLError as exc:
         raise BudgetError(f"schedule: not YAML or JSON: {yaml_problem(exc)}") from None
+    except (ValueError, RecursionError) as exc:  # a lone surrogate; an int of 5,000 digits
+        why = " ".join(str(exc).split())[:120]
+        raise BudgetError(f"schedule: not YAML or JSON: {why}") from None
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
