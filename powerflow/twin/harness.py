@@ -238,6 +238,10 @@ class Twin:
         self.kubelet: Kubelet | None = None
         self.scheduler: Scheduler | None = None
         self.client: httpx.Client | None = None
+        self.ingest_url = ""
+        """The operator's sample ingest (``contract.SAMPLES_PATH``), once started."""
+        self.extender_url = ""
+        """The extender's base URL (the scheduler's ``urlPrefix``), once started."""
         self.changes: dict[str, list[StatusChange]] = {}
         """Each DLJob's status changes as ``states`` saw them (``StatusChange``)."""
 
@@ -282,6 +286,8 @@ class Twin:
         kubeconfig = write_kubeconfig(self.folder / "kubeconfig", self.url)
         ingest_port = free_port()
         ext_port = free_port()
+        self.ingest_url = f"http://127.0.0.1:{ingest_port}{contract.SAMPLES_PATH}"
+        self.extender_url = f"http://127.0.0.1:{ext_port}"
         self.extender = extender_process(kubeconfig, self.folder, ext_port)
         self.operator = operator_process(kubeconfig, self.folder, ingest_port, scale=self.scale)
         self.extender.start()

@@ -87,6 +87,18 @@ def _env(pod: Obj) -> dict[str, str]:
     return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
 
 
+def _requests_gpu(pod: Obj) -> bool:
+    """Whether a container asks for a GPU: the twin's workers do; a pod that does not
+    would run on the CPU, which the twin does not simulate (it stays ``Pending``)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return any(
+        str(((c.get("resources") or {}).get("limits") or {}).get(contract.GPU_RESOURCE, "0"))
+        not in ("", "0")
+        for c in containers
+        if isinstance(c, dict)
+    )
+
+
 def gpu_of(pod: Obj, node: str, gpus: int, taken: set[int]) -> int | None:
     """The GPU the device plugin gives ``pod`` on ``node``: the lowest free one of the
     extender's placement block there (the block is the extender's plan for these
@@ -240,7 +252,7 @@ class Kubelet:
                 self._finish_deletion(pod)  # its worker (if any) checkpointed above
                 continue
             uid = pod["metadata"]["uid"]
-            if phase == "Pending" and uid not in self.workers:
+            if phase == "Pending" and uid not in self.workers and _requests_gpu(pod):
                 self._start(pod, pods, node)
         now = self.now_s()
         for w in list(self.workers.values()):
