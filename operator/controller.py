@@ -373,6 +373,26 @@ class Controller:
         if self.post_events:
             self._events.append((body, type_, reason, message))
 
+    def note_refused_sender(self, node: str, reason: str, count: int) -> None:
+        """A Warning Event on ``node`` (posted with the next pass's Events): its agent's
+        samples were refused for ``reason`` (the ingest tells each pair once)."""
+        nodes = self.state.nodes if self.state is not None else ()
+        uid = next(
+            (
+                n.get("metadata", {}).get("uid")
+                for n in nodes
+                if n.get("metadata", {}).get("name") == node
+            ),
+            None,
+        )
+        ref = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}
+        message = (
+            f"{count} sample(s) from this node's agent refused: {reason} (a broken or "
+            "compromised node agent, or energy counter; later ones are counted in "
+            "powerflow_ingest_samples_refused_total)"
+        )
+        self._event(ref, "Warning", "SamplesRefused", message)
+
     def _power_ratio(
         self, measured: Mapping[str, MeasuredPower] | None, now: float, state: ClusterState
     ) -> float:

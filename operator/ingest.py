@@ -34,8 +34,10 @@ worker pod); the sample must match that generation's allocation
 (``impossible_clock``) and a power the GPUs can draw (``impossible_power``);
 and it must come after the last window taken from that sender for that job
 (``duplicate``, ``overlap``). Refused samples are counted by reason (and by
-reason and sender: ``powerflow_ingest_samples_refused_total{node,reason}``,
-each new pair logged once); the others go to the ``SampleSink``
+reason and sender: ``powerflow_ingest_samples_refused_total{sender_node,reason}``,
+each new pair logged once and told to ``on_refused``, which the operator turns
+into a ``SamplesRefused`` Warning Event on the node); the others go to the
+``SampleSink``
 (``powerflow_ingest_samples_total``). The answer is 200 with
 ``{"accepted", "refused", "reasons": {reason: count}}`` when at least one
 sample was accepted or the batch had none, else 422 with the same body:
@@ -183,6 +185,7 @@ class Ingest:
         metrics: Metrics,
         power: ClusterPower,
         clock: Callable[[], float] = time.time,
+        on_refused: Callable[[str, str, int], None] | None = None,
     ) -> None:
         self.reviewer = reviewer
         self.view = view
@@ -195,6 +198,9 @@ class Ingest:
         self._unavailable: str | None = None
         self._told: set[tuple[str, str]] = set()
         """(sender, reason) of per-sample refusals already logged (once each)."""
+        self.on_refused = on_refused
+        """Told ``(sender node, reason, count)`` with each such log line (the operator
+        posts a Warning Event on the node)."""
         metrics.cluster_power_watts.set_function(power.total_watts)
 
     def app(self) -> web.Application:
@@ -352,6 +358,8 @@ class Ingest:
             if (node, why) not in self._told:
                 self._told.add((node, why))
                 log.warning("node %s: %d sample(s) refused: %s", node, count, why)
+                if self.on_refused is not None:
+                    self.on_refused(node, why, count)
         if accepted:
             self.sink.add(node, accepted, self._clock())
             self.metrics.ingest_samples.inc(len(accepted))

@@ -19,7 +19,16 @@ from typing import Any
 
 import httpx
 import pytest
-from operator_cases import NS, PODS, ThresholdPolicy, dljob, eventually, models, pods_of
+from operator_cases import (
+    NS,
+    PODS,
+    ThresholdPolicy,
+    dljob,
+    eventually,
+    models,
+    poked_pass,
+    pods_of,
+)
 from powerflow.nodeagent.sender import SampleSender
 from powerflow.operator import ingest
 from prometheus_client import CollectorRegistry
@@ -296,6 +305,18 @@ async def test_samples_that_do_not_match_the_allocation_or_physics_are_refused(
     overlap = replace(sample(), end_s=good.end_s + 1.0)  # a 5 s window that ended 1 s later
     assert (await cluster.post(batch("n1", overlap))).json()["reasons"] == {"overlap": 1}
     assert cluster.sink.samples == [good]
+
+    async def node_events() -> list[dict[str, Any]]:
+        items = (await cluster.api.get("/api/v1/namespaces/default/events")).json()["items"]
+        return [
+            e
+            for e in items
+            if e["reason"] == "SamplesRefused" and e["involvedObject"]["name"] == "n1"
+        ]
+
+    await poked_pass(cluster.api, cluster.operator, "resnet")  # Events go with a pass
+    told = await eventually(node_events, timeout=10)
+    assert {e["message"].split(": ")[1].split(" ")[0] for e in told} >= set(bad)
     counts = {"wrong_allocation": 4, "impossible_clock": 2, "impossible_power": 3}
     for reason, count in {**counts, "duplicate": 3}.items():
         after = cluster.metric(

@@ -362,7 +362,12 @@ def serve(
     reviewer = TokenReviewer(
         lambda: apis[-1] if apis else None, contract.INGEST_AUDIENCE, args.ingest_service_account
     )
-    ingest = Ingest(reviewer, view, sink or learning, metrics, ClusterPower())
+
+    def refused(node: str, reason: str, count: int) -> None:
+        if controllers:
+            controllers[-1].note_refused_sender(node, reason, count)
+
+    ingest = Ingest(reviewer, view, sink or learning, metrics, ClusterPower(), on_refused=refused)
 
     async def main() -> None:
         """kopf and the ingest server on one event loop."""
