@@ -32,8 +32,9 @@ least as many as the GPUs the sample measured (``too_many_gpus``: one GPU per
 worker pod); the sample must match that generation's allocation
 (``wrong_allocation``), have a clock the node's GPU has
 (``impossible_clock``) and a power the GPUs can draw (``impossible_power``);
-and it must come after the last window taken from that sender for that job
-(``duplicate``, ``overlap``). Refused samples are counted by reason (and by
+and it must end no later than ``MAX_AHEAD_S`` past the operator's clock
+(``clock_ahead``) and after the last window taken from that sender for that
+job (``duplicate``, ``overlap``). Refused samples are counted by reason (and by
 reason and sender: ``powerflow_ingest_samples_refused_total{sender_node,reason}``,
 each new pair logged once and told to ``on_refused``, which the operator turns
 into a ``SamplesRefused`` Warning Event on the node); the others go to the
@@ -60,8 +61,9 @@ The next pass reads a view newer than the sample, which judges it for good:
 accepted once the pods are seen bound, 422 if its generation ended
 meanwhile; passes come at least every ``schedulingIntervalSeconds``, so
 nothing is retried forever. A window that ends more than ``MAX_AHEAD_S``
-past the operator's clock (an agent's clock far ahead) is judged at once, or
-its batch, and the agent's queue behind it, would wait as long.
+past the operator's clock (an agent's clock far ahead) is judged at once (and
+refused, ``clock_ahead``), or its batch, and the agent's queue behind it,
+would wait as long.
 ``unknown_job`` is never deferred: a job's pods are created by a pass that
 read the job, so a sample of a job the view lacks is of a job deleted. The
 comparison trusts the agents' clocks: one behind the operator's by more
@@ -336,7 +338,7 @@ class Ingest:
         for sample in samples:
             why = sample_checks.judge(jobs, node, gpu, sample)
             if why is None:
-                why = self.windows.check(node, sample)
+                why = self.windows.check(node, sample, latest_s)
             if why is None:
                 accepted.append(sample)
             else:

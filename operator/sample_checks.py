@@ -23,11 +23,13 @@ ranges) is checked here against what the sender cannot make up:
   limit with ``POWER_SLACK`` (no GPU draws more for a whole window) and at
   least ``IDLE_FLOOR`` of its idle power (a powered GPU draws that much doing
   nothing): else ``impossible_power``;
-- **time** (``Windows``, per sender, job and generation): windows of one job
-  on one node follow each other; a sample that ends no later than the last
-  one taken from that sender is a replay (``duplicate``), and one that starts
-  before it ended overlaps it (``overlap``), so one node can report at most
-  real time's worth of windows.
+- **time** (``Windows``, per sender, job and generation): a window cannot end
+  more than ``ingest.MAX_AHEAD_S`` past the operator's clock (``clock_ahead``:
+  taken, it would make the sender's honest windows look like replays until
+  real time caught up); windows of one job on one node follow each other; a
+  sample that ends no later than the last one taken from that sender is a
+  replay (``duplicate``), and one that starts before it ended overlaps it
+  (``overlap``), so one node can report at most real time's worth of windows.
 
 Every refusal is counted by reason and sender (``Metrics.ingest_sender_refused``).
 """
@@ -145,8 +147,11 @@ class Windows:
     def __init__(self) -> None:
         self._last: dict[tuple[str, str, str, int], float] = {}
 
-    def check(self, node: str, sample: WindowSample) -> str | None:
-        """``duplicate``, ``overlap`` or None (module docstring); nothing is recorded."""
+    def check(self, node: str, sample: WindowSample, latest_s: float) -> str | None:
+        """``clock_ahead`` (it ends after ``latest_s``), ``duplicate``, ``overlap`` or
+        None (module docstring); nothing is recorded."""
+        if sample.end_s > latest_s:
+            return "clock_ahead"
         last = self._last.get((node, sample.namespace, sample.job, sample.generation))
         if last is None:
             return None

@@ -19,6 +19,7 @@ import json
 import time
 import urllib.parse
 from collections import Counter
+from typing import Any
 
 import pytest
 from aiohttp.http_exceptions import HttpProcessingError
@@ -52,7 +53,7 @@ REFUSALS = {
 }
 """Every 4xx of the ingest before the samples are judged, with the reasons it may give."""
 JUDGED = {"unknown_job", "not_on_node", "too_many_gpus", "wrong_allocation", "impossible_clock",
-          "impossible_power", "duplicate", "overlap"}  # fmt: skip
+          "impossible_power", "duplicate", "overlap", "clock_ahead"}  # fmt: skip
 
 FIELDS = ["namespace", "job", "generation", "n", "gpusPerNode", "localBatchSize", "frequencyMhz",
           "gpusMeasured", "iterations", "stepTimeS", "energyJ", "endS", "extra"]  # fmt: skip
@@ -64,21 +65,23 @@ BATCH_PATHS: list[tuple[str | int, ...]] = [
 """Every field the agent sends, unknown keys, and a key in the wrong case."""
 
 
-END_S = time.time() + 200
-"""After every window the fixture sent (a replay is refused), within ``MAX_AHEAD_S``."""
-BATCHES = [
-    batch(
-        node,
-        sample(job=first, end_s=END_S, iterations=iterations),
-        sample(job=second, end_s=END_S + 10),
-        watts=300.0,
-    )
-    for node in ("n1", "n2")
-    for first in ("resnet", "gone")
-    for second in ("resnet", "gone")
-    for iterations in (1, 7)
-]
-"""Batches as ``telemetry.encode_batch`` writes them: n1's or n2's, for the job or not."""
+def batches() -> list[dict[str, Any]]:
+    """Batches as ``telemetry.encode_batch`` writes them: n1's or n2's, for the job or not,
+    ending after every window the fixture sent (a replay is refused) and within
+    ``MAX_AHEAD_S`` of now (a window from further ahead is refused)."""
+    end_s = time.time() + 100
+    return [
+        batch(
+            node,
+            sample(job=first, end_s=end_s, iterations=iterations),
+            sample(job=second, end_s=end_s + 10),
+            watts=300.0,
+        )
+        for node in ("n1", "n2")
+        for first in ("resnet", "gone")
+        for second in ("resnet", "gone")
+        for iterations in (1, 7)
+    ]
 
 
 REFUSED_HERE = [None, "", "Bearer", "Bearer ", "Basic YWxpY2U6cHc=", "Bearer \u00e9",
@@ -126,7 +129,7 @@ async def test_no_request_gets_a_5xx(cluster: Cluster) -> None:  # noqa: F811
 
     @SETTINGS
     @given(
-        body=bodies(BATCHES, BATCH_PATHS),
+        body=bodies(batches(), BATCH_PATHS),
         authorization=st.sampled_from(AUTHORIZATIONS),
         content_type=content_types,
         chunked=st.booleans(),

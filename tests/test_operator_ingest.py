@@ -26,8 +26,8 @@ from operator_cases import (
     dljob,
     eventually,
     models,
-    poked_pass,
     pods_of,
+    poked_pass,
 )
 from powerflow.nodeagent.sender import SampleSender
 from powerflow.operator import ingest
@@ -130,6 +130,7 @@ def sample(**changes: Any) -> WindowSample:
     if "end_s" not in changes:
         _LAST_END[0] = max(time.time(), _LAST_END[0] + out.iterations * out.step_time_s)
         out = replace(out, end_s=_LAST_END[0])
+    _LAST_END[0] = max(_LAST_END[0], out.end_s)
     return out
 
 
@@ -171,6 +172,7 @@ async def cluster(
     )
     sink = Recording()
     started_s = time.time()
+    _LAST_END[0] = 0.0  # a new operator: it has taken no window yet
     async with Operator(args, ThresholdPolicy(), models, sink=sink) as op:
         await api.post(
             f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/dljobs",
@@ -188,7 +190,7 @@ async def cluster(
         cluster = Cluster(api, kmock, op, sink, url, started_s)
 
         async def sees_pods() -> bool:  # the operator's next pass reads the bindings
-            return (await cluster.post(batch("n1", sample()))).status_code == 200
+            return (await cluster.post(batch("n1", sample(end_s=time.time())))).status_code == 200
 
         await eventually(sees_pods, timeout=10)
         sink.added.clear()
@@ -404,8 +406,8 @@ async def test_a_sample_the_view_is_newer_than_or_from_far_ahead_is_judged_at_on
 ) -> None:
     """Only a view older than the sample defers it: a sample that ended before the view
     was read, or that claims to end over ``MAX_AHEAD_S`` past the operator's clock (it
-    would hold its batch, and the agent's queue behind it, as long), gets its 422; so
-    does one of a deleted job, whatever its time."""
+    would hold its batch, and the agent's queue behind it, as long; and it is refused
+    for that alone), gets its 422; so does one of a deleted job, whatever its time."""
     ahead = time.time() + ingest.MAX_AHEAD_S + 600
     cases = [
         sample(generation=2, end_s=time.time() - 3600),
@@ -416,6 +418,8 @@ async def test_a_sample_the_view_is_newer_than_or_from_far_ahead_is_judged_at_on
         resp = await cluster.post(batch("n1", case))
         assert resp.status_code == 422, (case, resp.text)
     assert cluster.sink.added == []
+    fine_but_ahead = await cluster.post(batch("n1", sample(end_s=ahead)))
+    assert fine_but_ahead.json()["reasons"] == {"clock_ahead": 1}
 
 
 async def test_invalid_bodies_are_400_with_the_parsers_message(cluster: Cluster) -> None:
