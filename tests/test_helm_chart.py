@@ -4,8 +4,11 @@ the values schema, and every component's arguments against its own parser."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -323,3 +326,58 @@ def test_the_readmes_install_command_passes_the_values_schema(helm: Path) -> Non
         if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "powerflow-budget"
     )
     assert parse_budget(data).budget.eta == 0.6
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
+            yield doc["spec"]["template"]
+
+
+IMAGE_USER = 10001
+"""The Dockerfile's ``USER``: a container without ``runAsUser`` runs as it."""
+
+
+def test_the_numba_cache_init_container_runs_as_its_user_on_an_empty_dir(
+    helm: Path, tmp_path: Path
+) -> None:
+    """Every pod's ``numba-cache`` init container, its command as rendered, run as the
+    user it runs as (the pod's or the image's) with every capability dropped, into a
+    folder as the kubelet makes an emptyDir (root's, mode 0777): it must exit 0 and
+    leave the kernels there. ``cp -a`` failed on setting the folder's times (only its
+    owner may), so no pod of the chart ever started."""
+    assert os.geteuid() == 0, "needs root to run the command as the pod's user (CI is root)"
+    root = Path(tempfile.mkdtemp(prefix="numba-cache-"))  # /tmp's: any user may enter
+    root.chmod(0o755)
+    source = root / "image"
+    (source / "powerflow").mkdir(parents=True)
+    (source / "powerflow" / "kernels.nbi").write_bytes(b"index")
+    (source / "powerflow" / "kernels.1.nbc").write_bytes(b"code")
+    checked = 0
+    try:
+        for template in pod_templates(render(helm)):
+            for init in template["spec"].get("initContainers", []):
+                if init["name"] != "numba-cache":
+                    continue
+                empty = root / f"empty-{checked}"
+                empty.mkdir()
+                empty.chmod(0o777)
+                paths = {"/opt/powerflow/numba-cache": "\0", "/numba-cache": str(empty)}
+                command = []
+                for part in init["command"]:
+                    for old, new in paths.items():
+                        part = part.replace(old, new)
+                    command.append(part.replace("\0", str(source)))
+                context = {**template["spec"].get("securityContext", {}), **init["securityContext"]}
+                user = context.get("runAsUser", IMAGE_USER)
+                ids = [f"--reuid={user}", f"--regid={user}", "--clear-groups"]
+                drop = ["--inh-caps=-all", "--bounding-set=-all"] if user else []
+                run = subprocess.run(
+                    ["setpriv", *ids, *drop, *command], capture_output=True, text=True
+                )
+                assert run.returncode == 0, run.stderr
+                assert (empty / "powerflow" / "kernels.1.nbc").read_bytes() == b"code"
+                checked += 1
+    finally:
+        shutil.rmtree(root)
+    assert checked == 3  # the operator, the scheduler (extender) and the node agent

@@ -25,13 +25,16 @@ app.kubernetes.io/component: {{ .component }}
 {{/*
 numba only uses a cache folder it can write to, and the root file system is
 read-only: an init container copies the kernels compiled at image build into
-an emptyDir, so no pod pays the ~13 s of compilation at start.
+an emptyDir, so no pod pays the ~13 s of compilation at start. `cp -R`, not
+`cp -a`: an emptyDir is root's (mode 0777) and only its owner may set its
+times, so preserving them fails as the image's user
+(tests/test_helm_chart.py runs the command so).
 */}}
 {{- define "powerflow.numbaCacheInit" -}}
 - name: numba-cache
   image: {{ include "powerflow.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  command: ["sh", "-c", "cp -a /opt/powerflow/numba-cache/. /numba-cache/"]
+  command: ["sh", "-c", "cp -R /opt/powerflow/numba-cache/. /numba-cache/"]
   securityContext:
     allowPrivilegeEscalation: false
     readOnlyRootFilesystem: true
