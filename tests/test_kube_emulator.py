@@ -619,3 +619,50 @@ async def test_token_review_can_be_forbidden(
     emulator.refuse("create", "tokenreviews")
     resp = await api.post(REVIEWS, json=review("t1"))
     assert resp.status_code == 403 and resp.json()["reason"] == "Forbidden"
+
+
+async def test_discovery_and_version_as_client_go_reads_them(api: httpx.AsyncClient) -> None:
+    """The core group's ``APIResourceList`` has ``groupVersion: v1`` (client-go maps
+    resources by it: with kmock's ``/v1`` kubectl and helm found no ConfigMap), and
+    ``/version`` names a release the chart accepts (``kubeVersion: >=1.27``)."""
+    core = (await api.get("/api/v1")).json()
+    assert core["groupVersion"] == "v1"
+    assert {"pods", "configmaps", "services"} <= {r["name"] for r in core["resources"]}
+    group = (await api.get("/apis/powerflow.io/v1alpha1")).json()
+    assert group["groupVersion"] == "powerflow.io/v1alpha1"
+    version = (await api.get("/version")).json()
+    assert (int(version["major"]), int(version["minor"])) >= (1, 27)
+    assert version["gitVersion"].startswith(f"v{version['major']}.{version['minor']}.")
+
+
+async def test_a_new_crd_is_established_and_its_resource_served(api: httpx.AsyncClient) -> None:
+    """As the apiextensions controllers do a moment after the create: ``NamesAccepted``
+    and ``Established`` (what ``helm install`` waits for), the names accepted, and the
+    resource served (and discovered) at its served version."""
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [
+                {"name": "v1", "served": True, "storage": True, "schema": {}},
+                {"name": "v0", "served": False, "storage": False, "schema": {}},
+            ],
+        },
+    }
+    created = await api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd)
+    assert created.status_code == 201, created.text
+    status = created.json()["status"]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "NamesAccepted": "True",
+        "Established": "True",
+    }
+    assert status["acceptedNames"]["kind"] == "Widget" and status["storedVersions"] == ["v1"]
+    widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    made = await api.post("/apis/example.com/v1/namespaces/ns/widgets", json=widget)
+    assert made.status_code == 201, made.text
+    listing = (await api.get("/apis/example.com/v1")).json()
+    assert [r["name"] for r in listing["resources"] if "/" not in r["name"]] == ["widgets"]

@@ -41,6 +41,10 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   deleted ``uid``, and of an object created with owners none of which exists
   (a dangling reference: the garbage collector looks its owners up and deletes
   it, as it does the pods a controller creates for an owner deleted meanwhile);
+- discovery as client-go reads it (the core group's ``groupVersion`` is ``v1``),
+  ``/version`` reporting ``KUBE_VERSION``, and a new CRD established: its
+  resource served and its status ``NamesAccepted`` and ``Established``, as
+  ``helm install`` waits for (``_establish``);
 - ``TokenReview`` (``POST /apis/authentication.k8s.io/v1/tokenreviews``) as
   ``pkg/registry/authentication/tokenreview/storage.go`` answers it, for tokens a
   test registers (``register_token``): nothing stored, 201 with the review's
@@ -103,6 +107,8 @@ Obj = dict[str, Any]
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 _HISTORY = 10_000  # watch events kept per resource for ?resourceVersion= resumes
+KUBE_VERSION = "v1.31.4"
+"""The release ``/version`` reports: the one the chart is validated against."""
 CONTROL = "/_twin/"
 """The fault-control routes' prefix (``KubeEmulator._control``): no API group's path."""
 
@@ -733,12 +739,65 @@ class KubeEmulator(kmock.KubernetesEmulator):
             obj.pop("status", None)  # CRDs and pods; nodes keep what the kubelet registers
         if not res.group and res.plural == "pods":
             self._default_tolerations(obj)
+        if res.group == "apiextensions.k8s.io" and res.plural == "customresourcedefinitions":
+            self._establish(obj)
         self._stamp_new(obj)
         self._put(key, obj)
         await self._emit(res, "ADDED", obj)
         if self._owners_absent(obj):
             await self._delete(res, key, obj, {})  # the garbage collector's, after the 201
         return kmock.Response(status=201, payload=obj)
+
+    def _establish(self, crd: Obj) -> None:
+        """A new CRD as the apiextensions controllers leave it a moment later: its
+        resource served (``declare``, every served version) and its status
+        ``NamesAccepted`` and ``Established`` (``helm install`` waits for that)."""
+        spec = crd.get("spec") or {}
+        names = spec.get("names") or {}
+        group, plural, kind = spec.get("group"), names.get("plural"), names.get("kind")
+        if not (isinstance(group, str) and isinstance(plural, str) and isinstance(kind, str)):
+            return
+        for version in spec.get("versions") or []:
+            if isinstance(version, dict) and version.get("served") and version.get("name"):
+                self.declare(
+                    f"{group}/{version['name']}/{plural}",
+                    kind,
+                    namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                )
+        stamp = _now()
+        crd["status"] = {
+            "acceptedNames": names,
+            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")],
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": stamp, "reason": r}
+                for t, r in (
+                    ("NamesAccepted", "NoConflicts"),
+                    ("Established", "InitialNamesAccepted"),
+                )
+            ],
+        }
+
+    async def _serve_version(self, request: Any) -> Any:
+        """A group version's ``APIResourceList``; the core group's ``groupVersion`` is
+        ``v1`` (kmock writes ``/v1``, which client-go, so kubectl and helm, cannot map)."""
+        listing = await super()._serve_version(request)
+        if isinstance(listing, dict) and listing.get("groupVersion", "").startswith("/"):
+            listing["groupVersion"] = listing["groupVersion"][1:]
+        return listing
+
+    async def _serve_server_version(self, request: Any) -> Any:
+        """``/version``: the Kubernetes release the emulator stands for (``KUBE_VERSION``;
+        kmock says 1.26, older than the chart's ``kubeVersion``)."""
+        major, minor, _ = KUBE_VERSION.removeprefix("v").split(".")
+        return {
+            "major": major,
+            "minor": minor,
+            "gitVersion": KUBE_VERSION,
+            "gitTreeState": "clean",
+            "goVersion": "go1.22.9",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
 
     def _default_tolerations(self, pod: Obj) -> None:
         """``DefaultTolerationSeconds``: a ``NoExecute`` toleration of each node-failure
