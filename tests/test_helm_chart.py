@@ -381,3 +381,15 @@ def test_the_numba_cache_init_container_runs_as_its_user_on_an_empty_dir(
     finally:
         shutil.rmtree(root)
     assert checked == 3  # the operator, the scheduler (extender) and the node agent
+
+
+def test_a_zero_power_limit_reaches_the_operator_as_zero(helm: Path) -> None:
+    """``budget.powerLimitWatts: 0`` is a budget (every job stopped, the operator warns),
+    not "no cap": ``{{ with }}`` dropped it as empty and the operator ran uncapped."""
+    budget = next(
+        d
+        for d in by_kind(render(helm, "budget.powerLimitWatts=0"), "ConfigMap")
+        if d["metadata"]["name"] == "powerflow-budget"
+    )
+    assert budget["data"]["powerLimitWatts"] == "0"
+    assert parse_budget(budget["data"]).budget.limit_watts == 0.0
