@@ -242,14 +242,6 @@ class KubeApi:
             response.status_code,
         )
 
-    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        await self._json(
-            "PATCH",
-            _pod_path(namespace, name),
-            content=json.dumps({"metadata": {"annotations": annotations}}),
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-
 
 def _pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"

@@ -158,8 +158,9 @@ class Extender:
                     raise UndecidableError(
                         f"cannot bind {where}: it is already bound to {current.node}"
                     )
-                if annotations and current.block == ():
-                    await self.api.annotate_pod(namespace, args.PodName, annotations)
+                # Bound where the scheduler wants it, by someone else: done. Its placement
+                # is not written after the fact (the chart grants the extender no pod
+                # writes); the gang's other workers carry the block for a restart.
                 self.metrics.binds.labels("already_bound").inc()
             else:
                 self.metrics.binds.labels("bound").inc()

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import kmock as kmock_module
 import pytest
 from extender_bodies import args, binding_args, go_json, node, pod
 from fastapi import FastAPI
@@ -452,3 +453,27 @@ async def test_binds_answered_500_after_commit_leave_no_gpus_taken_once_the_pods
     assert ext.state.gangs == {}
     new = [await create_pod(cluster, gen_worker(i, "8")) for i in range(4)]
     assert [await filter_and_bind(ext, body) for body in new] == [{"Error": ""}] * 4
+
+
+async def test_a_worker_someone_else_bound_to_its_node_is_bound_without_a_pod_write(
+    cluster: httpx.AsyncClient, start: Callable[..., Any], kmock: KubeEmulator
+) -> None:
+    """A gang worker bound behind the extender's cache (another binder, a retried call)
+    to the very node the scheduler asks for: the binding answers 409, the pod is where
+    the scheduler wants it, and that is all. The extender wrote the placement onto such
+    a pod with a PATCH, which the chart grants it no role for (403 on a real cluster,
+    and the bind answered an error): its gang's other workers carry the block."""
+    ext = await start()
+    await ready(ext)
+    body = await create_pod(cluster, worker(0))
+    wire = go_json(args(body, [node(n) for n in NODE_NAMES], cache_capable=True))
+    admitted = (await ext.post("/filter", content=wire, headers=JSON)).json()["NodeNames"]
+    extender = ext._transport.app.state.extender  # type: ignore[attr-defined]
+    extender._task.cancel()  # the mirror stops: the cache will not see the bind below
+    binding = {"metadata": {"name": "train-0"}, "target": {"kind": "Node", "name": admitted[0]}}
+    bound = await cluster.post("/api/v1/namespaces/ml/pods/train-0/binding", json=binding)
+    assert bound.status_code == 201
+    before = len([r for r in kmock if r.method == kmock_module.method.PATCH])
+    answer = await ext.post("/bind", content=go_json(binding_args(body, admitted[0])), headers=JSON)
+    assert answer.json() == {"Error": ""}
+    assert len([r for r in kmock if r.method == kmock_module.method.PATCH]) == before
