@@ -129,11 +129,24 @@ WINDOW = "budget.schedule[0].start=08:00,budget.schedule[0].end=20:00"
             "budget.schedule[0].start=08:61,budget.schedule[0].end=09:00,budget.schedule[0].eta=1",
             "schedule",
         ),
+        # each of these installed, and the operator refused the budget or the pod
+        # crash-looped: the chart says why at install
+        ("budget.timezone=Mars/Olympus", 'budget.timezone "Mars/Olympus" is not an IANA'),
+        ("operator.resources.requests.cpu=lots", "operator.resources.requests.cpu"),
+        ("extender.resources.limits.memory=1 GB", "extender.resources.limits.memory"),
+        ("serviceMonitor.interval=banana", "serviceMonitor.interval"),
+        ("json:budget.schedulingIntervalSeconds=0.001", "schedulingIntervalSeconds"),
+        ("operator.metricsPort=9443", "operator.metricsPort (9443) and operator.ingestPort"),
+        ("agent.metricsPort=9402", "agent.metricsPort (9402) and the agents' worker port"),
+        ("extender.metricsPort=8888", "extender.metricsPort (8888)"),
     ],
 )
 def test_the_values_schema_refuses_bad_values(helm: Path, bad: str, complaint: str) -> None:
+    flag = "--set-json" if bad.startswith("json:") else "--set"
     run = subprocess.run(
-        [str(helm), "template", "pf", str(CHART), "--set", bad], capture_output=True, text=True
+        [str(helm), "template", "pf", str(CHART), flag, bad.removeprefix("json:")],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode != 0 and complaint in run.stderr
 
@@ -286,6 +299,23 @@ def test_the_agents_liveness_probe_asks_its_event_loop(helm: Path) -> None:
     probe = agent["livenessProbe"]["httpGet"]
     (port,) = [p for p in agent["ports"] if p["name"] == probe["port"]]
     assert probe["path"] == HEALTH_PATH and port["containerPort"] == contract.AGENT_WORKER_PORT
+
+
+def test_the_charts_time_zones_are_the_ones_the_operator_knows() -> None:
+    """``files/timezones.txt`` (the chart's check of ``budget.timezone``) lists exactly the
+    IANA zones the operator's ``zoneinfo`` loads: it refuses none the operator takes."""
+    import zoneinfo
+
+    listed = (CHART / "files" / "timezones.txt").read_text().split()
+    for name in listed:
+        zoneinfo.ZoneInfo(name)
+    known = {
+        z
+        for z in zoneinfo.available_timezones()
+        if not z.startswith(("posix/", "right/"))
+        and z not in ("Factory", "localtime", "posixrules")
+    }
+    assert set(listed) == known and listed == sorted(listed)
 
 
 def test_the_values_schema_takes_every_window_time_the_operator_reads(helm: Path) -> None:

@@ -59,6 +59,22 @@ times, so preserving them fails as the image's user
 - {name: NUMBA_CACHE_DIR, value: /numba-cache}
 {{- end -}}
 
+{{/*
+Ports of one pod must differ: a collision would let only one server bind, and
+the pod crash-loops with an "address in use" nobody reads. Called with a list of
+(name, port) pairs; fails the install naming both values.
+*/}}
+{{- define "powerflow.distinctPorts" -}}
+{{- $seen := dict -}}
+{{- range $pair := . -}}
+{{- $key := toString (index $pair 1) -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "%s (%s) and %s (%s) are the same port of one pod: give them different ports" (get $seen $key) $key (index $pair 0) $key) -}}
+{{- end -}}
+{{- $_ := set $seen $key (index $pair 0) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "powerflow.restricted" -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
