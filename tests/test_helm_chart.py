@@ -152,13 +152,46 @@ def test_the_values_schema_refuses_bad_values(helm: Path, bad: str, complaint: s
 
 
 def test_the_chart_ships_the_repository_crd_and_scheduler_config(helm: Path) -> None:
+    """The shipped scheduler configuration as the ConfigMap holds it, but for leader
+    election: on, on a Lease of its own in the release namespace (kube-system's
+    kube-scheduler Lease is the cluster's own scheduler's)."""
     assert (CHART / "crds" / "dljob.yaml").read_text() == (ROOT / "crds" / "dljob.yaml").read_text()
     docs = render(helm)
     config = next(
         d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("scheduler-config")
     )
     shipped = yaml.safe_load((CHART / "files" / "kube-scheduler-config.yaml").read_text())
-    assert yaml.safe_load(config["data"]["kube-scheduler-config.yaml"]) == shipped
+    rendered = yaml.safe_load(config["data"]["kube-scheduler-config.yaml"])
+    assert rendered.pop("leaderElection") == {
+        "leaderElect": True,
+        "resourceLock": "leases",
+        "resourceName": "powerflow-scheduler",
+        "resourceNamespace": "powerflow-system",
+    }
+    shipped.pop("leaderElection")
+    assert rendered == shipped
+
+
+@pytest.mark.parametrize(
+    ("version", "image"),
+    [
+        ("1.29.3-eks-adc7111", "registry.k8s.io/kube-scheduler:v1.29.3"),
+        ("1.32.0", "registry.k8s.io/kube-scheduler:v1.32.0"),
+    ],
+)
+def test_kube_scheduler_is_the_clusters_own_version(helm: Path, version: str, image: str) -> None:
+    """A kube-scheduler supports control planes one minor version around its own: the
+    chart takes the cluster's (a vendor's suffix dropped), unless scheduler.image says."""
+    args = [str(helm), "template", "pf", str(CHART), "--kube-version", version]
+    docs = [d for d in yaml.safe_load_all(subprocess.run(args, check=True, capture_output=True,
+                                                         text=True).stdout) if d]  # fmt: skip
+    assert containers(docs)["kube-scheduler"]["image"] == image
+    pinned = render(helm, "scheduler.image=registry.example/ks:v1.30.1", "scheduler.replicas=2")
+    assert containers(pinned)["kube-scheduler"]["image"] == "registry.example/ks:v1.30.1"
+    (deployment,) = [
+        d for d in by_kind(pinned, "Deployment") if "scheduler" in d["metadata"]["name"]
+    ]
+    assert deployment["spec"]["replicas"] == 2
 
 
 def containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -16,6 +16,19 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/*
+kube-scheduler of the cluster's own release (a kube-scheduler supports control
+planes one minor version around its own): the server's version without a
+vendor's suffix (v1.29.3-eks-adc7111 -> v1.29.3), unless scheduler.image says.
+*/}}
+{{- define "powerflow.schedulerImage" -}}
+{{- if .Values.scheduler.image -}}
+{{ .Values.scheduler.image }}
+{{- else -}}
+{{ .Values.scheduler.repository }}:{{ regexReplaceAll "^(v[0-9]+\\.[0-9]+\\.[0-9]+).*$" .Capabilities.KubeVersion.Version "${1}" }}
+{{- end -}}
+{{- end -}}
+
 {{- define "powerflow.tolerateArgs" -}}
 {{- range .Values.tolerateTaints }}
 - --tolerate={{ . }}
