@@ -376,6 +376,8 @@ def test_the_readmes_install_command_passes_the_values_schema(helm: Path) -> Non
     """The README's ``helm install`` line, rendered: ``--set`` gives helm a float as a
     string (``budget.eta=0.6`` is "0.6"), which the schema's number refuses."""
     text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    label = "kubectl label namespace powerflow-system pod-security.kubernetes.io/enforce=privileged"
+    assert label in text  # before the install: the node agent's pods need it
     (line,) = (x.strip() for x in text.splitlines() if x.strip().startswith("helm install"))
     args = shlex.split(line.split("#")[0])
     assert args[:4] == ["helm", "install", "powerflow", "helm/powerflow"]
