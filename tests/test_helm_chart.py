@@ -151,11 +151,25 @@ def test_the_values_schema_refuses_bad_values(helm: Path, bad: str, complaint: s
     assert run.returncode != 0 and complaint in run.stderr
 
 
+def test_the_crd_has_one_source_and_the_chart_upgrades_it(helm: Path) -> None:
+    """The repository's ``crds/dljob.yaml`` is the chart's file; the chart renders it as a
+    template (Helm upgrades templates, never its ``crds/`` folder: a newer operator's
+    status fields would have been pruned), kept on uninstall, the same schema value for
+    value; ``crds.install=false`` leaves it out."""
+    assert (ROOT / "crds" / "dljob.yaml").resolve() == CHART / "files" / "dljob-crd.yaml"
+    assert not (CHART / "crds").exists()
+    shipped = yaml.safe_load((CHART / "files" / "dljob-crd.yaml").read_text())
+    (crd,) = by_kind(render(helm), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["labels"]["app.kubernetes.io/name"] == "powerflow"
+    assert crd["spec"] == shipped["spec"]
+    assert not list(by_kind(render(helm, "crds.install=false"), "CustomResourceDefinition"))
+
+
 def test_the_chart_ships_the_repository_crd_and_scheduler_config(helm: Path) -> None:
     """The shipped scheduler configuration as the ConfigMap holds it, but for leader
     election: on, on a Lease of its own in the release namespace (kube-system's
     kube-scheduler Lease is the cluster's own scheduler's)."""
-    assert (CHART / "crds" / "dljob.yaml").read_text() == (ROOT / "crds" / "dljob.yaml").read_text()
     docs = render(helm)
     config = next(
         d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("scheduler-config")
