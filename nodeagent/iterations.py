@@ -103,12 +103,17 @@ def _text(value: object, where: str, pattern: re.Pattern[str]) -> str:
 
 HEALTH_PATH = "/healthz"
 """The agent's liveness endpoint, beside the worker endpoint (the chart's probe)."""
+READY_PATH = "/readyz"
+"""The agent's readiness endpoint: 200 once it has applied the node's settings (a pass
+after the first LISTs), 503 before; the chart's readiness probe, so that a rolling
+update waits for each node's clocks before it moves on."""
 
 
 def worker_app(
     handler: Callable[[IterationReport], str | None],
     *,
     clock: Callable[[], float] = time.time,
+    ready: Callable[[], bool] = lambda: True,
 ) -> web.Application:
     """The aiohttp application serving ``contract.ITERATIONS_PATH``.
 
@@ -147,7 +152,13 @@ def worker_app(
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post(contract.ITERATIONS_PATH, post)
+    async def readyz(request: web.Request) -> web.StreamResponse:
+        if ready():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="the node's settings are not applied yet")
+
     app.router.add_get(HEALTH_PATH, healthz)
+    app.router.add_get(READY_PATH, readyz)
     return app
 
 

@@ -472,3 +472,23 @@ def test_a_zero_power_limit_reaches_the_operator_as_zero(helm: Path) -> None:
     )
     assert budget["data"]["powerLimitWatts"] == "0"
     assert parse_budget(budget["data"]).budget.limit_watts == 0.0
+
+
+def test_the_agent_rolls_out_node_by_node_once_its_clocks_are_applied(helm: Path) -> None:
+    """The DaemonSet's readiness probe asks ``/readyz`` on the worker port, which the agent
+    answers 200 only after a pass applied the node's settings; ``minReadySeconds`` holds
+    a rollout until a new agent stayed ready; the agent is system-node-critical."""
+    from powerflow.nodeagent.iterations import READY_PATH
+
+    docs = render(helm)
+    (daemonset,) = by_kind(docs, "DaemonSet")
+    spec = daemonset["spec"]
+    agent = containers(docs)["nodeagent"]
+    probe = agent["readinessProbe"]["httpGet"]
+    (port,) = [p for p in agent["ports"] if p["name"] == probe["port"]]
+    assert probe["path"] == READY_PATH and port["containerPort"] == contract.AGENT_WORKER_PORT
+    assert spec["minReadySeconds"] >= 5
+    assert spec["template"]["spec"]["priorityClassName"] == "system-node-critical"
+    unset = render(helm, "agent.priorityClassName=")
+    (daemonset,) = by_kind(unset, "DaemonSet")
+    assert "priorityClassName" not in daemonset["spec"]["template"]["spec"]

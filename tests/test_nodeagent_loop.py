@@ -292,7 +292,7 @@ async def test_sweep_clock_and_reported_gpus_from_telemetry(
     telemetry = FakeTelemetry()
     telemetry.uuids[("ns", "a")] = (gpus.gpus()[2].uuid,)  # the worker said which GPU it sees
 
-    def parts(*_: Any) -> Parts:
+    def parts(*_: Any, **__: Any) -> Parts:
         return Parts(telemetry)
 
     await create(api, worker_pod("a", None, frequency_mhz="1200"))  # no placement at all
@@ -315,7 +315,7 @@ async def test_free_gpus_armed_for_a_starting_worker_until_it_reports_its_gpu(
     gpus = RecordingGpus()
     telemetry = FakeTelemetry()
 
-    def parts(*_: Any) -> Parts:
+    def parts(*_: Any, **__: Any) -> Parts:
         return Parts(telemetry)
 
     await create(api, worker_pod("a", None, frequency_mhz="1200", power_limit_watts="250"))

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from powerflow.nodeagent.iterations import (
     HEALTH_PATH,
     MAX_BODY_BYTES,
+    READY_PATH,
     IterationReport,
     Refusal,
     UnknownPod,
@@ -206,3 +207,23 @@ def test_no_body_gets_a_5xx(
         assert isinstance(r.iterations, int) and r.iterations >= 0
     else:
         assert len(recorder.reports) == before
+
+
+def test_the_readiness_endpoint_says_whether_the_settings_are_applied() -> None:
+    """``/readyz`` is 503 until the agent's first pass applied the node's settings (its
+    ``ready``), then 200: the DaemonSet's readiness probe, so that a rollout waits."""
+    applied = threading.Event()
+    with serve_in_thread(lambda: worker_app(Recorder(), ready=applied.is_set)) as url:
+        parts = urlsplit(url)
+
+        def status() -> tuple[int, bytes]:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+            conn.request("GET", READY_PATH)
+            response = conn.getresponse()
+            out = (response.status, response.read())
+            conn.close()
+            return out
+
+        assert status()[0] == 503
+        applied.set()
+        assert status() == (200, b"ok")

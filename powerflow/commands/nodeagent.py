@@ -192,6 +192,7 @@ def default_parts(
     clock: Callable[[], float],
     locked_clock_of: Callable[[int], int | None],
     registry: Any = None,
+    ready: Callable[[], bool] = lambda: True,
 ) -> Parts:
     from powerflow.nodeagent.iterations import worker_app
     from powerflow.nodeagent.sender import SampleSender
@@ -210,7 +211,7 @@ def default_parts(
     )
     app = None
     if args.worker_port:
-        app = worker_app(telemetry.report)
+        app = worker_app(telemetry.report, ready=ready)
     return Parts(telemetry, app, sender)
 
 
@@ -298,7 +299,14 @@ async def _main(
         simulate=bool(args.simulate),
         metrics=metrics,
     )
-    side = parts(args, devices, clock, agent.applier.locked_clock_mhz, metrics.registry)
+    side = parts(
+        args,
+        devices,
+        clock,
+        agent.applier.locked_clock_mhz,
+        metrics.registry,
+        ready=lambda: agent.passes > 0,
+    )
     if side.sender is not None:
         sender = side.sender
         agent.on_power = lambda watts: sender.set_power(NodePower(watts, time.time()))

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import httpx
 
-from powerflow.nodeagent.iterations import HEALTH_PATH
+from powerflow.nodeagent.iterations import READY_PATH
 from powerflow.twin.agentproc import GpuServer
 from powerflow.twin.gpus import TwinGpus
 from powerflow.twin.kubelet import PROGRESS_INTERVAL_S
@@ -226,14 +226,15 @@ class Agent:
         self.process = Process(
             f"agent-{node}",
             argv,
-            f"http://127.0.0.1:{self.port}{HEALTH_PATH}",
+            f"http://127.0.0.1:{self.port}{READY_PATH}",
             folder / f"agent-{node}.log",
             "powerflow.twin.agentproc",
         )
 
     def start(self, timeout_s: float = 120.0) -> Agent:
-        """Launch and wait until its worker endpoint answers (after it restored the GPUs'
-        defaults, as every agent does at start)."""
+        """Launch and wait until it is ready, as the chart's readiness probe asks: its first
+        pass has applied the node's settings (after it restored the GPUs' defaults, as
+        every agent does at start)."""
         self.process.start(timeout_s)
         return self
 
