@@ -152,6 +152,7 @@ def worker_app(
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post(contract.ITERATIONS_PATH, post)
+
     async def readyz(request: web.Request) -> web.StreamResponse:
         if ready():
             return web.Response(text="ok")
