@@ -492,3 +492,35 @@ def test_the_agent_rolls_out_node_by_node_once_its_clocks_are_applied(helm: Path
     unset = render(helm, "agent.priorityClassName=")
     (daemonset,) = by_kind(unset, "DaemonSet")
     assert "priorityClassName" not in daemonset["spec"]["template"]["spec"]
+
+
+def test_an_upgrade_leaves_the_admins_budget_as_the_admin_left_it(
+    helm: Path, tmp_path: Path
+) -> None:
+    """The budget ConfigMap is rendered only while the cluster has none (the chart's
+    ``lookup``, which helm runs against the API server on install and upgrade; here
+    ``helm template --dry-run=server`` against the emulated API server): an upgrade
+    renders nothing for it, so Helm leaves the admin's edit alone (the keep policy
+    keeps it). Rendered every time, it was patched back to the chart's values."""
+    from powerflow.twin.apiserver import ApiServer, write_kubeconfig
+
+    def budgets() -> list[dict[str, Any]]:
+        args = [str(helm), "template", "pf", str(CHART), "-n", "powerflow-system"]
+        args += ["--dry-run=server", "--kubeconfig", str(kubeconfig)]
+        run = subprocess.run(args, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        docs = [d for d in yaml.safe_load_all(run.stdout) if d]
+        return [
+            d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "powerflow-budget"
+        ]
+
+    with ApiServer() as api:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        (first,) = budgets()  # a fresh install creates it from the values
+        assert first["data"]["eta"] == "0.7"
+        edited = {"metadata": {"name": "powerflow-budget"}, "data": {"eta": "0.3"}}
+        path = "/api/v1/namespaces/powerflow-system/configmaps"
+        import httpx
+
+        httpx.post(api.url + path, json=edited).raise_for_status()
+        assert budgets() == []  # an upgrade: nothing to patch it back with

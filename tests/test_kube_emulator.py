@@ -666,3 +666,17 @@ async def test_a_new_crd_is_established_and_its_resource_served(api: httpx.Async
     assert made.status_code == 201, made.text
     listing = (await api.get("/apis/example.com/v1")).json()
     assert [r["name"] for r in listing["resources"] if "/" not in r["name"]] == ["widgets"]
+
+
+async def test_objects_come_back_with_their_type_whatever_the_create_sent(
+    api: httpx.AsyncClient,
+) -> None:
+    """The server sets ``apiVersion`` and ``kind`` (client-go's decoders refuse an object
+    without them: helm's ``lookup`` of a ConfigMap created without them failed)."""
+    bare = {"metadata": {"name": "c"}, "data": {"a": "1"}}
+    created = (await api.post("/api/v1/namespaces/ns/configmaps", json=bare)).json()
+    fetched = (await api.get("/api/v1/namespaces/ns/configmaps/c")).json()
+    for body in (created, fetched):
+        assert (body["apiVersion"], body["kind"]) == ("v1", "ConfigMap")
+    job = (await api.post(JOBS, json={"metadata": {"name": "j"}, "spec": {}})).json()
+    assert (job["apiVersion"], job["kind"]) == ("powerflow.io/v1alpha1", "DLJob")

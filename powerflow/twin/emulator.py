@@ -10,6 +10,7 @@ objects and discovery stay kmock's. Select it with
 
 What it imitates (each pinned by ``tests/test_kube_emulator.py``):
 
+- ``apiVersion`` and ``kind`` on every object stored, whatever the create sent;
 - one cluster-wide, strictly increasing ``resourceVersion``, bumped by every
   effective write (a no-op patch changes nothing); ``uid``,
   ``creationTimestamp`` and ``generation`` set on create, ``generation``
@@ -741,6 +742,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._default_tolerations(obj)
         if res.group == "apiextensions.k8s.io" and res.plural == "customresourcedefinitions":
             self._establish(obj)
+        # The server answers every object with its type (client-go's decoders, and so
+        # helm's lookup, refuse one without ``kind``), whatever the client sent.
+        obj["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
+        if info is not None and info.kind:
+            obj["kind"] = info.kind
         self._stamp_new(obj)
         self._put(key, obj)
         await self._emit(res, "ADDED", obj)
