@@ -524,3 +524,109 @@ def test_an_upgrade_leaves_the_admins_budget_as_the_admin_left_it(
 
         httpx.post(api.url + path, json=edited).raise_for_status()
         assert budgets() == []  # an upgrade: nothing to patch it back with
+
+
+def ingest_tls(docs: list[dict[str, Any]]) -> dict[str, bytes]:
+    """The chart's ingest Secret's files, decoded."""
+    import base64
+
+    (secret,) = [
+        d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == "powerflow-ingest-tls"
+    ]
+    return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+
+async def test_the_agents_reach_the_ingest_over_tls_they_verify(helm: Path, tmp_path: Path) -> None:
+    """The agents' bearer tokens go over HTTPS by default: the operator serves the chart's
+    certificate (as ``powerflow operator`` loads it), the agents verify it with the
+    chart's CA for the Service's name, and a name it was not made for fails; the agents
+    mount the CA alone, never the key."""
+    import asyncio
+    import ssl
+
+    from powerflow.operator.ingest import tls_context
+
+    docs = render(helm)
+    files = ingest_tls(docs)
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    operator, agent = containers(docs)["operator"], containers(docs)["nodeagent"]
+    assert "--ingest-tls-cert=/etc/powerflow/ingest-tls/tls.crt" in operator["args"]
+    assert "--ingest-url=https://powerflow-ingest.powerflow-system.svc:9443" in agent["args"]
+    assert "--ingest-ca=/etc/powerflow/ingest-ca/ca.crt" in agent["args"]
+    (daemonset,) = by_kind(docs, "DaemonSet")
+    (ca_volume,) = [
+        v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "ingest-ca"
+    ]
+    assert ca_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+
+    server = tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    assert server is not None
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"ok")
+        await writer.drain()
+        writer.close()
+
+    listening = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server)
+    port = listening.sockets[0].getsockname()[1]
+    trust = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    try:
+        for name in ("powerflow-ingest.powerflow-system.svc", "powerflow-ingest"):
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=trust, server_hostname=name
+            )
+            assert await reader.read() == b"ok"
+            writer.close()
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await asyncio.open_connection("127.0.0.1", port, ssl=trust, server_hostname="evil")
+        plain = ssl.create_default_context()  # the system's CAs: not this one
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await asyncio.open_connection(
+                "127.0.0.1", port, ssl=plain, server_hostname="powerflow-ingest"
+            )
+    finally:
+        listening.close()
+        await listening.wait_closed()
+    off = containers(render(helm, "operator.ingestTLS.enabled=false"))
+    assert not [a for a in off["operator"]["args"] if "tls" in a]
+    assert (
+        "--ingest-url=http://powerflow-ingest.powerflow-system.svc:9443" in off["nodeagent"]["args"]
+    )
+    own = render(helm, "operator.ingestTLS.secretName=ingest-cert")
+    assert not [
+        d for d in by_kind(own, "Secret") if d["metadata"]["name"] == "powerflow-ingest-tls"
+    ]
+    (daemonset,) = by_kind(own, "DaemonSet")
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["ingest-ca"]["secret"]["secretName"] == "ingest-cert"
+
+
+def test_an_upgrade_keeps_the_ingest_certificate(helm: Path, tmp_path: Path) -> None:
+    """The chart makes its certificate once: where the Secret exists (an upgrade), the
+    chart renders the same one (``lookup``), so the agents' CA stays the operator's."""
+    import base64
+
+    import httpx
+
+    from powerflow.twin.apiserver import ApiServer, write_kubeconfig
+
+    with ApiServer() as api:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        args = [str(helm), "template", "pf", str(CHART), "-n", "powerflow-system"]
+        args += ["--dry-run=server", "--kubeconfig", str(kubeconfig)]
+
+        def rendered() -> dict[str, bytes]:
+            run = subprocess.run(args, capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr
+            return ingest_tls([d for d in yaml.safe_load_all(run.stdout) if d])
+
+        first = rendered()
+        assert rendered() != first  # nothing in the cluster yet: a new one each time
+        secret = {
+            "metadata": {"name": "powerflow-ingest-tls"},
+            "type": "kubernetes.io/tls",
+            "data": {k: base64.b64encode(v).decode() for k, v in first.items()},
+        }
+        httpx.post(f"{api.url}/api/v1/namespaces/powerflow-system/secrets", json=secret)
+        assert rendered() == first

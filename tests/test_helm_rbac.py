@@ -327,7 +327,10 @@ def generation_of(pods: list[dict[str, Any]]) -> set[str]:
 def chart_operator(chart: list[dict[str, Any]], kubeconfig: Path, port: int) -> argparse.Namespace:
     """``powerflow operator`` as the chart runs it, logged in to the emulator, with free
     ports, the ingest on ``port`` and shorter Lease and profiling times."""
-    argv = chart_args(chart, "powerflow-operator", "operator")
+    # The ingest over plain HTTP here: its TLS has nothing to do with RBAC, and
+    # tests/test_helm_chart.py checks the chart's certificate on its own.
+    tls = [a for a in chart_args(chart, "powerflow-operator", "operator") if "-tls-" in a]
+    argv = chart_args(chart, "powerflow-operator", "operator", *tls)
     argv += ["--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
     argv += ["--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
     argv += ["--ingest-port", str(port), "--ingest-host", "127.0.0.1"]
@@ -538,6 +541,7 @@ async def test_node_agent_calls_match_its_rules(
         argv += ["--metrics-port", "0", "--worker-host", "127.0.0.1", "--worker-port", "0"]
         argv += ["--pod-resources-socket", "/nonexistent/pod-resources/kubelet.sock"]
         argv += ["--ingest-url", f"http://127.0.0.1:{free_port()}", "--token-file", str(token)]
+        argv += ["--ingest-ca", ""]  # plain HTTP here (the chart's TLS: test_helm_chart)
         async with NodeAgent(build_parser().parse_args(argv), gpus):
 
             async def reported() -> bool:

@@ -90,6 +90,14 @@ async def test_without_a_gpu_and_without_simulate_is_one_line_and_exit_2(
             ["--node-name", NODE, "--ingest-url", "http://"],
             "--ingest-url 'http://': expected http(s)://HOST[:PORT]",
         ),
+        (
+            ["--node-name", NODE, "--ingest-url", "http://h:1", "--ingest-ca", "/dev/null"],
+            "--ingest-ca needs an https:// --ingest-url",
+        ),
+        (
+            ["--node-name", NODE, "--ingest-url", "https://h:1", "--ingest-ca", "/nonexistent"],
+            "--ingest-ca /nonexistent: [Errno 2] No such file or directory",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_and_exit_2(

@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -99,6 +100,13 @@ def register(subparsers: Any) -> None:
         f"to its {contract.SAMPLES_PATH}); empty: samples are not sent",
     )
     p.add_argument(
+        "--ingest-ca",
+        default="",
+        metavar="FILE",
+        help="PEM certificates the ingest's HTTPS certificate must chain to (the chart's "
+        "CA); empty: the system's",
+    )
+    p.add_argument(
         "--token-file",
         default="/var/run/secrets/powerflow/ingest/token",
         metavar="FILE",
@@ -140,6 +148,13 @@ def check(args: argparse.Namespace) -> None:
             raise NodeAgentConfigError(
                 f"--ingest-url {args.ingest_url!r}: expected http(s)://HOST[:PORT]"
             )
+    if args.ingest_ca:
+        if not args.ingest_url.startswith("https://"):
+            raise NodeAgentConfigError("--ingest-ca needs an https:// --ingest-url")
+        try:
+            ssl.create_default_context(cafile=args.ingest_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise NodeAgentConfigError(f"--ingest-ca {args.ingest_ca}: {exc}") from None
 
 
 def open_devices(args: argparse.Namespace, clock: Callable[[], float]) -> GpuDevices:
@@ -200,7 +215,13 @@ def default_parts(
 
     sender = None
     if args.ingest_url:
-        sender = SampleSender(args.ingest_url, args.token_file, args.node_name, registry=registry)
+        sender = SampleSender(
+            args.ingest_url,
+            args.token_file,
+            args.node_name,
+            ca_file=args.ingest_ca or None,
+            registry=registry,
+        )
     telemetry = Telemetry(
         node=args.node_name,
         devices=devices,

@@ -29,6 +29,18 @@ vendor's suffix (v1.29.3-eks-adc7111 -> v1.29.3), unless scheduler.image says.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The ingest's TLS: on unless turned off (the agents' bearer tokens must not cross
+the network in clear), from the Secret operator.ingestTLS.secretName names
+(tls.crt, tls.key, ca.crt: a cert-manager Certificate's) or the one the chart
+makes (templates/ingest-tls.yaml).
+*/}}
+{{- define "powerflow.ingestTLS" -}}
+{{- if and .Values.operator.ingestPort .Values.operator.ingestTLS.enabled -}}
+{{ .Values.operator.ingestTLS.secretName | default "powerflow-ingest-tls" }}
+{{- end -}}
+{{- end -}}
+
 {{- define "powerflow.tolerateArgs" -}}
 {{- range .Values.tolerateTaints }}
 - --tolerate={{ . }}
