@@ -222,8 +222,12 @@ class Controller:
     async def run(self) -> None:
         wake_at: float | None = None
         while True:
-            if self.leader is not None and not self.leader.is_leader:
+            leading = self.leader is None or self.leader.is_leader
+            self.metrics.leader.set(1 if leading else 0)
+            if not leading:
+                assert self.leader is not None
                 await self.leader.wait_leading()
+                self.metrics.leader.set(1)
                 self.trigger("became leader", immediate=True)
             timeout = self.budget.interval_s
             if wake_at is not None:
@@ -258,6 +262,7 @@ class Controller:
         await asyncio.gather(work, lost, return_exceptions=True)
         if work.cancelled():
             log.warning("lost the lease: allocation pass cancelled")
+            self.metrics.leader.set(0)
             return None
         return work.result()
 

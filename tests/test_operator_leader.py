@@ -63,6 +63,14 @@ def writers(requests: list[Any]) -> list[str]:
     return out
 
 
+def leading(replica: Any) -> float | None:
+    """``powerflow_operator_leader`` as the replica exports it."""
+    assert replica.controller is not None
+    registry = replica.controller.metrics.registry
+    value: float | None = registry.get_sample_value("powerflow_operator_leader")
+    return value
+
+
 async def holder(api: httpx.AsyncClient) -> str:
     spec: dict[str, Any] = (await api.get(LEASE)).json().get("spec", {})
     return str(spec.get("holderIdentity", ""))
@@ -81,6 +89,7 @@ async def test_only_the_leader_writes_and_a_successor_takes_over(
         assert await holder(api) == "a"
         assert b.passes == 0
         assert set(writers(list(kmock))) == {"a"}
+        assert (leading(a), leading(b)) == (1.0, 0.0)
         await a.stop()
         handed_over = len(list(kmock))
 
@@ -91,6 +100,7 @@ async def test_only_the_leader_writes_and_a_successor_takes_over(
         await api.post(JOBS, json=dljob("two"))
         await eventually(lambda: _n_pods(api, "two", 4))
         assert b.passes > 0
+        assert leading(b) == 1.0
     assert set(writers(list(kmock)[handed_over:])) == {"b"}
     spec = (await api.get(LEASE)).json()["spec"]
     assert spec.get("holderIdentity", "") == ""  # b released it too
