@@ -361,12 +361,17 @@ class Agent:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def restore_defaults(self) -> None:
-        errors = self.applier.restore_defaults()
+    def restore_defaults(self, *, keep_workers: bool = False) -> None:
+        """Every GPU back to its default clock and power limit; with ``keep_workers``, not
+        those a PowerFlow pod holds (their settings stay until the next agent applies
+        its own: ``powerflow nodeagent --daemonset``)."""
+        keep = {g for g, t in self.targets.items() if t.pod is not None} if keep_workers else set()
+        errors = self.applier.restore_defaults(keep)
         log.info(
-            "default clocks and power limits restored on %d GPU(s)%s",
-            len(self.infos) - len(errors),
+            "default clocks and power limits restored on %d GPU(s)%s%s",
+            len(self.infos) - len(errors) - len(keep),
             f"; {len(errors)} failed" if errors else "",
+            f"; {len(keep)} held by workers kept as set for the next agent" if keep else "",
         )
 
     async def run(self, stop: asyncio.Event, *, on_pass: Callable[[], None] | None = None) -> None:

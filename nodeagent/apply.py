@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from powerflow.nodeagent.pods import PodKey
@@ -65,10 +65,13 @@ class Applier:
         written = self._written.get(gpu)
         return written[0] if written is not None else None
 
-    def restore_defaults(self) -> tuple[str, ...]:
-        """Reset clocks and power limits on every GPU (errors logged, never raised)."""
+    def restore_defaults(self, keep: Collection[int] = ()) -> tuple[str, ...]:
+        """Reset clocks and power limits on every GPU but those in ``keep`` (errors
+        logged, never raised)."""
         errors: list[str] = []
         for gpu, info in sorted(self.infos.items()):
+            if gpu in keep:
+                continue
             ok = True
             for action, call in (
                 ("reset clocks", self.devices.reset_clocks),

@@ -17,6 +17,7 @@ powered-down mark).
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -108,6 +109,23 @@ class AgentKube:
             response.release_conn()
         except Exception as exc:  # events are best effort
             log.warning("could not post event %s on %s/%s: %s", event.reason, namespace, name, exc)
+
+    def successor_coming(self, namespace: str, name: str) -> bool:
+        """Whether the DaemonSet ``namespace/name`` exists and is not being deleted: its
+        controller then starts another agent here (a rolling update, a restart). Any
+        failure to tell is False (the caller then resets every GPU, as it always did)."""
+        try:
+            response: Any = kubernetes.client.AppsV1Api(self.api).read_namespaced_daemon_set(
+                name, namespace, _preload_content=False, _request_timeout=5
+            )
+            try:
+                body = json.loads(response.data or b"{}")
+            finally:
+                response.release_conn()
+        except Exception as exc:  # 404 (uninstalled), 403, unreachable: not known
+            log.info("DaemonSet %s/%s: no successor known (%s)", namespace, name, exc)
+            return False
+        return isinstance(body, dict) and not (body.get("metadata") or {}).get("deletionTimestamp")
 
     def close(self) -> None:
         self.api.close()

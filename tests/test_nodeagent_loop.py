@@ -393,3 +393,40 @@ async def test_a_pod_the_kubelet_never_started_arms_the_free_gpus_for_arm_s_only
     async with NodeAgent(agent_args(kubeconfig), gpus):
         await eventually(lambda: settings() == [((A100.clocks_mhz[0], 1200), 250.0)] * 4)
         await eventually(lambda: settings() == [(None, MAX_W)] * 4)
+
+
+DAEMONSET = {
+    "apiVersion": "apps/v1",
+    "kind": "DaemonSet",
+    "metadata": {"name": "powerflow-nodeagent", "namespace": "powerflow-system"},
+    "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {}},
+}
+DAEMONSETS = "/apis/apps/v1/namespaces/powerflow-system/daemonsets"
+
+
+async def test_a_rolling_update_never_leaves_a_workers_gpu_uncapped(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """With ``--daemonset`` (the chart's), an agent stopped while its DaemonSet exists (a
+    rolling update: another agent follows) resets the free GPUs but leaves the workers'
+    GPUs at their clock and power limit, and the next agent does not reset them before
+    its first pass: the worker's GPU never runs at the board's defaults between the
+    two. Once the DaemonSet is gone (uninstalled), a stop resets every GPU."""
+    gpus = RecordingGpus()
+    await create(api, worker_pod("a", 1, frequency_mhz="1200", power_limit_watts="250"))
+    assert (await api.post(DAEMONSETS, json=DAEMONSET)).status_code == 201
+    args = agent_args(kubeconfig, "--daemonset", "powerflow-system/powerflow-nodeagent")
+    async with NodeAgent(args, gpus):
+        await eventually(lambda: gpus.locked(1) == 1200 and gpus.power_limit_w(1) == 250)
+        gpus.lock_clocks_mhz(3, 300, 300)  # a free GPU left at something odd
+    assert (gpus.locked(1), gpus.power_limit_w(1)) == (1200, 250.0)
+    assert gpus.locked(3) is None
+    gpus.calls.clear()
+    async with NodeAgent(args, gpus):  # the next agent of the rollout
+        await eventually(lambda: bool(gpus.calls))
+        await asyncio.sleep(0.5)
+        assert ("reset", 1) not in gpus.calls
+        assert (gpus.locked(1), gpus.power_limit_w(1)) == (1200, 250.0)
+        deleted = await api.delete(f"{DAEMONSETS}/powerflow-nodeagent")
+        assert deleted.status_code == 200
+    assert gpus.locked(1) is None and gpus.power_limit_w(1) == MAX_W

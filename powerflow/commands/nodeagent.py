@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +100,15 @@ def register(subparsers: Any) -> None:
         f"to its {contract.SAMPLES_PATH}); empty: samples are not sent",
     )
     p.add_argument(
+        "--daemonset",
+        default="",
+        metavar="NAMESPACE/NAME",
+        help="the agent's own DaemonSet: on SIGTERM, while it exists (a rolling update, a "
+        "restart: another agent follows), the GPUs of PowerFlow's workers keep their "
+        "clocks and power limits instead of running uncapped until the next agent's first "
+        "pass; without it, or once it is gone (uninstalled), every GPU is reset",
+    )
+    p.add_argument(
         "--ingest-ca",
         default="",
         metavar="FILE",
@@ -148,6 +157,8 @@ def check(args: argparse.Namespace) -> None:
             raise NodeAgentConfigError(
                 f"--ingest-url {args.ingest_url!r}: expected http(s)://HOST[:PORT]"
             )
+    if args.daemonset and len([p for p in args.daemonset.split("/") if p]) != 2:
+        raise NodeAgentConfigError(f"--daemonset {args.daemonset!r}: expected NAMESPACE/NAME")
     if args.ingest_ca:
         if not args.ingest_url.startswith("https://"):
             raise NodeAgentConfigError("--ingest-ca needs an https:// --ingest-url")
@@ -168,6 +179,9 @@ def open_devices(args: argparse.Namespace, clock: Callable[[], float]) -> GpuDev
 
     return open_nvml_gpus()
 
+
+SUCCESSOR_TIMEOUT_S = 5.0
+"""How long a stopping agent asks whether its DaemonSet still exists (``--daemonset``)."""
 
 SIM_TICK_S = 0.01
 """Simulated GPUs advance in steps of this: a burst of reads (one metrics sample
@@ -360,8 +374,31 @@ async def _main(
             for error in applied.errors:
                 print(f"error: {error}", file=out)
             return 1 if applied.errors else 0
+
+        async def successor() -> bool:
+            """Whether another agent follows (``--daemonset``); False when unsure within
+            ``SUCCESSOR_TIMEOUT_S`` (the kubelet kills the pod 30 s after SIGTERM, and a
+            reset must happen before that)."""
+            if not args.daemonset:
+                return False
+            namespace, name = args.daemonset.split("/")
+            try:
+                async with asyncio.timeout(SUCCESSOR_TIMEOUT_S):
+                    return await asyncio.to_thread(kube.successor_coming, namespace, name)
+            except TimeoutError:
+                return False
+
         return await _daemon(
-            args, agent, side, metrics, stop, stop_flag, ready_flag, on_start, start_http_server
+            args,
+            agent,
+            side,
+            metrics,
+            stop,
+            stop_flag,
+            ready_flag,
+            on_start,
+            start_http_server,
+            successor,
         )
     finally:
         for w in watches:
@@ -380,6 +417,7 @@ async def _daemon(
     ready_flag: threading.Event | None,
     on_start: Callable[[Agent], None] | None,
     start_http_server: Callable[..., Any],
+    successor: Callable[[], Awaitable[bool]],
 ) -> int:
     loop = asyncio.get_running_loop()
     if threading.current_thread() is threading.main_thread():
@@ -392,7 +430,13 @@ async def _daemon(
         log.info("metrics on port %d", httpd.server_port)
     runner = None
     tasks: list[asyncio.Task[Any]] = []
-    agent.restore_defaults()  # what a crashed agent left set: its memory of it is gone
+    if args.daemonset:
+        # A predecessor of this DaemonSet may have left its workers' GPUs set (so that
+        # they did not run uncapped meanwhile): the first pass writes every GPU anyway
+        # (it knows none), resetting the others; a reset now would open that gap.
+        log.info("GPU settings left as they are until the first pass (--daemonset)")
+    else:
+        agent.restore_defaults()  # what a crashed agent left set: its memory of it is gone
     try:
         if side.app is not None:
             from aiohttp import web
@@ -416,7 +460,7 @@ async def _daemon(
         await agent.run(stop, on_pass=passed)
     finally:
         stop.set()
-        agent.restore_defaults()
+        agent.restore_defaults(keep_workers=await successor())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
