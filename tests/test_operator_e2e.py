@@ -143,8 +143,14 @@ async def test_malformed_dljob_gets_condition_others_served(
         (valid,) = [c for c in status["conditions"] if c["type"] == "Valid"]
         assert (valid["status"], valid["reason"]) == ("False", "InvalidGPURange")
         assert await pods_of(api, "bad") == []
-        events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
-        assert any(e.get("type") == "Warning" and e.get("reason") == "InvalidSpec" for e in events)
+
+        async def warned() -> bool:  # a pass posts its Events after its writes
+            events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+            return any(
+                e.get("type") == "Warning" and e.get("reason") == "InvalidSpec" for e in events
+            )
+
+        await eventually(warned)
 
 
 async def _passes_beyond(op: Operator, n: int) -> bool:
