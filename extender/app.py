@@ -7,11 +7,12 @@ the verb's own error shape (``Error`` for filter and bind; for prioritize,
 whose ``HostPriorityList`` has no error field, an empty list, which means "no
 opinion" to the scheduler). Two other statuses: 413, for a body over the size
 limit, refused before it is read (``BodyBudget.body``), and 503 with ``Retry-After``
-while the bodies being read and handled already hold ``max_bodies_in_flight``
-bytes (``BodyBudget``: each body, once decoded, takes several times its size,
-so 16 concurrent 4 MiB bodies took the extender near its 1 GiB limit;
-kube-scheduler calls an extender for one pod at a time, so only a client that
-is not the scheduler meets it). Bodies too big to decode in a moment are
+while the large bodies being read and handled already hold
+``max_bodies_in_flight`` bytes (``BodyBudget``: each body, once decoded, takes
+several times its size, so 16 concurrent 4 MiB bodies took the extender near
+its 1 GiB limit; kube-scheduler calls an extender for one pod at a time, and
+its usual calls are small, never counted), and 408 for a body that takes over
+``BODY_READ_S`` to arrive. Bodies too big to decode in a moment are
 decoded, and their answers written, on a worker thread, so health probes and
 binds are not held up (``OFFLOAD_BYTES``).
 """
@@ -98,9 +99,23 @@ class Busy(PowerFlowError):
     """The bodies in flight hold the budget; answered 503 with ``Retry-After``."""
 
 
+class BodyTimeout(PowerFlowError):
+    """A body that did not arrive in time; answered 408."""
+
+
+BODY_READ_S = 30.0
+"""How long a request body may take to arrive (``BodyBudget``): kube-scheduler sends
+a few MiB at most, over the pod's loopback."""
+
+
 class BodyBudget:
-    """The bytes of request bodies in flight (read, or held while their verb runs):
-    at most ``max_bytes`` (module docstring). One event loop: no lock."""
+    """The bytes of large request bodies in flight (read, or held while their verb runs):
+    at most ``max_bytes`` (module docstring). A body of at most ``OFFLOAD_BYTES`` (the
+    scheduler's usual call) is never counted nor refused; a larger one is counted from
+    its first byte (its ``Content-Length``, else as it arrives: a connection that sent
+    headers and nothing holds nothing), and must arrive within ``BODY_READ_S``
+    (``BodyTimeout``), so a client that stalls cannot hold the budget. One event loop:
+    no lock."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -122,23 +137,28 @@ class BodyBudget:
         taken = 0
         try:
             length = request.headers.get("content-length", "")
-            if length.isdigit() and int(length) > limit:
+            declared = int(length) if length.isdigit() else None
+            if declared is not None and declared > limit:
                 raise BodyTooLarge(
-                    f"the request body of {int(length)} bytes is over the {limit}-byte limit"
+                    f"the request body of {declared} bytes is over the {limit}-byte limit"
                 )
-            if length.isdigit():
-                self._take(int(length))
-                taken = int(length)
             chunks: list[bytes] = []
             size = 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
-                if size > taken:
-                    self._take(size - taken)
-                    taken = size
-                chunks.append(chunk)
+            try:
+                async with asyncio.timeout(BODY_READ_S):
+                    async for chunk in request.stream():
+                        size += len(chunk)
+                        if size > limit:
+                            raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
+                        counted = max(size, declared or 0)
+                        if counted > OFFLOAD_BYTES and counted > taken and chunk:
+                            self._take(counted - taken)
+                            taken = counted
+                        chunks.append(chunk)
+            except TimeoutError:
+                raise BodyTimeout(
+                    f"the request body did not arrive within {BODY_READ_S:g} s"
+                ) from None
             yield b"".join(chunks)
         finally:
             self.held -= taken
@@ -163,7 +183,7 @@ def _reason(exc: Exception) -> str:
     return f"internal error: {type(exc).__name__}: {exc}"
 
 
-_STATUS: dict[type[Exception], int] = {BodyTooLarge: 413, Busy: 503}
+_STATUS: dict[type[Exception], int] = {BodyTooLarge: 413, Busy: 503, BodyTimeout: 408}
 """The verbs' answers that are not 200 (module docstring)."""
 _EXPECTED = (PowerFlowError, RequestValidationError, HTTPException, ClientDisconnect)
 """Failures that are answers (bad input, undecidable, a body cut short: its answer reaches

@@ -399,6 +399,10 @@ class ClusterState:
         self._release_if_done(info.gang)
 
     def _put_pod(self, info: PodInfo) -> None:
+        if info.gang is not None and info.gpus == 0:
+            # The job label on a pod that holds no GPU (a tenant's, bound by hand): never
+            # a gang's worker, or it would keep a finished gang's block reserved.
+            info = dataclasses.replace(info, gang=None, block=(), planned=(), owner="")
         old = self.pods.get(info.key)
         stale = old is not None and old.bound and old.uid == info.uid
         if stale and not info.bound and not info.terminal:

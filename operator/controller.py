@@ -178,7 +178,7 @@ class Controller:
     """The (source version, data) of the budget in force, recorded or not."""
     _ratio: RatioWindow = field(default_factory=RatioWindow)
     """Measured over planned power of the jobs running as planned (``_power_ratio``)."""
-    _outliers: dict[str, MeasuredPower | None] = field(default_factory=dict)
+    _outliers: dict[str, tuple[int, int, int, int] | None] = field(default_factory=dict)
     """The jobs whose measured power was an outlier at the last pass, and where
     (recorded once per job and configuration)."""
     _planned: dict[str, JobPlan] = field(default_factory=dict)
@@ -206,6 +206,8 @@ class Controller:
         self._wake.set()
 
     def start(self) -> None:
+        leader = self.leader  # read at every scrape: never a stale 1 after the Lease is lost
+        self.metrics.leader.set_function(lambda: 1.0 if leader is None or leader.is_leader else 0.0)
         self.kube.watch_foreign(self.trigger)
         if self.leader is not None:
             self._leader_task = asyncio.create_task(self.leader.run(), name="powerflow-lease")
@@ -222,12 +224,8 @@ class Controller:
     async def run(self) -> None:
         wake_at: float | None = None
         while True:
-            leading = self.leader is None or self.leader.is_leader
-            self.metrics.leader.set(1 if leading else 0)
-            if not leading:
-                assert self.leader is not None
+            if self.leader is not None and not self.leader.is_leader:
                 await self.leader.wait_leading()
-                self.metrics.leader.set(1)
                 self.trigger("became leader", immediate=True)
             timeout = self.budget.interval_s
             if wake_at is not None:
@@ -262,7 +260,6 @@ class Controller:
         await asyncio.gather(work, lost, return_exceptions=True)
         if work.cancelled():
             log.warning("lost the lease: allocation pass cancelled")
-            self.metrics.leader.set(0)
             return None
         return work.result()
 
@@ -410,8 +407,13 @@ class Controller:
         noted = {}
         for key, m, p in (rows[i] for i in outliers):
             seen = measured[key] if measured is not None else None
-            noted[key] = seen
-            if seen is None or self._outliers.get(key) == seen:
+            where = (
+                None
+                if seen is None
+                else (seen.n, seen.gpus_per_node, seen.local_batch_size, seen.frequency_mhz)
+            )
+            noted[key] = where
+            if seen is None or self._outliers.get(key) == where:
                 continue
             self.metrics.power_outliers.inc()
             lo, hi = BELIEVED

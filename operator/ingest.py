@@ -35,9 +35,10 @@ worker pod); the sample must match that generation's allocation
 and it must end no later than ``MAX_AHEAD_S`` past the operator's clock
 (``clock_ahead``) and after the last window taken from that sender for that
 job (``duplicate``, ``overlap``). Refused samples are counted by reason (and by
-reason and sender: ``powerflow_ingest_samples_refused_total{sender_node,reason}``,
-each new pair logged once and told to ``on_refused``, which the operator turns
-into a ``SamplesRefused`` Warning Event on the node); the others go to the
+reason and sender: ``powerflow_ingest_samples_refused_total{sender_node,reason}``;
+a ``SUSPECT`` reason is logged once an hour per sender and told to ``on_refused``,
+which the operator turns into a ``SamplesRefused`` Warning Event on the node);
+the others go to the
 ``SampleSink``
 (``powerflow_ingest_samples_total``). The answer is 200 with
 ``{"accepted", "refused", "reasons": {reason: count}}`` when at least one
@@ -92,7 +93,6 @@ from aiohttp import web
 from powerflow.operator import sample_checks
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.metrics import Metrics
-from powerflow.operator.nodes import FALLBACK_GPU
 from powerflow.operator.tokenreview import (
     Denied,
     ReviewUnavailable,
@@ -116,6 +116,20 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = "1"
 MAX_AHEAD_S = 300.0
 """How far past the operator's clock a sample's end may lie and still be deferred."""
+SUSPECT = frozenset(
+    {
+        "wrong_allocation",
+        "impossible_clock",
+        "impossible_power",
+        "clock_ahead",
+        "duplicate",
+        "overlap",
+    }
+)
+"""Refusals an honest agent does not earn (a job deleted or rescaled while its samples
+queued gives ``unknown_job`` or ``not_on_node``): logged and told (an Event on the node)."""
+TOLD_S = 3600.0
+"""A sender's refusals for one reason are told again after this long."""
 DEFERRABLE = frozenset({"not_on_node", "too_many_gpus"})
 """Refusals a later view may undo: the pods' binds the view has not seen yet."""
 
@@ -198,8 +212,8 @@ class Ingest:
         self._index: tuple[ClusterState, sample_checks.Index, dict[str, GpuSpec]] | None = None
         self.windows = sample_checks.Windows()
         self._unavailable: str | None = None
-        self._told: set[tuple[str, str]] = set()
-        """(sender, reason) of per-sample refusals already logged (once each)."""
+        self._told: dict[tuple[str, str], float] = {}
+        """When each (sender, reason) of ``SUSPECT`` was last logged (once per ``TOLD_S``)."""
         self.on_refused = on_refused
         """Told ``(sender node, reason, count)`` with each such log line (the operator
         posts a Warning Event on the node)."""
@@ -234,6 +248,7 @@ class Ingest:
         return _answer(status, reason, message, **headers)
 
     def _jobs(self, state: ClusterState) -> tuple[sample_checks.Index, dict[str, GpuSpec]]:
+        """The view's jobs and nodes' GPU types, built once per view."""
         if self._index is None or self._index[0] is not state:
             jobs = sample_checks.index(state)
             self._index = (state, jobs, sample_checks.node_gpus(state))
@@ -330,16 +345,18 @@ class Ingest:
         if power is not None:
             self.power.record(node, power)
         jobs, gpus = self._jobs(view.state)
-        gpu = gpus.get(node, FALLBACK_GPU)
+        gpu = gpus.get(node)
         accepted: list[WindowSample] = []
         reasons: Counter[str] = Counter()
         latest_s = self._clock() + MAX_AHEAD_S
         behind = 0
+        windows = self.windows.batch()
         for sample in samples:
             why = sample_checks.judge(jobs, node, gpu, sample)
             if why is None:
-                why = self.windows.check(node, sample, latest_s)
+                why = windows.check(node, sample, latest_s)
             if why is None:
+                windows.take(node, sample)
                 accepted.append(sample)
             else:
                 reasons[why] += 1
@@ -352,13 +369,13 @@ class Ingest:
                 "the next allocation pass",
                 **{"Retry-After": RETRY_AFTER_S},
             )
-        for sample in accepted:
-            self.windows.take(node, sample)
+        self.windows.commit(windows)
         for why, count in reasons.items():
             self.metrics.ingest_refused.labels(reason=why).inc(count)
             self.metrics.ingest_sender_refused.labels(sender_node=node, reason=why).inc(count)
-            if (node, why) not in self._told:
-                self._told.add((node, why))
+            told = self._told.get((node, why))
+            if why in SUSPECT and (told is None or self._clock() - told > TOLD_S):
+                self._told[(node, why)] = self._clock()
                 log.warning("node %s: %d sample(s) refused: %s", node, count, why)
                 if self.on_refused is not None:
                     self.on_refused(node, why, count)

@@ -17,7 +17,9 @@ ranges) is checked here against what the sender cannot make up:
   one node once every worker is bound), and its local batch
   the one the pods were given (``LOCAL_BATCH_SIZE``): else
   ``wrong_allocation``;
-- **physics**, from the node's GPU type (``nvidia.com/gpu.product``): the
+- **physics**, from the node's GPU type (``nvidia.com/gpu.product``; a type
+  ``powerflow.gpus`` does not know is not judged so: its clocks and power are
+  not the A100's the inventory falls back to): the
   clock is one the GPU has (``impossible_clock``); the power of the window,
   ``energy_j / step_time_s`` per measured GPU, is at most the board's power
   limit with ``POWER_SLACK`` (no GPU draws more for a whole window) and at
@@ -29,7 +31,9 @@ ranges) is checked here against what the sender cannot make up:
   real time caught up); windows of one job on one node follow each other; a
   sample that ends no later than the last one taken from that sender is a
   replay (``duplicate``), and one that starts before it ended overlaps it
-  (``overlap``), so one node can report at most real time's worth of windows.
+  (``overlap``, up to ``OVERLAP_SLACK`` of the window), so the windows one node
+  reports cover at most real time. Samples of one batch are judged one after
+  another (``Windows.batch``): a batch of copies is taken once.
 
 Every refusal is counted by reason and sender (``Metrics.ingest_sender_refused``).
 """
@@ -55,8 +59,9 @@ more cannot draw more than a few percent above it; 20 % leaves room for noise.""
 IDLE_FLOOR = 0.5
 """A window's power per GPU is at least this fraction of the GPU type's idle power."""
 OVERLAP_SLACK = 0.05
-"""How much of a window may overlap the previous one (rounding of the step time)."""
-OVERLAP_SLACK_S = 0.01
+"""How much of a window may overlap the previous one (rounding of the step time): a
+fraction of the window, so that the windows a sender reports cover at most real time
+(20/19 of it)."""
 _T = TypeVar("_T")
 
 
@@ -100,19 +105,23 @@ def index(state: ClusterState) -> Index:
 
 
 def node_gpus(state: ClusterState) -> dict[str, GpuSpec]:
-    """Each node's GPU type, as the operator's inventory reads it (``nodes.gpu_of``)."""
+    """Each node's GPU type where ``powerflow.gpus`` knows it (by its product label); a
+    node of another type is left out: its clocks and power are not the fallback's."""
     out: dict[str, GpuSpec] = {}
     for body in state.nodes:
         meta = body.get("metadata") or {}
         labels = meta.get("labels") or {}
         product = labels.get(contract.GPU_PRODUCT_LABEL)
-        out[str(meta.get("name", ""))] = gpu_of(product if isinstance(product, str) else None)
+        spec = gpu_of(product if isinstance(product, str) else None)
+        if isinstance(product, str) and spec.name.upper() in product.upper():
+            out[str(meta.get("name", ""))] = spec
     return out
 
 
-def judge(jobs: Index, node: str, gpu: GpuSpec, sample: WindowSample) -> str | None:
+def judge(jobs: Index, node: str, gpu: GpuSpec | None, sample: WindowSample) -> str | None:
     """Why ``sample`` from ``node`` is refused, or None to accept it (module docstring);
-    the time check is ``Windows``'."""
+    the time check is ``Windows``'. ``gpu``: the node's GPU type, None where it is not
+    known (then nothing is judged by physics)."""
     job = jobs.get((sample.namespace, sample.job))
     if job is None:
         return "unknown_job"
@@ -133,6 +142,8 @@ def judge(jobs: Index, node: str, gpu: GpuSpec, sample: WindowSample) -> str | N
         or not math.isclose(sample.local_batch_size, generation.local_batch, rel_tol=1e-9)
     ):
         return "wrong_allocation"
+    if gpu is None:
+        return None
     if not gpu.min_clock_mhz <= sample.frequency_mhz <= gpu.max_clock_mhz:
         return "impossible_clock"
     watts = sample.energy_j / sample.step_time_s / sample.gpus_measured
@@ -158,7 +169,7 @@ class Windows:
         if sample.end_s <= last:
             return "duplicate"
         length = sample.iterations * sample.step_time_s
-        if sample.end_s - length < last - OVERLAP_SLACK * length - OVERLAP_SLACK_S:
+        if sample.end_s - length < last - OVERLAP_SLACK * length:
             return "overlap"
         return None
 
@@ -166,6 +177,16 @@ class Windows:
         """Record an accepted sample."""
         key = (node, sample.namespace, sample.job, sample.generation)
         self._last[key] = max(sample.end_s, self._last.get(key, sample.end_s))
+
+    def batch(self) -> Windows:
+        """A copy to judge one batch's samples one after another (each taken there), so
+        that a batch cannot repeat one window; ``commit`` it when the batch is answered."""
+        copy = Windows()
+        copy._last = dict(self._last)
+        return copy
+
+    def commit(self, judged: Windows) -> None:
+        self._last = judged._last
 
     def keep_only(self, jobs: Iterable[tuple[str, str]]) -> None:
         """Forget the jobs a new view no longer has (bounded by the cluster's jobs)."""
@@ -181,7 +202,8 @@ def _one(values: set[_T | None]) -> _T | None:
 
 def _count(raw: object) -> int | None:
     text = str(raw) if raw is not None else ""
-    return int(text) if text.isdigit() and len(text) <= 12 else None
+    ok = text.isascii() and text.isdigit() and len(text) <= 12  # "²" is a digit int() refuses
+    return int(text) if ok else None
 
 
 def _local_batch(pod: Mapping[str, object]) -> float | None:

@@ -243,3 +243,47 @@ async def test_bodies_in_flight_are_bounded_and_the_rest_told_to_retry(
         assert c._transport.app.state.bodies.held == 0  # type: ignore[attr-defined]
         again = await c.post("/filter", content=body, headers=JSON)
         assert again.status_code == 200
+
+
+class StalledRequest:
+    """A request whose headers announce ``length`` bytes and whose body comes after
+    ``wait_s`` (as a client that sends headers and then stalls)."""
+
+    def __init__(self, length: int, wait_s: float) -> None:
+        self.headers = {"content-length": str(length)}
+        self.length, self.wait_s = length, wait_s
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        await asyncio.sleep(self.wait_s)
+        yield b" " * self.length
+
+
+async def test_a_stalled_client_holds_no_budget_and_small_bodies_always_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large body is counted from its first byte, not its headers: connections that
+    announced 4 MiB and sent nothing hold nothing, and time out (408) after
+    ``BODY_READ_S``; a body of at most ``OFFLOAD_BYTES`` (the scheduler's usual call) is
+    never refused, even while large ones fill the budget."""
+    monkeypatch.setattr(app_module, "BODY_READ_S", 0.5)
+    budget = app_module.BodyBudget(4 << 20)
+    big = app_module.MAX_BODY_BYTES
+
+    async def read(request: StalledRequest) -> str:
+        try:
+            async with budget.body(request, big) as raw:  # type: ignore[arg-type]
+                await asyncio.sleep(0.2)  # held while the verb runs
+                return f"read {len(raw)}"
+        except (app_module.Busy, app_module.BodyTimeout) as exc:
+            return type(exc).__name__
+
+    stalled = [asyncio.create_task(read(StalledRequest(big, 60))) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    assert budget.held == 0
+    small = [read(StalledRequest(app_module.OFFLOAD_BYTES, 0)) for _ in range(3)]
+    large = [read(StalledRequest(3 << 20, 0)) for _ in range(2)]
+    outcomes = await asyncio.gather(*small, *large)
+    assert outcomes[:3] == [f"read {app_module.OFFLOAD_BYTES}"] * 3
+    assert sorted(outcomes[3:]) == ["Busy", f"read {3 << 20}"]  # the second is over 4 MiB
+    assert await asyncio.gather(*stalled) == ["BodyTimeout"] * 4
+    assert budget.held == 0

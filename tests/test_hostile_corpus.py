@@ -52,6 +52,8 @@ HOSTILE = [
     '{"block": [["n0", 1e400]]}',
     "NaN",
     "Infinity",
+    "²",  # a digit to str.isdigit, not to int()
+    "٣",
     "a\x00b",
     '"a\\u0000b"',
     '{"clocksMhz": [1410], "sliceSeconds": "\\u0000"}',

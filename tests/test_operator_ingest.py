@@ -53,6 +53,7 @@ NODE_EXTRA = "authentication.kubernetes.io/node-name"
 POD_EXTRA = "authentication.kubernetes.io/pod-name"
 UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 AGENT_PODS = "/api/v1/namespaces/powerflow-system/pods"
+MERGE = {"Content-Type": "application/merge-patch+json"}
 
 
 class Recording:
@@ -298,9 +299,12 @@ async def test_samples_that_do_not_match_the_allocation_or_physics_are_refused(
         resp = await cluster.post(batch("n1", *cases))
         assert resp.status_code == 422, resp.text
         assert resp.json()["reasons"] == {reason: len(cases)}, (reason, resp.json())
+    ghost = await cluster.post(batch("n1", sample(job="ghost")))  # honest: not told
+    assert ghost.json()["reasons"] == {"unknown_job": 1}
     good = sample(energy_j=2 * 0.5 * 1.19 * 400)  # within the slack: believed
-    accepted = await cluster.post(batch("n1", good))
-    assert accepted.status_code == 200 and accepted.json()["accepted"] == 1
+    accepted = await cluster.post(batch("n1", good, good))  # a batch of copies: one taken
+    assert accepted.status_code == 200
+    assert accepted.json() == {"accepted": 1, "refused": 1, "reasons": {"duplicate": 1}}
     replayed = [await cluster.post(batch("n1", good)) for _ in range(3)]
     assert all(r.status_code == 422 for r in replayed)
     assert replayed[0].json()["reasons"] == {"duplicate": 1}
@@ -320,11 +324,27 @@ async def test_samples_that_do_not_match_the_allocation_or_physics_are_refused(
     told = await eventually(node_events, timeout=10)
     assert {e["message"].split(": ")[1].split(" ")[0] for e in told} >= set(bad)
     counts = {"wrong_allocation": 4, "impossible_clock": 2, "impossible_power": 3}
-    for reason, count in {**counts, "duplicate": 3}.items():
+    assert "unknown_job" not in {e["message"].split(": ")[1].split(" ")[0] for e in told}
+    for reason, count in {**counts, "duplicate": 4}.items():
         after = cluster.metric(
             "powerflow_ingest_samples_refused_total", sender_node="n1", reason=reason
         )
         assert after == before[reason] + count, reason
+
+
+async def test_a_node_of_a_gpu_type_powerflow_does_not_know_is_not_judged_by_physics(
+    cluster: Cluster,
+) -> None:
+    """The inventory plans an unknown product as an A100, but an H100's 1,980 MHz and
+    600 W per GPU are real there: such a node's samples are judged by their allocation
+    and time, not by the A100's clocks and board limit."""
+    patch = {"metadata": {"labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"}}}
+    relabelled = await cluster.api.patch("/api/v1/nodes/n1", json=patch, headers=MERGE)
+    assert relabelled.status_code == 200
+    await poked_pass(cluster.api, cluster.operator, "resnet")
+    fast = sample(frequency_mhz=1980, energy_j=2 * 0.5 * 600)
+    answer = await cluster.post(batch("n1", fast))
+    assert answer.status_code == 200 and answer.json()["accepted"] == 1, answer.text
 
 
 async def test_a_sample_newer_than_the_view_is_resent_until_a_pass_judges_it(

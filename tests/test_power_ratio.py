@@ -81,3 +81,27 @@ def test_reconcile_hands_the_ratio_to_the_policy() -> None:
     reconcile([obs], NODES, BUDGET, 1000.0, policy, lambda j: MODEL,
               profiling_window_s=WINDOW, power_ratio=1.25)  # fmt: skip
     assert policy.snapshots[-1].power_ratio == 1.25
+
+
+def test_an_outlier_is_an_event_once_per_job_and_configuration() -> None:
+    """The controller records a job measured far off its plan as a ``PowerOutlier``
+    Warning and a count, once while the job stays at that configuration (its watts move
+    with every window), again when it runs elsewhere; the ratio leaves it out."""
+    from powerflow.operator.controller import Controller, OperatorConfig
+    from powerflow.operator.kube import ClusterState
+    from powerflow.operator.metrics import Metrics
+
+    metrics = Metrics()
+    controller = Controller(None, OperatorConfig(), None, None, metrics=metrics)  # type: ignore[arg-type]
+    controller._planned = {"ml/a": JobPlan("ml/a", 4, 1350, 64, power_w=800.0)}
+    job = {"metadata": {"namespace": "ml", "name": "a", "uid": "u-a"}}
+    state = ClusterState((Observed(job, ()),), (), None)
+    for watts in (1e9, 2e9, 3e9):  # a lying agent's windows, each a little different
+        measured = {"ml/a": MeasuredPower(4, 4, 64, 1350, watts)}
+        assert controller._power_ratio(measured, 0.0, state) == 1.0
+    outliers = [e for e in controller._events if e[2] == "PowerOutlier"]
+    assert len(outliers) == 1 and outliers[0][0]["metadata"]["uid"] == "u-a"
+    assert metrics.registry.get_sample_value("powerflow_power_outliers_total") == 1
+    controller._planned = {"ml/a": JobPlan("ml/a", 8, 1350, 32, power_w=1600.0)}
+    controller._power_ratio({"ml/a": MeasuredPower(8, 4, 32, 1350, 1e9)}, 1.0, state)
+    assert metrics.registry.get_sample_value("powerflow_power_outliers_total") == 2
