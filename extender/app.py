@@ -9,8 +9,8 @@ opinion" to the scheduler). Two other statuses: 413, for a body over the size
 limit, refused before it is read (``BodyBudget.body``), and 503 with ``Retry-After``
 while the large bodies being read and handled already hold
 ``max_bodies_in_flight`` bytes (``BodyBudget``: each body, once decoded, takes
-several times its size, so 16 concurrent 4 MiB bodies took the extender near
-its 1 GiB limit; kube-scheduler calls an extender for one pod at a time, and
+several times its size, so 16 concurrent 4 MiB bodies would take the extender
+near its 1 GiB limit; kube-scheduler calls an extender for one pod at a time, and
 its usual calls are small, never counted), and 408 for a body that takes over
 ``BODY_READ_S`` to arrive. Bodies too big to decode in a moment are
 decoded, and their answers written, on a worker thread, so health probes and

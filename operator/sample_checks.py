@@ -47,6 +47,7 @@ from typing import TypeVar
 
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.nodes import gpu_of
+from powerflow.operator.reconcile import _annotation, _count, _generation
 
 from powerflow import contract
 from powerflow.gpus import GpuSpec
@@ -88,12 +89,11 @@ def index(state: ClusterState) -> Index:
         meta = observed.body.get("metadata") or {}
         seen: dict[int, tuple[set[int | None], set[float | None], dict[str, int]]] = {}
         for pod in observed.pods:
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
-            generation = _count(annotations.get(contract.GENERATION_ANNOTATION))
-            if generation is None:
+            generation = _generation(pod)  # -1: unreadable
+            if generation < 0:
                 continue
             workers, batches, nodes = seen.setdefault(generation, (set(), set(), {}))
-            workers.add(_count(annotations.get(contract.WORKERS_ANNOTATION)))
+            workers.add(_count(_annotation(pod, contract.WORKERS_ANNOTATION)) or None)
             batches.add(_local_batch(pod))
             node = (pod.get("spec") or {}).get("nodeName")
             if isinstance(node, str) and node:
@@ -198,12 +198,6 @@ class Windows:
 def _one(values: set[_T | None]) -> _T | None:
     """The one value all pods agree on; None when they differ or it is unreadable."""
     return next(iter(values)) if len(values) == 1 else None
-
-
-def _count(raw: object) -> int | None:
-    text = str(raw) if raw is not None else ""
-    ok = text.isascii() and text.isdigit() and len(text) <= 12  # "²" is a digit int() refuses
-    return int(text) if ok else None
 
 
 def _local_batch(pod: Mapping[str, object]) -> float | None:

@@ -2,10 +2,9 @@
 
 Pod annotations are written by whoever may patch the pod (a tenant's own
 workers included), and the node agent, the operator and the extender all read
-the same ones. Each reader used its own ``json.loads`` with its own list of
-exceptions to catch, and one of them missed the ``RecursionError`` that
-Python's decoder raises on ``[[[[...`` nested a few thousand deep: the node
-agent's pod listing stopped at such a pod. Here is the one reader they share:
+the same ones. One reader gives the three one set of guarantees: Python's own
+decoder, for one, raises ``RecursionError`` (no ``ValueError``) on ``[[[[...``
+nested a few thousand deep. The reader they share:
 
 - ``load_json``: orjson, which refuses nesting deeper than 1,024, NaN and
   infinities, raw control characters (NUL) and invalid UTF-8 with one

@@ -166,9 +166,9 @@ def window_text(count: int, step_s: int = 1) -> str:
 
 
 def test_a_schedule_over_the_size_bounds_is_refused_before_it_is_read() -> None:
-    """The finding: 10,000 one-second windows (about 630 KB, under the ConfigMap limit)
-    took the operator's passes over a minute; an aliased list expands without bound.
-    Both are refused by their size, in milliseconds, saying the bounds."""
+    """10,000 one-second windows (about 630 KB, under the ConfigMap limit), and an aliased
+    list that expands without bound, are refused by their size, in milliseconds, saying
+    the bounds."""
     huge = window_text(10_000)
     assert len(huge) > MAX_SCHEDULE_BYTES
     started = time.perf_counter()

@@ -460,9 +460,9 @@ async def test_a_worker_someone_else_bound_to_its_node_is_bound_without_a_pod_wr
 ) -> None:
     """A gang worker bound behind the extender's cache (another binder, a retried call)
     to the very node the scheduler asks for: the binding answers 409, the pod is where
-    the scheduler wants it, and that is all. The extender wrote the placement onto such
-    a pod with a PATCH, which the chart grants it no role for (403 on a real cluster,
-    and the bind answered an error): its gang's other workers carry the block."""
+    the scheduler wants it, and that is all: no PATCH of the placement onto it, which the
+    chart grants the extender no role for (a 403 on a real cluster, and an error
+    answer); its gang's other workers carry the block."""
     ext = await start()
     await ready(ext)
     body = await create_pod(cluster, worker(0))

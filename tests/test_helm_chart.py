@@ -423,8 +423,8 @@ def test_the_numba_cache_init_container_runs_as_its_user_on_an_empty_dir(
     """Every pod's ``numba-cache`` init container, its command as rendered, run as the
     user it runs as (the pod's or the image's) with every capability dropped, into a
     folder as the kubelet makes an emptyDir (root's, mode 0777): it must exit 0 and
-    leave the kernels there. ``cp -a`` failed on setting the folder's times (only its
-    owner may), so no pod of the chart ever started."""
+    leave the kernels there (``cp -a`` would fail on setting the folder's times: only its
+    owner may, and no pod of the chart would start)."""
     assert os.geteuid() == 0, "needs root to run the command as the pod's user (CI is root)"
     root = Path(tempfile.mkdtemp(prefix="numba-cache-"))  # /tmp's: any user may enter
     root.chmod(0o755)
@@ -464,7 +464,8 @@ def test_the_numba_cache_init_container_runs_as_its_user_on_an_empty_dir(
 
 def test_a_zero_power_limit_reaches_the_operator_as_zero(helm: Path) -> None:
     """``budget.powerLimitWatts: 0`` is a budget (every job stopped, the operator warns),
-    not "no cap": ``{{ with }}`` dropped it as empty and the operator ran uncapped."""
+    not "no cap": ``{{ with }}`` would drop it as empty, and the operator would run
+    uncapped."""
     budget = next(
         d
         for d in by_kind(render(helm, "budget.powerLimitWatts=0"), "ConfigMap")
@@ -501,7 +502,7 @@ def test_an_upgrade_leaves_the_admins_budget_as_the_admin_left_it(
     ``lookup``, which helm runs against the API server on install and upgrade; here
     ``helm template --dry-run=server`` against the emulated API server): an upgrade
     renders nothing for it, so Helm leaves the admin's edit alone (the keep policy
-    keeps it). Rendered every time, it was patched back to the chart's values."""
+    keeps it). Rendered every time, it would be patched back to the chart's values."""
     from powerflow.twin.apiserver import ApiServer, write_kubeconfig
 
     def budgets() -> list[dict[str, Any]]:

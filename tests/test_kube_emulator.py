@@ -623,7 +623,7 @@ async def test_token_review_can_be_forbidden(
 
 async def test_discovery_and_version_as_client_go_reads_them(api: httpx.AsyncClient) -> None:
     """The core group's ``APIResourceList`` has ``groupVersion: v1`` (client-go maps
-    resources by it: with kmock's ``/v1`` kubectl and helm found no ConfigMap), and
+    resources by it: with kmock's ``/v1`` kubectl and helm find no ConfigMap), and
     ``/version`` names a release the chart accepts (``kubeVersion: >=1.27``)."""
     core = (await api.get("/api/v1")).json()
     assert core["groupVersion"] == "v1"
@@ -672,7 +672,7 @@ async def test_objects_come_back_with_their_type_whatever_the_create_sent(
     api: httpx.AsyncClient,
 ) -> None:
     """The server sets ``apiVersion`` and ``kind`` (client-go's decoders refuse an object
-    without them: helm's ``lookup`` of a ConfigMap created without them failed)."""
+    without them, helm's ``lookup`` among them)."""
     bare = {"metadata": {"name": "c"}, "data": {"a": "1"}}
     created = (await api.post("/api/v1/namespaces/ns/configmaps", json=bare)).json()
     fetched = (await api.get("/api/v1/namespaces/ns/configmaps/c")).json()

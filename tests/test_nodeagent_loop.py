@@ -351,10 +351,9 @@ NESTED = "[" * 10_000 + "]" * 10_000
 async def test_a_deeply_nested_annotation_stops_nothing_and_never_lifts_a_cap(
     api: httpx.AsyncClient, kubeconfig: Path
 ) -> None:
-    """The finding: one pod on the node with a 10 KB ``[[[[`` annotation aborted the
-    agent's pod listing at start (no GPU was ever locked, /healthz stayed 200), and a
-    tenant who set one on their own worker stopped later clock changes. Now the bad
-    field is a problem of that pod alone; the other pods' clocks apply and follow their
+    """One pod on the node with a 10 KB ``[[[[`` annotation (Python's decoder raises
+    RecursionError on it), and a tenant who sets one on their own worker: the bad field
+    is a problem of that pod alone; the other pods' clocks apply and follow their
     changes; an unreadable clock or power limit puts the pod's GPU at its lowest
     settings until the operator writes it again."""
     gpus = RecordingGpus()

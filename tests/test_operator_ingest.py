@@ -290,7 +290,7 @@ async def test_samples_that_do_not_match_the_allocation_or_physics_are_refused(
         ],
         "impossible_clock": [sample(frequency_mhz=1980), sample(frequency_mhz=100)],
         "impossible_power": [
-            sample(step_time_s=0.001, energy_j=1e11),  # the finding: 5e13 W per GPU
+            sample(step_time_s=0.001, energy_j=1e11),  # 5e13 W per GPU
             sample(energy_j=10.0),  # 10 W per GPU: below an idle A100
             sample(energy_j=2 * 0.5 * 1.21 * 400),  # 21 % over the 400 W board limit
         ],

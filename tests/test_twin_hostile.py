@@ -1,8 +1,9 @@
 """Hostile tenants and broken nodes on the twin: one bad sample, pod or ConfigMap stops
 nothing (docs/security.md).
 
-Each test is one finding of a reliability probe against the real component processes,
-reproduced end to end on one twin (2 nodes x 8 GPUs, booted once for the module):
+Each test is one way for a single sender, pod or ConfigMap to stop everyone, played end
+to end against the real component processes on one twin (2 nodes x 8 GPUs, booted once
+for the module):
 
 1. a node agent's token posts samples that match a running job's plan but claim an
    impossible power, 50 times over: every one is refused, and no job loses a GPU;
@@ -16,7 +17,7 @@ reproduced end to end on one twin (2 nodes x 8 GPUs, booted once for the module)
 5. 16 concurrent 3.9 MB bodies to the extender: its memory stays bounded, /healthz
    answers, the bodies past its budget are told to retry, and it binds the next gang.
 
-(The lesser finding of a pod without ``status.startTime`` arming free GPUs for ever is
+(A pod without ``status.startTime``, which must not arm free GPUs for ever, is tested in
 ``tests/test_nodeagent_loop.py``: the twin's kubelet always sets it.)
 """
 
@@ -138,9 +139,9 @@ def chart_probe_timeout_s() -> float:
 
 
 def test_impossible_samples_from_a_nodes_token_are_refused_and_move_no_job(twin: Twin) -> None:
-    """The finding: 30 samples matching the job's plan but claiming 10^11 J per 1 ms step
-    were accepted (50 times over), the cluster's power ratio had no bound, the planning
-    limit fell to limit / 10^11 and every job was preempted within 51 s."""
+    """30 samples matching the job's plan but claiming 10^11 J per 1 ms step, 50 times
+    over: believed, they would make the planning limit the budget over 10^11 and preempt
+    every job of the cluster."""
     submit(twin, "victim", 8)
     submit(twin, "bystander", 8)
     assert eventually(lambda: training(twin, "victim", 8) and training(twin, "bystander", 8), 180)
@@ -185,8 +186,8 @@ def test_impossible_samples_from_a_nodes_token_are_refused_and_move_no_job(twin:
 
 
 def test_a_squatter_pod_with_the_job_label_blocks_no_placement(twin: Twin) -> None:
-    """The finding: such a pod was adopted by the extender as a settled gang that never
-    expired: 0 of 16 workers bound in 60 s until it was deleted."""
+    """Adopted by the extender as a settled gang, such a pod would hold every GPU for as
+    long as it exists."""
     block = [[n, i] for n in twin.node_names for i in range(twin.gpus_per_node)]
     squatter = {
         "apiVersion": "v1",
@@ -214,8 +215,9 @@ def test_a_squatter_pod_with_the_job_label_blocks_no_placement(twin: Twin) -> No
 
 
 def test_a_nested_annotation_on_the_node_stops_no_clock(twin: Twin) -> None:
-    """The finding: a pod on the node with a 10 KB ``[[[[`` annotation aborted the agent's
-    pod listing at start; the workers' GPUs were never locked and /healthz stayed 200."""
+    """A pod on the node with a 10 KB ``[[[[`` annotation when its agent (re)starts: the
+    agent's pod listing must go on past it, or no worker's GPU there is ever locked
+    while its /healthz says 200."""
     bad = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -254,8 +256,9 @@ def test_a_nested_annotation_on_the_node_stops_no_clock(twin: Twin) -> None:
 def test_a_10000_window_schedule_is_refused_and_the_operator_stays_responsive(
     twin: Twin,
 ) -> None:
-    """The finding: 10,000 one-second windows (630 KB) made 77 % of liveness probes time
-    out at 5 s and passes take 70-90 s (the chart's probes waited 1 s: a crash loop)."""
+    """10,000 one-second windows (630 KB): refused by size, and the liveness probe never
+    waits as long as the chart's probe timeout (a timed-out probe restarts the operator,
+    and loses its Lease)."""
     windows = [
         {"start": clock_text(i), "end": clock_text(i + 1), "powerLimitWatts": 1000}
         for i in range(10_000)
@@ -316,8 +319,8 @@ def rss_bytes(pid: int) -> int:
 
 
 def test_concurrent_huge_bodies_leave_the_extender_bounded_and_serving(twin: Twin) -> None:
-    """The finding: 16 concurrent 3.9 MB bodies took the extender to 958 MB (its chart limit
-    is 1 GiB) with /healthz at 8.4 s."""
+    """Floods of 16 concurrent 3.9 MB bodies: decoded all at once they would approach the
+    extender's 1 GiB limit and hold /healthz for seconds."""
     assert twin.extender is not None and twin.extender.proc is not None
     pid = twin.extender.proc.pid
     # What kube-scheduler sends without nodeCacheCapable: whole Node objects.

@@ -157,7 +157,7 @@ def check(args: argparse.Namespace) -> None:
             raise NodeAgentConfigError(
                 f"--ingest-url {args.ingest_url!r}: expected http(s)://HOST[:PORT]"
             )
-    if args.daemonset and len([p for p in args.daemonset.split("/") if p]) != 2:
+    if args.daemonset and not all(daemonset(args)):
         raise NodeAgentConfigError(f"--daemonset {args.daemonset!r}: expected NAMESPACE/NAME")
     if args.ingest_ca:
         if not args.ingest_url.startswith("https://"):
@@ -166,6 +166,12 @@ def check(args: argparse.Namespace) -> None:
             ssl.create_default_context(cafile=args.ingest_ca)
         except (OSError, ssl.SSLError) as exc:
             raise NodeAgentConfigError(f"--ingest-ca {args.ingest_ca}: {exc}") from None
+
+
+def daemonset(args: argparse.Namespace) -> tuple[str, str]:
+    """``--daemonset NAMESPACE/NAME`` as its two parts ("" for a part that is missing)."""
+    namespace, _, name = args.daemonset.partition("/")
+    return (namespace, "" if "/" in name else name)
 
 
 def open_devices(args: argparse.Namespace, clock: Callable[[], float]) -> GpuDevices:
@@ -381,7 +387,7 @@ async def _main(
             reset must happen before that)."""
             if not args.daemonset:
                 return False
-            namespace, name = args.daemonset.split("/")
+            namespace, name = daemonset(args)
             try:
                 async with asyncio.timeout(SUCCESSOR_TIMEOUT_S):
                     return await asyncio.to_thread(kube.successor_coming, namespace, name)
