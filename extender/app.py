@@ -206,9 +206,7 @@ class _VerbRoute(APIRoute):
                 metrics.requests.labels(verb, "error").inc()
                 if not isinstance(exc, _EXPECTED):
                     log.exception("%s failed", verb)
-                status = (
-                    413 if isinstance(exc, BodyTooLarge) else 503 if isinstance(exc, Busy) else 200
-                )
+                status = _STATUS.get(type(exc), 200)
                 raise VerbFailed(verb, _reason(exc), status) from exc
             finally:
                 metrics.latency.labels(verb).observe(time.perf_counter() - start)

@@ -287,3 +287,22 @@ async def test_a_stalled_client_holds_no_budget_and_small_bodies_always_pass(
     assert sorted(outcomes[3:]) == ["Busy", f"read {3 << 20}"]  # the second is over 4 MiB
     assert await asyncio.gather(*stalled) == ["BodyTimeout"] * 4
     assert budget.held == 0
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_answered_408(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the app: a large body still arriving after ``BODY_READ_S`` gets 408 in the
+    verb's own error shape, and frees what it held."""
+    monkeypatch.setattr(app_module, "BODY_READ_S", 0.3)
+
+    async def slow() -> AsyncIterator[bytes]:
+        yield b" " * (app_module.OFFLOAD_BYTES + 1)
+        await asyncio.sleep(2)
+        yield b" "
+
+    async with client_of() as c:
+        answer = await c.post("/filter", content=slow(), headers=JSON)
+        assert answer.status_code == 408
+        assert "did not arrive within 0.3 s" in answer.json()["Error"]
+        assert c._transport.app.state.bodies.held == 0  # type: ignore[attr-defined]
