@@ -3,7 +3,7 @@
 kmock 0.8 stores objects as plain dicts: no ``resourceVersion``, watches that
 replay everything and lose events between snapshot and subscription, no pod
 binding, no ``PUT``, no selectors and no garbage collection. kopf stalls on
-each of these (``../shared/TESTING.md``). This subclass owns every write and
+each of these. This subclass owns every write and
 every list/watch and imitates what kube-apiserver does; reads of single
 objects and discovery stay kmock's. Select it with
 ``@pytest.mark.kmock(cls=KubeEmulator)``.
