@@ -8,7 +8,10 @@ call waits seconds. ``ApiServerProcess`` runs it as
 ``ApiServer`` runs it in a thread of this process (tests that need the emulator
 object itself). ``--fault-control`` opens the emulator's fault routes
 (``/_twin/faults``, ``/_twin/compact``) for a test to inject API faults into the
-process from outside it; ``FaultControl`` is their client.
+process from outside it; ``FaultControl`` is their client. ``--enforce-rbac``
+(``ApiServer(enforce_rbac=True)``) makes it authenticate tokens and authorize
+ServiceAccounts' requests by the RBAC objects stored in it, as a real API server
+does (``KubeEmulator.enforce_rbac``).
 """
 
 from __future__ import annotations
@@ -58,11 +61,13 @@ class ApiServer:
         kubelets: bool = False,
         toleration_s: int | None = None,
         fault_control: bool = False,
+        enforce_rbac: bool = False,
     ) -> None:
         self.port = port
         self.keep_requests = keep_requests
         self.kubelets, self.toleration_s = kubelets, toleration_s
         self.fault_control = fault_control
+        self.enforce_rbac = enforce_rbac
         self.emulator: KubeEmulator | None = None
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -89,6 +94,7 @@ class ApiServer:
             not_ready_toleration_s=self.toleration_s,
             unreachable_toleration_s=self.toleration_s,
             fault_control=self.fault_control,
+            enforce_rbac=self.enforce_rbac,
         )
         async with emulator, Server(emulator, port=self.port) as server:
             emulator.load_builtins()
@@ -167,15 +173,21 @@ def serve_forever(
     kubelets: bool = False,
     toleration_s: int | None = None,
     fault_control: bool = False,
+    enforce_rbac: bool = False,
 ) -> None:
     """The process's body: serve on ``port`` until killed, knowing ``tokens`` (a JSON list
-    of ``register_token`` keyword arguments); ``kubelets`` and ``toleration_s``: see
-    ``KubeEmulator.kubelets`` and its ``DefaultTolerationSeconds``."""
+    of ``register_token`` keyword arguments); ``kubelets``, ``toleration_s`` and
+    ``enforce_rbac``: see ``KubeEmulator.kubelets``, its ``DefaultTolerationSeconds``
+    and ``KubeEmulator.enforce_rbac``."""
     import json
     import signal
 
     server = ApiServer(
-        port, kubelets=kubelets, toleration_s=toleration_s, fault_control=fault_control
+        port,
+        kubelets=kubelets,
+        toleration_s=toleration_s,
+        fault_control=fault_control,
+        enforce_rbac=enforce_rbac,
     )
     server.start()
     if tokens is not None:
@@ -213,6 +225,11 @@ if __name__ == "__main__":
         action="store_true",
         help="serve /_twin/faults and /_twin/compact (fault injection by tests)",
     )
+    parser.add_argument(
+        "--enforce-rbac",
+        action="store_true",
+        help="401 for unknown tokens; ServiceAccounts get what the stored RBAC objects grant",
+    )
     options = parser.parse_args()
     serve_forever(
         options.port,
@@ -220,4 +237,5 @@ if __name__ == "__main__":
         kubelets=options.kubelets,
         toleration_s=options.default_toleration_seconds,
         fault_control=options.fault_control,
+        enforce_rbac=options.enforce_rbac,
     )

@@ -54,6 +54,14 @@ What it imitates (each pinned by ``tests/test_kube_emulator.py``):
   own), is ``authenticated`` false (omitted, as Go's ``omitempty`` does) with an
   ``error``; else ``authenticated: true``, ``user`` (username, uid, groups,
   extra) and ``audiences``: the intersection;
+- with ``enforce_rbac``, authentication and RBAC as kube-apiserver applies them
+  to every request (``_authorized``): a bearer token the server does not know,
+  or not for its audiences, is 401 ``Unauthorized``; a ServiceAccount's request
+  is allowed only as the Roles, ClusterRoles and bindings stored here grant it
+  (``powerflow.twin.rbac``), else 403 ``Forbidden`` with the server's message;
+  and the ``TokenRequest`` API (``POST serviceaccounts/{name}/token``,
+  ``_token_request``), whose tokens then authenticate (TokenReview, requests);
+  pinned by ``tests/test_kube_emulator_rbac.py``;
 - writes refused for chosen objects (``refuse``): the ``Status`` body
   kube-apiserver sends when admission (PodSecurity, ResourceQuota, a webhook)
   or validation denies a request, and nothing stored;
@@ -101,7 +109,7 @@ import jsonpatch
 import kmock
 from kmock._internal import dicts, k8s
 
-from . import reactions
+from . import rbac, reactions
 from .api_faults import ApiFaults, Injected
 
 Obj = dict[str, Any]
@@ -112,6 +120,25 @@ KUBE_VERSION = "v1.31.4"
 """The release ``/version`` reports: the one the chart is validated against."""
 CONTROL = "/_twin/"
 """The fault-control routes' prefix (``KubeEmulator._control``): no API group's path."""
+RBAC_GROUP = "rbac.authorization.k8s.io"
+RBAC_KINDS = {
+    "roles": "Role",
+    "clusterroles": "ClusterRole",
+    "rolebindings": "RoleBinding",
+    "clusterrolebindings": "ClusterRoleBinding",
+}
+AUTHENTICATED = "system:authenticated"
+"""The group kube-apiserver adds to every authenticated user (``AuthenticatedGroupAdder``)."""
+TOKEN_EXPIRATION_S = 3600
+"""A TokenRequest's ``spec.expirationSeconds`` when it sets none
+(``SetDefaults_TokenRequestSpec``)."""
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+NODE_UID_EXTRA = "authentication.kubernetes.io/node-uid"
+CREDENTIAL_EXTRA = "authentication.kubernetes.io/credential-id"
+"""The ``extra`` of a ServiceAccount token's user (pkg/serviceaccount/claims.go): the
+bound pod and its node, the bound node, and the token's ID (``JTI=...``)."""
 
 
 class Conflict(kmock.KubernetesError):
@@ -314,6 +341,30 @@ class KubeEmulator(kmock.KubernetesEmulator):
     server's owner asks (``python -m powerflow.twin.apiserver --fault-control``), so
     that no client of a twin started for a demo can break it by accident."""
 
+    enforce_rbac: bool = False
+    """Authenticate bearer tokens and authorize every request as kube-apiserver does
+    with ``--authorization-mode=RBAC`` (``_authorized``): a token the server does not
+    know (``register_token``, ``TokenRequest``), or whose audiences miss the server's,
+    is 401; a ServiceAccount (``system:serviceaccount:NS:NAME``) gets exactly what
+    the RBAC objects stored here grant it, else 403; a request without a token, or
+    with the token of any other user, stands for the cluster's administrator
+    (``system:masters``: the tests' own client, helm) and is allowed, and so are
+    the non-resource URLs (discovery, ``/version``: ``system:discovery`` and
+    ``system:public-info-viewer`` grant them to everyone; the fault-control routes,
+    ``/_twin/``, are the test's and outside both). RBAC objects count from their
+    write through the API (create, update, patch, delete: at once, as the server's
+    informers see them a moment later); objects put into ``objects`` directly count
+    from the next such write. Off by default (everything allowed, tokens unchecked):
+    ``python -m powerflow.twin.apiserver --enforce-rbac``,
+    ``ApiServer(enforce_rbac=True)``, ``@pytest.mark.kmock(enforce_rbac=True)``."""
+    _rbac_writes: int = attrs.field(default=0, init=False)
+    """Bumped by each write of an RBAC object: the authorizers' cache is of this count."""
+    _authorizers: dict[tuple[str, tuple[str, ...]], rbac.Authorizer] = attrs.field(
+        factory=dict, init=False
+    )
+    _authorizers_of: int = attrs.field(default=-1, init=False)
+    """The ``_rbac_writes`` the cached ``_authorizers`` (by username and groups) are of."""
+
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         # Writes kmock's routing does not classify: PUT and subresource POSTs (binding).
@@ -433,6 +484,182 @@ class KubeEmulator(kmock.KubernetesEmulator):
         review["status"] = status
         return kmock.Response(status=201, payload=review)
 
+    # -- authentication and RBAC (``enforce_rbac``) -------------------------------------
+
+    def _authorized(self, request: kmock.Request) -> aiohttp.web.Response | None:
+        """The refusal of a request the server does not serve to its sender, or ``None``.
+
+        Authentication (k8s.io/apiserver pkg/authentication/request/bearertoken):
+        ``Authorization: Bearer TOKEN`` (scheme in any case) names a token; none, or
+        an empty one, is the anonymous user's request, which this server grants
+        everything as it does the administrator's. A token it does not know, or not
+        for its audiences (``API_AUDIENCES``), fails the request: 401 ``Unauthorized``
+        (``filters.WithAuthentication``: no anonymous fallback after an error).
+
+        Authorization (plugin/pkg/auth/authorizer/rbac): a ServiceAccount's resource
+        request (``rbac.call_of``) must be allowed by a rule of a role bound to it,
+        its groups (``system:serviceaccounts``...) or ``system:authenticated``; else
+        403 (``_forbidden``)."""
+        parts = _header(request, "Authorization").strip().split(" ", 2)
+        if len(parts) < 2 or parts[0].lower() != "bearer" or not parts[1]:
+            return None
+        token = parts[1]
+        user = self._tokens.get(token)
+        if user is None or not set(user.audiences) & set(API_AUDIENCES):
+            return _status(401, "Unauthorized", "Unauthorized")
+        if rbac.service_account_of(user.username) is None:
+            return None  # users other than ServiceAccounts: the tests' admins
+        call = rbac.call_of(str(request.method.value), request.url.path, request.params)
+        if call is None:
+            return None  # non-resource URLs: discovery, /version, for everyone
+        authorizer = self._authorizer(user)
+        if authorizer.allows(call):
+            return None
+        return _forbidden(user.username, call, authorizer.reason(call))
+
+    def _authorizer(self, user: TokenUser) -> rbac.Authorizer:
+        """``user``'s grants from the RBAC objects stored now, computed once per user
+        between two writes of RBAC objects (the server serves many requests a second,
+        RBAC objects change seldom)."""
+        if self._authorizers_of != self._rbac_writes:
+            self._authorizers.clear()
+            self._authorizers_of = self._rbac_writes
+        groups = user.groups if AUTHENTICATED in user.groups else (*user.groups, AUTHENTICATED)
+        cached = self._authorizers.get((user.username, groups))
+        if cached is None:
+            cached = rbac.Authorizer.of(self._rbac_objects(), user.username, groups)
+            self._authorizers[user.username, groups] = cached
+        return cached
+
+    def _rbac_objects(self) -> list[Obj]:
+        """The live Roles, ClusterRoles and their bindings, each with its ``kind`` and
+        its namespace (the key's: the store's, whatever the body said)."""
+        found = []
+        for key, stored in list(self.objects.items()):
+            res, namespace, _ = key
+            kind = RBAC_KINDS.get(getattr(res, "plural", "")) if _is_rbac(res) else None
+            if kind is None or stored.deleted:
+                continue
+            obj = dict(stored.raw, kind=kind)
+            meta = dict(obj.get("metadata") or {})
+            meta.pop("namespace", None)
+            if namespace:
+                meta["namespace"] = namespace
+            obj["metadata"] = meta
+            found.append(obj)
+        return found
+
+    def _token_request(self, request: kmock.Request, key: Any) -> kmock.Response:
+        """``TokenREST.Create`` (pkg/registry/core/serviceaccount/storage/token.go): a
+        token of the ServiceAccount ``key`` for ``spec.audiences`` (default: the API
+        server's, ``API_AUDIENCES``), valid ``spec.expirationSeconds`` (default
+        3600, at least 600), bound to ``spec.boundObjectRef`` if given (a Pod, whose
+        ServiceAccount it must be, a Node or a Secret, which must exist; a pod's and
+        a node's name and uid go into the user's ``extra``, a pod's node's too).
+
+        201 with the request echoed (``metadata`` the ServiceAccount's name and
+        namespace), ``status.token`` and ``status.expirationTimestamp``; the token is
+        registered (``register_token``) as ``system:serviceaccount:NS:NAME`` with the
+        ServiceAccount's uid, its groups and the audiences. A missing ServiceAccount
+        (or bound object) is 404 ``NotFound``; a body naming another ServiceAccount,
+        or too short an expiration, 422 ``Invalid``. Expiry is reported, not
+        enforced: a test does not outlive a token's ten minutes."""
+        namespace, name = str(request.namespace), str(request.name)
+        body: Obj = copy.deepcopy(request.data) if isinstance(request.data, dict) else {}
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+        invalid = 'TokenRequest.authentication.k8s.io "{}" is invalid: {}'
+        for field, value, mine in (
+            ("name", meta.get("name"), name),
+            ("namespace", meta.get("namespace"), namespace),
+        ):
+            if value and value != mine:
+                raise Invalid(
+                    invalid.format(
+                        name,
+                        f'metadata.{field}: Invalid value: "{value}": must match the service '
+                        f"account {field} if specified",
+                    )
+                )
+        account = self._live(key)
+        if account is None:
+            raise _not_found("serviceaccounts", name)
+        audiences = [str(a) for a in spec.get("audiences") or ()] or list(API_AUDIENCES)
+        expiration = spec.get("expirationSeconds")
+        expiration = TOKEN_EXPIRATION_S if expiration is None else expiration
+        bad = f"spec.expirationSeconds: Invalid value: {expiration}: may not specify a duration"
+        if not isinstance(expiration, int) or expiration < 600:
+            raise Invalid(invalid.format("", f"{bad} less than 10 minutes"))
+        if expiration > 2**32:
+            raise Invalid(invalid.format("", f"{bad} larger than 2^32 seconds"))
+        extra = self._bound_extra(namespace, name, spec.get("boundObjectRef"))
+        jti = str(uuid.uuid4())
+        extra[CREDENTIAL_EXTRA] = [f"JTI={jti}"]
+        token = secrets.token_urlsafe(32)
+        self.register_token(
+            token,
+            rbac.service_account_user(namespace, name),
+            groups=("system:serviceaccounts", f"system:serviceaccounts:{namespace}", AUTHENTICATED),
+            extra=extra,
+            audiences=tuple(audiences),
+            uid=str(account.get("metadata", {}).get("uid") or uuid.uuid4()),
+        )
+        answer: Obj = {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": _now()},
+            "spec": {**spec, "audiences": audiences, "expirationSeconds": expiration},
+            "status": {"token": token, "expirationTimestamp": _now(expiration)},
+        }
+        return kmock.Response(status=201, payload=answer)
+
+    def _bound_extra(self, namespace: str, account: str, ref: Any) -> dict[str, list[str]]:
+        """The ``extra`` of a token bound to ``ref`` (a ``BoundObjectReference``), after
+        checking the object as ``TokenREST.Create`` does."""
+        if not isinstance(ref, dict):
+            return {}
+        kind, version = str(ref.get("kind") or ""), str(ref.get("apiVersion") or "")
+        name = str(ref.get("name") or "")
+        plural = {"Pod": "pods", "Node": "nodes", "Secret": "secrets"}.get(kind)
+        if "/" in version or plural is None:
+            raise kmock.KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message=f"cannot bind token to object of type {version}, Kind={kind}",
+            )
+        where = None if plural == "nodes" else namespace
+        obj = self._live((_core(plural), where, name))
+        if obj is None:
+            raise _not_found(plural, name)
+        uid = str(obj.get("metadata", {}).get("uid") or "")
+        if ref.get("uid") and ref["uid"] != uid:
+            raise Conflict(
+                f'Operation cannot be fulfilled on {kind} "{name}": the UID in the bound '
+                f"object reference ({ref['uid']}) does not match the UID in record. The "
+                "object might have been deleted and then recreated"
+            )
+        extra: dict[str, list[str]] = {}
+        if plural == "pods":
+            spec = obj.get("spec") or {}
+            if (
+                spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+            ) != account:
+                raise kmock.KubernetesError(
+                    status=400,
+                    reason="BadRequest",
+                    message=f'cannot bind token for serviceaccount "{account}" to pod running '
+                    "with different serviceaccount name.",
+                )
+            extra = {POD_NAME_EXTRA: [name], POD_UID_EXTRA: [uid]}
+            node_name = spec.get("nodeName")
+            node = self._live((_core("nodes"), None, node_name)) if node_name else None
+            if node is not None:
+                extra[NODE_NAME_EXTRA] = [str(node_name)]
+                extra[NODE_UID_EXTRA] = [str(node.get("metadata", {}).get("uid") or "")]
+        elif plural == "nodes":
+            extra = {NODE_NAME_EXTRA: [name], NODE_UID_EXTRA: [uid]}
+        return extra
+
     def _refused(self, request: kmock.Request) -> None:
         """Raise the chosen refusal for this write, if any rule matches it."""
         if not self._refusals or request.resource is None:
@@ -494,6 +721,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _put(self, key: Any, obj: Obj) -> None:
         """Store a new version, keeping the history for assertions."""
+        if _is_rbac(key[0]):
+            self._rbac_writes += 1
         if key in self.objects:
             self.objects[key].history.append(obj)
         else:
@@ -555,6 +784,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _remove(self, resource: Any, key: Any, obj: Obj) -> None:
         self._put(key, obj)
         self.objects[key].delete()
+        if _is_rbac(resource):
+            self._rbac_writes += 1
         await self._emit(resource, "DELETED", obj)
         await self._collect_garbage(obj["metadata"]["uid"])
 
@@ -662,6 +893,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _answer(self, request: kmock.Request) -> Any:
         if request.url.path.startswith(CONTROL):
             return self._control(request)
+        if self.enforce_rbac and (refused := self._authorized(request)) is not None:
+            return refused
         after = await self.faults.before(request)  # delays, and errors served instead
         if request.resource is not None:
             async with self._lock:
@@ -687,6 +920,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         key = (res, request.namespace, request.name)
         if method == kmock.method.POST and sub == "binding":
             return await self._bind(request, key)
+        if method == kmock.method.POST and sub == "token" and _is_core(res, "serviceaccounts"):
+            return self._token_request(request, key)
         if method not in (kmock.method.PATCH, kmock.method.PUT, kmock.method.DELETE):
             return None
         old = self._live(key)
@@ -997,10 +1232,76 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return self._selected(event["object"], labels, fields)
 
 
-def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
-    body.update(code=code, reason=reason, message=message)
+def _status(
+    code: int, reason: str, message: str, details: Obj | None = None
+) -> aiohttp.web.Response:
+    """A ``Status`` as kube-apiserver writes a failure (``details`` omitted when empty)."""
+    body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    body.update(message=message, reason=reason)
+    if details:
+        body["details"] = details
+    body["code"] = code
     return aiohttp.web.json_response(body, status=code)
+
+
+def _forbidden(username: str, call: rbac.Call, reason: str) -> aiohttp.web.Response:
+    """403 as ``responsewriters.Forbidden`` writes it (k8s.io/apiserver
+    pkg/endpoints/handlers/responsewriters/errors.go ``forbiddenMessage``, then
+    ``apierrors.NewForbidden``): ``pods "p1" is forbidden: User "..." cannot get
+    resource "pods" in API group "" in the namespace "ns"``, the resource qualified by
+    its group (``leases.coordination.k8s.io``), subresources as ``pods/binding``,
+    ``at the cluster scope`` without a namespace, the authorizer's reason after a
+    colon; ``details`` name the object, the plural (``kind``) and the group."""
+    plural = call.resource.split("/")[0]
+    namespace = call.namespace
+    if namespace is None and plural == "namespaces" and call.name:
+        namespace = call.name  # the request-info resolver's namespace of a namespace
+    where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    said = (
+        f'User "{username}" cannot {call.verb} resource "{call.resource}" in API group '
+        f'"{call.group}" {where}'
+    )
+    if reason:
+        said = f"{said}: {reason}"
+    qualified = f"{plural}.{call.group}" if call.group else plural
+    subject = f'{qualified} "{call.name}"' if call.name else qualified
+    details: Obj = {"name": call.name} if call.name else {}
+    if call.group:
+        details["group"] = call.group
+    details["kind"] = plural
+    return _status(403, "Forbidden", f"{subject} is forbidden: {said}", details)
+
+
+def _not_found(plural: str, name: str) -> kmock.KubernetesError:
+    """``apierrors.NewNotFound`` of a core resource's object."""
+    return kmock.KubernetesError(
+        status=404,
+        reason="NotFound",
+        message=f'{plural} "{name}" not found',
+        details={"name": name, "kind": plural},
+    )
+
+
+def _header(request: kmock.Request, name: str) -> str:
+    """A request header by name, in any case (kmock keeps them as sent)."""
+    wanted = name.lower()
+    for key, value in request.headers.items():
+        if key.lower() == wanted:
+            return str(value)
+    return ""
+
+
+def _is_rbac(resource: Any) -> bool:
+    return getattr(resource, "group", None) == RBAC_GROUP
+
+
+def _is_core(resource: Any, plural: str) -> bool:
+    return not getattr(resource, "group", None) and getattr(resource, "plural", None) == plural
+
+
+def _core(plural: str) -> Any:
+    """The key resource of a core (``v1``) plural, as a request's path gives it."""
+    return kmock.resource(group="", version="v1", plural=plural)
 
 
 def dump(obj: Any) -> str:

@@ -191,10 +191,14 @@ class Kubelet:
         tick_s: float = 0.2,
         lease_s: float = 1.0,
         checkpoint_s: float | None = None,
+        node_addresses: Mapping[str, str] | None = None,
     ) -> None:
         self.api = httpx.Client(base_url=api, timeout=30.0, headers={"User-Agent": "twin-kubelet"})
         self.gpus = gpus
         self.agent_ports = agent_ports
+        self.node_addresses = dict(node_addresses or {})
+        """Each node's address (its pods' ``hostIP``, where its agent listens): 127.0.0.1
+        for a node not named, as in the twin whose nodes share this machine's network."""
         self.now_s = time.monotonic
         self.startup_s = startup_s
         self.progress_interval_s = progress_interval_s
@@ -315,8 +319,8 @@ class Kubelet:
             "status": {
                 "phase": "Running",
                 "startTime": started,  # as the kubelet acknowledges a pod
-                "hostIP": "127.0.0.1",
-                "podIP": "127.0.0.1",
+                "hostIP": self.node_addresses.get(node, "127.0.0.1"),
+                "podIP": self.node_addresses.get(node, "127.0.0.1"),
                 "conditions": [{"type": "Ready", "status": "True"}],
             }
         }
@@ -346,7 +350,7 @@ class Kubelet:
             train_from_s=now + (self.startup_s if key in self.checkpoints else 0.0),
             base=self.checkpoints.get(key, 0),
             reporter=AgentReporter(
-                "127.0.0.1",
+                self.node_addresses.get(node, "127.0.0.1"),
                 self.agent_ports[node],
                 namespace=meta["namespace"],
                 pod=meta["name"],

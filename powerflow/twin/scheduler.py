@@ -62,6 +62,62 @@ INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 10.0
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the loop takes from a ``KubeSchedulerConfiguration`` (``from_config``): the
+    profile's ``schedulerName`` and its one extender. The defaults are the chart's."""
+
+    scheduler_name: str = contract.SCHEDULER_NAME
+    url_prefix: str = ""
+    filter_verb: str = "filter"
+    prioritize_verb: str = "prioritize"
+    bind_verb: str = "bind"
+    weight: int = EXTENDER_WEIGHT
+    http_timeout_s: float = HTTP_TIMEOUT_S
+    node_cache_capable: bool = True
+    ignorable: bool = False
+    managed_resources: tuple[str, ...] = ()
+    """Pods that request none of these skip the extender (empty: every pod asks it)."""
+    percentage_of_nodes_to_score: int = 100
+
+    @classmethod
+    def from_config(cls, doc: Mapping[str, Any]) -> SchedulerConfig:
+        """The loop's settings from a ``kubescheduler.config.k8s.io/v1`` document.
+        Refuses what the loop does not imitate (several profiles or extenders, a node
+        sample under 100 %, HTTPS to the extender), so a config that would make
+        kube-scheduler behave otherwise never passes unnoticed."""
+        if doc.get("kind") != "KubeSchedulerConfiguration":
+            raise ValueError(f"not a KubeSchedulerConfiguration: {doc.get('kind')!r}")
+        profiles = doc.get("profiles") or []
+        extenders = doc.get("extenders") or []
+        if len(profiles) != 1 or len(extenders) != 1:
+            raise ValueError("the twin's scheduler imitates one profile with one extender")
+        ext = extenders[0]
+        if ext.get("enableHTTPS"):
+            raise ValueError("the twin's scheduler calls its extender over plain HTTP only")
+        percentage = int(doc.get("percentageOfNodesToScore", 0) or 0)
+        if percentage != 100:
+            raise ValueError(
+                f"percentageOfNodesToScore {percentage}: kube-scheduler would send the "
+                "extender a sample of the feasible nodes, which the twin does not imitate"
+            )
+        timeout = str(ext.get("httpTimeout", "30s"))
+        seconds = float(timeout[:-1]) if timeout.endswith("s") else float(timeout)
+        return cls(
+            scheduler_name=str(profiles[0].get("schedulerName", "default-scheduler")),
+            url_prefix=str(ext["urlPrefix"]).rstrip("/"),
+            filter_verb=str(ext.get("filterVerb", "")),
+            prioritize_verb=str(ext.get("prioritizeVerb", "")),
+            bind_verb=str(ext.get("bindVerb", "")),
+            weight=int(ext.get("weight", 1)),
+            http_timeout_s=seconds,
+            node_cache_capable=bool(ext.get("nodeCacheCapable", False)),
+            ignorable=bool(ext.get("ignorable", False)),
+            managed_resources=tuple(str(r["name"]) for r in ext.get("managedResources") or []),
+            percentage_of_nodes_to_score=percentage,
+        )
+
+
 @dataclass
 class Attempts:
     """What the scheduler remembers of one pod (by uid)."""
@@ -91,14 +147,13 @@ class SchedulerStats:
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
 
-def gpu_request(pod: Mapping[str, Any]) -> int:
-    """The pod's ``nvidia.com/gpu`` (limits, which the device plugin's resource equals)."""
+def gpu_request(pod: Mapping[str, Any], resource: str = contract.GPU_RESOURCE) -> int:
+    """The pod's ``nvidia.com/gpu`` (limits, which the device plugin's resource equals),
+    or another extended ``resource``."""
     total = 0
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(contract.GPU_RESOURCE) or (
-            res.get("requests") or {}
-        ).get(contract.GPU_RESOURCE)
+        value = (res.get("limits") or {}).get(resource) or (res.get("requests") or {}).get(resource)
         total += int(value or 0)
     return total
 
@@ -161,11 +216,18 @@ class Scheduler:
         *,
         seed: int = 0,
         tick_s: float = 0.1,
+        config: SchedulerConfig | None = None,
+        token: str | None = None,
+        verify: str | bool = True,
     ) -> None:
-        self.api = httpx.Client(
-            base_url=api, timeout=30.0, headers={"User-Agent": "twin-scheduler"}
+        self.config = config or SchedulerConfig(url_prefix=extender)
+        headers = {"User-Agent": "twin-scheduler"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.api = httpx.Client(base_url=api, timeout=30.0, headers=headers, verify=verify)
+        self.extender = httpx.Client(
+            base_url=self.config.url_prefix or extender, timeout=self.config.http_timeout_s
         )
-        self.extender = httpx.Client(base_url=extender, timeout=HTTP_TIMEOUT_S)
         self.tick_s = tick_s
         self.rng = random.Random(seed)
         self.stats = SchedulerStats()
@@ -211,9 +273,9 @@ class Scheduler:
                 continue
             if spec.get("nodeName"):
                 used[spec["nodeName"]] = used.get(spec["nodeName"], 0) + gpu_request(pod)
-            elif spec.get("schedulerName") == contract.SCHEDULER_NAME and not pod["metadata"].get(
-                "deletionTimestamp"
-            ):
+            elif spec.get("schedulerName") == self.config.scheduler_name and not pod[
+                "metadata"
+            ].get("deletionTimestamp"):
                 pending.append(pod)
         pending.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), _rv(p)))
         now = time.monotonic()
@@ -261,31 +323,45 @@ class Scheduler:
         if not names:
             self._fail(pod, f"Unschedulable: {why}", error=False)
             return None
-        args = {"Pod": pod, "Nodes": None, "NodeNames": names}
+        cfg = self.config
+        interested = not cfg.managed_resources or any(
+            gpu_request(pod, r) for r in cfg.managed_resources
+        )
+        if not interested:  # kube-scheduler asks an extender only about pods it manages
+            return self._bind_by_api(pod, names[0] if len(names) == 1 else self.rng.choice(names))
+        args = self._args(pod, names, nodes)
+        result: Obj = {"NodeNames": names}
         try:
-            t0 = time.monotonic()
-            response = self.extender.post("/filter", json=args)
-            self.stats.timed("filter", t0)
-            response.raise_for_status()
-            result = response.json()
+            if cfg.filter_verb:
+                t0 = time.monotonic()
+                response = self.extender.post(f"/{cfg.filter_verb}", json=args)
+                self.stats.timed("filter", t0)
+                response.raise_for_status()
+                result = response.json()
+                if result.get("Error"):
+                    raise ValueError(str(result["Error"]))
         except (httpx.HTTPError, ValueError) as exc:
-            self._fail(pod, f"ExtenderError: filter: {exc}", error=True)
-            return None
-        if result.get("Error"):
-            self._fail(pod, f"ExtenderError: filter: {result['Error']}", error=True)
-            return None
+            if not cfg.ignorable:
+                self._fail(pod, f"ExtenderError: filter: {exc}", error=True)
+                return None
+            result = {"NodeNames": names}  # an ignorable extender's failure is skipped
         failed = {
             **(result.get("FailedNodes") or {}),
             **(result.get("FailedAndUnresolvableNodes") or {}),
         }
+        if not cfg.node_cache_capable:
+            items = (result.get("Nodes") or {}).get("items") or []
+            result["NodeNames"] = [n["metadata"]["name"] for n in items]
         left = [n for n in result.get("NodeNames") or [] if n in names and n not in failed]
         if not left:
             detail = "; ".join(f"{n}: {r}" for n, r in sorted(failed.items()))
             self._fail(pod, f"Unschedulable: the extender left no node ({detail})", error=False)
             return None
-        host = left[0] if len(left) == 1 else self._prioritize(pod, left)
+        host = left[0] if len(left) == 1 else self._prioritize(pod, left, nodes)
         if host is None:
             return None
+        if not cfg.bind_verb:
+            return self._bind_by_api(pod, host)
         binding = {
             "PodName": pod["metadata"]["name"],
             "PodNamespace": pod["metadata"]["namespace"],
@@ -294,7 +370,7 @@ class Scheduler:
         }
         try:
             t0 = time.monotonic()
-            response = self.extender.post("/bind", json=binding)
+            response = self.extender.post(f"/{cfg.bind_verb}", json=binding)
             self.stats.timed("bind", t0)
             response.raise_for_status()
             error = response.json().get("Error")
@@ -306,18 +382,46 @@ class Scheduler:
         self.stats.bound += 1
         return host
 
-    def _prioritize(self, pod: Obj, names: list[str]) -> str | None:
-        args = {"Pod": pod, "Nodes": None, "NodeNames": names}
+    def _args(self, pod: Obj, names: list[str], nodes: list[Obj]) -> Obj:
+        """``ExtenderArgs``: node names for a ``nodeCacheCapable`` extender, else the
+        nodes themselves."""
+        if self.config.node_cache_capable:
+            return {"Pod": pod, "Nodes": None, "NodeNames": names}
+        chosen = [n for n in nodes if n["metadata"]["name"] in names]
+        return {"Pod": pod, "Nodes": {"items": chosen}, "NodeNames": None}
+
+    def _bind_by_api(self, pod: Obj, host: str) -> str | None:
+        """The default binder (no extender binds this pod): the pod's ``binding``."""
+        meta = pod["metadata"]
+        answer = self.api.post(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
+            json={
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": meta["name"], "uid": meta["uid"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": host},
+            },
+        )
+        if answer.status_code >= 300:
+            self._fail(pod, f"BindError: {answer.status_code} {answer.text[:200]}", error=True)
+            return None
+        self.stats.bound += 1
+        return host
+
+    def _prioritize(self, pod: Obj, names: list[str], nodes: list[Obj]) -> str | None:
+        if not self.config.prioritize_verb:
+            return self.rng.choice(names)
+        args = self._args(pod, names, nodes)
         try:
             t0 = time.monotonic()
-            response = self.extender.post("/prioritize", json=args)
+            response = self.extender.post(f"/{self.config.prioritize_verb}", json=args)
             self.stats.timed("prioritize", t0)
             response.raise_for_status()
             scores = {h["Host"]: int(h["Score"]) for h in response.json() or []}
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             self._fail(pod, f"ExtenderError: prioritize: {exc}", error=True)
             return None
-        factor = EXTENDER_WEIGHT * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+        factor = self.config.weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
         totals = {n: scores.get(n, 0) * factor for n in names}
         best = max(totals.values())
         return self.rng.choice([n for n in names if totals[n] == best])

@@ -1,0 +1,194 @@
+"""The chart twin's parts that need no image or root: the rules they imitate.
+
+The whole chart twin (the chart's pods from the built image) runs in
+``e2e/test_chart_twin.py`` (``scripts/chart-twin.sh``); these pin, one by
+one, the Kubernetes rules its kubelet, controllers and scheduler stand-in
+follow, each against the behaviour the Kubernetes documentation gives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from powerflow.twin.chart import INSTALL_ORDER, PATHS, kubescheduler_standin
+from powerflow.twin.chartpods import fits, pod_status_text, tolerated
+from powerflow.twin.runtime import Image, argv_of, expand, inside
+from powerflow.twin.scheduler import SchedulerConfig
+
+HELM = Path(__file__).resolve().parents[1] / ".tools" / "helm"
+
+
+def image(
+    entrypoint: tuple[str, ...] = ("powerflow",), cmd: tuple[str, ...] = ("--help",)
+) -> Image:
+    return Image("ref", "c", Path("/nonexistent"), entrypoint, cmd, (), "10001:10001")
+
+
+def test_command_and_args_replace_entrypoint_and_cmd_as_the_kubelet_does() -> None:
+    """kubernetes.io "Define a Command and Arguments for a Container": command replaces
+    ENTRYPOINT (and CMD is dropped), args alone replaces CMD."""
+    img = image()
+    assert argv_of(img, None, None) == ["powerflow", "--help"]
+    assert argv_of(img, None, ["operator", "--x"]) == ["powerflow", "operator", "--x"]
+    assert argv_of(img, ["sh", "-c", "true"], None) == ["sh", "-c", "true"]
+    assert argv_of(img, ["sh"], ["-c", "x"]) == ["sh", "-c", "x"]
+    assert argv_of(img, None, []) == ["powerflow"]
+
+
+def test_variable_expansion_follows_kubernetes_rules() -> None:
+    env = {"A": "1", "NODE": "n0"}
+    assert expand("$(A)-$(NODE)", env) == "1-n0"
+    assert expand("$(MISSING)", env) == "$(MISSING)"
+    assert expand("$$(A)", env) == "$(A)"
+    assert expand("cost $5", env) == "cost $5"
+
+
+def test_mount_targets_resolve_links_inside_the_image(tmp_path: Path) -> None:
+    """Debian's /var/run is a link to /run: a target under it must stay in the image."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "run").symlink_to("/run")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "alt").symlink_to("../run")
+    assert inside(tmp_path, "/var/run/secrets/x") == "/run/secrets/x"
+    assert inside(tmp_path, "/etc/alt/y") == "/run/y"
+    assert inside(tmp_path, "/tmp/../etc/hosts") == "/etc/hosts"
+
+
+def test_image_user_and_overrides(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text(
+        "root:x:0:0::/root:/bin/sh\npowerflow:x:10001:10001::/nonexistent:/sbin/nologin\n"
+    )
+    img = Image("r", "c", tmp_path, (), (), (), "powerflow")
+    assert img.ids(None, None) == (10001, 10001)
+    assert img.ids(0, None) == (0, 0)
+    assert img.ids(10001, 5) == (10001, 5)
+    assert Image("r", "c", tmp_path, (), (), (), "10001:10001").ids(None, None) == (10001, 10001)
+
+
+def test_taints_and_tolerations_as_the_scheduler_matches_them() -> None:
+    """kubernetes.io "Taints and Tolerations": Exists matches any value, an empty key with
+    Exists matches every taint, an effect given must be the taint's."""
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    assert tolerated(taint, [{"key": "nvidia.com/gpu", "operator": "Exists"}])
+    assert tolerated(taint, [{"operator": "Exists"}])
+    assert tolerated(taint, [{"key": "nvidia.com/gpu", "value": "present"}])
+    assert not tolerated(taint, [{"key": "nvidia.com/gpu", "value": "other"}])
+    assert not tolerated(
+        taint, [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]
+    )
+    node = {"metadata": {"labels": {"gpu": "yes"}}, "spec": {"taints": [taint]}}
+    assert not fits({"nodeSelector": {"gpu": "yes"}}, node)
+    assert fits({"nodeSelector": {"gpu": "yes"}, "tolerations": [{"operator": "Exists"}]}, node)
+    assert not fits({"nodeSelector": {"gpu": "no"}, "tolerations": [{"operator": "Exists"}]}, node)
+    soft = {"metadata": {}, "spec": {"taints": [{**taint, "effect": "PreferNoSchedule"}]}}
+    assert fits({}, soft)
+
+
+def _status(inits: list[dict[str, Any]], mains: list[dict[str, Any]], n_init: int = 1) -> str:
+    pod = {
+        "metadata": {},
+        "spec": {"initContainers": [{}] * n_init, "containers": [{}]},
+        "status": {"phase": "Pending", "initContainerStatuses": inits, "containerStatuses": mains},
+    }
+    return pod_status_text(pod)
+
+
+def test_status_column_reads_as_kubectl_prints_it() -> None:
+    failed = {"state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    looping = {"state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+    done = {"state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    running = {"state": {"running": {}}}
+    assert _status([failed], []) == "Init:Error"
+    assert _status([looping], []) == "Init:CrashLoopBackOff"
+    assert _status([{"state": {"running": {}}}], [], 2) == "Init:0/2"
+    assert _status([done], [looping]) == "CrashLoopBackOff"
+    pod = {
+        "metadata": {},
+        "spec": {"containers": [{}]},
+        "status": {"phase": "Running", "containerStatuses": [running]},
+    }
+    assert pod_status_text(pod) == "Running"
+    assert pod_status_text({**pod, "metadata": {"deletionTimestamp": "x"}}) == "Terminating"
+
+
+def _chart_scheduler_config() -> dict[str, Any]:
+    import subprocess
+
+    out = subprocess.run(
+        [str(HELM), "template", "pf", str(HELM.parents[1] / "helm" / "powerflow")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for doc in yaml.safe_load_all(out):
+        if (
+            doc
+            and doc.get("kind") == "ConfigMap"
+            and doc["metadata"]["name"].endswith("scheduler-config")
+        ):
+            config: dict[str, Any] = yaml.safe_load(next(iter(doc["data"].values())))
+            return config
+    raise AssertionError("the chart renders no scheduler config")
+
+
+def test_the_stand_in_reads_the_rendered_scheduler_config() -> None:
+    """What the chart ships is what the stand-in schedules with."""
+    config = SchedulerConfig.from_config(_chart_scheduler_config())
+    assert config.scheduler_name == "powerflow-scheduler"
+    assert config.url_prefix == "http://127.0.0.1:8888"
+    assert (config.filter_verb, config.prioritize_verb, config.bind_verb) == (
+        "filter",
+        "prioritize",
+        "bind",
+    )
+    assert config.weight == 5 and config.http_timeout_s == 10.0
+    assert config.node_cache_capable and not config.ignorable
+    assert config.managed_resources == ("nvidia.com/gpu",)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"percentageOfNodesToScore": 50}, "percentageOfNodesToScore 50"),
+        ({"extenders": []}, "one extender"),
+        ({"kind": "Pod"}, "not a KubeSchedulerConfiguration"),
+    ],
+)
+def test_the_stand_in_refuses_what_it_does_not_imitate(
+    change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig.from_config({**_chart_scheduler_config(), **change})
+
+
+def test_https_extender_is_refused() -> None:
+    config = _chart_scheduler_config()
+    config["extenders"][0]["enableHTTPS"] = True
+    with pytest.raises(ValueError, match="plain HTTP"):
+        SchedulerConfig.from_config(config)
+
+
+def test_kube_scheduler_flags_are_kept_for_the_stand_in() -> None:
+    argv = kubescheduler_standin(["kube-scheduler", "--config=/etc/x.yaml", "--secure-port=1"])
+    assert argv[-2:] == ["--config=/etc/x.yaml", "--secure-port=1"]
+    assert argv[1:3] == ["-m", "powerflow.twin.kubescheduler"]
+
+
+def test_every_kind_the_chart_renders_can_be_applied() -> None:
+    import subprocess
+
+    out = subprocess.run(
+        [str(HELM), "template", "pf", str(HELM.parents[1] / "helm" / "powerflow")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
+    assert kinds <= set(PATHS), kinds - set(PATHS)
+    assert kinds <= set(INSTALL_ORDER)
