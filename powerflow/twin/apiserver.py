@@ -62,8 +62,10 @@ class ApiServer:
         toleration_s: int | None = None,
         fault_control: bool = False,
         enforce_rbac: bool = False,
+        extended_resource_toleration: bool = False,
     ) -> None:
         self.port = port
+        self.extended_resource_toleration = extended_resource_toleration
         self.keep_requests = keep_requests
         self.kubelets, self.toleration_s = kubelets, toleration_s
         self.fault_control = fault_control
@@ -95,6 +97,7 @@ class ApiServer:
             unreachable_toleration_s=self.toleration_s,
             fault_control=self.fault_control,
             enforce_rbac=self.enforce_rbac,
+            extended_resource_toleration=self.extended_resource_toleration,
         )
         async with emulator, Server(emulator, port=self.port) as server:
             emulator.load_builtins()
@@ -174,6 +177,7 @@ def serve_forever(
     toleration_s: int | None = None,
     fault_control: bool = False,
     enforce_rbac: bool = False,
+    extended_resource_toleration: bool = False,
 ) -> None:
     """The process's body: serve on ``port`` until killed, knowing ``tokens`` (a JSON list
     of ``register_token`` keyword arguments); ``kubelets``, ``toleration_s`` and
@@ -188,6 +192,7 @@ def serve_forever(
         toleration_s=toleration_s,
         fault_control=fault_control,
         enforce_rbac=enforce_rbac,
+        extended_resource_toleration=extended_resource_toleration,
     )
     server.start()
     if tokens is not None:
@@ -230,6 +235,12 @@ if __name__ == "__main__":
         action="store_true",
         help="401 for unknown tokens; ServiceAccounts get what the stored RBAC objects grant",
     )
+    parser.add_argument(
+        "--extended-resource-toleration",
+        action="store_true",
+        help="the ExtendedResourceToleration admission plugin (GPU pods tolerate "
+        "nvidia.com/gpu taints)",
+    )
     options = parser.parse_args()
     serve_forever(
         options.port,
@@ -238,4 +249,5 @@ if __name__ == "__main__":
         toleration_s=options.default_toleration_seconds,
         fault_control=options.fault_control,
         enforce_rbac=options.enforce_rbac,
+        extended_resource_toleration=options.extended_resource_toleration,
     )

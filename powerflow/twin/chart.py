@@ -321,7 +321,9 @@ class ChartTwin:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.objects = render(self.values, self.helm, self.folder / "values.yaml")
         self.api_port = free_port()
-        self.api = apiserver_process(self.folder, self.api_port, [], enforce_rbac=True).start()
+        self.api = apiserver_process(
+            self.folder, self.api_port, [], enforce_rbac=True, extended_resource_toleration=True
+        ).start()
         client = self.client = httpx.Client(
             base_url=f"http://127.0.0.1:{self.api_port}",
             timeout=30.0,

@@ -138,12 +138,14 @@ def apiserver_process(
     toleration_s: int | None = None,
     fault_control: bool = False,
     enforce_rbac: bool = False,
+    extended_resource_toleration: bool = False,
 ) -> Process:
     """The emulated API server in a process of its own (``apiserver``), knowing ``tokens``;
     bound pods wait for their kubelet's delete (the twin has kubelets), with
     ``toleration_s`` pods get the ``DefaultTolerationSeconds`` admission's tolerations,
     ``fault_control`` opens its fault routes (``apiserver.FaultControl``), and
-    ``enforce_rbac`` authorizes ServiceAccounts' requests by the RBAC objects it holds."""
+    ``enforce_rbac`` authorizes ServiceAccounts' requests by the RBAC objects it holds,
+    ``extended_resource_toleration`` turns that admission plugin on."""
     path = folder / "tokens.json"
     path.write_text(json.dumps(tokens))
     args = ["--port", str(port), "--tokens", str(path), "--kubelets"]
@@ -151,6 +153,7 @@ def apiserver_process(
         args += ["--default-toleration-seconds", str(toleration_s)]
     args += ["--fault-control"] if fault_control else []
     args += ["--enforce-rbac"] if enforce_rbac else []
+    args += ["--extended-resource-toleration"] if extended_resource_toleration else []
     ready = f"http://127.0.0.1:{port}/api/v1/nodes"
     return Process("apiserver", args, ready, folder / "apiserver.log", "powerflow.twin.apiserver")
 

@@ -336,6 +336,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
     which is how long it stays on a failed node before the taint evicts it. None: no
     such admission (the pod is evicted at once)."""
 
+    extended_resource_toleration: bool = False
+    """The ``ExtendedResourceToleration`` admission plugin (off in kube-apiserver by
+    default, on where GPU node pools are tainted with their resource's name, as GKE's
+    are): a pod that requests an extended resource (``nvidia.com/gpu``) gets a
+    ``NoSchedule`` toleration of the taint with that key
+    (``plugin/pkg/admission/extendedresourcetoleration``)."""
+
     fault_control: bool = False
     """Serve ``/_twin/faults`` and ``/_twin/compact`` (``_control``): off unless the
     server's owner asks (``python -m powerflow.twin.apiserver --fault-control``), so
@@ -975,6 +982,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             obj.pop("status", None)  # CRDs and pods; nodes keep what the kubelet registers
         if not res.group and res.plural == "pods":
             self._default_tolerations(obj)
+            if self.extended_resource_toleration:
+                _extended_resource_tolerations(obj)
         if res.group == "apiextensions.k8s.io" and res.plural == "customresourcedefinitions":
             self._establish(obj)
         # The server answers every object with its type (client-go's decoders, and so
@@ -1307,3 +1316,30 @@ def _core(plural: str) -> Any:
 def dump(obj: Any) -> str:
     """Compact JSON for assertion messages."""
     return json.dumps(obj, sort_keys=True, default=str)
+
+
+def _extended_resource_tolerations(pod: Obj) -> None:
+    """``ExtendedResourceToleration``: for each extended resource a container requests
+    (a domain-qualified name outside ``kubernetes.io``: ``IsExtendedResourceName``),
+    the toleration ``{key: NAME, operator: Exists, effect: NoSchedule}`` unless the pod
+    has it already."""
+    spec = pod.setdefault("spec", {})
+    names: set[str] = set()
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = (c or {}).get("resources") or {}
+        for part in ("requests", "limits"):  # limits default the requests of these
+            for name in resources.get(part) or {}:
+                domain = str(name).split("/")[0] if "/" in str(name) else ""
+                if (
+                    domain
+                    and not domain.endswith("kubernetes.io")
+                    and not name.startswith("requests.")
+                ):
+                    names.add(str(name))
+    tolerations = list(spec.get("tolerations") or [])
+    for name in sorted(names):
+        wanted = {"key": name, "operator": "Exists", "effect": "NoSchedule"}
+        if wanted not in tolerations:
+            tolerations.append(wanted)
+    if tolerations:
+        spec["tolerations"] = tolerations
