@@ -536,11 +536,11 @@ class ChartTwin:
             )
         return "NAME READY STATUS RESTARTS NODE\n" + "\n".join(rows)
 
-    def logs(self) -> str:
-        """Every container's log tail (the pods' folders)."""
+    def logs(self, lines: int = 15) -> str:
+        """Every container's log, its last ``lines`` (the pods' folders)."""
         out = []
         for path in sorted((self.folder / "pods").glob("*/containers/*/log")):
-            text = path.read_text(errors="replace").splitlines()[-15:]
+            text = path.read_text(errors="replace").splitlines()[-lines:]
             out.append(
                 f"--- {path.parent.parent.parent.name}/{path.parent.name}\n" + "\n".join(text)
             )

@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -434,6 +433,8 @@ class PodKubelet:
         self._finish(pod, mains, folder)
 
     def _finish(self, pod: Obj, mains: list[Running], folder: Path) -> None:
+        """Stop the containers and delete the pod for good; ``folder`` (the containers'
+        logs) stays, for a test's report."""
         meta = pod["metadata"]
         grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
         for r in mains:
@@ -443,7 +444,6 @@ class PodKubelet:
                 f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                 params={"gracePeriodSeconds": "0"},
             )
-        del folder  # kept: the containers' logs outlive the pod, for the test's report
 
     def _start(self, r: Running) -> None:
         r.container.start()

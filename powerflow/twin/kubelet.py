@@ -63,6 +63,7 @@ import httpx
 
 from powerflow import contract
 from powerflow.devices import Workload
+from powerflow.groundtruth import MODEL_NAMES
 from powerflow.timefmt import format_time
 from powerflow.twin.gpus import TwinGpus
 from powerflow.worker.reporter import AgentReporter
@@ -309,6 +310,12 @@ class Kubelet:
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
+        model = annotations.get(contract.MODEL_ANNOTATION, "")
+        if model not in MODEL_NAMES:  # the twin's trainer is a ground truth's model
+            message = f"the twin simulates only the models {', '.join(MODEL_NAMES)}, not {model!r}"
+            self._set_phase(pod, "Failed", "Error", message)
+            self.stats.events.append((self.now_s(), meta["name"], "unknown model"))
+            return
         env = _env(pod)
         per_node = gpus_per_node(annotations.get(contract.PLACEMENT_ANNOTATION, ""))
         job = labels.get(contract.JOB_LABEL, meta["name"])

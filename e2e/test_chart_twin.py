@@ -1,0 +1,149 @@
+"""The Helm chart as the system under test: its own pods, from the built image, on the twin.
+
+``scripts/chart-twin.sh`` runs this (root, the image ``scripts/build-image.sh``
+builds, ``helm``): ``helm template`` of the chart, every object applied to the
+twin's API server with RBAC enforced, every Deployment and DaemonSet pod run
+from the image by the twin's kubelet (``powerflow.twin.chart``,
+``docs/verification.md`` says what is imitated and what is not), then DLJobs
+run to ``Succeeded`` by the chart's operator, scheduler and node agents.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from powerflow.twin.chart import NAMESPACE, ChartTwin
+from powerflow.twin.chartpods import pod_status_text
+from powerflow.twin.timescale import TimeScale
+from powerflow.twin.trace import dljob, mini_trace
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = "localhost/powerflow:dev"
+VALUES = {"budget": {"schedulingIntervalSeconds": 5}}
+"""The chart's defaults but one: a pass every 5 s instead of 60 s, so that jobs of a
+few hundred iterations do not wait a minute for their GPUs."""
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartTwin]:
+    with ChartTwin(tmp_path_factory.mktemp("chart"), image=IMAGE, values=VALUES) as t:
+        t.wait_ready(240)
+        yield t
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def test_every_chart_pod_starts_from_the_image_and_stays_up(twin: ChartTwin) -> None:
+    """Init containers (the numba cache copy, as uid 10001 with a read-only root) exit 0,
+    every container is ready by its own probes, nothing restarted."""
+    pods = twin.chart_pods()
+    kinds = sorted(p["metadata"]["ownerReferences"][0]["name"] for p in pods)
+    assert kinds == [
+        "powerflow-nodeagent",
+        "powerflow-nodeagent",
+        "powerflow-operator",
+        "powerflow-scheduler",
+    ], twin.pods_table()
+    for pod in pods:
+        status = pod["status"]
+        assert _ready(pod) and pod_status_text(pod) == "Running", twin.pods_table()
+        for init in status["initContainerStatuses"]:
+            assert init["state"]["terminated"]["exitCode"] == 0
+        assert all(s["ready"] and s["restartCount"] == 0 for s in status["containerStatuses"]), (
+            twin.pods_table()
+        )
+
+
+def test_jobs_run_to_success_with_clocks_set_by_the_chart_agents(twin: ChartTwin) -> None:
+    """The README's example DLJob and a 10-job mini trace finish; the chart's agents set
+    clocks and power limits on both GPU nodes; the chart's pods never restarted."""
+    example = yaml.safe_load((REPO / "examples" / "torch-ddp-dljob.yaml").read_text())
+    # The twin's workers are simulated from a ground-truth model; the example's tiny
+    # DDP model has none, so the test names one, and fewer iterations.
+    example["spec"].update(model="resnet50", iterations=300)
+    twin.dljob(example)
+    for m in mini_trace(10, TimeScale(0.003)):
+        twin.dljob(dljob(m, twin.gpus_per_node * len(twin.gpu_nodes)))
+    deadline = time.monotonic() + 420
+    phases: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        jobs = twin.dljobs() + twin.dljobs("default")
+        phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase", "") for j in jobs}
+        if len(phases) == 11 and all(p in ("Succeeded", "Failed") for p in phases.values()):
+            break
+        time.sleep(2)
+    assert set(phases.values()) == {"Succeeded"}, (phases, twin.pods_table(), twin.logs())
+    assert twin.gpu_server is not None
+    set_by = {(s.node, s.call) for s in twin.gpu_server.journal}
+    for node in twin.gpu_nodes:
+        assert (node, "lock_clocks_mhz") in set_by, set_by
+    test_every_chart_pod_starts_from_the_image_and_stays_up(twin)
+
+
+def _token(twin: ChartTwin, account: str) -> str:
+    assert twin.client is not None
+    answer = twin.client.post(
+        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )
+    answer.raise_for_status()
+    return str(answer.json()["status"]["token"])
+
+
+def test_the_chart_accounts_get_what_their_roles_grant_and_no_more(twin: ChartTwin) -> None:
+    """RBAC is enforced: the agent's account may read its DaemonSet (the chart grants it)
+    and not the cluster's Secrets; no component was refused anything during the run."""
+    token = _token(twin, "powerflow-nodeagent")
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{twin.api_port}", headers={"Authorization": f"Bearer {token}"}
+    ) as agent:
+        own = agent.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/powerflow-nodeagent")
+        assert own.status_code == 200, own.text
+        secrets = agent.get("/api/v1/namespaces/kube-system/secrets")
+        assert secrets.status_code == 403
+        assert 'cannot list resource "secrets"' in secrets.json()["message"]
+    logs = twin.logs(lines=10_000)
+    assert "Forbidden" not in logs, logs[-3000:]
+
+
+def test_a_failing_init_container_shows_as_kubectl_shows_it(twin: ChartTwin) -> None:
+    """The chart's pod with ``cp -a`` in its init container (which cannot set the times
+    of an emptyDir it does not own, as uid 10001) never starts: Init:Error, then
+    Init:CrashLoopBackOff, as ``kubectl get pods`` would show."""
+    assert twin.client is not None
+    operator = next(
+        o
+        for o in twin.objects
+        if o.get("kind") == "Deployment" and o["metadata"]["name"] == "powerflow-operator"
+    )
+    broken = copy.deepcopy(operator)
+    broken["metadata"] = {"name": "broken-init", "namespace": NAMESPACE}
+    labels = {"app": "broken-init"}
+    broken["spec"]["selector"] = {"matchLabels": labels}
+    broken["spec"]["template"]["metadata"] = {"labels": labels}
+    init = broken["spec"]["template"]["spec"]["initContainers"][0]
+    init["command"] = ["sh", "-c", "cp -a /opt/powerflow/numba-cache/. /numba-cache/"]
+    twin.client.post(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", json=broken)
+    seen: set[str] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "Init:CrashLoopBackOff" not in seen:
+        for pod in twin.chart_pods():
+            if pod["metadata"]["name"].startswith("broken-init-"):
+                seen.add(pod_status_text(pod))
+        time.sleep(0.5)
+    twin.client.delete(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/broken-init")
+    assert "Init:CrashLoopBackOff" in seen, seen
+    assert "preserving times" in twin.logs(lines=10_000)
