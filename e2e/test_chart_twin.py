@@ -11,6 +11,8 @@ run to ``Succeeded`` by the chart's operator, scheduler and node agents.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,16 +29,50 @@ from powerflow.twin.trace import dljob, mini_trace
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "localhost/powerflow:dev"
-VALUES = {"budget": {"schedulingIntervalSeconds": 5}}
-"""The chart's defaults but one: a pass every 5 s instead of 60 s, so that jobs of a
-few hundred iterations do not wait a minute for their GPUs."""
+VALUES = {
+    "budget": {"schedulingIntervalSeconds": 5},
+    "serviceMonitor": {"enabled": True, "interval": "2s"},
+    "prometheusRule": {"enabled": True},
+}
+"""The chart's defaults but these: a pass every 5 s instead of 60 s, so that jobs of a
+few hundred iterations do not wait a minute for their GPUs; the ServiceMonitors and
+the PrometheusRule on (a cluster with the Prometheus Operator), scraped every 2 s."""
+DASHBOARD = REPO / "helm" / "powerflow" / "files" / "dashboard.json"
+PICTURE = os.environ.get("POWERFLOW_DASHBOARD_PNG")
+"""Where to draw the dashboard from the run's series (docs/dashboard.png is one such
+drawing: ``POWERFLOW_DASHBOARD_PNG=docs/dashboard.png scripts/chart-twin.sh``)."""
 
 
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartTwin]:
     with ChartTwin(tmp_path_factory.mktemp("chart"), image=IMAGE, values=VALUES) as t:
         t.wait_ready(240)
+        t.start_prometheus()
         yield t
+
+
+@pytest.fixture(scope="module")
+def run(twin: ChartTwin) -> tuple[float, float, dict[str, str]]:
+    """The README's example DLJob and a 10-job mini trace, to the end: (start, end,
+    each job's last phase)."""
+    example = yaml.safe_load((REPO / "examples" / "torch-ddp-dljob.yaml").read_text())
+    # The twin's workers are simulated from a ground-truth model; the example's tiny
+    # DDP model has none, so the test names one, and fewer iterations.
+    example["spec"].update(model="resnet50", iterations=300)
+    start = time.time()
+    twin.dljob(example)
+    for m in mini_trace(10, TimeScale(0.003)):
+        twin.dljob(dljob(m, twin.gpus_per_node * len(twin.gpu_nodes)))
+    deadline = time.monotonic() + 420
+    phases: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        jobs = twin.dljobs() + twin.dljobs("default")
+        phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase", "") for j in jobs}
+        if len(phases) == 11 and all(p in ("Succeeded", "Failed") for p in phases.values()):
+            break
+        time.sleep(2)
+    time.sleep(6)  # three more scrapes of the end
+    return start, time.time(), phases
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -67,30 +103,46 @@ def test_every_chart_pod_starts_from_the_image_and_stays_up(twin: ChartTwin) -> 
         )
 
 
-def test_jobs_run_to_success_with_clocks_set_by_the_chart_agents(twin: ChartTwin) -> None:
-    """The README's example DLJob and a 10-job mini trace finish; the chart's agents set
-    clocks and power limits on both GPU nodes; the chart's pods never restarted."""
-    example = yaml.safe_load((REPO / "examples" / "torch-ddp-dljob.yaml").read_text())
-    # The twin's workers are simulated from a ground-truth model; the example's tiny
-    # DDP model has none, so the test names one, and fewer iterations.
-    example["spec"].update(model="resnet50", iterations=300)
-    twin.dljob(example)
-    for m in mini_trace(10, TimeScale(0.003)):
-        twin.dljob(dljob(m, twin.gpus_per_node * len(twin.gpu_nodes)))
-    deadline = time.monotonic() + 420
-    phases: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        jobs = twin.dljobs() + twin.dljobs("default")
-        phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase", "") for j in jobs}
-        if len(phases) == 11 and all(p in ("Succeeded", "Failed") for p in phases.values()):
-            break
-        time.sleep(2)
+def test_jobs_run_to_success_with_clocks_set_by_the_chart_agents(
+    twin: ChartTwin, run: tuple[float, float, dict[str, str]]
+) -> None:
+    """The example and the mini trace finish; the chart's agents set clocks on both GPU
+    nodes; the chart's pods never restarted meanwhile."""
+    phases = run[2]
     assert set(phases.values()) == {"Succeeded"}, (phases, twin.pods_table(), twin.logs())
     assert twin.gpu_server is not None
     set_by = {(s.node, s.call) for s in twin.gpu_server.journal}
     for node in twin.gpu_nodes:
         assert (node, "lock_clocks_mhz") in set_by, set_by
     test_every_chart_pod_starts_from_the_image_and_stays_up(twin)
+
+
+def test_every_dashboard_query_returns_data_from_the_scraped_pods(
+    twin: ChartTwin, run: tuple[float, float, dict[str, str]]
+) -> None:
+    """A real Prometheus scraped every chart pod through the chart's ServiceMonitors, and
+    every panel query of the shipped dashboard returned series over the run; no alert
+    of the chart's PrometheusRule fired on this healthy run."""
+    prom = twin.prometheus
+    assert prom is not None
+    health = prom.targets_up()
+    assert len(health) == 4 and set(health.values()) == {"up"}, health
+    board = json.loads(DASHBOARD.read_text())
+    start, end, _ = run
+    empty = [
+        f"{p['title']}: {t['expr']}"
+        for p in board["panels"]
+        for t in p["targets"]
+        if not prom.query_range(t["expr"], start, end, 2)
+    ]
+    assert not empty, "\n".join(empty)
+    firing = [a["labels"]["alertname"] for a in prom.alerts() if a["state"] == "firing"]
+    assert not firing, firing
+    if PICTURE:
+        from powerflow.twin.dashboard_png import draw
+
+        counts = draw(board, prom, start, end, Path(PICTURE))
+        assert all(counts.values()), counts
 
 
 def _token(twin: ChartTwin, account: str) -> str:

@@ -14,6 +14,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+VERBS = ("filter", "prioritize", "bind")
+BIND_RESULTS = ("bound", "already_bound", "refused", "failed")
+
+
 class Metrics:
     """Request latency and outcomes per verb, bind results, and the cache's size."""
 
@@ -38,6 +42,14 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        # Every known series from the start, at 0: a rate over a series that does not
+        # exist yet is no data, and the dashboard's errors and failed binds panels
+        # would read "No data" on a healthy cluster instead of 0.
+        for verb in VERBS:
+            for outcome in ("ok", "error"):
+                self.requests.labels(verb, outcome)
+        for result in BIND_RESULTS:
+            self.binds.labels(result)
         self.expired = Counter(
             "powerflow_extender_reservations_expired",
             "Gang reservations that did not complete within the TTL.",

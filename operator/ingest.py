@@ -217,6 +217,11 @@ class Ingest:
         self.on_refused = on_refused
         """Told ``(sender node, reason, count)`` with each such log line (the operator
         posts a Warning Event on the node)."""
+        self._senders_seen: set[str] = set()
+        """Nodes whose refusal series exist (at 0 from their first batch: a rate over a
+        series never exported is no data, and the dashboard would read "No data")."""
+        for why in sample_checks.REASONS:
+            metrics.ingest_refused.labels(reason=why)
         metrics.cluster_power_watts.set_function(power.total_watts)
 
     def app(self) -> web.Application:
@@ -344,6 +349,10 @@ class Ingest:
             )
         if power is not None:
             self.power.record(node, power)
+        if node not in self._senders_seen:  # its refusal series exist from its first batch
+            self._senders_seen.add(node)
+            for why in sample_checks.REASONS:
+                self.metrics.ingest_sender_refused.labels(sender_node=node, reason=why)
         jobs, gpus = self._jobs(view.state)
         gpu = gpus.get(node)
         accepted: list[WindowSample] = []

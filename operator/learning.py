@@ -108,6 +108,8 @@ Row = tuple[float, float, float, float, float, float]
 """``n, r, bs, f, step_time_s, energy_j`` (whole job, per iteration)."""
 
 
+DROP_REASONS = ("unknown_job", "invalid", "backlog")
+"""Every reason ``powerflow_model_samples_dropped_total`` counts (``add``)."""
 MEASURED_ROWS = 20
 """Windows averaged into a job's measured power (``SampleStore.measured_power``)."""
 
@@ -280,6 +282,8 @@ class SampleStore:
             ["reason"],
             registry=registry,
         )
+        for reason in DROP_REASONS:  # at 0 from the start: a panel of none reads 0
+            self.dropped.labels(reason)
         self.accepted = Counter(
             "powerflow_model_samples_total",
             "Samples queued for the online refit.",
@@ -307,9 +311,9 @@ class SampleStore:
                 entry = self._jobs.get(f"{sample.namespace}/{sample.job}")
                 row = None if entry is None else model_row(sample)
                 if entry is None or row is None:
-                    reason = "unknown_job" if entry is None else "invalid"
+                    reason = DROP_REASONS[0] if entry is None else DROP_REASONS[1]
                 elif len(entry.pending) >= self.max_pending or self._queued >= self.max_queued:
-                    reason = "backlog"
+                    reason = DROP_REASONS[2]
                 else:
                     entry.pending.append(row)
                     entry.received += 1

@@ -63,6 +63,18 @@ OVERLAP_SLACK = 0.05
 """How much of a window may overlap the previous one (rounding of the step time): a
 fraction of the window, so that the windows a sender reports cover at most real time
 (20/19 of it)."""
+REASONS = (
+    "unknown_job",
+    "not_on_node",
+    "too_many_gpus",
+    "wrong_allocation",
+    "impossible_clock",
+    "impossible_power",
+    "clock_ahead",
+    "duplicate",
+    "overlap",
+)
+"""Every reason ``judge`` and ``Windows.check`` give (the refusal counters' labels)."""
 _T = TypeVar("_T")
 
 

@@ -211,6 +211,23 @@ async def test_accepted_samples_reach_the_sink(cluster: Cluster) -> None:
     assert cluster.sink.added[-1] == ("n2", (other,))
 
 
+async def test_refusal_series_exist_at_zero_before_any_refusal(cluster: Cluster) -> None:
+    """The dashboard rates them by reason (and sender): a series never exported is no
+    data, not 0, so each exists from the start (per sender: from its first batch)."""
+    from powerflow.operator.sample_checks import REASONS
+
+    assert cluster.operator.controller is not None
+    registry = cluster.operator.controller.metrics.registry
+    sender = "powerflow_ingest_samples_refused_total"
+    for why in REASONS:
+        assert registry.get_sample_value("powerflow_ingest_refused_total", {"reason": why}) == 0
+        assert registry.get_sample_value(sender, {"sender_node": "n2", "reason": why}) is None
+    ok = await cluster.post(batch("n2", sample(iterations=5)), token="agent-n2")
+    assert ok.status_code == 200
+    for why in REASONS:
+        assert registry.get_sample_value(sender, {"sender_node": "n2", "reason": why}) == 0
+
+
 @pytest.mark.parametrize(
     ("token", "header", "status", "reason"),
     [

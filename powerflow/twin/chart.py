@@ -53,6 +53,7 @@ from powerflow.twin.components import Process, apiserver_process
 from powerflow.twin.gpus import TwinGpus
 from powerflow.twin.harness import node_body
 from powerflow.twin.kubelet import Kubelet
+from powerflow.twin.monitoring import Prometheus
 from powerflow.twin.netns import Network
 from powerflow.twin.ports import free_port
 from powerflow.twin.runtime import Image, Mount
@@ -307,6 +308,7 @@ class ChartTwin:
         self.gpus: dict[str, TwinGpus] = {}
         self.objects: list[Obj] = []
         self.api_port = 0
+        self.prometheus: Prometheus | None = None
 
     # -- start ---------------------------------------------------------------------
     def start(self) -> ChartTwin:
@@ -444,9 +446,14 @@ class ChartTwin:
         self.services = {("default", "kubernetes"): api_ip}
 
     def apply(self, obj: Obj) -> None:
-        """Create ``obj`` as the admin does (``kubectl apply`` of a new object)."""
+        """Create ``obj`` as the admin does (``kubectl apply`` of a new object). The
+        Prometheus Operator's kinds are not applied (the twin has no such operator):
+        ``start_prometheus`` does what it would do with them."""
         assert self.client is not None and self.net is not None and self.mesh is not None
         kind = obj.get("kind", "")
+        if kind in ("ServiceMonitor", "PrometheusRule"):
+            obj.setdefault("metadata", {}).setdefault("namespace", NAMESPACE)
+            return
         if kind not in PATHS:
             raise ValueError(f"the chart twin cannot apply a {kind}")
         prefix, plural = PATHS[kind]
@@ -456,7 +463,7 @@ class ChartTwin:
             path = f"{prefix}/namespaces/{meta['namespace']}/{plural}"
         else:
             path = f"{prefix}/{plural}"
-        if kind == "Service":
+        if kind == "Service" and obj["spec"].get("clusterIP") != "None":  # not headless
             ip = self.net.add_service_ip()
             obj["spec"]["clusterIP"] = ip
             self.services[(meta["namespace"], meta["name"])] = ip
@@ -513,6 +520,30 @@ class ChartTwin:
             fq = f"{name}.{namespace}.svc"
             lines.append(f"{ip}\t{fq}.cluster.local {fq} {name}.{namespace}")
         return "\n".join(lines) + "\n"
+
+    def start_prometheus(self, port: int | None = None) -> Prometheus:
+        """A real Prometheus scraping the chart's pods through its ServiceMonitors and
+        evaluating its PrometheusRule (``monitoring``); stopped with the twin."""
+        monitors = [o for o in self.objects if o.get("kind") == "ServiceMonitor"]
+        if not monitors:
+            raise ValueError("the chart rendered no ServiceMonitor (serviceMonitor.enabled)")
+        rules = [o for o in self.objects if o.get("kind") == "PrometheusRule"]
+
+        def lister(namespace: str, plural: str) -> list[Obj]:
+            assert self.client is not None
+            items: list[Obj] = self.client.get(f"/api/v1/namespaces/{namespace}/{plural}").json()[
+                "items"
+            ]
+            return items
+
+        self.prometheus = Prometheus(
+            self.folder / "prometheus",
+            monitors,
+            lister,
+            port=port or free_port(),
+            rules=[g for r in rules for g in r["spec"]["groups"]],
+        ).start()
+        return self.prometheus
 
     # -- looking -------------------------------------------------------------------
     def chart_pods(self) -> list[Obj]:
@@ -584,6 +615,8 @@ class ChartTwin:
 
     # -- stop ----------------------------------------------------------------------
     def stop(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.stop()
         for part in (self.workers, self.pods):
             if part is not None:
                 part.stop()
