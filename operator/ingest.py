@@ -351,8 +351,8 @@ class Ingest:
             self.power.record(node, power)
         if node not in self._senders_seen:  # its refusal series exist from its first batch
             self._senders_seen.add(node)
-            for why in sample_checks.REASONS:
-                self.metrics.ingest_sender_refused.labels(sender_node=node, reason=why)
+            for each in sample_checks.REASONS:
+                self.metrics.ingest_sender_refused.labels(sender_node=node, reason=each)
         jobs, gpus = self._jobs(view.state)
         gpu = gpus.get(node)
         accepted: list[WindowSample] = []
