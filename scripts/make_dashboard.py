@@ -1,7 +1,10 @@
 """Write PowerFlow's Grafana dashboard (helm/powerflow/files/dashboard.json).
 
     python scripts/make_dashboard.py            # write the JSON
-    python scripts/make_dashboard.py --png docs/dashboard.png   # and a layout picture
+    python scripts/make_dashboard.py --png layout.png   # and a picture of its layout
+
+(docs/dashboard.png is the dashboard with real series: docs/verification.md, "The
+chart as the system under test".)
 
 The dashboard is generated, not hand-edited, so that panels stay on one grid
 and every query is written once here; tests/test_dashboard.py checks that each
