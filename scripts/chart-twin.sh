@@ -9,7 +9,13 @@
 # again after changing the code: this script builds the image only when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .tools/helm ] || scripts/fetch-k8s-tools.sh
+[ -x .tools/helm ] && command -v prometheus >/dev/null || scripts/fetch-k8s-tools.sh
+# ip (iproute2), nsenter and unshare (util-linux), openssl: Debian packages.
+if ! command -v ip >/dev/null || ! command -v openssl >/dev/null || ! command -v nsenter >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    iproute2 openssl util-linux >/dev/null
+fi
 if ! buildah --storage-driver vfs inspect --type image localhost/powerflow:dev >/dev/null 2>&1; then
   scripts/build-image.sh
 fi
