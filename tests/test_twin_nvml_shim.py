@@ -429,3 +429,55 @@ def test_the_endpoint_file_and_the_host(tmp_path: Path) -> None:
             server.endpoint_file("elsewhere", tmp_path / "x.json")
     finally:
         server.stop()
+
+
+UNPRIVILEGED = """
+import json
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+out = {"read": pynvml.nvmlDeviceGetPowerManagementLimit(h) > 0}
+for name, call in (
+    ("lock", lambda: pynvml.nvmlDeviceSetGpuLockedClocks(h, 900, 900)),
+    ("reset", lambda: pynvml.nvmlDeviceResetGpuLockedClocks(h)),
+    ("limit", lambda: pynvml.nvmlDeviceSetPowerManagementLimit(h, 250000)),
+):
+    try:
+        call()
+        out[name] = "set"
+    except pynvml.NVMLError as exc:
+        out[name] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_without_cap_sys_admin_settings_are_refused_as_the_driver_refuses_them(
+    twin: tuple[GpuServer, TwinGpus, Path], tmp_path: Path
+) -> None:
+    """Reading is anyone's; locking clocks and setting limits need CAP_SYS_ADMIN, so a
+    chart that dropped it from the agent would fail on the twin as on a node. Run with
+    every capability dropped (``setpriv``, as root) or as this unprivileged user."""
+    server, _, endpoint = twin
+    folder = _mounted(tmp_path)
+    env = clean_env()
+    env[nvml_shim.ENDPOINT_ENV] = str(endpoint)
+    env["PYTHONPATH"] = str(folder)
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"] if os.geteuid() == 0 else []
+    done = subprocess.run(
+        [*drop, sys.executable, "-c", UNPRIVILEGED],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    before = len(server.journal)
+    out = _json(done)
+    assert out == {
+        "read": True,
+        "lock": "NVMLError_NoPermission",
+        "reset": "NVMLError_NoPermission",
+        "limit": "NVMLError_NoPermission",
+    }
+    assert len(server.journal) == before

@@ -236,12 +236,33 @@ def _connect() -> Any:
         raise _error(NVML_ERROR_DRIVER_NOT_LOADED, f"{where}: {_last_line(exc)}") from None
 
 
+CAP_SYS_ADMIN = 21
+SETTERS = frozenset({"lock_clocks_mhz", "reset_clocks", "set_power_limit_mw"})
+"""What NVML allows only to a process with ``CAP_SYS_ADMIN`` (the driver answers
+``NO_PERMISSION`` otherwise; the Dockerfile's and the chart's ``SYS_ADMIN`` is for these)."""
+
+
+def _may_set() -> bool:
+    """Whether this process holds ``CAP_SYS_ADMIN`` in its effective set, as the driver
+    checks: so the chart's ``securityContext`` decides, in the twin too, whether the
+    agent may set clocks and limits."""
+    try:
+        for line in open("/proc/self/status").read().splitlines():  # noqa: SIM115
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def _call(method: str, *args: int) -> Any:
     """The server's answer to ``method(*args)``: its value, or the ``NVMLError`` of the
     NVML return code it gives (``Uninitialized`` outside ``nvmlInit``/``nvmlShutdown``)."""
     server = _server
     if server is None:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    if method in SETTERS and not _may_set():
+        raise _error(NVML_ERROR_NO_PERMISSION, "the process lacks CAP_SYS_ADMIN")
     try:
         code, value = server._callmethod(method, args)
     except Exception as exc:  # the server went away
