@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,3 +200,93 @@ def test_a_failing_init_container_shows_as_kubectl_shows_it(twin: ChartTwin) -> 
     twin.client.delete(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/broken-init")
     assert "Init:CrashLoopBackOff" in seen, seen
     assert "preserving times" in twin.logs(lines=10_000)
+
+
+def _budget(twin: ChartTwin) -> dict[str, str]:
+    assert twin.client is not None
+    answer = twin.client.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/powerflow-budget")
+    answer.raise_for_status()
+    data: dict[str, str] = answer.json()["data"]
+    return data
+
+
+def _workers(twin: ChartTwin) -> dict[str, str]:
+    assert twin.client is not None
+    pods = twin.client.get("/api/v1/namespaces/ml/pods").json()["items"]
+    return {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in pods
+        if (p.get("status") or {}).get("phase") == "Running"
+        and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def test_an_upgrade_keeps_the_admins_budget_and_the_running_jobs(
+    twin: ChartTwin, run: tuple[float, float, dict[str, str]]
+) -> None:
+    """``helm upgrade`` to a new image tag with changed values, applied as Helm applies
+    it (the chart rendered with its lookups against the cluster, a three-way merge per
+    object): the admin's edit of the budget stays, every chart pod rolls to the new
+    template and is ready again, the workers running before it are not restarted by
+    it, and the jobs finish."""
+    assert twin.client is not None
+    twin.client.patch(
+        f"/api/v1/namespaces/{NAMESPACE}/configmaps/powerflow-budget",
+        content=json.dumps({"data": {"eta": "0.5"}}),
+        headers={"Content-Type": "application/merge-patch+json"},
+    ).raise_for_status()
+    for m in mini_trace(3, TimeScale(0.008), first=10):
+        body = dljob(m, twin.gpus_per_node * len(twin.gpu_nodes))
+        body["metadata"]["name"] = f"up-{m.name}"
+        twin.dljob(body)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(_workers(twin)) < 3:
+        time.sleep(1)
+    before = _workers(twin)
+    assert len(before) >= 3, twin.dljobs()
+    tag = "localhost/powerflow:upgrade"
+    subprocess.run(["buildah", "--storage-driver", "vfs", "tag", IMAGE, tag], check=True)
+    try:
+        twin.upgrade({"agent": {"windowSeconds": 4}, "budget": {"eta": 0.9}}, image=tag)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            pods = twin.chart_pods()
+            images = {
+                c["image"]
+                for p in pods
+                for c in p["spec"]["containers"]
+                if "powerflow" in c["image"]
+            }
+            if images == {tag} and len(pods) == 4 and all(_ready(p) for p in pods):
+                break
+            time.sleep(1)
+        assert images == {tag} and len(pods) == 4, twin.pods_table()
+        assert _budget(twin)["eta"] == "0.5"  # the admin's, not the values'
+        agents = [p for p in pods if p["metadata"]["name"].startswith("powerflow-nodeagent")]
+        for agent in agents:
+            assert "--window=4" in agent["spec"]["containers"][0]["args"]
+        after = _workers(twin)
+        kept = {name for name, uid in before.items() if after.get(name) == uid}
+        gone = set(before) - set(after)
+        finished = {
+            j["metadata"]["name"]
+            for j in twin.dljobs()
+            if (j.get("status") or {}).get("phase") == "Succeeded"
+        }
+        restarted = {n for n in gone if n.rsplit("-g", 1)[0] not in finished}
+        assert not restarted, (before, after, twin.dljobs())
+        assert kept or gone
+        deadline = time.monotonic() + 300
+        phases: set[str] = set()
+        while time.monotonic() < deadline:
+            phases = {
+                (j.get("status") or {}).get("phase", "")
+                for j in twin.dljobs()
+                if j["metadata"]["name"].startswith("up-")
+            }
+            if phases == {"Succeeded"}:
+                break
+            time.sleep(2)
+        assert phases == {"Succeeded"}, twin.dljobs()
+    finally:
+        subprocess.run(["buildah", "--storage-driver", "vfs", "rmi", tag], check=False)

@@ -192,3 +192,35 @@ def test_every_kind_the_chart_renders_can_be_applied() -> None:
     kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
     assert kinds <= set(PATHS), kinds - set(PATHS)
     assert kinds <= set(INSTALL_ORDER)
+
+
+def test_three_way_merge_keeps_what_neither_rendering_has() -> None:
+    """Helm's three-way JSON merge patch: dropped by the chart -> null; changed by the
+    chart -> the new value; changed live where the chart did not change it -> set back
+    to the chart's (Helm owns what it renders); added live -> untouched."""
+    from powerflow.twin.chart import three_way
+
+    original = {"data": {"a": "1", "b": "2", "gone": "x"}, "spec": {"replicas": 1}}
+    modified = {"data": {"a": "1", "b": "3"}, "spec": {"replicas": 1}}
+    current = {
+        "data": {"a": "9", "b": "2", "gone": "x", "admin": "kept"},
+        "spec": {"replicas": 1, "clusterIP": "10.0.0.1"},
+        "status": {"x": 1},
+    }
+    assert three_way(original, modified, current) == {"data": {"gone": None, "a": "1", "b": "3"}}
+    assert three_way(original, original, original) == {}
+    assert three_way({}, {"l": [1, 2]}, {"l": [1]}) == {"l": [1, 2]}  # lists whole
+
+
+def test_a_pod_template_change_changes_its_hash() -> None:
+    from powerflow.twin.chartpods import template_hash
+
+    d = {"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x:1"}]}}}}
+    e = {"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x:2"}]}}}}
+    assert template_hash(d) == template_hash(json_copy(d)) != template_hash(e)
+
+
+def json_copy(obj: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(obj))

@@ -8,8 +8,8 @@ defaults), and boots what it describes on this machine:
   every ServiceAccount token (a request the chart's roles do not grant is
   403), TokenRequest for the kubelet's projected tokens, and the roles a real
   cluster bootstraps that the chart binds (``BOOTSTRAP``);
-- a network (``netns``): one namespace per node, a ``ctl-0`` node for the
-  control-plane side pods and ``node-N`` GPU nodes (labelled as GPU Feature
+- a network (``netns``): one namespace per node, two ``ctl-N`` nodes for the
+  operator's and the scheduler's pods and ``node-N`` GPU nodes (labelled as GPU Feature
   Discovery labels them, tainted ``nvidia.com/gpu:NoSchedule`` as GPU pools
   usually are), the Services' cluster IPs served by ``servicemesh``, the
   ``kubernetes`` Service over TLS;
@@ -34,6 +34,7 @@ the failing containers' logs.
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import math
 import ssl
@@ -48,6 +49,7 @@ import yaml
 
 from powerflow import contract
 from powerflow.twin.agentproc import GpuServer
+from powerflow.twin.apiserver import write_kubeconfig
 from powerflow.twin.chartpods import Node, PodKubelet, pod_status_text
 from powerflow.twin.components import Process, apiserver_process
 from powerflow.twin.gpus import TwinGpus
@@ -98,6 +100,11 @@ PATHS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "DaemonSet": ("/apis/apps/v1", "daemonsets"),
 }
+CONTROL_NODES = ("ctl-0", "ctl-1")
+"""Nodes without GPUs, for the operator's and the scheduler's pods. Two: pods share
+their node's network namespace (``netns``), so a rolling update's new pod, which
+must start beside the old one, would find the old one's ports taken on its node;
+the default scheduler's stand-in puts it on the other node (the one with fewer pods)."""
 GPU_TICK_S = 0.1
 """At most a fiftieth of the chart's default agent window (5 s): every window sees
 many steps of the GPUs' energy counters."""
@@ -166,16 +173,52 @@ BOOTSTRAP: tuple[Obj, ...] = (
 its ServiceAccount gets on a real cluster."""
 
 
-def render(values: Mapping[str, Any], helm: Path, out: Path) -> list[Obj]:
-    """``helm template`` of the chart with ``values`` over its defaults."""
+def render(
+    values: Mapping[str, Any], helm: Path, out: Path, kubeconfig: Path | None = None
+) -> list[Obj]:
+    """``helm template`` of the chart with ``values`` over its defaults; with
+    ``kubeconfig``, its ``lookup``s read that cluster (``--dry-run=server``), as
+    ``helm upgrade`` renders."""
     out.write_text(yaml.safe_dump(dict(values)))
-    text = subprocess.run(
-        [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(out)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    args = [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(out)]
+    if kubeconfig is not None:
+        args += ["--dry-run=server", "--kubeconfig", str(kubeconfig)]
+    text = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    kind = str(obj.get("kind", ""))
+    namespace = "" if kind in CLUSTER_SCOPED else str(meta.get("namespace") or NAMESPACE)
+    return kind, namespace, str(meta.get("name", ""))
+
+
+def three_way(original: Any, modified: Any, current: Any) -> Any:
+    """Helm's three-way JSON merge patch (``jsonmergepatch.CreateThreeWayJSONMergePatch``,
+    what it sends for objects it has no strategic-merge schema for): what the chart
+    dropped since the last release is deleted (``null``), what differs between the live
+    object and the new rendering is set to the new rendering's, and what neither
+    rendering has (fields the cluster or an admin added) is left alone. Lists are
+    replaced whole (a strategic merge would merge lists of named items such as
+    containers; the chart twin's objects carry no list an admin or controller edits)."""
+    if not isinstance(modified, dict) or not isinstance(current, dict):
+        return modified
+    patch: Obj = {}
+    original = original if isinstance(original, dict) else {}
+    for k in original:
+        if k not in modified and k in current:
+            patch[k] = None
+    for k, v in modified.items():
+        if k not in current:
+            patch[k] = v
+        elif isinstance(v, dict) and isinstance(current[k], dict):
+            sub = three_way(original.get(k), v, current[k])
+            if sub:
+                patch[k] = sub
+        elif current[k] != v:
+            patch[k] = v
+    return patch
 
 
 def _openssl(*args: str) -> None:
@@ -266,6 +309,16 @@ def make_certificates(folder: Path, api_ip: str) -> None:
         f.chmod(0o644)
 
 
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> Obj:
+    """Values as Helm merges ``--reuse-values`` with new ones: maps key by key."""
+    out: Obj = dict(base)
+    for k, v in over.items():
+        out[k] = (
+            _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
+    return out
+
+
 def _gpu_clock() -> float:
     """The simulated GPUs' clock: real time in steps of ``GPU_TICK_S`` (one noisy draw
     per step however often it is read, as ``harness.Twin.gpu_clock``)."""
@@ -307,6 +360,7 @@ class ChartTwin:
         self.gpu_server: GpuServer | None = None
         self.gpus: dict[str, TwinGpus] = {}
         self.objects: list[Obj] = []
+        self.rendered: list[Obj] = []
         self.api_port = 0
         self.prometheus: Prometheus | None = None
 
@@ -321,7 +375,10 @@ class ChartTwin:
 
     def _start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.objects = render(self.values, self.helm, self.folder / "values.yaml")
+        self.rendered = render(self.values, self.helm, self.folder / "values.yaml")
+        self.objects = json.loads(json.dumps(self.rendered))
+        """What ``apply`` applied (it fills in namespaces and cluster IPs); ``rendered``
+        stays as Helm rendered it: the last release's manifest, for ``upgrade``."""
         self.api_port = free_port()
         self.api = apiserver_process(
             self.folder, self.api_port, [], enforce_rbac=True, extended_resource_toleration=True
@@ -337,14 +394,14 @@ class ChartTwin:
         make_certificates(self.folder / "pki", api_ip)
         self._kubernetes_service(api_ip)
         nodes: dict[str, Node] = {}
-        for name in ("ctl-0", *self.gpu_nodes):
+        for name in (*CONTROL_NODES, *self.gpu_nodes):
             ns = net.add_node(name)
             folder = self.folder / "nodes" / name
             (folder / "var/lib/kubelet/pod-resources").mkdir(parents=True, exist_ok=True)
             nodes[name] = Node(name, net.nodes[name], ns, folder)
-            body = node_body(name, self.gpus_per_node if name != "ctl-0" else 0)
+            body = node_body(name, 0 if name in CONTROL_NODES else self.gpus_per_node)
             body["status"]["addresses"] = [{"type": "InternalIP", "address": net.nodes[name]}]
-            if name == "ctl-0":
+            if name in CONTROL_NODES:
                 del body["metadata"]["labels"][contract.GPU_PRODUCT_LABEL]
             else:
                 body["metadata"]["labels"]["nvidia.com/gpu.present"] = "true"
@@ -365,7 +422,7 @@ class ChartTwin:
             self.folder / "pods",
             hosts=self._hosts,
             kubernetes_service=(api_ip, 443),
-            own_image=self.image_ref,
+            own_image={self.image_ref},
             standins={"registry.k8s.io/kube-scheduler:": kubescheduler_standin},
             serving=self.folder / "pki" / "serving",
         ).start()
@@ -544,6 +601,60 @@ class ChartTwin:
             rules=[g for r in rules for g in r["spec"]["groups"]],
         ).start()
         return self.prometheus
+
+    def upgrade(self, values: Mapping[str, Any], image: str | None = None) -> None:
+        """``helm upgrade`` with ``values`` over the release's (and ``image``, another
+        tag of the built image): the chart rendered with its lookups against the live
+        cluster; an object the new rendering lacks deleted unless it carries
+        ``helm.sh/resource-policy: keep``; a new one created; every other one patched
+        with Helm's three-way merge of the last release's rendering, the new one and
+        the live object (``three_way``)."""
+        assert self.client is not None and self.pods is not None
+        if image is not None:
+            repo, _, tag = image.rpartition(":")
+            values = {**values, "image": {"repository": repo, "tag": tag}}
+            self.pods.own_images.add(image)
+        merged = _deep_merge(self.values, values)
+        kubeconfig = write_kubeconfig(self.folder / "admin.kubeconfig", self._url)
+        new = render(merged, self.helm, self.folder / "values-upgrade.yaml", kubeconfig)
+        old = {_key(o): o for o in self.rendered}
+        fresh = {_key(o): o for o in new}
+        for key, obj in old.items():
+            if key in fresh or key[0] not in PATHS:
+                continue
+            keep = (obj["metadata"].get("annotations") or {}).get("helm.sh/resource-policy")
+            if keep != "keep":
+                self.client.delete(self._path(obj))
+        for key, obj in fresh.items():
+            if key[0] not in PATHS:
+                continue
+            if key not in old:
+                self.apply(json.loads(json.dumps(obj)))
+                continue
+            live = self.client.get(self._path(obj))
+            live.raise_for_status()
+            patch = three_way(old[key], obj, live.json())
+            if patch:
+                answer = self.client.patch(
+                    self._path(obj),
+                    content=json.dumps(patch),
+                    headers={"Content-Type": "application/merge-patch+json"},
+                )
+                if answer.status_code >= 300:
+                    raise RuntimeError(f"upgrade: {key}: {answer.status_code} {answer.text}")
+        self.values, self.rendered = merged, new
+        self.objects = json.loads(json.dumps(new))
+
+    def _path(self, obj: Obj) -> str:
+        kind, namespace, name = _key(obj)
+        prefix, plural = PATHS[kind]
+        if kind in CLUSTER_SCOPED:
+            return f"{prefix}/{plural}/{name}"
+        return f"{prefix}/namespaces/{namespace}/{plural}/{name}"
+
+    @property
+    def _url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
 
     # -- looking -------------------------------------------------------------------
     def chart_pods(self) -> list[Obj]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -102,6 +103,27 @@ def _requests_gpu(pod: Mapping[str, Any]) -> bool:
     )
 
 
+HASH = "twin.powerflow.io/template-hash"
+"""The pod template a pod was made from (what the ``pod-template-hash`` label of a
+ReplicaSet's pods and the DaemonSet's ``controller-revision-hash`` tell)."""
+
+
+def template_hash(owner: Mapping[str, Any]) -> str:
+    text = json.dumps(owner["spec"]["template"], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def _hash_of(pod: Mapping[str, Any]) -> str:
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(HASH, ""))
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
 class Controllers:
     """Deployments, DaemonSets and the default scheduler, one pass per ``tick``."""
 
@@ -116,20 +138,27 @@ class Controllers:
             if n["metadata"]["name"] in self.nodes
         ]
         for d in self.api.get("/apis/apps/v1/deployments").json()["items"]:
-            mine = [p for p in pods if owned_by(p, d["metadata"]["uid"])]
-            live = [p for p in mine if not p["metadata"].get("deletionTimestamp")]
-            for _ in range(int(d["spec"].get("replicas", 1)) - len(live)):
-                self._create(d, "Deployment", None)
+            self._deployment(d, [p for p in pods if owned_by(p, d["metadata"]["uid"])])
         for ds in self.api.get("/apis/apps/v1/daemonsets").json()["items"]:
             spec = ds["spec"]["template"]["spec"]
-            have = {
-                p["spec"].get("nodeName")
+            mine = [
+                p
                 for p in pods
                 if owned_by(p, ds["metadata"]["uid"]) and not p["metadata"].get("deletionTimestamp")
-            }
+            ]
+            terminating = [
+                p
+                for p in pods
+                if owned_by(p, ds["metadata"]["uid"]) and p["metadata"].get("deletionTimestamp")
+            ]
+            have = {p["spec"].get("nodeName") for p in mine}
+            stale = [p for p in mine if _hash_of(p) != template_hash(ds)]
+            if stale and not terminating and all(_pod_ready(p) for p in mine if p not in stale):
+                self._delete(stale[0])  # RollingUpdate, one node at a time
+            busy = {p["spec"].get("nodeName") for p in terminating}
             for node in nodes:
                 name = node["metadata"]["name"]
-                if name not in have and fits(spec, node):
+                if name not in have and name not in busy and fits(spec, node):
                     self._create(ds, "DaemonSet", name)
         load = {n["metadata"]["name"]: 0 for n in nodes}
         for p in pods:
@@ -157,9 +186,37 @@ class Controllers:
                 },
             )
 
+    def _deployment(self, d: Obj, mine: list[Obj]) -> None:
+        """The Deployment controller, one step: ``Recreate`` deletes every old pod and
+        creates the new ones once none is left; ``RollingUpdate`` (one surge pod, none
+        unavailable: the defaults for one replica) adds a new pod, then deletes an old
+        one each time the ready pods would still be ``replicas`` without it."""
+        replicas = int(d["spec"].get("replicas", 1))
+        live = [p for p in mine if not p["metadata"].get("deletionTimestamp")]
+        current = [p for p in live if _hash_of(p) == template_hash(d)]
+        stale = [p for p in live if p not in current]
+        if (d["spec"].get("strategy") or {}).get("type") == "Recreate":
+            if stale:
+                for p in stale:
+                    self._delete(p)
+            elif not [p for p in mine if p not in live]:
+                for _ in range(replicas - len(current)):
+                    self._create(d, "Deployment", None)
+            return
+        ready = sum(1 for p in live if _pod_ready(p))
+        if stale and ready - 1 >= replicas:
+            self._delete(next((p for p in stale if not _pod_ready(p)), stale[0]))
+        if len(current) < replicas and len(live) < replicas + 1:
+            self._create(d, "Deployment", None)
+
+    def _delete(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        self.api.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+
     def _create(self, owner: Obj, kind: str, node: str | None) -> None:
         meta, template = owner["metadata"], owner["spec"]["template"]
-        pod_meta = dict(template.get("metadata") or {})
+        pod_meta = json.loads(json.dumps(template.get("metadata") or {}))
+        pod_meta.setdefault("annotations", {})[HASH] = template_hash(owner)
         pod_meta["generateName"] = f"{meta['name']}-"
         pod_meta["namespace"] = meta["namespace"]
         pod_meta["ownerReferences"] = [
@@ -270,7 +327,7 @@ class PodKubelet:
         *,
         hosts: Callable[[], str],
         kubernetes_service: tuple[str, int],
-        own_image: str,
+        own_image: str | set[str],
         standins: Mapping[str, Callable[[list[str]], list[str]]] | None = None,
         serving: Path | None = None,
         tick_s: float = 0.5,
@@ -280,7 +337,7 @@ class PodKubelet:
         the PowerFlow image (kube-scheduler's), with ``serving`` (a folder with
         ``tls.crt`` and ``tls.key``) mounted at ``/run/powerflow-twin/serving``. A
         container of any other image cannot be pulled (``ErrImagePull``)."""
-        self.own_image = own_image
+        self.own_images = {own_image} if isinstance(own_image, str) else set(own_image)
         self.standins = dict(standins or {})
         self.serving = serving
         self.api, self.image, self.nodes, self.folder = api, image, nodes, folder
@@ -621,9 +678,9 @@ class PodKubelet:
             argv = standin(argv)
             if self.serving is not None:
                 mounts.append(Mount(self.serving, "/run/powerflow-twin/serving", True))
-        elif image != self.own_image:
+        elif image not in self.own_images:
             raise ValueError(
-                f"image {image!r} is not the chart's image {self.own_image!r}: "
+                f"image {image!r} is not the chart's image {sorted(self.own_images)}: "
                 "the twin pulls no image"
             )
         spec = Spec(
