@@ -8,7 +8,6 @@ the same tests check the read-only path instead.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import io
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 from powerflow.nodeagent.nvml import NvmlGpus
 from powerflow.nodeagent.nvml_errors import map_nvml_error, nvml_errors
 from powerflow.nodeagent.probe import probe
+from support.nvml_library import has_nvml_library
 
 from powerflow.devices import (
     GpuError,
@@ -38,15 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LABEL = "GPU 3 (GPU-5b0c1d2e-0000-4000-8000-000000000003)"
 
 
-def _has_nvml_library() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return False
-    return True
-
-
-HAS_NVML = _has_nvml_library()
+HAS_NVML = has_nvml_library()
 
 
 def test_opening_nvml_without_a_driver_is_one_clear_line() -> None:

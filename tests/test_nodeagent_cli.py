@@ -4,7 +4,6 @@ and the metrics it exports."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from powerflow.nodeagent.metrics import GpuMetrics
 from prometheus_client import generate_latest
 from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NODE, PODS, worker_pod
+from support.nvml_library import has_nvml_library
 from support.operator_harness import free_port, write_kubeconfig
 
 from powerflow import contract
@@ -24,14 +24,6 @@ from powerflow.cli import main
 from powerflow.devices import SimulatedGpus, Workload
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
-
-
-def _has_nvml_library() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -67,7 +59,7 @@ async def test_once_applies_prints_and_exits(
 async def test_without_a_gpu_and_without_simulate_is_one_line_and_exit_2(
     api: httpx.AsyncClient, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if _has_nvml_library():  # a GPU machine: this path would open real GPUs
+    if has_nvml_library():  # a GPU machine: this path would open real GPUs
         return
     argv = ["nodeagent", "--kubeconfig", str(kubeconfig), "--node-name", NODE, "--once"]
     assert await asyncio.to_thread(main, argv) == 2

@@ -11,7 +11,6 @@ the test reads what the driver side saw.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ import pynvml
 import pytest
 from operator_cases import clean_env
 from powerflow.nodeagent.nvml_errors import map_nvml_error
+from support.nvml_library import has_nvml_library
 from support.operator_harness import write_kubeconfig
 
 from powerflow.twin import nvml_shim
@@ -37,14 +37,6 @@ from powerflow.twin.ports import free_port
 
 SHIM = Path(nvml_shim.__file__)
 NODE = "n"
-
-
-def _has_nvml_library() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -318,7 +310,7 @@ def test_no_endpoint_file_is_the_agents_one_line_for_a_node_without_a_driver(
     expected = f"powerflow nodeagent: error: {map_nvml_error(real, None)}"
     assert done.stderr.strip().splitlines() == [expected]
     assert "libnvidia-ml.so.1 not found" in expected
-    if not _has_nvml_library():  # and the real nvidia-ml-py on this machine says the same
+    if not has_nvml_library():  # and the real nvidia-ml-py on this machine says the same
         env = clean_env()
         real_run = subprocess.run(
             [sys.executable, *argv],

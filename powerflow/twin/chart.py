@@ -225,86 +225,31 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
+def _self_signed(name: str, key: Path, cert: Path) -> None:
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(cert))  # fmt: skip
+
+
 def make_certificates(folder: Path, api_ip: str) -> None:
     """The cluster CA, the API server's certificate (the ``kubernetes`` Service's names
     and IP), and a self-signed serving certificate for kube-scheduler's stand-in."""
     folder.mkdir(parents=True, exist_ok=True)
     ca, key = folder / "ca.crt", folder / "ca.key"
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=twin-ca",
-        "-keyout",
-        str(key),
-        "-out",
-        str(ca),
-    )
+    _self_signed("twin-ca", key, ca)
     names = ",".join(
-        [
-            f"DNS:{n}"
-            for n in (
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            )
-        ]
-        + [f"IP:{api_ip}"]
-    )
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=kube-apiserver",
-        "-keyout",
-        str(folder / "api.key"),
-        "-out",
-        str(folder / "api.csr"),
-    )
+        [f"DNS:{n}" for n in ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                              "kubernetes.default.svc.cluster.local")] + [f"IP:{api_ip}"]
+    )  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
+             "-keyout", str(folder / "api.key"), "-out", str(folder / "api.csr"))  # fmt: skip
     ext = folder / "api.ext"
     ext.write_text(f"subjectAltName={names}\n")
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(folder / "api.csr"),
-        "-CA",
-        str(ca),
-        "-CAkey",
-        str(key),
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        str(ext),
-        "-out",
-        str(folder / "api.crt"),
-    )
+    _openssl("x509", "-req", "-in", str(folder / "api.csr"), "-CA", str(ca), "-CAkey", str(key),
+             "-CAcreateserial", "-days", "2", "-extfile", str(ext),
+             "-out", str(folder / "api.crt"))  # fmt: skip
     serving = folder / "serving"
     serving.mkdir(exist_ok=True)
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=kube-scheduler",
-        "-keyout",
-        str(serving / "tls.key"),
-        "-out",
-        str(serving / "tls.crt"),
-    )
+    _self_signed("kube-scheduler", serving / "tls.key", serving / "tls.crt")
     for f in (serving / "tls.key", serving / "tls.crt"):
         f.chmod(0o644)
 
