@@ -116,16 +116,7 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = "1"
 MAX_AHEAD_S = 300.0
 """How far past the operator's clock a sample's end may lie and still be deferred."""
-SUSPECT = frozenset(
-    {
-        "wrong_allocation",
-        "impossible_clock",
-        "impossible_power",
-        "clock_ahead",
-        "duplicate",
-        "overlap",
-    }
-)
+SUSPECT = frozenset(sample_checks.REASONS) - {"unknown_job", "not_on_node", "too_many_gpus"}
 """Refusals an honest agent does not earn (a job deleted or rescaled while its samples
 queued gives ``unknown_job`` or ``not_on_node``): logged and told (an Event on the node)."""
 TOLD_S = 3600.0

@@ -50,7 +50,7 @@ import yaml
 from powerflow import contract
 from powerflow.twin.agentproc import GpuServer
 from powerflow.twin.apiserver import write_kubeconfig
-from powerflow.twin.chartpods import Node, PodKubelet, pod_status_text
+from powerflow.twin.chartpods import Node, PodKubelet, pod_status_text, ready_endpoints
 from powerflow.twin.components import Process, apiserver_process
 from powerflow.twin.gpus import TwinGpus
 from powerflow.twin.harness import node_body
@@ -480,39 +480,17 @@ class ChartTwin:
     def _endpoints(self, service: Obj, port: Obj) -> Any:
         selector = service["spec"].get("selector") or {}
         namespace = service["metadata"]["namespace"]
-        target = port.get("targetPort", port["port"])
+        target: int | str = port.get("targetPort", port["port"])
         label = ",".join(f"{k}={v}" for k, v in selector.items())
 
         def endpoints() -> list[tuple[str, int]]:
             if not selector:
                 return []
-            with httpx.Client(base_url=f"http://127.0.0.1:{self.api_port}", timeout=5) as c:
+            with httpx.Client(base_url=self._url, timeout=5) as c:
                 pods = c.get(
                     f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": label}
                 ).json()["items"]
-            out = []
-            for pod in pods:
-                status = pod.get("status") or {}
-                ready = any(
-                    c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in status.get("conditions") or []
-                )
-                if not ready or pod["metadata"].get("deletionTimestamp"):
-                    continue
-                number = target
-                if not isinstance(target, int) and not str(target).isdigit():
-                    number = next(
-                        (
-                            p["containerPort"]
-                            for c in pod["spec"]["containers"]
-                            for p in c.get("ports") or []
-                            if p.get("name") == target
-                        ),
-                        None,
-                    )
-                if number is not None and status.get("podIP"):
-                    out.append((status["podIP"], int(number)))
-            return out
+            return [(p["status"]["podIP"], n) for p, n in ready_endpoints(selector, target, pods)]
 
         return endpoints
 

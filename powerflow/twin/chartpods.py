@@ -124,6 +124,33 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     )
 
 
+def ready_endpoints(
+    selector: Mapping[str, str], target: int | str, pods: list[Obj]
+) -> list[tuple[Obj, int]]:
+    """The endpoints of a Service port (what the EndpointSlice controller lists): each
+    ready, not terminating pod its ``selector`` matches, with the container port its
+    ``targetPort`` is (a number, or a container port's name)."""
+    out = []
+    for pod in pods:
+        labels = pod["metadata"].get("labels") or {}
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        if not _pod_ready(pod) or pod["metadata"].get("deletionTimestamp"):
+            continue
+        if not (pod.get("status") or {}).get("podIP"):
+            continue
+        named = [
+            p["containerPort"]
+            for c in pod["spec"]["containers"]
+            for p in c.get("ports") or []
+            if p.get("name") == target
+        ]
+        number = int(target) if str(target).isdigit() else (named[0] if named else None)
+        if number is not None:
+            out.append((pod, int(number)))
+    return out
+
+
 class Controllers:
     """Deployments, DaemonSets and the default scheduler, one pass per ``tick``."""
 

@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 import yaml
 
+from powerflow.twin.chartpods import ready_endpoints
+
 Obj = dict[str, Any]
 Lister = Callable[[str, str], list[Obj]]
 """(namespace, plural) -> the objects the API server lists."""
@@ -36,13 +38,6 @@ Lister = Callable[[str, str], list[Obj]]
 
 def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _ready(pod: Obj) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
 
 
 def targets(monitor: Obj, endpoint: Obj, services: list[Obj], pods: list[Obj]) -> list[Obj]:
@@ -60,24 +55,7 @@ def targets(monitor: Obj, endpoint: Obj, services: list[Obj], pods: list[Obj]) -
             continue
         target = port.get("targetPort", port["port"])
         chosen = service["spec"].get("selector") or {}
-        for pod in pods:
-            if not chosen or not _matches(chosen, pod["metadata"].get("labels") or {}):
-                continue
-            if not _ready(pod) or not (pod.get("status") or {}).get("podIP"):
-                continue
-            number = target
-            if not str(target).isdigit():
-                number = next(
-                    (
-                        p["containerPort"]
-                        for c in pod["spec"]["containers"]
-                        for p in c.get("ports") or []
-                        if p.get("name") == target
-                    ),
-                    None,
-                )
-            if number is None:
-                continue
+        for pod, number in ready_endpoints(chosen, target, pods):
             groups.append(
                 {
                     "targets": [f"{pod['status']['podIP']}:{number}"],
