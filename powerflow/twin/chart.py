@@ -480,7 +480,7 @@ class ChartTwin:
     def _endpoints(self, service: Obj, port: Obj) -> Any:
         selector = service["spec"].get("selector") or {}
         namespace = service["metadata"]["namespace"]
-        target: int | str = port.get("targetPort", port["port"])
+        target: int | str = port.get("targetPort") or port["port"]
         label = ",".join(f"{k}={v}" for k, v in selector.items())
 
         def endpoints() -> list[tuple[str, int]]:
