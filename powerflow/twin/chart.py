@@ -359,7 +359,7 @@ class ChartTwin:
         self._gpus(nodes)
         for obj in sorted(self.objects, key=self._order):
             self.apply(obj)
-        self.image = Image.mount(self.image_ref)
+        self.image = self.image or Image.mount(self.image_ref)  # _gpus may have mounted it
         self.pods = PodKubelet(
             client,
             self.image,
