@@ -17,14 +17,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import yaml
 
 from powerflow.twin.chart import NAMESPACE, ChartTwin
-from powerflow.twin.chartpods import pod_status_text
+from powerflow.twin.chartpods import pod_ready, pod_status_text
 from powerflow.twin.timescale import TimeScale
 from powerflow.twin.trace import dljob, mini_trace
 
@@ -76,13 +75,6 @@ def run(twin: ChartTwin) -> tuple[float, float, dict[str, str]]:
     return start, time.time(), phases
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
 def test_every_chart_pod_starts_from_the_image_and_stays_up(twin: ChartTwin) -> None:
     """Init containers (the numba cache copy, as uid 10001 with a read-only root) exit 0,
     every container is ready by its own probes, nothing restarted."""
@@ -96,7 +88,7 @@ def test_every_chart_pod_starts_from_the_image_and_stays_up(twin: ChartTwin) -> 
     ], twin.pods_table()
     for pod in pods:
         status = pod["status"]
-        assert _ready(pod) and pod_status_text(pod) == "Running", twin.pods_table()
+        assert pod_ready(pod) and pod_status_text(pod) == "Running", twin.pods_table()
         for init in status["initContainerStatuses"]:
             assert init["state"]["terminated"]["exitCode"] == 0
         assert all(s["ready"] and s["restartCount"] == 0 for s in status["containerStatuses"]), (
@@ -257,7 +249,7 @@ def test_an_upgrade_keeps_the_admins_budget_and_the_running_jobs(
                 for c in p["spec"]["containers"]
                 if "powerflow" in c["image"]
             }
-            if images == {tag} and len(pods) == 4 and all(_ready(p) for p in pods):
+            if images == {tag} and len(pods) == 4 and all(pod_ready(p) for p in pods):
                 break
             time.sleep(1)
         assert images == {tag} and len(pods) == 4, twin.pods_table()

@@ -8,16 +8,19 @@ follow, each against the behaviour the Kubernetes documentation gives.
 
 from __future__ import annotations
 
+import copy
+import functools
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from powerflow.twin.chart import INSTALL_ORDER, PATHS, kubescheduler_standin
-from powerflow.twin.chartpods import fits, pod_status_text, tolerated
+from powerflow.twin.chart import INSTALL_ORDER, PATHS, kubescheduler_standin, render
+from powerflow.twin.chartpods import fits, pod_status_text
 from powerflow.twin.runtime import Image, argv_of, expand, inside
-from powerflow.twin.scheduler import SchedulerConfig
+from powerflow.twin.scheduler import SchedulerConfig, tolerated
 
 HELM = Path(__file__).resolve().parents[1] / ".tools" / "helm"
 
@@ -117,16 +120,15 @@ def test_status_column_reads_as_kubectl_prints_it() -> None:
     assert pod_status_text({**pod, "metadata": {"deletionTimestamp": "x"}}) == "Terminating"
 
 
-def _chart_scheduler_config() -> dict[str, Any]:
-    import subprocess
+@functools.cache
+def _rendered() -> tuple[dict[str, Any], ...]:
+    """The chart with its defaults, rendered as the chart twin renders it (``render``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        return tuple(render({}, HELM, Path(folder) / "values.yaml"))
 
-    out = subprocess.run(
-        [str(HELM), "template", "pf", str(HELM.parents[1] / "helm" / "powerflow")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    for doc in yaml.safe_load_all(out):
+
+def _chart_scheduler_config() -> dict[str, Any]:
+    for doc in copy.deepcopy(_rendered()):
         if (
             doc
             and doc.get("kind") == "ConfigMap"
@@ -181,15 +183,7 @@ def test_kube_scheduler_flags_are_kept_for_the_stand_in() -> None:
 
 
 def test_every_kind_the_chart_renders_can_be_applied() -> None:
-    import subprocess
-
-    out = subprocess.run(
-        [str(HELM), "template", "pf", str(HELM.parents[1] / "helm" / "powerflow")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
+    kinds = {d["kind"] for d in _rendered()}
     assert kinds <= set(PATHS), kinds - set(PATHS)
     assert kinds <= set(INSTALL_ORDER)
 

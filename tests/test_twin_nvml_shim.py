@@ -65,8 +65,10 @@ def _python(
     *,
     stdlib_only: bool = False,
     argv: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` (or ``-m ARGV`` when ``argv`` is given) with the shim as ``pynvml``."""
+    """Run ``code`` (or ``-m ARGV`` when ``argv`` is given) with the shim as ``pynvml``,
+    under ``prefix`` (a command that runs the rest, such as ``setpriv``)."""
     folder = _mounted(tmp_path)
     env = clean_env()
     env[nvml_shim.ENDPOINT_ENV] = str(endpoint)
@@ -84,7 +86,13 @@ def _python(
         check = f"import pynvml; assert pynvml.__file__ == {str(folder / 'pynvml.py')!r}\n"
         command = [sys.executable, *argv] if argv else [sys.executable, "-c", check + code]
     return subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
+        [*prefix, *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -450,20 +458,8 @@ def test_without_cap_sys_admin_settings_are_refused_as_the_driver_refuses_them(
     chart that dropped it from the agent would fail on the twin as on a node. Run with
     every capability dropped (``setpriv``, as root) or as this unprivileged user."""
     server, _, endpoint = twin
-    folder = _mounted(tmp_path)
-    env = clean_env()
-    env[nvml_shim.ENDPOINT_ENV] = str(endpoint)
-    env["PYTHONPATH"] = str(folder)
-    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"] if os.geteuid() == 0 else []
-    done = subprocess.run(
-        [*drop, sys.executable, "-c", UNPRIVILEGED],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    drop = ("setpriv", "--inh-caps=-all", "--bounding-set=-all", "--")
+    done = _python(tmp_path, UNPRIVILEGED, endpoint, prefix=drop if os.geteuid() == 0 else ())
     before = len(server.journal)
     out = _json(done)
     assert out == {

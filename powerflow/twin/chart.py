@@ -50,7 +50,7 @@ import yaml
 from powerflow import contract
 from powerflow.twin.agentproc import GpuServer
 from powerflow.twin.apiserver import write_kubeconfig
-from powerflow.twin.chartpods import Node, PodKubelet, pod_status_text, ready_endpoints
+from powerflow.twin.chartpods import Node, PodKubelet, pod_ready, pod_status_text, ready_endpoints
 from powerflow.twin.components import Process, apiserver_process
 from powerflow.twin.gpus import TwinGpus
 from powerflow.twin.harness import node_body
@@ -620,14 +620,7 @@ class ChartTwin:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             pods = self.chart_pods()
-            ready = [
-                p
-                for p in pods
-                if any(
-                    c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (p.get("status") or {}).get("conditions") or []
-                )
-            ]
+            ready = [p for p in pods if pod_ready(p)]
             if len(ready) >= expected:
                 return
             time.sleep(1.0)

@@ -48,9 +48,10 @@ from typing import Any
 
 import httpx
 
-from powerflow import contract
 from powerflow.timefmt import format_time
+from powerflow.twin.kubelet import requests_gpu
 from powerflow.twin.runtime import Container, Image, Mount, Spec, argv_of, expand
+from powerflow.twin.scheduler import bind, tolerated
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -68,38 +69,15 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid for r in refs)
 
 
-def tolerated(taint: Mapping[str, Any], tolerations: list[Obj]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t["effect"] != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists" and not t.get("key"):
-            return True
-        if t.get("key") != taint.get("key"):
-            continue
-        if t.get("operator") == "Exists" or t.get("value") == taint.get("value"):
-            return True
-    return False
-
-
 def fits(spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     """The default scheduler's NodeSelector and TaintToleration filters (and the
     DaemonSet controller's, which uses them too)."""
-    labels = node["metadata"].get("labels") or {}
-    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+    if not matches(spec.get("nodeSelector") or {}, node["metadata"].get("labels") or {}):
         return False
     tolerations = spec.get("tolerations") or []
     taints = (node.get("spec") or {}).get("taints") or []
     return all(
         tolerated(t, tolerations) for t in taints if t.get("effect") in ("NoSchedule", "NoExecute")
-    )
-
-
-def _requests_gpu(pod: Mapping[str, Any]) -> bool:
-    containers = (pod.get("spec") or {}).get("containers") or []
-    return any(
-        str(((c.get("resources") or {}).get("limits") or {}).get(contract.GPU_RESOURCE, "0"))
-        not in ("", "0")
-        for c in containers
     )
 
 
@@ -117,11 +95,16 @@ def _hash_of(pod: Mapping[str, Any]) -> str:
     return str(((pod.get("metadata") or {}).get("annotations") or {}).get(HASH, ""))
 
 
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions") or []
     )
+
+
+def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """A ``matchLabels`` selector's verdict (an empty one matches everything)."""
+    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def ready_endpoints(
@@ -132,10 +115,9 @@ def ready_endpoints(
     ``targetPort`` is (a number, or a container port's name)."""
     out = []
     for pod in pods:
-        labels = pod["metadata"].get("labels") or {}
-        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+        if not selector or not matches(selector, pod["metadata"].get("labels") or {}):
             continue
-        if not _pod_ready(pod) or pod["metadata"].get("deletionTimestamp"):
+        if not pod_ready(pod) or pod["metadata"].get("deletionTimestamp"):
             continue
         if not (pod.get("status") or {}).get("podIP"):
             continue
@@ -180,7 +162,7 @@ class Controllers:
             ]
             have = {p["spec"].get("nodeName") for p in mine}
             stale = [p for p in mine if _hash_of(p) != template_hash(ds)]
-            if stale and not terminating and all(_pod_ready(p) for p in mine if p not in stale):
+            if stale and not terminating and all(pod_ready(p) for p in mine if p not in stale):
                 self._delete(stale[0])  # RollingUpdate, one node at a time
             busy = {p["spec"].get("nodeName") for p in terminating}
             for node in nodes:
@@ -202,16 +184,7 @@ class Controllers:
                 continue
             host = min(fitting, key=lambda n: (load[n], n))
             load[host] += 1
-            meta = p["metadata"]
-            self.api.post(
-                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
-                json={
-                    "apiVersion": "v1",
-                    "kind": "Binding",
-                    "metadata": {"name": meta["name"]},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": host},
-                },
-            )
+            bind(self.api, p, host)
 
     def _deployment(self, d: Obj, mine: list[Obj]) -> None:
         """The Deployment controller, one step: ``Recreate`` deletes every old pod and
@@ -230,9 +203,9 @@ class Controllers:
                 for _ in range(replicas - len(current)):
                     self._create(d, "Deployment", None)
             return
-        ready = sum(1 for p in live if _pod_ready(p))
+        ready = sum(1 for p in live if pod_ready(p))
         if stale and ready - 1 >= replicas:
-            self._delete(next((p for p in stale if not _pod_ready(p)), stale[0]))
+            self._delete(next((p for p in stale if not pod_ready(p)), stale[0]))
         if len(current) < replicas and len(live) < replicas + 1:
             self._create(d, "Deployment", None)
 
@@ -403,7 +376,7 @@ class PodKubelet:
     def _sync(self) -> None:
         for pod in self.api.get("/api/v1/pods").json()["items"]:
             meta, spec = pod["metadata"], pod["spec"]
-            if spec.get("nodeName") not in self.nodes or _requests_gpu(pod):
+            if spec.get("nodeName") not in self.nodes or requests_gpu(pod):
                 continue
             uid = meta["uid"]
             if uid not in self.pods:
@@ -483,7 +456,7 @@ class PodKubelet:
                     rc,
                     r.container.log_tail(5),
                 )
-                self._back_off(r, state.stop)
+                self._back_off(r)
                 status["initContainerStatuses"] = [self._status_of(x) for x in inits]
                 self._patch_status(pod, status)
         status["conditions"] = [
@@ -497,7 +470,7 @@ class PodKubelet:
         while not state.stop.is_set():
             t = time.monotonic()
             for r in mains:
-                self._watch(pod, r, t, state.stop)
+                self._watch(pod, r, t)
             ready = all(r.ready for r in mains)
             self.ready[meta["uid"]] = ready
             cond = "True" if ready else "False"
@@ -538,13 +511,13 @@ class PodKubelet:
                 probe.failures = probe.successes = 0
                 probe.next_at = t + float(probe.spec.get("initialDelaySeconds", 0))
 
-    def _back_off(self, r: Running, stop: threading.Event) -> None:
+    def _back_off(self, r: Running) -> None:
         r.restarts += 1
         r.state, r.reason = "waiting", "CrashLoopBackOff"
         delay = min(BACKOFF_S * 2 ** (r.restarts - 1), MAX_BACKOFF_S)
         r.waiting_until = time.monotonic() + delay
 
-    def _watch(self, pod: Obj, r: Running, t: float, stop: threading.Event) -> None:
+    def _watch(self, pod: Obj, r: Running, t: float) -> None:
         if r.state == "waiting":
             if t >= r.waiting_until:
                 self._start(r)
@@ -559,7 +532,7 @@ class PodKubelet:
                 r.container.log_tail(10),
             )
             r.last_exit, r.ready = rc, False
-            self._back_off(r, stop)
+            self._back_off(r)
             return
         if r.readiness is not None and t >= r.readiness.next_at:
             ok = self._probe(pod, r, r.readiness)
@@ -572,7 +545,7 @@ class PodKubelet:
             self._event(pod, "Unhealthy", f"Liveness probe failed: container {r.name}")
             r.container.stop(float(pod["spec"].get("terminationGracePeriodSeconds", 30)))
             r.last_exit, r.ready = 137, False
-            self._back_off(r, stop)
+            self._back_off(r)
 
     def _probe(self, pod: Obj, r: Running, probe: Probe) -> bool | None:
         """Run ``probe`` once; its verdict after the thresholds (None: not decided yet)."""

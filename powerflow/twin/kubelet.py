@@ -88,7 +88,7 @@ def _env(pod: Obj) -> dict[str, str]:
     return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
 
 
-def _requests_gpu(pod: Obj) -> bool:
+def requests_gpu(pod: Obj) -> bool:
     """Whether a container asks for a GPU: the twin's workers do; a pod that does not
     would run on the CPU, which the twin does not simulate (it stays ``Pending``)."""
     containers = (pod.get("spec") or {}).get("containers") or []
@@ -257,7 +257,7 @@ class Kubelet:
                 self._finish_deletion(pod)  # its worker (if any) checkpointed above
                 continue
             uid = pod["metadata"]["uid"]
-            if phase == "Pending" and uid not in self.workers and _requests_gpu(pod):
+            if phase == "Pending" and uid not in self.workers and requests_gpu(pod):
                 self._start(pod, pods, node)
         now = self.now_s()
         for w in list(self.workers.values()):

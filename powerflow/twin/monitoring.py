@@ -22,22 +22,18 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from powerflow.twin.chartpods import ready_endpoints
+from powerflow.twin.chartpods import matches, ready_endpoints
 
 Obj = dict[str, Any]
 Lister = Callable[[str, str], list[Obj]]
 """(namespace, plural) -> the objects the API server lists."""
-
-
-def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def targets(monitor: Obj, endpoint: Obj, services: list[Obj], pods: list[Obj]) -> list[Obj]:
@@ -45,7 +41,7 @@ def targets(monitor: Obj, endpoint: Obj, services: list[Obj], pods: list[Obj]) -
     selector = (monitor["spec"].get("selector") or {}).get("matchLabels") or {}
     groups = []
     for service in services:
-        if not _matches(selector, service["metadata"].get("labels") or {}):
+        if not matches(selector, service["metadata"].get("labels") or {}):
             continue
         port = next(
             (p for p in service["spec"].get("ports") or [] if p.get("name") == endpoint["port"]),

@@ -30,7 +30,6 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +165,6 @@ class Container:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = scratch / "log"
         self._log: IO[bytes] | None = None
-        self.started_at = 0.0
         self.exec_output = b""
         """The last ``exec``'s output (its end): what ``kubectl describe`` shows of a
         failed exec probe."""
@@ -241,7 +239,6 @@ class Container:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.started_at = time.monotonic()
 
     def pid(self) -> int | None:
         """The container's PID 1, as this machine numbers it (``unshare``'s child)."""

@@ -163,7 +163,10 @@ def _ready(node: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def _tolerated(taint: Mapping[str, Any], tolerations: list[Obj]) -> bool:
+def tolerated(taint: Mapping[str, Any], tolerations: list[Obj]) -> bool:
+    """Whether ``tolerations`` tolerate ``taint`` (``ToleratesTaint`` in k8s.io/api):
+    an effect given must be the taint's; ``Exists`` matches any value (and, without a
+    key, every taint); otherwise key and value must be equal."""
     for t in tolerations:
         if t.get("effect") not in (None, "", taint.get("effect")):
             continue
@@ -193,7 +196,7 @@ def feasible(pod: Obj, nodes: list[Obj], used: Mapping[str, int]) -> tuple[list[
         )
         if not _ready(node) or (node.get("spec") or {}).get("unschedulable"):
             reason = "node(s) were unschedulable or not ready"
-        elif not all(_tolerated(t, tolerations) for t in taints):
+        elif not all(tolerated(t, tolerations) for t in taints):
             reason = "node(s) had untolerated taint"
         elif allocatable - used.get(name, 0) < want:
             reason = f"Insufficient {contract.GPU_RESOURCE}"
@@ -203,6 +206,20 @@ def feasible(pod: Obj, nodes: list[Obj], used: Mapping[str, int]) -> tuple[list[
         reasons[reason] = reasons.get(reason, 0) + 1
     why = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
     return out, f"0/{len(nodes)} nodes are available: {why}."
+
+
+def bind(api: httpx.Client, pod: Mapping[str, Any], host: str) -> httpx.Response:
+    """``POST .../pods/NAME/binding`` to ``host``: how a scheduler binds a pod."""
+    meta = pod["metadata"]
+    return api.post(
+        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
+        json={
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"], "uid": meta["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": host},
+        },
+    )
 
 
 class Scheduler:
@@ -392,16 +409,7 @@ class Scheduler:
 
     def _bind_by_api(self, pod: Obj, host: str) -> str | None:
         """The default binder (no extender binds this pod): the pod's ``binding``."""
-        meta = pod["metadata"]
-        answer = self.api.post(
-            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
-            json={
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": meta["name"], "uid": meta["uid"]},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": host},
-            },
-        )
+        answer = bind(self.api, pod, host)
         if answer.status_code >= 300:
             self._fail(pod, f"BindError: {answer.status_code} {answer.text[:200]}", error=True)
             return None
