@@ -46,6 +46,7 @@ class Metrics:
         # exist yet is no data, and the dashboard's errors and failed binds panels
         # would read "No data" on a healthy cluster instead of 0.
         for verb in VERBS:
+            self.latency.labels(verb)  # else a first burst of calls is no rate at all
             for outcome in ("ok", "error"):
                 self.requests.labels(verb, outcome)
         for result in BIND_RESULTS:

@@ -1,8 +1,10 @@
-"""Counters the dashboard rates by label exist at 0 from the start.
+"""Counters and histograms the dashboard rates by label exist at 0 from the start.
 
-``rate()`` over a series that was never exported is no data, not 0: the
+``rate()`` over a series that was never exported is no data, not 0, and the
+increase up to a series' first scrape is never counted: the
 dashboard's panels of errors, failed binds and dropped samples would read
-"No data" on a healthy cluster (what the chart twin's real Prometheus showed,
+"No data" on a healthy cluster, and its extender latency would miss the first
+burst of calls (what the chart twin's real Prometheus showed,
 ``e2e/test_chart_twin.py``). Each labelled counter a panel reads is exported for
 every label value it can take before the first event.
 """
@@ -18,6 +20,8 @@ def test_extender_errors_and_bind_results_start_at_zero() -> None:
     text = Metrics(lambda: {}).exposition().decode()
     for verb in VERBS:
         assert f'powerflow_extender_requests_total{{outcome="error",verb="{verb}"}} 0.0' in text
+        count = f'powerflow_extender_request_duration_seconds_count{{verb="{verb}"}} 0.0'
+        assert count in text
     for result in BIND_RESULTS:
         assert f'powerflow_extender_binds_total{{result="{result}"}} 0.0' in text
 

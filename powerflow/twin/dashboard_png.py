@@ -35,7 +35,7 @@ def draw(board: Obj, prom: Prometheus, start: float, end: float, path: Path) -> 
     step = max((end - start) / 200, 1.0)
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in board["panels"])
     fig = plt.figure(figsize=(16, rows * 0.42))
-    grid = fig.add_gridspec(rows, 24, hspace=1.2, wspace=1.5)
+    grid = fig.add_gridspec(rows, 24, hspace=1.2, wspace=1.5, top=0.96, bottom=0.03)
     counts: dict[str, int] = {}
     for panel in board["panels"]:
         g = panel["gridPos"]
@@ -67,6 +67,7 @@ def draw(board: Obj, prom: Prometheus, start: float, end: float, path: Path) -> 
         'Grafana dashboard "PowerFlow": series a real Prometheus scraped from the chart\'s '
         "pods on the chart twin (e2e/test_chart_twin.py)",
         fontsize=11,
+        y=0.985,
     )
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)

@@ -121,7 +121,9 @@ class Prometheus:
             config["rule_files"] = [str(path)]
         return config
 
-    def write_targets(self) -> None:
+    def write_targets(self) -> int:
+        """Write every job's targets; how many there are."""
+        count = 0
         for _, monitor, endpoint, path in self._jobs():
             ns = monitor["metadata"]["namespace"]
             groups = targets(
@@ -131,6 +133,8 @@ class Prometheus:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(groups))
             tmp.replace(path)  # Prometheus must never read half a file
+            count += len(groups)
+        return count
 
     def _refresh(self) -> None:
         while not self._stop.wait(self.refresh_s):
@@ -168,7 +172,20 @@ class Prometheus:
         else:
             raise RuntimeError("prometheus did not become ready: " + self.log_tail())
         self._thread.start()
+        self._wait_scraped(self.write_targets())
         return self
+
+    def _wait_scraped(self, expected: int, timeout_s: float = 60.0) -> None:
+        """Until every target has been scraped once: as on a cluster whose Prometheus ran
+        before the jobs came, the series start before what they count does (an increase
+        before a series' first scrape is never in a ``rate``)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            health = self.targets_up()
+            if len(health) >= expected and set(health.values()) == {"up"}:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"prometheus: targets not all up in {timeout_s:g} s: {health}")
 
     def log_tail(self) -> str:
         try:
