@@ -1,41 +1,67 @@
 # PowerFlow: one image for the operator, the scheduler extender and the node
 # agent; the command picks the role (`powerflow operator|extender|nodeagent`).
+# It holds the runtime only: the lab (simulator, plots, twin: the `lab` extra)
+# is left out (docs/image.md).
 #
 # Build anywhere with a registry:   docker build -t powerflow .
 # Build offline (CI, this project): scripts/build-image.sh  (buildah, a local
 # Debian base, and a wheelhouse built on the host: see that script).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-# --- build: a virtual environment with the runtime dependencies only --------
+# --- build: a virtual environment with the pinned runtime dependencies ---------
 FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 # Compile numba's kernels for a generic x86-64/aarch64 CPU, not the build
 # machine's: numba keys its cache on the CPU, so a cache built for the CI
 # machine's CPU would be ignored (and recompiled, ~13 s of CPU) on every node.
 ENV NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/opt/powerflow/numba-cache
+# The pins (scripts/lock-requirements.sh) and, when scripts/build-image.sh made
+# one, the host-built wheelhouse: then nothing is downloaded here (`wheelhouse*`
+# matches nothing in a plain `docker build`, and the index is used instead).
+COPY requirements/*.txt wheelhouse* /deps/
+# The dependencies before the sources: this layer stays cached until the pins change.
+RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/deps; fi \
+ && python3 -m venv /opt/powerflow \
+ && /opt/powerflow/bin/pip install -q -r /deps/runtime.txt
 COPY . /src
-# With a wheelhouse in the build context (scripts/build-image.sh makes one on
-# the host, whose pip has the certificates), nothing is downloaded here.
-RUN python3 -m venv /opt/powerflow \
- && if [ -d /src/wheelhouse ]; then \
-      /opt/powerflow/bin/pip install --no-index --find-links /src/wheelhouse powerflow; \
-    else \
-      /opt/powerflow/bin/pip install /src; \
-    fi \
- && /opt/powerflow/bin/powerflow --version
-# Pay numba's compilation once, here: a short simulation compiles every
-# fitting, allocation and simulator kernel into NUMBA_CACHE_DIR.
-RUN /opt/powerflow/bin/powerflow simulate --scheduler powerflow --hours 0.5 --nodes 8 \
+# PowerFlow itself, built with the pinned backend. Then numba's compilation is
+# paid once, here: the lab is installed for a short simulation that compiles
+# every fitting and allocation kernel into NUMBA_CACHE_DIR, and removed again,
+# with pip and setuptools (the services need neither), third-party tests, and
+# the Kubernetes client's asyncio copy of its generated API (kubernetes/aio, 68 MB:
+# PowerFlow uses the synchronous client; tests/test_without_lab.py fails if a
+# component imports it).
+RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/deps; fi \
+ && PIP_CONSTRAINT=/deps/build.txt /opt/powerflow/bin/pip install -q --no-deps /src \
+ && /opt/powerflow/bin/powerflow --version \
+ && /opt/powerflow/bin/pip install -q -r /deps/lab.txt \
+ && /opt/powerflow/bin/powerflow simulate --scheduler powerflow --hours 0.5 --nodes 8 \
       --no-oracle-runs --out /tmp/warm > /dev/null \
  && rm -rf /tmp/warm \
- && find /opt/powerflow -name '__pycache__' -path '*/tests/*' -prune -exec rm -rf {} +
+ && names() { sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' "$1" | sort -u; } \
+ && names /deps/lab.txt > /tmp/lab && names /deps/runtime.txt > /tmp/runtime \
+ && comm -23 /tmp/lab /tmp/runtime | xargs /opt/powerflow/bin/pip uninstall -q -y \
+ && /opt/powerflow/bin/python -m pip uninstall -q -y setuptools wheel pip \
+ && find /opt/powerflow/lib -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} + \
+ && rm -rf /opt/powerflow/lib/python3*/site-packages/kubernetes/aio \
+ && find /opt/powerflow -depth -type d -name '__pycache__' -empty -delete
 
 # --- runtime -----------------------------------------------------------------
 FROM ${BASE_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="powerflow" \
+      org.opencontainers.image.description="Energy-aware scheduler for deep-learning training on Kubernetes GPU clusters: operator, scheduler extender and node agent" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.documentation="docs/image.md"
 ENV PATH=/opt/powerflow/bin:$PATH PYTHONUNBUFFERED=1 \
-    NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/opt/powerflow/numba-cache \
-    MPLCONFIGDIR=/tmp/matplotlib
+    NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/opt/powerflow/numba-cache
 COPY --from=build /opt/powerflow /opt/powerflow
+COPY LICENSE NOTICE /usr/share/doc/powerflow/
 # The operator and the extender run as this unprivileged user (the chart sets
 # runAsUser 10001 and runAsNonRoot). The numba cache stays writable to it:
 # numba uses a cache folder only if it can write there.

@@ -47,10 +47,41 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"powerflow {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS if only is None else (only,):
-        module = importlib.import_module(f"powerflow.commands.{name}")
+        try:
+            module = importlib.import_module(f"powerflow.commands.{name}")
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").partition(".")[0]
+            if missing not in LAB_PACKAGES:
+                raise
+            _register_unavailable(subparsers, name, missing)
+            continue
         module.register(subparsers)
     plain_help(parser)
     return parser
+
+
+# What the ``lab`` extra adds (pyproject.toml): the image has the operator, extender
+# and node agent without it, and a lab command there says so instead of a traceback.
+LAB_PACKAGES = frozenset({"scipy", "matplotlib", "rich", "kmock"})
+
+
+def _register_unavailable(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, missing: str
+) -> None:
+    """A command whose module needs a lab package that is not installed: listed in the
+    help, and run, one line saying what to install (exit 2)."""
+    why = f"needs the lab extras ({missing} is not installed): pip install 'powerflow[lab]'"
+    # No option prefix: every word after the command, options included, is taken
+    # and ignored, so the answer is the missing extra, not an unknown option.
+    sub = subparsers.add_parser(
+        name, help=f"(not installed: {why})", add_help=False, prefix_chars="\0"
+    )
+    sub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def unavailable(args: argparse.Namespace) -> int:
+        raise PowerFlowError(why)
+
+    sub.set_defaults(func=unavailable)
 
 
 _LITERAL = re.compile(r"``(.+?)``|`([^`]+)`", re.DOTALL)

@@ -56,12 +56,30 @@ p.terminate(); print(p.stderr.read().decode()[-400:]); sys.exit(1)
 set -e
 [ "$rc" = 0 ] || fail "extender: $out"
 
-# Numba's kernels were compiled at build time: a short simulation in the
-# image compiles nothing (the cache is hit; NUMBA_DEBUG_CACHE prints each load).
-out=$(run env NUMBA_DEBUG_CACHE=1 powerflow simulate --scheduler powerflow --hours 0.1 \
-      --nodes 8 --no-oracle-runs --out /tmp/smoke 2>&1)
+# Numba's kernels were compiled at build time: fitting a model and planning with
+# it, as the operator does, compiles nothing (the cache is hit; NUMBA_DEBUG_CACHE
+# prints each load and each save).
+out=$(run env NUMBA_DEBUG_CACHE=1 python3 - < "$(dirname "$0")/image-kernels.py" 2>&1)
+printf '%s\n' "$out" | grep -q '^planned ' || fail "kernels: $(printf '%s\n' "$out" | tail -5)"
 printf '%s\n' "$out" | grep -q '\[cache\] data loaded' || fail "no numba cache hit: $(printf '%s\n' "$out" | tail -5)"
 if printf '%s\n' "$out" | grep -q '\[cache\] data saved'; then
   fail "numba compiled kernels at run time: $(printf '%s\n' "$out" | grep 'data saved' | head -3)"
 fi
+
+# The runtime only: no lab (a lab command says what to install, in one line), no
+# pip or setuptools; the licence and notice travel with it, and OCI labels name it.
+out=$(run sh -c 'powerflow simulate --hours 1 2>&1; echo "exit $?"')
+[ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "simulate in the image: $out"
+printf '%s\n' "$out" | grep -q "pip install 'powerflow\[lab\]'" || fail "simulate in the image: $out"
+run python3 -c '
+import importlib.util as u
+present = [m for m in ("scipy", "matplotlib", "rich", "kmock", "PIL", "fontTools", "pip", "setuptools")
+           if u.find_spec(m)]
+assert not present, present' || fail "the image holds the lab or pip"
+run test -s /usr/share/doc/powerflow/LICENSE || fail "no LICENSE in the image"
+run test -s /usr/share/doc/powerflow/NOTICE || fail "no NOTICE in the image"
+for label in title version revision licenses; do
+  buildah "${STORE[@]}" inspect --format "{{index .ImageAnnotations \"org.opencontainers.image.$label\"}}{{index .OCIv1.Config.Labels \"org.opencontainers.image.$label\"}}" "$TAG" \
+    | grep -q . || fail "no OCI label org.opencontainers.image.$label"
+done
 echo "smoke tests passed: $TAG"

@@ -104,7 +104,7 @@ def test_without_kmock_it_says_how_to_install_it(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert "needs kmock" in err and "pip install 'powerflow[demo]'" in err
+    assert "needs kmock" in err and "pip install 'powerflow[lab]'" in err
 
 
 def test_help_says_what_speed_means(capsys: pytest.CaptureFixture[str]) -> None:

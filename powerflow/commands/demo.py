@@ -9,8 +9,8 @@ status), every GPU, the cluster's power against the budget, and the operator's
 Events. When every job has ended it prints the summary ``powerflow simulate``
 prints, for the twin and for ``simulate`` on the same jobs, and how far they agree.
 
-No cluster, GPU or network is needed; the emulated API server needs the ``demo``
-extra (``pip install 'powerflow[demo]'``).
+No cluster, GPU or network is needed; the emulated API server needs the ``lab``
+extra (``pip install 'powerflow[lab]'``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ seen within this, small next to the JCTs at the default speed."""
 TAIL_READS = 4
 """Reads after the last job ended, for the Events its end brings (posted after the
 status that says it ended)."""
-INSTALL = "pip install 'powerflow[demo]'"
+INSTALL = "pip install 'powerflow[lab]'"
 
 SUMMARY_COLUMNS = (
     ("avg_jct_s", "avg JCT s", 1.0),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import math
 import os
@@ -149,6 +150,11 @@ def check(args: argparse.Namespace) -> None:
             raise NodeAgentConfigError(f"--{name.replace('_', '-')} is not a TCP port")
     if args.simulate < 0:
         raise NodeAgentConfigError("--simulate needs a GPU count >= 1 (0: real GPUs)")
+    if args.simulate and importlib.util.find_spec("scipy") is None:
+        raise NodeAgentConfigError(
+            "--simulate runs the ground truth, which needs the lab extras "
+            "(scipy is not installed): pip install 'powerflow[lab]'"
+        )
     if not args.window > 0:
         raise NodeAgentConfigError("--window must be > 0 s")
     if args.ingest_url:

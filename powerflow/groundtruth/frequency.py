@@ -31,7 +31,6 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import isotonic_regression
 
 from powerflow.errors import DataError
 from powerflow.gpus import GpuSpec
@@ -108,6 +107,10 @@ def knee_slopes(gpu: GpuSpec) -> tuple[float, float]:
 
 @functools.cache
 def frequency_curves(gpu: GpuSpec) -> FrequencyCurves:
+    # Imported here: the node agent imports the simulated GPUs' module, and the
+    # components' image has no scipy (docs/image.md); only simulating needs it.
+    from scipy.optimize import isotonic_regression
+
     freq, dyn = _dynamic_power(gpu)
     time = perseus_sweep().time_s
     ref = float(gpu.default_clock_mhz)

@@ -48,7 +48,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from powerflow.errors import ModelError
 from powerflow.gpus import GpuSpec
@@ -157,6 +156,9 @@ def _solve(
         return kernels.solve(problem.stage, free, x0, int(max_nfev), float(opts.tol))
     if opts.method != "trf":
         raise ModelError(f"unknown fitting method {opts.method!r} (lm or trf)")
+    # The lab's reference solver: scipy is not in the components' image (docs/image.md).
+    from scipy.optimize import least_squares
+
     x0 = np.clip(x0, lo, hi)
     res = least_squares(
         problem.fun,
