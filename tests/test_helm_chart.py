@@ -39,6 +39,7 @@ NON_DEFAULT = [
     "operator.replicas=2",
     "operator.scheduler=powerflow+",
     "operator.profilingWindowSeconds=0",
+    "operator.watchNamespace=ml",
     "extender.metricsPort=9500",
     "agent.priorityClassName=system-node-critical",
     "agent.runtimeClassName=nvidia",
@@ -113,6 +114,7 @@ WINDOW = "budget.schedule[0].start=08:00,budget.schedule[0].end=20:00"
         ("operator.unknownKey=1", "unknownKey"),
         ("operator.scheduler=gandiva", "scheduler"),  # a baseline keeps no budget
         ("operator.profilingWindowSeconds=-1", "profilingWindowSeconds"),
+        ("operator.watchNamespace=ML_Team", "watchNamespace"),  # not a namespace name
         # a window the operator would refuse: the whole ConfigMap refused, a fresh
         # install left without any cap; the chart refuses it at install instead
         (f"{WINDOW},budget.schedule[0].eta=1,budget.schedule[0].powerLimitWatts=9", "schedule"),

@@ -52,7 +52,7 @@ import pytest
 import yaml
 from extender_bodies import args as extender_args
 from extender_bodies import binding_args, go_json, node, pod
-from operator_cases import JOBS, MERGE, PODS, dljob, eventually, header, models, pods_of, seed
+from operator_cases import JOBS, MERGE, NS, PODS, dljob, eventually, header, models, pods_of, seed
 from powerflow.worker import Worker
 from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, worker_pod
@@ -85,14 +85,21 @@ JSON = {"Content-Type": "application/json"}
 # -- the chart's rules ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def chart() -> list[dict[str, Any]]:
-    """The chart as ``helm template`` renders it in the release namespace (agent on)."""
+def render(*sets: str) -> list[dict[str, Any]]:
+    """The chart as ``helm template`` renders it in the release namespace, with ``--set``s."""
     if not HELM.exists():
         subprocess.run([str(ROOT / "scripts" / "fetch-k8s-tools.sh")], check=True)
     args = [str(HELM), "template", "pf", str(CHART), "-n", RELEASE_NS]
+    for value in sets:
+        args += ["--set", value]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def chart() -> list[dict[str, Any]]:
+    """The chart with its default values (agent on)."""
+    return render()
 
 
 def account_grants(chart: list[dict[str, Any]], account: str) -> list[Grant]:
@@ -339,14 +346,25 @@ def chart_operator(chart: list[dict[str, Any]], kubeconfig: Path, port: int) -> 
     return args
 
 
+@pytest.mark.parametrize("watch", ["", NS], ids=["cluster-wide", "one-namespace"])
 async def test_operator_calls_match_its_rules(
-    kmock: KubeEmulator, api: httpx.AsyncClient, chart: list[dict[str, Any]], tmp_path: Path
+    kmock: KubeEmulator,
+    api: httpx.AsyncClient,
+    chart: list[dict[str, Any]],
+    tmp_path: Path,
+    watch: str,
 ) -> None:
-    """DLJobs created, re-clocked, rescaled, finished and failed; the budget changed and its
-    in-force record written, and read back by a restart while the budget is invalid; the
+    """With the default values and with ``operator.watchNamespace`` (the DLJobs' namespace:
+    the chart then grants pod, Service, Event and status writes there only, and the
+    operator, passed ``--namespace``, makes no call those grants miss): DLJobs created,
+    re-clocked, rescaled, finished and failed; the budget changed and its in-force
+    record written, and read back by a restart while the budget is invalid; the
     Lease taken, renewed and released; a node powered down (once after a conflict); events;
     status writes; the ingest's TokenReview and, for a pre-1.30 token, the read of the
     agent's pod."""
+    if watch:
+        chart = render(f"operator.watchNamespace={watch}")
+        assert f"--namespace={watch}" in chart_args(chart, "powerflow-operator", "operator")
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="operator")
     aud = (contract.INGEST_AUDIENCE,)
     kmock.register_token("agent-n1", AGENT, extra={NODE_EXTRA: ["n1"]}, audiences=aud)

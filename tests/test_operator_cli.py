@@ -38,7 +38,10 @@ def test_liveness_can_be_turned_off() -> None:
 
 def test_namespaced() -> None:
     options = command.kopf_options(parse("--namespace", "ml"))
-    assert options["clusterwide"] is False and options["namespaces"] == ["ml"]
+    assert options["clusterwide"] is False
+    assert options["namespaces"] == ["ml", "powerflow-system"]  # the budget's too
+    same = command.kopf_options(parse("--namespace", "ops", "--budget-namespace", "ops"))
+    assert same["namespaces"] == ["ops"]
 
 
 def test_peering_options_are_gone() -> None:

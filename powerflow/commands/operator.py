@@ -229,9 +229,13 @@ def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
             f"--ingest-service-account {args.ingest_service_account!r}: expected "
             "system:serviceaccount:NAMESPACE:NAME"
         )
+    # kopf watches each resource in every namespace it serves: serving one namespace,
+    # the operator also serves the budget's, so that an edit of the budget starts a
+    # pass at once (its DLJobs there are not run: each pass lists --namespace's).
+    served = [args.namespace, args.budget_namespace] if args.namespace else []
     return {
         "clusterwide": args.namespace is None,
-        "namespaces": [args.namespace] if args.namespace else [],
+        "namespaces": list(dict.fromkeys(served)),
         "standalone": True,
         "liveness_endpoint": args.liveness or None,
     }

@@ -109,3 +109,30 @@ runAsGroup: 10001
 capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+
+{{/*
+The operator's rules on the DLJobs it runs and what it makes for them: in its
+ClusterRole, or, with operator.watchNamespace, in a Role of that namespace.
+*/}}
+{{- define "powerflow.operatorJobRules" -}}
+# kopf's watches and each pass's LIST; the operator writes only the status.
+- apiGroups: [powerflow.io]
+  resources: [dljobs]
+  verbs: [list, watch]
+- apiGroups: [powerflow.io]
+  resources: [dljobs/status]
+  verbs: [patch]
+# Worker pods: created, annotated (clock), deleted (rescale, end); watched and
+# listed (everyone's GPU pods hold GPUs the plan must leave alone).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, create, delete, patch]
+# The rendezvous Service; get only after a create answered AlreadyExists
+# (is that Service this DLJob's?).
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
