@@ -18,6 +18,12 @@ backs off exponentially with jitter (``backoff_s``), honouring a 429's
 batch (the wire format's validation refused it): it is logged with the
 operator's reason and dropped, counted with ``reason="rejected"``, so one bad
 batch cannot wedge the queue.
+
+Each post also carries the node's jobs' progress as ``progress_of`` answers at
+that moment (``Telemetry.progress``: each job's most iterations its workers here
+reported). It is state, not a queue: the latest counts go with every post, and a
+change of them since the last post the operator took is a reason to post even
+with no sample queued.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import collections
 import logging
 import random
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -37,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter
 from powerflow import contract
 from powerflow.telemetry import (
     MAX_SAMPLES_PER_BATCH,
+    JobProgress,
     NodePower,
     SampleBatch,
     WindowSample,
@@ -99,6 +106,9 @@ class SampleSender:
         self._rng = rng or random.Random()
         self._queue: collections.deque[WindowSample] = collections.deque()
         self._power: NodePower | None = None
+        self.progress_of: Callable[[], tuple[JobProgress, ...]] = tuple
+        """The jobs' progress to send with each post (set by ``Telemetry``)."""
+        self._progress_taken: tuple[JobProgress, ...] = ()
         self._wake = asyncio.Event()
         self._retry_after_s = 0.0
         self.failures = 0
@@ -161,7 +171,7 @@ class SampleSender:
 
     async def _flush(self, session: aiohttp.ClientSession, *, once: bool = False) -> float:
         """Post batches while there are any; the pause before the next round."""
-        while self._queue or self._power is not None:
+        while self._queue or self._power is not None or self.progress_of() != self._progress_taken:
             if not await self._post_one(session):
                 self.failures += 1
                 self.post_failures.inc()
@@ -186,7 +196,8 @@ class SampleSender:
                 log.warning("cannot read the ingest token %s: %s", self.token_file, e)
                 return False
             headers["Authorization"] = f"Bearer {token}"
-        body = encode_batch(SampleBatch(self.node, samples, power))
+        progress = self.progress_of()
+        body = encode_batch(SampleBatch(self.node, samples, power, progress))
         try:
             async with session.post(
                 self.url,
@@ -202,6 +213,7 @@ class SampleSender:
             return False
         if 200 <= status < 300:
             self._consume(count, power)
+            self._progress_taken = progress
             self.sent.inc(count)
             return True
         if status >= 500 or status in _RETRY_STATUSES:
@@ -211,6 +223,7 @@ class SampleSender:
             return False
         log.error("ingest rejected %d samples with %d (dropped): %s", count, status, reason)
         self._consume(count, power)
+        self._progress_taken = progress  # the same counts would be rejected the same way
         self.dropped.labels("rejected").inc(count)
         return True
 

@@ -39,6 +39,7 @@ from powerflow.nodeagent.windows import JobShape, Reading, Windows
 
 from powerflow.devices import GpuDevices, GpuError
 from powerflow.telemetry import (
+    JobProgress,
     SampleBatch,
     TelemetryError,
     WindowSample,
@@ -102,6 +103,8 @@ class Telemetry:
         self._windows = Windows(window_s)
         self.samples = 0
         """Samples produced (handed to the sender, or not sent for want of one)."""
+        if sender is not None:
+            sender.progress_of = self.progress
 
     # -- the control loop's side ----------------------------------------------
 
@@ -131,6 +134,18 @@ class Telemetry:
         """The clock a profiling sweep holds ``pod``'s job at; None: ``frequency-mhz``."""
         job = self._job_of.get(pod)
         return self._sweeps.clock_mhz(job) if job is not None else None
+
+    def progress(self) -> tuple[JobProgress, ...]:
+        """Each job's most iterations any of its workers here reported (the worker
+        library counts from the checkpoint it resumed at), for the operator: jobs
+        without an allocation generation are not PowerFlow's to count."""
+        best: dict[tuple[str, str, int], int] = {}
+        for pod, count in self._iterations.items():
+            key = self._job_of.get(pod)
+            if key is not None and key[2] is not None:
+                job = (key[0], key[1], key[2])
+                best[job] = max(best.get(job, 0), count)
+        return tuple(JobProgress(ns, job, gen, n) for (ns, job, gen), n in sorted(best.items()))
 
     def reported_uuids(self, pod: PodKey) -> tuple[str, ...]:
         """The GPU UUIDs ``pod``'s worker last reported (empty if none)."""

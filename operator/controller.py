@@ -65,6 +65,7 @@ from powerflow.operator.reconcile import (
     reconcile,
 )
 from powerflow.operator.refusals import Refusal, by_job
+from powerflow.operator.reported_progress import ReportedProgress
 
 from powerflow import contract
 from powerflow.errors import ResourceError
@@ -156,6 +157,8 @@ class Controller:
     """``None``: no leader election, this replica always acts."""
     learning: SampleStore | None = None
     """The online refit (module docstring); ``None``: no ``status.model`` fields."""
+    progress: ReportedProgress = field(default_factory=ReportedProgress)
+    """The jobs' progress the agents reported (the ingest's, shared)."""
 
     budget: BudgetConfig = DEFAULT
     passes: int = 0
@@ -445,6 +448,10 @@ class Controller:
         now = self.clock()
         self._note_window(state, now)
         measured = self.learning.measured_power() if self.learning is not None else None
+        self.progress.keep_only(
+            f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            for meta in (observed.body.get("metadata") or {} for observed in state.jobs)
+        )
         actions = reconcile(
             state.jobs,
             nodes,
@@ -462,6 +469,7 @@ class Controller:
             learned=learned,
             measured=measured,
             power_ratio=self._power_ratio(measured, now, state),
+            agent_progress=self.progress.snapshot(),
         )
         if actions.plan is not None:
             self._planned = {jp.job_id: jp for jp in actions.plan.jobs}

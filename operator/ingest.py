@@ -71,6 +71,14 @@ comparison trusts the agents' clocks: one behind the operator's by more
 than the time from a bind to the sample's end can still see such a sample
 refused.
 
+The batch's ``progress`` (each job's most iterations its workers on the sender's
+node reported) goes to ``reported_progress`` where ``sample_checks.judge_progress``
+finds a worker of that generation on the sender's node; a count that reaches the
+job's ``spec.iterations`` is told to ``on_finished``, which starts a pass (the job
+is done). The others are dropped and counted in the answer's ``progressRefused``
+(present when the batch had progress): a job that ended or moved since the post,
+and the agent's next post carries what is current.
+
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
 a node left out once its reading is older than ``power_staleness_s``
@@ -93,6 +101,7 @@ from aiohttp import web
 from powerflow.operator import sample_checks
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.metrics import Metrics
+from powerflow.operator.reported_progress import ReportedProgress
 from powerflow.operator.tokenreview import (
     Denied,
     ReviewUnavailable,
@@ -106,6 +115,7 @@ from powerflow.gpus import GpuSpec
 from powerflow.telemetry import (
     MAX_BODY_BYTES,
     NodePower,
+    SampleBatch,
     TelemetryError,
     WindowSample,
     parse_batch,
@@ -193,14 +203,23 @@ class Ingest:
         power: ClusterPower,
         clock: Callable[[], float] = time.time,
         on_refused: Callable[[str, str, int], None] | None = None,
+        progress: ReportedProgress | None = None,
+        on_finished: Callable[[str], None] | None = None,
     ) -> None:
         self.reviewer = reviewer
+        self.progress = progress if progress is not None else ReportedProgress()
+        """Where the jobs' reported progress goes (``reported_progress``)."""
+        self.on_finished = on_finished
+        """Told a job's key when its reported progress reaches its ``spec.iterations``."""
         self.view = view
         self.sink = sink
         self.metrics = metrics
         self.power = power
         self._clock = clock
-        self._index: tuple[ClusterState, sample_checks.Index, dict[str, GpuSpec]] | None = None
+        self._index: (
+            tuple[ClusterState, sample_checks.Index, dict[str, GpuSpec], dict[tuple[str, str], int]]
+            | None
+        ) = None
         self.windows = sample_checks.Windows()
         self._unavailable: str | None = None
         self._told: dict[tuple[str, str], float] = {}
@@ -247,9 +266,27 @@ class Ingest:
         """The view's jobs and nodes' GPU types, built once per view."""
         if self._index is None or self._index[0] is not state:
             jobs = sample_checks.index(state)
-            self._index = (state, jobs, sample_checks.node_gpus(state))
+            self._index = (
+                state, jobs, sample_checks.node_gpus(state), sample_checks.totals(state)
+            )  # fmt: skip
             self.windows.keep_only(jobs)
         return self._index[1], self._index[2]
+
+    def _take_progress(self, node: str, batch: SampleBatch, jobs: sample_checks.Index) -> int:
+        """Keep each job's progress from ``node`` that ``judge_progress`` believes; a count
+        that reaches the job's ``spec.iterations`` starts a pass (``on_finished``): the job
+        is done, and its GPUs are free for others. The number refused."""
+        refused = 0
+        totals = self._index[3] if self._index is not None else {}
+        for progress in batch.progress:
+            if sample_checks.judge_progress(jobs, node, progress) is not None:
+                refused += 1  # a job that ended or moved since the post: the next is current
+                continue
+            self.progress.report(progress)
+            total = totals.get((progress.namespace, progress.job))
+            if total is not None and progress.iterations >= total and self.on_finished:
+                self.on_finished(f"{progress.namespace}/{progress.job}")
+        return refused
 
     def _busy(self, why: str) -> web.Response:
         if why != self._unavailable:  # once per distinct cause, not per request
@@ -302,7 +339,7 @@ class Ingest:
         if self._unavailable is not None:
             log.info("ingest serving again")
             self._unavailable = None
-        return self._accept(sender, batch.node, batch.samples, batch.power, view)
+        return self._accept(sender, batch, view)
 
     async def _read(self, request: web.Request) -> bytes | web.Response:
         """The body, or the refusal: 413 past ``MAX_BODY_BYTES`` (stops reading there), 400
@@ -326,14 +363,8 @@ class Ingest:
                 return self._refuse(413, "body_too_large", f"body over {MAX_BODY_BYTES} bytes")
             chunks.append(chunk)
 
-    def _accept(
-        self,
-        sender: Sender,
-        node: str,
-        samples: Sequence[WindowSample],
-        power: NodePower | None,
-        view: ClusterView,
-    ) -> web.Response:
+    def _accept(self, sender: Sender, batch: SampleBatch, view: ClusterView) -> web.Response:
+        node, samples, power = batch.node, batch.samples, batch.power
         if node != sender.node:
             return self._refuse(
                 403, "node_mismatch", f"batch for node {node} sent from node {sender.node}"
@@ -370,6 +401,7 @@ class Ingest:
                 **{"Retry-After": RETRY_AFTER_S},
             )
         self.windows.commit(windows)
+        progress_refused = self._take_progress(node, batch, jobs)
         for why, count in reasons.items():
             self.metrics.ingest_refused.labels(reason=why).inc(count)
             self.metrics.ingest_sender_refused.labels(sender_node=node, reason=why).inc(count)
@@ -387,6 +419,8 @@ class Ingest:
             "refused": len(samples) - len(accepted),
             "reasons": dict(reasons),
         }
+        if batch.progress:
+            body["progressRefused"] = progress_refused
         status = 422 if samples and not accepted else 200
         return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 

@@ -216,11 +216,11 @@ class _View:
     """One DLJob during a pass: what was observed, and the status it should get (``new``)."""
 
     __slots__ = (
-        "alloc", "current", "first", "key", "meta", "name", "new", "ns", "obs", "other",
-        "reported", "req", "running", "status", "stopping", "terminating",
+        "agent_reported", "alloc", "current", "first", "key", "meta", "name", "new", "ns",
+        "obs", "other", "reported", "req", "running", "status", "stopping", "terminating",
     )  # fmt: skip
 
-    def __init__(self, obs: Observed) -> None:
+    def __init__(self, obs: Observed, agent_progress: Mapping[str, tuple[int, int]]) -> None:
         self.obs = obs
         meta: Any = obs.body.get("metadata")
         self.meta: Meta = cast(Meta, meta if isinstance(meta, dict) else {})
@@ -245,6 +245,9 @@ class _View:
                 self.current.append(pod)
             else:
                 self.other.append(pod)
+        reported = agent_progress.get(self.key)
+        self.agent_reported = reported[1] if reported and reported[0] == generation else None
+        """What the agents reported of the current generation (``reported_progress``)."""
         gpus = int(self.alloc.get("gpus", 0))
         # Every worker of the current allocation runs: profiling and progress count.
         self.running = (
@@ -372,9 +375,11 @@ def _generation(pod: PodBody) -> int:
     return _count(_annotation(pod, contract.GENERATION_ANNOTATION), -1)
 
 
-def _reported_iterations(pods: Sequence[PodBody]) -> int | None:
-    """The most iterations a trainer reported; junk (``1e400``, 5,000 digits) is ignored."""
-    best: int | None = None
+def _reported_iterations(pods: Sequence[PodBody], agents: int | None) -> int | None:
+    """The most iterations reported: by the node agents (``agents``), or in a worker's
+    progress annotation, which a trainer with the right to patch its pod may write;
+    junk there (``1e400``, 5,000 digits) is ignored."""
+    best: int | None = agents
     for pod in pods:
         value = _count(_annotation(pod, contract.PROGRESS_ANNOTATION), -1)
         if value >= 0:
@@ -556,7 +561,7 @@ def _lifecycle(
             f"worker {names} failed; restart {restarts}/{req.restart_limit} in {wait:.0f} s",
         )  # fmt: skip
         return False
-    reported = v.reported = _reported_iterations(v.current)
+    reported = v.reported = _reported_iterations(v.current, v.agent_reported)
     gpus = _count(v.alloc.get("gpus"))
     all_done = bool(v.current) and len(v.current) == gpus
     all_done = all_done and all(_pod_phase(p) == "Succeeded" for p in v.current)
@@ -1282,6 +1287,7 @@ def reconcile(
     learned: Mapping[str, Mapping[str, Any]] | None = None,
     measured: Mapping[str, MeasuredPower] | None = None,
     power_ratio: float = 1.0,
+    agent_progress: Mapping[str, tuple[int, int]] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
@@ -1296,6 +1302,9 @@ def reconcile(
     by job key (``_learned_model``). ``measured``: each job's latest measured power
     (``build_snapshot``); ``power_ratio``: the recent measured / planned power of
     the jobs running as planned (``Snapshot.power_ratio``, kept by the controller).
+    ``agent_progress``: job key -> (generation, iterations) the node agents reported
+    (``reported_progress``); with the workers' progress annotations, the most
+    iterations of the current generation count (``_View``).
     Each job's steps run under a ``_Guard``: one job's failure
     never stops the others.
     """
@@ -1305,7 +1314,7 @@ def reconcile(
     gpn = max((n.gpus for n in nodes), default=1)
     parse = parse_dljob if requests is None else requests.parse
     refused = refused or {}
-    views = [_View(obs) for obs in observed]
+    views = [_View(obs, agent_progress or {}) for obs in observed]
     runnable = [
         v
         for v in views

@@ -51,7 +51,7 @@ from powerflow.operator.reconcile import _annotation, _count, _generation
 
 from powerflow import contract
 from powerflow.gpus import GpuSpec
-from powerflow.telemetry import WindowSample
+from powerflow.telemetry import JobProgress, WindowSample
 
 POWER_SLACK = 1.2
 """A window's power may exceed the board's limit by this factor: NVML's readings are
@@ -116,6 +116,18 @@ def index(state: ClusterState) -> Index:
     return out
 
 
+def totals(state: ClusterState) -> dict[tuple[str, str], int]:
+    """Each DLJob's ``spec.iterations`` where it is a count (a bad spec has none)."""
+    out: dict[tuple[str, str], int] = {}
+    for observed in state.jobs:
+        meta = observed.body.get("metadata") or {}
+        spec = observed.body.get("spec") or {}
+        total = _count(spec.get("iterations") if isinstance(spec, dict) else None, -1)
+        if total > 0:
+            out[str(meta.get("namespace", "")), str(meta.get("name", ""))] = total
+    return out
+
+
 def node_gpus(state: ClusterState) -> dict[str, GpuSpec]:
     """Each node's GPU type where ``powerflow.gpus`` knows it (by its product label); a
     node of another type is left out: its clocks and power are not the fallback's."""
@@ -161,6 +173,19 @@ def judge(jobs: Index, node: str, gpu: GpuSpec | None, sample: WindowSample) -> 
     watts = sample.energy_j / sample.step_time_s / sample.gpus_measured
     if not IDLE_FLOOR * gpu.idle_power_w <= watts <= POWER_SLACK * gpu.max_power_w:
         return "impossible_power"
+    return None
+
+
+def judge_progress(jobs: Index, node: str, progress: JobProgress) -> str | None:
+    """Why a job's reported progress from ``node`` is refused, or None: as for a sample,
+    the job must exist and have a worker of that generation bound to the sender's node
+    (the agent there sets its clocks; no other agent may speak for it)."""
+    job = jobs.get((progress.namespace, progress.job))
+    if job is None:
+        return "unknown_job"
+    generation = job.get(progress.generation)
+    if generation is None or generation.nodes.get(node, 0) == 0:
+        return "not_on_node"
     return None
 
 

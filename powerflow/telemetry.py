@@ -31,6 +31,10 @@ MAX_SAMPLES_PER_BATCH: Final = 2000
 GPUs sends a few per second, so a full batch means minutes of backlog."""
 MAX_BODY_BYTES: Final = 1 << 20
 """Largest batch body the operator reads (1 MiB: 2,000 samples of ~300 bytes)."""
+MAX_PROGRESS_PER_BATCH: Final = 256
+"""Most jobs one batch may report progress of: one per job with workers on the node."""
+MAX_ITERATIONS: Final = 1 << 53
+"""Iteration counts stay exact in a JSON double (what any sender's JSON library keeps)."""
 MAX_GPUS: Final = 65536
 MAX_GPUS_PER_NODE: Final = 64
 
@@ -75,10 +79,27 @@ class NodePower:
 
 
 @dataclass(frozen=True)
+class JobProgress:
+    """The most iterations a job's workers on the sender's node have reported.
+
+    The worker library reports its cumulative count (from the checkpoint it
+    resumed at) to its node's agent, which passes the latest on with every post:
+    the operator's count of a job's progress, and how it knows a job finished,
+    without any pod writing to the API server.
+    """
+
+    namespace: str
+    job: str
+    generation: int
+    iterations: int
+
+
+@dataclass(frozen=True)
 class SampleBatch:
     node: str
     samples: tuple[WindowSample, ...]
     power: NodePower | None = None
+    progress: tuple[JobProgress, ...] = ()
 
 
 _SAMPLE_FIELDS: Final = {
@@ -107,13 +128,19 @@ def encode_batch(batch: SampleBatch) -> dict[str, Any]:
     }
     if batch.power is not None:
         out["power"] = {"watts": batch.power.watts, "atS": batch.power.at_s}
+    if batch.progress:
+        out["progress"] = [
+            {"namespace": p.namespace, "job": p.job, "generation": p.generation,
+             "iterations": p.iterations}
+            for p in batch.progress
+        ]  # fmt: skip
     return out
 
 
 def parse_batch(obj: object) -> SampleBatch:
     """Validate a decoded JSON body; ``TelemetryError`` names the first bad field."""
     body = _object(obj, "body")
-    _only(body, {"node", "samples", "power"}, "body")
+    _only(body, {"node", "samples", "power", "progress"}, "body")
     node = _name(body.get("node"), "node")
     raw = body.get("samples")
     if not isinstance(raw, list):
@@ -129,7 +156,26 @@ def parse_batch(obj: object) -> SampleBatch:
             watts=_real(p.get("watts"), "power.watts", 0.0, 1e6, open_low=False),
             at_s=_real(p.get("atS"), "power.atS", 0.0, 1e11),
         )
-    return SampleBatch(node=node, samples=samples, power=power)
+    raw_progress = body.get("progress", [])
+    if not isinstance(raw_progress, list):
+        raise TelemetryError("progress: expected a list")
+    if len(raw_progress) > MAX_PROGRESS_PER_BATCH:
+        raise TelemetryError(
+            f"progress: {len(raw_progress)} jobs, at most {MAX_PROGRESS_PER_BATCH}"
+        )
+    progress = tuple(_progress(p, f"progress[{i}]") for i, p in enumerate(raw_progress))
+    return SampleBatch(node=node, samples=samples, power=power, progress=progress)
+
+
+def _progress(obj: object, where: str) -> JobProgress:
+    p = _object(obj, where)
+    _only(p, {"namespace", "job", "generation", "iterations"}, where)
+    return JobProgress(
+        namespace=_name(p.get("namespace"), f"{where}.namespace"),
+        job=_name(p.get("job"), f"{where}.job"),
+        generation=_int(p.get("generation"), f"{where}.generation", 0, 1 << 31),
+        iterations=_int(p.get("iterations"), f"{where}.iterations", 0, MAX_ITERATIONS),
+    )
 
 
 def _sample(obj: object, where: str) -> WindowSample:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nodeagent_telemetry_cases import EPOCH_S, NODE, SimNode, truth_per_gpu, worker
 from powerflow.nodeagent.iterations import IterationReport, UnknownPod
 
-from powerflow.telemetry import WindowSample
+from powerflow.telemetry import JobProgress, WindowSample
 
 
 def _close(a: float, b: float, rel: float) -> bool:
@@ -234,3 +234,24 @@ def test_any_report_sequence_is_answered_and_samples_stay_valid(
     for s in node.samples():
         assert s.iterations > 0 and s.energy_j > 0 and s.step_time_s > 0
         assert s.frequency_mhz == 1200
+
+
+def test_progress_is_each_jobs_most_reported_iterations_of_its_generation() -> None:
+    """What the agent passes on to the operator: per job and generation, the most
+    iterations any of its workers here reported; a pod gone takes its count along."""
+    node = SimNode(seed=2)
+    a0, a1 = worker("bert", 0), worker("bert", 1)
+    b0 = worker("vgg", 0, n=1, per_node=1, generation=3)
+    for gpu, view in enumerate((a0, a1, b0)):
+        node.place(view, gpu)
+    assert node.telemetry.progress() == ()
+    assert node.report(a0.key, 7) is None
+    assert node.report(a1.key, 9) is None
+    assert node.report(b0.key, 120) is None
+    assert node.telemetry.progress() == (
+        JobProgress("ml", "bert", 1, 9),
+        JobProgress("ml", "vgg", 3, 120),
+    )
+    assert node.report(a0.key, 12) is None
+    node.remove(b0.key)
+    assert node.telemetry.progress() == (JobProgress("ml", "bert", 1, 12),)

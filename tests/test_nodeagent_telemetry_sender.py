@@ -20,7 +20,7 @@ from powerflow.nodeagent.sender import SampleSender, backoff_s
 from prometheus_client import CollectorRegistry
 
 from powerflow import contract
-from powerflow.telemetry import NodePower, SampleBatch, WindowSample, parse_batch
+from powerflow.telemetry import JobProgress, NodePower, SampleBatch, WindowSample, parse_batch
 from powerflow.twin.ports import free_port
 
 NODE = "node-a"
@@ -226,6 +226,28 @@ async def test_power_rides_along_and_is_sent_alone_too() -> None:
             await ingest.wait(lambda: len(ingest.batches) == 2)
     assert ingest.batches[0] == SampleBatch(NODE, (), NodePower(1234.5, 1e9))
     assert ingest.batches[1] == SampleBatch(NODE, (sample(0),), NodePower(99.0, 1e9 + 1))
+
+
+async def test_progress_rides_along_and_a_change_is_posted_alone() -> None:
+    """The jobs' progress is state: the latest counts go with each post, and a change
+    since the last post the operator took is posted even with nothing else to send."""
+    ingest = Ingest()
+    progress = [(JobProgress("ml", "job", 1, 10),)]
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, None)
+        sender.progress_of = lambda: progress[0]
+        async with running(sender):
+            await ingest.wait(lambda: len(ingest.batches) == 1)
+            sender.put(sample(0))
+            await ingest.wait(lambda: len(ingest.batches) == 2)
+            progress[0] = (JobProgress("ml", "job", 1, 25),)
+            await ingest.wait(lambda: len(ingest.batches) == 3)
+            await asyncio.sleep(0.3)  # nothing new: nothing posted
+    assert ingest.batches == [
+        SampleBatch(NODE, (), None, (JobProgress("ml", "job", 1, 10),)),
+        SampleBatch(NODE, (sample(0),), None, (JobProgress("ml", "job", 1, 10),)),
+        SampleBatch(NODE, (), None, (JobProgress("ml", "job", 1, 25),)),
+    ]
 
 
 async def test_stop_delivers_what_is_queued_once_more() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from operator_cases import (
+    JOBS,
     NS,
     PODS,
     ThresholdPolicy,
@@ -38,6 +39,7 @@ from support.operator_harness import Operator, free_port, operator_args
 from powerflow import contract
 from powerflow.telemetry import (
     MAX_BODY_BYTES,
+    JobProgress,
     NodePower,
     SampleBatch,
     TelemetryError,
@@ -285,6 +287,61 @@ async def test_samples_of_jobs_not_on_the_senders_node_are_refused_one_by_one(
     assert only_bad.status_code == 422  # nothing accepted: resending will not help
     assert only_bad.json()["accepted"] == 0
     assert len(cluster.sink.added) == 1
+
+
+def progress_batch(node: str, *progress: JobProgress) -> dict[str, Any]:
+    return encode_batch(SampleBatch(node, (), None, progress))
+
+
+async def test_progress_is_taken_only_from_the_nodes_of_the_jobs_workers(
+    cluster: Cluster,
+) -> None:
+    """A job's progress counts from an agent whose node holds a worker of that
+    generation; a job it does not hold, another generation or namespace is refused and
+    changes nothing. Within a generation the count only grows; the job's status shows it."""
+    assert cluster.operator.controller is not None
+    kept = cluster.operator.controller.progress
+    stray = [
+        JobProgress(NS, "ghost", 1, 5),  # no such DLJob
+        JobProgress(NS, "resnet", 2, 5),  # no worker of generation 2
+        JobProgress("other", "resnet", 1, 5),
+    ]
+    resp = await cluster.post(
+        progress_batch("n2", JobProgress(NS, "resnet", 1, 40), *stray), token="agent-n2"
+    )
+    assert resp.status_code == 200
+    assert resp.json() == {"accepted": 0, "refused": 0, "reasons": {}, "progressRefused": 3}
+    assert kept.snapshot() == {f"{NS}/resnet": (1, 40)}
+    back = await cluster.post(progress_batch("n1", JobProgress(NS, "resnet", 1, 30)))
+    assert back.status_code == 200 and back.json()["progressRefused"] == 0
+    assert kept.snapshot() == {f"{NS}/resnet": (1, 40)}  # a late post does not go back
+
+    async def shown() -> bool:
+        status = (await cluster.api.get(f"{JOBS}/resnet")).json().get("status", {})
+        return (status.get("progress") or {}).get("iterations") == 40
+
+    cluster.operator.controller.trigger("test")
+    await eventually(shown, timeout=10)
+
+
+async def test_progress_that_reaches_the_total_finishes_the_job_at_once(
+    cluster: Cluster,
+) -> None:
+    """The job's 1,000 iterations reported through the agent: the job succeeds and its
+    workers go, without waiting for the next periodic pass (60 s) and without any pod
+    having written anything to the API server."""
+    resp = await cluster.post(progress_batch("n1", JobProgress(NS, "resnet", 1, 1000)))
+    assert resp.status_code == 200 and resp.json()["progressRefused"] == 0
+
+    async def succeeded() -> dict[str, Any]:
+        status = (await cluster.api.get(f"{JOBS}/resnet")).json().get("status", {})
+        return status if status.get("phase") == "Succeeded" else {}
+
+    status = await eventually(succeeded, timeout=10)
+    assert status["progress"]["iterations"] == 1000
+    pods = (await cluster.api.get(PODS)).json()["items"]
+    assert all(contract.PROGRESS_ANNOTATION not in (p["metadata"].get("annotations") or {})
+               for p in pods)  # fmt: skip
 
 
 async def test_samples_that_do_not_match_the_allocation_or_physics_are_refused(

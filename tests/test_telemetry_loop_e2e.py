@@ -167,7 +167,7 @@ class Cluster:
         gpu = block[index][1]
         env["NVIDIA_VISIBLE_DEVICES"] = self.gpus.gpus()[gpu].uuid
         # The trainer: progress needs RBAC the test has no use for.
-        worker = await asyncio.to_thread(Worker, env=env, write_progress=False)
+        worker = await asyncio.to_thread(Worker, env=env)
         with self._lock:
             self.workers[name] = (worker, gpu)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import pytest
@@ -11,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerflow.telemetry import (
+    MAX_PROGRESS_PER_BATCH,
     MAX_SAMPLES_PER_BATCH,
+    JobProgress,
     NodePower,
     SampleBatch,
     TelemetryError,
@@ -111,3 +114,26 @@ def test_any_value_in_any_field_parses_or_is_refused_with_telemetry_error(
     s = batch.samples[0]
     assert all(math.isfinite(x) and x > 0 for x in (s.step_time_s, s.energy_j, s.end_s))
     assert 1 <= s.gpus_per_node <= s.n and 1 <= s.gpus_measured <= s.n
+
+
+def test_progress_survives_the_round_trip_and_bad_progress_is_refused_by_name() -> None:
+    progress = (JobProgress("team-a", "bert-1", 2, 0), JobProgress("team-b", "gpt", 1, 2**53))
+    batch = SampleBatch("node-1", (sample(),), None, progress)
+    assert parse_batch(json.loads(json.dumps(encode_batch(batch)))) == batch
+    assert "progress" not in encode_batch(SampleBatch("node-1", ()))  # none: left out
+    good = {"namespace": "ml", "job": "j", "generation": 1, "iterations": 5}
+    for bad, message in [
+        ({**good, "iterations": -1}, "progress[0].iterations: -1 outside"),
+        ({**good, "iterations": 2**53 + 1}, "progress[0].iterations"),
+        ({**good, "iterations": True}, "progress[0].iterations: expected an integer"),
+        ({**good, "job": "Not_A_Name"}, "progress[0].job"),
+        ({**good, "pod": "x"}, "progress[0]: unknown field(s) pod"),
+        ({k: v for k, v in good.items() if k != "generation"}, "progress[0].generation"),
+    ]:
+        with pytest.raises(TelemetryError, match=re.escape(message)):
+            parse_batch({"node": "n", "samples": [], "progress": [bad]})
+    with pytest.raises(TelemetryError, match="progress: expected a list"):
+        parse_batch({"node": "n", "samples": [], "progress": {}})
+    too_many = [good] * (MAX_PROGRESS_PER_BATCH + 1)
+    with pytest.raises(TelemetryError, match=f"at most {MAX_PROGRESS_PER_BATCH}"):
+        parse_batch({"node": "n", "samples": [], "progress": too_many})

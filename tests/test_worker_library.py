@@ -8,7 +8,7 @@ child process.
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
 import os
 import signal
@@ -19,7 +19,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import powerflow.worker as pf
 import pytest
 from powerflow.nodeagent.iterations import IterationReport, worker_app
@@ -108,7 +107,7 @@ def test_the_env_the_operator_sets_is_read() -> None:
 
 def test_reports_reach_the_agent_at_boundaries(agent: tuple[Agent, int]) -> None:
     a, port = agent
-    with Worker(env=pod_env(port), min_interval_s=0.0, write_progress=False) as w:
+    with Worker(env=pod_env(port), min_interval_s=0.0) as w:
         for _ in range(30):
             with w.step():
                 pass
@@ -122,13 +121,13 @@ def test_reports_reach_the_agent_at_boundaries(agent: tuple[Agent, int]) -> None
 
 def test_reports_are_rate_bounded(agent: tuple[Agent, int]) -> None:
     a, port = agent
-    w = Worker(env=pod_env(port), min_interval_s=3600.0, write_progress=False)
+    w = Worker(env=pod_env(port), min_interval_s=3600.0)
     for _ in range(100):
         w.report_iteration()
     w.close()
     assert [r.iterations for r in a.reports] == [1]  # the first boundary only
     # an explicit count (a resumed run) is what is reported and counted on from
-    w = Worker(env=pod_env(port), min_interval_s=3600.0, write_progress=False)
+    w = Worker(env=pod_env(port), min_interval_s=3600.0)
     w.report_iteration(500)
     w.report_iteration()
     w.close()
@@ -139,7 +138,7 @@ def test_reports_are_rate_bounded(agent: tuple[Agent, int]) -> None:
 def test_a_slow_agent_never_blocks_a_step(agent: tuple[Agent, int]) -> None:
     a, port = agent
     a.release.clear()  # the agent holds the first report
-    w = Worker(env=pod_env(port), min_interval_s=0.0, write_progress=False)
+    w = Worker(env=pod_env(port), min_interval_s=0.0)
     w.report_iteration()
     assert a.arrived.wait(10)
     for _ in range(200):  # these return although the first report is still in flight
@@ -154,7 +153,7 @@ def test_an_unreachable_agent_is_one_warning(caplog: pytest.LogCaptureFixture) -
     with serve_in_thread(lambda: worker_app(lambda r: None)) as url:
         port = int(url.rsplit(":", 1)[1])  # closed when the block ends: nobody listens
     caplog.set_level(logging.WARNING, "powerflow.worker")
-    w = Worker(env=pod_env(port), min_interval_s=0.0, write_progress=False)
+    w = Worker(env=pod_env(port), min_interval_s=0.0)
     for _ in range(20):
         w.report_iteration()
         wait_for(lambda: not w.reporter._busy, "the failed post")  # type: ignore[union-attr]
@@ -169,13 +168,13 @@ def test_outside_a_pod_it_only_counts() -> None:
     w.report_iteration()
     with w.step():
         pass
-    assert (w.iterations, w.reporter, w.progress) == (2, None, None)
+    assert (w.iterations, w.reporter) == (2, None)
     w.close()
 
 
 def test_the_module_level_worker(agent: tuple[Agent, int]) -> None:
     a, port = agent
-    w = pf.init(env=pod_env(port), min_interval_s=3600.0, write_progress=False)
+    w = pf.init(env=pod_env(port), min_interval_s=3600.0)
     pf.report_iteration()
     with pf.step():
         pass
@@ -188,88 +187,28 @@ def test_the_module_level_worker(agent: tuple[Agent, int]) -> None:
 
 pytestmark_kmock = pytest.mark.kmock(cls=KubeEmulator)
 
-POD = {
-    "metadata": {"name": "job-g1-w0", "namespace": "ml", "labels": {contract.JOB_LABEL: "job"}},
-    "spec": {"containers": [{"name": "trainer", "image": "x"}]},
-}
 
-
-async def _pod_annotation(api: httpx.AsyncClient) -> str | None:
-    pod = (await api.get("/api/v1/namespaces/ml/pods/job-g1-w0")).json()
-    return (pod["metadata"].get("annotations") or {}).get(contract.PROGRESS_ANNOTATION)
-
-
-@pytestmark_kmock
-async def test_progress_is_written_to_the_pod_annotation(
-    api: httpx.AsyncClient, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert (await api.post("/api/v1/namespaces/ml/pods", json=POD)).status_code == 201
-    w = Worker(env=pod_env(1), progress_interval_s=0.05, min_interval_s=3600.0)
-    assert w.progress is not None  # rank 0 writes by default
-    for _ in range(10):
-        w.report_iteration()
-    for _ in range(500):
-        if await _pod_annotation(api) == "10":
-            break
-        await asyncio.sleep(0.01)
-    assert await _pod_annotation(api) == "10"  # written by the background thread
-    w.report_iteration()
-    await asyncio.to_thread(w.close)  # the final write, whatever the interval
-    assert await _pod_annotation(api) == "11"
-    assert w.progress.writes == 2
-
-
-@pytestmark_kmock
-async def test_other_ranks_do_not_write_progress_unless_asked() -> None:
-    w = Worker(env={**pod_env(1), "RANK": "3"})
-    assert w.progress is None
-    w.close()
-
-
-@pytestmark_kmock
-async def test_a_403_is_one_warning_naming_the_rbac_then_silence(
-    api: httpx.AsyncClient,
-    kmock: KubeEmulator,
-    kubeconfig: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert (await api.post("/api/v1/namespaces/ml/pods", json=POD)).status_code == 201
-    rule = kmock.refuse("patch", "pods", "job-g1-w0", namespace="ml")
-    caplog.set_level(logging.WARNING, "powerflow.worker")
-    w = Worker(env=pod_env(1), progress_interval_s=0.02, min_interval_s=3600.0)
-    assert w.progress is not None
-    w.report_iteration()
-    for _ in range(500):
-        if w.progress.disabled:
-            break
-        await asyncio.sleep(0.01)
-    assert w.progress.disabled
-    for _ in range(5):
-        w.report_iteration()
-        await asyncio.sleep(0.03)
-    await asyncio.to_thread(w.close)
-    assert rule.hits == 1  # never tried again
-    (warning,) = [r.getMessage() for r in caplog.records if "403" in r.getMessage()]
-    assert "`patch` on `pods` in namespace ml" in warning
-    assert await _pod_annotation(api) is None
-
-
-def test_no_credentials_is_one_warning(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    caplog.set_level(logging.WARNING, "powerflow.worker")
-    w = Worker(env=pod_env(1), min_interval_s=3600.0)
-    w.report_iteration()
-    w.close()  # the final write finds no credentials: no exception
-    assert w.progress is not None and w.progress.disabled
-    assert sum("no Kubernetes credentials" in r.getMessage() for r in caplog.records) == 1
+def test_the_library_never_reaches_for_the_api_server() -> None:
+    """In a pod, through reports and close, it neither imports a Kubernetes client nor
+    reads credentials: its progress goes through the node agent."""
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from powerflow.worker import Worker
+        w = Worker(env=json.loads(sys.argv[1]), min_interval_s=0.0)
+        for _ in range(3):
+            w.report_iteration()
+        w.close()
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("kubernetes", "numpy"))
+        assert not heavy, heavy
+        """
+    )
+    env = json.dumps(pod_env(1))
+    done = subprocess.run(
+        [sys.executable, "-c", code, env], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "credentials" not in done.stderr
 
 
 # -- SIGTERM ------------------------------------------------------------------

@@ -114,7 +114,6 @@ def test_the_ddp_example_reports_iterations_to_the_agent(tmp_path: Path) -> None
                 POWERFLOW_AGENT_PORT=url.rsplit(":", 1)[1],  # the test agent's port
                 MASTER_ADDR="127.0.0.1",  # no cluster DNS here
                 MASTER_PORT=str(master_port),
-                KUBECONFIG=str(tmp_path / "none"),  # no API server: progress is skipped
                 OMP_NUM_THREADS="1",
             )
             cmd = [

@@ -1,8 +1,8 @@
 """The worker library (``powerflow.worker``): training code talks to PowerFlow here.
 
-Runs inside the user's training container; it needs the standard library and,
-for progress only, the ``kubernetes`` client (imported lazily). It never
-imports PyTorch or anything else of PowerFlow but ``powerflow.contract``::
+Runs inside the user's training container; it needs the standard library
+alone, and no right on the API server. It never imports PyTorch or anything
+else of PowerFlow but ``powerflow.contract``::
 
     from powerflow.worker import Worker
 
@@ -26,10 +26,10 @@ What it does (``Worker``):
   node (``status.hostIP`` from the downward API) needs nothing in the pod but
   env, which the operator sets. The agent trusts a report only from a
   PowerFlow pod bound to its node whose UID matches.
-- **Progress** in the pod's ``powerflow.io/iterations`` annotation at most
-  every ``progress_interval_s`` (30 s), by default from rank 0 only; it needs
-  ``patch`` on ``pods`` for the pod's service account (``progress``'s
-  docstring has the Role rule); a 403 is one warning, then it stops trying.
+- **Progress**: the counts are cumulative (from ``start_iteration``, where a
+  resumed run starts), and the agent passes each job's latest on to the
+  operator with its samples, as the job's progress: the pod writes nothing to
+  the API server, so its service account needs no role.
 - **SIGTERM**: with ``checkpoint=`` given, the hook runs at the next
   iteration boundary and the process exits (status 143) within the pod's
   grace period (``POWERFLOW_GRACE_SECONDS``).

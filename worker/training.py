@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 
 from powerflow.worker.env import WorkerEnv, read_env
-from powerflow.worker.progress import ProgressWriter
 from powerflow.worker.reporter import AgentReporter
 
 log = logging.getLogger("powerflow.worker")
@@ -24,13 +23,12 @@ EXIT_ON_SIGTERM = 128 + signal.SIGTERM
 
 
 class Worker:
-    """Reports iteration boundaries, writes progress, and stops cleanly on SIGTERM.
+    """Reports iteration boundaries to the node agent and stops cleanly on SIGTERM.
 
     ``min_interval_s`` bounds how often the agent hears from this worker
-    (reports are sent only at boundaries at least that far apart);
-    ``progress_interval_s`` how often the annotation is written;
-    ``write_progress`` defaults to rank 0 only (the operator reads the most
-    any worker wrote). ``checkpoint``, when given, is called on SIGTERM at the
+    (reports are sent only at boundaries at least that far apart); the agent
+    passes each job's latest count on to the operator as its progress.
+    ``checkpoint``, when given, is called on SIGTERM at the
     next iteration boundary, after which the process exits with
     ``EXIT_ON_SIGTERM``; if no boundary comes before the grace period nearly
     ends (a hung collective), the process exits without it rather than be
@@ -43,8 +41,6 @@ class Worker:
         *,
         env: Mapping[str, str] | None = None,
         min_interval_s: float = 0.1,
-        progress_interval_s: float = 30.0,
-        write_progress: bool | None = None,
         checkpoint: Callable[[], None] | None = None,
         start_iteration: int = 0,
         agent_timeout_s: float = 1.0,
@@ -74,10 +70,6 @@ class Worker:
             )
         elif not e.in_pod:
             log.info("powerflow: not in a PowerFlow pod (no POWERFLOW_POD_* env): counting only")
-        self.progress: ProgressWriter | None = None
-        if e.in_pod and (write_progress if write_progress is not None else e.rank == 0):
-            assert e.pod and e.namespace
-            self.progress = ProgressWriter(e.namespace, e.pod, interval_s=progress_interval_s)
         if checkpoint is not None:
             self._install_sigterm()
 
@@ -99,8 +91,6 @@ class Worker:
             and reporter.offer(self.iterations)
         ):
             self._last_offer_s = now
-        if self.progress is not None:
-            self.progress.update(self.iterations)
         if self._terminating:
             self._stop_at_boundary()
 
@@ -111,15 +101,13 @@ class Worker:
         self.report_iteration()
 
     def close(self) -> None:
-        """Final progress write and background threads stopped (idempotent)."""
+        """The background thread stopped (idempotent)."""
         if self._closed:
             return
         self._closed = True
         self._uninstall_sigterm()
         if self.reporter is not None:
             self.reporter.close()
-        if self.progress is not None:
-            self.progress.close()
 
     def __enter__(self) -> Worker:
         return self
@@ -198,16 +186,12 @@ class Worker:
                 deadline_s,
                 grace,
             )
-            if self.progress is not None:
-                self.progress.flush()
             os._exit(EXIT_ON_SIGTERM)
 
     def _stop_at_boundary(self) -> None:
         if self._stopping:
             return
         self._stopping = True
-        if self.progress is not None:
-            self.progress.flush()
         if self._checkpoint is not None:
             try:
                 self._checkpoint()

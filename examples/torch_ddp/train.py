@@ -13,9 +13,10 @@ On CPU (no GPU, ``gloo``), two processes on one machine::
 
     torchrun --nnodes=1 --nproc-per-node=2 examples/torch_ddp/train.py --iterations 200
 
-``powerflow.worker.Worker`` does three things here: ``step()`` reports each
-iteration boundary to the node agent (fire and forget), rank 0 writes
-progress to its pod's annotation, and SIGTERM (a rescale, a preemption)
+``powerflow.worker.Worker`` does two things here: ``step()`` reports each
+iteration boundary and the count so far to the node agent (fire and forget;
+the agent passes the count on to the operator as the job's progress), and
+SIGTERM (a rescale, a preemption)
 saves a checkpoint at the next boundary, from which a restarted worker
 resumes (``start_iteration``).
 """

@@ -296,6 +296,7 @@ def serve(
     from powerflow.operator.leader import LeaderElector, LeaseConfig, default_identity
     from powerflow.operator.learning import SampleStore
     from powerflow.operator.metrics import Metrics
+    from powerflow.operator.reported_progress import ReportedProgress
     from powerflow.operator.tokenreview import TokenReviewer
     from powerflow.schedulers import scheduler
 
@@ -327,6 +328,7 @@ def serve(
         raise OperatorConfigError(f"--ingest-tls-cert/--ingest-tls-key: {exc}") from None
     metrics = Metrics()
     learning = store if store is not None else SampleStore(registry=metrics.registry)
+    progress = ReportedProgress()  # the ingest writes it, each pass reads it
     httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)
     logging.getLogger(__name__).info("metrics on port %d", httpd.server_port)
     apis: list[Any] = []
@@ -349,6 +351,7 @@ def serve(
             metrics=metrics,
             leader=leader,
             learning=learning,
+            progress=progress,
         )
         controllers.append(controller)
         return controller
@@ -371,7 +374,20 @@ def serve(
         if controllers:
             controllers[-1].note_refused_sender(node, reason, count)
 
-    ingest = Ingest(reviewer, view, sink or learning, metrics, ClusterPower(), on_refused=refused)
+    def finished(job: str) -> None:
+        if controllers:
+            controllers[-1].trigger(f"progress of {job} reached its iterations")
+
+    ingest = Ingest(
+        reviewer,
+        view,
+        sink or learning,
+        metrics,
+        ClusterPower(),
+        on_refused=refused,
+        progress=progress,
+        on_finished=finished,
+    )
 
     async def main() -> None:
         """kopf and the ingest server on one event loop."""

@@ -18,8 +18,8 @@ NVIDIA device plugin do for PowerFlow's worker pods:
   checkpoint;
 - it reports iterations as ``powerflow.worker`` does: ``AgentReporter`` (the
   library's own class) posts them to its node's agent at boundaries at least
-  ``REPORT_INTERVAL_S`` apart, and the pod's ``powerflow.io/iterations``
-  annotation is patched every ``progress_interval_s`` and once more at the end;
+  ``REPORT_INTERVAL_S`` apart, and once more at the end; the agent passes the
+  counts on to the operator as the job's progress (no pod writes to the API server);
 - at the job's total the worker exits 0: the pod becomes ``Succeeded``;
 - a pod deleted stops its worker, which checkpoints the iterations it reached
   (the worker library's SIGTERM hook at the next boundary; the twin's
@@ -72,11 +72,10 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE = {"Content-Type": "application/merge-patch+json"}
 PROGRESS_INTERVAL_S = 5.0
-"""Between two progress writes of a worker, and the operator's ``--progress-interval``:
-not scaled (the simulator has no such writes, and the operator learns that a job is
-done from the final write, not from these), and short enough for the demo to show
-progress; scaled like the rest, twenty workers would write the API server 30 times a
-second."""
+"""The operator's ``--progress-interval`` in the twin (how often a job's progress and
+energy are written to its status): not scaled (the simulator has no such writes, and
+the operator learns that a job is done from its workers' exit or the agents' counts,
+not from these), and short enough for the demo to show progress."""
 NODE_LEASE_NS = "kube-node-lease"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NS}/leases"
 REPORT_INTERVAL_S = 0.1
@@ -150,8 +149,6 @@ class Worker:
     reporter: AgentReporter
     done: int = 0
     gpu_seen: int | None = None
-    progress_at: float = -1e18
-    written: int | None = None
     finished: bool = False
     reported_at: float = -1e18
     checkpointed_at: float = 0.0
@@ -188,7 +185,6 @@ class Kubelet:
         agent_ports: Mapping[str, int],
         *,
         startup_s: float = 30.0,
-        progress_interval_s: float = PROGRESS_INTERVAL_S,
         tick_s: float = 0.2,
         lease_s: float = 1.0,
         checkpoint_s: float | None = None,
@@ -202,7 +198,6 @@ class Kubelet:
         for a node not named, as in the twin whose nodes share this machine's network."""
         self.now_s = time.monotonic
         self.startup_s = startup_s
-        self.progress_interval_s = progress_interval_s
         self.tick_s = tick_s
         self.workers: dict[str, Worker] = {}
         self.checkpoints: dict[tuple[str, str], int] = {}
@@ -402,19 +397,8 @@ class Kubelet:
             w.reporter.offer(w.iterations)
         if w.iterations >= w.total:
             w.finished = True
-            self._progress(w)
+            w.reporter.offer(w.iterations)  # the last count, as the library's last step
             self._exit(w, "Succeeded")
-        elif now - w.progress_at >= self.progress_interval_s:
-            w.progress_at = now
-            self._progress(w)
-
-    def _progress(self, w: Worker) -> None:
-        if w.written == w.iterations:
-            return
-        body = {"metadata": {"annotations": {contract.PROGRESS_ANNOTATION: str(w.iterations)}}}
-        path = f"/api/v1/namespaces/{w.namespace}/pods/{w.pod}"
-        if self.api.patch(path, json=body, headers=MERGE).is_success:
-            w.written = w.iterations
 
     def _exit(self, w: Worker, phase: str) -> None:
         key = (w.namespace, w.job)
