@@ -43,6 +43,10 @@ class GangKey(NamedTuple):
     namespace: str
     job: str
     generation: str = ""
+    owner: str = ""
+    """The UID of the DLJob that controls the pods (``dljob_owner``), "" for none: anyone
+    who may create pods in a namespace can copy a job's label and generation, and such a
+    pod must not take a GPU of that job's block, so it makes a gang of its own."""
 
     def __str__(self) -> str:
         suffix = f"@{self.generation}" if self.generation else ""
@@ -160,6 +164,7 @@ def gang_of(pod: Any) -> GangKey | None:
         namespace if isinstance(namespace, str) and namespace else "default",
         job,
         generation if isinstance(generation, str) else str(generation),
+        dljob_owner(pod),
     )
 
 

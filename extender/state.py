@@ -22,7 +22,11 @@ annotation, so a gang is rebuilt (*adopted*) only from the operator's own
 workers: pods a DLJob controls (``ownerReferences``, the UID of a DLJob the
 mirror holds, in the pod's namespace and of the label's name), of the
 DLJob's current allocation generation (``status.allocation.generation``),
-that request GPUs; the block adopted is at most the gang's size. Other pods
+that request GPUs; the block adopted is at most the gang's size, and the gang
+at most the DLJob's ``status.allocation.gpus``. Pods join a gang only with
+the same controller (``GangKey.owner``): a pod that copies a job's label and
+generation without being its worker reserves GPUs of its own, never a GPU of
+that job's block. Other pods
 with the label are never a reservation (their GPUs, if they request any,
 count as they do for any pod). An adopted gang that is not complete expires
 like any other.
@@ -253,7 +257,9 @@ class ClusterState:
         self._in_flight: dict[str, int] = {}  # node -> GPUs of binds not yet seen bound
         self._foreign: dict[str, int] = {}  # node -> GPUs of bound pods of no gang
         self._deleted: dict[str, None] = {}  # uids of the last pods deleted, oldest first
-        self.dljobs: dict[tuple[str, str], tuple[str, str]] = {}
+        self.dljobs: dict[tuple[str, str], tuple[str, str, int]] = {}
+        """(namespace, name) -> the DLJob's UID, its current allocation generation ("" if
+        none) and GPUs (``status.allocation``; 0 if none)."""
         """(namespace, name) -> (uid, ``status.allocation.generation``) of each DLJob."""
         self._unadopted: set[GangKey] = set()
         """Annotated gangs not adopted for want of their DLJob's view (retried on its news)."""
@@ -323,10 +329,11 @@ class ClusterState:
         if not name or not isinstance(uid, str):
             return None
         allocation = _dict_of(_dict_of(_dict_of(body).get("status")).get("allocation"))
-        generation = allocation.get("generation")
+        generation, gpus = allocation.get("generation"), allocation.get("gpus")
         ok = isinstance(generation, int) and not isinstance(generation, bool)
+        counted = isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0
         key = (str(meta.get("namespace") or "default"), name)
-        self.dljobs[key] = (uid, str(generation) if ok else "")
+        self.dljobs[key] = (uid, str(generation) if ok else "", gpus if counted else 0)
         return key
 
     def upsert_node(self, body: Any) -> None:
@@ -483,7 +490,11 @@ class ClusterState:
         now = self._clock()
         tolerations = {i.gang: i.tolerations for i in self.pods.values() if i.gang in found}
         for key, (slots, workers) in found.items():
-            # A gang holds one GPU per worker: a longer block is not the operator's.
+            # A gang holds one GPU per worker, and its DLJob's allocation says how many:
+            # a longer block, or more workers than that (annotations anyone who may
+            # patch the pods can edit), is not the operator's.
+            planned = self.dljobs.get((key.namespace, key.job), ("", "", 0))[2]
+            workers = min(workers, planned) if planned else workers
             gang = Gang(key, tuple(slots[:workers]), workers, created_s=now, started=True)
             gang.tolerations = tolerations.get(key, ())
             gang.settled = self._complete(gang)

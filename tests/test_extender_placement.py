@@ -8,6 +8,7 @@ what the extender makes of them for whole gangs.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -17,7 +18,7 @@ from powerflow.extender.objects import GangKey, pod_info
 from powerflow.extender.state import ClusterState, NotSynced
 from powerflow.operator.workers import planned_block_annotation
 
-from powerflow.contract import PLANNED_BLOCK_ANNOTATION
+from powerflow.contract import API_VERSION, KIND, PLACEMENT_ANNOTATION, PLANNED_BLOCK_ANNOTATION
 
 
 class FakeClock:
@@ -311,6 +312,51 @@ def test_a_pod_deleted_while_its_bind_was_in_flight_holds_no_gpus() -> None:
     state.end_bind(info, "n0")  # the binding was committed (201) before the deletion
     assert state.pods == {} and state.gangs == {}
     assert state.filter(pod_info(gang("next", 8)[0]), ["n0"]).admitted == ["n0"]
+
+
+def owned(body: dict[str, Any], uid: str) -> dict[str, Any]:
+    """The worker as the operator creates it: its DLJob is its controller."""
+    ref = {"apiVersion": API_VERSION, "kind": KIND, "name": "a", "uid": uid, "controller": True}
+    body["metadata"]["ownerReferences"] = [ref]
+    return body
+
+
+def test_a_pod_no_dljob_controls_takes_no_gpu_of_that_jobs_gang() -> None:
+    """A tenant's pod that copies a job's label and generation is a gang of its own: the
+    job's workers still find their whole block."""
+    state, _ = cluster(1)
+    workers = [owned(p, "uid-a") for p in gang("a", 4, generation="1")]
+    assert schedule(state, workers[0]) == "n0"
+    stray = gang("a", 4, generation="1")[1]
+    stray["metadata"]["name"] = "stray"
+    assert schedule(state, stray) == "n0"  # the node's other four GPUs
+    assert [schedule(state, w) for w in workers[1:]] == ["n0"] * 3
+    assert sorted(key.owner for key in state.gangs) == ["", "uid-a"]
+    assert len(state.gangs[GangKey("default", "a", "1", "uid-a")].block) == 4
+
+
+def test_an_adopted_gang_is_no_larger_than_its_dljobs_allocation() -> None:
+    """After a restart, bound workers whose annotations claim a gang of eight and a block
+    of eight GPUs, while their DLJob's allocation says four: four are reserved, so the
+    node's other GPUs stay free for other gangs."""
+    block = json.dumps({"node": "n0", "block": [["n0", i] for i in range(8)]})
+    pods = []
+    for body in gang("a", 8, generation="1")[:2]:
+        owned(body, "uid-a")
+        body["metadata"]["annotations"][PLACEMENT_ANNOTATION] = block
+        body["spec"]["nodeName"] = "n0"
+        pods.append(body)
+    job = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": "a", "namespace": "default", "uid": "uid-a"},
+        "status": {"allocation": {"generation": 1, "gpus": 4}},
+    }
+    state, _ = cluster(1)
+    state.replace([node("n0", 8)], pods, [job])
+    (adopted,) = state.gangs.values()
+    assert adopted.workers == 4 and len(adopted.block) == 4
+    assert schedule(state, pod("other-0", job="other", workers=4)) == "n0"
 
 
 def planned(body: dict[str, Any], *slots: tuple[str, int]) -> dict[str, Any]:
