@@ -97,6 +97,10 @@ class Telemetry:
         self._job_of: dict[PodKey, JobKey] = {}
         self._jobs: dict[JobKey, _Job] = {}
         self._iterations: dict[PodKey, int] = {}
+        self._counts: dict[JobKey, int] = {}
+        """Each job's most iterations reported here, kept while any of its pods is active
+        on this node: a worker that finished first (its pod ``Succeeded``) while the
+        others wait on it still counts for the job's progress."""
         self._uuids: dict[PodKey, tuple[str, ...]] = {}
         self._max_clock: dict[int, int | None] = {}
         self._sweeps = Sweeps()
@@ -127,6 +131,8 @@ class Telemetry:
         for table in (self._iterations, self._uuids):
             for gone in [k for k in table if k not in mine]:
                 del table[gone]
+        for gone_job in [k for k in self._counts if k not in jobs]:
+            del self._counts[gone_job]
         self._sweeps.sync({key: self._pods[job.pods[0]].profile for key, job in jobs.items()})
         self._windows.retain(jobs.keys())
 
@@ -139,13 +145,13 @@ class Telemetry:
         """Each job's most iterations any of its workers here reported (the worker
         library counts from the checkpoint it resumed at), for the operator: jobs
         without an allocation generation are not PowerFlow's to count."""
-        best: dict[tuple[str, str, int], int] = {}
-        for pod, count in self._iterations.items():
-            key = self._job_of.get(pod)
-            if key is not None and key[2] is not None:
-                job = (key[0], key[1], key[2])
-                best[job] = max(best.get(job, 0), count)
-        return tuple(JobProgress(ns, job, gen, n) for (ns, job, gen), n in sorted(best.items()))
+        return tuple(
+            JobProgress(ns, job, gen, n)
+            for (ns, job, gen), n in sorted(
+                (k, v) for k, v in self._counts.items() if k[2] is not None
+            )
+            if gen is not None
+        )
 
     def reported_uuids(self, pod: PodKey) -> tuple[str, ...]:
         """The GPU UUIDs ``pod``'s worker last reported (empty if none)."""
@@ -166,6 +172,7 @@ class Telemetry:
             self._call(self.on_gpus_reported)
         self._iterations[key] = r.iterations
         job_key = self._job_of[key]
+        self._counts[job_key] = max(self._counts.get(job_key, 0), r.iterations)
         job = self._jobs[job_key]
         lead = next(p for p in job.pods if p in self._iterations)
         if lead == key:

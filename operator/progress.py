@@ -6,7 +6,8 @@ as iterations times the model's energy per iteration. Whole iterations only:
 the time that did not make a whole iteration stays in the job's anchor (the
 instant its counted iterations reach), so frequent passes never round
 progress away. Anchors live in the controller's memory; after a restart
-counting resumes from the restart (an estimate; trainer reports win).
+counting resumes from the restart (an estimate; trainer reports win where they
+are higher: the progress shown never goes back).
 
 The model calls are batched: one broadcast call per distinct model object
 (jobs sharing a prior share it), not two scalar calls per job. Named tuples,
@@ -85,7 +86,10 @@ def account(
         done = job.iterations_done
         anchor: float | None = None
         if job.reported is not None:
-            done, anchor = job.reported, now_s
+            # Progress shown never goes back: a count below what the status holds is a
+            # report that lags an estimate (an operator restarted before the agents'
+            # next post) or a resumed run redoing iterations done once already.
+            done, anchor = max(job.reported, done), now_s
         elif job.workers_running:
             anchor = anchors.get(job.key, now_s)
             whole = int(max(now_s - anchor, 0.0) // t)

@@ -255,3 +255,19 @@ def test_progress_is_each_jobs_most_reported_iterations_of_its_generation() -> N
     assert node.report(a0.key, 12) is None
     node.remove(b0.key)
     assert node.telemetry.progress() == (JobProgress("ml", "bert", 1, 12),)
+
+
+def test_a_worker_that_finished_first_still_counts_for_its_job() -> None:
+    """Worker 0 reached the job's end and its pod succeeded; the others wait on it (a
+    collective that never completes): the job's progress keeps worker 0's count until
+    none of its pods is active here."""
+    node = SimNode(seed=3)
+    w0, w1 = worker("bert", 0), worker("bert", 1)
+    node.place(w0, 0)
+    node.place(w1, 1)
+    assert node.report(w0.key, 1000) is None
+    assert node.report(w1.key, 990) is None
+    node.update(worker("bert", 0, phase="Succeeded"))
+    assert node.telemetry.progress() == (JobProgress("ml", "bert", 1, 1000),)
+    node.update(worker("bert", 1, phase="Failed"))
+    assert node.telemetry.progress() == ()

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import powerflow.worker as pf
@@ -59,6 +60,15 @@ class Agent:
         assert self.release.wait(30)
         self.reports.append(r)
         return None
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 @pytest.fixture
@@ -124,15 +134,20 @@ def test_reports_are_rate_bounded(agent: tuple[Agent, int]) -> None:
     w = Worker(env=pod_env(port), min_interval_s=3600.0)
     for _ in range(100):
         w.report_iteration()
+    assert wait_until(lambda: len(a.reports) == 1)
     w.close()
-    assert [r.iterations for r in a.reports] == [1]  # the first boundary only
+    # the first boundary, then the last count at close (the job's progress)
+    assert [r.iterations for r in a.reports] == [1, 100]
     # an explicit count (a resumed run) is what is reported and counted on from
     w = Worker(env=pod_env(port), min_interval_s=3600.0)
     w.report_iteration(500)
     w.report_iteration()
+    assert wait_until(lambda: len(a.reports) == 3)
     w.close()
-    assert [r.iterations for r in a.reports] == [1, 500]
+    assert [r.iterations for r in a.reports] == [1, 100, 500, 501]
     assert w.iterations == 501
+    w.close()  # closing again sends nothing more
+    assert len(a.reports) == 4
 
 
 def test_a_slow_agent_never_blocks_a_step(agent: tuple[Agent, int]) -> None:
@@ -146,7 +161,7 @@ def test_a_slow_agent_never_blocks_a_step(agent: tuple[Agent, int]) -> None:
     assert w.reporter is not None and w.reporter.dropped == 200
     a.release.set()
     w.close()
-    assert [r.iterations for r in a.reports] == [1]
+    assert [r.iterations for r in a.reports] == [1, 201]  # the dropped ones' last count
 
 
 def test_an_unreachable_agent_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -179,8 +194,9 @@ def test_the_module_level_worker(agent: tuple[Agent, int]) -> None:
     with pf.step():
         pass
     assert w.iterations == 2
+    assert wait_until(lambda: len(a.reports) == 1)
     pf.close()
-    assert [r.iterations for r in a.reports] == [1]
+    assert [r.iterations for r in a.reports] == [1, 2]
 
 
 # -- progress through the API server ---------------------------------------------

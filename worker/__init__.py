@@ -17,7 +17,8 @@ What it does (``Worker``):
   ``min_interval_s`` (0.1 s) apart, a POST of ``{"namespace", "pod", "uid",
   "iterations", "gpuUuids"}`` to ``http://$POWERFLOW_AGENT_HOST:$POWERFLOW_AGENT_PORT``
   ``/v1/iterations`` (``powerflow.contract.ITERATIONS_PATH``), fire and forget
-  from a background thread: a training step never waits for it. The agent
+  from a background thread: a training step never waits for it; ``close()``
+  sends the last count once more if the agent has not had it. The agent
   measures energy per window of iterations from these boundaries and steps
   profiling clocks only at them.
   *Why HTTP and not a unix socket on a hostPath:* Pod Security "baseline" and

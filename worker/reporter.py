@@ -50,6 +50,8 @@ class AgentReporter:
         """Reports the agent accepted."""
         self.dropped = 0
         """Reports not sent because the previous one was still in flight."""
+        self.last_sent: int | None = None
+        """The count of the last report the agent accepted."""
         self._thread = threading.Thread(target=self._loop, name="powerflow-report", daemon=True)
         self._thread.start()
 
@@ -63,12 +65,22 @@ class AgentReporter:
             self._cond.notify()
             return True
 
-    def close(self, timeout_s: float = 1.0) -> None:
-        """Stop the thread (after the report in flight, waiting at most ``timeout_s``)."""
+    def close(self, timeout_s: float = 1.0, final: int | None = None) -> None:
+        """Stop the thread (after the report in flight, waiting at most ``timeout_s``);
+        then, when ``final`` is a count the agent has not accepted yet, report it from
+        this thread: a count dropped while a report was in flight, or held back by the
+        interval, would otherwise never reach the operator, and it is the job's
+        progress (a trainer that reaches its iterations and hangs in teardown is done).
+        """
         with self._cond:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout_s)
+        if final is not None and final != self.last_sent and not self._thread.is_alive():
+            self._post(final)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _loop(self) -> None:
         while True:
@@ -107,6 +119,7 @@ class AgentReporter:
                 continue
             if resp.status < 300:
                 self.sent += 1
+                self.last_sent = iterations
                 self._complained.clear()
             elif resp.status == 404:  # the agent has not seen this pod yet: it will
                 self._complain("404", f"the agent does not know this pod (yet): {text}")

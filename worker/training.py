@@ -107,7 +107,7 @@ class Worker:
         self._closed = True
         self._uninstall_sigterm()
         if self.reporter is not None:
-            self.reporter.close()
+            self.reporter.close(final=self.iterations)
 
     def __enter__(self) -> Worker:
         return self

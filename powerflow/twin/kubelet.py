@@ -397,13 +397,13 @@ class Kubelet:
             w.reporter.offer(w.iterations)
         if w.iterations >= w.total:
             w.finished = True
-            w.reporter.offer(w.iterations)  # the last count, as the library's last step
             self._exit(w, "Succeeded")
 
     def _exit(self, w: Worker, phase: str) -> None:
         key = (w.namespace, w.job)
         self.checkpoints[key] = max(self.checkpoints.get(key, 0), w.iterations)
-        w.reporter.close(0.5)
+        # The library's close: its last count reaches the agent (the job's progress).
+        w.reporter.close(0.5, final=w.iterations)
         self.workers.pop(w.uid, None)
         self.gpus[w.node].clear(w.gpu)
         path = f"/api/v1/namespaces/{w.namespace}/pods/{w.pod}/status"
@@ -419,7 +419,8 @@ class Kubelet:
         self.stats.checkpoints += 1
         self.gpus[w.node].clear(w.gpu)
         self.stats.events.append((self.now_s(), w.pod, f"checkpointed at {w.iterations}"))
-        w.reporter.close(0.5)
+        # The library's close: its last count reaches the agent (the job's progress).
+        w.reporter.close(0.5, final=w.iterations)
 
     def _checkpoint(self, w: Worker, now: float) -> None:
         key = (w.namespace, w.job)
