@@ -331,9 +331,9 @@ class ClusterState:
         allocation = _dict_of(_dict_of(_dict_of(body).get("status")).get("allocation"))
         generation, gpus = allocation.get("generation"), allocation.get("gpus")
         ok = isinstance(generation, int) and not isinstance(generation, bool)
-        counted = isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0
+        planned = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 0
         key = (str(meta.get("namespace") or "default"), name)
-        self.dljobs[key] = (uid, str(generation) if ok else "", gpus if counted else 0)
+        self.dljobs[key] = (uid, str(generation) if ok else "", planned)
         return key
 
     def upsert_node(self, body: Any) -> None:
