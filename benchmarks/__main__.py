@@ -1,15 +1,19 @@
 """Run every ``*_bench`` module's ``main()`` in name order.
 
-``python -m benchmarks [SUBSTRING ...]`` runs only the modules whose name
-contains one of the substrings (e.g. ``python -m benchmarks models``).
+``python -m benchmarks [NAME ...]`` runs only the modules whose name contains one
+of the words (e.g. ``python -m benchmarks models``); ``--help`` lists them, each
+with the first line of its docstring.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
 import importlib
 import pkgutil
 import sys
 import time
+from pathlib import Path
 
 import benchmarks
 
@@ -20,10 +24,32 @@ def bench_modules() -> list[str]:
     )
 
 
+def summary(name: str) -> str:
+    """The first line of a benchmark module's docstring, read without importing it (the
+    modules import the whole stack)."""
+    path = Path(benchmarks.__path__[0]) / f"{name}.py"
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return doc.splitlines()[0] if doc else ""
+
+
+def parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {n.removesuffix('_bench'):<16} {summary(n)}" for n in bench_modules())
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Speed and accuracy benchmarks: each prints a table.",
+        epilog=f"benchmarks:\n{listing}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="run the benchmarks whose name "
+                   "contains one of these words (default: all)")  # fmt: skip
+    return p
+
+
 def run(filters: list[str]) -> int:
     names = [n for n in bench_modules() if not filters or any(f in n for f in filters)]
     if not names:
-        print(f"no benchmark matches {filters}; have {bench_modules()}", file=sys.stderr)
+        have = ", ".join(n.removesuffix("_bench") for n in bench_modules())
+        print(f"no benchmark matches {' '.join(filters)}; have {have}", file=sys.stderr)
         return 2
     for name in names:
         print(f"== benchmarks.{name}", flush=True)
@@ -38,5 +64,10 @@ def run(filters: list[str]) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return run(args.names)
+
+
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(main())

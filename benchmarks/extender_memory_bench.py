@@ -1,4 +1,4 @@
-"""Memory and loop stalls of the extender under big or many-named calls (issue 11, item 13).
+"""Memory and loop stalls of the extender under big or many-named calls.
 
 Rows:
 

@@ -1,4 +1,4 @@
-"""Accuracy and speed of the performance models against the issue's targets.
+"""Accuracy and speed of the performance models against their targets.
 
 Per ground-truth model (A100): held-out MAPE of a fit to a seeded 90% of the
 dense profile (target <= 10% on throughput and energy); the 1-GPU-sweep-only
