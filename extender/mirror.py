@@ -23,6 +23,15 @@ from .state import ClusterState
 log = logging.getLogger(__name__)
 
 Apply = Callable[[Any], None]
+CRD_POLL_S = 30.0
+"""While the DLJob resource is missing, how often the mirror asks for it again: a CRD
+installed after the extender (``crds.install=false`` and the CRD applied later) is
+mirrored within this, not at the next relist, which a quiet cluster may not need for
+hours."""
+
+
+class CrdAppeared(Exception):
+    """The DLJob resource exists now: list again, to mirror and watch it."""
 
 
 class Mirror:
@@ -55,6 +64,10 @@ class Mirror:
                 if isinstance(first, WatchExpired):
                     log.info("watch expired; relisting")
                     continue
+                if isinstance(first, CrdAppeared):
+                    log.info("the DLJob resource exists now; relisting")
+                    self._told_no_crd = False
+                    continue
                 reason = str(first) if isinstance(first, ApiError) else f"{first!r}"
                 self.state.mark_unsynced(reason)
                 log.warning("Kubernetes API: %s; retrying in %.1f s", reason, delay)
@@ -77,6 +90,8 @@ class Mirror:
                         DLJOBS_PATH, job_version, self.state.upsert_job, self.state.delete_job
                     )
                 )
+            else:
+                group.create_task(self._await_crd())
             group.create_task(
                 self._watch(
                     NODES_PATH, node_version, self.state.upsert_node, self.state.delete_node
@@ -89,7 +104,7 @@ class Mirror:
     async def _dljobs(self) -> tuple[list[dict[str, Any]], str | None]:
         """The DLJobs and their list's version; none, and no version to watch from, when
         the API server has no such resource (the CRD is not installed: no DLJob exists,
-        no gang is adopted; the next relist looks again)."""
+        no gang is adopted; ``_await_crd`` looks again every ``CRD_POLL_S``)."""
         try:
             return await self.api.list(DLJOBS_PATH)
         except ApiError as exc:
@@ -99,6 +114,20 @@ class Mirror:
                 self._told_no_crd = True
                 log.warning("%s: no DLJob resource (CRD not installed?): no gang adopted", exc)
             return [], None
+
+    async def _await_crd(self) -> None:
+        """Ask for the DLJob resource every ``CRD_POLL_S``; once it answers, end the
+        watches with ``CrdAppeared`` (``run`` lists again, without marking the state
+        unsynced)."""
+        while True:
+            await asyncio.sleep(CRD_POLL_S)
+            try:
+                await self.api.list(DLJOBS_PATH)
+            except ApiError as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            raise CrdAppeared
 
     async def _watch(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
         while True:

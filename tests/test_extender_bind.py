@@ -19,7 +19,7 @@ import kmock as kmock_module
 import pytest
 from extender_bodies import args, binding_args, go_json, node, pod
 from fastapi import FastAPI
-from powerflow.extender import create_app
+from powerflow.extender import create_app, mirror
 from powerflow.extender.kube import Connection, KubeApi
 from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState
@@ -478,3 +478,21 @@ async def test_a_worker_someone_else_bound_to_its_node_is_bound_without_a_pod_wr
     answer = await ext.post("/bind", content=go_json(binding_args(body, admitted[0])), headers=JSON)
     assert answer.json() == {"Error": ""}
     assert len([r for r in kmock if r.method == kmock_module.method.PATCH]) == before
+
+
+async def test_a_dljob_resource_installed_after_the_extender_started_is_mirrored_soon(
+    kmock: KubeEmulator, start: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started before the CRD (``crds.install=false``, the CRD applied later): the
+    extender mirrors DLJobs once the resource exists, within the poll, not at the next
+    relist, and stays ready meanwhile."""
+    monkeypatch.setattr(mirror, "CRD_POLL_S", 0.05)
+    kmock.load_builtins()  # no DLJob resource yet
+    ext = await start()
+    await ready(ext)
+    assert ext.state.dljobs == {}
+    kmock.declare(f"{GROUP}/{VERSION}/{PLURAL}", KIND)
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        await create_dljob(api, "train", generation=1)
+    await wait_for(lambda: ("ml", "train") in ext.state.dljobs)
+    assert (await ext.get("/readyz")).status_code == 200
