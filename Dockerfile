@@ -18,6 +18,11 @@ ENV NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/opt/powerflow/numba-cache
 # The pins (scripts/lock-requirements.sh) and, when scripts/build-image.sh made
 # one, the host-built wheelhouse: then nothing is downloaded here (`wheelhouse*`
 # matches nothing in a plain `docker build`, and the index is used instead).
+# binutils' strip, for the build stage only (the runtime stage copies the
+# environment, not the tools).
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends binutils >/dev/null \
+ && rm -rf /var/lib/apt/lists/*
 COPY requirements/*.txt wheelhouse* /deps/
 # The dependencies before the sources: this layer stays cached until the pins change.
 RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/deps; fi \
@@ -30,7 +35,8 @@ COPY . /src
 # with pip and setuptools (the services need neither), third-party tests, and
 # the Kubernetes client's asyncio copy of its generated API (kubernetes/aio, 68 MB:
 # PowerFlow uses the synchronous client; tests/test_without_lab.py fails if a
-# component imports it).
+# component imports it). The wheels' shared objects ship symbol tables nothing
+# loads: scripts/strip-shared.py strips each and keeps it only if it still loads.
 RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/deps; fi \
  && PIP_CONSTRAINT=/deps/build.txt /opt/powerflow/bin/pip install -q --no-deps /src \
  && /opt/powerflow/bin/powerflow --version \
@@ -44,6 +50,7 @@ RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS
  && /opt/powerflow/bin/python -m pip uninstall -q -y setuptools wheel pip \
  && find /opt/powerflow/lib -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} + \
  && rm -rf /opt/powerflow/lib/python3*/site-packages/kubernetes/aio \
+ && /opt/powerflow/bin/python /src/scripts/strip-shared.py /opt/powerflow/lib \
  && find /opt/powerflow -depth -type d -name '__pycache__' -empty -delete
 
 # --- runtime -----------------------------------------------------------------

@@ -56,6 +56,19 @@ p.terminate(); print(p.stderr.read().decode()[-400:]); sys.exit(1)
 set -e
 [ "$rc" = 0 ] || fail "extender: $out"
 
+# Every shared object of the environment still loads after the build stripped them
+# (one that needs a library the image has not, as numba's optional OpenMP and TBB
+# threading layers do, fails the same way unstripped).
+out=$(run python3 -c '
+import ctypes, pathlib, sys
+for lib in sorted(p for p in pathlib.Path(sys.prefix, "lib").rglob("*.so*") if p.is_file()):
+    try:
+        ctypes.CDLL(str(lib))
+    except OSError as e:
+        if "cannot open shared object file" not in str(e):
+            print(e)') || fail "loading the shared objects: $out"
+[ -z "$out" ] || fail "a shared object does not load: $out"
+
 # Numba's kernels were compiled at build time: fitting a model and planning with
 # it, as the operator does, compiles nothing (the cache is hit; NUMBA_DEBUG_CACHE
 # prints each load and each save).
