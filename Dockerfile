@@ -46,7 +46,7 @@ RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS
  && rm -rf /tmp/warm \
  && names() { sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' "$1" | sort -u; } \
  && names /deps/lab.txt > /tmp/lab && names /deps/runtime.txt > /tmp/runtime \
- && comm -23 /tmp/lab /tmp/runtime | xargs /opt/powerflow/bin/pip uninstall -q -y \
+ && comm -23 /tmp/lab /tmp/runtime | xargs -r /opt/powerflow/bin/pip uninstall -q -y \
  && /opt/powerflow/bin/python -m pip uninstall -q -y setuptools wheel pip \
  && find /opt/powerflow/lib -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} + \
  && rm -rf /opt/powerflow/lib/python3*/site-packages/kubernetes/aio \

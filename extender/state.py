@@ -260,7 +260,6 @@ class ClusterState:
         self.dljobs: dict[tuple[str, str], tuple[str, str, int]] = {}
         """(namespace, name) -> the DLJob's UID, its current allocation generation ("" if
         none) and GPUs (``status.allocation``; 0 if none)."""
-        """(namespace, name) -> (uid, ``status.allocation.generation``) of each DLJob."""
         self._unadopted: set[GangKey] = set()
         """Annotated gangs not adopted for want of their DLJob's view (retried on its news)."""
         self._view: PoolView | None = None  # the main pool, rebuilt after changes

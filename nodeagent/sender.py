@@ -22,14 +22,16 @@ batch cannot wedge the queue.
 Each post also carries the node's jobs' progress as ``progress_of`` answers at
 that moment (``Telemetry.progress``: each job's most iterations its workers here
 reported). It is state, not a queue: the latest counts go with every post, and a
-change of them since the last post the operator took is a reason to post even
-with no sample queued.
+change of them since the last post the operator took is a reason for one post per
+round (``interval_s``) even with no sample queued: workers report ten times a
+second, and their counts must not turn the round into a stream of posts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import random
 import ssl
@@ -53,6 +55,17 @@ from powerflow.telemetry import (
 log = logging.getLogger(__name__)
 
 _RETRY_STATUSES: Final = frozenset({401, 403, 408, 429})
+
+
+def _progress_refused(answer: str) -> int:
+    """The ingest's count of progress entries it did not take (its cluster view may be
+    behind the job's workers: the same counts are posted again next round)."""
+    try:
+        body = json.loads(answer)
+    except ValueError:
+        return 0
+    value = body.get("progressRefused", 0) if isinstance(body, dict) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def backoff_s(
@@ -171,7 +184,13 @@ class SampleSender:
 
     async def _flush(self, session: aiohttp.ClientSession, *, once: bool = False) -> float:
         """Post batches while there are any; the pause before the next round."""
-        while self._queue or self._power is not None or self.progress_of() != self._progress_taken:
+        posted = False  # a change of progress alone is posted once a round, not per change
+        while (
+            self._queue
+            or self._power is not None
+            or (not posted and self.progress_of() != self._progress_taken)
+        ):
+            posted = True
             if not await self._post_one(session):
                 self.failures += 1
                 self.post_failures.inc()
@@ -206,14 +225,16 @@ class SampleSender:
                 ssl=self._ssl if self._ssl is not None else True,
             ) as resp:
                 status = resp.status
-                reason = (await resp.text())[:300] if status >= 300 else ""
+                text = await resp.text()
+                reason = text[:300] if status >= 300 else ""
                 retry_after = resp.headers.get("Retry-After")
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             log.warning("posting %d samples to %s failed: %s", count, self.url, e or type(e))
             return False
         if 200 <= status < 300:
             self._consume(count, power)
-            self._progress_taken = progress
+            if not _progress_refused(text):  # else posted again next round, as it is then
+                self._progress_taken = progress
             self.sent.inc(count)
             return True
         if status >= 500 or status in _RETRY_STATUSES:

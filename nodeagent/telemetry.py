@@ -45,6 +45,7 @@ from powerflow.telemetry import (
     WindowSample,
     encode_batch,
     parse_batch,
+    sendable,
 )
 
 log = logging.getLogger(__name__)
@@ -145,13 +146,9 @@ class Telemetry:
         """Each job's most iterations any of its workers here reported (the worker
         library counts from the checkpoint it resumed at), for the operator: jobs
         without an allocation generation are not PowerFlow's to count."""
-        return tuple(
-            JobProgress(ns, job, gen, n)
-            for (ns, job, gen), n in sorted(
-                (k, v) for k, v in self._counts.items() if k[2] is not None
-            )
-            if gen is not None
-        )
+        counts = sorted((k, v) for k, v in self._counts.items() if k[2] is not None)
+        entries = (JobProgress(ns, job, gen or 0, n) for (ns, job, gen), n in counts)
+        return tuple(p for p in entries if sendable(p))
 
     def reported_uuids(self, pod: PodKey) -> tuple[str, ...]:
         """The GPU UUIDs ``pod``'s worker last reported (empty if none)."""

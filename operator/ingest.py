@@ -75,9 +75,10 @@ The batch's ``progress`` (each job's most iterations its workers on the sender's
 node reported) goes to ``reported_progress`` where ``sample_checks.judge_progress``
 finds a worker of that generation on the sender's node; a count that reaches the
 job's ``spec.iterations`` is told to ``on_finished``, which starts a pass (the job
-is done). The others are dropped and counted in the answer's ``progressRefused``
-(present when the batch had progress): a job that ended or moved since the post,
-and the agent's next post carries what is current.
+is done once no worker runs, or after its workers' grace period). The others are
+dropped and counted in the answer's ``progressRefused`` (present when the batch had
+progress): a job that ended or moved since the post, or workers bound after this
+view was read; the agent posts those counts again next round.
 
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
@@ -282,8 +283,11 @@ class Ingest:
             if sample_checks.judge_progress(jobs, node, progress) is not None:
                 refused += 1  # a job that ended or moved since the post: the next is current
                 continue
-            self.progress.report(progress)
             total = totals.get((progress.namespace, progress.job))
+            generations = jobs.get((progress.namespace, progress.job), {}).keys()
+            self.progress.report(
+                progress, total=total, now_s=self._clock(), generations=generations
+            )
             if total is not None and progress.iterations >= total and self.on_finished:
                 self.on_finished(f"{progress.namespace}/{progress.job}")
         return refused

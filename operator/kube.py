@@ -187,6 +187,9 @@ class Kube:
     def __init__(self, api: kubernetes.client.ApiClient, namespace: str | None) -> None:
         self.api = api
         self.namespace = namespace
+        self.cluster_events_namespace = "default"
+        """Where Events about cluster-scoped objects (Nodes) go: an operator serving one
+        namespace may post Events only there and in its release namespace."""
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.foreign = foreign_pods.ForeignGpuPods(self.core, self._list_foreign, requests_gpus)
@@ -499,7 +502,7 @@ class Kube:
 
     def _post_event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        namespace = ref["metadata"].get("namespace") or "default"
+        namespace = ref["metadata"].get("namespace") or self.cluster_events_namespace
         body = {
             "apiVersion": "v1",
             "kind": "Event",

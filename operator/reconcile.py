@@ -216,11 +216,14 @@ class _View:
     """One DLJob during a pass: what was observed, and the status it should get (``new``)."""
 
     __slots__ = (
-        "agent_reported", "alloc", "current", "first", "key", "meta", "name", "new", "ns",
-        "obs", "other", "reported", "req", "running", "status", "stopping", "terminating",
+        "agent_done_at", "agent_reported", "alloc", "current", "first", "key", "meta", "name",
+        "new", "ns", "obs", "other", "reported", "req", "running", "status", "stopping",
+        "terminating",
     )  # fmt: skip
 
-    def __init__(self, obs: Observed, agent_progress: Mapping[str, tuple[int, int]]) -> None:
+    def __init__(
+        self, obs: Observed, agent_progress: Mapping[str, tuple[int, int, float | None]]
+    ) -> None:
         self.obs = obs
         meta: Any = obs.body.get("metadata")
         self.meta: Meta = cast(Meta, meta if isinstance(meta, dict) else {})
@@ -246,8 +249,11 @@ class _View:
             else:
                 self.other.append(pod)
         reported = agent_progress.get(self.key)
-        self.agent_reported = reported[1] if reported and reported[0] == generation else None
+        ours = reported is not None and reported[0] == generation
+        self.agent_reported = reported[1] if reported and ours else None
         """What the agents reported of the current generation (``reported_progress``)."""
+        self.agent_done_at = reported[2] if reported and ours else None
+        """When that count reached the job's iterations (None: not yet)."""
         gpus = int(self.alloc.get("gpus", 0))
         # Every worker of the current allocation runs: profiling and progress count.
         self.running = (
@@ -385,6 +391,22 @@ def _reported_iterations(pods: Sequence[PodBody], agents: int | None) -> int | N
         if value >= 0:
             best = value if best is None else max(best, value)
     return best
+
+
+def _done_by_count(actions: Actions, v: _View, req: JobRequest, now_s: float) -> bool:
+    """The agents' count reached the job's iterations: done once no worker runs, or the
+    workers' grace period after the count arrived. A trainer saves and evaluates after
+    its last step, which the count reports at once; its pod is not deleted under it
+    before that grace, and a trainer hung in its teardown still ends then."""
+    if v.agent_reported is None or v.agent_reported < req.iterations:
+        return False
+    if not any(_pod_phase(p) == "Running" for p in v.current):
+        return True
+    since = v.agent_done_at if v.agent_done_at is not None else now_s
+    if now_s - since >= req.grace_s:
+        return True
+    actions.wake(since + req.grace_s)
+    return False
 
 
 @functools.lru_cache(maxsize=4096)
@@ -561,11 +583,16 @@ def _lifecycle(
             f"worker {names} failed; restart {restarts}/{req.restart_limit} in {wait:.0f} s",
         )  # fmt: skip
         return False
-    reported = v.reported = _reported_iterations(v.current, v.agent_reported)
+    annotated = _reported_iterations(v.current, None)
+    v.reported = _reported_iterations(v.current, v.agent_reported)
     gpus = _count(v.alloc.get("gpus"))
     all_done = bool(v.current) and len(v.current) == gpus
     all_done = all_done and all(_pod_phase(p) == "Succeeded" for p in v.current)
-    if all_done or (reported is not None and reported >= req.iterations):
+    if (
+        all_done
+        or (annotated is not None and annotated >= req.iterations)
+        or _done_by_count(actions, v, req, now_s)
+    ):
         v.new["conditions"] = set_condition(conditions, "Done", True, "Completed", "", now)
         v.new["completionTime"] = now
         progress = dict(v.status.get("progress") or {})
@@ -1287,7 +1314,7 @@ def reconcile(
     learned: Mapping[str, Mapping[str, Any]] | None = None,
     measured: Mapping[str, MeasuredPower] | None = None,
     power_ratio: float = 1.0,
-    agent_progress: Mapping[str, tuple[int, int]] | None = None,
+    agent_progress: Mapping[str, tuple[int, int, float | None]] | None = None,
 ) -> Actions:
     """Decide everything one pass of the allocation loop does (see module docstring).
 
@@ -1302,9 +1329,10 @@ def reconcile(
     by job key (``_learned_model``). ``measured``: each job's latest measured power
     (``build_snapshot``); ``power_ratio``: the recent measured / planned power of
     the jobs running as planned (``Snapshot.power_ratio``, kept by the controller).
-    ``agent_progress``: job key -> (generation, iterations) the node agents reported
-    (``reported_progress``); with the workers' progress annotations, the most
-    iterations of the current generation count (``_View``).
+    ``agent_progress``: job key -> (generation, iterations, when they reached the
+    job's total) the node agents reported (``reported_progress``); with the workers'
+    progress annotations, the most iterations of the current generation count
+    (``_View``, ``_done_by_count``).
     Each job's steps run under a ``_Guard``: one job's failure
     never stops the others.
     """

@@ -129,12 +129,24 @@ def encode_batch(batch: SampleBatch) -> dict[str, Any]:
     if batch.power is not None:
         out["power"] = {"watts": batch.power.watts, "atS": batch.power.at_s}
     if batch.progress:
-        out["progress"] = [
-            {"namespace": p.namespace, "job": p.job, "generation": p.generation,
-             "iterations": p.iterations}
-            for p in batch.progress
-        ]  # fmt: skip
+        out["progress"] = [_encode_progress(p) for p in batch.progress]
     return out
+
+
+def _encode_progress(p: JobProgress) -> dict[str, Any]:
+    return {"namespace": p.namespace, "job": p.job, "generation": p.generation,
+            "iterations": p.iterations}  # fmt: skip
+
+
+def sendable(progress: JobProgress) -> bool:
+    """Whether ``parse_batch`` takes this entry: the agent leaves out one it would
+    refuse (a job label that is not an object name, a generation out of range), which
+    would otherwise get every batch of its node refused, samples and all."""
+    try:
+        _progress(_encode_progress(progress), "progress")
+    except TelemetryError:
+        return False
+    return True
 
 
 def parse_batch(obj: object) -> SampleBatch:

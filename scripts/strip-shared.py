@@ -26,7 +26,11 @@ def loads(lib: Path) -> bool:
 
 
 def main(prefix: str) -> int:
-    libs = sorted(p for p in Path(prefix).rglob("*.so*") if p.is_file() and ".so" in p.suffixes)
+    libs = sorted(
+        p
+        for p in Path(prefix).rglob("*.so*")
+        if p.is_file() and not p.is_symlink() and ".so" in p.suffixes
+    )
     before = after = 0
     kept = []
     for lib in libs:

@@ -271,3 +271,16 @@ def test_a_worker_that_finished_first_still_counts_for_its_job() -> None:
     assert node.telemetry.progress() == (JobProgress("ml", "bert", 1, 1000),)
     node.update(worker("bert", 1, phase="Failed"))
     assert node.telemetry.progress() == ()
+
+
+def test_progress_leaves_out_what_the_operator_would_refuse() -> None:
+    """A job label that is a valid label but not an object name (``Bad_Job``) would get
+    every batch of the node refused, its samples with it: that job's progress is left
+    out, the others' go."""
+    node = SimNode(seed=4)
+    good, bad = worker("bert", 0, n=1, per_node=1), worker("Bad_Job", 0, n=1, per_node=1)
+    node.place(good, 0)
+    node.place(bad, 1)
+    assert node.report(good.key, 5) is None
+    assert node.report(bad.key, 7) is None
+    assert node.telemetry.progress() == (JobProgress("ml", "bert", 1, 5),)

@@ -250,6 +250,39 @@ async def test_progress_rides_along_and_a_change_is_posted_alone() -> None:
     ]
 
 
+async def test_progress_that_changes_all_the_time_is_posted_once_a_round() -> None:
+    """Workers report ten times a second, so the counts change during every post: one
+    post per round (``interval_s``), not a post per change."""
+    ingest = Ingest()
+    count = [0]
+
+    def moving() -> tuple[JobProgress, ...]:
+        count[0] += 1
+        return (JobProgress("ml", "job", 1, count[0]),)
+
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, None, interval_s=0.2)
+        sender.progress_of = moving
+        async with running(sender):
+            await asyncio.sleep(1.0)
+    assert 2 <= ingest.posts <= 7, ingest.posts
+
+
+async def test_progress_the_ingest_did_not_take_is_posted_again() -> None:
+    """A 2xx whose ``progressRefused`` is not 0 (the operator's view is behind the job's
+    workers): the same counts go again next round, though they did not change."""
+    refused = web.json_response({"accepted": 0, "refused": 0, "progressRefused": 1})
+    ingest = Ingest(lambda post: refused if post == 1 else None)
+    async with serve(ingest, free_port()) as url:
+        sender = make_sender(url, None, interval_s=0.05)
+        sender.progress_of = lambda: (JobProgress("ml", "job", 1, 1000),)
+        async with running(sender):
+            await ingest.wait(lambda: len(ingest.batches) == 1)
+            await asyncio.sleep(0.3)  # taken now: not posted again
+    assert ingest.posts == 2
+    assert ingest.batches == [SampleBatch(NODE, (), None, (JobProgress("ml", "job", 1, 1000),))]
+
+
 async def test_stop_delivers_what_is_queued_once_more() -> None:
     ingest = Ingest()
     async with serve(ingest, free_port()) as url:

@@ -13,6 +13,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,16 @@ def register_agents(emulator: KubeEmulator) -> None:
 async def cluster(
     api: httpx.AsyncClient, kmock: KubeEmulator, kubeconfig: Path
 ) -> AsyncIterator[Cluster]:
+    async with running_cluster(api, kmock, kubeconfig) as made:
+        yield made
+
+
+@asynccontextmanager
+async def running_cluster(
+    api: httpx.AsyncClient, kmock: KubeEmulator, kubeconfig: Path, *options: str
+) -> AsyncIterator[Cluster]:
+    """An operator with its ingest on, DLJob ``resnet``'s four workers bound two to n1
+    and two to n2, and a sample from n1 taken (its view has the bindings)."""
     register_agents(kmock)
     port = free_port()
     args = operator_args(
@@ -172,6 +183,7 @@ async def cluster(
         str(port),
         "--ingest-host",
         "127.0.0.1",
+        *options,
     )
     sink = Recording()
     started_s = time.time()
@@ -311,10 +323,10 @@ async def test_progress_is_taken_only_from_the_nodes_of_the_jobs_workers(
     )
     assert resp.status_code == 200
     assert resp.json() == {"accepted": 0, "refused": 0, "reasons": {}, "progressRefused": 3}
-    assert kept.snapshot() == {f"{NS}/resnet": (1, 40)}
+    assert kept.snapshot() == {f"{NS}/resnet": (1, 40, None)}
     back = await cluster.post(progress_batch("n1", JobProgress(NS, "resnet", 1, 30)))
     assert back.status_code == 200 and back.json()["progressRefused"] == 0
-    assert kept.snapshot() == {f"{NS}/resnet": (1, 40)}  # a late post does not go back
+    assert kept.snapshot() == {f"{NS}/resnet": (1, 40, None)}  # a late post does not go back
 
     async def shown() -> bool:
         status = (await cluster.api.get(f"{JOBS}/resnet")).json().get("status", {})
@@ -322,6 +334,28 @@ async def test_progress_is_taken_only_from_the_nodes_of_the_jobs_workers(
 
     cluster.operator.controller.trigger("test")
     await eventually(shown, timeout=10)
+
+
+async def test_an_operator_serving_one_namespace_posts_node_events_in_its_own(
+    api: httpx.AsyncClient, kmock: KubeEmulator, kubeconfig: Path
+) -> None:
+    """With ``--namespace``, a Warning about a Node (cluster-scoped) goes to the budget's
+    namespace, where the chart's Role lets it post Events, not to ``default``."""
+    async with running_cluster(api, kmock, kubeconfig, "--namespace", NS) as made:
+        told = await made.post(batch("n1", sample(frequency_mhz=9999)))
+        assert told.json()["reasons"] == {"impossible_clock": 1}
+        await poked_pass(made.api, made.operator, "resnet")
+
+        async def events(namespace: str) -> list[dict[str, Any]]:
+            path = f"/api/v1/namespaces/{namespace}/events"
+            items = (await made.api.get(path)).json()["items"]
+            return [e for e in items if e["reason"] == "SamplesRefused"]
+
+        async def in_release() -> list[dict[str, Any]]:
+            return await events("powerflow-system")
+
+        await eventually(in_release, timeout=10)
+        assert await events("default") == []
 
 
 async def test_progress_that_reaches_the_total_finishes_the_job_at_once(

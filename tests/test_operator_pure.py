@@ -190,3 +190,52 @@ def test_one_pass_with_the_real_policy() -> None:
     # A job on a GPU count it never ran on starts by profiling it.
     assert patches["job"]["phase"] in ("Profiling", "Pending")
     assert actions.allocated_gpus == sum(jp.gpus for jp in actions.plan.jobs) > 0
+
+
+def _running(phase: str) -> tuple[list[Observed], int]:
+    """``body()`` after its first pass was carried out: status written, workers created
+    in ``phase``; and its generation."""
+    nodes = tuple(Node(f"n{i}", 8, A100) for i in range(2))
+    first = reconcile(
+        [Observed(body())], nodes, parse_budget({"eta": "0.8"}), 1000.0, PowerFlowPolicy(),
+        lambda job: SyntheticModel(), profiling_window_s=0.0,
+    )  # fmt: skip
+    status: dict[str, Any] = {}
+    for _, _, patch in first.status_first + first.status:
+        status.update(patch)
+    pods = [
+        dict(b, status={"phase": phase}) for b in first.create if b["kind"] == "Pod"
+    ]  # fmt: skip
+    job = dict(body(), status=status)
+    return [Observed(job, tuple(pods))], int(status["allocation"]["generation"])
+
+
+def _after_count(phase: str, count: int, reached_s: float | None, now_s: float) -> Any:
+    observed, generation = _running(phase)
+    nodes = tuple(Node(f"n{i}", 8, A100) for i in range(2))
+    return reconcile(
+        observed, nodes, parse_budget({"eta": "0.8"}), now_s, PowerFlowPolicy(),
+        lambda job: SyntheticModel(), profiling_window_s=0.0,
+        agent_progress={"ml/job": (generation, count, reached_s)},
+    )  # fmt: skip
+
+
+def _phase(actions: Any) -> str | None:
+    patches = [p for _, name, p in actions.status_first + actions.status if name == "job"]
+    return next((p["phase"] for p in reversed(patches) if "phase" in p), None)
+
+
+def test_the_agents_count_ends_a_job_after_its_workers_grace_while_they_run() -> None:
+    """The count reaches the job's 100 iterations while its workers still run (a final
+    save, an evaluation): the job ends the workers' grace period (60 s by default)
+    later, not at once; workers that no longer run end it at once; a count short of it
+    never does."""
+    early = _after_count("Running", 100, reached_s=2000.0, now_s=2010.0)
+    assert _phase(early) != "Succeeded" and not early.delete_pods
+    assert early.wake_at_s == 2060.0
+    late = _after_count("Running", 100, reached_s=2000.0, now_s=2060.0)
+    assert _phase(late) == "Succeeded"
+    exited = _after_count("Pending", 100, reached_s=2000.0, now_s=2001.0)
+    assert _phase(exited) == "Succeeded"
+    short = _after_count("Running", 99, reached_s=None, now_s=9000.0)
+    assert _phase(short) != "Succeeded"

@@ -343,8 +343,11 @@ def serve(
                 args.lease_namespace, args.lease_name, identity, args.lease_duration
             )
             leader = LeaderElector(api, lease)
+        kube = Kube(api, args.namespace)
+        if args.namespace:  # the chart grants Events there (operator.watchNamespace)
+            kube.cluster_events_namespace = args.budget_namespace
         controller = Controller(
-            Kube(api, args.namespace),
+            kube,
             config,
             policy or default_policy(args.scheduler),
             models or learned_models(learning),
