@@ -75,7 +75,7 @@ The batch's ``progress`` (each job's most iterations its workers on the sender's
 node reported) goes to ``reported_progress`` where ``sample_checks.judge_progress``
 finds a worker of that generation on the sender's node; a count that reaches the
 job's ``spec.iterations`` is told to ``on_finished``, which starts a pass (the job
-is done once no worker runs, or after its workers' grace period). The others are
+is done once a worker exited or none runs, or after its workers' grace period). The others are
 dropped and counted in the answer's ``progressRefused`` (present when the batch had
 progress): a job that ended or moved since the post, or workers bound after this
 view was read; the agent posts those counts again next round.

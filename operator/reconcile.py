@@ -394,13 +394,16 @@ def _reported_iterations(pods: Sequence[PodBody], agents: int | None) -> int | N
 
 
 def _done_by_count(actions: Actions, v: _View, req: JobRequest, now_s: float) -> bool:
-    """The agents' count reached the job's iterations: done once no worker runs, or the
-    workers' grace period after the count arrived. A trainer saves and evaluates after
-    its last step, which the count reports at once; its pod is not deleted under it
-    before that grace, and a trainer hung in its teardown still ends then."""
+    """The agents' count reached the job's iterations: done once a worker has exited
+    (the others are leaving too: data-parallel ranks end together, and one waiting on a
+    rank that left never ends) or none runs, or else the workers' grace period after
+    the count arrived. A trainer saves and evaluates after its last step, which the
+    count reports at once; its pods are not deleted under it before that, and a
+    trainer hung in its teardown still ends then."""
     if v.agent_reported is None or v.agent_reported < req.iterations:
         return False
-    if not any(_pod_phase(p) == "Running" for p in v.current):
+    phases = [_pod_phase(p) for p in v.current]
+    if "Succeeded" in phases or "Running" not in phases:
         return True
     since = v.agent_done_at if v.agent_done_at is not None else now_s
     if now_s - since >= req.grace_s:

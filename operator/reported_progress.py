@@ -14,7 +14,8 @@ generation than the one kept is taken only if newer (a kept one the cluster no
 longer shows is dropped: the job was deleted and created again); within a
 generation the count only grows. A pass uses it only for the job's current
 generation. A count at or past the job's ``iterations`` finishes the job once
-no worker runs, or a grace period after it arrived while they still do
+a worker has exited or none runs, or a grace period after it arrived while they
+all still do
 (``reconcile._done_by_count``): a trainer saves and evaluates after its last
 step, and one hung in its teardown still ends.
 

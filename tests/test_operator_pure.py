@@ -228,8 +228,8 @@ def _phase(actions: Any) -> str | None:
 def test_the_agents_count_ends_a_job_after_its_workers_grace_while_they_run() -> None:
     """The count reaches the job's 100 iterations while its workers still run (a final
     save, an evaluation): the job ends the workers' grace period (60 s by default)
-    later, not at once; workers that no longer run end it at once; a count short of it
-    never does."""
+    later, not at once; workers that no longer run, or one that exited, end it at once;
+    a count short of it never does."""
     early = _after_count("Running", 100, reached_s=2000.0, now_s=2010.0)
     assert _phase(early) != "Succeeded" and not early.delete_pods
     assert early.wake_at_s == 2060.0
@@ -237,5 +237,14 @@ def test_the_agents_count_ends_a_job_after_its_workers_grace_while_they_run() ->
     assert _phase(late) == "Succeeded"
     exited = _after_count("Pending", 100, reached_s=2000.0, now_s=2001.0)
     assert _phase(exited) == "Succeeded"
+    observed, generation = _running("Running")  # one rank exited, the others leave
+    first, *rest = observed[0].pods
+    pods = (dict(first, status={"phase": "Succeeded"}), *rest)
+    one_left = reconcile(
+        [Observed(observed[0].body, pods)], tuple(Node(f"n{i}", 8, A100) for i in range(2)),
+        parse_budget({"eta": "0.8"}), 2001.0, PowerFlowPolicy(), lambda job: SyntheticModel(),
+        profiling_window_s=0.0, agent_progress={"ml/job": (generation, 100, 2000.0)},
+    )  # fmt: skip
+    assert _phase(one_left) == "Succeeded"
     short = _after_count("Running", 99, reached_s=None, now_s=9000.0)
     assert _phase(short) != "Succeeded"
