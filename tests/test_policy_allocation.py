@@ -41,6 +41,7 @@ def _curves(rng: np.random.Generator, jobs: int) -> tuple[Curves, list[float], l
         efficient=np.zeros(rows, dtype=np.int64),
         efficient_step_time_s=np.ones(rows),
         efficient_energy_j=np.ones(rows),
+        peak_w=power,
         job_rows=(),
         width=1,
     )

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from powerflow.devices.simulated import Workload, capped_clock_mhz
 from powerflow.groundtruth import ground_truth
 from powerflow.groundtruth.measure import measure, one_gpu_sweep, sweep_plan
 from powerflow.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
@@ -382,6 +383,29 @@ def test_rates_filled_for_every_clock_equal_one_clock_at_a_time(model: str) -> N
         for f in rng.choice(clocks, size=4).tolist():
             assert batched.rate(model, n, r, bs, f) == single.rate(model, n, r, bs, f)
     assert len(batched._cache) > len(single._cache)  # the fill really happened
+
+
+@pytest.mark.parametrize("model", ["resnet50", "bert", "gpt2"])
+def test_capped_clock_equals_the_device_rule(model: str) -> None:
+    """``TruthRates.capped`` reads one per-GPU power row per configuration; it must
+    answer what ``capped_clock_mhz`` (the simulated GPUs' rule) answers, for caps
+    between, at and beyond the configuration's powers and ceilings below every clock."""
+    truth = ground_truth(model)
+    clocks = truth.gpu.clocks_mhz
+    rates = TruthRates(lambda name: _fresh(truth), clocks)
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        n = int(2 ** rng.integers(0, 6))
+        r = min(n, int(2 ** rng.integers(0, 4)))
+        bs = float(rng.choice([1.0, 16.0, 32.0, 200.0]))
+        work = Workload(model, n, r, bs)
+        f = np.asarray(clocks, dtype=np.float64)
+        per_gpu = truth.energy_per_iter_j(n, r, bs, f) / (n * truth.step_time_s(n, r, bs, f))
+        caps = [*rng.uniform(0.5 * per_gpu.min(), 1.2 * per_gpu.max(), 5), *per_gpu[::20]]
+        for hi in [clocks[0] - 15, clocks[0], *rng.choice(clocks, 3).tolist(), clocks[-1]]:
+            for cap in caps:
+                want = capped_clock_mhz(_fresh(truth), work, clocks, int(hi), float(cap))
+                assert rates.capped(model, n, r, bs, int(hi), float(cap)) == want
 
 
 def _measure_by_broadcasting(

@@ -24,7 +24,7 @@ from powerflow.errors import BudgetError, SimulationError
 from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.policy.snapshot import Budget
 from powerflow.schedulers import SCHEDULERS, scheduler
-from powerflow.sim import experiments, headline, output, plots
+from powerflow.sim import experiments, headline, output
 from powerflow.sim.compare import jct_ratios, versus
 from powerflow.sim.config import SimConfig
 from powerflow.sim.report import setting_label, write_report
@@ -406,6 +406,9 @@ def write_outputs(
     title: str,
     plus: dict[str, Any] | None = None,
 ) -> list[Path]:
+    # Matplotlib only where plots are drawn: it is a third of a single run's start-up.
+    from powerflow.sim import plots
+
     rows = [o.row() for o in outcomes]
     files = [
         output.write_csv(rows, out / "runs.csv"),

@@ -22,7 +22,6 @@ from itertools import repeat
 from typing import NamedTuple
 
 from powerflow.errors import PlacementError
-from powerflow.policy.lastcall import same_nodes_as_last_call
 from powerflow.policy.snapshot import GpuSlot, Node
 
 
@@ -151,18 +150,12 @@ def _node_blocks(names: tuple[str, ...], per_node: int) -> NodeBlocks:
     return NodeBlocks(by_slots, slots)
 
 
-@same_nodes_as_last_call
 def geometry(nodes: Sequence[Node]) -> Geometry:
     """Check that buddy allocation applies to ``nodes`` and number them.
 
     Raises ``PlacementError`` unless node names are unique and every node has
     the same power-of-two GPU count: with unequal nodes, aligned blocks across
     nodes would not be the same size and the packing guarantee would not hold.
-
-    The very tuple of nodes passed last time gets the same answer without
-    the checks (``lastcall``; the policy places every event on the
-    snapshot's tuple, which the simulator keeps while no node powers on or
-    off).
     """
     names = tuple(n.name for n in nodes)
     index: dict[str, int] = {}

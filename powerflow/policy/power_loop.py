@@ -32,21 +32,22 @@ mechanisms keep the measured power within the admin's limit anyway:
   cap while some clock fits it (``powerflow.devices.capped_clock_mhz``), so even
   a wrong model cannot pass the budget: the job slows down instead.
 
-Everything here is a pure function of the snapshot and the tables; the memo of
-model answers (``LoopMemo``) only saves model calls, it never changes an
-answer.
+Everything here is a pure function of the snapshot and the tables: a job's
+predicted power where it was measured and its rows' sweep peaks are read from
+its table rows, and the model is asked only for a configuration no row has.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from powerflow.errors import SnapshotError
-from powerflow.models.protocol import FloatArray, PerfModel
+from powerflow.models.protocol import FloatArray
 from powerflow.policy.snapshot import Job
 from powerflow.policy.tables import Tables
 
@@ -80,24 +81,6 @@ class LoopOptions:
             raise SnapshotError(f"power margin {self.margin} outside [0, 1)")
         if not 0.0 <= self.cap_headroom <= 1.0:
             raise SnapshotError(f"cap headroom {self.cap_headroom} outside [0, 1]")
-
-
-class LoopMemo:
-    """Model answers kept from the previous call: never changes an answer, saves work.
-
-    ``last``: predicted power at a job's measured configuration, keyed by the
-    model object's id and the configuration. ``peaks``: a job's rows' sweep
-    peaks, keyed by the id of its ``JobRows`` (which the table cache hands out
-    again while the job's model and shape stay). The object is kept in each
-    value so that an id reused by a new object never hits. Both are replaced
-    whole by each call, so they hold at most one call's jobs.
-    """
-
-    __slots__ = ("last", "peaks")
-
-    def __init__(self) -> None:
-        self.last: dict[tuple[int, int, int, int, int], tuple[PerfModel, float]] = {}
-        self.peaks: dict[int, tuple[object, frozenset[int], FloatArray]] = {}
 
 
 def planning_limit_w(limit_w: float, power_ratio: float, options: LoopOptions) -> float:
@@ -142,11 +125,18 @@ def cappable_gpus(
     return best
 
 
-def job_scales(jobs: Sequence[Job], gpus_per_node: int, memo: LoopMemo) -> FloatArray:
-    """Per job, ``measured / predicted`` power on its current GPUs (1 where unmeasured)."""
+def job_scales(
+    tables: Tables, jobs: Sequence[Job], gpus_per_node: int, clocks: Sequence[int]
+) -> FloatArray:
+    """Per job, ``measured / predicted`` power on its current GPUs (1 where unmeasured).
+
+    The prediction is the job's table row of its GPU count where that row is
+    the measured configuration (GPUs per node, local batch, a clock the policy
+    plans with), else one model call.
+    """
     out = np.ones(len(jobs))
-    seen: dict[tuple[int, int, int, int, int], tuple[PerfModel, float]] = {}
-    last = memo.last
+    column = {c: k for k, c in enumerate(clocks)}
+    lo, hi = SCALE_RANGE
     for i, job in enumerate(jobs):
         measured, f = job.measured_power_w, job.measured_frequency_mhz
         if measured is None or f is None or not job.placement:
@@ -154,51 +144,53 @@ def job_scales(jobs: Sequence[Job], gpus_per_node: int, memo: LoopMemo) -> Float
         if not (math.isfinite(measured) and measured > 0):
             raise SnapshotError(f"job {job.id!r}: measured power {measured} W")
         n = len(job.placement)
-        nodes = [node for node, _ in job.placement]
-        r = max(nodes.count(node) for node in set(nodes))
+        r = _per_node(job.placement, n, gpus_per_node)
         bs = -(-job.global_batch_size // n)
-        key = (id(job.model), n, r, bs, int(f))
-        hit = seen.get(key) or last.get(key)
-        if hit is None or hit[0] is not job.model:
+        k = column.get(int(f))
+        predicted = None if k is None else tables.job_rows[i].power_w(n, r, bs, k)
+        if predicted is None:
             t = float(job.model.step_time_s(n, r, bs, float(f)))
             e = float(job.model.energy_per_iter_j(n, r, bs, float(f)))
             if not (t > 0 and e > 0 and math.isfinite(t) and math.isfinite(e)):
-                raise SnapshotError(f"job {job.id!r}: model predicts nonsense at {key[1:]}")
-            hit = (job.model, e / t)
-        seen[key] = hit
-        lo, hi = SCALE_RANGE
-        out[i] = min(hi, max(lo, measured / hit[1]))
-    memo.last = seen
+                raise SnapshotError(f"job {job.id!r}: model predicts nonsense at {(n, r, bs, f)}")
+            predicted = e / t
+        out[i] = min(hi, max(lo, measured / predicted))
     return out
 
 
-def sweeping_rows(tables: Tables, jobs: Sequence[Job], memo: LoopMemo) -> FloatArray:
+def _per_node(placement: Sequence[tuple[str, int]], n: int, gpus_per_node: int) -> int:
+    """The most of a job's ``n`` GPUs on one node (slots are distinct: ``validate``)."""
+    nodes = {node for node, _ in placement}
+    if len(nodes) == 1:
+        return n
+    if n == len(nodes) * gpus_per_node:
+        return gpus_per_node  # whole nodes
+    return max(Counter(node for node, _ in placement).values())
+
+
+def sweeping_rows(tables: Tables, jobs: Sequence[Job]) -> FloatArray:
     """Per table row: its highest power over the clocks where a run there would
     sweep them (its count not yet profiled), else NaN."""
-    out = np.full(tables.row_job.size, np.nan)
-    last = memo.peaks
-    seen: dict[int, tuple[object, frozenset[int], FloatArray]] = {}
+    out = tables.peak_w.copy()
+    known: list[int] = []  # rows of counts profiled, or of jobs that never sweep
     starts = tables.start.tolist()
     sizes = tables.sizes.tolist()
+    counts = tables.counts
     for j, job in enumerate(jobs):
         profiled = job.profiled_gpus
-        if profiled is None:
+        size = sizes[j]
+        if not size or (profiled is not None and not profiled):
             continue
-        entry = tables.job_rows[j]
-        key = id(entry)
-        lo, size = starts[j], sizes[j]
-        hit = last.get(key)
-        if hit is None or hit[0] is not entry or hit[1] != profiled:
-            counts = tables.counts[lo : lo + size].tolist()
-            todo = [k for k, n in enumerate(counts) if n not in profiled]
-            peaks = np.full(size, np.nan)
-            if todo:
-                both = entry.both
-                peaks[todo] = (both[todo, 1, :] / both[todo, 0, :]).max(axis=1)
-            hit = (entry, profiled, peaks)
-        seen[key] = hit
-        out[lo : lo + size] = hit[2]
-    memo.peaks = seen
+        first = starts[j]
+        if profiled is None:
+            known.extend(range(first, first + size))
+        else:
+            known.extend(
+                first + k
+                for k, n in enumerate(counts[first : first + size].tolist())
+                if n in profiled
+            )
+    out[known] = np.nan
     return out
 
 
@@ -228,12 +220,16 @@ class Correction:
 
 
 def correction(
-    tables: Tables, jobs: Sequence[Job], gpus_per_node: int, memo: LoopMemo, enabled: bool
+    tables: Tables,
+    jobs: Sequence[Job],
+    gpus_per_node: int,
+    clocks: Sequence[int],
+    enabled: bool,
 ) -> Correction:
     """Per-row factors and sweep peaks for ``jobs`` (factors 1 when not ``enabled``)."""
-    scales = job_scales(jobs, gpus_per_node, memo) if enabled else np.ones(len(jobs))
+    scales = job_scales(tables, jobs, gpus_per_node, clocks) if enabled else np.ones(len(jobs))
     row_scale = scales[tables.row_job]
-    return Correction(row_scale=row_scale, peak_w=sweeping_rows(tables, jobs, memo) * row_scale)
+    return Correction(row_scale=row_scale, peak_w=sweeping_rows(tables, jobs) * row_scale)
 
 
 def caps_w(

@@ -94,10 +94,10 @@ from powerflow.policy.allocation import PowerModel, allocate
 from powerflow.policy.budget import resolve_limit_watts
 from powerflow.policy.curves import Curves, curves_of
 from powerflow.policy.frequency import raise_clocks
+from powerflow.policy.memo import PolicyMemo
 from powerflow.policy.placement import place_columns
 from powerflow.policy.power_loop import (
     Correction,
-    LoopMemo,
     LoopOptions,
     cappable_gpus,
     caps_w,
@@ -107,8 +107,7 @@ from powerflow.policy.power_loop import (
 )
 from powerflow.policy.returns import floor_of, returns_of
 from powerflow.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
-from powerflow.policy.tablecache import TableCache
-from powerflow.policy.tables import IntArray, build_tables
+from powerflow.policy.tables import IntArray, JobRows, build_tables
 from powerflow.policy.validate import Cluster, cluster_of, validate_jobs
 
 
@@ -134,19 +133,14 @@ class PowerFlowPolicy:
     """Give placed jobs per-GPU power caps when the plan leaves little room (``power_loop``)."""
     cap_headroom: float = 0.1
     """Caps are set when the plan leaves less than this fraction of the limit free."""
-    cache: TableCache = field(default_factory=TableCache, init=False, compare=False, repr=False)
-    """Model predictions kept across calls (``tablecache.py``): never changes a plan.
+    memo: PolicyMemo[JobRows] = field(
+        default_factory=PolicyMemo, init=False, compare=False, repr=False
+    )
+    """What this policy keeps between calls (``memo.py``): never changes a plan.
 
     Not a constructor argument; ``dataclasses.replace(policy)`` gives a copy with an
-    empty cache.
+    empty memo.
     """
-
-    plans: PlanMemo = field(
-        default_factory=lambda: PlanMemo(), init=False, compare=False, repr=False
-    )
-    """The previous call's job plans, reused when equal (see ``PlanMemo``): never changes a plan."""
-    loop_memo: LoopMemo = field(default_factory=LoopMemo, init=False, compare=False, repr=False)
-    """Model answers of the power loop kept across calls (``power_loop.LoopMemo``)."""
 
     min_return: float = 0.0
     """PowerFlow+: the floor on a step's return. A doubling or a clock raise is taken
@@ -196,33 +190,12 @@ class PowerFlowPolicy:
         cluster = cluster_of(snapshot)
         validate_jobs(snapshot, cluster)
         clocks = self.clocks(cluster.gpu)
-        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.cache)
+        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.memo)
         limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
         curves = curves_of(tables, snapshot.jobs, snapshot.now_s)
         options = self.loop_options()
-        fix = correction(
-            tables, snapshot.jobs, cluster.gpus_per_node, self.loop_memo, options.correction
-        )
+        fix = correction(tables, snapshot.jobs, cluster.gpus_per_node, clocks, options.correction)
         return _Decision(self, snapshot, cluster, clocks, curves, limit, options, fix).run()
-
-
-class PlanMemo:
-    """The previous ``plan`` call's ``JobPlan`` per job id, handed out again when equal.
-
-    Why: at most events nearly every job keeps its GPUs, clock and local batch
-    (93% of the job plans of a whole-trace run equal the previous call's), and
-    building a frozen ``JobPlan`` per job per call was a measurable part of a
-    decision. A ``JobPlan`` is immutable, so sharing it between plans changes
-    nothing a caller can see but identity; a plan is reused only when all its
-    fields are equal (its GPUs as the very tuple placement returned, which
-    placement hands out from its geometry's cache). One reference, replaced
-    whole by each call, so concurrent calls cannot corrupt it.
-    """
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last: Mapping[str, JobPlan] = {}
 
 
 @dataclass
@@ -412,7 +385,7 @@ class _Decision:
         ]
         clocks = self.clocks
         batch = tables.local_batch[row_idx].tolist()
-        last = self.policy.plans.last
+        last = self.policy.memo.plans
         made: dict[str, JobPlan] = {}
         plans: list[JobPlan | None] = [None] * len(jobs)
         caps: list[float] | None = None
@@ -455,7 +428,7 @@ class _Decision:
             plans[i] = made[job_id] = plan
         if len(placed) < len(jobs):
             self._waiting(plans, notes, last, made)
-        self.policy.plans.last = made
+        self.policy.memo.plans = made
         return Plan(
             jobs=cast(tuple[JobPlan, ...], tuple(plans)),  # every job got one above
             limit_watts=self.limit,

@@ -5,12 +5,12 @@ of ``step_time_s`` and one of ``energy_per_iter_j`` per distinct model object
 (jobs sharing a model are evaluated together), however many steps the greedy
 takes. Each job's rows are built once per distinct ``JobKey`` (its model
 object and the fields that choose its GPU counts) and, with the policy's
-``TableCache``, kept across calls; a call stacks the per-row vectors (count,
-GPUs per node, local batch, the efficient clock and the step time and energy
-there) of all jobs (job ``j`` owns a contiguous run of rows, smallest count
-first) and gathers full rows over the clocks only for the rows it asks for
-(``Tables.values``: the running jobs). Memory is ``jobs x log2(G) x clocks``
-floats for the two tables, held per job.
+``PolicyMemo``, kept across calls; a call stacks the per-row vectors (count,
+GPUs per node, local batch, the efficient clock, the step time and energy
+there and the highest power over the clocks) of all jobs (job ``j`` owns a
+contiguous run of rows, smallest count first) and gathers full rows over the
+clocks only for the rows it asks for (``Tables.values``: the running jobs).
+Memory is ``jobs x log2(G) x clocks`` floats for the two tables, held per job.
 
 Local batch and divisibility: a job on ``n`` GPUs runs ``ceil(global / n)``
 samples per GPU. When ``n`` does not divide the global batch the effective
@@ -26,15 +26,15 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from powerflow.errors import SnapshotError
 from powerflow.models.protocol import FloatArray, PerfModel
+from powerflow.policy.memo import PolicyMemo
 from powerflow.policy.snapshot import Job
-from powerflow.policy.tablecache import CachedRows, TableCache
 from powerflow.policy.validate import Cluster
 
 IntArray = npt.NDArray[np.int64]
@@ -62,17 +62,12 @@ class Tables:
     """Per row, the clock column with the least energy per iteration (lowest on ties)."""
     efficient_step_time_s: FloatArray
     efficient_energy_j: FloatArray
+    peak_w: FloatArray
+    """Per row, its highest predicted power over the clocks (what a clock sweep peaks at)."""
     job_rows: tuple[JobRows, ...]
     """Per job (index as in the snapshot), its rows; row ``start[j] + k`` is its ``k``-th."""
     width: int
     """Clock columns."""
-    _gathered: dict[tuple[bytes, int], tuple[FloatArray, FloatArray]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    """The last ``values`` answer (a replan often asks for the same running rows)."""
-    gathered: Gathered | None = field(default=None, compare=False, repr=False)
-    """The rows the last ``values`` call of any table from the same cache gathered, so
-    that a job whose row is among them is copied in one fancy index, not sliced alone."""
 
     def rows(self, job: int) -> range:
         first = int(self.start[job])
@@ -82,86 +77,17 @@ class Tables:
         return int(self.sizes[job])
 
     def values(self, rows: IntArray, first: int = 0) -> tuple[FloatArray, FloatArray]:
-        """Step time and energy of ``rows`` at the clock columns from ``first`` up (read-only)."""
-        key = (np.asarray(rows, dtype=np.int64).tobytes(), first)
-        hit = self._gathered.get(key)
-        if hit is not None:
-            return hit
+        """Step time and energy of ``rows`` at the clock columns from ``first`` up."""
         if not rows.size:
             both = np.zeros((0, 2, self.width - first))
         else:
             owners = self.row_job[rows]
             ks = (rows - self.start[owners]).tolist()
             entries = self.job_rows
-            parts = [entries[j] for j in owners.tolist()]
-            both = _gather(parts, ks, first, self.gathered)
-        both.flags.writeable = False
-        out = (both[:, 0], both[:, 1])
-        self._gathered.clear()
-        self._gathered[key] = out
-        return out
-
-
-class Gathered:
-    """The last rows gathered (``Tables.values``), shared by the tables of one cache.
-
-    Why: each call stacks new tables, but most running jobs keep their rows
-    (the same ``JobRows`` object, the same row), so copying them out of the
-    previous gather in one ``take`` beats slicing each job's rows alone.
-    ``last`` holds the clock column the gather started at, the gathered rows'
-    keys (``_row_keys``) sorted and where each went, those ``JobRows`` (kept
-    alive, so their ids stay unique) and the gathered array; one reference,
-    replaced whole.
-    """
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last: GatherMemo | None = None
-
-
-GatherMemo = tuple[int, IntArray, IntArray, list["JobRows"], FloatArray]
-
-
-def _row_keys(parts: list[JobRows], ks: list[int]) -> IntArray | None:
-    """``id(JobRows) * 128 + row`` per gathered row (unique: a job has under 128 rows and
-    ids are addresses); None where that does not hold, and the caller slices each row."""
-    if max(ks) >= 128:
-        return None
-    try:
-        ids = np.fromiter(map(id, parts), dtype=np.int64, count=len(parts))
-    except OverflowError:
-        return None
-    if ids.max() >= 1 << 55:
-        return None
-    out: IntArray = ids * 128 + np.asarray(ks, dtype=np.int64)
-    return out
-
-
-def _gather(parts: list[JobRows], ks: list[int], first: int, memo: Gathered | None) -> FloatArray:
-    """Row ``ks[r]`` of ``parts[r]`` from clock column ``first`` up, as (rows, 2, columns)."""
-    last = None if memo is None else memo.last
-    keys = None if memo is None else _row_keys(parts, ks)
-    both: FloatArray
-    if (
-        keys is None
-        or last is None
-        or last[0] != first
-        or not last[1].size
-        or last[4].shape[2] != parts[0].both.shape[2] - first  # other clocks
-    ):
-        both = np.array([e.both[k, :, first:] for e, k in zip(parts, ks, strict=True)])
-    else:
-        _, known, where, _, previous = last
-        pos = np.minimum(np.searchsorted(known, keys), known.size - 1)
-        found = known[pos] == keys
-        both = np.take(previous, where[pos], axis=0)
-        for r in np.flatnonzero(~found).tolist():
-            both[r] = parts[r].both[ks[r], :, first:]
-    if memo is not None and keys is not None:
-        order = np.argsort(keys, kind="stable")
-        memo.last = (first, keys[order], order, parts, both)
-    return both
+            both = np.array(
+                [entries[j].both[k, :, first:] for j, k in zip(owners.tolist(), ks, strict=True)]
+            )
+        return both[:, 0], both[:, 1]
 
 
 def ceil_div(a: IntArray | int, b: IntArray | int) -> IntArray:
@@ -201,7 +127,7 @@ def build_tables(
     cluster: Cluster,
     clocks_mhz: Sequence[int],
     elastic: bool,
-    cache: TableCache | None = None,
+    memo: PolicyMemo[JobRows] | None = None,
 ) -> Tables:
     """Evaluate every job's grid, one call per model object.
 
@@ -215,10 +141,10 @@ def build_tables(
 
     A job's rows depend only on its model object, the fields that choose its
     GPU counts (``JobKey``) and the call's clocks and the cluster's shape, so they are
-    built once per distinct key (``JobRows``) and stacked; with a ``cache``
-    (``tablecache.py``) also across calls, so that a replan with unchanged
-    models does no per-row work in Python and calls no model. The jobs whose
-    key misses are evaluated together, one model call per model object.
+    built once per distinct key (``JobRows``) and stacked; with a ``memo``
+    (``memo.py``) also across calls, so that a replan with unchanged models
+    calls no model. The jobs whose key misses are evaluated together, one
+    model call per model object.
     """
     count = len(jobs)
     context = (
@@ -227,18 +153,16 @@ def build_tables(
         cluster.total_gpus,
         cluster.gpus_per_node,
     )
-    if cache is None:
-        cache = TableCache()
-    cache.fit(count)
-    tag = cache.tag(context)
+    if memo is None:
+        memo = PolicyMemo()
+    memo.fit(count)
+    tag = memo.tag(context)
     keys: list[JobKey] = []
     entries: list[JobRows | None] = []
     missing: dict[JobKey, int] = {}
     absent: list[int] = []
     mids: list[int] = []
-    # The newer generation read directly (``TableCache.get``'s first step, without
-    # a method call per job); anything else goes through ``get``.
-    recent = cache.recent()
+    kept = memo.rows
     for j, job in enumerate(jobs):
         model = job.model
         mid = id(model)
@@ -254,12 +178,8 @@ def build_tables(
             _pinned_shape(job.placement) if job.pinned else None,
         )
         keys.append(key)
-        hit = recent.get(key)
-        if hit is None or hit.model is not model:
-            hit = cache.get(key, model)
-            recent = cache.recent()
-        if not isinstance(hit, JobRows):
-            hit = None
+        hit = kept(key, model)
+        if hit is None:
             missing.setdefault(key, j)
             absent.append(j)
         entries.append(hit)
@@ -286,26 +206,12 @@ def build_tables(
             first_of_model.setdefault(mids[j], jobs[j].id)
         made = _evaluate([jobs[j] for j in fresh], cluster, clocks_mhz, elastic, first_of_model)
         for j, rows in zip(fresh, made, strict=True):
-            cache.put(keys[j], rows)
+            memo.keep(keys[j], rows)
         by_key = dict(zip((keys[j] for j in fresh), made, strict=True))
         for j in absent:
             entries[j] = by_key[keys[j]]
     stacked = [e for e in entries if e is not None]
-    last = cache.last
-    if (
-        last is not None
-        and last[0] == job_order
-        and len(last[1]) == len(stacked)
-        and all(map(operator.is_, last[1], stacked))
-    ):
-        # The same rows of the same jobs in the same order: the same stack.
-        return last[2]
-    gathered = cache.gathered
-    if gathered is None:
-        gathered = cache.gathered = Gathered()
-    tables = _stack(stacked, job_order, len(clocks_mhz), gathered)
-    cache.last = (job_order, stacked, tables)
-    return tables
+    return _stack(stacked, job_order, len(clocks_mhz))
 
 
 JobKey = tuple[int, int, int, int | None, int | None, int, int, tuple[int, int] | None]
@@ -314,14 +220,17 @@ requested GPUs, a pinned job's (GPUs, GPUs per node)): all that a job's rows dep
 
 
 @dataclass(frozen=True)
-class JobRows(CachedRows):
+class JobRows:
     """One job's rows: its allowed counts, smallest first.
 
     ``both`` holds the policy's clock columns only. ``vectors`` holds per row
     (count, GPUs per node, local batch, efficient column, step time and
-    energy there) as floats (the ints are small, so exact), so that stacking
-    the jobs is one ``concatenate``.
+    energy there, highest power) as floats (the ints are small, so exact),
+    so that stacking the jobs is one ``concatenate``.
     """
+
+    model: object
+    """The model the rows came from (kept alive: ``PolicyMemo`` keys on its id)."""
 
     both: FloatArray
     """Step time and energy as one (rows, 2, clocks) array, so that gathering a row of
@@ -329,6 +238,16 @@ class JobRows(CachedRows):
     vectors: FloatArray
     size: int
     """Allowed counts (its rows)."""
+    shapes: tuple[tuple[int, int, int], ...]
+    """Per row, the model's (GPUs, GPUs per node, local batch) there."""
+
+    def power_w(self, n: int, r: int, bs: int, column: int) -> float | None:
+        """Predicted power on ``n`` GPUs, ``r`` per node, local batch ``bs`` at clock
+        ``column``, where one of the rows is that configuration (else None)."""
+        for k, shape in enumerate(self.shapes):
+            if shape == (n, r, bs):
+                return float(self.both[k, 1, column] / self.both[k, 0, column])
+        return None
 
 
 def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
@@ -340,9 +259,7 @@ def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
 _SIZE = operator.attrgetter("size")
 
 
-def _stack(
-    entries: Sequence[JobRows], job_order: list[int], width: int, gathered: Gathered | None
-) -> Tables:
+def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tables:
     """Stack per-job rows, the jobs of each model object adjacent (``job_order``)."""
     count = len(entries)
     sizes = np.fromiter(map(_SIZE, entries), dtype=np.int64, count=count)
@@ -351,7 +268,7 @@ def _stack(
     start = np.empty(count, dtype=np.int64)
     start[order] = np.cumsum(ordered) - ordered
     parts = [entries[j].vectors for j in job_order]
-    vectors = np.concatenate(parts) if parts else np.zeros((0, 6))
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 7))
     ints = vectors[:, :4].astype(np.int64)
     return Tables(
         start=start,
@@ -363,9 +280,9 @@ def _stack(
         efficient=ints[:, 3],
         efficient_step_time_s=vectors[:, 4].copy(),
         efficient_energy_j=vectors[:, 5].copy(),
+        peak_w=vectors[:, 6].copy(),
         job_rows=tuple(entries),
         width=width,
-        gathered=gathered,
     )
 
 
@@ -428,8 +345,10 @@ def _evaluate(
         else np.zeros(ext_job.size, dtype=np.int64)
     )
     t_eff, e_eff = t[idx, efficient], e[idx, efficient]
-    vectors = np.stack([counts, r, bs, efficient, t_eff, e_eff], axis=1).astype(np.float64)
+    peak = (e / t).max(axis=1) if t.shape[1] else np.full(ext_job.size, np.nan)
+    vectors = np.stack([counts, r, bs, efficient, t_eff, e_eff, peak], axis=1).astype(np.float64)
     both_all = np.stack([t, e], axis=1)
+    shapes = list(zip(counts.tolist(), r.tolist(), bs.tolist(), strict=True))
     out = []
     for j, (lo, size) in enumerate(zip(first_row, sizes.tolist(), strict=True)):
         rows = slice(lo, lo + size)
@@ -440,6 +359,7 @@ def _evaluate(
                 both=both,
                 vectors=vectors[rows].copy(),
                 size=size,
+                shapes=tuple(shapes[rows]),
             )
         )
     return out

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from powerflow.errors import SnapshotError
 from powerflow.gpus import GpuSpec
-from powerflow.policy.lastcall import same_nodes_as_last_call
-from powerflow.policy.snapshot import Job, Node, Snapshot
+from powerflow.policy.snapshot import Job, Snapshot
 
 
 @dataclass(frozen=True)
@@ -33,13 +31,7 @@ class Cluster:
 
 def cluster_of(snapshot: Snapshot) -> Cluster:
     """The cluster's shape; refuses empty, duplicated or mixed clusters."""
-    return _cluster_of(snapshot.nodes)
-
-
-@same_nodes_as_last_call
-def _cluster_of(nodes: Sequence[Node]) -> Cluster:
-    """``cluster_of`` by nodes; the very tuple of nodes accepted last time gets
-    the same answer without the checks (``lastcall``)."""
+    nodes = snapshot.nodes
     if not nodes:
         raise SnapshotError("the cluster has no nodes")
     names = [n.name for n in nodes]

@@ -15,14 +15,14 @@ answers it per configuration, cached.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from powerflow.devices.simulated import Workload, capped_clock_mhz
 from powerflow.errors import SimulationError
-from powerflow.models.protocol import PerfModel
+from powerflow.models.protocol import FloatArray, PerfModel
 
 Key = tuple[str, int, int, float, float]
 
@@ -42,7 +42,8 @@ class TruthRates:
         self._cache: dict[Key, tuple[float, float]] = {}
         self._sweeps: dict[tuple[str, int, int, float, tuple[int, ...]], tuple[float, float]] = {}
         self._peaks: dict[tuple[str, int, int, float, tuple[int, ...]], float] = {}
-        self._capped: dict[tuple[str, int, int, float, int, float], int] = {}
+        self._clock_list = [int(c) for c in sorted(self._clocks)]
+        self._powers: dict[tuple[str, int, int, float], tuple[list[int], FloatArray]] = {}
 
     def model(self, name: str) -> PerfModel:
         found = self._models.get(name)
@@ -109,15 +110,31 @@ class TruthRates:
 
         ``powerflow.devices.capped_clock_mhz`` on the ground truth: the highest
         supported clock at or below ``f`` whose power per GPU fits the cap (the
-        lowest clock when none does).
+        lowest clock when none does). Caps move with every plan, so the answer
+        is not kept per cap: the configuration's per-GPU power at every clock
+        is (``_per_gpu_w``), and each question is one comparison over it
+        (``tests/test_sim_fastpaths.py`` checks it against ``capped_clock_mhz``).
         """
         if cap_w is None:
             return f
-        key = (name, n, r, bs, f, cap_w)
-        hit = self._capped.get(key)
+        clocks, power = self._per_gpu_w(name, n, r, bs)
+        k = bisect.bisect_right(clocks, f)
+        if k == 0:
+            return clocks[0]
+        fits = np.flatnonzero(power[:k] <= cap_w)
+        return clocks[int(fits[-1])] if fits.size else clocks[0]
+
+    def _per_gpu_w(self, name: str, n: int, r: int, bs: float) -> tuple[list[int], FloatArray]:
+        """The supported clocks (ascending) and the per-GPU power at each, as
+        ``capped_clock_mhz`` computes it (elementwise, so one call for all clocks
+        gives each clock's value exactly)."""
+        key = (name, n, r, bs)
+        hit = self._powers.get(key)
         if hit is None:
-            clocks = sorted(self._clocks)
-            hit = self._capped[key] = capped_clock_mhz(
-                self.model(name), Workload(name, n, r, bs), clocks, f, cap_w
-            )
+            truth = self.model(name)
+            f = self._clock_array
+            step = truth.step_time_s(n, r, bs, f)
+            energy = truth.energy_per_iter_j(n, r, bs, f)
+            power = np.asarray(energy / (n * step), dtype=np.float64)
+            hit = self._powers[key] = (self._clock_list, power)
         return hit

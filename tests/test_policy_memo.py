@@ -1,0 +1,339 @@
+"""The policy's memo (``powerflow.policy.memo``) never changes a decision.
+
+One long-lived policy object (rows and plans kept from earlier calls) plans a
+seeded sequence of related snapshots like the simulator's (jobs run where the
+last plan put them, progress, finish, arrive, get refitted models, get pinned,
+sometimes hold GPUs that are not an aligned block, nodes power on and off), and
+every plan, or error, must equal that of a fresh policy object on the same
+snapshot. The memo's own rules (identity, bounds, reuse) are checked directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_cases import snapshots
+
+from powerflow.errors import PlacementError, SnapshotError
+from powerflow.gpus import A100
+from powerflow.models.fitted import FittedModel
+from powerflow.models.priors import shipped_priors
+from powerflow.policy.memo import PolicyMemo
+from powerflow.policy.power_loop import SCALE_RANGE, job_scales
+from powerflow.policy.powerflow import PowerFlowPolicy
+from powerflow.policy.scenarios import synthetic_snapshot
+from powerflow.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
+from powerflow.policy.synthetic import synthetic_zoo
+from powerflow.policy.tables import JobRows, build_tables
+from powerflow.policy.validate import cluster_of
+
+
+@dataclass(frozen=True)
+class Rows:
+    model: object
+
+
+def cold(policy: PowerFlowPolicy, snapshot: Snapshot) -> Plan:
+    return replace(policy).plan(snapshot)
+
+
+VARIANTS: tuple[dict[str, Any], ...] = (
+    {},
+    {"energy_aware": False},
+    {"elastic": False},
+    {"frequency_scaling": False},
+    {"frequency_step": 4, "strict_power": True},
+)
+
+
+def warm_and_cold(warm: PowerFlowPolicy, snapshot: Snapshot) -> Plan | None:
+    """Plan with the long-lived object and a fresh copy; equal plans, or the same error."""
+    try:
+        expected = replace(warm).plan(snapshot)  # a new object: empty caches
+    except (SnapshotError, PlacementError) as err:
+        with pytest.raises(type(err), match=re.escape(str(err))):
+            warm.plan(snapshot)
+        return None
+    got = warm.plan(snapshot)
+    assert got == expected
+    return got
+
+
+def scatter(rng: np.random.Generator, job: Job, free: list[GpuSlot]) -> Job:
+    """Move a running job onto arbitrary free GPUs (not an aligned block)."""
+    picks = rng.choice(len(free), size=len(job.placement), replace=False)
+    slots = tuple(sorted(free[int(k)] for k in picks))
+    for s in slots:
+        free.remove(s)
+    return replace(job, placement=slots)
+
+
+def next_snapshot(
+    snapshot: Snapshot, plan: Plan, rng: np.random.Generator, models: list[Any], step: int
+) -> Snapshot:
+    """What the simulator would show next: progress, finishes, arrivals, refits, pins."""
+    jobs = []
+    for j in snapshot.jobs:
+        jp = plan.job(j.id)
+        remaining = max(0.0, j.remaining_iterations - float(rng.integers(0, 4000)) * jp.gpus)
+        if remaining == 0.0 or rng.random() < 0.05:
+            continue  # finished
+        placed = bool(jp.placement)
+        model = models[int(rng.integers(len(models)))] if rng.random() < 0.1 else j.model
+        jobs.append(
+            replace(
+                j,
+                model=model,
+                placement=jp.placement,
+                frequency_mhz=jp.frequency_mhz if placed else None,
+                remaining_iterations=remaining,
+                pinned=placed and rng.random() < 0.1,
+                elapsed_s=j.elapsed_s + 60.0,
+            )
+        )
+    used = {s for j in jobs for s in j.placement}
+    free = [(n.name, i) for n in snapshot.nodes for i in range(n.gpus) if (n.name, i) not in used]
+    if jobs and rng.random() < 0.3:
+        k = int(rng.integers(len(jobs)))
+        if jobs[k].placement and not jobs[k].pinned:
+            free += list(jobs[k].placement)
+            jobs[k] = scatter(rng, jobs[k], free)
+    for a in range(int(rng.integers(0, 4))):
+        jobs.append(
+            Job(
+                id=f"new-{step}-{a}",
+                model=models[int(rng.integers(len(models)))],
+                remaining_iterations=float(rng.integers(1_000, 100_000)),
+                global_batch_size=int(2 ** rng.integers(3, 10)),
+                requested_gpus=int(2 ** rng.integers(0, 4)),
+                arrival_s=snapshot.now_s + 1.0,
+                max_local_batch_size=int(2 ** rng.integers(5, 10)) if rng.random() < 0.7 else None,
+                min_gpus=int(rng.integers(1, 3)),
+                max_gpus=int(2 ** rng.integers(1, 6)) if rng.random() < 0.3 else None,
+            )
+        )
+    nodes = tuple(replace(n, powered_on=bool(rng.random() < 0.8)) for n in snapshot.nodes)
+    return replace(snapshot, nodes=nodes, jobs=tuple(jobs), now_s=snapshot.now_s + 60.0)
+
+
+def start_snapshot(seed: int, kind: str) -> tuple[Snapshot, list[Any]]:
+    gpus, count = (128, 48) if seed % 2 else (64, 30)
+    eta = (0.3, 0.5, 0.7, 1.0)[seed % 4]
+    if kind == "fitted":
+        models: list[Any] = [FittedModel(p) for _, p in sorted(shipped_priors().items())]
+        base = synthetic_snapshot(gpus, count, seed=seed, eta=eta, distinct_models=3)
+        rng = np.random.default_rng(seed)
+        jobs = tuple(replace(j, model=models[int(rng.integers(len(models)))]) for j in base.jobs)
+        return replace(base, jobs=jobs), models
+    distinct = None if kind == "per-job" else 5
+    base = synthetic_snapshot(gpus, count, seed=seed, eta=eta, distinct_models=distinct)
+    return base, [*synthetic_zoo(6, seed=seed + 100), *(j.model for j in base.jobs[:4])]
+
+
+@pytest.mark.parametrize("variant", range(len(VARIANTS)))
+@pytest.mark.parametrize("kind", ["shared", "per-job", "fitted"])
+@pytest.mark.parametrize("seed", range(2))
+def test_warm_plans_equal_cold_plans_over_simulated_sequences(
+    seed: int, kind: str, variant: int
+) -> None:
+    rng = np.random.default_rng(1000 * seed + variant)
+    snap, models = start_snapshot(seed, kind)
+    warm = PowerFlowPolicy(**VARIANTS[variant])
+    planned = 0
+    for step in range(8):
+        plan = warm_and_cold(warm, snap)
+        if plan is None:
+            break
+        planned += 1
+        snap = next_snapshot(snap, plan, rng, models, step)
+    assert planned >= 4
+    assert len(warm.memo) > 0  # the warm object did keep something
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(first=snapshots(), variant=st.sampled_from(range(len(VARIANTS))))
+def test_warm_plans_equal_cold_plans_on_random_snapshots(first: Snapshot, variant: int) -> None:
+    warm = PowerFlowPolicy(**VARIANTS[variant])
+    plan = warm_and_cold(warm, first)
+    if plan is None:
+        return
+    # Run the plan (some pinned) and plan again with the memo warm.
+    jobs = tuple(
+        replace(
+            j,
+            placement=plan.job(j.id).placement,
+            pinned=bool(plan.job(j.id).placement) and k % 3 == 0,
+        )
+        for k, j in enumerate(first.jobs)
+    )
+    warm_and_cold(warm, replace(first, jobs=jobs, now_s=first.now_s + 30.0))
+
+
+def test_a_new_model_object_is_a_miss_even_with_the_same_id() -> None:
+    """The entry keeps its model alive and a hit checks identity, never the id alone."""
+    memo: PolicyMemo[Rows] = PolicyMemo()
+    model, other = object(), object()
+    rows = Rows(model)
+    key = (id(model), (1,), b"")
+    memo.keep(key, rows)
+    assert memo.rows(key, model) is rows
+    assert memo.rows(key, other) is None
+
+
+def test_the_memo_stays_bounded_and_keeps_recent_entries() -> None:
+    memo: PolicyMemo[Rows] = PolicyMemo(capacity=4)
+    model = object()
+    for i in range(50):
+        memo.keep((i, (), b""), Rows(model))
+        assert memo.rows((i, (), b""), model) is not None
+    assert len(memo) <= 8
+    assert memo.rows((0, (), b""), model) is None
+
+
+def test_cached_rows_are_reused_across_plans() -> None:
+    """A replan with unchanged models makes no model call at all."""
+    calls = []
+
+    class Counting:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def step_time_s(self, *args: object) -> object:
+            calls.append(1)
+            return self.inner.step_time_s(*args)  # type: ignore[attr-defined]
+
+        def energy_per_iter_j(self, *args: object) -> object:
+            calls.append(1)
+            return self.inner.energy_per_iter_j(*args)  # type: ignore[attr-defined]
+
+    snap = synthetic_snapshot(64, 16, seed=3, distinct_models=16)
+    jobs: tuple[Job, ...] = tuple(replace(j, model=Counting(j.model)) for j in snap.jobs)
+    snap = replace(snap, jobs=jobs)
+    policy = PowerFlowPolicy()
+    first = policy.plan(snap)
+    made = len(calls)
+    assert made > 0
+    later = replace(snap, now_s=snap.now_s + 30.0)
+    assert policy.plan(later) == cold(policy, later)
+    second_calls = len(calls) - made
+    policy.plan(later)
+    assert len(calls) - made - second_calls == 0
+    assert first.jobs
+
+
+def test_a_snapshot_larger_than_the_capacity_is_served_warm() -> None:
+    """A job count above the capacity must not make the jobs evict each other."""
+    snap = synthetic_snapshot(64, 40, seed=5, distinct_models=None)
+    policy = PowerFlowPolicy()
+    policy.memo.capacity = 8
+    policy.plan(snap)
+    kept = len(policy.memo)
+    assert kept >= len(snap.jobs)
+    plan = policy.plan(replace(snap, now_s=snap.now_s + 1.0))
+    assert len(policy.memo) == kept
+    assert plan == cold(policy, replace(snap, now_s=snap.now_s + 1.0))
+
+
+def test_a_gpu_with_another_top_clock_is_a_miss_at_a_fixed_frequency() -> None:
+    """The ``P_max`` row is read at the GPU's top clock, which a fixed clock list omits.
+
+    Two clusters whose GPUs differ only in their top clock give the same clock
+    list (one fixed clock) and the same shape, so the memo must still tell them
+    apart: tables and plans equal a fresh memo's.
+    """
+    lower = replace(A100, clocks_mhz=tuple(range(210, 1306, 15)), default_clock_mhz=1305)
+    assert lower.max_clock_mhz != A100.max_clock_mhz
+    first = synthetic_snapshot(64, 12, seed=4, eta=0.5, distinct_models=3)
+    second = replace(first, nodes=tuple(replace(n, gpu=lower) for n in first.nodes))
+    policy = PowerFlowPolicy(frequency_scaling=False, fixed_frequency_mhz=1200)
+    clocks = policy.clocks(A100)
+    assert clocks == policy.clocks(lower)
+    memo: PolicyMemo[JobRows] = PolicyMemo()
+    for snap in (first, second, first):
+        cluster = cluster_of(snap)
+        warm = build_tables(snap.jobs, cluster, clocks, policy.elastic, memo)
+        fresh = build_tables(snap.jobs, cluster, clocks, policy.elastic)
+        for w, f in zip(warm.job_rows, fresh.job_rows, strict=True):
+            np.testing.assert_array_equal(w.vectors, f.vectors)
+            np.testing.assert_array_equal(w.both, f.both)
+        assert policy.plan(snap) == cold(policy, snap)
+
+
+def replanned(snapshot: Snapshot, policy: PowerFlowPolicy) -> Snapshot:
+    """The snapshot with every job running where the policy's plan put it."""
+    plan = policy.plan(snapshot)
+    jobs = tuple(replace(job, placement=plan.job(job.id).placement) for job in snapshot.jobs)
+    return replace(snapshot, jobs=jobs)
+
+
+def test_an_unchanged_replan_hands_back_the_same_job_plans() -> None:
+    policy = PowerFlowPolicy()
+    snap = replanned(synthetic_snapshot(64, 40, seed=3, eta=0.7), policy)
+    first = policy.plan(snap)
+    again = policy.plan(snap)
+    assert again == first
+    assert all(a is b for a, b in zip(again.jobs, first.jobs, strict=True))
+
+
+def test_changed_job_plans_are_rebuilt_and_equal_a_cold_policy() -> None:
+    policy = PowerFlowPolicy()
+    snap = replanned(synthetic_snapshot(64, 40, seed=5, eta=0.9), policy)
+    before = policy.plan(snap)
+    tighter = replace(snap, budget=Budget(eta=0.3))
+    warm = policy.plan(tighter)
+    assert warm == PowerFlowPolicy().plan(tighter)
+    pairs = list(zip(warm.jobs, before.jobs, strict=True))
+    assert any(a != b for a, b in pairs)  # the tighter budget changed some plans ...
+    assert all(a is b for a, b in pairs if a == b)  # ... and the others were handed back
+
+
+def test_measured_jobs_are_scaled_against_what_their_model_predicts_there() -> None:
+    """``job_scales`` reads a measured job's predicted power from its table row; it must
+    equal the model's own answer at the measured configuration, also where no row is
+    that configuration (GPUs not packed, a clock the policy does not plan with)."""
+    snap = synthetic_snapshot(128, 24, seed=9, eta=0.5, distinct_models=4)
+    plan = PowerFlowPolicy().plan(snap)
+    rng = np.random.default_rng(4)
+    placed = [job for job in snap.jobs if plan.job(job.id).placement]
+    free: list[GpuSlot] = []
+    while len({node for node, _ in free}) < 2:  # GPUs of dropped jobs, on two nodes
+        free += plan.job(placed.pop().id).placement
+    apart = [s for s in free if s[0] != free[0][0]]
+    split = (free[0], apart[0])  # two GPUs on two nodes: no row has r = 1 at n = 2
+    jobs = []
+    for k, job in enumerate(placed):
+        slots = plan.job(job.id).placement
+        clock = plan.job(job.id).frequency_mhz if k % 4 else 1207  # 1207: not an A100 clock
+        jobs.append(
+            replace(
+                job,
+                placement=slots,
+                measured_power_w=float(rng.uniform(50, 3000)),
+                measured_frequency_mhz=clock,
+            )
+        )
+    jobs[0] = replace(jobs[0], placement=split, max_gpus=None, min_gpus=1)
+    used = [s for j in jobs for s in j.placement]
+    assert len(set(used)) == len(used)
+    snap = replace(snap, jobs=tuple(jobs))
+    cluster = cluster_of(snap)
+    clocks = A100.clocks_mhz
+    tables = build_tables(snap.jobs, cluster, clocks, True)
+    got = job_scales(tables, snap.jobs, cluster.gpus_per_node, clocks)
+    lo, hi = SCALE_RANGE
+    for job, scale in zip(snap.jobs, got.tolist(), strict=True):
+        n = len(job.placement)
+        r = max(Counter(node for node, _ in job.placement).values())
+        bs = -(-job.global_batch_size // n)
+        f = float(job.measured_frequency_mhz or 0)
+        power = float(job.model.energy_per_iter_j(n, r, bs, f) / job.model.step_time_s(n, r, bs, f))
+        assert job.measured_power_w is not None
+        assert scale == min(hi, max(lo, job.measured_power_w / power))
+    assert any(len({node for node, _ in j.placement}) == 2 and len(j.placement) == 2 for j in jobs)
