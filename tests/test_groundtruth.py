@@ -25,7 +25,8 @@ from powerflow.groundtruth import (
     trace_duration_error,
 )
 from powerflow.groundtruth.frequency import knee_slopes, voltage_knee_mhz
-from powerflow.groundtruth.sources import itp_trace
+from powerflow.groundtruth.shapes import pollux_sync_bs_elasticity
+from powerflow.groundtruth.sources import itp_trace, pollux_records
 from powerflow.models.protocol import PerfModel
 
 DATA = Path(powerflow.__file__).parent / "data"
@@ -300,3 +301,18 @@ def test_sweep_samples_average_their_iterations() -> None:
         errs_sweep.append(np.std(s.step_time_s / true))
         errs_single.append(np.std(single.step_time_s / true))
     assert np.mean(errs_sweep) < 0.5 * np.mean(errs_single)
+
+
+@pytest.mark.parametrize("pollux_model", ["bert", "deepspeech2", "cifar10", "imagenet"])
+def test_sync_batch_elasticity_is_the_slope_of_a_fit_with_one_intercept_per_group(
+    pollux_model: str,
+) -> None:
+    """The demeaned slope equals least squares with a column per (GPUs, nodes) group."""
+    rec = pollux_records(pollux_model)
+    keys = np.column_stack([rec.gpus, rec.nodes])
+    groups = np.asarray(np.unique(keys, axis=0, return_inverse=True)[1]).ravel()
+    design = np.zeros((len(groups), groups.max() + 2))
+    design[np.arange(len(groups)), groups] = 1.0
+    design[:, -1] = np.log(rec.local_bs)
+    coef, *_ = np.linalg.lstsq(design, np.log(rec.sync_time_s), rcond=None)
+    assert pollux_sync_bs_elasticity(pollux_model) == pytest.approx(coef[-1], rel=1e-12)
