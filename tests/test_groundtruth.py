@@ -24,7 +24,7 @@ from powerflow.groundtruth import (
     sweep_plan,
     trace_duration_error,
 )
-from powerflow.groundtruth.frequency import knee_slopes, voltage_knee_mhz
+from powerflow.groundtruth.frequency import knee_slopes, nondecreasing, voltage_knee_mhz
 from powerflow.groundtruth.shapes import pollux_sync_bs_elasticity
 from powerflow.groundtruth.sources import itp_trace, pollux_records
 from powerflow.models.protocol import PerfModel
@@ -316,3 +316,14 @@ def test_sync_batch_elasticity_is_the_slope_of_a_fit_with_one_intercept_per_grou
     design[:, -1] = np.log(rec.local_bs)
     coef, *_ = np.linalg.lstsq(design, np.log(rec.sync_time_s), rcond=None)
     assert pollux_sync_bs_elasticity(pollux_model) == pytest.approx(coef[-1], rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=60))
+def test_nondecreasing_fit_equals_scipys_isotonic_regression(values: list[float]) -> None:
+    from scipy.optimize import isotonic_regression
+
+    got = nondecreasing(np.asarray(values))
+    want = isotonic_regression(np.asarray(values)).x
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    assert np.all(np.diff(got) >= 0)
