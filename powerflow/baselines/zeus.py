@@ -231,10 +231,21 @@ class ZeusPolicy:
                 continue
             clock, cap = got
             locked = spec.max_clock_mhz if capping else clock
-            jobs.append(
-                JobPlan(jp.job_id, jp.gpus, locked, jp.local_batch_size, jp.placement, None, cap)
+            if locked == jp.frequency_mhz and cap is None and jp.power_w is None:
+                mine = jp  # the inner plan's own object: the backend sees it unchanged
+            else:
+                mine = JobPlan(
+                    jp.job_id, jp.gpus, locked, jp.local_batch_size, jp.placement, None, cap
+                )
+            jobs.append(mine)
+            # (a constructor, not dataclasses.replace: this runs for every job at every call)
+            runs_at.append(
+                mine
+                if clock == locked
+                else JobPlan(
+                    jp.job_id, jp.gpus, clock, jp.local_batch_size, jp.placement, None, cap
+                )
             )
-            runs_at.append(replace(jobs[-1], frequency_mhz=clock))
         watts = predicted_watts(snapshot, runs_at, spec, models, self.memo)
         return replace(base, jobs=tuple(jobs), predicted_watts=watts)
 
