@@ -315,11 +315,13 @@ def predicted_watts(
     spec: GpuSpec,
     models: Mapping[str, PerfModel],
     memo: ModelMemo,
+    runs_at: Mapping[str, int] | None = None,
 ) -> float:
     """Cluster power of a plan by the jobs' models, plus idle power of unused GPUs.
 
     Jobs that time-slice one set of GPUs (Gandiva) each run a ``1/k`` share of
-    the time, so each adds ``1/k`` of its power.
+    the time, so each adds ``1/k`` of its power. ``runs_at``: the clock a job
+    really runs at where it differs from its plan's (a power limit holds it lower).
     """
     running = [jp for jp in jobs if jp.gpus > 0]
     sharers = Counter(slot for jp in running for slot in jp.placement)
@@ -327,8 +329,10 @@ def predicted_watts(
     watts: list[float] = []
     miss: list[int] = []
     recall = known.recall
-    for jp in running:
-        config = (jp.gpus, jp.local_batch_size, jp.frequency_mhz, jp.placement)
+    clock_of = runs_at or {}
+    clocks = [clock_of.get(jp.job_id, jp.frequency_mhz) for jp in running]
+    for jp, f in zip(running, clocks, strict=True):
+        config = (jp.gpus, jp.local_batch_size, f, jp.placement)
         hit = recall(jp.job_id, models[jp.job_id], config)
         if hit is not None:
             watts.append(hit)
@@ -340,13 +344,13 @@ def predicted_watts(
         t, e = memo.rows(
             [models[jp.job_id] for jp in plans],
             [
-                (jp.gpus, per_node(jp.placement), jp.local_batch_size, jp.frequency_mhz)
-                for jp in plans
+                (jp.gpus, per_node(jp.placement), jp.local_batch_size, clocks[i])
+                for i, jp in zip(miss, plans, strict=True)
             ],
         )
         for i, jp, ti, ei in zip(miss, plans, t, e, strict=True):
             watts[i] = ei / ti
-            config = (jp.gpus, jp.local_batch_size, jp.frequency_mhz, jp.placement)
+            config = (jp.gpus, jp.local_batch_size, clocks[i], jp.placement)
             known.remember(jp.job_id, models[jp.job_id], config, watts[i])
     active = sum(w / sharers[jp.placement[0]] for jp, w in zip(running, watts, strict=True))
     total = sum(node.gpus for node in snapshot.nodes)

@@ -222,31 +222,25 @@ class ZeusPolicy:
         ]
         settings = self._settings(run, models, spec)
         jobs = []
-        runs_at = []  # the clock each job really runs at, for the predicted power
+        runs_at: dict[str, int] = {}  # where a power limit holds the clock below the locked one
         for jp in base.jobs:
             got = settings.get(jp.job_id)
             if got is None:
                 jobs.append(jp)
-                runs_at.append(jp)
                 continue
             clock, cap = got
             locked = spec.max_clock_mhz if capping else clock
             if locked == jp.frequency_mhz and cap is None and jp.power_w is None:
-                mine = jp  # the inner plan's own object: the backend sees it unchanged
+                jobs.append(jp)  # the inner plan's own object: the backend sees it unchanged
             else:
-                mine = JobPlan(
-                    jp.job_id, jp.gpus, locked, jp.local_batch_size, jp.placement, None, cap
+                jobs.append(
+                    JobPlan(
+                        jp.job_id, jp.gpus, locked, jp.local_batch_size, jp.placement, None, cap
+                    )
                 )
-            jobs.append(mine)
-            # (a constructor, not dataclasses.replace: this runs for every job at every call)
-            runs_at.append(
-                mine
-                if clock == locked
-                else JobPlan(
-                    jp.job_id, jp.gpus, clock, jp.local_batch_size, jp.placement, None, cap
-                )
-            )
-        watts = predicted_watts(snapshot, runs_at, spec, models, self.memo)
+            if clock != locked:
+                runs_at[jp.job_id] = clock
+        watts = predicted_watts(snapshot, jobs, spec, models, self.memo, runs_at)
         return replace(base, jobs=tuple(jobs), predicted_watts=watts)
 
     def _settings(
