@@ -197,20 +197,6 @@ def test_overlaps_are_found_among_many_windows_and_named() -> None:
     assert len(parse_windows(ok, Budget())) == 1000
 
 
-def test_the_next_edge_is_remembered_until_it_passes() -> None:
-    """``next_edge_s`` gives the same answers with its memo as without (every minute of
-    two days, a schedule in a daylight-saving zone)."""
-    data = {"eta": "1", "timezone": "Europe/Paris",
-            "schedule": "[{start: '02:30', end: '03:30', eta: 0.5}, "
-                        "{start: '12:00', end: '13:00', eta: 0.2}]"}  # fmt: skip
-    schedule = parse_schedule_data(data)
-    fresh = parse_schedule_data(data)
-    start = 1_711_846_800.0  # 2024-03-31 00:00 UTC: the spring change that day
-    for minute in range(0, 2 * 1440, 7):
-        t = start + 60 * minute
-        assert schedule.next_edge_s(t) == fresh._edge_after(t)
-
-
 def test_the_budget_in_force_and_the_next_edge_around_the_day() -> None:
     schedule = peak_and_night()
     plain = Budget(eta=0.6, p_max_watts=300.0)

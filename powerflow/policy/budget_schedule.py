@@ -50,7 +50,6 @@ import re
 import zoneinfo
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
 from typing import Any
 
 import yaml
@@ -97,11 +96,6 @@ class BudgetSchedule:
     default: Budget = field(default_factory=Budget)
     windows: tuple[BudgetWindow, ...] = ()
     timezone: str = UTC
-    _edge_memo: tuple[float, float] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-    """``(t, next_edge_s(t))`` of the last call (``next_edge_s``): a cache that never
-    changes an answer, not part of the schedule."""
 
     def window_at(self, t_s: float) -> BudgetWindow | None:
         """The window in force at ``t_s`` (None: the default)."""
@@ -118,21 +112,6 @@ class BudgetSchedule:
         return self.default if window is None else window.budget
 
     def next_edge_s(self, t_s: float) -> float | None:
-        """The first instant strictly after ``t_s`` at which the budget may change (a
-        window starts or ends); None without windows.
-
-        The answer for ``t_s`` holds for every time from ``t_s`` up to it (no edge lies
-        between), so the last one is kept and returned again for such a time: the
-        operator asks at every pass (``_edge_after`` computes it)."""
-        memo = self._edge_memo
-        if memo is not None and memo[0] <= t_s < memo[1]:
-            return memo[1]
-        edge = self._edge_after(t_s)
-        if edge is not None:
-            object.__setattr__(self, "_edge_memo", (t_s, edge))
-        return edge
-
-    def _edge_after(self, t_s: float) -> float | None:
         """The first instant strictly after ``t_s`` at which the budget may change (a
         window starts or ends); None without windows.
 
@@ -385,7 +364,6 @@ def _check_overlaps(windows: Sequence[BudgetWindow]) -> None:
 # ------------------------------------------------------------------------ clock
 
 
-@cache
 def _zone(name: str) -> dt.tzinfo:
     """UTC without the time zone database; any other name from ``zoneinfo``."""
     if name == UTC:
