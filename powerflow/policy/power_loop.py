@@ -135,7 +135,8 @@ def job_scales(
     plans with), else one model call.
     """
     out = np.ones(len(jobs))
-    column = {c: k for k, c in enumerate(clocks)}
+    column = {c: k for k, c in enumerate(clocks)}.get
+    entries = tables.job_rows
     lo, hi = SCALE_RANGE
     for i, job in enumerate(jobs):
         measured, f = job.measured_power_w, job.measured_frequency_mhz
@@ -143,11 +144,18 @@ def job_scales(
             continue
         if not (math.isfinite(measured) and measured > 0):
             raise SnapshotError(f"job {job.id!r}: measured power {measured} W")
-        n = len(job.placement)
-        r = _per_node(job.placement, n, gpus_per_node)
+        placement = job.placement
+        n = len(placement)
+        nodes = {node for node, _ in placement}
+        if len(nodes) == 1:
+            r = n
+        elif n == len(nodes) * gpus_per_node:
+            r = gpus_per_node  # whole nodes (slots are distinct: ``validate``)
+        else:
+            r = max(Counter(node for node, _ in placement).values())
         bs = -(-job.global_batch_size // n)
-        k = column.get(int(f))
-        predicted = None if k is None else tables.job_rows[i].power_w(n, r, bs, k)
+        k = column(int(f))
+        predicted = None if k is None else entries[i].power_w(n, r, bs, k)
         if predicted is None:
             t = float(job.model.step_time_s(n, r, bs, float(f)))
             e = float(job.model.energy_per_iter_j(n, r, bs, float(f)))
@@ -156,16 +164,6 @@ def job_scales(
             predicted = e / t
         out[i] = min(hi, max(lo, measured / predicted))
     return out
-
-
-def _per_node(placement: Sequence[tuple[str, int]], n: int, gpus_per_node: int) -> int:
-    """The most of a job's ``n`` GPUs on one node (slots are distinct: ``validate``)."""
-    nodes = {node for node, _ in placement}
-    if len(nodes) == 1:
-        return n
-    if n == len(nodes) * gpus_per_node:
-        return gpus_per_node  # whole nodes
-    return max(Counter(node for node, _ in placement).values())
 
 
 def sweeping_rows(tables: Tables, jobs: Sequence[Job]) -> FloatArray:
