@@ -327,14 +327,17 @@ def steady_caps(
     most); on the whole default trace the average JCT moved by under 0.1 % (eta 0.4 and
     0.6).
     """
+    if not (len(caps) == len(counted_w) == len(current)):
+        raise ValueError("caps, counted power and current caps differ in length")
     floor = max(MIN_CAP_W, min_cap_w)
-    out = []
-    for cap, counted, now in zip(caps, counted_w, current, strict=True):
-        top = min(max(floor, cap), max_cap_w)
-        need = min(max(floor, counted), top)  # what the plan's clock draws, where it fits
-        # a cushion below the cap, so that the next pass's slightly lower cap keeps it
-        step = max(need, min(math.floor((cap - CAP_SLACK_W) / CAP_STEP_W) * CAP_STEP_W, top))
-        if now is not None and need - CAP_SLACK_W <= now <= top and top - now < CAP_RAISE_W:
-            step = max(now, floor)
-        out.append(step)
+    cap = np.asarray(caps, dtype=np.float64)
+    top = np.minimum(np.maximum(floor, cap), max_cap_w)
+    # what the plan's clock draws, where it fits
+    need = np.minimum(np.maximum(floor, np.asarray(counted_w, dtype=np.float64)), top)
+    # a cushion below the cap, so that the next pass's slightly lower cap keeps it
+    rounded = np.floor((cap - CAP_SLACK_W) / CAP_STEP_W) * CAP_STEP_W
+    step = np.maximum(need, np.minimum(rounded, top))
+    now = np.asarray([np.nan if c is None else c for c in current], dtype=np.float64)
+    keep = (need - CAP_SLACK_W <= now) & (now <= top) & (top - now < CAP_RAISE_W)  # NaN: False
+    out: list[float] = np.where(keep, np.maximum(now, floor), step).tolist()
     return out
