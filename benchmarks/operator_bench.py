@@ -9,14 +9,15 @@ models, budget eta 0.7), both cold (every job new: each is parsed, every pod
 and Service built) and steady (the jobs running, their requests parsed).
 
 How a pass's CPU is split, per pass: ``CPU`` is this thread's CPU time
-(``time.thread_time``) over the pass (``reconcile``); ``policy`` is the
-thread's CPU time inside every ``plan`` call that pass made, summed
-(``TimedPolicy``: a pass may call it once, or not at all); ``operator`` is
-that pass's ``CPU`` less its own ``policy``. The plan calls run on the same
-thread inside the same interval (checked), so ``policy`` <= ``CPU`` and no
-column can go negative; the table shows the median over the repeats of each
-column, so ``operator`` is the median of the per-pass differences, not the
-difference of the medians.
+(``time.thread_time``) over the pass as the controller runs it
+(``reconcile`` inside ``gc_pause.paused``, its closing young collection
+included); ``policy`` is the thread's CPU time inside every ``plan`` call
+that pass made, summed (``TimedPolicy``: a pass may call it once, or not at
+all); ``operator`` is that pass's ``CPU`` less its own ``policy``. The plan
+calls run on the same thread inside the same interval (checked), so
+``policy`` <= ``CPU`` and no column can go negative; the table shows the
+median over the repeats of each column, so ``operator`` is the median of the
+per-pass differences, not the difference of the medians.
 
     python -m benchmarks.operator_bench [--repeat 20] [--reactions 5]
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from powerflow.operator import gc_pause
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
 from powerflow.operator.reconcile import Actions, Observed, reconcile
@@ -123,15 +125,17 @@ class TimedPolicy:
 
 
 def _timed(fn: Any, policy: TimedPolicy) -> tuple[Any, float, float, float]:
-    """``fn()``, its wall time, its CPU time (this thread) and the policy's share of
-    that CPU time (every ``plan`` call inside it), in seconds.
+    """``fn()`` under ``gc_pause.paused`` (as the controller runs a pass), its wall
+    time, its CPU time (this thread, the closing young collection included) and the
+    policy's share of that CPU time (every ``plan`` call inside it), in seconds.
 
     CPU time is the figure to compare on a shared machine: other processes'
     load inflates wall time, not this thread's CPU time.
     """
     policy.take()
     w0, c0 = time.perf_counter(), time.thread_time()
-    out = fn()
+    with gc_pause.paused():  # as ``Controller.run_once`` runs a pass
+        out = fn()
     wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
     plan = policy.take()
     assert 0 <= plan <= cpu, (plan, cpu)
