@@ -1094,6 +1094,8 @@ def _wait_for_room(
     API server refuses, a grace period of a day. The extender then chooses
     other GPUs.
     """
+    if not leaving:  # no worker is being deleted (every job of a cold start)
+        return False
     until = [leaving[slot] for slot in jp.placement if slot in leaving and leaving[slot] > now_s]
     since = parse_time(v.status.get("roomWaitSince"))
     since = now_s if since is None else since

@@ -45,9 +45,12 @@ def planned_block_annotation(slots: Iterable[tuple[str, int]]) -> str:
     ``worker_pods`` per job. Anything else goes through ``json.dumps``.
     """
     block = sorted(slots)
-    if all(type(node) is str and type(index) is int for node, index in block):
-        return '{"block": [' + ", ".join(f"[{_json_str(n)}, {i}]" for n, i in block) + "]}"
-    return json.dumps({"block": [[node, index] for node, index in block]})
+    parts = []
+    for node, index in block:
+        if type(node) is not str or type(index) is not int:
+            return json.dumps({"block": [[n, i] for n, i in block]})
+        parts.append(f"[{_json_str(node)}, {index}]")
+    return '{"block": [' + ", ".join(parts) + "]}"
 
 
 def pod_name(job: str, generation: int, index: int) -> str:
