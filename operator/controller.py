@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from powerflow.operator import gc_pause
 from powerflow.operator.bodies import ConfigMapBody
 from powerflow.operator.budget import (
     DEFAULT,
@@ -452,25 +453,28 @@ class Controller:
             f"{meta.get('namespace', '')}/{meta.get('name', '')}"
             for meta in (observed.body.get("metadata") or {} for observed in state.jobs)
         )
-        actions = reconcile(
-            state.jobs,
-            nodes,
-            self.budget.at(now),
-            now,
-            self.policy,
-            self.models,
-            self._anchors,
-            profiling_window_s=self.config.profiling_window_s,
-            profile_sweep=self.config.profile_sweep,
-            requests=self._requests,
-            refused=self._refused,
-            progress_interval_s=self.config.progress_interval_s,
-            progress_written=self._progress_written,
-            learned=learned,
-            measured=measured,
-            power_ratio=self._power_ratio(measured, now, state),
-            agent_progress=self.progress.snapshot(),
-        )
+        power_ratio = self._power_ratio(measured, now, state)
+        agent_progress = self.progress.snapshot()
+        with gc_pause.paused():  # the pass makes no garbage cycles (gc_pause)
+            actions = reconcile(
+                state.jobs,
+                nodes,
+                self.budget.at(now),
+                now,
+                self.policy,
+                self.models,
+                self._anchors,
+                profiling_window_s=self.config.profiling_window_s,
+                profile_sweep=self.config.profile_sweep,
+                requests=self._requests,
+                refused=self._refused,
+                progress_interval_s=self.config.progress_interval_s,
+                progress_written=self._progress_written,
+                learned=learned,
+                measured=measured,
+                power_ratio=power_ratio,
+                agent_progress=agent_progress,
+            )
         if actions.plan is not None:
             self._planned = {jp.job_id: jp for jp in actions.plan.jobs}
         workers = (pod for observed in state.jobs for pod in observed.pods)

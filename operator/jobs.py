@@ -80,14 +80,14 @@ BOUNDS: dict[str, tuple[int, int]] = {
 }
 
 
+_PARTS = {path: tuple(path.split(".")) for path in BOUNDS}
+
+
 def _int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
     """``spec.<path>`` as an integer within ``BOUNDS``, or ``default`` when absent."""
     value: Any = spec
-    if "." not in path:  # most fields: no split (parsing is per job per cold pass)
-        value = spec.get(path) if isinstance(spec, dict) else None
-    else:
-        for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+    for part in _PARTS[path]:  # split once, at import: parsing is per job per cold pass
+        value = value.get(part) if isinstance(value, dict) else None
     if value is None:
         if default is None:
             raise ResourceError("MissingField", f"spec.{path} is required")
@@ -170,16 +170,21 @@ def _check_template(template: Any, trainer_name: Any) -> str:
             f"trainer container {_short(trainer)} is not in the template (has {_short(names)})",
         )
     container = containers[names.index(trainer)]
-    where = f"container {trainer!r}"
     env = container.get("env")
     if env is not None and not (
         isinstance(env, list)
         and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in env)
     ):
-        raise ResourceError("InvalidTemplate", f"{where}: env must be a list of {{name: ...}}")
-    resources = _optional_dict(container.get("resources"), f"{where}: resources")
-    for kind in ("limits", "requests"):
-        _optional_dict(resources.get(kind), f"{where}: resources.{kind}")
+        raise ResourceError(
+            "InvalidTemplate", f"container {trainer!r}: env must be a list of {{name: ...}}"
+        )
+    # The messages' texts are built only for a refusal (``where`` is per job per cold pass).
+    resources = container.get("resources")
+    if resources is not None:
+        _optional_dict(resources, f"container {trainer!r}: resources")
+        for kind in ("limits", "requests"):
+            if not isinstance(resources.get(kind), dict | None):
+                _optional_dict(resources.get(kind), f"container {trainer!r}: resources.{kind}")
     return trainer
 
 
@@ -203,9 +208,10 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
     raw_spec: Any = body.get("spec")
     if raw_spec is not None and not isinstance(raw_spec, dict):
         raise ResourceError("InvalidField", "spec must be an object")
-    spec: dict[str, Any] = dict(raw_spec or {})
+    spec: dict[str, Any] = raw_spec or {}  # only read
     for group in ("gpus", "restart"):
-        _optional_dict(spec.get(group), f"spec.{group}")
+        if not isinstance(spec.get(group), dict | None):
+            _optional_dict(spec.get(group), f"spec.{group}")
     global_batch = _int(spec, "globalBatchSize")
     iterations = _int(spec, "iterations")
     requested = _int(spec, "gpus.requested")

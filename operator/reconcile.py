@@ -78,6 +78,7 @@ from typing import Any, cast
 
 from powerflow.operator.bodies import (
     Allocation,
+    Condition,
     DLJobBody,
     DLJobStatus,
     Meta,
@@ -515,8 +516,7 @@ def _lifecycle(
     now = format_time(now_s)
     phase = v.status.get("phase")
     conditions = v.status.get("conditions") or []  # never mutated: set_condition copies
-    done = next((c.get("reason") for c in conditions if c.get("type") == "Done"), None)
-    if phase in ("Succeeded", "Failed") and done in TERMINAL_REASONS:
+    if phase in ("Succeeded", "Failed") and _reason(conditions, "Done") in TERMINAL_REASONS:
         if phase == "Failed":
             _delete_all(actions, v, None)
         else:  # a pass that recorded the success may have died before deleting them
@@ -539,13 +539,15 @@ def _lifecycle(
     restarts = _count(v.status.get("restarts"))
     if phase == "Failed":  # was invalid and got fixed
         _set_phase(actions, v, "Pending", "SpecFixed", "spec is valid again")
-    for refusal in refused:
-        if refusal.verb != "create":  # nothing to back off from: say so, retry next pass
-            _event(actions, v, "Warning", f"Failed{refusal.verb.title()}", _refusal_text(refusal))
-    created = [r for r in refused if r.verb == "create"]
-    if created:
-        _refused(actions, v, created, now_s, now)
-        return False
+    if refused:
+        for refusal in refused:
+            if refusal.verb != "create":  # nothing to back off from: say so, retry next pass
+                failed_verb = f"Failed{refusal.verb.title()}"
+                _event(actions, v, "Warning", failed_verb, _refusal_text(refusal))
+        created = [r for r in refused if r.verb == "create"]
+        if created:
+            _refused(actions, v, created, now_s, now)
+            return False
     if _refusal_backoff(actions, v, now_s):
         return False
     if (
@@ -630,6 +632,14 @@ def _lifecycle(
     return True
 
 
+def _reason(conditions: Sequence[Condition], type_: str) -> str | None:
+    """The reason of the first condition of ``type_`` (None: none)."""
+    for c in conditions:
+        if c.get("type") == type_:
+            return c.get("reason")
+    return None
+
+
 def _failure_backoff(
     actions: Actions, v: _View, req: JobRequest, restarts: int, now_s: float
 ) -> bool:
@@ -698,8 +708,10 @@ def _refused(
 def _refusal_backoff(actions: Actions, v: _View, now_s: float) -> bool:
     """True while the job waits after a refused create (its status says since when)."""
     count = _count(v.status.get("createRefusals"))
+    if not count or v.current:
+        return False
     last = parse_time(v.status.get("lastCreateRefusalTime"))
-    if not count or last is None or v.current:
+    if last is None:
         return False
     if v.status.get("observedGeneration") != object_generation(v.meta):
         return False  # the spec changed since (a fixed template?): try at once
@@ -782,7 +794,9 @@ def _unstuck(v: _View, now: str) -> None:
 
 
 def _profiled(v: _View) -> list[int]:
-    raw = (v.status.get("model") or {}).get("profiledGpuCounts") or []
+    raw = (v.status.get("model") or {}).get("profiledGpuCounts")
+    if not raw:  # a new job's: no set to build and sort
+        return []
     return sorted({_count(n) for n in raw} - {0})
 
 
@@ -1080,6 +1094,8 @@ def _wait_for_room(
     API server refuses, a grace period of a day. The extender then chooses
     other GPUs.
     """
+    if not leaving:  # no worker is being deleted (every job of a cold start)
+        return False
     until = [leaving[slot] for slot in jp.placement if slot in leaving and leaving[slot] > now_s]
     since = parse_time(v.status.get("roomWaitSince"))
     since = now_s if since is None else since
@@ -1179,17 +1195,17 @@ def _account_all(
         assert v.req is not None
         progress = v.status.get("progress") or {}
         jobs.append(
-            Running(
-                key=v.key,
-                model=models[v.key],
-                gpus=jp.gpus,
-                local_batch_size=jp.local_batch_size,
-                frequency_mhz=jp.frequency_mhz,
-                iterations_total=v.req.iterations,
-                iterations_done=int(progress.get("iterations", 0)),
-                joules=float((v.status.get("energy") or {}).get("joules", 0.0)),
-                reported=v.reported,
-                workers_running=v.running,
+            Running(  # positional (Running's order): hundreds per pass
+                v.key,
+                models[v.key],
+                jp.gpus,
+                jp.local_batch_size,
+                jp.frequency_mhz,
+                v.req.iterations,
+                int(progress.get("iterations", 0)),
+                float((v.status.get("energy") or {}).get("joules", 0.0)),
+                v.reported,
+                v.running,
             )
         )
     accounts = account(jobs, gpn, now_s, anchors)

@@ -72,7 +72,8 @@ def merge_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[st
     another writer, e.g. a trainer, put there); ``None`` in ``new`` deletes.
     Lists are replaced whole, as merge patches do.
     """
-    old = old or {}
+    if not old:  # a new job's status: everything but the deletions (the loop's result)
+        return {key: value for key, value in new.items() if value is not None}
     patch: dict[str, Any] = {}
     for key, value in new.items():
         before = old.get(key)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 from powerflow.operator.bodies import PodBody, ServiceBody
@@ -36,8 +37,20 @@ class WorkerSet:
 
 
 def planned_block_annotation(slots: Iterable[tuple[str, int]]) -> str:
-    """``contract.PLANNED_BLOCK_ANNOTATION``'s value: the placement annotation's form."""
-    return json.dumps({"block": [[node, index] for node, index in sorted(slots)]})
+    """``contract.PLANNED_BLOCK_ANNOTATION``'s value: the placement annotation's form.
+
+    The text ``json.dumps`` writes for ``{"block": [[node, index], ...]}`` (sorted),
+    put together directly when every node is a ``str`` and every index an ``int``
+    (json's own string encoder for the names): ``json.dumps`` was a fifth of
+    ``worker_pods`` per job. Anything else goes through ``json.dumps``.
+    """
+    block = sorted(slots)
+    parts = []
+    for node, index in block:
+        if type(node) is not str or type(index) is not int:
+            return json.dumps({"block": [[n, i] for n, i in block]})
+        parts.append(f"[{_json_str(node)}, {index}]")
+    return '{"block": [' + ", ".join(parts) + "]}"
 
 
 def pod_name(job: str, generation: int, index: int) -> str:
@@ -103,6 +116,7 @@ pod's UID, and progress goes to the pod's annotation) and the node's IP, where
 the agent's hostPort listens. Written with ``apiVersion`` as the API server
 defaults it, so the stored pod reads back the same."""
 
+_AGENT_PORT = str(contract.AGENT_WORKER_PORT)
 _DOWNWARD_ENTRIES = tuple(
     {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
     for name, path in DOWNWARD_ENV
@@ -122,27 +136,47 @@ def _gpu_resources(resources: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+_OURS = frozenset(
+    (
+        "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_BATCH_SIZE",
+        "GLOBAL_BATCH_SIZE", "POWERFLOW_ITERATIONS", "POWERFLOW_FREQUENCY_MHZ", "POWERFLOW_JOB",
+        "POWERFLOW_GENERATION", "POWERFLOW_AGENT_PORT", "POWERFLOW_GRACE_SECONDS",
+        *(name for name, _ in DOWNWARD_ENV),
+    )
+)  # fmt: skip
+"""The env names the operator sets (``_env_values``' keys, then ``DOWNWARD_ENV``'s): a
+template's own entries of these names are dropped."""
+
+
 def worker_pods(
     job: JobRequest, ws: WorkerSet, indices: Iterable[int] | None = None
 ) -> list[PodBody]:
     """Workers ``indices`` (default all) of ``ws``: the template plus GPU, scheduler,
     contract and env (values, then ``DOWNWARD_ENV``).
 
-    Built by copying only the path that changes (metadata, pod spec, the
-    trainer container, its env and resources) and sharing the rest of the
-    template: a deep copy per pod dominated an allocation pass at hundreds of
-    pods. The bodies are sent to the API server and never mutated, so the
-    shared parts are read-only; the template itself is never changed.
+    Everything but the worker's name, hostname, index label and ``RANK`` is the
+    same for every worker: it is put together once per call (the labels and
+    annotations, prototypes of the pod spec and trainer container, the env
+    entries before and after ``RANK``) and each pod is shallow copies of the
+    prototypes with those fields set, in the key order a fresh build has
+    (``tests/test_operator_workers.py`` compares each pod, as dicts and as
+    JSON, with a deep-copy reference build). The rest of the template and the
+    shared env entries are not copied: the bodies are sent to the API server
+    and never mutated, so the shared parts are read-only; the template itself
+    is never changed.
     """
     template = job.template
     meta = template.get("metadata") or {}
     spec: dict[str, Any] = template.get("spec") or {}
-    base_labels = {**(meta.get("labels") or {}), contract.JOB_LABEL: job.name}
+    name = job.name
+    generation = str(ws.generation)
+    labels = meta.get("labels")
+    base_labels = {**labels, contract.JOB_LABEL: name} if labels else {contract.JOB_LABEL: name}
     annotations = {
         **(meta.get("annotations") or {}),
         contract.WORKERS_ANNOTATION: str(ws.gpus),
         contract.FREQUENCY_ANNOTATION: str(ws.frequency_mhz),
-        contract.GENERATION_ANNOTATION: str(ws.generation),
+        contract.GENERATION_ANNOTATION: generation,
     }
     if job.model_name:
         annotations[contract.MODEL_ANNOTATION] = job.model_name
@@ -150,23 +184,38 @@ def worker_pods(
         annotations[contract.POWER_LIMIT_ANNOTATION] = ws.power_cap
     if ws.planned:
         annotations[contract.PLANNED_BLOCK_ANNOTATION] = planned_block_annotation(ws.planned)
-    values = _env_values(job, ws)
+    prefix = f"{name}-g{generation}-w"  # pod_name's, less the index
     containers: list[dict[str, Any]] = spec.get("containers") or []
-    trainer = next((c for c in containers if c.get("name") == job.trainer), None)
-    ours = values.keys() | {name for name, _ in DOWNWARD_ENV}
-    kept_env = [e for e in (trainer or {}).get("env") or [] if e.get("name") not in ours]
-    resources = _gpu_resources((trainer or {}).get("resources"))
-    owners = [owner_reference(job)]
-    subdomain = service_name(job.name)
-    # The env entries are the same for every worker but RANK: built once per call
-    # and shared (read-only, like the rest of the template), only RANK's entry per pod.
-    entries = [{"name": k, "value": v} for k, v in values.items()]
-    rank = list(values).index("RANK")
-    head, tail = kept_env + entries[:rank], [*entries[rank + 1 :], *_DOWNWARD_ENTRIES]
-    # Per-pod dicts are copies of per-call prototypes with the per-worker keys
-    # overwritten in place: same key order as building each one from scratch.
-    at = next((i for i, c in enumerate(containers) if c is trainer), -1)
-    trainer_proto = {**(trainer or {}), "env": None, "resources": resources}
+    trainer_name = job.trainer
+    at = -1  # the trainer's position (the first container of that name)
+    for i, container in enumerate(containers):
+        if container.get("name") == trainer_name:
+            at = i
+            break
+    trainer_proto: dict[str, Any] = {}
+    head: list[dict[str, Any]] = []
+    tail: list[dict[str, Any]] = []
+    if at >= 0:
+        trainer = containers[at]
+        own_env = trainer.get("env")
+        head = [e for e in own_env if e.get("name") not in _OURS] if own_env else []
+        # _env_values' entries, RANK (per pod) left out: the same for every worker.
+        head.append({"name": "WORLD_SIZE", "value": str(ws.gpus)})
+        tail = [
+            {"name": "MASTER_ADDR", "value": master_addr(job, ws.generation)},
+            {"name": "MASTER_PORT", "value": str(job.master_port)},
+            {"name": "LOCAL_BATCH_SIZE", "value": str(ws.local_batch_size)},
+            {"name": "GLOBAL_BATCH_SIZE", "value": str(job.global_batch_size)},
+            {"name": "POWERFLOW_ITERATIONS", "value": str(job.iterations)},
+            {"name": "POWERFLOW_FREQUENCY_MHZ", "value": str(ws.frequency_mhz)},
+            {"name": "POWERFLOW_JOB", "value": name},
+            {"name": "POWERFLOW_GENERATION", "value": generation},
+            {"name": "POWERFLOW_AGENT_PORT", "value": _AGENT_PORT},
+            {"name": "POWERFLOW_GRACE_SECONDS", "value": str(job.grace_s)},
+            *_DOWNWARD_ENTRIES,
+        ]
+        resources = _gpu_resources(trainer.get("resources"))
+        trainer_proto = {**trainer, "env": None, "resources": resources}
     spec_proto = {
         **spec,
         "containers": None,
@@ -174,30 +223,32 @@ def worker_pods(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": job.grace_s,
         "hostname": None,
-        "subdomain": subdomain,
+        "subdomain": service_name(name),
     }
+    owners = [owner_reference(job)]
+    namespace = job.namespace
     pods: list[PodBody] = []
     for index in range(ws.gpus) if indices is None else indices:
-        name = f"{job.name}-g{ws.generation}-w{index}"  # pod_name, inlined
-        rank_s = str(index)
+        rank = str(index)
+        pod = prefix + rank
         pod_containers = list(containers)
         if at >= 0:
             pod_trainer = trainer_proto.copy()
-            pod_trainer["env"] = [*head, {"name": "RANK", "value": rank_s}, *tail]
+            pod_trainer["env"] = [*head, {"name": "RANK", "value": rank}, *tail]
             pod_containers[at] = pod_trainer
         pod_spec = spec_proto.copy()
         pod_spec["containers"] = pod_containers
-        pod_spec["hostname"] = name
-        labels = base_labels.copy()
-        labels[contract.WORKER_INDEX_LABEL] = rank_s
+        pod_spec["hostname"] = pod
+        pod_labels = base_labels.copy()
+        pod_labels[contract.WORKER_INDEX_LABEL] = rank
         pods.append(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
-                    "name": name,
-                    "namespace": job.namespace,
-                    "labels": labels,
+                    "name": pod,
+                    "namespace": namespace,
+                    "labels": pod_labels,
                     "annotations": annotations.copy(),
                     "ownerReferences": owners,
                 },

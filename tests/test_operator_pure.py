@@ -159,6 +159,11 @@ def test_status_diff_and_conditions() -> None:
     new = {"phase": "Running", "progress": {"iterations": 6, "throughput": 1.0}}
     assert merge_diff(old, new) == {"progress": {"iterations": 6}}
     assert merge_diff(old, copy.deepcopy(old)) == {}
+    # against nothing (a new job's status): everything but the deletions, nested ones kept
+    fresh = {"phase": "Pending", "gone": None, "allocation": {"gpus": 2, "stopped": None}}
+    want = {"phase": "Pending", "allocation": {"gpus": 2, "stopped": None}}
+    assert merge_diff({}, fresh) == merge_diff(None, fresh) == want
+    assert merge_diff({"x": 1}, fresh) == want  # the same through the general loop
     first = set_condition(None, "Valid", True, "Ok", "", "t1")
     same = set_condition(first, "Valid", True, "Ok", "", "t2")
     flipped = set_condition(same, "Valid", False, "Bad", "m", "t3")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from powerflow.operator.jobs import JobRequest, parse_dljob
-from powerflow.operator.workers import WorkerSet, worker_pod, worker_pods
+from powerflow.operator.workers import WorkerSet, planned_block_annotation, worker_pod, worker_pods
 
 from powerflow import contract
 
@@ -86,6 +86,12 @@ def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
                 contract.FREQUENCY_ANNOTATION: str(ws.frequency_mhz),
                 contract.GENERATION_ANNOTATION: str(ws.generation),
                 **({contract.MODEL_ANNOTATION: job.model_name} if job.model_name else {}),
+                **({contract.POWER_LIMIT_ANNOTATION: ws.power_cap} if ws.power_cap else {}),
+                **(
+                    {contract.PLANNED_BLOCK_ANNOTATION: json.dumps({"block": sorted(ws.planned)})}
+                    if ws.planned
+                    else {}
+                ),
             },
             "ownerReferences": [
                 {
@@ -135,7 +141,16 @@ def test_worker_pods_equal_the_reference(seed: int) -> None:
         job = random_job(rng, i)
         before = copy.deepcopy(job.template)
         gpus = rng.choice([1, 2, 4, 8, 16])
-        ws = WorkerSet(rng.randrange(1, 9), gpus, rng.choice([8, 32, 64]), rng.randrange(900, 1410))
+        cap = rng.choice([None, "250", "312.5"])
+        planned = tuple(rng.sample([(f"n{k % 3}", k) for k in range(16)], gpus)) * rng.randrange(2)
+        ws = WorkerSet(
+            rng.randrange(1, 9),
+            gpus,
+            rng.choice([8, 32, 64]),
+            rng.randrange(900, 1410),
+            cap,
+            planned,
+        )
         indices = rng.sample(range(gpus), rng.randrange(1, gpus + 1))
         pods = worker_pods(job, ws)
         assert pods == [reference_pod(job, ws, k) for k in range(gpus)]
@@ -159,3 +174,18 @@ def test_pods_do_not_share_per_worker_fields() -> None:
     assert a["metadata"]["labels"] is not b["metadata"]["labels"]
     assert a["metadata"]["annotations"] is not b["metadata"]["annotations"]
     assert a["spec"] is not b["spec"]
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [],
+        [("n1", 3), ("n0", 7), ("n0", 1)],
+        [('q"uote\\', 0), ("é\u2028\x00", 2), ("a", 10**30), ("a", -1)],
+        [("n0", True), ("n0", 2.5)],  # not str/int: json.dumps's own text
+    ],
+)
+def test_planned_block_annotation_is_json_dumps(slots: list[tuple[Any, Any]]) -> None:
+    block = [[node, index] for node, index in sorted(slots)]
+    assert planned_block_annotation(slots) == json.dumps({"block": block})
+    assert json.loads(planned_block_annotation(slots)) == {"block": block}
