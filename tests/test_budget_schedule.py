@@ -168,21 +168,21 @@ def window_text(count: int, step_s: int = 1) -> str:
 def test_a_schedule_over_the_size_bounds_is_refused_before_it_is_read() -> None:
     """10,000 one-second windows (about 630 KB, under the ConfigMap limit), and an aliased
     list that expands without bound, are refused by their size, in milliseconds, saying
-    the bounds."""
+    the bounds. CPU time, not wall time: a loaded machine must not fail it."""
     huge = window_text(10_000)
     assert len(huge) > MAX_SCHEDULE_BYTES
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(BudgetError, match=f"at most {MAX_SCHEDULE_BYTES}"):
         parse_schedule_data({"eta": "1", "schedule": huge})
     aliases = "a: &w {start: '08:00', end: '09:00', eta: 0.5}\nb: [" + "*w, " * 5000 + "*w]"
     with pytest.raises(BudgetError, match=f"at most {MAX_WINDOWS}"):
         parse_windows(yaml.safe_load(aliases)["b"], Budget())
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     # At the bound: accepted, and checked in O(n log n) (a second is ample here).
-    started = time.perf_counter()
+    started = time.process_time()
     schedule = parse_schedule_data({"eta": "1", "schedule": window_text(MAX_WINDOWS, 60)})
     assert len(schedule.windows) == MAX_WINDOWS
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 def test_overlaps_are_found_among_many_windows_and_named() -> None:
