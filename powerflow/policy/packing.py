@@ -259,37 +259,47 @@ def _place_big(
 
     Returns the nodes these jobs took. A job keeps its preferred group when
     all of it is free; otherwise it takes the free group with the fewest
-    powered-off nodes, then the fewest GPUs that other jobs run on now.
+    powered-off nodes, then the fewest GPUs that other jobs run on now, then
+    the first. Single nodes come from one heap and groups of ``g`` nodes from
+    a ``_FreeGroups`` per ``g``, so a choice costs a few heap steps rather
+    than a scan over every group (which made this quadratic at scale).
+    Weights only fall here (a job being placed stops counting on its
+    preferred nodes) and every fall pushes the new key, so a popped entry
+    whose key is not the current one is stale and dropped, as is one whose
+    nodes got busy.
     """
     geo = cluster.geo
+    n = geo.per_node
+    busy = cluster.busy
     off = [0 if on else 1 for on in geo.powered_on]
     taken = bytearray(geo.num_nodes)
-    heap = [(off[i], weight[i], i) for i in range(geo.num_nodes) if not cluster.busy[i]]
+    heap = [(off[i], weight[i], i) for i in range(geo.num_nodes) if not busy[i]]
     heapq.heapify(heap)
+    groups: dict[int, _FreeGroups] = {}
     for it in items:
-        g = it.size // geo.per_node
+        g = it.size // n
         _add_weight(geo, weight, it, -1)
-        if it.pref is not None:
-            for node in range(it.pref.node, it.pref.node + g):
-                if not cluster.busy[node]:
+        pref = it.pref
+        if pref is not None:
+            for node in range(pref.node, pref.node + g):
+                if not busy[node]:
                     heapq.heappush(heap, (off[node], weight[node], node))
+            for index in groups.values():
+                index.lighter(pref.node, g, n, busy)
         start: int | None = None
-        if it.pref is not None and cluster.is_free(it.pref):
-            start = it.pref.node
+        if pref is not None and cluster.is_free(pref):
+            start = pref.node
         elif g == 1:
             while heap:
                 _, w, node = heapq.heappop(heap)
-                if not cluster.busy[node] and w == weight[node]:
+                if not busy[node] and w == weight[node]:
                     start = node
                     break
         else:
-            best: tuple[int, int, int] | None = None
-            for s in range(0, geo.num_nodes - g + 1, g):
-                if cluster.busy.find(1, s, s + g) == -1:
-                    key = (sum(off[s : s + g]), sum(weight[s : s + g]), s)
-                    if best is None or key < best:
-                        best = key
-            start = None if best is None else best[2]
+            free = groups.get(g)
+            if free is None:
+                free = groups[g] = _FreeGroups(g, off, weight, busy)
+            start = free.best(busy)
         if start is None:
             continue
         block = Block(start, 0, it.size)
@@ -297,6 +307,52 @@ def _place_big(
         taken[start : start + g] = b"\x01" * g
         placed[it.job_id] = block
     return taken
+
+
+class _FreeGroups:
+    """The free aligned groups of ``g`` nodes, least (powered-off, weight, start) first.
+
+    A heap with lazy deletion. ``weight[j]`` is the current weight of group
+    ``j`` (nodes ``j*g`` to ``j*g + g - 1``); ``lighter`` lowers it and pushes
+    the group's new key, so every free group always has an entry with its
+    current key, and ``best`` drops entries whose key is not current or whose
+    group is no longer free: the first valid entry is the group a scan over
+    all free groups would pick. Built when the first job of ``g`` nodes
+    needs it, from the weights and occupancy of that moment.
+    """
+
+    __slots__ = ("g", "heap", "off", "weight")
+
+    def __init__(self, g: int, off: list[int], weight: list[int], busy: bytearray) -> None:
+        self.g = g
+        starts = range(0, len(weight) - g + 1, g)
+        self.off = [sum(off[s : s + g]) for s in starts]
+        self.weight = [sum(weight[s : s + g]) for s in starts]
+        self.heap = [
+            (self.off[s // g], self.weight[s // g], s)
+            for s in starts
+            if busy.find(1, s, s + g) == -1
+        ]
+        heapq.heapify(self.heap)
+
+    def lighter(self, first: int, count: int, per_node: int, busy: bytearray) -> None:
+        """Nodes ``first`` to ``first + count - 1`` each lost ``per_node`` GPUs of weight."""
+        g = self.g
+        end = min(first + count, len(self.weight) * g)  # later nodes are in no whole group
+        for j in range(first // g, (end + g - 1) // g):
+            s = j * g
+            self.weight[j] -= per_node * (min(end, s + g) - max(first, s))
+            if busy.find(1, s, s + g) == -1:
+                heapq.heappush(self.heap, (self.off[j], self.weight[j], s))
+
+    def best(self, busy: bytearray) -> int | None:
+        """The first node of the chosen free group (its entry is used up), or None."""
+        g, heap, weight = self.g, self.heap, self.weight
+        while heap:
+            _, w, s = heapq.heappop(heap)
+            if w == weight[s // g] and busy.find(1, s, s + g) == -1:
+                return s
+        return None
 
 
 def _place_small(
