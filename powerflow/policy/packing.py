@@ -22,6 +22,7 @@ they run:
 from __future__ import annotations
 
 import heapq
+import operator
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
@@ -528,9 +529,15 @@ def _fill_holes(
 
     One heap per block size holds (room, node, version) for the nodes with a
     free aligned block of that size, so each item finds the fullest node that
-    can take it in logarithmic time.
+    can take it in logarithmic time. Onto empty nodes in decreasing size (new
+    jobs on a cluster being filled, every decision of a fresh queue) the
+    answer is known without them: ``_fill_in_order``.
     """
     n = cluster.geo.per_node
+    sizes = [it.size for it in items]
+    decreasing = all(map(operator.ge, sizes, sizes[1:])) and (not sizes or sizes[0] < n)
+    if decreasing and not any(map(cluster.fill.__getitem__, nodes)):
+        return _fill_in_order(cluster, items, nodes, placed, on_node)
     levels = n.bit_length()
     heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(levels)]
     version = dict.fromkeys(nodes, 0)
@@ -560,6 +567,44 @@ def _fill_holes(
         version[node] += 1
         push(node)
     return leftover
+
+
+def _fill_in_order(
+    cluster: Cluster,
+    items: list[Item],
+    nodes: list[int],
+    placed: dict[str, Block],
+    on_node: dict[int, list[Item]],
+) -> list[Item]:
+    """``_fill_holes`` when ``nodes`` are empty and the items come in decreasing size.
+
+    Then best fit has one answer at every step, with no heaps or scans: sizes
+    are powers of two below a node, each a divisor of every earlier one, so
+    the GPUs taken on a node are always a prefix whose length is a multiple
+    of the current size. At most one node is partly used; its room is a
+    positive multiple of the size and the least room of any node with a free
+    block, so it takes the item at the end of its prefix (the lowest free
+    aligned offset); with none partly used, the empty node of lowest index
+    (best fit's tie-break) opens. When every node is full the rest is left over.
+    """
+    n = cluster.geo.per_node
+    order = sorted(nodes)
+    opened = 0
+    node = -1
+    used = n
+    for k, it in enumerate(items):
+        if used == n:
+            if opened == len(order):
+                return items[k:]
+            node = order[opened]
+            opened += 1
+            used = 0
+        block = Block(node, used, it.size)
+        cluster.occupy(block)
+        placed[it.job_id] = block
+        on_node.setdefault(node, []).append(it)
+        used += it.size
+    return []
 
 
 def _best_fit(
