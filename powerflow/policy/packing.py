@@ -592,19 +592,30 @@ def _fill_in_order(
     opened = 0
     node = -1
     used = n
+    here: list[Item] = []
+    rest: list[Item] = []
     for k, it in enumerate(items):
         if used == n:
             if opened == len(order):
-                return items[k:]
+                rest = items[k:]
+                break
             node = order[opened]
             opened += 1
             used = 0
-        block = Block(node, used, it.size)
-        cluster.occupy(block)
-        placed[it.job_id] = block
-        on_node.setdefault(node, []).append(it)
+            here = on_node.setdefault(node, [])
+        placed[it.job_id] = Block(node, used, it.size)
+        here.append(it)
         used += it.size
-    return []
+    # What occupying each block in turn does: every node opened is taken from
+    # GPU 0 up, all of it but the last, which holds ``used`` GPUs.
+    occ, fill, busy = cluster.occ, cluster.fill, cluster.busy
+    for k in range(opened):
+        node = order[k]
+        take = n if k < opened - 1 else used
+        occ[node][:take] = _ONES[:take]
+        fill[node] = take
+        busy[node] = 1
+    return rest
 
 
 def _best_fit(
