@@ -18,7 +18,7 @@ import pytest
 
 from powerflow.policy import packing
 from powerflow.policy.buddy import Block, Geometry
-from powerflow.policy.packing import Cluster, Item, allocate, sort_key
+from powerflow.policy.packing import Cluster, Item, allocate, in_sort_order, sort_key
 
 
 def place_big_scan(
@@ -209,6 +209,23 @@ def test_fill_holes_fills_as_best_fit_by_heaps_does(seed: int) -> None:
             want_state.fill,
             want_state.busy,
         )
+
+
+def test_in_sort_order_is_the_order_of_sort_key() -> None:
+    """Sizes, running or new, ids, and equal keys (same id twice) left in input order."""
+    rng = random.Random(7)
+    for _ in range(300):
+        items = [
+            Item(
+                f"j{rng.randrange(30)}",
+                rng.choice([1, 2, 4, 8, 16]),
+                Block(rng.randrange(4), 0, 1) if rng.random() < 0.5 else None,
+            )
+            for _ in range(rng.randrange(40))
+        ]
+        got = in_sort_order(iter(items))
+        want = sorted(items, key=sort_key)
+        assert [id(it) for it in got] == [id(it) for it in want]
 
 
 @pytest.mark.parametrize("seed", range(4))

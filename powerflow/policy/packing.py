@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import operator
 from bisect import bisect_left, insort
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from powerflow.policy.buddy import Block, Geometry
@@ -45,6 +46,24 @@ class Item:
 def sort_key(item: Item) -> tuple[int, bool, str]:
     """Largest first (the buddy guarantee), running jobs before new ones, then by id."""
     return (-item.size, item.pref is None, item.job_id)
+
+
+def in_sort_order(items: Iterable[Item]) -> list[Item]:
+    """``sorted(items, key=sort_key)``, the same list, by one key at a time.
+
+    Stable sorts from the last key to the first give the order of the whole
+    key, equal keys included; with C-level keys and no tuple per item this
+    is two to three times faster on the thousands of jobs of a large cluster.
+    """
+    by_id = sorted(items, key=_JOB_ID)
+    ordered = [it for it in by_id if it.pref is not None]
+    ordered += [it for it in by_id if it.pref is None]
+    ordered.sort(key=_SIZE, reverse=True)  # reverse=True keeps equal sizes in order
+    return ordered
+
+
+_JOB_ID = operator.attrgetter("job_id")
+_SIZE = operator.attrgetter("size")
 
 
 _ONES = b"\x01" * 4096
@@ -175,7 +194,7 @@ def _once(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
     state = cluster.copy()
     placed: dict[str, Block] = {}
     n = state.geo.per_node
-    big = sorted((it for it in items if it.size >= n), key=sort_key)
+    big = in_sort_order(it for it in items if it.size >= n)
     small = [it for it in items if it.size < n]  # _place_small sorts what it needs to
     if big:
         weight = [0] * state.geo.num_nodes
@@ -424,7 +443,7 @@ def _place_small(
                 cluster.occupy(it.pref)
                 placed[it.job_id] = it.pref
             on_node[i] = list(kept_here)
-    homeless.sort(key=sort_key)
+    homeless = in_sort_order(homeless)
     tries: list[int | None] = [*_slack_nodes(cluster, kept, sum(it.size for it in homeless))[:3]]
     tries.append(None)
     chosen: tuple[Cluster, dict[str, Block], dict[int, list[Item]], list[Item]] | None = None
