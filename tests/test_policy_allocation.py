@@ -7,6 +7,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from powerflow.policy.allocation import Allocation, PowerModel, allocate
 from powerflow.policy.curves import Curves, tie_ranks
@@ -168,3 +170,43 @@ def test_tie_ranks_order_by_arrival_then_id_in_any_input_order() -> None:
         assert tie_ranks(keys).tolist() == want
         in_order = sorted(keys)  # the snapshot's usual order
         assert tie_ranks(in_order).tolist() == sorted(want)
+
+
+def _tie_ranks_by_sorting(keys: list[tuple[float, str]]) -> list[int]:
+    """The specification: each key's index in the sorted list of distinct keys."""
+    index = {key: rank for rank, key in enumerate(sorted(set(keys)))}
+    return [index[key] for key in keys]
+
+
+_ARRIVALS = st.one_of(
+    st.floats(allow_nan=False),
+    st.sampled_from([0.0, -0.0, 1.0, 1e300, float("inf"), -float("inf"), 5e-324]),
+    st.floats(0.0, 1e6),
+)
+
+
+@given(st.lists(st.tuples(_ARRIVALS, st.sampled_from(["a", "b", "b\x00", "ä", "job-1"]))))
+@example([(1.0, "b"), (0.0, "a")])
+@example([(0.0, "b"), (-0.0, "a")])
+@example([(2.0, "a"), (1.0, "b"), (1.0, "a")])
+@example([(float("inf"), "a"), (-float("inf"), "a"), (1.0, "a")])
+def test_tie_ranks_equal_the_ranks_of_the_sorted_distinct_keys(
+    keys: list[tuple[float, str]],
+) -> None:
+    assert tie_ranks(keys).tolist() == _tie_ranks_by_sorting(keys)
+
+
+def test_tie_ranks_of_many_shuffled_keys_with_and_without_ties() -> None:
+    rng = np.random.default_rng(11)
+    for n in (2, 3, 50, 3000):
+        for ties in (False, True):
+            arrival = (rng.integers(0, n // 2 + 1, n) if ties else rng.permutation(n) * 0.5) * 1.0
+            keys = [
+                (float(a), f"job-{k:05d}") for a, k in zip(arrival, rng.permutation(n), strict=True)
+            ]
+            assert tie_ranks(keys).tolist() == _tie_ranks_by_sorting(keys)
+    ints: list[tuple[float, str]] = [(3, "a"), (2**60 + 1, "b"), (2**60, "c")]
+    assert tie_ranks(ints).tolist() == _tie_ranks_by_sorting(ints)
+    nan = float("nan")
+    with_nan = [(2.0, "a"), (nan, "b"), (1.0, "c")]
+    assert tie_ranks(with_nan).tolist() == _tie_ranks_by_sorting(with_nan)

@@ -73,9 +73,22 @@ def tie_ranks(keys: Sequence[tuple[float, str]]) -> IntArray:
     The heaps break ties by (arrival, id); compiled code compares these
     integers instead. Snapshots list their jobs in that order with distinct
     ids (the simulator's always do), which one pass confirms: then the ranks
-    are the positions.
+    are the positions. Otherwise, when the arrivals are floats, none NaN and
+    no two equal, the arrivals alone decide the order: numpy sorts them,
+    several times faster than sorting the tuples (a few ms at 8,192 jobs,
+    every decision). Any tie (even 0.0 against -0.0), and arrivals of other
+    types, take the sort of the distinct tuples, which the fast answer equals.
     """
     if all(map(operator.lt, keys, keys[1:])):
         return np.arange(len(keys), dtype=np.int64)
+    arrivals = list(map(operator.itemgetter(0), keys))
+    if set(map(type, arrivals)) == {float}:
+        arrival = np.array(arrivals, dtype=np.float64)
+        order = np.argsort(arrival, kind="stable")
+        ordered = arrival[order]
+        if not np.isnan(ordered[-1]) and bool((ordered[1:] != ordered[:-1]).all()):
+            ranks = np.empty(len(keys), dtype=np.int64)
+            ranks[order] = np.arange(len(keys), dtype=np.int64)
+            return ranks
     index = {key: rank for rank, key in enumerate(sorted(set(keys)))}
     return np.asarray([index[key] for key in keys], dtype=np.int64)
