@@ -131,12 +131,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.metrics_port < 65536:
         raise ExtenderConfigError(f"--metrics-port {args.metrics_port} is not a TCP port")
     options = app_options(args)
-    import uvicorn
     from prometheus_client import start_http_server
 
     from powerflow.extender import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     app = create_app(**options)
     if args.metrics_port:
         # prometheus_client's own server in a daemon thread: the registry's exposition on
@@ -144,5 +143,18 @@ def run(args: argparse.Namespace) -> int:
         registry = app.state.extender.metrics.registry
         httpd, _ = start_http_server(args.metrics_port, addr="0.0.0.0", registry=registry)
         logging.getLogger(__name__).info("metrics on 0.0.0.0:%d", httpd.server_port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, args.host, args.port, args.log_level)
     return 0
+
+
+def configure_logging(level: str) -> None:
+    """The command's log lines: ``level`` and above, one line each."""
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+
+def serve(app: Any, host: str, port: int, log_level: str) -> None:
+    """Serve ``app`` with uvicorn until it is stopped, as the command does
+    (``benchmarks/extender_bench.py`` serves its app through this too)."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
