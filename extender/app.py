@@ -228,7 +228,8 @@ async def _answer_failure(request: Request, exc: Exception) -> Response:
         return Response(
             encode(dump(ExtenderBindingResult(Error=exc.reason))), exc.status, retry, JSON
         )
-    header = exc.reason[:200].encode("ascii", "replace").decode()
+    # A header value is printable ASCII: the reason may quote a request's control characters.
+    header = "".join(c if " " <= c <= "~" else "?" for c in exc.reason[:200])
     return Response(b"[]", exc.status, {"X-PowerFlow-Error": header, **retry}, JSON)
 
 

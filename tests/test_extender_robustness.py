@@ -172,6 +172,21 @@ async def test_health_is_answered_while_a_big_request_decodes(
     assert len(scores) == len(names) and {s["Score"] for s in scores} == {0}
 
 
+async def test_a_prioritize_error_header_holds_only_printable_ascii(
+    client: httpx.AsyncClient,
+) -> None:
+    """The reason quotes the request (here a job label with a newline, a NUL and an é):
+    uvicorn refuses to send a header value with control characters, which was a
+    traceback and no answer."""
+    body = pod("p", job="a\nb\x00\u00e9", workers=3)
+    answer = await client.post(
+        "/prioritize", content=go_json(args(body, NODES, cache_capable=True))
+    )
+    header = answer.headers["X-PowerFlow-Error"]
+    assert answer.status_code == 200 and answer.json() == []
+    assert "power-of-two" in header and all(" " <= c <= "~" for c in header), header
+
+
 def test_the_priority_cache_holds_no_more_memory_than_its_budget() -> None:
     """Measured, not its own count: orjson's bytes kept a 4 kB buffer for a 70-byte entry,
     so 70,000 names held 258 MB while the entries' lengths added up to 5."""
