@@ -149,15 +149,15 @@ async def test_health_is_answered_while_a_big_request_decodes(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started, release, decoded = threading.Event(), threading.Event(), threading.Event()
-    real = wire.loads
+    real = app_module.decode_args
 
-    def slow_loads(raw: bytes) -> Any:
+    def slow_decode(raw: bytes, content_type: str | None = None) -> Any:
         started.set()
         release.wait(timeout=5)  # on the event loop this would hold up every other request
         decoded.set()
-        return real(raw)
+        return real(raw, content_type)
 
-    monkeypatch.setattr(wire, "loads", slow_loads)
+    monkeypatch.setattr(app_module, "decode_args", slow_decode)
     names = [f"node-{i:07d}" for i in range(app_module.OFFLOAD_BYTES // 10)]
     body = go_json({"Pod": pod("web"), "NodeNames": names})
     assert len(body) > app_module.OFFLOAD_BYTES
@@ -220,16 +220,16 @@ async def test_bodies_in_flight_are_bounded_and_the_rest_told_to_retry(
     verb's own error shape) without being read; health is answered meanwhile, and once
     the held ones finish, the budget is free again."""
     started, release = threading.Event(), threading.Event()
-    real = wire.loads
+    real = app_module.decode_args
     decoding = [0]
 
-    def slow_loads(raw: bytes) -> Any:
+    def slow_decode(raw: bytes, content_type: str | None = None) -> Any:
         decoding[0] += 1
         started.set()
         release.wait(timeout=10)
-        return real(raw)
+        return real(raw, content_type)
 
-    monkeypatch.setattr(wire, "loads", slow_loads)
+    monkeypatch.setattr(app_module, "decode_args", slow_decode)
     names = [f"node-{i:07d}" for i in range(3_900_000 // 14)]
     body = go_json({"Pod": pod("web"), "NodeNames": names})
     assert 3_800_000 < len(body) < app_module.MAX_BODY_BYTES
