@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from collections import OrderedDict
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -402,73 +400,40 @@ def _finite(value: Any) -> Any:
     return value
 
 
-PRIORITY_CACHE_BYTES = 16 << 20
-"""The default memory budget of ``PriorityWriter``'s cache: about 100,000 typical names."""
-
-
-class PriorityWriter:
-    """Writes ``HostPriorityList`` JSON, keeping each host's score-0 entry ready.
-
-    kube-scheduler sends the same node names on every call and nearly all of
-    them score 0 (outside the pod's block), so the entry ``{"Host":..,
-    "Score":0}`` of each name is written once and joined after that: three
-    times faster than a list of a thousand dicts through orjson. The bytes
-    are ``encode``'s; names it cannot write go through ``encode`` whole.
-
-    The entries are kept least recently used first and cost ``entry_cost``
-    bytes each (the name, the entry and the dict's own slot); they never add
-    up to more than ``max_bytes``: names that come and go, or one call with a
-    million of them, cannot grow it without end.
-    """
-
-    ENTRY_OVERHEAD = 104
-    """Bytes an ``OrderedDict`` item costs beyond its key and value (its hash-table slot and
-    linked-list node, measured with tracemalloc on CPython 3.11)."""
-
-    def __init__(self, max_bytes: int = PRIORITY_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._zero: OrderedDict[str, bytes] = OrderedDict()
-
-    @classmethod
-    def entry_cost(cls, host: str, entry: bytes) -> int:
-        return sys.getsizeof(host) + sys.getsizeof(entry) + cls.ENTRY_OVERHEAD
-
-    def encode(self, hosts: list[str], scores: Mapping[str, int]) -> bytes:
-        zero, score = self._zero, scores.get
-        parts: list[bytes] = []
-        try:
-            for host in hosts:
-                value = score(host, 0)
-                if value:
-                    parts.append(orjson.dumps({"Host": host, "Score": value}))
-                    continue
-                entry = zero.get(host)
-                if entry is None:
-                    # Joined, not kept as orjson wrote it: orjson's bytes keep its 4 KB
-                    # write buffer allocated, whatever their length.
-                    entry = b'{"Host":' + orjson.dumps(host) + b',"Score":0}'
-                    self._keep(host, entry)
-                else:
-                    zero.move_to_end(host)
-                parts.append(entry)
-        except orjson.JSONEncodeError:
-            return encode([{"Host": host, "Score": score(host, 0)} for host in hosts])
-        return b"[" + b",".join(parts) + b"]"
-
-    def _keep(self, host: str, entry: bytes) -> None:
-        cost = self.entry_cost(host, entry)
-        if cost > self.max_bytes:
-            return
-        zero = self._zero
-        zero[host] = entry
-        self.bytes += cost
-        while self.bytes > self.max_bytes:
-            old, written = zero.popitem(last=False)
-            self.bytes -= self.entry_cost(old, written)
+_FEW_SCORES = 16
+"""At most this many scoring hosts are written into the all-zero list (``encode_priorities``);
+each costs a pass over it, and more go the general way."""
 
 
 def encode_priorities(hosts: list[str], scores: Mapping[str, int]) -> bytes:
-    """``PriorityWriter.encode``'s bytes without its cache (for calls too big to keep)."""
+    """The ``HostPriorityList`` of ``hosts``, each scored ``scores.get(host, 0)``: ``encode``'s
+    bytes of that list of ``{"Host": .., "Score": ..}``.
+
+    kube-scheduler sends thousands of names and all but the gang's block score 0, so
+    the list is written from orjson's JSON of the names alone. There, when it holds
+    no backslash (no name needed an escape: no name holds a quote) and only the
+    commas between names (none in a name; a node's name has neither), ``","``
+    lies only between two names: replacing it with ``","Score":0},{"Host":"``
+    writes every entry at once (five times faster than a list of five thousand
+    dicts through orjson), and each scoring host's entry, whose whole text is
+    known, is then rewritten with its score. Other names (and those orjson cannot
+    write, lone surrogates), empty lists and many scores go through ``encode``.
+    """
+    if hosts and len(scores) <= _FEW_SCORES:
+        try:
+            names = orjson.dumps(hosts)
+        except orjson.JSONEncodeError:
+            names = b"\\"  # lone surrogates: the general way
+        if b"\\" not in names and names.count(b",") == len(hosts) - 1:
+            entries = names[1:-1].replace(b'","', b'","Score":0},{"Host":"')
+            answer = b'[{"Host":' + entries + b',"Score":0}]'
+            for host, value in scores.items():
+                try:
+                    zero = b'{"Host":' + orjson.dumps(host) + b',"Score":0}'
+                except orjson.JSONEncodeError:
+                    continue  # none of the hosts, which orjson wrote
+                if value:
+                    answer = answer.replace(zero, zero[:-2] + orjson.dumps(value) + b"}")
+            return answer
     score = scores.get
     return encode([{"Host": host, "Score": score(host, 0)} for host in hosts])

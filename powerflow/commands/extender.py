@@ -80,13 +80,6 @@ def register(subparsers: Any) -> None:
         help="refuse verb requests with larger bodies with 413 (default 4 MiB: a pod and the "
         "names of 5,000 nodes, as kube-scheduler sends with nodeCacheCapable: true)",
     )
-    p.add_argument(
-        "--priority-cache-bytes",
-        type=int,
-        default=None,
-        metavar="BYTES",
-        help="memory for prioritize's cache of written answers per node name (default 16 MiB)",
-    )
     add_tolerate_option(p, "operator")
     p.add_argument(
         "--log-level",
@@ -103,14 +96,10 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
     if not args.reservation_ttl > 0:
         raise ExtenderConfigError(f"--reservation-ttl must be positive, got {args.reservation_ttl}")
     from powerflow.extender.app import MAX_BODY_BYTES
-    from powerflow.extender.wire import PRIORITY_CACHE_BYTES
 
     max_body = MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
-    cache = PRIORITY_CACHE_BYTES if args.priority_cache_bytes is None else args.priority_cache_bytes
     if max_body < 1:
         raise ExtenderConfigError(f"--max-body-bytes must be positive, got {max_body}")
-    if cache < 0:
-        raise ExtenderConfigError(f"--priority-cache-bytes must not be negative, got {cache}")
     try:
         tolerations = pool_tolerations(args.tolerate)
     except ValueError as exc:
@@ -120,7 +109,6 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
         "in_cluster": args.in_cluster,
         "reservation_ttl_s": args.reservation_ttl,
         "max_body_bytes": max_body,
-        "priority_cache_bytes": cache,
         "pool_tolerations": tolerations,
     }
 
