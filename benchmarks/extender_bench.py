@@ -13,8 +13,8 @@ extender's mirror lists them: each gang is the current allocation of a DLJob
 the allocation's generation), Running, with the placement annotation their
 bind wrote, so every gang is adopted as a restarted extender adopts it. Rows:
 
-- ``core``: the decision alone, ``ClusterState.filter``/``prioritize`` on a
-  decoded pod (no HTTP, no JSON);
+- ``core``: the decision alone, ``ClusterState.filter``/``block_scores`` (what
+  the app asks the state for each verb) on a decoded pod (no HTTP, no JSON);
 - ``first worker (core)``: a new gang's first filter, which reserves its
   block with the core's ``reserve_block``;
 - ``ASGI``: the whole request in-process: the app called directly as an
@@ -248,7 +248,7 @@ async def verbs(nodes: int, pods: int, repeat: int) -> list[Row]:
     state.filter(info, names)  # the gang's reservation exists from here on
     rows: list[Row] = [
         row("filter (core)", *timed(lambda: state.filter(info, names), repeat)),
-        row("prioritize (core)", *timed(lambda: state.prioritize(info, names), repeat)),
+        row("prioritize (core)", *timed(lambda: state.block_scores(info, names), repeat)),
     ]
     fresh_info = pod_info(fresh)
 
