@@ -76,7 +76,7 @@ from powerflow.extender.state import ClusterState
 from rich.console import Console
 from rich.table import Table
 
-from powerflow.contract import PLACEMENT_ANNOTATION
+from powerflow.contract import GROUP, KIND, PLACEMENT_ANNOTATION, PLURAL, VERSION
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 JSON = {"Content-Type": "application/json"}
@@ -334,6 +334,7 @@ async def binds(repeat: int) -> list[Row]:
     rows = []
     async with KubeEmulator() as emulator, apps.Server(emulator):
         emulator.load_builtins()
+        emulator.declare(f"{GROUP}/{VERSION}/{PLURAL}", KIND)  # the chart installs the CRD
         host = str(emulator.url).rstrip("/")
         async with httpx.AsyncClient(base_url=host) as api:
             gangs = max(1, repeat // PER_NODE)
