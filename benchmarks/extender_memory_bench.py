@@ -2,18 +2,15 @@
 
 Rows:
 
-- ``cache, N distinct names``: ``/prioritize`` called with ``N`` node names
-  never seen before, 1,000 at a time, as a churning cluster (or a client
-  making names up) would; memory still held afterwards (tracemalloc) and the
-  cache's own byte count, against its budget (``--priority-cache-bytes``).
-  Before the budget, 70,000 names kept 258 MB.
+- ``N distinct names``: ``/prioritize`` called with ``N`` node names never
+  seen before, 1,000 at a time, as a churning cluster (or a client making
+  names up) would; memory still held afterwards (tracemalloc): none, as
+  nothing is kept of a call's names.
 - ``one call, N names``: a single ``/prioritize`` with ``N`` names (the body
   limit raised to let it in; by default such a body gets 413 unread): its
   wall time, the peak memory while it runs and what is still held after it,
   and the longest time ``/healthz`` waited meanwhile (the loop stall; decoding
-  and writing run on a thread above ``app.OFFLOAD_BYTES``). Before: 1M names
-  blocked the loop 12 s and kept 4.5 GB. (orjson's bytes keep their write buffer
-  allocated: a 70-byte entry held 4 kB, which is what the cache cost per name.)
+  and writing run on a thread above ``app.OFFLOAD_BYTES``).
 - ``default limit``: the same body with the default ``--max-body-bytes``:
   answered 413.
 
@@ -33,7 +30,6 @@ from typing import Any
 import orjson
 from powerflow.extender import create_app
 from powerflow.extender.app import MAX_BODY_BYTES
-from powerflow.extender.wire import PRIORITY_CACHE_BYTES
 from rich.console import Console
 from rich.table import Table
 
@@ -59,13 +55,7 @@ async def cache_row(names: int) -> list[str]:
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
-    cache = app.state.extender._priorities
-    return [
-        f"cache, {names:,} distinct names",
-        f"{held / MB:.1f} MB held",
-        f"cache {cache.bytes / MB:.1f} of {cache.max_bytes / MB:.0f} MB",
-        "",
-    ]
+    return [f"{names:,} distinct names, 1,000 a call", f"{held / MB:.1f} MB held", "", ""]
 
 
 async def big_row(names: int) -> list[list[str]]:
@@ -144,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--big", type=int, default=1_000_000)
     args = parser.parse_args(argv)
     rows = [asyncio.run(cache_row(args.names)), *asyncio.run(big_row(args.big))]
-    table = Table(title=f"Extender memory (cache budget {PRIORITY_CACHE_BYTES / MB:.0f} MB)")
+    table = Table(title="Extender memory")
     for column in ("case", "memory", "time / state", "loop"):
         table.add_column(column)
     for row in rows:

@@ -43,7 +43,6 @@ from .metrics import Metrics
 from .service import Extender
 from .state import ClusterState
 from .wire import (
-    PRIORITY_CACHE_BYTES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
@@ -228,7 +227,8 @@ async def _answer_failure(request: Request, exc: Exception) -> Response:
         return Response(
             encode(dump(ExtenderBindingResult(Error=exc.reason))), exc.status, retry, JSON
         )
-    header = exc.reason[:200].encode("ascii", "replace").decode()
+    # A header value is printable ASCII: the reason may quote a request's control characters.
+    header = "".join(c if " " <= c <= "~" else "?" for c in exc.reason[:200])
     return Response(b"[]", exc.status, {"X-PowerFlow-Error": header, **retry}, JSON)
 
 
@@ -261,7 +261,6 @@ def create_app(
     state: ClusterState | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_bodies_in_flight: int = MAX_BODIES_IN_FLIGHT,
-    priority_cache_bytes: int = PRIORITY_CACHE_BYTES,
     pool_tolerations: Sequence[dict[str, Any]] = GPU_TOLERATIONS,
 ) -> FastAPI:
     """Build the extender app.
@@ -284,9 +283,7 @@ def create_app(
             state.mark_unsynced(str(exc))
     elif api is None:
         state.mark_unsynced("no Kubernetes API configured")
-    extender = Extender(
-        state, api, Metrics(state.gauges), priority_cache_bytes=priority_cache_bytes
-    )
+    extender = Extender(state, api, Metrics(state.gauges))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -322,15 +319,10 @@ def create_app(
     @verbs.post("/prioritize", response_model=list[HostPriority], openapi_extra=_ARGS_BODY)
     async def prioritize(request: Request) -> Response:
         async with bodies.body(request, max_body_bytes) as raw:
-            if len(raw) <= OFFLOAD_BYTES:
-                args = decode_args(raw, request.headers.get("content-type"))
-                return Response(extender.prioritize(args), media_type=JSON)
-            # A big call: off the loop, and not through the cache (it would only churn it).
-            kind = request.headers.get("content-type")
-            args = await asyncio.to_thread(decode_args, raw, kind)
+            big = len(raw) > OFFLOAD_BYTES
+            args = await _off_loop(big, decode_args, raw, request.headers.get("content-type"))
             hosts, scores = extender.priorities(args)
-            encoded = await asyncio.to_thread(encode_priorities, hosts, scores)
-            return Response(encoded, media_type=JSON)
+            return Response(await _off_loop(big, encode_priorities, hosts, scores), media_type=JSON)
 
     @verbs.post(
         "/bind",

@@ -23,11 +23,9 @@ from .mirror import Mirror
 from .objects import PodInfo, placement_annotation, pod_info, workers_of
 from .state import ClusterState
 from .wire import (
-    PRIORITY_CACHE_BYTES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
-    PriorityWriter,
     filter_answer,
 )
 
@@ -48,13 +46,11 @@ class Extender:
         metrics: Metrics,
         *,
         mirror: bool = True,
-        priority_cache_bytes: int = PRIORITY_CACHE_BYTES,
     ) -> None:
         self.state = state
         self.api = api
         self.metrics = metrics
         self._mirror = Mirror(api, state) if api is not None and mirror else None
-        self._priorities = PriorityWriter(priority_cache_bytes)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -92,14 +88,10 @@ class Extender:
         answer = self.state.filter(info, candidates)
         return filter_answer(args, answer.admitted, answer.failed, answer.unresolvable)
 
-    def prioritize(self, args: ExtenderArgs) -> bytes:
-        """The ``HostPriorityList``'s JSON (``wire.PriorityWriter``: most entries are written
-        once and reused; the state guarantees ``0 <= Score <= MaxExtenderPriority``). A pod
-        PowerFlow does not place scores 0 everywhere: no preference at all."""
-        return self._priorities.encode(*self.priorities(args))
-
     def priorities(self, args: ExtenderArgs) -> tuple[list[str], dict[str, int]]:
-        """The candidates and their nonzero scores (``prioritize`` before writing it)."""
+        """The candidates and their nonzero scores, for ``wire.encode_priorities`` (the
+        state guarantees ``0 <= Score <= MaxExtenderPriority``). A pod PowerFlow does not
+        place scores 0 everywhere: no preference at all."""
         candidates = args.candidate_names()
         info = self._powerflow_pod(args)
         scores = {} if info is None else self.state.block_scores(info, candidates)

@@ -11,9 +11,11 @@ full NodeList of a thousand nodes on every call would cost more than deciding.
 
 The models document the wire format (and the OpenAPI schema); ``filter`` and
 ``prioritize`` are on kube-scheduler's critical path, so their bodies are
-decoded by ``decode_args`` (``loads``: the stdlib decoder's values, by orjson
-where that is the same; then the same key folding and type checks, by hand)
-and their answers are plain dicts written by ``encode`` (orjson): the same
+decoded by ``decode_args`` (a body as kube-scheduler writes it by msgspec,
+read and type-checked in one pass; any other by ``loads``, the stdlib
+decoder's values, by msgspec where that is the same, then the same key
+folding and type checks, by hand) and their answers are plain dicts written
+by ``encode`` (orjson): the same
 JSON as the models give, in a fraction of the time
 (``tests/test_extender_fastpath.py`` holds them to that). ``bind``'s body is
 read raw as well (``decode_binding_args``), so that no body, however nested,
@@ -24,12 +26,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from collections import OrderedDict
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
+import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -193,6 +194,18 @@ def is_json(content_type: str | None) -> bool:
     return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
+class _SchedulerArgs(msgspec.Struct, forbid_unknown_fields=True):
+    """``ExtenderArgs`` as kube-scheduler writes it: its three keys spelt exactly, of the
+    types the model asks for (``decode_args``'s fast path)."""
+
+    Pod: dict[str, Any] | None = None
+    Nodes: dict[str, Any] | None = None
+    NodeNames: list[str] | None = None
+
+
+_SCHEDULER_ARGS = msgspec.json.Decoder(_SchedulerArgs)
+
+
 def decode_args(raw: bytes, content_type: str | None = None) -> ExtenderArgs:
     """``ExtenderArgs`` from a request body, accepting and refusing what the model does.
 
@@ -200,19 +213,30 @@ def decode_args(raw: bytes, content_type: str | None = None) -> ExtenderArgs:
     type checks on the three fields, written out: ``Pod`` an object,
     ``NodeNames`` a list of strings, ``Nodes`` an object whose ``items`` is a
     list of objects. The result is built without validating it again.
+
+    A body as kube-scheduler sends it (the three keys spelt exactly, ``Pod`` an
+    object, ``NodeNames`` strings) is read and checked in one pass by msgspec;
+    any other goes the general way, which gives the same value or the error.
     """
     if not is_json(content_type):
         raise WireError(f"{_UNDECODABLE}the body is not JSON (Content-Type {content_type})")
     if not raw:
         raise WireError(f"{_UNDECODABLE}body: Field required")
-    data = _load(raw)
-    if not isinstance(data, dict):
-        raise WireError(
-            f"{_UNDECODABLE}body: Input should be a valid dictionary or object to extract"
-            " fields from"
-        )
-    fields = fold_keys(data, *_go_keys(ExtenderArgs))
-    pod, nodes, names = fields.get("Pod"), fields.get("Nodes"), fields.get("NodeNames")
+    try:
+        known = _SCHEDULER_ARGS.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        known = None  # the general path below says why, or reads what msgspec does not
+    if known is not None:
+        pod, nodes, names = known.Pod, known.Nodes, known.NodeNames
+    else:
+        data = _load(raw)
+        if not isinstance(data, dict):
+            raise WireError(
+                f"{_UNDECODABLE}body: Input should be a valid dictionary or object to extract"
+                " fields from"
+            )
+        fields = fold_keys(data, *_go_keys(ExtenderArgs))
+        pod, nodes, names = fields.get("Pod"), fields.get("Nodes"), fields.get("NodeNames")
     errors: list[str] = []
     if pod is not None and not isinstance(pod, dict):
         errors.append("Pod: Input should be a valid dictionary")
@@ -228,7 +252,7 @@ def decode_args(raw: bytes, content_type: str | None = None) -> ExtenderArgs:
                 errors += _bad_entries(items, dict, "Nodes.items", "a valid dictionary")
             extra = {k: v for k, v in nodes.items() if k != "items"}
             node_list = NodeList.model_construct(items=items, **extra)
-    if names is not None:
+    if names is not None and known is None:
         if not isinstance(names, list):
             errors.append("NodeNames: Input should be a valid list")
         else:
@@ -291,26 +315,18 @@ _BINDING_LIMITS = {
 DNS subdomains (253), a namespace a DNS label (63); a UID is a UUID (36; 253 is lenient)."""
 
 
-_DIGITS_AS_9 = bytes(57 if 48 <= c <= 57 else 32 for c in range(256))  # digit -> "9", else " "
-_LONG_DIGITS = b"9" * 19
-
-
 def loads(raw: bytes) -> Any:
-    """``json.loads(raw)``, by orjson where that gives the same value.
+    """``json.loads(raw)``, by msgspec where that gives the same value.
 
-    orjson reads a full NodeList (2 MB for 1,000 nodes) in 11 ms where the
-    stdlib takes 20 (the digit check below costs 3). It refuses what the
-    stdlib accepts beyond JSON (NaN, Infinity, a BOM, UTF-16) and then the
-    stdlib decides; the one thing it reads differently, integers beyond 64
-    bits (as floats), needs 19 digits in a row, and such a body goes to the
-    stdlib from the start.
+    msgspec reads integers of any size exactly, as the stdlib does, and 5,000
+    node names in two thirds of the stdlib's time. It refuses what the stdlib
+    accepts beyond JSON (NaN, Infinity, a BOM, UTF-16, lone surrogates, numbers
+    beyond a float's range) and then the stdlib decides.
     """
-    if raw.translate(_DIGITS_AS_9).find(_LONG_DIGITS) < 0:  # a regex takes 10x longer
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(raw)
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return json.loads(raw)
 
 
 def _bad_entries(values: list[Any], kind: type, where: str, what: str) -> list[str]:
@@ -384,73 +400,40 @@ def _finite(value: Any) -> Any:
     return value
 
 
-PRIORITY_CACHE_BYTES = 16 << 20
-"""The default memory budget of ``PriorityWriter``'s cache: about 100,000 typical names."""
-
-
-class PriorityWriter:
-    """Writes ``HostPriorityList`` JSON, keeping each host's score-0 entry ready.
-
-    kube-scheduler sends the same node names on every call and nearly all of
-    them score 0 (outside the pod's block), so the entry ``{"Host":..,
-    "Score":0}`` of each name is written once and joined after that: three
-    times faster than a list of a thousand dicts through orjson. The bytes
-    are ``encode``'s; names it cannot write go through ``encode`` whole.
-
-    The entries are kept least recently used first and cost ``entry_cost``
-    bytes each (the name, the entry and the dict's own slot); they never add
-    up to more than ``max_bytes``: names that come and go, or one call with a
-    million of them, cannot grow it without end.
-    """
-
-    ENTRY_OVERHEAD = 104
-    """Bytes an ``OrderedDict`` item costs beyond its key and value (its hash-table slot and
-    linked-list node, measured with tracemalloc on CPython 3.11)."""
-
-    def __init__(self, max_bytes: int = PRIORITY_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._zero: OrderedDict[str, bytes] = OrderedDict()
-
-    @classmethod
-    def entry_cost(cls, host: str, entry: bytes) -> int:
-        return sys.getsizeof(host) + sys.getsizeof(entry) + cls.ENTRY_OVERHEAD
-
-    def encode(self, hosts: list[str], scores: Mapping[str, int]) -> bytes:
-        zero, score = self._zero, scores.get
-        parts: list[bytes] = []
-        try:
-            for host in hosts:
-                value = score(host, 0)
-                if value:
-                    parts.append(orjson.dumps({"Host": host, "Score": value}))
-                    continue
-                entry = zero.get(host)
-                if entry is None:
-                    # Joined, not kept as orjson wrote it: orjson's bytes keep its 4 KB
-                    # write buffer allocated, whatever their length.
-                    entry = b'{"Host":' + orjson.dumps(host) + b',"Score":0}'
-                    self._keep(host, entry)
-                else:
-                    zero.move_to_end(host)
-                parts.append(entry)
-        except orjson.JSONEncodeError:
-            return encode([{"Host": host, "Score": score(host, 0)} for host in hosts])
-        return b"[" + b",".join(parts) + b"]"
-
-    def _keep(self, host: str, entry: bytes) -> None:
-        cost = self.entry_cost(host, entry)
-        if cost > self.max_bytes:
-            return
-        zero = self._zero
-        zero[host] = entry
-        self.bytes += cost
-        while self.bytes > self.max_bytes:
-            old, written = zero.popitem(last=False)
-            self.bytes -= self.entry_cost(old, written)
+_FEW_SCORES = 16
+"""At most this many scoring hosts are written into the all-zero list (``encode_priorities``);
+each costs a pass over it, and more go the general way."""
 
 
 def encode_priorities(hosts: list[str], scores: Mapping[str, int]) -> bytes:
-    """``PriorityWriter.encode``'s bytes without its cache (for calls too big to keep)."""
+    """The ``HostPriorityList`` of ``hosts``, each scored ``scores.get(host, 0)``: ``encode``'s
+    bytes of that list of ``{"Host": .., "Score": ..}``.
+
+    kube-scheduler sends thousands of names and all but the gang's block score 0, so
+    the list is written from orjson's JSON of the names alone. There, when it holds
+    no backslash (no name needed an escape: no name holds a quote) and only the
+    commas between names (none in a name; a node's name has neither), ``","``
+    lies only between two names: replacing it with ``","Score":0},{"Host":"``
+    writes every entry at once (five times faster than a list of five thousand
+    dicts through orjson), and each scoring host's entry, whose whole text is
+    known, is then rewritten with its score. Other names (and those orjson cannot
+    write, lone surrogates), empty lists and many scores go through ``encode``.
+    """
+    if hosts and len(scores) <= _FEW_SCORES:
+        try:
+            names = orjson.dumps(hosts)
+        except orjson.JSONEncodeError:
+            names = b"\\"  # lone surrogates: the general way
+        if b"\\" not in names and names.count(b",") == len(hosts) - 1:
+            entries = names[1:-1].replace(b'","', b'","Score":0},{"Host":"')
+            answer = b'[{"Host":' + entries + b',"Score":0}]'
+            for host, value in scores.items():
+                try:
+                    zero = b'{"Host":' + orjson.dumps(host) + b',"Score":0}'
+                except orjson.JSONEncodeError:
+                    continue  # none of the hosts, which orjson wrote
+                if value:
+                    answer = answer.replace(zero, zero[:-2] + orjson.dumps(value) + b"}")
+            return answer
     score = scores.get
     return encode([{"Host": host, "Score": score(host, 0)} for host in hosts])

@@ -15,10 +15,12 @@ import zlib
 from typing import Any
 
 from powerflow.contract import (
+    API_VERSION,
     GENERATION_ANNOTATION,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     JOB_LABEL,
+    KIND,
     SCHEDULER_NAME,
     WORKER_INDEX_LABEL,
     WORKERS_ANNOTATION,
@@ -121,8 +123,15 @@ def pod(
     generation: str | None = None,
     index: int = 0,
     phase: str = "Pending",
+    owner: Body | None = None,
 ) -> Body:
-    """A ``v1.Pod`` as the scheduler sends it: created by the API server, defaulted, Pending."""
+    """A ``v1.Pod`` as the scheduler sends it: created by the API server, defaulted, Pending.
+
+    ``owner``: the DLJob (``dljob``) whose worker it is, as the operator creates its
+    workers: that DLJob its controller, the generation of its current allocation annotated.
+    """
+    if owner is not None:
+        generation = str(owner["status"]["allocation"]["generation"])
     labels: dict[str, str] = {"app.kubernetes.io/managed-by": "powerflow"} if job else {}
     annotations: dict[str, str] = {}
     if job is not None:
@@ -184,18 +193,44 @@ def pod(
     }
     if node_name:
         spec["nodeName"] = node_name
+    meta: Body = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"6f1d2c3b-{_tag(namespace + '/' + name)}-4e5f-8a9b-0c1d2e3f4a5b",
+        "resourceVersion": "51877",
+        "creationTimestamp": "2025-11-25T22:01:40Z",
+        "labels": labels,
+        "annotations": annotations,
+    }
+    if owner is not None:
+        ref = {"apiVersion": API_VERSION, "kind": KIND, "controller": True}
+        ref |= {"name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}
+        meta["ownerReferences"] = [ref]
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase, "qosClass": "BestEffort"}}
+
+
+def dljob(name: str, *, gpus: int, generation: int = 1, namespace: str = "default") -> Body:
+    """A ``DLJob`` as the API server stores it once the operator has allocated ``gpus`` GPUs
+    to it in allocation ``generation`` (``status.allocation``)."""
     return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "uid": f"6f1d2c3b-{_tag(namespace + '/' + name)}-4e5f-8a9b-0c1d2e3f4a5b",
-            "resourceVersion": "51877",
-            "creationTimestamp": "2025-11-25T22:01:40Z",
-            "labels": labels,
-            "annotations": annotations,
+            "uid": f"9a8b7c6d-{_tag(namespace + '/' + name)}-4d3e-9f1a-2b3c4d5e6f7a",
+            "resourceVersion": "50112",
+            "generation": 1,
+            "creationTimestamp": "2025-11-25T21:59:12Z",
         },
-        "spec": spec,
-        "status": {"phase": phase, "qosClass": "BestEffort"},
+        "spec": {
+            "model": "resnet50",
+            "globalBatchSize": 256,
+            "iterations": 100000,
+            "gpus": {"requested": gpus},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "trainer"}]}},
+        },
+        "status": {"allocation": {"gpus": gpus, "frequencyMHz": 1410, "generation": generation}},
     }
 
 

@@ -72,7 +72,6 @@ def test_serves_health_and_reports_not_ready_with_a_bad_kubeconfig(
         (["--metrics-port", "-1"], "--metrics-port -1 is not a TCP port"),
         (["--reservation-ttl", "0"], "must be positive"),
         (["--max-body-bytes", "0"], "must be positive"),
-        (["--priority-cache-bytes", "-1"], "must not be negative"),
     ],
 )
 def test_bad_settings_are_one_line_errors(

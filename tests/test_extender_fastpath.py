@@ -18,18 +18,18 @@ import pydantic
 import pytest
 from extender_bodies import node, pod
 from fastapi.responses import JSONResponse
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState, FilterAnswer
 from powerflow.extender.wire import (
     MAX_EXTENDER_PRIORITY,
     ExtenderArgs,
-    PriorityWriter,
     WireError,
     decode_args,
     dump,
     encode,
+    encode_priorities,
     filter_answer,
     filter_result,
     loads,
@@ -124,6 +124,43 @@ def test_decoding_accepts_and_refuses_what_the_model_does(raw: bytes) -> None:
         assert json.dumps(got.Nodes.model_extra) == json.dumps(expected.Nodes.model_extra)
 
 
+plain_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=12,
+)
+"""JSON as kube-scheduler's encoder writes it: no NaN or infinities."""
+
+
+@fast
+@given(
+    pod_body=st.just(pod("p", job="j", workers=2))
+    | st.dictionaries(st.text(max_size=5), plain_values),
+    node_names=st.lists(names, max_size=6) | st.none(),
+    items=st.none() | st.lists(st.dictionaries(st.text(max_size=5), plain_values), max_size=3),
+)
+def test_the_schedulers_bodies_are_read_in_one_pass(
+    pod_body: dict[str, Any], node_names: list[str] | None, items: list[Any] | None
+) -> None:
+    """A body as kube-scheduler writes it (its three keys, the right types) never reaches
+    the general decoder, and reads as the model reads it."""
+    nodes = None if items is None else {"items": items}
+    raw = json.dumps({"Pod": pod_body, "Nodes": nodes, "NodeNames": node_names}).encode()
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr("powerflow.extender.wire.loads", None)  # the general path would fail
+        got = decode_args(raw, "application/json")
+    expected = by_model(raw)
+    assert json.dumps(got.Pod) == json.dumps(expected.Pod)
+    assert got.NodeNames == expected.NodeNames
+    assert (got.Nodes is None) == (expected.Nodes is None)
+    if got.Nodes is not None and expected.Nodes is not None:
+        assert json.dumps(got.Nodes.items) == json.dumps(expected.Nodes.items)
+
+
 @fast
 @given(raw=bodies(), data=st.data())
 def test_filter_answers_are_the_json_the_models_gave(raw: bytes, data: st.DataObject) -> None:
@@ -155,39 +192,36 @@ def test_priority_lists_are_byte_for_byte_what_json_response_wrote(
     assert encode(answer) == bytes(JSONResponse(answer).body)
 
 
+HOSTS = ["n0", "n1", "n2", "\ud800", ",", "a,", ",b", '","', "\\"]
+"""Names besides ``names``: nodes' own, and what could confuse the all-zero list (commas,
+quotes, backslashes, lone surrogates)."""
+
+
 @fast
 @given(
-    calls=st.lists(
-        st.tuples(
-            st.lists(names | st.just("\ud800"), max_size=12),
-            st.dictionaries(names, st.integers(0, MAX_EXTENDER_PRIORITY), max_size=4),
-        ),
-        min_size=1,
-        max_size=4,
+    hosts=st.lists(names | st.sampled_from(HOSTS), max_size=12),
+    scores=st.dictionaries(
+        names | st.sampled_from(HOSTS),
+        st.integers(0, MAX_EXTENDER_PRIORITY),
+        max_size=20,
     ),
-    max_bytes=st.integers(0, 2000),
 )
-def test_priority_writer_writes_what_json_response_wrote(
-    calls: list[tuple[list[str], dict[str, int]]], max_bytes: int
+@example(hosts=[",", "b"], scores={"b": 3})
+@example(hosts=["n0", "n1", "n0"], scores={"n0": 7, "elsewhere": 2})
+def test_priorities_are_written_as_json_response_wrote_them(
+    hosts: list[str], scores: dict[str, int]
 ) -> None:
-    """Repeated calls (entries reused), a small budget (entries dropped), unwritable names.
-
-    The cache never holds more than its byte budget, and never changes an answer: the
-    bytes are JSONResponse's, and names JSONResponse cannot write (lone surrogates) are
-    written as escapes that decode to the same list.
-    """
-    writer = PriorityWriter(max_bytes=max_bytes)
-    for hosts, scores in calls:
-        answer = [{"Host": h, "Score": scores.get(h, 0)} for h in hosts]
-        try:
-            expected = bytes(JSONResponse(answer).body)
-        except UnicodeEncodeError:
-            assert json.loads(writer.encode(hosts, scores)) == answer
-        else:
-            assert writer.encode(hosts, scores) == expected
-        kept = writer._zero
-        assert writer.bytes == sum(writer.entry_cost(h, e) for h, e in kept.items())
-        assert writer.bytes <= max_bytes
+    """Escaped names, names with commas, repeated names, scores of hosts not sent, more
+    scores than the all-zero list takes: the bytes are JSONResponse's, and names
+    JSONResponse cannot write (lone surrogates) are written as escapes that decode to the
+    same list."""
+    answer = [{"Host": h, "Score": scores.get(h, 0)} for h in hosts]
+    try:
+        expected = bytes(JSONResponse(answer).body)
+    except UnicodeEncodeError:
+        assert json.loads(encode_priorities(hosts, scores)) == answer
+    else:
+        assert encode_priorities(hosts, scores) == expected
 
 
 def test_numbers_orjson_cannot_write_take_the_general_path() -> None:

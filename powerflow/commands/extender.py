@@ -80,19 +80,12 @@ def register(subparsers: Any) -> None:
         help="refuse verb requests with larger bodies with 413 (default 4 MiB: a pod and the "
         "names of 5,000 nodes, as kube-scheduler sends with nodeCacheCapable: true)",
     )
-    p.add_argument(
-        "--priority-cache-bytes",
-        type=int,
-        default=None,
-        metavar="BYTES",
-        help="memory for prioritize's cache of written answers per node name (default 16 MiB)",
-    )
     add_tolerate_option(p, "operator")
     p.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
-        help="least severe log lines written (default info)",
+        help="least severe log lines written (default info; debug adds a line per request)",
     )
     p.set_defaults(func=run)
 
@@ -103,14 +96,10 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
     if not args.reservation_ttl > 0:
         raise ExtenderConfigError(f"--reservation-ttl must be positive, got {args.reservation_ttl}")
     from powerflow.extender.app import MAX_BODY_BYTES
-    from powerflow.extender.wire import PRIORITY_CACHE_BYTES
 
     max_body = MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
-    cache = PRIORITY_CACHE_BYTES if args.priority_cache_bytes is None else args.priority_cache_bytes
     if max_body < 1:
         raise ExtenderConfigError(f"--max-body-bytes must be positive, got {max_body}")
-    if cache < 0:
-        raise ExtenderConfigError(f"--priority-cache-bytes must not be negative, got {cache}")
     try:
         tolerations = pool_tolerations(args.tolerate)
     except ValueError as exc:
@@ -120,7 +109,6 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
         "in_cluster": args.in_cluster,
         "reservation_ttl_s": args.reservation_ttl,
         "max_body_bytes": max_body,
-        "priority_cache_bytes": cache,
         "pool_tolerations": tolerations,
     }
 
@@ -131,12 +119,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.metrics_port < 65536:
         raise ExtenderConfigError(f"--metrics-port {args.metrics_port} is not a TCP port")
     options = app_options(args)
-    import uvicorn
     from prometheus_client import start_http_server
 
     from powerflow.extender import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     app = create_app(**options)
     if args.metrics_port:
         # prometheus_client's own server in a daemon thread: the registry's exposition on
@@ -144,5 +131,32 @@ def run(args: argparse.Namespace) -> int:
         registry = app.state.extender.metrics.registry
         httpd, _ = start_http_server(args.metrics_port, addr="0.0.0.0", registry=registry)
         logging.getLogger(__name__).info("metrics on 0.0.0.0:%d", httpd.server_port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, args.host, args.port, args.log_level)
     return 0
+
+
+def configure_logging(level: str) -> None:
+    """The command's log lines: ``level`` and above, one line each."""
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+
+def serve(app: Any, host: str, port: int, log_level: str) -> None:
+    """Serve ``app`` with uvicorn until it is stopped, as the command does
+    (``benchmarks/extender_bench.py`` serves its app through this too).
+
+    httptools parses HTTP and uvloop runs the event loop (both dependencies: with
+    uvicorn's pure-Python parser and the stdlib loop a small call costs twice the CPU).
+    A line per request only at ``debug``: kube-scheduler may call thousands of times a
+    second, and the metrics count the calls.
+    """
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http="httptools",
+        loop="auto",  # uvloop: a dependency wherever it runs (not on Windows)
+        access_log=log_level == "debug",
+    )

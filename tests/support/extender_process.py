@@ -71,6 +71,16 @@ async def extender_process(kubeconfig: Path) -> AsyncIterator[ExtenderProcess]:
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     running = ExtenderProcess(port, metrics_port, proc)
+    logged: list[bytes] = []
+
+    async def drain() -> None:
+        """Read the log as it comes: a pipe left full blocks the extender's next log line
+        (and with it every request), as a container runtime never would."""
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(1 << 16):
+            logged.append(chunk)
+
+    reader = asyncio.create_task(drain())
     try:
         async with httpx.AsyncClient(base_url=running.url) as ext:
             for _ in range(600):  # the emulator serves from this loop: wait without blocking it
@@ -86,5 +96,7 @@ async def extender_process(kubeconfig: Path) -> AsyncIterator[ExtenderProcess]:
     finally:
         if proc.returncode is None:
             proc.terminate()
-        running.output = (await proc.communicate())[0].decode()
+        await proc.wait()
+        await reader
+        running.output = b"".join(logged).decode()
     assert "Traceback" not in running.output, running.output[-3000:]
