@@ -37,15 +37,19 @@ from powerflow.sim.runner import RunSpec, TraceSpec, _world, load_jobs
 
 @dataclass
 class _TimedPolicy:
-    """Adds the CPU time of every ``plan`` call to ``cpu_s``."""
+    """Adds the CPU time of every ``plan`` call to ``cpu_s``; with ``forget``, every
+    call plans with a fresh copy of the policy (nothing kept from earlier calls:
+    what the policy's memo saves)."""
 
     inner: Policy
     cpu_s: float = 0.0
+    forget: bool = False
 
     def plan(self, snapshot: Snapshot) -> Plan:
         t0 = time.process_time()
         try:
-            return self.inner.plan(snapshot)
+            fresh = dataclasses.replace(self.inner) if self.forget else self.inner  # type: ignore[type-var]
+            return fresh.plan(snapshot)
         finally:
             self.cpu_s += time.process_time() - t0
 
@@ -86,12 +90,12 @@ class Timing:
         return self.cpu_s - self.policy_cpu_s - self.fit_cpu_s
 
 
-def timed_run(spec: RunSpec) -> tuple[dict[str, Any], Timing]:
+def timed_run(spec: RunSpec, forget: bool = False) -> tuple[dict[str, Any], Timing]:
     """One run as ``runner.simulate`` does it, with the policy and the learner
     timed in CPU seconds (loading the trace and the ground truth is not counted)."""
     configured = scheduler(spec.scheduler).configure(spec.value, oracle=spec.oracle)
     jobs = load_jobs(spec.trace, spec.config)
-    policy = _TimedPolicy(configured.policy)
+    policy = _TimedPolicy(configured.policy, forget=forget)
     inner: Learner = (
         FittedLearner(spec.config.gpu) if configured.profiling.fitted_models else OracleLearner()
     )
@@ -113,6 +117,11 @@ def main() -> None:
         "--runs",
         default="fitted,oracle,gandiva",
         help="comma-separated subset of fitted, oracle, gandiva",
+    )
+    parser.add_argument(
+        "--forget",
+        action="store_true",
+        help="plan every decision with a fresh policy (nothing kept between calls)",
     )
     args = parser.parse_args()
     trace = TraceSpec(hours=args.hours)
@@ -138,7 +147,7 @@ def main() -> None:
     ):
         table.add_column(col, justify="right")
     for spec in runs:
-        m, t = timed_run(spec)
+        m, t = timed_run(spec, forget=args.forget)
         table.add_row(
             spec.label,
             f"{t.wall_s:.1f}",

@@ -3,21 +3,22 @@
 The policy stays a pure function of the snapshot; this only spares work
 whose answer a previous call already had, and never changes a plan
 (``tests/test_policy_memo.py`` plans sequences of related snapshots with one
-warm policy and compares every plan with a fresh policy's). Two things are
-kept, each for a measured gain on a whole-trace fitted run (``powerflow
-simulate --scheduler powerflow --eta 0.6``, 2,315 decisions of 177 jobs on
-average, 1,901 in all, on one core):
+warm policy and compares every plan with a fresh policy's). It keeps two
+things; together they take a whole-trace fitted run (``powerflow simulate
+--scheduler powerflow --eta 0.6``, 2,315 decisions of 177 jobs on average)
+from 47 s of CPU to 10 s (``python benchmarks/sim_bench.py --runs fitted``
+with and without ``--forget``, which plans every decision with a fresh
+policy):
 
 * **Each job's table rows** (``tables.JobRows``: predicted step time and
   energy over its GPU counts x clocks, and what is derived from them). A
   job's rows depend only on its model object, the fields that choose its
   counts and the clocks and cluster shape, none of which change at most
-  events; rebuilding them every call costs a model call per model object and
-  per-row work per job: the run takes 54 s of CPU without them, 14 s with.
+  events; without them every decision calls every job's model again.
 * **The previous call's job plans** (``plans``), handed out again when all
-  their fields are equal: 93 % of a run's job plans equal the previous call's,
-  and building a frozen ``JobPlan`` per job per call costs the run 2.6 s of
-  CPU.
+  their fields are equal: most of a run's job plans equal the previous
+  call's, a frozen ``JobPlan`` per job per call is not free, and the
+  simulator skips a plan object a job already runs by unread.
 
 Keys: a job's rows are keyed by the id of its model object and the fields
 and context that choose them (``tables.JobKey``); the entry keeps the model
