@@ -16,11 +16,11 @@ analytic model with the paper's shapes, not the ground truth. Two cases:
 
 First table, up to 4,096 GPUs. Two states: ``fresh`` (nothing runs) and
 ``replan`` (the previous plan runs, one minute later: the common event). The
-policy keeps model predictions across calls (``powerflow/policy/tablecache.py``),
-so both rows time a warm table cache (same model objects as the warm-up call);
-``replan, cold cache`` times each decision on a copy with an empty cache (e.g.
+policy keeps model predictions across calls (``powerflow/policy/memo.py``),
+so both rows time a warm memo (same model objects as the warm-up call);
+``replan, cold cache`` times each decision on a copy with an empty memo (e.g.
 after every model was refitted). ``tables`` is the part spent building the
-model tables without the cache (model calls included).
+model tables without the memo (model calls included).
 
 Second table, at scale (4,096, 16,384 and 65,536 GPUs, a fresh queue: every
 job waits, nothing placed), each case in a process of its own started for it

@@ -2,11 +2,12 @@
 
 ``packing.py`` finds free node groups through heaps (``_FreeGroups``) and
 fills empty nodes in order when best fit has one answer (``_fill_in_order``).
-The references here are the searches they replaced, kept as the
-specification: a scan over every aligned group, and best fit through a heap
-per block size. Random clusters with powered-off nodes, immovable jobs,
-preferred blocks (free, taken, colliding) and the weights other jobs put on
-nodes must give identical results, step by step and for a whole ``allocate``.
+The references are the plain searches: a scan over every aligned group
+(kept here as the specification), and best fit through a heap per block size
+(``packing._fill_by_heaps``, the general path). Random clusters with
+powered-off nodes, immovable jobs, preferred blocks (free, taken, colliding)
+and the weights other jobs put on nodes must give identical results, step by
+step and for a whole ``allocate``.
 """
 
 from __future__ import annotations
@@ -61,45 +62,6 @@ def place_big_scan(
         taken[start : start + g] = b"\x01" * g
         placed[it.job_id] = block
     return taken
-
-
-def fill_holes_by_heaps(
-    cluster: Cluster,
-    items: list[Item],
-    nodes: list[int],
-    placed: dict[str, Block],
-    on_node: dict[int, list[Item]],
-) -> list[Item]:
-    """``packing._fill_holes`` always by its heaps: best fit, largest item first."""
-    n = cluster.geo.per_node
-    heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(n.bit_length())]
-    version = dict.fromkeys(nodes, 0)
-
-    def push(node: int) -> None:
-        top = cluster.largest_free(node)
-        for k in range(top.bit_length()):
-            heapq.heappush(heaps[k], (n - cluster.fill[node], node, version[node]))
-
-    for node in nodes:
-        push(node)
-    leftover: list[Item] = []
-    for it in items:
-        heap = heaps[it.size.bit_length() - 1]
-        while heap and heap[0][2] != version[heap[0][1]]:
-            heapq.heappop(heap)
-        if not heap:
-            leftover.append(it)
-            continue
-        node = heap[0][1]
-        off = cluster.best_offset(node, it.size)
-        assert off is not None
-        block = Block(node, off, it.size)
-        cluster.occupy(block)
-        placed[it.job_id] = block
-        on_node.setdefault(node, []).append(it)
-        version[node] += 1
-        push(node)
-    return leftover
 
 
 def geometry(rng: random.Random) -> Geometry:
@@ -199,7 +161,7 @@ def test_fill_holes_fills_as_best_fit_by_heaps_does(seed: int) -> None:
         got = dict(want)
         want_on = {k: list(v) for k, v in before.items()}
         got_on = {k: list(v) for k, v in before.items()}
-        want_left = fill_holes_by_heaps(want_state, small, nodes, want, want_on)
+        want_left = packing._fill_by_heaps(want_state, small, nodes, want, want_on)
         got_left = packing._fill_holes(got_state, small, nodes, got, got_on)
         assert got_left == want_left
         assert got == want
@@ -237,6 +199,6 @@ def test_allocate_is_unchanged_by_the_fast_searches(
     cases += [(Cluster(c.geo), items) for c, items in cases[:100]]  # nothing immovable
     got = [allocate(c.copy(), items) for c, items in cases]
     monkeypatch.setattr(packing, "_place_big", place_big_scan)
-    monkeypatch.setattr(packing, "_fill_holes", fill_holes_by_heaps)
+    monkeypatch.setattr(packing, "_fill_holes", packing._fill_by_heaps)
     want = [allocate(c.copy(), items) for c, items in cases]
     assert got == want

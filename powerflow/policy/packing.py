@@ -557,6 +557,18 @@ def _fill_holes(
     decreasing = all(map(operator.ge, sizes, sizes[1:])) and (not sizes or sizes[0] < n)
     if decreasing and not any(map(cluster.fill.__getitem__, nodes)):
         return _fill_in_order(cluster, items, nodes, placed, on_node)
+    return _fill_by_heaps(cluster, items, nodes, placed, on_node)
+
+
+def _fill_by_heaps(
+    cluster: Cluster,
+    items: list[Item],
+    nodes: list[int],
+    placed: dict[str, Block],
+    on_node: dict[int, list[Item]],
+) -> list[Item]:
+    """``_fill_holes``' general path: best fit by the heaps, any nodes, any order."""
+    n = cluster.geo.per_node
     levels = n.bit_length()
     heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(levels)]
     version = dict.fromkeys(nodes, 0)
