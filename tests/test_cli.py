@@ -43,6 +43,20 @@ def test_a_cluster_component_loads_none_of_the_simulator(command: str) -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("command", ["simulate", "sweep"])
+def test_a_simulation_command_starts_without_matplotlib(command: str) -> None:
+    """Matplotlib is a third of a single simulation's start-up; only drawing a
+    plot loads it, so parsing a simulation command's line never does."""
+    probe = (
+        "import sys\n"
+        "from powerflow.cli import build_parser\n"
+        f"build_parser({command!r})\n"
+        "print('matplotlib' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
 @pytest.mark.parametrize(
     "argv",
     [["simulate", "--help"], ["--help"], ["bogus"], ["-h", "operator"], ["--help", "simulate"]],

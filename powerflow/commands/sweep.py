@@ -17,7 +17,7 @@ from rich.console import Console
 
 from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
-from powerflow.sim import experiments, output, plots
+from powerflow.sim import experiments, output
 
 
 def register(subparsers: Any) -> None:
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     output.write_csv(rows, out / "sensitivity.csv")
     output.write_json(studies, out / "sensitivity.json")
     labels = {s.name: s.label for s in experiments.STUDIES}
+    from powerflow.sim import plots  # matplotlib only where a plot is drawn
+
     plots.sensitivity(studies, labels, out / "sensitivity.png")
     if args.json:
         print(output.to_json(studies))
