@@ -16,7 +16,7 @@ libraries, trace and run), and how loaded the cluster was: GPU utilisation
 submission window (first to last submission), and the mean number of
 waiting jobs in that window.
 
-    python -m benchmarks scale                                # 2,048 nodes (about 15 min)
+    python -m benchmarks scale                                # 2,048 nodes (about 12 min)
     python -m benchmarks.scale_bench --nodes 64,128,256,512   # how the time grows
     python -m benchmarks.scale_bench --nodes 2048 --seed 1    # other shifts of the copies
 """
