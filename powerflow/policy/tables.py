@@ -240,14 +240,12 @@ class JobRows:
     """Allowed counts (its rows)."""
     row_of: dict[tuple[int, int, int], int]
     """The row of each (GPUs, GPUs per node, local batch) the model was asked about."""
-    power: FloatArray
-    """Per row and clock, the predicted power ``energy / step time`` (as ``both`` has them)."""
 
     def power_w(self, n: int, r: int, bs: int, column: int) -> float | None:
         """Predicted power on ``n`` GPUs, ``r`` per node, local batch ``bs`` at clock
         ``column``, where one of the rows is that configuration (else None)."""
         k = self.row_of.get((n, r, bs))
-        return None if k is None else float(self.power[k, column])
+        return None if k is None else float(self.both[k, 1, column] / self.both[k, 0, column])
 
 
 def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
@@ -345,8 +343,7 @@ def _evaluate(
         else np.zeros(ext_job.size, dtype=np.int64)
     )
     t_eff, e_eff = t[idx, efficient], e[idx, efficient]
-    power_all = e / t
-    peak = power_all.max(axis=1) if t.shape[1] else np.full(ext_job.size, np.nan)
+    peak = (e / t).max(axis=1) if t.shape[1] else np.full(ext_job.size, np.nan)
     vectors = np.stack([counts, r, bs, efficient, t_eff, e_eff, peak], axis=1).astype(np.float64)
     both_all = np.stack([t, e], axis=1)
     shapes = list(zip(counts.tolist(), r.tolist(), bs.tolist(), strict=True))
@@ -361,7 +358,6 @@ def _evaluate(
                 vectors=vectors[rows].copy(),
                 size=size,
                 row_of={shape: k for k, shape in enumerate(shapes[rows])},
-                power=power_all[rows].copy(),
             )
         )
     return out
