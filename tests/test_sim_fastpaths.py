@@ -387,9 +387,10 @@ def test_rates_filled_for_every_clock_equal_one_clock_at_a_time(model: str) -> N
 
 @pytest.mark.parametrize("model", ["resnet50", "bert", "gpt2"])
 def test_capped_clock_equals_the_device_rule(model: str) -> None:
-    """``TruthRates.capped`` reads one per-GPU power row per configuration; it must
-    answer what ``capped_clock_mhz`` (the simulated GPUs' rule) answers, for caps
-    between, at and beyond the configuration's powers and ceilings below every clock."""
+    """``TruthRates.capped`` and ``capped_each`` read one per-GPU power row per
+    configuration; they must answer what ``capped_clock_mhz`` (the simulated GPUs'
+    rule) answers, for caps between, at and beyond the configuration's powers and
+    ceilings below every clock."""
     truth = ground_truth(model)
     clocks = truth.gpu.clocks_mhz
     rates = TruthRates(lambda name: _fresh(truth), clocks)
@@ -402,10 +403,16 @@ def test_capped_clock_equals_the_device_rule(model: str) -> None:
         f = np.asarray(clocks, dtype=np.float64)
         per_gpu = truth.energy_per_iter_j(n, r, bs, f) / (n * truth.step_time_s(n, r, bs, f))
         caps = [*rng.uniform(0.5 * per_gpu.min(), 1.2 * per_gpu.max(), 5), *per_gpu[::20]]
-        for hi in [clocks[0] - 15, clocks[0], *rng.choice(clocks, 3).tolist(), clocks[-1]]:
-            for cap in caps:
-                want = capped_clock_mhz(_fresh(truth), work, clocks, int(hi), float(cap))
-                assert rates.capped(model, n, r, bs, int(hi), float(cap)) == want
+        ceilings = [clocks[0] - 15, clocks[0], *rng.choice(clocks, 3).tolist(), clocks[-1]]
+        for cap in caps:
+            wants = [
+                capped_clock_mhz(_fresh(truth), work, clocks, int(hi), float(cap))
+                for hi in ceilings
+            ]
+            got = [rates.capped(model, n, r, bs, int(hi), float(cap)) for hi in ceilings]
+            assert got == wants
+            each = rates.capped_each(model, n, r, bs, [int(hi) for hi in ceilings], float(cap))
+            assert list(each) == wants
 
 
 def _measure_by_broadcasting(

@@ -613,7 +613,7 @@ class Simulation:
         if cap is None:
             return job.profile_clocks
         name, n, r, bs = job.trace.model_name, job.n, job.r, job.bs
-        return tuple(self.rates.capped(name, n, r, bs, c, cap) for c in job.profile_clocks)
+        return self.rates.capped_each(name, n, r, bs, job.profile_clocks, cap)
 
     def _finish_profile(self, job: SimJob, *, complete: bool, refit: bool = True) -> None:
         """Collect the samples of the slices run so far; refit if any arrived
