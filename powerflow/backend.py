@@ -2,9 +2,11 @@
 
 The simulator and the operator both implement ``Backend``: one builds the
 snapshot from simulated state and applies the plan to it, the other reads the
-Kubernetes API and patches it. Either way ``schedule_once`` is the only code
-that calls a policy, so the policy and how it is called are shared, never
-copied (STYLE.md rule 5).
+Kubernetes API and patches it. Either way ``schedule_once`` is the code that
+calls the policy (the only other caller is ``powerflow plan``, which shows one
+decision and applies nothing), so the policy and how it is called are shared,
+never copied: the decisions the simulator measures are the ones the operator
+makes.
 """
 
 from __future__ import annotations
