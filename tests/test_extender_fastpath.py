@@ -1,11 +1,12 @@
-"""The request fast path gives what the model-based path gave, on random inputs.
+"""The request fast path gives what the model-based path gives, on random inputs.
 
 Filter and prioritize decode their bodies with ``wire.decode_args`` and write
 their answers with ``wire.filter_answer``/``encode``; the state answers from
-the gang's block alone. Each is checked against the general version it
-replaced: pydantic's ``ExtenderArgs.model_validate`` on the stdlib decoder's
+the gang's block alone. Each is checked against the general version of the
+same step: pydantic's ``ExtenderArgs.model_validate`` on the stdlib decoder's
 output, ``dump(filter_result(...))`` through Starlette's ``JSONResponse``, and
-the per-candidate loops of the first ``ClusterState.filter``/``prioritize``.
+per-candidate loops over ``ClusterState`` (``filter_by_candidate``,
+``prioritize_by_candidate`` below).
 """
 
 from __future__ import annotations
