@@ -55,7 +55,7 @@ PROGRESS_ANNOTATION: Final = f"{GROUP}/iterations"
 """Pod annotation: training iterations completed so far (an integer). Without
 it the operator estimates progress from the performance model."""
 
-# The telemetry loop (issue 12): operator -> node agent -> operator.
+# The telemetry loop: operator -> node agent -> operator.
 PROFILE_ANNOTATION: Final = f"{GROUP}/profile"
 """Pod annotation written by the operator while a job profiles: JSON
 ``{"clocksMhz": [int, ...], "sliceSeconds": float, "untilS": float}``. The node

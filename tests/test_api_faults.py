@@ -1,4 +1,4 @@
-"""The components ride through API-server faults with nothing lost (issue 16).
+"""The components ride through API-server faults with nothing lost.
 
 Each component is started as a user starts it (its command's ``serve`` or the
 command itself, with a kubeconfig pointing at the emulator) while the

@@ -322,8 +322,8 @@ async def test_unreachable_api_is_a_clear_error(start: Callable[..., Any]) -> No
 async def test_a_poisoned_pod_is_skipped_and_other_gangs_are_placed(
     cluster: httpx.AsyncClient, start: Callable[..., Any], index: str
 ) -> None:
-    """A placement annotation whose index overflows used to make every listing fail:
-    the mirror relisted forever and /readyz stayed 503."""
+    """A placement annotation whose index overflows is skipped, not a failed listing
+    (which would make the mirror relist forever and keep /readyz at 503)."""
     poisoned = pod("poisoned-0", job="poisoned", workers=1, namespace="ml")
     placement = f'{{"node":"gpu-0","block":[["gpu-0",{index}]]}}'
     poisoned["metadata"]["annotations"][PLACEMENT_ANNOTATION] = placement

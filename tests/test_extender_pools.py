@@ -1,8 +1,8 @@
 """Where a new gang's block may go: the main pool, the candidates, schedulable nodes only.
 
-Item 10 and 11 of issue 11: the extender used to choose among every GPU node
-(cordoned, tainted, NotReady ones included, and regardless of the candidates
-kube-scheduler sent), and refused every pod when node sizes differed.
+Not every GPU node: cordoned, tainted and NotReady nodes are left out, and so are
+nodes kube-scheduler did not send as candidates; nodes of different sizes are pooled
+rather than every pod refused.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Bad requests and big ones: a clear answer, never a traceback, a 500 or a blocked loop.
 
-Issue 11, items 12 and 13: a wrong-typed ``status.phase``, a GPU limit of
-``10**400``, JSON nested 10,000 deep and lone surrogates in names each ended
-in an "internal error" with a traceback in the log; a body of any size was
-read whole, and decoded on the event loop.
+A wrong-typed ``status.phase``, a GPU limit of ``10**400``, JSON nested 10,000
+deep and lone surrogates in names each get a refusal that says why, with no
+traceback in the log; a body over the limit is refused before it is read whole,
+and a big body is decoded off the event loop.
 """
 
 from __future__ import annotations

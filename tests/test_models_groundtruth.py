@@ -42,7 +42,7 @@ def test_one_gpu_sweep_with_a_leave_one_out_prior(name: str) -> None:
     assert one_gpu.throughput_mape <= 0.10 and one_gpu.energy_mape <= 0.10
 
 
-# Multi-GPU MAPE of the 1-GPU-sweep-only fit (issue 14 part 4): with the
+# Multi-GPU MAPE of the 1-GPU-sweep-only fit: with the
 # model's own prior every model meets 10%; with the generic prior of the other
 # five, only these (inception3 and bert synchronise twice as long as the
 # others, which no 1-GPU sample shows; see docs/models.md).

@@ -3,7 +3,7 @@ generation record (the first-phase status patch) did not go through gets none of
 its pod writes in that pass, while every other job's go out.
 
 Pods unexplained by their job's status would be deleted and made again after a
-crash (issue 11, item 4), so the record must come first or nothing at all.
+crash, so the record must come first or nothing at all.
 """
 
 from __future__ import annotations

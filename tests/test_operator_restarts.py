@@ -80,7 +80,7 @@ async def phases(api: httpx.AsyncClient) -> Counter[str]:
 async def test_restarts_during_twenty_jobs_create_no_pod_twice(
     kmock: KubeEmulator, api: httpx.AsyncClient
 ) -> None:
-    """Issue 11 item 4: 20 restarts at seeded random moments while 20 jobs run."""
+    """20 restarts at seeded random moments while 20 jobs run."""
     rng = random.Random(11)
     jobs = 20
     for i in range(jobs):

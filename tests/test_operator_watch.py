@@ -314,8 +314,8 @@ def _foreign_lists(requests: list[Any]) -> int:
 async def test_passes_read_foreign_gpu_pods_from_a_watch_fed_cache(
     kmock: KubeEmulator, api: httpx.AsyncClient, kubeconfig: Path
 ) -> None:
-    """Passes list no pods beyond the cache's LIST (they used to list every bound
-    non-PowerFlow pod of the cluster, each pass); a foreign GPU pod leaving is a
+    """Passes list no pods beyond the cache's LIST (not every bound non-PowerFlow
+    pod of the cluster, each pass); a foreign GPU pod leaving is a
     scheduling event whose pass plans with its GPUs free again, and one arriving makes a
     pass too."""
     assert (await api.post(PODS, json=gpu_pod("notebook", "n1"))).status_code == 201

@@ -50,7 +50,7 @@ def test_reference_power_is_recomputed_from_the_shipped_profiles() -> None:
 
 
 def test_p_max_is_the_gpu_types_constant_whatever_the_models_and_jobs() -> None:
-    """The same eta is the same watts with any models and any queue (issue 14)."""
+    """The same eta is the same watts with any models and any queue."""
     queues = [
         (),
         (job("a", model=ZOO[0], requested_gpus=2, global_batch_size=100),),

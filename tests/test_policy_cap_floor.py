@@ -1,10 +1,10 @@
 """Caps cannot go below the board's lowest power limit: the plan must leave them room.
 
 At eta 0.2 and 0.3 the A100 cluster's limit is 60 and 90 W per GPU, below the
-100 W an A100 accepts as its lowest limit; the policy used to fill the GPUs up
-to the limit with jobs it predicted at ~75 W per GPU, every cap then sat at the
-floor, and the whole-trace runs were above the limit for 0.53 h (27.8 %) and
-0.96 h (9.1 %). Now it runs no more GPUs than floor caps can hold.
+100 W an A100 accepts as its lowest limit. Were the policy to fill the GPUs up to
+the limit with jobs it predicts at ~75 W per GPU, every cap would sit at the floor
+and their sum would pass the limit; so it runs no more GPUs than floor caps can
+hold (docs/policy.md, "Below the boards' lowest power limit").
 """
 
 from __future__ import annotations

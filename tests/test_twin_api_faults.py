@@ -1,4 +1,4 @@
-"""API-server faults on the twin itself, with nothing lost (issue 16; docs/twin.md, "Faults").
+"""API-server faults on the twin itself, with nothing lost (docs/twin.md, "Faults").
 
 The twin's API server (a process of its own, started with ``--fault-control``)
 gets its fault rules through ``/_twin/faults`` (``apiserver.FaultControl``) while a
@@ -53,7 +53,7 @@ def rule(verb: str, resource: str, **fault: Any) -> Rule:
 
 
 def kinds() -> dict[str, list[Rule]]:
-    """The faults of issue 16, by kind, each for every client of the product."""
+    """The API-server faults, by kind, each for every client of the product."""
     dljob_status = f"{contract.PLURAL}/status"
     per_client: dict[str, list[Rule]] = {
         "409 conflict": [

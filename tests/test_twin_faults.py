@@ -1,4 +1,4 @@
-"""Faults on the twin, with nothing lost (issue 16; ``docs/twin.md``, "Faults").
+"""Faults on the twin, with nothing lost (``docs/twin.md``, "Faults").
 
 - The operator killed 20 times (SIGKILL and SIGTERM, at seeded random moments) during
   a mini trace: every job completes, no worker pod is created twice for one slot

@@ -1,4 +1,4 @@
-"""A node agent killed on the twin, with training workers on its node (issue 16).
+"""A node agent killed on the twin, with training workers on its node.
 
 The agent runs as a process of its own (``powerflow.twin.agentproc``), so a
 SIGKILL is a kill: nothing of it runs. Checked, on one node of 8 GPUs with two

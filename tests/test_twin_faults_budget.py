@@ -1,4 +1,4 @@
-"""The power budget changed mid-run on the twin (issue 16): lowered, then raised.
+"""The power budget changed mid-run on the twin: lowered, then raised.
 
 The admin edits the budget ConfigMap's ``eta`` while jobs train on one node of
 8 GPUs. The GPUs' own power (the twin's ground truth, every GPU of the node,

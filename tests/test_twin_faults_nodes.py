@@ -1,4 +1,4 @@
-"""Node faults on the twin, with nothing lost (issue 16; ``docs/twin.md``, "Faults").
+"""Node faults on the twin, with nothing lost (``docs/twin.md``, "Faults").
 
 - A node dies with workers on it (``Twin.fail_node``: its workers stop without a
   checkpoint, its kubelet and node agent fall silent). The twin's node lifecycle

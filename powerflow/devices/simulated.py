@@ -4,7 +4,7 @@ Each GPU runs what the caller assigns to it (``assign``/``clear``: one of a
 job's GPUs, with the job's size, placement and local batch) at the clock the
 GPU would really run: the locked clock rounded down to a supported one, and
 lower still when a power limit below the workload's power forces it
-(``capped_clock_mhz``, the rule issue 14's power backstop uses too). Time is
+(``capped_clock_mhz``, the rule the policy's power caps rely on too). Time is
 injected, never read from the wall: either ``advance(seconds)`` moves it, or a
 ``clock`` callable is read at every call (``time.monotonic`` for
 ``--simulate``, a fake clock in tests).

@@ -11,9 +11,9 @@ mostly wait on real time, so a CPU-bound test beside one costs it little.
 
 The unit is made by the scheduler (``TwinFirstScheduling``), from the test's file:
 xdist's own ``loadgroup`` reads ``xdist_group`` marks by appending ``@group`` to each
-test id on the workers, which pytest 9.2 no longer lets it do (its ids are built
-from the collection tree: pytest-dev/pytest-xdist#1386, unreleased fix #1388), so the
-marks were silently ignored and two twins ran at once.
+test id on the workers, which pytest 9.2 does not let it do (its ids are built
+from the collection tree: pytest-dev/pytest-xdist#1386, fix in pytest-xdist#1388), so
+the marks would be silently ignored and two twins could run at once.
 """
 
 from __future__ import annotations
