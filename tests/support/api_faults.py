@@ -1,4 +1,4 @@
-"""The emulator's injected API faults, kept importable as ``support.api_faults`` for the
+"""The emulator's injected API faults, importable as ``support.api_faults`` for the
 tests: the module lives with the emulator in ``powerflow.twin.api_faults`` (one object)."""
 
 import sys

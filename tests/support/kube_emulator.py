@@ -1,8 +1,8 @@
-"""The emulated API server, kept importable as ``support.kube_emulator`` for the tests.
+"""The emulated API server, importable as ``support.kube_emulator`` for the tests.
 
-It moved to ``powerflow.twin.emulator`` so that the twin (and ``powerflow demo``)
+It lives in ``powerflow.twin.emulator`` so that the twin (and ``powerflow demo``)
 can run it outside pytest. This module *is* that module (one object, so that
-``monkeypatch.setattr(kube_emulator, "_HISTORY", 3)`` still reaches it).
+``monkeypatch.setattr(kube_emulator, "_HISTORY", 3)`` reaches it).
 """
 
 import sys
