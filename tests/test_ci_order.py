@@ -1,17 +1,24 @@
 """The suite's split over xdist's workers (``support.ci_order``): every twin test on
-one worker, one at a time, first; the others beside it."""
+one worker, one at a time, first; the others beside it.
+
+The scheduler is xdist's own ``LoadScopeScheduling`` with our scopes, driven here
+as xdist's controller drives it (collections in, units out to workers, completions
+back), with two stand-in workers: what it hands each worker is what two real
+workers would run."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-import pytest
-from support.ci_order import TWIN_GROUP, scope_of
-
-ROOT = Path(__file__).resolve().parents[1]
+from support.ci_order import (
+    TWIN_GROUP,
+    pytest_collection_modifyitems,
+    pytest_xdist_make_scheduler,
+    scope_of,
+)
 
 
 def test_twin_files_are_one_unit_and_the_rest_one_unit_per_test() -> None:
@@ -21,29 +28,71 @@ def test_twin_files_are_one_unit_and_the_rest_one_unit_per_test() -> None:
     assert scope_of("tests/test_twinkle_free.py::t") == TWIN_GROUP  # named so: it joins
 
 
-@pytest.mark.timeout(300)  # two workers start, each importing the suite's plugins
-def test_two_workers_run_every_twin_test_on_one_of_them() -> None:
-    """Failed with xdist's own loadgroup on pytest 9.2, which spread the marked tests
-    over both workers (pytest-dev/pytest-xdist#1386)."""
-    twin = [
-        "tests/test_demo.py::test_help_says_what_speed_means",
-        "tests/test_demo.py::test_a_job_line_is_its_status",
-        "tests/test_demo.py::test_simulate_mini_charges_no_node_boot",
-        "tests/test_demo.py::test_events_come_once_each_in_the_servers_order",
-    ]
-    other = [
-        "tests/test_cli.py::test_version_via_module",
-        "tests/test_cli.py::test_no_command_prints_help_and_fails",
-    ]
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist",
-         "loadgroup", "-v", *other, *twin],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    ran = {
-        nodeid: w for w, nodeid in re.findall(r"\[(gw\d)\] \[\s*\d+%\] PASSED (\S+)", out.stdout)
-    }
-    assert set(ran) == {*twin, *other}, out.stdout[-2000:]
-    assert len({ran[nodeid] for nodeid in twin}) == 1, ran
-    assert set(ran.values()) == {"gw0", "gw1"}, ran  # the others ran beside them
+@dataclass(eq=False)
+class Worker:
+    """What the scheduler sees of a worker: its id, the tests sent to it, shutdown."""
+
+    name: str
+    sent: list[int] = field(default_factory=list)
+    queue: list[int] = field(default_factory=list)
+    shutting_down: bool = False
+
+    @property
+    def gateway(self) -> Any:
+        return SimpleNamespace(id=self.name)
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+        self.queue += indices
+
+    def send_runtest_all(self) -> None:  # pragma: no cover - only for a single scope
+        raise AssertionError("the scheduler sent everything to one worker")
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def _config(dist: str) -> Any:
+    option = SimpleNamespace(
+        dist=dist, tx=["2*popen"], numprocesses=2, maxprocesses=None, loadscopereorder=True
+    )
+    return SimpleNamespace(option=option, getvalue=lambda name: getattr(option, name))
+
+
+def _collected(ids: list[str]) -> list[str]:
+    """``ids`` in the order the collection hook leaves them (twin tests first)."""
+    items = [SimpleNamespace(path=Path(i.split("::")[0]), nodeid=i) for i in ids]
+    pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    return [item.nodeid for item in items]
+
+
+def test_two_workers_run_every_twin_test_on_one_of_them_first() -> None:
+    """xdist's own loadgroup on pytest 9.2 spread marked tests over both workers
+    (pytest-dev/pytest-xdist#1386); this scheduler must not."""
+    twin = [f"tests/test_twin_{k}.py::test_{j}" for k in "ab" for j in range(3)]
+    twin += ["tests/test_demo.py::test_demo"]
+    other = [f"tests/test_{k}.py::test_{j}" for k in ("cli", "policy", "sim") for j in range(4)]
+    collection = _collected([*other[:5], *twin[:3], *other[5:], *twin[3:]])
+    assert collection[: len(twin)] == sorted(collection[: len(twin)], key=collection.index)
+    assert set(collection[: len(twin)]) == set(twin)
+
+    assert pytest_xdist_make_scheduler(_config("load"), None) is None  # xdist's own
+    scheduler = pytest_xdist_make_scheduler(_config("loadgroup"), None)
+    workers = [Worker("gw0"), Worker("gw1")]
+    for w in workers:
+        scheduler.add_node(w)
+    for w in workers:
+        scheduler.add_node_collection(w, collection)
+    scheduler.schedule()
+    while not scheduler.tests_finished:  # each worker finishes one test at a time
+        busy = [w for w in workers if w.queue]
+        assert busy, "tests left but none sent"
+        for w in busy:
+            scheduler.mark_test_complete(w, w.queue.pop(0))
+
+    ran = {collection[i]: w.name for w in workers for i in w.sent}
+    assert sorted(ran) == sorted(collection)  # each test once
+    (twin_worker,) = {ran[t] for t in twin}
+    assert {ran[t] for t in other} >= {"gw0", "gw1"} - {twin_worker} != set()
+    first = next(w for w in workers if w.name == twin_worker).sent[: len(twin)]
+    assert {collection[i] for i in first} == set(twin)  # the twin unit came first there
