@@ -26,11 +26,11 @@ import random
 import time
 from dataclasses import replace
 
-from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.priors import load_prior
-from powerflow.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
+from powerflow.core.gpus import A100
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.priors import load_prior
+from powerflow.core.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
+from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
 
 MODELS = ("bert", "deepspeech2", "gpt2", "inception3", "resnet50", "vgg16")
 SIZES = (1,) * 28 + (2, 4, 8, 16)  # about the ITP trace's mix

@@ -76,7 +76,7 @@ from powerflow.extender.state import ClusterState
 from rich.console import Console
 from rich.table import Table
 
-from powerflow.contract import GROUP, KIND, PLACEMENT_ANNOTATION, PLURAL, VERSION
+from powerflow.core.contract import GROUP, KIND, PLACEMENT_ANNOTATION, PLURAL, VERSION
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 JSON = {"Content-Type": "application/json"}
@@ -493,7 +493,7 @@ HttpRow = dict[str, Any]
 def over_http(nodes: int, pods: int, clients: int, seconds: float) -> list[HttpRow]:
     """Filter and prioritize against the real server, each from its own clients' process."""
     sys.path.insert(0, str(TESTS))
-    from powerflow.twin.ports import free_port
+    from powerflow.lab.twin.ports import free_port
 
     server_cores, client_cores = _cores()
     port = free_port()

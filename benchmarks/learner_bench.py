@@ -25,14 +25,14 @@ from benchmarks import pinned_child
 def _bench(generic: bool) -> None:
     import numpy as np
 
-    from powerflow import groundtruth as gt
-    from powerflow.gpus import A100
-    from powerflow.models.params import ModelParams
-    from powerflow.models.priors import generic_prior, load_prior
-    from powerflow.models.protocol import PerfModel
-    from powerflow.models.samples import Samples
-    from powerflow.profiling import PAPER_SWEEP
-    from powerflow.sim.learning import FittedLearner
+    from powerflow.core.gpus import A100
+    from powerflow.core.learning import FittedLearner
+    from powerflow.core.models.params import ModelParams
+    from powerflow.core.models.priors import generic_prior, load_prior
+    from powerflow.core.models.protocol import PerfModel
+    from powerflow.core.models.samples import Samples
+    from powerflow.core.profiling import PAPER_SWEEP
+    from powerflow.lab import groundtruth as gt
 
     def prior(name: str | None) -> ModelParams:
         return generic_prior(exclude=name) if generic else load_prior(name)

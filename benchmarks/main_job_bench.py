@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from powerflow.sim.output import stdout_console
+from powerflow.lab.sim.output import stdout_console
 
 RUN_CPU_S = {"powerflow": 5.0, "powerflow+": 5.0}
 """CPU targets of one run per scheduler; every other (a baseline) gets ``BASELINE_CPU_S``."""

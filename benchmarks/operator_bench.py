@@ -1,7 +1,7 @@
 """Time the operator: reaction in the emulator and one allocation pass at scale.
 
 Targets: a DLJob created -> its worker pods created in under 1 s against the
-emulated API server (``powerflow.twin.emulator``, real HTTP, kopf in its own
+emulated API server (``powerflow.lab.twin.emulator``, real HTTP, kopf in its own
 thread); one allocation pass (snapshot build + policy + plan translation,
 ``reconcile``) under 50 ms of the operator's own CPU for 256 jobs on 512 GPUs
 and 1,024 jobs on 4,096 GPUs (nodes of 8 A100s, PowerFlowPolicy, synthetic
@@ -43,11 +43,11 @@ from powerflow.operator.reconcile import Actions, Observed, reconcile
 from rich.console import Console
 from rich.table import Table
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Node, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel, synthetic_zoo
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Node, Plan, Snapshot
+from powerflow.lab.synthetic import SyntheticModel, synthetic_zoo
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 

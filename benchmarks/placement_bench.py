@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from powerflow.gpus import A100
-from powerflow.policy.placement import PlacementRequest, place
-from powerflow.policy.snapshot import Node
+from powerflow.core.gpus import A100
+from powerflow.core.policy.placement import PlacementRequest, place
+from powerflow.core.policy.snapshot import Node
 
 PER_NODE = 8
 SIZES = (1, 2, 4, 8, 16, 32)

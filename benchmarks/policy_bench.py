@@ -6,7 +6,7 @@ Targets: decision latency on one core, p99, for 64 GPUs / 32 jobs < 5 ms,
 The process pins itself to one CPU. A decision includes validation, the
 model tables, allocation, clock configuration and placement.
 
-Models: ``SyntheticModel`` (``powerflow/policy/synthetic.py``), a cheap
+Models: ``SyntheticModel`` (``powerflow/lab/synthetic.py``), a cheap
 analytic model with the paper's shapes, not the ground truth. Two cases:
 
 - ``shared``: 6 model objects shared by all jobs (the trace simulator: one
@@ -16,7 +16,7 @@ analytic model with the paper's shapes, not the ground truth. Two cases:
 
 First table, up to 4,096 GPUs. Two states: ``fresh`` (nothing runs) and
 ``replan`` (the previous plan runs, one minute later: the common event). The
-policy keeps model predictions across calls (``powerflow/policy/memo.py``),
+policy keeps model predictions across calls (``powerflow/core/policy/memo.py``),
 so both rows time a warm memo (same model objects as the warm-up call);
 ``replan, cold cache`` times each decision on a copy with an empty memo (e.g.
 after every model was refitted). ``tables`` is the part spent building the
@@ -69,13 +69,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from powerflow.policy.curves import curves_of
-from powerflow.policy.exhaustive import optimal_average_jct, plan_average_jct
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.scenarios import small_instance, synthetic_snapshot
-from powerflow.policy.snapshot import Snapshot
-from powerflow.policy.tables import build_tables
-from powerflow.policy.validate import cluster_of
+from powerflow.core.policy.curves import curves_of
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Snapshot
+from powerflow.core.policy.tables import build_tables
+from powerflow.core.policy.validate import cluster_of
+from powerflow.lab.exhaustive import optimal_average_jct, plan_average_jct
+from powerflow.lab.scenarios import small_instance, synthetic_snapshot
 
 CASES = ((64, 32, 5e-3, 60), (512, 256, 50e-3, 30), (4096, 2048, 1.0, 8))
 """(GPUs, jobs, p99 target in s, repetitions)."""

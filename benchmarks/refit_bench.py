@@ -25,11 +25,11 @@ def _bench() -> None:
     from powerflow.operator.learning import SampleStore
     from prometheus_client import CollectorRegistry
 
-    from powerflow import groundtruth as gt
-    from powerflow.gpus import A100
-    from powerflow.models.priors import generic_prior
-    from powerflow.profiling import PAPER_SWEEP
-    from powerflow.telemetry import WindowSample
+    from powerflow.core.gpus import A100
+    from powerflow.core.models.priors import generic_prior
+    from powerflow.core.profiling import PAPER_SWEEP
+    from powerflow.core.telemetry import WindowSample
+    from powerflow.lab import groundtruth as gt
 
     truth = gt.ground_truth("resnet50")
     n, bs = 8, 32.0

@@ -3,7 +3,7 @@
 The bundled ITP trace (1,901 jobs submitted over a day) contends on the
 default 64 x 8 GPUs: 54,000 GPU-hours of work, 4.4 days of that cluster. On
 ``N`` nodes it is scaled ``k = N / 64`` times by arrival rate
-(``powerflow.sim.scaling.superpose``: ``k`` copies over the same day, each
+(``powerflow.lab.sim.scaling.superpose``: ``k`` copies over the same day, each
 shifted by up to an hour, every job as in the trace), so ``N`` nodes get the
 load 64 did: at 2,048 nodes (16,384 GPUs) 60,832 jobs. One fitted PowerFlow
 eta 0.6 run per cluster size, each in a process of its own (so its memory is
@@ -37,14 +37,14 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.sim_bench import _TimedLearner, _TimedPolicy
-from powerflow.schedulers import scheduler
-from powerflow.sim.config import DEFAULT_NODES, SimConfig
-from powerflow.sim.engine import Simulation
-from powerflow.sim.learning import FittedLearner
-from powerflow.sim.metrics import summarise
-from powerflow.sim.result import Series
-from powerflow.sim.runner import TraceSpec, _world, load_jobs
-from powerflow.sim.scaling import superpose
+from powerflow.core.learning import FittedLearner
+from powerflow.lab.schedulers import scheduler
+from powerflow.lab.sim.config import DEFAULT_NODES, SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.metrics import summarise
+from powerflow.lab.sim.result import Series
+from powerflow.lab.sim.runner import TraceSpec, _world, load_jobs
+from powerflow.lab.sim.scaling import superpose
 
 NODES = (2048,)
 ETA = 0.6

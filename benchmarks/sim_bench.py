@@ -23,16 +23,16 @@ from typing import Any
 
 from rich.table import Table
 
-from powerflow.models.protocol import PerfModel
-from powerflow.models.samples import Samples
-from powerflow.policy.snapshot import Plan, Policy, Snapshot
-from powerflow.schedulers import scheduler
-from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation
-from powerflow.sim.learning import FittedLearner, Knowledge, Learner, OracleLearner
-from powerflow.sim.metrics import summarise
-from powerflow.sim.output import stdout_console
-from powerflow.sim.runner import RunSpec, TraceSpec, _world, load_jobs
+from powerflow.core.learning import FittedLearner, Knowledge, Learner, OracleLearner
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.models.samples import Samples
+from powerflow.core.policy.snapshot import Plan, Policy, Snapshot
+from powerflow.lab.schedulers import scheduler
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.metrics import summarise
+from powerflow.lab.sim.output import stdout_console
+from powerflow.lab.sim.runner import RunSpec, TraceSpec, _world, load_jobs
 
 
 @dataclass

@@ -3,7 +3,7 @@
 ``scripts/chart-twin.sh`` runs this (root, the image ``scripts/build-image.sh``
 builds, ``helm``): ``helm template`` of the chart, every object applied to the
 twin's API server with RBAC enforced, every Deployment and DaemonSet pod run
-from the image by the twin's kubelet (``powerflow.twin.chart``,
+from the image by the twin's kubelet (``powerflow.lab.twin.chart``,
 ``docs/verification.md`` says what is imitated and what is not), then DLJobs
 run to ``Succeeded`` by the chart's operator, scheduler and node agents.
 """
@@ -23,10 +23,10 @@ import httpx
 import pytest
 import yaml
 
-from powerflow.twin.chart import NAMESPACE, ChartTwin
-from powerflow.twin.chartpods import pod_ready, pod_status_text
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import dljob, mini_trace
+from powerflow.lab.twin.chart import NAMESPACE, ChartTwin
+from powerflow.lab.twin.chartpods import pod_ready, pod_status_text
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import dljob, mini_trace
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "localhost/powerflow:dev"
@@ -138,7 +138,7 @@ def test_every_dashboard_query_returns_data_from_the_scraped_pods(
     firing = [a["labels"]["alertname"] for a in prom.alerts() if a["state"] == "firing"]
     assert not firing, firing
     if PICTURE:
-        from powerflow.twin.dashboard_png import draw
+        from powerflow.lab.twin.dashboard_png import draw
 
         counts = draw(board, prom, start, end, Path(PICTURE))
         assert all(counts.values()), counts

@@ -35,8 +35,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from powerflow import __version__
-from powerflow.errors import PowerFlowError
-from powerflow.taints import GPU_TOLERATIONS
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.taints import GPU_TOLERATIONS
 
 from .kube import ApiUnreachable, KubeApi, load_connection
 from .metrics import Metrics

@@ -21,8 +21,8 @@ import httpx
 import yaml
 
 from powerflow import __version__
-from powerflow.contract import GROUP, PLURAL, VERSION
-from powerflow.errors import PowerFlowError
+from powerflow.core.contract import GROUP, PLURAL, VERSION
+from powerflow.core.errors import PowerFlowError
 
 log = logging.getLogger(__name__)
 

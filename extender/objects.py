@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from powerflow import untrusted
-from powerflow.contract import (
+from powerflow.core import untrusted
+from powerflow.core.contract import (
     GENERATION_ANNOTATION,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
@@ -23,9 +23,9 @@ from powerflow.contract import (
     PLANNED_BLOCK_ANNOTATION,
     WORKERS_ANNOTATION,
 )
-from powerflow.errors import PlacementError
-from powerflow.policy.snapshot import GpuSlot
-from powerflow.taints import pod_tolerations
+from powerflow.core.errors import PlacementError
+from powerflow.core.policy.snapshot import GpuSlot
+from powerflow.core.taints import pod_tolerations
 
 Body = dict[str, Any]
 
@@ -190,7 +190,7 @@ def placement_annotation(node: str, block: tuple[GpuSlot, ...]) -> str:
 def parse_block(raw: Any) -> tuple[GpuSlot, ...]:
     """The block recorded on a bound pod; empty when absent or unreadable (GPUs then count).
 
-    ``powerflow.untrusted.parse_block`` reads it: the same reader as the operator's
+    ``powerflow.core.untrusted.parse_block`` reads it: the same reader as the operator's
     and the node agent's, refusing what ``placement_annotation`` never writes."""
     if not isinstance(raw, str):
         return ()

@@ -1,7 +1,7 @@
 """The bridge to the core's placement: cache entries in, one aligned block out.
 
 A new gang gets the operator's planned block when it is free (``planned_block``),
-else the block ``powerflow.policy.placement.reserve_block`` chooses (buddy
+else the block ``powerflow.core.policy.placement.reserve_block`` chooses (buddy
 allocation with network packing, best fit); this module translates the cache's
 view (GPU nodes, GPUs already taken) into the core's types.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from powerflow.gpus import A100, GPU_SPECS, GpuSpec
-from powerflow.policy.buddy import exact_block, geometry, resolve_slots
-from powerflow.policy.placement import reserve_block
-from powerflow.policy.snapshot import GpuSlot, Node
+from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.core.policy.buddy import exact_block, geometry, resolve_slots
+from powerflow.core.policy.placement import reserve_block
+from powerflow.core.policy.snapshot import GpuSlot, Node
 
 
 def gpu_spec_for(product: str) -> GpuSpec:

@@ -14,8 +14,8 @@ import contextlib
 import logging
 from typing import Any
 
-from powerflow.contract import PLACEMENT_ANNOTATION
-from powerflow.errors import PlacementError, PowerFlowError
+from powerflow.core.contract import PLACEMENT_ANNOTATION
+from powerflow.core.errors import PlacementError, PowerFlowError
 
 from .kube import ApiError, ApiUnreachable, KubeApi
 from .metrics import Metrics

@@ -41,11 +41,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from powerflow.errors import PlacementError
-from powerflow.policy.buddy import is_power_of_two
-from powerflow.policy.pools import NodeShape, Pool, main_pool, serves, taken_by_others
-from powerflow.policy.snapshot import GpuSlot, Node
-from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
+from powerflow.core.errors import PlacementError
+from powerflow.core.policy.buddy import is_power_of_two
+from powerflow.core.policy.pools import NodeShape, Pool, main_pool, serves, taken_by_others
+from powerflow.core.policy.snapshot import GpuSlot, Node
+from powerflow.core.taints import (
+    GPU_TOLERATIONS,
+    hard_taints,
+    node_cordoned,
+    node_ready,
+    untolerated,
+)
 
 from .objects import GangKey, PodInfo, describe, node_gpus, node_product, pod_info
 from .objects import _dict as _dict_of
@@ -107,7 +113,7 @@ def node_entry(body: Any) -> NodeEntry:
 
 @dataclass(frozen=True)
 class PoolView:
-    """The main pool (``powerflow.policy.pools``) and its nodes as the core sees them."""
+    """The main pool (``powerflow.core.policy.pools``) and its nodes as the core sees them."""
 
     pool: Pool | None
     nodes: list[Node]
@@ -363,7 +369,7 @@ class ClusterState:
         """Where new gangs go: the nodes that serve the operator's main pool.
 
         The main pool comes from the same rule and inputs as the operator's
-        inventory (``powerflow.policy.pools``: pooled nodes by allocatable GPUs, so
+        inventory (``powerflow.core.policy.pools``: pooled nodes by allocatable GPUs, so
         others' pods never change which pool it is); every pooled node that
         ``serves`` it is a member, with others' GPUs counted as taken
         (``occupied``). No other pool is used: the plan's GPU counts are the main

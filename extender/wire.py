@@ -34,7 +34,7 @@ import msgspec
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from powerflow.errors import PowerFlowError
+from powerflow.core.errors import PowerFlowError
 
 MAX_EXTENDER_PRIORITY = 10
 """``extenderv1.MaxExtenderPriority``: the highest score an extender may give."""

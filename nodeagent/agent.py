@@ -43,16 +43,16 @@ from powerflow.nodeagent.settings import (
     unmapped_pods,
 )
 
-from powerflow import contract
-from powerflow.devices import (
+from powerflow.core import contract
+from powerflow.core.devices import (
     GpuDevices,
     GpuError,
     GpuInfo,
     GpuNotSupported,
-    SimulatedGpus,
+    RunsWorkloads,
     Workload,
 )
-from powerflow.errors import PowerFlowError
+from powerflow.core.errors import PowerFlowError
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -149,7 +149,7 @@ class Agent:
         self.on_power: Callable[[float], None] | None = None
         """Called with the node's measured GPU power (W) at every metrics sample."""
         self.telemetry.on_clock_change = self.wake
-        self.simulated = devices if simulate and isinstance(devices, SimulatedGpus) else None
+        self.simulated = devices if simulate and isinstance(devices, RunsWorkloads) else None
         self.metrics = metrics
         self.resync_s = resync_s
         self.pods: dict[PodKey, PodView] = {}
@@ -327,7 +327,7 @@ class Agent:
             )
         self._unarmed = late
 
-    def _run_workloads(self, gpus: SimulatedGpus) -> None:
+    def _run_workloads(self, gpus: RunsWorkloads) -> None:
         """``--simulate``: each GPU runs its pod's ground truth; GPUs no pod holds idle."""
         for gpu, target in self.targets.items():
             view = self.pods.get(target.pod) if target.pod is not None else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from powerflow.nodeagent.pods import PodKey
 from powerflow.nodeagent.settings import Clamp, GpuTarget
 
-from powerflow.devices import GpuDevices, GpuError, GpuInfo, GpuNotSupported
+from powerflow.core.devices import GpuDevices, GpuError, GpuInfo, GpuNotSupported
 
 log = logging.getLogger(__name__)
 

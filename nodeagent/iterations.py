@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from powerflow import contract, untrusted
+from powerflow.core import contract, untrusted
 
 log = logging.getLogger(__name__)
 

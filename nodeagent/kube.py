@@ -25,7 +25,8 @@ from typing import Any
 import kubernetes
 from powerflow.nodeagent.apply import PodEvent
 
-from powerflow import __version__, contract
+from powerflow import __version__
+from powerflow.core import contract
 from powerflow.kubeapi import config
 from powerflow.kubeapi.config import KubeConfigError
 from powerflow.kubeapi.watch import ListWatch, Obj

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 
 from powerflow.nodeagent.pods import PodKey, PodView
 
-from powerflow import contract, untrusted
-from powerflow.devices import GpuInfo
+from powerflow.core import contract, untrusted
+from powerflow.core.devices import GpuInfo
 
 
 def indices_of(uuids: Iterable[str], infos: Iterable[GpuInfo]) -> tuple[int, ...]:

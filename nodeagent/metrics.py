@@ -10,7 +10,7 @@ operator's per-job gauges, so the dashboard joins them by (dljob_namespace, dljo
 - ``powerflow_gpu_power_watts``: board power now;
 - ``powerflow_gpu_energy_joules_total``: energy since the agent started
   watching the GPU under these labels. NVML's counter restarts with the driver;
-  the increments come from ``powerflow.devices.energy_delta_mj``, so this
+  the increments come from ``powerflow.core.devices.energy_delta_mj``, so this
   counter never goes backwards (what a restart hides is at most one interval);
 - ``powerflow_gpu_sm_clock_hertz``: the SM clock now;
 - ``powerflow_gpu_locked_clock_hertz``: the clock the agent locked (0: not
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from powerflow.devices import GpuDevices, GpuError, GpuInfo, energy_delta_mj
+from powerflow.core.devices import GpuDevices, GpuError, GpuInfo, energy_delta_mj
 
 log = logging.getLogger(__name__)
 LABELS = ("node", "gpu", "dljob_namespace", "dljob", "worker_pod")

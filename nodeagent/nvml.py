@@ -3,7 +3,7 @@
 The only code in PowerFlow that touches hardware. One instance initialises
 NVML once (``nvmlInit``) and shuts it down on ``close`` (or leaving a ``with``
 block); pynvml counts initialisations, so several instances coexist. Every
-NVML call sits in ``nvml_errors``, so callers see ``powerflow.devices``
+NVML call sits in ``nvml_errors``, so callers see ``powerflow.core.devices``
 errors naming the GPU and NVML's error. Setting clocks and power limits needs
 root or CAP_SYS_ADMIN; reading needs neither.
 
@@ -19,7 +19,7 @@ from typing import Any
 import pynvml
 from powerflow.nodeagent.nvml_errors import nvml_errors
 
-from powerflow.devices import (
+from powerflow.core.devices import (
     GpuDevices,
     GpuError,
     GpuInfo,
@@ -27,7 +27,7 @@ from powerflow.devices import (
     GpuUnavailable,
     PowerLimitRangeW,
 )
-from powerflow.devices.interface import check_clock_range, check_power_limit, gpu_at
+from powerflow.core.devices.interface import check_clock_range, check_power_limit, gpu_at
 
 
 def _text(value: object) -> str:

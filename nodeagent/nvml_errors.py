@@ -3,7 +3,7 @@
 ``pynvml`` raises one ``NVMLError`` subclass per NVML return code
 (``NVMLError_NoPermission``, ...). Callers of the node agent should not need
 to know NVML's codes, only what to do: so each code maps to the
-``powerflow.devices`` class that says it, and the message keeps NVML's class
+``powerflow.core.devices`` class that says it, and the message keeps NVML's class
 name and text for the operator reading the log. Codes pynvml does not know
 yet fall back to the root ``GpuError``.
 """
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pynvml
 
-from powerflow.devices import (
+from powerflow.core.devices import (
     GpuError,
     GpuInvalidArgument,
     GpuLost,

@@ -28,8 +28,8 @@ import grpc.aio
 from powerflow.nodeagent.podresources_pb import api_pb2
 from powerflow.nodeagent.podresources_pb.api_pb2_grpc import PodResourcesListerStub
 
-from powerflow import contract
-from powerflow.errors import PowerFlowError
+from powerflow.core import contract
+from powerflow.core.errors import PowerFlowError
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024

@@ -1,7 +1,7 @@
 """What the node agent reads off a PowerFlow worker pod: one frozen view.
 
 The operator writes everything the agent acts on as pod annotations and env
-(``powerflow.contract``); this module turns a pod body from the watch into a
+(``powerflow.core.contract``); this module turns a pod body from the watch into a
 ``PodView`` once, so the rest of the agent never digs in raw dicts. A pod
 whose annotations cannot be read is still a view (its GPUs are still held):
 the unreadable field becomes None and ``problems`` says why, so one bad
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from powerflow import contract, untrusted
-from powerflow.timefmt import parse_time
+from powerflow.core import contract, untrusted
+from powerflow.core.timefmt import parse_time
 
 PodKey = tuple[str, str]
 """``(namespace, name)`` of a pod."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from powerflow.devices import GpuDevices, GpuError, GpuUnavailable, energy_delta_mj
+from powerflow.core.devices import GpuDevices, GpuError, GpuUnavailable, energy_delta_mj
 
 EXIT_NO_GPU = 2
 

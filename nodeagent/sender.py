@@ -5,7 +5,7 @@ appends to a bounded queue, and when the queue is full the new sample is
 dropped and counted (``powerflow_agent_samples_dropped_total{reason=
 "queue_full"}``). ``run`` posts the queue in batches of ``batch_max`` to
 ``url + contract.SAMPLES_PATH`` every ``interval_s``, as
-``powerflow.telemetry.encode_batch`` JSON with ``Authorization: Bearer`` the
+``powerflow.core.telemetry.encode_batch`` JSON with ``Authorization: Bearer`` the
 agent's projected ServiceAccount token. The token file is read again for
 every post because the kubelet rotates it.
 
@@ -42,8 +42,8 @@ from typing import Final
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
-from powerflow import contract
-from powerflow.telemetry import (
+from powerflow.core import contract
+from powerflow.core.telemetry import (
     MAX_SAMPLES_PER_BATCH,
     JobProgress,
     NodePower,

@@ -53,7 +53,7 @@ from typing import Literal
 
 from powerflow.nodeagent.pods import PodKey, PodView
 
-from powerflow.devices import PowerLimitRangeW
+from powerflow.core.devices import PowerLimitRangeW
 
 
 @dataclass(frozen=True)

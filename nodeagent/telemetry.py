@@ -37,8 +37,8 @@ from powerflow.nodeagent.sender import SampleSender
 from powerflow.nodeagent.sweep import Sweeps
 from powerflow.nodeagent.windows import JobShape, Reading, Windows
 
-from powerflow.devices import GpuDevices, GpuError
-from powerflow.telemetry import (
+from powerflow.core.devices import GpuDevices, GpuError
+from powerflow.core.telemetry import (
     JobProgress,
     SampleBatch,
     TelemetryError,

@@ -9,7 +9,7 @@ energy per iteration summed over the job's GPUs on this node, step time as
 elapsed time over iterations, tagged with the clock locked over the window.
 
 Counters are differenced boundary by boundary with
-``powerflow.devices.energy_delta_mj`` (they restart with the driver), so a
+``powerflow.core.devices.energy_delta_mj`` (they restart with the driver), so a
 restart costs one boundary interval, not the window. A window is thrown away,
 and a fresh one starts at the reading, whenever what it measures stopped being
 one thing: the clock it was tagged with is no longer the one locked (changed
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable
 from dataclasses import dataclass
 
-from powerflow.devices import energy_delta_mj
-from powerflow.telemetry import WindowSample
+from powerflow.core.devices import energy_delta_mj
+from powerflow.core.telemetry import WindowSample
 
 
 @dataclass(frozen=True)

@@ -68,14 +68,14 @@ from powerflow.operator.reconcile import (
 from powerflow.operator.refusals import Refusal, by_job
 from powerflow.operator.reported_progress import ReportedProgress
 
-from powerflow import contract
-from powerflow.errors import ResourceError
-from powerflow.policy.power_ratio import BELIEVED, RatioWindow
-from powerflow.policy.snapshot import JobPlan, Node, Policy
-from powerflow.profiling import PAPER_SWEEP, ClockSweep
-from powerflow.schedulers import scheduler
-from powerflow.taints import GPU_TOLERATIONS
-from powerflow.timefmt import format_time
+from powerflow.core import contract
+from powerflow.core.errors import ResourceError
+from powerflow.core.policy.power_ratio import BELIEVED, RatioWindow
+from powerflow.core.policy.snapshot import JobPlan, Node, Policy
+from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
+from powerflow.core.schedulers import scheduler
+from powerflow.core.taints import GPU_TOLERATIONS
+from powerflow.core.timefmt import format_time
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def learned_models(store: SampleStore) -> ModelFactory:
 
 
 def default_policy(name: str = "powerflow") -> Policy:
-    """The policy of scheduler ``name`` (``powerflow.schedulers``; the operator's
+    """The policy of scheduler ``name`` (``powerflow.lab.schedulers``; the operator's
     ``--scheduler`` offers PowerFlow's own)."""
     return scheduler(name).build_policy(None)
 
@@ -404,7 +404,7 @@ class Controller:
     ) -> float:
         """The snapshot's ``power_ratio``: the largest measured / planned power of the
         jobs running as the previous plan said over the last hour, as the simulator
-        computes it (``powerflow.policy.power_ratio``, which bounds it and leaves
+        computes it (``powerflow.core.policy.power_ratio``, which bounds it and leaves
         outliers out: each is recorded once per job and configuration)."""
         rows = as_planned(self._planned, measured or {})
         outliers = self._ratio.add(now, [(m, p) for _, m, p in rows])

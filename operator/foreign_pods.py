@@ -34,7 +34,7 @@ from collections.abc import Callable
 import kubernetes
 from powerflow.operator.bodies import PodBody
 
-from powerflow import contract
+from powerflow.core import contract
 from powerflow.kubeapi.watch import ListWatch
 
 LABELS = f"!{contract.JOB_LABEL}"

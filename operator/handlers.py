@@ -32,7 +32,7 @@ from powerflow.operator.triggers import (
     pod_fingerprint,
 )
 
-from powerflow import contract
+from powerflow.core import contract
 
 API_BACKOFFS_S: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 5.0) + (10.0,) * 60
 """kopf's delays between retries of a failed API request (its lists and watches, and

@@ -3,7 +3,7 @@
 An aiohttp server on the operator's event loop (``--ingest-port``,
 ``contract.INGEST_PORT``; 0 turns it off; HTTPS with
 ``--ingest-tls-cert/--ingest-tls-key``) serves ``POST contract.SAMPLES_PATH``
-with a ``powerflow.telemetry`` batch. Each request is checked in this order,
+with a ``powerflow.core.telemetry`` batch. Each request is checked in this order,
 and the first failure answers at once (JSON ``{"error": reason, "message"}``,
 one count of ``powerflow_ingest_refused_total{reason}``):
 
@@ -111,9 +111,9 @@ from powerflow.operator.tokenreview import (
     bearer_token,
 )
 
-from powerflow import contract
-from powerflow.gpus import GpuSpec
-from powerflow.telemetry import (
+from powerflow.core import contract
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.telemetry import (
     MAX_BODY_BYTES,
     NodePower,
     SampleBatch,

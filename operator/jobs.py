@@ -17,8 +17,8 @@ from typing import Any, cast
 
 from powerflow.operator.bodies import DLJobBody
 
-from powerflow.errors import ResourceError
-from powerflow.timefmt import parse_time
+from powerflow.core.errors import ResourceError
+from powerflow.core.timefmt import parse_time
 
 # Worker pods are <job>-g<generation>-w<index> and double as DNS hostnames
 # (a 63-character label); the job name is also the headless Service's name,

@@ -43,7 +43,7 @@ from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBod
 from powerflow.operator.reconcile import Actions, Observed
 from powerflow.operator.refusals import Refusal
 
-from powerflow import contract
+from powerflow.core import contract
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"

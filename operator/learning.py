@@ -33,7 +33,8 @@ and counted. In total the store holds at most ``max_jobs * max_rows`` rows
 (48 bytes each: 98 MB at the defaults, were 2,000 jobs each past a thousand
 windows) plus ``max_queued`` queued ones (about 15 MB).
 
-Refit. The simulator's learner (``sim.learning.FittedLearner``), unchanged:
+Refit. The core's learner (``powerflow.core.learning.FittedLearner``), which the
+simulator uses too:
 the first ``MIN_SAMPLES`` rows fit the job's prior (``initial``), later rows
 refit warm-started (``update``) only when a placement is new or has doubled
 its rows, and not when the model already predicts the new rows within their
@@ -81,16 +82,16 @@ from powerflow.operator.bodies import DLJobBody
 from powerflow.operator.jobs import JobRequest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from powerflow.errors import PowerFlowError
-from powerflow.gpus import gpu_spec
-from powerflow.models.fitted import FittedModel
-from powerflow.models.fitting import MIN_SAMPLES
-from powerflow.models.metrics import mape
-from powerflow.models.params import ModelParams
-from powerflow.models.priors import GENERIC, load_prior
-from powerflow.models.samples import Samples
-from powerflow.sim.learning import FittedLearner, Knowledge, placement_counts
-from powerflow.telemetry import WindowSample
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.gpus import gpu_spec
+from powerflow.core.learning import FittedLearner, Knowledge, placement_counts
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.fitting import MIN_SAMPLES
+from powerflow.core.models.metrics import mape
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.priors import GENERIC, load_prior
+from powerflow.core.models.samples import Samples
+from powerflow.core.telemetry import WindowSample
 
 log = logging.getLogger(__name__)
 

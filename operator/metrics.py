@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from powerflow.timefmt import parse_time
+from powerflow.core.timefmt import parse_time
 
 PHASES = ("Pending", "Profiling", "Running", "Rescaling", "Succeeded", "Failed")
 
@@ -82,7 +82,7 @@ class Metrics:
         self.power_outliers = Counter(
             "powerflow_power_outliers",
             "Jobs whose measured power was so far from the plan's (outside "
-            "powerflow.policy.power_ratio.BELIEVED) that it was recorded instead of "
+            "powerflow.core.policy.power_ratio.BELIEVED) that it was recorded instead of "
             "believed, counted once per job and configuration.",
             registry=r,
         )

@@ -2,7 +2,7 @@
 
 GPUs come from ``status.allocatable["nvidia.com/gpu"]`` and the GPU type from
 the ``nvidia.com/gpu.product`` label (set by NVIDIA's GPU feature discovery,
-e.g. ``NVIDIA-A100-SXM4-40GB``), matched to ``powerflow.gpus`` by name.
+e.g. ``NVIDIA-A100-SXM4-40GB``), matched to ``powerflow.core.gpus`` by name.
 An unknown or missing product falls back to ``FALLBACK_GPU`` (A100, the only
 profiled type).
 
@@ -12,12 +12,12 @@ workers' real tolerations come from each DLJob's pod template, which the
 inventory cannot know per job, so a tainted node is planned on only when the
 admin's ``tolerations`` (``powerflow operator --tolerate``, one set for all
 jobs; the scheduler extender's ``--tolerate`` must say the same) tolerate
-every hard taint on it. The default, ``powerflow.taints.GPU_TOLERATIONS``,
+every hard taint on it. The default, ``powerflow.core.taints.GPU_TOLERATIONS``,
 tolerates only the ``nvidia.com/gpu`` taint of managed GPU node pools, which
 the API server's ``ExtendedResourceToleration`` admission gives every pod
 requesting GPUs.
 
-Nodes are pooled by the core's rule (``powerflow.policy.pools``), from their
+Nodes are pooled by the core's rule (``powerflow.core.policy.pools``), from their
 allocatable GPUs: PowerFlow plans on the main pool and reports the nodes of
 the other pools, so the plan's shape does not change as other pods come and
 go. GPUs held by bound, running pods that are not PowerFlow's (no
@@ -35,11 +35,17 @@ from typing import Any
 
 from powerflow.operator.bodies import NodeBody
 
-from powerflow import contract
-from powerflow.gpus import A100, GPU_SPECS, GpuSpec
-from powerflow.policy.pools import NodeShape, plan_nodes, pools
-from powerflow.policy.snapshot import Node
-from powerflow.taints import GPU_TOLERATIONS, hard_taints, node_cordoned, node_ready, untolerated
+from powerflow.core import contract
+from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.core.policy.pools import NodeShape, plan_nodes, pools
+from powerflow.core.policy.snapshot import Node
+from powerflow.core.taints import (
+    GPU_TOLERATIONS,
+    hard_taints,
+    node_cordoned,
+    node_ready,
+    untolerated,
+)
 
 FALLBACK_GPU = A100
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -40,8 +40,8 @@ from typing import Any
 from powerflow.operator.bodies import NodeBody, PodBody
 from powerflow.operator.nodes import TERMINAL_PHASES, foreign_gpus
 
-from powerflow import contract
-from powerflow.policy.snapshot import Node, Plan
+from powerflow.core import contract
+from powerflow.core.policy.snapshot import Node, Plan
 
 EFFECT = "PreferNoSchedule"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from powerflow import contract
+from powerflow.core import contract
 
 
 def cap_annotation(cap_w: float | None) -> str | None:

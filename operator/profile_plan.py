@@ -4,7 +4,7 @@ While a job profiles (phase ``Profiling`` with its window started, see
 ``reconcile``), each of its workers carries ``contract.PROFILE_ANNOTATION``:
 ``{"clocksMhz": [...], "sliceSeconds": s, "untilS": t}``, the clocks the simulator
 profiles with for the operator's scheduler (its ``Profiling.sweep`` on the pod's
-GPU type, ``powerflow.profiling``: PowerFlow's every 4th supported clock from the
+GPU type, ``powerflow.core.profiling``: PowerFlow's every 4th supported clock from the
 top, PowerFlow+'s every 8th down to half the top; ascending) and ``s`` = the profiling window
 divided by their number, so the sweep fills the window as the simulator's
 does, and ``t`` the window's end (Unix seconds, ``status.allocation.
@@ -27,8 +27,8 @@ from __future__ import annotations
 import functools
 import json
 
-from powerflow.gpus import GpuSpec
-from powerflow.profiling import PAPER_SWEEP, ClockSweep
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
 
 
 @functools.lru_cache(maxsize=64)

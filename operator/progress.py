@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from powerflow.models.protocol import PerfModel
+from powerflow.core.models.protocol import PerfModel
 
 
 class Running(NamedTuple):

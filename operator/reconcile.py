@@ -58,7 +58,7 @@ left. The alternative, planning with every running job pinned to its GPUs,
 is not possible without losing rescaling: ``Job.pinned`` also freezes the
 GPU count, so no budget change could shrink a running job, and a new gang
 that only fits after a move would wait for ever. Placement moves a job only
-when the space is needed (``powerflow.policy.placement``), so a migration
+when the space is needed (``powerflow.core.policy.placement``), so a migration
 costs one checkpoint-restart of one job where the other choice leaves a gang
 pending. A job that is profiling is pinned and never moved; a job whose GPUs
 are unknown (no placement annotation yet) is never moved either, nor a job
@@ -103,15 +103,15 @@ from powerflow.operator.refusals import Refusal, backoff_s
 from powerflow.operator.status import merge_diff, set_condition
 from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
 
-from powerflow import contract, untrusted
-from powerflow.backend import schedule_once
-from powerflow.errors import PowerFlowError, ResourceError
-from powerflow.gpus import GpuSpec
-from powerflow.models.protocol import PerfModel
-from powerflow.policy.buddy import is_aligned_block
-from powerflow.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
-from powerflow.profiling import PAPER_SWEEP, ClockSweep
-from powerflow.timefmt import format_time, format_time_ms, parse_time
+from powerflow.core import contract, untrusted
+from powerflow.core.backend import schedule_once
+from powerflow.core.errors import PowerFlowError, ResourceError
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.policy.buddy import is_aligned_block
+from powerflow.core.policy.snapshot import GpuSlot, Job, JobPlan, Node, Plan, Policy, Snapshot
+from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
+from powerflow.core.timefmt import format_time, format_time_ms, parse_time
 
 log = logging.getLogger(__name__)
 ModelFactory = Callable[[JobRequest], PerfModel]
@@ -419,7 +419,7 @@ def _block(raw: str) -> tuple[GpuSlot, ...]:
 
     Memoised across passes: the annotation never changes once the extender
     bound the pod, and every pod of a gang carries the same one. Read by
-    ``powerflow.untrusted.parse_block`` (any text, nesting and huge numbers
+    ``powerflow.core.untrusted.parse_block`` (any text, nesting and huge numbers
     included, is a block or an error), and a malformed one is logged here once
     per distinct value: the cache keeps it from repeating every pass.
     """

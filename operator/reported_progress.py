@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from powerflow.telemetry import JobProgress
+from powerflow.core.telemetry import JobProgress
 
 
 class ReportedProgress:

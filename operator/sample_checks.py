@@ -18,7 +18,7 @@ ranges) is checked here against what the sender cannot make up:
   the one the pods were given (``LOCAL_BATCH_SIZE``): else
   ``wrong_allocation``;
 - **physics**, from the node's GPU type (``nvidia.com/gpu.product``; a type
-  ``powerflow.gpus`` does not know is not judged so: its clocks and power are
+  ``powerflow.core.gpus`` does not know is not judged so: its clocks and power are
   not the A100's the inventory falls back to): the
   clock is one the GPU has (``impossible_clock``); the power of the window,
   ``energy_j / step_time_s`` per measured GPU, is at most the board's power
@@ -49,9 +49,9 @@ from powerflow.operator.kube import ClusterState
 from powerflow.operator.nodes import gpu_of
 from powerflow.operator.reconcile import _annotation, _count, _generation
 
-from powerflow import contract
-from powerflow.gpus import GpuSpec
-from powerflow.telemetry import JobProgress, WindowSample
+from powerflow.core import contract
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.telemetry import JobProgress, WindowSample
 
 POWER_SLACK = 1.2
 """A window's power may exceed the board's limit by this factor: NVML's readings are
@@ -129,7 +129,7 @@ def totals(state: ClusterState) -> dict[tuple[str, str], int]:
 
 
 def node_gpus(state: ClusterState) -> dict[str, GpuSpec]:
-    """Each node's GPU type where ``powerflow.gpus`` knows it (by its product label); a
+    """Each node's GPU type where ``powerflow.core.gpus`` knows it (by its product label); a
     node of another type is left out: its clocks and power are not the fallback's."""
     out: dict[str, GpuSpec] = {}
     for body in state.nodes:

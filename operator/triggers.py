@@ -33,7 +33,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from powerflow import contract
+from powerflow.core import contract
 
 Body = Mapping[str, Any]
 

@@ -19,7 +19,7 @@ from typing import Any
 from powerflow.operator.bodies import PodBody, ServiceBody
 from powerflow.operator.jobs import JobRequest
 
-from powerflow import contract
+from powerflow.core import contract
 
 
 @dataclass(frozen=True)

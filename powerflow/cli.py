@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from powerflow import __version__
-from powerflow.errors import PowerFlowError
+from powerflow.core.errors import PowerFlowError
 
 # Subcommand modules under powerflow.commands, in help order.
 COMMANDS: tuple[str, ...] = (

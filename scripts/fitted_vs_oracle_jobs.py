@@ -19,9 +19,9 @@ import argparse
 from collections import defaultdict
 from dataclasses import dataclass
 
-from powerflow.sim.config import SimConfig
-from powerflow.sim.result import JobRecord
-from powerflow.sim.runner import RunSpec, TraceSpec, simulate
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.result import JobRecord
+from powerflow.lab.sim.runner import RunSpec, TraceSpec, simulate
 
 
 @dataclass

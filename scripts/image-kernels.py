@@ -8,13 +8,13 @@ Runs with numpy and PowerFlow's core alone (no simulator, no scipy).
 
 import numpy as np
 
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.fitting import refit_online
-from powerflow.models.priors import load_prior
-from powerflow.models.samples import Samples
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Budget, Job, Node, Snapshot
+from powerflow.core.gpus import A100
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.fitting import refit_online
+from powerflow.core.models.priors import load_prior
+from powerflow.core.models.samples import Samples
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 
 prior = load_prior("resnet50")
 truth = FittedModel(prior)

@@ -4,7 +4,7 @@ Each variant is ``PowerFlowPolicy`` with some options set (``--variant
 "name:min_return=1,rescale_cost_s=30"``) and runs the same eta sweep as
 ``powerflow``; the table gives each run's total energy and average JCT, and
 each variant's average JCT over ``powerflow``'s at equal energy over the
-energies both sweeps cover (``powerflow.sim.compare.versus``; below 1: the
+energies both sweeps cover (``powerflow.lab.sim.compare.versus``; below 1: the
 variant is faster).
 docs/policy.md, section "PowerFlow+", shows the commands and their tables.
 
@@ -14,7 +14,7 @@ docs/policy.md, section "PowerFlow+", shows the commands and their tables.
 A variant's options may also set its profiling (otherwise PowerFlow's: the
 paper's 240 s pre-run, then 240 s over 21 clocks per new GPU count):
 ``prerun_s``, ``profile_s``, ``sweep_stride`` and ``sweep_lowest`` (the
-``powerflow.profiling.ClockSweep`` fields). ``--oracle-gap`` also runs each
+``powerflow.core.profiling.ClockSweep`` fields). ``--oracle-gap`` also runs each
 variant with the ground truth and no profiling, and prints the fitted sweep's
 JCT at each oracle run's energy over the oracle's (the report's rule).
 """
@@ -28,15 +28,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.profiling import ClockSweep
-from powerflow.schedulers import scheduler
-from powerflow.sim.compare import Curve, versus
-from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation
-from powerflow.sim.metrics import summarise
-from powerflow.sim.runner import TraceSpec, load_jobs
-from powerflow.sim.world import default_world
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.profiling import ClockSweep
+from powerflow.lab.schedulers import scheduler
+from powerflow.lab.sim.compare import Curve, versus
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.metrics import summarise
+from powerflow.lab.sim.runner import TraceSpec, load_jobs
+from powerflow.lab.sim.world import default_world
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, float]]:

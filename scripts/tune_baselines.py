@@ -1,7 +1,7 @@
 """Tiresias's knobs on the comparison's trace: run the grid, print its table and the best.
 
 The comparison (``powerflow simulate``) runs Tiresias with the defaults of
-``powerflow.baselines.tiresias``; this grid is where they come from. It
+``powerflow.lab.baselines.tiresias``; this grid is where they come from. It
 crosses the queue thresholds (attained GPU-seconds) with the starvation
 guard's PROMOTE_KNOB, starting from the Tiresias simulator's own settings
 (``dlas-gpu``: thresholds 3,250 and 7,200 GPU-seconds, three queues, no
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from powerflow.sim.config import SimConfig
-from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, run_many
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, run_many
 
 CLOCK_MHZ = 1410
 """The comparison's top clock for Tiresias (``experiments.DEFAULT_FREQUENCIES``)."""

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from powerflow import contract
-from powerflow.twin.compare import agreement, simulate_mini
-from powerflow.twin.harness import Twin
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import NAMESPACE, mini_trace
+from powerflow.core import contract
+from powerflow.lab.twin.compare import agreement, simulate_mini
+from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 
 DLJOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NAMESPACE}/{contract.PLURAL}"
 """Spelt out here, not imported, so that the file runs in older checkouts too."""

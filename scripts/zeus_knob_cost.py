@@ -24,14 +24,13 @@ from collections import Counter
 
 import numpy as np
 
-from powerflow.baselines.common import local_batch
-from powerflow.baselines.zeus import power_limits_w, zeus_cost, zeus_power_limit
-from powerflow.devices import Workload
-from powerflow.devices.simulated import capped_clock_mhz
-from powerflow.schedulers import ZEUS_ETA_KNOB, ZEUS_PROFILING
-from powerflow.sim.config import SimConfig
-from powerflow.sim.runner import TraceSpec, load_jobs
-from powerflow.sim.world import default_world
+from powerflow.core.devices import Workload, capped_clock_mhz
+from powerflow.lab.baselines.common import local_batch
+from powerflow.lab.baselines.zeus import power_limits_w, zeus_cost, zeus_power_limit
+from powerflow.lab.schedulers import ZEUS_ETA_KNOB, ZEUS_PROFILING
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.runner import TraceSpec, load_jobs
+from powerflow.lab.sim.world import default_world
 
 
 def main() -> None:

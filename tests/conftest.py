@@ -29,7 +29,7 @@ from support.ci_order import (  # noqa: F401  (pytest hooks)
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import write_kubeconfig
 
-from powerflow import contract
+from powerflow.core import contract
 
 # Seeded randomness: every hypothesis test draws the same examples on every run, so CI
 # never turns red by chance and a failure found stays found (keep it as an ``@example``).

@@ -14,7 +14,7 @@ import json
 import zlib
 from typing import Any
 
-from powerflow.contract import (
+from powerflow.core.contract import (
     API_VERSION,
     GENERATION_ANNOTATION,
     GPU_PRODUCT_LABEL,

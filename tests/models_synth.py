@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerflow.gpus import A100, GpuSpec
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
-from powerflow.models.samples import Samples
+from powerflow.core.gpus import A100, GpuSpec
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import EnergyParams, ModelParams, ThroughputParams
+from powerflow.core.models.samples import Samples
 
 TRUE = ModelParams(
     gpu="A100",

@@ -17,10 +17,11 @@ from powerflow.nodeagent.pods import PodKey, PodView, pod_view
 from powerflow.nodeagent.sender import SampleSender
 from powerflow.nodeagent.telemetry import Telemetry
 
-from powerflow import contract
-from powerflow.devices import SimulatedGpus, Workload
-from powerflow.groundtruth import ground_truth
-from powerflow.telemetry import WindowSample
+from powerflow.core import contract
+from powerflow.core.devices import Workload
+from powerflow.core.telemetry import WindowSample
+from powerflow.lab.groundtruth import ground_truth
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 EPOCH_S = 1.8e9
 """Unix time at the simulated node's time 0 (samples carry Unix time)."""

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 from powerflow.operator.jobs import JobRequest
 
-from powerflow import contract
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
+from powerflow.core import contract
+from powerflow.core.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.lab.synthetic import SyntheticModel
 
 NS = "ml"
 JOBS = f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{NS}/{contract.PLURAL}"

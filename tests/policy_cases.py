@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from powerflow.gpus import A100, GpuSpec
-from powerflow.models.protocol import ArrayLike, FloatArray
-from powerflow.policy.scenarios import SMALL_GPU
-from powerflow.policy.snapshot import Budget, Job, Node, Plan, Snapshot
-from powerflow.policy.synthetic import synthetic_zoo
+from powerflow.core.gpus import A100, GpuSpec
+from powerflow.core.models.protocol import ArrayLike, FloatArray
+from powerflow.core.policy.snapshot import Budget, Job, Node, Plan, Snapshot
+from powerflow.lab.scenarios import SMALL_GPU
+from powerflow.lab.synthetic import synthetic_zoo
 
 ZOO = synthetic_zoo(4, seed=7)
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from powerflow.nodeagent.pods import ProfilePlan, pod_view
 
-from powerflow import contract
+from powerflow.core import contract
 
 
 def pod(annotations: dict[str, str], *, env: list[dict[str, str]] | None = None) -> dict[str, Any]:

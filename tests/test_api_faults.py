@@ -45,8 +45,8 @@ from support.nodeagent_harness import eventually as agent_eventually
 from support.operator_cluster import NODES, cluster, gang_dljob, kubelet, operator
 from support.operator_harness import write_kubeconfig
 
-from powerflow import contract
-from powerflow.contract import PLACEMENT_ANNOTATION
+from powerflow.core import contract
+from powerflow.core.contract import PLACEMENT_ANNOTATION
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -27,8 +27,8 @@ import pytest
 from support.api_faults import THROTTLED, ApiFaults
 from support.kube_emulator import KubeEmulator
 
-from powerflow.twin.apiserver import ApiServer, FaultControl
-from powerflow.twin.components import apiserver_process, free_port
+from powerflow.lab.twin.apiserver import ApiServer, FaultControl
+from powerflow.lab.twin.components import apiserver_process, free_port
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
@@ -482,7 +482,7 @@ async def test_compaction_through_the_route_expires_older_watches(
 def test_the_api_server_process_opens_its_fault_routes_only_with_the_flag(
     tmp_path: Path,
 ) -> None:
-    """``python -m powerflow.twin.apiserver`` as the twin starts it: with
+    """``python -m powerflow.lab.twin.apiserver`` as the twin starts it: with
     ``--fault-control`` a test in another process injects faults through
     ``FaultControl`` and reads how many were served; without it the route is 404."""
     for enabled in (False, True):

@@ -15,7 +15,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from powerflow.baselines import (
+from powerflow.core.devices import Workload, capped_clock_mhz
+from powerflow.core.errors import SnapshotError
+from powerflow.core.gpus import A100
+from powerflow.core.models.protocol import ArrayLike, FloatArray
+from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Policy, Snapshot
+from powerflow.lab.baselines import (
     AfsPolicy,
     GandivaPolicy,
     TiresiasPolicy,
@@ -23,15 +29,9 @@ from powerflow.baselines import (
     zeus_clock,
     zeus_power_limit,
 )
-from powerflow.baselines.afs import Ladder, afs_l, ladder_counts
-from powerflow.baselines.zeus import power_limits_w
-from powerflow.devices import Workload, capped_clock_mhz
-from powerflow.errors import SnapshotError
-from powerflow.gpus import A100
-from powerflow.models.protocol import ArrayLike, FloatArray
-from powerflow.policy.budget import limit_watts
-from powerflow.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Policy, Snapshot
-from powerflow.schedulers import scheduler
+from powerflow.lab.baselines.afs import Ladder, afs_l, ladder_counts
+from powerflow.lab.baselines.zeus import power_limits_w
+from powerflow.lab.schedulers import scheduler
 
 F_MAX = float(A100.max_clock_mhz)
 
@@ -645,10 +645,10 @@ class SnapshotLog:
 
 
 def test_zeus_profiling_phases_run_uncapped_in_the_simulator() -> None:
-    from powerflow.sim.config import SimConfig
-    from powerflow.sim.engine import Simulation
-    from powerflow.sim.runner import TraceSpec, load_jobs
-    from powerflow.sim.world import default_world
+    from powerflow.lab.sim.config import SimConfig
+    from powerflow.lab.sim.engine import Simulation
+    from powerflow.lab.sim.runner import TraceSpec, load_jobs
+    from powerflow.lab.sim.world import default_world
 
     config, world = SimConfig(nodes=8), default_world()
     jobs = load_jobs(TraceSpec(hours=0.5), config, world)
@@ -677,10 +677,10 @@ def test_zeus_knob_is_checked() -> None:
 
 
 def test_zeus_baselines_search_power_limits_and_the_clock_variant_is_reachable() -> None:
-    from powerflow.schedulers import scheduler
-    from powerflow.sim.config import SimConfig
-    from powerflow.sim.experiments import comparison
-    from powerflow.sim.runner import TraceSpec
+    from powerflow.lab.schedulers import scheduler
+    from powerflow.lab.sim.config import SimConfig
+    from powerflow.lab.sim.experiments import comparison
+    from powerflow.lab.sim.runner import TraceSpec
 
     for name in ("gandiva+zeus", "tiresias+zeus"):
         for suffix, knob in (("", "power_limit"), ("-clock", "clock")):

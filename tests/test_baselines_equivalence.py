@@ -25,11 +25,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-import powerflow.baselines.afs as afs
-from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
-from powerflow.gpus import A100
-from powerflow.models.protocol import ArrayLike, FloatArray
-from powerflow.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
+import powerflow.lab.baselines.afs as afs
+from powerflow.core.gpus import A100
+from powerflow.core.models.protocol import ArrayLike, FloatArray
+from powerflow.core.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
+from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
 
 F_MAX = float(A100.max_clock_mhz)
 

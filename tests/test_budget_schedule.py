@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from powerflow.errors import BudgetError
-from powerflow.policy.budget_schedule import (
+from powerflow.core.errors import BudgetError
+from powerflow.core.policy.budget_schedule import (
     MAX_SCHEDULE_BYTES,
     MAX_WINDOWS,
     BudgetSchedule,
@@ -19,7 +19,7 @@ from powerflow.policy.budget_schedule import (
     parse_schedule_data,
     parse_windows,
 )
-from powerflow.policy.snapshot import Budget
+from powerflow.core.policy.snapshot import Budget
 
 H = 3600.0
 PEAK_AND_NIGHT = """

@@ -17,9 +17,9 @@ from powerflow.operator.learning import params_status
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import free_port, write_kubeconfig
 
-from powerflow import contract
 from powerflow.cli import main
-from powerflow.models.priors import load_prior
+from powerflow.core import contract
+from powerflow.core.models.priors import load_prior
 
 NS = "ml"
 SYSTEM = "powerflow-system"

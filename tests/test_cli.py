@@ -35,8 +35,8 @@ def test_a_cluster_component_loads_none_of_the_simulator(command: str) -> None:
         f"    main([{command!r}, '--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "heavy = ('powerflow.sim', 'matplotlib', 'scipy', 'numba')\n"
-        "print(sorted({m.split('.')[0] + ('.sim' if m.startswith('powerflow.sim') else '')\n"
+        "heavy = ('powerflow.lab.sim', 'matplotlib', 'scipy', 'numba')\n"
+        "print(sorted({m.split('.')[0] + ('.sim' if m.startswith('powerflow.lab.sim') else '')\n"
         "    for m in sys.modules if m.startswith(heavy)}))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -20,10 +20,10 @@ from models_synth import TRUE, grid, sample
 
 from powerflow.cli import build_parser, main
 from powerflow.commands import budget, fit, simulate, sweep
-from powerflow.errors import DataError
-from powerflow.groundtruth import MODEL_NAMES, ground_truth
-from powerflow.models.samples import Samples, write_samples_csv
-from powerflow.sim.trace import load_trace
+from powerflow.core.errors import DataError
+from powerflow.core.models.samples import Samples, write_samples_csv
+from powerflow.lab.groundtruth import MODEL_NAMES, ground_truth
+from powerflow.lab.sim.trace import load_trace
 
 HEADER = "job_id,submit_time,num_gpu,duration,model_name,global_batch_size,num_iteration,cluster\n"
 ROWS = "a,0,1,0,resnet50,128,3000,c\nb,30,2,0,gpt2,256,2000,c\n"
@@ -483,7 +483,7 @@ def test_more_workers_than_runs_start_one_process_per_run(
     """Python 3.11 forks every worker of a fork-started pool at once."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from powerflow.sim import runner
+    from powerflow.lab.sim import runner
 
     class Pool(ProcessPoolExecutor):
         def __init__(self, max_workers: int) -> None:

@@ -9,9 +9,9 @@ import pytest
 
 from powerflow.cli import main
 from powerflow.commands.plan import DEMO_QUEUE, demo_snapshot
-from powerflow.policy.budget import limit_watts
-from powerflow.policy.power_loop import CAP_SLACK_W, CAP_STEP_W
-from powerflow.policy.snapshot import Budget
+from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.power_loop import CAP_SLACK_W, CAP_STEP_W
+from powerflow.core.policy.snapshot import Budget
 
 
 def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import yaml
 from powerflow.operator.jobs import BOUNDS
 from support.crd_schema import crd_validator
 
-from powerflow import contract
+from powerflow.core import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "dljob.yaml"

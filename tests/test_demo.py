@@ -30,10 +30,10 @@ from powerflow.commands.demo_view import (
     render,
     shown_jobs,
 )
-from powerflow.sim.config import POWER_ON_S
-from powerflow.twin.compare import simulate_mini
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import mini_trace
+from powerflow.lab.sim.config import POWER_ON_S
+from powerflow.lab.twin.compare import simulate_mini
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import mini_trace
 
 
 def _never(*_: Any, **__: Any) -> Any:

@@ -25,7 +25,7 @@ from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState
 from support.kube_emulator import KubeEmulator
 
-from powerflow.contract import (
+from powerflow.core.contract import (
     API_VERSION,
     GENERATION_ANNOTATION,
     GROUP,

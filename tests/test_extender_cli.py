@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from powerflow.cli import main
-from powerflow.twin.ports import free_port
+from powerflow.lab.twin.ports import free_port
 
 BAD_KUBECONFIGS = {
     "missing": (None, "does not exist"),

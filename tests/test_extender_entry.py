@@ -22,7 +22,7 @@ from support.extender_process import create, extender_process
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import write_kubeconfig
 
-from powerflow.contract import PLACEMENT_ANNOTATION
+from powerflow.core.contract import PLACEMENT_ANNOTATION
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -36,7 +36,7 @@ from powerflow.extender.wire import (
     loads,
 )
 
-from powerflow.errors import PlacementError
+from powerflow.core.errors import PlacementError
 
 fast = settings(max_examples=200, deadline=None, derandomize=True)
 

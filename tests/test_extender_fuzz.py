@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 from powerflow.extender import create_app
 from powerflow.extender.wire import MAX_EXTENDER_PRIORITY
 
-from powerflow.contract import GENERATION_ANNOTATION, GPU_RESOURCE, JOB_LABEL, WORKERS_ANNOTATION
+from powerflow.core.contract import (
+    GENERATION_ANNOTATION,
+    GPU_RESOURCE,
+    JOB_LABEL,
+    WORKERS_ANNOTATION,
+)
 
 VERBS = ("/filter", "/prioritize", "/bind")
 NODE_NAMES = [f"gpu-{i}" for i in range(4)]

@@ -18,7 +18,12 @@ from powerflow.extender.objects import GangKey, pod_info
 from powerflow.extender.state import ClusterState, NotSynced
 from powerflow.operator.workers import planned_block_annotation
 
-from powerflow.contract import API_VERSION, KIND, PLACEMENT_ANNOTATION, PLANNED_BLOCK_ANNOTATION
+from powerflow.core.contract import (
+    API_VERSION,
+    KIND,
+    PLACEMENT_ANNOTATION,
+    PLANNED_BLOCK_ANNOTATION,
+)
 
 
 class FakeClock:

@@ -23,7 +23,7 @@ from extender_bodies import args, go_json, node, pod
 from powerflow.extender import app as app_module
 from powerflow.extender import create_app, wire
 
-from powerflow.contract import GPU_RESOURCE
+from powerflow.core.contract import GPU_RESOURCE
 
 JSON = {"Content-Type": "application/json"}
 NODES = [node(f"gpu-{i}") for i in range(4)]

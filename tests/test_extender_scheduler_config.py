@@ -21,7 +21,7 @@ import yaml
 from powerflow.extender import create_app
 
 from powerflow.commands.extender import DEFAULT_PORT
-from powerflow.contract import GPU_RESOURCE, SCHEDULER_NAME
+from powerflow.core.contract import GPU_RESOURCE, SCHEDULER_NAME
 
 CONFIG = Path(__file__).resolve().parent.parent / "helm/powerflow/files/kube-scheduler-config.yaml"
 

@@ -20,7 +20,7 @@ from powerflow.extender.wire import (
     filter_result,
 )
 
-from powerflow.contract import PLACEMENT_ANNOTATION
+from powerflow.core.contract import PLACEMENT_ANNOTATION
 
 
 def test_keys_fold_case_and_unknown_keys_are_ignored() -> None:

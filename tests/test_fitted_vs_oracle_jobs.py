@@ -14,8 +14,8 @@ from types import ModuleType
 
 import pytest
 
-from powerflow.sim.config import SimConfig
-from powerflow.sim.runner import TraceSpec, load_jobs
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.runner import TraceSpec, load_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 

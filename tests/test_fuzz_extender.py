@@ -49,7 +49,7 @@ from support.fuzz import (
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import write_kubeconfig
 
-from powerflow.contract import (
+from powerflow.core.contract import (
     GENERATION_ANNOTATION,
     GPU_RESOURCE,
     JOB_LABEL,

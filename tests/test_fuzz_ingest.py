@@ -40,8 +40,8 @@ from support.fuzz import (
 from support.kube_emulator import KubeEmulator
 from test_operator_ingest import Cluster, batch, cluster, sample  # noqa: F401 (the fixture)
 
-from powerflow import contract
-from powerflow.telemetry import MAX_BODY_BYTES
+from powerflow.core import contract
+from powerflow.core.telemetry import MAX_BODY_BYTES
 
 pytestmark = [pytest.mark.kmock(cls=KubeEmulator), FUZZ_TIMEOUT]
 

@@ -17,16 +17,16 @@ from collections.abc import Callable, Iterator
 import pytest
 from powerflow.nodeagent.nvml import NvmlGpus
 
-from powerflow.devices import (
+from powerflow.core.devices import (
     GpuDevices,
     GpuError,
     GpuInvalidArgument,
     GpuUnavailable,
-    SimulatedGpus,
     energy_delta_mj,
     energy_deltas_mj,
 )
-from powerflow.errors import DataError, PowerFlowError
+from powerflow.core.errors import DataError, PowerFlowError
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 IMPLEMENTATIONS: dict[str, Callable[[], GpuDevices]] = {
     "simulated": lambda: SimulatedGpus(4, seed=3),

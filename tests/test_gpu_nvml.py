@@ -21,18 +21,18 @@ from powerflow.nodeagent.nvml_errors import map_nvml_error, nvml_errors
 from powerflow.nodeagent.probe import probe
 from support.nvml_library import has_nvml_library
 
-from powerflow.devices import (
+from powerflow.core.devices import (
     GpuError,
     GpuInvalidArgument,
     GpuLost,
     GpuNotSupported,
     GpuPermissionError,
     GpuUnavailable,
-    SimulatedGpus,
     Workload,
 )
-from powerflow.errors import PowerFlowError
-from powerflow.gpus import A100
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.gpus import A100
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 ROOT = Path(__file__).resolve().parent.parent
 LABEL = "GPU 3 (GPU-5b0c1d2e-0000-4000-8000-000000000003)"

@@ -11,15 +11,11 @@ import threading
 import numpy as np
 import pytest
 
-from powerflow.devices import (
-    GpuNotSupported,
-    SimulatedGpus,
-    Workload,
-    capped_clock_mhz,
-)
-from powerflow.errors import DataError, SimulationError
-from powerflow.gpus import A100, GpuSpec
-from powerflow.groundtruth import ground_truth
+from powerflow.core.devices import GpuNotSupported, Workload, capped_clock_mhz
+from powerflow.core.errors import DataError, SimulationError
+from powerflow.core.gpus import A100, GpuSpec
+from powerflow.lab.groundtruth import ground_truth
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 BERT = Workload("bert", n=4, gpus_per_node=4, local_batch_size=32)
 RESNET = Workload("resnet50", n=1, gpus_per_node=1, local_batch_size=128)

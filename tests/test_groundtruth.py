@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import powerflow
-from powerflow.errors import DataError
-from powerflow.gpus import A100
-from powerflow.groundtruth import (
+from powerflow.core.errors import DataError
+from powerflow.core.gpus import A100
+from powerflow.core.models.protocol import PerfModel
+from powerflow.lab.groundtruth import (
     MODEL_NAMES,
     dense_configs,
     dense_profile,
@@ -24,10 +25,9 @@ from powerflow.groundtruth import (
     sweep_plan,
     trace_duration_error,
 )
-from powerflow.groundtruth.frequency import knee_slopes, nondecreasing, voltage_knee_mhz
-from powerflow.groundtruth.shapes import pollux_sync_bs_elasticity
-from powerflow.groundtruth.sources import itp_trace, pollux_records
-from powerflow.models.protocol import PerfModel
+from powerflow.lab.groundtruth.frequency import knee_slopes, nondecreasing, voltage_knee_mhz
+from powerflow.lab.groundtruth.shapes import pollux_sync_bs_elasticity
+from powerflow.lab.groundtruth.sources import itp_trace, pollux_records
 
 DATA = Path(powerflow.__file__).parent / "data"
 CLOCKS = np.array(A100.clocks_mhz, dtype=np.float64)

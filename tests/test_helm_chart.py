@@ -17,8 +17,8 @@ import pytest
 import yaml
 from powerflow.operator.budget import parse_budget
 
-from powerflow import contract
 from powerflow.cli import build_parser
+from powerflow.core import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "powerflow"
@@ -505,7 +505,7 @@ def test_an_upgrade_leaves_the_admins_budget_as_the_admin_left_it(
     ``helm template --dry-run=server`` against the emulated API server): an upgrade
     renders nothing for it, so Helm leaves the admin's edit alone (the keep policy
     keeps it). Rendered every time, it would be patched back to the chart's values."""
-    from powerflow.twin.apiserver import ApiServer, write_kubeconfig
+    from powerflow.lab.twin.apiserver import ApiServer, write_kubeconfig
 
     def budgets() -> list[dict[str, Any]]:
         args = [str(helm), "template", "pf", str(CHART), "-n", "powerflow-system"]
@@ -612,7 +612,7 @@ def test_an_upgrade_keeps_the_ingest_certificate(helm: Path, tmp_path: Path) -> 
 
     import httpx
 
-    from powerflow.twin.apiserver import ApiServer, write_kubeconfig
+    from powerflow.lab.twin.apiserver import ApiServer, write_kubeconfig
 
     with ApiServer() as api:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)

@@ -7,7 +7,7 @@ against the emulated API server, through scenarios that take each of its
 API paths. It logs in with a kubeconfig carrying a token of its own, so the
 emulator's request log (kmock records every request) tells whose each
 request is. Each request
-is mapped to what RBAC authorizes (``powerflow.twin.rbac.call_of``, as the API
+is mapped to what RBAC authorizes (``powerflow.lab.twin.rbac.call_of``, as the API
 server's request-info resolver does: GET of a collection is ``list``,
 ``?watch=true`` is ``watch``, GET of one object ``get``, POST ``create``, PUT
 ``update``, PATCH ``patch``, DELETE ``delete``/``deletecollection``).
@@ -59,12 +59,12 @@ from support.nodeagent_harness import PODS as AGENT_PODS
 from support.nodeagent_harness import eventually as wait_until
 from support.operator_harness import Operator, free_port, write_kubeconfig
 
-from powerflow import contract
 from powerflow.cli import build_parser
-from powerflow.gpus import A100
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
-from powerflow.telemetry import SampleBatch, encode_batch
-from powerflow.twin.rbac import Call, Grant, call_of, grants_of
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.core.telemetry import SampleBatch, encode_batch
+from powerflow.lab.twin.rbac import Call, Grant, call_of, grants_of
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -36,9 +36,9 @@ from powerflow.operator.reconcile import Observed
 from support.nodeagent_harness import NODE, RecordingGpus, worker_pod
 from test_operator_bad_input import body, one_pass, pods_of, running
 
-from powerflow import contract, untrusted
-from powerflow.errors import ResourceError
-from powerflow.telemetry import TelemetryError, parse_batch
+from powerflow.core import contract, untrusted
+from powerflow.core.errors import ResourceError
+from powerflow.core.telemetry import TelemetryError, parse_batch
 
 HOSTILE = [
     "[" * 10_000 + "]" * 10_000,

@@ -37,7 +37,7 @@ def test_plain_numba_cache_fails_without_a_cache_location(tmp_path: Path) -> Non
 def test_njit_compiles_per_process_without_a_cache_location(tmp_path: Path) -> None:
     done = _run(
         tmp_path,
-        "from powerflow.jit import njit\n"
+        "from powerflow.core.jit import njit\n"
         "@njit\ndef twice(x: float) -> float:\n    return 2.0 * x\n"
         "print(twice(21.0))\n",
     )
@@ -49,7 +49,7 @@ def test_the_shipped_kernels_import_and_run_without_a_cache_location(tmp_path: P
     done = _run(
         tmp_path,
         "import numpy as np\n"
-        "from powerflow.models import kernels\n"
+        "from powerflow.core.models import kernels\n"
         "a = np.array([[4.0, 2.0], [2.0, 3.0]])\n"
         "low, out = np.zeros((2, 2)), np.zeros(2)\n"
         "ok = kernels.cholesky_solve(a, np.array([8.0, 7.0]), low, out)\n"

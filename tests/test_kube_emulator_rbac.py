@@ -38,11 +38,11 @@ from typing import Any
 import httpx
 import pytest
 
-from powerflow.twin import rbac
-from powerflow.twin.apiserver import ApiServer
-from powerflow.twin.components import Process
-from powerflow.twin.emulator import API_AUDIENCES, KubeEmulator
-from powerflow.twin.ports import free_port
+from powerflow.lab.twin import rbac
+from powerflow.lab.twin.apiserver import ApiServer
+from powerflow.lab.twin.components import Process
+from powerflow.lab.twin.emulator import API_AUDIENCES, KubeEmulator
+from powerflow.lab.twin.ports import free_port
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator, enforce_rbac=True)
 
@@ -651,7 +651,7 @@ def test_a_namespace_object_is_also_in_itself() -> None:
 
 
 def test_api_server_and_its_process_take_the_switch(tmp_path: Path) -> None:
-    """``ApiServer(enforce_rbac=True)`` and ``python -m powerflow.twin.apiserver
+    """``ApiServer(enforce_rbac=True)`` and ``python -m powerflow.lab.twin.apiserver
     --enforce-rbac`` (with ``--tokens``) serve an enforcing emulator."""
     with ApiServer(enforce_rbac=True) as server, httpx.Client(base_url=server.url) as client:
         assert server.emulator is not None and server.emulator.enforce_rbac
@@ -664,7 +664,7 @@ def test_api_server_and_its_process_take_the_switch(tmp_path: Path) -> None:
     args = ["--port", str(port), "--tokens", str(tokens), "--enforce-rbac"]
     ready = f"http://127.0.0.1:{port}/api/v1/nodes"
     process = Process(
-        "apiserver", args, ready, tmp_path / "apiserver.log", "powerflow.twin.apiserver"
+        "apiserver", args, ready, tmp_path / "apiserver.log", "powerflow.lab.twin.apiserver"
     )
     process.start(60)
     try:

@@ -1,5 +1,5 @@
 """The emulator finds a request's reaction as kmock does, without rescanning its log
-(``powerflow.twin.reactions``): the same answer for every view kmock offers, over real
+(``powerflow.lab.twin.reactions``): the same answer for every view kmock offers, over real
 HTTP, and the same responses."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from kmock._internal import dsl
 from support.kube_emulator import KubeEmulator
 
-from powerflow.twin.reactions import sees
+from powerflow.lab.twin.reactions import sees
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -10,9 +10,9 @@ import pytest
 from models_synth import TRUE, grid, sample
 
 from powerflow.cli import main
-from powerflow.models.fitting import MIN_SAMPLES
-from powerflow.models.params import ModelParams
-from powerflow.models.samples import CSV_COLUMNS, write_samples_csv
+from powerflow.core.models.fitting import MIN_SAMPLES
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.samples import CSV_COLUMNS, write_samples_csv
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 from models_synth import TRUE
 
-from powerflow import groundtruth as gt
-from powerflow.errors import ModelError
-from powerflow.gpus import A100
-from powerflow.models.derived import (
+from powerflow.core.errors import ModelError
+from powerflow.core.gpus import A100
+from powerflow.core.models.derived import (
     most_efficient_clock_mhz,
     pareto_frontier,
     power_w,
     remaining_energy_j,
     remaining_jct_s,
 )
-from powerflow.models.fitted import FittedModel
-from powerflow.models.protocol import PerfModel
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.protocol import PerfModel
+from powerflow.lab import groundtruth as gt
 
 MODELS: list[PerfModel] = [FittedModel(TRUE), gt.ground_truth("gpt2")]
 IDS = ["fitted", "oracle"]

@@ -9,11 +9,11 @@ import pytest
 from models_synth import TRUE, grid
 from scipy.optimize import approx_fprime
 
-from powerflow.gpus import A100
-from powerflow.models import energy, throughput
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import EnergyParams, ThroughputParams
-from powerflow.models.protocol import PerfModel
+from powerflow.core.gpus import A100
+from powerflow.core.models import energy, throughput
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import EnergyParams, ThroughputParams
+from powerflow.core.models.protocol import PerfModel
 
 TP = TRUE.throughput
 EP = TRUE.energy

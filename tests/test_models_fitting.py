@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from models_synth import TRUE, grid, sample
 
-from powerflow.errors import ModelError
-from powerflow.gpus import A100
-from powerflow.models import energy, kernels, throughput
-from powerflow.models.fitted import FittedModel
-from powerflow.models.fitting import (
+from powerflow.core.errors import ModelError
+from powerflow.core.gpus import A100
+from powerflow.core.learning import FittedLearner
+from powerflow.core.models import energy, kernels, throughput
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.fitting import (
     MIN_SAMPLES,
     FitOptions,
     _energy_problem,
@@ -23,10 +24,9 @@ from powerflow.models.fitting import (
     refit_online,
     rescale_prior,
 )
-from powerflow.models.metrics import accuracy, split
-from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
-from powerflow.models.samples import Samples
-from powerflow.sim.learning import FittedLearner
+from powerflow.core.models.metrics import accuracy, split
+from powerflow.core.models.params import EnergyParams, ModelParams, ThroughputParams
+from powerflow.core.models.samples import Samples
 
 
 @pytest.fixture(scope="module")

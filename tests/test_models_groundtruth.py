@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerflow import groundtruth as gt
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.fitting import fit_profile, fit_with_prior, refit_online
-from powerflow.models.metrics import accuracy, split
-from powerflow.models.params import ModelParams
-from powerflow.models.priors import generic_prior, load_prior
-from powerflow.models.samples import Samples
+from powerflow.core.gpus import A100
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.fitting import fit_profile, fit_with_prior, refit_online
+from powerflow.core.models.metrics import accuracy, split
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.priors import generic_prior, load_prior
+from powerflow.core.models.samples import Samples
+from powerflow.lab import groundtruth as gt
 
 # Two of six models per check keeps the file fast; the benchmark covers all.
 SUBSET = ("vgg16", "gpt2")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerflow.gpus import A100
-from powerflow.models import energy, kernels, throughput
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
+from powerflow.core.gpus import A100
+from powerflow.core.models import energy, kernels, throughput
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import EnergyParams, ModelParams, ThroughputParams
 
 
 def _random_model(seed: int) -> tuple[ModelParams, tuple[np.ndarray, ...]]:

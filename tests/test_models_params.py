@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models_synth import TRUE
 
-from powerflow.errors import ModelError
-from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
+from powerflow.core.errors import ModelError
+from powerflow.core.models.params import EnergyParams, ModelParams, ThroughputParams
 
 
 def _in_bounds(cls: type[ThroughputParams] | type[EnergyParams]) -> st.SearchStrategy[np.ndarray]:

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models_synth import TRUE
 
-from powerflow.gpus import A100
-from powerflow.models.derived import power_w
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
-from powerflow.models.priors import generic_prior, shipped_priors
+from powerflow.core.gpus import A100
+from powerflow.core.models.derived import power_w
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import EnergyParams, ModelParams, ThroughputParams
+from powerflow.core.models.priors import generic_prior, shipped_priors
 
 PARAMS = [TRUE, generic_prior(), *shipped_priors().values()]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerflow.errors import DataError
-from powerflow.models.samples import Samples
+from powerflow.core.errors import DataError
+from powerflow.core.models.samples import Samples
 
 FIELDS = ("n", "r", "bs", "f", "step_time_s", "energy_j")
 

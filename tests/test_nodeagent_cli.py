@@ -19,9 +19,10 @@ from support.nodeagent_harness import NODE, PODS, worker_pod
 from support.nvml_library import has_nvml_library
 from support.operator_harness import free_port, write_kubeconfig
 
-from powerflow import contract
 from powerflow.cli import main
-from powerflow.devices import SimulatedGpus, Workload
+from powerflow.core import contract
+from powerflow.core.devices import Workload
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

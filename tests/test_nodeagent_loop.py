@@ -33,9 +33,9 @@ from support.nodeagent_harness import (
 )
 from support.operator_harness import write_kubeconfig
 
-from powerflow import contract
 from powerflow.commands.nodeagent import Parts
-from powerflow.gpus import A100
+from powerflow.core import contract
+from powerflow.core.gpus import A100
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 MERGE = {"Content-Type": "application/merge-patch+json"}

@@ -25,9 +25,10 @@ from powerflow.nodeagent.settings import (
     desired_settings,
 )
 
-from powerflow import contract
-from powerflow.devices import GpuLost, PowerLimitRangeW, SimulatedGpus
-from powerflow.gpus import A100
+from powerflow.core import contract
+from powerflow.core.devices import GpuLost, PowerLimitRangeW
+from powerflow.core.gpus import A100
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 CLOCKS = (210, 225, 240, 1395, 1410)
 RANGE = PowerLimitRangeW(100.0, 400.0, 400.0)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nodeagent_telemetry_cases import EPOCH_S, NODE, SimNode, truth_per_gpu, worker
 from powerflow.nodeagent.iterations import IterationReport, UnknownPod
 
-from powerflow.telemetry import JobProgress, WindowSample
+from powerflow.core.telemetry import JobProgress, WindowSample
 
 
 def _close(a: float, b: float, rel: float) -> bool:

@@ -28,7 +28,7 @@ from powerflow.nodeagent.iterations import (
 )
 from support.agent_endpoint import serve_in_thread
 
-from powerflow import contract
+from powerflow.core import contract
 
 UID = "0b5c5f1e-6a8e-4c1e-9a39-5d1c0b0f7a11"
 GOOD = {"namespace": "ml", "pod": "job-g1-w0", "uid": UID, "iterations": 12}

@@ -1,7 +1,7 @@
 """The sample sender against a real local HTTP server playing the operator's ingest.
 
 The server parses every batch with the operator's own parser
-(``powerflow.telemetry.parse_batch``) and answers what a test scripts: the
+(``powerflow.core.telemetry.parse_batch``) and answers what a test scripts: the
 sender must deliver every queued sample exactly once and in order through
 failures, drop only a batch the operator refuses for good, and count drops.
 """
@@ -19,9 +19,9 @@ from aiohttp import web
 from powerflow.nodeagent.sender import SampleSender, backoff_s
 from prometheus_client import CollectorRegistry
 
-from powerflow import contract
-from powerflow.telemetry import JobProgress, NodePower, SampleBatch, WindowSample, parse_batch
-from powerflow.twin.ports import free_port
+from powerflow.core import contract
+from powerflow.core.telemetry import JobProgress, NodePower, SampleBatch, WindowSample, parse_batch
+from powerflow.lab.twin.ports import free_port
 
 NODE = "node-a"
 

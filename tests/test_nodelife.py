@@ -1,4 +1,4 @@
-"""The twin's node lifecycle controller (``powerflow.twin.nodelife``) against the emulator.
+"""The twin's node lifecycle controller (``powerflow.lab.twin.nodelife``) against the emulator.
 
 What kube-controller-manager does when a node's kubelet stops renewing its Lease
 (https://kubernetes.io/docs/concepts/architecture/nodes/#node-controller): ``Ready``
@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from powerflow.twin.apiserver import ApiServer
-from powerflow.twin.kubelet import LEASES
-from powerflow.twin.nodelife import OUT_OF_SERVICE, UNREACHABLE, NodeLifecycle, eviction_at
+from powerflow.lab.twin.apiserver import ApiServer
+from powerflow.lab.twin.kubelet import LEASES
+from powerflow.lab.twin.nodelife import OUT_OF_SERVICE, UNREACHABLE, NodeLifecycle, eviction_at
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
 PODS = "/api/v1/namespaces/ns/pods"

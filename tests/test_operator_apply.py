@@ -18,7 +18,7 @@ from powerflow.operator.reconcile import Actions
 from powerflow.operator.workers import WorkerSet, rendezvous_service, worker_pods
 from support.kube_emulator import KubeEmulator
 
-from powerflow import contract
+from powerflow.core import contract
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -19,12 +19,12 @@ from powerflow.operator.jobs import BOUNDS, RequestCache, parse_dljob
 from powerflow.operator.reconcile import Actions, Observed, _block, reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
 
-from powerflow import contract
-from powerflow.errors import ResourceError
-from powerflow.gpus import A100
-from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
-from powerflow.timefmt import format_time, format_time_ms
+from powerflow.core import contract
+from powerflow.core.errors import ResourceError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Snapshot
+from powerflow.core.timefmt import format_time, format_time_ms
+from powerflow.lab.synthetic import SyntheticModel
 
 FAST = settings(max_examples=300, deadline=None, derandomize=True)
 NODES = (Node("n0", 8, A100), Node("n1", 8, A100))

@@ -18,9 +18,9 @@ from powerflow.operator.jobs import JobRequest
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args, write_kubeconfig
 
-from powerflow import contract
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
+from powerflow.core import contract
+from powerflow.core.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.lab.synthetic import SyntheticModel
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -9,7 +9,7 @@ import pytest
 
 from powerflow.cli import build_parser
 from powerflow.commands import operator as command
-from powerflow.errors import PowerFlowError
+from powerflow.core.errors import PowerFlowError
 
 
 def parse(*argv: str) -> argparse.Namespace:

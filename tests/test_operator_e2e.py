@@ -29,9 +29,9 @@ from operator_cases import (
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
-from powerflow import contract
-from powerflow.policy.snapshot import Plan, Policy, Snapshot
-from powerflow.timefmt import parse_time
+from powerflow.core import contract
+from powerflow.core.policy.snapshot import Plan, Policy, Snapshot
+from powerflow.core.timefmt import parse_time
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -16,7 +16,7 @@ from powerflow.operator.kube import Kube
 from support import kube_emulator
 from support.kube_emulator import KubeEmulator
 
-from powerflow import contract
+from powerflow.core import contract
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 PODS = "/api/v1/namespaces/ml/pods"

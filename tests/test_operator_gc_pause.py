@@ -14,10 +14,10 @@ from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
 from powerflow.operator.reconcile import Observed, reconcile
 
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Node
-from powerflow.policy.synthetic import SyntheticModel, synthetic_zoo
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Node
+from powerflow.lab.synthetic import SyntheticModel, synthetic_zoo
 
 
 @pytest.fixture(autouse=True)

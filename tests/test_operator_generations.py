@@ -16,12 +16,12 @@ from powerflow.operator.budget import BudgetConfig, parse_budget
 from powerflow.operator.reconcile import ROOM_WAIT_S, STUCK_TERMINATION_S
 from support.fake_cluster import FakeCluster
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
-from powerflow.timefmt import format_time, parse_time
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Snapshot
+from powerflow.core.timefmt import format_time, parse_time
+from powerflow.lab.synthetic import SyntheticModel
 
 NODES = tuple(Node(f"n{i}", 4, A100) for i in (1, 2))
 GENEROUS = parse_budget({"powerLimitWatts": "5000"})

@@ -37,8 +37,8 @@ from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, free_port, operator_args
 
-from powerflow import contract
-from powerflow.telemetry import (
+from powerflow.core import contract
+from powerflow.core.telemetry import (
     MAX_BODY_BYTES,
     JobProgress,
     NodePower,

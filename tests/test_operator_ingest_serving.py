@@ -23,7 +23,7 @@ from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, free_port, operator_args
 from test_operator_ingest import AGENT, NODE_EXTRA, batch
 
-from powerflow import contract
+from powerflow.core import contract
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

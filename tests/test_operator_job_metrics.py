@@ -24,7 +24,7 @@ from powerflow.operator.metrics import JobSeries, job_series
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
-from powerflow import contract
+from powerflow.core import contract
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

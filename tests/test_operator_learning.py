@@ -16,15 +16,15 @@ from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.learning import SampleStore, model_row, params_status, thin
 from prometheus_client import CollectorRegistry
 
-from powerflow import groundtruth as gt
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import ModelParams
-from powerflow.models.priors import generic_prior, load_prior
-from powerflow.models.protocol import PerfModel
-from powerflow.profiling import PAPER_SWEEP
-from powerflow.sim.learning import Knowledge, placement_counts
-from powerflow.telemetry import SampleBatch, WindowSample, encode_batch, parse_batch
+from powerflow.core.gpus import A100
+from powerflow.core.learning import Knowledge, placement_counts
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.priors import generic_prior, load_prior
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.profiling import PAPER_SWEEP
+from powerflow.core.telemetry import SampleBatch, WindowSample, encode_batch, parse_batch
+from powerflow.lab import groundtruth as gt
 
 MODEL = "resnet50"
 TRUTH = gt.ground_truth(MODEL)
@@ -151,7 +151,7 @@ def test_fewer_than_min_samples_keep_the_prior() -> None:
 
 def centred_noise(rng: np.random.Generator, clocks: np.ndarray, noise: float) -> np.ndarray:
     """Log-normal noise of scale ``noise`` with its mean and least-squares slope
-    against ``1/f`` removed: the two statistics ``sim.learning.explains`` tests,
+    against ``1/f`` removed: the two statistics ``powerflow.core.learning.explains`` tests,
     so samples of a model with this noise are within the noise for any seed."""
     e = rng.normal(0.0, noise, clocks.size)
     x = 1.0 / clocks - np.mean(1.0 / clocks)
@@ -268,7 +268,7 @@ def test_thinning_keeps_the_learners_count_of_fitted_rows() -> None:
 
 
 def _samples(rows: np.ndarray) -> Any:
-    from powerflow.models.samples import Samples
+    from powerflow.core.models.samples import Samples
 
     return Samples(*(np.ascontiguousarray(rows[:, j]) for j in range(6)))
 

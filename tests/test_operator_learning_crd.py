@@ -14,9 +14,9 @@ from powerflow.operator.learning import MeasuredPower, SampleStore, measured_sta
 from prometheus_client import CollectorRegistry
 from support.crd_schema import crd_validator
 
-from powerflow import contract
-from powerflow.models.params import EnergyParams, ModelParams, ThroughputParams
-from powerflow.models.priors import load_prior
+from powerflow.core import contract
+from powerflow.core.models.params import EnergyParams, ModelParams, ThroughputParams
+from powerflow.core.models.priors import load_prior
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "dljob.yaml"

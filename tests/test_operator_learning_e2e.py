@@ -33,16 +33,16 @@ from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
-from powerflow import contract
-from powerflow import groundtruth as gt
-from powerflow.gpus import A100
-from powerflow.models.params import ModelParams
-from powerflow.models.priors import load_prior
-from powerflow.policy.snapshot import Plan, Snapshot
-from powerflow.profiling import PAPER_SWEEP
-from powerflow.schedulers import scheduler
-from powerflow.telemetry import WindowSample
-from powerflow.timefmt import parse_time
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.priors import load_prior
+from powerflow.core.policy.snapshot import Plan, Snapshot
+from powerflow.core.profiling import PAPER_SWEEP
+from powerflow.core.telemetry import WindowSample
+from powerflow.core.timefmt import parse_time
+from powerflow.lab import groundtruth as gt
+from powerflow.lab.schedulers import scheduler
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from powerflow.operator.nodes import cluster_nodes, foreign_gpus
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.policy.snapshot import Node
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.policy.snapshot import Node
 
 A100_LABEL, H100_LABEL = "NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3"
 

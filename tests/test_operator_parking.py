@@ -31,10 +31,10 @@ from powerflow.operator.reconcile import Actions
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
-from powerflow.timefmt import parse_time
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Snapshot
+from powerflow.core.timefmt import parse_time
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -33,8 +33,8 @@ from test_operator_profiling import (
     running_pods,
 )
 
-from powerflow import contract
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.core import contract
+from powerflow.core.policy.snapshot import JobPlan, Plan, Snapshot
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

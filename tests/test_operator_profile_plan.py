@@ -21,10 +21,10 @@ from test_operator_profiling import (
     running_pods,
 )
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.profiling import PAPER_SWEEP
-from powerflow.timefmt import format_time_ms
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.profiling import PAPER_SWEEP
+from powerflow.core.timefmt import format_time_ms
 
 PLAN = contract.PROFILE_ANNOTATION
 

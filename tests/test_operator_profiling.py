@@ -11,12 +11,12 @@ from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.reconcile import Actions, Observed, reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import JobPlan, Node, Plan, Policy, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
-from powerflow.timefmt import format_time_ms, parse_time
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Policy, Snapshot
+from powerflow.core.timefmt import format_time_ms, parse_time
+from powerflow.lab.synthetic import SyntheticModel
 
 NODES = (Node("n0", 8, A100), Node("n1", 8, A100))
 BUDGET = parse_budget({"eta": "1"})

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from powerflow.operator.progress import Running, account
 
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.priors import load_prior
+from powerflow.core.gpus import A100
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.priors import load_prior
 
 MODEL = FittedModel(load_prior("resnet50"))
 

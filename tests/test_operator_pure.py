@@ -13,12 +13,12 @@ from powerflow.operator.reconcile import Observed, reconcile
 from powerflow.operator.status import merge_diff, set_condition
 from powerflow.operator.workers import WorkerSet, worker_pod
 
-from powerflow import contract
-from powerflow.errors import ResourceError
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Node
-from powerflow.policy.synthetic import SyntheticModel
+from powerflow.core import contract
+from powerflow.core.errors import ResourceError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Node
+from powerflow.lab.synthetic import SyntheticModel
 
 
 def body(**spec: Any) -> dict[str, Any]:

@@ -19,11 +19,11 @@ from powerflow.operator.refusals import MAX_BACKOFF_S, Refusal, backoff_s
 from powerflow.operator.workers import WorkerSet, rendezvous_service, worker_pods
 from support.kube_emulator import KubeEmulator
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.policy.snapshot import JobPlan, Node, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
-from powerflow.timefmt import format_time
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Snapshot
+from powerflow.core.timefmt import format_time
+from powerflow.lab.synthetic import SyntheticModel
 
 NODES = (Node("n0", 8, A100), Node("n1", 8, A100))
 NOW = 1_000_000.0

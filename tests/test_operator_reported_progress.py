@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from powerflow.operator.reported_progress import ReportedProgress
 
-from powerflow.telemetry import JobProgress
+from powerflow.core.telemetry import JobProgress
 
 
 def test_a_count_only_grows_within_a_generation_and_a_newer_generation_replaces_it() -> None:

@@ -23,7 +23,7 @@ from powerflow.operator.reconcile import STUCK_TERMINATION_S
 from support.kube_emulator import KubeEmulator
 from support.operator_cluster import NODES, cluster, gang_dljob, kubelet, operator
 
-from powerflow import contract
+from powerflow.core import contract
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

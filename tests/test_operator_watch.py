@@ -34,7 +34,7 @@ from powerflow.operator.triggers import Seen, dljob_fingerprint, node_fingerprin
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
-from powerflow import contract
+from powerflow.core import contract
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

@@ -17,7 +17,7 @@ import pytest
 from powerflow.operator.jobs import JobRequest, parse_dljob
 from powerflow.operator.workers import WorkerSet, planned_block_annotation, worker_pod, worker_pods
 
-from powerflow import contract
+from powerflow.core import contract
 
 ENV_KEYS = ["WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_BATCH_SIZE",
             "GLOBAL_BATCH_SIZE", "POWERFLOW_ITERATIONS", "POWERFLOW_FREQUENCY_MHZ",

@@ -17,9 +17,9 @@ import random
 
 import pytest
 
-from powerflow.policy import packing
-from powerflow.policy.buddy import Block, Geometry
-from powerflow.policy.packing import Cluster, Item, allocate, in_sort_order, sort_key
+from powerflow.core.policy import packing
+from powerflow.core.policy.buddy import Block, Geometry
+from powerflow.core.policy.packing import Cluster, Item, allocate, in_sort_order, sort_key
 
 
 def place_big_scan(

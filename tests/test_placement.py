@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerflow.errors import PlacementError
-from powerflow.gpus import A100
-from powerflow.policy.placement import (
+from powerflow.core.errors import PlacementError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.placement import (
     PlacementRequest,
     PlacementResult,
     place,
     reserve_block,
 )
-from powerflow.policy.snapshot import GpuSlot, Node
+from powerflow.core.policy.snapshot import GpuSlot, Node
 
 
 def cluster(count: int, per_node: int = 8, off: Sequence[int] = ()) -> list[Node]:

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_placement import scenarios
 
-from powerflow.errors import PlacementError
-from powerflow.gpus import A100
-from powerflow.policy import placement
-from powerflow.policy.placement import PlacementRequest, PlacementResult
-from powerflow.policy.snapshot import Node
+from powerflow.core.errors import PlacementError
+from powerflow.core.gpus import A100
+from powerflow.core.policy import placement
+from powerflow.core.policy.placement import PlacementRequest, PlacementResult
+from powerflow.core.policy.snapshot import Node
 
 
 def fields(result: PlacementResult) -> tuple[object, ...]:

@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_placement import scenarios
 
-from powerflow.errors import PlacementError
-from powerflow.gpus import A100
-from powerflow.policy import placement
-from powerflow.policy.buddy import geometry
-from powerflow.policy.placement import PlacementRequest, _kept_block, _preferred, place
-from powerflow.policy.snapshot import GpuSlot, Node
+from powerflow.core.errors import PlacementError
+from powerflow.core.gpus import A100
+from powerflow.core.policy import placement
+from powerflow.core.policy.buddy import geometry
+from powerflow.core.policy.placement import PlacementRequest, _kept_block, _preferred, place
+from powerflow.core.policy.snapshot import GpuSlot, Node
 
 
 @st.composite

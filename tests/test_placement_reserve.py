@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerflow.errors import PlacementError
-from powerflow.gpus import A100
-from powerflow.policy.buddy import geometry, is_power_of_two
-from powerflow.policy.placement import _reserve_block_by_gpu, reserve_block
-from powerflow.policy.snapshot import Node
+from powerflow.core.errors import PlacementError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.buddy import geometry, is_power_of_two
+from powerflow.core.policy.placement import _reserve_block_by_gpu, reserve_block
+from powerflow.core.policy.snapshot import Node
 
 
 def by_gpu(nodes: list[Node], occupied: Any, gpus: int) -> Any:

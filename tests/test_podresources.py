@@ -18,8 +18,8 @@ from powerflow.nodeagent.podresources import (
 from powerflow.nodeagent.podresources_pb import api_pb2
 from support.kubelet_podresources import FakeKubelet, pod, serve, socket_dir, socket_in
 
-from powerflow import contract
-from powerflow.errors import PowerFlowError
+from powerflow.core import contract
+from powerflow.core.errors import PowerFlowError
 
 GPU = contract.GPU_RESOURCE
 U = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(8)]

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from powerflow.policy.allocation import Allocation, PowerModel, allocate
-from powerflow.policy.curves import Curves, tie_ranks
-from powerflow.policy.tables import Tables
+from powerflow.core.policy.allocation import Allocation, PowerModel, allocate
+from powerflow.core.policy.curves import Curves, tie_ranks
+from powerflow.core.policy.tables import Tables
 
 
 def _curves(rng: np.random.Generator, jobs: int) -> tuple[Curves, list[float], list[str]]:

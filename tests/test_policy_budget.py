@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 from policy_cases import ZOO, job, nodes
 
-from powerflow.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy
-from powerflow.errors import DataError, SnapshotError
-from powerflow.gpus import A100
-from powerflow.groundtruth import reference_power_w
-from powerflow.policy.budget import limit_watts, resolve_limit_watts
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Budget, Snapshot
+from powerflow.core.errors import DataError, SnapshotError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.budget import limit_watts, resolve_limit_watts
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Budget, Snapshot
+from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy
+from powerflow.lab.groundtruth import reference_power_w
 
 
 def test_absolute_limit_wins_over_eta() -> None:

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import ScaledModel, job, nodes, snapshots
 
-from powerflow.gpus import A100
-from powerflow.policy.power_loop import MIN_CAP_W, cappable_gpus
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Budget, Plan, Snapshot
+from powerflow.core.gpus import A100
+from powerflow.core.policy.power_loop import MIN_CAP_W, cappable_gpus
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Budget, Plan, Snapshot
 
 LOW_POWER = ScaledModel(t1=1.0, a=0.9, watts=60.0)
 """Near-linear speed-up, 60 W per GPU at the top clock: under the 100 W floor."""

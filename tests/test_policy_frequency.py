@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 import pytest
 
-from powerflow.policy.frequency import Clocks, raise_clocks
+from powerflow.core.policy.frequency import Clocks, raise_clocks
 
 
 def _problem(rng: np.random.Generator, rows: int, width: int, bumpy: bool) -> tuple:

@@ -1,4 +1,4 @@
-"""The policy's memo (``powerflow.policy.memo``) never changes a decision.
+"""The policy's memo (``powerflow.core.policy.memo``) never changes a decision.
 
 One long-lived policy object (rows and plans kept from earlier calls) plans a
 seeded sequence of related snapshots like the simulator's (jobs run where the
@@ -21,18 +21,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import snapshots
 
-from powerflow.errors import PlacementError, SnapshotError
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.priors import shipped_priors
-from powerflow.policy.memo import PolicyMemo
-from powerflow.policy.power_loop import SCALE_RANGE, job_scales
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.scenarios import synthetic_snapshot
-from powerflow.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
-from powerflow.policy.synthetic import synthetic_zoo
-from powerflow.policy.tables import JobRows, build_tables
-from powerflow.policy.validate import cluster_of
+from powerflow.core.errors import PlacementError, SnapshotError
+from powerflow.core.gpus import A100
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.priors import shipped_priors
+from powerflow.core.policy.memo import PolicyMemo
+from powerflow.core.policy.power_loop import SCALE_RANGE, job_scales
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
+from powerflow.core.policy.tables import JobRows, build_tables
+from powerflow.core.policy.validate import cluster_of
+from powerflow.lab.scenarios import synthetic_snapshot
+from powerflow.lab.synthetic import synthetic_zoo
 
 
 @dataclass(frozen=True)

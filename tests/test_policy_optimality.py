@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerflow.policy.exhaustive import optimal_average_jct, plan_average_jct
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.scenarios import small_instance
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.lab.exhaustive import optimal_average_jct, plan_average_jct
+from powerflow.lab.scenarios import small_instance
 
 
 def test_greedy_average_jct_is_close_to_the_exhaustive_optimum(

@@ -16,21 +16,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import ScaledModel, efficient_clock, job, nodes, snapshots
 
-from powerflow.errors import SnapshotError
-from powerflow.gpus import A100
-from powerflow.policy.curves import curves_of
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.returns import floor_of, returns_of
-from powerflow.policy.snapshot import Budget, Job, Snapshot
-from powerflow.policy.tables import build_tables
-from powerflow.policy.validate import cluster_of
-from powerflow.schedulers import (
+from powerflow.core.errors import SnapshotError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.curves import curves_of
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.returns import floor_of, returns_of
+from powerflow.core.policy.snapshot import Budget, Job, Snapshot
+from powerflow.core.policy.tables import build_tables
+from powerflow.core.policy.validate import cluster_of
+from powerflow.core.schedulers import (
     PLUS_BUDGET_PRICE,
     PLUS_PROFILING,
     PLUS_RESCALE_COST_S,
     PLUS_RESCALE_MARGIN,
-    scheduler,
 )
+from powerflow.lab.schedulers import scheduler
 
 GPN = 8
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from policy_cases import ZOO, ScaledModel, efficient_clock, job, job_power, nodes
 
-from powerflow.errors import SnapshotError
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.scenarios import SMALL_GPU
-from powerflow.policy.snapshot import Budget, Job, Node, Snapshot
+from powerflow.core.errors import SnapshotError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
+from powerflow.lab.scenarios import SMALL_GPU
 
 POLICY = PowerFlowPolicy()
 AMPLE = Budget(limit_watts=1e9)

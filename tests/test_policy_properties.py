@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import allowed_counts, fill_slack_w, raised_any, snapshots
 
-from powerflow.policy.power_loop import CAP_SLACK_W, CAP_STEP_W, SCALE_RANGE, caps_w
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Job, JobPlan, Plan, Snapshot
+from powerflow.core.policy.power_loop import CAP_SLACK_W, CAP_STEP_W, SCALE_RANGE, caps_w
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Job, JobPlan, Plan, Snapshot
 
 POLICY = PowerFlowPolicy()
 STRICT = PowerFlowPolicy(strict_power=True)

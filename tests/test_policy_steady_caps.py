@@ -21,15 +21,15 @@ from test_operator_profiling import (
     running_pods,
 )
 
-from powerflow import contract
-from powerflow.policy.power_loop import CAP_RAISE_W, CAP_SLACK_W, CAP_STEP_W, steady_caps
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Plan, Snapshot
-from powerflow.schedulers import scheduler
-from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation
-from powerflow.sim.runner import TraceSpec, load_jobs
-from powerflow.sim.world import default_world
+from powerflow.core import contract
+from powerflow.core.policy.power_loop import CAP_RAISE_W, CAP_SLACK_W, CAP_STEP_W, steady_caps
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Plan, Snapshot
+from powerflow.lab.schedulers import scheduler
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.runner import TraceSpec, load_jobs
+from powerflow.lab.sim.world import default_world
 
 LOW, HIGH = 100.0, 400.0
 

@@ -23,10 +23,10 @@ from powerflow.extender import create_app
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args, write_kubeconfig
 
-from powerflow import contract
 from powerflow.cli import build_parser, main
 from powerflow.commands.extender import app_options
-from powerflow.taints import GPU_TOLERATIONS, parse_toleration, pool_tolerations
+from powerflow.core import contract
+from powerflow.core.taints import GPU_TOLERATIONS, parse_toleration, pool_tolerations
 
 DEDICATED = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
 JSON = {"Content-Type": "application/json"}

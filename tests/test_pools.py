@@ -1,4 +1,5 @@
-"""The pooling rule (``powerflow.policy.pools``) and the taint rule (``powerflow.taints``)."""
+"""The pooling rule (``powerflow.core.policy.pools``) and the taint rule
+(``powerflow.core.taints``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerflow.policy.pools import (
+from powerflow.core.policy.pools import (
     NodeShape,
     Pool,
     main_pool,
@@ -18,7 +19,7 @@ from powerflow.policy.pools import (
     taken_by_others,
     usable_gpus,
 )
-from powerflow.taints import hard_taints, node_ready, tolerates, untolerated
+from powerflow.core.taints import hard_taints, node_ready, tolerates, untolerated
 
 A100, H100 = "NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3"
 

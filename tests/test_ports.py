@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from powerflow.twin import ports
-from powerflow.twin.ports import ephemeral_range, free_port, outside
+from powerflow.lab.twin import ports
+from powerflow.lab.twin.ports import ephemeral_range, free_port, outside
 
 
 def test_a_free_port_is_outside_the_kernels_ephemeral_range_and_binds() -> None:

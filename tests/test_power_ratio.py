@@ -19,8 +19,8 @@ from test_operator_profiling import (
     running_pods,
 )
 
-from powerflow.policy.power_ratio import BELIEVED, MAX_RATIO, WINDOW_S, RatioWindow
-from powerflow.policy.snapshot import JobPlan
+from powerflow.core.policy.power_ratio import BELIEVED, MAX_RATIO, WINDOW_S, RatioWindow
+from powerflow.core.policy.snapshot import JobPlan
 
 
 def test_the_ratio_is_the_largest_of_the_last_hour_then_forgotten() -> None:

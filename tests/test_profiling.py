@@ -1,15 +1,15 @@
-"""The clock ladders a profiling phase sweeps (``powerflow.profiling``)."""
+"""The clock ladders a profiling phase sweeps (``powerflow.core.profiling``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from powerflow import groundtruth as gt
-from powerflow.errors import SimulationError
-from powerflow.gpus import A100
-from powerflow.profiling import PAPER_SWEEP, ClockSweep
-from powerflow.schedulers import PLUS_PROFILE_SWEEP
+from powerflow.core.errors import SimulationError
+from powerflow.core.gpus import A100
+from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
+from powerflow.core.schedulers import PLUS_PROFILE_SWEEP
+from powerflow.lab import groundtruth as gt
 
 
 def test_the_paper_s_ladder_is_every_fourth_clock_from_the_top() -> None:

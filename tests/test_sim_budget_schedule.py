@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 
 from powerflow.cli import main
-from powerflow.gpus import A100
-from powerflow.policy.budget import limit_watts
-from powerflow.policy.budget_schedule import parse_schedule_data
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Budget, Plan, Snapshot
-from powerflow.schedulers import ORACLE, Configured
-from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation
-from powerflow.sim.learning import OracleLearner
-from powerflow.sim.runner import TraceSpec, load_jobs
-from powerflow.sim.world import default_world
+from powerflow.core.gpus import A100
+from powerflow.core.learning import OracleLearner
+from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.budget_schedule import parse_schedule_data
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Budget, Plan, Snapshot
+from powerflow.lab.schedulers import ORACLE, Configured
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.runner import TraceSpec, load_jobs
+from powerflow.lab.sim.world import default_world
 
 H = 3600.0
 WINDOWS = '[{start: "01:00", end: "03:00", eta: 0.3}, {start: "23:00", end: "00:30", eta: 0.5}]'

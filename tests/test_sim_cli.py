@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from powerflow.cli import main
-from powerflow.gpus import A100
-from powerflow.sim.config import SimConfig
-from powerflow.sim.runner import RunSpec, TraceSpec, run_one, simulate
+from powerflow.core.gpus import A100
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.runner import RunSpec, TraceSpec, run_one, simulate
 
 HEADER = "job_id,submit_time,num_gpu,duration,model_name,global_batch_size,num_iteration,cluster\n"
 TINY = (
@@ -200,7 +200,7 @@ def test_comparison_defaults_to_the_whole_trace_on_the_default_cluster() -> None
     import argparse
 
     from powerflow.commands import simulate
-    from powerflow.sim.experiments import QUICK_HOURS, QUICK_NODES, comparison_window
+    from powerflow.lab.sim.experiments import QUICK_HOURS, QUICK_NODES, comparison_window
 
     parser = argparse.ArgumentParser()
     simulate.register(parser.add_subparsers())

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from powerflow.sim.compare import Curve, jct_ratios, versus
-from powerflow.sim.config import SimConfig
-from powerflow.sim.experiments import (
+from powerflow.lab.sim.compare import Curve, jct_ratios, versus
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.experiments import (
     QUICK_HOURS,
     comparison,
     comparison_window,
 )
-from powerflow.sim.runner import TraceSpec
+from powerflow.lab.sim.runner import TraceSpec
 
 
 def _row(name: str, energy: float, jct: float, **extra: object) -> dict[str, object]:
@@ -147,7 +147,7 @@ def test_the_comparison_sweeps_powerflow_plus_and_runs_it_with_the_oracle() -> N
 def test_the_report_ranks_baselines_not_powerflow_plus_against_powerflow() -> None:
     """PowerFlow+ faster than PowerFlow's fastest run is its own section's news, not a
     baseline that "wins at the fast, energy-hungry end"."""
-    from powerflow.sim.report import _fastest, _plus_section
+    from powerflow.lab.sim.report import _fastest, _plus_section
 
     rows = [
         _row("powerflow", 10e9, 4.0, eta=0.6),

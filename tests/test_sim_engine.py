@@ -12,25 +12,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from powerflow.errors import SimulationError
-from powerflow.gpus import A100
-from powerflow.models.protocol import ArrayLike, FloatArray
-from powerflow.models.samples import Samples
-from powerflow.policy.snapshot import Budget, JobPlan, Plan, Snapshot
-from powerflow.profiling import PAPER_SWEEP, ClockSweep
-from powerflow.schedulers import (
-    ORACLE,
-    PLUS_PROFILE_SWEEP,
-    Configured,
-    Profiling,
-    scheduler,
-)
-from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation
-from powerflow.sim.learning import OracleLearner
-from powerflow.sim.metrics import summarise
-from powerflow.sim.trace import TraceJob
-from powerflow.sim.world import World, default_world
+from powerflow.core.errors import SimulationError
+from powerflow.core.gpus import A100
+from powerflow.core.learning import OracleLearner
+from powerflow.core.models.protocol import ArrayLike, FloatArray
+from powerflow.core.models.samples import Samples
+from powerflow.core.policy.snapshot import Budget, JobPlan, Plan, Snapshot
+from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
+from powerflow.core.schedulers import PLUS_PROFILE_SWEEP
+from powerflow.lab.schedulers import ORACLE, Configured, Profiling, scheduler
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.metrics import summarise
+from powerflow.lab.sim.trace import TraceJob
+from powerflow.lab.sim.world import World, default_world
 
 FMAX = A100.max_clock_mhz
 IDLE = A100.idle_power_w
@@ -373,7 +368,7 @@ def test_the_sample_window_is_the_node_agent_s_and_the_twin_s() -> None:
     """The simulator's rows per slice follow the agent's default ``--window``; the twin
     scales that same window for its agents and for the run it compares with."""
     from powerflow.cli import build_parser
-    from powerflow.twin.timescale import SAMPLE_WINDOW_S
+    from powerflow.lab.twin.timescale import SAMPLE_WINDOW_S
 
     agent = build_parser(only="nodeagent").parse_args(["nodeagent", "--simulate", "1"])
     assert agent.window == SimConfig().sample_window_s == SAMPLE_WINDOW_S

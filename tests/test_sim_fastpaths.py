@@ -19,22 +19,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from powerflow.devices.simulated import Workload, capped_clock_mhz
-from powerflow.groundtruth import ground_truth
-from powerflow.groundtruth.measure import measure, one_gpu_sweep, sweep_plan
-from powerflow.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
-from powerflow.policy.snapshot import GpuSlot, Job, Snapshot
-from powerflow.schedulers import scheduler
-from powerflow.sim import kernels
-from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation, _with_changes
-from powerflow.sim.jobs import JobArrays, Phase, SimJob
-from powerflow.sim.metrics import summarise
-from powerflow.sim.rates import TruthRates
-from powerflow.sim.result import RunResult
-from powerflow.sim.runner import TraceSpec, load_jobs
-from powerflow.sim.synthetic import SyntheticSpec
-from powerflow.sim.world import default_world
+from powerflow.core.devices import Workload, capped_clock_mhz
+from powerflow.core.policy.snapshot import GpuSlot, Job, Snapshot
+from powerflow.lab.groundtruth import ground_truth
+from powerflow.lab.groundtruth.measure import measure, one_gpu_sweep, sweep_plan
+from powerflow.lab.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
+from powerflow.lab.schedulers import scheduler
+from powerflow.lab.sim import kernels
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation, _with_changes
+from powerflow.lab.sim.jobs import JobArrays, Phase, SimJob
+from powerflow.lab.sim.metrics import summarise
+from powerflow.lab.sim.rates import TruthRates
+from powerflow.lab.sim.result import RunResult
+from powerflow.lab.sim.runner import TraceSpec, load_jobs
+from powerflow.lab.sim.synthetic import SyntheticSpec
+from powerflow.lab.sim.world import default_world
 
 
 class ReferenceSimulation(Simulation):

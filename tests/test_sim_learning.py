@@ -6,20 +6,20 @@ from collections import Counter
 
 import numpy as np
 
-from powerflow import groundtruth as gt
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import ModelParams
-from powerflow.models.priors import load_prior
-from powerflow.models.protocol import FloatArray
-from powerflow.models.samples import Samples
-from powerflow.sim.learning import (
+from powerflow.core.gpus import A100
+from powerflow.core.learning import (
     MIN_NEW_ROWS,
     FittedLearner,
     explains,
     has_new_evidence,
     placement_counts,
 )
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.priors import load_prior
+from powerflow.core.models.protocol import FloatArray
+from powerflow.core.models.samples import Samples
+from powerflow.lab import groundtruth as gt
 
 CLOCKS = np.array([810.0, 1110.0, 1410.0, 1230.0, 990.0, 1350.0], dtype=np.float64)
 

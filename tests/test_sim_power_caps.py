@@ -14,20 +14,20 @@ import numpy as np
 import pytest
 from test_sim_engine import FMAX, IDLE, FixedPolicy, ToyTruth, _job, _measure, _sweep
 
-from powerflow.devices.simulated import Workload, capped_clock_mhz
-from powerflow.errors import SimulationError
-from powerflow.gpus import A100
-from powerflow.models.protocol import ArrayLike, FloatArray
-from powerflow.policy.snapshot import Budget, Plan, Snapshot
-from powerflow.profiling import PAPER_SWEEP
-from powerflow.schedulers import ORACLE, Configured, Profiling
-from powerflow.sim.config import SimConfig
-from powerflow.sim.engine import Simulation
-from powerflow.sim.learning import OracleLearner
-from powerflow.sim.metrics import summarise
-from powerflow.sim.result import RunResult
-from powerflow.sim.trace import TraceJob
-from powerflow.sim.world import World
+from powerflow.core.devices import Workload, capped_clock_mhz
+from powerflow.core.errors import SimulationError
+from powerflow.core.gpus import A100
+from powerflow.core.learning import OracleLearner
+from powerflow.core.models.protocol import ArrayLike, FloatArray
+from powerflow.core.policy.snapshot import Budget, Plan, Snapshot
+from powerflow.core.profiling import PAPER_SWEEP
+from powerflow.lab.schedulers import ORACLE, Configured, Profiling
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.metrics import summarise
+from powerflow.lab.sim.result import RunResult
+from powerflow.lab.sim.trace import TraceJob
+from powerflow.lab.sim.world import World
 
 TOP_W = 250.0  # W per computing GPU at the top clock
 

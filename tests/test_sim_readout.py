@@ -16,20 +16,20 @@ import pytest
 from matplotlib.colors import to_hex
 from rich.console import Console
 
-from powerflow.groundtruth import ground_truth
-from powerflow.sim import plots
-from powerflow.sim.compare import jct_ratios
-from powerflow.sim.config import SimConfig
-from powerflow.sim.headline import closing_lines, headlines, sentence
-from powerflow.sim.metrics import (
+from powerflow.lab.groundtruth import ground_truth
+from powerflow.lab.sim import plots
+from powerflow.lab.sim.compare import jct_ratios
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.headline import closing_lines, headlines, sentence
+from powerflow.lab.sim.metrics import (
     energy_between,
     reference_durations_s,
     reference_work_gpu_s,
     summarise,
 )
-from powerflow.sim.output import results_table
-from powerflow.sim.result import JobRecord, RunResult, Series
-from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_one
+from powerflow.lab.sim.output import results_table
+from powerflow.lab.sim.result import JobRecord, RunResult, Series
+from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_one
 
 GJ = 1e9
 
@@ -117,7 +117,7 @@ def test_a_run_carries_window_energy_and_work(tmp_path: Path) -> None:
     assert 0 < m["window_energy_j"] < m["total_energy_j"]
     assert m["work_gpu_h"] > 0
     assert m["energy_per_work_gpu_h_j"] == pytest.approx(m["total_energy_j"] / m["work_gpu_h"])
-    from powerflow.sim.runner import simulate
+    from powerflow.lab.sim.runner import simulate
 
     res = simulate(RunSpec("gandiva", 1410, TraceSpec(str(trace)), cfg))
     assert energy_between(res.series, res.series.t_s[0], res.series.t_s[-1]) == pytest.approx(
@@ -402,8 +402,8 @@ def test_the_comparison_sweeps_powerflow_low_and_baselines_from_the_lowest_effic
 ):
     """PowerFlow down to eta 0.2 (its energies then reach the baselines' cheapest runs
     with idle nodes off); every baseline over five clocks from 1020 MHz up."""
-    from powerflow.schedulers import DEFAULT_FREQUENCIES_MHZ
-    from powerflow.sim.experiments import comparison
+    from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ
+    from powerflow.lab.sim.experiments import comparison
 
     specs = [s for s in comparison(TraceSpec(), SimConfig()) if not s.oracle]
     values: dict[str, list[float | None]] = {}
@@ -415,7 +415,7 @@ def test_the_comparison_sweeps_powerflow_low_and_baselines_from_the_lowest_effic
 
 
 def test_the_report_says_which_trace_ran() -> None:
-    from powerflow.sim.report import _trace_text
+    from powerflow.lab.sim.report import _trace_text
 
     itp = " ".join(_trace_text(TraceSpec()))
     assert "stand-in for the paper's Alibaba PAI subset" in itp
@@ -431,7 +431,7 @@ def test_the_main_report_summarises_every_other_comparison(tmp_path: Path) -> No
     gives each one's title, a link to its report and its headline sentences."""
     import json
 
-    from powerflow.sim.report import _others
+    from powerflow.lab.sim.report import _others
 
     out = tmp_path / "docs" / "results"
     philly = out / "philly"
@@ -454,8 +454,8 @@ def test_sweep_sensitivity_rows_show_their_parameter_value(
     """Each terminal row of ``powerflow sweep sensitivity`` carries the axis value it
     belongs to (two tiny synthetic runs stand in for the study's 72)."""
     from powerflow.cli import main
-    from powerflow.sim import experiments
-    from powerflow.sim.synthetic import SyntheticSpec
+    from powerflow.lab.sim import experiments
+    from powerflow.lab.sim.synthetic import SyntheticSpec
 
     def tiny(config: SimConfig, *, quick: bool = False) -> list[RunSpec]:
         cfg = SimConfig(nodes=1, gpus_per_node=4)

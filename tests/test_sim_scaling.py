@@ -1,14 +1,14 @@
-"""A trace's arrival rate scaled by superposing shifted copies (``powerflow.sim.scaling``)."""
+"""A trace's arrival rate scaled by superposing shifted copies (``powerflow.lab.sim.scaling``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from powerflow.errors import DataError
-from powerflow.groundtruth import MODEL_NAMES
-from powerflow.sim.scaling import superpose, trace_period_s
-from powerflow.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_itp
+from powerflow.core.errors import DataError
+from powerflow.lab.groundtruth import MODEL_NAMES
+from powerflow.lab.sim.scaling import superpose, trace_period_s
+from powerflow.lab.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_itp
 
 HOUR = 3600.0
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powerflow.errors import DataError
-from powerflow.groundtruth import MODEL_NAMES, ground_truth
-from powerflow.sim.synthetic import SyntheticSpec, generate
-from powerflow.sim.trace import (
+from powerflow.core.errors import DataError
+from powerflow.lab.groundtruth import MODEL_NAMES, ground_truth
+from powerflow.lab.sim.synthetic import SyntheticSpec, generate
+from powerflow.lab.sim.trace import (
     ITP_TRACE,
     PHILLY_TRACE,
     bundled_trace,

@@ -53,18 +53,19 @@ from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NodeAgent
 from support.operator_harness import Operator, free_port, operator_args
 
-from powerflow import contract
-from powerflow import groundtruth as gt
 from powerflow.cli import build_parser
 from powerflow.commands.nodeagent import SIM_TICK_S, ticks
-from powerflow.devices import SimulatedGpus, Workload
-from powerflow.gpus import A100
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import ModelParams
-from powerflow.models.priors import load_prior
-from powerflow.models.protocol import PerfModel
-from powerflow.profiling import PAPER_SWEEP
-from powerflow.telemetry import WindowSample
+from powerflow.core import contract
+from powerflow.core.devices import Workload
+from powerflow.core.gpus import A100
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.priors import load_prior
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.profiling import PAPER_SWEEP
+from powerflow.core.telemetry import WindowSample
+from powerflow.lab import groundtruth as gt
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 

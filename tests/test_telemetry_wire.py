@@ -1,4 +1,4 @@
-"""The sample batch wire format (``powerflow.telemetry``): round trip and refusals."""
+"""The sample batch wire format (``powerflow.core.telemetry``): round trip and refusals."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerflow.telemetry import (
+from powerflow.core.telemetry import (
     MAX_PROGRESS_PER_BATCH,
     MAX_SAMPLES_PER_BATCH,
     JobProgress,

@@ -10,8 +10,8 @@ from types import ModuleType
 
 import pytest
 
-from powerflow.sim.config import SimConfig
-from powerflow.sim.runner import TraceSpec
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.runner import TraceSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 

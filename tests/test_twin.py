@@ -1,5 +1,5 @@
 """The twin: every component together, a mini trace to completion, and the simulator's
-figures on the same jobs (``powerflow.twin``, ``docs/twin.md``).
+figures on the same jobs (``powerflow.lab.twin``, ``docs/twin.md``).
 
 The run starts the operator and the extender as processes (as a user starts them), two
 node agents on simulated GPUs, the kubelet and the scheduler, and runs the 20-job mini
@@ -17,16 +17,16 @@ import httpx
 import pytest
 from powerflow.nodeagent.windows import JobShape, Reading, Windows
 
-from powerflow import contract
-from powerflow.devices.simulated import Workload
-from powerflow.twin.apiserver import ApiServer
-from powerflow.twin.compare import agreement, simulate_mini
-from powerflow.twin.gpus import TwinGpus
-from powerflow.twin.harness import DLJOBS, Twin, TwinResult
-from powerflow.twin.kubelet import gpu_of, gpus_per_node
-from powerflow.twin.scheduler import feasible, gpu_request
-from powerflow.twin.timescale import SAMPLE_WINDOW_S, TimeScale
-from powerflow.twin.trace import mini_trace
+from powerflow.core import contract
+from powerflow.core.devices import Workload
+from powerflow.lab.twin.apiserver import ApiServer
+from powerflow.lab.twin.compare import agreement, simulate_mini
+from powerflow.lab.twin.gpus import TwinGpus
+from powerflow.lab.twin.harness import DLJOBS, Twin, TwinResult
+from powerflow.lab.twin.kubelet import gpu_of, gpus_per_node
+from powerflow.lab.twin.scheduler import feasible, gpu_request
+from powerflow.lab.twin.timescale import SAMPLE_WINDOW_S, TimeScale
+from powerflow.lab.twin.trace import mini_trace
 
 NODES, GPUS = 2, 8
 MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.01), 450

@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 from support.twin_checks import POD_NAME, SEED, ProgressLog, Watch, bad_resumes, job_progress, world
 
-from powerflow import contract
-from powerflow.twin.apiserver import FaultControl
-from powerflow.twin.harness import Twin
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import mini_trace
+from powerflow.core import contract
+from powerflow.lab.twin.apiserver import FaultControl
+from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import mini_trace
 
 PRODUCT = ("powerflow-operator/*", "kopf/*", "powerflow-nodeagent/*", "powerflow-extender/*")
 """The product's clients: the operator's allocation loop and its kopf watches, the node

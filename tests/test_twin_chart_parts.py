@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from powerflow.twin.chart import INSTALL_ORDER, PATHS, kubescheduler_standin, render
-from powerflow.twin.chartpods import fits, pod_status_text
-from powerflow.twin.runtime import Image, argv_of, expand, inside
-from powerflow.twin.scheduler import SchedulerConfig, tolerated
+from powerflow.lab.twin.chart import INSTALL_ORDER, PATHS, kubescheduler_standin, render
+from powerflow.lab.twin.chartpods import fits, pod_status_text
+from powerflow.lab.twin.runtime import Image, argv_of, expand, inside
+from powerflow.lab.twin.scheduler import SchedulerConfig, tolerated
 
 HELM = Path(__file__).resolve().parents[1] / ".tools" / "helm"
 
@@ -179,7 +179,7 @@ def test_https_extender_is_refused() -> None:
 def test_kube_scheduler_flags_are_kept_for_the_stand_in() -> None:
     argv = kubescheduler_standin(["kube-scheduler", "--config=/etc/x.yaml", "--secure-port=1"])
     assert argv[-2:] == ["--config=/etc/x.yaml", "--secure-port=1"]
-    assert argv[1:3] == ["-m", "powerflow.twin.kubescheduler"]
+    assert argv[1:3] == ["-m", "powerflow.lab.twin.kubescheduler"]
 
 
 def test_every_kind_the_chart_renders_can_be_applied() -> None:
@@ -192,7 +192,7 @@ def test_three_way_merge_keeps_what_neither_rendering_has() -> None:
     """Helm's three-way JSON merge patch: dropped by the chart -> null; changed by the
     chart -> the new value; changed live where the chart did not change it -> set back
     to the chart's (Helm owns what it renders); added live -> untouched."""
-    from powerflow.twin.chart import three_way
+    from powerflow.lab.twin.chart import three_way
 
     original = {"data": {"a": "1", "b": "2", "gone": "x"}, "spec": {"replicas": 1}}
     modified = {"data": {"a": "1", "b": "3"}, "spec": {"replicas": 1}}
@@ -207,7 +207,7 @@ def test_three_way_merge_keeps_what_neither_rendering_has() -> None:
 
 
 def test_a_pod_template_change_changes_its_hash() -> None:
-    from powerflow.twin.chartpods import template_hash
+    from powerflow.lab.twin.chartpods import template_hash
 
     d = {"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x:1"}]}}}}
     e = {"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "x:2"}]}}}}

@@ -40,11 +40,11 @@ from support.twin_checks import (
     job_progress,
 )
 
-from powerflow import contract
-from powerflow.twin.apiserver import ApiServer
-from powerflow.twin.harness import Twin
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import mini_trace
+from powerflow.core import contract
+from powerflow.lab.twin.apiserver import ApiServer
+from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import mini_trace
 
 
 @pytest.mark.timeout(900)

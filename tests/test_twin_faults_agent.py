@@ -1,6 +1,6 @@
 """A node agent killed on the twin, with training workers on its node.
 
-The agent runs as a process of its own (``powerflow.twin.agentproc``), so a
+The agent runs as a process of its own (``powerflow.lab.twin.agentproc``), so a
 SIGKILL is a kill: nothing of it runs. Checked, on one node of 8 GPUs with two
 jobs of the default trace training:
 
@@ -42,15 +42,15 @@ import pytest
 from aiohttp import web
 from support.twin_checks import POD_NAME, ProgressLog, bad_resumes, eventually, job_progress
 
-from powerflow import contract
-from powerflow.devices import GpuInvalidArgument
-from powerflow.telemetry import WindowSample, parse_batch
-from powerflow.twin.agentproc import GpuServer, Setting, connect
-from powerflow.twin.components import Agent, free_port
-from powerflow.twin.gpus import TwinGpus
-from powerflow.twin.harness import Twin
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import NAMESPACE, mini_trace
+from powerflow.core import contract
+from powerflow.core.devices import GpuInvalidArgument
+from powerflow.core.telemetry import WindowSample, parse_batch
+from powerflow.lab.twin.agentproc import GpuServer, Setting, connect
+from powerflow.lab.twin.components import Agent, free_port
+from powerflow.lab.twin.gpus import TwinGpus
+from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 
 SEED = 16
 NODE = "node-0"

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from support.twin_checks import eventually
 
-from powerflow import contract
-from powerflow.gpus import A100
-from powerflow.sim.config import INTERVAL_S
-from powerflow.twin.harness import MERGE, Twin
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import mini_trace
+from powerflow.core import contract
+from powerflow.core.gpus import A100
+from powerflow.lab.sim.config import INTERVAL_S
+from powerflow.lab.twin.harness import MERGE, Twin
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import mini_trace
 
 SEED = 16
 GPUS = 8

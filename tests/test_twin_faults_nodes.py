@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 from support.twin_checks import POD_NAME, SEED, ProgressLog, Watch, bad_resumes, job_progress
 
-from powerflow import contract
-from powerflow.twin.harness import Twin
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import NAMESPACE, mini_trace
+from powerflow.core import contract
+from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 
 Obj = dict[str, Any]
 SCALE = TimeScale(0.02)

@@ -39,12 +39,12 @@ import pytest
 from extender_bodies import node as extender_node
 from support.twin_checks import eventually
 
-from powerflow import contract
-from powerflow.policy.budget_schedule import clock_text
-from powerflow.telemetry import SampleBatch, WindowSample, encode_batch
-from powerflow.twin.harness import DLJOBS, MERGE, Twin
-from powerflow.twin.timescale import TimeScale
-from powerflow.twin.trace import NAMESPACE
+from powerflow.core import contract
+from powerflow.core.policy.budget_schedule import clock_text
+from powerflow.core.telemetry import SampleBatch, WindowSample, encode_batch
+from powerflow.lab.twin.harness import DLJOBS, MERGE, Twin
+from powerflow.lab.twin.timescale import TimeScale
+from powerflow.lab.twin.trace import NAMESPACE
 
 SEED = 27
 SCALE = TimeScale(0.02)

@@ -1,4 +1,4 @@
-"""The twin's ``pynvml`` (``powerflow.twin.nvml_shim``) as the agent of the product's
+"""The twin's ``pynvml`` (``powerflow.lab.twin.nvml_shim``) as the agent of the product's
 image meets it: mounted in place of nvidia-ml-py's ``pynvml.py``, under the agent's real
 NVML class (``powerflow.nodeagent.nvml.NvmlGpus``), on a ``GpuServer``'s ``TwinGpus``.
 
@@ -30,10 +30,10 @@ from powerflow.nodeagent.nvml_errors import map_nvml_error
 from support.nvml_library import has_nvml_library
 from support.operator_harness import write_kubeconfig
 
-from powerflow.twin import nvml_shim
-from powerflow.twin.agentproc import GpuServer
-from powerflow.twin.gpus import TwinGpus
-from powerflow.twin.ports import free_port
+from powerflow.lab.twin import nvml_shim
+from powerflow.lab.twin.agentproc import GpuServer
+from powerflow.lab.twin.gpus import TwinGpus
+from powerflow.lab.twin.ports import free_port
 
 SHIM = Path(nvml_shim.__file__)
 NODE = "n"

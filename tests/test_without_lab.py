@@ -51,9 +51,10 @@ def test_every_component_module_imports_without_the_lab() -> None:
         """
         import importlib, pkgutil
         for pkg in ("powerflow.operator", "powerflow.extender", "powerflow.nodeagent",
-                    "powerflow.worker", "powerflow.kubeapi", "powerflow.policy",
-                    "powerflow.models", "powerflow.devices", "powerflow.commands.operator",
-                    "powerflow.commands.extender", "powerflow.commands.nodeagent"):
+                    "powerflow.worker", "powerflow.kubeapi", "powerflow.core.policy",
+                    "powerflow.core.models", "powerflow.core.devices",
+                    "powerflow.commands.operator", "powerflow.commands.extender",
+                    "powerflow.commands.nodeagent"):
             module = importlib.import_module(pkg)
             for info in pkgutil.walk_packages(getattr(module, "__path__", []), pkg + "."):
                 importlib.import_module(info.name)

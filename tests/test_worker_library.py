@@ -27,7 +27,7 @@ from powerflow.worker import EXIT_ON_SIGTERM, Worker, read_env
 from support.agent_endpoint import serve_in_thread
 from support.kube_emulator import KubeEmulator
 
-from powerflow import contract
+from powerflow.core import contract
 
 UID = "7e3f0b52-1d4c-4c4f-8f55-0c8a3f7f2b10"
 

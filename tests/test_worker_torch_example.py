@@ -30,8 +30,9 @@ from powerflow.operator.workers import WorkerSet, worker_pods
 from support.agent_endpoint import serve_in_thread
 from support.operator_harness import free_port
 
-from powerflow import contract
-from powerflow.devices import SimulatedGpus, Workload
+from powerflow.core import contract
+from powerflow.core.devices import Workload
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "node-a"

@@ -2,7 +2,7 @@
 
 Runs inside the user's training container; it needs the standard library
 alone, and no right on the API server. It never imports PyTorch or anything
-else of PowerFlow but ``powerflow.contract``::
+else of PowerFlow but ``powerflow.core.contract``::
 
     from powerflow.worker import Worker
 
@@ -16,7 +16,7 @@ What it does (``Worker``):
 - **Iteration reports to the node agent**: at iteration boundaries at least
   ``min_interval_s`` (0.1 s) apart, a POST of ``{"namespace", "pod", "uid",
   "iterations", "gpuUuids"}`` to ``http://$POWERFLOW_AGENT_HOST:$POWERFLOW_AGENT_PORT``
-  ``/v1/iterations`` (``powerflow.contract.ITERATIONS_PATH``), fire and forget
+  ``/v1/iterations`` (``powerflow.core.contract.ITERATIONS_PATH``), fire and forget
   from a background thread: a training step never waits for it; ``close()``
   sends the last count once more if the agent has not had it. The agent
   measures energy per window of iterations from these boundaries and steps

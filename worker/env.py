@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from powerflow import contract
+from powerflow.core import contract
 
 DEFAULT_GRACE_S = 30.0
 """Kubernetes' default ``terminationGracePeriodSeconds``."""

@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 
-from powerflow import contract
+from powerflow.core import contract
 
 log = logging.getLogger("powerflow.worker")
 

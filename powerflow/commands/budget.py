@@ -2,7 +2,7 @@
 
 For each budget (``--etas`` or ``--watts``) it predicts the queue's average
 JCT, total energy and completion time with the scheduler's current models
-(``powerflow.sim.whatif``: the simulator with those models as the truth), as a
+(``powerflow.lab.sim.whatif``: the simulator with those models as the truth), as a
 table and, with ``--plot``, a figure. The queue is the live one
 (``--kubeconfig``: the DLJobs not yet done, each with its remaining
 iterations and its ``status.model`` parameters, else its prior; the cluster's
@@ -28,16 +28,16 @@ from typing import Any
 
 from rich.table import Table
 
-from powerflow import contract
 from powerflow.commands import checks
 from powerflow.commands.operator import OPERATED
-from powerflow.errors import BudgetError, PowerFlowError, SimulationError
-from powerflow.policy.budget_schedule import describe_budget, stops_every_job
-from powerflow.policy.snapshot import Budget
-from powerflow.schedulers import DEFAULT_ETAS
-from powerflow.sim.config import SimConfig
-from powerflow.sim.trace import TraceJob
-from powerflow.sim.whatif import Prediction, QueuedJob, budget_label, predict
+from powerflow.core import contract
+from powerflow.core.errors import BudgetError, PowerFlowError, SimulationError
+from powerflow.core.policy.budget_schedule import describe_budget, stops_every_job
+from powerflow.core.policy.snapshot import Budget
+from powerflow.lab.schedulers import DEFAULT_ETAS
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.trace import TraceJob
+from powerflow.lab.sim.whatif import Prediction, QueuedJob, budget_label, predict
 
 HOUR = 3600.0
 KWH = 3.6e6
@@ -232,7 +232,7 @@ def live_cluster(nodes: int, gpus_per_node: int) -> SimConfig:
 def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJob], SimConfig]:
     """The default trace's first ``jobs`` jobs that fit the cluster, all waiting now, with
     their priors."""
-    from powerflow.sim.runner import TraceSpec, load_jobs
+    from powerflow.lab.sim.runner import TraceSpec, load_jobs
 
     if jobs < 1:
         raise WhatIfError("--jobs must be >= 1")
@@ -246,8 +246,8 @@ def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJo
 def prior_queue(trace: Iterable[TraceJob]) -> list[QueuedJob]:
     """Trace jobs as a queue, each job's prior taken as its model (what the operator knows
     before any job has run)."""
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.priors import load_prior
+    from powerflow.core.models.fitted import FittedModel
+    from powerflow.core.models.priors import load_prior
 
     return [
         QueuedJob(
@@ -473,7 +473,7 @@ def plot(
 
 
 def _console() -> Any:
-    from powerflow.sim.output import stdout_console
+    from powerflow.lab.sim.output import stdout_console
 
     return stdout_console()
 
@@ -484,7 +484,7 @@ def _console() -> Any:
 def _validate(args: argparse.Namespace) -> int:
     """The what-if (priors as the truth) against the full simulator (ground truth,
     models fitted online) on the default trace, at each eta."""
-    from powerflow.sim.runner import RunSpec, TraceSpec, load_jobs, run_many
+    from powerflow.lab.sim.runner import RunSpec, TraceSpec, load_jobs, run_many
 
     if args.watts is not None:
         raise WhatIfError("--validate compares etas (--etas), as the simulator's sweep does")

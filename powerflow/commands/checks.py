@@ -14,8 +14,8 @@ import math
 import os
 from pathlib import Path
 
-from powerflow.errors import PowerFlowError
-from powerflow.gpus import A100
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.gpus import A100
 
 
 class ArgumentError(PowerFlowError):

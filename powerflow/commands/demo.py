@@ -33,15 +33,15 @@ from rich.live import Live
 
 from powerflow.commands import checks
 from powerflow.commands.demo_view import Frame, NodeRow, event_line, job_rows, new_events, render
-from powerflow.errors import PowerFlowError
-from powerflow.gpus import A100
-from powerflow.sim import output
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.gpus import A100
+from powerflow.lab.sim import output
 
 if TYPE_CHECKING:
-    from powerflow.sim.result import RunResult
-    from powerflow.twin.gpus import TwinGpus
-    from powerflow.twin.harness import Twin, TwinResult
-    from powerflow.twin.trace import MiniJob
+    from powerflow.lab.sim.result import RunResult
+    from powerflow.lab.twin.gpus import TwinGpus
+    from powerflow.lab.twin.harness import Twin, TwinResult
+    from powerflow.lab.twin.trace import MiniJob
 
 DEFAULT_SPEED = 50.0
 MAX_SPEED = 1000.0
@@ -146,10 +146,10 @@ def run(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace, console: Console) -> int:
     """Start the twin, run the jobs under the live view, print the summary."""
-    from powerflow.twin.compare import agreement, simulate_mini
-    from powerflow.twin.harness import Twin
-    from powerflow.twin.timescale import TimeScale
-    from powerflow.twin.trace import mini_trace
+    from powerflow.lab.twin.compare import agreement, simulate_mini
+    from powerflow.lab.twin.harness import Twin
+    from powerflow.lab.twin.timescale import TimeScale
+    from powerflow.lab.twin.trace import mini_trace
 
     scale = TimeScale(1.0 / args.speed)
     jobs = mini_trace(args.jobs, scale)
@@ -206,8 +206,8 @@ def logs_to(path: Path) -> Iterator[None]:
 
 def budget_w(eta: float, nodes: int) -> float:
     """The operator's limit for the budget ConfigMap's ``eta`` (``policy.budget``)."""
-    from powerflow.policy.budget import resolve_limit_watts
-    from powerflow.policy.snapshot import Budget
+    from powerflow.core.policy.budget import resolve_limit_watts
+    from powerflow.core.policy.snapshot import Budget
 
     return resolve_limit_watts(Budget(eta=eta), nodes * GPUS_PER_NODE, A100.p_max_w)
 
@@ -239,9 +239,9 @@ def drive(
     """What ``Twin.run`` does (apply each DLJob at its trace time, wait until every one
     ended; a job's JCT from its submission to the read that saw it end), with the
     view redrawn at every read; and the run's wall-clock seconds."""
-    from powerflow.twin.gpus import totals
-    from powerflow.twin.harness import DLJOBS, JobOutcome, TwinResult, job_state
-    from powerflow.twin.trace import NAMESPACE
+    from powerflow.lab.twin.gpus import totals
+    from powerflow.lab.twin.harness import DLJOBS, JobOutcome, TwinResult, job_state
+    from powerflow.lab.twin.trace import NAMESPACE
 
     assert twin.client is not None
     events_path = f"/api/v1/namespaces/{NAMESPACE}/events"
@@ -306,7 +306,7 @@ def summary_rows(
     """The twin's run and ``simulate``'s as ``simulate``'s rows (``metrics.summarise``'s
     keys): for the twin what it measures the same way (JCTs; energy of every GPU,
     training and idle; the budget), the rest blank."""
-    from powerflow.sim.metrics import summarise
+    from powerflow.lab.sim.metrics import summarise
 
     jct = np.array([j.jct_s for j in twin.jobs])
     measured = {

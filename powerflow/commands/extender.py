@@ -26,8 +26,8 @@ import logging
 from typing import Any
 
 from powerflow.commands.tolerate import add_tolerate_option
-from powerflow.errors import PowerFlowError
-from powerflow.taints import pool_tolerations
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.taints import pool_tolerations
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8888

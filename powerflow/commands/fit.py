@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from powerflow.commands import checks
-from powerflow.errors import DataError, ModelError
-from powerflow.gpus import GpuSpec, gpu_spec
-from powerflow.models.fitted import FittedModel
-from powerflow.models.fitting import MIN_SAMPLES, FitOptions, fit_profile
-from powerflow.models.metrics import Accuracy, accuracy, split
-from powerflow.models.params import ModelParams
-from powerflow.models.priors import load_prior, priors_path, write_prior
-from powerflow.models.samples import Samples, read_samples_csv
+from powerflow.core.errors import DataError, ModelError
+from powerflow.core.gpus import GpuSpec, gpu_spec
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.fitting import MIN_SAMPLES, FitOptions, fit_profile
+from powerflow.core.models.metrics import Accuracy, accuracy, split
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.priors import load_prior, priors_path, write_prior
+from powerflow.core.models.samples import Samples, read_samples_csv
 
 
 def register(subparsers: Any) -> None:
@@ -169,7 +169,7 @@ def _prior_for(model: str | None, gpu: GpuSpec) -> ModelParams | None:
 
 
 def _run_ground_truth(args: argparse.Namespace, gpu: GpuSpec) -> int:
-    from powerflow import groundtruth as gt
+    from powerflow.lab import groundtruth as gt
 
     names = gt.MODEL_NAMES
     if args.models:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from powerflow.gpus import GpuSpec
-from powerflow.models.fitted import FittedModel
-from powerflow.models.params import ModelParams
-from powerflow.models.samples import Samples
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.samples import Samples
 
 
 def _nearest_clock(gpu: GpuSpec, mhz: float) -> float:

@@ -38,13 +38,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from powerflow import contract
 from powerflow.commands.kubeconfig import add_kubeconfig_option
-from powerflow.errors import PowerFlowError
-from powerflow.telemetry import NodePower
+from powerflow.core import contract
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.telemetry import NodePower
 
 if TYPE_CHECKING:
-    from powerflow.devices import GpuDevices
+    from powerflow.core.devices import GpuDevices
     from powerflow.nodeagent.agent import Agent, PodResourcesSource, TelemetryPart
     from powerflow.nodeagent.kube import AgentKube
 
@@ -184,7 +184,7 @@ def open_devices(args: argparse.Namespace, clock: Callable[[], float]) -> GpuDev
     """``--simulate N`` simulated A100s, else the node's GPUs through NVML
     (``GpuUnavailable``, one line, when there are none)."""
     if args.simulate:
-        from powerflow.devices import SimulatedGpus
+        from powerflow.lab.simulated_gpus import SimulatedGpus
 
         return SimulatedGpus(args.simulate, node=args.node_name, clock=ticks(clock, SIM_TICK_S))
     from powerflow.nodeagent.nvml import open_nvml_gpus

@@ -47,28 +47,28 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from powerflow import __version__, contract
+from powerflow import __version__
 from powerflow.commands.kubeconfig import add_kubeconfig_option
 from powerflow.commands.tolerate import add_tolerate_option
-from powerflow.errors import PowerFlowError
-from powerflow.taints import pool_tolerations
+from powerflow.core import contract
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.taints import pool_tolerations
 
 OPERATED = ("powerflow", "powerflow+")
 """The schedulers the operator runs (``--scheduler``), each by its registry entry
-(``powerflow.schedulers``): the policy and the profiling (window and clocks) that
+(``powerflow.lab.schedulers``): the policy and the profiling (window and clocks) that
 ``powerflow simulate --scheduler`` measures, except the pre-run: the operator has
 none, a job profiles on its first GPU count. The baselines are there to compare
 against: they keep no budget."""
 
 if TYPE_CHECKING:
+    from powerflow.core.policy.snapshot import Policy
     from powerflow.operator.controller import Controller
     from powerflow.operator.ingest import SampleSink
     from powerflow.operator.learning import SampleStore
     from powerflow.operator.reconcile import ModelFactory
-    from powerflow.policy.snapshot import Policy
 
 LEASE_NAME = "powerflow-operator"
-AGENT_ACCOUNT = "system:serviceaccount:powerflow-system:powerflow-nodeagent"
 LEASE_NAMESPACE = "powerflow-system"
 
 
@@ -168,9 +168,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ingest-tls-key", metavar="FILE", help="the certificate's key file")
     p.add_argument(
         "--ingest-service-account",
-        default=AGENT_ACCOUNT,
+        default=contract.AGENT_ACCOUNT,
         metavar="USERNAME",
-        help=f"the only account whose samples are accepted (default {AGENT_ACCOUNT})",
+        help=f"the only account whose samples are accepted (default {contract.AGENT_ACCOUNT})",
     )
     add_tolerate_option(p, "extender")
     p.set_defaults(func=run)
@@ -271,6 +271,7 @@ def serve(
     import kopf
     from prometheus_client import start_http_server
 
+    from powerflow.core.schedulers import scheduler
     from powerflow.operator.connection import (
         api_client,
         connection_info,
@@ -298,7 +299,6 @@ def serve(
     from powerflow.operator.metrics import Metrics
     from powerflow.operator.reported_progress import ReportedProgress
     from powerflow.operator.tokenreview import TokenReviewer
-    from powerflow.schedulers import scheduler
 
     options = kopf_options(args)
     try:

@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from powerflow.commands import checks
-from powerflow.errors import PowerFlowError
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Snapshot
+from powerflow.core.errors import PowerFlowError
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Snapshot
 
 DEMO_NODES = 4
 DEMO_GPUS_PER_NODE = 8
@@ -70,7 +70,7 @@ def register(subparsers: Any) -> None:
 
 def demo_snapshot(budget: Budget) -> Snapshot:
     """The built-in cluster and queue (ground-truth models), one hour into the day."""
-    from powerflow.groundtruth import ground_truth
+    from powerflow.lab.groundtruth import ground_truth
 
     nodes = tuple(Node(f"node-{i}", DEMO_GPUS_PER_NODE, A100) for i in range(DEMO_NODES))
     jobs = tuple(

@@ -20,15 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from powerflow.commands import checks
-from powerflow.errors import BudgetError, SimulationError
-from powerflow.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
-from powerflow.policy.snapshot import Budget
-from powerflow.schedulers import SCHEDULERS, scheduler
-from powerflow.sim import experiments, headline, output
-from powerflow.sim.compare import jct_ratios, versus
-from powerflow.sim.config import SimConfig
-from powerflow.sim.report import setting_label, write_report
-from powerflow.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
+from powerflow.core.errors import BudgetError, SimulationError
+from powerflow.core.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
+from powerflow.core.policy.snapshot import Budget
+from powerflow.lab.schedulers import SCHEDULERS, scheduler
+from powerflow.lab.sim import experiments, headline, output
+from powerflow.lab.sim.compare import jct_ratios, versus
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.report import setting_label, write_report
+from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
 
 
 def register(subparsers: Any) -> None:
@@ -92,7 +92,7 @@ def register(subparsers: Any) -> None:
 
 
 def add_power_args(p: argparse.ArgumentParser) -> None:
-    """PowerFlow's budget-keeping options (``powerflow.policy.power_loop``); unset: its own."""
+    """PowerFlow's budget-keeping options (``powerflow.core.policy.power_loop``); unset: its own."""
     g = p.add_argument_group("keeping the power budget (PowerFlow)")
     g.add_argument(
         "--strict-power",
@@ -407,7 +407,7 @@ def write_outputs(
     plus: dict[str, Any] | None = None,
 ) -> list[Path]:
     # Matplotlib only where plots are drawn: it is a third of a single run's start-up.
-    from powerflow.sim import plots
+    from powerflow.lab.sim import plots
 
     rows = [o.row() for o in outcomes]
     files = [

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
-from powerflow.sim import experiments, output
+from powerflow.lab.sim import experiments, output
 
 
 def register(subparsers: Any) -> None:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     output.write_csv(rows, out / "sensitivity.csv")
     output.write_json(studies, out / "sensitivity.json")
     labels = {s.name: s.label for s in experiments.STUDIES}
-    from powerflow.sim import plots  # matplotlib only where a plot is drawn
+    from powerflow.lab.sim import plots  # matplotlib only where a plot is drawn
 
     plots.sensitivity(studies, labels, out / "sensitivity.png")
     if args.json:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import kubernetes
 
-from powerflow.errors import PowerFlowError
+from powerflow.core.errors import PowerFlowError
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 IN_CLUSTER = "in-cluster service account"

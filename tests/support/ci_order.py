@@ -1,7 +1,7 @@
 """How the suite splits over pytest-xdist's workers (``-n auto --dist loadgroup``, in
 ``addopts``): the twin's tests run one at a time, on one worker, and first.
 
-A test that starts a twin (``powerflow.twin``: an API server, the operator, the
+A test that starts a twin (``powerflow.lab.twin``: an API server, the operator, the
 extender and the node agents, as processes, against a real-time, time-scaled trace)
 is load-sensitive: two at once on a 2-core machine starve each other's components.
 So they form one unit of work (one worker runs them, in turn), and it comes first:

@@ -23,10 +23,10 @@ from powerflow.extender.objects import parse_block
 from powerflow.extender.placing import planned_block
 from powerflow.operator.reconcile import Actions, Observed, reconcile
 
-from powerflow import contract
-from powerflow.policy.placement import reserve_block
-from powerflow.policy.snapshot import Node
-from powerflow.timefmt import format_time
+from powerflow.core import contract
+from powerflow.core.policy.placement import reserve_block
+from powerflow.core.policy.snapshot import Node
+from powerflow.core.timefmt import format_time
 
 Obj = dict[str, Any]
 

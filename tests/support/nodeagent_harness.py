@@ -17,10 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from powerflow import contract
 from powerflow.cli import build_parser
 from powerflow.commands.nodeagent import serve
-from powerflow.devices import GpuLost, SimulatedGpus
+from powerflow.core import contract
+from powerflow.core.devices import GpuLost
+from powerflow.lab.simulated_gpus import SimulatedGpus
 
 NODE = "n1"
 PODS = "/api/v1/namespaces/ns/pods"

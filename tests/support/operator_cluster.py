@@ -20,9 +20,9 @@ import httpx
 import operator_cases
 from powerflow.operator.jobs import JobRequest
 
-from powerflow import contract
-from powerflow.policy.snapshot import JobPlan, Plan, Snapshot
-from powerflow.policy.synthetic import SyntheticModel
+from powerflow.core import contract
+from powerflow.core.policy.snapshot import JobPlan, Plan, Snapshot
+from powerflow.lab.synthetic import SyntheticModel
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args, write_kubeconfig
 

@@ -27,7 +27,7 @@ import yaml
 
 from powerflow.cli import build_parser
 from powerflow.commands.operator import serve
-from powerflow.twin.ports import free_port
+from powerflow.lab.twin.ports import free_port
 
 if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from powerflow.operator.learning import SampleStore
     from powerflow.operator.reconcile import ModelFactory
 
-    from powerflow.policy.snapshot import Policy
+    from powerflow.core.policy.snapshot import Policy
 
 
 def write_kubeconfig(path: Path, server: str, token: str | None = None) -> Path:

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
-from powerflow import contract
-from powerflow.twin.harness import Twin
-from powerflow.twin.trace import NAMESPACE
+from powerflow.core import contract
+from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.trace import NAMESPACE
 
 SEED = 16
 POD_NAME = re.compile(r"^(?P<job>.+)-g(?P<gen>\d+)-w(?P<rank>\d+)$")

@@ -1,0 +1,67 @@
+"""A fitted model behind the ``PerfModel`` interface the policy consumes."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerflow.core.gpus import GpuSpec, gpu_spec
+from powerflow.core.models import kernels
+from powerflow.core.models.params import ModelParams
+from powerflow.core.models.protocol import ArrayLike, FloatArray
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """Predictions of the paper's model with fixed parameters.
+
+    Satisfies ``PerfModel``; every method broadcasts its arguments like numpy.
+    """
+
+    params: ModelParams
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return gpu_spec(self.params.gpu)
+
+    # Packed once per model (``cached_property`` writes the instance's
+    # ``__dict__``, which a frozen dataclass allows): the policy predicts with
+    # the same model at every call.
+    @functools.cached_property
+    def _vectors(self) -> tuple[FloatArray, FloatArray]:
+        return self.params.vectors()
+
+    @functools.cached_property
+    def _f0_mhz(self) -> float:
+        return float(self.gpu.f0_mhz)
+
+    def step_time_s(self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike) -> FloatArray:
+        return self.predict(n, r, bs, f)[0]
+
+    def energy_per_iter_j(
+        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
+    ) -> FloatArray:
+        return self.predict(n, r, bs, f)[1]
+
+    def predict(
+        self, n: ArrayLike, r: ArrayLike, bs: ArrayLike, f: ArrayLike
+    ) -> tuple[FloatArray, FloatArray]:
+        """Step time and energy together, sharing the step-time terms."""
+        cols = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (n, r, bs, f)))
+        shape = cols[0].shape
+        t, e = self.predict_columns(*(a.ravel() for a in cols))
+        return t.reshape(shape), e.reshape(shape)
+
+    def predict_columns(
+        self, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """``predict`` of equal-length 1-D columns, without broadcasting."""
+        tp, ep = self._vectors
+        return kernels.predict(tp, ep, self._f0_mhz, *(as_column(a) for a in (n, r, bs, f)))
+
+
+def as_column(a: FloatArray) -> FloatArray:
+    """``a`` as the contiguous float64 column the compiled kernels take."""
+    return np.ascontiguousarray(a, dtype=np.float64)

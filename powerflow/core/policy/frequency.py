@@ -1,0 +1,99 @@
+"""GPU frequency configuration (Algorithm 1, lines 22-30): spend the power left on clocks.
+
+After allocation each running job sits at its most energy-efficient clock.
+The job with the largest ``priority_F = (dJCT / JCT_total) / (dE / E_total)``
+for one more clock step is raised, its priority recomputed, and so on. As in
+``allocation.py`` the common factor ``JCT_total / E_total`` is left out of the
+heap keys, a step saving both time and energy outranks every ratio, a step
+that does not shorten the JCT is never taken, and without energy awareness
+the key is ``dJCT`` alone.
+
+Guarantee: a raise is committed only if the predicted cluster power after it
+is within the limit, so this phase never ends above the limit, nor above the
+power it started from when allocation already overshot. A job whose next step
+does not fit leaves the heap; the others go on (a smaller raise may still
+fit). The raises are returned in order so that they can be undone, last
+first, if placement powers on more GPUs than predicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerflow.core.models.protocol import FloatArray
+from powerflow.core.policy.curves import tie_ranks
+from powerflow.core.policy.greedy_kernels import heap_arrays, raise_steps
+
+
+@dataclass(frozen=True)
+class Clocks:
+    columns: tuple[int, ...]
+    power_w: float
+    raised_rows: tuple[int, ...]
+    raised_from: tuple[int, ...]
+    """Each committed raise, in order: its row and the clock column before it."""
+
+    @property
+    def raises(self) -> tuple[tuple[int, int], ...]:
+        return tuple(zip(self.raised_rows, self.raised_from, strict=True))
+
+
+def raise_clocks(
+    jct_s: FloatArray,
+    energy_j: FloatArray,
+    power_w: FloatArray,
+    start: Sequence[int],
+    order: Sequence[tuple[float, str]],
+    total_w: float,
+    limit_w: float,
+    *,
+    step: int,
+    energy_aware: bool,
+    min_ratio: float = 0.0,
+) -> Clocks:
+    """Raise clocks by ``step`` columns at a time while the limit allows.
+
+    Row ``i`` of the matrices is one running job at its GPU count (columns:
+    clocks); ``order[i]`` is its tie-break (arrival, id); ``total_w`` the
+    predicted cluster power at ``start``. ``min_ratio`` (PowerFlow+): no raise
+    whose ``dJCT / dE`` (s/J) is below it; 0, the paper's rule, takes any.
+    """
+    width = jct_s.shape[1] if jct_s.ndim == 2 else 0
+    if width < 2 or not len(start):
+        return Clocks(columns=tuple(start), power_w=total_w, raised_rows=(), raised_from=())
+    rows = len(start)
+    columns = np.array(start, dtype=np.int64)
+    # The compiled loop does not check bounds: refuse inconsistent input here.
+    if not (
+        jct_s.shape == energy_j.shape == power_w.shape == (rows, width)
+        and len(order) == rows
+        and columns.min() >= 0
+        and columns.max() < width
+    ):
+        raise ValueError("raise_clocks: matrices, start columns and order do not match")
+    raised_rows = np.empty(rows * (width - 1), dtype=np.int64)
+    raised_from = np.empty(rows * (width - 1), dtype=np.int64)
+    n_raised, power = raise_steps(
+        np.ascontiguousarray(jct_s, dtype=np.float64),
+        np.ascontiguousarray(energy_j, dtype=np.float64),
+        np.ascontiguousarray(power_w, dtype=np.float64),
+        tie_ranks(order),
+        float(total_w),
+        float(limit_w),
+        int(step),
+        bool(energy_aware),
+        float(min_ratio),
+        columns,
+        raised_rows,
+        raised_from,
+        *heap_arrays(rows),
+    )
+    return Clocks(
+        tuple(columns.tolist()),
+        power,
+        tuple(raised_rows[:n_raised].tolist()),
+        tuple(raised_from[:n_raised].tolist()),
+    )

@@ -1,0 +1,332 @@
+"""The compiled loops of allocation (``allocation.py``) and the clock phase (``frequency.py``).
+
+Both pop "the best next step" from a heap hundreds of times per decision.
+Their heap entries are tuples ``(class, value, tie rank, tie, entry)``
+(``entry``: the job or row the step belongs to, at most one step each in the
+heap at a time), so here an entry is an integer and its keys sit in four
+arrays indexed by it, and the loops sift integers instead of boxing tuples.
+``_before`` is Python's tuple ``<`` on those keys.
+
+The keys are totally ordered (the entry breaks every tie, and the values are
+finite or infinite, never NaN: the tables are validated finite and
+positive), so any correct heap pops them in the order ``heapq`` would. That
+lets the loops handle "take the best step, then queue its job's next one" as
+one operation: the entry stays at the root with its new keys and sinks
+(``_sift`` from the root, as ``heapq.heapreplace`` does), half the work of a
+pop and a push. ``heap`` is a preallocated array of which the first ``size``
+entries are in use.
+
+Everything compiled lives in this one file on purpose: numba's on-disk cache
+notices a change in the file of a cached function, not in the files of the
+functions it calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from powerflow.core.jit import njit
+from powerflow.core.models.protocol import FloatArray
+from powerflow.core.policy.tables import IntArray
+
+
+def heap_arrays(n: int) -> tuple[IntArray, FloatArray, IntArray, IntArray]:
+    """Scratch for a heap of up to ``n`` entries: class, value and tie keys, and the heap.
+
+    Allocated by the caller: numpy allocation inside a kernel roughly doubles
+    its compile time.
+    """
+    return (
+        np.empty(n, dtype=np.int64),
+        np.empty(n),
+        np.zeros(n, dtype=np.int64),
+        np.empty(n, dtype=np.int64),
+    )
+
+
+@njit
+def _step_key(d_jct: float, d_energy: float, energy_aware: bool) -> tuple[int, float]:
+    """Heap class and value of a step that shortens the JCT by ``d_jct`` for ``d_energy`` more.
+
+    Class 1: a free win (saves energy and time), largest ``d_jct`` first; 2:
+    the ratio ``d_jct / d_energy`` (or ``d_jct`` alone without energy
+    awareness); 3: never taken (no JCT reduction). Values are negated gains,
+    so smaller sorts first.
+    """
+    if not d_jct > 0:
+        return 3, 0.0
+    if not energy_aware:
+        return 2, -d_jct
+    if d_energy <= 0:
+        return 1, -d_jct
+    return 2, -d_jct / d_energy
+
+
+@njit
+def _doubling_key(
+    j: int,
+    nxt: int,
+    counts: IntArray,
+    eff_jct: FloatArray,
+    eff_energy: FloatArray,
+    current: IntArray,
+    restart_s: float,
+    restart_w: float,
+    energy_aware: bool,
+) -> tuple[int, float]:
+    """``_step_key`` of job ``j``'s step from row ``nxt - 1`` to ``nxt``, rescale cost included.
+
+    A running job (``current[j]``: the row of the count it holds, -1 for none)
+    pays a checkpoint-restart whenever it ends on another count: ``restart_s``
+    seconds added to its JCT and ``restart_s * restart_w`` joules per GPU it
+    then holds. The step into its current count therefore gains one restart
+    (it avoids it), the step out of it loses one; other steps pay it on both
+    sides and are unchanged. With ``restart_s`` 0 this is ``_step_key`` exactly.
+    """
+    d_jct = eff_jct[nxt - 1] - eff_jct[nxt]
+    d_energy = eff_energy[nxt] - eff_energy[nxt - 1]
+    cur = current[j]
+    if restart_s > 0 and cur >= 0:
+        if nxt == cur:
+            d_jct += restart_s
+            d_energy -= restart_s * restart_w * counts[nxt - 1]
+        elif nxt - 1 == cur:
+            d_jct -= restart_s
+            d_energy += restart_s * restart_w * counts[nxt]
+    return _step_key(d_jct, d_energy, energy_aware)
+
+
+@njit
+def _before(
+    a: int, b: int, cls: IntArray, value: FloatArray, rank: IntArray, tie: IntArray
+) -> bool:
+    """Python's ``(cls, value, rank, tie, entry)`` tuple ``<`` for entries ``a`` and ``b``."""
+    if cls[a] != cls[b]:
+        return bool(cls[a] < cls[b])
+    if value[a] != value[b]:
+        return bool(value[a] < value[b])
+    if rank[a] != rank[b]:
+        return bool(rank[a] < rank[b])
+    if tie[a] != tie[b]:
+        return bool(tie[a] < tie[b])
+    return a < b
+
+
+@njit
+def _sift(
+    heap: IntArray,
+    size: int,
+    pos: int,
+    cls: IntArray,
+    value: FloatArray,
+    rank: IntArray,
+    tie: IntArray,
+) -> None:
+    """``heapq._siftup``: sink ``heap[pos]`` to a leaf along smaller children, then back up.
+
+    Restores the heap below ``pos`` when only ``heap[pos]`` may be out of place.
+    Callers pass ``int(np.int64(0))`` rather than ``0`` for the root: numba
+    compiles a separate copy for each literal argument it sees.
+    """
+    item = heap[pos]
+    start = pos
+    child = 2 * pos + 1
+    while child < size:
+        right = child + 1
+        if right < size and not _before(heap[child], heap[right], cls, value, rank, tie):
+            child = right
+        heap[pos] = heap[child]
+        pos = child
+        child = 2 * pos + 1
+    while pos > start:  # heapq._siftdown
+        parent = (pos - 1) >> 1
+        if not _before(item, heap[parent], cls, value, rank, tie):
+            break
+        heap[pos] = heap[parent]
+        pos = parent
+    heap[pos] = item
+
+
+@njit
+def _pop(
+    heap: IntArray, size: int, cls: IntArray, value: FloatArray, rank: IntArray, tie: IntArray
+) -> int:
+    """``heapq.heappop`` without the answer (the caller read ``heap[0]``); returns the new size."""
+    size -= 1
+    heap[0] = heap[size]
+    _sift(heap, size, int(np.int64(0)), cls, value, rank, tie)  # see ``_sift``
+    return size
+
+
+@njit
+def allocate_steps(
+    start: IntArray,
+    sizes: IntArray,
+    counts: IntArray,
+    eff_jct: FloatArray,
+    eff_energy: FloatArray,
+    eff_power: FloatArray,
+    ages: FloatArray,
+    rank: IntArray,
+    candidates: IntArray,
+    energy_aware: bool,
+    elastic: bool,
+    strict: bool,
+    free: int,
+    allocated: int,
+    jobs_w: float,
+    gpn: int,
+    base_nodes: int,
+    idle_w: float,
+    limit_w: float,
+    current: IntArray,
+    restart_s: float,
+    restart_w: float,
+    min_ratio: float,
+    row: IntArray,
+    order: IntArray,
+    cls: IntArray,
+    value: FloatArray,
+    to_row: IntArray,
+    heap: IntArray,
+) -> tuple[int, int, float]:
+    """Allocation's heap loop over the ``candidates`` (see ``allocation.py``).
+
+    Heap entries are jobs (one step each at a time), keyed (class, value,
+    tie rank, row of the step); a first step has class 0 and the job's
+    remaining service as value. ``PowerModel.nodes_on``/``total_w`` are
+    inlined with the same arithmetic. Sets ``row[j]`` (it comes filled with
+    -1, which stays for the jobs that wait) and lists in ``order`` the jobs
+    in the order they got their first GPUs; returns how many did, the GPUs
+    allocated and the jobs' predicted power. ``current``, ``restart_s`` and
+    ``restart_w``: the rescale cost (``_doubling_key``); ``min_ratio``: the
+    floor on a doubling's ``d_jct / d_energy`` (0: none). Doublings sit in
+    the heap by that ratio, so the first one below the floor ends them all;
+    first steps and free wins are never refused by it. ``cls`` .. ``heap``:
+    scratch (``heap_arrays``).
+    """
+    size = root = int(np.int64(0))  # see ``_sift``
+    for j in candidates:
+        if sizes[j] == 0:
+            continue
+        first = start[j]
+        cls[j] = 0
+        value[j] = counts[first] * (eff_jct[first] - ages[j]) if elastic else 0.0
+        to_row[j] = first
+        heap[size] = j
+        size += 1
+    for pos in range(size // 2 - 1, -1, -1):  # heapq.heapify
+        _sift(heap, size, pos, cls, value, rank, to_row)
+
+    n_order = 0
+    nodes = max(-(-allocated // gpn), base_nodes)
+    while size and free > 0:  # every step costs at least one GPU
+        j = heap[0]
+        if min_ratio > 0 and cls[j] == 2 and -value[j] < min_ratio:
+            break  # every later entry is a doubling of a lower ratio (or never taken)
+        to = to_row[j]
+        frm = row[j]
+        cost = counts[to] - (counts[frm] if frm >= 0 else 0)
+        if cost > free:
+            size = _pop(heap, size, cls, value, rank, to_row)
+            continue
+        new_jobs_w = jobs_w + eff_power[to] - (eff_power[frm] if frm >= 0 else 0.0)
+        new_allocated = allocated + cost
+        new_nodes = max(-(-new_allocated // gpn), base_nodes)
+        if (strict or new_nodes > nodes) and (
+            new_jobs_w + idle_w * (new_nodes * gpn - new_allocated) > limit_w
+        ):
+            size = _pop(heap, size, cls, value, rank, to_row)
+            continue
+        if frm < 0:
+            order[n_order] = j
+            n_order += 1
+        row[j], allocated, free, jobs_w = to, new_allocated, free - cost, new_jobs_w
+        nodes = new_nodes
+        nxt = to + 1  # the job's next step replaces this one in the heap
+        step_cls, step_value = 3, 0.0
+        if elastic and nxt < start[j] + sizes[j]:
+            step_cls, step_value = _doubling_key(
+                j, nxt, counts, eff_jct, eff_energy, current, restart_s, restart_w, energy_aware
+            )
+        if step_cls == 3:
+            size = _pop(heap, size, cls, value, rank, to_row)
+            continue
+        cls[j], value[j], to_row[j] = step_cls, step_value, nxt
+        _sift(heap, size, root, cls, value, rank, to_row)  # heapq.heapreplace
+    return n_order, allocated, jobs_w
+
+
+@njit
+def raise_steps(
+    jct: FloatArray,
+    energy: FloatArray,
+    power: FloatArray,
+    rank: IntArray,
+    total_w: float,
+    limit_w: float,
+    step: int,
+    energy_aware: bool,
+    min_ratio: float,
+    columns: IntArray,
+    raised_rows: IntArray,
+    raised_from: IntArray,
+    cls: IntArray,
+    value: FloatArray,
+    tie: IntArray,
+    heap: IntArray,
+) -> tuple[int, float]:
+    """The clock phase's heap loop (see ``frequency.py``): take the best raise if it fits.
+
+    Heap entries are rows keyed (class, value, tie rank, 0); a committed
+    raise is replaced by the row's next one. ``columns`` holds the start
+    columns and ends with the chosen ones; the committed raises (rows,
+    columns before) are written in order to ``raised_rows`` and
+    ``raised_from`` (room for ``rows * (width - 1)``: every raise moves a row
+    at least one column up). Returns how many, and the predicted power.
+    ``min_ratio``: the floor on a raise's ``d_jct / d_energy`` (0: none), as
+    in ``allocate_steps``.
+    ``cls`` .. ``heap``: scratch (``heap_arrays``, ``tie`` zero).
+    """
+    rows, width = jct.shape
+    size = root = int(np.int64(0))  # see ``_sift``
+    for i in range(rows):
+        col = columns[i]
+        if col < width - 1:
+            up = min(col + step, width - 1)
+            cls[i], value[i] = _step_key(
+                jct[i, col] - jct[i, up], energy[i, up] - energy[i, col], energy_aware
+            )
+            if cls[i] < 3:
+                heap[size] = i
+                size += 1
+    for pos in range(size // 2 - 1, -1, -1):  # heapq.heapify
+        _sift(heap, size, pos, cls, value, rank, tie)
+    n_raised = 0
+    while size:
+        i = heap[0]
+        if min_ratio > 0 and cls[i] == 2 and -value[i] < min_ratio:
+            break  # every later entry is a raise of a lower ratio
+        col = columns[i]
+        up = min(col + step, width - 1)
+        new_total = total_w + (power[i, up] - power[i, col])
+        if new_total > limit_w:  # the job leaves the heap; a smaller raise may still fit
+            size = _pop(heap, size, cls, value, rank, tie)
+            continue
+        total_w = new_total
+        columns[i] = up
+        raised_rows[n_raised] = i
+        raised_from[n_raised] = col
+        n_raised += 1
+        step_cls, step_value = 3, 0.0
+        if up < width - 1:  # never raise at the top clock
+            nxt = min(up + step, width - 1)
+            step_cls, step_value = _step_key(
+                jct[i, up] - jct[i, nxt], energy[i, nxt] - energy[i, up], energy_aware
+            )
+        if step_cls == 3:
+            size = _pop(heap, size, cls, value, rank, tie)
+            continue
+        cls[i], value[i] = step_cls, step_value
+        _sift(heap, size, root, cls, value, rank, tie)  # heapq.heapreplace
+    return n_raised, total_w

@@ -1,0 +1,520 @@
+"""PowerFlow's policy (paper §5, Algorithm 1): GPUs, then clocks, then exact GPUs.
+
+One decision, start to finish:
+
+1. Validate the snapshot (``validate.py``) and predict every job's step time
+   and energy over its allowed power-of-two GPU counts x clocks in one model
+   call per model object (``tables.py``).
+2. Resolve the budget to a limit in watts (``budget.py``).
+3. Pinned jobs keep their GPUs and are counted first. GPU allocation
+   (``allocation.py``): every other unfinished job starts at 0 GPUs at its
+   most energy-efficient clock; a heap hands out power-of-two steps by
+   marginal return until GPUs run out or no step fits the power check.
+4. Clock configuration (``frequency.py``): raise the clock of the job with the
+   best marginal return, one hardware step (``frequency_step``) at a time,
+   while the predicted power stays within the limit.
+5. Placement (``placement.place_columns``: ``place`` on columns): exact GPUs
+   with network packing, buddy blocks and stability; nodes to power down;
+   migrations. A job placement cannot fit waits.
+6. The plan's ``predicted_watts`` is recomputed from the actual placement:
+   the placed jobs' ``E_iter / T_iter`` at their clocks (on the GPUs per node
+   they actually got) plus idle power for every unallocated GPU on a node that
+   is not powered down; powered-down nodes count zero.
+
+Power-limit guarantee for the returned plan (``L`` the limit, ``P`` its
+``predicted_watts``, ``g`` GPUs per node):
+
+* if the clock phase raised any job above its most energy-efficient clock,
+  ``P <= L`` (with ``frequency_scaling`` off there is no clock phase and
+  only the next bullet applies);
+* otherwise, for a snapshot without pinned jobs and when placement packs (at
+  most one node partly used, as buddy allocation promises),
+  ``P <= L + (g - 1) * delta``, where ``delta`` is the largest increase of
+  predicted power per added GPU over the allocation steps that fit within one
+  node (a job's first count below ``g``, or a doubling ``n -> 2n <= g``, each
+  at the efficient clocks), i.e. less than one node's worth of GPUs;
+* with pinned jobs the same holds with ``L`` replaced by ``max(L, P_pinned)``,
+  ``P_pinned`` the pinned jobs' power plus idle power on their nodes.
+
+With ``strict_power`` (the default) every allocation step is checked and the
+bound is ``P <= max(L, P_pinned)`` (when placement packs), the choice for a
+hard facility cap; ``strict_power=False`` follows Algorithm 1 (the bullets
+above), for the paper's reproduction.
+
+Keeping the budget with wrong models (``power_loop.py``): all power above is
+the *counted* power, each job's prediction times its measured correction
+(``Job.measured_power_w``), and ``L`` the *planning* limit,
+``limit / max(1, Snapshot.power_ratio) * (1 - power_margin)``; the plan's
+``limit_watts`` stays the admin's limit. Each placed job's ``JobPlan.power_w``
+is its counted power, and when the plan leaves less than ``cap_headroom`` of
+the admin's limit free (profiling sweeps at their peak), every placed job
+gets a per-GPU ``power_cap_w``, the caps and idle GPUs summing to the limit
+(``power_loop.caps_w``). No cap is below the board's lowest power limit, so
+with caps on, allocation runs at most ``power_loop.cappable_gpus`` GPUs (with
+the pinned ones): as many as caps at that floor and the idle GPUs of the
+nodes they pack fit in the admin's limit; a job whose smallest count is more waits
+with a note.
+
+If placement leaves more GPUs powered than the packing estimate, clock raises
+are undone (latest first) until ``P`` is back within ``max(L, P_before)``,
+``P_before`` the prediction before placement.
+
+Ablations (constructor options, never separate copies): ``frequency_scaling``
+off runs every job at ``fixed_frequency_mhz`` (default the GPU's highest
+clock) and skips step 4; ``elastic`` off gives each job exactly its requested
+count (rounded up to a power of two, see ``tables.allowed_mask``) or makes
+it wait, first come first served; ``energy_aware`` off orders both heaps by
+JCT reduction alone (the energy denominator dropped) while still starting at
+the efficient clocks and still respecting the power limit, so that the
+ablation isolates the energy term of the priority rather than the budget.
+
+PowerFlow+ (``powerflow+`` in ``powerflow.lab.schedulers``) is this policy with
+``min_return``/``budget_price`` (a floor on the priority of a doubling or a
+clock raise) and ``rescale_cost_s``/``rescale_margin`` (a running job's
+checkpoint-restart inside its doubling priorities) set; ``returns.py`` states
+the rules. All four default to off, the paper's rules above.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import cast
+
+import numpy as np
+
+from powerflow.core.errors import PlacementError, SnapshotError
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.models.protocol import FloatArray
+from powerflow.core.policy.allocation import PowerModel, allocate
+from powerflow.core.policy.budget import resolve_limit_watts
+from powerflow.core.policy.curves import Curves, curves_of
+from powerflow.core.policy.frequency import raise_clocks
+from powerflow.core.policy.memo import PolicyMemo
+from powerflow.core.policy.placement import place_columns
+from powerflow.core.policy.power_loop import (
+    Correction,
+    LoopOptions,
+    cappable_gpus,
+    caps_w,
+    correction,
+    planning_limit_w,
+    steady_caps,
+)
+from powerflow.core.policy.returns import floor_of, returns_of
+from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
+from powerflow.core.policy.tables import IntArray, JobRows, build_tables
+from powerflow.core.policy.validate import Cluster, cluster_of, validate_jobs
+
+
+@dataclass(frozen=True)
+class PowerFlowPolicy:
+    """PowerFlow and its ablations; see the module docstring for the exact rules."""
+
+    frequency_scaling: bool = True
+    fixed_frequency_mhz: int | None = None
+    elastic: bool = True
+    energy_aware: bool = True
+    frequency_step: int = 1
+    """Hardware clock steps per raise (1: the GPU's own step, e.g. 15 MHz on A100)."""
+    strict_power: bool = True
+    """Check the power limit on every allocation step; False: only at node boundaries,
+    as Algorithm 1 does (the paper's reproduction)."""
+    power_correction: bool = True
+    """Correct predicted power by measurement: per job and by the cluster ratio
+    (``power_loop.py``)."""
+    power_margin: float = 0.0
+    """Fraction of the limit never planned (on top of the measured ratio)."""
+    power_caps: bool = True
+    """Give placed jobs per-GPU power caps when the plan leaves little room (``power_loop``)."""
+    cap_headroom: float = 0.1
+    """Caps are set when the plan leaves less than this fraction of the limit free."""
+    memo: PolicyMemo[JobRows] = field(
+        default_factory=PolicyMemo, init=False, compare=False, repr=False
+    )
+    """What this policy keeps between calls (``memo.py``): never changes a plan.
+
+    Not a constructor argument; ``dataclasses.replace(policy)`` gives a copy with an
+    empty memo.
+    """
+
+    min_return: float = 0.0
+    """PowerFlow+: the floor on a step's return. A doubling or a clock raise is taken
+    only if its cluster-normalised ratio ``(dJCT / JCT_total) / (dE / E_total)``
+    is at least this (``returns.py``); 0 takes any step that shortens the JCT."""
+    budget_price: float = 0.0
+    """PowerFlow+: the floor grows by ``budget_price * (1 / eta - 1)`` (``eta`` the
+    limit over ``G * P_max``): the tighter the budget, the dearer a joule
+    (``returns.py``); 0 at or above ``eta`` 1."""
+    rescale_cost_s: float = 0.0
+    """PowerFlow+: checkpoint-restart seconds a running job pays to change its GPU
+    count, counted in the doubling priorities (0: the paper's greedy, blind to it)."""
+    rescale_margin: float = 0.0
+    """PowerFlow+ hysteresis: the rescale cost is counted ``1 + rescale_margin`` times,
+    so a running job changes its count only for a gain that beats it by that margin."""
+
+    def __post_init__(self) -> None:
+        if self.frequency_step < 1:
+            raise SnapshotError(f"frequency_step {self.frequency_step} < 1")
+        self.loop_options()  # validates the options
+        options = (self.min_return, self.budget_price, self.rescale_cost_s, self.rescale_margin)
+        if not all(x >= 0 and math.isfinite(x) for x in options):
+            raise SnapshotError(
+                "min_return, budget_price, rescale_cost_s and rescale_margin must be finite, >= 0"
+            )
+        if (self.min_return > 0 or self.budget_price > 0) and not self.energy_aware:
+            raise SnapshotError("a floor on returns (dJCT / dE) needs energy_aware")
+
+    def loop_options(self) -> LoopOptions:
+        return LoopOptions(
+            correction=self.power_correction,
+            margin=self.power_margin,
+            caps=self.power_caps,
+            cap_headroom=self.cap_headroom,
+        )
+
+    def clocks(self, gpu: GpuSpec) -> tuple[int, ...]:
+        """The clocks this policy may choose from on ``gpu``."""
+        if self.frequency_scaling:
+            return gpu.clocks_mhz
+        fixed = gpu.max_clock_mhz if self.fixed_frequency_mhz is None else self.fixed_frequency_mhz
+        if fixed not in gpu.clocks_mhz:
+            raise SnapshotError(f"fixed frequency {fixed} MHz is not a {gpu.name} clock")
+        return (fixed,)
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        cluster = cluster_of(snapshot)
+        validate_jobs(snapshot, cluster)
+        clocks = self.clocks(cluster.gpu)
+        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.memo)
+        limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+        curves = curves_of(tables, snapshot.jobs, snapshot.now_s)
+        options = self.loop_options()
+        fix = correction(tables, snapshot.jobs, cluster.gpus_per_node, clocks, options.correction)
+        return _Decision(self, snapshot, cluster, clocks, curves, limit, options, fix).run()
+
+
+@dataclass
+class _Decision:
+    """The working state of one ``plan`` call (never escapes it)."""
+
+    policy: PowerFlowPolicy
+    snapshot: Snapshot
+    cluster: Cluster
+    clocks: tuple[int, ...]
+    curves: Curves
+    limit: float
+    """The admin's limit (the plan's ``limit_watts``)."""
+    options: LoopOptions
+    fix: Correction
+    """Predicted power -> the power the plan counts (``power_loop``)."""
+    cappable: int | None = None
+    """With caps: the most GPUs caps at the board's lowest limit can hold (``run`` sets it)."""
+
+    def run(self) -> Plan:
+        jobs = self.snapshot.jobs
+        # Allocation and the clock phase work with the counted power (each job's
+        # prediction times its measured correction) against the planning limit.
+        self.curves = replace(self.curves, power_w=self.fix.efficient(self.curves.power_w))
+        plan_limit = planning_limit_w(self.limit, self.snapshot.power_ratio, self.options)
+        first = self.curves.tables.start
+        eff = self.curves.efficient
+        pinned = [i for i, job in enumerate(jobs) if job.pinned]
+        base_w = sum(float(self.curves.power_w[first[i]]) for i in pinned)
+        base_gpus = sum(len(jobs[i].placement) for i in pinned)
+        free_gpus = self.cluster.total_gpus - base_gpus
+        if self.options.caps:
+            # Caps cannot go below the board's lowest limit: run no more GPUs than
+            # caps at that floor can hold within the admin's limit (power_loop).
+            gpu = self.cluster.gpu
+            most = cappable_gpus(
+                self.limit,
+                gpu.min_power_limit_w or 0.0,
+                gpu.idle_power_w,
+                self.cluster.gpus_per_node,
+                self.cluster.total_gpus,
+            )
+            free_gpus = max(0, min(free_gpus, most - base_gpus))
+            self.cappable = most
+        power = PowerModel(
+            gpus_per_node=self.cluster.gpus_per_node,
+            idle_w=self.cluster.gpu.idle_power_w,
+            limit_w=plan_limit,
+            free_gpus=free_gpus,
+            base_gpus=base_gpus,
+            base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
+            base_power_w=base_w,
+        )
+        candidates = [
+            i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
+        ]
+        budget = self.snapshot.budget
+        p_max = budget.p_max_watts or self.cluster.gpu.p_max_w
+        eta = self.limit / (self.cluster.total_gpus * p_max)
+        returns = returns_of(
+            floor_of(self.policy.min_return, self.policy.budget_price, eta),
+            self.policy.rescale_cost_s * (1.0 + self.policy.rescale_margin),
+            self.cluster.gpu.idle_power_w,
+            self.curves,
+            jobs,
+        )
+        alloc = allocate(
+            self.curves,
+            candidates,
+            power,
+            energy_aware=self.policy.energy_aware,
+            elastic=self.policy.elastic,
+            strict=self.policy.strict_power,
+            returns=returns,
+        )
+        rows = {i: int(first[i]) for i in pinned} | alloc.rows
+        running = sorted(rows)
+        row_idx = np.asarray([rows[i] for i in running], dtype=np.int64)
+        start = eff[row_idx].tolist()
+        # Clocks only go up from the efficient ones, so the columns below the
+        # lowest of them are never read: the clock phase and the pricing work
+        # on columns ``low ..`` (the same floats, shifted; see raise_clocks).
+        low = min(start, default=0)
+        jct_m, energy_m, power_m = self.curves.matrices(row_idx, low)
+        matrices = (jct_m, energy_m, self.fix.matrix(row_idx, power_m))
+        columns = start
+        raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+        predicted = alloc.power_w
+        if self.policy.frequency_scaling:
+            result = raise_clocks(
+                *matrices,
+                [c - low for c in start],
+                [(jobs[i].arrival_s, jobs[i].id) for i in running],
+                alloc.power_w,
+                plan_limit,
+                step=self.policy.frequency_step,
+                energy_aware=self.policy.energy_aware,
+                min_ratio=0.0 if returns is None else returns.min_ratio,
+            )
+            columns = list(map(operator.add, result.columns, itertools.repeat(low)))
+            # Shifted back by ``low`` only where the undo loop reads one (rarely).
+            raises = (result.raised_rows, result.raised_from)
+            predicted = result.power_w
+        priced = _Power(matrices[2], low)
+        return self._place(rows, running, row_idx, priced, columns, raises, predicted, plan_limit)
+
+    def _place(
+        self,
+        rows: dict[int, int],
+        running: list[int],
+        row_idx: IntArray,
+        power: _Power,
+        columns: list[int],
+        raises: tuple[tuple[int, ...], tuple[int, ...]],
+        predicted: float,
+        plan_limit: float,
+    ) -> Plan:
+        """Place, price the placement, undo raises if it costs more.
+
+        ``running`` (sorted job indices), ``row_idx`` (their rows), ``power``
+        (their power at every clock) and ``columns`` (their clocks) are
+        parallel; ``raises`` index them (its clocks from column ``power.low`` on).
+        """
+        jobs = self.snapshot.jobs
+        tables = self.curves.tables
+        counts = tables.counts[row_idx].tolist()
+        chosen = [jobs[i] for i in running]
+        ids = [job.id for job in chosen]
+        result = place_columns(
+            self.snapshot.nodes,
+            ids,
+            counts,
+            [job.placement for job in chosen],
+            [not job.pinned for job in chosen],
+        )
+        assignments = result.assignments
+        gpn = self.cluster.gpus_per_node
+        row_gpn = tables.gpus_per_node[row_idx].tolist()
+        # Positions in ``running`` of the placed jobs and their GPUs (sorted, as
+        # ``place`` returns them); ``other``: the power row of a job that got
+        # other GPUs per node than its table row assumed (placement packs, so
+        # this is rare: only when a pinned job's GPUs are not packed).
+        placed: dict[int, tuple[GpuSlot, ...]] = {}
+        where: list[int] = []
+        other: dict[int, list[float]] = {}
+        get = assignments.get
+        for k, (job_id, n) in enumerate(zip(ids, counts, strict=True)):
+            slots = get(job_id, ())
+            if not slots:
+                continue
+            if len(slots) != n:
+                raise PlacementError(f"job {job_id!r}: placement returned {len(slots)} GPUs")
+            i = running[k]
+            placed[i] = slots
+            where.append(k)
+            if n <= gpn and slots[0][0] == slots[-1][0]:
+                r = n  # one node (slots are sorted)
+            else:
+                r = max(Counter(node for node, _ in slots).values())
+            if r != row_gpn[k]:
+                other[k] = self._power_row(i, rows[i], n, r)
+        where_idx = np.asarray(where, dtype=np.int64)
+        cols = [columns[k] for k in where]
+        values: list[float] = power.at(where_idx, np.asarray(cols, dtype=np.int64)).tolist()
+        slot_of = {k: n for n, k in enumerate(where)}
+        for k, row in other.items():
+            values[slot_of[k]] = row[columns[k]]
+        down = set(result.powered_down_nodes)
+        nodes_on = sum(1 for name in self.cluster.node_names if name not in down)
+        used = sum(map(len, placed.values()))
+        idle_w = self.cluster.gpu.idle_power_w * (nodes_on * gpn - used)
+
+        watts = idle_w + sum(values)
+        target = max(plan_limit, predicted)
+        undo = len(raises[0])
+        while watts > target and undo:
+            undo -= 1
+            k = raises[0][undo]
+            columns[k] = raises[1][undo] + power.low
+            n = slot_of.get(k)
+            if n is not None:
+                values[n] = other[k][columns[k]] if k in other else float(power.at(k, columns[k]))
+            watts = idle_w + sum(values)
+
+        notes = [
+            f"{jobs[i].id}: placement found no GPUs; it waits" for i in rows if i not in placed
+        ]
+        clocks = self.clocks
+        batch = tables.local_batch[row_idx].tolist()
+        last = self.policy.memo.plans
+        made: dict[str, JobPlan] = {}
+        plans: list[JobPlan | None] = [None] * len(jobs)
+        caps: list[float] | None = None
+        if self.options.caps:
+            peak = self.fix.peak_w
+            caps = caps_w(
+                values,
+                [len(placed[running[k]]) for k in where],
+                [float(peak[rows[running[k]]]) for k in where],
+                watts,
+                self.limit,
+                self.options.cap_headroom,
+                self.cluster.gpu.min_power_limit_w or 0.0,
+            )
+            if caps is not None:
+                caps = steady_caps(
+                    caps,
+                    [w / len(placed[running[k]]) for w, k in zip(values, where, strict=True)],
+                    [jobs[running[k]].power_cap_w for k in where],
+                    self.cluster.gpu.min_power_limit_w or 0.0,
+                    self.cluster.gpu.max_power_w,
+                )
+        for n_placed, k in enumerate(where):
+            i = running[k]
+            job_id = ids[k]
+            got = placed[i]
+            clock, bs = clocks[columns[k]], batch[k]
+            job_w = values[n_placed]
+            cap = caps[n_placed] if caps is not None else None
+            plan = last.get(job_id)
+            if not (
+                plan is not None
+                and plan.placement is got
+                and plan.frequency_mhz == clock
+                and plan.local_batch_size == bs
+                and plan.power_w == job_w
+                and plan.power_cap_w == cap
+            ):
+                plan = JobPlan(job_id, len(got), clock, bs, got, job_w, cap)
+            plans[i] = made[job_id] = plan
+        if len(placed) < len(jobs):
+            self._waiting(plans, notes, last, made)
+        self.policy.memo.plans = made
+        return Plan(
+            jobs=cast(tuple[JobPlan, ...], tuple(plans)),  # every job got one above
+            limit_watts=self.limit,
+            predicted_watts=watts,
+            powered_down_nodes=tuple(sorted(down)),
+            migrations=tuple(result.migrations),
+            notes=tuple(notes),
+        )
+
+    def _waiting(
+        self,
+        plans: list[JobPlan | None],
+        notes: list[str],
+        last: Mapping[str, JobPlan],
+        made: dict[str, JobPlan],
+    ) -> None:
+        """Waiting jobs' plans (the ``None`` in ``plans``) show the clock and local batch of
+        their first count.
+
+        A job with no allowed count gets a note (in job order) and the top clock; so
+        does one whose smallest count is more GPUs than caps can hold (``cappable``):
+        it waits rather than pass the limit.
+        """
+        jobs = self.snapshot.jobs
+        tables = self.curves.tables
+        waiting = [i for i, plan in enumerate(plans) if plan is None]
+        idx = np.asarray(waiting, dtype=np.int64)
+        levels = tables.sizes[idx].tolist()
+        # A job with no allowed count has no rows (its start is the next job's).
+        first = tables.start[idx][tables.sizes[idx] > 0]
+        rows = iter(first.tolist())
+        column = iter(self.curves.efficient[first].tolist())
+        local = iter(tables.local_batch[first].tolist())
+        for i, size in zip(waiting, levels, strict=True):
+            job = jobs[i]
+            if size == 0:
+                notes.append(
+                    f"{job.id}: no GPU count fits min/max GPUs, memory and batch; it waits"
+                )
+                clock, bs = self.clocks[-1], job.global_batch_size
+            else:
+                clock, bs = self.clocks[next(column)], next(local)
+                smallest = int(tables.counts[next(rows)])
+                if (
+                    self.cappable is not None
+                    and smallest > self.cappable
+                    and job.remaining_iterations > 0
+                ):
+                    notes.append(
+                        f"{job.id}: its smallest count, {smallest} GPUs, is more than caps at"
+                        f" the GPUs' lowest power limit can hold within the {self.limit:.0f} W"
+                        f" limit ({self.cappable} GPUs); it waits"
+                    )
+            plan = last.get(job.id)
+            if not (
+                plan is not None
+                and plan.gpus == 0
+                and plan.frequency_mhz == clock
+                and plan.local_batch_size == bs
+            ):
+                plan = JobPlan(job.id, 0, clock, bs)
+            plans[i] = made[job.id] = plan
+
+    def _power_row(self, i: int, row: int, n: int, r: int) -> list[float]:
+        """Power per clock of job ``i`` on ``n`` GPUs, ``r`` per node, at its row's local batch.
+
+        For a job that got other GPUs per node than its table row assumed;
+        placement packs, so this is rare (pinned jobs).
+        """
+        job = self.snapshot.jobs[i]
+        bs = int(self.curves.tables.local_batch[row])
+        f = np.asarray(self.clocks, dtype=np.float64)
+        t = np.asarray(job.model.step_time_s(n, r, bs, f), dtype=np.float64)
+        e = np.asarray(job.model.energy_per_iter_j(n, r, bs, f), dtype=np.float64)
+        if not (np.all(np.isfinite(t) & (t > 0)) and np.all(np.isfinite(e) & (e > 0))):
+            raise SnapshotError(f"job {job.id!r}: model predicts nonsense on {r} GPUs per node")
+        return self.fix.row(row, (e / t).tolist())
+
+
+@dataclass(frozen=True)
+class _Power:
+    """The running jobs' power per clock, stored from clock column ``low`` up."""
+
+    watts: FloatArray
+    low: int
+
+    def at(self, rows: IntArray | int, columns: IntArray | int) -> FloatArray:
+        out: FloatArray = self.watts[rows, np.asarray(columns) - self.low]
+        return out

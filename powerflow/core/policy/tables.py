@@ -1,0 +1,395 @@
+"""Every job's predicted step time and energy over its GPU counts x clocks, in bulk.
+
+The policy's heap loops only read these tables, so one decision costs one call
+of ``step_time_s`` and one of ``energy_per_iter_j`` per distinct model object
+(jobs sharing a model are evaluated together), however many steps the greedy
+takes. Each job's rows are built once per distinct ``JobKey`` (its model
+object and the fields that choose its GPU counts) and, with the policy's
+``PolicyMemo``, kept across calls; a call stacks the per-row vectors (count,
+GPUs per node, local batch, the efficient clock, the step time and energy
+there and the highest power over the clocks) of all jobs (job ``j`` owns a
+contiguous run of rows, smallest count first) and gathers full rows over the
+clocks only for the rows it asks for (``Tables.values``: the running jobs).
+Memory is ``jobs x log2(G) x clocks`` floats for the two tables, held per job.
+
+Local batch and divisibility: a job on ``n`` GPUs runs ``ceil(global / n)``
+samples per GPU. When ``n`` does not divide the global batch the effective
+global batch rounds up to ``n * ceil(global / n)`` (fewer than ``n`` extra
+samples, under one per GPU), the iteration count stays as submitted, and the
+models are asked about the local batch actually run. ``n`` is only allowed if
+that local batch fits in memory (``<= max_local_batch_size``) and is at least
+one sample (``n <= global``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from powerflow.core.errors import SnapshotError
+from powerflow.core.models.protocol import FloatArray, PerfModel
+from powerflow.core.policy.memo import PolicyMemo
+from powerflow.core.policy.snapshot import Job
+from powerflow.core.policy.validate import Cluster
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Stacked predictions: one row per (job, allowed GPU count), one column per clock.
+
+    Job ``j`` owns rows ``rows(j)`` (contiguous, smallest count first; none
+    when no count is allowed, ``start[j]`` then the next job's first row). The per-row
+    vectors are stacked; the full step time and energy rows stay with each
+    job (``job_rows``) and are gathered on demand (``values``), since a
+    decision reads only the rows of the jobs it runs.
+    """
+
+    start: IntArray
+    sizes: IntArray
+    row_job: IntArray
+    """The job each row belongs to."""
+    counts: IntArray
+    gpus_per_node: IntArray
+    local_batch: IntArray
+    efficient: IntArray
+    """Per row, the clock column with the least energy per iteration (lowest on ties)."""
+    efficient_step_time_s: FloatArray
+    efficient_energy_j: FloatArray
+    peak_w: FloatArray
+    """Per row, its highest predicted power over the clocks (what a clock sweep peaks at)."""
+    job_rows: tuple[JobRows, ...]
+    """Per job (index as in the snapshot), its rows; row ``start[j] + k`` is its ``k``-th."""
+    width: int
+    """Clock columns."""
+
+    def rows(self, job: int) -> range:
+        first = int(self.start[job])
+        return range(first, first + int(self.sizes[job]))
+
+    def levels(self, job: int) -> int:
+        return int(self.sizes[job])
+
+    def values(self, rows: IntArray, first: int = 0) -> tuple[FloatArray, FloatArray]:
+        """Step time and energy of ``rows`` at the clock columns from ``first`` up."""
+        if not rows.size:
+            both = np.zeros((0, 2, self.width - first))
+        else:
+            owners = self.row_job[rows]
+            ks = (rows - self.start[owners]).tolist()
+            entries = self.job_rows
+            both = np.array(
+                [entries[j].both[k, :, first:] for j, k in zip(owners.tolist(), ks, strict=True)]
+            )
+        return both[:, 0], both[:, 1]
+
+
+def ceil_div(a: IntArray | int, b: IntArray | int) -> IntArray:
+    return np.asarray(-(-np.asarray(a) // np.asarray(b)), dtype=np.int64)
+
+
+def allowed_mask(jobs: Sequence[Job], cluster: Cluster, elastic: bool) -> npt.NDArray[np.bool_]:
+    """``mask[j, k]``: may job ``j`` run on ``2**k`` GPUs now (pinned jobs: all False).
+
+    Elastic: powers of two within min/max GPUs, the cluster, the global batch
+    and the memory cap. Non-elastic: only the smallest such count at least the
+    requested one (placement works in power-of-two blocks, so a request of 3
+    runs on 4 with a smaller local batch), or none.
+    """
+    total = cluster.total_gpus
+    powers = np.left_shift(1, np.arange(total.bit_length(), dtype=np.int64))
+    col = np.asarray
+    lo = col([j.min_gpus for j in jobs], dtype=np.int64)[:, None]
+    hi = col([min(j.max_gpus or total, total, j.global_batch_size) for j in jobs])[:, None]
+    cap = col([j.max_local_batch_size or j.global_batch_size for j in jobs])[:, None]
+    batch = col([j.global_batch_size for j in jobs], dtype=np.int64)[:, None]
+    pinned = col([j.pinned for j in jobs], dtype=bool)[:, None]
+    mask = (powers >= lo) & (powers <= hi) & (ceil_div(batch, powers) <= cap) & ~pinned
+    if not elastic:
+        req = col([j.requested_gpus for j in jobs], dtype=np.int64)[:, None]
+        mask &= powers >= req
+        first = np.argmax(mask, axis=1)
+        keep = np.zeros_like(mask)
+        keep[np.arange(len(jobs)), first] = True
+        mask &= keep
+    out: npt.NDArray[np.bool_] = mask.reshape(len(jobs), powers.size)
+    return out
+
+
+def build_tables(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    clocks_mhz: Sequence[int],
+    elastic: bool,
+    memo: PolicyMemo[JobRows] | None = None,
+) -> Tables:
+    """Evaluate every job's grid, one call per model object.
+
+    A model that also offers ``predict(n, r, bs, f) -> (step_time_s,
+    energy_per_iter_j)`` (``FittedModel`` does, sharing the step-time terms)
+    is called once instead of twice.
+
+    Arguments go to the models as broadcasting columns (rows x 1) and a clock
+    row (1 x clocks), so no point grid is materialised, and
+    jobs are ordered by model object, so each model's rows are one slice.
+
+    A job's rows depend only on its model object, the fields that choose its
+    GPU counts (``JobKey``) and the call's clocks and the cluster's shape, so they are
+    built once per distinct key (``JobRows``) and stacked; with a ``memo``
+    (``memo.py``) also across calls, so that a replan with unchanged models
+    calls no model. The jobs whose key misses are evaluated together, one
+    model call per model object.
+    """
+    count = len(jobs)
+    context = (
+        tuple(clocks_mhz),
+        elastic,
+        cluster.total_gpus,
+        cluster.gpus_per_node,
+    )
+    if memo is None:
+        memo = PolicyMemo()
+    memo.fit(count)
+    tag = memo.tag(context)
+    keys: list[JobKey] = []
+    entries: list[JobRows | None] = []
+    missing: dict[JobKey, int] = {}
+    absent: list[int] = []
+    mids: list[int] = []
+    kept = memo.rows
+    for j, job in enumerate(jobs):
+        model = job.model
+        mid = id(model)
+        mids.append(mid)
+        key = (
+            mid,
+            tag,
+            job.min_gpus,
+            job.max_gpus,
+            job.max_local_batch_size,
+            job.global_batch_size,
+            job.requested_gpus,
+            _pinned_shape(job.placement) if job.pinned else None,
+        )
+        keys.append(key)
+        hit = kept(key, model)
+        if hit is None:
+            missing.setdefault(key, j)
+            absent.append(j)
+        entries.append(hit)
+    distinct = len(set(mids)) == count
+    if distinct:
+        job_order = list(range(count))  # every job its own model object (fitted models)
+    else:
+        groups: dict[int, list[int]] = {}
+        for j, mid in enumerate(mids):
+            members = groups.get(mid)
+            if members is None:
+                groups[mid] = [j]
+            else:
+                members.append(j)
+        job_order = [j for members in groups.values() for j in members]
+    if missing:
+        # The first job of each missing key, in job order.
+        if distinct:
+            fresh = sorted(missing.values())
+        else:
+            fresh = [j for j in job_order if missing.get(keys[j]) == j]
+        first_of_model: dict[int, str] = {}
+        for j in job_order:
+            first_of_model.setdefault(mids[j], jobs[j].id)
+        made = _evaluate([jobs[j] for j in fresh], cluster, clocks_mhz, elastic, first_of_model)
+        for j, rows in zip(fresh, made, strict=True):
+            memo.keep(keys[j], rows)
+        by_key = dict(zip((keys[j] for j in fresh), made, strict=True))
+        for j in absent:
+            entries[j] = by_key[keys[j]]
+    stacked = [e for e in entries if e is not None]
+    return _stack(stacked, job_order, len(clocks_mhz))
+
+
+JobKey = tuple[int, int, int, int | None, int | None, int, int, tuple[int, int] | None]
+"""(id of the model, context tag, min GPUs, max GPUs, max local batch, global batch,
+requested GPUs, a pinned job's (GPUs, GPUs per node)): all that a job's rows depend on."""
+
+
+@dataclass(frozen=True)
+class JobRows:
+    """One job's rows: its allowed counts, smallest first.
+
+    ``both`` holds the policy's clock columns only. ``vectors`` holds per row
+    (count, GPUs per node, local batch, efficient column, step time and
+    energy there, highest power) as floats (the ints are small, so exact),
+    so that stacking the jobs is one ``concatenate``.
+    """
+
+    model: object
+    """The model the rows came from (kept alive: ``PolicyMemo`` keys on its id)."""
+
+    both: FloatArray
+    """Step time and energy as one (rows, 2, clocks) array, so that gathering a row of
+    each is one slice."""
+    vectors: FloatArray
+    size: int
+    """Allowed counts (its rows)."""
+    row_of: dict[tuple[int, int, int], int]
+    """The row of each (GPUs, GPUs per node, local batch) the model was asked about."""
+
+    def power_w(self, n: int, r: int, bs: int, column: int) -> float | None:
+        """Predicted power on ``n`` GPUs, ``r`` per node, local batch ``bs`` at clock
+        ``column``, where one of the rows is that configuration (else None)."""
+        k = self.row_of.get((n, r, bs))
+        return None if k is None else float(self.both[k, 1, column] / self.both[k, 0, column])
+
+
+def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
+    """A pinned job's GPU count and the most GPUs it has on one node."""
+    nodes = [node for node, _ in placement]
+    return len(nodes), max(nodes.count(n) for n in set(nodes))
+
+
+_SIZE = operator.attrgetter("size")
+
+
+def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tables:
+    """Stack per-job rows, the jobs of each model object adjacent (``job_order``)."""
+    count = len(entries)
+    sizes = np.fromiter(map(_SIZE, entries), dtype=np.int64, count=count)
+    order = np.asarray(job_order, dtype=np.int64)
+    ordered = sizes[order]
+    start = np.empty(count, dtype=np.int64)
+    start[order] = np.cumsum(ordered) - ordered
+    parts = [entries[j].vectors for j in job_order]
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 7))
+    ints = vectors[:, :4].astype(np.int64)
+    return Tables(
+        start=start,
+        sizes=sizes,
+        row_job=np.repeat(order, ordered),
+        counts=ints[:, 0],
+        gpus_per_node=ints[:, 1],
+        local_batch=ints[:, 2],
+        efficient=ints[:, 3],
+        efficient_step_time_s=vectors[:, 4].copy(),
+        efficient_energy_j=vectors[:, 5].copy(),
+        peak_w=vectors[:, 6].copy(),
+        job_rows=tuple(entries),
+        width=width,
+    )
+
+
+def _evaluate(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    clocks_mhz: Sequence[int],
+    elastic: bool,
+    names: dict[int, str],
+) -> list[JobRows]:
+    """Rows of ``jobs`` (each model object's jobs adjacent), one model call per model.
+
+    ``names`` maps a model's id to the job named when that model's output has
+    the wrong shape.
+    """
+    gpn = cluster.gpus_per_node
+    f_row = np.asarray(clocks_mhz, dtype=np.float64)[None, :]
+    count = len(jobs)
+    mask = allowed_mask(jobs, cluster, elastic)
+    pinned = np.asarray([job.pinned for job in jobs], dtype=bool)
+    sizes = np.where(pinned, 1, mask.sum(axis=1)).astype(np.int64)
+    ext_start = np.cumsum(sizes) - sizes
+    ext_job = np.repeat(np.arange(count), sizes)
+
+    # Counts per row: the k-th allowed power of two, or a pinned job's own count.
+    batch = np.asarray([j.global_batch_size for j in jobs], dtype=np.int64)
+    ks = np.nonzero(mask)[1]
+    counts = np.ones(ext_job.size, dtype=np.int64)
+    counts[~pinned[ext_job]] = np.left_shift(1, ks)
+    r = np.minimum(counts, gpn)
+    for j in np.flatnonzero(pinned).tolist():
+        counts[ext_start[j]], r[ext_start[j]] = _pinned_shape(jobs[j].placement)
+    bs = ceil_div(batch[ext_job], counts)
+
+    n_col, r_col, bs_col = (a.astype(np.float64)[:, None] for a in (counts, r, bs))
+    t = np.empty((ext_job.size, f_row.shape[1]))
+    e = np.empty_like(t)
+    first_row = ext_start.tolist()
+    bounds = [0, *(j for j in range(1, count) if jobs[j].model is not jobs[j - 1].model), count]
+    for lo, hi in itertools.pairwise(bounds):
+        model: PerfModel = jobs[lo].model
+        rows = slice(first_row[lo], first_row[hi] if hi < count else ext_job.size)
+        if rows.start == rows.stop:
+            continue  # none of these jobs may run on any count now
+        args = (n_col[rows], r_col[rows], bs_col[rows], f_row)
+        predict = getattr(model, "predict", None)
+        job_id = names[id(model)]
+        if callable(predict):
+            both = predict(*args)
+            t[rows] = _checked_shape(both[0], args, job_id, "step time")
+            e[rows] = _checked_shape(both[1], args, job_id, "energy")
+        else:
+            t[rows] = _checked_shape(model.step_time_s(*args), args, job_id, "step time")
+            e[rows] = _checked_shape(model.energy_per_iter_j(*args), args, job_id, "energy")
+    _check_predictions(jobs, ext_job, counts, clocks_mhz, t, e)
+    idx = np.arange(ext_job.size)
+    efficient = (
+        np.argmin(e, axis=1).astype(np.int64)
+        if t.shape[1]
+        else np.zeros(ext_job.size, dtype=np.int64)
+    )
+    t_eff, e_eff = t[idx, efficient], e[idx, efficient]
+    peak = (e / t).max(axis=1) if t.shape[1] else np.full(ext_job.size, np.nan)
+    vectors = np.stack([counts, r, bs, efficient, t_eff, e_eff, peak], axis=1).astype(np.float64)
+    both_all = np.stack([t, e], axis=1)
+    shapes = list(zip(counts.tolist(), r.tolist(), bs.tolist(), strict=True))
+    out = []
+    for j, (lo, size) in enumerate(zip(first_row, sizes.tolist(), strict=True)):
+        rows = slice(lo, lo + size)
+        both = both_all[rows].copy()
+        out.append(
+            JobRows(
+                model=jobs[j].model,
+                both=both,
+                vectors=vectors[rows].copy(),
+                size=size,
+                row_of={shape: k for k, shape in enumerate(shapes[rows])},
+            )
+        )
+    return out
+
+
+def _checked_shape(
+    values: object, args: tuple[FloatArray, ...], job_id: str, what: str
+) -> FloatArray:
+    out = np.asarray(values, dtype=np.float64)
+    shape = (args[0].shape[0], args[3].shape[1])
+    if out.shape != shape:
+        raise SnapshotError(
+            f"job {job_id!r}: model returned {what} of shape {out.shape}, expected {shape} "
+            "(PerfModel arguments broadcast)"
+        )
+    return out
+
+
+def _check_predictions(
+    jobs: Sequence[Job],
+    row_job: IntArray,
+    counts: IntArray,
+    clocks: Sequence[int],
+    step: FloatArray,
+    energy: FloatArray,
+) -> None:
+    for what, values in (("step time", step), ("energy per iteration", energy)):
+        bad = ~(np.isfinite(values) & (values > 0))
+        if bad.any():
+            row, col = (int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+            raise SnapshotError(
+                f"job {jobs[int(row_job[row])].id!r}: model predicts {what} "
+                f"{float(values[row, col])} on {int(counts[row])} GPUs at {clocks[col]} MHz; "
+                "need a finite positive value"
+            )

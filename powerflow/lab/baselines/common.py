@@ -1,0 +1,426 @@
+"""What every baseline needs and none of them decides: clocks, batches, GPUs, watts.
+
+Shared here so that the baselines differ only in their scheduling rules, and so
+that a plan from any of them is valid in the same way (``gpus ==
+len(placement)``, a supported clock, ``local_batch_size = ceil(global /
+gpus)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from powerflow.core.errors import SnapshotError
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.models.protocol import FloatArray, PerfModel
+from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.snapshot import GpuSlot, Job, JobPlan, Migration, Node, Plan, Snapshot
+
+
+def cluster_gpu(snapshot: Snapshot) -> GpuSpec:
+    """The cluster's GPU type; the baselines, like their papers, assume one type."""
+    if not snapshot.nodes:
+        raise SnapshotError("snapshot has no nodes")
+    spec = snapshot.nodes[0].gpu
+    if any(node.gpu is not spec and node.gpu != spec for node in snapshot.nodes):
+        raise SnapshotError("the baselines need a cluster of one GPU type")
+    return spec
+
+
+def fixed_clock(spec: GpuSpec, frequency_mhz: int | None) -> int:
+    """The cluster-wide clock of a non-energy-aware baseline (default: the highest)."""
+    if frequency_mhz is None:
+        return spec.max_clock_mhz
+    if frequency_mhz not in spec.clocks_mhz:
+        raise SnapshotError(
+            f"{frequency_mhz} MHz is not a supported {spec.name} clock "
+            f"({spec.min_clock_mhz}-{spec.max_clock_mhz} MHz in steps of the GPU's table)"
+        )
+    return frequency_mhz
+
+
+def local_batch(global_batch_size: int, gpus: int) -> int:
+    """Per-GPU batch: the global batch split evenly, rounded up (0 GPUs: all of it)."""
+    return math.ceil(global_batch_size / max(gpus, 1))
+
+
+def per_node(placement: Sequence[GpuSlot]) -> int:
+    """The model's ``r``: most GPUs the job uses on any one node."""
+    if not placement:
+        return 0
+    counts: dict[str, int] = defaultdict(int)
+    for node, _ in placement:
+        counts[node] += 1
+    return max(counts.values())
+
+
+def node_count(placement: Sequence[GpuSlot]) -> int:
+    return len({node for node, _ in placement})
+
+
+def arrival_order(jobs: Iterable[Job]) -> list[Job]:
+    """FIFO order; the id breaks ties so that every baseline is deterministic."""
+    return sorted(jobs, key=lambda j: (j.arrival_s, j.id))
+
+
+def evaluate(
+    models: Sequence[PerfModel],
+    n: npt.ArrayLike,
+    r: npt.ArrayLike,
+    bs: npt.ArrayLike,
+    f: npt.ArrayLike,
+) -> tuple[FloatArray, FloatArray]:
+    """Step time and energy per iteration of many configurations.
+
+    Row ``i`` of each array (first axis, any trailing shape) belongs to
+    ``models[i]``. Rows that share a model object go to it in one vectorised
+    call: a model call costs tens of microseconds whatever its size, and the
+    simulator's oracle mode shares one model between all jobs of a DNN.
+    """
+    cols = np.broadcast_arrays(*(np.asarray(c, dtype=np.float64) for c in (n, r, bs, f)))
+    if cols[0].shape[:1] != (len(models),):
+        raise SnapshotError("one model per configuration row is needed")
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, model in enumerate(models):
+        groups[id(model)].append(i)
+    t = np.empty(cols[0].shape)
+    e = np.empty(cols[0].shape)
+    for rows in groups.values():
+        idx = np.asarray(rows)
+        model = models[rows[0]]
+        args = [c[idx] for c in cols]
+        t[idx] = np.asarray(model.step_time_s(*args), dtype=np.float64)
+        e[idx] = np.asarray(model.energy_per_iter_j(*args), dtype=np.float64)
+    return t, e
+
+
+class Pool:
+    """Free GPUs of the cluster during one ``plan`` call (mutable, never shared).
+
+    Every node is usable: the baselines are not energy-aware and never keep a
+    node powered down. Nodes that are on rank before nodes that are off (each
+    group in cluster order): where a baseline's own rule leaves a choice
+    between two empty nodes, it takes the one that runs at once rather than
+    one that must boot first (``SimConfig.idle_nodes_off``, ``power_on_s``), as
+    PowerFlow's placement does; with every node on, the order is the cluster's.
+    The free count and each node's rank are kept alongside the free lists: a
+    round asks for them once per waiting job, and most of those asks fail on
+    the count alone.
+    """
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.order = [node.name for node in sorted(nodes, key=lambda node: not node.powered_on)]
+        self.rank: dict[str, int] = {}
+        for i, name in enumerate(self.order):
+            self.rank.setdefault(name, i)  # ``order.index``: the first one
+        self.size = {node.name: node.gpus for node in nodes}
+        self.free: dict[str, list[int]] = {node.name: list(range(node.gpus)) for node in nodes}
+        self._count = sum(self.size.values())
+        self.biggest = max(self.size.values(), default=0)
+
+    def copy(self) -> Pool:
+        other = Pool.__new__(Pool)
+        other.order = self.order
+        other.rank = self.rank
+        other.size = self.size
+        other.free = {name: list(idx) for name, idx in self.free.items()}
+        other._count = self._count
+        other.biggest = self.biggest
+        return other
+
+    @property
+    def free_count(self) -> int:
+        return self._count
+
+    def is_free(self, slots: Iterable[GpuSlot]) -> bool:
+        return all(node in self.free and i in self.free[node] for node, i in slots)
+
+    def take(self, slots: Iterable[GpuSlot]) -> None:
+        free = self.free
+        for node, i in slots:
+            idx = free.get(node)
+            if idx is None or i not in idx:
+                raise SnapshotError(f"GPU {node}/{i} is used twice or does not exist")
+            idx.remove(i)
+            self._count -= 1
+
+    def release(self, slots: Iterable[GpuSlot]) -> None:
+        for node, i in slots:
+            self.free[node].append(i)
+            self.free[node].sort()
+            self._count += 1
+
+    def _grab(self, node: str, k: int) -> tuple[GpuSlot, ...]:
+        got = self.free[node][:k]
+        del self.free[node][:k]
+        self._count -= len(got)
+        return tuple((node, i) for i in got)
+
+    def take_consolidated(
+        self,
+        n: int,
+        affinity: Mapping[str, bool] | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> tuple[GpuSlot, ...] | None:
+        """``n`` GPUs on as few nodes as the job needs, or ``None``.
+
+        A job that fits a node gets one node, best fit (fewest free GPUs left
+        over), preferring nodes marked in ``affinity``; a larger job gets whole
+        free nodes. This is the locality every baseline's paper asks for.
+        """
+        if n > self._count:  # no node, and no set of whole nodes, has n free
+            return None
+        free = self.free
+        names = [name for name in self.order if name not in exclude] if exclude else self.order
+        fits = [name for name in names if len(free[name]) >= n]
+        if fits:
+            aff = affinity or {}
+            rank = self.rank
+            best = min(
+                fits,
+                key=lambda name: (not aff.get(name, False), len(free[name]), rank[name]),
+            )
+            return self._grab(best, n)
+        whole = [name for name in names if len(free[name]) == self.size[name] > 0]
+        chosen: list[str] = []
+        total = 0
+        for name in whole:
+            if total >= n:
+                break
+            chosen.append(name)
+            total += self.size[name]
+        if total < n:
+            return None
+        slots: list[GpuSlot] = []
+        for name in chosen:
+            slots.extend(self._grab(name, min(self.size[name], n - len(slots))))
+        return tuple(slots)
+
+    def take_spread(self, n: int) -> tuple[GpuSlot, ...] | None:
+        """``n`` GPUs anywhere, on as few nodes as the free GPUs allow."""
+        if self._count < n:
+            return None
+        slots: list[GpuSlot] = []
+        rank = self.rank
+        for name in sorted(self.order, key=lambda m: (-len(self.free[m]), rank[m])):
+            if len(slots) == n:
+                break
+            slots.extend(self._grab(name, min(len(self.free[name]), n - len(slots))))
+        return tuple(slots)
+
+    def min_nodes(self, n: int) -> int:
+        """Fewest nodes a job of ``n`` GPUs can span in this cluster."""
+        return math.ceil(n / self.biggest)
+
+
+class LastSeen(dict[Hashable, tuple[Any, ...]]):
+    """Job id -> what a job was last evaluated at for one purpose, and the result.
+
+    ``recall`` answers only when the model object and the whole configuration
+    tuple match, so an answer is what evaluating afresh would give.
+    """
+
+    __slots__ = ()
+
+    def recall(self, job_id: Hashable, model: PerfModel, config: tuple[object, ...]) -> Any:
+        """The remembered result, or None when the job's model or configuration changed."""
+        hit = self.get(job_id)
+        if hit is not None and hit[0] is model and hit[1] == config:
+            return hit[2]
+        return None
+
+    def remember(
+        self, job_id: Hashable, model: PerfModel, config: tuple[object, ...], value: object
+    ) -> None:
+        self[job_id] = (model, config, value)
+
+
+class ModelMemo:
+    """A policy's memo of model predictions, keyed by model object and configuration.
+
+    A fitted model costs about 0.1 ms a call and the simulator plans at every
+    event, mostly for jobs whose model and configuration did not change since
+    the last event. Predictions are pure, so remembering them changes no
+    decision; the memo holds each model it has seen, so an ``id`` in a key
+    can never be reused by another object while its entry lives. It empties
+    itself when full. Policies own one each (a dataclass field excluded from
+    equality), so no state is shared between policy objects.
+
+    ``last(purpose)`` remembers, per job id, the last configuration a job was
+    evaluated at for that purpose (model object included) and what it came
+    to: between events a job mostly keeps both, and one lookup by id is
+    cheaper than building its key again. An entry is used only when the
+    model object and the whole configuration match (``LastSeen.recall``), so
+    it is the same memo, reached faster.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self._table: dict[tuple[object, ...], tuple[PerfModel, object]] = {}
+        self._last: dict[Hashable, LastSeen] = {}
+
+    def get(self, model: PerfModel, key: tuple[object, ...]) -> object | None:
+        hit = self._table.get((id(model), *key))
+        return hit[1] if hit is not None and hit[0] is model else None
+
+    def put(self, model: PerfModel, key: tuple[object, ...], value: object) -> None:
+        if len(self._table) >= self.max_entries:
+            self._table.clear()
+            self._last.clear()
+        self._table[(id(model), *key)] = (model, value)
+
+    def last(self, purpose: Hashable) -> LastSeen:
+        """Job id -> last configuration and result, for one purpose (see above).
+
+        What is the same for every job of a call (the clock, the cluster's
+        shape) goes into ``purpose``, so that an entry's check is short.
+        """
+        table = self._last.get(purpose)
+        if table is None:
+            table = self._last[purpose] = LastSeen()
+        return table
+
+    def rows(
+        self, models: Sequence[PerfModel], configs: Sequence[tuple[int, int, int, int]]
+    ) -> tuple[list[float], list[float]]:
+        """Step time and energy of ``(n, r, bs, f)`` rows, model calls only for new rows."""
+        t = [0.0] * len(models)
+        e = [0.0] * len(models)
+        miss: list[int] = []
+        table = self._table
+        for i, (model, cfg) in enumerate(zip(models, configs, strict=True)):
+            hit = table.get((id(model), *cfg))
+            if hit is None or hit[0] is not model:
+                miss.append(i)
+            else:
+                t[i], e[i] = hit[1]  # type: ignore[misc]
+        if miss:
+            cols = np.array([configs[i] for i in miss], dtype=np.float64).T
+            tm, em = evaluate([models[i] for i in miss], *cols)
+            for k, i in enumerate(miss):
+                t[i], e[i] = float(tm[k]), float(em[k])
+                self.put(models[i], configs[i], (t[i], e[i]))
+        return t, e
+
+
+def predicted_watts(
+    snapshot: Snapshot,
+    jobs: Sequence[JobPlan],
+    spec: GpuSpec,
+    models: Mapping[str, PerfModel],
+    memo: ModelMemo,
+    runs_at: Mapping[str, int] | None = None,
+) -> float:
+    """Cluster power of a plan by the jobs' models, plus idle power of unused GPUs.
+
+    Jobs that time-slice one set of GPUs (Gandiva) each run a ``1/k`` share of
+    the time, so each adds ``1/k`` of its power. ``runs_at``: the clock a job
+    really runs at where it differs from its plan's (a power limit holds it lower).
+    """
+    running = [jp for jp in jobs if jp.gpus > 0]
+    sharers = Counter(slot for jp in running for slot in jp.placement)
+    known = memo.last("watts")
+    watts: list[float] = []
+    miss: list[int] = []
+    recall = known.recall
+    clock_of = runs_at or {}
+    clocks = [clock_of.get(jp.job_id, jp.frequency_mhz) for jp in running]
+    for jp, f in zip(running, clocks, strict=True):
+        config = (jp.gpus, jp.local_batch_size, f, jp.placement)
+        hit = recall(jp.job_id, models[jp.job_id], config)
+        if hit is not None:
+            watts.append(hit)
+        else:
+            miss.append(len(watts))
+            watts.append(0.0)
+    if miss:
+        plans = [running[i] for i in miss]
+        t, e = memo.rows(
+            [models[jp.job_id] for jp in plans],
+            [
+                (jp.gpus, per_node(jp.placement), jp.local_batch_size, clocks[i])
+                for i, jp in zip(miss, plans, strict=True)
+            ],
+        )
+        for i, jp, ti, ei in zip(miss, plans, t, e, strict=True):
+            watts[i] = ei / ti
+            config = (jp.gpus, jp.local_batch_size, clocks[i], jp.placement)
+            known.remember(jp.job_id, models[jp.job_id], config, watts[i])
+    active = sum(w / sharers[jp.placement[0]] for jp, w in zip(running, watts, strict=True))
+    total = sum(node.gpus for node in snapshot.nodes)
+    return active + (total - len(sharers)) * spec.idle_power_w
+
+
+def finish(
+    snapshot: Snapshot,
+    spec: GpuSpec,
+    jobs: Sequence[JobPlan],
+    memo: ModelMemo,
+    migrations: Sequence[Migration] = (),
+) -> Plan:
+    """Assemble a plan in the snapshot's job order with its power figures.
+
+    The limit is the admin's budget as PowerFlow reads it; the baselines only
+    report it (none of them is power-capped).
+    """
+    models = {job.id: job.model for job in snapshot.jobs}
+    by_id = {jp.job_id: jp for jp in jobs}
+    ordered = tuple(by_id[job.id] for job in snapshot.jobs)
+    return Plan(
+        jobs=ordered,
+        limit_watts=limit_watts(snapshot),
+        predicted_watts=predicted_watts(snapshot, ordered, spec, models, memo),
+        powered_down_nodes=(),
+        migrations=tuple(migrations),
+    )
+
+
+def waiting(job: Job, clock: int) -> JobPlan:
+    """The plan of a job that gets no GPU this round."""
+    return JobPlan(job.id, 0, clock, local_batch(job.global_batch_size, job.requested_gpus))
+
+
+def running(job: Job, placement: tuple[GpuSlot, ...], clock: int) -> JobPlan:
+    n = len(placement)
+    return JobPlan(job.id, n, clock, local_batch(job.global_batch_size, n), placement)
+
+
+def job_plans(
+    jobs: Iterable[Job],
+    where: Mapping[str, tuple[GpuSlot, ...]],
+    clock: int,
+    memo: ModelMemo,
+) -> list[JobPlan]:
+    """``running`` for the jobs in ``where``, ``waiting`` for the others, in order.
+
+    The plan object of a job's last round is reused when it would be equal
+    (plans are frozen): most jobs' plans do not change between events, and
+    building one costs more than comparing its inputs.
+    """
+    waits = memo.last(("waiting", clock))
+    runs = memo.last(("running", clock))
+    out: list[JobPlan] = []
+    for job in jobs:
+        placement = where.get(job.id)
+        if placement is None:
+            hit = waits.get(job.id)
+            if hit is not None and hit[0] == job.global_batch_size and hit[1] == job.requested_gpus:
+                out.append(hit[2])
+                continue
+            plan = waiting(job, clock)
+            waits[job.id] = (job.global_batch_size, job.requested_gpus, plan)
+        else:
+            hit = runs.get(job.id)
+            if hit is not None and hit[0] == job.global_batch_size and hit[1] == placement:
+                out.append(hit[2])
+                continue
+            plan = running(job, placement, clock)
+            runs[job.id] = (job.global_batch_size, placement, plan)
+        out.append(plan)
+    return out

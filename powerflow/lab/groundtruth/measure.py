@@ -1,0 +1,181 @@
+"""What a profiler sees when it runs a ground-truth job: noisy samples.
+
+Noise model: each iteration's step time and energy are the truth times
+independent log-normal factors ``exp(sigma * z - sigma**2 / 2)`` (``z``
+standard normal), so that each factor has mean exactly 1 (the samples are
+unbiased in the mean) and a relative spread of about ``sigma`` (``noise``).
+Time and energy get independent factors: NVML's energy counter and the wall
+clock err independently. A sample that averages ``k`` iterations has its
+``sigma`` divided by ``sqrt(k)`` (the log-normal of the mean of ``k`` such
+iterations, to first order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from powerflow.core.errors import DataError
+from powerflow.core.gpus import A100, GpuSpec
+from powerflow.core.models.protocol import ArrayLike, FloatArray, PerfModel
+from powerflow.core.models.samples import Samples
+from powerflow.lab.groundtruth.truth import GroundTruth
+
+# The dense profile must stay cheap to fit: above this many rows it keeps
+# every other clock.
+DENSE_ROW_LIMIT = 20_000
+
+
+def _factor(rng: np.random.Generator, sigma: FloatArray, half_var: FloatArray) -> FloatArray:
+    """One log-normal factor per row; ``half_var`` is ``0.5 * sigma**2``."""
+    return np.exp(sigma * rng.standard_normal(sigma.shape) - half_var)
+
+
+def measure(
+    truth: PerfModel,
+    n: ArrayLike,
+    r: ArrayLike,
+    bs: ArrayLike,
+    f: ArrayLike,
+    *,
+    rng: np.random.Generator,
+    noise: float = 0.03,
+    iterations: ArrayLike = 1,
+) -> Samples:
+    """One sample per configuration (arguments broadcast, then flatten).
+
+    ``iterations`` is how many iterations each sample averages (noise shrinks
+    as ``1/sqrt(iterations)``). ``truth`` may be any ``PerfModel`` (a fitted
+    model too), not only a ``GroundTruth``.
+    """
+    if not noise >= 0:
+        raise DataError("noise must be >= 0")
+    if isinstance(iterations, (int, float)):  # one count for every sample
+        if iterations < 1:
+            raise DataError("each sample averages at least one iteration")
+        n_, r_, bs_, f_ = _columns(n, r, bs, f)
+        # the value noise / np.sqrt(it_) has in every row (sqrt and division
+        # are correctly rounded, on a number as on an array)
+        sigma = np.full(len(n_), noise / np.sqrt(np.float64(iterations)))
+    else:
+        n_, r_, bs_, f_, it_ = _columns(n, r, bs, f, iterations)
+        if np.any(it_ < 1):
+            raise DataError("each sample averages at least one iteration")
+        sigma = noise / np.sqrt(it_)
+    if isinstance(truth, GroundTruth):
+        step, energy = truth.step_and_energy(n_, r_, bs_, f_)
+    else:
+        step = truth.step_time_s(n_, r_, bs_, f_)
+        energy = truth.energy_per_iter_j(n_, r_, bs_, f_)
+    half_var = 0.5 * sigma**2
+    step = step * _factor(rng, sigma, half_var)  # time's draws first, then energy's
+    return Samples(n_, r_, bs_, f_, step, energy * _factor(rng, sigma, half_var))
+
+
+def _columns(*args: ArrayLike) -> list[FloatArray]:
+    """The arguments broadcast to one shape and flattened, as float64.
+
+    The simulator measures thousands of times with numbers and equal-length
+    1-D arrays only; those are expanded directly (``np.full``, or the array
+    itself, contiguous), which gives the values ``np.broadcast_arrays`` gives at a
+    fraction of its cost. Anything else takes ``np.broadcast_arrays``.
+    """
+    arrays = [np.asarray(x, dtype=np.float64) for x in args]
+    sizes = {a.shape for a in arrays if a.ndim}
+    if len(sizes) == 1:
+        (shape,) = sizes
+        if len(shape) == 1:
+            (size,) = shape
+            return [a.ravel() if a.ndim else np.full(size, a) for a in arrays]
+    return [x.ravel() for x in np.broadcast_arrays(*arrays)]
+
+
+def dense_configs(truth: GroundTruth) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """(n, r, bs, f) of the dense profile, before noise.
+
+    n = 1, 2, 4, ..., 64; r = min(n, 8), half and a quarter of it (when >= 1);
+    local batch = each global batch / n when that is a whole number; every
+    supported clock (every other one if the grid would exceed the row limit).
+    """
+    per_node = truth.gpus_per_node
+    rows: list[tuple[int, int, int]] = []
+    for k in range(7):
+        n = 2**k
+        packed = min(n, per_node)
+        placements = sorted({p for p in (packed, packed // 2, packed // 4) if p >= 1}, reverse=True)
+        for gb in truth.global_batch_sizes:
+            if gb % n:
+                continue
+            rows.extend((n, r, gb // n) for r in placements)
+    clocks = np.array(truth.gpu.clocks_mhz, dtype=np.float64)
+    stride = 1
+    while len(rows) * len(clocks[::-stride]) > DENSE_ROW_LIMIT:
+        stride += 1
+    clocks = clocks[::-stride][::-1]  # always keep the default (top) clock
+    cfg = np.array(rows, dtype=np.float64)
+    reps = len(clocks)
+    return (
+        np.repeat(cfg[:, 0], reps),
+        np.repeat(cfg[:, 1], reps),
+        np.repeat(cfg[:, 2], reps),
+        np.tile(clocks, len(cfg)),
+    )
+
+
+def dense_profile(truth: GroundTruth, *, rng: np.random.Generator, noise: float = 0.03) -> Samples:
+    """The full grid a careful offline profiler records, one iteration-averaged
+    sample per configuration (each sample is one measurement of ``noise``)."""
+    return measure(truth, *dense_configs(truth), rng=rng, noise=noise)
+
+
+def _gpu_of(truth: PerfModel, gpu: GpuSpec | None) -> GpuSpec:
+    if gpu is not None:
+        return gpu
+    return truth.gpu if isinstance(truth, GroundTruth) else A100
+
+
+def sweep_plan(
+    truth: PerfModel, bs: float, duration_s: float = 240.0, *, gpu: GpuSpec | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """(clocks, iterations per clock) of the one-GPU pre-run.
+
+    The run walks the clocks from the top down and gives each an equal slice of
+    ``duration_s``; a slice ends at the last iteration boundary within its
+    share, so a clock gets ``max(1, floor(share / step time))`` iterations. When
+    that overruns ``duration_s`` (slow jobs at low clocks), it visits every
+    second (third, ...) clock instead, always keeping the top one. The clocks
+    are ``gpu``'s (default: the ground truth's own GPU, else the A100).
+    """
+    if not duration_s > 0:
+        raise DataError("sweep duration must be positive")
+    if isinstance(truth, GroundTruth):  # one plan per batch size, remembered
+        return truth.sweep_plan(bs, duration_s, gpu, _sweep_plan)
+    return _sweep_plan(truth, bs, duration_s, gpu)
+
+
+def _sweep_plan(
+    truth: PerfModel, bs: float, duration_s: float, gpu: GpuSpec | None
+) -> tuple[FloatArray, FloatArray]:
+    clocks = np.array(_gpu_of(truth, gpu).clocks_mhz, dtype=np.float64)
+    for stride in range(1, len(clocks) + 1):
+        chosen = clocks[::-stride][::-1]
+        step = truth.step_time_s(1, 1, bs, chosen)
+        share = duration_s / len(chosen)
+        iters = np.maximum(1.0, np.floor(share / step))
+        if np.sum(iters * step) <= duration_s or len(chosen) <= 2:
+            return chosen, iters
+    raise AssertionError("unreachable: the last stride keeps one clock")
+
+
+def one_gpu_sweep(
+    truth: PerfModel,
+    bs: float,
+    *,
+    rng: np.random.Generator,
+    noise: float = 0.03,
+    duration_s: float = 240.0,
+    gpu: GpuSpec | None = None,
+) -> Samples:
+    """The paper's 4-minute pre-run on one GPU: one sample per visited clock,
+    the mean of that clock's iterations (``sweep_plan`` says which clocks and how many)."""
+    clocks, iters = sweep_plan(truth, bs, duration_s, gpu=gpu)
+    return measure(truth, 1, 1, bs, clocks, rng=rng, noise=noise, iterations=iters)

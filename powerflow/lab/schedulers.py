@@ -1,0 +1,174 @@
+"""Every scheduler the lab runs, by name: PowerFlow's (``powerflow.core.schedulers``)
+and the baselines of the paper's evaluation (Gandiva, Tiresias, AFS and the Zeus
+variants), each a ``SchedulerSpec`` so the simulator never branches on a name.
+
+Baseline policies are imported inside the factories so that this table loads even
+while a policy module is absent or broken; only building that one fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from powerflow.core.errors import SimulationError
+from powerflow.core.policy.snapshot import Budget, Policy
+from powerflow.core.schedulers import (
+    DEFAULT_ETAS,
+    ORACLE,
+    POWERFLOW_SCHEDULERS,
+    PRERUN_S,
+    PROFILE_S,
+    Configured,
+    Profiling,
+    SchedulerSpec,
+    lookup,
+)
+
+__all__ = [
+    "DEFAULT_ETAS",
+    "DEFAULT_FREQUENCIES_MHZ",
+    "ORACLE",
+    "PRERUN_S",
+    "PROFILE_S",
+    "SCHEDULERS",
+    "ZEUS_ETA_KNOB",
+    "ZEUS_PROFILE_S",
+    "ZEUS_PROFILING",
+    "Configured",
+    "Profiling",
+    "SchedulerSpec",
+    "scheduler",
+]
+
+ZEUS_PROFILE_S = 240.0
+"""Zeus's JIT profiler sweeps its knob during the first epoch (Zeus §4.3); we
+give it the same four minutes PowerFlow spends per GPU count."""
+
+DEFAULT_FREQUENCIES_MHZ = (1020, 1110, 1200, 1305, 1410)
+"""The paper's baseline sweep stops at 1020 MHz: lower clocks cost both JCT and
+energy (§6.2)."""
+
+ZEUS_ETA_KNOB = 0.5
+"""Zeus's default ``eta_knob`` (Zeus, NSDI'23, §4)."""
+
+
+def _no_budget(_: float | None) -> Budget:
+    return Budget(eta=1.0)
+
+
+def _clock(value: float | None) -> int:
+    if value is None:
+        raise SimulationError("a frequency is required")
+    return int(value)
+
+
+def _gandiva(value: float | None) -> Policy:
+    from powerflow.lab.baselines import GandivaPolicy
+
+    return GandivaPolicy(frequency_mhz=_clock(value))
+
+
+def _tiresias(value: float | None) -> Policy:
+    from powerflow.lab.baselines import TiresiasPolicy
+
+    return TiresiasPolicy(frequency_mhz=_clock(value))
+
+
+def _afs(value: float | None) -> Policy:
+    from powerflow.lab.baselines import AfsPolicy
+
+    return AfsPolicy(frequency_mhz=_clock(value))
+
+
+def _zeus(
+    inner: Callable[[float | None], Policy], knob: str = "power_limit"
+) -> Callable[[float | None], Policy]:
+    def build(_: float | None) -> Policy:
+        from powerflow.lab.baselines import ZeusPolicy
+
+        return ZeusPolicy(
+            inner=inner(DEFAULT_FREQUENCIES_MHZ[-1]),
+            eta_knob=ZEUS_ETA_KNOB,
+            knob="clock" if knob == "clock" else "power_limit",
+        )
+
+    return build
+
+
+ZEUS_PROFILING = Profiling(profile_s=ZEUS_PROFILE_S)
+
+
+SCHEDULERS: dict[str, SchedulerSpec] = {
+    **POWERFLOW_SCHEDULERS,
+    **{
+        spec.name: spec
+        for spec in (
+            SchedulerSpec(
+                "gandiva",
+                "Gandiva: FIFO, packing, time-slicing; fixed clock",
+                "frequency_mhz",
+                _gandiva,
+                _no_budget,
+                ORACLE,
+                DEFAULT_FREQUENCIES_MHZ,
+            ),
+            SchedulerSpec(
+                "tiresias",
+                "Tiresias: 2D-LAS on attained GPU time; fixed clock",
+                "frequency_mhz",
+                _tiresias,
+                _no_budget,
+                ORACLE,
+                DEFAULT_FREQUENCIES_MHZ,
+            ),
+            SchedulerSpec(
+                "gandiva+zeus",
+                "Gandiva with each job at Zeus's optimal GPU power limit (eta_knob 0.5)",
+                None,
+                _zeus(_gandiva),
+                _no_budget,
+                ZEUS_PROFILING,
+            ),
+            SchedulerSpec(
+                "tiresias+zeus",
+                "Tiresias with each job at Zeus's optimal GPU power limit (eta_knob 0.5)",
+                None,
+                _zeus(_tiresias),
+                _no_budget,
+                ZEUS_PROFILING,
+            ),
+            SchedulerSpec(
+                "gandiva+zeus-clock",
+                "Gandiva with each job at the locked clock of least Zeus cost (eta_knob 0.5)",
+                None,
+                _zeus(_gandiva, "clock"),
+                _no_budget,
+                ZEUS_PROFILING,
+                compared=False,
+            ),
+            SchedulerSpec(
+                "tiresias+zeus-clock",
+                "Tiresias with each job at the locked clock of least Zeus cost (eta_knob 0.5)",
+                None,
+                _zeus(_tiresias, "clock"),
+                _no_budget,
+                ZEUS_PROFILING,
+                compared=False,
+            ),
+            SchedulerSpec(
+                "afs",
+                "AFS: elastic, marginal-throughput allocation; fixed clock",
+                "frequency_mhz",
+                _afs,
+                _no_budget,
+                ORACLE,
+                DEFAULT_FREQUENCIES_MHZ,
+            ),
+        )
+    },
+}
+
+
+def scheduler(name: str) -> SchedulerSpec:
+    """Any scheduler of the lab by name, with the list of names on a miss."""
+    return lookup(SCHEDULERS, name)

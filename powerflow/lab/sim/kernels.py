@@ -1,0 +1,117 @@
+"""The engine's per-event passes over its holders, compiled.
+
+At every event the engine advances every holder's progress and recomputes
+every holder's next event; at a few hundred holders numpy's fancy indexing
+would spend more on fixed per-call costs than on the arithmetic. These loops
+do the same float operations per job, in the same order (no fastmath, so no
+fused or reordered arithmetic): the results are the very floats of a plain
+Python loop over the jobs (tests/test_sim_fastpaths.py checks against one).
+
+``held`` is the holders' rows in the engine's ``_holders`` order,
+``computing`` the rows of those that compute; every other argument is a
+column of ``JobArrays``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from powerflow.core.jit import njit
+
+
+@njit
+def advance(
+    held: np.ndarray,
+    computing: np.ndarray,
+    dt: float,
+    n: np.ndarray,
+    share: np.ndarray,
+    step: np.ndarray,
+    power: np.ndarray,
+    attained: np.ndarray,
+    run_s: np.ndarray,
+    done: np.ndarray,
+    energy: np.ndarray,
+) -> None:
+    """``dt`` seconds on: held time of every holder, work and energy of
+    every computing one (its share of its GPUs at its current rates)."""
+    for i in held:
+        attained[i] += n[i] * dt
+        run_s[i] += dt
+    for i in computing:
+        done[i] += dt * share[i] / step[i]
+        energy[i] += dt * share[i] * power[i]
+
+
+@njit
+def draw(
+    computing: np.ndarray, share: np.ndarray, power: np.ndarray, n: np.ndarray
+) -> tuple[float, float]:
+    """(active watts, busy GPUs) of the computing jobs, each the sum of the
+    jobs' shares of their terms added one by one in ``computing`` order."""
+    active_w = 0.0
+    busy = 0.0
+    for i in computing:
+        active_w += share[i] * power[i]
+        busy += share[i] * n[i]
+    return active_w, busy
+
+
+@njit
+def next_events(
+    held: np.ndarray,
+    computing: np.ndarray,
+    now: float,
+    phase_end: np.ndarray,
+    iterations: np.ndarray,
+    done: np.ndarray,
+    step: np.ndarray,
+    share: np.ndarray,
+    next_event: np.ndarray,
+    completion: np.ndarray,
+) -> float:
+    """Set every holder's next event (its completion if that comes no later
+    than its phase end) and return the soonest (inf: no holders, NaN if
+    any is NaN, as ``np.min`` has it)."""
+    for i in held:
+        next_event[i] = phase_end[i]
+        completion[i] = False
+    for i in computing:
+        remaining = iterations[i] - done[i]
+        if remaining < 0.0:
+            remaining = 0.0
+        finish = now + remaining * step[i] / share[i]
+        if finish <= phase_end[i]:
+            next_event[i] = finish
+            completion[i] = True
+    soonest = math.inf
+    for i in held:
+        t: float = next_event[i]
+        if math.isnan(t):
+            return t
+        if t < soonest:
+            soonest = t
+    return soonest
+
+
+@njit
+def progress_rows(
+    held: np.ndarray,
+    iterations: np.ndarray,
+    done: np.ndarray,
+    run_s: np.ndarray,
+    attained: np.ndarray,
+) -> np.ndarray:
+    """The progress fields of the holders' views, one column per holder:
+    remaining iterations (never below 1e-9, NaN kept), seconds held and
+    GPU-seconds held."""
+    out = np.empty((3, len(held)))
+    for k in range(len(held)):
+        i = held[k]
+        left = iterations[i] - done[i]
+        out[0, k] = left if (left > 1e-9 or math.isnan(left)) else 1e-9
+        out[1, k] = run_s[i]
+        out[2, k] = attained[i]
+    return out

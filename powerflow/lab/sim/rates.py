@@ -1,0 +1,159 @@
+"""Ground-truth step time and power per configuration, cached.
+
+The simulator asks for the same (model, n, r, bs, f) over and over (every
+job of a model at its usual GPU count); the ground truth is vectorised numpy,
+so one scalar call costs far more than a dict lookup, and one call for every
+supported clock costs about what one clock does: a miss at a supported clock
+fills the cache for all of them (the ground truth evaluates each row of an
+array exactly as it evaluates that row alone; tests/test_sim_fastpaths.py
+checks it).
+
+A GPU with a power cap runs at the clock ``powerflow.core.devices.capped_clock_mhz``
+gives (the node agent's simulated GPUs follow the same rule): ``capped``
+answers it per configuration, cached.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from powerflow.core.errors import SimulationError
+from powerflow.core.models.protocol import FloatArray, PerfModel
+
+Key = tuple[str, int, int, float, float]
+
+
+class TruthRates:
+    """``(step_time_s, power_w)`` of the "real GPUs" for one configuration.
+
+    ``power_w`` is the energy per iteration over the step time: the draw of
+    all ``n`` GPUs together while the job computes.
+    """
+
+    def __init__(self, truth: Callable[[str], PerfModel], clocks_mhz: Sequence[int] = ()) -> None:
+        self._truth = truth
+        self._clocks = frozenset(clocks_mhz)
+        self._clock_array = np.array(sorted(self._clocks), dtype=np.float64)
+        self._models: dict[str, PerfModel] = {}
+        self._cache: dict[Key, tuple[float, float]] = {}
+        self._sweeps: dict[tuple[str, int, int, float, tuple[int, ...]], tuple[float, float]] = {}
+        self._peaks: dict[tuple[str, int, int, float, tuple[int, ...]], float] = {}
+        self._clock_list = [int(c) for c in sorted(self._clocks)]
+        self._powers: dict[tuple[str, int, int, float], tuple[list[int], FloatArray]] = {}
+
+    def model(self, name: str) -> PerfModel:
+        found = self._models.get(name)
+        if found is None:
+            found = self._models[name] = self._truth(name)
+        return found
+
+    def rate(self, name: str, n: int, r: int, bs: float, f: float) -> tuple[float, float]:
+        key = (name, n, r, bs, f)
+        hit = self._cache.get(key)
+        if hit is None:
+            if f in self._clocks:
+                self._fill(name, n, r, bs)
+                hit = self._cache.get(key)
+            if hit is None:
+                truth = self.model(name)
+                t = float(truth.step_time_s(n, r, bs, f))
+                e = float(truth.energy_per_iter_j(n, r, bs, f))
+                if not (t > 0 and e > 0 and np.isfinite(t) and np.isfinite(e)):
+                    raise SimulationError(f"ground truth of {name} gives t={t}, e={e} at {key}")
+                hit = self._cache[key] = (t, e / t)
+        return hit
+
+    def _fill(self, name: str, n: int, r: int, bs: float) -> None:
+        """Cache every supported clock's valid rates at (n, r, bs) in one call
+        (an invalid one is left to ``rate``'s own evaluation, which reports it)."""
+        truth = self.model(name)
+        f = self._clock_array
+        times = np.asarray(truth.step_time_s(n, r, bs, f), dtype=np.float64).tolist()
+        energies = np.asarray(truth.energy_per_iter_j(n, r, bs, f), dtype=np.float64).tolist()
+        cache = self._cache
+        for clock, t, e in zip(f.tolist(), times, energies, strict=True):
+            if t > 0 and e > 0 and math.isfinite(t) and math.isfinite(e):
+                cache[name, n, r, bs, clock] = (t, e / t)
+
+    def sweep(
+        self, name: str, n: int, r: int, bs: float, clocks: Sequence[int]
+    ) -> tuple[float, float]:
+        """Effective step time and mean power over equal time slices per clock.
+
+        Equal slices make progress ``slice * sum(1/t_k)``, so the effective
+        step time is the harmonic mean of the per-clock step times.
+        """
+        key = (name, n, r, bs, tuple(clocks))
+        hit = self._sweeps.get(key)
+        if hit is None:
+            truth = self.model(name)
+            f = np.asarray(clocks, dtype=np.float64)
+            t = np.asarray(truth.step_time_s(n, r, bs, f), dtype=np.float64)
+            e = np.asarray(truth.energy_per_iter_j(n, r, bs, f), dtype=np.float64)
+            hit = self._sweeps[key] = (float(1.0 / np.mean(1.0 / t)), float(np.mean(e / t)))
+        return hit
+
+    def peak(self, name: str, n: int, r: int, bs: float, clocks: Sequence[int]) -> float:
+        """The highest power of the job's GPUs over ``clocks``: a sweep's hungriest slice."""
+        key = (name, n, r, bs, tuple(clocks))
+        hit = self._peaks.get(key)
+        if hit is None:
+            hit = self._peaks[key] = max(self.rate(name, n, r, bs, c)[1] for c in set(clocks))
+        return hit
+
+    def capped(self, name: str, n: int, r: int, bs: float, f: int, cap_w: float | None) -> int:
+        """The clock the job's GPUs run at when locked at ``f`` under a per-GPU ``cap_w``.
+
+        ``powerflow.core.devices.capped_clock_mhz`` on the ground truth: the highest
+        supported clock at or below ``f`` whose power per GPU fits the cap (the
+        lowest clock when none does). Caps move with every plan, so the answer
+        is not kept per cap: the configuration's per-GPU power at every clock
+        is (``_per_gpu_w``), and each question is one comparison over it
+        (``tests/test_sim_fastpaths.py`` checks it against ``capped_clock_mhz``).
+        """
+        if cap_w is None:
+            return f
+        clocks, power = self._per_gpu_w(name, n, r, bs)
+        k = bisect.bisect_right(clocks, f)
+        if k == 0:
+            return clocks[0]
+        fits = np.flatnonzero(power[:k] <= cap_w)
+        return clocks[int(fits[-1])] if fits.size else clocks[0]
+
+    def capped_each(
+        self, name: str, n: int, r: int, bs: float, clocks: Sequence[int], cap_w: float
+    ) -> tuple[int, ...]:
+        """``capped`` for each of ``clocks`` under one cap, in one pass over the row.
+
+        A profiling sweep asks this for every slice's clock at each of its
+        events (178k of a fitted run's 206k questions): the running maximum
+        of the fitting clocks' indices answers all of them at once (index 0,
+        the lowest clock, where none fits).
+        """
+        supported, power = self._per_gpu_w(name, n, r, bs)
+        fitting = np.where(power <= cap_w, np.arange(len(supported)), 0)
+        best = np.maximum.accumulate(fitting).tolist()
+        out = []
+        for f in clocks:
+            k = bisect.bisect_right(supported, f)
+            out.append(supported[best[k - 1]] if k else supported[0])
+        return tuple(out)
+
+    def _per_gpu_w(self, name: str, n: int, r: int, bs: float) -> tuple[list[int], FloatArray]:
+        """The supported clocks (ascending) and the per-GPU power at each, as
+        ``capped_clock_mhz`` computes it (elementwise, so one call for all clocks
+        gives each clock's value exactly)."""
+        key = (name, n, r, bs)
+        hit = self._powers.get(key)
+        if hit is None:
+            truth = self.model(name)
+            f = self._clock_array
+            step = truth.step_time_s(n, r, bs, f)
+            energy = truth.energy_per_iter_j(n, r, bs, f)
+            power = np.asarray(energy / (n * step), dtype=np.float64)
+            hit = self._powers[key] = (self._clock_list, power)
+        return hit

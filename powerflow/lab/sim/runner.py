@@ -1,0 +1,243 @@
+"""Run configurations, one or many (in worker processes), and keep what plots need.
+
+A ``RunSpec`` is plain, picklable data: worker processes rebuild the trace,
+the world and the policy from it, so nothing stateful crosses a process
+boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from powerflow.core.errors import SimulationError
+from powerflow.core.policy.budget_schedule import BudgetSchedule
+from powerflow.lab.schedulers import Configured, scheduler
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.engine import Simulation
+from powerflow.lab.sim.metrics import reference_durations_s, reference_work_gpu_s, summarise
+from powerflow.lab.sim.result import RunResult, Series
+from powerflow.lab.sim.synthetic import SyntheticSpec, generate
+from powerflow.lab.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_trace
+from powerflow.lab.sim.world import World, default_world
+
+PLOT_POINTS = 2000
+"""Power/allocation series are resampled to this many points for plots."""
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """Which jobs: a trace file (default: the bundled ITP window), optionally
+    cut to its first ``hours``, or a synthetic trace; ``max_duration_h`` drops
+    the jobs that take longer than that (``metrics.reference_durations_s``)."""
+
+    path: str | None = None
+    hours: float | None = None
+    synthetic: SyntheticSpec | None = None
+    seed: int = 0
+    max_duration_h: float | None = None
+
+    def describe(self) -> str:
+        if self.synthetic is not None:
+            s = self.synthetic
+            text = f"synthetic({s.jobs} jobs, {s.mean_interval_s:.0f} s, x{s.job_size:g})"
+        else:
+            name = Path(self.path).name if self.path else ITP_TRACE
+            text = name + (f" (first {self.hours:g} h)" if self.hours else "")
+        if self.max_duration_h is not None:
+            text += f" without jobs longer than {self.max_duration_h:g} h"
+        return text
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    scheduler: str
+    value: float | None = None
+    trace: TraceSpec = field(default_factory=TraceSpec)
+    config: SimConfig = field(default_factory=SimConfig)
+    oracle: bool = False
+    tag: str = ""
+    """Free-form label of the experiment this run belongs to (e.g. a sensitivity axis)."""
+    budget_schedule: BudgetSchedule | None = None
+    """The budget over the (simulated) day, in place of the knob's fixed budget."""
+    policy_options: tuple[tuple[str, Any], ...] = ()
+    """Constructor options of the scheduler's policy to change, as (name, value) pairs
+    (e.g. PowerFlow's ``strict_power``); empty: the scheduler's own."""
+
+    @property
+    def label(self) -> str:
+        knob = scheduler(self.scheduler).knob
+        text = self.scheduler
+        if knob == "eta":
+            text += f" eta={self.value:g}"
+        elif knob == "frequency_mhz":
+            text += f" {self.value:.0f} MHz"
+        if self.budget_schedule is not None and self.budget_schedule.windows:
+            text += f" (schedule {self.budget_schedule.describe()})"
+        return text + (" (oracle)" if self.oracle else "")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    spec: RunSpec
+    metrics: dict[str, Any]
+    series: Series
+
+    def row(self) -> dict[str, Any]:
+        """The run as one flat row: what it was, then what it measured."""
+        knob = scheduler(self.spec.scheduler).knob
+        head: dict[str, Any] = {"scheduler": self.spec.scheduler}
+        if knob is not None:
+            head[knob] = self.spec.value
+        head["oracle"] = self.spec.oracle
+        head["idle_nodes_off"] = self.spec.config.idle_nodes_off
+        if self.spec.tag:
+            head["tag"] = self.spec.tag
+        if self.spec.budget_schedule is not None:
+            head["budget_schedule"] = self.spec.budget_schedule.describe()
+        return {**head, **self.metrics}
+
+
+@functools.cache
+def _world() -> World:
+    return default_world()
+
+
+def load_jobs(
+    spec: TraceSpec, config: SimConfig, world: World | None = None
+) -> tuple[TraceJob, ...]:
+    world = world or _world()
+    jobs: tuple[TraceJob, ...]
+    if spec.synthetic is not None:
+        jobs = generate(
+            spec.synthetic,
+            world.pool,
+            world.truth,
+            gpus_per_node=config.gpus_per_node,
+            max_gpus=config.total_gpus,
+        )
+    else:
+        path = Path(spec.path) if spec.path else bundled_trace(ITP_TRACE)
+        jobs = load_trace(
+            path,
+            world.model_names,
+            world.pool,
+            world.truth,
+            seed=spec.seed,
+            gpus_per_node=config.gpus_per_node,
+            max_gpus=config.total_gpus,
+            hours=spec.hours,
+            horizon_s=config.horizon_s,
+        )
+    if spec.max_duration_h is not None:
+        durations = reference_durations_s(jobs, world.truth, gpus_per_node=config.gpus_per_node)
+        jobs = tuple(
+            j for j, d in zip(jobs, durations, strict=True) if d <= spec.max_duration_h * 3600
+        )
+        if not jobs:
+            raise SimulationError(f"no job of the trace takes at most {spec.max_duration_h:g} h")
+    return jobs
+
+
+@functools.cache
+def _cached_jobs(spec: TraceSpec, config: SimConfig) -> tuple[TraceJob, ...]:
+    return load_jobs(spec, config)
+
+
+def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
+    """One run, in this process."""
+    configured = scheduler(spec.scheduler).configure(spec.value, oracle=spec.oracle)
+    if spec.policy_options:
+        configured = with_options(configured, dict(spec.policy_options))
+    jobs = (
+        load_jobs(spec.trace, spec.config, world)
+        if world
+        else _cached_jobs(spec.trace, spec.config)
+    )
+    return Simulation(
+        jobs, configured, spec.config, world or _world(), budget_schedule=spec.budget_schedule
+    ).run()
+
+
+def with_options(configured: Configured, options: dict[str, Any]) -> Configured:
+    """``configured`` with its policy rebuilt with ``options`` changed (a frozen dataclass
+    policy's constructor options); an option the policy does not have is an error."""
+    policy = configured.policy
+    known: set[str] = set()
+    if dataclasses.is_dataclass(policy):
+        known = {f.name for f in dataclasses.fields(policy) if f.init}
+    unknown = sorted(options.keys() - known)
+    if unknown:
+        raise SimulationError(f"{type(policy).__name__} has no option(s) {', '.join(unknown)}")
+    rebuilt = dataclasses.replace(policy, **options)  # type: ignore[type-var]
+    return dataclasses.replace(configured, policy=rebuilt)
+
+
+def run_one(spec: RunSpec) -> RunOutcome:
+    result = simulate(spec)
+    work = reference_work_gpu_s(
+        _cached_jobs(spec.trace, spec.config),
+        _world().truth,
+        gpus_per_node=spec.config.gpus_per_node,
+    )
+    return RunOutcome(
+        spec, summarise(result, work_gpu_s=work), resample(result.series, PLOT_POINTS)
+    )
+
+
+def resample(series: Series, points: int) -> Series:
+    """The step function sampled on a regular grid (keeps plots and pickles small)."""
+    t = series.t_s
+    if len(t) <= points:
+        return series
+    grid = np.linspace(t[0], t[-1], points)
+    idx = np.searchsorted(t, grid, side="right") - 1
+    return Series(*(getattr(series, name)[idx] if name != "t_s" else grid for name in _FIELDS))
+
+
+_FIELDS = ("t_s", "power_w", "busy_gpus", "powered_gpus", "held_gpus", "queued_jobs", "limit_w")
+
+
+def run_many(
+    specs: Sequence[RunSpec],
+    *,
+    workers: int | None = None,
+    on_done: Callable[[RunOutcome], None] | None = None,
+) -> list[RunOutcome]:
+    """Every spec, in worker processes (default: one per core), in input order."""
+    workers = workers or os.cpu_count() or 1
+    if workers <= 1 or len(specs) <= 1:
+        out = []
+        for spec in specs:
+            outcome = run_one(spec)
+            if on_done:
+                on_done(outcome)
+            out.append(outcome)
+        return out
+    results: dict[int, RunOutcome] = {}
+    # Longest runs first keeps both cores busy to the end.
+    order = sorted(range(len(specs)), key=lambda i: _cost_hint(specs[i]), reverse=True)
+    # Never more processes than runs: a fork-started pool forks all of them at once
+    # (--workers 10000 forked ten thousand copies for a 40-run comparison).
+    with ProcessPoolExecutor(max_workers=min(workers, len(specs))) as pool:
+        futures = {pool.submit(run_one, specs[i]): i for i in order}
+        for future in as_completed(futures):
+            outcome = future.result()
+            results[futures[future]] = outcome
+            if on_done:
+                on_done(outcome)
+    return [results[i] for i in range(len(specs))]
+
+
+def _cost_hint(spec: RunSpec) -> float:
+    """Relative cost guess for scheduling runs on workers (PowerFlow fits models)."""
+    prof = scheduler(spec.scheduler).profiling
+    return 2.0 if prof.fitted_models and not spec.oracle else 1.0

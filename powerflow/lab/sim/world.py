@@ -1,0 +1,66 @@
+"""The physical side of a simulation: the ground truth and how it is measured.
+
+Bundled so that tests can swap in a hand-computable world, and so that the
+engine names no ground-truth module directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from powerflow.core.models.protocol import ArrayLike, PerfModel
+from powerflow.core.models.samples import Samples
+
+
+class MeasureFn(Protocol):
+    def __call__(
+        self,
+        truth: PerfModel,
+        n: ArrayLike,
+        r: ArrayLike,
+        bs: ArrayLike,
+        f: ArrayLike,
+        *,
+        rng: np.random.Generator,
+        noise: float,
+    ) -> Samples: ...
+
+
+class SweepFn(Protocol):
+    def __call__(
+        self,
+        truth: PerfModel,
+        bs: float,
+        *,
+        rng: np.random.Generator,
+        noise: float,
+        duration_s: float,
+    ) -> Samples: ...
+
+
+@dataclass(frozen=True)
+class World:
+    """Ground truth by model name, its noisy measurement, and the 1-GPU sweep."""
+
+    truth: Callable[[str], PerfModel]
+    measure: MeasureFn
+    one_gpu_sweep: SweepFn
+    model_names: tuple[str, ...]
+    pool: tuple[tuple[str, int], ...]
+    """(model, global batch) settings a trace without models draws from."""
+
+
+def default_world() -> World:
+    """The project's ground truth (``powerflow.lab.groundtruth``) on A100."""
+    from powerflow.lab import groundtruth as gt
+
+    pool = tuple(
+        (name, int(bs))
+        for name in gt.MODEL_NAMES
+        for bs in gt.ground_truth(name).global_batch_sizes
+    )
+    return World(gt.ground_truth, gt.measure, gt.one_gpu_sweep, tuple(gt.MODEL_NAMES), pool)
