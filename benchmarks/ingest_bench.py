@@ -1,6 +1,6 @@
 """Time the operator's sample ingest: accepted samples per second on one core.
 
-Target (issue 12): 10,000 samples/s on one core, batched, with the
+Target: 10,000 samples/s on one core, batched, with the
 TokenReview cache warm. The ingest (``powerflow.operator.ingest``: aiohttp
 server, bearer token, ``telemetry.parse_batch``, per-sample checks against a
 cluster view of 64 jobs on 8 nodes, the sink) runs on an event loop in a
@@ -36,8 +36,8 @@ from powerflow.operator.tokenreview import TokenReviewer
 from rich.console import Console
 from rich.table import Table
 
-from powerflow import contract
-from powerflow.telemetry import NodePower, SampleBatch, WindowSample, encode_batch
+from powerflow.core import contract
+from powerflow.core.telemetry import NodePower, SampleBatch, WindowSample, encode_batch
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 AGENT = "system:serviceaccount:powerflow-system:powerflow-nodeagent"

@@ -5,11 +5,11 @@ dense profile (target <= 10% on throughput and energy); the 1-GPU-sweep-only
 fit (the 4-minute pre-run, multi-GPU terms from the generic prior of the OTHER
 five models) scored on every 1-GPU configuration of the profile (target
 <= 10%) and on the multi-GPU ones; the same with the model's own prior (the
-DLJob hint); multi-GPU target <= 10% (issue 14): met by every model with its
+DLJob hint); multi-GPU target <= 10%: met by every model with its
 own prior, by those the table marks with the others' prior (the rest
 synchronise up to twice as long as the other five, which no 1-GPU sample
 shows: docs/models.md); CPU time of one dense fit on one core (target < 1 s).
-Then the speed-up on 32 GPUs those sweep-only fits predict (issue 14: it
+Then the speed-up on 32 GPUs those sweep-only fits predict (where it
 flattens), against the ground truth's.
 Then the CPU time to predict 100,000 configurations (target < 50 ms; wall time
 shown beside it).
@@ -39,13 +39,13 @@ def _bench() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from powerflow import groundtruth as gt
-    from powerflow.gpus import A100
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.fitting import fit_profile, fit_with_prior
-    from powerflow.models.metrics import accuracy, split
-    from powerflow.models.priors import generic_prior, load_prior
-    from powerflow.models.protocol import PerfModel
+    from powerflow.core.gpus import A100
+    from powerflow.core.models.fitted import FittedModel
+    from powerflow.core.models.fitting import fit_profile, fit_with_prior
+    from powerflow.core.models.metrics import accuracy, split
+    from powerflow.core.models.priors import generic_prior, load_prior
+    from powerflow.core.models.protocol import PerfModel
+    from powerflow.lab import groundtruth as gt
 
     def pct(x: float) -> str:
         return f"{100 * x:.1f}%"
@@ -169,15 +169,15 @@ def _priors() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from powerflow import groundtruth as gt
-    from powerflow.gpus import A100
-    from powerflow.models.fitted import FittedModel
-    from powerflow.models.fitting import fit_with_prior, rescale_prior
-    from powerflow.models.metrics import mape
-    from powerflow.models.params import ModelParams, ThroughputParams
-    from powerflow.models.priors import generic_prior, shipped_priors
-    from powerflow.models.protocol import FloatArray
-    from powerflow.models.samples import Samples
+    from powerflow.core.gpus import A100
+    from powerflow.core.models.fitted import FittedModel
+    from powerflow.core.models.fitting import fit_with_prior, rescale_prior
+    from powerflow.core.models.metrics import mape
+    from powerflow.core.models.params import ModelParams, ThroughputParams
+    from powerflow.core.models.priors import generic_prior, shipped_priors
+    from powerflow.core.models.protocol import FloatArray
+    from powerflow.core.models.samples import Samples
+    from powerflow.lab import groundtruth as gt
 
     names = ThroughputParams.names()
     sync = np.array([k.startswith("sync_") and k.endswith("_s") for k in names])

@@ -1,7 +1,7 @@
 """The node agent: its CPU at 1 Hz on 8 simulated GPUs with 8 pods, and how soon a clock
 annotation change reaches the GPU.
 
-Targets (issue 12): under 1 % of one core; clock applied within 1 s of the
+Targets: under 1 % of one core; clock applied within 1 s of the
 annotation change. Both against the emulated API server
 (``tests/support/kube_emulator.py``, real HTTP):
 
