@@ -31,7 +31,8 @@ RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS
 COPY . /src
 # PowerFlow itself, built with the pinned backend. Then numba's compilation is
 # paid once, here: the lab is installed for a short simulation that compiles
-# every fitting and allocation kernel into NUMBA_CACHE_DIR, and removed again,
+# every fitting and allocation kernel into NUMBA_CACHE_DIR, and removed again
+# (its packages and its own code, powerflow/lab: simulator, ground truth, twin),
 # with pip and setuptools (the services need neither), third-party tests, and
 # the Kubernetes client's asyncio copy of its generated API (kubernetes/aio, 68 MB:
 # PowerFlow uses the synchronous client; tests/test_without_lab.py fails if a
@@ -50,6 +51,7 @@ RUN if ls /deps/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS
  && /opt/powerflow/bin/python -m pip uninstall -q -y setuptools wheel pip \
  && find /opt/powerflow/lib -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} + \
  && rm -rf /opt/powerflow/lib/python3*/site-packages/kubernetes/aio \
+ && rm -rf /opt/powerflow/lib/python3*/site-packages/powerflow/lab \
  && /opt/powerflow/bin/python /src/scripts/strip-shared.py /opt/powerflow/lib \
  && find /opt/powerflow -depth -type d -name '__pycache__' -empty -delete
 

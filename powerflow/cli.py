@@ -50,8 +50,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(f"powerflow.commands.{name}")
         except ModuleNotFoundError as exc:
-            missing = (exc.name or "").partition(".")[0]
-            if missing not in LAB_PACKAGES:
+            missing = lab_part(exc.name or "")
+            if missing is None:
                 raise
             _register_unavailable(subparsers, name, missing)
             continue
@@ -63,6 +63,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 # What the ``lab`` extra adds (pyproject.toml): the image has the operator, extender
 # and node agent without it, and a lab command there says so instead of a traceback.
 LAB_PACKAGES = frozenset({"scipy", "matplotlib", "rich", "kmock"})
+LAB_CODE = "powerflow.lab"
+"""The lab's own code, which the image leaves out as well (docs/image.md)."""
+
+
+def lab_needed(missing: str) -> str:
+    """The one line a command that needs the lab answers without it."""
+    return f"needs the lab extras ({missing} is not installed): pip install 'powerflow[lab]'"
+
+
+def lab_part(module: str) -> str | None:
+    """What of the lab a failed import of ``module`` lacks: an extra's package, or the
+    lab's own code; None when ``module`` is no part of the lab (a real error)."""
+    top = module.partition(".")[0]
+    if top in LAB_PACKAGES:
+        return top
+    if module == LAB_CODE or module.startswith(LAB_CODE + "."):
+        return LAB_CODE
+    return None
 
 
 def _register_unavailable(
@@ -70,7 +88,7 @@ def _register_unavailable(
 ) -> None:
     """A command whose module needs a lab package that is not installed: listed in the
     help, and run, one line saying what to install (exit 2)."""
-    why = f"needs the lab extras ({missing} is not installed): pip install 'powerflow[lab]'"
+    why = lab_needed(missing)
     # No option prefix: every word after the command, options included, is taken
     # and ignored, so the answer is the missing extra, not an unknown option.
     sub = subparsers.add_parser(
@@ -129,6 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = func(args)
     except PowerFlowError as exc:
         print(f"powerflow {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # a lab import inside a command, run without it
+        missing = lab_part(exc.name or "")
+        if missing is None:
+            raise
+        print(f"powerflow {args.command}: error: {lab_needed(missing)}", file=sys.stderr)
         return 2
     except OSError as exc:  # what the checks before the work cannot foresee (a full disk)
         where = f"{exc.filename}: " if exc.filename else ""

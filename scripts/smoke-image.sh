@@ -86,8 +86,8 @@ out=$(run sh -c 'powerflow simulate --hours 1 2>&1; echo "exit $?"')
 printf '%s\n' "$out" | grep -q "pip install 'powerflow\[lab\]'" || fail "simulate in the image: $out"
 run python3 -c '
 import importlib.util as u
-present = [m for m in ("scipy", "matplotlib", "rich", "kmock", "PIL", "fontTools", "pip", "setuptools")
-           if u.find_spec(m)]
+present = [m for m in ("scipy", "matplotlib", "rich", "kmock", "PIL", "fontTools", "pip", "setuptools",
+                       "powerflow.lab") if u.find_spec(m)]
 assert not present, present' || fail "the image holds the lab or pip"
 run test -s /usr/share/doc/powerflow/LICENSE || fail "no LICENSE in the image"
 run test -s /usr/share/doc/powerflow/NOTICE || fail "no NOTICE in the image"

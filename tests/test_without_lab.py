@@ -15,10 +15,11 @@ import textwrap
 
 import pytest
 
-from powerflow.cli import LAB_PACKAGES
+from powerflow.cli import LAB_CODE, LAB_PACKAGES, lab_part
 
-# What the Dockerfile deletes from the installed dependencies besides the lab.
-IMAGE_REMOVES = frozenset({"kubernetes.aio"})
+# What the Dockerfile deletes besides the lab's packages: the Kubernetes client's
+# asyncio copy and the lab's own code.
+IMAGE_REMOVES = frozenset({"kubernetes.aio", LAB_CODE})
 
 # A None in sys.modules is how Python marks a module as not importable: ``import``
 # raises ModuleNotFoundError naming it and ``importlib.util.find_spec`` answers None.
@@ -107,3 +108,39 @@ def test_a_lab_command_says_what_to_install_in_one_line(argv: list[str]) -> None
     assert len(lines) == 1, done.stderr
     assert f"powerflow {argv[0]}: error:" in lines[0]
     assert "pip install 'powerflow[lab]'" in lines[0]
+
+
+def test_a_failed_import_is_the_labs_only_when_it_names_the_lab() -> None:
+    assert lab_part("scipy.optimize") == "scipy"
+    assert lab_part("powerflow.lab") == LAB_CODE
+    assert lab_part("powerflow.lab.sim.engine") == LAB_CODE
+    assert lab_part("powerflow.labels") is None
+    assert lab_part("powerflow.core.policy") is None
+    assert lab_part("yaml") is None
+
+
+def test_only_the_labs_code_gone_still_says_what_to_install() -> None:
+    """The image deletes ``powerflow/lab`` itself; a command that reaches for it first
+    says what to install, it does not trace back."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys\nsys.modules['powerflow.lab'] = None\n"
+         "from powerflow.cli import main\nsys.exit(main(['plan', '--demo']))"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "pip install 'powerflow[lab]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_simulated_gpus_need_the_labs_code_not_its_packages() -> None:
+    """``nodeagent --simulate`` runs the ground truth, which needs numpy only: without
+    the lab's packages it gets past the lab check (and stops at the missing cluster)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys\n"
+         f"for name in {sorted(LAB_PACKAGES)!r}:\n    sys.modules[name] = None\n"
+         "from powerflow.cli import main\n"
+         "sys.exit(main(['nodeagent', '--simulate', '2', '--node-name', 'n1', '--once',"
+         " '--kubeconfig', '/nonexistent']))"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "powerflow[lab]" not in done.stderr, done.stderr[-2000:]
+    assert "/nonexistent" in done.stderr, done.stderr[-2000:]

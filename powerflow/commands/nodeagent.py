@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from powerflow.cli import LAB_CODE
 from powerflow.commands.kubeconfig import add_kubeconfig_option
 from powerflow.core import contract
 from powerflow.core.errors import PowerFlowError
@@ -150,10 +151,10 @@ def check(args: argparse.Namespace) -> None:
             raise NodeAgentConfigError(f"--{name.replace('_', '-')} is not a TCP port")
     if args.simulate < 0:
         raise NodeAgentConfigError("--simulate needs a GPU count >= 1 (0: real GPUs)")
-    if args.simulate and importlib.util.find_spec("scipy") is None:
+    if args.simulate and importlib.util.find_spec(LAB_CODE) is None:
         raise NodeAgentConfigError(
-            "--simulate runs the ground truth, which needs the lab extras "
-            "(scipy is not installed): pip install 'powerflow[lab]'"
+            "--simulate runs the ground truth, which is part of the lab "
+            f"({LAB_CODE} is not installed): pip install 'powerflow[lab]'"
         )
     if not args.window > 0:
         raise NodeAgentConfigError("--window must be > 0 s")
