@@ -10,8 +10,9 @@ and Service built) and steady (the jobs running, their requests parsed).
 
 How a pass's CPU is split, per pass: ``CPU`` is this thread's CPU time
 (``time.thread_time``) over the pass as the controller runs it
-(``reconcile`` inside ``gc_pause.paused``, its closing young collection
-included); ``policy`` is the thread's CPU time inside every ``plan`` call
+(``reconcile`` inside ``gc_pause.paused``, what it does at the end
+included; what it leaves to the collector after the pass:
+``operator_gc_bench``); ``policy`` is the thread's CPU time inside every ``plan`` call
 that pass made, summed (``TimedPolicy``: a pass may call it once, or not at
 all); ``operator`` is that pass's ``CPU`` less its own ``policy``. The plan
 calls run on the same thread inside the same interval (checked), so
@@ -126,7 +127,7 @@ class TimedPolicy:
 
 def _timed(fn: Any, policy: TimedPolicy) -> tuple[Any, float, float, float]:
     """``fn()`` under ``gc_pause.paused`` (as the controller runs a pass), its wall
-    time, its CPU time (this thread, the closing young collection included) and the
+    time, its CPU time (this thread, what ``paused`` does at the end included) and the
     policy's share of that CPU time (every ``plan`` call inside it), in seconds.
 
     CPU time is the figure to compare on a shared machine: other processes'

@@ -990,13 +990,14 @@ def _carry_out(
     now_s: float,
     window_s: float,
     seen: tuple[GpuSlot, ...] = (),
-    claimed: Mapping[GpuSlot, str] | None = None,
+    claimed: Callable[[], Mapping[GpuSlot, str]] | None = None,
     leaving: Callable[[], Mapping[GpuSlot, float]] | None = None,
 ) -> bool:
     """Turn the job's plan into actions; True when it holds GPUs after this pass.
 
     ``seen``: the job's GPUs as the snapshot gave them to the policy (empty when
-    unknown); ``claimed``: which job the plan gives each GPU. A plan that puts
+    unknown); ``claimed``: which job the plan gives each GPU, asked for only
+    where a job with workers may move (a cold pass's jobs have none). A plan that puts
     the job on other GPUs of the same count and gives its GPUs to another job
     is a migration (module docstring). ``leaving``: the GPUs that workers being
     deleted still hold, and until when they count (``_leaving``): a new
@@ -1024,7 +1025,7 @@ def _carry_out(
             f"checkpoint-restart from {shape[0]} to {jp.gpus} GPUs",
         )  # fmt: skip
         return False
-    if v.current and _migrates(seen, jp, claimed):
+    if v.current and _migrates(seen, jp, claimed() if claimed is not None else None):
         _delete_all(actions, v, req.grace_s)
         _set_phase(
             actions, v, "Rescaling", "Migrating",
@@ -1209,10 +1210,11 @@ def _account_all(
             )
         )
     accounts = account(jobs, gpn, now_s, anchors)
+    written = written or {}
     for (v, _), job, acc in zip(held, jobs, accounts, strict=True):
         if acc is None:
             continue
-        last = (written or {}).get(v.key)
+        last = written.get(v.key)
         spec_seen = v.status.get("observedGeneration") == int(v.meta.get("generation", 1))
         recent = last is not None and now_s - last < interval_s
         if recent and spec_seen and not merge_diff(v.status, v.new):  # no write now
@@ -1394,7 +1396,10 @@ def reconcile(
         actions.plan = plan
         if plan is not None:
             by_id = {jp.job_id: jp for jp in plan.jobs}
-            claimed = {slot: jp.job_id for jp in plan.jobs for slot in jp.placement}
+            jobs = plan.jobs
+            claimed = functools.cache(
+                lambda: {slot: jp.job_id for jp in jobs for slot in jp.placement}
+            )
             held = []
             gpus_of = {n.name: n.gpu for n in nodes}
             # Jobs with workers first, so that a job that starts knows which GPUs this

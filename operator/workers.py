@@ -130,7 +130,9 @@ def worker_env(job: JobRequest, ws: WorkerSet, index: int) -> list[dict[str, Any
 
 
 def _gpu_resources(resources: dict[str, Any] | None) -> dict[str, Any]:
-    out = dict(resources or {})
+    if not resources:  # the common template: no resources of its own
+        return {"limits": {contract.GPU_RESOURCE: "1"}, "requests": {contract.GPU_RESOURCE: "1"}}
+    out = dict(resources)
     for kind in ("limits", "requests"):
         out[kind] = {**(out.get(kind) or {}), contract.GPU_RESOURCE: "1"}
     return out
@@ -202,7 +204,7 @@ def worker_pods(
         # _env_values' entries, RANK (per pod) left out: the same for every worker.
         head.append({"name": "WORLD_SIZE", "value": str(ws.gpus)})
         tail = [
-            {"name": "MASTER_ADDR", "value": master_addr(job, ws.generation)},
+            {"name": "MASTER_ADDR", "value": f"{prefix}0.{name}.{job.namespace}.svc"},
             {"name": "MASTER_PORT", "value": str(job.master_port)},
             {"name": "LOCAL_BATCH_SIZE", "value": str(ws.local_batch_size)},
             {"name": "GLOBAL_BATCH_SIZE", "value": str(job.global_batch_size)},

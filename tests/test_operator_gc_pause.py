@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +38,30 @@ def test_off_inside_on_after_with_the_young_generation_collected() -> None:
     assert gc.isenabled()
     assert gc.get_count()[0] < 100
     del junk
+
+
+def test_what_the_block_built_goes_to_the_oldest_generation_unwalked() -> None:
+    with gc_pause.paused():
+        kept = [[] for _ in range(1000)]
+    young = {id(o) for generation in (0, 1) for o in gc.get_objects(generation)}
+    assert not any(id(x) in young for x in kept)
+    assert any(o is kept for o in gc.get_objects(2))
+    assert gc.get_freeze_count() == 0  # promoted, not left frozen
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_cycle_made_inside_is_still_collected() -> None:
+    with gc_pause.paused():
+        node = _Node()
+        gone = weakref.ref(node)
+        del node
+    assert gone() is not None  # a cycle: only the collector frees it
+    gc.collect()
+    assert gone() is None
 
 
 def test_left_off_when_it_was_off() -> None:
