@@ -36,10 +36,10 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.operator_bench import dljob
-from powerflow.gpus import A100
-from powerflow.policy.powerflow import PowerFlowPolicy
-from powerflow.policy.snapshot import Node
-from powerflow.policy.synthetic import SyntheticModel, synthetic_zoo
+from powerflow.core.gpus import A100
+from powerflow.core.policy.powerflow import PowerFlowPolicy
+from powerflow.core.policy.snapshot import Node
+from powerflow.lab.synthetic import SyntheticModel, synthetic_zoo
 
 
 def _young() -> None:

@@ -11,7 +11,7 @@ import pytest
 from powerflow.operator import jobs
 from powerflow.operator.jobs import BOUNDS, JobRequest, parse_dljob
 
-from powerflow.errors import ResourceError
+from powerflow.core.errors import ResourceError
 
 
 def plain_int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
