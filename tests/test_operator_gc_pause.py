@@ -30,7 +30,7 @@ def collector_on() -> Iterator[None]:
         gc.disable()
 
 
-def test_off_inside_on_after_with_the_young_generation_collected() -> None:
+def test_off_inside_on_after_with_the_young_generation_empty() -> None:
     with gc_pause.paused():
         assert not gc.isenabled()
         junk = [[] for _ in range(5000)]
