@@ -1,7 +1,10 @@
 """Faults on the twin, with nothing lost (``docs/twin.md``, "Faults").
 
-- The operator killed 20 times (SIGKILL and SIGTERM, at seeded random moments) during
-  a mini trace: every job completes, no worker pod is created twice for one slot
+- The operator killed 8 times (SIGKILL and SIGTERM, at seeded random moments) during
+  a mini trace (``tests/test_operator_restarts.py`` restarts it 20 times against the
+  emulator in a fraction of the time; this one kills the real process, so what only a
+  kill shows is checked: a SIGKILL mid-write, a SIGTERM's shutdown, a kill during
+  start-up, the Lease taken back, workers resumed from their checkpoints): every job completes, no worker pod is created twice for one slot
   (``JOB-gGEN-wRANK``, from a watch of every pod event), no job's progress goes back
   (the DLJob's ``status.progress.iterations`` never decreases; every restart of a
   worker trains from the job's last checkpoint, and no iteration reached is lost).
@@ -47,16 +50,22 @@ from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import mini_trace
 
 
+KILLS_EACH = 4
+"""SIGKILLs, and as many SIGTERMs: a crash loop's kills at start-up and kills of an
+operator at work both come up in the seeded order (the emulator's restart test does
+the counting of many restarts)."""
+
+
 @pytest.mark.timeout(900)
-def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
-    """20 kills of the operator (10 SIGKILL, 10 SIGTERM, seeded order and moments: one in
-    five 0.5-3 s after it serves, the others 0-8 s after it was launched) while
+def test_operator_killed_8_times_loses_nothing(tmp_path: Path) -> None:
+    """8 kills of the operator (4 SIGKILL, 4 SIGTERM, seeded order and moments: one in
+    four 0.5-3 s after it serves, the others 0-8 s after it was launched) while
     8 short jobs of the default trace run on 8 GPUs: all succeed, every slot's pod was
     created once, and no job went back in progress."""
     scale = TimeScale(0.02)
     jobs = mini_trace(8, scale, max_duration_s=3000)
     rng = random.Random(SEED)
-    signals = [signal.SIGKILL] * 10 + [signal.SIGTERM] * 10
+    signals = [signal.SIGKILL] * KILLS_EACH + [signal.SIGTERM] * KILLS_EACH
     rng.shuffle(signals)
     kills: list[tuple[float, str]] = []
     with Twin(tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED) as twin:
@@ -64,7 +73,7 @@ def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
         assert operator is not None and operator.proc is not None
         # One replica under a stable name (a StatefulSet's pod name, or --leader-identity
         # given): a restarted operator takes its own Lease back at once, where a new name
-        # waits for a SIGKILLed leader's Lease to expire (60 s here, 20 times).
+        # waits for a SIGKILLed leader's Lease to expire (60 s here, at every kill).
         operator.args += ["--leader-identity", "twin-operator"]
         watch = Watch(twin.url)
         progress = ProgressLog(twin)
@@ -76,7 +85,7 @@ def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
             running = pool.submit(twin.run, jobs, timeout_s=700)
             try:
                 for i, sig in enumerate(signals):
-                    if i % 5 == 4:  # an operator at work: up, its passes running
+                    if i % 4 == 3:  # an operator at work: up, its passes running
                         operator.wait_ready(timeout_s=300)
                         pause = rng.uniform(0.5, 3.0)
                     else:  # any moment of its life, its start-up included (a crash loop)
@@ -104,7 +113,7 @@ def test_operator_killed_20_times_loses_nothing(tmp_path: Path) -> None:
         f"lost iterations {stats.lost_iterations}, operator starts {operator.starts}"
     )
     assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
-    assert len(kills) == 20, f"only {len(kills)} kills before the trace ended"
+    assert len(kills) == 2 * KILLS_EACH, f"only {len(kills)} kills before the trace ended"
     assert {name for _, name in kills} == {"SIGKILL", "SIGTERM"}
     twice = {name: n for name, n in watch.created.items() if n > 1}
     assert not twice, f"pods created more than once: {twice}"
