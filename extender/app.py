@@ -52,6 +52,7 @@ from .wire import (
     decode_binding_args,
     dump,
     encode,
+    encode_filter,
     encode_priorities,
 )
 
@@ -305,16 +306,17 @@ def create_app(
     verbs = APIRouter(route_class=_VerbRoute)
 
     # Filter and prioritize read the raw body (``wire.decode_args``) and write
-    # their answers with ``wire.encode``: on kube-scheduler's critical path,
-    # FastAPI's body validation and the stdlib encoder cost more than the
-    # decision. The OpenAPI schema still documents ``ExtenderArgs``.
+    # their answers with ``wire.encode_filter`` and ``encode_priorities``: on
+    # kube-scheduler's critical path, FastAPI's body validation and the stdlib
+    # encoder cost more than the decision. The OpenAPI schema still documents
+    # ``ExtenderArgs``.
     @verbs.post("/filter", response_model=ExtenderFilterResult, openapi_extra=_ARGS_BODY)
     async def filter_(request: Request) -> Response:
         async with bodies.body(request, max_body_bytes) as raw:
             big = len(raw) > OFFLOAD_BYTES
             args = await _off_loop(big, decode_args, raw, request.headers.get("content-type"))
             answer = extender.filter(args)
-            return Response(await _off_loop(big, encode, answer), media_type=JSON)
+            return Response(await _off_loop(big, encode_filter, answer), media_type=JSON)
 
     @verbs.post("/prioritize", response_model=list[HostPriority], openapi_extra=_ARGS_BODY)
     async def prioritize(request: Request) -> Response:
