@@ -327,3 +327,40 @@ async def test_a_body_that_does_not_arrive_in_time_is_answered_408(
         assert answer.status_code == 408
         assert "did not arrive within 0.3 s" in answer.json()["Error"]
         assert c._transport.app.state.bodies.held == 0  # type: ignore[attr-defined]
+
+
+SHORT_PATH_CALLS = [
+    ("/filter", go_json(args(worker(), NODES, cache_capable=True)), "application/json"),
+    ("/prioritize", go_json(args(worker(), NODES, cache_capable=True)), "application/json"),
+    ("/filter", go_json(args(pod("web"), NODES, cache_capable=True)), "application/json"),
+    ("/filter", go_json(args(worker(), NODES, cache_capable=False)), "application/json"),
+    ("/filter", b'{"Pod": {}, "NodeNames": ["a"', "application/json"),
+    ("/prioritize", b'{"Pod": 3}', "application/json"),
+    ("/filter", b'{"Pod": {}, "NodeNames": ["a"]}', "text/plain"),
+    ("/filter", b"x" * 20_000, "application/json"),
+    ("/prioritize", b"", "application/json"),
+]
+"""Answers, decodable or not, PowerFlow's pods and others', over the size limit."""
+COUNTS = (
+    "powerflow_extender_requests_total{",
+    "powerflow_extender_request_duration_seconds_count{",
+)
+
+
+@pytest.mark.parametrize(("path", "body", "content_type"), SHORT_PATH_CALLS)
+async def test_the_short_path_answers_as_the_routes_do(
+    path: str, body: bytes, content_type: str
+) -> None:
+    """``_ShortPath`` serves the verbs ahead of the router; under a root path the router
+    serves them itself: the same status, headers and bytes, counted the same way."""
+    answers = []
+    for root in ("", "/ext"):
+        app = create_app(connect=False, max_body_bytes=10_000)
+        app.state.extender.state.replace(NODES, [])
+        transport = httpx.ASGITransport(app=app, root_path=root)
+        async with httpx.AsyncClient(transport=transport, base_url="http://ext") as c:
+            answer = await c.post(root + path, content=body, headers={"Content-Type": content_type})
+        counted = app.state.extender.metrics.exposition().decode().splitlines()
+        counts = [line for line in counted if line.startswith(COUNTS)]
+        answers.append((answer.status_code, answer.content, dict(answer.headers), counts))
+    assert answers[0][3] and answers[0] == answers[1]
