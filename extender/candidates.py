@@ -31,7 +31,9 @@ few its own filters narrow for some pods)."""
 class Candidates(list[str]):
     """Candidate node names with what is derived from them computed once.
 
-    Shared between calls (``NamesMemo``): never mutated once built.
+    Shared between calls (``NamesMemo``), on the event loop and on the worker threads
+    that answer large bodies: never mutated once built; what is computed lazily is at
+    worst computed twice.
     """
 
     __slots__ = ("_json", "_maps", "_members", "_zeros")
@@ -121,9 +123,13 @@ class Candidates(list[str]):
             if inner
             else b"{}"
         )
-        if len(self._maps) >= MAPS_KEPT:
-            del self._maps[next(iter(self._maps))]
-        self._maps[key] = written
+        # A copy replaced at once: large bodies are answered on worker threads, and two
+        # evicting the same oldest map from one dict would fail.
+        maps = dict(self._maps)
+        if len(maps) >= MAPS_KEPT:
+            del maps[next(iter(maps))]
+        maps[key] = written
+        self._maps = maps
         return written
 
 

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from powerflow.extender import create_app
-from powerflow.extender.candidates import AllBut, Candidates, NamesMemo
+from powerflow.extender.candidates import MAPS_KEPT, AllBut, Candidates, NamesMemo
 from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState, FilterAnswer
 from powerflow.extender.wire import (
@@ -506,3 +506,14 @@ async def test_answers_through_the_memo_are_the_general_paths_across_cluster_cha
                     "unschedulable", False
                 )
                 state.upsert_node(nodes[name])
+
+
+def test_maps_past_the_kept_few_are_written_again_the_same() -> None:
+    """More gangs than ``MAPS_KEPT`` filtered against the same names: the oldest maps are
+    dropped and written again, byte for byte the dict's."""
+    kept = Candidates(["a", "b", "c"])
+    reasons = [f"gang {g}" for g in range(MAPS_KEPT + 3)]
+    for _ in range(2):
+        for reason in reasons:
+            expected = orjson.dumps({"a": reason, "c": reason})
+            assert kept.unresolvable_json(reason, {"b"}) == expected
