@@ -53,6 +53,8 @@ from powerflow.core.taints import (
     untolerated,
 )
 
+from .candidates import AllBut
+from .candidates import index as candidate_index
 from .objects import GangKey, PodInfo, describe, node_gpus, node_product, pod_info
 from .objects import _dict as _dict_of
 from .objects import name_of as _name_of
@@ -232,7 +234,7 @@ class FilterAnswer:
 
     admitted: list[str]
     failed: dict[str, str]
-    unresolvable: dict[str, str] = field(default_factory=dict)
+    unresolvable: Mapping[str, str] = field(default_factory=dict)
 
 
 class ClusterState:
@@ -797,28 +799,29 @@ class ClusterState:
         if gang is None:
             return self._no_room(info, candidates)
         placed = self.member_node(gang, info)
+        members, distinct = candidate_index(candidates)
         if placed is not None:
             why = f"pod {info.namespace}/{info.name} is already placed on {placed}"
-            never = dict.fromkeys(candidates, why)
-            distinct = len(never) == len(candidates)
-            chosen = {placed} if never.pop(placed, None) else set()
+            chosen = {placed} if placed in members else set()
+            never = AllBut(candidates, chosen, why, distinct)
             return FilterAnswer(_in_order(candidates, chosen, distinct), {}, never)
-        # Every candidate fails as outside the block but the block's few nodes: start
-        # from that (one C call for a thousand names), then settle the block's nodes.
+        # Every candidate fails as outside the block but the block's few nodes: the
+        # answer says so without a dict of a thousand names (``AllBut``), and settles
+        # the block's nodes.
         outside = f"not in the GPU block reserved for gang {gang.key}"
         full = f"the GPUs of gang {gang.key}'s block on this node are taken by its other workers"
-        never = dict.fromkeys(candidates, outside)
-        distinct = len(never) == len(candidates)
         failed: dict[str, str] = {}
         fits: set[str] = set()
+        inside: set[str] = set()
         for name, free in self.room(gang).items():
-            if name not in never:
+            if name not in members:
                 continue
-            del never[name]
+            inside.add(name)
             if free < info.gpus:
                 failed[name] = full
             else:
                 fits.add(name)
+        never = AllBut(candidates, inside, outside, distinct)
         return FilterAnswer(_in_order(candidates, fits, distinct), failed, never)
 
     def prioritize(self, info: PodInfo, candidates: list[str]) -> list[tuple[str, int]]:

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from typing import Any
 
+import httpx
+import orjson
 import pydantic
 import pytest
 from extender_bodies import node, pod
 from fastapi.responses import JSONResponse
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from powerflow.extender import create_app
+from powerflow.extender.candidates import MAPS_KEPT, AllBut, Candidates, NamesMemo
 from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState, FilterAnswer
 from powerflow.extender.wire import (
@@ -30,6 +35,7 @@ from powerflow.extender.wire import (
     decode_args,
     dump,
     encode,
+    encode_filter,
     encode_priorities,
     filter_answer,
     filter_result,
@@ -39,6 +45,7 @@ from powerflow.extender.wire import (
 from powerflow.core.errors import PlacementError
 
 fast = settings(max_examples=200, deadline=None, derandomize=True)
+JSON_TYPE = {"Content-Type": "application/json"}
 
 names = st.text(max_size=8) | st.sampled_from(["gpu-0", "gpu-1", "Ünïcode", "a\u2028b", 'q"\\/'])
 scalars = (
@@ -361,3 +368,153 @@ def test_state_answers_match_the_per_candidate_loops(
                 state.end_bind(info, got.admitted[0])
                 again = state.filter(info, candidates)  # already placed: the other branch
                 assert again == filter_by_candidate(state, info, candidates)
+
+
+# -- the candidate memo and the maps it keeps --------------------------------------------------
+
+MEMO_NAMES = ["n0", "n1", "n2", "\ud800", ",", "a,", ",b", '","', "\\", "", "ü", 'q"']
+
+
+@fast
+@given(
+    candidates=st.lists(names | st.sampled_from(MEMO_NAMES), max_size=10),
+    reason=names | st.sampled_from(MEMO_NAMES),
+    data=st.data(),
+)
+@example(candidates=["a", "b", "c"], reason="r", data=None)
+def test_kept_unresolvable_maps_are_the_dicts_json(
+    candidates: list[str], reason: str, data: st.DataObject | None
+) -> None:
+    """Written from the names' JSON, or refused (``None``) for the general way: never other
+    bytes than the dict's, whatever the names (escapes, commas, quotes, repeats, empty)."""
+    left_out = (
+        set(data.draw(st.lists(st.sampled_from(candidates)))) if data and candidates else set()
+    )
+    kept = Candidates(candidates)
+    expected = dict.fromkeys(candidates, reason)
+    for name in left_out:
+        del expected[name]
+    for _ in range(2):  # written, then kept
+        written = kept.unresolvable_json(reason, left_out)
+        if written is not None:
+            assert written == orjson.dumps(expected)
+    never = AllBut(kept, left_out, reason, kept.distinct)
+    assert never == expected and len(never) == len(expected) and bool(never) == bool(expected)
+    answer = {"Nodes": None, "NodeNames": [], "FailedNodes": None}
+    general = {**answer, "FailedAndUnresolvableNodes": expected or None, "Error": ""}
+    fast_answer = {**answer, "FailedAndUnresolvableNodes": never or None, "Error": ""}
+    try:
+        assert encode_filter(fast_answer) == encode(general)
+    except WireError:
+        with pytest.raises(WireError):
+            encode(general)
+
+
+@fast
+@given(
+    hosts=st.lists(names | st.sampled_from(MEMO_NAMES), max_size=10),
+    scores=st.dictionaries(
+        names | st.sampled_from(MEMO_NAMES), st.integers(0, MAX_EXTENDER_PRIORITY), max_size=6
+    ),
+)
+def test_kept_zero_lists_score_as_the_general_way(hosts: list[str], scores: dict[str, int]) -> None:
+    assert encode_priorities(Candidates(hosts), scores) == encode_priorities(list(hosts), scores)
+
+
+def test_the_memo_tells_lists_apart_by_their_bytes() -> None:
+    """Lists of the same length, and the same names in another order, are other lists; the
+    same bytes give the same list back; the oldest list goes first."""
+    memo = NamesMemo(size=2)
+    ab, ba, cd = b'["a","b"]', b'["b","a"]', b'["c","d"]'
+    first = Candidates(["a", "b"])
+    memo.put(ab, first)
+    assert memo.get(bytes(ab)) is first and memo.get(ba) is None and memo.get(cd) is None
+    memo.put(ba, Candidates(["b", "a"]))
+    memo.put(cd, Candidates(["c", "d"]))
+    assert memo.get(ab) is None and memo.get(ba) == ["b", "a"] and memo.get(cd) == ["c", "d"]
+
+
+CLUSTER = [f"n{i}" for i in range(6)]
+LISTS = [
+    CLUSTER,
+    CLUSTER[::-1],
+    CLUSTER[:3],
+    [*CLUSTER[3:], "elsewhere"],
+    ["n5", "n4", "n3", "n2", "n1", "n9"],  # as long as the first, other names
+    ["n0", "n1", "n0"],
+]
+"""Candidate lists the scheduler might send: the same names again and again, reordered,
+narrowed, with names not (yet) in the cache, repeated."""
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_answers_through_the_memo_are_the_general_paths_across_cluster_changes(
+    seed: int,
+) -> None:
+    """Filter and prioritize through the app (memo, kept maps and lists) against the same
+    questions asked with plain lists and written by ``encode`` as plain dicts, byte for
+    byte, while pods are bound and deleted and nodes are added, removed, cordoned and
+    uncordoned between calls that send the same names."""
+    rng = random.Random(seed)
+    app = create_app(connect=False, clock=lambda: 0.0)
+    state: ClusterState = app.state.extender.state
+    nodes = {n: node(n, 8) for n in CLUSTER}
+    state.replace(list(nodes.values()), [])
+    gangs = [(f"g{g}", rng.choice([1, 2, 4, 8, 16]), rng.choice([1, 2])) for g in range(6)]
+    bound: list[dict[str, Any]] = []
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+        for _ in range(60):
+            step = rng.random()
+            if step < 0.55:
+                job, size, gpus = rng.choice(gangs)
+                workers = max(1, size // gpus)
+                body = pod(f"{job}-{rng.randrange(workers)}", job=job, workers=workers, gpus=gpus)
+                info = pod_info(body)
+                names = rng.choice(LISTS)
+                raw = json.dumps({"Pod": body, "Nodes": None, "NodeNames": names}).encode()
+                got = await client.post("/filter", content=raw, headers=JSON_TYPE)
+                answer = got.json()
+                try:  # the same question, asked with a plain list: nothing kept
+                    expected = state.filter(info, list(names))
+                except PlacementError as exc:
+                    assert answer["Error"] == str(exc)
+                    continue
+                plain = ExtenderArgs.model_construct(Pod=body, Nodes=None, NodeNames=list(names))
+                reference = filter_answer(
+                    plain, expected.admitted, expected.failed, dict(expected.unresolvable)
+                )
+                assert got.content == encode(reference)
+                scored = await client.post("/prioritize", content=raw, headers=JSON_TYPE)
+                by_list = state.prioritize(info, list(names))
+                assert scored.content == encode([{"Host": h, "Score": s} for h, s in by_list])
+                if answer["NodeNames"] and rng.random() < 0.5:
+                    state.begin_bind(info, answer["NodeNames"][0])
+                    state.end_bind(info, answer["NodeNames"][0])
+                    body["spec"]["nodeName"] = answer["NodeNames"][0]
+                    bound.append(body)
+            elif step < 0.65 and bound:
+                state.delete_pod(bound.pop(rng.randrange(len(bound))))
+            elif step < 0.75:
+                name = f"n{rng.randrange(10)}"
+                nodes[name] = node(name, 8)
+                state.upsert_node(nodes[name])
+            elif step < 0.85 and nodes:
+                state.delete_node(nodes.pop(rng.choice(sorted(nodes))))
+            elif nodes:
+                name = rng.choice(sorted(nodes))
+                nodes[name]["spec"]["unschedulable"] = not nodes[name]["spec"].get(
+                    "unschedulable", False
+                )
+                state.upsert_node(nodes[name])
+
+
+def test_maps_past_the_kept_few_are_written_again_the_same() -> None:
+    """More gangs than ``MAPS_KEPT`` filtered against the same names: the oldest maps are
+    dropped and written again, byte for byte the dict's."""
+    kept = Candidates(["a", "b", "c"])
+    reasons = [f"gang {g}" for g in range(MAPS_KEPT + 3)]
+    for _ in range(2):
+        for reason in reasons:
+            expected = orjson.dumps({"a": reason, "c": reason})
+            assert kept.unresolvable_json(reason, {"b"}) == expected
