@@ -4,8 +4,9 @@
   a mini trace (``tests/test_operator_restarts.py`` restarts it 20 times against the
   emulator in a fraction of the time; this one kills the real process, so what only a
   kill shows is checked: a SIGKILL mid-write, a SIGTERM's shutdown, a kill during
-  start-up, the Lease taken back, workers resumed from their checkpoints): every job completes, no worker pod is created twice for one slot
-  (``JOB-gGEN-wRANK``, from a watch of every pod event), no job's progress goes back
+  start-up, the Lease taken back, workers resumed from their checkpoints): every job
+  completes, no worker pod is created twice for one slot (``JOB-gGEN-wRANK``, from a
+  watch of every pod event), no job's progress goes back
   (the DLJob's ``status.progress.iterations`` never decreases; every restart of a
   worker trains from the job's last checkpoint, and no iteration reached is lost).
 - The extender killed while a gang is partly bound, and started again: the rest of
@@ -48,7 +49,6 @@ from powerflow.lab.twin.apiserver import ApiServer
 from powerflow.lab.twin.harness import Twin
 from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import mini_trace
-
 
 KILLS_EACH = 4
 """SIGKILLs, and as many SIGTERMs: a crash loop's kills at start-up and kills of an
