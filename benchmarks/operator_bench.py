@@ -148,14 +148,22 @@ SCALES = ((256, 64), (1024, 512))
 """(jobs, nodes of 8 A100s) of the allocation-pass rows."""
 
 
-def loop_times(repeat: int, jobs: int = 256, node_count: int = 64) -> dict[str, Times]:
-    """Per scenario: wall, CPU and policy-CPU seconds of each repeat."""
+def scenario(
+    jobs: int, node_count: int
+) -> tuple[tuple[Node, ...], list[Observed], dict[str, SyntheticModel], Any]:
+    """The pass's input: ``node_count`` nodes of 8 A100s, ``jobs`` DLJobs of 1, 2 or 4
+    GPUs (seeded), a synthetic model each, the budget at eta 0.7."""
     nodes = tuple(Node(f"n{i:03d}", 8, A100) for i in range(node_count))
     zoo = synthetic_zoo(8, seed=0)
     rng = np.random.default_rng(0)
     observed = [Observed(dljob(f"j{i}", int(rng.choice([1, 2, 4])), i)) for i in range(jobs)]
     models = {f"j{i}": zoo[i % len(zoo)] for i in range(jobs)}
-    budget = parse_budget({"eta": "0.7"})
+    return nodes, observed, models, parse_budget({"eta": "0.7"})
+
+
+def loop_times(repeat: int, jobs: int = 256, node_count: int = 64) -> dict[str, Times]:
+    """Per scenario: wall, CPU and policy-CPU seconds of each repeat."""
+    nodes, observed, models, budget = scenario(jobs, node_count)
     policy = TimedPolicy(PowerFlowPolicy())
     out: dict[str, Times] = {}
     times: Times = ([], [], [])

@@ -29,17 +29,14 @@ from typing import Any
 
 import numpy as np
 from kubernetes.client import ApiClient
-from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
-from powerflow.operator.reconcile import Actions, Observed, reconcile
+from powerflow.operator.reconcile import Actions, reconcile
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.operator_bench import dljob
-from powerflow.core.gpus import A100
+from benchmarks.operator_bench import scenario
 from powerflow.core.policy.powerflow import PowerFlowPolicy
-from powerflow.core.policy.snapshot import Node
-from powerflow.lab.synthetic import SyntheticModel, synthetic_zoo
+from powerflow.lab.synthetic import SyntheticModel
 
 
 def _young() -> None:
@@ -83,12 +80,7 @@ class _CollectorTime:
 
 def cycles(count: int, jobs: int = 1024, node_count: int = 512) -> dict[str, np.ndarray]:
     """Per ending: (cycle CPU, pass CPU, collector) seconds of each cycle."""
-    nodes = tuple(Node(f"n{i:03d}", 8, A100) for i in range(node_count))
-    zoo = synthetic_zoo(8, seed=0)
-    rng = np.random.default_rng(0)
-    observed = [Observed(dljob(f"j{i}", int(rng.choice([1, 2, 4])), i)) for i in range(jobs)]
-    models = {f"j{i}": zoo[i % len(zoo)] for i in range(jobs)}
-    budget = parse_budget({"eta": "0.7"})
+    nodes, observed, models, budget = scenario(jobs, node_count)
     policy = PowerFlowPolicy()
     api = ApiClient()
 
