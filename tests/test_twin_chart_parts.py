@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
-from powerflow.lab.twin.chart import INSTALL_ORDER, PATHS, kubescheduler_standin, render
+from powerflow.lab.twin.chart import (
+    INSTALL_ORDER,
+    PATHS,
+    STANDIN_CODE,
+    kubescheduler_standin,
+    render,
+)
 from powerflow.lab.twin.chartpods import fits, pod_status_text
 from powerflow.lab.twin.runtime import Image, argv_of, expand, inside
 from powerflow.lab.twin.scheduler import SchedulerConfig, tolerated
@@ -179,7 +185,10 @@ def test_https_extender_is_refused() -> None:
 def test_kube_scheduler_flags_are_kept_for_the_stand_in() -> None:
     argv = kubescheduler_standin(["kube-scheduler", "--config=/etc/x.yaml", "--secure-port=1"])
     assert argv[-2:] == ["--config=/etc/x.yaml", "--secure-port=1"]
-    assert argv[1:3] == ["-m", "powerflow.lab.twin.kubescheduler"]
+    python = argv.index("/opt/powerflow/bin/python")
+    assert argv[python + 1 : python + 3] == ["-m", "powerflow.lab.twin.kubescheduler"]
+    # the image has no lab: the stand-in's code comes from the twin, first on its path
+    assert argv[:python] == ["/usr/bin/env", f"PYTHONPATH={STANDIN_CODE}"]
 
 
 def test_every_kind_the_chart_renders_can_be_applied() -> None:

@@ -19,7 +19,8 @@ defaults), and boots what it describes on this machine:
 - ``chartpods``: the Deployments and the DaemonSet become pods, run from the
   image with their commands, users, volumes and probes; kube-scheduler's
   container runs the twin's stand-in (``kubescheduler``) with the chart's
-  ``KubeSchedulerConfiguration``;
+  ``KubeSchedulerConfiguration``, on the image's Python with the twin's own code
+  mounted (the image leaves the lab out; ``kubescheduler_standin``);
 - the node agents' GPUs: each GPU node's simulated GPUs (``TwinGpus``) behind
   ``GpuServer``, reached through the stand-in for the NVIDIA driver's library
   (``nvml_shim``, mounted over the image's ``pynvml``) that the runtime gives a
@@ -276,10 +277,24 @@ def _gpu_clock() -> float:
     return math.floor(time.monotonic() / GPU_TICK_S) * GPU_TICK_S
 
 
+STANDIN_CODE = "/run/powerflow-twin/standin"
+"""Where kube-scheduler's stand-in finds the twin's own ``powerflow`` package (with the
+lab, which the image leaves out): mounted there, first on its ``PYTHONPATH``."""
+
+
 def kubescheduler_standin(argv: list[str]) -> list[str]:
     """kube-scheduler's command line, run as the stand-in: the flags stay, the binary
-    becomes ``python -m powerflow.lab.twin.kubescheduler`` from the image."""
-    return ["/opt/powerflow/bin/python", "-m", "powerflow.lab.twin.kubescheduler", *argv[1:]]
+    becomes ``python -m powerflow.lab.twin.kubescheduler`` on the image's Python. The
+    stand-in is the twin's, not a PowerFlow component, so it brings its code
+    (``STANDIN_CODE``); the chart's own pods run the image as it is."""
+    return [
+        "/usr/bin/env",
+        f"PYTHONPATH={STANDIN_CODE}",
+        "/opt/powerflow/bin/python",
+        "-m",
+        "powerflow.lab.twin.kubescheduler",
+        *argv[1:],
+    ]
 
 
 class ChartTwin:
@@ -375,6 +390,7 @@ class ChartTwin:
             kubernetes_service=(api_ip, 443),
             own_image={self.image_ref},
             standins={"registry.k8s.io/kube-scheduler:": kubescheduler_standin},
+            standin_mounts=(Mount(REPO / "powerflow", f"{STANDIN_CODE}/powerflow", True),),
             serving=self.folder / "pki" / "serving",
         ).start()
         self.workers = Kubelet(

@@ -329,16 +329,19 @@ class PodKubelet:
         kubernetes_service: tuple[str, int],
         own_image: str | set[str],
         standins: Mapping[str, Callable[[list[str]], list[str]]] | None = None,
+        standin_mounts: tuple[Mount, ...] = (),
         serving: Path | None = None,
         tick_s: float = 0.5,
     ) -> None:
         """``own_image``: the chart's image reference, run from ``image``; ``standins``:
         image reference prefix -> the argv that stands in for that image's command in
         the PowerFlow image (kube-scheduler's), with ``serving`` (a folder with
-        ``tls.crt`` and ``tls.key``) mounted at ``/run/powerflow-twin/serving``. A
-        container of any other image cannot be pulled (``ErrImagePull``)."""
+        ``tls.crt`` and ``tls.key``) mounted at ``/run/powerflow-twin/serving`` and
+        ``standin_mounts`` (what the stand-in runs that the image lacks). A container
+        of any other image cannot be pulled (``ErrImagePull``)."""
         self.own_images = {own_image} if isinstance(own_image, str) else set(own_image)
         self.standins = dict(standins or {})
+        self.standin_mounts = standin_mounts
         self.serving = serving
         self.api, self.image, self.nodes, self.folder = api, image, nodes, folder
         self.hosts = hosts
@@ -676,6 +679,7 @@ class PodKubelet:
         standin = next((f for p, f in self.standins.items() if image.startswith(p)), None)
         if standin is not None:
             argv = standin(argv)
+            mounts.extend(self.standin_mounts)
             if self.serving is not None:
                 mounts.append(Mount(self.serving, "/run/powerflow-twin/serving", True))
         elif image not in self.own_images:
