@@ -28,10 +28,10 @@ from typing import Any
 import aiohttp
 import kubernetes
 import orjson
+from powerflow.operator.actions import Observed
 from powerflow.operator.ingest import ClusterPower, ClusterView, Ingest, start
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.metrics import Metrics
-from powerflow.operator.reconcile import Observed
 from powerflow.operator.tokenreview import TokenReviewer
 from rich.console import Console
 from rich.table import Table

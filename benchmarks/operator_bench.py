@@ -38,9 +38,10 @@ from typing import Any
 
 import numpy as np
 from powerflow.operator import gc_pause
+from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
-from powerflow.operator.reconcile import Actions, Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 from rich.console import Console
 from rich.table import Table
 

@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 from kubernetes.client import ApiClient
+from powerflow.operator.actions import Actions
 from powerflow.operator.jobs import JobRequest, RequestCache
-from powerflow.operator.reconcile import Actions, reconcile
+from powerflow.operator.reconcile import reconcile
 from rich.console import Console
 from rich.table import Table
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerflow.operator import gc_pause
+from powerflow.operator.actions import Actions
 from powerflow.operator.bodies import ConfigMapBody
 from powerflow.operator.budget import (
     DEFAULT,
@@ -58,13 +59,9 @@ from powerflow.operator.learning import MeasuredPower, SampleStore
 from powerflow.operator.metrics import Metrics, job_series
 from powerflow.operator.nodes import cluster_nodes
 from powerflow.operator.parking import busy_nodes, node_marks
-from powerflow.operator.reconcile import (
-    DEFAULT_PROFILING_WINDOW_S,
-    DEFAULT_PROGRESS_INTERVAL_S,
-    Actions,
-    ModelFactory,
-    reconcile,
-)
+from powerflow.operator.pass_progress import DEFAULT_PROGRESS_INTERVAL_S
+from powerflow.operator.pass_snapshot import DEFAULT_PROFILING_WINDOW_S, ModelFactory
+from powerflow.operator.reconcile import reconcile
 from powerflow.operator.refusals import Refusal, by_job
 from powerflow.operator.reported_progress import ReportedProgress
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import kubernetes
 from powerflow.operator import foreign_pods, parking
+from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.bodies import ConfigMapBody, DLJobBody, NodeBody, PodBody, ServiceBody
-from powerflow.operator.reconcile import Actions, Observed
 from powerflow.operator.refusals import Refusal
 
 from powerflow.core import contract

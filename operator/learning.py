@@ -241,7 +241,7 @@ class SampleStore:
     """Samples per job, refitted models, and their ``status.model`` fields.
 
     Satisfies the ingest's ``SampleSink`` (``add``); ``model`` is a
-    ``reconcile.ModelFactory``. See the module docstring for the rules.
+    ``pass_snapshot.ModelFactory``. See the module docstring for the rules.
     """
 
     def __init__(

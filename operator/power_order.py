@@ -6,7 +6,7 @@ apply each pod's annotations as they see them, so if the raises went out
 first the cluster could pass the budget between two writes of one pass. The
 pass therefore writes the changes that only lower power together with the
 deletions, before the creations and the changes that may raise power
-(``reconcile.Actions.writes``).
+(``actions.Actions.writes``).
 
 A patch lowers power when each key it changes does:
 

@@ -16,7 +16,7 @@ generation the count only grows. A pass uses it only for the job's current
 generation. A count at or past the job's ``iterations`` finishes the job once
 a worker has exited or none runs, or a grace period after it arrived while they
 all still do
-(``reconcile._done_by_count``): a trainer saves and evaluates after its last
+(``lifecycle._done_by_count``): a trainer saves and evaluates after its last
 step, and one hung in its teardown still ends.
 
 Kept in memory by the leader (the ingest takes nothing on a follower): after a

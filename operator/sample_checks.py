@@ -45,9 +45,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from powerflow.operator.job_view import _annotation, _count, _generation
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.nodes import gpu_of
-from powerflow.operator.reconcile import _annotation, _count, _generation
 
 from powerflow.core import contract
 from powerflow.core.gpus import GpuSpec

@@ -30,9 +30,9 @@ from powerflow.nodeagent.iterations import ReportError, parse_report
 from powerflow.nodeagent.pods import pod_view
 from powerflow.nodeagent.settings import desired_settings
 from powerflow.operator import sample_checks
+from powerflow.operator.actions import Observed
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.kube import ClusterState as OperatorState
-from powerflow.operator.reconcile import Observed
 from support.nodeagent_harness import NODE, RecordingGpus, worker_pod
 from test_operator_bad_input import body, one_pass, pods_of, running
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from powerflow.operator.actions import Actions
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.kube import Kube, WritesFailed
-from powerflow.operator.reconcile import Actions
 from powerflow.operator.workers import WorkerSet, rendezvous_service, worker_pods
 from support.kube_emulator import KubeEmulator
 

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.budget import parse_budget
+from powerflow.operator.job_view import _block
 from powerflow.operator.jobs import BOUNDS, RequestCache, parse_dljob
-from powerflow.operator.reconcile import Actions, Observed, _block, reconcile
+from powerflow.operator.reconcile import reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
 
 from powerflow.core import contract

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 from powerflow.operator import gc_pause
+from powerflow.operator.actions import Observed
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
-from powerflow.operator.reconcile import Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 
 from powerflow.core.gpus import A100
 from powerflow.core.policy.powerflow import PowerFlowPolicy

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from powerflow.extender.objects import parse_block
 from powerflow.operator.budget import BudgetConfig, parse_budget
-from powerflow.operator.reconcile import ROOM_WAIT_S, STUCK_TERMINATION_S
+from powerflow.operator.carry_out import ROOM_WAIT_S
+from powerflow.operator.lifecycle import STUCK_TERMINATION_S
 from support.fake_cluster import FakeCluster
 
 from powerflow.core import contract

@@ -19,6 +19,7 @@ import kubernetes
 import pytest
 from kmock import method as verb
 from operator_cases import JOBS, MERGE, dljob, eventually, models, poked_pass
+from powerflow.operator.actions import Actions
 from powerflow.operator.kube import Kube
 from powerflow.operator.parking import (
     busy_nodes,
@@ -27,7 +28,6 @@ from powerflow.operator.parking import (
     node_marks,
     powered_down,
 )
-from powerflow.operator.reconcile import Actions
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 

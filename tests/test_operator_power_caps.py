@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import pytest
 from operator_cases import BUDGET, JOBS, MERGE, dljob, eventually, models, pods_of
+from powerflow.operator.actions import Observed
 from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.power_order import cap_annotation, lowers
-from powerflow.operator.reconcile import Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 from test_operator_profiling import (

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from powerflow.nodeagent.pods import parse_profile, pod_view
+from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.profile_plan import plan_annotation
-from powerflow.operator.reconcile import Actions, Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 from test_operator_profiling import (
     BUDGET,
     MODEL,

@@ -6,9 +6,10 @@ import itertools
 import json
 from typing import Any
 
+from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import parse_dljob
-from powerflow.operator.reconcile import Actions, Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
 
 from powerflow.core import contract

@@ -6,10 +6,11 @@ import copy
 from typing import Any
 
 import pytest
+from powerflow.operator.actions import Observed
 from powerflow.operator.budget import budget_warnings, parse_budget
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.nodes import FALLBACK_GPU, cluster_nodes, gpu_of, parse_node
-from powerflow.operator.reconcile import Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 from powerflow.operator.status import merge_diff, set_condition
 from powerflow.operator.workers import WorkerSet, worker_pod
 

@@ -11,10 +11,11 @@ from typing import Any
 import httpx
 import kubernetes
 import pytest
+from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.kube import Kube, WritesFailed
-from powerflow.operator.reconcile import Actions, Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 from powerflow.operator.refusals import MAX_BACKOFF_S, Refusal, backoff_s
 from powerflow.operator.workers import WorkerSet, rendezvous_service, worker_pods
 from support.kube_emulator import KubeEmulator

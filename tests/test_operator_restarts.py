@@ -19,7 +19,7 @@ import httpx
 import operator_cases
 import pytest
 from kmock import method as verb
-from powerflow.operator.reconcile import STUCK_TERMINATION_S
+from powerflow.operator.lifecycle import STUCK_TERMINATION_S
 from support.kube_emulator import KubeEmulator
 from support.operator_cluster import NODES, cluster, gang_dljob, kubelet, operator
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import pytest
-from powerflow.operator.reconcile import Observed, reconcile
+from powerflow.operator.actions import Observed
+from powerflow.operator.reconcile import reconcile
 from test_operator_profiling import (
     BUDGET,
     MODEL,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from powerflow.operator.actions import Observed
 from powerflow.operator.controller import as_planned
 from powerflow.operator.learning import MeasuredPower
-from powerflow.operator.reconcile import Observed, reconcile
+from powerflow.operator.reconcile import reconcile
 from test_operator_profiling import (
     BUDGET,
     MODEL,

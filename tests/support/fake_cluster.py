@@ -21,7 +21,8 @@ from typing import Any
 
 from powerflow.extender.objects import parse_block
 from powerflow.extender.placing import planned_block
-from powerflow.operator.reconcile import Actions, Observed, reconcile
+from powerflow.operator.actions import Actions, Observed
+from powerflow.operator.reconcile import reconcile
 
 from powerflow.core import contract
 from powerflow.core.policy.placement import reserve_block

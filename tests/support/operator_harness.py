@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from powerflow.operator.controller import Controller
     from powerflow.operator.ingest import SampleSink
     from powerflow.operator.learning import SampleStore
-    from powerflow.operator.reconcile import ModelFactory
+    from powerflow.operator.pass_snapshot import ModelFactory
 
     from powerflow.core.policy.snapshot import Policy
 

@@ -1,0 +1,311 @@
+"""A plan carried out for one job: the workers a new generation starts, a profiling
+window begun or ended, a migration, power caps and the profiling sweep on the
+workers (``reconcile``'s module docstring, "Migrations", says why a move is a
+checkpoint-restart)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from powerflow.operator.actions import Actions
+from powerflow.operator.bodies import (
+    PodBody,
+)
+from powerflow.operator.job_view import (
+    _annotate,
+    _annotation,
+    _block,
+    _event,
+    _nodes,
+    _pod_phase,
+    _set_phase,
+    _View,
+)
+from powerflow.operator.jobs import (
+    JobRequest,
+)
+from powerflow.operator.lifecycle import STUCK_TERMINATION_S, _deadline, _delete_all
+from powerflow.operator.pass_snapshot import _profiled, _profiling_until
+from powerflow.operator.power_order import cap_annotation
+from powerflow.operator.profile_plan import plan_annotation
+from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
+
+from powerflow.core import contract
+from powerflow.core.gpus import GpuSpec
+from powerflow.core.policy.snapshot import GpuSlot, JobPlan
+from powerflow.core.profiling import ClockSweep
+from powerflow.core.timefmt import format_time, format_time_ms, parse_time
+
+ROOM_WAIT_S = 120.0
+"""The longest a new generation waits for workers being deleted to free its planned GPUs
+(``_wait_for_room``): twice the default grace period, short next to a training job."""
+
+
+def _start(
+    actions: Actions, v: _View, req: JobRequest, jp: JobPlan, now_s: float, window_s: float
+) -> None:
+    """A new generation of workers; Profiling if the job never ran on this GPU count
+    (and profiling is on: ``window_s > 0``)."""
+    generation = int(v.alloc.get("generation", 0)) + 1
+    cap = cap_annotation(jp.power_cap_w)
+    ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap, jp.placement)
+    actions.create.append(rendezvous_service(req))
+    actions.create.extend(worker_pods(req, ws))
+    v.new["allocation"] = {
+        "gpus": jp.gpus,
+        "frequencyMHz": jp.frequency_mhz,
+        "localBatchSize": jp.local_batch_size,
+        "generation": generation,
+        "nodes": sorted({node for node, _ in jp.placement}),
+        "profilingUntil": None,
+        "complete": None,
+        "stopped": None,
+    }
+    v.first = True
+    v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
+    v.new["roomWaitSince"] = None
+    if window_s > 0 and jp.gpus not in _profiled(v):
+        _set_phase(
+            actions, v, "Profiling", "Profiling",
+            f"profiling on {jp.gpus} GPUs (local batch {jp.local_batch_size}) once all "
+            "workers run",
+        )  # fmt: skip
+    else:
+        _set_phase(
+            actions, v, "Running", "Started",
+            f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz, local batch {jp.local_batch_size}",
+        )  # fmt: skip
+
+
+def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
+    """Advance the profiling of the current allocation; True while it goes on."""
+    gpus = int(v.alloc.get("gpus", 0))
+    until = _profiling_until(v)
+    if until is None:
+        if not v.running:
+            _set_phase(
+                actions, v, "Profiling", "Profiling",
+                f"profiling on {gpus} GPUs once all workers run",
+            )  # fmt: skip
+            return True
+        until = now_s + window_s
+        v.new["allocation"]["profilingUntil"] = format_time_ms(until)
+        _event(actions, v, "Normal", "ProfilingStarted", f"{gpus} GPUs for {window_s:g} s")
+    if now_s < until:
+        actions.wake(until)
+        _set_phase(
+            actions, v, "Profiling", "Profiling",
+            f"profiling on {gpus} GPUs until {format_time(until)}",
+        )  # fmt: skip
+        return True
+    v.new["model"] = {"profiledGpuCounts": sorted({*_profiled(v), gpus})}
+    v.new["allocation"]["profilingUntil"] = None
+    _set_phase(actions, v, "Running", "ProfilingFinished", f"profiled on {gpus} GPUs")
+    return False
+
+
+def _carry_out(
+    actions: Actions,
+    v: _View,
+    jp: JobPlan,
+    now_s: float,
+    window_s: float,
+    seen: tuple[GpuSlot, ...] = (),
+    claimed: Callable[[], Mapping[GpuSlot, str]] | None = None,
+    leaving: Callable[[], Mapping[GpuSlot, float]] | None = None,
+) -> bool:
+    """Turn the job's plan into actions; True when it holds GPUs after this pass.
+
+    ``seen``: the job's GPUs as the snapshot gave them to the policy (empty when
+    unknown); ``claimed``: which job the plan gives each GPU, asked for only
+    where a job with workers may move (a cold pass's jobs have none). A plan that puts
+    the job on other GPUs of the same count and gives its GPUs to another job
+    is a migration (module docstring). ``leaving``: the GPUs that workers being
+    deleted still hold, and until when they count (``_leaving``): a new
+    generation the plan puts there waits for them (``_wait_for_room``).
+    """
+    req = v.req
+    assert req is not None
+    alloc = v.alloc
+    shape = (int(alloc.get("gpus", 0)), int(alloc.get("localBatchSize", 0)))
+    if jp.gpus == 0:
+        if v.current:
+            _delete_all(actions, v, req.grace_s)
+            _set_phase(actions, v, "Pending", "Preempted", "the policy gave the GPUs to others")
+        else:
+            _set_phase(actions, v, "Pending", "Waiting", "waiting for GPUs within the budget")
+        base = v.new.get("allocation") or alloc
+        v.new["allocation"] = dict(base, gpus=0, nodes=[], profilingUntil=None)
+        v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
+        v.new["roomWaitSince"] = None
+        return False
+    if v.current and (jp.gpus, jp.local_batch_size) != shape:
+        _delete_all(actions, v, req.grace_s)
+        _set_phase(
+            actions, v, "Rescaling", "Rescaling",
+            f"checkpoint-restart from {shape[0]} to {jp.gpus} GPUs",
+        )  # fmt: skip
+        return False
+    if v.current and _migrates(seen, jp, claimed() if claimed is not None else None):
+        _delete_all(actions, v, req.grace_s)
+        _set_phase(
+            actions, v, "Rescaling", "Migrating",
+            f"checkpoint-restart on other GPUs to make room: {_nodes(seen)} -> "
+            f"{_nodes(jp.placement)}",
+        )  # fmt: skip
+        return False
+    # A generation recorded (status goes first) but not all created: a pass died
+    # between its writes. Its missing workers are created, under the same names.
+    unfinished = (
+        shape == (jp.gpus, jp.local_batch_size)
+        and alloc.get("complete") is not True
+        and alloc.get("stopped") is not True
+    )
+    starts = not v.current and not unfinished
+    if starts and leaving is not None and _wait_for_room(actions, v, jp, leaving(), now_s):
+        return False
+    actions.allocated_gpus += jp.gpus
+    if starts:
+        _start(actions, v, req, jp, now_s, window_s)
+        return True
+    generation = int(alloc.get("generation", 0))
+    have = {p["metadata"]["name"] for p in v.current}
+    missing = [i for i in range(jp.gpus) if pod_name(req.name, generation, i) not in have]
+    if missing:  # only an unfinished gang's: a complete one's lost worker restarts it
+        cap = cap_annotation(jp.power_cap_w)
+        ws = WorkerSet(
+            generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap, jp.placement
+        )
+        actions.create.append(rendezvous_service(req))
+        actions.create.extend(worker_pods(req, ws, missing))
+    _power_caps(actions, v, jp)
+    changed = int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz
+    clock = str(jp.frequency_mhz)
+    for pod in v.current:  # also where a pod's value was edited: the plan's clock stands
+        if changed or _annotation(pod, contract.FREQUENCY_ANNOTATION) != clock:
+            _annotate(actions, v, pod, {contract.FREQUENCY_ANNOTATION: clock})
+    if changed:
+        _event(
+            actions, v, "Normal", "FrequencyChanged",
+            f"{alloc.get('frequencyMHz')} -> {jp.frequency_mhz} MHz",
+        )  # fmt: skip
+    nodes = sorted({str(p.get("spec", {}).get("nodeName")) for p in v.current} - {"None"})
+    v.new["allocation"] = dict(alloc, frequencyMHz=jp.frequency_mhz, nodes=nodes)
+    if not missing:  # every worker exists: from now on a missing one is lost
+        v.new["allocation"]["complete"] = True
+    if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s):
+        return True
+    if v.new.get("phase") != "Running":
+        _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")
+    return True
+
+
+def _wait_for_room(
+    actions: Actions, v: _View, jp: JobPlan, leaving: Mapping[GpuSlot, float], now_s: float
+) -> bool:
+    """True (the job waits) while workers being deleted still hold GPUs the plan
+    gives this job's new generation.
+
+    The extender takes the plan's block (``contract.PLANNED_BLOCK_ANNOTATION``) only
+    when it is free; created at once, the gang would get other GPUs, the next plan
+    would find it elsewhere than it placed it and move other jobs again to make
+    room. So the job starts once those workers are gone (a pod deletion is an
+    event: the next pass comes then), once they count as stuck
+    (``STUCK_TERMINATION_S`` past their grace period), or ``ROOM_WAIT_S`` after it
+    began to wait (``status.roomWaitSince``), whatever the others do: a delete the
+    API server refuses, a grace period of a day. The extender then chooses
+    other GPUs.
+    """
+    if not leaving:  # no worker is being deleted (every job of a cold start)
+        return False
+    until = [leaving[slot] for slot in jp.placement if slot in leaving and leaving[slot] > now_s]
+    since = parse_time(v.status.get("roomWaitSince"))
+    since = now_s if since is None else since
+    if not until or now_s >= since + ROOM_WAIT_S:
+        return False
+    v.new["roomWaitSince"] = v.status.get("roomWaitSince") or format_time(now_s)
+    v.new["energy"] = dict(v.status.get("energy") or {}, watts=0.0)
+    actions.wake(min(*until, since + ROOM_WAIT_S))
+    _set_phase(
+        actions, v, "Pending", "WaitingForGPUs",
+        f"{jp.gpus} GPUs planned on {_nodes(jp.placement)}; waiting for stopping workers "
+        "to free them",
+    )  # fmt: skip
+    return True
+
+
+def _leaving(views: Sequence[_View], actions: Actions, now_s: float) -> dict[GpuSlot, float]:
+    """GPUs held by workers being deleted (terminating, or deleted by this pass), each
+    with the time after which its pod counts as stuck and no longer holds it up."""
+    out: dict[GpuSlot, float] = {}
+
+    def add(pod: PodBody, until: float) -> None:
+        if _pod_phase(pod) in ("Succeeded", "Failed"):  # holds no GPU any more
+            return
+        raw = _annotation(pod, contract.PLACEMENT_ANNOTATION)
+        for slot in _block(raw) if raw else ():
+            out[slot] = max(out.get(slot, until), until)
+
+    for v in views:
+        for pod in v.terminating:
+            add(pod, _deadline(pod) or now_s + STUCK_TERMINATION_S)
+    deleted = {(ns, name): grace for ns, name, grace in actions.delete_pods}
+    if deleted:
+        for v in views:
+            for pod in v.current + v.other:
+                grace = deleted.get((v.ns, pod["metadata"]["name"]))
+                if grace is not None:
+                    add(pod, now_s + grace + STUCK_TERMINATION_S)
+    return out
+
+
+def _power_caps(actions: Actions, v: _View, jp: JobPlan) -> None:
+    """Each current worker carries the plan's per-GPU power cap
+    (``contract.POWER_LIMIT_ANNOTATION``, which the node agent applies), or none;
+    written or removed only where it differs, so a restarted operator rewrites nothing."""
+    want = cap_annotation(jp.power_cap_w)
+    for pod in v.current:
+        if _annotation(pod, contract.POWER_LIMIT_ANNOTATION) != want:
+            _annotate(actions, v, pod, {contract.POWER_LIMIT_ANNOTATION: want})
+
+
+def _migrates(
+    seen: tuple[GpuSlot, ...], jp: JobPlan, claimed: Mapping[GpuSlot, str] | None
+) -> bool:
+    """The plan moves the job (both placements known) and gives its GPUs to another job.
+
+    A move that only packs jobs tighter (no other job needs the GPUs) is not
+    worth a checkpoint-restart: the job keeps its GPUs and the others go elsewhere.
+    """
+    if not seen or not jp.placement or set(seen) == set(jp.placement):
+        return False
+    owners = claimed or {}
+    return any(owners.get(slot, jp.job_id) != jp.job_id for slot in seen)
+
+
+def _profile_plans(
+    actions: Actions,
+    v: _View,
+    gpus_of: Mapping[str, GpuSpec],
+    default_gpu: GpuSpec,
+    window_s: float,
+    sweep: ClockSweep,
+    now_s: float,
+) -> bool:
+    """Each current worker carries the sweep plan (``sweep``'s clocks over ``window_s``)
+    exactly while the job's profiling window runs (``profile_plan``); written or
+    removed only where it differs, so a restarted operator rewrites nothing. Always
+    True (a ``_Guard`` step)."""
+    alloc = v.new.get("allocation") or v.alloc
+    until = parse_time(alloc.get("profilingUntil"))
+    phase = v.new.get("phase", v.status.get("phase"))
+    profiling = phase == "Profiling" and until is not None and now_s < until
+    for pod in v.current:
+        want = None
+        if profiling:
+            node = pod.get("spec", {}).get("nodeName")
+            gpu = gpus_of.get(node, default_gpu) if isinstance(node, str) else default_gpu
+            want = plan_annotation(gpu, window_s, until, sweep)
+        if _annotation(pod, contract.PROFILE_ANNOTATION) != want:
+            _annotate(actions, v, pod, {contract.PROFILE_ANNOTATION: want})
+    return True

@@ -1,0 +1,155 @@
+"""The core snapshot of a pass's runnable jobs (``build_snapshot``): each job's request,
+model, placement, profiling state and measured power, as the policy sees them."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from powerflow.operator.bodies import (
+    PodBody,
+)
+from powerflow.operator.budget import BudgetConfig
+from powerflow.operator.job_view import _annotation, _count, _placement, _View
+from powerflow.operator.jobs import (
+    JobRequest,
+)
+from powerflow.operator.learning import MeasuredPower
+
+from powerflow.core import contract
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.policy.buddy import is_aligned_block
+from powerflow.core.policy.snapshot import GpuSlot, Job, Node, Snapshot
+from powerflow.core.timefmt import parse_time
+
+ModelFactory = Callable[[JobRequest], PerfModel]
+DEFAULT_PROFILING_WINDOW_S = 240.0
+
+
+def _profiled(v: _View) -> list[int]:
+    raw = (v.status.get("model") or {}).get("profiledGpuCounts")
+    if not raw:  # a new job's: no set to build and sort
+        return []
+    return sorted({_count(n) for n in raw} - {0})
+
+
+def _profiling_until(v: _View) -> float | None:
+    return parse_time(v.alloc.get("profilingUntil"))
+
+
+def _is_profiling(v: _View, now_s: float) -> bool:
+    """The current allocation is profiling and its window has not ended."""
+    if not v.current or v.status.get("phase") != "Profiling":
+        return False
+    until = _profiling_until(v)
+    return until is None or now_s < until
+
+
+def _core_job(
+    v: _View,
+    req: JobRequest,
+    now_s: float,
+    model: PerfModel,
+    sizes: Mapping[str, int],
+    measured: MeasuredPower | None = None,
+    window_s: float = 0.0,
+) -> Job:
+    progress = int((v.status.get("progress") or {}).get("iterations", 0))
+    running = bool(v.current) and not v.stopping
+    frequency = v.alloc.get("frequencyMHz") if running else None
+    placement = _placement(v.current, sizes) if running else ()
+    # Measured where it runs now (same GPUs per node and local batch), or not at all.
+    if measured is not None and placement:
+        nodes = Counter(node for node, _ in placement)
+        here = (len(placement), max(nodes.values()), int(v.alloc.get("localBatchSize", 0)))
+        if here != (measured.n, measured.gpus_per_node, measured.local_batch_size):
+            measured = None
+    else:
+        measured = None
+    return Job(
+        id=v.key,
+        model=model,
+        remaining_iterations=float(max(req.iterations - progress, 0)),
+        global_batch_size=req.global_batch_size,
+        requested_gpus=req.requested_gpus,
+        arrival_s=req.created_s,
+        elapsed_s=max(now_s - req.created_s, 0.0),
+        min_gpus=req.min_gpus,
+        max_gpus=req.max_gpus,
+        max_local_batch_size=req.max_local_batch_size,
+        placement=placement,
+        frequency_mhz=None if frequency is None else int(frequency),
+        model_name=req.model_name,
+        # The policy may only keep GPUs it knows: pinning needs the extender's placement.
+        pinned=bool(placement) and _is_profiling(v, now_s),
+        measured_power_w=measured.watts if measured is not None else None,
+        measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
+        profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
+        power_cap_w=_current_cap(v.current) if running else None,
+    )
+
+
+def _current_cap(pods: Sequence[PodBody]) -> float | None:
+    """The per-GPU cap the job's workers hold now (their ``power-limit-watts``), for
+    the policy to keep it steady (``Job.power_cap_w``): the highest of them (the
+    policy keeps a current cap only where it is no higher than the new one, so
+    the highest is the safe reading of workers caught mid-update); ``None`` when
+    a worker has none or an unreadable one (the agent holds no cap there)."""
+    caps = []
+    for pod in pods:
+        raw = _annotation(pod, contract.POWER_LIMIT_ANNOTATION)
+        try:
+            cap = float(raw) if raw is not None else math.nan
+        except ValueError:
+            cap = math.nan
+        if not (math.isfinite(cap) and cap > 0):
+            return None
+        caps.append(cap)
+    return max(caps, default=None)
+
+
+def build_snapshot(
+    views: Sequence[_View],
+    nodes: tuple[Node, ...],
+    budget: BudgetConfig,
+    now_s: float,
+    models: ModelFactory,
+    failed: Callable[[_View, Exception], None] | None = None,
+    measured: Mapping[str, MeasuredPower] | None = None,
+    window_s: float = 0.0,
+    power_ratio: float = 1.0,
+) -> Snapshot:
+    """The core's snapshot of ``views``; with ``failed``, a job whose conversion
+    raises is reported there and left out instead of failing the snapshot.
+
+    ``measured``: each job's latest measured power (``learning.SampleStore.
+    measured_power``), passed to the policy where the job still runs as
+    measured; ``window_s`` > 0: jobs profile new GPU counts (``Job.profiled_gpus``).
+    """
+    measured = measured or {}
+    sizes = {n.name: n.gpus for n in nodes}
+    jobs: list[Job] = []
+    held: set[GpuSlot] = set()
+    for v in views:
+        assert v.req is not None
+        try:
+            job = _core_job(v, v.req, now_s, models(v.req), sizes, measured.get(v.key), window_s)
+        except Exception as exc:
+            if failed is None:
+                raise
+            failed(v, exc)
+            continue
+        if not held.isdisjoint(job.placement):  # two gangs claim a GPU: trust neither's
+            job = replace(job, placement=(), pinned=False)
+        elif job.pinned and not is_aligned_block(nodes, job.placement):
+            # The policy keeps a pinned job's GPUs only as an aligned block of these
+            # nodes, and refuses the whole pass otherwise; the gang's nodes can be
+            # unaligned here (the plan's nodes change as other pods come and go).
+            job = replace(job, pinned=False)
+        held.update(job.placement)
+        jobs.append(job)
+    return Snapshot(
+        nodes=nodes, jobs=tuple(jobs), budget=budget.budget, now_s=now_s, power_ratio=power_ratio
+    )
