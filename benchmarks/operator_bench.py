@@ -41,6 +41,7 @@ from powerflow.operator import gc_pause
 from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
+from powerflow.operator.pass_inputs import PassMemory
 from powerflow.operator.reconcile import reconcile
 from rich.console import Console
 from rich.table import Table
@@ -173,7 +174,9 @@ def loop_times(repeat: int, jobs: int = 256, node_count: int = 64) -> dict[str, 
         return models[job.name]
 
     def cold() -> Actions:
-        return reconcile(observed, nodes, budget, 1e6, policy, model, requests=RequestCache())
+        return reconcile(
+            observed, nodes, budget, 1e6, policy, model, PassMemory(requests=RequestCache())
+        )
 
     for _ in range(repeat):  # a cold operator: nothing parsed yet, every pod built
         actions, *measured = _timed(cold, policy)
@@ -189,7 +192,7 @@ def loop_times(repeat: int, jobs: int = 256, node_count: int = 64) -> dict[str, 
         now = 1e6 + 60 * (i + 1)
         step, *measured = _timed(
             functools.partial(
-                reconcile, running, nodes, budget, now, policy, model, anchors, requests=cache
+                reconcile, running, nodes, budget, now, policy, model, PassMemory(anchors, cache)
             ),
             policy,
         )

@@ -31,6 +31,7 @@ import numpy as np
 from kubernetes.client import ApiClient
 from powerflow.operator.actions import Actions
 from powerflow.operator.jobs import JobRequest, RequestCache
+from powerflow.operator.pass_inputs import PassMemory
 from powerflow.operator.reconcile import reconcile
 from rich.console import Console
 from rich.table import Table
@@ -89,7 +90,9 @@ def cycles(count: int, jobs: int = 1024, node_count: int = 512) -> dict[str, np.
         return models[job.name]
 
     def cold() -> Actions:
-        return reconcile(observed, nodes, budget, 1e6, policy, model, requests=RequestCache())
+        return reconcile(
+            observed, nodes, budget, 1e6, policy, model, PassMemory(requests=RequestCache())
+        )
 
     out: dict[str, np.ndarray] = {}
     for label, ending in ENDINGS.items():

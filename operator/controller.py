@@ -59,8 +59,9 @@ from powerflow.operator.learning import MeasuredPower, SampleStore
 from powerflow.operator.metrics import Metrics, job_series
 from powerflow.operator.nodes import cluster_nodes
 from powerflow.operator.parking import busy_nodes, node_marks
+from powerflow.operator.pass_inputs import DEFAULT_PROFILING_WINDOW_S, PassMemory, PassSettings
 from powerflow.operator.pass_progress import DEFAULT_PROGRESS_INTERVAL_S
-from powerflow.operator.pass_snapshot import DEFAULT_PROFILING_WINDOW_S, ModelFactory
+from powerflow.operator.pass_snapshot import ModelFactory
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.refusals import Refusal, by_job
 from powerflow.operator.reported_progress import ReportedProgress
@@ -460,17 +461,21 @@ class Controller:
                 now,
                 self.policy,
                 self.models,
-                self._anchors,
-                profiling_window_s=self.config.profiling_window_s,
-                profile_sweep=self.config.profile_sweep,
-                requests=self._requests,
-                refused=self._refused,
-                progress_interval_s=self.config.progress_interval_s,
-                progress_written=self._progress_written,
-                learned=learned,
-                measured=measured,
-                power_ratio=power_ratio,
-                agent_progress=agent_progress,
+                PassMemory(
+                    anchors=self._anchors,
+                    requests=self._requests,
+                    refused=self._refused,
+                    progress_written=self._progress_written,
+                    learned=learned,
+                    measured=measured,
+                    power_ratio=power_ratio,
+                    agent_progress=agent_progress,
+                ),
+                PassSettings(
+                    profiling_window_s=self.config.profiling_window_s,
+                    profile_sweep=self.config.profile_sweep,
+                    progress_interval_s=self.config.progress_interval_s,
+                ),
             )
         if actions.plan is not None:
             self._planned = {jp.job_id: jp for jp in actions.plan.jobs}

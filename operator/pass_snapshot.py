@@ -17,6 +17,7 @@ from powerflow.operator.jobs import (
     JobRequest,
 )
 from powerflow.operator.learning import MeasuredPower
+from powerflow.operator.pass_inputs import PassMemory, PassSettings
 
 from powerflow.core import contract
 from powerflow.core.models.protocol import PerfModel
@@ -25,7 +26,6 @@ from powerflow.core.policy.snapshot import GpuSlot, Job, Node, Snapshot
 from powerflow.core.timefmt import parse_time
 
 ModelFactory = Callable[[JobRequest], PerfModel]
-DEFAULT_PROFILING_WINDOW_S = 240.0
 
 
 def _profiled(v: _View) -> list[int]:
@@ -116,19 +116,20 @@ def build_snapshot(
     budget: BudgetConfig,
     now_s: float,
     models: ModelFactory,
+    memory: PassMemory,
+    settings: PassSettings,
     failed: Callable[[_View, Exception], None] | None = None,
-    measured: Mapping[str, MeasuredPower] | None = None,
-    window_s: float = 0.0,
-    power_ratio: float = 1.0,
 ) -> Snapshot:
     """The core's snapshot of ``views``; with ``failed``, a job whose conversion
     raises is reported there and left out instead of failing the snapshot.
 
-    ``measured``: each job's latest measured power (``learning.SampleStore.
-    measured_power``), passed to the policy where the job still runs as
-    measured; ``window_s`` > 0: jobs profile new GPU counts (``Job.profiled_gpus``).
+    ``memory.measured``: each job's latest measured power (``learning.SampleStore.
+    measured_power``), passed to the policy where the job still runs as measured;
+    ``settings.profiling_window_s`` > 0: jobs profile new GPU counts
+    (``Job.profiled_gpus``); ``memory.power_ratio`` goes to the snapshot.
     """
-    measured = measured or {}
+    measured = memory.measured or {}
+    window_s = settings.profiling_window_s
     sizes = {n.name: n.gpus for n in nodes}
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
@@ -151,5 +152,9 @@ def build_snapshot(
         held.update(job.placement)
         jobs.append(job)
     return Snapshot(
-        nodes=nodes, jobs=tuple(jobs), budget=budget.budget, now_s=now_s, power_ratio=power_ratio
+        nodes=nodes,
+        jobs=tuple(jobs),
+        budget=budget.budget,
+        now_s=now_s,
+        power_ratio=memory.power_ratio,
     )

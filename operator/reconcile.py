@@ -81,25 +81,21 @@ from powerflow.operator.budget import BudgetConfig
 from powerflow.operator.carry_out import _carry_out, _leaving, _profile_plans
 from powerflow.operator.job_view import _event, _set_phase, _View
 from powerflow.operator.jobs import (
-    RequestCache,
     object_generation,
     parse_dljob,
 )
-from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.lifecycle import _lifecycle
+from powerflow.operator.pass_inputs import DEFAULT_SETTINGS, NO_MEMORY, PassMemory, PassSettings
 from powerflow.operator.pass_progress import _account_all, _account_one
 from powerflow.operator.pass_snapshot import (
-    DEFAULT_PROFILING_WINDOW_S,
     ModelFactory,
     build_snapshot,
 )
-from powerflow.operator.refusals import Refusal
 from powerflow.operator.status import merge_diff, set_condition
 
 from powerflow.core.backend import schedule_once
 from powerflow.core.errors import PowerFlowError
 from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Policy, Snapshot
-from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
 from powerflow.core.timefmt import format_time
 
 log = logging.getLogger(__name__)
@@ -185,45 +181,25 @@ def reconcile(
     now_s: float,
     policy: Policy,
     models: ModelFactory,
-    anchors: Mapping[str, float] | None = None,
-    *,
-    profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S,
-    profile_sweep: ClockSweep = PAPER_SWEEP,
-    requests: RequestCache | None = None,
-    refused: Mapping[str, Sequence[Refusal]] | None = None,
-    progress_interval_s: float = 0.0,
-    progress_written: Mapping[str, float] | None = None,
-    learned: Mapping[str, Mapping[str, Any]] | None = None,
-    measured: Mapping[str, MeasuredPower] | None = None,
-    power_ratio: float = 1.0,
-    agent_progress: Mapping[str, tuple[int, int, float | None]] | None = None,
+    memory: PassMemory = NO_MEMORY,
+    settings: PassSettings = DEFAULT_SETTINGS,
 ) -> Actions:
-    """Decide everything one pass of the allocation loop does (see module docstring).
-
-    ``anchors`` are the previous pass's ``Actions.anchors``; ``requests``
-    memoises DLJob parsing across passes; ``refused`` are the previous pass's
-    refused writes by job key (``Kube.apply``'s answer, see ``refusals``).
-    A job profiles a GPU count it has not run on for ``profiling_window_s``,
-    its workers sweeping ``profile_sweep``'s clocks (``_profile_plans``).
-    Progress and energy are written at most every ``progress_interval_s`` per
-    job; ``progress_written`` says when each job's were last written (see
-    ``_account_all``). ``learned``: the online refit's ``status.model`` fields
-    by job key (``_learned_model``). ``measured``: each job's latest measured power
-    (``build_snapshot``); ``power_ratio``: the recent measured / planned power of
-    the jobs running as planned (``Snapshot.power_ratio``, kept by the controller).
-    ``agent_progress``: job key -> (generation, iterations, when they reached the
-    job's total) the node agents reported (``reported_progress``); with the workers'
-    progress annotations, the most iterations of the current generation count
-    (``_View``, ``_done_by_count``).
-    Each job's steps run under a ``_Guard``: one job's failure
-    never stops the others.
+    """Decide everything one pass of the allocation loop does (see module docstring),
+    from what was observed, the ``memory`` the controller keeps between passes and its
+    ``settings``. Each job's steps run under a ``_Guard``: one job's failure never
+    stops the others.
     """
+    anchors, requests, refused_of = memory.anchors, memory.requests, memory.refused
+    progress_written, learned = memory.progress_written, memory.learned
+    agent_progress = memory.agent_progress
+    profiling_window_s, profile_sweep = settings.profiling_window_s, settings.profile_sweep
+    progress_interval_s = settings.progress_interval_s
     actions = Actions()
     guard = _Guard(actions, now_s)
     cluster_gpus = sum(n.gpus for n in nodes)
     gpn = max((n.gpus for n in nodes), default=1)
     parse = parse_dljob if requests is None else requests.parse
-    refused = refused or {}
+    refused = refused_of or {}
     views = [_View(obs, agent_progress or {}) for obs in observed]
     runnable = [
         v
@@ -239,15 +215,7 @@ def reconcile(
     if runnable:
         plan: Plan | None = None
         snapshot = build_snapshot(
-            runnable,
-            nodes,
-            budget,
-            now_s,
-            models,
-            guard.fail,
-            measured,
-            profiling_window_s,
-            power_ratio,
+            runnable, nodes, budget, now_s, models, memory, settings, guard.fail
         )
         runnable = [v for v in runnable if v.key not in guard.failed]
         try:

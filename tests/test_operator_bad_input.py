@@ -20,6 +20,7 @@ from powerflow.operator.job_view import _block
 from powerflow.operator.jobs import BOUNDS, RequestCache, parse_dljob
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
+from support.operator_pass import pass_inputs
 
 from powerflow.core import contract
 from powerflow.core.errors import ResourceError
@@ -285,7 +286,7 @@ def one_pass(observed: list[Observed], models: Any = None, **kw: Any) -> Actions
         1000.0,
         EachRequested(),
         models or (lambda job: SyntheticModel()),
-        **kw,
+        **pass_inputs(**kw),
     )
 
 

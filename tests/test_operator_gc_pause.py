@@ -14,6 +14,7 @@ from powerflow.operator import gc_pause
 from powerflow.operator.actions import Observed
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import JobRequest, RequestCache
+from powerflow.operator.pass_inputs import PassMemory
 from powerflow.operator.reconcile import reconcile
 
 from powerflow.core.gpus import A100
@@ -122,7 +123,13 @@ def test_a_pass_decides_the_same_with_the_collector_held_off() -> None:
 
     def run() -> Any:
         actions = reconcile(
-            observed, nodes, budget, 1e6, PowerFlowPolicy(), model, requests=RequestCache()
+            observed,
+            nodes,
+            budget,
+            1e6,
+            PowerFlowPolicy(),
+            model,
+            PassMemory(requests=RequestCache()),
         )
         return (actions.create, actions.status, actions.status_first, actions.events,
                 actions.plan, actions.anchors, actions.wake_at_s)  # fmt: skip

@@ -21,6 +21,7 @@ from powerflow.operator.power_order import cap_annotation, lowers
 from powerflow.operator.reconcile import reconcile
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
+from support.operator_pass import pass_inputs
 from test_operator_profiling import (
     BUDGET as ETA_BUDGET,
 )
@@ -148,8 +149,8 @@ def test_the_policy_sees_the_power_measured_where_the_job_runs() -> None:
     for measured, expected in ((here, (812.5, 1350)), (replace(here, n=8), (None, None))):
         policy = KeepPolicy()
         obs = Observed(body(status), running_pods())
-        reconcile([obs], NODES, ETA_BUDGET, 1000.0, policy, lambda j: MODEL,
-                  profiling_window_s=WINDOW, measured={"ml/job": measured})  # fmt: skip
+        inputs = pass_inputs(profiling_window_s=WINDOW, measured={"ml/job": measured})
+        reconcile([obs], NODES, ETA_BUDGET, 1000.0, policy, lambda j: MODEL, **inputs)
         (job,) = policy.snapshots[-1].jobs
         assert (job.measured_power_w, job.measured_frequency_mhz) == expected
         assert job.profiled_gpus == frozenset()  # profiling is on; no count profiled yet

@@ -10,6 +10,7 @@ from powerflow.nodeagent.pods import parse_profile, pod_view
 from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.profile_plan import plan_annotation
 from powerflow.operator.reconcile import reconcile
+from support.operator_pass import pass_inputs
 from test_operator_profiling import (
     BUDGET,
     MODEL,
@@ -35,7 +36,9 @@ def one_pass(
 ) -> tuple[Actions, dict[str, Any], dict[str, dict[str, str | None]]]:
     """The pass's actions, the job's status patch and its pod annotation patches."""
     kw.setdefault("profiling_window_s", WINDOW)
-    actions = reconcile([obs], NODES, BUDGET, now_s, KeepPolicy(), lambda j: MODEL, **kw)
+    actions = reconcile(
+        [obs], NODES, BUDGET, now_s, KeepPolicy(), lambda j: MODEL, **pass_inputs(**kw)
+    )
     patches = {name: patch for _, name, patch in actions.status_first + actions.status}
     annotations = actions.annotate_first + actions.annotate_pods
     return actions, patches.get("job", {}), {name: a for _, name, a in annotations}

@@ -11,6 +11,7 @@ from powerflow.operator.budget import parse_budget
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
+from support.operator_pass import pass_inputs
 
 from powerflow.core import contract
 from powerflow.core.gpus import A100
@@ -81,7 +82,9 @@ def one_pass(
     obs: Observed, now_s: float, policy: Policy | None = None, **kw: Any
 ) -> tuple[Actions, dict[str, Any]]:
     kw.setdefault("profiling_window_s", WINDOW)
-    actions = reconcile([obs], NODES, BUDGET, now_s, policy or KeepPolicy(), lambda j: MODEL, **kw)
+    actions = reconcile(
+        [obs], NODES, BUDGET, now_s, policy or KeepPolicy(), lambda j: MODEL, **pass_inputs(**kw)
+    )
     patches = {name: patch for _, name, patch in actions.status_first + actions.status}
     return actions, patches.get("job", {})
 

@@ -13,6 +13,7 @@ from powerflow.operator.nodes import FALLBACK_GPU, cluster_nodes, gpu_of, parse_
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.status import merge_diff, set_condition
 from powerflow.operator.workers import WorkerSet, worker_pod
+from support.operator_pass import pass_inputs
 
 from powerflow.core import contract
 from powerflow.core.errors import ResourceError
@@ -204,7 +205,7 @@ def _running(phase: str) -> tuple[list[Observed], int]:
     nodes = tuple(Node(f"n{i}", 8, A100) for i in range(2))
     first = reconcile(
         [Observed(body())], nodes, parse_budget({"eta": "0.8"}), 1000.0, PowerFlowPolicy(),
-        lambda job: SyntheticModel(), profiling_window_s=0.0,
+        lambda job: SyntheticModel(), **pass_inputs(profiling_window_s=0.0),
     )  # fmt: skip
     status: dict[str, Any] = {}
     for _, _, patch in first.status_first + first.status:
@@ -221,8 +222,10 @@ def _after_count(phase: str, count: int, reached_s: float | None, now_s: float) 
     nodes = tuple(Node(f"n{i}", 8, A100) for i in range(2))
     return reconcile(
         observed, nodes, parse_budget({"eta": "0.8"}), now_s, PowerFlowPolicy(),
-        lambda job: SyntheticModel(), profiling_window_s=0.0,
-        agent_progress={"ml/job": (generation, count, reached_s)},
+        lambda job: SyntheticModel(),
+        **pass_inputs(
+            profiling_window_s=0.0, agent_progress={"ml/job": (generation, count, reached_s)}
+        ),
     )  # fmt: skip
 
 
@@ -249,7 +252,7 @@ def test_the_agents_count_ends_a_job_after_its_workers_grace_while_they_run() ->
     one_left = reconcile(
         [Observed(observed[0].body, pods)], tuple(Node(f"n{i}", 8, A100) for i in range(2)),
         parse_budget({"eta": "0.8"}), 2001.0, PowerFlowPolicy(), lambda job: SyntheticModel(),
-        profiling_window_s=0.0, agent_progress={"ml/job": (generation, 100, 2000.0)},
+        **pass_inputs(profiling_window_s=0.0, agent_progress={"ml/job": (generation, 100, 2000.0)}),
     )  # fmt: skip
     assert _phase(one_left) == "Succeeded"
     short = _after_count("Running", 99, reached_s=None, now_s=9000.0)

@@ -19,6 +19,7 @@ from powerflow.operator.reconcile import reconcile
 from powerflow.operator.refusals import MAX_BACKOFF_S, Refusal, backoff_s
 from powerflow.operator.workers import WorkerSet, rendezvous_service, worker_pods
 from support.kube_emulator import KubeEmulator
+from support.operator_pass import pass_inputs
 
 from powerflow.core import contract
 from powerflow.core.gpus import A100
@@ -72,8 +73,7 @@ def one_pass(observed: list[Observed], now_s: float = NOW, **kw: Any) -> Actions
         now_s,
         Requested(),
         lambda job: SyntheticModel(),
-        profiling_window_s=0.0,
-        **kw,
+        **pass_inputs(profiling_window_s=0.0, **kw),
     )
 
 

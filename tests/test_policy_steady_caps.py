@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 from powerflow.operator.actions import Observed
 from powerflow.operator.reconcile import reconcile
+from support.operator_pass import pass_inputs
 from test_operator_profiling import (
     BUDGET,
     MODEL,
@@ -108,6 +109,6 @@ def test_the_operator_hands_the_cap_its_workers_hold_to_the_policy() -> None:
                 pod["metadata"].setdefault("annotations", {})[contract.POWER_LIMIT_ANNOTATION] = cap
         policy = KeepPolicy()
         reconcile([Observed(body(status), pods)], NODES, BUDGET, 1000.0, policy,
-                  lambda j: MODEL, profiling_window_s=WINDOW)  # fmt: skip
+                  lambda j: MODEL, **pass_inputs(profiling_window_s=WINDOW))  # fmt: skip
         (job,) = policy.snapshots[-1].jobs
         assert job.power_cap_w == expected

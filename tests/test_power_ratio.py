@@ -9,6 +9,7 @@ from powerflow.operator.actions import Observed
 from powerflow.operator.controller import as_planned
 from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.reconcile import reconcile
+from support.operator_pass import pass_inputs
 from test_operator_profiling import (
     BUDGET,
     MODEL,
@@ -80,7 +81,7 @@ def test_reconcile_hands_the_ratio_to_the_policy() -> None:
     policy = KeepPolicy()
     obs = Observed(body(status), running_pods())
     reconcile([obs], NODES, BUDGET, 1000.0, policy, lambda j: MODEL,
-              profiling_window_s=WINDOW, power_ratio=1.25)  # fmt: skip
+              **pass_inputs(profiling_window_s=WINDOW, power_ratio=1.25))  # fmt: skip
     assert policy.snapshots[-1].power_ratio == 1.25
 
 

@@ -28,6 +28,7 @@ from powerflow.core import contract
 from powerflow.core.policy.placement import reserve_block
 from powerflow.core.policy.snapshot import Node
 from powerflow.core.timefmt import format_time
+from support.operator_pass import pass_inputs
 
 Obj = dict[str, Any]
 
@@ -164,5 +165,5 @@ class FakeCluster:
     def one_pass(self, limit: int | None = None, **kw: Any) -> tuple[Actions, int]:
         """One reconcile pass at ``now_s``, its writes carried out up to ``limit``."""
         kw.setdefault("profiling_window_s", 0.0)
-        actions = reconcile(self.observed(), self.nodes, now_s=self.now_s, **kw)
+        actions = reconcile(self.observed(), self.nodes, now_s=self.now_s, **pass_inputs(**kw))
         return actions, self.apply(actions, limit)
