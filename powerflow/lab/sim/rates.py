@@ -112,17 +112,13 @@ class TruthRates:
         supported clock at or below ``f`` whose power per GPU fits the cap (the
         lowest clock when none does). Caps move with every plan, so the answer
         is not kept per cap: the configuration's per-GPU power at every clock
-        is (``_per_gpu_w``), and each question is one comparison over it
-        (``tests/test_sim_fastpaths.py`` checks it against ``capped_clock_mhz``).
+        is (``_per_gpu_w``), and each question is one pass over it
+        (``capped_each``; ``tests/test_sim_fastpaths.py`` checks both against
+        ``capped_clock_mhz``).
         """
         if cap_w is None:
             return f
-        clocks, power = self._per_gpu_w(name, n, r, bs)
-        k = bisect.bisect_right(clocks, f)
-        if k == 0:
-            return clocks[0]
-        fits = np.flatnonzero(power[:k] <= cap_w)
-        return clocks[int(fits[-1])] if fits.size else clocks[0]
+        return self.capped_each(name, n, r, bs, (f,), cap_w)[0]
 
     def capped_each(
         self, name: str, n: int, r: int, bs: float, clocks: Sequence[int], cap_w: float
