@@ -38,6 +38,7 @@ from rich.table import Table
 
 from benchmarks.sim_bench import _TimedLearner, _TimedPolicy
 from powerflow.core.learning import FittedLearner
+from powerflow.core.models.priors import held_out_prior
 from powerflow.lab.schedulers import scheduler
 from powerflow.lab.sim.config import DEFAULT_NODES, SimConfig
 from powerflow.lab.sim.engine import Simulation
@@ -86,7 +87,7 @@ def scaled_run(nodes: int, seed: int) -> ScaledRun:
     jobs = superpose(load_jobs(TraceSpec(), config), copies, seed=seed)
     configured = scheduler("powerflow").configure(ETA)
     policy = _TimedPolicy(configured.policy)
-    learner = _TimedLearner(FittedLearner(config.gpu))
+    learner = _TimedLearner(FittedLearner(config.gpu, prior=held_out_prior))
     sim = Simulation(
         jobs, dataclasses.replace(configured, policy=policy), config, _world(), learner
     )

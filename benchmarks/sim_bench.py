@@ -24,6 +24,7 @@ from typing import Any
 from rich.table import Table
 
 from powerflow.core.learning import FittedLearner, Knowledge, Learner, OracleLearner
+from powerflow.core.models.priors import held_out_prior
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.models.samples import Samples
 from powerflow.core.policy.snapshot import Plan, Policy, Snapshot
@@ -97,7 +98,9 @@ def timed_run(spec: RunSpec, forget: bool = False) -> tuple[dict[str, Any], Timi
     jobs = load_jobs(spec.trace, spec.config)
     policy = _TimedPolicy(configured.policy, forget=forget)
     inner: Learner = (
-        FittedLearner(spec.config.gpu) if configured.profiling.fitted_models else OracleLearner()
+        FittedLearner(spec.config.gpu, prior=held_out_prior)
+        if configured.profiling.fitted_models
+        else OracleLearner()
     )
     learner = _TimedLearner(inner)
     sim = Simulation(

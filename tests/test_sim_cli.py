@@ -159,6 +159,12 @@ def test_quick_comparison_writes_json_files_and_report(
     }
     oracle = {r["scheduler"] for r in data["runs"] if r["oracle"]}
     assert oracle == {"powerflow", "powerflow+"}
+    recurring = {r["scheduler"] for r in data["runs"] if r.get("priors") == "recurring"}
+    assert recurring == {"powerflow", "powerflow+"}
+    # every fitted run says where its models started; the others fit none
+    for r in data["runs"]:
+        fits = r["scheduler"] in ("powerflow", "powerflow+") and not r["oracle"]
+        assert ("priors" in r) == fits
     for r in data["runs"]:
         assert ("eta" in r) or ("frequency_mhz" in r) or r["scheduler"].endswith("zeus")
         assert r["avg_jct_s"] > 0 and r["total_energy_j"] > 0
@@ -180,7 +186,8 @@ def test_quick_comparison_writes_json_files_and_report(
     assert "Trace: tiny.csv" in text and "Alibaba PAI" not in text
     assert "(jct_vs_energy.png)" in text  # figures linked relative to the report
     assert "Only the jobs submitted in the first 2 h" in text  # --quick's window, said
-    assert "powerflow+: fitted-vs-oracle" in text or "powerflow+: fitted and oracle" in text
+    for priors in ("held-out priors", "own model's prior"):
+        assert f"powerflow+ ({priors}): fitted" in text
 
 
 def test_powerflow_plus_runs_from_the_command_line(

@@ -11,6 +11,7 @@ from powerflow.lab.sim.experiments import (
     comparison,
     comparison_window,
 )
+from powerflow.lab.sim.priors import HELD_OUT, RECURRING, main_run
 from powerflow.lab.sim.runner import TraceSpec
 
 
@@ -138,10 +139,25 @@ def test_powerflow_plus_is_compared_with_powerflow_not_ranked_as_a_baseline() ->
 
 
 def test_the_comparison_sweeps_powerflow_plus_and_runs_it_with_the_oracle() -> None:
+    """The sweep from held-out priors; the ground truth's runs and the recurring-job
+    runs (own model's prior) at the oracle's etas, for both PowerFlows."""
     specs = comparison(TraceSpec(), SimConfig())
-    plus = [s for s in specs if s.scheduler == "powerflow+"]
-    assert sorted(s.value for s in plus if not s.oracle) == [0.4, 0.6, 0.8, 1.0]
-    assert sorted(s.value for s in plus if s.oracle) == [0.6, 1.0]
+    for name in ("powerflow", "powerflow+"):
+        mine = [s for s in specs if s.scheduler == name]
+        held = [s for s in mine if not s.oracle and s.priors == HELD_OUT]
+        assert len(held) == (7 if name == "powerflow" else 4)
+        assert sorted(s.value for s in mine if s.oracle) == [0.6, 1.0]
+        assert sorted(s.value for s in mine if s.priors == RECURRING) == [0.6, 1.0]
+        assert not any(s.oracle and s.priors == RECURRING for s in mine)
+    plus = [
+        s
+        for s in specs
+        if s.scheduler == "powerflow+" and main_run({"priors": s.priors, "oracle": s.oracle})
+    ]
+    assert sorted(s.value for s in plus) == [0.4, 0.6, 0.8, 1.0]
+    assert comparison(TraceSpec(), SimConfig(), oracle=False) == [
+        s for s in specs if not s.oracle and s.priors == HELD_OUT
+    ]
 
 
 def test_the_report_ranks_baselines_not_powerflow_plus_against_powerflow() -> None:

@@ -27,6 +27,7 @@ from powerflow.lab.schedulers import SCHEDULERS, scheduler
 from powerflow.lab.sim import experiments, headline, output
 from powerflow.lab.sim.compare import jct_ratios, versus
 from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING, main_run
 from powerflow.lab.sim.report import setting_label, write_report
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
 
@@ -66,11 +67,24 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument("--oracle", action="store_true", help="schedule with the ground truth")
+    p.add_argument(
+        "--priors",
+        choices=PRIORS,
+        default=HELD_OUT,
+        help=(
+            "what fitted models start from: held-out (default), the other models' priors,"
+            " as for a model never run before; recurring, each job's own model's prior"
+        ),
+    )
     add_power_args(p)
     p.add_argument(
         "--quick", action="store_true", help="fewer points, first 2 h of the trace, 8 nodes"
     )
-    p.add_argument("--no-oracle-runs", action="store_true", help="skip the Fig. 10 runs")
+    p.add_argument(
+        "--no-oracle-runs",
+        action="store_true",
+        help="skip the Fig. 10 runs (the ground truth's and the recurring-job priors')",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--out",
@@ -231,9 +245,17 @@ def run(args: argparse.Namespace) -> int:
     checks.eta(args.eta)
     if args.workers < 1:
         raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
+    if args.oracle and args.priors != HELD_OUT:
+        raise checks.ArgumentError(
+            f"--priors {args.priors} chooses where fitted models start; --oracle fits none"
+        )
     if args.out is not None:
         checks.output_folder(args.out, "--out")
     if args.scheduler:
+        if args.priors != HELD_OUT and not scheduler(args.scheduler).profiling.fitted_models:
+            raise checks.ArgumentError(
+                f"{args.scheduler} fits no models; --priors is for powerflow and powerflow+"
+            )
         if args.report is not None:
             raise SimulationError("--report writes the comparison's report: drop --scheduler")
         return _single(args, config, trace)
@@ -284,6 +306,7 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
             oracle=args.oracle,
             budget_schedule=schedule,
             policy_options=options,
+            priors=args.priors,
         )
     )
     row = outcome.row()
@@ -326,10 +349,15 @@ def read_schedule(path: Path, default: Budget, eta_given: bool) -> BudgetSchedul
 
 def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> int:
     specs = experiments.comparison(
-        trace, config, quick=args.quick, oracle=not args.no_oracle_runs and not args.oracle
+        trace,
+        config,
+        quick=args.quick,
+        oracle=not args.no_oracle_runs and not args.oracle and args.priors == HELD_OUT,
     )
     if args.oracle:
         specs = [replace(s, oracle=True) for s in specs]
+    elif args.priors != HELD_OUT:
+        specs = [replace(s, priors=args.priors) for s in specs]
     out = args.out or checks.output_folder(
         Path("results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out (default)"
     )
@@ -395,6 +423,7 @@ def plus_versus(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """PowerFlow+ against PowerFlow at equal energy, fitted and oracle (``compare.versus``)."""
     return {
         "powerflow+_vs_powerflow": versus(rows, "powerflow+"),
+        "powerflow+_vs_powerflow_recurring": versus(rows, "powerflow+", priors=RECURRING),
         "powerflow+_vs_powerflow_oracle": versus(rows, "powerflow+", oracle=True),
     }
 
@@ -426,7 +455,7 @@ def write_outputs(
 
 def pick_for_timeline(outcomes: list[RunOutcome]) -> list[RunOutcome]:
     """Fig. 9's choice: per scheduler, the run whose energy is closest to Gandiva+Zeus."""
-    fitted = [o for o in outcomes if not o.spec.oracle]
+    fitted = [o for o in outcomes if main_run(o.row())]
     anchor = next((o for o in fitted if o.spec.scheduler == "gandiva+zeus"), None)
     target = anchor.metrics["total_energy_j"] if anchor else None
     chosen: dict[str, RunOutcome] = {}

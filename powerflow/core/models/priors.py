@@ -70,6 +70,19 @@ def load_prior(model_name: str | None) -> ModelParams:
     return generic_prior()
 
 
+def held_out_prior(model_name: str | None) -> ModelParams:
+    """The generic prior without ``model_name``'s own: what a cluster knows of a
+    model nobody profiled before (leave-one-model-out over the shipped priors).
+
+    Why: each shipped prior is fitted to that model's dense reference profile,
+    so a job that starts from its own model's prior starts from what the
+    evaluation's ground truth already knows about it. The simulator's fitted
+    runs start from this one unless a run names the recurring-job case (the
+    same model ran before: ``load_prior``).
+    """
+    return generic_prior(exclude=model_name.strip().lower() if model_name else None)
+
+
 def write_prior(params: ModelParams, folder: Path) -> Path:
     """Write one prior as ``<folder>/<model>.json``."""
     if not params.model:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from powerflow.lab.sim.priors import HELD_OUT, main_run
+
 REFERENCE = "powerflow"
 CHALLENGERS = ("powerflow+",)
 """Not baselines: PowerFlow's own variants, compared by ``versus`` instead."""
@@ -81,10 +83,11 @@ class Curve:
 
 
 def curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, Curve]:
-    """One curve per scheduler from result rows (oracle runs and tagged runs excluded)."""
+    """One curve per scheduler from the main comparison's rows (``main_run``: no
+    oracle, recurring-job or tagged runs)."""
     points: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        if row.get("oracle") or row.get("tag"):
+        if not main_run(row):
             continue
         points.setdefault(row["scheduler"], []).append(
             (float(row["total_energy_j"]), float(row["avg_jct_s"]))
@@ -174,7 +177,7 @@ def jct_ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float |
 
 
 def versus(
-    rows: Sequence[Mapping[str, Any]], name: str, *, oracle: bool = False
+    rows: Sequence[Mapping[str, Any]], name: str, *, oracle: bool = False, priors: str = HELD_OUT
 ) -> dict[str, float] | None:
     """``name``'s average JCT over PowerFlow's at equal energy, over the common range.
 
@@ -182,9 +185,16 @@ def versus(
     cover (with their own points added); ``mean``, ``best`` (the lowest ratio)
     and ``worst`` summarise the ratio there (below 1: ``name`` is faster), and
     ``energy_lo_j``/``energy_hi_j`` say where. ``oracle`` compares the runs
-    with ground-truth models instead. None when the ranges do not meet.
+    with ground-truth models instead, ``priors`` the fitted runs from those priors
+    (``powerflow.lab.sim.priors``). None when the ranges do not meet.
     """
-    keep = [r for r in rows if bool(r.get("oracle")) == oracle and not r.get("tag")]
+    keep = [
+        r
+        for r in rows
+        if bool(r.get("oracle")) == oracle
+        and not r.get("tag")
+        and (oracle or r.get("priors", HELD_OUT) == priors)
+    ]
     points: dict[str, list[tuple[float, float]]] = {}
     for row in keep:
         points.setdefault(row["scheduler"], []).append(

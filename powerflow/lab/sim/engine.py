@@ -52,6 +52,7 @@ import numpy as np
 from powerflow.core.backend import schedule_once
 from powerflow.core.errors import SimulationError
 from powerflow.core.learning import FittedLearner, Learner, OracleLearner
+from powerflow.core.models.priors import held_out_prior
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.models.samples import Samples
 from powerflow.core.policy.budget_schedule import DAY_S, BudgetSchedule
@@ -108,8 +109,12 @@ class Simulation:
         learner: Learner | None = None,
         budget_schedule: BudgetSchedule | None = None,
     ) -> None:
-        """``budget_schedule``: the budget over time, in place of ``configured.budget``
-        (its ``default`` outside its windows); read on the simulated clock."""
+        """``learner``: what the scheduler knows of each job; by default the ground
+        truth for a scheduler that does not fit models, else models fitted online
+        from each job's held-out prior (``held_out_prior``: nothing learned from
+        its own model's reference profile). ``budget_schedule``: the budget over
+        time, in place of ``configured.budget`` (its ``default`` outside its
+        windows); read on the simulated clock."""
         if not trace:
             raise SimulationError("the trace has no jobs")
         self.cfg = config
@@ -118,7 +123,11 @@ class Simulation:
         self.world = world
         self.rates = TruthRates(world.truth, config.gpu.clocks_mhz)
         if learner is None:
-            learner = FittedLearner(config.gpu) if self.profiling.fitted_models else OracleLearner()
+            learner = (
+                FittedLearner(config.gpu, prior=held_out_prior)
+                if self.profiling.fitted_models
+                else OracleLearner()
+            )
         self.learner = learner
         too_big = [j.job_id for j in trace if j.num_gpu > config.total_gpus]
         if too_big:

@@ -8,6 +8,7 @@ from typing import Any
 
 from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ, SCHEDULERS
 from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.priors import RECURRING
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
 from powerflow.lab.sim.synthetic import SyntheticSpec
 
@@ -33,7 +34,8 @@ below 1020 MHz a run costs more energy AND time (Gandiva, idle nodes off: 27.8 G
 11.1 h at 900 MHz against 27.4 GJ and 9.7 h at 1020), as the paper found (§6.2)."""
 ORACLE_ETAS = (0.6, 1.0)
 ORACLE_SCHEDULERS = ("powerflow", "powerflow+")
-"""Run again with ground-truth models (Fig. 10; PowerFlow+'s fitted-vs-oracle gap)."""
+"""Run again with ground-truth models and again from each job's own model's prior
+(the recurring-job case), at ``ORACLE_ETAS``: Fig. 10, the fitted-vs-oracle gaps."""
 QUICK_ETAS = (0.5, 1.0)
 QUICK_FREQUENCIES = (1110, 1410)
 QUICK_HOURS = 2.0
@@ -55,7 +57,8 @@ def comparison(
     trace: TraceSpec, config: SimConfig, *, quick: bool = False, oracle: bool = True
 ) -> list[RunSpec]:
     """PowerFlow's eta sweep, PowerFlow+'s, every baseline's clock sweep, the Zeus
-    points, and (for Fig. 10) PowerFlow and PowerFlow+ again with ground-truth models.
+    points, and (for Fig. 10) PowerFlow and PowerFlow+ again with ground-truth models
+    and from their own models' priors (``powerflow.lab.sim.priors``).
 
     Enough points that every baseline's energies overlap PowerFlow's on the whole
     trace, so the equal-energy ratios are interpolated, not n/a: 7 PowerFlow etas,
@@ -78,6 +81,7 @@ def comparison(
         etas = QUICK_ETAS if quick else ORACLE_ETAS
         for name in ORACLE_SCHEDULERS:
             specs += [RunSpec(name, v, trace, config, oracle=True) for v in etas]
+            specs += [RunSpec(name, v, trace, config, priors=RECURRING) for v in etas]
     return specs
 
 

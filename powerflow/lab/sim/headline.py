@@ -17,6 +17,7 @@ from typing import Any
 
 from powerflow.lab.sim.compare import REFERENCE
 from powerflow.lab.sim.output import knob_text
+from powerflow.lab.sim.priors import main_run
 from powerflow.lab.sim.runner import TraceSpec
 
 GJ = 1e9
@@ -65,8 +66,7 @@ def _run_named(rows: Sequence[Mapping[str, Any]], name: str, energy_j: float | N
     for row in rows:
         if (
             row["scheduler"] == name
-            and not row.get("oracle")
-            and not row.get("tag")
+            and main_run(row)
             and energy_j is not None
             and math.isclose(float(row["total_energy_j"]), energy_j, rel_tol=1e-12)
         ):
@@ -172,10 +172,7 @@ def budget_line(rows: Sequence[Mapping[str, Any]]) -> str | None:
     parts = [
         f"{knob_text(r)}: {r['limit_watts']:,.0f} W"
         for r in rows
-        if r["scheduler"] == REFERENCE
-        and not r.get("oracle")
-        and not r.get("tag")
-        and r.get("limit_watts") is not None
+        if r["scheduler"] == REFERENCE and main_run(r) and r.get("limit_watts") is not None
     ]
     if not parts:
         return None

@@ -12,6 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from powerflow.lab.sim.priors import run_name
+
 TABLE_COLUMNS = (
     ("avg_jct_s", "avg JCT h", 1 / 3600),
     ("median_jct_s", "p50 h", 1 / 3600),
@@ -89,9 +91,8 @@ def results_table(
     for _, label, _ in columns:
         table.add_column(label, justify="right")
     for row in rows:
-        name = row["scheduler"] + (" (oracle)" if row.get("oracle") else "")
         cells = [] if value is None else [_plain(row.get(value[0]))]
-        cells += [name, knob_text(row)]
+        cells += [run_name(row), knob_text(row)]
         for key, label, scale in columns:
             cells.append(_number(row.get(key), scale, 0 if label == "budget W" else 2))
         table.add_row(*cells)
@@ -146,7 +147,8 @@ def versus_table(plus: Mapping[str, Mapping[str, float] | None]) -> Table:
     table.add_column("worst", justify="right")
     table.add_column("energy range (GJ)", justify="right")
     for key, label in (
-        ("powerflow+_vs_powerflow", "fitted"),
+        ("powerflow+_vs_powerflow", "fitted, held-out priors"),
+        ("powerflow+_vs_powerflow_recurring", "fitted, own model's prior (recurring)"),
         ("powerflow+_vs_powerflow_oracle", "oracle"),
     ):
         r = plus.get(key)

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from powerflow.lab.schedulers import SCHEDULERS
 from powerflow.lab.sim.output import knob_text
+from powerflow.lab.sim.priors import HELD_OUT, RECURRING, main_run
 from powerflow.lab.sim.runner import RunOutcome
 
 GJ = 1e9
@@ -57,7 +58,7 @@ def jct_vs_energy_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figur
     """Fig. 8: average JCT against total energy, one curve per scheduler, every point
     labelled with its setting (fitted, untagged runs; the oracle runs are Fig. 10's)."""
     fig, ax = plt.subplots(figsize=(9, 6))
-    fitted = [r for r in rows if not r.get("oracle") and not r.get("tag")]
+    fitted = [r for r in rows if main_run(r)]
     styles = _styles(r["scheduler"] for r in fitted)
     for i, (name, (color, marker, line)) in enumerate(styles.items()):
         mine = sorted(
@@ -149,9 +150,10 @@ def fitted_vs_oracle_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     truth ("pre-profiled"), every point labelled with its eta."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, line in (("powerflow", "-"), ("powerflow+", "--")):
-        for oracle, label, color, marker in (
-            (False, "fitted models", "tab:red", "o"),
-            (True, "oracle", "k", "s"),
+        for oracle, priors, label, color, marker in (
+            (False, HELD_OUT, "fitted, held-out priors", "tab:red", "o"),
+            (False, RECURRING, "fitted, own model's prior", "tab:blue", "^"),
+            (True, HELD_OUT, "oracle", "k", "s"),
         ):
             mine = sorted(
                 (
@@ -160,6 +162,7 @@ def fitted_vs_oracle_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
                     if r["scheduler"] == name
                     and bool(r.get("oracle")) == oracle
                     and not r.get("tag")
+                    and (oracle or r.get("priors", HELD_OUT) == priors)
                 ),
                 key=lambda r: r["total_energy_j"],
             )

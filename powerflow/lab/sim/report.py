@@ -12,6 +12,7 @@ from typing import Any
 from powerflow.lab.sim.compare import CHALLENGERS, REFERENCE
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.output import knob_text
+from powerflow.lab.sim.priors import HELD_OUT, RECURRING, main_run, run_name
 from powerflow.lab.sim.runner import RunOutcome, TraceSpec
 
 PAPER_RATIOS = {
@@ -78,8 +79,7 @@ def results_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     head = ["scheduler", "setting", *(label for _, label, _, _ in COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        name = row["scheduler"] + (" (oracle)" if row.get("oracle") else "")
-        cells = [name, knob_text(row)]
+        cells = [run_name(row), knob_text(row)]
         cells += [_cell(row.get(k), s, d) for k, _, s, d in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -346,8 +346,12 @@ def _plus_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     from powerflow.lab.sim.compare import versus
 
     lines = []
-    for oracle, label in ((False, "fitted models"), (True, "ground truth (oracle)")):
-        r = versus(rows, "powerflow+", oracle=oracle)
+    for oracle, priors, label in (
+        (False, HELD_OUT, "fitted models, held-out priors"),
+        (False, RECURRING, "fitted models, each job's own model's prior (recurring job)"),
+        (True, HELD_OUT, "ground truth (oracle)"),
+    ):
+        r = versus(rows, "powerflow+", oracle=oracle, priors=priors)
         if r is None:
             continue
         lines.append(
@@ -376,24 +380,36 @@ def _oracle_gap(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def _oracle_gap_of(rows: Sequence[Mapping[str, Any]], name: str) -> list[str]:
     from powerflow.lab.sim.compare import Curve
 
-    fitted = [r for r in rows if r["scheduler"] == name and not r.get("oracle")]
     oracle = [r for r in rows if r["scheduler"] == name and r.get("oracle")]
-    if not fitted or not oracle:
-        return []
-    curve = Curve.of((r["total_energy_j"], r["avg_jct_s"]) for r in fitted)
-    gaps = []
-    for r in oracle:
-        jct = curve.at(r["total_energy_j"], 0.05)
-        if jct is not None:
-            gaps.append(jct / r["avg_jct_s"] - 1)
-    if not gaps:
-        return [f"{name}: fitted and oracle sweeps do not overlap in energy; no gap computed.", ""]
-    return [
-        f"{name}: fitted-vs-oracle gap in average JCT at equal energy (fitted JCT interpolated at"
-        " each oracle run's energy, over the oracle's JCT, minus 1; negative: the fitted"
-        f" run is faster): {', '.join(f'{g:+.1%}' for g in gaps)} (paper: under 2%).",
-        "",
-    ]
+    lines = []
+    for priors, label in ((HELD_OUT, "held-out priors"), (RECURRING, "own model's prior")):
+        fitted = [
+            r
+            for r in rows
+            if r["scheduler"] == name
+            and not r.get("oracle")
+            and not r.get("tag")
+            and r.get("priors", HELD_OUT) == priors
+        ]
+        if not fitted or not oracle:
+            continue
+        curve = Curve.of((r["total_energy_j"], r["avg_jct_s"]) for r in fitted)
+        gaps = []
+        for r in oracle:
+            jct = curve.at(r["total_energy_j"], 0.05)
+            if jct is not None:
+                gaps.append(jct / r["avg_jct_s"] - 1)
+        if not gaps:
+            lines += [f"{name} ({label}): fitted and oracle sweeps do not overlap in energy.", ""]
+            continue
+        lines += [
+            f"{name} ({label}): fitted-vs-oracle gap in average JCT at equal energy (fitted JCT"
+            " interpolated at each oracle run's energy, over the oracle's JCT, minus 1;"
+            f" negative: the fitted run is faster): {', '.join(f'{g:+.1%}' for g in gaps)}"
+            " (paper: under 2%).",
+            "",
+        ]
+    return lines
 
 
 def _duration_check(trace: TraceSpec, config: SimConfig) -> list[str]:
@@ -420,7 +436,7 @@ def _observations(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Facts that explain the ratios: where the energy went, and limit violations."""
     lines = ["Where the energy went, and how well each run kept its power limit:", ""]
     for row in rows:
-        name = row["scheduler"] + (" (oracle)" if row.get("oracle") else "")
+        name = run_name(row)
         idle = row["idle_energy_j"] / row["total_energy_j"]
         above = row["time_above_limit_s"] / 3600
         text = f"- {name} {knob_text(row)}: idle {idle:.0%} of energy, GPU utilisation"
@@ -438,7 +454,7 @@ def _observations(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def _fastest(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Outside the equal-energy rule: a baseline whose fastest run beats PowerFlow's
     fastest (at whatever energy), and PowerFlow fitted vs oracle at the same eta."""
-    fitted = [r for r in rows if r["scheduler"] == "powerflow" and not r.get("oracle")]
+    fitted = [r for r in rows if r["scheduler"] == "powerflow" and main_run(r)]
     if not fitted:
         return []
     best = min(fitted, key=lambda r: r["avg_jct_s"])

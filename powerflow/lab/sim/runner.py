@@ -19,11 +19,14 @@ from typing import Any
 import numpy as np
 
 from powerflow.core.errors import SimulationError
+from powerflow.core.learning import FittedLearner
+from powerflow.core.models.priors import load_prior
 from powerflow.core.policy.budget_schedule import BudgetSchedule
 from powerflow.lab.schedulers import Configured, scheduler
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.engine import Simulation
 from powerflow.lab.sim.metrics import reference_durations_s, reference_work_gpu_s, summarise
+from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING
 from powerflow.lab.sim.result import RunResult, Series
 from powerflow.lab.sim.synthetic import SyntheticSpec, generate
 from powerflow.lab.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_trace
@@ -71,6 +74,18 @@ class RunSpec:
     policy_options: tuple[tuple[str, Any], ...] = ()
     """Constructor options of the scheduler's policy to change, as (name, value) pairs
     (e.g. PowerFlow's ``strict_power``); empty: the scheduler's own."""
+    priors: str = HELD_OUT
+    """Where a fitted run's jobs start (``PRIORS``); the ground truth's runs and the
+    schedulers that fit no model ignore it."""
+
+    def __post_init__(self) -> None:
+        if self.priors not in PRIORS:
+            raise SimulationError(f"priors {self.priors!r}: expected one of {', '.join(PRIORS)}")
+
+    @property
+    def fits_models(self) -> bool:
+        """Whether this run's scheduler learns its models online from priors."""
+        return scheduler(self.scheduler).profiling.fitted_models and not self.oracle
 
     @property
     def label(self) -> str:
@@ -82,7 +97,9 @@ class RunSpec:
             text += f" {self.value:.0f} MHz"
         if self.budget_schedule is not None and self.budget_schedule.windows:
             text += f" (schedule {self.budget_schedule.describe()})"
-        return text + (" (oracle)" if self.oracle else "")
+        if self.oracle:
+            return text + " (oracle)"
+        return text + (" (recurring)" if self.priors == RECURRING and self.fits_models else "")
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,8 @@ class RunOutcome:
         if knob is not None:
             head[knob] = self.spec.value
         head["oracle"] = self.spec.oracle
+        if self.spec.fits_models:
+            head["priors"] = self.spec.priors
         head["idle_nodes_off"] = self.spec.config.idle_nodes_off
         if self.spec.tag:
             head["tag"] = self.spec.tag
@@ -162,8 +181,16 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
         if world
         else _cached_jobs(spec.trace, spec.config)
     )
+    learner = None  # the engine's default: held-out priors, or the ground truth
+    if spec.priors == RECURRING and spec.fits_models:
+        learner = FittedLearner(spec.config.gpu, prior=load_prior)
     return Simulation(
-        jobs, configured, spec.config, world or _world(), budget_schedule=spec.budget_schedule
+        jobs,
+        configured,
+        spec.config,
+        world or _world(),
+        learner,
+        budget_schedule=spec.budget_schedule,
     ).run()
 
 
@@ -239,5 +266,4 @@ def run_many(
 
 def _cost_hint(spec: RunSpec) -> float:
     """Relative cost guess for scheduling runs on workers (PowerFlow fits models)."""
-    prof = scheduler(spec.scheduler).profiling
-    return 2.0 if prof.fitted_models and not spec.oracle else 1.0
+    return 2.0 if spec.fits_models else 1.0

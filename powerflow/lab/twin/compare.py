@@ -6,6 +6,8 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from powerflow.core.learning import FittedLearner
+from powerflow.core.models.priors import load_prior
 from powerflow.lab.schedulers import scheduler
 from powerflow.lab.sim.config import BATCH_S, INTERVAL_S, RESTART_S, SimConfig
 from powerflow.lab.sim.engine import Simulation
@@ -37,7 +39,10 @@ def simulate_mini(
     product does not have). No node boots (``power_on_s=0``): the operator parks the GPUs
     of a node it powers down, and the twin's nodes never switch off, so a job runs on
     them again at once; with the simulator's 300 s boot (unscaled), the first job's JCT at
-    ``TimeScale(0.05)`` was 747 s, against 149 s."""
+    ``TimeScale(0.05)`` was 747 s, against 149 s. Models start from each job's own
+    model's prior, as the operator's do from the DLJob's ``model`` hint (the recurring-job
+    case of ``powerflow simulate --priors recurring``), not from the simulator's default
+    held-out prior."""
     with tempfile.TemporaryDirectory() as folder:
         path = write_csv(jobs, Path(folder) / "mini.csv")
         config = SimConfig(
@@ -60,7 +65,8 @@ def simulate_mini(
         )
         configured = replace(configured, profiling=profiling)
         trace = load_jobs(TraceSpec(path=str(path)), config)
-        return Simulation(trace, configured, config, default_world()).run()
+        learner = FittedLearner(config.gpu, prior=load_prior)  # as the operator's hint does
+        return Simulation(trace, configured, config, default_world(), learner).run()
 
 
 @dataclass(frozen=True)
