@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerflow.lab.sim.compare import Curve, jct_ratios, versus
+from powerflow.lab.sim.compare import WINDOW, Curve, jct_ratios, versus
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.experiments import (
     QUICK_HOURS,
@@ -178,3 +178,34 @@ def test_the_report_ranks_baselines_not_powerflow_plus_against_powerflow() -> No
     section = "\n".join(_plus_section(rows))
     assert "## PowerFlow+ against PowerFlow" in section
     assert "over 15.00-20.00 GJ (best 0.50x" in section
+
+
+def test_ratios_at_equal_in_window_energy_read_the_window_column() -> None:
+    """The same runs compared on another energy: PowerFlow's tail costs it total
+    energy (its total curve lies right of Gandiva's) but not in-window energy."""
+    rows = [
+        _row("powerflow", 30.0, 4.0, window_energy_j=10.0, eta=0.6),
+        _row("powerflow", 40.0, 2.0, window_energy_j=20.0, eta=1.0),
+        _row("gandiva", 20.0, 6.0, window_energy_j=10.0, frequency_mhz=1110),
+        _row("gandiva", 25.0, 3.0, window_energy_j=20.0, frequency_mhz=1410),
+    ]
+    total = jct_ratios(rows)["gandiva"]
+    window = jct_ratios(rows, WINDOW)["gandiva"]
+    assert total["max"] is None  # 20-25 against 30-40: the ranges do not meet
+    assert window["max"] == pytest.approx(1.5) and window["min"] == pytest.approx(1.5)
+    assert (window["energy_lo_j"], window["energy_hi_j"]) == (10.0, 20.0)
+    plus = [
+        _row("powerflow+", 30.0, 2.0, window_energy_j=10.0, eta=0.6),
+        _row("powerflow+", 40.0, 1.0, window_energy_j=20.0, eta=1.0),
+    ]
+    by_window, by_total = (
+        versus(rows + plus, "powerflow+", energy=WINDOW),
+        versus(rows + plus, "powerflow+"),
+    )
+    assert by_window is not None and by_total is not None
+    assert (by_window["energy_lo_j"], by_window["energy_hi_j"]) == (10.0, 20.0)
+    assert (by_total["energy_lo_j"], by_total["energy_hi_j"]) == (30.0, 40.0)
+    assert by_window["best"] == by_total["best"] == pytest.approx(0.5)
+    # rows without the column (an older results file) give no ratio, not a crash
+    bare = [{k: v for k, v in r.items() if k != "window_energy_j"} for r in rows]
+    assert jct_ratios(bare, WINDOW) == {}

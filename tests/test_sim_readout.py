@@ -373,15 +373,20 @@ def test_comparison_ends_with_one_headline_per_baseline_and_the_bound(
     assert any("PowerFlow's power budget" in line and " W" in line for line in tail)
     sentences = [line for line in tail if line.startswith("- ")]
     baselines = ("Gandiva", "Tiresias", "AFS", "Gandiva+Zeus", "Tiresias+Zeus")
-    assert len(sentences) == len(baselines)
-    for name in baselines:
-        (line,) = [line for line in sentences if f" {name}'" in line or f" {name} (" in line]
-        assert "lower than" in line or "higher than" in line or "(n/a)" in line
-        assert " MJ" in line  # a small trace's energies in MJ, not "0.00 GJ"
+    # one block at equal total energy, then one at equal in-window energy
+    assert len(sentences) == 2 * len(baselines)
+    total, window = sentences[: len(baselines)], sentences[len(baselines) :]
+    for block, same in ((total, "same energy"), (window, "same in-window energy")):
+        for name in baselines:
+            (line,) = [line for line in block if f" {name}'" in line or f" {name} (" in line]
+            assert "lower than" in line or "higher than" in line or "(n/a)" in line
+            assert " MJ" in line  # a small trace's energies in MJ, not "0.00 GJ"
+            assert "(n/a)" in line or f"At the {same}," in line
     import json
 
     data = json.loads((out / "results.json").read_text())
-    assert data["headline"][-len(baselines) :] == sentences
+    assert [line for line in data["headline"] if line.startswith("- ")] == sentences
+    assert set(data["jct_ratio_at_equal_window_energy"]) == set(data["jct_ratio_at_equal_energy"])
     assert "without jobs longer than 2 h" in data["title"]
     assert {r["jobs"] for r in data["runs"]} == {6}
 

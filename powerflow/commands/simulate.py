@@ -25,7 +25,7 @@ from powerflow.core.policy.budget_schedule import BudgetSchedule, schedule_docum
 from powerflow.core.policy.snapshot import Budget
 from powerflow.lab.schedulers import SCHEDULERS, scheduler
 from powerflow.lab.sim import experiments, headline, output
-from powerflow.lab.sim.compare import jct_ratios, versus
+from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING, main_run
 from powerflow.lab.sim.report import setting_label, write_report
@@ -367,7 +367,7 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     outcomes = _run_with_progress(specs, args.workers, console, quiet=args.json)
     rows = [o.row() for o in outcomes]
     ratios = jct_ratios(rows)
-    plus = plus_versus(rows)
+    plus = {"jct_ratio_at_equal_window_energy": jct_ratios(rows, WINDOW), **plus_versus(rows)}
     title = (
         f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100,"
         f" {setting_label(config)}"
@@ -425,6 +425,7 @@ def plus_versus(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "powerflow+_vs_powerflow": versus(rows, "powerflow+"),
         "powerflow+_vs_powerflow_recurring": versus(rows, "powerflow+", priors=RECURRING),
         "powerflow+_vs_powerflow_oracle": versus(rows, "powerflow+", oracle=True),
+        "powerflow+_vs_powerflow_window": versus(rows, "powerflow+", energy=WINDOW),
     }
 
 

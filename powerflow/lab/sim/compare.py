@@ -32,6 +32,14 @@ import numpy as np
 
 from powerflow.lab.sim.priors import HELD_OUT, main_run
 
+TOTAL = "total_energy_j"
+WINDOW = "window_energy_j"
+ENERGIES = {TOTAL: "total energy", WINDOW: "in-window energy"}
+"""The energies a ratio is taken at: the whole run's, and the submission window's
+(first to last submission), which the trace's longest jobs, draining for days
+after it, do not decide. Energy per GPU-hour of work is the total over the
+trace's work, the same for every scheduler, so its ratios are the total's."""
+
 REFERENCE = "powerflow"
 CHALLENGERS = ("powerflow+",)
 """Not baselines: PowerFlow's own variants, compared by ``versus`` instead."""
@@ -82,15 +90,15 @@ class Curve:
         return None
 
 
-def curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, Curve]:
+def curves(rows: Sequence[Mapping[str, Any]], energy: str = TOTAL) -> dict[str, Curve]:
     """One curve per scheduler from the main comparison's rows (``main_run``: no
-    oracle, recurring-job or tagged runs)."""
+    oracle, recurring-job or tagged runs), against ``energy`` (``ENERGIES``)."""
     points: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        if not main_run(row):
+        if not main_run(row) or row.get(energy) is None:
             continue
         points.setdefault(row["scheduler"], []).append(
-            (float(row["total_energy_j"]), float(row["avg_jct_s"]))
+            (float(row[energy]), float(row["avg_jct_s"]))
         )
     return {name: Curve.of(pts) for name, pts in points.items()}
 
@@ -121,14 +129,17 @@ def _dominance(base: Curve, ref: Curve) -> tuple[float, float, float] | None:
     return (best, float(base.energy_j[i]), float(ref.energy_j[k])) if best > 1.0 else None
 
 
-def jct_ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+def jct_ratios(
+    rows: Sequence[Mapping[str, Any]], energy: str = TOTAL
+) -> dict[str, dict[str, float | None]]:
     """Per baseline: ``max`` and ``min`` of the equal-energy ratio over the energies both
     curves cover (``energy_lo_j``..``energy_hi_j``; ``max_at_j``: where the max is),
     ``at_zeus_energy`` at ``zeus_energy_j``, ``dominance`` with its pair's energies
     (``dominance_baseline_j``, ``dominance_powerflow_j``), and each curve's energy span
     (``baseline_lo_j``, ``baseline_hi_j``, ``powerflow_lo_j``, ``powerflow_hi_j``), which
-    says why a ratio is missing. None where a figure does not exist."""
-    by_name = curves(rows)
+    says why a ratio is missing. None where a figure does not exist. ``energy``: the
+    energy the curves are drawn against (``ENERGIES``)."""
+    by_name = curves(rows, energy)
     ref = by_name.get(REFERENCE)
     if ref is None:
         return {}
@@ -177,7 +188,12 @@ def jct_ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float |
 
 
 def versus(
-    rows: Sequence[Mapping[str, Any]], name: str, *, oracle: bool = False, priors: str = HELD_OUT
+    rows: Sequence[Mapping[str, Any]],
+    name: str,
+    *,
+    oracle: bool = False,
+    priors: str = HELD_OUT,
+    energy: str = TOTAL,
 ) -> dict[str, float] | None:
     """``name``'s average JCT over PowerFlow's at equal energy, over the common range.
 
@@ -186,7 +202,8 @@ def versus(
     and ``worst`` summarise the ratio there (below 1: ``name`` is faster), and
     ``energy_lo_j``/``energy_hi_j`` say where. ``oracle`` compares the runs
     with ground-truth models instead, ``priors`` the fitted runs from those priors
-    (``powerflow.lab.sim.priors``). None when the ranges do not meet.
+    (``powerflow.lab.sim.priors``), ``energy`` another energy (``ENERGIES``). None
+    when the ranges do not meet.
     """
     keep = [
         r
@@ -194,11 +211,12 @@ def versus(
         if bool(r.get("oracle")) == oracle
         and not r.get("tag")
         and (oracle or r.get("priors", HELD_OUT) == priors)
+        and r.get(energy) is not None
     ]
     points: dict[str, list[tuple[float, float]]] = {}
     for row in keep:
         points.setdefault(row["scheduler"], []).append(
-            (float(row["total_energy_j"]), float(row["avg_jct_s"]))
+            (float(row[energy]), float(row["avg_jct_s"]))
         )
     if name not in points or REFERENCE not in points:
         return None

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from powerflow.lab.sim.compare import REFERENCE
+from powerflow.lab.sim.compare import REFERENCE, TOTAL, WINDOW, jct_ratios
 from powerflow.lab.sim.output import knob_text
 from powerflow.lab.sim.priors import main_run
 from powerflow.lab.sim.runner import TraceSpec
@@ -61,14 +61,18 @@ def _times(ratio: float) -> tuple[str, str]:
     return f"{1.0 / ratio:.2f}x", "higher"
 
 
-def _run_named(rows: Sequence[Mapping[str, Any]], name: str, energy_j: float | None) -> str:
-    """``Gandiva 1410 MHz`` for the fitted, untagged run of ``name`` at ``energy_j``."""
+def _run_named(
+    rows: Sequence[Mapping[str, Any]], name: str, energy_j: float | None, energy: str = TOTAL
+) -> str:
+    """``Gandiva 1410 MHz`` for the main comparison's run of ``name`` at ``energy_j``
+    (of ``energy``)."""
     for row in rows:
         if (
             row["scheduler"] == name
             and main_run(row)
             and energy_j is not None
-            and math.isclose(float(row["total_energy_j"]), energy_j, rel_tol=1e-12)
+            and row.get(energy) is not None
+            and math.isclose(float(row[energy]), energy_j, rel_tol=1e-12)
         ):
             knob = knob_text(row)
             return display(name) + ("" if knob == "-" else f" {knob}")
@@ -76,14 +80,18 @@ def _run_named(rows: Sequence[Mapping[str, Any]], name: str, energy_j: float | N
 
 
 def sentence(
-    name: str, r: Mapping[str, float | None], rows: Sequence[Mapping[str, Any]] = ()
+    name: str,
+    r: Mapping[str, float | None],
+    rows: Sequence[Mapping[str, Any]] = (),
+    energy: str = TOTAL,
 ) -> str:
-    """The headline for one baseline (``r`` is its entry of ``compare.jct_ratios``)."""
+    """The headline for one baseline (``r`` is its entry of ``compare.jct_ratios``,
+    taken at ``energy``)."""
     them = possessive(name)
     best, worst = r.get("max"), r.get("min")
     lo, hi, at = r.get("energy_lo_j"), r.get("energy_hi_j"), r.get("max_at_j")
     if best is not None and worst is not None and lo is not None and hi is not None:
-        same = "At the same energy, PowerFlow's average JCT is"
+        same = f"At the same {_SAME[energy]}, PowerFlow's average JCT is"
         where = f"{_span(lo, hi)}, the energies both sweeps reach"
         single = r.get("baseline_lo_j") == r.get("baseline_hi_j")
         if single or math.isclose(best, worst, rel_tol=5e-3):
@@ -108,7 +116,10 @@ def sentence(
             f"{same} up to {best:.2f}x lower than {them}{peak} and up to"
             f" {1 / worst:.2f}x higher elsewhere (over {where})."
         )
-    return _missing(name, r, rows)
+    return _missing(name, r, rows, energy)
+
+
+_SAME = {TOTAL: "energy", WINDOW: "in-window energy"}
 
 
 def _nearest(energy: float, r: Mapping[str, float | None]) -> str:
@@ -122,7 +133,9 @@ def _nearest(energy: float, r: Mapping[str, float | None]) -> str:
     return ""
 
 
-def _missing(name: str, r: Mapping[str, float | None], rows: Sequence[Mapping[str, Any]]) -> str:
+def _missing(
+    name: str, r: Mapping[str, float | None], rows: Sequence[Mapping[str, Any]], energy: str
+) -> str:
     """Why there is no equal-energy ratio, and the dominance view in its place."""
     shown = display(name)
     b_lo, b_hi = r.get("baseline_lo_j"), r.get("baseline_hi_j")
@@ -144,8 +157,8 @@ def _missing(name: str, r: Mapping[str, float | None], rows: Sequence[Mapping[st
             f"{why} Dominance (n/a): no PowerFlow run spends no more energy than a"
             f" {shown} run and finishes jobs faster on average."
         )
-    mine = _run_named(rows, REFERENCE, r.get("dominance_powerflow_j"))
-    theirs = _run_named(rows, name, r.get("dominance_baseline_j"))
+    mine = _run_named(rows, REFERENCE, r.get("dominance_powerflow_j"), energy)
+    theirs = _run_named(rows, name, r.get("dominance_baseline_j"), energy)
     e_p, e_b = r.get("dominance_powerflow_j"), r.get("dominance_baseline_j")
     energies = "" if e_p is None or e_b is None else f" ({_gj(e_p)} against {_gj(e_b)})"
     return (
@@ -161,10 +174,12 @@ def _span(lo: float, hi: float) -> str:
 
 
 def headlines(
-    ratios: Mapping[str, Mapping[str, float | None]], rows: Sequence[Mapping[str, Any]] = ()
+    ratios: Mapping[str, Mapping[str, float | None]],
+    rows: Sequence[Mapping[str, Any]] = (),
+    energy: str = TOTAL,
 ) -> list[str]:
-    """One sentence per baseline, in the order of ``ratios``."""
-    return [sentence(name, r, rows) for name, r in ratios.items()]
+    """One sentence per baseline, in the order of ``ratios`` (taken at ``energy``)."""
+    return [sentence(name, r, rows, energy) for name, r in ratios.items()]
 
 
 def budget_line(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -204,4 +219,12 @@ def closing_lines(
     if ratios:
         lines += ["", "Headline (average JCT at equal total energy, PowerFlow's eta sweep):"]
         lines += [f"- {text}" for text in headlines(ratios, rows)]
+        window = jct_ratios(rows, WINDOW)
+        if window:
+            lines += [
+                "",
+                "The same at equal in-window energy (the tail of long jobs draining after"
+                " the last submission left out):",
+            ]
+            lines += [f"- {text}" for text in headlines(window, rows, WINDOW)]
     return lines

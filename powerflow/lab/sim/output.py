@@ -150,6 +150,7 @@ def versus_table(plus: Mapping[str, Mapping[str, float] | None]) -> Table:
         ("powerflow+_vs_powerflow", "fitted, held-out priors"),
         ("powerflow+_vs_powerflow_recurring", "fitted, own model's prior (recurring)"),
         ("powerflow+_vs_powerflow_oracle", "oracle"),
+        ("powerflow+_vs_powerflow_window", "fitted, held-out priors, in-window energy"),
     ):
         r = plus.get(key)
         if r is None:

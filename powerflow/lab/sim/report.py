@@ -343,15 +343,16 @@ def _losses(ratios: Mapping[str, Mapping[str, float | None]]) -> list[str]:
 
 def _plus_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """PowerFlow+ against PowerFlow at equal energy (``compare.versus``), if both ran."""
-    from powerflow.lab.sim.compare import versus
+    from powerflow.lab.sim.compare import TOTAL, WINDOW, versus
 
     lines = []
-    for oracle, priors, label in (
-        (False, HELD_OUT, "fitted models, held-out priors"),
-        (False, RECURRING, "fitted models, each job's own model's prior (recurring job)"),
-        (True, HELD_OUT, "ground truth (oracle)"),
+    for oracle, priors, energy, label in (
+        (False, HELD_OUT, TOTAL, "fitted models, held-out priors"),
+        (False, RECURRING, TOTAL, "fitted models, each job's own model's prior (recurring job)"),
+        (True, HELD_OUT, TOTAL, "ground truth (oracle)"),
+        (False, HELD_OUT, WINDOW, "fitted models, held-out priors, at equal in-window energy"),
     ):
-        r = versus(rows, "powerflow+", oracle=oracle, priors=priors)
+        r = versus(rows, "powerflow+", oracle=oracle, priors=priors, energy=energy)
         if r is None:
             continue
         lines.append(
