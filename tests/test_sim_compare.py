@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerflow.lab.sim.compare import WINDOW, Curve, jct_ratios, versus
+from powerflow.lab.sim.compare import WINDOW, Curve, curves, jct_ratios, versus
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.experiments import (
     QUICK_HOURS,
@@ -209,3 +209,36 @@ def test_ratios_at_equal_in_window_energy_read_the_window_column() -> None:
     # rows without the column (an older results file) give no ratio, not a crash
     bare = [{k: v for k, v in r.items() if k != "window_energy_j"} for r in rows]
     assert jct_ratios(bare, WINDOW) == {}
+
+
+def test_a_budget_below_the_cap_floor_is_listed_but_no_point_of_a_curve() -> None:
+    """On 64 x 8 A100 (board's lowest cap 100 W) the floor is 51,200 W: eta 0.3's
+    46,095 W is below it, eta 0.4's 61,460 W is not; the flag comes with the row and
+    keeps the run out of every equal-energy curve."""
+    import numpy as np
+
+    from powerflow.lab.sim.result import Series
+    from powerflow.lab.sim.runner import RunOutcome, RunSpec
+
+    series = Series(*(np.zeros(2) for _ in range(7)))
+    flags = {
+        limit: RunOutcome(RunSpec("powerflow", 0.3), {"limit_watts": limit}, series).row()[
+            "below_cap_floor"
+        ]
+        for limit in (46_095.0, 51_199.0, 51_200.0, 61_460.0, None)
+    }
+    assert flags == {46_095.0: True, 51_199.0: True, 51_200.0: False, 61_460.0: False, None: False}
+    rows = [
+        _row("powerflow", 28.0, 16.0, eta=0.2, below_cap_floor=True),
+        _row("powerflow", 34.0, 6.0, eta=0.4, below_cap_floor=False),
+        _row("powerflow", 40.0, 4.0, eta=1.0),
+        _row("gandiva", 27.0, 9.0, frequency_mhz=1020),
+        _row("gandiva", 36.0, 5.0, frequency_mhz=1410),
+    ]
+    assert curves(rows)["powerflow"].energy_j.tolist() == [34.0, 40.0]
+    ratio = jct_ratios(rows)["gandiva"]
+    assert ratio["energy_lo_j"] == 34.0  # not 28: no ratio taken at the eta 0.2 run
+    plus = [_row("powerflow+", 30.0, 5.0, eta=0.4, below_cap_floor=True)]
+    plus += [_row("powerflow+", 36.0, 4.0, eta=0.6), _row("powerflow+", 40.0, 3.0, eta=1.0)]
+    r = versus(rows + plus, "powerflow+")
+    assert r is not None and r["energy_lo_j"] == 36.0

@@ -92,10 +92,13 @@ class Curve:
 
 def curves(rows: Sequence[Mapping[str, Any]], energy: str = TOTAL) -> dict[str, Curve]:
     """One curve per scheduler from the main comparison's rows (``main_run``: no
-    oracle, recurring-job or tagged runs), against ``energy`` (``ENERGIES``)."""
+    oracle, recurring-job or tagged runs), against ``energy`` (``ENERGIES``). A run
+    whose budget is below its GPUs at their lowest power cap (``below_cap_floor``)
+    is no point of a curve: it queues jobs by design, and ratios taken there would
+    measure the budget, not the scheduler."""
     points: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        if not main_run(row) or row.get(energy) is None:
+        if not main_run(row) or row.get(energy) is None or row.get("below_cap_floor"):
             continue
         points.setdefault(row["scheduler"], []).append(
             (float(row[energy]), float(row["avg_jct_s"]))
@@ -212,6 +215,7 @@ def versus(
         and not r.get("tag")
         and (oracle or r.get("priors", HELD_OUT) == priors)
         and r.get(energy) is not None
+        and not r.get("below_cap_floor")
     ]
     points: dict[str, list[tuple[float, float]]] = {}
     for row in keep:

@@ -191,7 +191,19 @@ def budget_line(rows: Sequence[Mapping[str, Any]]) -> str | None:
     ]
     if not parts:
         return None
-    return "PowerFlow's power budget (the lowest limit in force) per run: " + "; ".join(parts) + "."
+    line = "PowerFlow's power budget (the lowest limit in force) per run: " + "; ".join(parts) + "."
+    floor = [
+        knob_text(r)
+        for r in rows
+        if r["scheduler"] in (REFERENCE, "powerflow+") and main_run(r) and r.get("below_cap_floor")
+    ]
+    if floor:
+        line += (
+            f" Below every GPU at its lowest power cap ({', '.join(dict.fromkeys(floor))}) a"
+            " budget cannot keep the cluster computing: those runs are listed but no ratio is"
+            " taken at them."
+        )
+    return line
 
 
 def closing_lines(

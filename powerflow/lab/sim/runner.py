@@ -122,7 +122,20 @@ class RunOutcome:
             head["tag"] = self.spec.tag
         if self.spec.budget_schedule is not None:
             head["budget_schedule"] = self.spec.budget_schedule.describe()
-        return {**head, **self.metrics}
+        return {**head, **self.metrics, "below_cap_floor": self.below_cap_floor}
+
+    @property
+    def below_cap_floor(self) -> bool:
+        """Whether the run's lowest power limit is below every GPU of the cluster at the
+        board's lowest power cap (A100: 100 W, so eta under 0.33 of 300 W): such a
+        budget cannot keep the cluster's GPUs computing, so the run queues by design
+        rather than trading clock for energy. Its row is reported, but it is no point
+        of an equal-energy curve (``compare.curves``)."""
+        limit = self.metrics.get("limit_watts")
+        floor = self.spec.config.gpu.min_power_limit_w
+        if limit is None or floor is None:
+            return False
+        return bool(limit < floor * self.spec.config.total_gpus)
 
 
 @functools.cache
