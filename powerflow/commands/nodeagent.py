@@ -237,18 +237,13 @@ def default_parts(
     ready: Callable[[], bool] = lambda: True,
 ) -> Parts:
     from powerflow.nodeagent.iterations import worker_app
-    from powerflow.nodeagent.sender import SampleSender
+    from powerflow.nodeagent.sender import IngestConnection, SampleSender
     from powerflow.nodeagent.telemetry import Telemetry
 
     sender = None
     if args.ingest_url:
-        sender = SampleSender(
-            args.ingest_url,
-            args.token_file,
-            args.node_name,
-            ca_file=args.ingest_ca or None,
-            registry=registry,
-        )
+        connection = IngestConnection(args.ingest_url, args.token_file, args.ingest_ca or None)
+        sender = SampleSender(connection, args.node_name, registry=registry)
     telemetry = Telemetry(
         node=args.node_name,
         devices=devices,
