@@ -260,9 +260,10 @@ def default_parts(
 
 @dataclass(frozen=True)
 class RunControl:
-    """How a caller that starts the agent in its own process (a test, the twin) stops
-    and watches it: ``stop_flag`` ends the run as SIGTERM does, ``ready_flag`` is set
-    after the first pass, ``on_start`` is called with the agent once it runs."""
+    """How a caller that runs the agent on a thread of its own process (a test) stops
+    and watches it, where signals cannot reach: ``stop_flag`` ends the run as SIGTERM
+    does, ``ready_flag`` is set after the first pass, ``on_start`` is called with the
+    agent once it runs."""
 
     stop_flag: threading.Event | asyncio.Event | None = None
     ready_flag: threading.Event | None = None
