@@ -76,7 +76,7 @@ from typing import Any
 import httpx
 import numpy as np
 from powerflow.extender import create_app
-from powerflow.extender.app import MAX_BODY_BYTES
+from powerflow.extender.app import MAX_BODY_BYTES, BodyLimits
 from powerflow.extender.kube import Connection, KubeApi
 from powerflow.extender.objects import placement_annotation, pod_info
 from powerflow.extender.state import ClusterState
@@ -245,7 +245,9 @@ async def verbs(nodes: int, pods: int, repeat: int) -> list[Row]:
     by_nodes = json.dumps(b.args(worker, node_bodies, cache_capable=False)).encode()
     first_body = json.dumps(b.args(fresh, node_bodies, cache_capable=True)).encode()
     # nodeCacheCapable: false sends ~2 kB a node: past the default limit beyond ~2,000 nodes.
-    app = create_app(connect=False, max_body_bytes=max(MAX_BODY_BYTES, len(by_nodes)))
+    app = create_app(
+        connect=False, limits=BodyLimits(max_body_bytes=max(MAX_BODY_BYTES, len(by_nodes)))
+    )
     state: ClusterState = app.state.extender.state
     state.replace(node_bodies, pod_bodies, [*jobs, job, fresh_job])
     assert len(state.pods) == pods, len(state.pods)

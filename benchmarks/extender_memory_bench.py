@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 from powerflow.extender import create_app
-from powerflow.extender.app import MAX_BODY_BYTES
+from powerflow.extender.app import MAX_BODY_BYTES, BodyLimits
 from rich.console import Console
 from rich.table import Table
 
@@ -63,7 +63,7 @@ async def big_row(names: int) -> list[list[str]]:
     default = create_app(connect=False)
     default.state.extender.state.replace([], [])
     refused, _ = await asgi_post(default, "/prioritize", payload)
-    app = create_app(connect=False, max_body_bytes=len(payload) + 1)
+    app = create_app(connect=False, limits=BodyLimits(max_body_bytes=len(payload) + 1))
     app.state.extender.state.replace([], [])
     gc.collect()
     tracemalloc.start()

@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -39,7 +40,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from powerflow import __version__
 from powerflow.core.errors import PowerFlowError
-from powerflow.core.taints import GPU_TOLERATIONS
 
 from .kube import ApiUnreachable, KubeApi, load_connection
 from .metrics import Metrics
@@ -79,6 +79,19 @@ NodeLists (``nodeCacheCapable: false``, about 2 kB per node) fits up to about
 MAX_BODIES_IN_FLIGHT = 16 << 20
 """Bytes of request bodies read or being handled at once (``BodyBudget``): four bodies at
 the default size limit."""
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """How much request body the verbs take: one body of at most ``max_body_bytes``
+    (413 past it), and large bodies of at most ``max_bodies_in_flight`` bytes read or
+    handled at once (503 past it; ``BodyBudget``)."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_bodies_in_flight: int = MAX_BODIES_IN_FLIGHT
+
+
+DEFAULT_LIMITS: Final = BodyLimits()
 
 OFFLOAD_BYTES = 256 << 10
 """Bodies larger than this are decoded and answers written on a worker thread, so that the
@@ -292,12 +305,8 @@ def create_app(
     kubeconfig: str | None = None,
     in_cluster: bool = False,
     connect: bool = True,
-    reservation_ttl_s: float = 120.0,
-    clock: Callable[[], float] | None = None,
     state: ClusterState | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    max_bodies_in_flight: int = MAX_BODIES_IN_FLIGHT,
-    pool_tolerations: Sequence[dict[str, Any]] = GPU_TOLERATIONS,
+    limits: BodyLimits = DEFAULT_LIMITS,
 ) -> FastAPI:
     """Build the extender app.
 
@@ -305,12 +314,12 @@ def create_app(
     in-cluster account) is read, and when that fails the app still starts, not
     ready, saying why. The cluster mirror runs in the app's lifespan (or call
     ``app.state.extender.start()`` yourself where no lifespan runs).
-    ``pool_tolerations``: the node taints PowerFlow's pools accept (``--tolerate``),
-    unless ``state`` is given.
+    ``state`` holds the reservations' TTL, the clock and the node taints
+    PowerFlow's pools accept (``--reservation-ttl``, ``--tolerate``); by default
+    a ``ClusterState()`` with its defaults.
     """
-    state = state or ClusterState(
-        ttl_s=reservation_ttl_s, clock=clock, pool_tolerations=pool_tolerations
-    )
+    state = state or ClusterState()
+    max_body_bytes = limits.max_body_bytes
     if api is None and connect:
         try:
             api = KubeApi(load_connection(kubeconfig, in_cluster))
@@ -336,7 +345,7 @@ def create_app(
         exception_handlers={VerbFailed: _answer_failure},
     )
     app.state.extender = extender
-    bodies = app.state.bodies = BodyBudget(max(max_bodies_in_flight, max_body_bytes))
+    bodies = app.state.bodies = BodyBudget(max(limits.max_bodies_in_flight, max_body_bytes))
 
     verbs = APIRouter(route_class=_VerbRoute)
     short: dict[str, Callable[[Request], Coroutine[Any, Any, Response]]] = {}

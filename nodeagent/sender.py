@@ -1,10 +1,10 @@
 """Samples from the agent to the operator's ingest endpoint: batched, retried, bounded.
 
 ``put`` never blocks the caller (the report handler on the event loop): it
-appends to a bounded queue, and when the queue is full the new sample is
-dropped and counted (``powerflow_agent_samples_dropped_total{reason=
-"queue_full"}``). ``run`` posts the queue in batches of ``batch_max`` to
-``url + contract.SAMPLES_PATH`` every ``interval_s``, as
+appends to a bounded queue (``Batching.queue_max``), and when the queue is full
+the new sample is dropped and counted (``powerflow_agent_samples_dropped_total{reason=
+"queue_full"}``). ``run`` posts the queue in batches of ``Batching.batch_max`` to
+``IngestConnection.url + contract.SAMPLES_PATH`` every ``Batching.interval_s``, as
 ``powerflow.core.telemetry.encode_batch`` JSON with ``Authorization: Bearer`` the
 agent's projected ServiceAccount token. The token file is read again for
 every post because the kubelet rotates it.
@@ -13,7 +13,7 @@ A batch leaves the queue only once the operator took it (2xx). On a failure
 that may pass (no connection, a timeout, 5xx, among them the ingest's 503
 ``view_behind`` for samples newer than its cluster view, 401/403 while RBAC
 or the token catches up, 429) it stays at the head of the queue and the sender
-backs off exponentially with jitter (``backoff_s``), honouring a 429's
+backs off exponentially with jitter (``Backoff.pause_s``), honouring a 429's
 ``Retry-After``. Any other 4xx means the operator will never accept this
 batch (the wire format's validation refused it): it is logged with the
 operator's reason and dropped, counted with ``reason="rejected"``, so one bad
@@ -23,7 +23,7 @@ Each post also carries the node's jobs' progress as ``progress_of`` answers at
 that moment (``Telemetry.progress``: each job's most iterations its workers here
 reported). It is state, not a queue: the latest counts go with every post, and a
 change of them since the last post the operator took is a reason for one post per
-round (``interval_s``) even with no sample queued: workers report ten times a
+round (``Batching.interval_s``) even with no sample queued: workers report ten times a
 second, and their counts must not turn the round into a stream of posts.
 """
 
@@ -36,6 +36,7 @@ import logging
 import random
 import ssl
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -68,15 +69,55 @@ def _progress_refused(answer: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def backoff_s(
-    failures: int, initial_s: float, max_s: float, rng: random.Random | None = None
-) -> float:
-    """The pause after ``failures`` failed posts in a row: ``initial * 2**(failures-1)``
-    capped at ``max_s``, times a jitter in [0.5, 1] so agents that lost the
-    operator together do not come back in lockstep."""
-    base = min(max_s, initial_s * 2.0 ** min(max(failures - 1, 0), 62))
-    jitter = (rng or random).uniform(0.5, 1.0)
-    return base * jitter
+@dataclass(frozen=True)
+class IngestConnection:
+    """Where and how the agent posts: the operator's ingest ``url`` (its
+    ``contract.SAMPLES_PATH`` is added), the projected token presented to it
+    (``token_file``; None: no ``Authorization``), the PEM certificates its HTTPS
+    certificate must chain to (``ca_file``; None: the system's), and how long one
+    post may take (``timeout_s``)."""
+
+    url: str
+    token_file: str | None = None
+    ca_file: str | None = None
+    timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How samples wait and leave: at most ``queue_max`` wait (more are dropped, never
+    block the caller), a post carries at most ``batch_max`` (the wire format's
+    ``MAX_SAMPLES_PER_BATCH`` at most), and a round of posts starts every
+    ``interval_s`` (sooner when a batch fills up)."""
+
+    queue_max: int = 10_000
+    batch_max: int = 500
+    interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.queue_max < 1 or not 1 <= self.batch_max <= MAX_SAMPLES_PER_BATCH:
+            raise ValueError(f"queue_max must be >= 1, batch_max in [1, {MAX_SAMPLES_PER_BATCH}]")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The pause after failed posts: ``initial_s`` after the first, doubling up to
+    ``max_s`` (also the most a 429's ``Retry-After`` holds the sender)."""
+
+    initial_s: float = 1.0
+    max_s: float = 60.0
+
+    def pause_s(self, failures: int, rng: random.Random | None = None) -> float:
+        """The pause after ``failures`` failed posts in a row: ``initial_s *
+        2**(failures-1)`` capped at ``max_s``, times a jitter in [0.5, 1] so agents
+        that lost the operator together do not come back in lockstep."""
+        base = min(self.max_s, self.initial_s * 2.0 ** min(max(failures - 1, 0), 62))
+        jitter = (rng or random).uniform(0.5, 1.0)
+        return base * jitter
+
+
+DEFAULT_BATCHING: Final = Batching()
+DEFAULT_BACKOFF: Final = Backoff()
 
 
 class SampleSender:
@@ -88,33 +129,21 @@ class SampleSender:
 
     def __init__(
         self,
-        url: str,
-        token_file: str | None,
+        connection: IngestConnection,
         node: str,
         *,
-        queue_max: int = 10_000,
-        batch_max: int = 500,
-        interval_s: float = 5.0,
-        timeout_s: float = 10.0,
-        backoff_initial_s: float = 1.0,
-        backoff_max_s: float = 60.0,
-        ca_file: str | None = None,
+        batching: Batching = DEFAULT_BATCHING,
+        backoff: Backoff = DEFAULT_BACKOFF,
         registry: CollectorRegistry | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        if queue_max < 1 or not 1 <= batch_max <= MAX_SAMPLES_PER_BATCH:
-            raise ValueError(f"queue_max must be >= 1, batch_max in [1, {MAX_SAMPLES_PER_BATCH}]")
-        self.url = url.rstrip("/") + contract.SAMPLES_PATH
-        self.token_file = token_file
+        self.connection = connection
+        self.url = connection.url.rstrip("/") + contract.SAMPLES_PATH
         self.node = node
-        self.queue_max = queue_max
-        self.batch_max = batch_max
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
+        self.batching = batching
+        self.backoff = backoff
         self._ssl: ssl.SSLContext | None = (
-            ssl.create_default_context(cafile=ca_file) if ca_file else None
+            ssl.create_default_context(cafile=connection.ca_file) if connection.ca_file else None
         )
         self._rng = rng or random.Random()
         self._queue: collections.deque[WindowSample] = collections.deque()
@@ -152,11 +181,11 @@ class SampleSender:
         """Queue ``sample``; count it dropped when the queue is full. Call it on the
         event loop that runs ``run`` (it may wake it), as the worker endpoint's
         handler is."""
-        if len(self._queue) >= self.queue_max:
+        if len(self._queue) >= self.batching.queue_max:
             self.dropped.labels("queue_full").inc()
             return
         self._queue.append(sample)
-        if len(self._queue) >= self.batch_max:
+        if len(self._queue) >= self.batching.batch_max:
             self._wake.set()
 
     def set_power(self, power: NodePower) -> None:
@@ -171,9 +200,9 @@ class SampleSender:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Post until ``stop`` is set, then try once more to deliver what is queued."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.connection.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            pause_s = self.interval_s
+            pause_s = self.batching.interval_s
             while not stop.is_set():
                 await self._sleep(pause_s, stop)
                 if stop.is_set():
@@ -194,25 +223,24 @@ class SampleSender:
             if not await self._post_one(session):
                 self.failures += 1
                 self.post_failures.inc()
-                return backoff_s(
-                    self.failures, self.backoff_initial_s, self.backoff_max_s, self._rng
-                )
+                return self.backoff.pause_s(self.failures, self._rng)
             self.failures = 0
             if once:
                 break
-        return self.interval_s
+        return self.batching.interval_s
 
     async def _post_one(self, session: aiohttp.ClientSession) -> bool:
         """Post the head batch; True when it left the queue (accepted or rejected)."""
-        count = min(len(self._queue), self.batch_max)
+        count = min(len(self._queue), self.batching.batch_max)
         samples = tuple(self._queue[i] for i in range(count))
         power = self._power
         headers = {}
-        if self.token_file is not None:
+        token_file = self.connection.token_file
+        if token_file is not None:
             try:
-                token = Path(self.token_file).read_text().strip()
+                token = Path(token_file).read_text().strip()
             except OSError as e:
-                log.warning("cannot read the ingest token %s: %s", self.token_file, e)
+                log.warning("cannot read the ingest token %s: %s", token_file, e)
                 return False
             headers["Authorization"] = f"Bearer {token}"
         progress = self.progress_of()
@@ -257,7 +285,7 @@ class SampleSender:
     async def _sleep(self, seconds: float, stop: asyncio.Event) -> None:
         """Wait ``seconds`` (at least a 429's Retry-After), or less when a batch
         fills up or ``stop`` is set."""
-        seconds = max(seconds, min(self._retry_after_s, self.backoff_max_s))
+        seconds = max(seconds, min(self._retry_after_s, self.backoff.max_s))
         self._retry_after_s = 0.0
         self._wake.clear()
         waits = [asyncio.ensure_future(stop.wait())]

@@ -36,7 +36,7 @@ and it must end no later than ``MAX_AHEAD_S`` past the operator's clock
 (``clock_ahead``) and after the last window taken from that sender for that
 job (``duplicate``, ``overlap``). Refused samples are counted by reason (and by
 reason and sender: ``powerflow_ingest_samples_refused_total{sender_node,reason}``;
-a ``SUSPECT`` reason is logged once an hour per sender and told to ``on_refused``,
+a ``SUSPECT`` reason is logged once an hour per sender and told to ``ControllerLink.on_refused``,
 which the operator turns into a ``SamplesRefused`` Warning Event on the node);
 the others go to the
 ``SampleSink``
@@ -74,7 +74,7 @@ refused.
 The batch's ``progress`` (each job's most iterations its workers on the sender's
 node reported) goes to ``reported_progress`` where ``sample_checks.judge_progress``
 finds a worker of that generation on the sender's node; a count that reaches the
-job's ``spec.iterations`` is told to ``on_finished``, which starts a pass (the job
+job's ``spec.iterations`` is told to ``ControllerLink.on_finished``, which starts a pass (the job
 is done once a worker exited or none runs, or after its workers' grace period). The others are
 dropped and counted in the answer's ``progressRefused`` (present when the batch had
 progress): a job that ended or moved since the post, or workers bound after this
@@ -94,7 +94,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -192,6 +192,20 @@ def _answer(status: int, reason: str, message: str, **headers: str) -> web.Respo
     )
 
 
+@dataclass(frozen=True)
+class ControllerLink:
+    """What the ingest shares with the operator's controller: where the jobs' reported
+    progress goes (``progress``, which each pass reads; ``reported_progress``), whom it
+    tells a job's key when that progress reaches the job's ``spec.iterations``
+    (``on_finished``: a pass starts), and whom it tells ``(sender node, reason, count)``
+    with each log line of a ``SUSPECT`` refusal (``on_refused``: a Warning Event on the
+    node). Without a controller (a benchmark): a progress of its own, no one told."""
+
+    progress: ReportedProgress = field(default_factory=ReportedProgress)
+    on_refused: Callable[[str, str, int], None] | None = None
+    on_finished: Callable[[str], None] | None = None
+
+
 class Ingest:
     """The ``POST /v1/samples`` handler (see the module docstring)."""
 
@@ -203,15 +217,10 @@ class Ingest:
         metrics: Metrics,
         power: ClusterPower,
         clock: Callable[[], float] = time.time,
-        on_refused: Callable[[str, str, int], None] | None = None,
-        progress: ReportedProgress | None = None,
-        on_finished: Callable[[str], None] | None = None,
+        controller: ControllerLink | None = None,
     ) -> None:
         self.reviewer = reviewer
-        self.progress = progress if progress is not None else ReportedProgress()
-        """Where the jobs' reported progress goes (``reported_progress``)."""
-        self.on_finished = on_finished
-        """Told a job's key when its reported progress reaches its ``spec.iterations``."""
+        self.controller = controller if controller is not None else ControllerLink()
         self.view = view
         self.sink = sink
         self.metrics = metrics
@@ -225,9 +234,6 @@ class Ingest:
         self._unavailable: str | None = None
         self._told: dict[tuple[str, str], float] = {}
         """When each (sender, reason) of ``SUSPECT`` was last logged (once per ``TOLD_S``)."""
-        self.on_refused = on_refused
-        """Told ``(sender node, reason, count)`` with each such log line (the operator
-        posts a Warning Event on the node)."""
         self._senders_seen: set[str] = set()
         """Nodes whose refusal series exist (at 0 from their first batch: a rate over a
         series never exported is no data, and the dashboard would read "No data")."""
@@ -285,11 +291,12 @@ class Ingest:
                 continue
             total = totals.get((progress.namespace, progress.job))
             generations = jobs.get((progress.namespace, progress.job), {}).keys()
-            self.progress.report(
+            self.controller.progress.report(
                 progress, total=total, now_s=self._clock(), generations=generations
             )
-            if total is not None and progress.iterations >= total and self.on_finished:
-                self.on_finished(f"{progress.namespace}/{progress.job}")
+            finished = self.controller.on_finished
+            if total is not None and progress.iterations >= total and finished is not None:
+                finished(f"{progress.namespace}/{progress.job}")
         return refused
 
     def _busy(self, why: str) -> web.Response:
@@ -413,8 +420,8 @@ class Ingest:
             if why in SUSPECT and (told is None or self._clock() - told > TOLD_S):
                 self._told[(node, why)] = self._clock()
                 log.warning("node %s: %d sample(s) refused: %s", node, count, why)
-                if self.on_refused is not None:
-                    self.on_refused(node, why, count)
+                if self.controller.on_refused is not None:
+                    self.controller.on_refused(node, why, count)
         if accepted:
             self.sink.add(node, accepted, self._clock())
             self.metrics.ingest_samples.inc(len(accepted))

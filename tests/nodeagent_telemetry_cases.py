@@ -14,7 +14,7 @@ from typing import Any
 
 from powerflow.nodeagent.iterations import IterationReport
 from powerflow.nodeagent.pods import PodKey, PodView, pod_view
-from powerflow.nodeagent.sender import SampleSender
+from powerflow.nodeagent.sender import Batching, IngestConnection, SampleSender
 from powerflow.nodeagent.telemetry import Telemetry
 
 from powerflow.core import contract
@@ -94,7 +94,9 @@ class SimNode:
         self.now_s = START_S
         self.gpus = SimulatedGpus(gpus, node=NODE, seed=seed, clock=lambda: self.now_s)
         self.locked: dict[int, int] = {}
-        self.sender = SampleSender("http://127.0.0.1:9", None, NODE, queue_max=100_000)
+        self.sender = SampleSender(
+            IngestConnection("http://127.0.0.1:9"), NODE, batching=Batching(queue_max=100_000)
+        )
         self.telemetry = Telemetry(
             node=NODE,
             devices=self.gpus,

@@ -23,7 +23,7 @@ from powerflow.commands import budget, fit, simulate, sweep
 from powerflow.core.errors import DataError
 from powerflow.core.models.samples import Samples, write_samples_csv
 from powerflow.lab.groundtruth import MODEL_NAMES, ground_truth
-from powerflow.lab.sim.trace import load_trace
+from powerflow.lab.sim.trace import ReplayCluster, load_trace
 
 HEADER = "job_id,submit_time,num_gpu,duration,model_name,global_batch_size,num_iteration,cluster\n"
 ROWS = "a,0,1,0,resnet50,128,3000,c\nb,30,2,0,gpt2,256,2000,c\n"
@@ -159,7 +159,7 @@ def test_hours_must_be_positive(hours: str, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_a_trace_window_of_zero_hours_is_not_the_whole_trace(tmp_path: Path) -> None:
-    args: dict[str, Any] = {"seed": 0, "gpus_per_node": 8}
+    args: dict[str, Any] = {"seed": 0, "cluster": ReplayCluster(gpus_per_node=8)}
     with pytest.raises(DataError, match="positive number of hours"):
         load_trace(_trace(tmp_path), MODEL_NAMES, (), ground_truth, hours=0.0, **args)
 

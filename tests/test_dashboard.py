@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from powerflow.extender.metrics import Metrics as ExtenderMetrics
 from powerflow.nodeagent.metrics import GpuMetrics
-from powerflow.nodeagent.sender import SampleSender
+from powerflow.nodeagent.sender import IngestConnection, SampleSender
 from powerflow.operator.learning import SampleStore
 from powerflow.operator.metrics import Metrics as OperatorMetrics
 from prometheus_client import CollectorRegistry
@@ -28,7 +28,7 @@ def exported() -> dict[str, set[str]]:
     operator = OperatorMetrics()
     SampleStore(registry=operator.registry)
     agent = GpuMetrics("n1")
-    SampleSender("http://127.0.0.1:1", None, "n1", registry=agent.registry)
+    SampleSender(IngestConnection("http://127.0.0.1:1"), "n1", registry=agent.registry)
     registries: list[CollectorRegistry] = [
         operator.registry,
         ExtenderMetrics(lambda: {}).registry,

@@ -456,7 +456,7 @@ async def test_answers_through_the_memo_are_the_general_paths_across_cluster_cha
     byte, while pods are bound and deleted and nodes are added, removed, cordoned and
     uncordoned between calls that send the same names."""
     rng = random.Random(seed)
-    app = create_app(connect=False, clock=lambda: 0.0)
+    app = create_app(connect=False, state=ClusterState(clock=lambda: 0.0))
     state: ClusterState = app.state.extender.state
     nodes = {n: node(n, 8) for n in CLUSTER}
     state.replace(list(nodes.values()), [])

@@ -22,6 +22,7 @@ import pytest
 from extender_bodies import args, go_json, node, pod
 from powerflow.extender import app as app_module
 from powerflow.extender import create_app, wire
+from powerflow.extender.app import BodyLimits
 from powerflow.extender.candidates import LISTS_KEPT
 
 from powerflow.core.contract import GPU_RESOURCE
@@ -125,7 +126,7 @@ async def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read() -> 
             read.append(1)
             yield b" " * 1000
 
-    async with client_of(max_body_bytes=10_000) as c:
+    async with client_of(limits=BodyLimits(max_body_bytes=10_000)) as c:
         small = go_json(args(worker(), NODES, cache_capable=True))
         assert len(small) < 10_000
         assert (await c.post("/filter", content=small, headers=JSON)).json()["Error"] == ""
@@ -240,7 +241,7 @@ async def test_bodies_in_flight_are_bounded_and_the_rest_told_to_retry(
     body = go_json({"Pod": pod("web"), "NodeNames": names})
     assert 3_800_000 < len(body) < app_module.MAX_BODY_BYTES
     budget = 4 * app_module.MAX_BODY_BYTES
-    async with client_of(max_bodies_in_flight=budget) as c:
+    async with client_of(limits=BodyLimits(max_bodies_in_flight=budget)) as c:
         calls = [
             asyncio.create_task(c.post("/filter", content=body, headers=JSON)) for _ in range(16)
         ]
@@ -355,7 +356,7 @@ async def test_the_short_path_answers_as_the_routes_do(
     serves them itself: the same status, headers and bytes, counted the same way."""
     answers = []
     for root in ("", "/ext"):
-        app = create_app(connect=False, max_body_bytes=10_000)
+        app = create_app(connect=False, limits=BodyLimits(max_body_bytes=10_000))
         app.state.extender.state.replace(NODES, [])
         transport = httpx.ASGITransport(app=app, root_path=root)
         async with httpx.AsyncClient(transport=transport, base_url="http://ext") as c:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from powerflow.nodeagent.sender import SampleSender, backoff_s
+from powerflow.nodeagent.sender import Backoff, Batching, IngestConnection, SampleSender
 from prometheus_client import CollectorRegistry
 
 from powerflow.core import contract
@@ -75,18 +75,22 @@ async def serve(ingest: Ingest, port: int) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def make_sender(url: str, token: Path | None, **kw: object) -> SampleSender:
-    args: dict[str, object] = {
-        "queue_max": 100,
-        "batch_max": 7,
-        "interval_s": 0.01,
-        "backoff_initial_s": 0.01,
-        "backoff_max_s": 0.05,
-        "registry": CollectorRegistry(),
-        "rng": random.Random(1),
-    }
-    args.update(kw)
-    return SampleSender(url, str(token) if token else None, NODE, **args)  # type: ignore[arg-type]
+def make_sender(
+    url: str,
+    token: Path | None,
+    *,
+    queue_max: int = 100,
+    batch_max: int = 7,
+    interval_s: float = 0.01,
+) -> SampleSender:
+    return SampleSender(
+        IngestConnection(url, str(token) if token else None),
+        NODE,
+        batching=Batching(queue_max, batch_max, interval_s),
+        backoff=Backoff(initial_s=0.01, max_s=0.05),
+        registry=CollectorRegistry(),
+        rng=random.Random(1),
+    )
 
 
 @asynccontextmanager
@@ -299,13 +303,13 @@ async def test_stop_delivers_what_is_queued_once_more() -> None:
 def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
     rng = random.Random(3)
     for failures in range(1, 80):
-        d = backoff_s(failures, 0.5, 30.0, rng)
+        d = Backoff(initial_s=0.5, max_s=30.0).pause_s(failures, rng)
         base = min(30.0, 0.5 * 2 ** (failures - 1))
         assert 0.5 * base <= d <= base
 
 
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="batch_max"):
-        make_sender("http://x", None, batch_max=5000)
+        Batching(batch_max=5000)
     with pytest.raises(ValueError, match="queue_max"):
-        make_sender("http://x", None, queue_max=0)
+        Batching(queue_max=0)

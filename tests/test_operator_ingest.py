@@ -31,7 +31,7 @@ from operator_cases import (
     pods_of,
     poked_pass,
 )
-from powerflow.nodeagent.sender import SampleSender
+from powerflow.nodeagent.sender import Backoff, Batching, IngestConnection, SampleSender
 from powerflow.operator import ingest
 from prometheus_client import CollectorRegistry
 from support.kube_emulator import KubeEmulator
@@ -486,12 +486,10 @@ async def test_a_sample_newer_than_the_view_is_resent_until_a_pass_judges_it(
     token.write_text("agent-n1")
     registry = CollectorRegistry()
     sender = SampleSender(
-        cluster.url.removesuffix(contract.SAMPLES_PATH),
-        str(token),
+        IngestConnection(cluster.url.removesuffix(contract.SAMPLES_PATH), str(token)),
         "n1",
-        interval_s=0.05,
-        backoff_initial_s=0.05,
-        backoff_max_s=0.2,
+        batching=Batching(interval_s=0.05),
+        backoff=Backoff(initial_s=0.05, max_s=0.2),
         registry=registry,
         rng=random.Random(1),
     )

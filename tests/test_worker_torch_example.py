@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from powerflow.nodeagent.iterations import IterationReport, worker_app
 from powerflow.nodeagent.pods import pod_view
-from powerflow.nodeagent.sender import SampleSender
+from powerflow.nodeagent.sender import IngestConnection, SampleSender
 from powerflow.nodeagent.telemetry import Telemetry
 from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.workers import WorkerSet, worker_pods
@@ -93,7 +93,7 @@ def test_the_ddp_example_reports_iterations_to_the_agent(tmp_path: Path) -> None
         devices=gpus,
         clock=time.time,
         window_s=0.05,
-        sender=SampleSender("http://127.0.0.1:9", None, NODE),
+        sender=SampleSender(IngestConnection("http://127.0.0.1:9"), NODE),
         locked_clock_of=locked.get,
     )
     telemetry.sync(views, {key: (g,) for g, key in enumerate(views)})

@@ -95,7 +95,8 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
     ``ExtenderConfigError`` for unusable ones (before anything starts)."""
     if not args.reservation_ttl > 0:
         raise ExtenderConfigError(f"--reservation-ttl must be positive, got {args.reservation_ttl}")
-    from powerflow.extender.app import MAX_BODY_BYTES
+    from powerflow.extender.app import MAX_BODY_BYTES, BodyLimits
+    from powerflow.extender.state import ClusterState
 
     max_body = MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
     if max_body < 1:
@@ -107,9 +108,8 @@ def app_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "kubeconfig": args.kubeconfig,
         "in_cluster": args.in_cluster,
-        "reservation_ttl_s": args.reservation_ttl,
-        "max_body_bytes": max_body,
-        "pool_tolerations": tolerations,
+        "state": ClusterState(ttl_s=args.reservation_ttl, pool_tolerations=tolerations),
+        "limits": BodyLimits(max_body_bytes=max_body),
     }
 
 

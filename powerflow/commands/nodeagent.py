@@ -237,18 +237,13 @@ def default_parts(
     ready: Callable[[], bool] = lambda: True,
 ) -> Parts:
     from powerflow.nodeagent.iterations import worker_app
-    from powerflow.nodeagent.sender import SampleSender
+    from powerflow.nodeagent.sender import IngestConnection, SampleSender
     from powerflow.nodeagent.telemetry import Telemetry
 
     sender = None
     if args.ingest_url:
-        sender = SampleSender(
-            args.ingest_url,
-            args.token_file,
-            args.node_name,
-            ca_file=args.ingest_ca or None,
-            registry=registry,
-        )
+        connection = IngestConnection(args.ingest_url, args.token_file, args.ingest_ca or None)
+        sender = SampleSender(connection, args.node_name, registry=registry)
     telemetry = Telemetry(
         node=args.node_name,
         devices=devices,
@@ -263,28 +258,38 @@ def default_parts(
     return Parts(telemetry, app, sender)
 
 
+@dataclass(frozen=True)
+class RunControl:
+    """How a caller that runs the agent on a thread of its own process (a test) stops
+    and watches it, where signals cannot reach: ``stop_flag`` ends the run as SIGTERM
+    does, ``ready_flag`` is set after the first pass, ``on_start`` is called with the
+    agent once it runs."""
+
+    stop_flag: threading.Event | asyncio.Event | None = None
+    ready_flag: threading.Event | None = None
+    on_start: Callable[[Agent], None] | None = None
+
+
 def serve(
     args: argparse.Namespace,
     *,
-    stop_flag: threading.Event | asyncio.Event | None = None,
-    ready_flag: threading.Event | None = None,
+    control: RunControl | None = None,
     devices: GpuDevices | None = None,
     clock: Callable[[], float] | None = None,
     podresources: PodResourcesSource | None = None,
     parts: Callable[..., Parts] | None = None,
-    on_start: Callable[[Agent], None] | None = None,
     out: Any = None,
 ) -> int:
-    """Run the agent until ``stop_flag`` or SIGTERM/SIGINT: what ``run`` does, minus
-    logging setup, so that tests start exactly this.
+    """Run the agent until ``control.stop_flag`` or SIGTERM/SIGINT: what ``run`` does,
+    minus logging setup, so that tests start exactly this.
 
-    Seams for tests: ``devices`` (instead of NVML or ``--simulate``'s GPUs;
+    Seams for tests: ``control`` (stop the agent, learn when it runs and when its
+    first pass is done), ``devices`` (instead of NVML or ``--simulate``'s GPUs;
     the caller closes them), ``clock`` (what telemetry and simulated GPUs
     read; default ``time.monotonic``), ``podresources`` and ``parts`` (the
-    kubelet client and the telemetry side, defaulting to the product's),
-    ``on_start`` (called with the agent once it runs), ``ready_flag`` (set
-    after the first pass). Raises ``PowerFlowError`` for unusable settings
-    before anything starts.
+    kubelet client and the telemetry side, defaulting to the product's), ``out``
+    (where ``--once`` prints; default stdout). Raises ``PowerFlowError`` for
+    unusable settings before anything starts.
     """
     from powerflow.nodeagent.kube import AgentKube, load_configuration
 
@@ -301,14 +306,12 @@ def serve(
                     args,
                     kube,
                     gpus,
+                    control or RunControl(),
                     clock=clock,
-                    stop_flag=stop_flag,
-                    ready_flag=ready_flag,
                     podresources=podresources
                     if podresources is not None
                     else default_podresources(args),
                     parts=parts or default_parts,
-                    on_start=on_start,
                     out=out or sys.stdout,
                 )
             )
@@ -323,17 +326,13 @@ async def _main(
     args: argparse.Namespace,
     kube: AgentKube,
     devices: GpuDevices,
+    control: RunControl,
     *,
     clock: Callable[[], float],
-    stop_flag: threading.Event | asyncio.Event | None,
-    ready_flag: threading.Event | None,
     podresources: PodResourcesSource | None,
     parts: Callable[..., Parts],
-    on_start: Callable[[Agent], None] | None,
     out: Any,
 ) -> int:
-    from prometheus_client import start_http_server
-
     from powerflow.nodeagent.agent import Agent
     from powerflow.nodeagent.metrics import GpuMetrics
 
@@ -401,18 +400,7 @@ async def _main(
             except TimeoutError:
                 return False
 
-        return await _daemon(
-            args,
-            agent,
-            side,
-            metrics,
-            stop,
-            stop_flag,
-            ready_flag,
-            on_start,
-            start_http_server,
-            successor,
-        )
+        return await _daemon(args, agent, side, metrics, stop, control, successor)
     finally:
         for w in watches:
             w.stop()
@@ -426,16 +414,16 @@ async def _daemon(
     side: Parts,
     metrics: Any,
     stop: asyncio.Event,
-    stop_flag: threading.Event | asyncio.Event | None,
-    ready_flag: threading.Event | None,
-    on_start: Callable[[Agent], None] | None,
-    start_http_server: Callable[..., Any],
+    control: RunControl,
     successor: Callable[[], Awaitable[bool]],
 ) -> int:
+    from prometheus_client import start_http_server
+
     loop = asyncio.get_running_loop()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+    stop_flag = control.stop_flag
     watcher = asyncio.create_task(_watch_flag(stop_flag, stop)) if stop_flag else None
     httpd = None
     if args.metrics_port:
@@ -460,14 +448,14 @@ async def _daemon(
             log.info("worker endpoint on %s:%d", args.worker_host, args.worker_port)
         if side.sender is not None:
             tasks.append(asyncio.create_task(side.sender.run(stop)))
-        if on_start is not None:
-            on_start(agent)
+        if control.on_start is not None:
+            control.on_start(agent)
         first = True
 
         def passed() -> None:
             nonlocal first
-            if first and ready_flag is not None:
-                ready_flag.set()
+            if first and control.ready_flag is not None:
+                control.ready_flag.set()
             first = False
 
         await agent.run(stop, on_pass=passed)

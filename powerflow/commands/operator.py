@@ -288,6 +288,7 @@ def serve(
     from powerflow.operator.ingest import (
         ClusterPower,
         ClusterView,
+        ControllerLink,
         Ingest,
         IngestServer,
         start,
@@ -381,16 +382,8 @@ def serve(
         if controllers:
             controllers[-1].trigger(f"progress of {job} reached its iterations")
 
-    ingest = Ingest(
-        reviewer,
-        view,
-        sink or learning,
-        metrics,
-        ClusterPower(),
-        on_refused=refused,
-        progress=progress,
-        on_finished=finished,
-    )
+    link = ControllerLink(progress, on_refused=refused, on_finished=finished)
+    ingest = Ingest(reviewer, view, sink or learning, metrics, ClusterPower(), controller=link)
 
     async def main() -> None:
         """kopf and the ingest server on one event loop."""

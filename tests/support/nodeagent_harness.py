@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from powerflow.cli import build_parser
-from powerflow.commands.nodeagent import serve
+from powerflow.commands.nodeagent import RunControl, serve
 from powerflow.core import contract
 from powerflow.core.devices import GpuLost
 from powerflow.lab.simulated_gpus import SimulatedGpus
@@ -132,10 +132,8 @@ class NodeAgent:
         try:
             self.code = serve(
                 self.args,
-                stop_flag=self._stop,
-                ready_flag=self._ready,
+                control=RunControl(self._stop, self._ready, self._started),
                 devices=self.devices,
-                on_start=self._started,
                 **self.seams,
             )
         except BaseException as exc:  # surfaced by __aenter__

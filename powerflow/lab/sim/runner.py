@@ -29,7 +29,13 @@ from powerflow.lab.sim.metrics import reference_durations_s, reference_work_gpu_
 from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING
 from powerflow.lab.sim.result import RunResult, Series
 from powerflow.lab.sim.synthetic import SyntheticSpec, generate
-from powerflow.lab.sim.trace import ITP_TRACE, TraceJob, bundled_trace, load_trace
+from powerflow.lab.sim.trace import (
+    ITP_TRACE,
+    ReplayCluster,
+    TraceJob,
+    bundled_trace,
+    load_trace,
+)
 from powerflow.lab.sim.world import World, default_world
 
 PLOT_POINTS = 2000
@@ -164,10 +170,8 @@ def load_jobs(
             world.pool,
             world.truth,
             seed=spec.seed,
-            gpus_per_node=config.gpus_per_node,
-            max_gpus=config.total_gpus,
+            cluster=ReplayCluster(config.gpus_per_node, config.total_gpus, config.horizon_s),
             hours=spec.hours,
-            horizon_s=config.horizon_s,
         )
     if spec.max_duration_h is not None:
         durations = reference_durations_s(jobs, world.truth, gpus_per_node=config.gpus_per_node)

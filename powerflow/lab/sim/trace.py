@@ -281,6 +281,18 @@ def _sorted(jobs: Lined) -> tuple[TraceJob, ...]:
     return tuple(sorted((j for _, j in jobs), key=lambda j: (j.submit_s, j.job_id)))
 
 
+@dataclass(frozen=True)
+class ReplayCluster:
+    """What loading a trace needs of the cluster it is replayed on: jobs are packed on
+    nodes of ``gpus_per_node`` GPUs (a Philly job's iterations, the horizon check),
+    none may ask for more than ``max_gpus``, and each must end within ``horizon_s``
+    alone on its GPUs (None: no such bound)."""
+
+    gpus_per_node: int
+    max_gpus: int | None = None
+    horizon_s: float | None = None
+
+
 def load_trace(
     path: Path,
     known_models: Iterable[str],
@@ -288,23 +300,21 @@ def load_trace(
     truth: TruthFn,
     *,
     seed: int,
-    gpus_per_node: int,
-    max_gpus: int | None = None,
+    cluster: ReplayCluster,
     hours: float | None = None,
-    horizon_s: float | None = None,
 ) -> tuple[TraceJob, ...]:
     """Any trace file: ITP format if it names models, else Philly format.
 
     Every row is checked; with ``hours`` only the jobs submitted in the first
-    ``hours`` are returned, and only they must fit the cluster (``max_gpus``) and
-    end within ``horizon_s``: a job the run never sees cannot stop it."""
+    ``hours`` are returned, and only they must fit the ``cluster`` and end within
+    its horizon: a job the run never sees cannot stop it."""
     if hours is not None and not hours > 0:
         raise DataError(f"the trace window must be a positive number of hours, got {hours:g}")
     header, _ = read_rows(path)
     if "model_name" in header:
         jobs = _parse_itp(path, known_models)
     else:
-        jobs = _parse_philly(path, pool, truth, seed=seed, gpus_per_node=gpus_per_node)
+        jobs = _parse_philly(path, pool, truth, seed=seed, gpus_per_node=cluster.gpus_per_node)
     _unique(path, jobs)
     if hours is not None:
         jobs = [(line, j) for line, j in jobs if j.submit_s < hours * 3600.0]
@@ -313,10 +323,10 @@ def load_trace(
     admitted = _admit(
         path,
         jobs,
-        max_gpus=max_gpus,
-        horizon_s=horizon_s,
+        max_gpus=cluster.max_gpus,
+        horizon_s=cluster.horizon_s,
         truth=truth,
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=cluster.gpus_per_node,
     )
     return _sorted(admitted)
 
