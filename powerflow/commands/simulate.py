@@ -24,12 +24,13 @@ from powerflow.core.errors import BudgetError, SimulationError
 from powerflow.core.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.core.policy.snapshot import Budget
 from powerflow.lab.schedulers import SCHEDULERS, scheduler
-from powerflow.lab.sim import experiments, headline, output
+from powerflow.lab.sim import experiments, headline, heldout, output
 from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING, main_run
 from powerflow.lab.sim.report import setting_label, write_report
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
+from powerflow.lab.sim.windows import EVALUATION_WINDOWS, window_named
 
 
 def register(subparsers: Any) -> None:
@@ -57,6 +58,19 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_cluster_args(p)
+    p.add_argument(
+        "--window",
+        metavar="dNN",
+        help=(
+            "a 24-hour window of the whole ElasticFlow trace instead of the bundled one"
+            " (d28); the evaluation's: " + ", ".join(w.name for w in EVALUATION_WINDOWS)
+        ),
+    )
+    p.add_argument(
+        "--held-out",
+        action="store_true",
+        help="the comparison on every evaluation window, with the spread of each ratio",
+    )
     p.add_argument(
         "--max-duration",
         type=float,
@@ -233,8 +247,17 @@ def trace_from(args: argparse.Namespace) -> TraceSpec:
         raise SimulationError(f"no trace file {args.trace}")
     hours = checks.hours(args.hours)
     bound = checks.hours(getattr(args, "max_duration", None), "--max-duration")
+    window = getattr(args, "window", None)
+    if window is not None:
+        if args.trace is not None:
+            raise checks.ArgumentError("--window is a trace: give --window or --trace")
+        window_named(window)
     return TraceSpec(
-        str(args.trace) if args.trace else None, hours, seed=args.seed, max_duration_h=bound
+        str(args.trace) if args.trace else None,
+        hours,
+        seed=args.seed,
+        max_duration_h=bound,
+        window=window,
     )
 
 
@@ -251,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out is not None:
         checks.output_folder(args.out, "--out")
+    if args.held_out:
+        return _held_out(args, config, trace)
     if args.scheduler:
         if args.priors != HELD_OUT and not scheduler(args.scheduler).profiling.fitted_models:
             raise checks.ArgumentError(
@@ -276,6 +301,47 @@ def run(args: argparse.Namespace) -> int:
         else:
             checks.output_file(args.report, "--report")
     return _comparison(args, config, trace)
+
+
+def _held_out(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> int:
+    """The comparison on every evaluation window (``heldout``); one result file."""
+    given = [
+        flag
+        for flag, value in (
+            ("--scheduler", args.scheduler),
+            ("--trace", args.trace),
+            ("--window", args.window),
+            ("--oracle", args.oracle),
+            ("--report", args.report),
+            ("--budget-schedule", args.budget_schedule),
+        )
+        if value
+    ]
+    if given or args.priors != HELD_OUT:
+        flags = ", ".join(given or ["--priors"])
+        raise checks.ArgumentError(
+            f"--held-out runs the evaluation windows' comparison: drop {flags}"
+        )
+    specs = heldout.held_out_specs(trace, config, quick=args.quick)
+    out = args.out or checks.output_folder(
+        Path("results") / dt.datetime.now().strftime("held-out-%Y%m%d-%H%M%S"), "--out (default)"
+    )
+    for trace_spec, run_config in {(s.trace, s.config) for s in specs}:
+        load_jobs(trace_spec, run_config)  # a bad window refused here, not in every worker
+    outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
+    result = heldout.summary(outcomes)
+    words = heldout.lines(result)
+    rows = [{**o.row(), "window": o.spec.trace.window} for o in outcomes]
+    output.write_csv(rows, out / "runs.csv")
+    output.write_json({"runs": rows, **result, "headline": words}, out / "held_out.json")
+    if args.json:
+        print(output.to_json({"runs": rows, **result, "headline": words}))
+        return 0
+    stdout = output.stdout_console()
+    stdout.print(f"wrote 2 files to {out}/")
+    for line in words:
+        stdout.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> int:

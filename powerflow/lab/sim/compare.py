@@ -133,7 +133,7 @@ def _dominance(base: Curve, ref: Curve) -> tuple[float, float, float] | None:
 
 
 def jct_ratios(
-    rows: Sequence[Mapping[str, Any]], energy: str = TOTAL
+    rows: Sequence[Mapping[str, Any]], energy: str = TOTAL, reference: str = REFERENCE
 ) -> dict[str, dict[str, float | None]]:
     """Per baseline: ``max`` and ``min`` of the equal-energy ratio over the energies both
     curves cover (``energy_lo_j``..``energy_hi_j``; ``max_at_j``: where the max is),
@@ -141,14 +141,16 @@ def jct_ratios(
     (``dominance_baseline_j``, ``dominance_powerflow_j``), and each curve's energy span
     (``baseline_lo_j``, ``baseline_hi_j``, ``powerflow_lo_j``, ``powerflow_hi_j``), which
     says why a ratio is missing. None where a figure does not exist. ``energy``: the
-    energy the curves are drawn against (``ENERGIES``)."""
+    energy the curves are drawn against (``ENERGIES``); ``reference``: whose JCT is the
+    denominator (PowerFlow, or PowerFlow+ against the baselines); ``mean`` is the
+    ratio's mean over the common range."""
     by_name = curves(rows, energy)
-    ref = by_name.get(REFERENCE)
+    ref = by_name.get(reference)
     if ref is None:
         return {}
     out: dict[str, dict[str, float | None]] = {}
     for name, curve in by_name.items():
-        if name == REFERENCE or name in CHALLENGERS:
+        if name in (REFERENCE, *CHALLENGERS):
             continue
         zeus = by_name.get(ZEUS_LEVEL_OF.get(name, ""))
         at_zeus: float | None = None
@@ -159,19 +161,20 @@ def jct_ratios(
             theirs = ref.at(zeus_e, ZEUS_TOLERANCE)
             if mine is not None and theirs is not None:
                 at_zeus = mine / theirs
-        best = worst = best_at = lo = hi = None
+        best = worst = best_at = lo = hi = mean = None
         spread = _ratios(curve, ref)
         if spread is not None:
             ratio, grid = spread
-            best, worst = float(ratio.max()), float(ratio.min())
+            best, worst, mean = float(ratio.max()), float(ratio.min()), float(ratio.mean())
             best_at = float(grid[int(np.argmax(ratio))])
             lo, hi = float(grid[0]), float(grid[-1])
         elif len(curve.energy_j) == 1 and at_zeus is not None:
             # a single point just outside the common range: its 5% match
-            best = worst = at_zeus
+            best = worst = mean = at_zeus
             best_at = lo = hi = curve.lo
         dom = _dominance(curve, ref)
         out[name] = {
+            "mean": mean,
             "max": best,
             "min": worst,
             "max_at_j": best_at,

@@ -36,6 +36,7 @@ from powerflow.lab.sim.trace import (
     bundled_trace,
     load_trace,
 )
+from powerflow.lab.sim.windows import window_named, window_trace
 from powerflow.lab.sim.world import World, default_world
 
 PLOT_POINTS = 2000
@@ -44,20 +45,32 @@ PLOT_POINTS = 2000
 
 @dataclass(frozen=True)
 class TraceSpec:
-    """Which jobs: a trace file (default: the bundled ITP window), optionally
-    cut to its first ``hours``, or a synthetic trace; ``max_duration_h`` drops
-    the jobs that take longer than that (``metrics.reference_durations_s``)."""
+    """Which jobs: a trace file (default: the bundled ITP window), a named window
+    of the whole ElasticFlow trace (``windows``: ``d14``), optionally cut to its
+    first ``hours``, or a synthetic trace; ``max_duration_h`` drops the jobs that
+    take longer than that (``metrics.reference_durations_s``)."""
 
     path: str | None = None
     hours: float | None = None
     synthetic: SyntheticSpec | None = None
     seed: int = 0
     max_duration_h: float | None = None
+    window: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.window is not None:
+            if self.path is not None or self.synthetic is not None:
+                raise SimulationError("a trace window is a trace: give a window or a file")
+            window_named(self.window)  # an unknown name refused here, not in a worker
 
     def describe(self) -> str:
         if self.synthetic is not None:
             s = self.synthetic
             text = f"synthetic({s.jobs} jobs, {s.mean_interval_s:.0f} s, x{s.job_size:g})"
+        elif self.window is not None:
+            w = window_named(self.window)
+            text = f"ElasticFlow window {w.name} ({w.hours:g} h from {w.start_s:,} s)"
+            text += f" (first {self.hours:g} h)" if self.hours else ""
         else:
             name = Path(self.path).name if self.path else ITP_TRACE
             text = name + (f" (first {self.hours:g} h)" if self.hours else "")
@@ -163,7 +176,10 @@ def load_jobs(
             max_gpus=config.total_gpus,
         )
     else:
-        path = Path(spec.path) if spec.path else bundled_trace(ITP_TRACE)
+        if spec.window is not None:
+            path = window_trace(window_named(spec.window))
+        else:
+            path = Path(spec.path) if spec.path else bundled_trace(ITP_TRACE)
         jobs = load_trace(
             path,
             world.model_names,
