@@ -30,6 +30,7 @@ from powerflow.lab.baselines import (
     zeus_power_limit,
 )
 from powerflow.lab.baselines.afs import Ladder, afs_l, ladder_counts
+from powerflow.lab.baselines.gandiva import GANDIVA_JOBS_PER_GPU
 from powerflow.lab.baselines.zeus import power_limits_w
 from powerflow.lab.schedulers import scheduler
 
@@ -109,11 +110,14 @@ def test_gandiva_time_slices_same_size_jobs_when_gpus_are_exhausted() -> None:
     cluster = nodes(1, 2)
     a = job("a", 2, arrival=0.0, placement=on("n0", 0, 1))
     b, c, d = job("b", 2, arrival=1.0), job("c", 2, arrival=2.0), job("d", 1, arrival=3.0)
-    plan = GandivaPolicy().plan(snap(cluster, [a, b, c, d]))
+    plan = GandivaPolicy(max_jobs_per_gpu=2).plan(snap(cluster, [a, b, c, d]))
     assert plan.job("a").placement == on("n0", 0, 1)
     assert sorted(plan.job("b").placement) == sorted(on("n0", 0, 1))
     assert plan.job("c").gpus == 0  # at most two jobs per GPU
     assert plan.job("d").gpus == 0  # only jobs of the same size share
+    three = GandivaPolicy().plan(snap(cluster, [a, b, c, d]))  # the default: three
+    assert sorted(three.job("c").placement) == sorted(on("n0", 0, 1))
+    assert three.job("d").gpus == 0
     solo = GandivaPolicy(max_jobs_per_gpu=1).plan(snap(cluster, [a, b]))
     assert solo.job("b").gpus == 0
 
@@ -763,13 +767,14 @@ def _check_valid(s: Snapshot, plan: Plan, max_share: int, elastic: bool = False)
 
 
 POLICIES: list[tuple[Policy, int, bool]] = [
-    (GandivaPolicy(), 2, False),
+    (GandivaPolicy(), GANDIVA_JOBS_PER_GPU, False),
     (GandivaPolicy(frequency_mhz=1050, max_jobs_per_gpu=1), 1, False),
-    (GandivaPolicy(grow_shrink=True), 2, True),
+    (GandivaPolicy(max_jobs_per_gpu=2), 2, False),
+    (GandivaPolicy(grow_shrink=True), GANDIVA_JOBS_PER_GPU, True),
     (TiresiasPolicy(), 1, False),
     (TiresiasPolicy(queue_thresholds_gpu_s=(500.0, 5000.0), promote_knob=1.0), 1, False),
     (AfsPolicy(), 1, True),
-    (ZeusPolicy(GandivaPolicy()), 2, False),
+    (ZeusPolicy(GandivaPolicy()), GANDIVA_JOBS_PER_GPU, False),
     (ZeusPolicy(TiresiasPolicy(), eta_knob=0.8), 1, False),
 ]
 

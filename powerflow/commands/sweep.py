@@ -1,8 +1,12 @@
-"""``powerflow sweep sensitivity``: the three sensitivity studies of paper §6.4.
+"""``powerflow sweep sensitivity|tuning``: parameter studies.
 
-100-job synthetic traces (Gavel's generator) along the mean arrival interval,
-the cluster size and the job size; average JCT per scheduler at one
-operating point each. Writes CSV, JSON and one PNG with three panels.
+``sensitivity``: the three sensitivity studies of paper §6.4, 100-job
+synthetic traces (Gavel's generator) along the mean arrival interval, the
+cluster size and the job size; average JCT per scheduler at one operating
+point each. Writes CSV, JSON and one PNG with three panels.
+
+``tuning``: the baselines' knob grids on the tuning windows of the whole trace
+(``powerflow.lab.sim.tuning``), each setting scored and the best named.
 """
 
 from __future__ import annotations
@@ -14,17 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
-from powerflow.lab.sim import experiments, output
+from powerflow.lab.sim import experiments, output, tuning
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="parameter studies (sensitivity, paper Fig. 11)")
-    p.add_argument("study", choices=["sensitivity"], help="which study")
+    p.add_argument("study", choices=["sensitivity", "tuning"], help="which study")
     add_cluster_args(p, trace=False)  # each study sets its own traces and cluster sizes
-    p.add_argument("--quick", action="store_true", help="every other point of each axis")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="every other point of each axis; tuning: the first 2 h of each window, 8 nodes",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument(
         "--out",
@@ -40,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     if args.workers < 1:
         raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
-    default_out = Path("results") / dt.datetime.now().strftime("sensitivity-%Y%m%d-%H%M%S")
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    default_out = Path("results") / f"{args.study}-{stamp}"
     out = checks.output_folder(args.out or default_out, "--out" if args.out else "--out (default)")
+    if args.study == "tuning":
+        return _tuning(args, config, out)
     specs = experiments.sensitivity(config, quick=args.quick)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     studies = experiments.sensitivity_rows(outcomes)
@@ -63,4 +77,30 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         console.print(f"wrote 3 files to {out}/")
+    return 0
+
+
+def _tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
+    specs = tuning.tuning_specs(config, hours=experiments.QUICK_HOURS if args.quick else None)
+    outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
+    result = tuning.score(outcomes)
+    rows = tuning.rows(result)
+    output.write_csv(rows, out / "tuning.csv")
+    output.write_json(rows, out / "tuning.json")
+    if args.json:
+        print(output.to_json(rows))
+        return 0
+    console = output.stdout_console()
+    windows = ", ".join(w.name for w in TUNING_WINDOWS)
+    for name, scored in result.items():
+        table = Table(title=f"{name} at {tuning.CLOCK_MHZ:g} MHz on the tuning windows ({windows})")
+        table.add_column("setting")
+        table.add_column("score", justify="right")
+        for w in TUNING_WINDOWS:
+            table.add_column(f"{w.name} avg JCT h", justify="right")
+        for s in scored:
+            table.add_row(s.setting.label, f"{s.score:.3f}", *(f"{h:.2f}" for h in s.jct_h))
+        console.print(table)
+        console.print(f"{name}: chosen {scored[0].setting.label}")
+    console.print(f"wrote 2 files to {out}/")
     return 0

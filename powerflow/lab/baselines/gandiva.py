@@ -7,8 +7,9 @@ The paper's four mechanisms (§4.1), each against what is here:
   size, round robin; the two plans have the same placement and the simulator
   gives each an equal share of time. Gandiva time-slices jobs of the same
   GPU count on the same GPUs (its affinity), so sharing never leaves part of
-  a gang idle. Sharing is bounded at ``max_jobs_per_gpu`` (default 2: two
-  jobs per GPU) and never joins a pinned job
+  a gang idle. Sharing is bounded at ``max_jobs_per_gpu`` (default
+  ``GANDIVA_JOBS_PER_GPU``, 3, chosen on the tuning windows by ``powerflow
+  sweep tuning``) and never joins a pinned job
   (profiling or restarting). The victim is the most recently arrived
   same-size job (older jobs keep full speed, in the spirit of FIFO).
   Simplified: no switch cost (Gandiva suspends at the memory minimum of an
@@ -76,12 +77,19 @@ from powerflow.lab.baselines.common import (
 )
 
 
+GANDIVA_JOBS_PER_GPU = 3
+"""At most this many jobs share a GPU. Chosen on the tuning windows of the whole
+trace by ``powerflow sweep tuning`` (docs/baselines.md, "Tiresias at its best"):
+score 1.008 against 1.011 for 2, 1.016 for 4 and 1.031 for no sharing; within 1 %
+from 2 to 4."""
+
+
 @dataclass(frozen=True)
 class GandivaPolicy:
     """Gandiva at one cluster-wide clock; see the module docstring."""
 
     frequency_mhz: int | None = None
-    max_jobs_per_gpu: int = 2
+    max_jobs_per_gpu: int = GANDIVA_JOBS_PER_GPU
     grow_shrink: bool = False
     memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 

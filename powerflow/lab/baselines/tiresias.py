@@ -27,10 +27,11 @@ Faithful:
   the power limit is reported, not enforced.
 
 Defaults (``TIRESIAS_THRESHOLDS_GPU_S``, ``TIRESIAS_PROMOTE_KNOB``): the best
-of a grid on the comparison's trace (``scripts/tune_baselines.py``; the grid,
-its table and the reasons in docs/baselines.md, "Tiresias at its best"),
-started from the simulator's settings (thresholds 3,250 and 7,200 GPU-s:
-three queues; no promotion). Any thresholds can be given.
+of a grid on the tuning windows of the whole trace, days no result is reported
+on (``powerflow sweep tuning``, ``powerflow.lab.sim.tuning``; the grid, its
+table and the reasons in docs/baselines.md, "Tiresias at its best"), started
+from the simulator's settings (thresholds 3,250 and 7,200 GPU-s: three queues;
+no promotion). Any thresholds can be given.
 
 Simplified, and why:
 
@@ -74,15 +75,13 @@ from powerflow.lab.baselines.common import (
 
 TIRESIAS_THRESHOLDS_GPU_S: tuple[float, ...] = (32500.0, 72000.0, 180000.0)
 """Queue thresholds in attained GPU-seconds: four queues. The best of
-``scripts/tune_baselines.py`` on the comparison's trace (docs/baselines.md,
-"Tiresias at its best"): ten times the Tiresias simulator's 3,250 and 7,200
-GPU-s (the trace's jobs are long: 8 GPUs pass 3,250 GPU-s in under 7
-minutes) and one queue more. Average JCT 5.82 h and 238 preemptions on the
-whole trace, against 9.78 h and 5,260 with the previous default (one
-threshold at 3,600 GPU-s, PROMOTE_KNOB 2)."""
+``powerflow sweep tuning`` on the tuning windows (docs/baselines.md, "Tiresias
+at its best"; score 1.010, the simulator's own 3,250 and 7,200 GPU-s 1.081):
+ten times the Tiresias simulator's thresholds (the traces' jobs are long: 8
+GPUs pass 3,250 GPU-s in under 7 minutes) and one queue more."""
 TIRESIAS_PROMOTE_KNOB: float | None = None
-"""No promotion, as the Tiresias simulator's ``dlas-gpu``: in the grid every
-knob tried (2, 8) lengthened the average JCT."""
+"""No promotion, as the Tiresias simulator's ``dlas-gpu``: on the tuning windows
+every knob tried (2, 8) lengthened the average JCT."""
 
 
 @dataclass(frozen=True)
