@@ -76,7 +76,6 @@ from powerflow.lab.baselines.common import (
     node_count,
 )
 
-
 GANDIVA_JOBS_PER_GPU = 3
 """At most this many jobs share a GPU. Chosen on the tuning windows of the whole
 trace by ``powerflow sweep tuning`` (docs/baselines.md, "Tiresias at its best"):
