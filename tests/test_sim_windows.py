@@ -120,3 +120,18 @@ def test_held_out_runs_the_comparison_on_every_evaluation_window(
         assert main(["simulate", "--held-out", *bad]) == 2
         err = capsys.readouterr().err
         assert "--held-out" in err and err.count("\n") == 1
+
+
+def test_the_report_summarises_the_held_out_windows_where_they_were_written(
+    tmp_path: Path,
+) -> None:
+    from powerflow.lab.sim.report import _held_out
+
+    folder = tmp_path / "held-out"
+    assert _held_out(folder) == []  # not run: no section
+    folder.mkdir()
+    words = ["Held-out windows (...):", "windows: d28 (1901 jobs)", "- powerflow vs afs: 0.9"]
+    (folder / "held_out.json").write_text(json.dumps({"headline": words}))
+    section = _held_out(folder)
+    assert section[0] == "## Held-out windows"
+    assert all(w in section for w in words)

@@ -152,6 +152,7 @@ def write_report(
         "",
         *_duration_check(trace, config),
         *_metrics_note(),
+        *_held_out(out / "held-out"),
         *_others(out, path.parent),
         "## Results per run",
         "",
@@ -295,6 +296,28 @@ def _others(out: Path, base: Path) -> list[str]:
         lines += _paragraphs([str(x) for x in data.get("headline", [])])
         lines.append("")
     return lines
+
+
+def _held_out(folder: Path) -> list[str]:
+    """The comparison on the held-out windows (``powerflow simulate --held-out``), if it
+    was written there: every ratio per window and its spread."""
+    import json
+
+    data_file = folder / "held_out.json"
+    if not data_file.exists():
+        return []
+    data = json.loads(data_file.read_text())
+    return [
+        "## Held-out windows",
+        "",
+        "`powerflow simulate --held-out --out docs/results/held-out`: the same comparison"
+        " (fitted runs from held-out priors, no oracle runs) on every evaluation window"
+        ' of the whole ElasticFlow trace (docs/simulator.md, "Held-out windows"); no knob'
+        " of any scheduler was chosen on these days.",
+        "",
+        *_paragraphs([str(x) for x in data.get("headline", [])]),
+        "",
+    ]
 
 
 def _sensitivity(folder: Path, base: Path) -> list[str]:
