@@ -11,6 +11,7 @@
 #    - philly and philly-paper-baselines: the bundled 24-hour Philly trace, both settings;
 # 3. the comparison on every held-out evaluation window (docs/results/held-out,
 #    summarised under "Held-out windows");
+#    and the ablation from the paper's setting (docs/results/ablation, "Ablation");
 # 4. the main comparison: the ITP trace, idle nodes off for every scheduler
 #    (the default), written last to docs/results.md.
 #
@@ -38,6 +39,7 @@ compare itp-paper-baselines --paper-baselines
 compare "itp-max-${bound_h}h" --max-duration "$bound_h"
 compare philly --trace "$philly"
 compare philly-paper-baselines --trace "$philly" --paper-baselines
-rm -rf docs/results/held-out
+rm -rf docs/results/held-out docs/results/ablation
 powerflow simulate "${mode[@]}" --held-out --out docs/results/held-out
+powerflow sweep ablation "${mode[@]}" --out docs/results/ablation
 powerflow simulate "${mode[@]}" --out docs/results --report docs/results.md

@@ -7,6 +7,9 @@ point each. Writes CSV, JSON and one PNG with three panels.
 
 ``tuning``: the baselines' knob grids on the tuning windows of the whole trace
 (``powerflow.lab.sim.tuning``), each setting scored and the best named.
+
+``ablation``: the comparison from the paper's setting to this evaluation's, one
+change at a time (``powerflow.lab.sim.ablation``).
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ from rich.table import Table
 
 from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
-from powerflow.lab.sim import experiments, output, tuning
+from powerflow.lab.sim import ablation, experiments, output, tuning
 from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.runner import TraceSpec
 from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="parameter studies (sensitivity, paper Fig. 11)")
-    p.add_argument("study", choices=["sensitivity", "tuning"], help="which study")
+    p.add_argument("study", choices=["sensitivity", "tuning", "ablation"], help="which study")
     add_cluster_args(p, trace=False)  # each study sets its own traces and cluster sizes
     p.add_argument(
         "--quick",
@@ -56,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     out = checks.output_folder(args.out or default_out, "--out" if args.out else "--out (default)")
     if args.study == "tuning":
         return _tuning(args, config, out)
+    if args.study == "ablation":
+        return _ablation(args, config, out)
     specs = experiments.sensitivity(config, quick=args.quick)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     studies = experiments.sensitivity_rows(outcomes)
@@ -77,6 +83,23 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         console.print(f"wrote 3 files to {out}/")
+    return 0
+
+
+def _ablation(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
+    specs = ablation.ablation_specs(TraceSpec(), config, quick=args.quick)
+    outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
+    entries = ablation.summary(outcomes)
+    words = ablation.lines(entries)
+    output.write_csv([{**o.row(), "row": o.spec.tag} for o in outcomes], out / "runs.csv")
+    output.write_json({"rows": entries, "headline": words}, out / "ablation.json")
+    if args.json:
+        print(output.to_json({"rows": entries, "headline": words}))
+        return 0
+    console = output.stdout_console()
+    for line in words:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote 2 files to {out}/")
     return 0
 
 

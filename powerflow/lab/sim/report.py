@@ -153,6 +153,7 @@ def write_report(
         *_duration_check(trace, config),
         *_metrics_note(),
         *_held_out(out / "held-out"),
+        *_ablation(out / "ablation"),
         *_others(out, path.parent),
         "## Results per run",
         "",
@@ -296,6 +297,27 @@ def _others(out: Path, base: Path) -> list[str]:
         lines += _paragraphs([str(x) for x in data.get("headline", [])])
         lines.append("")
     return lines
+
+
+def _ablation(folder: Path) -> list[str]:
+    """The ablation (``powerflow sweep ablation``), if it was written there."""
+    import json
+
+    data_file = folder / "ablation.json"
+    if not data_file.exists():
+        return []
+    data = json.loads(data_file.read_text())
+    return [
+        "## Ablation",
+        "",
+        "`powerflow sweep ablation --out docs/results/ablation`: the default window's"
+        " comparison from the paper's setting to this page's, one change per row"
+        " (`powerflow/lab/sim/ablation.py`); the step to other days is the held-out"
+        " windows' section above.",
+        "",
+        *_paragraphs([str(x) for x in data.get("headline", [])]),
+        "",
+    ]
 
 
 def _held_out(folder: Path) -> list[str]:
