@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from powerflow.operator.actions import Actions
+from powerflow.operator.allocation import count as _count
 from powerflow.operator.bodies import (
     Condition,
     DLJobBody,
     PodBody,
 )
 from powerflow.operator.job_view import (
-    _count,
     _event,
     _pod_phase,
     _reported_iterations,

@@ -78,7 +78,8 @@ from typing import Any
 
 from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.carry_out import _carry_out, _leaving, _profile_plans
+from powerflow.operator.carry_out import _carry_out, _converge, _leaving
+from powerflow.operator.job_controller import Profiling
 from powerflow.operator.job_view import _event, _set_phase, _View
 from powerflow.operator.jobs import (
     object_generation,
@@ -231,6 +232,7 @@ def reconcile(
             )
             held = []
             gpus_of = {n.name: n.gpu for n in nodes}
+            sweep = Profiling(profiling_window_s, profile_sweep, gpus_of, nodes[0].gpu)
             # Jobs with workers first, so that a job that starts knows which GPUs this
             # pass frees (``_wait_for_room``); computed once, at the first start: only
             # jobs with workers delete in this loop, and ``_lifecycle`` deleted before it.
@@ -254,17 +256,7 @@ def reconcile(
                     seen,
                     claimed,
                     leaving,
-                ) and guard.run(
-                    v,
-                    _profile_plans,
-                    actions,
-                    v,
-                    gpus_of,
-                    nodes[0].gpu,
-                    profiling_window_s,
-                    profile_sweep,
-                    now_s,
-                ):
+                ) and guard.run(v, _converge, actions, v, now_s, sweep):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
             held = [(v, jp) for v, jp in held if v.key not in guard.failed]
