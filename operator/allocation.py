@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from powerflow.core.policy.snapshot import GpuSlot
 from powerflow.core.timefmt import format_time_ms, parse_time
@@ -34,9 +33,9 @@ BLOCK_FIELD = "block"
 _INT_MAX = 1 << 63
 
 
-@dataclass(frozen=True)
-class JobAllocation:
-    """What the allocator gives one job, as its status records it."""
+class JobAllocation(NamedTuple):
+    """What the allocator gives one job, as its status records it (a tuple: one is
+    read per job per pass)."""
 
     generation: int = 0
     """The allocation counter; the job's worker pods carry it in their names."""
@@ -49,7 +48,8 @@ class JobAllocation:
     """The per-GPU power cap (watts, to a tenth); None: none."""
     block: tuple[GpuSlot, ...] = ()
     """The GPUs the plan gave the generation when it started (the extender takes
-    them when free); empty: none planned."""
+    them when free); empty: none planned. Read only while the generation is not
+    complete: no worker of a complete one is created again."""
     profiling_until_s: float | None = None
     """End of the profiling window (Unix seconds); None: not profiling (or not yet)."""
     complete: bool = False
@@ -61,19 +61,25 @@ class JobAllocation:
 def read_allocation(raw: object) -> JobAllocation:
     """``status.allocation`` as a ``JobAllocation``; anything junk reads as absent (0,
     None, empty), as ``job_view._clean_status`` does for the status it keeps."""
-    if not isinstance(raw, Mapping):
-        return JobAllocation()
+    if not isinstance(raw, dict):  # bodies are JSON dicts: no Mapping ABC check
+        return _NONE
+    get = raw.get
+    cap, until, complete = get(CAP_FIELD), get("profilingUntil"), get("complete") is True
+    block = None if complete else get(BLOCK_FIELD)
     return JobAllocation(
-        generation=count(raw.get("generation")),
-        gpus=count(raw.get("gpus")),
-        local_batch_size=count(raw.get("localBatchSize")),
-        clock_mhz=count(raw.get(CLOCK_FIELD)),
-        power_cap_w=_cap(raw.get(CAP_FIELD)),
-        block=_slots(raw.get(BLOCK_FIELD)),
-        profiling_until_s=parse_time(raw.get("profilingUntil")),
-        complete=raw.get("complete") is True,
-        stopped=raw.get("stopped") is True,
+        count(get("generation")),
+        count(get("gpus")),
+        count(get("localBatchSize")),
+        count(get(CLOCK_FIELD)),
+        None if cap is None else _cap(cap),
+        () if block is None else _slots(block),
+        None if until is None else parse_time(until),
+        complete,
+        get("stopped") is True,
     )
+
+
+_NONE = JobAllocation()
 
 
 def allocation_fields(
@@ -127,6 +133,8 @@ def count(value: Any, default: int = 0) -> int:
     dict ``TypeError``; none of it may stop a pass. Strings of digits count
     (annotations are strings); values past int64 do not.
     """
+    if type(value) is int:  # the common case first
+        return value if 0 <= value < 1 << 63 else default
     if isinstance(value, bool):
         return default
     if isinstance(value, int):

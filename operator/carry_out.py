@@ -1,7 +1,9 @@
-"""A plan carried out for one job: the workers a new generation starts, a profiling
-window begun or ended, a migration, power caps and the profiling sweep on the
-workers (``reconcile``'s module docstring, "Migrations", says why a move is a
-checkpoint-restart)."""
+"""A plan carried out for one job, the allocator's last step: the job's allocation
+written into its status (a new generation, the clock and power cap of the running
+one, the profiling window begun or ended), a migration or a rescale; then the job
+controller's writes that bring the job's pods to that allocation (``_converge``,
+``job_controller``). ``reconcile``'s module docstring, "Migrations", says why a move
+is a checkpoint-restart."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from powerflow.operator.job_view import (
     _View,
 )
 from powerflow.operator.lifecycle import STUCK_TERMINATION_S, _deadline, _delete_all
-from powerflow.operator.pass_snapshot import _profiled, _profiling_until
+from powerflow.operator.pass_snapshot import _profiled
 from powerflow.operator.workers import pod_name
 
 from powerflow.core import contract
@@ -80,8 +82,8 @@ def _start(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: floa
 
 def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
     """Advance the profiling of the current allocation; True while it goes on."""
-    gpus = int(v.alloc.get("gpus", 0))
-    until = _profiling_until(v)
+    gpus = v.allocation.gpus
+    until = v.allocation.profiling_until_s
     if until is None:
         if not v.running:
             _set_phase(

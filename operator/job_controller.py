@@ -11,9 +11,9 @@ already carry.
 What it converges:
 
 * the workers of the generation: each one missing is created (with the
-  rendezvous Service), unless the generation is stopped or holds no GPUs; a
-  complete gang that lost a worker never gets here (``lifecycle`` stops it first:
-  torchrun's rendezvous is static);
+  rendezvous Service) until the generation is complete, unless it is stopped or
+  holds no GPUs; a complete gang that lost a worker is restarted by the allocator
+  instead (``lifecycle``: torchrun's rendezvous is static);
 * ``contract.POWER_LIMIT_ANNOTATION``: the allocation's cap, or none;
 * ``contract.FREQUENCY_ANNOTATION``: the allocation's clock, also where someone
   edited it on a pod;
@@ -80,12 +80,13 @@ def converge(
     if allocation.gpus <= 0 or allocation.stopped:
         return PodWrites()
     cap = cap_annotation(allocation.power_cap_w)
-    have = {p["metadata"]["name"] for p in pods}
-    missing = [
-        i
-        for i in range(allocation.gpus)
-        if pod_name(job.name, allocation.generation, i) not in have
-    ]
+    missing: list[int] = []
+    if not allocation.complete:
+        have = {p["metadata"]["name"] for p in pods}
+        generation = allocation.generation
+        missing = [
+            i for i in range(allocation.gpus) if pod_name(job.name, generation, i) not in have
+        ]
     create: list[PodBody | ServiceBody] = []
     if missing:
         ws = WorkerSet(

@@ -35,15 +35,11 @@ def _profiled(v: _View) -> list[int]:
     return sorted({_count(n) for n in raw} - {0})
 
 
-def _profiling_until(v: _View) -> float | None:
-    return v.allocation.profiling_until_s
-
-
 def _is_profiling(v: _View, now_s: float) -> bool:
     """The current allocation is profiling and its window has not ended."""
     if not v.current or v.status.get("phase") != "Profiling":
         return False
-    until = _profiling_until(v)
+    until = v.allocation.profiling_until_s
     return until is None or now_s < until
 
 

@@ -4,9 +4,11 @@
 job's lifecycle (invalid, failed, backing off, done: ``lifecycle``), builds the
 core snapshot of the runnable ones (a job whose old workers still stop among
 them: it is planned, and started once they are gone, ``_stopping``;
-``pass_snapshot``), asks the policy for a plan and turns the plan into pod
-creations, graceful deletions, annotation updates, status patches and events
-(``carry_out``, ``pass_progress``; what a pass wants done is an ``Actions``).
+``pass_snapshot``), asks the policy for a plan and writes each job's allocation into its
+status (``carry_out``); the job controller brings each job's pods to that
+allocation (``job_controller.converge``: creations and annotation updates), and
+graceful deletions, status patches and events follow (``pass_progress``; what a
+pass wants done is an ``Actions``).
 This module holds the order of those steps and the guard around each job's.
 It holds no state: what it needs to remember lives in DLJob status and pod
 names and annotations, so a restarted operator carries on where it stopped
@@ -24,7 +26,7 @@ is a scheduling event (``Actions.wake_at_s``) after which it is ``Running``
 and the count is in ``status.model.profiledGpuCounts``. While the window
 runs, the workers carry the sweep plan for the node agent
 (``contract.PROFILE_ANNOTATION``, ``profile_plan``); it is removed when the
-window ends (``_profile_plans``).
+window ends (``job_controller.converge``).
 
 Learning. The caller passes what the online refit knows (``learned``: the
 ``status.model`` fields per job, from ``learning.SampleStore``); reconcile
