@@ -13,7 +13,7 @@ rewrites nothing.
 a job and the metrics read it): the wire names (``frequencyMHz``, ``localBatchSize``,
 ``powerCapWatts``, ``profilingUntil``, CRD fields a running cluster holds) are
 parsed here, into Python names with their units (``clock_mhz``, ``power_cap_w``,
-``profiling_until_s``), and ``allocation_fields`` writes them back.
+``profiling_until_s``), and ``status_fields`` writes them back.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class JobAllocation(NamedTuple):
 def read_allocation(raw: object) -> JobAllocation:
     """``status.allocation`` as a ``JobAllocation``; anything junk reads as absent (0,
     None, empty), as ``job_view._clean_status`` does for the status it keeps."""
-    if not isinstance(raw, dict):  # bodies are JSON dicts: no Mapping ABC check
+    if not raw or not isinstance(raw, dict):  # bodies are JSON dicts: no Mapping ABC check
         return _NONE
     get = raw.get
     cap, until, complete = get(CAP_FIELD), get("profilingUntil"), get("complete") is True
@@ -82,25 +82,17 @@ def read_allocation(raw: object) -> JobAllocation:
 _NONE = JobAllocation()
 
 
-def allocation_fields(
-    *,
-    generation: int,
-    gpus: int,
-    local_batch_size: int,
-    clock_mhz: int,
-    power_cap_w: float | None,
-    block: Sequence[GpuSlot],
-) -> dict[str, Any]:
-    """The wire form of what a new generation starts with (the rest of
-    ``status.allocation``: nodes, profiling, complete, stopped, is bookkeeping
-    the allocator sets as the generation goes)."""
+def status_fields(allocation: JobAllocation) -> dict[str, Any]:
+    """The wire form of what a generation runs with: the allocator writes it into
+    ``status.allocation`` (the rest of it, ``nodes``, ``profilingUntil``,
+    ``complete`` and ``stopped``, is bookkeeping it sets as the generation goes)."""
     return {
-        "gpus": gpus,
-        CLOCK_FIELD: clock_mhz,
-        "localBatchSize": local_batch_size,
-        "generation": generation,
-        CAP_FIELD: cap_w(power_cap_w),
-        BLOCK_FIELD: block_field(block),
+        "gpus": allocation.gpus,
+        CLOCK_FIELD: allocation.clock_mhz,
+        "localBatchSize": allocation.local_batch_size,
+        "generation": allocation.generation,
+        CAP_FIELD: allocation.power_cap_w,
+        BLOCK_FIELD: block_field(allocation.block),
     }
 
 
@@ -133,8 +125,10 @@ def count(value: Any, default: int = 0) -> int:
     dict ``TypeError``; none of it may stop a pass. Strings of digits count
     (annotations are strings); values past int64 do not.
     """
-    if type(value) is int:  # the common case first
+    if type(value) is int:  # the common cases first
         return value if 0 <= value < 1 << 63 else default
+    if value is None:
+        return default
     if isinstance(value, bool):
         return default
     if isinstance(value, int):

@@ -13,10 +13,10 @@ from powerflow.operator.actions import Actions
 from powerflow.operator.allocation import (
     CAP_FIELD,
     CLOCK_FIELD,
-    allocation_fields,
+    JobAllocation,
     cap_w,
     profiling_until_field,
-    read_allocation,
+    status_fields,
 )
 from powerflow.operator.bodies import (
     PodBody,
@@ -49,16 +49,17 @@ def _start(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: floa
     """A new generation: its allocation recorded (the job controller creates its
     workers from it, ``_converge``); Profiling if the job never ran on this GPU count
     (and profiling is on: ``window_s > 0``)."""
-    generation = v.allocation.generation + 1
+    granted = JobAllocation(
+        v.allocation.generation + 1,
+        jp.gpus,
+        jp.local_batch_size,
+        jp.frequency_mhz,
+        cap_w(jp.power_cap_w),
+        tuple(sorted(jp.placement)),
+    )
+    v.granted = granted
     v.new["allocation"] = {
-        **allocation_fields(
-            generation=generation,
-            gpus=jp.gpus,
-            local_batch_size=jp.local_batch_size,
-            clock_mhz=jp.frequency_mhz,
-            power_cap_w=jp.power_cap_w,
-            block=jp.placement,
-        ),
+        **status_fields(granted),
         "nodes": sorted({node for node, _ in jp.placement}),
         "profilingUntil": None,
         "complete": None,
@@ -91,8 +92,10 @@ def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
                 f"profiling on {gpus} GPUs once all workers run",
             )  # fmt: skip
             return True
-        until = now_s + window_s
-        v.new["allocation"]["profilingUntil"] = profiling_until_field(until)
+        written = profiling_until_field(now_s + window_s)
+        v.new["allocation"]["profilingUntil"] = written
+        until = parse_time(written) or now_s + window_s  # as the status will read
+        v.granted = (v.granted or v.allocation)._replace(profiling_until_s=until)
         _event(actions, v, "Normal", "ProfilingStarted", f"{gpus} GPUs for {window_s:g} s")
     if now_s < until:
         actions.wake(until)
@@ -103,6 +106,7 @@ def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
         return True
     v.new["model"] = {"profiledGpuCounts": sorted({*_profiled(v), gpus})}
     v.new["allocation"]["profilingUntil"] = None
+    v.granted = (v.granted or v.allocation)._replace(profiling_until_s=None)
     _set_phase(actions, v, "Running", "ProfilingFinished", f"profiled on {gpus} GPUs")
     return False
 
@@ -180,13 +184,22 @@ def _carry_out(
             f"{alloc.get(CLOCK_FIELD)} -> {jp.frequency_mhz} MHz",
         )  # fmt: skip
     nodes = sorted({str(p.get("spec", {}).get("nodeName")) for p in v.current} - {"None"})
+    cap = cap_w(jp.power_cap_w)
     v.new["allocation"] = dict(alloc, nodes=nodes)
     v.new["allocation"][CLOCK_FIELD] = jp.frequency_mhz
-    v.new["allocation"][CAP_FIELD] = cap_w(jp.power_cap_w)
-    generation = v.allocation.generation
-    have = {p["metadata"]["name"] for p in v.current}
-    if all(pod_name(req.name, generation, i) in have for i in range(jp.gpus)):
-        v.new["allocation"]["complete"] = True  # every worker exists: now a missing one is lost
+    v.new["allocation"][CAP_FIELD] = cap
+    complete = v.allocation.complete
+    if not complete:
+        generation = v.allocation.generation
+        have = {p["metadata"]["name"] for p in v.current}
+        complete = all(pod_name(req.name, generation, i) in have for i in range(jp.gpus))
+        if complete:  # every worker exists: from now on a missing one is lost
+            v.new["allocation"]["complete"] = True
+    a = v.allocation  # built whole: ``_replace`` costs twice as much, on every pass
+    v.granted = JobAllocation(
+        a.generation, a.gpus, a.local_batch_size, jp.frequency_mhz, cap, a.block,
+        a.profiling_until_s, complete, a.stopped,
+    )  # fmt: skip
     if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s):
         return True
     if v.new.get("phase") != "Running":
@@ -269,13 +282,12 @@ def _migrates(
 
 def _converge(actions: Actions, v: _View, now_s: float, profiling: Profiling | None) -> bool:
     """The job controller's writes for the job (``job_controller.converge``), from the
-    allocation its status gets in this pass, into ``actions``: the creations, and each
+    allocation the allocator gave it in this pass (``v.granted``, what its status
+    gets), into ``actions``: the creations, and each
     annotation patch with the deletions when it only lowers power, else after the
     creations (``_annotate``). Always True (a ``_Guard`` step)."""
-    assert v.req is not None
-    new = v.new.get("allocation")
-    allocation = v.allocation if new is None else read_allocation(new)
-    writes = converge(v.req, allocation, v.current, now_s, profiling)
+    assert v.req is not None and v.granted is not None
+    writes = converge(v.req, v.granted, v.current, now_s, profiling)
     actions.create.extend(writes.create)
     for pod, patch in writes.annotate:
         _annotate(actions, v, pod, patch)

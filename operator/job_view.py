@@ -34,9 +34,9 @@ class _View:
     """One DLJob during a pass: what was observed, and the status it should get (``new``)."""
 
     __slots__ = (
-        "agent_done_at", "agent_reported", "alloc", "allocation", "current", "first", "key",
-        "meta", "name", "new", "ns", "obs", "other", "reported", "req", "running", "status",
-        "stopping", "terminating",
+        "agent_done_at", "agent_reported", "alloc", "allocation", "current", "first",
+        "granted", "key", "meta", "name", "new", "ns", "obs", "other", "reported", "req",
+        "running", "status", "stopping", "terminating",
     )  # fmt: skip
 
     def __init__(
@@ -52,6 +52,9 @@ class _View:
         self.alloc: Allocation = self.status.get("allocation") or {}
         self.allocation: JobAllocation = read_allocation(self.alloc)
         """``alloc`` read once (``allocation``): what the job's pods were made from."""
+        self.granted: JobAllocation | None = None
+        """What the allocator gives the job in this pass, written into ``new`` as its
+        ``status.allocation`` (``carry_out``); the job controller's input."""
         self.new: dict[str, Any] = {}
         self.req: JobRequest | None = None
         self.current: list[PodBody] = []

@@ -14,11 +14,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from powerflow.operator.allocation import (
-    JobAllocation,
-    allocation_fields,
-    read_allocation,
-)
+from powerflow.operator.allocation import JobAllocation, read_allocation, status_fields
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.job_controller import Profiling, converge
 from powerflow.operator.jobs import JobRequest, parse_dljob
@@ -61,14 +57,8 @@ def request() -> JobRequest:
 
 def allocation(**fields: Any) -> JobAllocation:
     """A new generation's allocation as the status holds it, read back."""
-    wire = allocation_fields(
-        generation=2,
-        gpus=2,
-        local_batch_size=32,
-        clock_mhz=1005,
-        power_cap_w=fields.pop("power_cap_w", 250.04),
-        block=(("n1", 3), ("n1", 2)),
-    )
+    cap = fields.pop("power_cap_w", 250.0)
+    wire = status_fields(JobAllocation(2, 2, 32, 1005, cap, (("n1", 2), ("n1", 3))))
     wire.update(fields)
     return read_allocation(json.loads(json.dumps(wire)))
 
@@ -95,7 +85,7 @@ def test_converge_creates_a_generation_from_its_status_alone() -> None:
     for pod in pods:
         notes = annotations(pod)
         assert notes[contract.FREQUENCY_ANNOTATION] == "1005"
-        assert notes[contract.POWER_LIMIT_ANNOTATION] == "250.0"  # status keeps tenths
+        assert notes[contract.POWER_LIMIT_ANNOTATION] == "250.0"
         assert notes[contract.GENERATION_ANNOTATION] == "2"
         assert json.loads(notes[contract.PLANNED_BLOCK_ANNOTATION]) == {
             "block": [["n1", 2], ["n1", 3]]
@@ -172,14 +162,11 @@ def test_read_allocation_reads_junk_as_absent_and_round_trips() -> None:
     }  # fmt: skip
     assert read_allocation(junk) == JobAllocation()
     assert read_allocation([1]) == JobAllocation()
-    wire = allocation_fields(
-        generation=3, gpus=4, local_batch_size=16, clock_mhz=1200, power_cap_w=None,
-        block=(("n2", 1), ("n1", 0)),
-    )  # fmt: skip
+    sent = JobAllocation(3, 4, 16, 1200, None, (("n1", 0), ("n2", 1)))
+    wire = status_fields(sent)
     assert wire["frequencyMHz"] == 1200 and wire["powerCapWatts"] is None
-    assert read_allocation(wire) == JobAllocation(
-        3, 4, 16, 1200, None, (("n1", 0), ("n2", 1)), None, False, False
-    )
+    assert read_allocation(json.loads(json.dumps(wire))) == sent
+    assert read_allocation({**wire, "powerCapWatts": 212.3}).power_cap_w == 212.3
 
 
 class ClockPolicy:
