@@ -80,25 +80,11 @@ def converge(
     if allocation.gpus <= 0 or allocation.stopped:
         return PodWrites()
     cap = cap_annotation(allocation.power_cap_w)
-    missing: list[int] = []
+    create: tuple[PodBody | ServiceBody, ...] = ()
     if not allocation.complete:
-        have = {p["metadata"]["name"] for p in pods}
-        generation = allocation.generation
-        missing = [
-            i for i in range(allocation.gpus) if pod_name(job.name, generation, i) not in have
-        ]
-    create: list[PodBody | ServiceBody] = []
-    if missing:
-        ws = WorkerSet(
-            allocation.generation,
-            allocation.gpus,
-            allocation.local_batch_size,
-            allocation.clock_mhz,
-            cap,
-            allocation.block,
-        )
-        create.append(rendezvous_service(job))
-        create.extend(worker_pods(job, ws, None if len(missing) == allocation.gpus else missing))
+        create = _missing(job, allocation, pods, cap)
+    if not pods:  # a new generation: nothing to annotate
+        return PodWrites(create)
     # By key, then by pod: the order the patches are written in within each phase.
     clock = str(allocation.clock_mhz)
     annotate: list[tuple[PodBody, dict[str, str | None]]] = [
@@ -118,4 +104,29 @@ def converge(
             plan = plan_annotation(gpu, profiling.window_s, until, profiling.sweep)
         if _annotation(pod, PROFILE) != plan:
             annotate.append((pod, {PROFILE: plan}))
-    return PodWrites(tuple(create), tuple(annotate))
+    return PodWrites(create, tuple(annotate))
+
+
+def _missing(
+    job: JobRequest, allocation: JobAllocation, pods: Sequence[PodBody], cap: str | None
+) -> tuple[PodBody | ServiceBody, ...]:
+    """The rendezvous Service and the workers of ``allocation`` that ``pods`` lack
+    (none: nothing); all of them, built at once, for a new generation."""
+    indices: list[int] | None = None
+    if pods:
+        have = {p["metadata"]["name"] for p in pods}
+        generation = allocation.generation
+        indices = [
+            i for i in range(allocation.gpus) if pod_name(job.name, generation, i) not in have
+        ]
+        if not indices:
+            return ()
+    ws = WorkerSet(
+        allocation.generation,
+        allocation.gpus,
+        allocation.local_batch_size,
+        allocation.clock_mhz,
+        cap,
+        allocation.block,
+    )
+    return (rendezvous_service(job), *worker_pods(job, ws, indices))
