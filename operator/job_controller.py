@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from powerflow.operator.allocation import JobAllocation
 from powerflow.operator.bodies import PodBody, ServiceBody
@@ -59,10 +60,9 @@ class Profiling:
     default_gpu: GpuSpec
 
 
-@dataclass(frozen=True)
-class PodWrites:
+class PodWrites(NamedTuple):
     """One job's pod writes: objects to create, then per-pod annotation patches
-    (``None`` removes the annotation)."""
+    (``None`` removes the annotation). A tuple: one is made per job per pass."""
 
     create: tuple[PodBody | ServiceBody, ...] = ()
     annotate: tuple[tuple[PodBody, dict[str, str | None]], ...] = ()
