@@ -81,7 +81,7 @@ def _core_job(
         # The policy may only keep GPUs it knows: pinning needs the extender's placement.
         pinned=bool(placement) and _is_profiling(v, now_s),
         measured_power_w=measured.watts if measured is not None else None,
-        measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
+        measured_frequency_mhz=measured.clock_mhz if measured is not None else None,
         profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
         power_cap_w=_current_cap(v.current) if running else None,
     )
