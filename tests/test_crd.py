@@ -145,6 +145,9 @@ def test_status_holds_the_allocation_the_job_controller_reads(
     bare = {k: v for k, v in status_fields(JobAllocation()).items() if v is not None}
     assert set(bare) == {"gpus", "frequencyMHz", "localBatchSize", "generation"}
     assert validator.is_valid(doc | {"status": {"allocation": bare}})
+    schema = load(CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    block = schema["properties"]["status"]["properties"]["allocation"]["properties"]["block"]
+    assert block["maxItems"] == BOUNDS["gpus.max"][1]  # one GPU a worker
     for bad in (
         {"powerCapWatts": 0},
         {"block": [{"node": "n1"}]},
