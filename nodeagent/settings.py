@@ -219,7 +219,7 @@ def _pod_target(view: PodView, lim: GpuLimits, sweep_mhz: int | None) -> GpuTarg
         parked = _parked(lim)
         return GpuTarget(parked.clock_mhz, parked.power_limit_w, pod=view.key, job=view.job)
     clamps: list[Clamp] = []
-    wanted = sweep_mhz if sweep_mhz is not None else view.frequency_mhz
+    wanted = sweep_mhz if sweep_mhz is not None else view.clock_mhz
     clock: int | None = None
     if wanted is not None:
         clock = clamp_clock_mhz(wanted, lim.clocks_mhz)

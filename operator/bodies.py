@@ -48,8 +48,12 @@ class DLJobSpec(TypedDict, total=False):
 
 
 class Allocation(TypedDict, total=False):
+    """``status.allocation``'s wire form; read through ``allocation.read_allocation``."""
+
     gpus: int
     frequencyMHz: int
+    powerCapWatts: float
+    block: list[dict[str, Any]]
     localBatchSize: int
     generation: int
     nodes: list[str]

@@ -1,16 +1,27 @@
-"""A plan carried out for one job: the workers a new generation starts, a profiling
-window begun or ended, a migration, power caps and the profiling sweep on the
-workers (``reconcile``'s module docstring, "Migrations", says why a move is a
-checkpoint-restart)."""
+"""A plan carried out for one job, the allocator's last step: the job's allocation
+written into its status (a new generation, the clock and power cap of the running
+one, the profiling window begun or ended), a migration or a rescale; then the job
+controller's writes that bring the job's pods to that allocation (``_converge``,
+``job_controller``). ``reconcile``'s module docstring, "Migrations", says why a move
+is a checkpoint-restart."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
 from powerflow.operator.actions import Actions
+from powerflow.operator.allocation import (
+    CAP_FIELD,
+    CLOCK_FIELD,
+    JobAllocation,
+    cap_w,
+    profiling_until_field,
+    status_fields,
+)
 from powerflow.operator.bodies import (
     PodBody,
 )
+from powerflow.operator.job_controller import Profiling, converge
 from powerflow.operator.job_view import (
     _annotate,
     _annotation,
@@ -21,41 +32,34 @@ from powerflow.operator.job_view import (
     _set_phase,
     _View,
 )
-from powerflow.operator.jobs import (
-    JobRequest,
-)
 from powerflow.operator.lifecycle import STUCK_TERMINATION_S, _deadline, _delete_all
-from powerflow.operator.pass_snapshot import _profiled, _profiling_until
-from powerflow.operator.power_order import cap_annotation
-from powerflow.operator.profile_plan import plan_annotation
-from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
+from powerflow.operator.pass_snapshot import _profiled
+from powerflow.operator.workers import pod_name
 
 from powerflow.core import contract
-from powerflow.core.gpus import GpuSpec
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan
-from powerflow.core.profiling import ClockSweep
-from powerflow.core.timefmt import format_time, format_time_ms, parse_time
+from powerflow.core.timefmt import format_time, parse_time
 
 ROOM_WAIT_S = 120.0
 """The longest a new generation waits for workers being deleted to free its planned GPUs
 (``_wait_for_room``): twice the default grace period, short next to a training job."""
 
 
-def _start(
-    actions: Actions, v: _View, req: JobRequest, jp: JobPlan, now_s: float, window_s: float
-) -> None:
-    """A new generation of workers; Profiling if the job never ran on this GPU count
+def _start(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: float) -> None:
+    """A new generation: its allocation recorded (the job controller creates its
+    workers from it, ``_converge``); Profiling if the job never ran on this GPU count
     (and profiling is on: ``window_s > 0``)."""
-    generation = int(v.alloc.get("generation", 0)) + 1
-    cap = cap_annotation(jp.power_cap_w)
-    ws = WorkerSet(generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap, jp.placement)
-    actions.create.append(rendezvous_service(req))
-    actions.create.extend(worker_pods(req, ws))
+    granted = JobAllocation(
+        v.allocation.generation + 1,
+        jp.gpus,
+        jp.local_batch_size,
+        jp.frequency_mhz,
+        cap_w(jp.power_cap_w),
+        tuple(sorted(jp.placement)),
+    )
+    v.granted = granted
     v.new["allocation"] = {
-        "gpus": jp.gpus,
-        "frequencyMHz": jp.frequency_mhz,
-        "localBatchSize": jp.local_batch_size,
-        "generation": generation,
+        **status_fields(granted),
         "nodes": sorted({node for node, _ in jp.placement}),
         "profilingUntil": None,
         "complete": None,
@@ -79,8 +83,8 @@ def _start(
 
 def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
     """Advance the profiling of the current allocation; True while it goes on."""
-    gpus = int(v.alloc.get("gpus", 0))
-    until = _profiling_until(v)
+    gpus = v.allocation.gpus
+    until = v.allocation.profiling_until_s
     if until is None:
         if not v.running:
             _set_phase(
@@ -88,8 +92,10 @@ def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
                 f"profiling on {gpus} GPUs once all workers run",
             )  # fmt: skip
             return True
-        until = now_s + window_s
-        v.new["allocation"]["profilingUntil"] = format_time_ms(until)
+        written = profiling_until_field(now_s + window_s)
+        v.new["allocation"]["profilingUntil"] = written
+        until = parse_time(written) or now_s + window_s  # as the status will read
+        v.granted = (v.granted or v.allocation)._replace(profiling_until_s=until)
         _event(actions, v, "Normal", "ProfilingStarted", f"{gpus} GPUs for {window_s:g} s")
     if now_s < until:
         actions.wake(until)
@@ -100,6 +106,7 @@ def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
         return True
     v.new["model"] = {"profiledGpuCounts": sorted({*_profiled(v), gpus})}
     v.new["allocation"]["profilingUntil"] = None
+    v.granted = (v.granted or v.allocation)._replace(profiling_until_s=None)
     _set_phase(actions, v, "Running", "ProfilingFinished", f"profiled on {gpus} GPUs")
     return False
 
@@ -127,7 +134,7 @@ def _carry_out(
     req = v.req
     assert req is not None
     alloc = v.alloc
-    shape = (int(alloc.get("gpus", 0)), int(alloc.get("localBatchSize", 0)))
+    shape = (v.allocation.gpus, v.allocation.local_batch_size)
     if jp.gpus == 0:
         if v.current:
             _delete_all(actions, v, req.grace_s)
@@ -158,41 +165,41 @@ def _carry_out(
     # between its writes. Its missing workers are created, under the same names.
     unfinished = (
         shape == (jp.gpus, jp.local_batch_size)
-        and alloc.get("complete") is not True
-        and alloc.get("stopped") is not True
+        and not v.allocation.complete
+        and not v.allocation.stopped
     )
     starts = not v.current and not unfinished
     if starts and leaving is not None and _wait_for_room(actions, v, jp, leaving(), now_s):
         return False
     actions.allocated_gpus += jp.gpus
     if starts:
-        _start(actions, v, req, jp, now_s, window_s)
+        _start(actions, v, jp, now_s, window_s)
         return True
-    generation = int(alloc.get("generation", 0))
-    have = {p["metadata"]["name"] for p in v.current}
-    missing = [i for i in range(jp.gpus) if pod_name(req.name, generation, i) not in have]
-    if missing:  # only an unfinished gang's: a complete one's lost worker restarts it
-        cap = cap_annotation(jp.power_cap_w)
-        ws = WorkerSet(
-            generation, jp.gpus, jp.local_batch_size, jp.frequency_mhz, cap, jp.placement
-        )
-        actions.create.append(rendezvous_service(req))
-        actions.create.extend(worker_pods(req, ws, missing))
-    _power_caps(actions, v, jp)
-    changed = int(alloc.get("frequencyMHz", 0)) != jp.frequency_mhz
-    clock = str(jp.frequency_mhz)
-    for pod in v.current:  # also where a pod's value was edited: the plan's clock stands
-        if changed or _annotation(pod, contract.FREQUENCY_ANNOTATION) != clock:
-            _annotate(actions, v, pod, {contract.FREQUENCY_ANNOTATION: clock})
-    if changed:
+    # The plan's clock and cap for the running generation, recorded in its status; the
+    # job controller brings the workers to them (``_converge``).
+    before = v.allocation.clock_mhz
+    if before != jp.frequency_mhz:
         _event(
             actions, v, "Normal", "FrequencyChanged",
-            f"{alloc.get('frequencyMHz')} -> {jp.frequency_mhz} MHz",
+            f"{alloc.get(CLOCK_FIELD)} -> {jp.frequency_mhz} MHz",
         )  # fmt: skip
     nodes = sorted({str(p.get("spec", {}).get("nodeName")) for p in v.current} - {"None"})
-    v.new["allocation"] = dict(alloc, frequencyMHz=jp.frequency_mhz, nodes=nodes)
-    if not missing:  # every worker exists: from now on a missing one is lost
-        v.new["allocation"]["complete"] = True
+    cap = cap_w(jp.power_cap_w)
+    v.new["allocation"] = dict(alloc, nodes=nodes)
+    v.new["allocation"][CLOCK_FIELD] = jp.frequency_mhz
+    v.new["allocation"][CAP_FIELD] = cap
+    complete = v.allocation.complete
+    if not complete:
+        generation = v.allocation.generation
+        have = {p["metadata"]["name"] for p in v.current}
+        complete = all(pod_name(req.name, generation, i) in have for i in range(jp.gpus))
+        if complete:  # every worker exists: from now on a missing one is lost
+            v.new["allocation"]["complete"] = True
+    a = v.allocation  # built whole: ``_replace`` costs twice as much, on every pass
+    v.granted = JobAllocation(
+        a.generation, a.gpus, a.local_batch_size, jp.frequency_mhz, cap, a.block,
+        a.profiling_until_s, complete, a.stopped,
+    )  # fmt: skip
     if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s):
         return True
     if v.new.get("phase") != "Running":
@@ -259,16 +266,6 @@ def _leaving(views: Sequence[_View], actions: Actions, now_s: float) -> dict[Gpu
     return out
 
 
-def _power_caps(actions: Actions, v: _View, jp: JobPlan) -> None:
-    """Each current worker carries the plan's per-GPU power cap
-    (``contract.POWER_LIMIT_ANNOTATION``, which the node agent applies), or none;
-    written or removed only where it differs, so a restarted operator rewrites nothing."""
-    want = cap_annotation(jp.power_cap_w)
-    for pod in v.current:
-        if _annotation(pod, contract.POWER_LIMIT_ANNOTATION) != want:
-            _annotate(actions, v, pod, {contract.POWER_LIMIT_ANNOTATION: want})
-
-
 def _migrates(
     seen: tuple[GpuSlot, ...], jp: JobPlan, claimed: Mapping[GpuSlot, str] | None
 ) -> bool:
@@ -283,29 +280,15 @@ def _migrates(
     return any(owners.get(slot, jp.job_id) != jp.job_id for slot in seen)
 
 
-def _profile_plans(
-    actions: Actions,
-    v: _View,
-    gpus_of: Mapping[str, GpuSpec],
-    default_gpu: GpuSpec,
-    window_s: float,
-    sweep: ClockSweep,
-    now_s: float,
-) -> bool:
-    """Each current worker carries the sweep plan (``sweep``'s clocks over ``window_s``)
-    exactly while the job's profiling window runs (``profile_plan``); written or
-    removed only where it differs, so a restarted operator rewrites nothing. Always
-    True (a ``_Guard`` step)."""
-    alloc = v.new.get("allocation") or v.alloc
-    until = parse_time(alloc.get("profilingUntil"))
-    phase = v.new.get("phase", v.status.get("phase"))
-    profiling = phase == "Profiling" and until is not None and now_s < until
-    for pod in v.current:
-        want = None
-        if profiling:
-            node = pod.get("spec", {}).get("nodeName")
-            gpu = gpus_of.get(node, default_gpu) if isinstance(node, str) else default_gpu
-            want = plan_annotation(gpu, window_s, until, sweep)
-        if _annotation(pod, contract.PROFILE_ANNOTATION) != want:
-            _annotate(actions, v, pod, {contract.PROFILE_ANNOTATION: want})
+def _converge(actions: Actions, v: _View, now_s: float, profiling: Profiling | None) -> bool:
+    """The job controller's writes for the job (``job_controller.converge``), from the
+    allocation the allocator gave it in this pass (``v.granted``, what its status
+    gets), into ``actions``: the creations, and each
+    annotation patch with the deletions when it only lowers power, else after the
+    creations (``_annotate``). Always True (a ``_Guard`` step)."""
+    assert v.req is not None and v.granted is not None
+    writes = converge(v.req, v.granted, v.current, now_s, profiling)
+    actions.create.extend(writes.create)
+    for pod, patch in writes.annotate:
+        _annotate(actions, v, pod, patch)
     return True

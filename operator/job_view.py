@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from powerflow.operator.actions import Actions, Event, Observed
+from powerflow.operator.allocation import JobAllocation, read_allocation
+from powerflow.operator.allocation import count as _count
 from powerflow.operator.bodies import (
     Allocation,
     DLJobStatus,
@@ -32,9 +34,9 @@ class _View:
     """One DLJob during a pass: what was observed, and the status it should get (``new``)."""
 
     __slots__ = (
-        "agent_done_at", "agent_reported", "alloc", "current", "first", "key", "meta", "name",
-        "new", "ns", "obs", "other", "reported", "req", "running", "status", "stopping",
-        "terminating",
+        "agent_done_at", "agent_reported", "alloc", "allocation", "current", "first",
+        "granted", "key", "meta", "name", "new", "ns", "obs", "other", "reported", "req",
+        "running", "status", "stopping", "terminating",
     )  # fmt: skip
 
     def __init__(
@@ -48,6 +50,11 @@ class _View:
         self.key = f"{self.ns}/{self.name}"
         self.status: DLJobStatus = _clean_status(obs.body.get("status"))
         self.alloc: Allocation = self.status.get("allocation") or {}
+        self.allocation: JobAllocation = read_allocation(self.alloc)
+        """``alloc`` read once (``allocation``): what the job's pods were made from."""
+        self.granted: JobAllocation | None = None
+        """What the allocator gives the job in this pass, written into ``new`` as its
+        ``status.allocation`` (``carry_out``); the job controller's input."""
         self.new: dict[str, Any] = {}
         self.req: JobRequest | None = None
         self.current: list[PodBody] = []
@@ -56,7 +63,7 @@ class _View:
         self.reported: int | None = None
         self.first = False  # starts or stops a generation: its status goes before its pods
         self.stopping = False  # old workers still stop: planned, but nothing carried out
-        generation = int(self.alloc.get("generation", 0))
+        generation = self.allocation.generation
         for pod in obs.pods:
             if pod.get("metadata", {}).get("deletionTimestamp"):
                 self.terminating.append(pod)
@@ -70,33 +77,13 @@ class _View:
         """What the agents reported of the current generation (``reported_progress``)."""
         self.agent_done_at = reported[2] if reported and ours else None
         """When that count reached the job's iterations (None: not yet)."""
-        gpus = int(self.alloc.get("gpus", 0))
+        gpus = self.allocation.gpus
         # Every worker of the current allocation runs: profiling and progress count.
         self.running = (
             bool(self.current)
             and len(self.current) == gpus
             and all(_pod_phase(p) == "Running" for p in self.current)
         )
-
-
-def _count(value: Any, default: int = 0) -> int:
-    """A non-negative integer written by someone else (status field, annotation).
-
-    ``default`` for anything else: ``int()`` of a float ``1e400`` (inf) raises
-    ``OverflowError``, of ``"1e400"`` or 5,000 digits ``ValueError``, of a
-    dict ``TypeError``; none of it may stop a pass. Strings of digits count
-    (annotations are strings); values past int64 do not.
-    """
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, int):
-        return value if 0 <= value < 1 << 63 else default
-    if isinstance(value, float):
-        ok = math.isfinite(value) and value.is_integer() and 0 <= value < 2.0**63
-        return int(value) if ok else default
-    if isinstance(value, str) and 0 < len(value) <= 18 and value.isascii() and value.isdigit():
-        return int(value)
-    return default
 
 
 def _clean_status(raw: Any) -> DLJobStatus:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from powerflow.operator.actions import Actions
+from powerflow.operator.allocation import count as _count
 from powerflow.operator.bodies import (
     Condition,
     DLJobBody,
     PodBody,
 )
 from powerflow.operator.job_view import (
-    _count,
     _event,
     _pod_phase,
     _reported_iterations,
@@ -147,14 +147,12 @@ def _lifecycle(
     if _refusal_backoff(actions, v, now_s):
         return False
     if (
-        v.status.get("createRefusals")
-        and v.current
-        and len(v.current) == _count(v.alloc.get("gpus"))
+        v.status.get("createRefusals") and v.current and len(v.current) == v.allocation.gpus
     ):  # the gang got created at last
         v.new.update(createRefusals=None, lastCreateRefusalTime=None)
         conditions = set_condition(conditions, "WorkersCreated", True, "Created", "", now)
         v.new["conditions"] = conditions
-    if v.alloc.get("stopped") is True and v.current:  # stopped; deleting it did not finish
+    if v.allocation.stopped and v.current:  # stopped; deleting it did not finish
         _delete_all(actions, v, req.grace_s)
         if _failure_backoff(actions, v, req, restarts, now_s):
             return False  # as once its workers are gone: not planned while it backs off
@@ -186,7 +184,7 @@ def _lifecycle(
         return False
     annotated = _reported_iterations(v.current, None)
     v.reported = _reported_iterations(v.current, v.agent_reported)
-    gpus = _count(v.alloc.get("gpus"))
+    gpus = v.allocation.gpus
     all_done = bool(v.current) and len(v.current) == gpus
     all_done = all_done and all(_pod_phase(p) == "Succeeded" for p in v.current)
     if (
@@ -327,10 +325,9 @@ def _lost(v: _View, req: JobRequest) -> list[str]:
     was complete a missing worker is one not created yet (a pass that died
     half way), and it is created (``_carry_out``).
     """
-    if v.alloc.get("complete") is not True or v.alloc.get("stopped") is True:
+    if not v.allocation.complete or v.allocation.stopped:
         return []
-    gpus = int(v.alloc.get("gpus", 0))
-    generation = int(v.alloc.get("generation", 0))
+    gpus, generation = v.allocation.gpus, v.allocation.generation
     have = {p["metadata"]["name"] for p in v.current}
     names = [pod_name(req.name, generation, i) for i in range(gpus)]
     return [f"{name} (lost)" for name in names if name not in have]

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from powerflow.operator.allocation import read_allocation
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from powerflow.core.timefmt import parse_time
@@ -138,7 +139,7 @@ class Metrics:
             labels = (s.namespace, s.name)
             seen.add(labels)
             self.job_gpus.labels(*labels).set(s.gpus)
-            self.job_frequency.labels(*labels).set(s.frequency_mhz * 1e6)
+            self.job_frequency.labels(*labels).set(s.clock_mhz * 1e6)
             self.job_iterations.labels(*labels).set(s.iterations)
             if s.fit_error_percent is not None:
                 self.job_fit_error.labels(*labels).set(s.fit_error_percent / 100.0)
@@ -158,7 +159,7 @@ class JobSeries:
     namespace: str
     name: str
     gpus: int
-    frequency_mhz: int
+    clock_mhz: int
     iterations: int
     fit_error_percent: float | None
     completion_s: float | None
@@ -182,7 +183,7 @@ def job_series(
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         status = {**(body.get("status") or {}), **patched.get(key, {})}
-        allocation = _mapping(status.get("allocation"))
+        allocation = read_allocation(status.get("allocation"))
         progress = _mapping(status.get("progress"))
         model = _mapping(status.get("model"))
         completion_s = None
@@ -197,8 +198,8 @@ def job_series(
             JobSeries(
                 namespace=key[0],
                 name=key[1],
-                gpus=int(_number(allocation.get("gpus")) or 0),
-                frequency_mhz=int(_number(allocation.get("frequencyMHz")) or 0),
+                gpus=allocation.gpus,
+                clock_mhz=allocation.clock_mhz,
                 iterations=int(_number(progress.get("iterations")) or 0),
                 fit_error_percent=error,
                 completion_s=completion_s,

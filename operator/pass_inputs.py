@@ -23,7 +23,7 @@ class PassSettings:
     profiling_window_s: float = DEFAULT_PROFILING_WINDOW_S
     """A job profiles a GPU count it has not run on for this long."""
     profile_sweep: ClockSweep = PAPER_SWEEP
-    """The clocks its workers sweep meanwhile (``_profile_plans``)."""
+    """The clocks its workers sweep meanwhile (``job_controller.converge``)."""
     progress_interval_s: float = 0.0
     """Progress and energy are written at most this often per job (``_account_all``)."""
 

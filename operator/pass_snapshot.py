@@ -8,11 +8,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from powerflow.operator.allocation import count as _count
 from powerflow.operator.bodies import (
     PodBody,
 )
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.job_view import _annotation, _count, _placement, _View
+from powerflow.operator.job_view import _annotation, _placement, _View
 from powerflow.operator.jobs import (
     JobRequest,
 )
@@ -23,7 +24,6 @@ from powerflow.core import contract
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.policy.buddy import is_aligned_block
 from powerflow.core.policy.snapshot import GpuSlot, Job, Node, Snapshot
-from powerflow.core.timefmt import parse_time
 
 ModelFactory = Callable[[JobRequest], PerfModel]
 
@@ -35,15 +35,11 @@ def _profiled(v: _View) -> list[int]:
     return sorted({_count(n) for n in raw} - {0})
 
 
-def _profiling_until(v: _View) -> float | None:
-    return parse_time(v.alloc.get("profilingUntil"))
-
-
 def _is_profiling(v: _View, now_s: float) -> bool:
     """The current allocation is profiling and its window has not ended."""
     if not v.current or v.status.get("phase") != "Profiling":
         return False
-    until = _profiling_until(v)
+    until = v.allocation.profiling_until_s
     return until is None or now_s < until
 
 
@@ -58,12 +54,12 @@ def _core_job(
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current) and not v.stopping
-    frequency = v.alloc.get("frequencyMHz") if running else None
+    clock_mhz = (v.allocation.clock_mhz or None) if running else None
     placement = _placement(v.current, sizes) if running else ()
     # Measured where it runs now (same GPUs per node and local batch), or not at all.
     if measured is not None and placement:
         nodes = Counter(node for node, _ in placement)
-        here = (len(placement), max(nodes.values()), int(v.alloc.get("localBatchSize", 0)))
+        here = (len(placement), max(nodes.values()), v.allocation.local_batch_size)
         if here != (measured.n, measured.gpus_per_node, measured.local_batch_size):
             measured = None
     else:
@@ -80,12 +76,12 @@ def _core_job(
         max_gpus=req.max_gpus,
         max_local_batch_size=req.max_local_batch_size,
         placement=placement,
-        frequency_mhz=None if frequency is None else int(frequency),
+        frequency_mhz=clock_mhz,
         model_name=req.model_name,
         # The policy may only keep GPUs it knows: pinning needs the extender's placement.
         pinned=bool(placement) and _is_profiling(v, now_s),
         measured_power_w=measured.watts if measured is not None else None,
-        measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
+        measured_frequency_mhz=measured.clock_mhz if measured is not None else None,
         profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
         power_cap_w=_current_cap(v.current) if running else None,
     )

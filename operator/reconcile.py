@@ -4,9 +4,11 @@
 job's lifecycle (invalid, failed, backing off, done: ``lifecycle``), builds the
 core snapshot of the runnable ones (a job whose old workers still stop among
 them: it is planned, and started once they are gone, ``_stopping``;
-``pass_snapshot``), asks the policy for a plan and turns the plan into pod
-creations, graceful deletions, annotation updates, status patches and events
-(``carry_out``, ``pass_progress``; what a pass wants done is an ``Actions``).
+``pass_snapshot``), asks the policy for a plan and writes each job's allocation into its
+status (``carry_out``); the job controller brings each job's pods to that
+allocation (``job_controller.converge``: creations and annotation updates), and
+graceful deletions, status patches and events follow (``pass_progress``; what a
+pass wants done is an ``Actions``).
 This module holds the order of those steps and the guard around each job's.
 It holds no state: what it needs to remember lives in DLJob status and pod
 names and annotations, so a restarted operator carries on where it stopped
@@ -24,7 +26,7 @@ is a scheduling event (``Actions.wake_at_s``) after which it is ``Running``
 and the count is in ``status.model.profiledGpuCounts``. While the window
 runs, the workers carry the sweep plan for the node agent
 (``contract.PROFILE_ANNOTATION``, ``profile_plan``); it is removed when the
-window ends (``_profile_plans``).
+window ends (``job_controller.converge``).
 
 Learning. The caller passes what the online refit knows (``learned``: the
 ``status.model`` fields per job, from ``learning.SampleStore``); reconcile
@@ -78,7 +80,8 @@ from typing import Any
 
 from powerflow.operator.actions import Actions, Observed
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.carry_out import _carry_out, _leaving, _profile_plans
+from powerflow.operator.carry_out import _carry_out, _converge, _leaving
+from powerflow.operator.job_controller import Profiling
 from powerflow.operator.job_view import _event, _set_phase, _View
 from powerflow.operator.jobs import (
     object_generation,
@@ -231,6 +234,7 @@ def reconcile(
             )
             held = []
             gpus_of = {n.name: n.gpu for n in nodes}
+            sweep = Profiling(profiling_window_s, profile_sweep, gpus_of, nodes[0].gpu)
             # Jobs with workers first, so that a job that starts knows which GPUs this
             # pass frees (``_wait_for_room``); computed once, at the first start: only
             # jobs with workers delete in this loop, and ``_lifecycle`` deleted before it.
@@ -254,17 +258,7 @@ def reconcile(
                     seen,
                     claimed,
                     leaving,
-                ) and guard.run(
-                    v,
-                    _profile_plans,
-                    actions,
-                    v,
-                    gpus_of,
-                    nodes[0].gpu,
-                    profiling_window_s,
-                    profile_sweep,
-                    now_s,
-                ):
+                ) and guard.run(v, _converge, actions, v, now_s, sweep):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
             held = [(v, jp) for v, jp in held if v.key not in guard.failed]

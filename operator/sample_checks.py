@@ -45,7 +45,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from powerflow.operator.job_view import _annotation, _count, _generation
+from powerflow.operator.allocation import count as _count
+from powerflow.operator.job_view import _annotation, _generation
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.nodes import gpu_of
 

@@ -144,7 +144,7 @@ class SimNode:
         if not self.lock:
             return
         for key, view in self.pods.items():
-            clock = self.telemetry.clock_for(key) or view.frequency_mhz
+            clock = self.telemetry.clock_for(key) or view.clock_mhz
             assert clock is not None
             for g in self.gpus_of[key]:
                 if self.locked.get(g) != clock:

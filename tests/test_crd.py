@@ -10,6 +10,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from powerflow.operator.allocation import JobAllocation, status_fields
 from powerflow.operator.jobs import BOUNDS
 from support.crd_schema import crd_validator
 
@@ -128,6 +129,32 @@ def test_status_holds_the_profiling_fields(validator: jsonschema.Draft4Validator
     assert validator.is_valid(doc | {"status": status})
     status["model"] = {"profiledGpuCounts": [0]}
     assert not validator.is_valid(doc | {"status": status})
+
+
+def test_status_holds_the_allocation_the_job_controller_reads(
+    validator: jsonschema.Draft4Validator,
+) -> None:
+    """What the allocator writes into ``status.allocation`` (``status_fields``) is in
+    the schema: an API server would prune a field it lacks, and the job controller
+    would then take the cap or the planned block away from the pods."""
+    doc = load(EXAMPLES[0])
+    granted = JobAllocation(3, 4, 16, 1200, 212.3, (("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)))
+    allocation = status_fields(granted) | {"nodes": ["n1", "n2"], "complete": True}
+    assert validator.is_valid(doc | {"status": {"allocation": allocation}})
+    # No cap, no block: null in the merge patch, so absent from the stored status.
+    bare = {k: v for k, v in status_fields(JobAllocation()).items() if v is not None}
+    assert set(bare) == {"gpus", "frequencyMHz", "localBatchSize", "generation"}
+    assert validator.is_valid(doc | {"status": {"allocation": bare}})
+    schema = load(CRD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    block = schema["properties"]["status"]["properties"]["allocation"]["properties"]["block"]
+    assert block["maxItems"] == BOUNDS["gpus.max"][1]  # one GPU a worker
+    for bad in (
+        {"powerCapWatts": 0},
+        {"block": [{"node": "n1"}]},
+        {"block": [{"node": "n1", "gpu": -1}]},
+        {"clockMhz": 1200},  # not a field: the clock is frequencyMHz
+    ):
+        assert not validator.is_valid(doc | {"status": {"allocation": allocation | bad}}), bad
 
 
 def _spec_integers(node: dict[str, Any], path: str = "") -> dict[str, dict[str, Any]]:

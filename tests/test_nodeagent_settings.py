@@ -107,7 +107,7 @@ def _body(view: PodView) -> dict[str, Any]:
             "namespace": view.namespace,
             "name": view.name,
             "labels": {contract.JOB_LABEL: view.job},
-            "annotations": {contract.FREQUENCY_ANNOTATION: str(view.frequency_mhz)},
+            "annotations": {contract.FREQUENCY_ANNOTATION: str(view.clock_mhz)},
         },
         "spec": {"nodeName": view.node},
     }
