@@ -242,19 +242,50 @@ def test_closing_lines_print_the_bound_the_window_budgets_and_one_line_per_basel
     assert len([line for line in lines if line.startswith("- ")]) == 2
 
 
-def test_terminal_table_shows_budget_watts_and_the_sensitivity_value() -> None:
+def test_terminal_table_shows_the_sensitivity_value_p95_and_time_above_the_limit() -> None:
     row = {
         **_row("powerflow", 10, 4.0, eta=0.6),
-        "limit_watts": 92160.0,
+        "p95_jct_s": 9 * 3600.0,
         "window_energy_j": 5 * GJ,
+        "time_above_limit_s": 1800.0,
         "x": 300.0,
     }
     console = Console(record=True, width=250)
     console.print(results_table([row], "t", value=("x", "interval (s)")))
     text = console.export_text()
-    assert "budget W" in text and "92,160" in text
     assert "interval (s)" in text and "300" in text
-    assert "in window GJ" in text and "5.00" in text
+    assert "win GJ" in text and "5.00" in text
+    assert "p95 h" in text and "9.00" in text
+    assert "over h" in text and "0.50" in text
+    assert "powerflow eta 0.6" in text
+
+
+def test_a_comparisons_terminal_table_fits_80_columns() -> None:
+    """The longest run names the comparison has, with numbers of its widths."""
+    rows = [
+        {
+            **_row(name, 42.58, 11.12, **knob),
+            "oracle": oracle,
+            **({"priors": "recurring"} if recurring else {}),
+            "p95_jct_s": 123.45 * 3600,
+            "window_energy_j": 40.0 * GJ,
+            "time_above_limit_s": 2.7 * 3600,
+            "gpu_utilisation": 0.87,
+        }
+        for name, knob, oracle, recurring in (
+            ("powerflow+", {"eta": 0.6}, False, True),
+            ("powerflow+", {"eta": 0.6}, True, False),
+            ("tiresias+zeus", {}, False, False),
+            ("tiresias", {"frequency_mhz": 1410}, False, False),
+        )
+    ]
+    console = Console(record=True, width=80)
+    console.print(results_table(rows, "a title"))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    for cell in ("123.45", "42.58", "40.00", "2.70", "0.87", "11.12"):
+        assert cell in text  # no number cut to fit
 
 
 def test_jct_vs_energy_labels_every_point_with_distinct_styles() -> None:
