@@ -1,7 +1,10 @@
 """Faults on the twin, with nothing lost (``docs/twin.md``, "Faults").
 
+One run of a mini trace takes both kinds of process fault (one twin boot, the faults
+at seeded moments):
+
 - The operator killed 8 times (SIGKILL and SIGTERM, at seeded random moments) during
-  a mini trace (``tests/test_operator_restarts.py`` restarts it 20 times against the
+  the trace (``tests/test_operator_restarts.py`` restarts it 20 times against the
   emulator in a fraction of the time; this one kills the real process, so what only a
   kill shows is checked: a SIGKILL mid-write, a SIGTERM's shutdown, a kill during
   start-up, the Lease taken back, workers resumed from their checkpoints): every job
@@ -9,7 +12,7 @@
   watch of every pod event), no job's progress goes back
   (the DLJob's ``status.progress.iterations`` never decreases; every restart of a
   worker trains from the job's last checkpoint, and no iteration reached is lost).
-- The extender killed while a gang is partly bound, and started again: the rest of
+- The extender killed while a gang is partly bound (3 times), and started again: the rest of
   the gang goes to the block its first pods were bound to (the reservation rebuilt
   from the cluster), no GPU is held by two gangs at once (the extender's placement
   blocks of the live pods, and the GPU the kubelet gave each worker), the gang runs
@@ -29,6 +32,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -54,14 +58,75 @@ KILLS_EACH = 4
 """SIGKILLs, and as many SIGTERMs: a crash loop's kills at start-up and kills of an
 operator at work both come up in the seeded order (the emulator's restart test does
 the counting of many restarts)."""
+EXTENDER_KILLS = 3
+"""The extender's SIGKILLs, each while a gang is partly bound."""
+EXTENDER_SPACING_S = 5.0
+"""A restarted extender binds for this long before it may be killed again."""
+
+
+@dataclass
+class ExtenderKills:
+    """The extender SIGKILLed while a gang is partly bound and started again, from the
+    thread that started it (``during``), and the kubelet's GPU of each worker checked
+    against its pod's block all along (``outside``)."""
+
+    twin: Twin
+    watch: Watch
+    restarts: list[str] = field(default_factory=list)
+    """The live pods at each kill."""
+    outside: list[str] = field(default_factory=list)
+    """Workers given a GPU outside their pod's block."""
+    last_s: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.checker = threading.Thread(target=self._workers, daemon=True)
+        self.checker.start()
+
+    def _workers(self) -> None:
+        """The kubelet's GPU for each worker, against its pod's block."""
+        assert self.twin.kubelet is not None
+        while not self.done.wait(0.2):
+            for w in list(self.twin.kubelet.workers.values()):
+                pod = self.watch.live.get(w.pod)
+                held = block(pod) if pod is not None else None
+                if held is not None and (w.node, w.gpu) not in held:
+                    self.outside.append(f"{w.pod} on {w.node} GPU {w.gpu}, block {held}")
+
+    def during(self, seconds: float) -> None:
+        """Wait ``seconds`` (at least), restarting the extender whenever a gang is seen
+        partly bound, up to ``EXTENDER_KILLS`` times, ``EXTENDER_SPACING_S`` apart."""
+        extender = self.twin.extender
+        assert extender is not None
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            wanted = len(self.restarts) < EXTENDER_KILLS
+            if not wanted or time.monotonic() - self.last_s < EXTENDER_SPACING_S:
+                time.sleep(min(left, 0.2))
+            elif self.watch.partial.wait(min(left, 0.2)):
+                assert extender.proc is not None
+                extender.signal(signal.SIGKILL)
+                extender.proc.wait(60)
+                self.restarts.append(", ".join(sorted(self.watch.live)))
+                extender.start(timeout_s=300)
+                self.last_s = time.monotonic()
+
+    def close(self) -> None:
+        self.done.set()
+        self.checker.join(30)
 
 
 @pytest.mark.timeout(900)
-def test_operator_killed_8_times_loses_nothing(tmp_path: Path) -> None:
+def test_operator_killed_8_times_and_extender_restarted_mid_gang_lose_nothing(
+    tmp_path: Path,
+) -> None:
     """8 kills of the operator (4 SIGKILL, 4 SIGTERM, seeded order and moments: one in
-    four 0.5-3 s after it serves, the others 0-8 s after it was launched) while
-    8 short jobs of the default trace run on 8 GPUs: all succeed, every slot's pod was
-    created once, and no job went back in progress."""
+    four 0.5-3 s after it serves, the others 0-8 s after it was launched) and 3 of the
+    extender (SIGKILL while a gang is partly bound, started again; 5 s apart at least)
+    while 8 short jobs of the default trace run on 8 GPUs: all succeed, every slot's pod
+    was created once, no job went back in progress; each gang's pods all carry the one
+    block (its reservation, rebuilt by each new extender from the pods already bound),
+    no two live gangs hold one GPU, and every worker got a GPU of its block."""
     scale = TimeScale(0.02)
     jobs = mini_trace(8, scale, max_duration_s=3000)
     rng = random.Random(SEED)
@@ -69,14 +134,16 @@ def test_operator_killed_8_times_loses_nothing(tmp_path: Path) -> None:
     rng.shuffle(signals)
     kills: list[tuple[float, str]] = []
     with Twin(tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED) as twin:
-        operator = twin.operator
+        operator, extender = twin.operator, twin.extender
         assert operator is not None and operator.proc is not None
+        assert extender is not None and twin.kubelet is not None
         # One replica under a stable name (a StatefulSet's pod name, or --leader-identity
         # given): a restarted operator takes its own Lease back at once, where a new name
         # waits for a SIGKILLed leader's Lease to expire (60 s here, at every kill).
         operator.args += ["--leader-identity", "twin-operator"]
         watch = Watch(twin.url)
         progress = ProgressLog(twin)
+        extender_kills = ExtenderKills(twin, watch)
 
         began = time.monotonic()
         # The faults come from this thread and the trace runs in another: a child
@@ -90,7 +157,7 @@ def test_operator_killed_8_times_loses_nothing(tmp_path: Path) -> None:
                         pause = rng.uniform(0.5, 3.0)
                     else:  # any moment of its life, its start-up included (a crash loop)
                         pause = rng.uniform(0.0, 8.0)
-                    time.sleep(pause)
+                    extender_kills.during(pause)
                     if running.done():
                         break
                     operator.signal(sig)
@@ -98,19 +165,24 @@ def test_operator_killed_8_times_loses_nothing(tmp_path: Path) -> None:
                     kills.append((time.monotonic(), signal.Signals(sig).name))
                     operator.launch()
                 operator.wait_ready(timeout_s=300)
+                while len(extender_kills.restarts) < EXTENDER_KILLS and not running.done():
+                    extender_kills.during(1.0)
                 result = running.result()
             finally:
+                extender_kills.close()
                 watch.close()
                 progress.close()
         took = time.monotonic() - began
         final = job_progress(twin)
-        assert twin.kubelet is not None
         stats = twin.kubelet.stats
+        binds = twin.scheduler.stats.bound if twin.scheduler is not None else 0
     kills_in_run = sum(1 for at, _ in kills if at - began <= took)
+    restarts = extender_kills.restarts
     print(
         f"kills {len(kills)} ({kills_in_run} during the run), run {took:.0f} s, "
         f"workers started {stats.started}, checkpoints {stats.checkpoints}, "
-        f"lost iterations {stats.lost_iterations}, operator starts {operator.starts}"
+        f"lost iterations {stats.lost_iterations}, operator starts {operator.starts}; "
+        f"extender restarts {len(restarts)}, binds {binds}, gangs {len(watch.blocks)}"
     )
     assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
     assert len(kills) == 2 * KILLS_EACH, f"only {len(kills)} kills before the trace ended"
@@ -124,61 +196,10 @@ def test_operator_killed_8_times_loses_nothing(tmp_path: Path) -> None:
         seen = progress.seen.get(job.name, [])
         assert seen == sorted(seen), f"{job.name}'s progress went back: {seen}"
         assert final[job.name] == job.job.iterations
-
-
-@pytest.mark.timeout(600)
-def test_extender_restarted_mid_gang_rebuilds_its_reservations(tmp_path: Path) -> None:
-    """The extender SIGKILLed while a gang is partly bound (up to 3 times), started
-    again: each gang's pods all carry the one block (its reservation, rebuilt by the
-    new process from the pods already bound), no two live gangs hold one GPU, every
-    worker got a GPU of its block, and the jobs succeed."""
-    scale = TimeScale(0.02)
-    jobs = mini_trace(3, scale, max_duration_s=3000)
-    restarts: list[str] = []
-    done = threading.Event()
-    with Twin(tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED) as twin:
-        extender = twin.extender
-        assert extender is not None and twin.kubelet is not None
-        watch = Watch(twin.url)
-        outside: list[str] = []
-
-        def workers() -> None:
-            """The kubelet's GPU for each worker, against its pod's block."""
-            assert twin.kubelet is not None
-            while not done.wait(0.2):
-                for w in list(twin.kubelet.workers.values()):
-                    pod = watch.live.get(w.pod)
-                    held = block(pod) if pod is not None else None
-                    if held is not None and (w.node, w.gpu) not in held:
-                        outside.append(f"{w.pod} on {w.node} GPU {w.gpu}, block {held}")
-
-        checker = threading.Thread(target=workers, daemon=True)
-        checker.start()
-        # Restarts from this thread (a child dies with the thread that started it).
-        with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(twin.run, jobs, timeout_s=450)
-            try:
-                while len(restarts) < 3 and not running.done():
-                    if not watch.partial.wait(1.0):
-                        continue
-                    assert extender.proc is not None
-                    extender.signal(signal.SIGKILL)
-                    extender.proc.wait(60)
-                    restarts.append(", ".join(sorted(watch.live)))
-                    extender.start(timeout_s=300)
-                    time.sleep(5.0)
-                result = running.result()
-            finally:
-                done.set()
-                checker.join(30)
-                watch.close()
-        binds = twin.scheduler.stats.bound if twin.scheduler is not None else 0
-    print(f"extender restarts {len(restarts)}, binds {binds}, gangs {len(watch.blocks)}")
-    assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
     assert restarts, "no gang was ever seen partly bound"
     assert extender.starts == len(restarts) + 1
     assert watch.overlaps == []
-    assert outside == []
+    assert extender_kills.outside == []
     split = {gang: blocks for gang, blocks in watch.blocks.items() if len(blocks) > 1}
     assert split == {}, f"gangs bound to more than one block: {split}"
 
