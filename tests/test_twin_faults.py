@@ -1,7 +1,7 @@
 """Faults on the twin, with nothing lost (``docs/twin.md``, "Faults").
 
-One run of a mini trace takes both kinds of process fault (one twin boot, the faults
-at seeded moments):
+One run of a mini trace takes the process faults and the API server's (one twin
+boot, every fault seeded):
 
 - The operator killed 8 times (SIGKILL and SIGTERM, at seeded random moments) during
   the trace (``tests/test_operator_restarts.py`` restarts it 20 times against the
@@ -17,6 +17,18 @@ at seeded moments):
   from the cluster), no GPU is held by two gangs at once (the extender's placement
   blocks of the live pods, and the GPU the kubelet gave each worker), the gang runs
   to completion.
+- The API server's faults, from the trace's start to its end: the twin's API server
+  (a process of its own, started with ``--fault-control``) gets its fault rules
+  through ``/_twin/faults`` (``apiserver.FaultControl``): 409 conflicts, 429 with
+  ``Retry-After``, 500s before and after a committed write, watches that end with a
+  410 ``ERROR`` event, and answers seconds late, each with a seeded probability,
+  aimed at the product's clients only (by ``User-Agent``: the operator's two,
+  ``powerflow-operator/*`` and ``kopf/*``, the node agents' ``powerflow-nodeagent/*``
+  and the extender's ``powerflow-extender/*``); the twin's own kubelet, scheduler and
+  user (``twin-*``) and the test's observers are spared, as a test of the product
+  must not test the stand-ins. Each kind answered requests of the product
+  (``hits``), so the test cannot pass with nothing injected; no gang stays partly
+  bound past the extender's reservation TTL.
 - The watch behind these checks, on its own: it does see a slot created twice, a GPU
   in two gangs' blocks and a partly bound gang.
 
@@ -31,6 +43,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +51,14 @@ from pathlib import Path
 import httpx
 import pytest
 from support.twin_checks import (
+    OBSERVER,
+    RESERVATION_TTL_S,
     SEED,
     Obj,
+    PartialGangs,
     ProgressLog,
     Watch,
+    api_fault_kinds,
     bad_resumes,
     block,
     eventually,
@@ -49,7 +66,7 @@ from support.twin_checks import (
 )
 
 from powerflow.core import contract
-from powerflow.lab.twin.apiserver import ApiServer
+from powerflow.lab.twin.apiserver import ApiServer, FaultControl
 from powerflow.lab.twin.harness import Twin
 from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import mini_trace
@@ -117,33 +134,43 @@ class ExtenderKills:
 
 
 @pytest.mark.timeout(900)
-def test_operator_killed_8_times_and_extender_restarted_mid_gang_lose_nothing(
+def test_operator_kills_extender_restarts_and_api_faults_in_one_run_lose_nothing(
     tmp_path: Path,
 ) -> None:
     """8 kills of the operator (4 SIGKILL, 4 SIGTERM, seeded order and moments: one in
-    four 0.5-3 s after it serves, the others 0-8 s after it was launched) and 3 of the
+    four 0.5-3 s after it serves, the others 0-8 s after it was launched), 3 of the
     extender (SIGKILL while a gang is partly bound, started again; 5 s apart at least)
+    and the API server's faults (every kind, seeded, from the trace's start to its end)
     while 8 short jobs of the default trace run on 8 GPUs: all succeed, every slot's pod
     was created once, no job went back in progress; each gang's pods all carry the one
     block (its reservation, rebuilt by each new extender from the pods already bound),
-    no two live gangs hold one GPU, and every worker got a GPU of its block."""
+    no two live gangs hold one GPU, every worker got a GPU of its block, no gang stayed
+    partly bound past the reservation's TTL; and every kind of API fault was served to
+    the product (a count per kind)."""
     scale = TimeScale(0.02)
     jobs = mini_trace(8, scale, max_duration_s=3000)
     rng = random.Random(SEED)
     signals = [signal.SIGKILL] * KILLS_EACH + [signal.SIGTERM] * KILLS_EACH
     rng.shuffle(signals)
     kills: list[tuple[float, str]] = []
-    with Twin(tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED) as twin:
+    by_kind = api_fault_kinds()
+    with Twin(
+        tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED, fault_control=True
+    ) as twin:
         operator, extender = twin.operator, twin.extender
         assert operator is not None and operator.proc is not None
-        assert extender is not None and twin.kubelet is not None
+        assert extender is not None and twin.kubelet is not None and twin.client is not None
         # One replica under a stable name (a StatefulSet's pod name, or --leader-identity
         # given): a restarted operator takes its own Lease back at once, where a new name
         # waits for a SIGKILLed leader's Lease to expire (60 s here, at every kill).
         operator.args += ["--leader-identity", "twin-operator"]
+        control = FaultControl(twin.client)
         watch = Watch(twin.url)
-        progress = ProgressLog(twin)
+        watch.client.headers.update(OBSERVER)  # its first list is done: the rest is spared
+        progress = ProgressLog(twin)  # reads through twin.client: twin-harness, spared
+        partial = PartialGangs(watch)
         extender_kills = ExtenderKills(twin, watch)
+        control.inject(*(rule for rules in by_kind.values() for rule in rules), seed=SEED)
 
         began = time.monotonic()
         # The faults come from this thread and the trace runs in another: a child
@@ -168,8 +195,10 @@ def test_operator_killed_8_times_and_extender_restarted_mid_gang_lose_nothing(
                 while len(extender_kills.restarts) < EXTENDER_KILLS and not running.done():
                     extender_kills.during(1.0)
                 result = running.result()
+                served = control.clear()
             finally:
                 extender_kills.close()
+                partial.close()
                 watch.close()
                 progress.close()
         took = time.monotonic() - began
@@ -178,11 +207,17 @@ def test_operator_killed_8_times_and_extender_restarted_mid_gang_lose_nothing(
         binds = twin.scheduler.stats.bound if twin.scheduler is not None else 0
     kills_in_run = sum(1 for at, _ in kills if at - began <= took)
     restarts = extender_kills.restarts
+    hits: Counter[str] = Counter()
+    position = 0
+    for kind, rules in by_kind.items():
+        hits[kind] += sum(answered["hits"] for answered in served[position : position + len(rules)])
+        position += len(rules)
     print(
         f"kills {len(kills)} ({kills_in_run} during the run), run {took:.0f} s, "
         f"workers started {stats.started}, checkpoints {stats.checkpoints}, "
         f"lost iterations {stats.lost_iterations}, operator starts {operator.starts}; "
-        f"extender restarts {len(restarts)}, binds {binds}, gangs {len(watch.blocks)}"
+        f"extender restarts {len(restarts)}, binds {binds}, gangs {len(watch.blocks)}; "
+        f"API faults served {dict(hits)}; longest partly bound gang {partial.longest_s:.1f} s"
     )
     assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
     assert len(kills) == 2 * KILLS_EACH, f"only {len(kills)} kills before the trace ended"
@@ -202,6 +237,10 @@ def test_operator_killed_8_times_and_extender_restarted_mid_gang_lose_nothing(
     assert extender_kills.outside == []
     split = {gang: blocks for gang, blocks in watch.blocks.items() if len(blocks) > 1}
     assert split == {}, f"gangs bound to more than one block: {split}"
+    assert partial.longest_s < RESERVATION_TTL_S, f"a gang partly bound {partial.longest_s} s"
+    assert len(served) == sum(len(rules) for rules in by_kind.values())
+    missing = [kind for kind in by_kind if hits[kind] == 0]
+    assert not missing, f"API fault kinds never served: {missing} ({dict(hits)})"
 
 
 def _pod(name: str, world: int, node: str | None = None, block: str | None = None) -> Obj:
