@@ -279,14 +279,14 @@ class _Decision:
         # lowest of them are never read: the clock phase and the pricing work
         # on columns ``low ..`` (the same floats, shifted; see raise_clocks).
         low = min(start, default=0)
-        jct_m, energy_m, power_m = self.curves.matrices(row_idx, low)
-        matrices = (jct_m, energy_m, self.fix.matrix(row_idx, power_m))
+        matrices = self.curves.matrices(row_idx, low)
+        matrices = matrices._replace(power=self.fix.matrix(row_idx, matrices.power))
         columns = start
         raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         predicted = alloc.power_w
         if self.policy.frequency_scaling:
             result = raise_clocks(
-                *matrices,
+                matrices,
                 [c - low for c in start],
                 [(jobs[i].arrival_s, jobs[i].id) for i in running],
                 alloc.power_w,
@@ -299,7 +299,7 @@ class _Decision:
             # Shifted back by ``low`` only where the undo loop reads one (rarely).
             raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
-        priced = _Power(matrices[2], low)
+        priced = _Power(matrices.power, low)
         return self._place(rows, running, row_idx, priced, columns, raises, predicted, plan_limit)
 
     def _place(
