@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from powerflow.core.learning import Knowledge
-from powerflow.core.models.protocol import PerfModel
+from powerflow.core.models.protocol import FloatArray, PerfModel
 from powerflow.core.models.samples import Samples
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan
 from powerflow.lab.sim.trace import TraceJob
@@ -26,8 +28,10 @@ class Phase(enum.Enum):
 HOLDING = frozenset({Phase.RESTART, Phase.PROFILE, Phase.RUN})
 COMPUTING = frozenset({Phase.PROFILE, Phase.RUN})
 
+BoolArray = npt.NDArray[np.bool_]
 
-class JobArrays:
+
+class JobArrays(NamedTuple):
     """The per-job numbers the engine updates at every event, one array each.
 
     Between events the engine advances progress, energy and held time of all
@@ -35,23 +39,43 @@ class JobArrays:
     columns (``powerflow.lab.sim.kernels``) instead of Python attribute access per
     job; they do each job's float operations in the same order, so its numbers
     are the very floats a per-job Python loop gives. ``SimJob`` exposes its
-    row as plain attributes for everything else.
+    row as plain attributes for everything else. A ``NamedTuple`` because the
+    compiled loops take it whole, as one argument (numba passes it as a
+    struct of the arrays); ``sized`` makes one.
     """
 
-    def __init__(self, size: int) -> None:
-        self.done = np.zeros(size)  # iterations done
-        self.energy = np.zeros(size)  # J while computing (pre-run apart)
-        self.attained = np.zeros(size)  # GPU-seconds held
-        self.run_s = np.zeros(size)  # seconds held
-        self.share = np.ones(size)  # time share of its GPUs (time-slicing)
-        self.step = np.full(size, np.inf)  # s per iteration at its current rates
-        self.power = np.zeros(size)  # W of all its GPUs while computing
-        self.n = np.zeros(size)  # GPUs held, as a float
-        self.iterations = np.zeros(size)
-        self.phase_end = np.full(size, np.inf)
-        self.next_event = np.full(size, np.inf)
-        self.completion = np.zeros(size, dtype=bool)  # the next event is its completion
-        self.computing = np.zeros(size, dtype=bool)
+    done: FloatArray  # iterations done
+    energy: FloatArray  # J while computing (pre-run apart)
+    attained: FloatArray  # GPU-seconds held
+    run_s: FloatArray  # seconds held
+    share: FloatArray  # time share of its GPUs (time-slicing)
+    step: FloatArray  # s per iteration at its current rates
+    power: FloatArray  # W of all its GPUs while computing
+    n: FloatArray  # GPUs held, as a float
+    iterations: FloatArray
+    phase_end: FloatArray
+    next_event: FloatArray
+    completion: BoolArray  # the next event is its completion
+    computing: BoolArray
+
+    @classmethod
+    def sized(cls, size: int) -> JobArrays:
+        """Arrays for ``size`` jobs that hold no GPUs and have done nothing yet."""
+        return cls(
+            done=np.zeros(size),
+            energy=np.zeros(size),
+            attained=np.zeros(size),
+            run_s=np.zeros(size),
+            share=np.ones(size),
+            step=np.full(size, np.inf),
+            power=np.zeros(size),
+            n=np.zeros(size),
+            iterations=np.zeros(size),
+            phase_end=np.full(size, np.inf),
+            next_event=np.full(size, np.inf),
+            completion=np.zeros(size, dtype=bool),
+            computing=np.zeros(size, dtype=bool),
+        )
 
 
 def _column(name: str, doc: str) -> property:

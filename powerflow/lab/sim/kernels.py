@@ -8,8 +8,8 @@ fused or reordered arithmetic): the results are the very floats of a plain
 Python loop over the jobs (tests/test_sim_fastpaths.py checks against one).
 
 ``held`` is the holders' rows in the engine's ``_holders`` order,
-``computing`` the rows of those that compute; every other argument is a
-column of ``JobArrays``.
+``computing`` the rows of those that compute; ``a`` is the engine's
+``JobArrays``, whose columns the loops read and write.
 """
 
 from __future__ import annotations
@@ -19,24 +19,15 @@ import math
 import numpy as np
 
 from powerflow.core.jit import njit
+from powerflow.lab.sim.jobs import JobArrays
 
 
 @njit
-def advance(
-    held: np.ndarray,
-    computing: np.ndarray,
-    dt: float,
-    n: np.ndarray,
-    share: np.ndarray,
-    step: np.ndarray,
-    power: np.ndarray,
-    attained: np.ndarray,
-    run_s: np.ndarray,
-    done: np.ndarray,
-    energy: np.ndarray,
-) -> None:
+def advance(held: np.ndarray, computing: np.ndarray, dt: float, a: JobArrays) -> None:
     """``dt`` seconds on: held time of every holder, work and energy of
     every computing one (its share of its GPUs at its current rates)."""
+    n, share, step, power = a.n, a.share, a.step, a.power
+    attained, run_s, done, energy = a.attained, a.run_s, a.done, a.energy
     for i in held:
         attained[i] += n[i] * dt
         run_s[i] += dt
@@ -46,11 +37,10 @@ def advance(
 
 
 @njit
-def draw(
-    computing: np.ndarray, share: np.ndarray, power: np.ndarray, n: np.ndarray
-) -> tuple[float, float]:
+def draw(computing: np.ndarray, a: JobArrays) -> tuple[float, float]:
     """(active watts, busy GPUs) of the computing jobs, each the sum of the
     jobs' shares of their terms added one by one in ``computing`` order."""
+    share, power, n = a.share, a.power, a.n
     active_w = 0.0
     busy = 0.0
     for i in computing:
@@ -60,21 +50,12 @@ def draw(
 
 
 @njit
-def next_events(
-    held: np.ndarray,
-    computing: np.ndarray,
-    now: float,
-    phase_end: np.ndarray,
-    iterations: np.ndarray,
-    done: np.ndarray,
-    step: np.ndarray,
-    share: np.ndarray,
-    next_event: np.ndarray,
-    completion: np.ndarray,
-) -> float:
+def next_events(held: np.ndarray, computing: np.ndarray, now: float, a: JobArrays) -> float:
     """Set every holder's next event (its completion if that comes no later
     than its phase end) and return the soonest (inf: no holders, NaN if
     any is NaN, as ``np.min`` has it)."""
+    phase_end, iterations, done, step, share = a.phase_end, a.iterations, a.done, a.step, a.share
+    next_event, completion = a.next_event, a.completion
     for i in held:
         next_event[i] = phase_end[i]
         completion[i] = False
@@ -97,16 +78,11 @@ def next_events(
 
 
 @njit
-def progress_rows(
-    held: np.ndarray,
-    iterations: np.ndarray,
-    done: np.ndarray,
-    run_s: np.ndarray,
-    attained: np.ndarray,
-) -> np.ndarray:
+def progress_rows(held: np.ndarray, a: JobArrays) -> np.ndarray:
     """The progress fields of the holders' views, one column per holder:
     remaining iterations (never below 1e-9, NaN kept), seconds held and
     GPU-seconds held."""
+    iterations, done, run_s, attained = a.iterations, a.done, a.run_s, a.attained
     out = np.empty((3, len(held)))
     for k in range(len(held)):
         i = held[k]
