@@ -151,7 +151,7 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
     terms, and NaN comes out of the soonest event as np.min has it."""
     rng = np.random.default_rng(4)
     for size in (0, 1, 7, 130, 2000):
-        a = JobArrays.sized(size + 3)
+        a = JobArrays(size + 3)
         for col in ("done", "attained", "run_s", "energy", "power", "n", "iterations"):
             getattr(a, col)[:] = rng.random(size + 3) * 10.0 ** rng.uniform(-3, 5, size + 3)
         a.share[:] = rng.choice([1.0, 0.5, 1 / 3], size + 3)
@@ -160,7 +160,7 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
         held = rng.permutation(size + 3)[:size].astype(np.intp)
         computing = held[rng.random(size) < 0.8]
         b = copy.deepcopy(a)
-        kernels.advance(held, computing, 7.25, a)
+        kernels.advance(held, computing, 7.25, a.floats)
         for i in held.tolist():
             b.attained[i] += b.n[i] * 7.25
             b.run_s[i] += 7.25
@@ -171,8 +171,8 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
         for i in computing.tolist():
             active_w += float(b.share[i] * b.power[i])
             busy += float(b.share[i] * b.n[i])
-        assert kernels.draw(computing, a) == (active_w, busy)
-        soonest = kernels.next_events(held, computing, 50.0, a)
+        assert kernels.draw(computing, a.floats) == (active_w, busy)
+        soonest = kernels.next_events(held, computing, 50.0, a.floats, a.flags)
         expected = math.inf
         computes = set(computing.tolist())
         for i in held.tolist():
@@ -188,21 +188,21 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
         for col in ("attained", "run_s", "done", "energy"):
             assert np.array_equal(getattr(a, col), getattr(b, col)), col
     a.phase_end[held[0]] = np.nan  # the last (largest) case's first holder
-    assert math.isnan(kernels.next_events(held, held[:0], 0.0, a))
+    assert math.isnan(kernels.next_events(held, held[:0], 0.0, a.floats, a.flags))
 
 
 def test_progress_rows_are_what_a_rebuilt_view_shows() -> None:
     """The snapshot's progress fields of each holder: max(max(left, 0), 1e-9)
     as ``_fresh_view`` computes it (NaN kept), seconds and GPU-seconds held."""
     rng = np.random.default_rng(6)
-    a = JobArrays.sized(50)
+    a = JobArrays(50)
     a.iterations[:] = rng.uniform(0, 1e4, 50)
     a.done[:] = a.iterations + rng.choice([-1e3, -1e-10, 0.0, 1e-12, 5.0], 50)
     a.done[3] = np.nan
     a.run_s[:] = rng.uniform(0, 1e5, 50)
     a.attained[:] = rng.uniform(0, 1e6, 50)
     held = rng.permutation(50)[:40].astype(np.intp)
-    remaining, run_s, attained = kernels.progress_rows(held, a).tolist()
+    remaining, run_s, attained = kernels.progress_rows(held, a.floats).tolist()
     for k, i in enumerate(held.tolist()):
         want = max(max(float(a.iterations[i] - a.done[i]), 0.0), 1e-9)
         assert remaining[k] == want or (math.isnan(want) and math.isnan(remaining[k]))

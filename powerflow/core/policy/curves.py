@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.core.models.protocol import FloatArray
-from powerflow.core.policy.greedy_kernels import Matrices
 from powerflow.core.policy.snapshot import Job
 from powerflow.core.policy.tables import IntArray, Tables
 
@@ -42,11 +41,11 @@ class Curves:
     energy_j: FloatArray
     power_w: FloatArray
 
-    def matrices(self, rows: IntArray, first: int = 0) -> Matrices:
+    def matrices(self, rows: IntArray, first: int = 0) -> tuple[FloatArray, FloatArray, FloatArray]:
         """JCT, energy and power of ``rows`` at every clock from column ``first`` up."""
         t, e = self.tables.values(rows, first)
         remaining = self.row_remaining[rows, None]
-        return Matrices(self.row_age_s[rows, None] + remaining * t, remaining * e, e / t)
+        return self.row_age_s[rows, None] + remaining * t, remaining * e, e / t
 
 
 def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:

@@ -136,7 +136,7 @@ class Simulation:
                 f"{config.total_gpus} (first: {too_big[0]})"
             )
         ordered = sorted(trace, key=lambda j: (j.submit_s, j.job_id))
-        self._arrays = JobArrays.sized(len(ordered))
+        self._arrays = JobArrays(len(ordered))
         self.jobs = [
             SimJob(i, tj, self.rates.model(tj.model_name), config.seed, self._arrays)
             for i, tj in enumerate(ordered)
@@ -203,7 +203,7 @@ class Simulation:
         stale = self._stale_views
         if len(held):
             # remaining is max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
-            remaining, run_s, attained_s = kernels.progress_rows(held, a).tolist()
+            remaining, run_s, attained_s = kernels.progress_rows(held, a.floats).tolist()
             new = _new_object
             set_dict = _set_field
             for i, rem, elapsed, attained in zip(
@@ -765,7 +765,7 @@ class Simulation:
         """Every holder's held time, and every computing one's work and energy,
         ``dt`` seconds on (the same float operations as job by job)."""
         held, computing = self._slots()
-        kernels.advance(held, computing, dt, self._arrays)
+        kernels.advance(held, computing, dt, self._arrays.floats)
 
     def _due(self, due: float) -> list[SimJob]:
         """Holders whose next event is at ``due`` or before, in ``_holders`` order."""
@@ -813,13 +813,13 @@ class Simulation:
             self._shares_dirty = False
             self._power_dirty = True
         if self._power_dirty:
-            self._active_w, self._busy_gpus = kernels.draw(computing, a)
+            self._active_w, self._busy_gpus = kernels.draw(computing, a.floats)
             jobs = self.jobs
             self._peak_extra_w = sum(
                 jobs[i].share * (jobs[i].peak_w - jobs[i].power_w) for i in self._profiling
             )
             self._power_dirty = False
-        self._next_job_s = kernels.next_events(held, computing, self.now, a)
+        self._next_job_s = kernels.next_events(held, computing, self.now, a.floats, a.flags)
         self._record()
 
     def _record(self) -> None:

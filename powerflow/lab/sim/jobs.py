@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from powerflow.core.learning import Knowledge
-from powerflow.core.models.protocol import FloatArray, PerfModel
+from powerflow.core.models.protocol import PerfModel
 from powerflow.core.models.samples import Samples
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan
+from powerflow.lab.sim import kernels
 from powerflow.lab.sim.trace import TraceJob
 
 
@@ -28,10 +27,8 @@ class Phase(enum.Enum):
 HOLDING = frozenset({Phase.RESTART, Phase.PROFILE, Phase.RUN})
 COMPUTING = frozenset({Phase.PROFILE, Phase.RUN})
 
-BoolArray = npt.NDArray[np.bool_]
 
-
-class JobArrays(NamedTuple):
+class JobArrays:
     """The per-job numbers the engine updates at every event, one array each.
 
     Between events the engine advances progress, energy and held time of all
@@ -39,43 +36,32 @@ class JobArrays(NamedTuple):
     columns (``powerflow.lab.sim.kernels``) instead of Python attribute access per
     job; they do each job's float operations in the same order, so its numbers
     are the very floats a per-job Python loop gives. ``SimJob`` exposes its
-    row as plain attributes for everything else. A ``NamedTuple`` because the
-    compiled loops take it whole, as one argument (numba passes it as a
-    struct of the arrays); ``sized`` makes one.
+    row as plain attributes for everything else.
     """
 
-    done: FloatArray  # iterations done
-    energy: FloatArray  # J while computing (pre-run apart)
-    attained: FloatArray  # GPU-seconds held
-    run_s: FloatArray  # seconds held
-    share: FloatArray  # time share of its GPUs (time-slicing)
-    step: FloatArray  # s per iteration at its current rates
-    power: FloatArray  # W of all its GPUs while computing
-    n: FloatArray  # GPUs held, as a float
-    iterations: FloatArray
-    phase_end: FloatArray
-    next_event: FloatArray
-    completion: BoolArray  # the next event is its completion
-    computing: BoolArray
-
-    @classmethod
-    def sized(cls, size: int) -> JobArrays:
-        """Arrays for ``size`` jobs that hold no GPUs and have done nothing yet."""
-        return cls(
-            done=np.zeros(size),
-            energy=np.zeros(size),
-            attained=np.zeros(size),
-            run_s=np.zeros(size),
-            share=np.ones(size),
-            step=np.full(size, np.inf),
-            power=np.zeros(size),
-            n=np.zeros(size),
-            iterations=np.zeros(size),
-            phase_end=np.full(size, np.inf),
-            next_event=np.full(size, np.inf),
-            completion=np.zeros(size, dtype=bool),
-            computing=np.zeros(size, dtype=bool),
-        )
+    def __init__(self, size: int) -> None:
+        # The columns are rows of two blocks, the compiled loops' arguments
+        # (``kernels`` says why and holds the row indices).
+        self.floats = np.zeros((kernels.FLOAT_ROWS, size))
+        self.flags = np.zeros((kernels.FLAG_ROWS, size), dtype=bool)
+        f = self.floats
+        self.done = f[kernels.DONE]  # iterations done
+        self.energy = f[kernels.ENERGY]  # J while computing (pre-run apart)
+        self.attained = f[kernels.ATTAINED]  # GPU-seconds held
+        self.run_s = f[kernels.RUN_S]  # seconds held
+        self.share = f[kernels.SHARE]  # time share of its GPUs (time-slicing)
+        self.step = f[kernels.STEP]  # s per iteration at its current rates
+        self.power = f[kernels.POWER]  # W of all its GPUs while computing
+        self.n = f[kernels.N]  # GPUs held, as a float
+        self.iterations = f[kernels.ITERATIONS]
+        self.phase_end = f[kernels.PHASE_END]
+        self.next_event = f[kernels.NEXT_EVENT]
+        self.completion = self.flags[kernels.COMPLETION]  # the next event is its completion
+        self.computing = self.flags[kernels.COMPUTING]
+        self.share[:] = 1.0
+        self.step[:] = np.inf
+        self.phase_end[:] = np.inf
+        self.next_event[:] = np.inf
 
 
 def _column(name: str, doc: str) -> property:

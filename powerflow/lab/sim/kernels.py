@@ -8,8 +8,13 @@ fused or reordered arithmetic): the results are the very floats of a plain
 Python loop over the jobs (tests/test_sim_fastpaths.py checks against one).
 
 ``held`` is the holders' rows in the engine's ``_holders`` order,
-``computing`` the rows of those that compute; ``a`` is the engine's
-``JobArrays``, whose columns the loops read and write.
+``computing`` the rows of those that compute. The per-job columns come as
+the two blocks of ``JobArrays``: ``floats`` (one row per float column, the
+indices below) and ``flags`` (the boolean ones). A block is one argument
+that numba's dispatcher types as fast as any array, where a ``NamedTuple``
+of the thirteen columns costs it about a microsecond more per call, at tens
+of thousands of calls a run. The indices live here because the compiled
+loops have them built in: numba's cache notices a change in this file only.
 """
 
 from __future__ import annotations
@@ -19,15 +24,21 @@ import math
 import numpy as np
 
 from powerflow.core.jit import njit
-from powerflow.lab.sim.jobs import JobArrays
+
+# Rows of JobArrays.floats.
+DONE, ENERGY, ATTAINED, RUN_S, SHARE, STEP, POWER, N, ITERATIONS, PHASE_END, NEXT_EVENT = range(11)
+FLOAT_ROWS = 11
+# Rows of JobArrays.flags.
+COMPLETION, COMPUTING = range(2)
+FLAG_ROWS = 2
 
 
 @njit
-def advance(held: np.ndarray, computing: np.ndarray, dt: float, a: JobArrays) -> None:
+def advance(held: np.ndarray, computing: np.ndarray, dt: float, floats: np.ndarray) -> None:
     """``dt`` seconds on: held time of every holder, work and energy of
     every computing one (its share of its GPUs at its current rates)."""
-    n, share, step, power = a.n, a.share, a.step, a.power
-    attained, run_s, done, energy = a.attained, a.run_s, a.done, a.energy
+    n, share, step, power = floats[N], floats[SHARE], floats[STEP], floats[POWER]
+    attained, run_s, done, energy = floats[ATTAINED], floats[RUN_S], floats[DONE], floats[ENERGY]
     for i in held:
         attained[i] += n[i] * dt
         run_s[i] += dt
@@ -37,10 +48,10 @@ def advance(held: np.ndarray, computing: np.ndarray, dt: float, a: JobArrays) ->
 
 
 @njit
-def draw(computing: np.ndarray, a: JobArrays) -> tuple[float, float]:
+def draw(computing: np.ndarray, floats: np.ndarray) -> tuple[float, float]:
     """(active watts, busy GPUs) of the computing jobs, each the sum of the
     jobs' shares of their terms added one by one in ``computing`` order."""
-    share, power, n = a.share, a.power, a.n
+    share, power, n = floats[SHARE], floats[POWER], floats[N]
     active_w = 0.0
     busy = 0.0
     for i in computing:
@@ -50,12 +61,15 @@ def draw(computing: np.ndarray, a: JobArrays) -> tuple[float, float]:
 
 
 @njit
-def next_events(held: np.ndarray, computing: np.ndarray, now: float, a: JobArrays) -> float:
+def next_events(
+    held: np.ndarray, computing: np.ndarray, now: float, floats: np.ndarray, flags: np.ndarray
+) -> float:
     """Set every holder's next event (its completion if that comes no later
     than its phase end) and return the soonest (inf: no holders, NaN if
     any is NaN, as ``np.min`` has it)."""
-    phase_end, iterations, done, step, share = a.phase_end, a.iterations, a.done, a.step, a.share
-    next_event, completion = a.next_event, a.completion
+    phase_end, iterations, done = floats[PHASE_END], floats[ITERATIONS], floats[DONE]
+    step, share, next_event = floats[STEP], floats[SHARE], floats[NEXT_EVENT]
+    completion = flags[COMPLETION]
     for i in held:
         next_event[i] = phase_end[i]
         completion[i] = False
@@ -78,11 +92,16 @@ def next_events(held: np.ndarray, computing: np.ndarray, now: float, a: JobArray
 
 
 @njit
-def progress_rows(held: np.ndarray, a: JobArrays) -> np.ndarray:
+def progress_rows(held: np.ndarray, floats: np.ndarray) -> np.ndarray:
     """The progress fields of the holders' views, one column per holder:
     remaining iterations (never below 1e-9, NaN kept), seconds held and
     GPU-seconds held."""
-    iterations, done, run_s, attained = a.iterations, a.done, a.run_s, a.attained
+    iterations, done, run_s, attained = (
+        floats[ITERATIONS],
+        floats[DONE],
+        floats[RUN_S],
+        floats[ATTAINED],
+    )
     out = np.empty((3, len(held)))
     for k in range(len(held)):
         i = held[k]
