@@ -114,9 +114,10 @@ class PowerState(NamedTuple):
 
 
 class Matrices(NamedTuple):
-    """JCT, energy and power of the running jobs (``Curves.matrices``): one
-    row per job at its GPU count, one column per clock. ``raise_steps``
-    takes them C-contiguous float64 (one compiled signature)."""
+    """JCT, energy and power of the running jobs (``Curves.matrices``, the
+    power as ``power_loop`` counts it): one row per job at its GPU count, one
+    column per clock. ``raise_steps`` takes them C-contiguous float64 (one compiled
+    signature)."""
 
     jct: FloatArray
     energy: FloatArray

@@ -94,6 +94,7 @@ from powerflow.core.policy.allocation import PowerModel, allocate
 from powerflow.core.policy.budget import resolve_limit_watts
 from powerflow.core.policy.curves import Curves, curves_of
 from powerflow.core.policy.frequency import raise_clocks
+from powerflow.core.policy.greedy_kernels import Matrices
 from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.placement import place_columns
 from powerflow.core.policy.power_loop import (
@@ -279,8 +280,8 @@ class _Decision:
         # lowest of them are never read: the clock phase and the pricing work
         # on columns ``low ..`` (the same floats, shifted; see raise_clocks).
         low = min(start, default=0)
-        matrices = self.curves.matrices(row_idx, low)
-        matrices = matrices._replace(power=self.fix.matrix(row_idx, matrices.power))
+        jct_m, energy_m, power_m = self.curves.matrices(row_idx, low)
+        matrices = Matrices(jct_m, energy_m, self.fix.matrix(row_idx, power_m))
         columns = start
         raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         predicted = alloc.power_w
