@@ -29,7 +29,8 @@ COMPUTING = frozenset({Phase.PROFILE, Phase.RUN})
 
 
 class JobArrays:
-    """The per-job numbers the engine updates at every event, one array each.
+    """The per-job numbers the engine updates at every event, one array each
+    (the rows of two blocks, ``floats`` and ``flags``).
 
     Between events the engine advances progress, energy and held time of all
     holders, and recomputes their next events, in compiled loops over these
@@ -40,8 +41,8 @@ class JobArrays:
     """
 
     def __init__(self, size: int) -> None:
-        # The columns are rows of two blocks, the compiled loops' arguments
-        # (``kernels`` says why and holds the row indices).
+        # The blocks are the compiled loops' arguments (``kernels`` says why
+        # and holds the row indices).
         self.floats = np.zeros((kernels.FLOAT_ROWS, size))
         self.flags = np.zeros((kernels.FLAG_ROWS, size), dtype=bool)
         f = self.floats

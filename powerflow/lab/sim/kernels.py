@@ -11,10 +11,11 @@ Python loop over the jobs (tests/test_sim_fastpaths.py checks against one).
 ``computing`` the rows of those that compute. The per-job columns come as
 the two blocks of ``JobArrays``: ``floats`` (one row per float column, the
 indices below) and ``flags`` (the boolean ones). A block is one argument
-that numba's dispatcher types as fast as any array, where a ``NamedTuple``
-of the thirteen columns costs it about a microsecond more per call, at tens
-of thousands of calls a run. The indices live here because the compiled
-loops have them built in: numba's cache notices a change in this file only.
+that numba's dispatcher types on its fast path for arrays, where a
+``NamedTuple`` of the columns would be fingerprinted field name by field
+name at every call, and the engine calls these several times per event.
+The indices live here because the compiled loops have them built in:
+numba's cache notices a change in this file only.
 """
 
 from __future__ import annotations
