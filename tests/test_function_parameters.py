@@ -19,15 +19,6 @@ GENERATED = (Path("nodeagent/podresources_pb"),)
 """gRPC stubs generated from the kubelet's proto, never edited by hand."""
 MOST = 8
 
-ALLOWED = frozenset(
-    {
-        # The twin's: their regrouping is under way elsewhere; the list is
-        # empty once it is in (the next test says when).
-        ("powerflow/lab/twin/api_faults.py", "ApiFaults.inject"),
-        ("powerflow/lab/twin/chartpods.py", "PodKubelet.__init__"),
-        ("powerflow/lab/twin/harness.py", "Twin.__init__"),
-    }
-)
 """(file, qualified name) of the functions let off the rule for now."""
 
 
@@ -77,14 +68,8 @@ def _listing(found: dict[tuple[str, str], int]) -> str:
 
 
 def test_no_function_takes_more_than_eight_parameters() -> None:
-    over = {key: n for key, n in offenders().items() if key not in ALLOWED}
+    over = offenders()
     assert not over, f"functions with more than {MOST} parameters:\n{_listing(over)}"
-
-
-def test_the_allowed_functions_still_break_the_rule() -> None:
-    """An entry of ``ALLOWED`` that keeps to the rule goes from the list."""
-    stale = ALLOWED - offenders().keys()
-    assert not stale, f"keep to the rule now, remove from ALLOWED: {sorted(stale)}"
 
 
 def test_the_count() -> None:
@@ -102,7 +87,7 @@ def test_the_count() -> None:
     assert count("def f(): pass") == 0
 
 
-def test_functions_are_named_as_the_allow_list_names_them() -> None:
+def test_functions_are_named_by_their_class_and_outer_functions() -> None:
     tree = ast.parse(
         "class A:\n def m(self):\n  def inner(): pass\ndef f():\n if x:\n  def g(): pass"
     )
