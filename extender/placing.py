@@ -10,22 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.policy.buddy import exact_block, geometry, resolve_slots
 from powerflow.core.policy.placement import reserve_block
 from powerflow.core.policy.snapshot import GpuSlot, Node
 
 
 def gpu_spec_for(product: str) -> GpuSpec:
-    """The GPU type named in a node's ``nvidia.com/gpu.product`` label.
+    """The GPU type of a node with this ``nvidia.com/gpu.product`` label: the A100.
 
-    Placement only counts GPUs, so an unknown product falls back to the
-    default type rather than refusing the node.
+    Placement only counts GPUs, so any product runs as the default type rather
+    than refusing the node; as the operator's ``LABELLED_GPUS``, the components
+    take no other catalogue type from labels until the node agent reports it.
     """
-    text = product.lower()
-    for name, spec in GPU_SPECS.items():
-        if name.lower() in text:
-            return spec
+    del product  # every label reads as the A100 for now
     return A100
 
 

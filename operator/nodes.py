@@ -36,7 +36,7 @@ from typing import Any
 from powerflow.operator.bodies import NodeBody
 
 from powerflow.core import contract
-from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.policy.pools import NodeShape, plan_nodes, pools
 from powerflow.core.policy.snapshot import Node
 from powerflow.core.taints import (
@@ -48,13 +48,18 @@ from powerflow.core.taints import (
 )
 
 FALLBACK_GPU = A100
+LABELLED_GPUS: dict[str, GpuSpec] = {A100.name: A100}
+"""The types a product label is matched against: the A100 only. The catalogue
+(``powerflow.core.gpus.GPU_SPECS``) has more, but the shipped priors and the
+policy's learning are the A100's, so every node runs as one until the node
+agent reports its GPUs' type."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def gpu_of(product: str | None) -> GpuSpec:
     """The spec whose name appears in the product label; the fallback otherwise."""
     text = (product or "").upper()
-    for name, spec in sorted(GPU_SPECS.items(), key=lambda kv: -len(kv[0])):
+    for name, spec in sorted(LABELLED_GPUS.items(), key=lambda kv: -len(kv[0])):
         if name.upper() in text:
             return spec
     return FALLBACK_GPU

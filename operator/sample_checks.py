@@ -130,8 +130,8 @@ def totals(state: ClusterState) -> dict[tuple[str, str], int]:
 
 
 def node_gpus(state: ClusterState) -> dict[str, GpuSpec]:
-    """Each node's GPU type where ``powerflow.core.gpus`` knows it (by its product label); a
-    node of another type is left out: its clocks and power are not the fallback's."""
+    """Each node's GPU type where its product label names one of ``nodes.LABELLED_GPUS``; a node
+    of another type is left out: its clocks and power are not the fallback's."""
     out: dict[str, GpuSpec] = {}
     for body in state.nodes:
         meta = body.get("metadata") or {}

@@ -36,7 +36,7 @@ from extender_bodies import binding_args, go_json
 from extender_bodies import node as ext_node
 from extender_bodies import pod as ext_pod
 from powerflow.nodeagent.kube import COMPONENT as AGENT_COMPONENT
-from support.api_faults import Fault
+from support.api_faults import Answer, Fault
 from support.extender_process import create, extender_process
 from support.kube_emulator import KubeEmulator
 from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, agent_args, worker_pod
@@ -90,44 +90,51 @@ def pod_incarnations(kmock: KubeEmulator) -> dict[str, set[str]]:
     return uids
 
 
-def for_operator(kmock: KubeEmulator, verb: str, resource: str, **fault: Any) -> list[Fault]:
+def for_operator(
+    kmock: KubeEmulator, verb: str, resource: str, answer: Answer, **how: Any
+) -> list[Fault]:
     """The same rule for both of the operator's clients."""
     return [
-        kmock.faults.inject(verb, resource, user_agent=agent, **fault) for agent in OPERATOR_AGENTS
+        kmock.faults.inject(verb, resource, answer, user_agent=agent, **how)
+        for agent in OPERATOR_AGENTS
     ]
 
 
 def conflicts(kmock: KubeEmulator) -> list[Fault]:
     return [
-        *for_operator(kmock, "patch", f"{contract.PLURAL}/status", status=409, probability=0.3),
-        *for_operator(kmock, "create", "pods", status=409, probability=0.2),
-        *for_operator(kmock, "patch", "pods", status=409, probability=0.3),
+        *for_operator(
+            kmock, "patch", f"{contract.PLURAL}/status", Answer(status=409), probability=0.3
+        ),
+        *for_operator(kmock, "create", "pods", Answer(status=409), probability=0.2),
+        *for_operator(kmock, "patch", "pods", Answer(status=409), probability=0.3),
     ]
 
 
 def throttling(kmock: KubeEmulator) -> list[Fault]:
-    return for_operator(kmock, "*", "*", status=429, probability=0.15, retry_after_s=1)
+    return for_operator(kmock, "*", "*", Answer(status=429, retry_after_s=1), probability=0.15)
 
 
 def internal_errors(kmock: KubeEmulator) -> list[Fault]:
     return [
-        *for_operator(kmock, "create", "pods", status=500, committed=True, probability=0.2),
-        *for_operator(kmock, "create", "pods", status=500, probability=0.1),
-        *for_operator(kmock, "delete", "pods", status=500, committed=True, probability=0.3),
-        *for_operator(kmock, "patch", f"{contract.PLURAL}/status", status=500, probability=0.15),
-        *for_operator(kmock, "list", "*", status=500, probability=0.1),
+        *for_operator(kmock, "create", "pods", Answer(status=500, committed=True), probability=0.2),
+        *for_operator(kmock, "create", "pods", Answer(status=500), probability=0.1),
+        *for_operator(kmock, "delete", "pods", Answer(status=500, committed=True), probability=0.3),
+        *for_operator(
+            kmock, "patch", f"{contract.PLURAL}/status", Answer(status=500), probability=0.15
+        ),
+        *for_operator(kmock, "list", "*", Answer(status=500), probability=0.1),
     ]
 
 
 def gone_watches(kmock: KubeEmulator) -> list[Fault]:
-    return for_operator(kmock, "watch", "*", status=410, after_events=2, probability=0.5)
+    return for_operator(kmock, "watch", "*", Answer(status=410, after_events=2), probability=0.5)
 
 
 def slow(kmock: KubeEmulator) -> list[Fault]:
     return [
-        *for_operator(kmock, "list", "*", delay_s=2.0, probability=0.1),
-        *for_operator(kmock, "create", "pods", delay_s=1.5, probability=0.1),
-        *for_operator(kmock, "patch", "*", delay_s=1.5, probability=0.1),
+        *for_operator(kmock, "list", "*", Answer(delay_s=2.0), probability=0.1),
+        *for_operator(kmock, "create", "pods", Answer(delay_s=1.5), probability=0.1),
+        *for_operator(kmock, "patch", "*", Answer(delay_s=1.5), probability=0.1),
     ]
 
 
@@ -135,7 +142,7 @@ def outage(kmock: KubeEmulator) -> list[Fault]:
     """The first seven lists of pods of each client fail (an API server restarting, an
     etcd leader election: about 30 s of kopf's retries). With four retries kopf's pod
     watcher gave up, and with it the whole operator: no pass ever again."""
-    return for_operator(kmock, "list", "pods", status=500, times=7)
+    return for_operator(kmock, "list", "pods", Answer(status=500), times=7)
 
 
 def everything(kmock: KubeEmulator) -> list[Fault]:
@@ -184,7 +191,7 @@ async def test_the_operator_loses_nothing_under_api_faults(
     assert set(incarnations) == expected
     hits: Counter[str] = Counter()
     for r in rules:
-        hits[f"{r.verb} {r.resource} {r.status or r.delay_s}"] += r.hits
+        hits[f"{r.verb} {r.resource} {r.answer.status or r.answer.delay_s}"] += r.hits
     print(f"faults injected: {dict(hits)}")
 
 
@@ -208,12 +215,12 @@ def agent_faults(kmock: KubeEmulator) -> list[Fault]:
     agent = {"user_agent": f"{AGENT_COMPONENT}/*"}
     inject = kmock.faults.inject
     return [
-        inject("watch", "pods", status=410, after_events=1, times=3, **agent),
-        inject("watch", "nodes", status=500, times=2, **agent),
-        inject("list", "pods", status=500, times=2, **agent),
-        inject("list", "pods", status=429, times=2, **agent),
-        inject("list", "pods", delay_s=1.5, times=2, **agent),
-        inject("create", "events", status=500, times=1, **agent),
+        inject("watch", "pods", Answer(status=410, after_events=1), times=3, **agent),
+        inject("watch", "nodes", Answer(status=500), times=2, **agent),
+        inject("list", "pods", Answer(status=500), times=2, **agent),
+        inject("list", "pods", Answer(status=429), times=2, **agent),
+        inject("list", "pods", Answer(delay_s=1.5), times=2, **agent),
+        inject("create", "events", Answer(status=500), times=1, **agent),
     ]
 
 
@@ -329,13 +336,13 @@ async def test_the_extender_answers_errors_and_books_nothing_twice_under_api_fau
     faults = kmock.faults
     async with extender(kmock, tmp_path) as ext:
         # 500 before the binding: an Error, nothing bound; the retry binds.
-        rule = faults.inject("create", "pods/binding", status=500, times=1, **EXT_AGENT)
+        rule = faults.inject("create", "pods/binding", Answer(status=500), times=1, **EXT_AGENT)
         answer = await filter_and_bind(ext, gang[0])
         assert "500" in answer["Error"] and rule.hits == 1, answer
         assert not (await stored(ext_api, "j-g1-w0"))["spec"].get("nodeName")
         hosts = [await scheduled(ext, gang[0])]
         # 409 on the binding (not bound after all): an Error, nothing bound; the retry binds.
-        rule = faults.inject("create", "pods/binding", status=409, times=1, **EXT_AGENT)
+        rule = faults.inject("create", "pods/binding", Answer(status=409), times=1, **EXT_AGENT)
         answer = await filter_and_bind(ext, gang[1])
         assert "409 Conflict" in answer["Error"] and rule.hits == 1, answer
         assert "bound to no node; nothing was bound" in answer["Error"]
@@ -344,7 +351,7 @@ async def test_the_extender_answers_errors_and_books_nothing_twice_under_api_fau
         hosts.append(await scheduled(ext, gang[1]))
         # 500 after a committed binding: an Error, but bound; the retry finds it bound there.
         rule = faults.inject(
-            "create", "pods/binding", status=500, committed=True, times=1, **EXT_AGENT
+            "create", "pods/binding", Answer(status=500, committed=True), times=1, **EXT_AGENT
         )
         answer = await filter_and_bind(ext, gang[2])
         assert "500" in answer["Error"] and rule.hits == 1, answer
@@ -355,21 +362,21 @@ async def test_the_extender_answers_errors_and_books_nothing_twice_under_api_fau
         assert again.json() == {"Error": ""}
         hosts.append(answer["host"])
         # A binding seconds late: bound.
-        rule = faults.inject("create", "pods/binding", delay_s=3.0, times=1, **EXT_AGENT)
+        rule = faults.inject("create", "pods/binding", Answer(delay_s=3.0), times=1, **EXT_AGENT)
         hosts.append(await scheduled(ext, gang[3]))
         assert rule.hits == 1
         # The mirror's lists and watches fail in turn while a second gang is placed.
+        inject, bind = faults.inject, "pods/binding"
         mirror = [
-            faults.inject("watch", "pods", status=410, after_events=2, times=3, **EXT_AGENT),
-            faults.inject("watch", "nodes", status=500, times=1, **EXT_AGENT),
-            faults.inject("list", "pods", status=429, times=2, **EXT_AGENT),
-            faults.inject("list", "pods", status=500, times=1, **EXT_AGENT),
-            faults.inject("create", "pods/binding", status=500, probability=0.3, **EXT_AGENT),
-            faults.inject(
-                "create", "pods/binding", status=500, committed=True, probability=0.2,
-                **EXT_AGENT,
+            inject("watch", "pods", Answer(status=410, after_events=2), times=3, **EXT_AGENT),
+            inject("watch", "nodes", Answer(status=500), times=1, **EXT_AGENT),
+            inject("list", "pods", Answer(status=429), times=2, **EXT_AGENT),
+            inject("list", "pods", Answer(status=500), times=1, **EXT_AGENT),
+            inject("create", bind, Answer(status=500), probability=0.3, **EXT_AGENT),
+            inject(
+                "create", bind, Answer(status=500, committed=True), probability=0.2, **EXT_AGENT
             ),
-        ]  # fmt: skip
+        ]
         big = [
             await created_pod(ext_api, ext_pod(f"k-g1-w{i}", job="k", workers=8,
                                                generation="1", index=i))

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import kubernetes
 import pytest
-from support.api_faults import THROTTLED, ApiFaults
+from support.api_faults import THROTTLED, Answer, ApiFaults
 from support.kube_emulator import KubeEmulator
 
 from powerflow.lab.twin.apiserver import ApiServer, FaultControl
@@ -65,7 +65,7 @@ async def test_conflict_answers_a_conflict_status_and_writes_nothing(
     emulator: KubeEmulator, api: httpx.AsyncClient
 ) -> None:
     created = (await api.post(PODS, json=pod("a"))).json()["metadata"]
-    rule = emulator.faults.inject("patch", "pods", status=409, name="a", times=1)
+    rule = emulator.faults.inject("patch", "pods", Answer(status=409), name="a", times=1)
     label = {"metadata": {"labels": {"x": "1"}}}
     refused = await api.patch(f"{PODS}/a", json=label, headers=MERGE)
     assert refused.status_code == 409
@@ -91,7 +91,7 @@ async def test_throttling_is_plain_text_with_retry_after_and_does_nothing(
 ) -> None:
     """kube-apiserver's 429 (``maxinflight.go`` ``tooManyRequests``, also API priority and
     fairness): ``Retry-After`` and a plain-text body, no ``Status``."""
-    emulator.faults.inject("create", "pods", status=429, retry_after_s=2, times=1)
+    emulator.faults.inject("create", "pods", Answer(status=429, retry_after_s=2), times=1)
     throttled = await api.post(PODS, json=pod("a"))
     assert throttled.status_code == 429
     assert throttled.headers["Retry-After"] == "2"
@@ -106,7 +106,7 @@ async def test_the_official_client_sees_throttling_as_an_api_exception(
 ) -> None:
     """``kubernetes``' ``ApiException`` carries the status and ``Retry-After`` (a POST is
     not retried by urllib3: it is not idempotent)."""
-    emulator.faults.inject("create", "pods", status=429, times=1)
+    emulator.faults.inject("create", "pods", Answer(status=429), times=1)
     config = kubernetes.client.Configuration(host=str(emulator.url).rstrip("/"))
 
     def create() -> kubernetes.client.ApiException:
@@ -125,7 +125,7 @@ async def test_the_official_client_sees_throttling_as_an_api_exception(
 async def test_internal_error_before_the_write_writes_nothing(
     emulator: KubeEmulator, api: httpx.AsyncClient
 ) -> None:
-    emulator.faults.inject("create", "pods", status=500, times=1)
+    emulator.faults.inject("create", "pods", Answer(status=500), times=1)
     failed = await api.post(PODS, json=pod("a"))
     assert failed.status_code == 500
     body = failed.json()
@@ -140,7 +140,7 @@ async def test_internal_error_after_a_committed_write_leaves_the_write_done(
 ) -> None:
     """etcd committed but the answer timed out: 500, and the object is there (the retry
     meets ``AlreadyExists``)."""
-    emulator.faults.inject("create", "pods", status=500, committed=True, times=1)
+    emulator.faults.inject("create", "pods", Answer(status=500, committed=True), times=1)
     failed = await api.post(PODS, json=pod("a"))
     assert failed.status_code == 500
     assert await names(api) == ["a"]
@@ -152,7 +152,7 @@ async def test_committed_binding_binds_and_answers_an_error(
     emulator: KubeEmulator, api: httpx.AsyncClient
 ) -> None:
     await api.post(PODS, json=pod("a"))
-    emulator.faults.inject("create", "pods/binding", status=500, committed=True, times=1)
+    emulator.faults.inject("create", "pods/binding", Answer(status=500, committed=True), times=1)
     binding = {"metadata": {"name": "a"}, "target": {"kind": "Node", "name": "n1"}}
     assert (await api.post(f"{PODS}/a/binding", json=binding)).status_code == 500
     assert (await api.get(f"{PODS}/a")).json()["spec"]["nodeName"] == "n1"
@@ -164,7 +164,7 @@ async def test_slow_answers_come_late_and_then_as_usual(
 ) -> None:
     """A delay alone slows the request down (never faster than asked; no upper bound
     is asserted) and serves it normally; other requests are not held up meanwhile."""
-    emulator.faults.inject("list", "pods", delay_s=1.0, times=1)
+    emulator.faults.inject("list", "pods", Answer(delay_s=1.0), times=1)
     began = time.monotonic()
     slow = asyncio.create_task(api.get(PODS))
     await asyncio.sleep(0.1)
@@ -176,7 +176,7 @@ async def test_slow_answers_come_late_and_then_as_usual(
 
 
 async def test_delay_then_error(emulator: KubeEmulator, api: httpx.AsyncClient) -> None:
-    emulator.faults.inject("get", "pods", delay_s=0.3, status=503, times=1)
+    emulator.faults.inject("get", "pods", Answer(delay_s=0.3, status=503), times=1)
     await api.post(PODS, json=pod("a"))
     began = time.monotonic()
     answer = await api.get(f"{PODS}/a")
@@ -188,9 +188,9 @@ async def test_rules_select_by_verb_resource_name_and_namespace(
     emulator: KubeEmulator, api: httpx.AsyncClient
 ) -> None:
     faults = emulator.faults
-    status_only = faults.inject("patch", "pods/status", status=500)
-    other_ns = faults.inject("*", "*", status=500, namespace="other")
-    only_b = faults.inject("get", "pods", status=500, name="b*")
+    status_only = faults.inject("patch", "pods/status", Answer(status=500))
+    other_ns = faults.inject("*", "*", Answer(status=500), namespace="other")
+    only_b = faults.inject("get", "pods", Answer(status=500), name="b*")
     await api.post(PODS, json=pod("a"))
     await api.post(PODS, json=pod("b1"))
     assert (await api.get(f"{PODS}/a")).status_code == 200
@@ -205,7 +205,7 @@ async def test_rules_select_by_verb_resource_name_and_namespace(
     assert (await api.get("/api")).status_code == 200  # discovery is no resource's
     assert (status_only.hits, other_ns.hits, only_b.hits) == (1, 1, 1)
     # by client: the User-Agent, as the API server's flow schemas can tell them apart
-    faults.inject("list", "nodes", status=500, user_agent="powerflow-operator/*")
+    faults.inject("list", "nodes", Answer(status=500), user_agent="powerflow-operator/*")
     operator = {"User-Agent": "powerflow-operator/1.0 (pod-a)"}
     assert (await api.get("/api/v1/nodes", headers=operator)).status_code == 500
     assert (await api.get("/api/v1/nodes")).status_code == 200
@@ -221,7 +221,7 @@ async def test_probability_draws_are_seeded(emulator: KubeEmulator, api: httpx.A
     async def pattern(seed: int) -> list[int]:
         emulator.faults.clear()
         emulator.faults.reseed(seed)
-        emulator.faults.inject("get", "pods", status=500, probability=0.3)
+        emulator.faults.inject("get", "pods", Answer(status=500), probability=0.3)
         return [(await api.get(f"{PODS}/a")).status_code for _ in range(60)]
 
     first, again, other = await pattern(7), await pattern(7), await pattern(8)
@@ -236,15 +236,15 @@ async def test_probability_draws_are_seeded(emulator: KubeEmulator, api: httpx.A
 def test_rules_are_checked() -> None:
     faults = ApiFaults()
     with pytest.raises(ValueError, match="unknown verb"):
-        faults.inject("post", "pods", status=500)
+        faults.inject("post", "pods", Answer(status=500))
     with pytest.raises(ValueError, match="needs a status"):
-        faults.inject("get", "pods")
+        faults.inject("get", "pods", Answer())
     with pytest.raises(ValueError, match="writes only"):
-        faults.inject("get", "pods", status=500, committed=True)
+        faults.inject("get", "pods", Answer(status=500, committed=True))
     with pytest.raises(ValueError, match="compact"):
-        faults.inject("list", "pods", status=410)
+        faults.inject("list", "pods", Answer(status=410))
     with pytest.raises(ValueError, match="probability"):
-        faults.inject("get", "pods", status=500, probability=1.5)
+        faults.inject("get", "pods", Answer(status=500), probability=1.5)
 
 
 async def watch_lines(
@@ -269,7 +269,7 @@ async def test_a_watch_ends_with_a_gone_error_event_after_some_events(
     version = (await api.get(PODS)).json()["metadata"]["resourceVersion"]
     for name in ("a", "b", "c"):
         await api.post(PODS, json=pod(name))
-    rule = emulator.faults.inject("watch", "pods", status=410, after_events=2, times=1)
+    rule = emulator.faults.inject("watch", "pods", Answer(status=410, after_events=2), times=1)
     current = (await api.get(PODS)).json()["metadata"]["resourceVersion"]
     status, events = await asyncio.wait_for(watch_lines(api, {"resourceVersion": version}), 10)
     assert status == 200
@@ -290,7 +290,7 @@ async def test_a_watch_ends_with_a_gone_error_event_after_some_events(
 async def test_a_watch_open_when_the_fault_comes_ends_on_its_next_event(
     emulator: KubeEmulator, api: httpx.AsyncClient
 ) -> None:
-    emulator.faults.inject("watch", "pods", status=410, after_events=1, times=1)
+    emulator.faults.inject("watch", "pods", Answer(status=410, after_events=1), times=1)
     version = (await api.get(PODS)).json()["metadata"]["resourceVersion"]
     task = asyncio.create_task(watch_lines(api, {"resourceVersion": version}))
     await asyncio.sleep(0.2)
@@ -308,7 +308,7 @@ async def test_a_rule_catches_a_watch_already_open(
     task = asyncio.create_task(watch_lines(api, {"resourceVersion": version}))
     await api.post(PODS, json=pod("a"))
     await asyncio.sleep(0.2)
-    rule = emulator.faults.inject("watch", "pods", status=410, after_events=1, times=1)
+    rule = emulator.faults.inject("watch", "pods", Answer(status=410, after_events=1), times=1)
     await api.post(PODS, json=pod("b"))
     await api.post(PODS, json=pod("c"))
     status, events = await asyncio.wait_for(task, 10)

@@ -23,6 +23,7 @@ from powerflow.extender import create_app, mirror
 from powerflow.extender.kube import Connection, KubeApi
 from powerflow.extender.objects import pod_info
 from powerflow.extender.state import ClusterState
+from support.api_faults import Answer
 from support.kube_emulator import KubeEmulator
 
 from powerflow.core.contract import (
@@ -412,12 +413,12 @@ async def test_a_gang_whose_binds_all_failed_and_whose_pods_went_away_frees_its_
     ext = await start()
     await ready(ext)
     old = [await create_pod(cluster, gen_worker(i, "22")) for i in range(4)]
-    fault = kmock.faults.inject("create", "pods/binding", status=500, times=3)
+    fault = kmock.faults.inject("create", "pods/binding", Answer(status=500), times=3)
     for body in old[:3]:
         assert "500" in (await filter_and_bind(ext, body))["Error"]
     assert fault.hits == 3
     # The last worker is deleted (the rescale) while its bind is in flight: 404.
-    fault = kmock.faults.inject("create", "pods/binding", delay_s=1.0, times=1)
+    fault = kmock.faults.inject("create", "pods/binding", Answer(delay_s=1.0), times=1)
     binding = asyncio.create_task(filter_and_bind(ext, old[3]))
     await wait_for(lambda: fault.hits == 1)
     for body in old:
@@ -441,7 +442,9 @@ async def test_binds_answered_500_after_commit_leave_no_gpus_taken_once_the_pods
     ext = await start()
     await ready(ext)
     old = [await create_pod(cluster, gen_worker(i, "7")) for i in range(4)]
-    fault = kmock.faults.inject("create", "pods/binding", status=500, committed=True, times=4)
+    fault = kmock.faults.inject(
+        "create", "pods/binding", Answer(status=500, committed=True), times=4
+    )
     for body in old:
         assert "500" in (await filter_and_bind(ext, body))["Error"]
     assert fault.hits == 4

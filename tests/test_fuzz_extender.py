@@ -42,6 +42,8 @@ from support.fuzz import (
     SETTINGS,
     Answer,
     Http,
+    Pipeline,
+    Request,
     bodies,
     content_types,
     raw_status,
@@ -327,8 +329,9 @@ async def test_every_other_route_answers_any_request(extender: ExtenderProcess) 
     )
     def case(method: str, query: str, headers: dict[str, str], body: bytes, unknown: str) -> None:
         payload = body if body or method in ("POST", "PUT", "PATCH") else None
-        for page in (*PAGES, unknown):
-            answer = http.request(method, page + query, payload, headers)
+        pages = (*PAGES, unknown)
+        answers = app.send([(method, page + query, payload, headers) for page in pages])
+        for page, answer in zip(pages, answers, strict=True):
             check_page(answer, method, page)
             seen[answer.status] += 1
             if page in ("/healthz", "/version") and method == "GET":
@@ -336,10 +339,39 @@ async def test_every_other_route_answers_any_request(extender: ExtenderProcess) 
         answer = scrape.request(method, unknown + query, payload, headers)
         check_page(answer, method, unknown)
 
-    with Http(extender.port) as http, Http(extender.metrics_port) as scrape:
+    # The app's pages of a case go out pipelined (one round trip for the nine).
+    with Pipeline(extender.port) as app, Http(extender.metrics_port) as scrape:
         await fuzz(case)
-        assert http.sent >= CASES * (len(PAGES) + 1) and scrape.sent >= CASES
+        assert app.sent >= CASES * (len(PAGES) + 1) and scrape.sent >= CASES
     assert {200, 404, 405} <= set(seen), seen
+
+
+async def test_a_pipeline_gets_each_answer_in_order_and_sends_again_after_a_close(
+    extender: ExtenderProcess,
+) -> None:
+    """``Pipeline`` (the route cases' client) reads the answers of a batch in the order
+    sent, the same as one request at a time gets them; when the server closes after one
+    (``Connection: close``), the rest go again on a new connection and are answered."""
+    close = {"Connection": "close"}
+    batch: list[Request] = [
+        ("GET", "/version", None, {}),
+        ("GET", "/nowhere", None, {}),
+        ("HEAD", "/healthz", None, {}),
+        ("GET", "/healthz", None, close),
+        ("POST", "/version", b"{}", {}),
+        ("GET", "/version", None, {}),
+    ]
+
+    def both() -> tuple[list[Answer], list[Answer], int]:
+        with Pipeline(extender.port) as pipe, Http(extender.port) as http:
+            piped = pipe.send(batch)
+            alone = [http.request(m, path, body, headers) for m, path, body, headers in batch]
+            return piped, alone, pipe.sent
+
+    piped, alone, sent = await asyncio.to_thread(both)
+    assert [(a.status, a.body) for a in piped] == [(a.status, a.body) for a in alone]
+    assert [a.status for a in piped] == [200, 404, 405, 200, 405, 200]
+    assert sent == len(batch)
 
 
 async def test_malformed_http_is_refused_and_the_server_goes_on(extender: ExtenderProcess) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from powerflow.core.policy.frequency import Clocks, raise_clocks
+from powerflow.core.policy.greedy_kernels import Matrices
 
 
 def _problem(rng: np.random.Generator, rows: int, width: int, bumpy: bool) -> tuple:
@@ -84,7 +85,9 @@ def test_the_compiled_loop_equals_the_heap_loop(step: int, energy_aware: bool) -
             rng, int(rng.integers(1, 12)), int(rng.integers(2, 10)), bumpy=trial % 3 == 0
         )
         want = _reference(*problem, step, energy_aware)
-        got = raise_clocks(*problem, step=step, energy_aware=energy_aware)
+        got = raise_clocks(
+            Matrices(*problem[:3]), *problem[3:], step=step, energy_aware=energy_aware
+        )
         assert got == want
         assert got.power_w <= max(problem[-1], problem[-2])
         raised += len(got.raised_rows) > 0
@@ -98,9 +101,7 @@ def test_a_raise_that_would_pass_the_limit_is_refused_and_others_go_on() -> None
     power = np.array([[100.0, 200.0, 300.0], [100.0, 110.0, 120.0]])
     # Job 0's first raise is the better one but costs 100 W; only 25 W are left.
     out = raise_clocks(
-        jct,
-        energy,
-        power,
+        Matrices(jct, energy, power),
         [0, 0],
         [(0.0, "a"), (0.0, "b")],
         200.0,
@@ -120,13 +121,13 @@ def test_equal_keys_go_by_arrival_then_id() -> None:
     power = np.array([[100.0, 110.0], [100.0, 110.0]])
     kw = {"step": 1, "energy_aware": True}
     assert raise_clocks(
-        jct, energy, power, [0, 0], [(1.0, "a"), (0.0, "b")], 200.0, 210.0, **kw
+        Matrices(jct, energy, power), [0, 0], [(1.0, "a"), (0.0, "b")], 200.0, 210.0, **kw
     ).columns == (0, 1)
     assert raise_clocks(
-        jct, energy, power, [0, 0], [(0.0, "b"), (0.0, "a")], 200.0, 210.0, **kw
+        Matrices(jct, energy, power), [0, 0], [(0.0, "b"), (0.0, "a")], 200.0, 210.0, **kw
     ).columns == (0, 1)
     assert raise_clocks(
-        jct, energy, power, [0, 0], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw
+        Matrices(jct, energy, power), [0, 0], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw
     ).columns == (1, 0)
 
 
@@ -134,8 +135,8 @@ def test_inconsistent_input_is_refused_before_the_unchecked_loop() -> None:
     m = np.array([[10.0, 5.0], [10.0, 5.0]])
     kw = {"step": 1, "energy_aware": True}
     with pytest.raises(ValueError):
-        raise_clocks(m, m, m, [0, 0], [(0.0, "a")], 200.0, 210.0, **kw)
+        raise_clocks(Matrices(m, m, m), [0, 0], [(0.0, "a")], 200.0, 210.0, **kw)
     with pytest.raises(ValueError):
-        raise_clocks(m, m, m, [0, 2], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw)
+        raise_clocks(Matrices(m, m, m), [0, 2], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw)
     with pytest.raises(ValueError):
-        raise_clocks(m, m[:, :1], m, [0, 0], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw)
+        raise_clocks(Matrices(m, m[:, :1], m), [0, 0], [(0.0, "a"), (0.0, "b")], 200.0, 210.0, **kw)

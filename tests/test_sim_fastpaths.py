@@ -160,19 +160,7 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
         held = rng.permutation(size + 3)[:size].astype(np.intp)
         computing = held[rng.random(size) < 0.8]
         b = copy.deepcopy(a)
-        kernels.advance(
-            held,
-            computing,
-            7.25,
-            a.n,
-            a.share,
-            a.step,
-            a.power,
-            a.attained,
-            a.run_s,
-            a.done,
-            a.energy,
-        )
+        kernels.advance(held, computing, 7.25, a.floats)
         for i in held.tolist():
             b.attained[i] += b.n[i] * 7.25
             b.run_s[i] += 7.25
@@ -183,19 +171,8 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
         for i in computing.tolist():
             active_w += float(b.share[i] * b.power[i])
             busy += float(b.share[i] * b.n[i])
-        assert kernels.draw(computing, a.share, a.power, a.n) == (active_w, busy)
-        soonest = kernels.next_events(
-            held,
-            computing,
-            50.0,
-            a.phase_end,
-            a.iterations,
-            a.done,
-            a.step,
-            a.share,
-            a.next_event,
-            a.completion,
-        )
+        assert kernels.draw(computing, a.floats) == (active_w, busy)
+        soonest = kernels.next_events(held, computing, 50.0, a.floats, a.flags)
         expected = math.inf
         computes = set(computing.tolist())
         for i in held.tolist():
@@ -211,20 +188,7 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
         for col in ("attained", "run_s", "done", "energy"):
             assert np.array_equal(getattr(a, col), getattr(b, col)), col
     a.phase_end[held[0]] = np.nan  # the last (largest) case's first holder
-    assert math.isnan(
-        kernels.next_events(
-            held,
-            held[:0],
-            0.0,
-            a.phase_end,
-            a.iterations,
-            a.done,
-            a.step,
-            a.share,
-            a.next_event,
-            a.completion,
-        )
-    )
+    assert math.isnan(kernels.next_events(held, held[:0], 0.0, a.floats, a.flags))
 
 
 def test_progress_rows_are_what_a_rebuilt_view_shows() -> None:
@@ -238,9 +202,7 @@ def test_progress_rows_are_what_a_rebuilt_view_shows() -> None:
     a.run_s[:] = rng.uniform(0, 1e5, 50)
     a.attained[:] = rng.uniform(0, 1e6, 50)
     held = rng.permutation(50)[:40].astype(np.intp)
-    remaining, run_s, attained = kernels.progress_rows(
-        held, a.iterations, a.done, a.run_s, a.attained
-    ).tolist()
+    remaining, run_s, attained = kernels.progress_rows(held, a.floats).tolist()
     for k, i in enumerate(held.tolist()):
         want = max(max(float(a.iterations[i] - a.done[i]), 0.0), 1e-9)
         assert remaining[k] == want or (math.isnan(want) and math.isnan(remaining[k]))

@@ -33,7 +33,7 @@ import pytest
 from support.twin_checks import POD_NAME, SEED, ProgressLog, Watch, bad_resumes, job_progress
 
 from powerflow.core import contract
-from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.harness import Timing, Twin
 from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 
@@ -41,6 +41,7 @@ Obj = dict[str, Any]
 SCALE = TimeScale(0.02)
 CHECKPOINT_S = 300.0
 """Between two checkpoints of a training worker (trace seconds)."""
+TIMING = Timing(checkpoint_s=CHECKPOINT_S)
 
 
 class NodeWatch(Watch):
@@ -141,9 +142,7 @@ def _restarts(twin: Twin) -> dict[str, int]:
 @pytest.mark.timeout(600)
 def test_a_node_dies_with_workers_on_it_and_its_jobs_resume_elsewhere(tmp_path: Path) -> None:
     jobs = mini_trace(4, SCALE, max_duration_s=3000)
-    with Twin(
-        tmp_path, nodes=2, gpus_per_node=4, scale=SCALE, seed=SEED, checkpoint_s=CHECKPOINT_S
-    ) as twin:
+    with Twin(tmp_path, nodes=2, gpus_per_node=4, scale=SCALE, seed=SEED, timing=TIMING) as twin:
         assert twin.kubelet is not None and twin.nodelife is not None
         watch = NodeWatch(twin.url)
         progress = ProgressLog(twin)
@@ -260,9 +259,7 @@ def _finished(twin: Twin) -> set[str]:
 def test_a_gpu_on_a_node_dies_under_a_worker(tmp_path: Path) -> None:
     jobs = mini_trace(3, SCALE, max_duration_s=3000)
     node = "node-0"
-    with Twin(
-        tmp_path, nodes=1, gpus_per_node=8, scale=SCALE, seed=SEED, checkpoint_s=CHECKPOINT_S
-    ) as twin:
+    with Twin(tmp_path, nodes=1, gpus_per_node=8, scale=SCALE, seed=SEED, timing=TIMING) as twin:
         assert twin.kubelet is not None
         watch = NodeWatch(twin.url)
         progress = ProgressLog(twin)

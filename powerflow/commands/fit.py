@@ -10,6 +10,10 @@ Modes (see README "Performance models"):
 * ``--samples FILE.csv``: fit measured samples and write the parameters
   JSON (to ``--out``, default ``FILE.params.json`` beside the CSV, ``-`` for
   stdout); with ``--json`` also the held-out MAPE of a seeded 90/10 split.
+  ``--gpu`` names a catalogue type (short or NVML name); a type not in the
+  catalogue needs ``--clocks-from-samples``: its clocks are the samples'
+  frequencies, its board limit the highest per-GPU power in them, and the
+  rest (f0 among them) is estimated by ``powerflow.core.gpus``'s rules.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 
 from powerflow.commands import checks
 from powerflow.core.errors import DataError, ModelError
-from powerflow.core.gpus import GpuSpec, gpu_spec
+from powerflow.core.gpus import ESTIMATION_RULES, GPU_SPECS, GpuSpec, estimated_spec, gpu_spec
 from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.fitting import MIN_SAMPLES, FitOptions, fit_profile
 from powerflow.core.models.metrics import Accuracy, accuracy, split
@@ -43,7 +47,16 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--samples", type=Path, metavar="FILE.csv", help="fit measured samples")
-    p.add_argument("--gpu", default="A100", help="GPU type of the samples (default A100)")
+    p.add_argument(
+        "--gpu",
+        default="A100",
+        help="GPU type of the samples, short or NVML name (default A100)",
+    )
+    p.add_argument(
+        "--clocks-from-samples",
+        action="store_true",
+        help="--gpu is not in the catalogue: take its clocks from the samples, estimate the rest",
+    )
     p.add_argument(
         "--out",
         metavar="PATH",
@@ -80,7 +93,6 @@ class _Result:
 
 def run(args: argparse.Namespace) -> int:
     """Refuse options of the other mode and unwritable outputs, then fit."""
-    gpu = gpu_spec(args.gpu)
     if args.seed < 0:
         raise checks.ArgumentError(f"--seed must be >= 0, got {args.seed}")
     mode = "--samples" if args.samples is not None else "the ground-truth fit"
@@ -90,10 +102,13 @@ def run(args: argparse.Namespace) -> int:
         else ("--out", "--model")
     )
     given = [o for o in foreign if getattr(args, o[2:].replace("-", "_")) is not None]
+    if args.clocks_from_samples and args.samples is None:
+        given.append("--clocks-from-samples")
     if given:
         raise checks.ArgumentError(f"{', '.join(given)}: not an option of {mode}")
     if args.samples is not None:
-        return _run_samples(args, gpu)
+        return _run_samples(args)
+    gpu = gpu_spec(args.gpu)
     if args.plot is not None:
         checks.output_folder(args.plot, "--plot")
     if args.write_priors is not None:
@@ -133,17 +148,49 @@ def _report(results: list[_Result], as_json: bool) -> None:
 def _held_out(samples: Samples, gpu: GpuSpec, seed: int, prior: ModelParams | None) -> Accuracy:
     train, test = split(samples, seed=seed)
     params = fit_profile(train, gpu, prior=prior, options=FitOptions(seed=seed))
-    return accuracy(FittedModel(params), test)
+    return accuracy(FittedModel(params, spec=gpu), test)
 
 
-def _run_samples(args: argparse.Namespace, gpu: GpuSpec) -> int:
+def _catalogue_names() -> set[str]:
+    return {n.lower() for spec in GPU_SPECS.values() for n in (spec.name, *spec.nvml_names)}
+
+
+def _samples_gpu(args: argparse.Namespace, need: int) -> tuple[Samples, GpuSpec]:
+    """The samples and their GPU type: the catalogue's, or one from the samples."""
+    path: Path = args.samples
+    if not args.clocks_from_samples:
+        try:
+            gpu = gpu_spec(args.gpu)
+        except DataError as exc:
+            raise DataError(f"{exc}; --clocks-from-samples fits a type not listed") from None
+        return read_samples_csv(path, min_rows=need, gpu=gpu), gpu
+    if args.gpu.strip().lower() in _catalogue_names():
+        raise checks.ArgumentError(
+            f"--clocks-from-samples: {args.gpu} is in the catalogue, which gives its clocks"
+        )
+    samples = read_samples_csv(path, min_rows=need)
+    clocks = sorted({round(float(f)) for f in samples.f})
+    per_gpu_w = samples.energy_j / (samples.n * samples.step_time_s)
+    gpu = estimated_spec(
+        args.gpu.strip(), clocks, round(float(per_gpu_w.max()), 1), estimated=("max_power_w",)
+    )
+    rules = "; ".join(f"{f}: {ESTIMATION_RULES[f]}" for f in gpu.estimated)
+    print(
+        f"{gpu.name} is not in the catalogue: {len(clocks)} clocks from the samples "
+        f"({clocks[0]}-{clocks[-1]} MHz), f0 {gpu.f0_mhz} MHz; estimated: {rules}",
+        file=sys.stderr,
+    )
+    return samples, gpu
+
+
+def _run_samples(args: argparse.Namespace) -> int:
     path: Path = args.samples
     out = args.out if args.out is not None else str(path.with_suffix(".params.json"))
     if out == "-" and args.json:
         raise DataError("--json and --out - would both write to stdout; pick one")
     # A held-out MAPE needs enough rows that its 90% still meets MIN_SAMPLES.
     need = 2 * MIN_SAMPLES if args.json else MIN_SAMPLES
-    samples = read_samples_csv(path, min_rows=need, gpu=gpu)
+    samples, gpu = _samples_gpu(args, need)
     if out != "-":  # before the fit, not after it
         checks.output_file(Path(out), "--out" if args.out is not None else "--out (default)")
     prior = _prior_for(args.model, gpu)

@@ -20,6 +20,7 @@ keep 10,000 cases per endpoint within CI's minutes, each case is cheap:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -145,6 +146,116 @@ class Http:
         if response.will_close:
             self.close()
         return answer
+
+
+Request = tuple[str, str, bytes | None, dict[str, str]]
+"""Method, path, body (None: none), headers: one request of ``Pipeline.send``."""
+
+
+def raw_request(request: Request, port: int) -> bytes:
+    """``request`` as ``http.client`` writes it: ``Host``, ``Accept-Encoding: identity``
+    unless given, the headers (Latin-1), ``Content-Length`` for a body (0 for a POST,
+    PUT or PATCH without one)."""
+    method, path, body, headers = request
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    if not any(k.lower() == "accept-encoding" for k in headers):
+        lines.append("Accept-Encoding: identity")
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body or b'')}")
+    return "\r\n".join([*lines, "", ""]).encode("latin-1") + (body or b"")
+
+
+class _Kept:
+    """The connection's reader, shared by the answers read from it in turn: closing one
+    answer (``HTTPResponse`` does once its body is read) leaves it open for the next."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def makefile(self, *_: Any, **__: Any) -> _Kept:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
+
+
+class Pipeline:
+    """One keep-alive HTTP/1.1 connection to ``127.0.0.1:port`` on which a batch of
+    requests goes out back to back and their answers come back in order (pipelining,
+    RFC 9112 section 9.3): one round trip a batch, where ``Http`` takes one a request.
+    The server answers each as if it came alone; when it closes the connection after
+    one (a refused request, ``Connection: close``), the requests it did not answer go
+    again on a new connection."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._sock: socket.socket | None = None
+        self._reader: _Kept | None = None
+        self.sent = 0
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            self._reader = None
+
+    def _connection(self) -> tuple[socket.socket, _Kept]:
+        if self._sock is None or self._reader is None:
+            self._sock = socket.create_connection(("127.0.0.1", self.port), timeout=HANG_S)
+            self._reader = _Kept(self._sock.makefile("rb"))
+        return self._sock, self._reader
+
+    def send(self, requests: Sequence[Request]) -> list[Answer]:
+        """The answers to ``requests``, in their order."""
+        answers: list[Answer] = []
+        pending = list(requests)
+        while pending:
+            new = self._sock is None
+            sock, reader = self._connection()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                # If it closed, the answers it sent before may still be there to read.
+                sock.sendall(b"".join(raw_request(r, self.port) for r in pending))
+            done, closing = self._read(reader, pending, answers)
+            pending = pending[done:]
+            if closing:
+                self.close()
+            if done == 0 and new:
+                method, path, _, _ = pending[0]
+                raise AssertionError(f"{method} {path}: the connection closed unanswered")
+        return answers
+
+    def _read(
+        self, reader: _Kept, pending: list[Request], answers: list[Answer]
+    ) -> tuple[int, bool]:
+        """Read answers to ``pending`` in order into ``answers``: how many, and whether
+        the server closes the connection after the last."""
+        done = 0
+        for method, path, _, _ in pending:
+            response = http.client.HTTPResponse(reader, method=method)  # type: ignore[arg-type]
+            try:
+                response.begin()
+                data = response.read()
+            except TimeoutError:
+                raise AssertionError(f"{method} {path}: no answer in {HANG_S} s") from None
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                return done, True
+            headers = {k.lower(): v for k, v in response.getheaders()}
+            answers.append(Answer(response.status, headers, data))
+            self.sent += 1
+            done += 1
+            if response.will_close:
+                return done, True
+        return done, False
 
 
 def _chunks(body: bytes, size: int = 1 << 16) -> Iterator[bytes]:

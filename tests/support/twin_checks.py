@@ -1,8 +1,9 @@
-"""What the twin's fault tests check, shared by tests/test_twin_faults*.py and
-tests/test_twin_api_faults.py: a ``Watch`` of every pod event (a slot created twice, a
-GPU in two gangs' blocks, a gang partly bound), a ``ProgressLog`` of each DLJob's
-progress, ``resumes`` (a worker that trained from before its job's last checkpoint),
-and ``eventually``. Checked on their own in ``tests/test_twin_faults.py``.
+"""What the twin's fault tests check, shared by tests/test_twin_faults*.py: a ``Watch``
+of every pod event (a slot created twice, a GPU in two gangs' blocks, a gang partly
+bound), a ``ProgressLog`` of each DLJob's progress, ``resumes`` (a worker that trained
+from before its job's last checkpoint), ``PartialGangs`` (how long a gang stayed partly
+bound) and ``eventually``. Checked on their own in ``tests/test_twin_faults.py``. And
+the API-server faults those tests inject (``api_fault_kinds``).
 """
 
 from __future__ import annotations
@@ -191,3 +192,84 @@ def eventually(check: Callable[[], bool], limit_s: float = 30.0, every_s: float 
             return True
         time.sleep(every_s)
     return False
+
+
+PRODUCT = ("powerflow-operator/*", "kopf/*", "powerflow-nodeagent/*", "powerflow-extender/*")
+"""The product's clients: the operator's allocation loop and its kopf watches, the node
+agents, the extender (``httpx``'s default agent; the twin's own clients say ``twin-*``)."""
+OBSERVER = {"User-Agent": "twin-test-watch"}
+RESERVATION_TTL_S = 120.0
+"""The extender's gang reservation TTL: a gang partly bound for longer has lost it (the
+16-GPU gang stall of docs/twin.md was a gang partly bound for good)."""
+
+Rule = dict[str, Any]
+
+
+def rule(verb: str, resource: str, **fault: Any) -> Rule:
+    return {"verb": verb, "resource": resource, **fault}
+
+
+def api_fault_kinds() -> dict[str, list[Rule]]:
+    """The API-server faults, by kind, each for every client of the product."""
+    dljob_status = f"{contract.PLURAL}/status"
+    per_client: dict[str, list[Rule]] = {
+        "409 conflict": [
+            rule("patch", "*", status=409, probability=0.15),
+            rule("create", "pods", status=409, probability=0.15),
+            rule("create", "pods/binding", status=409, probability=0.15),
+        ],
+        "429 Retry-After": [rule("*", "*", status=429, probability=0.05, retry_after_s=1)],
+        "500 before the write": [
+            rule("create", "*", status=500, probability=0.05),
+            rule("patch", dljob_status, status=500, probability=0.1),
+            rule("list", "*", status=500, probability=0.05),
+        ],
+        "500 after the write": [
+            rule("create", "pods", status=500, committed=True, probability=0.15),
+            rule("create", "pods/binding", status=500, committed=True, probability=0.15),
+            rule("delete", "pods", status=500, committed=True, probability=0.2),
+        ],
+        "watch ended by 410": [rule("watch", "*", status=410, after_events=3, probability=0.2)],
+        "slow answer (1.5 s)": [rule("*", "*", delay_s=1.5, probability=0.02)],
+    }
+    return {
+        kind: [{**r, "user_agent": agent} for r in rules for agent in PRODUCT]
+        for kind, rules in per_client.items()
+    }
+
+
+@dataclass
+class PartialGangs:
+    """How long each gang (job, generation) stayed partly bound (some of its pods on a
+    node, not all), from the watch's live pods every 0.2 s: the longest stretch."""
+
+    watch: Watch
+    since: dict[tuple[str, str], float] = field(default_factory=dict)
+    longest_s: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._main, name="partial-gangs", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        while not self.stop.wait(0.2):
+            try:
+                live = list(self.watch.live.items())
+            except RuntimeError:  # changed while copied: the next tick
+                continue
+            bound: dict[tuple[str, str], list[Any]] = {}
+            for name, pod in live:
+                match = POD_NAME.match(name)
+                if match is not None and pod["spec"].get("nodeName"):
+                    bound.setdefault((match["job"], match["gen"]), []).append(pod)
+            now = time.monotonic()
+            partial = {g for g, pods in bound.items() if 0 < len(pods) < world(pods[0])}
+            for gang in partial:
+                self.longest_s = max(self.longest_s, now - self.since.setdefault(gang, now))
+            for gang in set(self.since) - partial:
+                del self.since[gang]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)

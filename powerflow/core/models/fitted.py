@@ -21,10 +21,13 @@ class FittedModel:
     """
 
     params: ModelParams
+    # The spec of a type not in the catalogue (``powerflow fit
+    # --clocks-from-samples``); None: the catalogue's type ``params.gpu``.
+    spec: GpuSpec | None = None
 
     @property
     def gpu(self) -> GpuSpec:
-        return gpu_spec(self.params.gpu)
+        return gpu_spec(self.params.gpu) if self.spec is None else self.spec
 
     # Packed once per model (``cached_property`` writes the instance's
     # ``__dict__``, which a frozen dataclass allows): the policy predicts with

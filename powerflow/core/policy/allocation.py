@@ -63,7 +63,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.core.policy.curves import Curves
-from powerflow.core.policy.greedy_kernels import allocate_steps, heap_arrays
+from powerflow.core.policy.greedy_kernels import (
+    JobSteps,
+    PowerState,
+    Rows,
+    StepRules,
+    allocate_steps,
+    heap_arrays,
+)
 from powerflow.core.policy.tables import IntArray
 
 
@@ -136,32 +143,29 @@ def allocate(
     row = np.full(tables.start.size, -1, dtype=np.int64)
     order = np.empty(cand.size, dtype=np.int64)
     n_order, allocated, jobs_w = allocate_steps(
-        tables.start,
-        tables.sizes,
-        tables.counts,
-        curves.jct_s,
-        curves.energy_j,
-        curves.power_w,
-        curves.age_s,
-        curves.tie_rank,
+        Rows(tables.counts, curves.jct_s, curves.energy_j, curves.power_w),
+        JobSteps(tables.start, tables.sizes, curves.age_s, curves.tie_rank, returns.current),
         cand,
-        bool(energy_aware),
-        bool(elastic),
-        bool(strict),
-        int(power.free_gpus),
-        int(power.base_gpus),
-        float(power.base_power_w),  # an int 0 without pinned jobs: one compiled signature
-        int(power.gpus_per_node),
-        int(power.base_nodes),
-        float(power.idle_w),
-        float(power.limit_w),
-        returns.current,
-        float(returns.restart_s),
-        float(returns.restart_w),
-        float(returns.min_ratio),
+        StepRules(
+            bool(energy_aware),
+            bool(elastic),
+            bool(strict),
+            float(returns.restart_s),
+            float(returns.restart_w),
+            float(returns.min_ratio),
+        ),
+        PowerState(
+            int(power.free_gpus),
+            int(power.base_gpus),
+            float(power.base_power_w),  # an int 0 without pinned jobs: one compiled signature
+            int(power.gpus_per_node),
+            int(power.base_nodes),
+            float(power.idle_w),
+            float(power.limit_w),
+        ),
         row,
         order,
-        *heap_arrays(tables.start.size),
+        heap_arrays(tables.start.size),
     )
     jobs = order[:n_order]
     rows = dict(zip(jobs.tolist(), row[jobs].tolist(), strict=True))

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.curves import tie_ranks
-from powerflow.core.policy.greedy_kernels import heap_arrays, raise_steps
+from powerflow.core.policy.greedy_kernels import Matrices, RaiseRules, heap_arrays, raise_steps
 
 
 @dataclass(frozen=True)
@@ -42,9 +41,7 @@ class Clocks:
 
 
 def raise_clocks(
-    jct_s: FloatArray,
-    energy_j: FloatArray,
-    power_w: FloatArray,
+    matrices: Matrices,
     start: Sequence[int],
     order: Sequence[tuple[float, str]],
     total_w: float,
@@ -56,11 +53,13 @@ def raise_clocks(
 ) -> Clocks:
     """Raise clocks by ``step`` columns at a time while the limit allows.
 
-    Row ``i`` of the matrices is one running job at its GPU count (columns:
-    clocks); ``order[i]`` is its tie-break (arrival, id); ``total_w`` the
-    predicted cluster power at ``start``. ``min_ratio`` (PowerFlow+): no raise
-    whose ``dJCT / dE`` (s/J) is below it; 0, the paper's rule, takes any.
+    Row ``i`` of the ``matrices`` (JCT, energy, power) is one running job at
+    its GPU count (columns: clocks); ``order[i]`` is its tie-break (arrival,
+    id); ``total_w`` the predicted cluster power at ``start``. ``min_ratio``
+    (PowerFlow+): no raise whose ``dJCT / dE`` (s/J) is below it; 0, the
+    paper's rule, takes any.
     """
+    jct_s, energy_j, power_w = matrices
     width = jct_s.shape[1] if jct_s.ndim == 2 else 0
     if width < 2 or not len(start):
         return Clocks(columns=tuple(start), power_w=total_w, raised_rows=(), raised_from=())
@@ -77,19 +76,18 @@ def raise_clocks(
     raised_rows = np.empty(rows * (width - 1), dtype=np.int64)
     raised_from = np.empty(rows * (width - 1), dtype=np.int64)
     n_raised, power = raise_steps(
-        np.ascontiguousarray(jct_s, dtype=np.float64),
-        np.ascontiguousarray(energy_j, dtype=np.float64),
-        np.ascontiguousarray(power_w, dtype=np.float64),
+        Matrices(
+            np.ascontiguousarray(jct_s, dtype=np.float64),
+            np.ascontiguousarray(energy_j, dtype=np.float64),
+            np.ascontiguousarray(power_w, dtype=np.float64),
+        ),
         tie_ranks(order),
         float(total_w),
-        float(limit_w),
-        int(step),
-        bool(energy_aware),
-        float(min_ratio),
+        RaiseRules(float(limit_w), int(step), bool(energy_aware), float(min_ratio)),
         columns,
         raised_rows,
         raised_from,
-        *heap_arrays(rows),
+        heap_arrays(rows),
     )
     return Clocks(
         tuple(columns.tolist()),

@@ -16,12 +16,21 @@ one operation: the entry stays at the root with its new keys and sinks
 pop and a push. ``heap`` is a preallocated array of which the first ``size``
 entries are in use.
 
+The kernels take their arguments in groups of what belongs together, each a
+``NamedTuple`` (numba passes one as a struct of its fields, so the loops read
+them as they would separate arguments): ``Rows`` and ``JobSteps`` (the
+tables' per-row and per-job columns), ``StepRules`` and ``PowerState`` (what
+allocation may do, and the power model where it starts), ``Matrices`` and
+``RaiseRules`` (the clock phase's), ``Heap`` (a loop's scratch).
+
 Everything compiled lives in this one file on purpose: numba's on-disk cache
 notices a change in the file of a cached function, not in the files of the
 functions it calls.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,18 +39,99 @@ from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.tables import IntArray
 
 
-def heap_arrays(n: int) -> tuple[IntArray, FloatArray, IntArray, IntArray]:
-    """Scratch for a heap of up to ``n`` entries: class, value and tie keys, and the heap.
+class Heap(NamedTuple):
+    """A heap loop's scratch (``heap_arrays``): the class, value and tie keys
+    of each entry, and the heap itself."""
+
+    cls: IntArray
+    value: FloatArray
+    tie: IntArray
+    heap: IntArray
+
+
+def heap_arrays(n: int) -> Heap:
+    """Scratch for a heap of up to ``n`` entries, ``tie`` zero.
 
     Allocated by the caller: numpy allocation inside a kernel roughly doubles
     its compile time.
     """
-    return (
+    return Heap(
         np.empty(n, dtype=np.int64),
         np.empty(n),
         np.zeros(n, dtype=np.int64),
         np.empty(n, dtype=np.int64),
     )
+
+
+class Rows(NamedTuple):
+    """Per table row (``tables.py``): its GPU count, and the job's JCT,
+    remaining energy and power there at the row's most efficient clock."""
+
+    counts: IntArray
+    jct: FloatArray
+    energy: FloatArray
+    power: FloatArray
+
+
+class JobSteps(NamedTuple):
+    """Per job: its first table row, how many rows it has, its age (s since
+    arrival), its tie rank, and the row of the count it runs on now (-1:
+    none; see ``_doubling_key``)."""
+
+    start: IntArray
+    sizes: IntArray
+    age: FloatArray
+    rank: IntArray
+    current: IntArray
+
+
+class StepRules(NamedTuple):
+    """What allocation may do (``allocation.py``): rank steps by energy, take
+    doublings, check the power of every step; a rescale's checkpoint-restart
+    seconds and per-GPU watts; the floor on a doubling's ``d_jct /
+    d_energy`` (0: none)."""
+
+    energy_aware: bool
+    elastic: bool
+    strict: bool
+    restart_s: float
+    restart_w: float
+    min_ratio: float
+
+
+class PowerState(NamedTuple):
+    """``PowerModel``'s numbers as the heap loop starts: free GPUs, GPUs
+    allocated and the jobs' power (the pinned jobs'), GPUs per node, nodes
+    on at least, idle watts per GPU and the limit."""
+
+    free: int
+    allocated: int
+    jobs_w: float
+    gpus_per_node: int
+    base_nodes: int
+    idle_w: float
+    limit_w: float
+
+
+class Matrices(NamedTuple):
+    """JCT, energy and power of the running jobs (``Curves.matrices``, the
+    power as ``power_loop`` counts it): one row per job at its GPU count, one
+    column per clock. ``raise_steps`` takes them C-contiguous float64 (one compiled
+    signature)."""
+
+    jct: FloatArray
+    energy: FloatArray
+    power: FloatArray
+
+
+class RaiseRules(NamedTuple):
+    """The clock phase's bounds: the power limit, columns per raise, rank
+    raises by energy, the floor on a raise's ``d_jct / d_energy`` (0: none)."""
+
+    limit_w: float
+    step: int
+    energy_aware: bool
+    min_ratio: float
 
 
 @njit
@@ -64,25 +154,20 @@ def _step_key(d_jct: float, d_energy: float, energy_aware: bool) -> tuple[int, f
 
 @njit
 def _doubling_key(
-    j: int,
-    nxt: int,
-    counts: IntArray,
-    eff_jct: FloatArray,
-    eff_energy: FloatArray,
-    current: IntArray,
-    restart_s: float,
-    restart_w: float,
-    energy_aware: bool,
+    j: int, nxt: int, table: Rows, current: IntArray, rules: StepRules
 ) -> tuple[int, float]:
     """``_step_key`` of job ``j``'s step from row ``nxt - 1`` to ``nxt``, rescale cost included.
 
     A running job (``current[j]``: the row of the count it holds, -1 for none)
-    pays a checkpoint-restart whenever it ends on another count: ``restart_s``
-    seconds added to its JCT and ``restart_s * restart_w`` joules per GPU it
-    then holds. The step into its current count therefore gains one restart
-    (it avoids it), the step out of it loses one; other steps pay it on both
-    sides and are unchanged. With ``restart_s`` 0 this is ``_step_key`` exactly.
+    pays a checkpoint-restart whenever it ends on another count:
+    ``rules.restart_s`` seconds added to its JCT and ``restart_s *
+    restart_w`` joules per GPU it then holds. The step into its current count
+    therefore gains one restart (it avoids it), the step out of it loses one;
+    other steps pay it on both sides and are unchanged. With ``restart_s`` 0
+    this is ``_step_key`` exactly.
     """
+    eff_jct, eff_energy, counts = table.jct, table.energy, table.counts
+    restart_s, restart_w = rules.restart_s, rules.restart_w
     d_jct = eff_jct[nxt - 1] - eff_jct[nxt]
     d_energy = eff_energy[nxt] - eff_energy[nxt - 1]
     cur = current[j]
@@ -93,7 +178,7 @@ def _doubling_key(
         elif nxt - 1 == cur:
             d_jct -= restart_s
             d_energy += restart_s * restart_w * counts[nxt]
-    return _step_key(d_jct, d_energy, energy_aware)
+    return _step_key(d_jct, d_energy, rules.energy_aware)
 
 
 @njit
@@ -160,51 +245,36 @@ def _pop(
 
 @njit
 def allocate_steps(
-    start: IntArray,
-    sizes: IntArray,
-    counts: IntArray,
-    eff_jct: FloatArray,
-    eff_energy: FloatArray,
-    eff_power: FloatArray,
-    ages: FloatArray,
-    rank: IntArray,
+    table: Rows,
+    jobs: JobSteps,
     candidates: IntArray,
-    energy_aware: bool,
-    elastic: bool,
-    strict: bool,
-    free: int,
-    allocated: int,
-    jobs_w: float,
-    gpn: int,
-    base_nodes: int,
-    idle_w: float,
-    limit_w: float,
-    current: IntArray,
-    restart_s: float,
-    restart_w: float,
-    min_ratio: float,
+    rules: StepRules,
+    power: PowerState,
     row: IntArray,
     order: IntArray,
-    cls: IntArray,
-    value: FloatArray,
-    to_row: IntArray,
-    heap: IntArray,
+    scratch: Heap,
 ) -> tuple[int, int, float]:
     """Allocation's heap loop over the ``candidates`` (see ``allocation.py``).
 
     Heap entries are jobs (one step each at a time), keyed (class, value,
     tie rank, row of the step); a first step has class 0 and the job's
     remaining service as value. ``PowerModel.nodes_on``/``total_w`` are
-    inlined with the same arithmetic. Sets ``row[j]`` (it comes filled with
-    -1, which stays for the jobs that wait) and lists in ``order`` the jobs
-    in the order they got their first GPUs; returns how many did, the GPUs
-    allocated and the jobs' predicted power. ``current``, ``restart_s`` and
-    ``restart_w``: the rescale cost (``_doubling_key``); ``min_ratio``: the
-    floor on a doubling's ``d_jct / d_energy`` (0: none). Doublings sit in
-    the heap by that ratio, so the first one below the floor ends them all;
-    first steps and free wins are never refused by it. ``cls`` .. ``heap``:
-    scratch (``heap_arrays``).
+    inlined with the same arithmetic, starting from ``power``. Sets
+    ``row[j]`` (it comes filled with -1, which stays for the jobs that wait)
+    and lists in ``order`` the jobs in the order they got their first GPUs;
+    returns how many did, the GPUs allocated and the jobs' predicted power.
+    ``jobs.current`` and the rules' ``restart_s`` and ``restart_w``: the
+    rescale cost (``_doubling_key``); ``rules.min_ratio``: the floor on a
+    doubling's ``d_jct / d_energy`` (0: none). Doublings sit in the heap by
+    that ratio, so the first one below the floor ends them all; first steps
+    and free wins are never refused by it. ``scratch``: ``heap_arrays``, its
+    ``tie`` holding each entry's row of the step.
     """
+    counts, eff_jct, eff_power = table.counts, table.jct, table.power
+    start, sizes, ages, rank, current = jobs
+    elastic, strict, min_ratio = rules.elastic, rules.strict, rules.min_ratio
+    free, allocated, jobs_w, gpn, base_nodes, idle_w, limit_w = power
+    cls, value, to_row, heap = scratch
     size = root = int(np.int64(0))  # see ``_sift``
     for j in candidates:
         if sizes[j] == 0:
@@ -246,9 +316,7 @@ def allocate_steps(
         nxt = to + 1  # the job's next step replaces this one in the heap
         step_cls, step_value = 3, 0.0
         if elastic and nxt < start[j] + sizes[j]:
-            step_cls, step_value = _doubling_key(
-                j, nxt, counts, eff_jct, eff_energy, current, restart_s, restart_w, energy_aware
-            )
+            step_cls, step_value = _doubling_key(j, nxt, table, current, rules)
         if step_cls == 3:
             size = _pop(heap, size, cls, value, rank, to_row)
             continue
@@ -259,35 +327,30 @@ def allocate_steps(
 
 @njit
 def raise_steps(
-    jct: FloatArray,
-    energy: FloatArray,
-    power: FloatArray,
+    matrices: Matrices,
     rank: IntArray,
     total_w: float,
-    limit_w: float,
-    step: int,
-    energy_aware: bool,
-    min_ratio: float,
+    rules: RaiseRules,
     columns: IntArray,
     raised_rows: IntArray,
     raised_from: IntArray,
-    cls: IntArray,
-    value: FloatArray,
-    tie: IntArray,
-    heap: IntArray,
+    scratch: Heap,
 ) -> tuple[int, float]:
     """The clock phase's heap loop (see ``frequency.py``): take the best raise if it fits.
 
     Heap entries are rows keyed (class, value, tie rank, 0); a committed
-    raise is replaced by the row's next one. ``columns`` holds the start
-    columns and ends with the chosen ones; the committed raises (rows,
-    columns before) are written in order to ``raised_rows`` and
-    ``raised_from`` (room for ``rows * (width - 1)``: every raise moves a row
-    at least one column up). Returns how many, and the predicted power.
-    ``min_ratio``: the floor on a raise's ``d_jct / d_energy`` (0: none), as
-    in ``allocate_steps``.
-    ``cls`` .. ``heap``: scratch (``heap_arrays``, ``tie`` zero).
+    raise is replaced by the row's next one. ``total_w`` is the predicted
+    power at the start columns, ``columns`` holds those and ends with the
+    chosen ones; the committed raises (rows, columns before) are written in
+    order to ``raised_rows`` and ``raised_from`` (room for ``rows * (width -
+    1)``: every raise moves a row at least one column up). Returns how many,
+    and the predicted power. ``rules.min_ratio``: the floor on a raise's
+    ``d_jct / d_energy`` (0: none), as in ``allocate_steps``. ``scratch``:
+    ``heap_arrays`` (``tie`` zero).
     """
+    jct, energy, power = matrices
+    limit_w, step, energy_aware, min_ratio = rules
+    cls, value, tie, heap = scratch
     rows, width = jct.shape
     size = root = int(np.int64(0))  # see ``_sift``
     for i in range(rows):

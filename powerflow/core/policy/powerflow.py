@@ -94,6 +94,7 @@ from powerflow.core.policy.allocation import PowerModel, allocate
 from powerflow.core.policy.budget import resolve_limit_watts
 from powerflow.core.policy.curves import Curves, curves_of
 from powerflow.core.policy.frequency import raise_clocks
+from powerflow.core.policy.greedy_kernels import Matrices
 from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.placement import place_columns
 from powerflow.core.policy.power_loop import (
@@ -280,13 +281,13 @@ class _Decision:
         # on columns ``low ..`` (the same floats, shifted; see raise_clocks).
         low = min(start, default=0)
         jct_m, energy_m, power_m = self.curves.matrices(row_idx, low)
-        matrices = (jct_m, energy_m, self.fix.matrix(row_idx, power_m))
+        matrices = Matrices(jct_m, energy_m, self.fix.matrix(row_idx, power_m))
         columns = start
         raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         predicted = alloc.power_w
         if self.policy.frequency_scaling:
             result = raise_clocks(
-                *matrices,
+                matrices,
                 [c - low for c in start],
                 [(jobs[i].arrival_s, jobs[i].id) for i in running],
                 alloc.power_w,
@@ -299,7 +300,7 @@ class _Decision:
             # Shifted back by ``low`` only where the undo loop reads one (rarely).
             raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
-        priced = _Power(matrices[2], low)
+        priced = _Power(matrices.power, low)
         return self._place(rows, running, row_idx, priced, columns, raises, predicted, plan_limit)
 
     def _place(

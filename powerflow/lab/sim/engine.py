@@ -203,9 +203,7 @@ class Simulation:
         stale = self._stale_views
         if len(held):
             # remaining is max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
-            remaining, run_s, attained_s = kernels.progress_rows(
-                held, a.iterations, a.done, a.run_s, a.attained
-            ).tolist()
+            remaining, run_s, attained_s = kernels.progress_rows(held, a.floats).tolist()
             new = _new_object
             set_dict = _set_field
             for i, rem, elapsed, attained in zip(
@@ -767,20 +765,7 @@ class Simulation:
         """Every holder's held time, and every computing one's work and energy,
         ``dt`` seconds on (the same float operations as job by job)."""
         held, computing = self._slots()
-        a = self._arrays
-        kernels.advance(
-            held,
-            computing,
-            dt,
-            a.n,
-            a.share,
-            a.step,
-            a.power,
-            a.attained,
-            a.run_s,
-            a.done,
-            a.energy,
-        )
+        kernels.advance(held, computing, dt, self._arrays.floats)
 
     def _due(self, due: float) -> list[SimJob]:
         """Holders whose next event is at ``due`` or before, in ``_holders`` order."""
@@ -828,24 +813,13 @@ class Simulation:
             self._shares_dirty = False
             self._power_dirty = True
         if self._power_dirty:
-            self._active_w, self._busy_gpus = kernels.draw(computing, a.share, a.power, a.n)
+            self._active_w, self._busy_gpus = kernels.draw(computing, a.floats)
             jobs = self.jobs
             self._peak_extra_w = sum(
                 jobs[i].share * (jobs[i].peak_w - jobs[i].power_w) for i in self._profiling
             )
             self._power_dirty = False
-        self._next_job_s = kernels.next_events(
-            held,
-            computing,
-            self.now,
-            a.phase_end,
-            a.iterations,
-            a.done,
-            a.step,
-            a.share,
-            a.next_event,
-            a.completion,
-        )
+        self._next_job_s = kernels.next_events(held, computing, self.now, a.floats, a.flags)
         self._record()
 
     def _record(self) -> None:

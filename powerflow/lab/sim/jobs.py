@@ -10,6 +10,7 @@ from powerflow.core.learning import Knowledge
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.models.samples import Samples
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan
+from powerflow.lab.sim import kernels
 from powerflow.lab.sim.trace import TraceJob
 
 
@@ -28,7 +29,8 @@ COMPUTING = frozenset({Phase.PROFILE, Phase.RUN})
 
 
 class JobArrays:
-    """The per-job numbers the engine updates at every event, one array each.
+    """The per-job numbers the engine updates at every event, one array each
+    (the rows of two blocks, ``floats`` and ``flags``).
 
     Between events the engine advances progress, energy and held time of all
     holders, and recomputes their next events, in compiled loops over these
@@ -39,19 +41,28 @@ class JobArrays:
     """
 
     def __init__(self, size: int) -> None:
-        self.done = np.zeros(size)  # iterations done
-        self.energy = np.zeros(size)  # J while computing (pre-run apart)
-        self.attained = np.zeros(size)  # GPU-seconds held
-        self.run_s = np.zeros(size)  # seconds held
-        self.share = np.ones(size)  # time share of its GPUs (time-slicing)
-        self.step = np.full(size, np.inf)  # s per iteration at its current rates
-        self.power = np.zeros(size)  # W of all its GPUs while computing
-        self.n = np.zeros(size)  # GPUs held, as a float
-        self.iterations = np.zeros(size)
-        self.phase_end = np.full(size, np.inf)
-        self.next_event = np.full(size, np.inf)
-        self.completion = np.zeros(size, dtype=bool)  # the next event is its completion
-        self.computing = np.zeros(size, dtype=bool)
+        # The blocks are the compiled loops' arguments (``kernels`` says why
+        # and holds the row indices).
+        self.floats = np.zeros((kernels.FLOAT_ROWS, size))
+        self.flags = np.zeros((kernels.FLAG_ROWS, size), dtype=bool)
+        f = self.floats
+        self.done = f[kernels.DONE]  # iterations done
+        self.energy = f[kernels.ENERGY]  # J while computing (pre-run apart)
+        self.attained = f[kernels.ATTAINED]  # GPU-seconds held
+        self.run_s = f[kernels.RUN_S]  # seconds held
+        self.share = f[kernels.SHARE]  # time share of its GPUs (time-slicing)
+        self.step = f[kernels.STEP]  # s per iteration at its current rates
+        self.power = f[kernels.POWER]  # W of all its GPUs while computing
+        self.n = f[kernels.N]  # GPUs held, as a float
+        self.iterations = f[kernels.ITERATIONS]
+        self.phase_end = f[kernels.PHASE_END]
+        self.next_event = f[kernels.NEXT_EVENT]
+        self.completion = self.flags[kernels.COMPLETION]  # the next event is its completion
+        self.computing = self.flags[kernels.COMPUTING]
+        self.share[:] = 1.0
+        self.step[:] = np.inf
+        self.phase_end[:] = np.inf
+        self.next_event[:] = np.inf
 
 
 def _column(name: str, doc: str) -> property:

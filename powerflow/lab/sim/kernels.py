@@ -8,8 +8,14 @@ fused or reordered arithmetic): the results are the very floats of a plain
 Python loop over the jobs (tests/test_sim_fastpaths.py checks against one).
 
 ``held`` is the holders' rows in the engine's ``_holders`` order,
-``computing`` the rows of those that compute; every other argument is a
-column of ``JobArrays``.
+``computing`` the rows of those that compute. The per-job columns come as
+the two blocks of ``JobArrays``: ``floats`` (one row per float column, the
+indices below) and ``flags`` (the boolean ones). A block is one argument
+that numba's dispatcher types on its fast path for arrays, where a
+``NamedTuple`` of the columns would be fingerprinted field name by field
+name at every call, and the engine calls these several times per event.
+The indices live here because the compiled loops have them built in:
+numba's cache notices a change in this file only.
 """
 
 from __future__ import annotations
@@ -20,23 +26,20 @@ import numpy as np
 
 from powerflow.core.jit import njit
 
+# Rows of JobArrays.floats.
+DONE, ENERGY, ATTAINED, RUN_S, SHARE, STEP, POWER, N, ITERATIONS, PHASE_END, NEXT_EVENT = range(11)
+FLOAT_ROWS = 11
+# Rows of JobArrays.flags.
+COMPLETION, COMPUTING = range(2)
+FLAG_ROWS = 2
+
 
 @njit
-def advance(
-    held: np.ndarray,
-    computing: np.ndarray,
-    dt: float,
-    n: np.ndarray,
-    share: np.ndarray,
-    step: np.ndarray,
-    power: np.ndarray,
-    attained: np.ndarray,
-    run_s: np.ndarray,
-    done: np.ndarray,
-    energy: np.ndarray,
-) -> None:
+def advance(held: np.ndarray, computing: np.ndarray, dt: float, floats: np.ndarray) -> None:
     """``dt`` seconds on: held time of every holder, work and energy of
     every computing one (its share of its GPUs at its current rates)."""
+    n, share, step, power = floats[N], floats[SHARE], floats[STEP], floats[POWER]
+    attained, run_s, done, energy = floats[ATTAINED], floats[RUN_S], floats[DONE], floats[ENERGY]
     for i in held:
         attained[i] += n[i] * dt
         run_s[i] += dt
@@ -46,11 +49,10 @@ def advance(
 
 
 @njit
-def draw(
-    computing: np.ndarray, share: np.ndarray, power: np.ndarray, n: np.ndarray
-) -> tuple[float, float]:
+def draw(computing: np.ndarray, floats: np.ndarray) -> tuple[float, float]:
     """(active watts, busy GPUs) of the computing jobs, each the sum of the
     jobs' shares of their terms added one by one in ``computing`` order."""
+    share, power, n = floats[SHARE], floats[POWER], floats[N]
     active_w = 0.0
     busy = 0.0
     for i in computing:
@@ -61,20 +63,14 @@ def draw(
 
 @njit
 def next_events(
-    held: np.ndarray,
-    computing: np.ndarray,
-    now: float,
-    phase_end: np.ndarray,
-    iterations: np.ndarray,
-    done: np.ndarray,
-    step: np.ndarray,
-    share: np.ndarray,
-    next_event: np.ndarray,
-    completion: np.ndarray,
+    held: np.ndarray, computing: np.ndarray, now: float, floats: np.ndarray, flags: np.ndarray
 ) -> float:
     """Set every holder's next event (its completion if that comes no later
     than its phase end) and return the soonest (inf: no holders, NaN if
     any is NaN, as ``np.min`` has it)."""
+    phase_end, iterations, done = floats[PHASE_END], floats[ITERATIONS], floats[DONE]
+    step, share, next_event = floats[STEP], floats[SHARE], floats[NEXT_EVENT]
+    completion = flags[COMPLETION]
     for i in held:
         next_event[i] = phase_end[i]
         completion[i] = False
@@ -97,16 +93,16 @@ def next_events(
 
 
 @njit
-def progress_rows(
-    held: np.ndarray,
-    iterations: np.ndarray,
-    done: np.ndarray,
-    run_s: np.ndarray,
-    attained: np.ndarray,
-) -> np.ndarray:
+def progress_rows(held: np.ndarray, floats: np.ndarray) -> np.ndarray:
     """The progress fields of the holders' views, one column per holder:
     remaining iterations (never below 1e-9, NaN kept), seconds held and
     GPU-seconds held."""
+    iterations, done, run_s, attained = (
+        floats[ITERATIONS],
+        floats[DONE],
+        floats[RUN_S],
+        floats[ATTAINED],
+    )
     out = np.empty((3, len(held)))
     for k in range(len(held)):
         i = held[k]

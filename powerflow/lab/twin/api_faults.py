@@ -16,7 +16,7 @@ A rule (``ApiFaults.inject``) matches requests by RBAC verb (``get``,
 ``times`` times (``None``: always), each matching request with
 ``probability`` drawn from a generator seeded by ``ApiFaults(seed=...)``
 (the draws are reproducible; which request gets which draw follows the
-order the requests arrive in). What it does, as
+order the requests arrive in). What it does is its ``Answer``, as
 kube-apiserver does it:
 
 - ``delay_s``: the answer comes that many seconds late (an overloaded server,
@@ -55,6 +55,7 @@ same ``ERROR`` event at once, continue tokens of lists begun before are
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import random
 from collections.abc import Mapping
@@ -64,6 +65,7 @@ import aiohttp.web
 import attrs
 import kmock
 import pydantic
+import pydantic.dataclasses
 
 VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "*"})
 _STRICT = pydantic.ConfigDict(strict=True)
@@ -124,29 +126,48 @@ def classify(request: kmock.Request) -> tuple[str, str, str | None, str] | None:
     return verb, resource, request.namespace, str(name or "")
 
 
+_FIELDS = pydantic.ConfigDict(strict=True, extra="forbid")
+
+
+@pydantic.dataclasses.dataclass(frozen=True, kw_only=True, config=_FIELDS)
+class Answer:
+    """What a fault does to a request it catches (see the module): the answer's
+    ``status``, a ``delay_s`` before it, a ``committed`` write, a watch's
+    ``after_events``, a 429's ``retry_after_s``, the ``message``. Checked strictly
+    when made (a JSON string is not a number, an unknown key is refused), so a
+    control request's rule is refused as a call of ``ApiFaults.inject`` is."""
+
+    status: int | None = None
+    delay_s: float = 0.0
+    committed: bool = False
+    after_events: int = 0
+    retry_after_s: int = 1
+    message: str | None = None
+
+
+ANSWER_KEYS = frozenset(f.name for f in dataclasses.fields(Answer))
+"""The keys of a control request's rule that make its ``Answer``; the others are
+``inject``'s (which requests it catches, how often)."""
+
+
 @attrs.define
 class Fault:
     """One rule of ``ApiFaults.inject``; ``hits`` counts the requests it answered."""
 
     verb: str
     resource: str
-    status: int | None = None
-    delay_s: float = 0.0
+    answer: Answer
     name: str = "*"
     namespace: str | None = None
     times: int | None = None
     probability: float = 1.0
-    committed: bool = False
-    after_events: int = 0
-    retry_after_s: int = 1
-    message: str | None = None
     user_agent: str = "*"
     hits: int = 0
 
     @property
     def in_stream(self) -> bool:
         """Whether it ends a watch stream (410) rather than answering the request."""
-        return self.verb == "watch" and self.status == 410
+        return self.verb == "watch" and self.answer.status == 410
 
     def covers(
         self, verb: str, resource: str, namespace: str | None, name: str, agent: str
@@ -162,22 +183,23 @@ class Fault:
 
     def error(self, resource: str, name: str, since: str = "", current: int = 0) -> Injected:
         """The answer kube-apiserver sends for this fault (see the module)."""
+        answer = self.answer
         plural = resource.split("/", 1)[0]
         details: dict[str, Any] = {"name": name, "kind": plural} if name else {"kind": plural}
-        status = self.status or 500
+        status = answer.status or 500
         if status == 429:
-            headers = {"Retry-After": str(self.retry_after_s)}
+            headers = {"Retry-After": str(answer.retry_after_s)}
             return Injected(status=429, reason="TooManyRequests", headers=headers, text=THROTTLED)
         if status == 409:
-            message = self.message or (
+            message = answer.message or (
                 f'Operation cannot be fulfilled on {resource} "{name}": the object has been '
                 "modified; please apply your changes to the latest version"
             )
             return Injected(status=409, reason="Conflict", message=message, details=details)
         if status == 410:
-            message = self.message or f"too old resource version: {since or 0} ({current})"
+            message = answer.message or f"too old resource version: {since or 0} ({current})"
             return Injected(status=410, reason="Expired", message=message)
-        cause = self.message or "etcdserver: request timed out"
+        cause = answer.message or "etcdserver: request timed out"
         details["causes"] = [{"message": cause}]
         return Injected(
             status=status,
@@ -208,42 +230,39 @@ class ApiFaults:
         self,
         verb: str,
         resource: str,
+        answer: Answer,
         *,
-        status: int | None = None,
-        delay_s: float = 0.0,
         name: str = "*",
         namespace: str | None = None,
         times: int | None = None,
         probability: float = 1.0,
-        committed: bool = False,
-        after_events: int = 0,
-        retry_after_s: int = 1,
-        message: str | None = None,
         user_agent: str = "*",
     ) -> Fault:
-        """Add a rule (see the module); returns it, to read its ``hits`` or ``remove`` it."""
+        """Add a rule (see the module): ``answer`` for the requests of ``verb`` on
+        ``resource`` (``name``, ``namespace``, ``user_agent`` narrow them), ``times`` at
+        most, each with ``probability``; returns it, to read its ``hits`` or ``remove``
+        it."""
         if verb not in VERBS:
             raise ValueError(f"unknown verb {verb!r}: one of {sorted(VERBS)}")
-        if status is None and delay_s <= 0:
+        if answer.status is None and answer.delay_s <= 0:
             raise ValueError("a fault needs a status, a delay, or both")
-        if committed and verb in ("get", "list", "watch"):
+        if answer.committed and verb in ("get", "list", "watch"):
             raise ValueError("committed applies to writes only")
-        if status == 410 and verb != "watch":
+        if answer.status == 410 and verb != "watch":
             raise ValueError("410 on lists comes from compact(); inject it on watch")
         if not 0.0 <= probability <= 1.0:
             raise ValueError(f"probability {probability} is not in [0, 1]")
-        fault = Fault(
-            verb, resource, status, delay_s, name, namespace, times, probability, committed,
-            after_events, retry_after_s, message, user_agent,
-        )  # fmt: skip
+        fault = Fault(verb, resource, answer, name, namespace, times, probability, user_agent)
         self.rules.append(fault)
         return fault
 
     def add_json(self, body: Any) -> list[Fault]:
-        """Add the rules of a control request's body, ``{"rules": [{inject's keywords}],
-        "seed": N}`` (``seed`` optional: reseeds the draws first). Every rule is checked
-        before any is added (``inject``'s signature, strictly: a JSON string is not a
-        number): a ``ValueError`` naming the bad rule, and nothing changed."""
+        """Add the rules of a control request's body, ``{"rules": [{...}], "seed": N}``
+        (``seed`` optional: reseeds the draws first); a rule's keys are ``inject``'s
+        keywords and its ``Answer``'s, side by side (``as_json``'s shape). Every rule is
+        checked before any is added (``inject``'s signature and ``Answer``, strictly: a
+        JSON string is not a number): a ``ValueError`` naming the bad rule, and nothing
+        changed."""
         if not isinstance(body, dict) or set(body) - {"rules", "seed"}:
             raise ValueError('the body must be {"rules": [...], "seed": N} (seed optional)')
         rules, seed = body.get("rules"), body.get("seed")
@@ -252,18 +271,29 @@ class ApiFaults:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ValueError(f'"seed" must be an integer, not {seed!r}')
         scratch = pydantic.validate_call(config=_STRICT)(ApiFaults().inject)
+        calls: list[dict[str, Any]] = []
         for i, rule in enumerate(rules):
             try:
-                scratch(**rule)
+                if "answer" in rule:
+                    raise ValueError("unexpected key 'answer': its keys go beside the others")
+                answer = Answer(**{k: v for k, v in rule.items() if k in ANSWER_KEYS})
+                call = {k: v for k, v in rule.items() if k not in ANSWER_KEYS}
+                call["answer"] = answer
+                scratch(**call)
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"rule {i}: {exc}") from exc
+            calls.append(call)
         if seed is not None:
             self.reseed(seed)
-        return [self.inject(**rule) for rule in rules]
+        return [self.inject(**call) for call in calls]
 
     def as_json(self) -> dict[str, Any]:
         """The rules as ``GET /_twin/faults`` answers: each with its ``hits``."""
-        rules = [attrs.asdict(rule) for rule in self.rules]
+        rules = [
+            {**attrs.asdict(rule, recurse=False, filter=lambda a, _: a.name != "answer"),
+             **dataclasses.asdict(rule.answer)}
+            for rule in self.rules
+        ]  # fmt: skip
         return {"seed": self.seed, "compacted": self.compacted, "rules": rules}
 
     def remove(self, fault: Fault) -> None:
@@ -298,12 +328,12 @@ class ApiFaults:
         if picked is None:
             return None
         rule, resource, name = picked
-        if rule.delay_s > 0:
-            await asyncio.sleep(rule.delay_s)
-        if rule.status is None:
+        if rule.answer.delay_s > 0:
+            await asyncio.sleep(rule.answer.delay_s)
+        if rule.answer.status is None:
             return None
         error = rule.error(resource, name)
-        if rule.committed:
+        if rule.answer.committed:
             return error
         raise error
 
@@ -315,4 +345,4 @@ class ApiFaults:
             return None
         rule, resource, name = picked
         since = str(request.params.get("resourceVersion") or "0")
-        return rule.after_events, rule.error(resource, name, since, current)
+        return rule.answer.after_events, rule.error(resource, name, since, current)

@@ -34,6 +34,7 @@ the failing containers' logs.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
@@ -52,6 +53,7 @@ from powerflow.core import contract
 from powerflow.lab.twin.agentproc import GpuServer
 from powerflow.lab.twin.apiserver import write_kubeconfig
 from powerflow.lab.twin.chartpods import (
+    Images,
     Node,
     PodKubelet,
     pod_ready,
@@ -388,10 +390,12 @@ class ChartTwin:
             self.folder / "pods",
             hosts=self._hosts,
             kubernetes_service=(api_ip, 443),
-            own_image={self.image_ref},
-            standins={"registry.k8s.io/kube-scheduler:": kubescheduler_standin},
-            standin_mounts=(Mount(REPO / "powerflow", f"{STANDIN_CODE}/powerflow", True),),
-            serving=self.folder / "pki" / "serving",
+            images=Images(
+                own=frozenset({self.image_ref}),
+                standins={"registry.k8s.io/kube-scheduler:": kubescheduler_standin},
+                standin_mounts=(Mount(REPO / "powerflow", f"{STANDIN_CODE}/powerflow", True),),
+                serving=self.folder / "pki" / "serving",
+            ),
         ).start()
         self.workers = Kubelet(
             f"http://127.0.0.1:{self.api_port}",
@@ -558,7 +562,8 @@ class ChartTwin:
         if image is not None:
             repo, _, tag = image.rpartition(":")
             values = {**values, "image": {"repository": repo, "tag": tag}}
-            self.pods.own_images.add(image)
+            own = self.pods.images.own | {image}
+            self.pods.images = dataclasses.replace(self.pods.images, own=own)
         merged = _deep_merge(self.values, values)
         kubeconfig = write_kubeconfig(self.folder / "admin.kubeconfig", self._url)
         new = render(merged, self.helm, self.folder / "values-upgrade.yaml", kubeconfig)

@@ -315,6 +315,22 @@ def pod_status_text(pod: Mapping[str, Any]) -> str:
     return str(reason)
 
 
+@dataclass(frozen=True)
+class Images:
+    """The container images the pod kubelet runs, and how. ``own``: the chart's image
+    references, run from the built image; ``standins``: image reference prefix -> the
+    argv that stands in for that image's command in the PowerFlow image
+    (kube-scheduler's), with ``serving`` (a folder with ``tls.crt`` and ``tls.key``)
+    mounted at ``/run/powerflow-twin/serving`` and ``standin_mounts`` (what the
+    stand-in runs that the image lacks). A container of any other image cannot be
+    pulled (``ErrImagePull``)."""
+
+    own: frozenset[str]
+    standins: Mapping[str, Callable[[list[str]], list[str]]] = field(default_factory=dict)
+    standin_mounts: tuple[Mount, ...] = ()
+    serving: Path | None = None
+
+
 class PodKubelet:
     """Runs the chart's pods on the twin's nodes (module docstring)."""
 
@@ -327,22 +343,12 @@ class PodKubelet:
         *,
         hosts: Callable[[], str],
         kubernetes_service: tuple[str, int],
-        own_image: str | set[str],
-        standins: Mapping[str, Callable[[list[str]], list[str]]] | None = None,
-        standin_mounts: tuple[Mount, ...] = (),
-        serving: Path | None = None,
+        images: Images,
         tick_s: float = 0.5,
     ) -> None:
-        """``own_image``: the chart's image reference, run from ``image``; ``standins``:
-        image reference prefix -> the argv that stands in for that image's command in
-        the PowerFlow image (kube-scheduler's), with ``serving`` (a folder with
-        ``tls.crt`` and ``tls.key``) mounted at ``/run/powerflow-twin/serving`` and
-        ``standin_mounts`` (what the stand-in runs that the image lacks). A container
-        of any other image cannot be pulled (``ErrImagePull``)."""
-        self.own_images = {own_image} if isinstance(own_image, str) else set(own_image)
-        self.standins = dict(standins or {})
-        self.standin_mounts = standin_mounts
-        self.serving = serving
+        """``image``: the built image the chart's own containers run from (``images``
+        says which containers those are)."""
+        self.images = images
         self.api, self.image, self.nodes, self.folder = api, image, nodes, folder
         self.hosts = hosts
         self.kubernetes_service = kubernetes_service
@@ -676,15 +682,16 @@ class PodKubelet:
             mounts.extend(node.device_mounts)
         argv = argv_of(self.image, c.get("command"), c.get("args"))
         image = str(c.get("image", ""))
-        standin = next((f for p, f in self.standins.items() if image.startswith(p)), None)
+        images = self.images
+        standin = next((f for p, f in images.standins.items() if image.startswith(p)), None)
         if standin is not None:
             argv = standin(argv)
-            mounts.extend(self.standin_mounts)
-            if self.serving is not None:
-                mounts.append(Mount(self.serving, "/run/powerflow-twin/serving", True))
-        elif image not in self.own_images:
+            mounts.extend(images.standin_mounts)
+            if images.serving is not None:
+                mounts.append(Mount(images.serving, "/run/powerflow-twin/serving", True))
+        elif image not in images.own:
             raise ValueError(
-                f"image {image!r} is not the chart's image {sorted(self.own_images)}: "
+                f"image {image!r} is not the chart's image {sorted(self.images.own)}: "
                 "the twin pulls no image"
             )
         spec = Spec(

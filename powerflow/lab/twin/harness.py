@@ -191,14 +191,26 @@ def node_body(name: str, gpus: int) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Timing:
+    """The twin's durations that the simulator also has, at full size (the twin scales
+    them, as it does the trace): what a run of the twin is compared with
+    ``powerflow simulate`` on."""
+
+    interval_s: float = INTERVAL_S
+    """The budget ConfigMap's ``schedulingIntervalSeconds`` (the simulator's
+    ``interval_s``)."""
+    restart_s: float = RESTART_S
+    """A worker's checkpoint-restart cost (the simulator's ``restart_s``)."""
+    checkpoint_s: float | None = None
+    """How often a training worker checkpoints (None: only when its pod is deleted,
+    which is all the simulator assumes; a node fault loses what was reached since)."""
+
+
 class Twin:
     """The twin (see the module docstring). ``scale``: the time scale of everything the
     simulator also times (``timescale``); ``eta``: the budget ConfigMap's ``eta``;
-    ``interval_s``: its ``schedulingIntervalSeconds`` and ``restart_s`` a worker's
-    checkpoint-restart cost, both at full size (the simulator's ``interval_s`` and
-    ``restart_s``; the twin scales them); ``checkpoint_s``: how often a training worker
-    checkpoints, at full size (None: only when its pod is deleted, which is all the
-    simulator assumes; a node fault loses what was reached since); ``fault_control``: the
+    ``timing``: the run's durations at full size (``Timing``); ``fault_control``: the
     API server's fault routes open (``apiserver.FaultControl(twin.client)``)."""
 
     def __init__(
@@ -209,18 +221,15 @@ class Twin:
         gpus_per_node: int = 8,
         scale: TimeScale = DEFAULT,
         eta: float = 1.0,
-        interval_s: float = INTERVAL_S,
-        restart_s: float = RESTART_S,
         seed: int = 0,
-        checkpoint_s: float | None = None,
+        timing: Timing = Timing(),
         fault_control: bool = False,
     ) -> None:
         self.folder = folder
         self.node_names = tuple(f"node-{i}" for i in range(nodes))
         self.gpus_per_node = gpus_per_node
         self.scale = scale
-        self.eta, self.interval_s, self.restart_s, self.seed = eta, interval_s, restart_s, seed
-        self.checkpoint_s = checkpoint_s
+        self.eta, self.seed, self.timing = eta, seed, timing
         self._stopped = threading.Event()
         self._polls = threading.Lock()
         """Serialises ``states``: ``run`` polls on a test's worker thread while the test
@@ -308,12 +317,13 @@ class Twin:
                 gpu_server=self.gpu_server,
                 folder=self.folder,
             ).start()
+        checkpoint_s = self.timing.checkpoint_s
         self.kubelet = Kubelet(
             self.url,
             self.gpus,
             {n: a.port for n, a in self.agents.items()},
-            startup_s=self.scale(self.restart_s),
-            checkpoint_s=None if self.checkpoint_s is None else self.scale(self.checkpoint_s),
+            startup_s=self.scale(self.timing.restart_s),
+            checkpoint_s=None if checkpoint_s is None else self.scale(checkpoint_s),
         ).start()
         self.nodelife = NodeLifecycle(self.url, grace_s=grace_s(self.scale)).start()
         self.scheduler = Scheduler(self.url, f"http://127.0.0.1:{ext_port}", seed=self.seed).start()
@@ -328,7 +338,7 @@ class Twin:
     def budget_configmap(self) -> dict[str, Any]:
         data = {
             "eta": f"{self.eta:g}",
-            "schedulingIntervalSeconds": f"{self.scale(self.interval_s):g}",
+            "schedulingIntervalSeconds": f"{self.scale(self.timing.interval_s):g}",
         }
         return {"metadata": {"name": contract.BUDGET_CONFIGMAP}, "data": data}
 
