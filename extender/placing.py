@@ -23,7 +23,7 @@ def gpu_spec_for(product: str) -> GpuSpec:
     than refusing the node; as the operator's ``LABELLED_GPUS``, the components
     take no other catalogue type from labels until the node agent reports it.
     """
-    del product  # every label reads as the A100 for now
+    del product  # every label reads as the A100 (docstring)
     return A100
 
 

@@ -41,7 +41,7 @@ def planned_block_annotation(slots: Iterable[tuple[str, int]]) -> str:
 
     The text ``json.dumps`` writes for ``{"block": [[node, index], ...]}`` (sorted),
     put together directly when every node is a ``str`` and every index an ``int``
-    (json's own string encoder for the names): ``json.dumps`` was a fifth of
+    (json's own string encoder for the names): ``json.dumps`` takes a fifth of
     ``worker_pods`` per job. Anything else goes through ``json.dumps``.
     """
     block = sorted(slots)

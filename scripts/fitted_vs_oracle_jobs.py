@@ -7,7 +7,7 @@ groups the jobs by (model, requested GPUs): each group's summed JCT difference
 often it was rescaled. The groups that lose most JCT come first, then the
 groups that spend most extra energy; ``--jobs N`` lists the N jobs that lose
 most JCT, each on its own row. docs/policy.md ("What the fitted runs
-lose") quotes its output.
+lose") summarises its output.
 
     .venv/bin/python scripts/fitted_vs_oracle_jobs.py --eta 0.7 [--scheduler powerflow+] \\
         [--hours H] [--jobs N]

@@ -49,7 +49,7 @@ MAX_SPEED = 1000.0
 latency for one pod (a bind: 0.15 to 0.5 s here): the twin would show its latency,
 not the schedule."""
 MAX_JOBS = 50
-"""The issue's mini trace is 20 to 50 jobs; more do not fit a terminal."""
+"""The most jobs a demo runs: their rows must fit a terminal."""
 MAX_NODES = 8
 """Each node is a node agent and a kubelet's share in this process, on a machine
 that also runs the operator and the API server."""

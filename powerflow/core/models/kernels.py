@@ -2,8 +2,8 @@
 
 Why compiled: the simulator fits a few thousand 100-row problems and predicts
 a few hundred configurations tens of thousands of times per run. In numpy
-each evaluation was ~30 calls on 100-element arrays, each costing more in
-call overhead than in arithmetic; a fit was ~5 such evaluations wrapped in a
+each evaluation takes ~30 calls on 100-element arrays, each costing more in
+call overhead than in arithmetic, and a fit ~5 such evaluations wrapped in a
 Python damping loop. Here one kernel call runs a whole fit stage.
 
 One implementation of each formula: the step-time terms and p-norms

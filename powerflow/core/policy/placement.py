@@ -200,7 +200,7 @@ def place_columns(
     """``place`` with the requests given as parallel columns (same checks, same result).
 
     Why: the policy places every running job at every event; building a
-    ``PlacementRequest`` per job only to take it apart again was a measurable
+    ``PlacementRequest`` per job only to take it apart again would be a measurable
     part of a decision.
     """
     if len(job_ids) != len(gpus) or not (

@@ -104,10 +104,10 @@ def cappable_gpus(
     nodes (placement packs: at most one node partly used) draw up to
     ``u * floor + (k * gpus_per_node - u) * idle_w``; the answer is the largest
     ``u`` (at most ``total_gpus``) where that fits. Why: at eta 0.2 and 0.3 on
-    A100s the limit is 60 and 90 W per GPU, below the 100 W floor; the policy
-    ran up to 416 GPUs on 30.7 kW, every cap sat at the floor, and a model
-    error or a profiling sweep on a new job passed the limit by up to 27.8 %
-    with nothing to stop it.
+    A100s the limit is 60 and 90 W per GPU, below the 100 W floor; without
+    this bound the policy would run up to 416 GPUs on 30.7 kW at eta 0.2, every
+    cap at the floor, and a model error or a profiling sweep on a new job would
+    pass the limit with nothing to stop it.
     """
     if not math.isfinite(limit_w):
         return total_gpus

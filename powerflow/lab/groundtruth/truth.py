@@ -40,7 +40,7 @@ _Phases = tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]
 # duration follows the core clock: NCCL all-reduce is bound by NVLink/InfiniBand
 # bandwidth and the overhead by host-side work and memory-bound optimizer
 # kernels; only their arithmetic and launches run at core clock. An assumption
-# (no public sweep isolates it), kept small as the issue asks.
+# (no public sweep isolates it), kept small so that the clock barely moves them.
 LIGHT_CLOCK_SHARE = 0.15
 
 # Crossing a node boundary never makes the all-reduce faster (NVLink outruns

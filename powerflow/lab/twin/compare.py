@@ -39,7 +39,7 @@ def simulate_mini(
     product does not have). No node boots (``power_on_s=0``): the operator parks the GPUs
     of a node it powers down, and the twin's nodes never switch off, so a job runs on
     them again at once; with the simulator's 300 s boot (unscaled), the first job's JCT at
-    ``TimeScale(0.05)`` was 747 s, against 149 s. Models start from each job's own
+    ``TimeScale(0.05)`` would be 747 s, against 149 s. Models start from each job's own
     model's prior, as the operator's do from the DLJob's ``model`` hint (the recurring-job
     case of ``powerflow simulate --priors recurring``), not from the simulator's default
     held-out prior."""

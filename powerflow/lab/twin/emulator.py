@@ -882,8 +882,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _trim(self) -> None:
         """Bound kmock's log (``keep_requests``), keeping the requests still being served:
         kmock finds a request's reaction by looking for the request itself in the log,
-        so one dropped while it waits (a slow answer, a lock, a busy loop) found none
-        and was answered 500 ``NotImplementedError``."""
+        so one dropped while it waits (a slow answer, a lock, a busy loop) would find none
+        and be answered 500 ``NotImplementedError``."""
         keep = self.keep_requests
         if keep is not None and len(self._requests) > 2 * keep:
             older, recent = self._requests[:-keep], self._requests[-keep:]
