@@ -4,8 +4,9 @@ Target: 10,000 samples/s on one core, batched, with the
 TokenReview cache warm. The ingest (``powerflow.operator.ingest``: aiohttp
 server, bearer token, ``telemetry.parse_batch``, per-sample checks against a
 cluster view of 64 jobs on 8 nodes, the sink) runs on an event loop in a
-thread of its own; clients post prebuilt batches from the main thread over
-real HTTP (keep-alive). "server CPU" is the ingest thread's CPU time
+thread of its own; clients post batches from the main thread over
+real HTTP (keep-alive), each for jobs of its own, every window after its job's
+last (the ingest refuses repeats and overlaps). "server CPU" is the ingest thread's CPU time
 (``time.thread_time``), so samples per server CPU-second is what one core
 sustains; "wall" includes the clients' work on the same process.
 The one TokenReview (cache miss) goes to the emulated API server
@@ -65,9 +66,15 @@ def cluster_view() -> ClusterView:
                     "name": f"{name}-g3-w{i}",
                     "namespace": "ml",
                     "labels": {contract.JOB_LABEL: name},
-                    "annotations": {contract.GENERATION_ANNOTATION: "3"},
+                    "annotations": {
+                        contract.GENERATION_ANNOTATION: "3",
+                        contract.WORKERS_ANNOTATION: "8",
+                    },
                 },
-                "spec": {"nodeName": node},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"env": [{"name": "LOCAL_BATCH_SIZE", "value": "32"}]}],
+                },
             }
             for i in range(8)
         )
@@ -75,27 +82,47 @@ def cluster_view() -> ClusterView:
     return ClusterView(ClusterState(tuple(jobs), (), None), leading=True, read_at_s=time.time())
 
 
-def body(size: int) -> bytes:
-    """A batch of ``size`` samples from gpu-0's jobs (all accepted)."""
-    mine = [j for j in range(JOBS) if NODES[j % len(NODES)] == "gpu-0"]
+GPU0_JOBS = [f"job-{j}" for j in range(JOBS) if NODES[j % len(NODES)] == "gpu-0"]
+WINDOW_GAP_S = 10.0
+"""Between two windows of one job: longer than a window (at most 46 x 0.14 s), so
+that none overlaps the one before (the ingest refuses overlaps and repeats)."""
+
+
+def body(size: int, jobs: Sequence[str] = GPU0_JOBS, start_s: float = 1.6e9) -> bytes:
+    """A batch of ``size`` samples from gpu-0's ``jobs``, every one accepted: windows
+    of each job one after another from ``start_s``."""
     samples = tuple(
         WindowSample(
             namespace="ml",
-            job=f"job-{mine[k % len(mine)]}",
+            job=jobs[k % len(jobs)],
             generation=3,
             n=8,
             gpus_per_node=8,
             local_batch_size=32.0,
-            frequency_mhz=1005 + (k % 8) * 60,
+            frequency_mhz=1005 + (k % 8) * 45,  # A100 clocks, 1005-1320 MHz
             gpus_measured=8,
             iterations=40 + k % 7,
             step_time_s=0.12 + k * 1e-5,
             energy_j=210.5 + k % 13,
-            end_s=1.7e9 + k,
+            end_s=start_s + (k // len(jobs)) * WINDOW_GAP_S,
         )
         for k in range(size)
     )
     return orjson.dumps(encode_batch(SampleBatch("gpu-0", samples, NodePower(2400.0, 1.7e9))))
+
+
+class Feed:
+    """One client's batches: its own jobs, each batch's windows after the last's (a
+    client that repeated a batch would be timing the ingest's refusals)."""
+
+    def __init__(self, jobs: Sequence[str]) -> None:
+        self.jobs = list(jobs)
+        self.next_s = 1.6e9
+
+    def __call__(self, size: int) -> bytes:
+        data = body(size, self.jobs, self.next_s)
+        self.next_s += (-(-size // len(self.jobs)) + 1) * WINDOW_GAP_S
+        return data
 
 
 class Server:
@@ -137,24 +164,28 @@ async def _thread_time() -> float:
     return time.thread_time()
 
 
-async def post_for(url: str, data: bytes, seconds: float, clients: int) -> int:
-    """Post ``data`` from ``clients`` keep-alive connections for ``seconds``; requests done."""
+async def post_for(url: str, feeds: Sequence[Feed], size: int, seconds: float) -> tuple[int, int]:
+    """Post batches of ``size`` from one keep-alive connection per feed for ``seconds``;
+    requests done and bytes of the last batch."""
     headers = {"Authorization": "Bearer agent-token", "Content-Type": "application/json"}
     deadline = time.perf_counter() + seconds
     done = 0
+    last = 0
 
-    async def client(session: aiohttp.ClientSession) -> None:
-        nonlocal done
+    async def client(session: aiohttp.ClientSession, feed: Feed) -> None:
+        nonlocal done, last
         while time.perf_counter() < deadline:
+            data = feed(size)
+            last = len(data)
             async with session.post(url, data=data, headers=headers) as resp:
-                await resp.read()
-                assert resp.status == 200, resp.status
+                answer = await resp.read()
+                assert resp.status == 200, (resp.status, answer[:200])
             done += 1
 
-    connector = aiohttp.TCPConnector(limit=clients)
+    connector = aiohttp.TCPConnector(limit=len(feeds))
     async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-    return done
+        await asyncio.gather(*(client(session, feed) for feed in feeds))
+    return done, last
 
 
 async def measure(seconds: float, clients: int, sizes: list[int]) -> list[dict[str, Any]]:
@@ -175,12 +206,12 @@ async def measure(seconds: float, clients: int, sizes: list[int]) -> list[dict[s
         api = kubernetes.client.ApiClient(config)
         with Server(api) as server:
             url = f"http://127.0.0.1:{server.port}{contract.SAMPLES_PATH}"
-            await post_for(url, body(1), 0.2, 1)  # the one TokenReview; the cache is warm
+            feeds = [Feed(GPU0_JOBS[c::clients]) for c in range(clients)]
+            await post_for(url, feeds[:1], 1, 0.2)  # the one TokenReview; the cache is warm
             assert server.ingest.reviewer.reviews == 1
             for size in sizes:
-                data = body(size)
                 accepted0, cpu0, wall0 = server.sink.samples, server.cpu_s(), time.perf_counter()
-                requests = await post_for(url, data, seconds, clients)
+                requests, size_bytes = await post_for(url, feeds, size, seconds)
                 wall = time.perf_counter() - wall0
                 cpu = server.cpu_s() - cpu0
                 accepted = server.sink.samples - accepted0
@@ -188,7 +219,7 @@ async def measure(seconds: float, clients: int, sizes: list[int]) -> list[dict[s
                 rows.append(
                     {
                         "size": size,
-                        "bytes": len(data),
+                        "bytes": size_bytes,
                         "requests": requests,
                         "samples": accepted,
                         "per_cpu_s": accepted / cpu,
@@ -207,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="concurrent connections (4)")
     parser.add_argument("--sizes", default="10,100,500,2000", help="samples per batch")
     args = parser.parse_args(argv)
+    if not 1 <= args.clients <= len(GPU0_JOBS):
+        parser.error(f"--clients must be 1 to {len(GPU0_JOBS)} (each posts for jobs of its own)")
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = asyncio.run(measure(args.seconds, args.clients, sizes))
     table = Table(

@@ -32,3 +32,29 @@ def test_an_unknown_name_is_one_line_and_exit_2() -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "no benchmark matches no-such-thing; have " in done.stderr
+
+
+def test_the_ingest_benchmarks_batches_are_all_accepted() -> None:
+    """Its batches must pass every check of the ingest it measures (allocation,
+    physics, no repeated or overlapping window), else it times refusals (or stops
+    at the first 422)."""
+    check = (
+        "import orjson\n"
+        "from benchmarks.ingest_bench import GPU0_JOBS, Feed, cluster_view\n"
+        "from powerflow.core.gpus import A100\n"
+        "from powerflow.core.telemetry import parse_batch\n"
+        "from powerflow.operator.sample_checks import Windows, index, judge\n"
+        "jobs, windows, why = index(cluster_view().state), Windows(), set()\n"
+        "feed = Feed(GPU0_JOBS[1::4])  # one client's batches, in the order it posts them\n"
+        "for size in (1, 10, 100, 500, 2000, 2000):\n"
+        "    batch = parse_batch(orjson.loads(feed(size)))\n"
+        "    for s in batch.samples:\n"
+        "        why.add(str(judge(jobs, batch.node, A100, s) or windows.check('gpu-0', s, 2e9)))\n"
+        "        windows.take('gpu-0', s)\n"
+        "print(sorted(why))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['None']"
