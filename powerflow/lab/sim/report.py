@@ -301,45 +301,39 @@ def _others(out: Path, base: Path) -> list[str]:
 
 def _ablation(folder: Path) -> list[str]:
     """The ablation (``powerflow sweep ablation``), if it was written there."""
-    import json
-
-    data_file = folder / "ablation.json"
-    if not data_file.exists():
-        return []
-    data = json.loads(data_file.read_text())
-    return [
-        "## Ablation",
-        "",
+    return _section(
+        folder / "ablation.json",
+        "Ablation",
         "`powerflow sweep ablation --out docs/results/ablation`: the default window's"
         " comparison from the paper's setting to this page's, one change per row"
         " (`powerflow/lab/sim/ablation.py`); the step to other days is the held-out"
         " windows' section above.",
-        "",
-        *_paragraphs([str(x) for x in data.get("headline", [])]),
-        "",
-    ]
+    )
 
 
 def _held_out(folder: Path) -> list[str]:
     """The comparison on the held-out windows (``powerflow simulate --held-out``), if it
     was written there: every ratio per window and its spread."""
-    import json
-
-    data_file = folder / "held_out.json"
-    if not data_file.exists():
-        return []
-    data = json.loads(data_file.read_text())
-    return [
-        "## Held-out windows",
-        "",
+    return _section(
+        folder / "held_out.json",
+        "Held-out windows",
         "`powerflow simulate --held-out --out docs/results/held-out`: the same comparison"
         " (fitted runs from held-out priors, no oracle runs) on every evaluation window"
         ' of the whole ElasticFlow trace (docs/simulator.md, "Held-out windows"); no knob'
         " of any scheduler was chosen on these days.",
-        "",
-        *_paragraphs([str(x) for x in data.get("headline", [])]),
-        "",
-    ]
+    )
+
+
+def _section(data_file: Path, title: str, intro: str) -> list[str]:
+    """A study's headline lines, from the JSON it wrote, under ``title``; nothing
+    where it was not run."""
+    import json
+
+    if not data_file.exists():
+        return []
+    data = json.loads(data_file.read_text())
+    headline = _paragraphs([str(x) for x in data.get("headline", [])])
+    return [f"## {title}", "", intro, "", *headline, ""]
 
 
 def _sensitivity(folder: Path, base: Path) -> list[str]:
