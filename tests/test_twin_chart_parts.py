@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.kube_emulator import KubeEmulator
 
 from powerflow.lab.twin.chart import (
     INSTALL_ORDER,
@@ -227,3 +228,50 @@ def json_copy(obj: Any) -> Any:
     import json
 
     return json.loads(json.dumps(obj))
+
+
+@pytest.mark.kmock(cls=KubeEmulator)
+async def test_the_twins_scheduler_never_puts_two_pods_declaring_one_port_on_a_node(
+    kmock: KubeEmulator,
+) -> None:
+    """The twin's pods share their node's network namespace: a Deployment's new
+    scheduler pod beside the old one it replaces could not bind its ports (on a
+    cluster each pod has an address of its own). Equal loads would put it on ctl-0
+    by name; ctl-0 holds the old one, so it goes to ctl-1."""
+    import asyncio
+
+    import httpx
+
+    from powerflow.lab.twin.chartpods import Controllers, container_ports, node_ports
+
+    kmock.load_builtins()
+
+    def pod(name: str, port: int, node: str | None) -> dict[str, object]:
+        spec: dict[str, object] = {
+            "containers": [{"name": "c", "image": "i", "ports": [{"containerPort": port}]}]
+        }
+        if node:
+            spec["nodeName"] = node
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+    def run() -> str:
+        with httpx.Client(base_url=str(kmock.url)) as client:
+            for node in ("ctl-0", "ctl-1"):
+                meta = {"name": node}
+                client.post(
+                    "/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": meta}
+                )
+            for body in (
+                pod("old", 10259, "ctl-0"),
+                pod("other", 9090, "ctl-1"),
+                pod("new", 10259, None),
+            ):
+                assert client.post("/api/v1/namespaces/default/pods", json=body).status_code < 300
+            Controllers(client, ["ctl-0", "ctl-1"]).tick()
+            new = client.get("/api/v1/namespaces/default/pods/new").json()
+            return str(new["spec"].get("nodeName"))
+
+    assert await asyncio.to_thread(run) == "ctl-1"
+    spec = pod("x", 8080, "n")["spec"]
+    assert isinstance(spec, dict) and container_ports(spec) == {8080}
+    assert node_ports([{"spec": spec}, {"spec": {"containers": []}}]) == {"n": {8080}}

@@ -81,6 +81,27 @@ def fits(spec: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     )
 
 
+def container_ports(spec: Mapping[str, Any]) -> set[int]:
+    """The ports a pod's containers declare (``containerPort``)."""
+    return {
+        int(port["containerPort"])
+        for container in spec.get("containers") or []
+        for port in container.get("ports") or []
+        if isinstance(port.get("containerPort"), int)
+    }
+
+
+def node_ports(pods: list[Mapping[str, Any]]) -> dict[str, set[int]]:
+    """Per node, the ports its bound pods declare, terminating ones included (they
+    hold their sockets until they exit)."""
+    out: dict[str, set[int]] = {}
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if node:
+            out.setdefault(node, set()).update(container_ports(pod["spec"]))
+    return out
+
+
 HASH = "twin.powerflow.io/template-hash"
 """The pod template a pod was made from (what the ``pod-template-hash`` label of a
 ReplicaSet's pods and the DaemonSet's ``controller-revision-hash`` tell)."""
@@ -173,17 +194,28 @@ class Controllers:
         for p in pods:
             if p["spec"].get("nodeName") in load:
                 load[p["spec"]["nodeName"]] += 1
+        # The twin's pods share their node's network namespace (on a cluster each pod
+        # has an address of its own), so a pod never goes where a pod already declares
+        # one of its ports: a Deployment's new pod would fail to bind beside the old one
+        # it replaces.
+        taken = node_ports(pods)
         for p in pods:
             spec = p["spec"]
             if spec.get("nodeName") or spec.get("schedulerName", "default-scheduler") != (
                 "default-scheduler"
             ):
                 continue
-            fitting = [n["metadata"]["name"] for n in nodes if fits(spec, n)]
+            ports = container_ports(spec)
+            fitting = [
+                n["metadata"]["name"]
+                for n in nodes
+                if fits(spec, n) and not ports & taken.get(n["metadata"]["name"], set())
+            ]
             if not fitting:
                 continue
             host = min(fitting, key=lambda n: (load[n], n))
             load[host] += 1
+            taken.setdefault(host, set()).update(ports)
             bind(self.api, p, host)
 
     def _deployment(self, d: Obj, mine: list[Obj]) -> None:
