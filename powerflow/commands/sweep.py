@@ -1,4 +1,4 @@
-"""``powerflow sweep sensitivity|tuning``: parameter studies.
+"""``powerflow sweep sensitivity|tuning|plus-tuning|ablation``: parameter studies.
 
 ``sensitivity``: the three sensitivity studies of paper §6.4, 100-job
 synthetic traces (Gavel's generator) along the mean arrival interval, the
@@ -7,6 +7,9 @@ point each. Writes CSV, JSON and one PNG with three panels.
 
 ``tuning``: the baselines' knob grids on the tuning windows of the whole trace
 (``powerflow.lab.sim.tuning``), each setting scored and the best named.
+
+``plus-tuning``: PowerFlow+'s knob grid on the same windows, each setting scored by
+its average JCT against AFS's at equal energy (``powerflow.lab.sim.plus_tuning``).
 
 ``ablation``: the comparison from the paper's setting to this evaluation's, one
 change at a time (``powerflow.lab.sim.ablation``).
@@ -25,7 +28,8 @@ from rich.table import Table
 
 from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
-from powerflow.lab.sim import ablation, experiments, output, tuning
+from powerflow.lab.sim import ablation, experiments, output, plus_tuning, tuning
+from powerflow.lab.sim.compare import ENERGIES
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import TraceSpec
 from powerflow.lab.sim.windows import TUNING_WINDOWS
@@ -33,7 +37,9 @@ from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="parameter studies (sensitivity, paper Fig. 11)")
-    p.add_argument("study", choices=["sensitivity", "tuning", "ablation"], help="which study")
+    p.add_argument(
+        "study", choices=["sensitivity", "tuning", "plus-tuning", "ablation"], help="which study"
+    )
     add_cluster_args(p, trace=False)  # each study sets its own traces and cluster sizes
     p.add_argument(
         "--quick",
@@ -60,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     out = checks.output_folder(args.out or default_out, "--out" if args.out else "--out (default)")
     if args.study == "tuning":
         return _tuning(args, config, out)
+    if args.study == "plus-tuning":
+        return _plus_tuning(args, config, out)
     if args.study == "ablation":
         return _ablation(args, config, out)
     specs = experiments.sensitivity(config, quick=args.quick)
@@ -126,4 +134,41 @@ def _tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
         console.print(table)
         console.print(f"{name}: chosen {scored[0].setting.label}")
     console.print(f"wrote 2 files to {out}/")
+    return 0
+
+
+def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
+    hours = experiments.QUICK_HOURS if args.quick else None
+    specs = plus_tuning.specs(config, hours=hours)
+    outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
+    output.write_csv([o.row() for o in outcomes], out / "runs.csv")
+    scored = plus_tuning.score(outcomes)
+    rows = plus_tuning.rows(scored)
+    output.write_csv(rows, out / "plus_tuning.csv")
+    output.write_json(rows, out / "plus_tuning.json")
+    if args.json:
+        print(output.to_json(rows))
+        return 0
+    console = output.stdout_console()
+    windows = ", ".join(w.name for w in plus_tuning.WINDOWS)
+    etas = " and ".join(f"{e:g}" for e in plus_tuning.ETAS)
+    table = Table(
+        title=f"powerflow+ at eta {etas} on the tuning windows ({windows}): AFS's average "
+        "JCT over PowerFlow+'s at equal total | in-window energy"
+    )
+    table.add_column("setting")
+    table.add_column("score", justify="right")
+    for w in plus_tuning.WINDOWS:
+        table.add_column(w.name, justify="right")
+    per = len(ENERGIES)
+    for s in scored:
+        cells = [
+            " | ".join("n/a" if r is None else f"{r:.2f}" for r in s.ratios[k : k + per])
+            for k in range(0, len(s.ratios), per)
+        ]
+        table.add_row(s.setting.label, "n/a" if s.score is None else f"{s.score:.3f}", *cells)
+    console.print(table)
+    if scored:
+        console.print(f"powerflow+: chosen {scored[0].setting.label}")
+    console.print(f"wrote 3 files to {out}/")
     return 0
