@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -60,9 +61,17 @@ def figures() -> Iterator[list[Figure]]:
         plt.close(fig)
 
 
+def _saved(draw: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: Any) -> Figure:
+    """The figure that ``draw`` (a function that saves a PNG) saved, kept from closing."""
+    saved: list[Figure] = []
+    monkeypatch.setattr(plots.plt, "close", saved.append)
+    path = draw(*args[:1], tmp_path / "figure.png", *args[1:])
+    assert path.stat().st_size > 0
+    return saved[0]
+
+
 def _labels(fig: Figure) -> list[Any]:
-    """The point labels' boxes in pixels, as the saved PNG draws them."""
-    fig.canvas.draw()
+    """The point labels' boxes in pixels, as the PNG was drawn."""
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     return [t.get_window_extent(renderer) for t in fig.axes[0].texts if t.get_text()]
 
@@ -101,17 +110,17 @@ def _scattered(seed: int) -> list[dict[str, Any]]:
     ],
 )
 def test_no_point_label_overlaps_another_or_a_point_where_points_crowd(
-    draw: str, figures: list[Figure]
+    draw: str, figures: list[Figure], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if draw == "jct_vs_energy":
-        fig = plots.jct_vs_energy_figure(CROWDED, "crowded")
-    elif draw == "fitted_vs_oracle":
-        fig = plots.fitted_vs_oracle_figure(CROWDED)
-    elif draw == "one_point":  # sixteen runs that came out the same
-        same = [_row(n, 30.0, 5.0, eta=e) for n in ("powerflow", "powerflow+") for e in PF]
-        fig = plots.jct_vs_energy_figure(same + [{**r, "oracle": True} for r in same], "one")
+    same = [_row(n, 30.0, 5.0, eta=e) for n in ("powerflow", "powerflow+") for e in PF]
+    if draw == "fitted_vs_oracle":
+        fig = _saved(plots.fitted_vs_oracle, tmp_path, monkeypatch, CROWDED)
     else:
-        fig = plots.jct_vs_energy_figure(_scattered(int(draw.split("_")[1])), draw)
+        rows = {
+            "jct_vs_energy": CROWDED,
+            "one_point": same + [{**r, "oracle": True} for r in same],  # 16 alike
+        }.get(draw) or _scattered(int(draw.split("_")[1]))
+        fig = _saved(plots.jct_vs_energy, tmp_path, monkeypatch, rows, draw)
     figures.append(fig)
     boxes = _labels(fig)
     assert len(boxes) >= 10

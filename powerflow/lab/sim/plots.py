@@ -47,7 +47,7 @@ KINDS = {
     "recurring": (":", "full", "fitted, own model's prior"),
     "oracle": ("--", "none", "oracle (ground truth)"),
 }
-"""Line, marker fill and legend words of each kind of run (``kind``): the scheduler's
+"""Line, marker fill and legend words of each kind of run (``_kind``): the scheduler's
 colour and marker say who ran, these what it knew of the jobs."""
 RING: dict[str, Any] = {
     "marker": "o",
@@ -56,11 +56,18 @@ RING: dict[str, Any] = {
     "color": "red",
     "mew": 1.5,
 }
-"""The mark around a run that spent time above its power limit (``over``)."""
+"""The mark around a run that spent time above its power limit (``_over``)."""
 MARKER_SIZE = 8.0
+DPI = 110
+"""Pixels per inch, of the figures as made and as saved: labels are placed in pixels, and
+text does not scale quite in step with the rest when the resolution changes."""
+GAP = 2.0
+"""Pixels kept between labels and inside the axes' frame, against rounding."""
 LABEL_ITERATIONS = 2000
-"""adjustText's iterations at most: it stops as soon as no label overlaps another label
-or a marker (the crowded figures of tests/test_sim_plots.py take a few hundred)."""
+"""adjustText's iterations: a fixed count, since its default is a time limit, which
+would draw a figure differently on a busy machine. It stops sooner only once no label,
+widened a little, touches another or a marker, which crowded figures seldom reach;
+``_place`` settles what it leaves."""
 
 
 def _styles(names: Iterable[str]) -> dict[str, tuple[str, str, str]]:
@@ -76,7 +83,7 @@ def _styles(names: Iterable[str]) -> dict[str, tuple[str, str, str]]:
     return out
 
 
-def kind(row: Mapping[str, Any]) -> str | None:
+def _kind(row: Mapping[str, Any]) -> str | None:
     """Which of ``KINDS`` a result row is; None for a tagged study's run."""
     if row.get("tag"):
         return None
@@ -85,7 +92,7 @@ def kind(row: Mapping[str, Any]) -> str | None:
     return "recurring" if row.get("priors") == RECURRING else "fitted"
 
 
-def over(row: Mapping[str, Any]) -> bool:
+def _over(row: Mapping[str, Any]) -> bool:
     """Whether the run spent time above its power limit (the run table's "over h")."""
     return (row.get("time_above_limit_s") or 0.0) > 0
 
@@ -101,14 +108,14 @@ def _curves(ax: Axes, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -
     ``kinds``, each point labelled with its setting and ringed in red where the run
     spent time above its power limit; the legend, outside the axes, says what colours,
     lines and rings mean. Call it last: the labels are placed for the final layout."""
-    chosen = [r for r in rows if kind(r) in kinds]
+    chosen = [r for r in rows if _kind(r) in kinds]
     styles = _styles(r["scheduler"] for r in chosen)
     texts: list[Text] = []
     marks: list[tuple[float, float, float]] = []
     for name, (color, marker, line) in styles.items():
         for k in kinds:
             mine = sorted(
-                (r for r in chosen if r["scheduler"] == name and kind(r) == k),
+                (r for r in chosen if r["scheduler"] == name and _kind(r) == k),
                 key=lambda r: r["total_energy_j"],
             )
             if not mine:
@@ -129,16 +136,16 @@ def _curves(ax: Axes, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -
             for r, xi, yi in zip(mine, x, y, strict=True):
                 texts.append(ax.text(xi, yi, point_label(r), fontsize=7, color=color))
                 marks.append((xi, yi, MARKER_SIZE))
-                if over(r):
+                if _over(r):
                     ax.plot([xi], [yi], **RING)
                     marks.append((xi, yi, float(RING["markersize"])))
-    used = [k for k in kinds if any(kind(r) == k for r in chosen)]
+    used = [k for k in kinds if any(_kind(r) == k for r in chosen)]
     used = [] if used == ["fitted"] else used  # a key to line styles where they differ
     handles = [
         *(Line2D([], [], color=c, marker=m, ls=ln, label=n) for n, (c, m, ln) in styles.items()),
         *(Line2D([], [], color="0.4", ls=KINDS[k][0], label=KINDS[k][2]) for k in used),
     ]
-    if any(over(r) for r in chosen):
+    if any(_over(r) for r in chosen):
         handles.append(Line2D([], [], ls="", label="time above its power limit", **RING))
     ax.set_xlabel("total energy (GJ)")
     ax.set_ylabel("average JCT (h)")
@@ -159,7 +166,8 @@ def _place(ax: Axes, texts: list[Text], marks: list[tuple[float, float, float]])
     in points), then draws a grey line from each label that left its point back to it.
     adjustText does the placing; where it leaves a label over another or over a point
     (it stops after ``LABEL_ITERATIONS``), ``_free_spot`` moves it. Placing works in
-    pixels, so it runs on the figure's final layout with the axes' limits frozen."""
+    pixels, so it runs on the figure's final layout, with the axes' limits frozen: the
+    lines would otherwise widen them and shift every label against its point."""
     fig = ax.get_figure(root=True)
     if not texts or fig is None:
         return
@@ -187,7 +195,7 @@ def _place(ax: Axes, texts: list[Text], marks: list[tuple[float, float, float]])
     for text, (x, y) in zip(texts, anchors, strict=True):
         box = text.get_window_extent(renderer)
         covers = any(box.contains(*m.get_points().mean(axis=0)) for m in markers)
-        if covers or any(box.overlaps(other) for other in placed):
+        if covers or any(box.overlaps(other.padded(GAP)) for other in placed):
             box = _free_spot(box, [*placed, *markers], frame)
             cx, cy = to_data.transform(box.get_points().mean(axis=0))
             text.set_position((float(cx), float(cy)))
@@ -203,6 +211,8 @@ def _free_spot(box: Bbox, taken: list[Bbox], frame: Bbox) -> Bbox:
     """The nearest place for ``box`` inside ``frame`` that overlaps nothing ``taken``,
     searched outwards in steps of half its height, eight directions a step."""
     step = box.height / 2
+    frame = frame.padded(-GAP)
+    taken = [other.padded(GAP) for other in taken]
     for ring in range(1, 400):
         for dx, dy in ((0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (-1, 1), (1, -1), (-1, -1)):
             spot = box.translated(dx * ring * step, dy * ring * step)
@@ -216,7 +226,7 @@ def jct_vs_energy_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figur
     """Fig. 8: average JCT against total energy, one curve per scheduler from fitted
     models (held-out priors) and one per scheduler the oracle ran (dashed); the runs
     from their own models' priors are Fig. 10's."""
-    fig, ax = plt.subplots(figsize=(11, 6))
+    fig, ax = plt.subplots(figsize=(11, 6), dpi=DPI)
     ax.set_title(f"Average JCT against total energy: {title}", fontsize=10)
     _curves(ax, rows, ("fitted", "oracle"))
     return fig
@@ -231,7 +241,7 @@ def allocation_and_power_figure(outcomes: Sequence[RunOutcome]) -> Figure:
     """Fig. 9: GPUs computing and cluster power over time, one run per scheduler, with
     each power limit as a dashed line: PowerFlow's budget per run, and the baselines'
     one limit (every GPU at full power) once."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, dpi=DPI)
     styles = _styles(o.spec.scheduler for o in outcomes)
     baseline_limit = False
     window_h = max((o.metrics.get("window_s") or 0.0 for o in outcomes), default=0.0) / HOUR
@@ -286,7 +296,7 @@ def allocation_and_power(outcomes: Sequence[RunOutcome], path: Path) -> Path:
 def fitted_vs_oracle_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     """Fig. 10: each scheduler the oracle ran, with fitted models (solid: held-out
     priors; dotted: its own model's prior) against the ground truth (dashed)."""
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=DPI)
     names = {r["scheduler"] for r in rows if r.get("oracle")}
     ax.set_title("Fitted models against the ground truth (oracle)", fontsize=10)
     _curves(ax, [r for r in rows if r["scheduler"] in names], tuple(KINDS))
@@ -303,7 +313,9 @@ def sensitivity_figure(
 ) -> Figure:
     """Fig. 11: average JCT along each sensitivity axis, one solid line per scheduler in
     its colour and marker throughout (the Zeus variants too, a point per value here)."""
-    fig, axes = plt.subplots(1, len(studies), figsize=(5 * len(studies), 4.3), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(studies), figsize=(5 * len(studies), 4.3), squeeze=False, dpi=DPI
+    )
     styles = _styles(r["scheduler"] for rows in studies.values() for r in rows)
     for ax, (study, rows) in zip(axes[0], studies.items(), strict=True):
         for name, (color, marker, _) in styles.items():
@@ -336,7 +348,7 @@ def sensitivity(
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
