@@ -329,7 +329,7 @@ def sensitivity_figure(
         ax.set_ylabel("average JCT (h)")
         ax.set_title(f"by {label}", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the lines
     fig.suptitle(
         "Sensitivity: average JCT on 100-job synthetic traces (PowerFlow at eta 0.6,"
         " the baselines at 1410 MHz, the Zeus variants at their own clock)",
