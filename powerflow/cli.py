@@ -62,7 +62,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 # What the ``lab`` extra adds (pyproject.toml): the image has the operator, extender
 # and node agent without it, and a lab command there says so instead of a traceback.
-LAB_PACKAGES = frozenset({"scipy", "matplotlib", "rich", "kmock"})
+LAB_PACKAGES = frozenset({"scipy", "matplotlib", "adjustText", "rich", "kmock"})
 LAB_CODE = "powerflow.lab"
 """The lab's own code, which the image leaves out as well (docs/image.md)."""
 

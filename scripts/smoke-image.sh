@@ -86,7 +86,7 @@ out=$(run sh -c 'powerflow simulate --hours 1 2>&1; echo "exit $?"')
 printf '%s\n' "$out" | grep -q "pip install 'powerflow\[lab\]'" || fail "simulate in the image: $out"
 run python3 -c '
 import importlib.util as u
-present = [m for m in ("scipy", "matplotlib", "rich", "kmock", "PIL", "fontTools", "pip", "setuptools",
+present = [m for m in ("scipy", "matplotlib", "adjustText", "rich", "kmock", "PIL", "fontTools", "pip", "setuptools",
                        "powerflow.lab") if u.find_spec(m)]
 assert not present, present' || fail "the image holds the lab or pip"
 run test -s /usr/share/doc/powerflow/LICENSE || fail "no LICENSE in the image"

@@ -306,12 +306,16 @@ def test_jct_vs_energy_labels_every_point_with_distinct_styles() -> None:
     ax = fig.axes[0]
     assert "trace X" in ax.get_title()
     assert "(GJ)" in ax.get_xlabel() and "(h)" in ax.get_ylabel()
-    labels = sorted(t.get_text() for t in ax.texts)
+    labels = sorted(t.get_text() for t in ax.texts if t.get_text())
     clocks = ["1020 MHz", "1410 MHz", "1020 MHz", "1020 MHz"]
-    # the oracle run is not on this figure
-    assert labels == sorted(["eta 0.4", "eta 1", *clocks, *["own clock"] * 3, "eta 0.6"])
-    lines = ax.get_lines()
-    assert [ln.get_label() for ln in lines] == list(dict.fromkeys(r["scheduler"] for r in rows))
+    # the oracle run is on this figure too, dashed (tests/test_sim_plots.py)
+    etas = ["eta 0.4", "eta 1", "eta 0.6", "eta 0.6"]
+    assert labels == sorted([*etas, *clocks, *["own clock"] * 3])
+    names = list(dict.fromkeys(r["scheduler"] for r in rows))
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [*names, "fitted, held-out priors", "oracle (ground truth)"]
+    lines = [ln for ln in ax.get_lines() if str(ln.get_label()).endswith("held-out priors")]
+    assert [str(ln.get_label()).split(",")[0] for ln in lines] == names
     colours = [to_hex(ln.get_color()) for ln in lines]
     markers = [ln.get_marker() for ln in lines]
     assert len(set(colours)) == len(lines) and len(set(markers)) == len(lines)
@@ -360,7 +364,7 @@ def test_fitted_vs_oracle_and_sensitivity_have_titles_and_units() -> None:
     fig = plots.fitted_vs_oracle_figure(rows)
     ax = fig.axes[0]
     assert ax.get_title() and "(GJ)" in ax.get_xlabel() and "(h)" in ax.get_ylabel()
-    assert sorted(t.get_text() for t in ax.texts) == ["eta 0.6", "eta 0.6"]
+    assert sorted(t.get_text() for t in ax.texts if t.get_text()) == ["eta 0.6", "eta 0.6"]
     studies = {
         "interval": [
             {"scheduler": "powerflow", "x": 120.0, "avg_jct_s": 3600.0},

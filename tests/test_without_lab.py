@@ -1,6 +1,6 @@
 """The components without the ``lab`` extra, as the image installs them.
 
-The image leaves out scipy, matplotlib, rich and kmock (docs/image.md), and
+The image leaves out scipy, matplotlib, adjustText, rich and kmock (docs/image.md), and
 the Kubernetes client's unused asyncio copy (``kubernetes.aio``). Each
 test runs a fresh interpreter in which those packages cannot be imported (a
 None in ``sys.modules`` makes them unimportable, as a missing distribution would), so an import
@@ -60,7 +60,8 @@ def test_every_component_module_imports_without_the_lab() -> None:
             for info in pkgutil.walk_packages(getattr(module, "__path__", []), pkg + "."):
                 importlib.import_module(info.name)
         leaked = sorted(m for m, module in sys.modules.items() if module is not None
-                        and (m.partition(".")[0] in ("scipy", "matplotlib", "rich", "kmock")
+                        and (m.partition(".")[0] in ("scipy", "matplotlib", "adjustText",
+                                                     "rich", "kmock")
                              or m.startswith("kubernetes.aio")))
         assert not leaked, leaked
         print("ok")
