@@ -43,13 +43,33 @@ Simplified, and why:
   promotion while it has waited at least ``promote_knob / 2`` times its
   executed time, so it runs for about as long again as it had run before it
   can be preempted, instead of being preempted at the next event.
-- Placement: Tiresias consolidates the jobs whose models are sensitive to
-  placement (high tensor skew, from its profiler) and places the others
-  anywhere; the simulator here has no tensor profiles, so every job is
-  consolidated when possible (one node, or whole nodes when larger) and
-  spread over as few nodes as possible otherwise, which is never worse for a
-  job. New jobs are placed largest first; running jobs keep their GPUs, so a
-  resumed job may land elsewhere (a restart from checkpoint, as in Tiresias).
+- Placement, from a profile instead of tensor skew: Tiresias's profiler
+  finds the models with high tensor skew (VGG), whose jobs slow down when
+  spread, and consolidates those; it places the others anywhere. Here the
+  profile is the job's model (the baselines are given the ground truth): a
+  job is placement-sensitive when its step time spread over one node more
+  than consolidated needs is more than ``skew_slowdown`` slower than
+  consolidated (one node, or the fewest whole nodes); a one-GPU job never is.
+  The trace's models slow down by 0-15 % one node more, all of them mildly,
+  so the threshold is the profiler's noise (below).
+- Consolidate or wait: a sensitive job that finds no consolidated block is
+  skipped this round, as a job that does not fit (its GPUs go to the jobs
+  after it in the service order), while the time it has waited is below what
+  running spread would cost it: its remaining time consolidated times its
+  slowdown. Past that bound it runs spread (the break-even rule of ski
+  rental: never more than twice the better choice's delay). Stateless, the
+  time waited is all of its time since arrival not run
+  (``now_s - arrival_s - executed``), so a job that already waited long behind
+  others for GPUs does not wait again for a block: it starts spread and moves
+  when a block frees (next item). Insensitive jobs are consolidated when
+  possible and spread over as few nodes as the free GPUs allow otherwise.
+- Re-consolidation: Tiresias moves a job only by preempting it and resuming
+  it elsewhere. Here a running sensitive job that is spread (a resumed job
+  can land anywhere) also moves, at any event, to a consolidated block that
+  is free, when the move saves it at least ``move_gain_s`` over its remaining
+  iterations; the move is a checkpoint-restart, which the simulator charges
+  as any changed placement (``restart_s``). Running jobs otherwise keep their
+  GPUs; new jobs are placed largest first, after the moves.
 - 2D-Gittins (Tiresias's variant for a known distribution of job sizes) is
   not implemented: the comparison gives no scheduler that distribution, and
   2D-LAS is the paper's variant for no job information.
@@ -59,11 +79,12 @@ Simplified, and why:
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from powerflow.core.errors import SnapshotError
-from powerflow.core.policy.snapshot import GpuSlot, Job, Plan, Snapshot
+from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 from powerflow.lab.baselines.common import (
     ModelMemo,
     Pool,
@@ -71,6 +92,9 @@ from powerflow.lab.baselines.common import (
     finish,
     fixed_clock,
     job_plans,
+    local_batch,
+    node_count,
+    per_node,
 )
 
 TIRESIAS_THRESHOLDS_GPU_S: tuple[float, ...] = (32500.0, 72000.0, 180000.0)
@@ -82,6 +106,20 @@ GPUs pass 3,250 GPU-s in under 7 minutes) and one queue more."""
 TIRESIAS_PROMOTE_KNOB: float | None = None
 """No promotion, as the Tiresias simulator's ``dlas-gpu``: on the tuning windows
 every knob tried (2, 8) lengthened the average JCT."""
+TIRESIAS_SKEW_SLOWDOWN = 0.03
+"""A job is placement-sensitive (Tiresias: high tensor skew, consolidated) when
+its step time spread over one node more than consolidated needs is more than
+this much slower than consolidated. 3 %: the relative noise of a profiling
+measurement in the simulator (``SimConfig.noise``), so a job is sensitive when
+a profiler could tell its slowdown from none. The trace's models slow down by
+0-15 % one node more (docs/baselines.md, "Tiresias"), so a threshold of 10 %
+would leave almost every job insensitive, never waited for nor moved to a
+block, while a 32-GPU job spread over many nodes keeps each of them powered
+for a few of its GPUs."""
+TIRESIAS_MOVE_GAIN_S = 60.0
+"""A spread sensitive job moves to a free consolidated block only when the move
+saves it at least this many seconds over its remaining iterations: twice the
+simulator's checkpoint-restart (``RESTART_S``, 30 s), which the move costs it."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +129,8 @@ class TiresiasPolicy:
     frequency_mhz: int | None = None
     queue_thresholds_gpu_s: tuple[float, ...] = field(default=TIRESIAS_THRESHOLDS_GPU_S)
     promote_knob: float | None = TIRESIAS_PROMOTE_KNOB
+    skew_slowdown: float = TIRESIAS_SKEW_SLOWDOWN
+    move_gain_s: float = TIRESIAS_MOVE_GAIN_S
     memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,30 +152,151 @@ class TiresiasPolicy:
     def plan(self, snapshot: Snapshot) -> Plan:
         spec = cluster_gpu(snapshot)
         clock = fixed_clock(spec, self.frequency_mhz)
-        free = sum(node.gpus for node in snapshot.nodes)
-        chosen: list[Job] = []
-        for job in self.priority(snapshot):
-            need = len(job.placement) if job.pinned and job.placement else job.requested_gpus
-            if need <= free:
-                chosen.append(job)
-                free -= need
-        pool = Pool(snapshot.nodes)
-        where: dict[str, tuple[GpuSlot, ...]] = {}
-        for job in chosen:
-            if job.placement and (job.pinned or len(job.placement) == job.requested_gpus):
-                pool.take(job.placement)
-                where[job.id] = job.placement
-        for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
-            if job.id in where:
+        order = self.priority(snapshot)
+        skew = _Skew(
+            Pool(snapshot.nodes).biggest, clock, self.skew_slowdown, self.move_gain_s, self.memo
+        )
+        held: set[str] = set()
+        while True:  # each pass holds back at least one more job: it ends
+            placed = _place(snapshot, order, held, skew)
+            if not placed.held:
+                break
+            held |= placed.held
+        plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
+        return finish(snapshot, spec, plans, self.memo, placed.moves)
+
+
+@dataclass
+class _Placed:
+    """One placement pass: GPUs per job, re-consolidations, jobs left to wait for a block."""
+
+    where: dict[str, tuple[GpuSlot, ...]] = field(default_factory=dict)
+    moves: list[Migration] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)
+
+
+def _place(snapshot: Snapshot, order: list[Job], held: set[str], skew: _Skew) -> _Placed:
+    """Walk the service order by GPU count, then place (module docstring, "Placement").
+
+    Jobs in ``held`` were left waiting for a consolidated block by an earlier
+    pass; they are skipped, so their GPUs go to the jobs after them as a job's
+    that does not fit would. A placement-sensitive job that finds no block
+    here either is added to ``held`` of the result, and the caller walks the
+    order again.
+    """
+    free = sum(node.gpus for node in snapshot.nodes)
+    chosen: list[Job] = []
+    for job in order:
+        if job.id in held:
+            continue
+        need = len(job.placement) if job.pinned and job.placement else job.requested_gpus
+        if need <= free:
+            chosen.append(job)
+            free -= need
+    pool = Pool(snapshot.nodes)
+    out = _Placed()
+    where = out.where
+    for job in chosen:
+        if job.placement and (job.pinned or len(job.placement) == job.requested_gpus):
+            pool.take(job.placement)
+            where[job.id] = job.placement
+    for job in chosen:  # re-consolidation, in service order
+        if job.id in where and not job.pinned:
+            target = skew.move(job, pool, snapshot.now_s)
+            if target is not None:
+                out.moves.append(Migration(job.id, job.placement, target))
+                where[job.id] = target
+    for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
+        if job.id in where:
+            continue
+        target = pool.take_consolidated(job.requested_gpus)
+        if target is None:
+            if skew.waits(job, snapshot.now_s):
+                out.held.add(job.id)
                 continue
-            target = pool.take_consolidated(job.requested_gpus)
-            if target is None:
-                target = pool.take_spread(job.requested_gpus)
-            if target is None:  # pragma: no cover - counts were checked above
-                raise SnapshotError(f"no GPUs left for job {job.id}")
-            where[job.id] = target
-        plans = job_plans(snapshot.jobs, where, clock, self.memo)
-        return finish(snapshot, spec, plans, self.memo)
+            target = pool.take_spread(job.requested_gpus)
+        if target is None:  # pragma: no cover - counts were checked above
+            raise SnapshotError(f"no GPUs left for job {job.id}")
+        where[job.id] = target
+    return out
+
+
+@dataclass(frozen=True)
+class _Skew:
+    """What Tiresias's profiler tells it about a job's placement, here from its model.
+
+    ``per_node``: GPUs of the cluster's largest node, which sets what
+    consolidated means (one node, or the fewest whole nodes).
+    """
+
+    per_node: int
+    clock: int
+    threshold: float
+    move_gain_s: float
+    memo: ModelMemo
+
+    def _step_s(self, job: Job, r: int) -> float:
+        n = job.requested_gpus
+        t, _ = self.memo.rows(
+            [job.model], [(n, r, local_batch(job.global_batch_size, n), self.clock)]
+        )
+        return t[0]
+
+    def slowdown(self, job: Job) -> float:
+        """Step time spread over one node more than consolidated needs, over consolidated, less 1.
+
+        0 for a job that cannot be spread (one GPU).
+        """
+        n = job.requested_gpus
+        if n <= 1 or self.per_node <= 1:
+            return 0.0
+        r = min(n, self.per_node)
+        consolidated = self._step_s(job, r)
+        spread = r - 1  # the most GPUs per node that needs one node more
+        while math.ceil(n / spread) == math.ceil(n / r):
+            spread -= 1
+        return self._step_s(job, spread) / consolidated - 1.0
+
+    def sensitive(self, job: Job) -> bool:
+        return self.slowdown(job) > self.threshold
+
+    def waits(self, job: Job, now_s: float) -> bool:
+        """Whether a job that found no consolidated block waits for one this round.
+
+        An insensitive job never does. A sensitive one waits while the time it
+        has waited is below what running spread would cost it, its remaining
+        time consolidated times its slowdown; past that it runs spread.
+        """
+        slowdown = self.slowdown(job)
+        if slowdown <= self.threshold:
+            return False
+        n = job.requested_gpus
+        waited = now_s - job.arrival_s - job.attained_gpu_s / n
+        remaining_s = job.remaining_iterations * self._step_s(job, min(n, self.per_node))
+        return waited < remaining_s * slowdown
+
+    def move(self, job: Job, pool: Pool, now_s: float) -> tuple[GpuSlot, ...] | None:
+        """A consolidated block for a running sensitive job that is spread, or None.
+
+        Only when the time the move saves the job over its remaining
+        iterations is at least ``move_gain_s``. The job's own GPUs are
+        free to the search (a block may keep some of them); when none is
+        found, it keeps them.
+        """
+        n = job.requested_gpus
+        if node_count(job.placement) <= math.ceil(n / self.per_node) or not self.sensitive(job):
+            return None
+        r = min(n, self.per_node)
+        saved = job.remaining_iterations * (
+            self._step_s(job, per_node(job.placement)) - self._step_s(job, r)
+        )
+        if saved < self.move_gain_s:
+            return None
+        pool.release(job.placement)
+        target = pool.take_consolidated(n)
+        if target is None:
+            pool.take(job.placement)
+        return target
 
 
 def _serve_key(
