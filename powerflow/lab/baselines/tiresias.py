@@ -153,15 +153,13 @@ class TiresiasPolicy:
         spec = cluster_gpu(snapshot)
         clock = fixed_clock(spec, self.frequency_mhz)
         order = self.priority(snapshot)
-        skew = _Skew(
-            Pool(snapshot.nodes).biggest, clock, self.skew_slowdown, self.move_gain_s, self.memo
-        )
+        biggest = max(node.gpus for node in snapshot.nodes)
+        skew = _Skew(biggest, clock, self.skew_slowdown, self.move_gain_s, self.memo)
         held: set[str] = set()
-        while True:  # each pass holds back at least one more job: it ends
-            placed = _place(snapshot, order, held, skew)
-            if not placed.held:
-                break
+        placed = _place(snapshot, _choose(snapshot, order, held), skew)
+        while placed.held:  # each pass holds back at least one more job: it ends
             held |= placed.held
+            placed = _place(snapshot, _choose(snapshot, order, held), skew)
         plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
         return finish(snapshot, spec, plans, self.memo, placed.moves)
 
@@ -175,14 +173,12 @@ class _Placed:
     held: set[str] = field(default_factory=set)
 
 
-def _place(snapshot: Snapshot, order: list[Job], held: set[str], skew: _Skew) -> _Placed:
-    """Walk the service order by GPU count, then place (module docstring, "Placement").
+def _choose(snapshot: Snapshot, order: list[Job], held: set[str]) -> list[Job]:
+    """The jobs that run this round by GPU count, in the service order.
 
     Jobs in ``held`` were left waiting for a consolidated block by an earlier
     pass; they are skipped, so their GPUs go to the jobs after them as a job's
-    that does not fit would. A placement-sensitive job that finds no block
-    here either is added to ``held`` of the result, and the caller walks the
-    order again.
+    that does not fit would.
     """
     free = sum(node.gpus for node in snapshot.nodes)
     chosen: list[Job] = []
@@ -193,6 +189,17 @@ def _place(snapshot: Snapshot, order: list[Job], held: set[str], skew: _Skew) ->
         if need <= free:
             chosen.append(job)
             free -= need
+    return chosen
+
+
+def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
+    """GPUs for the chosen jobs (module docstring, "Placement").
+
+    Running jobs keep theirs, then spread sensitive ones move to free blocks,
+    then the others are placed largest first. A placement-sensitive job that
+    finds no block and still waits for one is in ``held`` of the result, and
+    the caller chooses again without it.
+    """
     pool = Pool(snapshot.nodes)
     out = _Placed()
     where = out.where
@@ -202,7 +209,7 @@ def _place(snapshot: Snapshot, order: list[Job], held: set[str], skew: _Skew) ->
             where[job.id] = job.placement
     for job in chosen:  # re-consolidation, in service order
         if job.id in where and not job.pinned:
-            target = skew.move(job, pool, snapshot.now_s)
+            target = skew.move(job, pool)
             if target is not None:
                 out.moves.append(Migration(job.id, job.placement, target))
                 where[job.id] = target
@@ -242,23 +249,29 @@ class _Skew:
         )
         return t[0]
 
-    def slowdown(self, job: Job) -> float:
-        """Step time spread over one node more than consolidated needs, over consolidated, less 1.
+    def profile(self, job: Job) -> tuple[float, float]:
+        """(step time consolidated, its slowdown spread over one node more).
 
-        0 for a job that cannot be spread (one GPU).
+        Consolidated is one node, or the fewest whole nodes; the slowdown is 0
+        for a job that cannot be spread (one GPU, or one GPU per node). Read
+        from the memo by job id: a job's profile is asked for at every event.
         """
         n = job.requested_gpus
-        if n <= 1 or self.per_node <= 1:
-            return 0.0
+        known = self.memo.last(("tiresias-skew", self.clock, self.per_node))
+        config = (n, job.global_batch_size)
+        hit: tuple[float, float] | None = known.recall(job.id, job.model, config)
+        if hit is not None:
+            return hit
         r = min(n, self.per_node)
         consolidated = self._step_s(job, r)
-        spread = r - 1  # the most GPUs per node that needs one node more
-        while math.ceil(n / spread) == math.ceil(n / r):
-            spread -= 1
-        return self._step_s(job, spread) / consolidated - 1.0
-
-    def sensitive(self, job: Job) -> bool:
-        return self.slowdown(job) > self.threshold
+        slowdown = 0.0
+        if r > 1:
+            spread = r - 1  # the most GPUs per node that needs one node more
+            while math.ceil(n / spread) == math.ceil(n / r):
+                spread -= 1
+            slowdown = self._step_s(job, spread) / consolidated - 1.0
+        known.remember(job.id, job.model, config, (consolidated, slowdown))
+        return consolidated, slowdown
 
     def waits(self, job: Job, now_s: float) -> bool:
         """Whether a job that found no consolidated block waits for one this round.
@@ -267,15 +280,13 @@ class _Skew:
         has waited is below what running spread would cost it, its remaining
         time consolidated times its slowdown; past that it runs spread.
         """
-        slowdown = self.slowdown(job)
+        step_s, slowdown = self.profile(job)
         if slowdown <= self.threshold:
             return False
-        n = job.requested_gpus
-        waited = now_s - job.arrival_s - job.attained_gpu_s / n
-        remaining_s = job.remaining_iterations * self._step_s(job, min(n, self.per_node))
-        return waited < remaining_s * slowdown
+        waited = now_s - job.arrival_s - job.attained_gpu_s / job.requested_gpus
+        return waited < job.remaining_iterations * step_s * slowdown
 
-    def move(self, job: Job, pool: Pool, now_s: float) -> tuple[GpuSlot, ...] | None:
+    def move(self, job: Job, pool: Pool) -> tuple[GpuSlot, ...] | None:
         """A consolidated block for a running sensitive job that is spread, or None.
 
         Only when the time the move saves the job over its remaining
@@ -284,19 +295,39 @@ class _Skew:
         found, it keeps them.
         """
         n = job.requested_gpus
-        if node_count(job.placement) <= math.ceil(n / self.per_node) or not self.sensitive(job):
+        if n <= 1 or node_count(job.placement) <= math.ceil(n / self.per_node):
             return None
-        r = min(n, self.per_node)
-        saved = job.remaining_iterations * (
-            self._step_s(job, per_node(job.placement)) - self._step_s(job, r)
-        )
+        step_s, slowdown = self.profile(job)
+        if slowdown <= self.threshold or not _block_after_release(pool, n, job.placement):
+            return None
+        saved = job.remaining_iterations * (self._step_s(job, per_node(job.placement)) - step_s)
         if saved < self.move_gain_s:
             return None
         pool.release(job.placement)
         target = pool.take_consolidated(n)
-        if target is None:
+        if target is None:  # pragma: no cover - _block_after_release said there is one
             pool.take(job.placement)
         return target
+
+
+def _block_after_release(pool: Pool, n: int, own: tuple[GpuSlot, ...]) -> bool:
+    """Whether ``Pool.take_consolidated(n)`` would find a block once ``own`` is free.
+
+    Counted without releasing: most spread jobs find none at most events, and
+    releasing and taking back their GPUs costs more than the count.
+    """
+    free, size = pool.free, pool.size
+    mine: dict[str, int] = {}
+    for node, _ in own:
+        mine[node] = mine.get(node, 0) + 1
+    if n <= pool.biggest and (
+        max(map(len, free.values())) >= n or any(len(free[m]) + k >= n for m, k in mine.items())
+    ):
+        return True
+    # whole nodes: the free ones now (none holds one of the job's GPUs) and the job's own
+    whole = sum(size[m] for m, idx in free.items() if len(idx) == size[m] > 0)
+    whole += sum(size[m] for m, k in mine.items() if len(free[m]) + k == size[m])
+    return whole >= n
 
 
 def _serve_key(
