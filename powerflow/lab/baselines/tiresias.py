@@ -83,7 +83,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from powerflow.core.errors import SnapshotError
+from powerflow.core.models.protocol import PerfModel
 from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 from powerflow.lab.baselines.common import (
     ModelMemo,
@@ -162,6 +165,26 @@ class TiresiasPolicy:
             placed = _place(snapshot, _choose(snapshot, order, held), skew)
         plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
         return finish(snapshot, spec, plans, self.memo, placed.moves)
+
+
+def placement_slowdown(
+    model: PerfModel, gpus: int, global_batch_size: int, per_node: int, clock_mhz: int
+) -> tuple[float, float]:
+    """(step time consolidated, its slowdown spread over one node more), by the model.
+
+    Consolidated is one node, or the fewest whole nodes (``per_node`` GPUs
+    each); one node more is the most GPUs per node that needs one more node.
+    The slowdown is the spread step time over the consolidated one, less 1; 0
+    for a job that cannot be spread (one GPU, or one GPU per node).
+    """
+    bs = local_batch(global_batch_size, gpus)
+    r = min(gpus, per_node)
+    spread = r - 1
+    while spread > 0 and math.ceil(gpus / spread) == math.ceil(gpus / r):
+        spread -= 1
+    rows = [(gpus, r, bs, clock_mhz)] + ([(gpus, spread, bs, clock_mhz)] if spread else [])
+    t = [float(x) for x in model.step_time_s(*np.array(rows, dtype=np.float64).T)]
+    return t[0], (t[1] / t[0] - 1.0 if spread else 0.0)
 
 
 @dataclass
@@ -250,28 +273,17 @@ class _Skew:
         return t[0]
 
     def profile(self, job: Job) -> tuple[float, float]:
-        """(step time consolidated, its slowdown spread over one node more).
-
-        Consolidated is one node, or the fewest whole nodes; the slowdown is 0
-        for a job that cannot be spread (one GPU, or one GPU per node). Read
-        from the memo by job id: a job's profile is asked for at every event.
-        """
+        """``placement_slowdown`` of the job, read from the memo by job id: a
+        job's profile is asked for at every event and changes only with its
+        model, GPU count or batch."""
         n = job.requested_gpus
         known = self.memo.last(("tiresias-skew", self.clock, self.per_node))
         config = (n, job.global_batch_size)
         hit: tuple[float, float] | None = known.recall(job.id, job.model, config)
-        if hit is not None:
-            return hit
-        r = min(n, self.per_node)
-        consolidated = self._step_s(job, r)
-        slowdown = 0.0
-        if r > 1:
-            spread = r - 1  # the most GPUs per node that needs one node more
-            while math.ceil(n / spread) == math.ceil(n / r):
-                spread -= 1
-            slowdown = self._step_s(job, spread) / consolidated - 1.0
-        known.remember(job.id, job.model, config, (consolidated, slowdown))
-        return consolidated, slowdown
+        if hit is None:
+            hit = placement_slowdown(job.model, n, job.global_batch_size, self.per_node, self.clock)
+            known.remember(job.id, job.model, config, hit)
+        return hit
 
     def waits(self, job: Job, now_s: float) -> bool:
         """Whether a job that found no consolidated block waits for one this round.
