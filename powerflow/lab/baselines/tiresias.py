@@ -22,6 +22,11 @@ Faithful:
   waited at least ``promote_knob`` times its executed time goes back to the
   top queue (the simulator's ``solve_starvation``); ``None`` turns it off,
   which is the simulator's ``dlas-gpu`` default.
+- **Consolidation for placement-sensitive jobs** (the paper's section 4): a
+  sensitive job gets a consolidated block (one node, or the fewest whole
+  nodes) or is skipped this round like a job that does not fit (its GPUs go
+  to the jobs after it); the others are consolidated when a block is free
+  and spread over as few nodes as the free GPUs allow otherwise.
 - **Not elastic, not energy-aware**: each job runs on its requested GPU
   count at one cluster-wide clock (``frequency_mhz``, default the highest);
   the power limit is reported, not enforced.
@@ -43,33 +48,30 @@ Simplified, and why:
   promotion while it has waited at least ``promote_knob / 2`` times its
   executed time, so it runs for about as long again as it had run before it
   can be preempted, instead of being preempted at the next event.
-- Placement, from a profile instead of tensor skew: Tiresias's profiler
+- Placement from a profile instead of tensor skew: Tiresias's profiler
   finds the models with high tensor skew (VGG), whose jobs slow down when
-  spread, and consolidates those; it places the others anywhere. Here the
-  profile is the job's model (the baselines are given the ground truth): a
-  job is placement-sensitive when its step time spread over one node more
-  than consolidated needs is more than ``skew_slowdown`` slower than
-  consolidated (one node, or the fewest whole nodes); a one-GPU job never is.
-  The trace's models slow down by 0-15 % one node more, all of them mildly,
-  so the threshold is the profiler's noise (below).
-- Consolidate or wait: a sensitive job that finds no consolidated block is
-  skipped this round, as a job that does not fit (its GPUs go to the jobs
-  after it in the service order), while the time it has waited is below what
-  running spread would cost it: its remaining time consolidated times its
-  slowdown. Past that bound it runs spread (the break-even rule of ski
-  rental: never more than twice the better choice's delay). Stateless, the
-  time waited is all of its time since arrival not run
-  (``now_s - arrival_s - executed``), so a job that already waited long behind
-  others for GPUs does not wait again for a block: it starts spread and moves
-  when a block frees (next item). Insensitive jobs are consolidated when
-  possible and spread over as few nodes as the free GPUs allow otherwise.
+  spread; the simulator has no tensor profiles, but the baselines are given
+  each job's model (the ground truth). A job is placement-sensitive when its
+  step time spread over one node more than consolidated needs is more than
+  ``skew_slowdown`` slower than consolidated; a one-GPU job never is. The
+  trace's models slow down by 0-15 % one node more, most by 1-6 %, so the
+  threshold is a profiler's noise (``TIRESIAS_SKEW_SLOWDOWN``).
+- A bound on waiting for a block: a sensitive job waits only while the time
+  it has waited is below what running spread would cost it, its remaining
+  time consolidated times its slowdown; past that it runs spread (the
+  break-even rule of ski rental: the wait never costs it more than the
+  slowdown it avoids would have). Stateless, the time waited is all of its
+  time since arrival not run (``now_s - arrival_s - executed``), so a job
+  that already waited long behind others for GPUs does not wait again for a
+  block: it starts spread and moves when a block frees (next item).
 - Re-consolidation: Tiresias moves a job only by preempting it and resuming
   it elsewhere. Here a running sensitive job that is spread (a resumed job
-  can land anywhere) also moves, at any event, to a consolidated block that
-  is free, when the move saves it at least ``move_gain_s`` over its remaining
-  iterations; the move is a checkpoint-restart, which the simulator charges
-  as any changed placement (``restart_s``). Running jobs otherwise keep their
-  GPUs; new jobs are placed largest first, after the moves.
+  lands where GPUs are free) also moves, at any event, to a consolidated
+  block that is free, when the move saves it at least ``move_gain_s`` over
+  its remaining iterations; the move is a checkpoint-restart, which the
+  simulator charges as any changed placement (``restart_s``). Running jobs
+  otherwise keep their GPUs; new jobs are placed largest first, after the
+  moves.
 - 2D-Gittins (Tiresias's variant for a known distribution of job sizes) is
   not implemented: the comparison gives no scheduler that distribution, and
   2D-LAS is the paper's variant for no job information.
@@ -115,10 +117,12 @@ its step time spread over one node more than consolidated needs is more than
 this much slower than consolidated. 3 %: the relative noise of a profiling
 measurement in the simulator (``SimConfig.noise``), so a job is sensitive when
 a profiler could tell its slowdown from none. The trace's models slow down by
-0-15 % one node more (docs/baselines.md, "Tiresias"), so a threshold of 10 %
-would leave almost every job insensitive, never waited for nor moved to a
-block, while a 32-GPU job spread over many nodes keeps each of them powered
-for a few of its GPUs."""
+0-15 % one node more (docs/baselines.md, "Tiresias's placement", lists them
+with the command): at 10 % only 4-GPU jobs of two models would be sensitive,
+and no job of 8 GPUs or more would wait for a block or move to one, while a
+32-GPU job spread over many nodes keeps each of them powered for a few of its
+GPUs. The wait bound scales with the slowdown, so a mildly sensitive job
+waits little."""
 TIRESIAS_MOVE_GAIN_S = 60.0
 """A spread sensitive job moves to a free consolidated block only when the move
 saves it at least this many seconds over its remaining iterations: twice the
