@@ -220,7 +220,7 @@ def _choose(snapshot: Snapshot, order: list[Job], held: set[str]) -> list[Job]:
 
 
 def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
-    """GPUs for the chosen jobs (module docstring, "Placement").
+    """GPUs for the chosen jobs (module docstring: consolidation, re-consolidation).
 
     Running jobs keep theirs, then spread sensitive ones move to free blocks,
     then the others are placed largest first. A placement-sensitive job that
