@@ -300,6 +300,63 @@ def test_tiresias_consolidates_new_jobs() -> None:
     assert {node for node, _ in plan.job("new").placement} == {"n1"}
 
 
+SKEWED = Amdahl(cross_node=10.0)
+"""Placement-sensitive: 4 GPUs over two nodes step 0.50 s, on one 0.32 s (+56 %)."""
+FLAT = Amdahl(cross_node=1.0)
+"""Insensitive: the same step time on any number of nodes."""
+
+
+def halves() -> list[Job]:
+    """Two running 2-GPU jobs, one on each 4-GPU node: 4 GPUs free, no node free."""
+    return [job("h0", 2, placement=on("n0", 0, 1)), job("h1", 2, placement=on("n1", 0, 1))]
+
+
+def test_tiresias_sensitive_job_waits_for_a_block_and_an_insensitive_one_spreads() -> None:
+    """Tiresias consolidates the skewed models and places the others anywhere: the
+    sensitive job ahead waits, and its GPUs go to the insensitive job after it."""
+    sensitive = job("s", 4, arrival=1.0, model=SKEWED)
+    flat = job("f", 4, arrival=2.0, model=FLAT)
+    plan = TiresiasPolicy().plan(snap(nodes(2, 4), [*halves(), sensitive, flat], now=2.0))
+    assert plan.job("s").gpus == 0
+    assert sorted(plan.job("f").placement) == sorted(on("n0", 2, 3) + on("n1", 2, 3))
+    # one GPU per node: nothing to consolidate, so nothing to wait for
+    one_each = TiresiasPolicy().plan(snap(nodes(4, 1), [job("s", 2, model=SKEWED)]))
+    assert one_each.job("s").gpus == 2
+
+
+def test_tiresias_sensitive_job_waits_for_a_block_only_while_it_pays() -> None:
+    """It waits while its wait is below what spreading costs it: 1000 iterations at
+    0.32 s consolidated, 56.25 % slower spread, 180 s."""
+    sensitive = job("s", 4, arrival=0.0, model=SKEWED)
+    for waited, gpus in ((179.0, 0), (181.0, 4)):
+        plan = TiresiasPolicy().plan(snap(nodes(2, 4), [*halves(), sensitive], now=waited))
+        assert plan.job("s").gpus == gpus
+    # a job that has run waited only the time it has not run: 100 s of its 1100
+    ran = replace(sensitive, attained_gpu_s=4 * 1000.0, remaining_iterations=1000.0)
+    assert TiresiasPolicy().plan(snap(nodes(2, 4), [*halves(), ran], now=1100.0)).job("s").gpus == 0
+
+
+def test_tiresias_moves_a_spread_sensitive_job_to_a_free_block() -> None:
+    """A resumed job that landed spread is re-consolidated when a node frees, when the
+    move saves more than its restart: 1000 iterations 0.18 s faster, 180 s."""
+    spread = on("n0", 2, 3) + on("n1", 2, 3)
+    moving = job("s", 4, model=SKEWED, placement=spread)
+    other = job("h0", 2, placement=on("n0", 0, 1))
+    plan = TiresiasPolicy().plan(snap(nodes(2, 4), [other, moving]))
+    assert plan.job("s").placement == on("n1", 0, 1, 2, 3)
+    assert [(m.job_id, m.source, m.target) for m in plan.migrations] == [
+        ("s", spread, on("n1", 0, 1, 2, 3))
+    ]
+    # no block free, a move that saves less than its restart, a flat model: it stays
+    for jobs in (
+        [*halves(), moving],
+        [other, replace(moving, remaining_iterations=100.0)],
+        [other, replace(moving, model=FLAT)],
+    ):
+        stays = TiresiasPolicy().plan(snap(nodes(2, 4), jobs))
+        assert (stays.job("s").placement, stays.migrations) == (spread, ())
+
+
 # ------------------------------------------------------- nodes that are on first
 
 

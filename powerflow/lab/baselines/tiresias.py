@@ -22,6 +22,11 @@ Faithful:
   waited at least ``promote_knob`` times its executed time goes back to the
   top queue (the simulator's ``solve_starvation``); ``None`` turns it off,
   which is the simulator's ``dlas-gpu`` default.
+- **Consolidation for placement-sensitive jobs** (the paper's section 4): a
+  sensitive job gets a consolidated block (one node, or the fewest whole
+  nodes) or is skipped this round like a job that does not fit (its GPUs go
+  to the jobs after it); the others are consolidated when a block is free
+  and spread over as few nodes as the free GPUs allow otherwise.
 - **Not elastic, not energy-aware**: each job runs on its requested GPU
   count at one cluster-wide clock (``frequency_mhz``, default the highest);
   the power limit is reported, not enforced.
@@ -43,13 +48,30 @@ Simplified, and why:
   promotion while it has waited at least ``promote_knob / 2`` times its
   executed time, so it runs for about as long again as it had run before it
   can be preempted, instead of being preempted at the next event.
-- Placement: Tiresias consolidates the jobs whose models are sensitive to
-  placement (high tensor skew, from its profiler) and places the others
-  anywhere; the simulator here has no tensor profiles, so every job is
-  consolidated when possible (one node, or whole nodes when larger) and
-  spread over as few nodes as possible otherwise, which is never worse for a
-  job. New jobs are placed largest first; running jobs keep their GPUs, so a
-  resumed job may land elsewhere (a restart from checkpoint, as in Tiresias).
+- Placement from a profile instead of tensor skew: Tiresias's profiler
+  finds the models with high tensor skew (VGG), whose jobs slow down when
+  spread; the simulator has no tensor profiles, but the baselines are given
+  each job's model (the ground truth). A job is placement-sensitive when its
+  step time spread over one node more than consolidated needs is more than
+  ``skew_slowdown`` slower than consolidated; a one-GPU job never is. The
+  trace's models slow down by 0-15 % one node more, most by 1-6 %, so the
+  threshold is a profiler's noise (``TIRESIAS_SKEW_SLOWDOWN``).
+- A bound on waiting for a block: a sensitive job waits only while the time
+  it has waited is below what running spread would cost it, its remaining
+  time consolidated times its slowdown; past that it runs spread (the
+  break-even rule of ski rental: the wait never costs it more than the
+  slowdown it avoids would have). Stateless, the time waited is all of its
+  time since arrival not run (``now_s - arrival_s - executed``), so a job
+  that already waited long behind others for GPUs does not wait again for a
+  block: it starts spread and moves when a block frees (next item).
+- Re-consolidation: Tiresias moves a job only by preempting it and resuming
+  it elsewhere. Here a running sensitive job that is spread (a resumed job
+  lands where GPUs are free) also moves, at any event, to a consolidated
+  block that is free, when the move saves it at least ``move_gain_s`` over
+  its remaining iterations; the move is a checkpoint-restart, which the
+  simulator charges as any changed placement (``restart_s``). Running jobs
+  otherwise keep their GPUs; new jobs are placed largest first, after the
+  moves.
 - 2D-Gittins (Tiresias's variant for a known distribution of job sizes) is
   not implemented: the comparison gives no scheduler that distribution, and
   2D-LAS is the paper's variant for no job information.
@@ -59,11 +81,15 @@ Simplified, and why:
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from powerflow.core.errors import SnapshotError
-from powerflow.core.policy.snapshot import GpuSlot, Job, Plan, Snapshot
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 from powerflow.lab.baselines.common import (
     ModelMemo,
     Pool,
@@ -71,6 +97,9 @@ from powerflow.lab.baselines.common import (
     finish,
     fixed_clock,
     job_plans,
+    local_batch,
+    node_count,
+    per_node,
 )
 
 TIRESIAS_THRESHOLDS_GPU_S: tuple[float, ...] = (32500.0, 72000.0, 180000.0)
@@ -82,6 +111,22 @@ GPUs pass 3,250 GPU-s in under 7 minutes) and one queue more."""
 TIRESIAS_PROMOTE_KNOB: float | None = None
 """No promotion, as the Tiresias simulator's ``dlas-gpu``: on the tuning windows
 every knob tried (2, 8) lengthened the average JCT."""
+TIRESIAS_SKEW_SLOWDOWN = 0.03
+"""A job is placement-sensitive (Tiresias: high tensor skew, consolidated) when
+its step time spread over one node more than consolidated needs is more than
+this much slower than consolidated. 3 %: the relative noise of a profiling
+measurement in the simulator (``SimConfig.noise``), so a job is sensitive when
+a profiler could tell its slowdown from none. The trace's models slow down by
+0-15 % one node more (docs/baselines.md, "Tiresias's placement", lists them
+with the command): at 10 % only 4-GPU jobs of two models would be sensitive,
+and no job of 8 GPUs or more would wait for a block or move to one, while a
+32-GPU job spread over many nodes keeps each of them powered for a few of its
+GPUs. The wait bound scales with the slowdown, so a mildly sensitive job
+waits little."""
+TIRESIAS_MOVE_GAIN_S = 60.0
+"""A spread sensitive job moves to a free consolidated block only when the move
+saves it at least this many seconds over its remaining iterations: twice the
+simulator's checkpoint-restart (``RESTART_S``, 30 s), which the move costs it."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +136,8 @@ class TiresiasPolicy:
     frequency_mhz: int | None = None
     queue_thresholds_gpu_s: tuple[float, ...] = field(default=TIRESIAS_THRESHOLDS_GPU_S)
     promote_knob: float | None = TIRESIAS_PROMOTE_KNOB
+    skew_slowdown: float = TIRESIAS_SKEW_SLOWDOWN
+    move_gain_s: float = TIRESIAS_MOVE_GAIN_S
     memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,30 +159,191 @@ class TiresiasPolicy:
     def plan(self, snapshot: Snapshot) -> Plan:
         spec = cluster_gpu(snapshot)
         clock = fixed_clock(spec, self.frequency_mhz)
-        free = sum(node.gpus for node in snapshot.nodes)
-        chosen: list[Job] = []
-        for job in self.priority(snapshot):
-            need = len(job.placement) if job.pinned and job.placement else job.requested_gpus
-            if need <= free:
-                chosen.append(job)
-                free -= need
-        pool = Pool(snapshot.nodes)
-        where: dict[str, tuple[GpuSlot, ...]] = {}
-        for job in chosen:
-            if job.placement and (job.pinned or len(job.placement) == job.requested_gpus):
-                pool.take(job.placement)
-                where[job.id] = job.placement
-        for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
-            if job.id in where:
+        order = self.priority(snapshot)
+        biggest = max(node.gpus for node in snapshot.nodes)
+        skew = _Skew(biggest, clock, self.skew_slowdown, self.move_gain_s, self.memo)
+        held: set[str] = set()
+        placed = _place(snapshot, _choose(snapshot, order, held), skew)
+        while placed.held:  # each pass holds back at least one more job: it ends
+            held |= placed.held
+            placed = _place(snapshot, _choose(snapshot, order, held), skew)
+        plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
+        return finish(snapshot, spec, plans, self.memo, placed.moves)
+
+
+def placement_slowdown(
+    model: PerfModel, gpus: int, global_batch_size: int, per_node: int, clock_mhz: int
+) -> tuple[float, float]:
+    """(step time consolidated, its slowdown spread over one node more), by the model.
+
+    Consolidated is one node, or the fewest whole nodes (``per_node`` GPUs
+    each); one node more is the most GPUs per node that needs one more node.
+    The slowdown is the spread step time over the consolidated one, less 1; 0
+    for a job that cannot be spread (one GPU, or one GPU per node).
+    """
+    bs = local_batch(global_batch_size, gpus)
+    r = min(gpus, per_node)
+    spread = r - 1
+    while spread > 0 and math.ceil(gpus / spread) == math.ceil(gpus / r):
+        spread -= 1
+    rows = [(gpus, r, bs, clock_mhz)] + ([(gpus, spread, bs, clock_mhz)] if spread else [])
+    t = [float(x) for x in model.step_time_s(*np.array(rows, dtype=np.float64).T)]
+    return t[0], (t[1] / t[0] - 1.0 if spread else 0.0)
+
+
+@dataclass
+class _Placed:
+    """One placement pass: GPUs per job, re-consolidations, jobs left to wait for a block."""
+
+    where: dict[str, tuple[GpuSlot, ...]] = field(default_factory=dict)
+    moves: list[Migration] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)
+
+
+def _choose(snapshot: Snapshot, order: list[Job], held: set[str]) -> list[Job]:
+    """The jobs that run this round by GPU count, in the service order.
+
+    Jobs in ``held`` were left waiting for a consolidated block by an earlier
+    pass; they are skipped, so their GPUs go to the jobs after them as a job's
+    that does not fit would.
+    """
+    free = sum(node.gpus for node in snapshot.nodes)
+    chosen: list[Job] = []
+    for job in order:
+        if job.id in held:
+            continue
+        need = len(job.placement) if job.pinned and job.placement else job.requested_gpus
+        if need <= free:
+            chosen.append(job)
+            free -= need
+    return chosen
+
+
+def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
+    """GPUs for the chosen jobs (module docstring: consolidation, re-consolidation).
+
+    Running jobs keep theirs, then spread sensitive ones move to free blocks,
+    then the others are placed largest first. A placement-sensitive job that
+    finds no block and still waits for one is in ``held`` of the result, and
+    the caller chooses again without it.
+    """
+    pool = Pool(snapshot.nodes)
+    out = _Placed()
+    where = out.where
+    for job in chosen:
+        if job.placement and (job.pinned or len(job.placement) == job.requested_gpus):
+            pool.take(job.placement)
+            where[job.id] = job.placement
+    for job in chosen:  # re-consolidation, in service order
+        if job.id in where and not job.pinned:
+            target = skew.move(job, pool)
+            if target is not None:
+                out.moves.append(Migration(job.id, job.placement, target))
+                where[job.id] = target
+    for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
+        if job.id in where:
+            continue
+        target = pool.take_consolidated(job.requested_gpus)
+        if target is None:
+            if skew.waits(job, snapshot.now_s):
+                out.held.add(job.id)
                 continue
-            target = pool.take_consolidated(job.requested_gpus)
-            if target is None:
-                target = pool.take_spread(job.requested_gpus)
-            if target is None:  # pragma: no cover - counts were checked above
-                raise SnapshotError(f"no GPUs left for job {job.id}")
-            where[job.id] = target
-        plans = job_plans(snapshot.jobs, where, clock, self.memo)
-        return finish(snapshot, spec, plans, self.memo)
+            target = pool.take_spread(job.requested_gpus)
+        if target is None:  # pragma: no cover - counts were checked above
+            raise SnapshotError(f"no GPUs left for job {job.id}")
+        where[job.id] = target
+    return out
+
+
+@dataclass(frozen=True)
+class _Skew:
+    """What Tiresias's profiler tells it about a job's placement, here from its model.
+
+    ``per_node``: GPUs of the cluster's largest node, which sets what
+    consolidated means (one node, or the fewest whole nodes).
+    """
+
+    per_node: int
+    clock: int
+    threshold: float
+    move_gain_s: float
+    memo: ModelMemo
+
+    def _step_s(self, job: Job, r: int) -> float:
+        n = job.requested_gpus
+        t, _ = self.memo.rows(
+            [job.model], [(n, r, local_batch(job.global_batch_size, n), self.clock)]
+        )
+        return t[0]
+
+    def profile(self, job: Job) -> tuple[float, float]:
+        """``placement_slowdown`` of the job, read from the memo by job id: a
+        job's profile is asked for at every event and changes only with its
+        model, GPU count or batch."""
+        n = job.requested_gpus
+        known = self.memo.last(("tiresias-skew", self.clock, self.per_node))
+        config = (n, job.global_batch_size)
+        hit: tuple[float, float] | None = known.recall(job.id, job.model, config)
+        if hit is None:
+            hit = placement_slowdown(job.model, n, job.global_batch_size, self.per_node, self.clock)
+            known.remember(job.id, job.model, config, hit)
+        return hit
+
+    def waits(self, job: Job, now_s: float) -> bool:
+        """Whether a job that found no consolidated block waits for one this round.
+
+        An insensitive job never does. A sensitive one waits while the time it
+        has waited is below what running spread would cost it, its remaining
+        time consolidated times its slowdown; past that it runs spread.
+        """
+        step_s, slowdown = self.profile(job)
+        if slowdown <= self.threshold:
+            return False
+        waited = now_s - job.arrival_s - job.attained_gpu_s / job.requested_gpus
+        return waited < job.remaining_iterations * step_s * slowdown
+
+    def move(self, job: Job, pool: Pool) -> tuple[GpuSlot, ...] | None:
+        """A consolidated block for a running sensitive job that is spread, or None.
+
+        Only when the time the move saves the job over its remaining
+        iterations is at least ``move_gain_s``. The job's own GPUs are
+        free to the search (a block may keep some of them); when none is
+        found, it keeps them.
+        """
+        n = job.requested_gpus
+        if n <= 1 or node_count(job.placement) <= math.ceil(n / self.per_node):
+            return None
+        step_s, slowdown = self.profile(job)
+        if slowdown <= self.threshold or not _block_after_release(pool, n, job.placement):
+            return None
+        saved = job.remaining_iterations * (self._step_s(job, per_node(job.placement)) - step_s)
+        if saved < self.move_gain_s:
+            return None
+        pool.release(job.placement)
+        target = pool.take_consolidated(n)
+        if target is None:  # pragma: no cover - _block_after_release said there is one
+            pool.take(job.placement)
+        return target
+
+
+def _block_after_release(pool: Pool, n: int, own: tuple[GpuSlot, ...]) -> bool:
+    """Whether ``Pool.take_consolidated(n)`` would find a block once ``own`` is free.
+
+    Counted without releasing: most spread jobs find none at most events, and
+    releasing and taking back their GPUs costs more than the count.
+    """
+    free, size = pool.free, pool.size
+    mine: dict[str, int] = {}
+    for node, _ in own:
+        mine[node] = mine.get(node, 0) + 1
+    if n <= pool.biggest and (
+        max(map(len, free.values())) >= n or any(len(free[m]) + k >= n for m, k in mine.items())
+    ):
+        return True
+    # whole nodes: the free ones now (none holds one of the job's GPUs) and the job's own
+    whole = sum(size[m] for m, idx in free.items() if len(idx) == size[m] > 0)
+    whole += sum(size[m] for m, k in mine.items() if len(free[m]) + k == size[m])
+    return whole >= n
 
 
 def _serve_key(
