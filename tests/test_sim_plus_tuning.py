@@ -42,13 +42,25 @@ def test_every_setting_and_afs_run_on_every_tuning_window_only() -> None:
     assert len({s.value for s in afs}) >= 3  # a curve, not a point
 
 
-def _outcome(scheduler: str, window: str, value: float, energy_j: float, jct_s: float,
-             options: tuple[tuple[str, Any], ...] = ()) -> RunOutcome:  # fmt: skip
+def _outcome(
+    scheduler: str,
+    window: str,
+    value: float,
+    energy_j: float,
+    jct_s: float,
+    options: tuple[tuple[str, Any], ...] = (),
+    restarts: int = 0,
+) -> RunOutcome:
     spec = RunSpec(
         scheduler, value, TraceSpec(window=window), SimConfig(), tag=plus_tuning.TAG,
         policy_options=options,
     )  # fmt: skip
-    metrics = {"avg_jct_s": jct_s, "total_energy_j": energy_j, "window_energy_j": energy_j}
+    metrics = {
+        "avg_jct_s": jct_s,
+        "total_energy_j": energy_j,
+        "window_energy_j": energy_j,
+        "restarts": restarts,
+    }
     return RunOutcome(spec, metrics, Series(*(np.zeros(2) for _ in range(7))))
 
 
@@ -100,6 +112,29 @@ def test_a_setting_with_no_ratio_ranks_last(monkeypatch: pytest.MonkeyPatch) -> 
     scored = plus_tuning.score(outcomes)
     assert [s.setting for s in scored] == [b, a]
     assert scored[1].score is None and scored[1].ratios == (None, None)
+
+
+def test_of_settings_within_the_tie_of_the_best_the_one_with_fewest_restarts_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scores 0.1 % above B (a tie) with twice B's restarts: B is chosen; C, 2 % below
+    the best, ranks after both even with no restart at all."""
+    a = Setting("powerflow+", (("budget_price", 0.05), ("rescale_margin", 0.0)))
+    b = Setting("powerflow+", (("budget_price", 0.05), ("rescale_margin", 2.0)))
+    c = Setting("powerflow+", (("budget_price", 0.2), ("rescale_margin", 2.0)))
+    monkeypatch.setattr(plus_tuning, "GRID", (a, b, c))
+    w = TUNING_WINDOWS[0].name
+    afs = [_outcome("afs", w, 1010.0, 100.0, 10.0), _outcome("afs", w, 1410.0, 200.0, 5.0)]
+    mine = [
+        _outcome("powerflow+", w, eta, energy, jct * factor, setting.options, restarts)
+        for setting, factor, restarts in ((a, 1.0, 200), (b, 1.001, 100), (c, 1.02, 0))
+        for eta, energy, jct in ((0.6, 100.0, 8.0), (1.0, 200.0, 4.0))
+    ]
+    scored = plus_tuning.score(afs + mine)
+    assert [s.setting for s in scored] == [b, a, c]
+    assert scored[0].restarts == 200 and scored[1].restarts == 400
+    assert scored[1].score is not None and scored[0].score is not None
+    assert scored[1].score > scored[0].score >= scored[1].score * (1 - plus_tuning.TIE)
 
 
 def test_the_defaults_are_the_setting_tuning_chose() -> None:

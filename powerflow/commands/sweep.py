@@ -32,6 +32,7 @@ from powerflow.lab.sim import ablation, experiments, output, plus_tuning, tuning
 from powerflow.lab.sim.compare import ENERGIES
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import TraceSpec
+from powerflow.lab.sim.tuning import Setting
 from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 
@@ -141,7 +142,11 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     hours = experiments.QUICK_HOURS if args.quick else None
     specs = plus_tuning.specs(config, hours=hours)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
-    output.write_csv([o.row() for o in outcomes], out / "runs.csv")
+    output.write_csv(
+        [{**o.row(), "setting": Setting(o.spec.scheduler, o.spec.policy_options).label}
+         for o in outcomes],
+        out / "runs.csv",
+    )  # fmt: skip
     scored = plus_tuning.score(outcomes)
     rows = plus_tuning.rows(scored)
     output.write_csv(rows, out / "plus_tuning.csv")
@@ -158,6 +163,7 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     )
     table.add_column("setting")
     table.add_column("score", justify="right")
+    table.add_column("restarts", justify="right")
     for w in plus_tuning.WINDOWS:
         table.add_column(w.name, justify="right")
     per = len(ENERGIES)
@@ -166,7 +172,8 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
             " | ".join("n/a" if r is None else f"{r:.2f}" for r in s.ratios[k : k + per])
             for k in range(0, len(s.ratios), per)
         ]
-        table.add_row(s.setting.label, "n/a" if s.score is None else f"{s.score:.3f}", *cells)
+        score = "n/a" if s.score is None else f"{s.score:.3f}"
+        table.add_row(s.setting.label, score, f"{s.restarts:,}", *cells)
     console.print(table)
     if scored:
         console.print(f"powerflow+: chosen {scored[0].setting.label}")

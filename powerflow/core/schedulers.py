@@ -107,11 +107,14 @@ def _powerflow(**options: bool) -> Callable[[float | None], Policy]:
 
 
 PLUS_BUDGET_PRICE = 0.05
-"""PowerFlow+'s floor on a step's priority grows by this times ``1 / eta - 1``."""
+"""PowerFlow+'s floor on a step's priority grows by this times ``1 / eta - 1``
+(chosen on the tuning windows, as ``PLUS_RESCALE_MARGIN``)."""
 PLUS_RESCALE_COST_S = 30.0
 """PowerFlow+'s checkpoint-restart estimate: the simulator's default ``restart_s``."""
-PLUS_RESCALE_MARGIN = 1.0
-"""PowerFlow+'s hysteresis: a rescale must gain twice its cost."""
+PLUS_RESCALE_MARGIN = 2.0
+"""PowerFlow+'s hysteresis: a rescale must gain three times its cost. With
+``PLUS_BUDGET_PRICE``, chosen on the tuning windows (``powerflow sweep plus-tuning``,
+``powerflow.lab.sim.plus_tuning``; docs/policy.md, "Chosen on the tuning windows")."""
 
 
 def _powerflow_plus(_: float | None) -> Policy:

@@ -7,7 +7,10 @@ window (``windows.TUNING_WINDOWS``, days no reported result uses), AFS runs its
 clock sweep there too, and a setting scores the geometric mean, over the windows
 and both energies (total and in-window: ``compare.ENERGIES``), of AFS's average
 JCT over PowerFlow+'s at equal energy (the ratio's mean over the energies both
-curves cover). The highest score is chosen. A knob that saves energy at some cost
+curves cover). Scores within ``TIE`` of the highest are a tie, and of those the
+setting with the fewest checkpoint-restarts over all its runs is chosen: each costs
+minutes on a cluster (the simulator charges 30 s), and a difference of a tenth of a
+percent in the score is no evidence either way. A knob that saves energy at some cost
 in JCT (``budget_price``) is then weighed in the units the evaluation uses, which
 a JCT-only objective at a fixed budget would not do: it never pays for less energy.
 
@@ -45,6 +48,9 @@ GRID: tuple[Setting, ...] = tuple(
     for price in BUDGET_PRICES
     for margin in RESCALE_MARGINS
 )
+TIE = 0.005
+"""Scores this close to the best (relative) are a tie: the first grid's spread between
+rescale margins of 0, 1 and 2 at one budget price was 0.1 %."""
 TAG = "tune-plus"
 WINDOWS = TUNING_WINDOWS
 """Where the grid runs: the tuning windows, which no reported result uses."""
@@ -75,10 +81,13 @@ class Scored:
     ratios: tuple[float | None, ...]
     """Per tuning window, then per energy (``ENERGIES``' order): the ratio, or None
     where the two curves' energies do not meet."""
+    restarts: int
+    """Checkpoint-restarts of all the setting's runs."""
 
 
 def score(outcomes: Sequence[RunOutcome]) -> list[Scored]:
-    """The settings from best to worst (a setting without any ratio last)."""
+    """The settings from best to worst: those tied with the best score (``TIE``) by
+    their restarts, then the others by score, a setting without any ratio last."""
     rows: dict[str, list[dict[str, Any]]] = {}
     mine: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for o in outcomes:
@@ -94,6 +103,7 @@ def score(outcomes: Sequence[RunOutcome]) -> list[Scored]:
         runs = mine.get(setting.options)
         if runs is None:
             continue
+        restarts = sum(int(r.get("restarts") or 0) for found in runs.values() for r in found)
         ratios: list[float | None] = []
         for w in windows:
             for energy in ENERGIES:
@@ -101,8 +111,17 @@ def score(outcomes: Sequence[RunOutcome]) -> list[Scored]:
                 ratios.append(found.get(RIVAL, {}).get("mean"))
         have = [r for r in ratios if r is not None]
         value = math.exp(sum(map(math.log, have)) / len(have)) if have else None
-        scored.append(Scored(setting, value, tuple(ratios)))
-    return sorted(scored, key=lambda s: (s.score is None, -(s.score or 0.0), s.setting.label))
+        scored.append(Scored(setting, value, tuple(ratios), restarts))
+    best = max((s.score for s in scored if s.score is not None), default=None)
+
+    def rank(s: Scored) -> tuple[int, float, str]:
+        if s.score is None or best is None:
+            return (2, 0.0, s.setting.label)
+        if s.score >= best * (1.0 - TIE):
+            return (0, float(s.restarts), s.setting.label)
+        return (1, -s.score, s.setting.label)
+
+    return sorted(scored, key=rank)
 
 
 def rows(scored: Sequence[Scored]) -> list[dict[str, Any]]:
@@ -112,6 +131,7 @@ def rows(scored: Sequence[Scored]) -> list[dict[str, Any]]:
         {
             "setting": s.setting.label,
             "score": s.score,
+            "restarts": s.restarts,
             **{f"afs_over_plus_{n}": r for n, r in zip(names, s.ratios, strict=False)},
             "chosen": k == 0,
         }
