@@ -12,7 +12,8 @@ weighs the same; the setting with the lowest mean of those is chosen.
     powerflow sweep tuning --quick      # the first 2 h of each, 8 nodes
 
 The chosen values are the baselines' defaults (``TIRESIAS_THRESHOLDS_GPU_S``,
-``TIRESIAS_PROMOTE_KNOB``, ``GandivaPolicy.max_jobs_per_gpu``), each naming
+``TIRESIAS_PROMOTE_KNOB``, ``TIRESIAS_SKEW_SLOWDOWN``,
+``GandivaPolicy.max_jobs_per_gpu``), each naming
 this command; docs/baselines.md holds the table it printed.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from powerflow.lab.baselines.tiresias import TIRESIAS_PROMOTE_KNOB, TIRESIAS_THRESHOLDS_GPU_S
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
 from powerflow.lab.sim.windows import TUNING_WINDOWS
@@ -57,6 +59,9 @@ THRESHOLDS: tuple[tuple[float, ...], ...] = (
 )
 PROMOTE_KNOBS: tuple[float | None, ...] = (None, 2.0, 8.0)
 """None: no promotion (``dlas-gpu``); the Tiresias simulator sweeps 0.5 to 1000."""
+SKEW_SLOWDOWNS = (0.0, 0.03, 0.05, 0.1)
+"""Tiresias' placement sensitivity (``skew_slowdown``), at the tuned thresholds: 0 makes
+every job whose model slows when spread wait for a consolidated block, 0.1 hardly any."""
 JOBS_PER_GPU = (1, 2, 3, 4)
 """Gandiva's time-slicing cap: 1 is no sharing."""
 
@@ -65,6 +70,17 @@ GRIDS: dict[str, tuple[Setting, ...]] = {
         Setting("tiresias", (("queue_thresholds_gpu_s", th), ("promote_knob", knob)))
         for th in THRESHOLDS
         for knob in PROMOTE_KNOBS
+    ),
+    "tiresias placement": tuple(
+        Setting(
+            "tiresias",
+            (
+                ("queue_thresholds_gpu_s", TIRESIAS_THRESHOLDS_GPU_S),
+                ("promote_knob", TIRESIAS_PROMOTE_KNOB),
+                ("skew_slowdown", skew),
+            ),
+        )
+        for skew in SKEW_SLOWDOWNS
     ),
     "gandiva": tuple(Setting("gandiva", (("max_jobs_per_gpu", k),)) for k in JOBS_PER_GPU),
 }
