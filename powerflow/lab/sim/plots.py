@@ -27,8 +27,8 @@ STYLE = {
     "gandiva": ("tab:blue", "s", "-"),
     "tiresias": ("tab:green", "^", "-"),
     "afs": ("tab:purple", "D", "-"),
-    "gandiva+zeus": ("tab:cyan", "*", ""),
-    "tiresias+zeus": ("tab:olive", "X", ""),
+    "gandiva+zeus": ("tab:cyan", "*", "--"),
+    "tiresias+zeus": ("tab:olive", "X", "--"),
 }
 """Colour, marker and line per scheduler: no two share a colour or a marker."""
 SPARE = (("tab:brown", "v"), ("tab:pink", "<"), ("tab:gray", ">"), ("black", "h"))
@@ -49,7 +49,8 @@ def _styles(names: Iterable[str]) -> dict[str, tuple[str, str, str]]:
 
 
 def point_label(row: Mapping[str, Any]) -> str:
-    """What a point of Fig. 8 is: ``eta 0.6``, ``1410 MHz``, or ``own clock`` (Zeus)."""
+    """What a point of Fig. 8 is: ``eta 0.6``, ``1410 MHz``, ``eta_knob 0.5`` (Zeus),
+    or ``own clock`` (a row that records no setting)."""
     text = knob_text(row)
     return "own clock" if text == "-" else text
 
@@ -210,7 +211,7 @@ def sensitivity_figure(
     axes[0][0].legend(fontsize=8)
     fig.suptitle(
         "Sensitivity: average JCT on 100-job synthetic traces (PowerFlow at eta 0.6,"
-        " the baselines at 1410 MHz, the Zeus variants at their own clock)",
+        " the baselines at 1410 MHz, the Zeus variants at eta_knob 0.5)",
         fontsize=10,
     )
     return fig
