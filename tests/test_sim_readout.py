@@ -312,6 +312,7 @@ def test_jct_vs_energy_labels_every_point_with_distinct_styles() -> None:
     # the oracle run is not on this figure
     zeus = ["eta_knob 1", "eta_knob 0.5", "eta_knob 0.5"]
     assert labels == sorted(["eta 0.4", "eta 1", *clocks, *zeus, "own clock", "eta 0.6"])
+    assert "eta_knob" in ax.get_legend().get_title().get_text()
     lines = ax.get_lines()
     assert [ln.get_label() for ln in lines] == list(dict.fromkeys(r["scheduler"] for r in rows))
     colours = [to_hex(ln.get_color()) for ln in lines]

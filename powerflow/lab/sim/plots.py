@@ -81,7 +81,7 @@ def jct_vs_energy_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figur
     ax.set_ylabel("average JCT (h)")
     ax.set_title(f"Average JCT against total energy: {title}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(title="scheduler (points: eta or GPU clock)", fontsize=8, title_fontsize=8)
+    ax.legend(title="scheduler (points: eta, GPU clock or eta_knob)", fontsize=8, title_fontsize=8)
     return fig
 
 
