@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from powerflow.cli import main
+from powerflow.commands.simulate import pick_for_timeline
 from powerflow.lab.schedulers import ZEUS_ETA_KNOB, ZEUS_ETA_KNOBS, scheduler
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.output import knob_text
 from powerflow.lab.sim.plots import point_label
-from powerflow.lab.sim.runner import RunSpec, TraceSpec, run_one
+from powerflow.lab.sim.result import Series
+from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, run_one
 from powerflow.lab.sim.synthetic import SyntheticSpec
 
 TRACE = TraceSpec(synthetic=SyntheticSpec(jobs=30, mean_interval_s=300.0, job_size=1.0, seed=1))
@@ -80,3 +83,19 @@ def test_cli_refuses_a_bad_or_misplaced_knob(
 ) -> None:
     assert main(["simulate", *args, "--hours", "0.5", "--nodes", "2"]) == 2
     assert match in capsys.readouterr().err
+
+
+def _outcome(name: str, value: float, energy: float) -> RunOutcome:
+    metrics = {"total_energy_j": energy, "avg_jct_s": 1.0}
+    return RunOutcome(RunSpec(name, value), metrics, Series(*(np.zeros(2) for _ in range(7))))
+
+
+def test_the_timeline_picks_runs_near_zeus_default_not_the_first_zeus_run() -> None:
+    outcomes = [
+        _outcome("gandiva+zeus", 1.0, 10.0),
+        _outcome("gandiva+zeus", 0.5, 20.0),
+        _outcome("gandiva", 1020.0, 11.0),
+        _outcome("gandiva", 1410.0, 19.0),
+    ]
+    chosen = {o.spec.scheduler: o.spec.value for o in pick_for_timeline(outcomes)}
+    assert chosen == {"gandiva+zeus": 0.5, "gandiva": 1410.0}

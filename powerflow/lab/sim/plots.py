@@ -135,7 +135,7 @@ def allocation_and_power_figure(outcomes: Sequence[RunOutcome]) -> Figure:
         ax.grid(alpha=0.3)
     fig.suptitle(
         "GPU allocation and cluster power over time\n"
-        "(per scheduler, its run whose energy is closest to Gandiva+Zeus's)",
+        "(per scheduler, its run whose energy is closest to Gandiva+Zeus's at eta_knob 0.5)",
         fontsize=10,
     )
     return fig
