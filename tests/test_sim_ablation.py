@@ -41,7 +41,9 @@ def test_each_row_changes_one_thing_and_runs_the_whole_comparison() -> None:
                 )
             if isinstance(inner, GandivaPolicy):
                 assert inner.max_jobs_per_gpu == 2
-            if s.value is not None and isinstance(inner, TiresiasPolicy | GandivaPolicy):
+            if isinstance(policy.policy, ZeusPolicy):
+                assert policy.policy.eta_knob == s.value  # the sweep's eta_knob kept
+            elif s.value is not None and isinstance(inner, TiresiasPolicy | GandivaPolicy):
                 assert inner.frequency_mhz == int(s.value)  # the sweep's clock kept
     # rows 3 and 4 run the tuned defaults: no option given
     assert all(not s.policy_options for k in (3, 4) for s in rows[k])

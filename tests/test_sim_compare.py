@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerflow.lab.sim.compare import WINDOW, Curve, curves, jct_ratios, versus
+from powerflow.lab.sim.compare import WINDOW, Curve, curves, jct_ratios, versus, zeus_energy
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.experiments import (
     QUICK_HOURS,
@@ -242,3 +242,51 @@ def test_a_budget_below_the_cap_floor_is_listed_but_no_point_of_a_curve() -> Non
     plus += [_row("powerflow+", 36.0, 4.0, eta=0.6), _row("powerflow+", 40.0, 3.0, eta=1.0)]
     r = versus(rows + plus, "powerflow+")
     assert r is not None and r["energy_lo_j"] == 36.0
+
+
+def test_the_comparison_sweeps_zeus_eta_knob_for_both_zeus_variants() -> None:
+    """Four points in full (0.25 spends within 1 % of 0.0's energy on the default
+    trace), two with ``quick``; Zeus's default 0.5 in both (the Zeus energy level)."""
+    for quick, grid in ((False, [0.0, 0.5, 0.75, 1.0]), (True, [0.5, 1.0])):
+        specs = comparison(TraceSpec(), SimConfig(), quick=quick)
+        for name in ("gandiva+zeus", "tiresias+zeus"):
+            assert sorted(s.value for s in specs if s.scheduler == name) == grid  # type: ignore[type-var]
+        assert not any(s.scheduler.endswith("zeus-clock") for s in specs)
+    assert len(comparison(TraceSpec(), SimConfig())) == 42
+    assert len(comparison(TraceSpec(), SimConfig(), quick=True)) == 22
+
+
+def test_ratios_interpolate_along_the_zeus_curve_and_take_its_default_as_the_level() -> None:
+    rows = [
+        _row("powerflow", 10.0, 2.0, eta=0.4),
+        _row("powerflow", 20.0, 1.0, eta=1.0),
+        _row("gandiva", 10.0, 6.0, frequency_mhz=1020),
+        _row("gandiva", 20.0, 2.0, frequency_mhz=1410),
+        _row("gandiva+zeus", 20.0, 2.5, eta_knob=0.0),
+        _row("gandiva+zeus", 16.0, 3.0, eta_knob=0.5),
+        _row("gandiva+zeus", 12.0, 6.0, eta_knob=1.0),
+    ]
+    ratios = jct_ratios(rows)
+    zeus = ratios["gandiva+zeus"]
+    # the Zeus level is the eta_knob 0.5 run's 16 J, not the curve's cheapest end
+    assert zeus["zeus_energy_j"] == pytest.approx(16.0)
+    assert zeus_energy(rows, "gandiva+zeus") == pytest.approx(16.0)
+    assert zeus["at_zeus_energy"] == pytest.approx(3.0 / 1.4)  # PowerFlow at 16 J: 1.4 s
+    assert ratios["gandiva"]["at_zeus_energy"] == pytest.approx(3.6 / 1.4)  # Gandiva: 3.6 s
+    # interpolated along the Zeus curve over 12..20 J: the largest ratio at its cheap
+    # end (6 / 1.8), the smallest at its middle point (3 / 1.4), not at an end (2.5 / 1)
+    assert (zeus["energy_lo_j"], zeus["energy_hi_j"]) == (12.0, 20.0)
+    assert zeus["max"] == pytest.approx(6.0 / 1.8)
+    assert zeus["min"] == pytest.approx(3.0 / 1.4)
+    assert zeus["max_at_j"] == pytest.approx(12.0)
+
+
+def test_no_zeus_level_without_a_run_at_zeus_default() -> None:
+    rows = [
+        _row("powerflow", 10.0, 2.0),
+        _row("powerflow", 20.0, 1.0),
+        _row("gandiva+zeus", 12.0, 6.0, eta_knob=1.0),
+        _row("gandiva+zeus", 20.0, 2.5, eta_knob=0.0),
+    ]
+    assert zeus_energy(rows, "gandiva+zeus") is None
+    assert jct_ratios(rows)["gandiva+zeus"]["at_zeus_energy"] is None

@@ -296,8 +296,9 @@ def test_jct_vs_energy_labels_every_point_with_distinct_styles() -> None:
         _row("gandiva", 18, 6.0, frequency_mhz=1410),
         _row("tiresias", 12, 9.5, frequency_mhz=1020),
         _row("afs", 12, 5.0, frequency_mhz=1020),
-        _row("gandiva+zeus", 15, 7.0),
-        _row("tiresias+zeus", 15, 8.0),
+        _row("gandiva+zeus", 13, 7.5, eta_knob=1.0),
+        _row("gandiva+zeus", 15, 7.0, eta_knob=0.5),
+        _row("tiresias+zeus", 15, 8.0, eta_knob=0.5),
         _row("powerflow+", 15, 3.0, eta=0.6),
         _row("newcomer", 15, 3.0),
         {**_row("powerflow", 15, 2.0, eta=0.6), "oracle": True},
@@ -310,7 +311,9 @@ def test_jct_vs_energy_labels_every_point_with_distinct_styles() -> None:
     clocks = ["1020 MHz", "1410 MHz", "1020 MHz", "1020 MHz"]
     # the oracle run is on this figure too, dashed (tests/test_sim_plots.py)
     etas = ["eta 0.4", "eta 1", "eta 0.6", "eta 0.6"]
-    assert labels == sorted([*etas, *clocks, *["own clock"] * 3])
+    zeus = ["eta_knob 1", "eta_knob 0.5", "eta_knob 0.5"]
+    assert labels == sorted([*etas, *clocks, *zeus, "own clock"])
+    assert "eta_knob" in ax.get_legend().get_title().get_text()
     names = list(dict.fromkeys(r["scheduler"] for r in rows))
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == [*names, "fitted, held-out priors", "oracle (ground truth)"]

@@ -89,6 +89,14 @@ def eta(value: float | None, option: str = "--eta") -> float | None:
     return value
 
 
+def eta_knob(value: float | None) -> float | None:
+    """Zeus's ``eta_knob``: the weight of energy in its cost, 0 (time only) to 1
+    (energy only); outside that the cost rewards more time or more energy."""
+    if value is not None and not 0 <= value <= 1:  # NaN fails too
+        raise ArgumentError(f"--eta-knob must be in [0, 1], got {value:g}")
+    return value
+
+
 MAX_NODES = 10_000
 """Far above any cluster the papers simulate (64 nodes here, 2,000 GPUs in
 Tiresias'); a typo of a billion nodes took 21 GB of memory before any job ran."""

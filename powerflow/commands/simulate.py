@@ -23,9 +23,9 @@ from powerflow.commands import checks
 from powerflow.core.errors import BudgetError, SimulationError
 from powerflow.core.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.core.policy.snapshot import Budget
-from powerflow.lab.schedulers import SCHEDULERS, scheduler
+from powerflow.lab.schedulers import SCHEDULERS, ZEUS_ETA_KNOB, scheduler
 from powerflow.lab.sim import experiments, headline, heldout, output
-from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus
+from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus, zeus_energy
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING, main_run
 from powerflow.lab.sim.report import setting_label, write_report
@@ -47,6 +47,15 @@ def register(subparsers: Any) -> None:
         help=f"PowerFlow's {checks.ETA_HELP}",
     )
     knob.add_argument("--frequency", type=int, metavar="MHZ", help="a baseline's GPU clock")
+    knob.add_argument(
+        "--eta-knob",
+        type=float,
+        metavar="K",
+        help=(
+            "a Zeus variant's eta_knob, the weight of energy against time in its cost,"
+            f" in [0, 1] (default {ZEUS_ETA_KNOB:g}, Zeus's own)"
+        ),
+    )
     p.add_argument(
         "--budget-schedule",
         type=Path,
@@ -266,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
     can be refused is found after minutes of compute."""
     config, trace = config_from(args), trace_from(args)
     checks.eta(args.eta)
+    checks.eta_knob(args.eta_knob)
     if args.workers < 1:
         raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
     if args.oracle and args.priors != HELD_OUT:
@@ -284,8 +294,8 @@ def run(args: argparse.Namespace) -> int:
         if args.report is not None:
             raise SimulationError("--report writes the comparison's report: drop --scheduler")
         return _single(args, config, trace)
-    if args.eta is not None or args.frequency is not None:
-        raise SimulationError("--eta/--frequency need --scheduler")
+    if args.eta is not None or args.frequency is not None or args.eta_knob is not None:
+        raise SimulationError("--eta/--frequency/--eta-knob need --scheduler")
     if power_options(args):
         raise SimulationError("the power budget options need --scheduler powerflow or powerflow+")
     if args.budget_schedule is not None:
@@ -346,15 +356,14 @@ def _held_out(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> 
 
 def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> int:
     spec = scheduler(args.scheduler)
-    value: float | None = args.eta if args.eta is not None else args.frequency
-    if value is not None and spec.knob is None:
-        raise SimulationError(f"{spec.name} runs at its own clock; it takes no --eta/--frequency")
-    if args.eta is not None and spec.knob != "eta":
-        raise SimulationError(f"{spec.name} takes --frequency, not --eta")
-    if args.frequency is not None and spec.knob != "frequency_mhz":
-        raise SimulationError(f"{spec.name} takes --eta, not --frequency")
-    if value is None and spec.knob is not None:
-        value = spec.sweep[-1]
+    flag, value = _knob_value(args)
+    if flag is not None and KNOB_FLAGS.get(spec.knob or "") != flag:
+        takes = KNOB_FLAGS.get(spec.knob or "")
+        raise SimulationError(
+            f"{spec.name} takes {takes}, not {flag}" if takes else f"{spec.name} takes no {flag}"
+        )
+    if value is None:
+        value = spec.default_value
     options = power_options(args)
     if options and spec.is_baseline:
         raise SimulationError(f"{spec.name} has no power budget options; they are PowerFlow's")
@@ -385,6 +394,19 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
     if args.out:
         output.write_json(row, args.out / "run.json")
     return 0
+
+
+KNOB_FLAGS = {"eta": "--eta", "frequency_mhz": "--frequency", "eta_knob": "--eta-knob"}
+"""The option that sets each scheduler knob (``SchedulerSpec.knob``)."""
+
+
+def _knob_value(args: argparse.Namespace) -> tuple[str | None, float | None]:
+    """The knob option given (argparse lets only one through) and its value."""
+    for flag in KNOB_FLAGS.values():
+        value: float | None = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            return flag, value
+    return None, None
 
 
 def read_schedule(path: Path, default: Budget, eta_given: bool) -> BudgetSchedule:
@@ -521,10 +543,10 @@ def write_outputs(
 
 
 def pick_for_timeline(outcomes: list[RunOutcome]) -> list[RunOutcome]:
-    """Fig. 9's choice: per scheduler, the run whose energy is closest to Gandiva+Zeus."""
+    """Fig. 9's choice: per scheduler, the run whose energy is closest to Gandiva+Zeus's
+    at Zeus's default ``eta_knob`` (``compare.zeus_energy``)."""
     fitted = [o for o in outcomes if main_run(o.row())]
-    anchor = next((o for o in fitted if o.spec.scheduler == "gandiva+zeus"), None)
-    target = anchor.metrics["total_energy_j"] if anchor else None
+    target = zeus_energy([o.row() for o in fitted], "gandiva+zeus")
     chosen: dict[str, RunOutcome] = {}
     for o in fitted:
         best = chosen.get(o.spec.scheduler)

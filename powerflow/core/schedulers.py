@@ -70,7 +70,8 @@ class SchedulerSpec:
     name: str
     description: str
     knob: str | None
-    """``"eta"``, ``"frequency_mhz"`` or ``None`` (a single operating point)."""
+    """``"eta"``, ``"frequency_mhz"``, ``"eta_knob"`` (Zeus's energy-vs-time
+    preference) or ``None`` (a single operating point)."""
     build_policy: Callable[[float | None], Policy]
     budget: Callable[[float | None], Budget]
     profiling: Profiling
@@ -78,12 +79,22 @@ class SchedulerSpec:
     is_baseline: bool = True
     compared: bool = True
     """In the default comparison; ``False``: reachable by name only (a variant)."""
+    default: float | None = None
+    """The knob's value when none is given; ``None``: the sweep's last (the top clock,
+    eta 1). Zeus's is its own default ``eta_knob``, inside its sweep, not at its end."""
+
+    @property
+    def default_value(self) -> float | None:
+        """What a run without a knob value runs at (``None`` for a knobless scheduler)."""
+        if self.knob is None:
+            return None
+        return self.default if self.default is not None else self.sweep[-1]
 
     def configure(self, value: float | None = None, *, oracle: bool = False) -> Configured:
         if self.knob is None and value is not None:
             raise SimulationError(f"{self.name} has no knob to set")
-        if self.knob is not None and value is None:
-            value = self.sweep[-1]
+        if value is None:
+            value = self.default_value
         return Configured(
             self.build_policy(value),
             self.budget(value),

@@ -7,8 +7,11 @@ clocks below 1020 MHz for that reason) and interpolated linearly in energy.
 For every baseline, the ratio of its average JCT to PowerFlow's at the same
 energy (above 1 means PowerFlow is faster) is reported as the maximum over
 the energies both curves cover, and at the Zeus energy level: the energy of
-Gandiva+Zeus (Tiresias+Zeus for Tiresias), where a curve that does not reach
-it may stand in with its nearest point if that lies within 5% (as in §6.4).
+Gandiva+Zeus (Tiresias+Zeus for Tiresias) at Zeus's default ``eta_knob``
+(``zeus_energy``), where a curve that does not reach it may stand in with its
+nearest point if that lies within 5% (as in §6.4). The Zeus variants are
+curves too: their ``eta_knob`` sweep (``ZEUS_ETA_KNOBS``) is interpolated like
+the baselines' clocks.
 
 Both need the energy ranges to meet; when PowerFlow is cheaper AND faster than
 every baseline run they do not, and both read n/a although PowerFlow wins. So a
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from powerflow.lab.schedulers import ZEUS_ETA_KNOB
 from powerflow.lab.sim.priors import HELD_OUT, main_run
 
 TOTAL = "total_energy_j"
@@ -106,6 +110,22 @@ def curves(rows: Sequence[Mapping[str, Any]], energy: str = TOTAL) -> dict[str, 
     return {name: Curve.of(pts) for name, pts in points.items()}
 
 
+def zeus_energy(rows: Sequence[Mapping[str, Any]], name: str, energy: str = TOTAL) -> float | None:
+    """The Zeus energy level: ``energy`` of ``name``'s main run at Zeus's default
+    ``eta_knob`` (``ZEUS_ETA_KNOB``; a row without the column counts as at it). The
+    paper compares at the energy Zeus spends as its users run it, which is one
+    point of the sweep, not its cheapest or dearest end. None without that run."""
+    for row in rows:
+        if (
+            row["scheduler"] == name
+            and main_run(row)
+            and row.get("eta_knob", ZEUS_ETA_KNOB) == ZEUS_ETA_KNOB
+            and row.get(energy) is not None
+        ):
+            return float(row[energy])
+    return None
+
+
 def _ratios(base: Curve, ref: Curve) -> tuple[np.ndarray, np.ndarray] | None:
     """``base``'s JCT over ``ref``'s at equal energy, and those energies: 201 spanning the
     range both cover, with their own points added; None when the ranges do not meet."""
@@ -152,11 +172,9 @@ def jct_ratios(
     for name, curve in by_name.items():
         if name in (REFERENCE, *CHALLENGERS):
             continue
-        zeus = by_name.get(ZEUS_LEVEL_OF.get(name, ""))
         at_zeus: float | None = None
-        zeus_e: float | None = None
-        if zeus is not None:
-            zeus_e = zeus.lo
+        zeus_e = zeus_energy(rows, ZEUS_LEVEL_OF.get(name, ""), energy)
+        if zeus_e is not None:
             mine = curve.at(zeus_e, ZEUS_TOLERANCE)
             theirs = ref.at(zeus_e, ZEUS_TOLERANCE)
             if mine is not None and theirs is not None:

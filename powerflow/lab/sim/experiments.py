@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ, SCHEDULERS
+from powerflow.lab.schedulers import (
+    DEFAULT_FREQUENCIES_MHZ,
+    SCHEDULERS,
+    ZEUS_ETA_KNOB,
+    ZEUS_ETA_KNOBS,
+)
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.priors import RECURRING
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
@@ -33,6 +38,8 @@ ORACLE_SCHEDULERS = ("powerflow", "powerflow+")
 (the recurring-job case), at ``ORACLE_ETAS``: Fig. 10, the fitted-vs-oracle gaps."""
 QUICK_ETAS = (0.5, 1.0)
 QUICK_FREQUENCIES = (1110, 1410)
+QUICK_ZEUS_ETA_KNOBS = (0.5, 1.0)
+"""Zeus's default and its most energy-saving end: the Zeus energy level stays measured."""
 QUICK_HOURS = 2.0
 QUICK_NODES = 8
 """``--quick``: the first two hours of the trace (108 jobs) on 8 x 8 GPUs, so
@@ -52,13 +59,15 @@ def comparison(
     trace: TraceSpec, config: SimConfig, *, quick: bool = False, oracle: bool = True
 ) -> list[RunSpec]:
     """PowerFlow's eta sweep, PowerFlow+'s, every baseline's clock sweep, the Zeus
-    points, and (for Fig. 10) PowerFlow and PowerFlow+ again with ground-truth models
-    and from their own models' priors (``powerflow.lab.sim.priors``).
+    variants' ``eta_knob`` sweep, and (for Fig. 10) PowerFlow and PowerFlow+ again
+    with ground-truth models and from their own models' priors
+    (``powerflow.lab.sim.priors``).
 
     Enough points that every baseline's energies overlap PowerFlow's on the whole
     trace, so the equal-energy ratios are interpolated, not n/a: 7 PowerFlow etas,
-    5 clocks per baseline. What each run and the whole comparison cost is in
-    docs/simulator.md, "Speed" (``python -m benchmarks main_job``)."""
+    5 clocks per baseline, 4 ``eta_knob`` values per Zeus variant (``ZEUS_ETA_KNOBS``;
+    2 with ``quick``), 42 runs in all (22 with ``quick``). What each run and the whole
+    comparison cost is in docs/simulator.md, "Speed" (``python -m benchmarks main_job``)."""
     trace = comparison_window(trace, quick=quick)
     specs: list[RunSpec] = []
     for spec in SCHEDULERS.values():
@@ -69,6 +78,8 @@ def comparison(
             continue
         if spec.knob == "eta":
             values: Sequence[float] = QUICK_ETAS if quick else ETAS_OF.get(spec.name, PLUS_ETAS)
+        elif spec.knob == "eta_knob":
+            values = QUICK_ZEUS_ETA_KNOBS if quick else ZEUS_ETA_KNOBS
         else:
             values = QUICK_FREQUENCIES if quick else DEFAULT_FREQUENCIES
         specs += [RunSpec(spec.name, v, trace, config) for v in values]
@@ -99,8 +110,8 @@ SENSITIVITY_SCHEDULERS = (
     ("gandiva", 1410.0),
     ("tiresias", 1410.0),
     ("afs", 1410.0),
-    ("gandiva+zeus", None),
-    ("tiresias+zeus", None),
+    ("gandiva+zeus", ZEUS_ETA_KNOB),
+    ("tiresias+zeus", ZEUS_ETA_KNOB),
 )
 BASE_SYNTHETIC = SyntheticSpec(jobs=100, mean_interval_s=300.0, job_size=1.0, seed=0)
 BASE_GPUS = 32
@@ -110,7 +121,8 @@ def sensitivity(config: SimConfig, *, quick: bool = False) -> list[RunSpec]:
     """100-job synthetic traces (Gavel's generator) along the three axes of Fig. 11.
 
     Schedulers run at one operating point each (PowerFlow eta 0.6, baselines
-    at full clock, the Zeus variants at their own power limits); the paper instead
+    at full clock, the Zeus variants at their own power limits for Zeus's default
+    ``eta_knob``); the paper instead
     matches each baseline to the Zeus energy, which needs a sweep per point.
     """
     specs: list[RunSpec] = []

@@ -65,8 +65,11 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 
 def knob_text(row: Mapping[str, Any]) -> str:
+    """A run's setting: ``eta 0.6`` (PowerFlow), ``eta_knob 0.5`` (Zeus), ``1410 MHz``."""
     if row.get("eta") is not None:
         return f"eta {row['eta']:g}"
+    if row.get("eta_knob") is not None:
+        return f"eta_knob {row['eta_knob']:g}"
     if row.get("frequency_mhz") is not None:
         return f"{row['frequency_mhz']:.0f} MHz"
     return "-"

@@ -33,13 +33,13 @@ STYLE = {
     "gandiva": ("tab:blue", "s", "-"),
     "tiresias": ("tab:green", "^", "-"),
     "afs": ("tab:purple", "D", "-"),
-    "gandiva+zeus": ("tab:cyan", "*", ""),
-    "tiresias+zeus": ("tab:olive", "X", ""),
-    "gandiva+zeus-clock": ("tab:brown", "v", ""),
-    "tiresias+zeus-clock": ("tab:pink", "<", ""),
+    "gandiva+zeus": ("tab:cyan", "*", "-"),
+    "tiresias+zeus": ("tab:olive", "X", "-"),
+    "gandiva+zeus-clock": ("tab:brown", "v", "-"),
+    "tiresias+zeus-clock": ("tab:pink", "<", "-"),
 }
 """Colour, marker and line of every scheduler the lab runs, the same in every figure:
-no two share a colour or a marker (the Zeus variants run one point, so no line)."""
+no two share a colour or a marker (line styles say what a run knew: ``KINDS``)."""
 SPARE = (("tab:gray", ">"), ("black", "h"))
 """For names ``STYLE`` lacks (none the lab runs), handed out in order of appearance."""
 KINDS = {
@@ -98,7 +98,8 @@ def _over(row: Mapping[str, Any]) -> bool:
 
 
 def point_label(row: Mapping[str, Any]) -> str:
-    """What a point of Fig. 8 is: ``eta 0.6``, ``1410 MHz``, or ``own clock`` (Zeus)."""
+    """What a point of Fig. 8 is: ``eta 0.6``, ``1410 MHz``, ``eta_knob 0.5`` (Zeus),
+    or ``own clock`` (a row that records no setting)."""
     text = knob_text(row)
     return "own clock" if text == "-" else text
 
@@ -152,7 +153,7 @@ def _curves(ax: Axes, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -
     ax.grid(alpha=0.3)
     ax.legend(
         handles=handles,
-        title="scheduler; points: eta or GPU clock",
+        title="scheduler; points: eta, GPU clock or eta_knob",
         fontsize=8,
         title_fontsize=8,
         loc="upper left",
@@ -282,7 +283,7 @@ def allocation_and_power_figure(outcomes: Sequence[RunOutcome]) -> Figure:
         ax.grid(alpha=0.3)
     fig.suptitle(
         "GPU allocation and cluster power over time\n"
-        "(per scheduler, its run whose energy is closest to Gandiva+Zeus's)",
+        "(per scheduler, its run whose energy is closest to Gandiva+Zeus's at eta_knob 0.5)",
         fontsize=10,
     )
     return fig
@@ -332,7 +333,7 @@ def sensitivity_figure(
     axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the lines
     fig.suptitle(
         "Sensitivity: average JCT on 100-job synthetic traces (PowerFlow at eta 0.6,"
-        " the baselines at 1410 MHz, the Zeus variants at their own clock)",
+        " the baselines at 1410 MHz, the Zeus variants at eta_knob 0.5)",
         fontsize=10,
     )
     return fig

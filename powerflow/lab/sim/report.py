@@ -349,8 +349,8 @@ def _sensitivity(folder: Path, base: Path) -> list[str]:
         "## Sensitivity (Fig. 11)",
         "",
         "100-job synthetic traces (Gavel's generator; `powerflow/lab/sim/synthetic.py`),"
-        " PowerFlow at eta 0.6, the baselines at 1410 MHz, the Zeus variants at their"
-        " own clocks. Made by `powerflow sweep sensitivity --quick --out"
+        " PowerFlow at eta 0.6, the baselines at 1410 MHz, the Zeus variants at"
+        " eta_knob 0.5. Made by `powerflow sweep sensitivity --quick --out"
         f" {folder}`.",
         "",
         f"![sensitivity]({rel / 'sensitivity.png'})",

@@ -108,12 +108,15 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        knob = scheduler(self.scheduler).knob
+        spec = scheduler(self.scheduler)
         text = self.scheduler
-        if knob == "eta":
-            text += f" eta={self.value:g}"
-        elif knob == "frequency_mhz":
-            text += f" {self.value:.0f} MHz"
+        value = spec.default_value if self.value is None else self.value
+        if spec.knob == "eta":
+            text += f" eta={value:g}"
+        elif spec.knob == "eta_knob":
+            text += f" eta_knob={value:g}"
+        elif spec.knob == "frequency_mhz":
+            text += f" {value:.0f} MHz"
         if self.budget_schedule is not None and self.budget_schedule.windows:
             text += f" (schedule {self.budget_schedule.describe()})"
         if self.oracle:
@@ -129,10 +132,10 @@ class RunOutcome:
 
     def row(self) -> dict[str, Any]:
         """The run as one flat row: what it was, then what it measured."""
-        knob = scheduler(self.spec.scheduler).knob
+        spec = scheduler(self.spec.scheduler)
         head: dict[str, Any] = {"scheduler": self.spec.scheduler}
-        if knob is not None:
-            head[knob] = self.spec.value
+        if spec.knob is not None:
+            head[spec.knob] = spec.default_value if self.spec.value is None else self.spec.value
         head["oracle"] = self.spec.oracle
         if self.spec.fits_models:
             head["priors"] = self.spec.priors

@@ -11,6 +11,12 @@ weighs the same; the setting with the lowest mean of those is chosen.
     powerflow sweep tuning              # every grid on the four tuning windows
     powerflow sweep tuning --quick      # the first 2 h of each, 8 nodes
 
+Zeus's ``eta_knob`` is not tuned here: it is its user's weight of energy against
+time, not a setting with a best value for the baseline's own objective (by
+average JCT alone it would be 0, every job at the top limit), so the comparison
+sweeps it like a clock (``powerflow.lab.schedulers.ZEUS_ETA_KNOBS``) and compares
+at equal energy along it; docs/baselines.md, "Zeus", gives the runs.
+
 The chosen values are the baselines' defaults (``TIRESIAS_THRESHOLDS_GPU_S``,
 ``TIRESIAS_PROMOTE_KNOB``, ``TIRESIAS_SKEW_SLOWDOWN``,
 ``GandivaPolicy.max_jobs_per_gpu``), each naming
