@@ -441,59 +441,59 @@ def test_a_planned_block_on_a_cordoned_node_is_ignored() -> None:
     assert placed == ["n0", "n0"]
 
 
+def _generation_one(*, bound: bool) -> tuple[ClusterState, tuple[tuple[str, int], ...]]:
+    """DLJob ``a``'s generation 1, two workers: bound, or filtered once (its block reserved,
+    nothing bound); the state and that block."""
+    state, _ = cluster(1)
+    first = dljob("a", gpus=2, generation=1)
+    state.upsert_job(first)
+    old = gang("a", 2, owner=first)
+    if bound:
+        assert [schedule(state, p) for p in old] == ["n0", "n0"]
+    else:
+        for body in old:
+            state.upsert_pod(body)
+        assert state.filter(pod_info(old[0]), ["n0"]).admitted == ["n0"]
+    (reserved,) = state.gangs.values()
+    return state, reserved.block
+
+
+def _generation_two(state: ClusterState, block: tuple[tuple[str, int], ...]) -> GangKey:
+    """Generation 2 of ``a``, planned on ``block``, scheduled whole; its gang's key."""
+    second = dljob("a", gpus=2, generation=2)
+    state.upsert_job(second)
+    new = [planned(p, *block) for p in gang("a", 2, owner=second, generation="2")]
+    assert [schedule(state, p) for p in new] == ["n0", "n0"]
+    key = pod_info(new[0]).gang
+    assert key is not None and key.generation == "2"
+    return key
+
+
 def test_a_new_generation_takes_its_planned_block_from_the_last_ones_unplaced_gang() -> None:
     """The operator deleted generation 1's pending workers and created generation 2's,
     planned on the same GPUs; the scheduler asked about a worker of 2 before the watch
     delivered 1's deletions. Generation 1's block, never bound, must not keep 2 from its
     plan: elsewhere, the operator's next pass would move it back (a restart each time)."""
-    state, _ = cluster(1)
-    first = dljob("a", gpus=2, generation=1)
-    state.upsert_job(first)
-    old = gang("a", 2, owner=first)
-    for body in old:
-        state.upsert_pod(body)
-    assert state.filter(pod_info(old[0]), ["n0"]).admitted == ["n0"]
-    (reserved,) = state.gangs.values()
-    second = dljob("a", gpus=2, generation=2)
-    state.upsert_job(second)
-    new = [planned(p, *reserved.block) for p in gang("a", 2, owner=second, generation="2")]
-    assert [schedule(state, p) for p in new] == ["n0", "n0"]
-    key = pod_info(new[0]).gang
-    assert key is not None and key.generation == "2"
-    assert state.gangs[key].block == reserved.block
+    state, block = _generation_one(bound=False)
+    key = _generation_two(state, block)
+    assert state.gangs[key].block == block
     assert list(state.gangs) == [key]
 
 
 def test_an_earlier_generations_placed_worker_keeps_its_gpus() -> None:
     """A worker of generation 1 the extender still sees bound (its deletion not delivered
     yet) may still hold its GPU: generation 2 goes around it."""
-    state, _ = cluster(1)
-    first = dljob("a", gpus=2, generation=1)
-    state.upsert_job(first)
-    old = gang("a", 2, owner=first)
-    assert [schedule(state, p) for p in old] == ["n0", "n0"]
-    (reserved,) = state.gangs.values()
-    second = dljob("a", gpus=2, generation=2)
-    state.upsert_job(second)
-    new = [planned(p, *reserved.block) for p in gang("a", 2, owner=second, generation="2")]
-    assert [schedule(state, p) for p in new] == ["n0", "n0"]
-    key = pod_info(new[0]).gang
-    assert key is not None
-    assert set(state.gangs[key].block).isdisjoint(reserved.block)
+    state, block = _generation_one(bound=True)
+    key = _generation_two(state, block)
+    assert set(state.gangs[key].block).isdisjoint(block)
 
 
 def test_a_pod_not_of_the_dljob_drops_no_reservation_of_its_job() -> None:
     """A tenant's pod with the job's label and a later generation, but no owner reference
     to the DLJob, is a gang of its own: the job's reservation stays."""
-    state, _ = cluster(1)
-    first = dljob("a", gpus=2, generation=1)
-    state.upsert_job(first)
-    old = gang("a", 2, owner=first)
-    for body in old:
-        state.upsert_pod(body)
-    state.filter(pod_info(old[0]), ["n0"])
-    (reserved,) = state.gangs.values()
-    forged = planned(gang("a", 2, generation="9")[0], *reserved.block)
+    state, block = _generation_one(bound=False)
+    (reserved,) = state.gangs
+    forged = planned(gang("a", 2, generation="9")[0], *block)
     state.filter(pod_info(forged), ["n0"])
-    assert reserved.key in state.gangs
+    assert reserved in state.gangs
     assert len(state.gangs) == 2
