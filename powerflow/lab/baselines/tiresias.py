@@ -106,7 +106,7 @@ from powerflow.lab.baselines.common import (
 TIRESIAS_THRESHOLDS_GPU_S: tuple[float, ...] = (32500.0, 72000.0, 180000.0)
 """Queue thresholds in attained GPU-seconds: four queues. The best of
 ``powerflow sweep tuning`` on the tuning windows (docs/baselines.md, "Tiresias
-at its best"; score 1.010, the simulator's own 3,250 and 7,200 GPU-s 1.081):
+at its best"; score 1.005, the simulator's own 3,250 and 7,200 GPU-s 1.098):
 ten times the Tiresias simulator's thresholds (the traces' jobs are long: 8
 GPUs pass 3,250 GPU-s in under 7 minutes) and one queue more."""
 TIRESIAS_PROMOTE_KNOB: float | None = None
