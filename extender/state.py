@@ -172,9 +172,10 @@ class Reservations(dict[GangKey, Gang]):
         """One more than the largest GPU index any block has held (it never shrinks)."""
         self._jobs: dict[tuple[str, str], set[GangKey]] = {}
 
-    def of_job(self, key: GangKey) -> set[GangKey]:
-        """The live gangs of ``key``'s job (namespace and name), ``key`` included if live."""
-        return self._jobs.get((key.namespace, key.job), set())
+    def of_job(self, key: GangKey) -> frozenset[GangKey]:
+        """The live gangs of ``key``'s job (namespace and name), ``key`` included if live:
+        a copy, so that deleting while going through it is safe."""
+        return frozenset(self._jobs.get((key.namespace, key.job), ()))
 
     def __setitem__(self, key: GangKey, gang: Gang) -> None:
         old = self.get(key)
@@ -745,7 +746,7 @@ class ClusterState:
         """
         if not key.owner or not key.generation.isdigit():
             return
-        for old in list(self.gangs.of_job(key)):
+        for old in self.gangs.of_job(key):
             gang = self.gangs[old]
             if (
                 old.owner == key.owner

@@ -357,6 +357,19 @@ def test_tiresias_moves_a_spread_sensitive_job_to_a_free_block() -> None:
         assert (stays.job("s").placement, stays.migrations) == (spread, ())
 
 
+def test_tiresias_gives_a_free_block_to_the_job_it_serves_first_before_any_move() -> None:
+    """The free node goes to the sensitive new job ahead in the service order, not to a
+    move of a spread running job of a lower queue: moved first, that job took the block,
+    the new job found none and waited, and the GPUs the move left sat idle."""
+    spread = on("n0", 0, 1) + on("n1", 0, 1)
+    low = job("m", 4, model=SKEWED, placement=spread, attained_gpu_s=1e6)
+    new = job("s", 4, arrival=1.0, model=SKEWED)
+    small = [job("h0", 2, placement=on("n0", 2, 3)), job("h1", 2, placement=on("n1", 2, 3))]
+    plan = TiresiasPolicy().plan(snap(nodes(3, 4), [*small, low, new], now=1.0))
+    assert plan.job("s").placement == on("n2", 0, 1, 2, 3)
+    assert (plan.job("m").placement, plan.migrations) == (spread, ())
+
+
 # ------------------------------------------------------- nodes that are on first
 
 

@@ -75,6 +75,7 @@ def test_the_setting_faster_than_afs_at_equal_energy_wins_even_if_slower_at_one_
     a = Setting("powerflow+", (("budget_price", 0.1), ("rescale_margin", 1.0)))
     b = Setting("powerflow+", (("budget_price", 0.0), ("rescale_margin", 1.0)))
     monkeypatch.setattr(plus_tuning, "GRID", (a, b))
+    monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:1])
     w = TUNING_WINDOWS[0].name
     h = 3600.0
     outcomes = [
@@ -100,6 +101,7 @@ def test_a_setting_with_no_ratio_ranks_last(monkeypatch: pytest.MonkeyPatch) -> 
     a = Setting("powerflow+", (("budget_price", 0.0), ("rescale_margin", 0.0)))
     b = Setting("powerflow+", (("budget_price", 0.2), ("rescale_margin", 0.0)))
     monkeypatch.setattr(plus_tuning, "GRID", (a, b))
+    monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:1])
     w = TUNING_WINDOWS[0].name
     outcomes = [
         _outcome("afs", w, 1010.0, 100.0, 10.0),
@@ -123,6 +125,7 @@ def test_of_settings_within_the_tie_of_the_best_the_one_with_fewest_restarts_win
     b = Setting("powerflow+", (("budget_price", 0.05), ("rescale_margin", 2.0)))
     c = Setting("powerflow+", (("budget_price", 0.2), ("rescale_margin", 2.0)))
     monkeypatch.setattr(plus_tuning, "GRID", (a, b, c))
+    monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:1])
     w = TUNING_WINDOWS[0].name
     afs = [_outcome("afs", w, 1010.0, 100.0, 10.0), _outcome("afs", w, 1410.0, 200.0, 5.0)]
     mine = [
@@ -135,6 +138,31 @@ def test_of_settings_within_the_tie_of_the_best_the_one_with_fewest_restarts_win
     assert scored[0].restarts == 200 and scored[1].restarts == 400
     assert scored[1].score is not None and scored[0].score is not None
     assert scored[1].score > scored[0].score >= scored[1].score * (1 - plus_tuning.TIE)
+
+
+def test_each_ratio_keeps_its_windows_column_and_equal_restarts_go_by_score(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs on the second tuning window only: its ratios sit in its own columns, the
+    first window's read None. A and B tie with equal restarts: the higher score wins."""
+    a = Setting("powerflow+", (("budget_price", 0.0), ("rescale_margin", 1.0)))
+    b = Setting("powerflow+", (("budget_price", 0.05), ("rescale_margin", 1.0)))
+    monkeypatch.setattr(plus_tuning, "GRID", (a, b))
+    monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:2])
+    w = TUNING_WINDOWS[1].name
+    afs = [_outcome("afs", w, 1010.0, 100.0, 10.0), _outcome("afs", w, 1410.0, 200.0, 5.0)]
+    mine = [
+        _outcome("powerflow+", w, eta, energy, jct * factor, setting.options, 10)
+        for setting, factor in ((a, 1.001), (b, 1.0))
+        for eta, energy, jct in ((0.6, 100.0, 8.0), (1.0, 200.0, 4.0))
+    ]
+    scored = plus_tuning.score(afs + mine)
+    assert [s.setting for s in scored] == [b, a]
+    assert scored[0].ratios[:2] == (None, None)
+    assert scored[0].ratios[2:] == (pytest.approx(1.25), pytest.approx(1.25))
+    row = plus_tuning.rows(scored)[0]
+    assert row[f"afs_over_plus_{w}_total_energy_j"] == pytest.approx(1.25)
+    assert row[f"afs_over_plus_{TUNING_WINDOWS[0].name}_total_energy_j"] is None
 
 
 def test_the_defaults_are_the_setting_tuning_chose() -> None:

@@ -24,9 +24,11 @@ Faithful:
   which is the simulator's ``dlas-gpu`` default.
 - **Consolidation for placement-sensitive jobs** (the paper's section 4): a
   sensitive job gets a consolidated block (one node, or the fewest whole
-  nodes) or is skipped this round like a job that does not fit (its GPUs go
-  to the jobs after it); the others are consolidated when a block is free
-  and spread over as few nodes as the free GPUs allow otherwise.
+  nodes) or, while its wait is within the bound below, is skipped this round
+  like a job that does not fit (its GPUs go to the jobs after it); the others
+  are consolidated when a block is free and spread over as few nodes as the
+  free GPUs allow otherwise. The jobs chosen to run get their blocks before
+  any running job moves to one.
 - **Not elastic, not energy-aware**: each job runs on its requested GPU
   count at one cluster-wide clock (``frequency_mhz``, default the highest);
   the power limit is reported, not enforced.
@@ -222,24 +224,22 @@ def _choose(snapshot: Snapshot, order: list[Job], held: set[str]) -> list[Job]:
 def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
     """GPUs for the chosen jobs (module docstring: consolidation, re-consolidation).
 
-    Running jobs keep theirs, then spread sensitive ones move to free blocks,
-    then the others are placed largest first. A placement-sensitive job that
-    finds no block and still waits for one is in ``held`` of the result, and
-    the caller chooses again without it.
+    Running jobs keep theirs, then the others are placed largest first, then
+    spread sensitive running ones move to the blocks still free: a job chosen
+    to run gets a block before a move does, or a move of a job of a lower
+    queue could take the only block from one served before it. A
+    placement-sensitive job that finds no block and still waits for one is in
+    ``held`` of the result, and the caller chooses again without it.
     """
     pool = Pool(snapshot.nodes)
     out = _Placed()
     where = out.where
+    running = []
     for job in chosen:
         if job.placement and (job.pinned or len(job.placement) == job.requested_gpus):
             pool.take(job.placement)
             where[job.id] = job.placement
-    for job in chosen:  # re-consolidation, in service order
-        if job.id in where and not job.pinned:
-            target = skew.move(job, pool)
-            if target is not None:
-                out.moves.append(Migration(job.id, job.placement, target))
-                where[job.id] = target
+            running.append(job)
     for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
         if job.id in where:
             continue
@@ -252,6 +252,12 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
         if target is None:  # pragma: no cover - counts were checked above
             raise SnapshotError(f"no GPUs left for job {job.id}")
         where[job.id] = target
+    for job in running:  # re-consolidation, in service order
+        if not job.pinned:
+            target = skew.move(job, pool)
+            if target is not None:
+                out.moves.append(Migration(job.id, job.placement, target))
+                where[job.id] = target
     return out
 
 

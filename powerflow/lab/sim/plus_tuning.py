@@ -97,7 +97,7 @@ def score(outcomes: Sequence[RunOutcome]) -> list[Scored]:
             rows.setdefault(window, []).append(row)
         elif o.spec.scheduler == PLUS:
             mine.setdefault(o.spec.policy_options, {}).setdefault(window, []).append(row)
-    windows = [w.name for w in WINDOWS if w.name in rows]
+    windows = [w.name for w in WINDOWS]  # every one, so each ratio keeps its column
     scored = []
     for setting in GRID:
         runs = mine.get(setting.options)
@@ -107,19 +107,19 @@ def score(outcomes: Sequence[RunOutcome]) -> list[Scored]:
         ratios: list[float | None] = []
         for w in windows:
             for energy in ENERGIES:
-                found = jct_ratios(rows[w] + runs.get(w, []), energy, reference=PLUS)
+                found = jct_ratios(rows.get(w, []) + runs.get(w, []), energy, reference=PLUS)
                 ratios.append(found.get(RIVAL, {}).get("mean"))
         have = [r for r in ratios if r is not None]
         value = math.exp(sum(map(math.log, have)) / len(have)) if have else None
         scored.append(Scored(setting, value, tuple(ratios), restarts))
     best = max((s.score for s in scored if s.score is not None), default=None)
 
-    def rank(s: Scored) -> tuple[int, float, str]:
+    def rank(s: Scored) -> tuple[int, float, float, str]:
         if s.score is None or best is None:
-            return (2, 0.0, s.setting.label)
+            return (2, 0.0, 0.0, s.setting.label)
         if s.score >= best * (1.0 - TIE):
-            return (0, float(s.restarts), s.setting.label)
-        return (1, -s.score, s.setting.label)
+            return (0, float(s.restarts), -s.score, s.setting.label)
+        return (1, -s.score, 0.0, s.setting.label)
 
     return sorted(scored, key=rank)
 
@@ -132,7 +132,7 @@ def rows(scored: Sequence[Scored]) -> list[dict[str, Any]]:
             "setting": s.setting.label,
             "score": s.score,
             "restarts": s.restarts,
-            **{f"afs_over_plus_{n}": r for n, r in zip(names, s.ratios, strict=False)},
+            **{f"afs_over_plus_{n}": r for n, r in zip(names, s.ratios, strict=True)},
             "chosen": k == 0,
         }
         for k, s in enumerate(scored)
