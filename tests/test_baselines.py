@@ -216,9 +216,9 @@ ONE_HOUR = TiresiasPolicy(queue_thresholds_gpu_s=(3600.0,), promote_knob=None)
 
 
 def test_the_comparison_runs_tiresias_with_its_tuned_knobs() -> None:
-    """docs/baselines.md, "Tiresias at its best": four queues, no promotion; the
+    """docs/baselines.md, "Tiresias at its best": three queues, no promotion; the
     Zeus variant's inner Tiresias too."""
-    tuned = ((32500.0, 72000.0, 180000.0), None)
+    tuned = ((32500.0, 72000.0), None)
     policy = scheduler("tiresias").configure(1410.0).policy
     assert isinstance(policy, TiresiasPolicy)
     assert (policy.queue_thresholds_gpu_s, policy.promote_knob) == tuned

@@ -121,7 +121,7 @@ its step time spread over one node more than consolidated needs is more than
 this much slower than consolidated. 0: every multi-GPU job whose model slows
 at all when spread, the best of 0, 3, 5 and 10 % on the tuning windows
 (``powerflow sweep tuning``'s "tiresias placement" grid; docs/baselines.md,
-"Tiresias at its best"; score 1.000 against 1.011 for 3 %). The trace's models
+"Tiresias at its best"; score 1.000 against 1.009 for 3 %). The trace's models
 slow down by 0-15 % one node more (docs/baselines.md, "Tiresias's placement",
 lists them with the command). The wait bound scales with the slowdown, so a
 mildly sensitive job waits little, and a spread one moves only when the move
