@@ -122,3 +122,16 @@ def test_priors_on_the_command_line(one_model: Path, capsys: pytest.CaptureFixtu
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "--priors" in err and err.count("\n") == 1
+
+
+def test_the_remembered_generic_prior_is_the_median_computed_afresh() -> None:
+    """``generic_prior`` is computed once per left-out model: the value handed out
+    again is the one a fresh computation gives, and nothing a caller holds can change it."""
+    for exclude in (None, *sorted(shipped_priors())):
+        kept = generic_prior(exclude)
+        assert generic_prior(exclude) is kept
+        fresh = generic_prior.__wrapped__(exclude)
+        assert np.array_equal(_vectors(kept), _vectors(fresh))
+        assert kept == fresh
+        rows = [_vectors(p) for name, p in shipped_priors().items() if name != exclude]
+        assert np.array_equal(_vectors(kept), np.median(rows, axis=0))
