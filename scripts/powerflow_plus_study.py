@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from powerflow.core.policy.powerflow import PowerFlowPolicy
-from powerflow.core.profiling import ClockSweep
 from powerflow.lab.schedulers import scheduler
 from powerflow.lab.sim.compare import Curve, versus
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.engine import Simulation
 from powerflow.lab.sim.metrics import summarise
-from powerflow.lab.sim.runner import TraceSpec, load_jobs
+from powerflow.lab.sim.runner import PROFILING_OPTIONS, TraceSpec, load_jobs, with_options
 from powerflow.lab.sim.world import default_world
 
 
@@ -48,32 +47,16 @@ def parse_variant(text: str) -> tuple[str, dict[str, float]]:
     return name, options
 
 
-PROFILING_KEYS = ("prerun_s", "profile_s", "sweep_stride", "sweep_lowest")
-
-
 def run(
     options: dict[str, float], eta: float, trace: TraceSpec, config: SimConfig, oracle: bool
 ) -> dict[str, Any]:
     world = default_world()
     configured = scheduler("powerflow").configure(eta, oracle=oracle)
-    policy = {k: v for k, v in options.items() if k not in PROFILING_KEYS}
+    policy = {k: v for k, v in options.items() if k not in PROFILING_OPTIONS}
     configured = replace(configured, policy=PowerFlowPolicy(**policy))  # type: ignore[arg-type]
-    if not oracle and any(k in options for k in PROFILING_KEYS):
-        profiling = configured.profiling
-        stride = options.get("sweep_stride", profiling.sweep.stride)
-        if stride != int(stride):
-            raise SystemExit(f"sweep_stride must be a whole number, not {stride:g}")
-        sweep = ClockSweep(
-            int(stride),
-            options.get("sweep_lowest", profiling.sweep.lowest_fraction),
-        )
-        profiling = replace(
-            profiling,
-            prerun_s=options.get("prerun_s", profiling.prerun_s),
-            profile_s=options.get("profile_s", profiling.profile_s),
-            sweep=sweep,
-        )
-        configured = replace(configured, profiling=profiling)
+    if not oracle:
+        profiling = {k: v for k, v in options.items() if k in PROFILING_OPTIONS}
+        configured = with_options(configured, profiling)
     jobs = load_jobs(trace, config, world)
     return summarise(Simulation(jobs, configured, config, world).run())
 

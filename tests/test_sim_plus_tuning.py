@@ -3,6 +3,7 @@ energy: the figure the evaluation judges it by."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import pytest
 
 from powerflow.cli import main
 from powerflow.core import schedulers
-from powerflow.lab.sim import plus_tuning
+from powerflow.core.errors import SimulationError
+from powerflow.lab.sim import plus_tuning, runner
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.result import Series
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
@@ -194,3 +196,92 @@ def test_sweep_plus_tuning_prints_and_writes_the_ranked_grid(
     assert f"powerflow+: chosen {rows[0]['setting']}" in printed
     runs = (out / "runs.csv").read_text().splitlines()
     assert len(runs) == 1 + 2 + 2 * len(plus_tuning.ETAS)
+
+
+def test_the_profiling_grid_runs_each_ladder_with_the_chosen_knobs_on_the_tuning_windows() -> None:
+    specs = plus_tuning.specs(SimConfig(), grid=plus_tuning.PROFILING_GRID)
+    plus = [s for s in specs if s.scheduler == "powerflow+"]
+    assert {s.trace.window for s in specs} == {w.name for w in TUNING_WINDOWS}
+    assert len(plus) == len(plus_tuning.PROFILING_GRID) * len(plus_tuning.ETAS) * len(
+        TUNING_WINDOWS
+    )
+    # only profiling options: the policy's knobs stay the chosen ones
+    assert {k for s in plus for k, _ in s.policy_options} == set(runner.PROFILING_OPTIONS)
+    # today's PowerFlow+ profiling is one of the candidates, so the grid can confirm it
+    current = schedulers.PLUS_PROFILING
+    assert any(
+        dict(s.options)
+        == {
+            "prerun_s": current.prerun_s,
+            "profile_s": current.profile_s,
+            "sweep_stride": current.sweep.stride,
+            "sweep_lowest": current.sweep.lowest_fraction,
+        }
+        for s in plus_tuning.PROFILING_GRID
+    )
+
+
+def test_profiling_options_set_a_runs_profiling_and_leave_its_policy() -> None:
+    configured = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6)
+    options = {"prerun_s": 240.0, "profile_s": 126.5, "sweep_stride": 8, "sweep_lowest": 0.25}
+    changed = runner.with_options(configured, options)
+    assert changed.policy == configured.policy
+    assert changed.profiling.prerun_s == 240.0 and changed.profiling.profile_s == 126.5
+    assert changed.profiling.sweep.stride == 8
+    assert changed.profiling.sweep.lowest_fraction == 0.25
+    assert changed.profiling.fitted_models
+    both = runner.with_options(configured, {**options, "budget_price": 0.2})
+    assert both.profiling == changed.profiling
+    assert both.policy == runner.with_options(configured, {"budget_price": 0.2}).policy
+    assert both.policy != configured.policy
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"sweep_stride": 2.5}, "whole number"),
+        ({"sweep_stride": 0}, "stride"),
+        ({"sweep_lowest": 1.5}, "lowest"),
+        ({"profile_clocks": 3}, "no option"),
+    ],
+)
+def test_bad_profiling_options_are_refused_in_one_line(
+    options: dict[str, Any], message: str
+) -> None:
+    configured = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6)
+    with pytest.raises(SimulationError, match=message):
+        runner.with_options(configured, options)
+
+
+def test_profiling_options_for_a_run_that_profiles_nothing_are_refused() -> None:
+    oracle = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6, oracle=True)
+    with pytest.raises(SimulationError, match="profiles nothing"):
+        runner.with_options(oracle, {"profile_s": 69.0})
+
+
+def test_sweep_plus_tuning_grid_profiling_ranks_the_ladders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ladders = plus_tuning.PROFILING_GRID[-2:]
+    monkeypatch.setattr(plus_tuning, "PROFILING_GRID", ladders)
+    monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:1])
+    monkeypatch.setattr(plus_tuning, "DEFAULT_FREQUENCIES_MHZ", (1110, 1410))
+    out = tmp_path / "out"
+    args = ["sweep", "plus-tuning", "--grid", "profiling", "--quick", "--workers", "1"]
+    assert main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads((out / "plus_tuning.json").read_text())
+    assert sorted(r["setting"] for r in rows) == sorted(s.label for s in ladders)
+    assert "powerflow+ (profiling)" in printed
+    assert f"powerflow+: chosen {rows[0]['setting']}" in printed
+    # each ladder really ran with its own profiling: different clocks, different energy
+    with (out / "runs.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    assert len(runs) == 2 + 2 * len(plus_tuning.ETAS)
+    by_ladder: dict[str, set[str]] = {}
+    for run in runs:
+        if run["scheduler"] == "powerflow+":
+            by_ladder.setdefault(run["setting"], set()).add(run["total_energy_j"])
+    assert set(by_ladder) == {s.label for s in ladders}
+    first, second = by_ladder.values()
+    assert first != second

@@ -9,7 +9,8 @@ point each. Writes CSV, JSON and one PNG with three panels.
 (``powerflow.lab.sim.tuning``), each setting scored and the best named.
 
 ``plus-tuning``: PowerFlow+'s knob grid on the same windows, each setting scored by
-its average JCT against AFS's at equal energy (``powerflow.lab.sim.plus_tuning``).
+its average JCT against AFS's at equal energy (``powerflow.lab.sim.plus_tuning``);
+with ``--grid profiling``, its profiling ladders instead of its policy knobs.
 
 ``ablation``: the comparison from the paper's setting to this evaluation's, one
 change at a time (``powerflow.lab.sim.ablation``).
@@ -47,6 +48,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="every other point of each axis; tuning: the first 2 h of each window, 8 nodes",
     )
+    p.add_argument(
+        "--grid",
+        choices=plus_tuning.GRID_NAMES,
+        default="knobs",
+        help="plus-tuning: PowerFlow+'s policy knobs (default) or its profiling ladders",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument(
         "--out",
@@ -62,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     if args.workers < 1:
         raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
+    if args.grid != "knobs" and args.study != "plus-tuning":
+        raise checks.ArgumentError(f"--grid is plus-tuning's; {args.study} has one grid")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     default_out = Path("results") / f"{args.study}-{stamp}"
     out = checks.output_folder(args.out or default_out, "--out" if args.out else "--out (default)")
@@ -140,14 +149,15 @@ def _tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
 
 def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     hours = experiments.QUICK_HOURS if args.quick else None
-    specs = plus_tuning.specs(config, hours=hours)
+    grid = plus_tuning.grid_named(args.grid)
+    specs = plus_tuning.specs(config, hours=hours, grid=grid)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     output.write_csv(
         [{**o.row(), "setting": Setting(o.spec.scheduler, o.spec.policy_options).label}
          for o in outcomes],
         out / "runs.csv",
     )  # fmt: skip
-    scored = plus_tuning.score(outcomes)
+    scored = plus_tuning.score(outcomes, grid)
     rows = plus_tuning.rows(scored)
     output.write_csv(rows, out / "plus_tuning.csv")
     output.write_json(rows, out / "plus_tuning.json")
@@ -158,8 +168,8 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     windows = ", ".join(w.name for w in plus_tuning.WINDOWS)
     etas = " and ".join(f"{e:g}" for e in plus_tuning.ETAS)
     table = Table(
-        title=f"powerflow+ at eta {etas} on the tuning windows ({windows}): AFS's average "
-        "JCT over PowerFlow+'s at equal total | in-window energy"
+        title=f"powerflow+ ({args.grid}) at eta {etas} on the tuning windows ({windows}): "
+        "AFS's average JCT over PowerFlow+'s at equal total | in-window energy"
     )
     table.add_column("setting")
     table.add_column("score", justify="right")

@@ -15,11 +15,12 @@ in JCT (``budget_price``) is then weighed in the units the evaluation uses, whic
 a JCT-only objective at a fixed budget would not do: it never pays for less energy.
 
     powerflow sweep plus-tuning              # the grid on the four tuning windows
+    powerflow sweep plus-tuning --grid profiling   # its profiling ladders (PROFILING_GRID)
     powerflow sweep plus-tuning --quick      # the first 2 h of each, 8 nodes
 
 The chosen values are PowerFlow+'s defaults (``powerflow.core.schedulers``:
-``PLUS_BUDGET_PRICE``, ``PLUS_RESCALE_MARGIN``); docs/policy.md holds the table
-this command printed.
+``PLUS_BUDGET_PRICE``, ``PLUS_RESCALE_MARGIN``; ``PLUS_PROFILING``); docs/policy.md
+holds the tables these commands printed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,34 @@ GRID: tuple[Setting, ...] = tuple(
     for price in BUDGET_PRICES
     for margin in RESCALE_MARGINS
 )
+PROFILING_GRID: tuple[Setting, ...] = tuple(
+    Setting(PLUS, options)
+    for options in (
+        # the paper's: a 240 s pre-run, then 240 s over 21 clocks from the bottom
+        (("prerun_s", 240.0), ("profile_s", 240.0), ("sweep_stride", 4), ("sweep_lowest", 0.0)),
+        # the paper's ladder without the pre-run
+        (("prerun_s", 0.0), ("profile_s", 240.0), ("sweep_stride", 4), ("sweep_lowest", 0.0)),
+        # half the slices over the same range, or a third of the time over it
+        (("prerun_s", 0.0), ("profile_s", 126.5), ("sweep_stride", 8), ("sweep_lowest", 0.0)),
+        (("prerun_s", 0.0), ("profile_s", 69.0), ("sweep_stride", 16), ("sweep_lowest", 0.0)),
+        # the top half of the clocks only: 12, 6 or 3 of them
+        (("prerun_s", 0.0), ("profile_s", 138.0), ("sweep_stride", 4), ("sweep_lowest", 0.5)),
+        (("prerun_s", 0.0), ("profile_s", 69.0), ("sweep_stride", 8), ("sweep_lowest", 0.5)),
+        (("prerun_s", 0.0), ("profile_s", 34.5), ("sweep_stride", 16), ("sweep_lowest", 0.5)),
+    )
+)
+"""PowerFlow+'s profiling (``--grid profiling``), its policy knobs at their chosen values:
+each ladder (every ``sweep_stride``-th clock from the top, down to ``sweep_lowest`` of
+the top clock) with the paper's 11.5 s slices per clock (``profile_s``), with and without
+the paper's offline pre-run (``prerun_s``). Scored as ``GRID`` is, on the same windows."""
+GRID_NAMES = ("knobs", "profiling")
+
+
+def grid_named(name: str) -> tuple[Setting, ...]:
+    """``GRID`` (``knobs``) or ``PROFILING_GRID`` (``profiling``), read when asked."""
+    return {"knobs": GRID, "profiling": PROFILING_GRID}[name]
+
+
 TIE = 0.005
 """Scores this close to the best (relative) are a tie: the first grid's spread between
 rescale margins of 0, 1 and 2 at one budget price was 0.1 %."""
@@ -56,9 +85,12 @@ WINDOWS = TUNING_WINDOWS
 """Where the grid runs: the tuning windows, which no reported result uses."""
 
 
-def specs(config: SimConfig, *, hours: float | None = None) -> list[RunSpec]:
-    """Every setting at every eta, and AFS's clock sweep, on every tuning window; tagged
-    (no comparison counts them)."""
+def specs(
+    config: SimConfig, *, hours: float | None = None, grid: Sequence[Setting] | None = None
+) -> list[RunSpec]:
+    """Every setting of ``grid`` at every eta, and AFS's clock sweep, on every tuning
+    window (``GRID`` by default); tagged (no comparison counts them)."""
+    grid = GRID if grid is None else grid
     out: list[RunSpec] = []
     for window in WINDOWS:
         trace = TraceSpec(window=window.name, hours=hours)
@@ -67,7 +99,7 @@ def specs(config: SimConfig, *, hours: float | None = None) -> list[RunSpec]:
         ]
         out += [
             RunSpec(PLUS, eta, trace, config, tag=TAG, policy_options=s.options)
-            for s in GRID
+            for s in grid
             for eta in ETAS
         ]
     return out
@@ -85,9 +117,11 @@ class Scored:
     """Checkpoint-restarts of all the setting's runs."""
 
 
-def score(outcomes: Sequence[RunOutcome]) -> list[Scored]:
-    """The settings from best to worst: those tied with the best score (``TIE``) by
-    their restarts, then the others by score, a setting without any ratio last."""
+def score(outcomes: Sequence[RunOutcome], grid: Sequence[Setting] | None = None) -> list[Scored]:
+    """``grid``'s settings from best to worst: those tied with the best score (``TIE``) by
+    their restarts, then the others by score, a setting without any ratio last
+    (``GRID`` by default)."""
+    grid = GRID if grid is None else grid
     rows: dict[str, list[dict[str, Any]]] = {}
     mine: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for o in outcomes:
@@ -99,7 +133,7 @@ def score(outcomes: Sequence[RunOutcome]) -> list[Scored]:
             mine.setdefault(o.spec.policy_options, {}).setdefault(window, []).append(row)
     windows = [w.name for w in WINDOWS]  # every one, so each ratio keeps its column
     scored = []
-    for setting in GRID:
+    for setting in grid:
         runs = mine.get(setting.options)
         if runs is None:
             continue

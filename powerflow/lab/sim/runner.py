@@ -22,7 +22,8 @@ from powerflow.core.errors import SimulationError
 from powerflow.core.learning import FittedLearner
 from powerflow.core.models.priors import load_prior
 from powerflow.core.policy.budget_schedule import BudgetSchedule
-from powerflow.lab.schedulers import Configured, scheduler
+from powerflow.core.profiling import ClockSweep
+from powerflow.lab.schedulers import Configured, Profiling, scheduler
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.engine import Simulation
 from powerflow.lab.sim.metrics import reference_durations_s, reference_work_gpu_s, summarise
@@ -230,9 +231,18 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
     ).run()
 
 
+PROFILING_OPTIONS = ("prerun_s", "profile_s", "sweep_stride", "sweep_lowest")
+"""Options that set a run's profiling (``Profiling``: its pre-run and per-count sweep
+seconds, its ladder's stride and lowest fraction of the top clock), not its policy."""
+
+
 def with_options(configured: Configured, options: dict[str, Any]) -> Configured:
     """``configured`` with its policy rebuilt with ``options`` changed (a frozen dataclass
-    policy's constructor options); an option the policy does not have is an error."""
+    policy's constructor options) and its profiling with ``PROFILING_OPTIONS``; an
+    option neither has is an error, and so is profiling a run that does not profile
+    (the oracle's, or a baseline's)."""
+    profiling = {k: v for k, v in options.items() if k in PROFILING_OPTIONS}
+    options = {k: v for k, v in options.items() if k not in PROFILING_OPTIONS}
     policy = configured.policy
     known: set[str] = set()
     if dataclasses.is_dataclass(policy):
@@ -240,8 +250,32 @@ def with_options(configured: Configured, options: dict[str, Any]) -> Configured:
     unknown = sorted(options.keys() - known)
     if unknown:
         raise SimulationError(f"{type(policy).__name__} has no option(s) {', '.join(unknown)}")
-    rebuilt = dataclasses.replace(policy, **options)  # type: ignore[type-var]
-    return dataclasses.replace(configured, policy=rebuilt)
+    if options:
+        rebuilt = dataclasses.replace(policy, **options)  # type: ignore[type-var]
+        configured = dataclasses.replace(configured, policy=rebuilt)
+    if profiling:
+        configured = dataclasses.replace(
+            configured, profiling=_profiling(configured.profiling, profiling)
+        )
+    return configured
+
+
+def _profiling(profiling: Profiling, options: dict[str, Any]) -> Profiling:
+    if not profiling.fitted_models:
+        raise SimulationError(
+            f"profiling option(s) {', '.join(sorted(options))} for a run that profiles nothing"
+        )
+    stride = options.get("sweep_stride", profiling.sweep.stride)
+    if stride != int(stride):
+        raise SimulationError(f"sweep_stride must be a whole number, not {stride:g}")
+    return dataclasses.replace(
+        profiling,
+        prerun_s=float(options.get("prerun_s", profiling.prerun_s)),
+        profile_s=float(options.get("profile_s", profiling.profile_s)),
+        sweep=ClockSweep(
+            int(stride), float(options.get("sweep_lowest", profiling.sweep.lowest_fraction))
+        ),
+    )
 
 
 def run_one(spec: RunSpec) -> RunOutcome:
