@@ -326,7 +326,8 @@ def test_power_on_time_must_be_finite_and_not_negative() -> None:
     ("profile_s", "sweep", "per_clock"),
     [
         (240.0, PAPER_SWEEP, 2),  # 11.4 s slices: two of the agent's 5 s windows each
-        (69.0, PLUS_PROFILE_SWEEP, 2),  # PowerFlow+'s 11.5 s slices
+        (138.0, PLUS_PROFILE_SWEEP, 2),  # PowerFlow+'s 11.5 s slices
+        (69.0, ClockSweep(8, 0.5), 2),  # six 11.5 s slices
         (21.0, PAPER_SWEEP, 1),  # 1 s slices: one sample each, never none
         (240.0, ClockSweep(40, 0.0), 16),  # 3 clocks, 80 s each
     ],

@@ -139,15 +139,15 @@ def _powerflow_plus(_: float | None) -> Policy:
     )
 
 
-PLUS_PROFILE_SWEEP = ClockSweep(stride=8, lowest_fraction=0.5)
-"""PowerFlow+ sweeps every 8th clock from the top down to half the top clock
-(A100: 810-1410 MHz, 6 clocks; the paper's ladder has 21 from 210 MHz). The
-policy runs a job at its most energy-efficient clock or above, and that clock
-is 1,065-1,080 MHz for every model, GPU count and batch of the ground truth,
-so slices below it measure clocks no plan uses, at a fraction of the speed
-(docs/policy.md, "Cheaper profiling")."""
-PLUS_PROFILE_S = 69.0
-"""Six slices of 11.5 s, the paper's slice length (240 s over 21 clocks)."""
+PLUS_PROFILE_SWEEP = ClockSweep(stride=4, lowest_fraction=0.5)
+"""PowerFlow+ sweeps every 4th clock from the top down to half the top clock
+(A100: 750-1410 MHz, 12 clocks; the paper's ladder has 21 from 210 MHz). The
+policy runs a job at its most energy-efficient clock or above, so slices far
+below it measure clocks no plan uses, at a fraction of the speed. Chosen with
+``PLUS_PROFILE_S`` and no pre-run on the tuning windows (``powerflow sweep
+plus-tuning --grid profiling``; docs/policy.md, "Chosen on the tuning windows")."""
+PLUS_PROFILE_S = 138.0
+"""Twelve slices of 11.5 s, the paper's slice length (240 s over 21 clocks)."""
 
 
 POWERFLOW_PROFILING = Profiling(prerun_s=PRERUN_S, profile_s=PROFILE_S, fitted_models=True)
