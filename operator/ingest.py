@@ -100,6 +100,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 from powerflow.operator import sample_checks
+from powerflow.operator.discovered import MIN_INTERVAL_S, DiscoveredGpus
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.metrics import Metrics
 from powerflow.operator.reported_progress import ReportedProgress
@@ -112,6 +113,8 @@ from powerflow.operator.tokenreview import (
 )
 
 from powerflow.core import contract
+from powerflow.core.errors import DataError
+from powerflow.core.gpu_facts import GpuFactsError, node_spec, parse_report
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.telemetry import (
     MAX_BODY_BYTES,
@@ -204,6 +207,7 @@ class ControllerLink:
     progress: ReportedProgress = field(default_factory=ReportedProgress)
     on_refused: Callable[[str, str, int], None] | None = None
     on_finished: Callable[[str], None] | None = None
+    discovered: DiscoveredGpus = field(default_factory=DiscoveredGpus)
 
 
 class Ingest:
@@ -244,6 +248,7 @@ class Ingest:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(contract.SAMPLES_PATH, self.handle, expect_handler=self._expect)
+        app.router.add_post(contract.GPUS_PATH, self.handle_gpus, expect_handler=self._expect)
         return app
 
     async def _expect(self, request: web.Request) -> web.Response | None:
@@ -270,12 +275,16 @@ class Ingest:
         return _answer(status, reason, message, **headers)
 
     def _jobs(self, state: ClusterState) -> tuple[sample_checks.Index, dict[str, GpuSpec]]:
-        """The view's jobs and nodes' GPU types, built once per view."""
+        """The view's jobs and nodes' GPU types (discovered ones as of the view's first
+        sample), built once per view."""
         if self._index is None or self._index[0] is not state:
             jobs = sample_checks.index(state)
             self._index = (
-                state, jobs, sample_checks.node_gpus(state), sample_checks.totals(state)
-            )  # fmt: skip
+                state,
+                jobs,
+                sample_checks.node_gpus(state, self.controller.discovered.specs()),
+                sample_checks.totals(state),
+            )
             self.windows.keep_only(jobs)
         return self._index[1], self._index[2]
 
@@ -313,7 +322,51 @@ class Ingest:
             response.force_close()
         return response
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def handle_gpus(self, request: web.Request) -> web.Response:
+        response = await self._handle_gpus(request)
+        if not request.content.is_eof():
+            response.force_close()  # as ``handle``
+        return response
+
+    async def _handle_gpus(self, request: web.Request) -> web.Response:
+        """``POST contract.GPUS_PATH``: a node's GPU report (module docstring)."""
+        admitted = await self._admit(request)
+        if isinstance(admitted, web.Response):
+            return admitted
+        sender, body = admitted
+        try:
+            report = parse_report(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
+            return self._refuse_report(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
+        except GpuFactsError as exc:
+            return self._refuse_report(400, "invalid", str(exc))
+        if report.node != sender.node:
+            return self._refuse_report(
+                403, "node_mismatch", f"report for node {report.node} sent from {sender.node}"
+            )
+        discovered = self.controller.discovered
+        if discovered.too_soon(report.node):
+            return self._refuse_report(
+                429, "too_often", f"one report per {MIN_INTERVAL_S:g} s",
+                **{"Retry-After": f"{MIN_INTERVAL_S:.0f}"},
+            )  # fmt: skip
+        try:
+            spec = node_spec(report.gpus)
+        except DataError as exc:
+            return self._refuse_report(422, "implausible", str(exc)[:300])
+        discovered.record(report.node, spec)
+        self.metrics.gpu_reports.inc()
+        body_out = {"gpu": spec.name, "clocks": len(spec.clocks_mhz), "boardW": spec.max_power_w}
+        return web.Response(body=orjson.dumps(body_out), content_type="application/json")
+
+    def _refuse_report(
+        self, status: int, reason: str, message: str, **headers: str
+    ) -> web.Response:
+        self.metrics.gpu_reports_refused.labels(reason=reason).inc()
+        return _answer(status, reason, message, **headers)
+
+    async def _admit(self, request: web.Request) -> tuple[Sender, bytes] | web.Response:
+        """Steps 1 to 3 of the module docstring and the body: who sent what, or the refusal."""
         too_large = self._too_large(request)
         if too_large is not None:
             return too_large
@@ -338,6 +391,13 @@ class Ingest:
         body = await self._read(request)
         if isinstance(body, web.Response):
             return body
+        return sender, body
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        admitted = await self._admit(request)
+        if isinstance(admitted, web.Response):
+            return admitted
+        sender, body = admitted
         try:
             batch = parse_batch(orjson.loads(body))
         except orjson.JSONDecodeError as exc:
