@@ -21,7 +21,7 @@ from powerflow.nodeagent.sender import Backoff, Batching, IngestConnection, Samp
 from prometheus_client import CollectorRegistry
 
 from powerflow.core import contract
-from powerflow.core.gpu_facts import GpuReport, encode_report, parse_report
+from powerflow.core.gpu_facts import GpuReport, encode_report, node_spec, parse_report
 from powerflow.core.gpus import GPU_SPECS
 from powerflow.core.telemetry import JobProgress, NodePower, SampleBatch, WindowSample, parse_batch
 from powerflow.lab.simulated_gpus import SimulatedGpus
@@ -345,6 +345,7 @@ def test_the_report_carries_what_nvml_says_of_each_gpu() -> None:
             h100.min_power_limit_w, h100.max_power_w, h100.max_power_w,
         )  # fmt: skip
     assert parse_report(encode_report(report)) == report  # what the operator parses
+    assert node_spec(report.gpus) == h100  # NVML's facts are the catalogue's here
 
 
 async def test_the_gpu_report_goes_at_start_and_again_after_its_interval() -> None:
