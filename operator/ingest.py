@@ -95,7 +95,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
@@ -126,6 +126,7 @@ from powerflow.core.telemetry import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RETRY_AFTER_S = "1"
 MAX_AHEAD_S = 300.0
@@ -186,6 +187,15 @@ class ClusterPower:
         for node in [n for n, r in self._readings.items() if now - r[2] > self.staleness_s]:
             del self._readings[node]
         return sum(r[0] for r in self._readings.values())
+
+
+def _closing(request: web.Request, response: web.Response) -> web.Response:
+    """``response``, closing the connection when it was refused before its body was read
+    (``start``), and saying so, or the client would send its next request into a closed
+    socket."""
+    if not request.content.is_eof():
+        response.force_close()
+    return response
 
 
 def _answer(status: int, reason: str, message: str, **headers: str) -> web.Response:
@@ -315,31 +325,17 @@ class Ingest:
         return self._refuse(503, "unavailable", why, **{"Retry-After": RETRY_AFTER_S})
 
     async def handle(self, request: web.Request) -> web.Response:
-        response = await self._handle(request)
-        if not request.content.is_eof():
-            # Refused before the body was read: the connection closes (``start``), and
-            # says so, or the client would send its next request into a closed socket.
-            response.force_close()
-        return response
+        return _closing(request, await self._handle(request))
 
     async def handle_gpus(self, request: web.Request) -> web.Response:
-        response = await self._handle_gpus(request)
-        if not request.content.is_eof():
-            response.force_close()  # as ``handle``
-        return response
+        return _closing(request, await self._handle_gpus(request))
 
     async def _handle_gpus(self, request: web.Request) -> web.Response:
         """``POST contract.GPUS_PATH``: a node's GPU report (module docstring)."""
-        admitted = await self._admit(request)
+        admitted = await self._admit(request, parse_report, GpuFactsError, self._refuse_report)
         if isinstance(admitted, web.Response):
             return admitted
-        sender, body = admitted
-        try:
-            report = parse_report(orjson.loads(body))
-        except orjson.JSONDecodeError as exc:
-            return self._refuse_report(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
-        except GpuFactsError as exc:
-            return self._refuse_report(400, "invalid", str(exc))
+        sender, report = admitted
         if report.node != sender.node:
             return self._refuse_report(
                 403, "node_mismatch", f"report for node {report.node} sent from {sender.node}"
@@ -365,8 +361,15 @@ class Ingest:
         self.metrics.gpu_reports_refused.labels(reason=reason).inc()
         return _answer(status, reason, message, **headers)
 
-    async def _admit(self, request: web.Request) -> tuple[Sender, bytes] | web.Response:
-        """Steps 1 to 3 of the module docstring and the body: who sent what, or the refusal."""
+    async def _admit(
+        self,
+        request: web.Request,
+        parse: Callable[[object], T],
+        errors: type[Exception],
+        refuse: Callable[[int, str, str], web.Response],
+    ) -> tuple[Sender, T] | web.Response:
+        """Steps 1 to 4 of the module docstring: who sent what, or the refusal (``refuse``
+        for a body ``parse`` refuses by raising ``errors``)."""
         too_large = self._too_large(request)
         if too_large is not None:
             return too_large
@@ -391,19 +394,18 @@ class Ingest:
         body = await self._read(request)
         if isinstance(body, web.Response):
             return body
-        return sender, body
+        try:
+            return sender, parse(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
+            return refuse(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
+        except errors as exc:
+            return refuse(400, "invalid", str(exc))
 
     async def _handle(self, request: web.Request) -> web.Response:
-        admitted = await self._admit(request)
+        admitted = await self._admit(request, parse_batch, TelemetryError, self._refuse)
         if isinstance(admitted, web.Response):
             return admitted
-        sender, body = admitted
-        try:
-            batch = parse_batch(orjson.loads(body))
-        except orjson.JSONDecodeError as exc:
-            return self._refuse(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
-        except TelemetryError as exc:
-            return self._refuse(400, "invalid", str(exc))
+        sender, batch = admitted
         view = self.view()  # the latest, after the awaits: a pass or the Lease may have moved
         if view is None or not view.leading:
             return self._busy("not the leader: only the leader takes samples")
