@@ -80,6 +80,18 @@ dropped and counted in the answer's ``progressRefused`` (present when the batch 
 progress): a job that ended or moved since the post, or workers bound after this
 view was read; the agent posts those counts again next round.
 
+``POST contract.GPUS_PATH`` takes a node's GPU report (``powerflow.core.gpu_facts``:
+what its agent read through NVML) through the same steps 1 to 4 (``parse_report``'s
+bounds in step 4), then: ``report.node`` not the sender's node 403 ``node_mismatch``;
+a second report from the node within ``discovered.MIN_INTERVAL_S`` 429 ``too_often``
+with ``Retry-After``; GPUs that give no spec (``gpu_facts.node_spec``: several
+products, no shared clock, no board limit for a product the catalogue lacks) 422
+``implausible``. Those refusals are counted in
+``powerflow_ingest_gpu_reports_refused_total{reason}`` (the report's ``invalid``
+too); an accepted report's spec goes to ``ControllerLink.discovered``, which the
+allocation pass and the physics checks read, and is answered 200 with the type's
+name, its clock count and board limit.
+
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
 a node left out once its reading is older than ``power_staleness_s``

@@ -17,8 +17,8 @@ refused whole (``GpuFactsError`` names the first bad field):
 - a product name of printable characters, at most ``MAX_NAME_CHARS``;
 - graphics clocks strictly increasing, each within ``CLOCK_RANGE_MHZ``, at
   most ``MAX_CLOCKS`` of them (NVML lists about a hundred);
-- power limits within ``POWER_RANGE_W`` (a few tens of watts for the smallest
-  data-centre board, 700 W for the largest in the catalogue), with
+- power limits within ``POWER_RANGE_W`` (wider than any board's: the
+  catalogue's run from 70 W, the T4's, to 700 W, the H100 SXM's), with
   ``min <= default <= max``; all three absent on a board without power
   management.
 
