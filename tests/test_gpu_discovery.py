@@ -221,7 +221,7 @@ def _planned(labels: list[str], policy: PowerFlowPolicy, **kw: Any) -> FakeClust
     for name in ("a", "b"):
         cluster.submit(dljob(name))
     for _ in range(3):
-        cluster.one_pass(
+        actions, _ = cluster.one_pass(
             budget=parse_budget({"eta": "0.9"}),
             policy=policy,
             models=lambda job: SyntheticModel(),
@@ -230,6 +230,8 @@ def _planned(labels: list[str], policy: PowerFlowPolicy, **kw: Any) -> FakeClust
         cluster.settle()
         cluster.now_s += 10
     assert cluster.pods, "the jobs run"
+    assert actions.plan is not None  # eta 0.9 of G x P_max, P_max the pool type's
+    assert actions.plan.limit_watts == pytest.approx(0.9 * 8 * nodes[0].gpu.p_max_w)
     return cluster
 
 
@@ -245,6 +247,7 @@ def test_an_h100_pool_gets_h100_clocks_never_the_a100s() -> None:
 
 def test_an_unknown_pool_runs_its_jobs_with_no_clock_cap_or_sweep() -> None:
     cluster = _planned([UNKNOWN_LABEL] * 2, PowerFlowPolicy(), profiling_window_s=60.0)
+    # The budget counts each GPU at the catalogue's largest board limit: 0.9 x 8 x 700 W.
     for pod in cluster.pods.values():
         notes = annotations(pod)
         assert not {
