@@ -15,6 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from powerflow.extender.placing import gpu_spec_for
 from powerflow.operator.budget import parse_budget
 from powerflow.operator.job_controller import converge
@@ -258,3 +260,39 @@ def test_an_unknown_pool_runs_its_jobs_with_no_clock_cap_or_sweep() -> None:
     for job in cluster.jobs.values():
         assert job["status"]["allocation"].get("powerCapWatts") is None
         assert job["status"]["phase"] == "Running"  # no profiling phase without a sweep
+
+
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=120),
+    st.lists(st.integers(0, 4000), max_size=600),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+)
+GPU_FIELDS = ["index", "name", "clocksMhz", "defaultLimitW", "minLimitW", "maxLimitW", "extra"]
+
+
+@given(
+    st.lists(st.dictionaries(st.sampled_from(GPU_FIELDS), JUNK, max_size=3), min_size=1, max_size=4)
+)
+def test_a_fuzzed_report_is_refused_or_planned_within_the_catalogues_bounds(
+    damage: list[dict[str, Any]],
+) -> None:
+    """Any report: refused with ``GpuFactsError``, or a spec whose clocks are the sender's
+    (within 100-3,000 MHz) and whose power never passes the catalogue's largest board."""
+    gpus = [{**_gpu(index=i), **changes} for i, changes in enumerate(damage)]
+    try:
+        report = parse_report({"node": "n1", "gpus": gpus})
+    except GpuFactsError:
+        return
+    try:
+        spec = node_spec(report.gpus)
+    except DataError:
+        return
+    assert 100 <= spec.min_clock_mhz <= spec.max_clock_mhz <= 3000
+    assert set(spec.clocks_mhz) <= set(report.gpus[0].clocks_mhz)
+    assert spec.idle_power_w < spec.max_power_w <= LARGEST_P_MAX_W
+    assert spec.p_max_w <= LARGEST_P_MAX_W
+    assert spec.min_power_limit_w is None or spec.min_power_limit_w <= spec.max_power_w
