@@ -4,18 +4,18 @@ its clocks, its budget, its ground truth, priors carried over, the same jobs."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
+from support.plan_recorder import Recorder
 
 from powerflow.cli import main
 from powerflow.core.gpus import A100, gpu_spec
 from powerflow.core.learning import FittedLearner
 from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.priors import held_out_prior, load_prior, prior_on
-from powerflow.core.policy.snapshot import Plan, Policy, Snapshot
 from powerflow.lab.groundtruth import ground_truth, one_gpu_sweep
 from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ, clocks_on, scheduler
 from powerflow.lab.sim import experiments
@@ -30,29 +30,17 @@ TRACE = TraceSpec(hours=2)
 CONFIG = SimConfig(nodes=8, gpu=H100)
 
 
-@dataclass
-class Recording:
-    """A policy that records every clock its inner policy plans."""
-
-    inner: Policy
-    clocks: set[int] = field(default_factory=set)
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        plan = self.inner.plan(snapshot)
-        self.clocks |= {jp.frequency_mhz for jp in plan.jobs if jp.gpus}
-        return plan
-
-
 def _run(
     name: str, value: float | None, *, oracle: bool = False
 ) -> tuple[dict[str, Any], set[int]]:
     spec = RunSpec(name, value, TRACE, CONFIG, oracle=oracle)
     configured = scheduler(name).configure(spec.knob_value, oracle=oracle)
-    recording = Recording(configured.policy)
-    configured = replace(configured, policy=recording)
+    recorder = Recorder(configured.policy)
+    configured = replace(configured, policy=recorder)
     jobs = load_jobs(TRACE, CONFIG)
     result = Simulation(jobs, configured, CONFIG, default_world(H100)).run()
-    return summarise(result), recording.clocks
+    clocks = {jp.frequency_mhz for plan in recorder.plans for jp in plan.jobs if jp.gpus}
+    return summarise(result), clocks
 
 
 def test_the_baselines_clock_sweep_is_the_same_relative_clocks_snapped() -> None:
