@@ -119,7 +119,8 @@ KNEE_FRACTION = A100.f0_mhz / A100.max_clock_mhz
 """Voltage knee f0 per MHz of max clock (A100: 1095 / 1410), rounded to a supported clock."""
 REFERENCE_FRACTION = A100.p_max_w / A100.max_power_w
 """The budget's P_max per watt of board limit (A100: 300.1 / 400): the A100's rule
-(typical training power at the top clock) needs throughput tables no other type has."""
+(typical training power at the top clock) needs measured throughput tables no other
+type has (on the H100's synthetic ground truth it gives this same ratio)."""
 
 ESTIMATION_RULES: Mapping[str, str] = {
     "idle_power_w": f"board limit x {IDLE_FRACTION:.4f} (the A100's idle / board limit)",

@@ -48,7 +48,7 @@ from powerflow.core.jit import njit
 from powerflow.core.models.fitted import FittedModel, as_column
 from powerflow.core.models.fitting import MIN_SAMPLES, FitOptions, fit_with_prior, refit_online
 from powerflow.core.models.params import ModelParams
-from powerflow.core.models.priors import load_prior
+from powerflow.core.models.priors import load_prior, prior_on
 from powerflow.core.models.protocol import FloatArray, PerfModel
 from powerflow.core.models.samples import Samples
 
@@ -198,8 +198,13 @@ class FittedLearner:
         self._gpu = gpu
         self._prior = prior
 
+    def _prior_on_gpu(self, model_name: str) -> ModelParams:
+        """The job's prior carried over to this learner's GPU type (``prior_on``:
+        the shipped priors are the A100's; on an A100 it is the prior itself)."""
+        return prior_on(self._prior(model_name), self._gpu)
+
     def initial(self, model_name: str, truth: PerfModel, samples: Samples | None) -> Knowledge:
-        prior = self._prior(model_name)
+        prior = self._prior_on_gpu(model_name)
         if samples is None or len(samples) < MIN_SAMPLES:
             return Knowledge(FittedModel(prior), prior)
         seen = placement_counts(samples)
@@ -224,7 +229,7 @@ class FittedLearner:
             return known
         try:
             params = refit_online(
-                self._prior(model_name),
+                self._prior_on_gpu(model_name),
                 samples,
                 self._gpu,
                 current=known.params,
