@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from powerflow.extender.placing import gpu_spec_for
 from powerflow.operator.budget import parse_budget
@@ -274,6 +274,8 @@ JUNK = st.one_of(
 GPU_FIELDS = ["index", "name", "clocksMhz", "defaultLimitW", "minLimitW", "maxLimitW", "extra"]
 
 
+# No deadline: the machine is shared and a slow case is no failure (tests/support/fuzz.py).
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.dictionaries(st.sampled_from(GPU_FIELDS), JUNK, max_size=3), min_size=1, max_size=4)
 )
