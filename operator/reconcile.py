@@ -196,7 +196,6 @@ def reconcile(
     anchors, requests, refused_of = memory.anchors, memory.requests, memory.refused
     progress_written, learned = memory.progress_written, memory.learned
     agent_progress = memory.agent_progress
-    profiling_window_s, profile_sweep = settings.profiling_window_s, settings.profile_sweep
     progress_interval_s = settings.progress_interval_s
     # A pool of a type PowerFlow does not know is planned for GPU counts only: no
     # clock, cap or profiling sweep reaches its GPUs (``nodes``' module docstring).
