@@ -99,6 +99,11 @@ AUTHORIZATIONS = [
 2 % of cases need a review of their own."""
 
 
+def _headers(**values: str | None) -> dict[str, str]:
+    """The request's headers: those of ``values`` that are not None."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def check(ingest: Cluster, answer: Answer, authorization: str | None, sent: bytes) -> None:
     if answer.status == 503:  # a well-formed sample newer than the view: resent later
         assert answer.json()["error"] == "view_behind" and ingest.may_defer(sent), answer
@@ -144,13 +149,9 @@ async def test_no_request_gets_a_5xx(cluster: Cluster) -> None:  # noqa: F811
         chunked: bool,
         expect: str | None,
     ) -> None:
-        headers = {}
-        if authorization is not None:
-            headers["Authorization"] = authorization
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        if expect is not None:
-            headers["Expect"] = expect
+        headers = _headers(
+            Authorization=authorization, Expect=expect, **{"Content-Type": content_type}
+        )
         answer = http.request("POST", contract.SAMPLES_PATH, body, headers, chunked=chunked)
         if expect not in (None, "100-continue"):
             assert answer.status == 417, answer  # aiohttp's own answer: not ours to shape
@@ -288,11 +289,7 @@ async def test_no_gpu_report_gets_a_5xx_and_none_plans_beyond_physics(
     def case(
         body: bytes, authorization: str | None, content_type: str | None, chunked: bool
     ) -> None:
-        headers = {}
-        if authorization is not None:
-            headers["Authorization"] = authorization
-        if content_type is not None:
-            headers["Content-Type"] = content_type
+        headers = _headers(Authorization=authorization, **{"Content-Type": content_type})
         answer = http.request("POST", contract.GPUS_PATH, body, headers, chunked=chunked)
         statuses[answer.status] += 1
         assert answer.status < 500, answer
