@@ -477,7 +477,7 @@ class Controller:
         self._note_unknown(state, discovered)
         if left_out:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))
-        learned = await self._learn(state)
+        learned = await self._learn(state, nodes[0].gpu if nodes else None)
         now = self.clock()
         self._note_window(state, now)
         measured = self.learning.measured_power() if self.learning is not None else None
@@ -553,12 +553,16 @@ class Controller:
         if not first and state.budget is not None:
             self._event(state.budget, "Normal", "BudgetWindow", message)
 
-    async def _learn(self, state: ClusterState) -> dict[str, dict[str, Any]] | None:
-        """Sync and refit the store in a worker thread; its Warnings; its status fields."""
+    async def _learn(
+        self, state: ClusterState, gpu: GpuSpec | None
+    ) -> dict[str, dict[str, Any]] | None:
+        """Sync and refit the store in a worker thread, its models of the main pool's
+        type ``gpu`` (None: no pool); its Warnings; its status fields."""
         if self.learning is None:
             return None
+        bodies = [o.body for o in state.jobs]
         try:
-            notes = await asyncio.to_thread(self.learning.refresh, [o.body for o in state.jobs])
+            notes = await asyncio.to_thread(self.learning.refresh, bodies, gpu)
         except Exception:  # scheduling goes on with the models the store had
             log.exception("online refit failed")
             notes = []

@@ -217,7 +217,7 @@ async def test_the_profile_plan_is_on_the_pods_while_the_job_profiles(
 class BrokenStore(SampleStore):
     """A store whose refresh fails every time (a bug in the refit)."""
 
-    def refresh(self, bodies: Any) -> Any:
+    def refresh(self, bodies: Any, gpu: Any = None) -> Any:
         raise RuntimeError("refit bug")
 
 
