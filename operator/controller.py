@@ -19,8 +19,9 @@ With a ``LeaderElector`` the loop runs passes only while this replica holds
 the Lease; losing it cancels the pass in flight (``leader``).
 
 With a ``SampleStore`` (``learning``), each pass first hands it the DLJobs
-it read, in a worker thread (syncing, thinning and refitting must not block
-the event loop), posts its Warnings (bad ``status.model.params``) on their
+it read and the main pool's GPU type (the models' type), in a worker thread
+(syncing, thinning and refitting must not block the event loop), posts its
+Warnings (bad ``status.model.params``, a model of another type) on their
 jobs, and passes its ``status.model`` fields to ``reconcile``; the models
 factory is then the store's (``learned_models``), which prefers a job's
 fitted model to its prior. Samples arrive between passes (the ingest calls

@@ -44,6 +44,18 @@ parameters the previous operator wrote in ``status.model.params``; bad
 parameters there (edited by hand) fall back to the prior with a Warning
 (``Note``) and are removed from status.
 
+GPU type. Models are of the type the pass plans the main pool as (``refresh``'s
+``gpu``): the prior carried over to it (``prior_on``: the shipped priors are
+the A100's, and the clock enters the step time in absolute MHz), refits with
+``FittedLearner`` on it. Knowledge of another type, fitted before the pool
+changed or restored from status, restarts from the prior on the pool's type
+with a ``ModelGpuChanged`` Warning, its params removed from status; when the
+pool's type changes every job's rows go, as their clocks mean another board.
+Until a pass names a type (no pool yet) restored params are kept unjudged. The
+placeholder of an unknown type (``gpus.tunes`` false) plans one clock and
+writes none, so its GPUs run at clocks no plan chose: its jobs keep the A100
+prior, unfitted, and their rows serve the measured power only.
+
 Threads. ``add`` only queues rows under a lock (microseconds; the ingest
 calls it on its event loop). ``refresh`` does the rest (sync with the pass's
 DLJobs, thin, fit) and runs in a worker thread of the pass (the compiled
