@@ -115,6 +115,34 @@ async def model_status(api: httpx.AsyncClient) -> dict[str, Any]:
     return model
 
 
+async def fast_passes(api: httpx.AsyncClient) -> None:
+    """Passes every 0.2 s: samples are fitted at the next pass."""
+    interval = {"data": {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "0.2"}}
+    await api.patch(BUDGET, json=interval, headers=MERGE)
+
+
+async def fitted_model(api: httpx.AsyncClient) -> dict[str, Any]:
+    """``status.model`` once it holds fitted params."""
+
+    async def fitted() -> dict[str, Any]:
+        model = await model_status(api)
+        return model if "params" in model else {}
+
+    found: dict[str, Any] = await eventually(fitted)
+    return found
+
+
+async def params_removed(api: httpx.AsyncClient) -> dict[str, Any]:
+    """``status.model`` once it holds no params."""
+
+    async def removed() -> dict[str, Any]:
+        model = await model_status(api)
+        return model if "params" not in model else {}
+
+    found: dict[str, Any] = await eventually(removed)
+    return found
+
+
 def store_of(op: Operator) -> SampleStore:
     assert op.controller is not None and op.controller.learning is not None
     return op.controller.learning
@@ -123,20 +151,14 @@ def store_of(op: Operator) -> SampleStore:
 async def test_the_fitted_model_is_in_status_and_a_restart_schedules_with_it(
     kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
-    # Passes every 0.2 s: samples are fitted at the next pass.
-    interval = {"data": {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "0.2"}}
-    await api.patch(BUDGET, json=interval, headers=MERGE)
+    await fast_passes(api)
     policy = RecordingPolicy()
     async with operator(kubeconfig, policy) as op:
         await running_job(api)
         assert policy.params[-1][f"{NS}/fit"] == load_prior(MODEL)
         store_of(op).add("n1", windows(21), 1.0)
 
-        async def fitted() -> dict[str, Any]:
-            model = await model_status(api)
-            return model if "params" in model else {}
-
-        model = await eventually(fitted)
+        model = await fitted_model(api)
         assert model["samples"] == 21 and model["fits"] == 1 and model["prior"] == MODEL
         assert 0 < model["fitErrorPercent"] < 10
         params = ModelParams.from_dict(model["params"])
@@ -175,8 +197,7 @@ async def test_an_h100_pool_plans_h100_models_fitted_on_its_samples_and_a_restar
 ) -> None:
     """The prior carried over to the H100 (at 1,980 MHz the A100 prior's step time at
     1,410 MHz), refitted from windows at the H100's clocks, restored after a restart."""
-    interval = {"data": {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "0.2"}}
-    await api.patch(BUDGET, json=interval, headers=MERGE)
+    await fast_passes(api)
     await label_nodes(api, H100_LABEL)
     policy = RecordingPolicy()
     async with operator(kubeconfig, policy) as op:
@@ -188,11 +209,7 @@ async def test_an_h100_pool_plans_h100_models_fitted_on_its_samples_and_a_restar
         assert top == pytest.approx(a100, rel=1e-12)
         store_of(op).add("n1", windows(21, H100), 1.0)
 
-        async def fitted() -> dict[str, Any]:
-            model = await model_status(api)
-            return model if "params" in model else {}
-
-        model = await eventually(fitted)
+        model = await fitted_model(api)
         assert model["fits"] == 1 and model["params"]["gpu"] == "H100-SXM"
         assert 0 < model["fitErrorPercent"] < 10
         params = ModelParams.from_dict(model["params"])
@@ -213,18 +230,13 @@ async def test_an_h100_pool_plans_h100_models_fitted_on_its_samples_and_a_restar
 async def test_a_pool_whose_type_changes_restarts_its_jobs_from_the_new_types_prior(
     kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
-    interval = {"data": {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "0.2"}}
-    await api.patch(BUDGET, json=interval, headers=MERGE)
+    await fast_passes(api)
     policy = RecordingPolicy()
     async with operator(kubeconfig, policy) as op:
         await running_job(api)
         store_of(op).add("n1", windows(21), 1.0)
 
-        async def fitted() -> dict[str, Any]:
-            model = await model_status(api)
-            return model if "params" in model else {}
-
-        assert (await eventually(fitted))["params"]["gpu"] == "A100"
+        assert (await fitted_model(api))["params"]["gpu"] == "A100"
         await label_nodes(api, H100_LABEL)
 
         async def on_h100() -> bool:
@@ -239,11 +251,7 @@ async def test_a_pool_whose_type_changes_restarts_its_jobs_from_the_new_types_pr
         assert event["type"] == "Warning" and event["involvedObject"]["name"] == "fit"
         assert "H100-SXM" in event["message"]
 
-        async def removed() -> dict[str, Any]:
-            model = await model_status(api)
-            return model if "params" not in model else {}
-
-        assert (await eventually(removed))["samples"] == 21
+        assert (await params_removed(api))["samples"] == 21
 
 
 async def test_bad_params_in_status_fall_back_to_the_prior_with_a_warning(
@@ -264,11 +272,7 @@ async def test_bad_params_in_status_fall_back_to_the_prior_with_a_warning(
         assert event["type"] == "Warning" and event["involvedObject"]["name"] == "fit"
         assert policy.params[-1][f"{NS}/fit"] == load_prior(MODEL)
 
-        async def removed() -> dict[str, Any]:
-            model = await model_status(api)
-            return model if "params" not in model else {}
-
-        assert (await eventually(removed))["samples"] == 7
+        assert (await params_removed(api))["samples"] == 7
 
 
 async def test_the_profile_plan_is_on_the_pods_while_the_job_profiles(
