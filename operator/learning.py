@@ -80,7 +80,6 @@ arrive; windows that arrive replace it.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
@@ -289,6 +288,9 @@ class SampleStore:
         self._learners: dict[GpuSpec, FittedLearner] = {}
         self._pool: GpuSpec | None = None
         """The type the main pool was last planned as (``refresh``); None until told."""
+        self._priors: dict[str | None, FittedModel] = {}
+        """Each hint's prior on the models' type: one object each (the policy memoises
+        per model object); emptied, as ``_learners``, when the pool's spec changes."""
         self._passes = 0
         registry = registry if registry is not None else CollectorRegistry()
         self.dropped = Counter(
@@ -368,8 +370,10 @@ class SampleStore:
             notes: list[Note] = []
             with self._lock:
                 retyped = gpu is not None and self._pool is not None and gpu.name != self._pool.name
-                if gpu is not None:
+                if gpu is not None and gpu != self._pool:
                     self._pool = gpu
+                    self._priors.clear()
+                    self._learners.clear()
                 work = self._sync(bodies, notes)
                 for entry in work:
                     if retyped:
@@ -557,7 +561,12 @@ class SampleStore:
         known = entry.knowledge
         if self._pool is None or known.params is None:
             return
-        wanted = self._type_name(entry.model_name)
+        prior = self._prior_model(entry.model_name)
+        if known.fits == 0:  # the prior on the pool's spec now (its clocks may differ)
+            if known.model is not prior:
+                entry.knowledge = replace(known, model=prior, params=prior.params)
+            return
+        wanted = prior.params.gpu
         if known.params.gpu == wanted:
             return
         entry.knowledge = self._prior_knowledge(entry.model_name)
@@ -587,17 +596,13 @@ class SampleStore:
         return Knowledge(model, model.params)
 
     def _prior_model(self, model_name: str | None) -> FittedModel:
-        """The job's prior on the models' type (``_model_gpu``)."""
-        return self._prior_on(model_name, self._model_gpu())
-
-    @functools.cached_property
-    def _prior_on(self) -> Callable[[str | None, GpuSpec | None], FittedModel]:
-        @functools.cache
-        def by_name(name: str | None, gpu: GpuSpec | None) -> FittedModel:
-            prior = self._prior(name)
-            return FittedModel(prior) if gpu is None else FittedModel.on(prior_on(prior, gpu), gpu)
-
-        return by_name
+        """The job's prior on the models' type (``_model_gpu``), one object per hint."""
+        model = self._priors.get(model_name)
+        if model is None:
+            prior, gpu = self._prior(model_name), self._model_gpu()
+            model = FittedModel(prior) if gpu is None else FittedModel.on(prior_on(prior, gpu), gpu)
+            self._priors[model_name] = model
+        return model
 
 
 def _forget_rows(entry: _Entry) -> None:

@@ -575,7 +575,7 @@ def test_an_unknown_pool_keeps_the_a100_prior_and_fits_no_clocks() -> None:
     assert "ml/job" in s.measured_power()
     # Known again as an A100: the rows of the unknown GPUs are not fitted.
     s.refresh([body()], A100)
-    assert s.model(req()) is prior and s.measured_power() == {}
+    assert s.model(req()) == prior and s.measured_power() == {}
 
 
 def test_an_a100_pool_is_what_the_store_was_without_a_type() -> None:
@@ -604,3 +604,15 @@ def test_a_discovered_type_outside_the_catalogue_is_fitted_and_restored() -> Non
     assert again.refresh([body(model=fields)], board) == []
     assert again.model(req()).params == s.model(req()).params
     assert again.model(req()).gpu == board
+
+
+def test_a_pool_whose_discovered_clocks_change_plans_the_prior_on_its_spec_now() -> None:
+    """Same type, other clocks (an agent's report of fewer clocks): a job with only
+    its prior plans the prior carried over to the spec the pool has now."""
+    fewer = replace(H100, clocks_mhz=H100.clocks_mhz[:-10], default_clock_mhz=1830)
+    s = store()
+    s.refresh([body()], H100)
+    assert s.model(req()).params == prior_on(wrong_prior(MODEL), H100)
+    assert s.refresh([body()], fewer) == []
+    assert s.model(req()).params == prior_on(wrong_prior(MODEL), fewer)
+    assert s.model(req()) is s.model(req("unseen", "u3")) and s.model(req()).gpu == fewer
