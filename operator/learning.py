@@ -53,8 +53,9 @@ with a ``ModelGpuChanged`` Warning, its params removed from status; when the
 pool's type changes every job's rows go, as their clocks mean another board.
 Until a pass names a type (no pool yet) restored params are kept unjudged. The
 placeholder of an unknown type (``gpus.tunes`` false) plans one clock and
-writes none, so its GPUs run at clocks no plan chose: its jobs keep the A100
-prior, unfitted, and their rows serve the measured power only.
+writes none, so its GPUs run at clocks no plan chose: its jobs keep their A100
+model (the prior, or a fit from when the pool was an A100 one), unfitted, and
+their rows serve the measured power only.
 
 Threads. ``add`` only queues rows under a lock (microseconds; the ingest
 calls it on its event loop). ``refresh`` does the rest (sync with the pass's
@@ -516,14 +517,16 @@ class SampleStore:
             return entry
         fits = max(_count(model_status.get("fits")), 1)
         on_pool = pool is not None and params.gpu == pool.name
-        model = FittedModel.on(params, pool) if on_pool and pool else FittedModel(params)
+        model = (
+            FittedModel.on(params, pool) if pool is not None and on_pool else FittedModel(params)
+        )
         entry.knowledge = Knowledge(model, params, fits=fits)
         return entry
 
     def _learn(self, entry: _Entry, known: Knowledge, rows: np.ndarray) -> Knowledge:
         """One call of the simulator's learner on the job's rows.
 
-        None on a pool of unknown type: its GPUs run at their defaults, whose clocks
+        No fit on a pool of unknown type: its GPUs run at their defaults, whose clocks
         the placeholder's one planned clock does not describe. None either for
         knowledge of another type than the models' (restored before any pool type
         was told): its type is checked first (``_check_type``).
@@ -555,9 +558,10 @@ class SampleStore:
         return self._prior_model(model_name).params.gpu
 
     def _check_type(self, entry: _Entry, notes: list[Note]) -> None:
-        """Knowledge of another type than the models' restarts from the prior on the
-        models' type (a Warning where something was fitted); its rows go with it (their
-        clocks mean another board). Nothing is checked until a pool type is told."""
+        """A fit of another type than the models' restarts from the prior on the models'
+        type, with a Warning; its rows go with it (their clocks mean another board). A job
+        with only its prior gets the prior on the pool's spec now. Nothing is checked
+        until a pool type is told."""
         known = entry.knowledge
         if self._pool is None or known.params is None:
             return
@@ -571,15 +575,14 @@ class SampleStore:
             return
         entry.knowledge = self._prior_knowledge(entry.model_name)
         _forget_rows(entry)
-        if known.fits > 0:
-            entry.bad_params = True  # the old type's params leave status
-            entry.error_percent = None
-            namespace, _, name = entry.key.partition("/")
-            message = (
-                f"model fitted on {known.params.gpu} GPUs, the pool is now {wanted}: "
-                f"starting from the prior on {wanted}"
-            )
-            notes.append(Note(namespace, name, entry.uid, "ModelGpuChanged", message[:500]))
+        entry.bad_params = True  # the old type's params leave status
+        entry.error_percent = None
+        namespace, _, name = entry.key.partition("/")
+        message = (
+            f"model fitted on {known.params.gpu} GPUs, the pool is now {wanted}: "
+            f"starting from the prior on {wanted}"
+        )
+        notes.append(Note(namespace, name, entry.uid, "ModelGpuChanged", message[:500]))
 
     def _learner(self, model_name: str | None) -> FittedLearner:
         gpu = self._model_gpu()
