@@ -19,8 +19,9 @@ With a ``LeaderElector`` the loop runs passes only while this replica holds
 the Lease; losing it cancels the pass in flight (``leader``).
 
 With a ``SampleStore`` (``learning``), each pass first hands it the DLJobs
-it read, in a worker thread (syncing, thinning and refitting must not block
-the event loop), posts its Warnings (bad ``status.model.params``) on their
+it read and the main pool's GPU type (the models' type), in a worker thread
+(syncing, thinning and refitting must not block the event loop), posts its
+Warnings (bad ``status.model.params``, a model of another type) on their
 jobs, and passes its ``status.model`` fields to ``reconcile``; the models
 factory is then the store's (``learned_models``), which prefers a job's
 fitted model to its prior. Samples arrive between passes (the ingest calls
@@ -477,7 +478,7 @@ class Controller:
         self._note_unknown(state, discovered)
         if left_out:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))
-        learned = await self._learn(state)
+        learned = await self._learn(state, nodes[0].gpu if nodes else None)
         now = self.clock()
         self._note_window(state, now)
         measured = self.learning.measured_power() if self.learning is not None else None
@@ -553,12 +554,16 @@ class Controller:
         if not first and state.budget is not None:
             self._event(state.budget, "Normal", "BudgetWindow", message)
 
-    async def _learn(self, state: ClusterState) -> dict[str, dict[str, Any]] | None:
-        """Sync and refit the store in a worker thread; its Warnings; its status fields."""
+    async def _learn(
+        self, state: ClusterState, gpu: GpuSpec | None
+    ) -> dict[str, dict[str, Any]] | None:
+        """Sync and refit the store in a worker thread, its models of the main pool's
+        type ``gpu`` (None: no pool); its Warnings; its status fields."""
         if self.learning is None:
             return None
+        bodies = [o.body for o in state.jobs]
         try:
-            notes = await asyncio.to_thread(self.learning.refresh, [o.body for o in state.jobs])
+            notes = await asyncio.to_thread(self.learning.refresh, bodies, gpu)
         except Exception:  # scheduling goes on with the models the store had
             log.exception("online refit failed")
             notes = []

@@ -206,13 +206,13 @@ class FittedLearner:
     def initial(self, model_name: str, truth: PerfModel, samples: Samples | None) -> Knowledge:
         prior = self._prior_on_gpu(model_name)
         if samples is None or len(samples) < MIN_SAMPLES:
-            return Knowledge(FittedModel(prior), prior)
+            return Knowledge(FittedModel.on(prior, self._gpu), prior)
         seen = placement_counts(samples)
         try:
             params = fit_with_prior(prior, samples, self._gpu, options=self.FIT_OPTIONS)
         except ModelError:
-            return Knowledge(FittedModel(prior), prior, failed_fits=1, seen=seen)
-        return Knowledge(FittedModel(params), params, fits=1, seen=seen)
+            return Knowledge(FittedModel.on(prior, self._gpu), prior, failed_fits=1, seen=seen)
+        return Knowledge(FittedModel.on(params, self._gpu), params, fits=1, seen=seen)
 
     def update(
         self, model_name: str, truth: PerfModel, known: Knowledge, samples: Samples
@@ -237,4 +237,6 @@ class FittedLearner:
             )
         except ModelError:
             return Knowledge(known.model, known.params, known.fits, known.failed_fits + 1, seen)
-        return Knowledge(FittedModel(params), params, known.fits + 1, known.failed_fits, seen)
+        return Knowledge(
+            FittedModel.on(params, self._gpu), params, known.fits + 1, known.failed_fits, seen
+        )
