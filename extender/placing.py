@@ -10,21 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from powerflow.core.gpus import A100, GpuSpec
+from powerflow.core.gpus import GpuSpec, planned_gpu
 from powerflow.core.policy.buddy import exact_block, geometry, resolve_slots
 from powerflow.core.policy.placement import reserve_block
 from powerflow.core.policy.snapshot import GpuSlot, Node
 
 
 def gpu_spec_for(product: str) -> GpuSpec:
-    """The GPU type of a node with this ``nvidia.com/gpu.product`` label: the A100.
+    """The GPU type of a node with this ``nvidia.com/gpu.product`` label: the catalogue's
+    (``powerflow.core.gpus.planned_gpu``), else the unknown placeholder.
 
-    Placement only counts GPUs, so any product runs as the default type rather
-    than refusing the node; as the operator's ``LABELLED_GPUS``, the components
-    take no other catalogue type from labels until the node agent reports it.
+    Placement only counts GPUs, so the type never changes which block a gang gets,
+    and a node of an unknown type is placed on like any other; the extender writes
+    no clock. What the node agents discovered (``powerflow.core.gpu_facts``) goes to
+    the operator alone, which plans clocks with it.
     """
-    del product  # every label reads as the A100 (docstring)
-    return A100
+    return planned_gpu(product)
 
 
 def occupied_indices(capacity: int, slots: Collection[int], extra: int) -> set[int]:

@@ -53,6 +53,7 @@ from powerflow.core.devices import (
     Workload,
 )
 from powerflow.core.errors import PowerFlowError
+from powerflow.core.gpu_facts import GpuFacts, GpuReport
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -123,6 +124,31 @@ def gpu_limits(devices: GpuDevices, infos: tuple[GpuInfo, ...]) -> dict[int, Gpu
             power = None
         out[info.index] = GpuLimits(clocks, power)
     return out
+
+
+def gpu_report(
+    node: str, infos: tuple[GpuInfo, ...], limits: Mapping[int, GpuLimits]
+) -> GpuReport | None:
+    """What the agent tells the operator of its GPUs (``powerflow.core.gpu_facts``): each
+    one's NVML name, supported clocks and power-limit constraints as ``gpu_limits`` read
+    them. GPUs whose clocks NVML did not give are left out; None when none is left."""
+    facts = []
+    for info in infos:
+        known = limits.get(info.index)
+        if known is None or not known.clocks_mhz:
+            continue
+        power = known.power_range_w
+        facts.append(
+            GpuFacts(
+                index=info.index,
+                name=info.name,
+                clocks_mhz=known.clocks_mhz,
+                default_limit_w=None if power is None else power.default_w,
+                min_limit_w=None if power is None else power.min_w,
+                max_limit_w=None if power is None else power.max_w,
+            )
+        )
+    return GpuReport(node, tuple(facts)) if facts else None
 
 
 class Agent:

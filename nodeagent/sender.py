@@ -19,6 +19,15 @@ batch (the wire format's validation refused it): it is logged with the
 operator's reason and dropped, counted with ``reason="rejected"``, so one bad
 batch cannot wedge the queue.
 
+The node's GPU report (``gpu_report``: what NVML says of its GPUs,
+``powerflow.core.gpu_facts``) goes to ``contract.GPUS_PATH`` at the first round and
+then every ``Batching.report_interval_s``, so an operator that restarted learns
+it again within that time. It is a post of its own, never in the sample queue's
+way: any answer but a failure that may pass (see above) counts as delivered
+until the next interval, a 404 from an operator that predates reports included
+(it then plans from the nodes' labels); a failure that may pass is tried again
+next round.
+
 Each post also carries the node's jobs' progress as ``progress_of`` answers at
 that moment (``Telemetry.progress``: each job's most iterations its workers here
 reported). It is state, not a queue: the latest counts go with every post, and a
@@ -44,6 +53,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from powerflow.core import contract
+from powerflow.core.gpu_facts import GpuReport, encode_report
 from powerflow.core.telemetry import (
     MAX_SAMPLES_PER_BATCH,
     JobProgress,
@@ -93,6 +103,8 @@ class Batching:
     queue_max: int = 10_000
     batch_max: int = 500
     interval_s: float = 5.0
+    report_interval_s: float = 300.0
+    """Between two GPU reports (the module docstring)."""
 
     def __post_init__(self) -> None:
         if self.queue_max < 1 or not 1 <= self.batch_max <= MAX_SAMPLES_PER_BATCH:
@@ -151,6 +163,10 @@ class SampleSender:
         self.progress_of: Callable[[], tuple[JobProgress, ...]] = tuple
         """The jobs' progress to send with each post (set by ``Telemetry``)."""
         self._progress_taken: tuple[JobProgress, ...] = ()
+        self.gpu_report: GpuReport | None = None
+        """The node's GPUs, posted to ``contract.GPUS_PATH`` (set by the agent's wiring)."""
+        self._report_due_s: float | None = None
+        """Loop time of the next GPU report (None: at the first round)."""
         self._wake = asyncio.Event()
         self._retry_after_s = 0.0
         self.failures = 0
@@ -207,9 +223,55 @@ class SampleSender:
                 await self._sleep(pause_s, stop)
                 if stop.is_set():
                     break
+                await self._report(session)
                 pause_s = await self._flush(session)
             if self._queue:
                 await self._flush(session, once=True)
+
+    async def _report(self, session: aiohttp.ClientSession) -> None:
+        """Post the GPU report when it is due (module docstring)."""
+        now = asyncio.get_running_loop().time()
+        if self.gpu_report is None or (self._report_due_s is not None and now < self._report_due_s):
+            return
+        url = self.connection.url.rstrip("/") + contract.GPUS_PATH
+        status = await self._send(session, url, encode_report(self.gpu_report))
+        if status is None or status >= 500 or status in _RETRY_STATUSES:
+            return  # tried again next round
+        if status == 404:
+            log.info("the operator takes no GPU reports (404): it plans from the nodes' labels")
+        elif status >= 300:
+            log.warning("the operator refused this node's GPU report with %d", status)
+        self._report_due_s = now + self.batching.report_interval_s
+
+    async def _send(
+        self, session: aiohttp.ClientSession, url: str, body: dict[str, object]
+    ) -> int | None:
+        """POST ``body`` with the token; the status, or None when no answer came."""
+        headers = self._headers()
+        if headers is None:
+            return None
+        try:
+            async with session.post(
+                url, json=body, headers=headers, ssl=self._ssl if self._ssl is not None else True
+            ) as resp:
+                await resp.read()
+                return resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            log.warning("posting to %s failed: %s", url, e or type(e))
+            return None
+
+    def _headers(self) -> dict[str, str] | None:
+        """``Authorization`` from the token file, read again for every post (the kubelet
+        rotates it); None when it cannot be read."""
+        token_file = self.connection.token_file
+        if token_file is None:
+            return {}
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            log.warning("cannot read the ingest token %s: %s", token_file, e)
+            return None
+        return {"Authorization": f"Bearer {token}"}
 
     async def _flush(self, session: aiohttp.ClientSession, *, once: bool = False) -> float:
         """Post batches while there are any; the pause before the next round."""
@@ -234,15 +296,9 @@ class SampleSender:
         count = min(len(self._queue), self.batching.batch_max)
         samples = tuple(self._queue[i] for i in range(count))
         power = self._power
-        headers = {}
-        token_file = self.connection.token_file
-        if token_file is not None:
-            try:
-                token = Path(token_file).read_text().strip()
-            except OSError as e:
-                log.warning("cannot read the ingest token %s: %s", token_file, e)
-                return False
-            headers["Authorization"] = f"Bearer {token}"
+        headers = self._headers()
+        if headers is None:
+            return False
         progress = self.progress_of()
         body = encode_batch(SampleBatch(self.node, samples, power, progress))
         try:

@@ -280,14 +280,17 @@ def _migrates(
     return any(owners.get(slot, jp.job_id) != jp.job_id for slot in seen)
 
 
-def _converge(actions: Actions, v: _View, now_s: float, profiling: Profiling | None) -> bool:
+def _converge(
+    actions: Actions, v: _View, now_s: float, profiling: Profiling | None, tuned: bool = True
+) -> bool:
     """The job controller's writes for the job (``job_controller.converge``), from the
     allocation the allocator gave it in this pass (``v.granted``, what its status
     gets), into ``actions``: the creations, and each
     annotation patch with the deletions when it only lowers power, else after the
-    creations (``_annotate``). Always True (a ``_Guard`` step)."""
+    creations (``_annotate``). ``tuned``: False on a pool of unknown GPU type (no clock
+    written). Always True (a ``_Guard`` step)."""
     assert v.req is not None and v.granted is not None
-    writes = converge(v.req, v.granted, v.current, now_s, profiling)
+    writes = converge(v.req, v.granted, v.current, now_s, profiling, tuned=tuned)
     actions.create.extend(writes.create)
     for pod, patch in writes.annotate:
         _annotate(actions, v, pod, patch)

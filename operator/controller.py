@@ -19,8 +19,9 @@ With a ``LeaderElector`` the loop runs passes only while this replica holds
 the Lease; losing it cancels the pass in flight (``leader``).
 
 With a ``SampleStore`` (``learning``), each pass first hands it the DLJobs
-it read, in a worker thread (syncing, thinning and refitting must not block
-the event loop), posts its Warnings (bad ``status.model.params``) on their
+it read and the main pool's GPU type (the models' type), in a worker thread
+(syncing, thinning and refitting must not block the event loop), posts its
+Warnings (bad ``status.model.params``, a model of another type) on their
 jobs, and passes its ``status.model`` fields to ``reconcile``; the models
 factory is then the store's (``learned_models``), which prefers a job's
 fitted model to its prior. Samples arrive between passes (the ingest calls
@@ -52,12 +53,13 @@ from powerflow.operator.budget import (
     describe_in_force,
     parse_budget,
 )
+from powerflow.operator.discovered import DiscoveredGpus
 from powerflow.operator.jobs import RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
 from powerflow.operator.learning import MeasuredPower, SampleStore
 from powerflow.operator.metrics import Metrics, job_series
-from powerflow.operator.nodes import cluster_nodes
+from powerflow.operator.nodes import cluster_nodes, unknown_gpu_nodes
 from powerflow.operator.parking import busy_nodes, node_marks
 from powerflow.operator.pass_inputs import DEFAULT_PROFILING_WINDOW_S, PassMemory, PassSettings
 from powerflow.operator.pass_progress import DEFAULT_PROGRESS_INTERVAL_S
@@ -68,6 +70,7 @@ from powerflow.operator.reported_progress import ReportedProgress
 
 from powerflow.core import contract
 from powerflow.core.errors import ResourceError
+from powerflow.core.gpus import GpuSpec, unknown_gpu
 from powerflow.core.policy.power_ratio import BELIEVED, RatioWindow
 from powerflow.core.policy.snapshot import JobPlan, Node, Policy
 from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
@@ -158,6 +161,8 @@ class Controller:
     """The online refit (module docstring); ``None``: no ``status.model`` fields."""
     progress: ReportedProgress = field(default_factory=ReportedProgress)
     """The jobs' progress the agents reported (the ingest's, shared)."""
+    discovered: DiscoveredGpus = field(default_factory=DiscoveredGpus)
+    """The GPU types the agents reported (the ingest's, shared): they beat the labels."""
 
     budget: BudgetConfig = DEFAULT
     passes: int = 0
@@ -195,6 +200,8 @@ class Controller:
     _leader_task: asyncio.Task[None] | None = None
     _progress_written: dict[str, float] = field(default_factory=dict)
     _events: list[tuple[dict[str, Any], str, str, str]] = field(default_factory=list)
+    _unknown_told: set[str] = field(default_factory=set)
+    """The nodes of unknown GPU type already told (one ``UnknownGpu`` Event per node)."""
     state: ClusterState | None = None
     """The cluster as the last pass read it (the ingest judges samples by it)."""
     state_read_s: float = 0.0
@@ -377,9 +384,8 @@ class Controller:
         if self.post_events:
             self._events.append((body, type_, reason, message))
 
-    def note_refused_sender(self, node: str, reason: str, count: int) -> None:
-        """A Warning Event on ``node`` (posted with the next pass's Events): its agent's
-        samples were refused for ``reason`` (the ingest tells each pair once)."""
+    def _node_ref(self, node: str) -> dict[str, Any]:
+        """``node`` as an Event's object (its UID from the last pass's view)."""
         nodes = self.state.nodes if self.state is not None else ()
         uid = next(
             (
@@ -389,13 +395,39 @@ class Controller:
             ),
             None,
         )
-        ref = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": uid}}
+
+    def note_refused_sender(self, node: str, reason: str, count: int) -> None:
+        """A Warning Event on ``node`` (posted with the next pass's Events): its agent's
+        samples were refused for ``reason`` (the ingest tells each pair once)."""
+        ref = self._node_ref(node)
         message = (
             f"{count} sample(s) from this node's agent refused: {reason} (a broken or "
             "compromised node agent, or energy counter; later ones are counted in "
             "powerflow_ingest_samples_refused_total)"
         )
         self._event(ref, "Warning", "SamplesRefused", message)
+
+    def _note_unknown(self, state: ClusterState, discovered: Mapping[str, GpuSpec]) -> None:
+        """The gauge of nodes whose GPU type is unknown, and a Warning Event on each the
+        first time it is (again after it was known): their jobs run at the GPUs' defaults."""
+        unknown = unknown_gpu_nodes(state.nodes, discovered)
+        self.metrics.nodes_unknown_gpu.set(len(unknown))
+        for body in state.nodes:
+            meta = body.get("metadata", {})
+            name = meta.get("name")
+            if name not in unknown or name in self._unknown_told:
+                continue
+            product = (meta.get("labels") or {}).get(contract.GPU_PRODUCT_LABEL)
+            message = (
+                f"GPU type unknown (product label {product!r}, no report from the node "
+                "agent): its jobs run, but PowerFlow sets no clock or power limit on its "
+                "GPUs, and the budget counts each at "
+                f"{unknown_gpu().max_power_w:g} W (the catalogue's largest board limit)"
+            )
+            log.warning("node %s: %s", name, message)
+            self._event(self._node_ref(name), "Warning", "UnknownGpu", message)
+        self._unknown_told = set(unknown)
 
     def _power_ratio(
         self, measured: Mapping[str, MeasuredPower] | None, now: float, state: ClusterState
@@ -438,12 +470,15 @@ class Controller:
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
         self.state, self.state_read_s = state, read_s
         await self._budget(state)
+        self.discovered.keep_only(str(n.get("metadata", {}).get("name")) for n in state.nodes)
+        discovered = self.discovered.specs()
         nodes, left_out = cluster_nodes(
-            state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations
+            state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations, discovered
         )
+        self._note_unknown(state, discovered)
         if left_out:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))
-        learned = await self._learn(state)
+        learned = await self._learn(state, nodes[0].gpu if nodes else None)
         now = self.clock()
         self._note_window(state, now)
         measured = self.learning.measured_power() if self.learning is not None else None
@@ -519,12 +554,16 @@ class Controller:
         if not first and state.budget is not None:
             self._event(state.budget, "Normal", "BudgetWindow", message)
 
-    async def _learn(self, state: ClusterState) -> dict[str, dict[str, Any]] | None:
-        """Sync and refit the store in a worker thread; its Warnings; its status fields."""
+    async def _learn(
+        self, state: ClusterState, gpu: GpuSpec | None
+    ) -> dict[str, dict[str, Any]] | None:
+        """Sync and refit the store in a worker thread, its models of the main pool's
+        type ``gpu`` (None: no pool); its Warnings; its status fields."""
         if self.learning is None:
             return None
+        bodies = [o.body for o in state.jobs]
         try:
-            notes = await asyncio.to_thread(self.learning.refresh, [o.body for o in state.jobs])
+            notes = await asyncio.to_thread(self.learning.refresh, bodies, gpu)
         except Exception:  # scheduling goes on with the models the store had
             log.exception("online refit failed")
             notes = []

@@ -80,6 +80,18 @@ dropped and counted in the answer's ``progressRefused`` (present when the batch 
 progress): a job that ended or moved since the post, or workers bound after this
 view was read; the agent posts those counts again next round.
 
+``POST contract.GPUS_PATH`` takes a node's GPU report (``powerflow.core.gpu_facts``:
+what its agent read through NVML) through the same steps 1 to 4 (``parse_report``'s
+bounds in step 4), then: ``report.node`` not the sender's node 403 ``node_mismatch``;
+a second report from the node within ``discovered.MIN_INTERVAL_S`` 429 ``too_often``
+with ``Retry-After``; GPUs that give no spec (``gpu_facts.node_spec``: several
+products, no shared clock, no board limit for a product the catalogue lacks) 422
+``implausible``. Those refusals are counted in
+``powerflow_ingest_gpu_reports_refused_total{reason}`` (the report's ``invalid``
+too); an accepted report's spec goes to ``ControllerLink.discovered``, which the
+allocation pass and the physics checks read, and is answered 200 with the type's
+name, its clock count and board limit.
+
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
 a node left out once its reading is older than ``power_staleness_s``
@@ -95,11 +107,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from aiohttp import web
 from powerflow.operator import sample_checks
+from powerflow.operator.discovered import MIN_INTERVAL_S, DiscoveredGpus
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.metrics import Metrics
 from powerflow.operator.reported_progress import ReportedProgress
@@ -112,6 +125,8 @@ from powerflow.operator.tokenreview import (
 )
 
 from powerflow.core import contract
+from powerflow.core.errors import DataError
+from powerflow.core.gpu_facts import GpuFactsError, node_spec, parse_report
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.telemetry import (
     MAX_BODY_BYTES,
@@ -123,6 +138,7 @@ from powerflow.core.telemetry import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RETRY_AFTER_S = "1"
 MAX_AHEAD_S = 300.0
@@ -185,6 +201,15 @@ class ClusterPower:
         return sum(r[0] for r in self._readings.values())
 
 
+def _closing(request: web.Request, response: web.Response) -> web.Response:
+    """``response``, closing the connection when it was refused before its body was read
+    (``start``), and saying so, or the client would send its next request into a closed
+    socket."""
+    if not request.content.is_eof():
+        response.force_close()
+    return response
+
+
 def _answer(status: int, reason: str, message: str, **headers: str) -> web.Response:
     body = orjson.dumps({"error": reason, "message": message})
     return web.Response(
@@ -204,6 +229,7 @@ class ControllerLink:
     progress: ReportedProgress = field(default_factory=ReportedProgress)
     on_refused: Callable[[str, str, int], None] | None = None
     on_finished: Callable[[str], None] | None = None
+    discovered: DiscoveredGpus = field(default_factory=DiscoveredGpus)
 
 
 class Ingest:
@@ -244,6 +270,7 @@ class Ingest:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(contract.SAMPLES_PATH, self.handle, expect_handler=self._expect)
+        app.router.add_post(contract.GPUS_PATH, self.handle_gpus, expect_handler=self._expect)
         return app
 
     async def _expect(self, request: web.Request) -> web.Response | None:
@@ -270,12 +297,16 @@ class Ingest:
         return _answer(status, reason, message, **headers)
 
     def _jobs(self, state: ClusterState) -> tuple[sample_checks.Index, dict[str, GpuSpec]]:
-        """The view's jobs and nodes' GPU types, built once per view."""
+        """The view's jobs and nodes' GPU types (discovered ones as of the view's first
+        sample), built once per view."""
         if self._index is None or self._index[0] is not state:
             jobs = sample_checks.index(state)
             self._index = (
-                state, jobs, sample_checks.node_gpus(state), sample_checks.totals(state)
-            )  # fmt: skip
+                state,
+                jobs,
+                sample_checks.node_gpus(state, self.controller.discovered.specs()),
+                sample_checks.totals(state),
+            )
             self.windows.keep_only(jobs)
         return self._index[1], self._index[2]
 
@@ -306,14 +337,51 @@ class Ingest:
         return self._refuse(503, "unavailable", why, **{"Retry-After": RETRY_AFTER_S})
 
     async def handle(self, request: web.Request) -> web.Response:
-        response = await self._handle(request)
-        if not request.content.is_eof():
-            # Refused before the body was read: the connection closes (``start``), and
-            # says so, or the client would send its next request into a closed socket.
-            response.force_close()
-        return response
+        return _closing(request, await self._handle(request))
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def handle_gpus(self, request: web.Request) -> web.Response:
+        return _closing(request, await self._handle_gpus(request))
+
+    async def _handle_gpus(self, request: web.Request) -> web.Response:
+        """``POST contract.GPUS_PATH``: a node's GPU report (module docstring)."""
+        admitted = await self._admit(request, parse_report, GpuFactsError, self._refuse_report)
+        if isinstance(admitted, web.Response):
+            return admitted
+        sender, report = admitted
+        if report.node != sender.node:
+            return self._refuse_report(
+                403, "node_mismatch", f"report for node {report.node} sent from {sender.node}"
+            )
+        discovered = self.controller.discovered
+        if discovered.too_soon(report.node):
+            return self._refuse_report(
+                429, "too_often", f"one report per {MIN_INTERVAL_S:g} s",
+                **{"Retry-After": f"{MIN_INTERVAL_S:.0f}"},
+            )  # fmt: skip
+        try:
+            spec = node_spec(report.gpus)
+        except DataError as exc:
+            return self._refuse_report(422, "implausible", str(exc)[:300])
+        discovered.record(report.node, spec)
+        self.metrics.gpu_reports.inc()
+        body_out = {"gpu": spec.name, "clocks": len(spec.clocks_mhz), "boardW": spec.max_power_w}
+        return web.Response(body=orjson.dumps(body_out), content_type="application/json")
+
+    def _refuse_report(
+        self, status: int, reason: str, message: str, **headers: str
+    ) -> web.Response:
+        self.metrics.gpu_reports_refused.labels(reason=reason).inc()
+        return _answer(status, reason, message, **headers)
+
+    async def _admit(
+        self,
+        request: web.Request,
+        parse: Callable[[object], T],
+        errors: type[Exception],
+        refuse: Callable[[int, str, str], web.Response],
+    ) -> tuple[Sender, T] | web.Response:
+        """Steps 1 to 4 of the module docstring: who sent what, or the refusal (``refuse``
+        for a body ``parse`` refuses by raising ``errors``)."""
         too_large = self._too_large(request)
         if too_large is not None:
             return too_large
@@ -339,11 +407,17 @@ class Ingest:
         if isinstance(body, web.Response):
             return body
         try:
-            batch = parse_batch(orjson.loads(body))
+            return sender, parse(orjson.loads(body))
         except orjson.JSONDecodeError as exc:
-            return self._refuse(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
-        except TelemetryError as exc:
-            return self._refuse(400, "invalid", str(exc))
+            return refuse(400, "invalid", f"body: not JSON ({str(exc)[:120]})")
+        except errors as exc:
+            return refuse(400, "invalid", str(exc))
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        admitted = await self._admit(request, parse_batch, TelemetryError, self._refuse)
+        if isinstance(admitted, web.Response):
+            return admitted
+        sender, batch = admitted
         view = self.view()  # the latest, after the awaits: a pass or the Lease may have moved
         if view is None or not view.leading:
             return self._busy("not the leader: only the leader takes samples")

@@ -16,7 +16,8 @@ What it converges:
   instead (``lifecycle``: torchrun's rendezvous is static);
 * ``contract.POWER_LIMIT_ANNOTATION``: the allocation's cap, or none;
 * ``contract.FREQUENCY_ANNOTATION``: the allocation's clock, also where someone
-  edited it on a pod;
+  edited it on a pod; none on GPUs of a type PowerFlow does not know
+  (``tuned=False``: ``nodes``), whose agent then leaves them at their defaults;
 * ``contract.PROFILE_ANNOTATION``: the sweep plan while the allocation's
   profiling window runs, for the node agent (``profile_plan``), else none.
 
@@ -74,25 +75,28 @@ def converge(
     pods: Sequence[PodBody],
     now_s: float,
     profiling: Profiling | None = None,
+    *,
+    tuned: bool = True,
 ) -> PodWrites:
     """The writes that bring ``pods`` (the live pods of ``allocation``'s generation)
-    to ``allocation`` (see the module docstring); none when they already are."""
+    to ``allocation`` (see the module docstring); none when they already are.
+    ``tuned`` False: no clock, cap or sweep plan on the pods (an unknown GPU type)."""
     if allocation.gpus <= 0 or allocation.stopped:
         return PodWrites()
-    cap = cap_annotation(allocation.power_cap_w)
+    cap = cap_annotation(allocation.power_cap_w) if tuned else None
     create: tuple[PodBody | ServiceBody, ...] = ()
     if not allocation.complete:
-        create = _missing(job, allocation, pods, cap)
+        create = _missing(job, allocation, pods, cap, tuned)
     if not pods:  # a new generation: nothing to annotate
         return PodWrites(create)
     # By key, then by pod: the order the patches are written in within each phase.
-    clock = str(allocation.clock_mhz)
+    clock = str(allocation.clock_mhz) if tuned else None
     annotate: list[tuple[PodBody, dict[str, str | None]]] = [
         (p, {CAP: cap}) for p in pods if _annotation(p, CAP) != cap
     ]
     annotate += [(p, {CLOCK: clock}) for p in pods if _annotation(p, CLOCK) != clock]
     until = allocation.profiling_until_s
-    sweeping = profiling is not None and until is not None and now_s < until
+    sweeping = tuned and profiling is not None and until is not None and now_s < until
     for pod in pods:
         plan = None
         if sweeping:
@@ -108,7 +112,11 @@ def converge(
 
 
 def _missing(
-    job: JobRequest, allocation: JobAllocation, pods: Sequence[PodBody], cap: str | None
+    job: JobRequest,
+    allocation: JobAllocation,
+    pods: Sequence[PodBody],
+    cap: str | None,
+    tuned: bool = True,
 ) -> tuple[PodBody | ServiceBody, ...]:
     """The rendezvous Service and the workers of ``allocation`` that ``pods`` lack
     (none: nothing); all of them, built at once, for a new generation."""
@@ -125,7 +133,7 @@ def _missing(
         allocation.generation,
         allocation.gpus,
         allocation.local_batch_size,
-        allocation.clock_mhz,
+        allocation.clock_mhz if tuned else None,
         cap,
         allocation.block,
     )

@@ -44,6 +44,19 @@ parameters the previous operator wrote in ``status.model.params``; bad
 parameters there (edited by hand) fall back to the prior with a Warning
 (``Note``) and are removed from status.
 
+GPU type. Models are of the type the pass plans the main pool as (``refresh``'s
+``gpu``): the prior carried over to it (``prior_on``: the shipped priors are
+the A100's, and the clock enters the step time in absolute MHz), refits with
+``FittedLearner`` on it. Knowledge of another type, fitted before the pool
+changed or restored from status, restarts from the prior on the pool's type
+with a ``ModelGpuChanged`` Warning, its params removed from status; when the
+pool's type changes every job's rows go, as their clocks mean another board.
+Until a pass names a type (no pool yet) restored params are kept unjudged. The
+placeholder of an unknown type (``gpus.tunes`` false) plans one clock and
+writes none, so its GPUs run at clocks no plan chose: its jobs keep their A100
+model (the prior, or a fit from when the pool was an A100 one), unfitted, and
+their rows serve the measured power only.
+
 Threads. ``add`` only queues rows under a lock (microseconds; the ingest
 calls it on its event loop). ``refresh`` does the rest (sync with the pass's
 DLJobs, thin, fit) and runs in a worker thread of the pass (the compiled
@@ -68,7 +81,6 @@ arrive; windows that arrive replace it.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
@@ -83,13 +95,13 @@ from powerflow.operator.jobs import JobRequest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from powerflow.core.errors import PowerFlowError
-from powerflow.core.gpus import gpu_spec
+from powerflow.core.gpus import GpuSpec, gpu_spec, tunes
 from powerflow.core.learning import FittedLearner, Knowledge, placement_counts
 from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.fitting import MIN_SAMPLES
 from powerflow.core.models.metrics import mape
 from powerflow.core.models.params import ModelParams
-from powerflow.core.models.priors import GENERIC, load_prior
+from powerflow.core.models.priors import GENERIC, load_prior, prior_on
 from powerflow.core.models.samples import Samples
 from powerflow.core.telemetry import WindowSample
 
@@ -211,6 +223,7 @@ class _Entry:
         "bad_params",
         "error_percent",
         "fresh",
+        "key",
         "knowledge",
         "last_try",
         "model_name",
@@ -221,7 +234,8 @@ class _Entry:
         "uid",
     )
 
-    def __init__(self, uid: str, model_name: str | None, knowledge: Knowledge) -> None:
+    def __init__(self, key: str, uid: str, model_name: str | None, knowledge: Knowledge) -> None:
+        self.key = key
         self.uid = uid
         self.model_name = model_name
         self.knowledge = knowledge
@@ -272,7 +286,12 @@ class SampleStore:
         """Guards ``_jobs`` membership and each entry's ``pending`` (``add`` vs ``refresh``)."""
         self._refreshing = threading.Lock()
         """One ``refresh`` at a time: only it touches rows and knowledge."""
-        self._learners: dict[str, FittedLearner] = {}
+        self._learners: dict[GpuSpec, FittedLearner] = {}
+        self._pool: GpuSpec | None = None
+        """The type the main pool was last planned as (``refresh``); None until told."""
+        self._priors: dict[str | None, FittedModel] = {}
+        """Each hint's prior on the models' type: one object each (the policy memoises
+        per model object); emptied, as ``_learners``, when the pool's spec changes."""
         self._passes = 0
         registry = registry if registry is not None else CollectorRegistry()
         self.dropped = Counter(
@@ -341,8 +360,9 @@ class SampleStore:
             return model
         return self._prior_model(req.model_name)
 
-    def refresh(self, bodies: Sequence[DLJobBody]) -> list[Note]:
-        """Sync with the pass's DLJobs, then thin and refit; Warnings to post.
+    def refresh(self, bodies: Sequence[DLJobBody], gpu: GpuSpec | None = None) -> list[Note]:
+        """Sync with the pass's DLJobs and the main pool's type ``gpu`` (None: no pool
+        this pass, the type last told stays), then thin and refit; Warnings to post.
 
         Runs in a worker thread of the pass (module docstring); blocking.
         """
@@ -350,7 +370,16 @@ class SampleStore:
             self._passes += 1
             notes: list[Note] = []
             with self._lock:
+                retyped = gpu is not None and self._pool is not None and gpu.name != self._pool.name
+                if gpu is not None and gpu != self._pool:
+                    self._pool = gpu
+                    self._priors.clear()
+                    self._learners.clear()
                 work = self._sync(bodies, notes)
+                for entry in work:
+                    if retyped:
+                        _forget_rows(entry)
+                    self._check_type(entry, notes)
                 batches = [(entry, entry.pending) for entry in work]
                 for entry in work:
                     entry.pending = []
@@ -468,16 +497,18 @@ class SampleStore:
         notes: list[Note],
     ) -> _Entry:
         """A job the store has not tracked yet, from what its status says (a restart)."""
-        entry = _Entry(uid, model_name, self._prior_knowledge(model_name))
+        entry = _Entry(f"{namespace}/{name}", uid, model_name, self._prior_knowledge(model_name))
         entry.received = _count(model_status.get("samples"))
         entry.error_percent = _percent(model_status.get("fitErrorPercent"))
         entry.restored_power = _restored_power(model_status.get("measuredPower"))
         raw = model_status.get("params")
         if raw is None:
             return entry
+        pool = self._model_gpu()
         try:
             params = ModelParams.from_dict(raw)
-            gpu_spec(params.gpu)
+            if pool is None or params.gpu != pool.name:  # the pool's may be no catalogue type
+                gpu_spec(params.gpu)
         except PowerFlowError as exc:
             entry.bad_params = True
             entry.error_percent = None
@@ -485,12 +516,24 @@ class SampleStore:
             notes.append(Note(namespace, name, uid, "InvalidModelParams", message[:500]))
             return entry
         fits = max(_count(model_status.get("fits")), 1)
-        entry.knowledge = Knowledge(FittedModel(params), params, fits=fits)
+        on_pool = pool is not None and params.gpu == pool.name
+        model = (
+            FittedModel.on(params, pool) if pool is not None and on_pool else FittedModel(params)
+        )
+        entry.knowledge = Knowledge(model, params, fits=fits)
         return entry
 
     def _learn(self, entry: _Entry, known: Knowledge, rows: np.ndarray) -> Knowledge:
-        """One call of the simulator's learner on the job's rows."""
-        if len(rows) < MIN_SAMPLES:
+        """One call of the simulator's learner on the job's rows.
+
+        No fit on a pool of unknown type: its GPUs run at their defaults, whose clocks
+        the placeholder's one planned clock does not describe. None either for
+        knowledge of another type than the models' (restored before any pool type
+        was told): its type is checked first (``_check_type``).
+        """
+        if len(rows) < MIN_SAMPLES or (self._pool is not None and not tunes(self._pool)):
+            return known
+        if known.params is not None and known.params.gpu != self._type_name(entry.model_name):
             return known
         learner = self._learner(entry.model_name)
         samples = _samples(rows)
@@ -503,26 +546,76 @@ class SampleStore:
         self.refit_seconds.observe(time.perf_counter() - t0)
         return out
 
+    def _model_gpu(self) -> GpuSpec | None:
+        """The type the jobs' models are of: the pool's, or None for the priors' own
+        (the A100's) until a type is told and on a pool of unknown type, whose one
+        planned clock is the A100's top clock (``gpus.UNKNOWN_CLOCK_MHZ``)."""
+        pool = self._pool
+        return pool if pool is not None and tunes(pool) else None
+
+    def _type_name(self, model_name: str | None) -> str:
+        """The GPU type a job's knowledge must be of to be kept (``_check_type``)."""
+        return self._prior_model(model_name).params.gpu
+
+    def _check_type(self, entry: _Entry, notes: list[Note]) -> None:
+        """A fit of another type than the models' restarts from the prior on the models'
+        type, with a Warning; its rows go with it (their clocks mean another board). A job
+        with only its prior gets the prior on the pool's spec now. Nothing is checked
+        until a pool type is told."""
+        known = entry.knowledge
+        if self._pool is None or known.params is None:
+            return
+        prior = self._prior_model(entry.model_name)
+        if known.fits == 0:  # the prior on the pool's spec now (its clocks may differ)
+            if known.model is not prior:
+                entry.knowledge = replace(known, model=prior, params=prior.params)
+            return
+        wanted = prior.params.gpu
+        if known.params.gpu == wanted:
+            return
+        entry.knowledge = self._prior_knowledge(entry.model_name)
+        _forget_rows(entry)
+        entry.bad_params = True  # the old type's params leave status
+        entry.error_percent = None
+        namespace, _, name = entry.key.partition("/")
+        message = (
+            f"model fitted on {known.params.gpu} GPUs, the pool is now {wanted}: "
+            f"starting from the prior on {wanted}"
+        )
+        notes.append(Note(namespace, name, entry.uid, "ModelGpuChanged", message[:500]))
+
     def _learner(self, model_name: str | None) -> FittedLearner:
-        gpu = self._prior_model(model_name).params.gpu
-        learner = self._learners.get(gpu)
+        gpu = self._model_gpu()
+        spec = gpu if gpu is not None else gpu_spec(self._type_name(model_name))
+        learner = self._learners.get(spec)
         if learner is None:
-            learner = self._learners[gpu] = FittedLearner(gpu_spec(gpu), prior=self._prior)
+            learner = self._learners[spec] = FittedLearner(spec, prior=self._prior)
         return learner
 
     def _prior_knowledge(self, model_name: str | None) -> Knowledge:
         """What ``FittedLearner.initial`` knows without samples, sharing one model object
-        per prior (the policy memoises per model object)."""
+        per prior and type (the policy memoises per model object)."""
         model = self._prior_model(model_name)
         return Knowledge(model, model.params)
 
-    @functools.cached_property
-    def _prior_model(self) -> Callable[[str | None], FittedModel]:
-        @functools.cache
-        def by_name(name: str | None) -> FittedModel:
-            return FittedModel(self._prior(name))
+    def _prior_model(self, model_name: str | None) -> FittedModel:
+        """The job's prior on the models' type (``_model_gpu``), one object per hint."""
+        model = self._priors.get(model_name)
+        if model is None:
+            prior, gpu = self._prior(model_name), self._model_gpu()
+            model = FittedModel(prior) if gpu is None else FittedModel.on(prior_on(prior, gpu), gpu)
+            self._priors[model_name] = model
+        return model
 
-        return by_name
+
+def _forget_rows(entry: _Entry) -> None:
+    """Drop the job's rows, queued ones and restored power: they were measured on
+    another GPU type than the pool's now (``SampleStore.refresh``)."""
+    entry.rows = np.empty((0, 6))
+    entry.pending = []
+    entry.restored_power = None
+    entry.fresh = False
+    entry.knowledge = replace(entry.knowledge, seen=())
 
 
 def _measured(entry: _Entry) -> MeasuredPower | None:

@@ -80,6 +80,24 @@ class Metrics:
             ["sender_node", "reason"],
             registry=r,
         )
+        self.nodes_unknown_gpu = Gauge(
+            "powerflow_nodes_unknown_gpu",
+            "Nodes with GPUs whose type neither their node agent reported nor the catalogue "
+            "knows from their product label: planned for GPU counts only, no clock or power "
+            "limit set on them.",
+            registry=r,
+        )
+        self.gpu_reports = Counter(
+            "powerflow_ingest_gpu_reports",
+            "GPU reports (what a node agent read of its GPUs through NVML) the ingest took.",
+            registry=r,
+        )
+        self.gpu_reports_refused = Counter(
+            "powerflow_ingest_gpu_reports_refused",
+            "GPU reports the ingest refused, by reason (operator/ingest.py).",
+            ["reason"],
+            registry=r,
+        )
         self.power_outliers = Counter(
             "powerflow_power_outliers",
             "Jobs whose measured power was so far from the plan's (outside "

@@ -1,10 +1,16 @@
 """Node objects -> the core's ``Node``s: the GPU inventory the policy plans on.
 
-GPUs come from ``status.allocatable["nvidia.com/gpu"]`` and the GPU type from
-the ``nvidia.com/gpu.product`` label (set by NVIDIA's GPU feature discovery,
-e.g. ``NVIDIA-A100-SXM4-40GB``), matched to ``powerflow.core.gpus`` by name.
-An unknown or missing product falls back to ``FALLBACK_GPU`` (A100, the only
-profiled type).
+GPUs come from ``status.allocatable["nvidia.com/gpu"]``. The GPU type, first
+found first: what the node's agent discovered through NVML
+(``powerflow.core.gpu_facts``, kept by ``discovered.DiscoveredGpus``); else the
+catalogue type of the ``nvidia.com/gpu.product`` label (set by NVIDIA's GPU
+feature discovery, e.g. ``NVIDIA-H100-80GB-HBM3``:
+``powerflow.core.gpus.gpu_for_product``); else ``gpus.unknown_gpu``, a
+placeholder planned for GPU counts only: PowerFlow writes no clock, cap or
+profiling sweep for its jobs (``reconcile``), so their GPUs stay at their
+defaults, and the budget counts each of its GPUs at the catalogue's largest
+board limit. No type is ever guessed from another: clocks of one type are
+never written to another.
 
 Left out: nodes that are cordoned, not Ready, without GPUs, or with a
 ``NoSchedule``/``NoExecute`` taint that none of ``tolerations`` matches. The
@@ -30,13 +36,13 @@ planned here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from powerflow.operator.bodies import NodeBody
 
 from powerflow.core import contract
-from powerflow.core.gpus import A100, GpuSpec
+from powerflow.core.gpus import GpuSpec, gpu_for_product, planned_gpu
 from powerflow.core.policy.pools import NodeShape, plan_nodes, pools
 from powerflow.core.policy.snapshot import Node
 from powerflow.core.taints import (
@@ -47,22 +53,17 @@ from powerflow.core.taints import (
     untolerated,
 )
 
-FALLBACK_GPU = A100
-LABELLED_GPUS: dict[str, GpuSpec] = {A100.name: A100}
-"""The types a product label is matched against: the A100 only. The catalogue
-(``powerflow.core.gpus.GPU_SPECS``) has more, but the shipped priors and the
-policy's learning are the A100's, so every node runs as one until the node
-agent reports its GPUs' type."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+NO_DISCOVERY: Mapping[str, GpuSpec] = {}
 
 
-def gpu_of(product: str | None) -> GpuSpec:
-    """The spec whose name appears in the product label; the fallback otherwise."""
-    text = (product or "").upper()
-    for name, spec in sorted(LABELLED_GPUS.items(), key=lambda kv: -len(kv[0])):
-        if name.upper() in text:
-            return spec
-    return FALLBACK_GPU
+gpu_of = planned_gpu
+"""The node's type: discovered, else the label's catalogue type, else unknown."""
+
+
+def known_gpu(product: str | None, discovered: GpuSpec | None = None) -> GpuSpec | None:
+    """``gpu_of``'s type where it is one (discovered or catalogue); None: unknown."""
+    return discovered if discovered is not None else gpu_for_product(product)
 
 
 MAX_GPUS = 1 << 16
@@ -109,6 +110,29 @@ def parse_node(body: NodeBody, tolerations: Iterable[Any] = ()) -> Node | None:
     return Node(name=shape.name, gpus=shape.allocatable, gpu=gpu_of(shape.product))
 
 
+def unknown_gpu_nodes(
+    bodies: Iterable[NodeBody], discovered: Mapping[str, GpuSpec] = NO_DISCOVERY
+) -> list[str]:
+    """The nodes with GPUs whose type neither their agent nor the catalogue knows."""
+    out = []
+    for body in bodies:
+        name = _dict(_dict(body).get("metadata")).get("name")
+        allocatable = _dict(_dict(_dict(body).get("status")).get("allocatable"))
+        if not isinstance(name, str) or _count(allocatable.get(contract.GPU_RESOURCE, 0)) < 1:
+            continue
+        if known_gpu(_product(body), discovered.get(name)) is None:
+            out.append(name)
+    return sorted(out)
+
+
+def pool_gpu(product: str, names: Iterable[str], discovered: Mapping[str, GpuSpec]) -> GpuSpec:
+    """The type a pool of nodes with one product label is planned as: what their agents
+    discovered when they all say the same, else the label's (``gpu_of``). Agents that
+    disagree on one product (a lying or broken one) make neither's facts count."""
+    found = {discovered[name] for name in names if name in discovered}
+    return gpu_of(product, found.pop() if len(found) == 1 else None)
+
+
 def pod_gpus(pod: Any) -> int:
     """GPUs a pod holds: its containers' sum, or its largest init container's if more.
 
@@ -148,6 +172,7 @@ def cluster_nodes(
     bodies: Iterable[NodeBody],
     foreign_gpu_pods: Iterable[Any] = (),
     tolerations: Iterable[Any] = GPU_TOLERATIONS,
+    discovered: Mapping[str, GpuSpec] = NO_DISCOVERY,
 ) -> tuple[tuple[Node, ...], tuple[str, ...]]:
     """The main pool's nodes the plan may use (sorted by name) and the names left out.
 
@@ -156,7 +181,8 @@ def cluster_nodes(
     ``powerflow.io/job`` label count). ``tolerations``: the node taints
     PowerFlow's pools accept (see the module doc). The names left out are the
     nodes of the other pools (another product, or another capacity); the
-    main pool's nodes held in part by others are in neither.
+    main pool's nodes held in part by others are in neither. ``discovered``: each
+    node's type as its agent reported it (``pool_gpu``).
     """
     allowed = list(tolerations)
     held = foreign_gpus(foreign_gpu_pods)
@@ -171,7 +197,7 @@ def cluster_nodes(
     if not found:
         return (), ()
     main, others = found[0], found[1:]
-    gpu = gpu_of(main.product)
+    gpu = pool_gpu(main.product, main.nodes, discovered)
     kept = tuple(Node(name=name, gpus=main.per_node, gpu=gpu) for name in plan_nodes(main, shapes))
     left = tuple(sorted(name for pool in others for name in pool.nodes))
     return kept, left

@@ -75,7 +75,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from powerflow.operator.actions import Actions, Observed
@@ -98,6 +98,7 @@ from powerflow.operator.status import merge_diff, set_condition
 
 from powerflow.core.backend import schedule_once
 from powerflow.core.errors import PowerFlowError
+from powerflow.core.gpus import tunes
 from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Policy, Snapshot
 from powerflow.core.timefmt import format_time
 
@@ -195,8 +196,13 @@ def reconcile(
     anchors, requests, refused_of = memory.anchors, memory.requests, memory.refused
     progress_written, learned = memory.progress_written, memory.learned
     agent_progress = memory.agent_progress
-    profiling_window_s, profile_sweep = settings.profiling_window_s, settings.profile_sweep
     progress_interval_s = settings.progress_interval_s
+    # A pool of a type PowerFlow does not know is planned for GPU counts only: no
+    # clock, cap or profiling sweep reaches its GPUs (``nodes``' module docstring).
+    tuned = not nodes or tunes(nodes[0].gpu)
+    if not tuned:
+        settings = replace(settings, profiling_window_s=0.0)
+    profiling_window_s, profile_sweep = settings.profiling_window_s, settings.profile_sweep
     actions = Actions()
     guard = _Guard(actions, now_s)
     cluster_gpus = sum(n.gpus for n in nodes)
@@ -225,6 +231,8 @@ def reconcile(
             plan = schedule_once(policy, _PassBackend(snapshot))
         except PowerFlowError as exc:
             actions.notes.append(f"policy refused the snapshot: {exc}")
+        if plan is not None and not tuned:
+            plan = replace(plan, jobs=tuple(replace(jp, power_cap_w=None) for jp in plan.jobs))
         actions.plan = plan
         if plan is not None:
             by_id = {jp.job_id: jp for jp in plan.jobs}
@@ -258,7 +266,7 @@ def reconcile(
                     seen,
                     claimed,
                     leaving,
-                ) and guard.run(v, _converge, actions, v, now_s, sweep):
+                ) and guard.run(v, _converge, actions, v, now_s, sweep, tuned):
                     held.append((v, jp))
             job_models = {job.id: job.model for job in snapshot.jobs}
             held = [(v, jp) for v, jp in held if v.key not in guard.failed]

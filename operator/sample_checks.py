@@ -17,9 +17,10 @@ ranges) is checked here against what the sender cannot make up:
   one node once every worker is bound), and its local batch
   the one the pods were given (``LOCAL_BATCH_SIZE``): else
   ``wrong_allocation``;
-- **physics**, from the node's GPU type (``nvidia.com/gpu.product``; a type
-  ``powerflow.core.gpus`` does not know is not judged so: its clocks and power are
-  not the A100's the inventory falls back to): the
+- **physics**, from the node's GPU type (what its agent discovered, else the
+  catalogue type of its ``nvidia.com/gpu.product`` label: ``nodes.known_gpu``;
+  a node of a type in neither is not judged so, as nothing is known of its
+  clocks and power): the
   clock is one the GPU has (``impossible_clock``); the power of the window,
   ``energy_j / step_time_s`` per measured GPU, is at most the board's power
   limit with ``POWER_SLACK`` (no GPU draws more for a whole window) and at
@@ -48,7 +49,7 @@ from typing import TypeVar
 from powerflow.operator.allocation import count as _count
 from powerflow.operator.job_view import _annotation, _generation
 from powerflow.operator.kube import ClusterState
-from powerflow.operator.nodes import gpu_of
+from powerflow.operator.nodes import NO_DISCOVERY, known_gpu
 
 from powerflow.core import contract
 from powerflow.core.gpus import GpuSpec
@@ -129,17 +130,20 @@ def totals(state: ClusterState) -> dict[tuple[str, str], int]:
     return out
 
 
-def node_gpus(state: ClusterState) -> dict[str, GpuSpec]:
-    """Each node's GPU type where its product label names one of ``nodes.LABELLED_GPUS``; a node
-    of another type is left out: its clocks and power are not the fallback's."""
+def node_gpus(
+    state: ClusterState, discovered: Mapping[str, GpuSpec] = NO_DISCOVERY
+) -> dict[str, GpuSpec]:
+    """Each node's GPU type where it is known (``nodes.known_gpu``: ``discovered`` by its
+    agent, else its label's catalogue type); a node of an unknown type is left out."""
     out: dict[str, GpuSpec] = {}
     for body in state.nodes:
         meta = body.get("metadata") or {}
+        name = str(meta.get("name", ""))
         labels = meta.get("labels") or {}
         product = labels.get(contract.GPU_PRODUCT_LABEL)
-        spec = gpu_of(product if isinstance(product, str) else None)
-        if isinstance(product, str) and spec.name.upper() in product.upper():
-            out[str(meta.get("name", ""))] = spec
+        spec = known_gpu(product if isinstance(product, str) else None, discovered.get(name))
+        if spec is not None:
+            out[name] = spec
     return out
 
 

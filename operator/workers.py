@@ -29,7 +29,9 @@ class WorkerSet:
     generation: int
     gpus: int
     local_batch_size: int
-    clock_mhz: int
+    clock_mhz: int | None
+    """The planned clock (``contract.FREQUENCY_ANNOTATION``); None: none, the GPUs keep
+    their defaults (a type PowerFlow does not know)."""
     power_cap: str | None = None
     """``contract.POWER_LIMIT_ANNOTATION``'s value (per-GPU watts), None: no cap."""
     planned: tuple[tuple[str, int], ...] = ()
@@ -95,7 +97,7 @@ def _env_values(job: JobRequest, ws: WorkerSet) -> dict[str, str]:
         "LOCAL_BATCH_SIZE": ws.local_batch_size,
         "GLOBAL_BATCH_SIZE": job.global_batch_size,
         "POWERFLOW_ITERATIONS": job.iterations,
-        "POWERFLOW_FREQUENCY_MHZ": ws.clock_mhz,
+        "POWERFLOW_FREQUENCY_MHZ": "" if ws.clock_mhz is None else ws.clock_mhz,
         "POWERFLOW_JOB": job.name,
         "POWERFLOW_GENERATION": ws.generation,
         "POWERFLOW_AGENT_PORT": contract.AGENT_WORKER_PORT,
@@ -177,9 +179,11 @@ def worker_pods(
     annotations = {
         **(meta.get("annotations") or {}),
         contract.WORKERS_ANNOTATION: str(ws.gpus),
-        contract.FREQUENCY_ANNOTATION: str(ws.clock_mhz),
-        contract.GENERATION_ANNOTATION: generation,
     }
+    clock = "" if ws.clock_mhz is None else str(ws.clock_mhz)
+    if clock:
+        annotations[contract.FREQUENCY_ANNOTATION] = clock
+    annotations[contract.GENERATION_ANNOTATION] = generation
     if job.model_name:
         annotations[contract.MODEL_ANNOTATION] = job.model_name
     if ws.power_cap is not None:
@@ -209,7 +213,7 @@ def worker_pods(
             {"name": "LOCAL_BATCH_SIZE", "value": str(ws.local_batch_size)},
             {"name": "GLOBAL_BATCH_SIZE", "value": str(job.global_batch_size)},
             {"name": "POWERFLOW_ITERATIONS", "value": str(job.iterations)},
-            {"name": "POWERFLOW_FREQUENCY_MHZ", "value": str(ws.clock_mhz)},
+            {"name": "POWERFLOW_FREQUENCY_MHZ", "value": clock},
             {"name": "POWERFLOW_JOB", "value": name},
             {"name": "POWERFLOW_GENERATION", "value": generation},
             {"name": "POWERFLOW_AGENT_PORT", "value": _AGENT_PORT},

@@ -1,5 +1,5 @@
-"""The operator's sample ingest, 10,000 fuzzed requests: never a 5xx, never a hang, every 4xx
-says why, and only the node's own agent gets samples in.
+"""The operator's sample ingest, 10,000 fuzzed requests (and 2,000 to its GPU report path):
+never a 5xx, never a hang, every 4xx says why, and only the node's own agent gets in.
 
 The operator runs through ``serve`` as ``powerflow operator --ingest-port`` starts it
 (``test_operator_ingest``'s ``cluster``: a DLJob with workers on n1 and n2, agents'
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from aiohttp.http_exceptions import HttpProcessingError
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.fuzz import (
     CASES,
@@ -99,6 +99,11 @@ AUTHORIZATIONS = [
 2 % of cases need a review of their own."""
 
 
+def _headers(**values: str | None) -> dict[str, str]:
+    """The request's headers: those of ``values`` that are not None."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def check(ingest: Cluster, answer: Answer, authorization: str | None, sent: bytes) -> None:
     if answer.status == 503:  # a well-formed sample newer than the view: resent later
         assert answer.json()["error"] == "view_behind" and ingest.may_defer(sent), answer
@@ -144,13 +149,9 @@ async def test_no_request_gets_a_5xx(cluster: Cluster) -> None:  # noqa: F811
         chunked: bool,
         expect: str | None,
     ) -> None:
-        headers = {}
-        if authorization is not None:
-            headers["Authorization"] = authorization
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        if expect is not None:
-            headers["Expect"] = expect
+        headers = _headers(
+            Authorization=authorization, Expect=expect, **{"Content-Type": content_type}
+        )
         answer = http.request("POST", contract.SAMPLES_PATH, body, headers, chunked=chunked)
         if expect not in (None, "100-continue"):
             assert answer.status == 417, answer  # aiohttp's own answer: not ours to shape
@@ -236,3 +237,82 @@ async def test_malformed_http_is_refused_and_the_server_goes_on(
         if r.exc_info and not isinstance(r.exc_info[1], HttpProcessingError)
     ]
     assert not escaped, [(r.getMessage(), r.exc_info[1]) for r in escaped]
+
+
+GPU_FIELDS = ["index", "name", "clocksMhz", "defaultLimitW", "minLimitW", "maxLimitW", "extra"]
+REPORT_PATHS: list[tuple[str | int, ...]] = [
+    ("node",), ("gpus",), ("extra",), ("Gpus",), ("gpus", 0), ("gpus", 1),
+    ("gpus", 0, "clocksMhz", 0), ("gpus", 0, "clocksMhz", -1),
+    *[("gpus", 0, f) for f in GPU_FIELDS], *[("gpus", 1, f) for f in GPU_FIELDS],
+]  # fmt: skip
+"""Every field of a GPU report, unknown keys, a key in the wrong case, single clocks."""
+REPORT_REFUSALS = {
+    **REFUSALS,
+    422: {"implausible"},
+    429: {"too_often"},
+}
+"""Every 4xx of the GPU report path, with the reasons it may give."""
+
+
+def reports() -> list[dict[str, Any]]:
+    """Reports as the agent writes them (``gpu_facts.encode_report``): n1's or n2's, of one
+    or two H100s or an A100."""
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "clocksMhz": list(range(345, 1981, 15)),
+            "defaultLimitW": 700.0, "minLimitW": 200.0, "maxLimitW": 700.0}  # fmt: skip
+    a100 = {"name": "NVIDIA A100-SXM4-40GB", "clocksMhz": list(range(210, 1411, 15)),
+            "defaultLimitW": 400.0, "minLimitW": 100.0, "maxLimitW": 400.0}  # fmt: skip
+    return [
+        {"node": node, "gpus": [{"index": i, **gpu} for i in range(count)]}
+        for node in ("n1", "n2")
+        for gpu in (h100, a100)
+        for count in (1, 2)
+    ]
+
+
+async def test_no_gpu_report_gets_a_5xx_and_none_plans_beyond_physics(
+    cluster: Cluster,  # noqa: F811
+) -> None:
+    """``POST contract.GPUS_PATH`` fuzzed as the sample path is (a fifth of its cases: the
+    body is smaller): never a 5xx, every 4xx says why, only a node's own agent is
+    heard, and whatever got in describes GPUs within the catalogue's bounds."""
+    statuses: Counter[int] = Counter()
+    controller = cluster.operator.controller
+    assert controller is not None
+
+    @settings(SETTINGS, max_examples=max(1, CASES // 5))
+    @given(
+        body=bodies(reports(), REPORT_PATHS),
+        authorization=st.sampled_from(AUTHORIZATIONS),
+        content_type=content_types,
+        chunked=st.booleans(),
+    )
+    def case(
+        body: bytes, authorization: str | None, content_type: str | None, chunked: bool
+    ) -> None:
+        headers = _headers(Authorization=authorization, **{"Content-Type": content_type})
+        answer = http.request("POST", contract.GPUS_PATH, body, headers, chunked=chunked)
+        statuses[answer.status] += 1
+        assert answer.status < 500, answer
+        if answer.headers["content-type"].startswith("text/plain"):
+            assert answer.status in (400, 431) and answer.body, answer
+            return
+        assert answer.headers["content-type"].startswith("application/json"), answer
+        got = answer.json()
+        if answer.status == 200:
+            assert set(got) == {"gpu", "clocks", "boardW"}, answer
+            node = json.loads(body)["node"]
+            assert (authorization or "").lower() == f"bearer agent-{node}", answer
+            return
+        assert got["error"] in REPORT_REFUSALS[answer.status], answer
+        assert isinstance(got["message"], str) and got["message"], answer
+
+    port = urllib.parse.urlsplit(cluster.url).port
+    assert port is not None
+    with Http(port) as http:
+        await asyncio.to_thread(case)
+    assert {200, 400, 401, 403, 429} <= set(statuses), statuses
+    specs = controller.discovered.specs()
+    assert set(specs) <= {"n1", "n2"} and specs
+    for spec in specs.values():
+        assert 100 <= spec.clocks_mhz[0] <= spec.clocks_mhz[-1] <= 3000
+        assert 0 < spec.max_power_w <= 700.0

@@ -160,7 +160,7 @@ def test_probe_reads_every_gpu_and_sets_nothing() -> None:
     probe(gpus, out, interval_s=2.0, sleep=sleep, monotonic=lambda: now[0])
     text = out.getvalue()
     for info in gpus.gpus():
-        assert f"GPU {info.index}  {info.uuid}  NVIDIA A100 (simulated)" in text
+        assert f"GPU {info.index}  {info.uuid}  NVIDIA A100-SXM4-40GB" in text
     assert text.count("graphics clocks: 81 supported, 210-1410 MHz, steps 15 MHz") == 2
     assert "power limit: 400 W (range 100-400 W, default 400 W)" in text
     assert "SM clock now: 1410 MHz" in text and "SM clock now: 210 MHz" in text

@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from aiohttp import web
+from powerflow.nodeagent.agent import gpu_limits, gpu_report
 from powerflow.nodeagent.sender import Backoff, Batching, IngestConnection, SampleSender
 from prometheus_client import CollectorRegistry
 
 from powerflow.core import contract
+from powerflow.core.gpu_facts import GpuReport, encode_report, node_spec, parse_report
+from powerflow.core.gpus import GPU_SPECS
 from powerflow.core.telemetry import JobProgress, NodePower, SampleBatch, WindowSample, parse_batch
+from powerflow.lab.simulated_gpus import SimulatedGpus
 from powerflow.lab.twin.ports import free_port
 
 NODE = "node-a"
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def sample(i: int) -> WindowSample:
@@ -63,9 +68,15 @@ class Ingest:
 
 
 @asynccontextmanager
-async def serve(ingest: Ingest, port: int) -> AsyncIterator[str]:
+async def serve(
+    ingest: Ingest, port: int, more: Mapping[str, Handler] | None = None
+) -> AsyncIterator[str]:
+    """The ingest on ``port``; ``more``: other paths' handlers (none: 404 there, as an
+    operator that predates them answers)."""
     app = web.Application()
     app.router.add_post(contract.SAMPLES_PATH, ingest.handle)
+    for path, handler in (more or {}).items():
+        app.router.add_post(path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -313,3 +324,65 @@ def test_bad_bounds_are_refused() -> None:
         Batching(batch_max=5000)
     with pytest.raises(ValueError, match="queue_max"):
         Batching(queue_max=0)
+
+
+def simulated_report() -> GpuReport:
+    """What ``gpu_report`` makes of two simulated H100s, as the agent reads them."""
+    gpus = SimulatedGpus(2, gpu=GPU_SPECS["H100-SXM"], node=NODE)
+    infos = gpus.gpus()
+    report = gpu_report(NODE, infos, gpu_limits(gpus, infos))
+    assert report is not None
+    return report
+
+
+def test_the_report_carries_what_nvml_says_of_each_gpu() -> None:
+    report = simulated_report()
+    h100 = GPU_SPECS["H100-SXM"]
+    assert [g.index for g in report.gpus] == [0, 1]
+    for facts in report.gpus:
+        assert facts.clocks_mhz == h100.clocks_mhz
+        assert (facts.min_limit_w, facts.default_limit_w, facts.max_limit_w) == (
+            h100.min_power_limit_w, h100.max_power_w, h100.max_power_w,
+        )  # fmt: skip
+    assert parse_report(encode_report(report)) == report  # what the operator parses
+    assert node_spec(report.gpus) == h100  # NVML's facts are the catalogue's here
+
+
+async def test_the_gpu_report_goes_at_start_and_again_after_its_interval() -> None:
+    ingest, reports = Ingest(), []
+
+    async def take(request: web.Request) -> web.Response:
+        reports.append(parse_report(await request.json()))
+        ingest.changed.set()
+        return web.Response(status=200)
+
+    async with serve(ingest, free_port(), {contract.GPUS_PATH: take}) as url:
+        sender = make_sender(url, None)
+        sender.batching = Batching(100, 7, 0.01, report_interval_s=0.2)
+        sender.gpu_report = simulated_report()
+        sender.put(sample(0))
+        async with running(sender):
+            await ingest.wait(lambda: len(reports) >= 2 and len(ingest.samples()) == 1)
+    assert reports[0] == sender.gpu_report
+
+
+async def test_an_operator_that_predates_gpu_reports_still_takes_every_sample() -> None:
+    """An operator without ``contract.GPUS_PATH`` answers 404: the report counts as
+    delivered until its interval (no retry storm), and the samples go as before."""
+    ingest, refused = Ingest(), []
+
+    async def old(request: web.Request) -> web.Response:
+        refused.append(request.path)
+        return web.Response(status=404)
+
+    async with serve(ingest, free_port(), {contract.GPUS_PATH: old}) as url:
+        sender = make_sender(url, None)
+        sender.gpu_report = simulated_report()
+        for i in range(10):
+            sender.put(sample(i))
+        async with running(sender):
+            await ingest.wait(lambda: len(ingest.samples()) == 10)
+            sender.put(sample(10))
+            await ingest.wait(lambda: len(ingest.samples()) == 11)
+    assert ingest.samples() == [sample(i) for i in range(11)]
+    assert refused == [contract.GPUS_PATH]  # once: the next is 300 s away

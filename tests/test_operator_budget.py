@@ -73,7 +73,10 @@ async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
         node = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": "n1", "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100"}},
+            "metadata": {
+                "name": "n1",
+                "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-40GB"},
+            },
             "status": {"allocatable": {contract.GPU_RESOURCE: "4"}},
         }
         assert (await client.post("/api/v1/nodes", json=node)).status_code == 201

@@ -433,19 +433,111 @@ async def test_samples_that_do_not_match_the_allocation_or_physics_are_refused(
         assert after == before[reason] + count, reason
 
 
-async def test_a_node_of_a_gpu_type_powerflow_does_not_know_is_not_judged_by_physics(
-    cluster: Cluster,
-) -> None:
-    """The inventory plans an unknown product as an A100, but an H100's 1,980 MHz and
-    600 W per GPU are real there: such a node's samples are judged by their allocation
-    and time, not by the A100's clocks and board limit."""
-    patch = {"metadata": {"labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"}}}
-    relabelled = await cluster.api.patch("/api/v1/nodes/n1", json=patch, headers=MERGE)
+async def relabel(cluster: Cluster, node: str, product: str) -> None:
+    patch = {"metadata": {"labels": {contract.GPU_PRODUCT_LABEL: product}}}
+    relabelled = await cluster.api.patch(f"/api/v1/nodes/{node}", json=patch, headers=MERGE)
     assert relabelled.status_code == 200
     await poked_pass(cluster.api, cluster.operator, "resnet")
+
+
+async def test_a_node_is_judged_by_the_physics_of_its_own_gpu_type(cluster: Cluster) -> None:
+    """An H100's 1,980 MHz and 600 W per GPU are real on an H100 node (the A100's
+    1,410 MHz and 400 W are not its bounds), and 2,100 MHz is not; a node of a type
+    nothing knows is judged by allocation and time alone."""
+    await relabel(cluster, "n1", "NVIDIA-H100-80GB-HBM3")
     fast = sample(frequency_mhz=1980, energy_j=2 * 0.5 * 600)
     answer = await cluster.post(batch("n1", fast))
     assert answer.status_code == 200 and answer.json()["accepted"] == 1, answer.text
+    too_fast = await cluster.post(batch("n1", sample(frequency_mhz=2100)))
+    assert too_fast.json()["reasons"] == {"impossible_clock": 1}
+    await relabel(cluster, "n1", "NVIDIA-Z900")
+    answer = await cluster.post(batch("n1", sample(frequency_mhz=2100)))
+    assert answer.json()["accepted"] == 1, answer.text
+
+
+def h100_report(node: str = "n1", **changes: Any) -> dict[str, Any]:
+    """What an H100 node's agent reports (``nvidia-smi -q``: 345-1980 MHz, 200-700 W)."""
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "clocksMhz": list(range(345, 1981, 15)),
+           "defaultLimitW": 700.0, "minLimitW": 200.0, "maxLimitW": 700.0}  # fmt: skip
+    return {"node": node, "gpus": [{**gpu, **changes}]}
+
+
+async def post_report(cluster: Cluster, body: Any, token: str = "agent-n1") -> httpx.Response:
+    url = cluster.url.replace(contract.SAMPLES_PATH, contract.GPUS_PATH)
+    async with httpx.AsyncClient() as client:
+        content = json.dumps(body).encode()
+        return await client.post(url, content=content, headers={"Authorization": f"Bearer {token}"})
+
+
+def frequencies(pods: list[dict[str, Any]]) -> set[str | None]:
+    return {(p["metadata"].get("annotations") or {}).get(contract.FREQUENCY_ANNOTATION)
+            for p in pods}  # fmt: skip
+
+
+async def test_an_unknown_gpu_type_gets_no_clock_and_is_told_once_per_node(
+    cluster: Cluster,
+) -> None:
+    """Both nodes relabelled to a product nothing knows: the workers keep running but
+    lose their clock annotation (their agents reset the GPUs to their defaults); one
+    ``UnknownGpu`` Warning per Node however many passes, and the gauge counts them."""
+    assert frequencies(await pods_of(cluster.api, "resnet")) == {"1410"}
+    await relabel(cluster, "n1", "NVIDIA-Z900")
+    await relabel(cluster, "n2", "NVIDIA-Z900")
+    await poked_pass(cluster.api, cluster.operator, "resnet")
+
+    async def unclocked() -> bool:
+        pods = await pods_of(cluster.api, "resnet")
+        return len(pods) == 4 and frequencies(pods) == {None}
+
+    await eventually(unclocked, timeout=10)
+    assert cluster.metric("powerflow_nodes_unknown_gpu") == 2
+    events = (await cluster.api.get("/api/v1/namespaces/default/events")).json()["items"]
+    told = sorted(e["involvedObject"]["name"] for e in events if e["reason"] == "UnknownGpu")
+    assert told == ["n1", "n2"]
+    assert all(e["type"] == "Warning" for e in events if e["reason"] == "UnknownGpu")
+
+
+async def test_discovered_facts_beat_the_label_and_a_lying_report_changes_nothing(
+    cluster: Cluster,
+) -> None:
+    """n1's agent reports H100s: the pool (both nodes labelled with a product nothing
+    knows) is planned as H100s, so its workers get their clock again. A report out of
+    physics' bounds, for another node, or too soon is refused, counted, and kept from
+    the plan."""
+    await relabel(cluster, "n1", "NVIDIA-Z900")
+    await relabel(cluster, "n2", "NVIDIA-Z900")
+    assert cluster.metric("powerflow_nodes_unknown_gpu") == 2
+    controller = cluster.operator.controller
+    assert controller is not None
+    refused = "powerflow_ingest_gpu_reports_refused_total"
+    lies = [
+        (h100_report(clocksMhz=[345, 9000]), 400, "invalid"),
+        (h100_report(defaultLimitW=1e6, maxLimitW=1e6), 400, "invalid"),
+        (h100_report(clocksMhz=[1980, 345]), 400, "invalid"),
+        (h100_report("n2"), 403, "node_mismatch"),
+    ]
+    for body, status, reason in lies:
+        before = cluster.metric(refused, reason=reason)
+        answer = await post_report(cluster, body)
+        assert (answer.status_code, answer.json()["error"]) == (status, reason), answer.text
+        assert cluster.metric(refused, reason=reason) == before + 1
+    assert controller.discovered.specs() == {}
+    answer = await post_report(cluster, h100_report())
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"gpu": "H100-SXM", "clocks": 110, "boardW": 700.0}
+    assert cluster.metric("powerflow_ingest_gpu_reports_total") == 1
+    again = await post_report(cluster, h100_report(clocksMhz=[345, 360]))
+    assert (again.status_code, again.json()["error"]) == (429, "too_often")
+    assert controller.discovered.specs()["n1"].clocks_mhz[-1] == 1980
+    await poked_pass(cluster.api, cluster.operator, "resnet")
+
+    async def clocked() -> bool:
+        return frequencies(await pods_of(cluster.api, "resnet")) == {"1410"}
+
+    await eventually(clocked, timeout=10)
+    assert cluster.metric("powerflow_nodes_unknown_gpu") == 1  # n2 reported nothing
+    fast = await cluster.post(batch("n1", sample(frequency_mhz=2100)))
+    assert fast.json()["reasons"] == {"impossible_clock": 1}  # judged by n1's facts
 
 
 async def test_a_sample_newer_than_the_view_is_resent_until_a_pass_judges_it(

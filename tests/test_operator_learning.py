@@ -16,11 +16,11 @@ from powerflow.operator.jobs import parse_dljob
 from powerflow.operator.learning import SampleStore, model_row, params_status, thin
 from prometheus_client import CollectorRegistry
 
-from powerflow.core.gpus import A100
+from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec, estimated_spec, unknown_gpu
 from powerflow.core.learning import Knowledge, placement_counts
 from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.params import ModelParams
-from powerflow.core.models.priors import generic_prior, load_prior
+from powerflow.core.models.priors import generic_prior, load_prior, prior_on
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.profiling import PAPER_SWEEP
 from powerflow.core.telemetry import SampleBatch, WindowSample, encode_batch, parse_batch
@@ -31,7 +31,9 @@ TRUTH = gt.ground_truth(MODEL)
 N, R, NODES = 8, 4, ("n0", "n1")  # an 8-GPU job on two nodes of 4
 BS = TRUTH.global_batch_sizes[-1] / N
 CLOCKS = PAPER_SWEEP.clocks_mhz(A100)
-EVERY = np.asarray(A100.clocks_mhz, dtype=np.float64)
+H100 = GPU_SPECS["H100-SXM"]
+H100_TRUTH = gt.ground_truth(MODEL, H100)
+H100_CLOCKS = PAPER_SWEEP.clocks_mhz(H100)
 
 
 def wrong_prior(_name: str | None) -> ModelParams:
@@ -56,13 +58,17 @@ def body(name: str = "job", uid: str = "u1", **status: Any) -> dict[str, Any]:
 
 
 def windows(
-    clocks: Any, rng: np.random.Generator, job: str = "job", noise: float = 0.03
+    clocks: Any,
+    rng: np.random.Generator,
+    job: str = "job",
+    noise: float = 0.03,
+    truth: PerfModel = TRUTH,
 ) -> list[tuple[str, WindowSample]]:
     """One window per node per clock; each node's energy is its 4 GPUs' share."""
     out = []
     for f in clocks:
         for node in NODES:
-            s = gt.measure(TRUTH, N, R, BS, f, rng=rng, noise=noise)
+            s = gt.measure(truth, N, R, BS, f, rng=rng, noise=noise)
             sample = WindowSample(
                 namespace="ml",
                 job=job,
@@ -86,11 +92,14 @@ def feed(store: SampleStore, items: list[tuple[str, WindowSample]]) -> None:
         store.add(node, [sample], 1000.0)
 
 
-def error_percent(model: PerfModel) -> tuple[float, float]:
+def error_percent(
+    model: PerfModel, truth: PerfModel = TRUTH, gpu: GpuSpec = A100
+) -> tuple[float, float]:
     """MAPE (%) of step time and energy against the ground truth at the job's
-    configuration, every supported clock."""
-    t = model.step_time_s(N, R, BS, EVERY) / TRUTH.step_time_s(N, R, BS, EVERY)
-    e = model.energy_per_iter_j(N, R, BS, EVERY) / TRUTH.energy_per_iter_j(N, R, BS, EVERY)
+    configuration, every clock ``gpu`` supports."""
+    every = np.asarray(gpu.clocks_mhz, dtype=np.float64)
+    t = model.step_time_s(N, R, BS, every) / truth.step_time_s(N, R, BS, every)
+    e = model.energy_per_iter_j(N, R, BS, every) / truth.energy_per_iter_j(N, R, BS, every)
     return 100 * float(np.mean(np.abs(t - 1))), 100 * float(np.mean(np.abs(e - 1)))
 
 
@@ -465,3 +474,145 @@ def test_a_bad_measured_power_in_status_is_no_measurement(measured: Any) -> None
     s.refresh([body(model={"samples": 5, "measuredPower": measured})])
     assert s.measured_power() == {}
     assert "measuredPower" not in s.status_fields()["ml/job"]
+
+
+# --- GPU types: the models are of the type the main pool is planned as ----------------
+
+
+def test_an_h100_pools_jobs_start_from_the_prior_on_the_h100() -> None:
+    """The prior carried over by relative clock (``prior_on``): at the H100's top clock
+    (1,980 MHz) it predicts the step time the A100 prior predicts at the A100's
+    (1,410 MHz). One model object per prior and type (the policy memoises per object)."""
+    s = store()
+    s.refresh([body(), body("other", "u2")], H100)
+    model = s.model(req())
+    assert model.params == prior_on(wrong_prior(MODEL), H100)
+    assert model.params.gpu == "H100-SXM" and model.gpu == H100
+    a100 = FittedModel(wrong_prior(MODEL))
+    top = model.step_time_s(N, R, BS, H100.max_clock_mhz)
+    assert top == pytest.approx(a100.step_time_s(N, R, BS, A100.max_clock_mhz), rel=1e-12)
+    assert s.model(req("other", "u2")) is model
+    assert s.model(req("unseen", "u3")) is model  # a job the pass did not see yet
+    assert s.status_fields()["ml/job"]["prior"] == "generic"
+
+
+def test_samples_at_h100_clocks_refit_the_model_on_the_h100() -> None:
+    """24 windows at the profile's H100 clocks (seed 0, 3 % noise, the H100's synthetic
+    truth): the refit is an H100 model within 10 % of that truth at every H100 clock."""
+    s = store()
+    s.refresh([body()], H100)
+    assert H100_CLOCKS[-1] > A100.max_clock_mhz
+    feed(s, windows(H100_CLOCKS[:12], np.random.default_rng(0), truth=H100_TRUTH))
+    assert s.refresh([body()], H100) == []
+    model = s.model(req())
+    assert model.params.gpu == "H100-SXM"
+    t, e = error_percent(model, H100_TRUTH, H100)
+    assert t < 10 and e < 10, (t, e)
+    fields = s.status_fields()["ml/job"]
+    assert fields["fits"] == 1 and fields["params"]["gpu"] == "H100-SXM"
+    assert 0 < fields["fitErrorPercent"] < 10
+
+
+def test_a_pool_of_another_type_restarts_its_jobs_from_that_types_prior() -> None:
+    """The A100 fit and rows go (their clocks mean another board), with a Warning; the
+    next fit is on the H100's rows alone."""
+    rng = np.random.default_rng(1)
+    s = store()
+    s.refresh([body()], A100)
+    feed(s, windows(CLOCKS, rng))
+    s.refresh([body()], A100)
+    assert s.status_fields()["ml/job"]["fits"] == 1
+    notes = s.refresh([body()], H100)
+    assert [(n.reason, n.name, n.uid) for n in notes] == [("ModelGpuChanged", "job", "u1")]
+    assert "A100" in notes[0].message and "H100-SXM" in notes[0].message
+    assert s.model(req()) is s.model(req("unseen", "u3"))  # the shared prior on the H100
+    assert s.model(req()).params == prior_on(wrong_prior(MODEL), H100)
+    fields = s.status_fields()["ml/job"]
+    assert fields["params"] is None  # the A100's params leave status
+    assert fields["samples"] == 42 and "fitErrorPercent" not in fields
+    assert s.measured_power() == {}
+    assert s.refresh([body()], H100) == []  # told once
+    feed(s, windows(H100_CLOCKS[:12], rng, truth=H100_TRUTH))
+    s.refresh([body()], H100)
+    fields = s.status_fields()["ml/job"]
+    assert fields["fits"] == 1 and fields["params"]["gpu"] == "H100-SXM"
+    assert fields["fitErrorPercent"] < 10  # on the H100's rows only
+
+
+def test_a_restart_on_an_h100_pool_resumes_from_its_h100_params() -> None:
+    s = store()
+    s.refresh([body()], H100)
+    feed(s, windows(H100_CLOCKS, np.random.default_rng(3), truth=H100_TRUTH))
+    s.refresh([body()], H100)
+    fields = s.status_fields()["ml/job"]
+    assert fields["params"]["gpu"] == "H100-SXM"
+    again = store()
+    assert again.refresh([body(model=fields)]) == []  # no pool yet: kept, not judged
+    assert again.refresh([body(model=fields)], H100) == []
+    assert again.model(req()).params == s.model(req()).params
+    assert again.status_fields()["ml/job"] == fields  # nothing to write: no churn
+    # The same status on an A100 pool: params of another board.
+    other = store()
+    notes = other.refresh([body(model=fields)], A100)
+    assert [n.reason for n in notes] == ["ModelGpuChanged"]
+    assert other.model(req()).params == wrong_prior(MODEL)
+    assert other.status_fields()["ml/job"]["params"] is None
+
+
+def test_an_unknown_pool_keeps_the_a100_prior_and_fits_no_clocks() -> None:
+    """The placeholder plans one clock and writes none: its GPUs run at their defaults,
+    so the windows' clocks are no clocks the plan chose; they give the measured power
+    but no fit."""
+    s = store()
+    s.refresh([body()], unknown_gpu())
+    prior = s.model(req())
+    assert prior.params == wrong_prior(MODEL)
+    feed(s, windows(CLOCKS, np.random.default_rng(0)))
+    assert s.refresh([body()], unknown_gpu()) == []
+    assert s.model(req()) is prior
+    fields = s.status_fields()["ml/job"]
+    assert "fits" not in fields and "params" not in fields and fields["samples"] == 42
+    assert "ml/job" in s.measured_power()
+    # Known again as an A100: the rows of the unknown GPUs are not fitted.
+    s.refresh([body()], A100)
+    assert s.model(req()) == prior and s.measured_power() == {}
+
+
+def test_an_a100_pool_is_what_the_store_was_without_a_type() -> None:
+    told, untold = store(), store()
+    for s, gpu in ((told, A100), (untold, None)):
+        s.refresh([body()], gpu)
+        feed(s, windows(CLOCKS[:12], np.random.default_rng(0)))
+        s.refresh([body()], gpu)
+    assert told.status_fields() == untold.status_fields()
+    assert told.model(req()).params == untold.model(req()).params
+
+
+def test_a_discovered_type_outside_the_catalogue_is_fitted_and_restored() -> None:
+    """A type estimated from an agent's NVML report (``gpu_facts``): models carry its
+    spec, and its params in status are restored although the catalogue lacks it."""
+    board = estimated_spec("NVIDIA X1", tuple(range(300, 2101, 15)), 600.0)
+    s = store()
+    s.refresh([body()], board)
+    assert s.model(req()).gpu == board
+    truth = gt.ground_truth(MODEL, H100)  # any board's shape: the fit must run on these clocks
+    feed(s, windows(board.clocks_mhz[::12], np.random.default_rng(0), truth=truth))
+    s.refresh([body()], board)
+    fields = s.status_fields()["ml/job"]
+    assert fields["fits"] == 1 and fields["params"]["gpu"] == "NVIDIA X1"
+    again = store()
+    assert again.refresh([body(model=fields)], board) == []
+    assert again.model(req()).params == s.model(req()).params
+    assert again.model(req()).gpu == board
+
+
+def test_a_pool_whose_discovered_clocks_change_plans_the_prior_on_its_spec_now() -> None:
+    """Same type, other clocks (an agent's report of fewer clocks): a job with only
+    its prior plans the prior carried over to the spec the pool has now."""
+    fewer = replace(H100, clocks_mhz=H100.clocks_mhz[:-10], default_clock_mhz=1830)
+    s = store()
+    s.refresh([body()], H100)
+    assert s.model(req()).params == prior_on(wrong_prior(MODEL), H100)
+    assert s.refresh([body()], fewer) == []
+    assert s.model(req()).params == prior_on(wrong_prior(MODEL), fewer)
+    assert s.model(req()) is s.model(req("unseen", "u3")) and s.model(req()).gpu == fewer

@@ -34,9 +34,10 @@ from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
 from powerflow.core import contract
-from powerflow.core.gpus import A100
+from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.params import ModelParams
-from powerflow.core.models.priors import load_prior
+from powerflow.core.models.priors import load_prior, prior_on
 from powerflow.core.policy.snapshot import Plan, Snapshot
 from powerflow.core.profiling import PAPER_SWEEP
 from powerflow.core.telemetry import WindowSample
@@ -47,6 +48,8 @@ from powerflow.lab.schedulers import scheduler
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
 MODEL = "resnet50"
+H100 = GPU_SPECS["H100-SXM"]
+H100_LABEL = "NVIDIA-H100-80GB-HBM3"
 N, BS = 4, 16  # dljob(): 64 samples per iteration on 4 GPUs
 
 
@@ -68,11 +71,12 @@ def operator(kubeconfig: Path, policy: RecordingPolicy, window_s: float = 0.0) -
     return Operator(args, policy)
 
 
-def windows(count: int) -> list[WindowSample]:
-    """``count`` windows of the job on one node (all 4 GPUs), the profile's clocks in turn."""
-    truth = gt.ground_truth(MODEL)
+def windows(count: int, gpu: GpuSpec = A100) -> list[WindowSample]:
+    """``count`` windows of the job on one node (all 4 GPUs) of type ``gpu``, the
+    profile's clocks on that type in turn (its ground truth, 3 % noise, seed 0)."""
+    truth = gt.ground_truth(MODEL, gpu)
     rng = np.random.default_rng(0)
-    clocks = PAPER_SWEEP.clocks_mhz(A100)
+    clocks = PAPER_SWEEP.clocks_mhz(gpu)
     out = []
     for i in range(count):
         f = clocks[i % len(clocks)]
@@ -111,6 +115,34 @@ async def model_status(api: httpx.AsyncClient) -> dict[str, Any]:
     return model
 
 
+async def fast_passes(api: httpx.AsyncClient) -> None:
+    """Passes every 0.2 s: samples are fitted at the next pass."""
+    interval = {"data": {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "0.2"}}
+    await api.patch(BUDGET, json=interval, headers=MERGE)
+
+
+async def fitted_model(api: httpx.AsyncClient) -> dict[str, Any]:
+    """``status.model`` once it holds fitted params."""
+
+    async def fitted() -> dict[str, Any]:
+        model = await model_status(api)
+        return model if "params" in model else {}
+
+    found: dict[str, Any] = await eventually(fitted)
+    return found
+
+
+async def params_removed(api: httpx.AsyncClient) -> dict[str, Any]:
+    """``status.model`` once it holds no params."""
+
+    async def removed() -> dict[str, Any]:
+        model = await model_status(api)
+        return model if "params" not in model else {}
+
+    found: dict[str, Any] = await eventually(removed)
+    return found
+
+
 def store_of(op: Operator) -> SampleStore:
     assert op.controller is not None and op.controller.learning is not None
     return op.controller.learning
@@ -119,20 +151,14 @@ def store_of(op: Operator) -> SampleStore:
 async def test_the_fitted_model_is_in_status_and_a_restart_schedules_with_it(
     kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
-    # Passes every 0.2 s: samples are fitted at the next pass.
-    interval = {"data": {"powerLimitWatts": "5000", "schedulingIntervalSeconds": "0.2"}}
-    await api.patch(BUDGET, json=interval, headers=MERGE)
+    await fast_passes(api)
     policy = RecordingPolicy()
     async with operator(kubeconfig, policy) as op:
         await running_job(api)
         assert policy.params[-1][f"{NS}/fit"] == load_prior(MODEL)
         store_of(op).add("n1", windows(21), 1.0)
 
-        async def fitted() -> dict[str, Any]:
-            model = await model_status(api)
-            return model if "params" in model else {}
-
-        model = await eventually(fitted)
+        model = await fitted_model(api)
         assert model["samples"] == 21 and model["fits"] == 1 and model["prior"] == MODEL
         assert 0 < model["fitErrorPercent"] < 10
         params = ModelParams.from_dict(model["params"])
@@ -154,6 +180,80 @@ async def test_the_fitted_model_is_in_status_and_a_restart_schedules_with_it(
         assert await model_status(api) == model  # read back, not rewritten
 
 
+async def label_nodes(api: httpx.AsyncClient, product: str) -> None:
+    """Both nodes' ``nvidia.com/gpu.product`` label (GPU feature discovery's)."""
+    patch = {"metadata": {"labels": {contract.GPU_PRODUCT_LABEL: product}}}
+    for node in ("n1", "n2"):
+        assert (await api.patch(f"/api/v1/nodes/{node}", json=patch, headers=MERGE)).is_success
+
+
+async def events(api: httpx.AsyncClient, reason: str) -> list[dict[str, Any]]:
+    found = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+    return [e for e in found if e.get("reason") == reason]
+
+
+async def test_an_h100_pool_plans_h100_models_fitted_on_its_samples_and_a_restart_keeps_them(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    """The prior carried over to the H100 (at 1,980 MHz the A100 prior's step time at
+    1,410 MHz), refitted from windows at the H100's clocks, restored after a restart."""
+    await fast_passes(api)
+    await label_nodes(api, H100_LABEL)
+    policy = RecordingPolicy()
+    async with operator(kubeconfig, policy) as op:
+        await running_job(api)
+        prior = policy.params[-1][f"{NS}/fit"]
+        assert prior == prior_on(load_prior(MODEL), H100)
+        top = FittedModel(prior).step_time_s(N, N, BS, H100.max_clock_mhz)
+        a100 = FittedModel(load_prior(MODEL)).step_time_s(N, N, BS, A100.max_clock_mhz)
+        assert top == pytest.approx(a100, rel=1e-12)
+        store_of(op).add("n1", windows(21, H100), 1.0)
+
+        model = await fitted_model(api)
+        assert model["fits"] == 1 and model["params"]["gpu"] == "H100-SXM"
+        assert 0 < model["fitErrorPercent"] < 10
+        params = ModelParams.from_dict(model["params"])
+
+        async def scheduled_with_fit() -> bool:
+            return policy.params[-1].get(f"{NS}/fit") == params
+
+        await eventually(scheduled_with_fit)
+
+    restarted = RecordingPolicy()
+    async with operator(kubeconfig, restarted):
+        await asyncio.sleep(0.5)  # a few passes
+        assert restarted.params[0][f"{NS}/fit"] == params  # from the first pass on
+        assert await model_status(api) == model  # read back, not refitted nor rewritten
+        assert await events(api, "ModelGpuChanged") == []
+
+
+async def test_a_pool_whose_type_changes_restarts_its_jobs_from_the_new_types_prior(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    await fast_passes(api)
+    policy = RecordingPolicy()
+    async with operator(kubeconfig, policy) as op:
+        await running_job(api)
+        store_of(op).add("n1", windows(21), 1.0)
+
+        assert (await fitted_model(api))["params"]["gpu"] == "A100"
+        await label_nodes(api, H100_LABEL)
+
+        async def on_h100() -> bool:
+            return policy.params[-1].get(f"{NS}/fit") == prior_on(load_prior(MODEL), H100)
+
+        await eventually(on_h100)
+
+        async def warned() -> list[dict[str, Any]]:
+            return await events(api, "ModelGpuChanged")
+
+        (event,) = await eventually(warned)
+        assert event["type"] == "Warning" and event["involvedObject"]["name"] == "fit"
+        assert "H100-SXM" in event["message"]
+
+        assert (await params_removed(api))["samples"] == 21
+
+
 async def test_bad_params_in_status_fall_back_to_the_prior_with_a_warning(
     kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
@@ -172,11 +272,7 @@ async def test_bad_params_in_status_fall_back_to_the_prior_with_a_warning(
         assert event["type"] == "Warning" and event["involvedObject"]["name"] == "fit"
         assert policy.params[-1][f"{NS}/fit"] == load_prior(MODEL)
 
-        async def removed() -> dict[str, Any]:
-            model = await model_status(api)
-            return model if "params" not in model else {}
-
-        assert (await eventually(removed))["samples"] == 7
+        assert (await params_removed(api))["samples"] == 7
 
 
 async def test_the_profile_plan_is_on_the_pods_while_the_job_profiles(
@@ -217,7 +313,7 @@ async def test_the_profile_plan_is_on_the_pods_while_the_job_profiles(
 class BrokenStore(SampleStore):
     """A store whose refresh fails every time (a bug in the refit)."""
 
-    def refresh(self, bodies: Any) -> Any:
+    def refresh(self, bodies: Any, gpu: Any = None) -> Any:
         raise RuntimeError("refit bug")
 
 

@@ -9,7 +9,7 @@ import pytest
 from powerflow.operator.actions import Observed
 from powerflow.operator.budget import budget_warnings, parse_budget
 from powerflow.operator.jobs import parse_dljob
-from powerflow.operator.nodes import FALLBACK_GPU, cluster_nodes, gpu_of, parse_node
+from powerflow.operator.nodes import cluster_nodes, gpu_of, parse_node
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.status import merge_diff, set_condition
 from powerflow.operator.workers import WorkerSet, worker_pod
@@ -17,7 +17,7 @@ from support.operator_pass import pass_inputs
 
 from powerflow.core import contract
 from powerflow.core.errors import ResourceError
-from powerflow.core.gpus import A100
+from powerflow.core.gpus import A100, UNKNOWN_GPU
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Node
 from powerflow.lab.synthetic import SyntheticModel
@@ -120,7 +120,7 @@ def test_nodes() -> None:
     assert parse_node(node("a", "8")) == Node("a", 8, A100)
     assert parse_node(node("b", "0")) is None
     assert parse_node(node("c", "8", spec={"unschedulable": True})) is None
-    assert gpu_of("Tesla-T4-Unknown") is FALLBACK_GPU and gpu_of(None) is FALLBACK_GPU
+    assert gpu_of("Tesla-T4-Unknown").name == gpu_of(None).name == UNKNOWN_GPU
     kept, left = cluster_nodes([node("a", "8"), node("b", "8"), node("c", "4")])
     assert [n.name for n in kept] == ["a", "b"] and left == ("c",)
 

@@ -42,7 +42,7 @@ def node(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100"}},
+        "metadata": {"name": name, "labels": {contract.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-40GB"}},
         "status": {"allocatable": {contract.GPU_RESOURCE: "4"}},
     }
 

@@ -6,12 +6,13 @@ were rewritten on most passes (a PATCH per worker pod, an NVML write per GPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
 from powerflow.operator.actions import Observed
 from powerflow.operator.reconcile import reconcile
 from support.operator_pass import pass_inputs
+from support.plan_recorder import Recorder
 from test_operator_profiling import (
     BUDGET,
     MODEL,
@@ -25,8 +26,6 @@ from test_operator_profiling import (
 
 from powerflow.core import contract
 from powerflow.core.policy.power_loop import CAP_RAISE_W, CAP_SLACK_W, CAP_STEP_W, steady_caps
-from powerflow.core.policy.powerflow import PowerFlowPolicy
-from powerflow.core.policy.snapshot import Plan, Snapshot
 from powerflow.lab.schedulers import scheduler
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.engine import Simulation
@@ -57,19 +56,6 @@ def test_steady_caps(cap: float, counted: float, current: float | None, expected
     assert CAP_RAISE_W > CAP_SLACK_W + CAP_STEP_W  # a fresh cap can be kept
 
 
-@dataclass
-class Recorder:
-    """The real policy, its plans kept."""
-
-    inner: PowerFlowPolicy
-    plans: list[Plan] = field(default_factory=list)
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        plan = self.inner.plan(snapshot)
-        self.plans.append(plan)
-        return plan
-
-
 def test_caps_do_not_move_at_every_pass_in_the_simulator() -> None:
     """The first 3 h of the default trace at eta 0.6: of the plans where a job keeps
     its GPUs and clock and is capped in both, under a third change its cap, mostly
@@ -79,7 +65,7 @@ def test_caps_do_not_move_at_every_pass_in_the_simulator() -> None:
     world = default_world()
     jobs = load_jobs(TraceSpec(hours=3.0), config, world)
     configured = scheduler("powerflow").configure(0.6)
-    recorder = Recorder(configured.policy)  # type: ignore[arg-type]
+    recorder = Recorder(configured.policy)
     Simulation(jobs, replace(configured, policy=recorder), config, world).run()
     kept = moved = 0
     last: dict[str, tuple[int, int, float | None]] = {}

@@ -333,7 +333,7 @@ async def _main(
     parts: Callable[..., Parts],
     out: Any,
 ) -> int:
-    from powerflow.nodeagent.agent import Agent
+    from powerflow.nodeagent.agent import Agent, gpu_report
     from powerflow.nodeagent.metrics import GpuMetrics
 
     stop = asyncio.Event()
@@ -357,6 +357,7 @@ async def _main(
     if side.sender is not None:
         sender = side.sender
         agent.on_power = lambda watts: sender.set_power(NodePower(watts, time.time()))
+        sender.gpu_report = gpu_report(args.node_name, agent.infos, agent.limits)
     if side.telemetry is not None:
         agent.telemetry = side.telemetry
         side.telemetry.on_clock_change = agent.wake

@@ -284,6 +284,7 @@ def serve(
         default_policy,
         learned_models,
     )
+    from powerflow.operator.discovered import DiscoveredGpus
     from powerflow.operator.handlers import build_registry
     from powerflow.operator.ingest import (
         ClusterPower,
@@ -330,6 +331,7 @@ def serve(
     metrics = Metrics()
     learning = store if store is not None else SampleStore(registry=metrics.registry)
     progress = ReportedProgress()  # the ingest writes it, each pass reads it
+    discovered = DiscoveredGpus()  # the same: the GPU types the agents reported
     httpd, thread = start_http_server(args.metrics_port, registry=metrics.registry)
     logging.getLogger(__name__).info("metrics on port %d", httpd.server_port)
     apis: list[Any] = []
@@ -356,6 +358,7 @@ def serve(
             leader=leader,
             learning=learning,
             progress=progress,
+            discovered=discovered,
         )
         controllers.append(controller)
         return controller
@@ -382,7 +385,7 @@ def serve(
         if controllers:
             controllers[-1].trigger(f"progress of {job} reached its iterations")
 
-    link = ControllerLink(progress, on_refused=refused, on_finished=finished)
+    link = ControllerLink(progress, on_refused=refused, on_finished=finished, discovered=discovered)
     ingest = Ingest(reviewer, view, sink or learning, metrics, ClusterPower(), controller=link)
 
     async def main() -> None:

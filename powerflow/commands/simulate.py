@@ -21,8 +21,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from powerflow.commands import checks
 from powerflow.core.errors import BudgetError, SimulationError
+from powerflow.core.gpus import A100, GpuSpec, gpu_spec
 from powerflow.core.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.core.policy.snapshot import Budget
+from powerflow.lab.groundtruth.truth import THROUGHPUT_SOURCES
 from powerflow.lab.schedulers import SCHEDULERS, ZEUS_ETA_KNOB, scheduler
 from powerflow.lab.sim import experiments, headline, heldout, output
 from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus, zeus_energy
@@ -67,6 +69,15 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_cluster_args(p)
+    p.add_argument(
+        "--gpu",
+        default=A100.name,
+        metavar="NAME",
+        help=(
+            "the cluster's GPU type, short or NVML name, one with a ground truth: "
+            f"{', '.join(THROUGHPUT_SOURCES)} (default {A100.name}; docs/simulator.md)"
+        ),
+    )
     p.add_argument(
         "--window",
         metavar="dNN",
@@ -206,7 +217,7 @@ def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
         "--gpus-per-node",
         type=int,
         default=d.gpus_per_node,
-        help=f"A100s per node (1 to {MAX_GPUS_PER_NODE}; default {d.gpus_per_node})",
+        help=f"GPUs per node (1 to {MAX_GPUS_PER_NODE}; default {d.gpus_per_node})",
     )
     p.add_argument("--interval", type=float, default=d.interval_s, help="re-evaluation (s)")
     p.add_argument("--restart-s", type=float, default=d.restart_s, help="checkpoint-restart (s)")
@@ -244,11 +255,26 @@ def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         nodes=nodes,
         gpus_per_node=args.gpus_per_node,
+        gpu=simulated_gpu(getattr(args, "gpu", None)),
         interval_s=args.interval,
         restart_s=args.restart_s,
         seed=args.seed,
         idle_nodes_off=not args.paper_baselines,
     )
+
+
+def simulated_gpu(name: str | None) -> GpuSpec:
+    """The ``--gpu`` type (default the A100), refused in one line unless the
+    simulator has a ground truth for it."""
+    if name is None:
+        return A100
+    gpu = gpu_spec(name)
+    if gpu.name not in THROUGHPUT_SOURCES:
+        raise checks.ArgumentError(
+            f"--gpu {name}: no ground truth for {gpu.name}; the simulator has one for "
+            f"{', '.join(THROUGHPUT_SOURCES)}"
+        )
+    return gpu
 
 
 def trace_from(args: argparse.Namespace) -> TraceSpec:
@@ -362,7 +388,9 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
         raise SimulationError(
             f"{spec.name} takes {takes}, not {flag}" if takes else f"{spec.name} takes no {flag}"
         )
-    if value is None:
+    if spec.knob == "frequency_mhz":
+        value = baseline_clock(value, config.gpu)
+    elif value is None:
         value = spec.default_value
     options = power_options(args)
     if options and spec.is_baseline:
@@ -394,6 +422,19 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
     if args.out:
         output.write_json(row, args.out / "run.json")
     return 0
+
+
+def baseline_clock(value: float | None, gpu: GpuSpec) -> float:
+    """A baseline's ``--frequency`` checked against ``gpu``'s clocks; none given:
+    the top clock (the A100's sweep ends at it, as ``clocks_on`` does on any type)."""
+    if value is None:
+        return gpu.max_clock_mhz
+    if value not in gpu.clocks_mhz:
+        raise checks.ArgumentError(
+            f"--frequency {value:g} is not a {gpu.name} clock: {gpu.min_clock_mhz}"
+            f"-{gpu.max_clock_mhz} MHz in {gpu.clocks_mhz[1] - gpu.clocks_mhz[0]} MHz steps"
+        )
+    return value
 
 
 KNOB_FLAGS = {"eta": "--eta", "frequency_mhz": "--frequency", "eta_knob": "--eta-knob"}
@@ -457,7 +498,8 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     ratios = jct_ratios(rows)
     plus = {"jct_ratio_at_equal_window_energy": jct_ratios(rows, WINDOW), **plus_versus(rows)}
     title = (
-        f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node} A100,"
+        f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node}"
+        f" {config.gpu.name},"
         f" {setting_label(config)}"
     )
     lines = headline.closing_lines(rows, ratios, specs[0].trace)

@@ -100,3 +100,6 @@ INGEST_PORT: Final = 9443
 AGENT_ACCOUNT: Final = "system:serviceaccount:powerflow-system:powerflow-nodeagent"
 """The node agents' service account as the chart installs it (release namespace
 ``powerflow-system``): the operator accepts samples from it alone by default."""
+GPUS_PATH: Final = "/v1/gpus"
+"""Agent -> operator: POST a ``powerflow.core.gpu_facts`` report of the node's GPUs (what
+NVML says of them), with the same token as ``SAMPLES_PATH``."""

@@ -119,7 +119,8 @@ KNEE_FRACTION = A100.f0_mhz / A100.max_clock_mhz
 """Voltage knee f0 per MHz of max clock (A100: 1095 / 1410), rounded to a supported clock."""
 REFERENCE_FRACTION = A100.p_max_w / A100.max_power_w
 """The budget's P_max per watt of board limit (A100: 300.1 / 400): the A100's rule
-(typical training power at the top clock) needs throughput tables no other type has."""
+(typical training power at the top clock) needs measured throughput tables no other
+type has (on the H100's synthetic ground truth it gives this same ratio)."""
 
 ESTIMATION_RULES: Mapping[str, str] = {
     "idle_power_w": f"board limit x {IDLE_FRACTION:.4f} (the A100's idle / board limit)",
@@ -279,3 +280,81 @@ def gpu_spec(name: str) -> GpuSpec:
         if wanted in (key.lower() for key in (spec.name, *spec.nvml_names)):
             return spec
     raise DataError(f"unknown GPU type {name!r}; known: {', '.join(sorted(GPU_SPECS))}")
+
+
+def _label_key(text: str) -> str:
+    return "-".join(text.split()).lower()
+
+
+SHARED_SUFFIX = "-shared"
+"""What GPU feature discovery appends to the product label of a time-sliced GPU
+(``renameByDefault: false``): the same board, so the same type."""
+
+
+def gpu_for_product(label: str | None) -> GpuSpec | None:
+    """The catalogue type of a node's ``nvidia.com/gpu.product`` label, or None.
+
+    GPU feature discovery writes the NVML product name with every space replaced
+    by a dash (``NVIDIA H100 80GB HBM3`` -> ``NVIDIA-H100-80GB-HBM3``), so the
+    label is compared with each type's name and NVML names in that form,
+    case-insensitively, whole: a label that merely contains a type's name
+    (``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb``, a MIG slice with clocks and limits
+    of its own) is not that type. None: no label, or a product the catalogue
+    does not know.
+    """
+    key = _label_key(label or "")
+    if key.endswith(SHARED_SUFFIX):
+        key = key[: -len(SHARED_SUFFIX)]
+    if not key:
+        return None
+    for spec in GPU_SPECS.values():
+        if key in (_label_key(k) for k in (spec.name, *spec.nvml_names)):
+            return spec
+    return None
+
+
+UNKNOWN_GPU = "unknown"
+"""The name of ``unknown_gpu``'s placeholder spec."""
+UNKNOWN_CLOCK_MHZ = A100.max_clock_mhz
+"""The one clock the placeholder plans at: the profiled type's top clock, where the
+shipped priors predict time and power. It is never written to a GPU."""
+LARGEST_P_MAX_W = max(spec.max_power_w for spec in GPU_SPECS.values())
+"""The catalogue's largest board limit: what a GPU of unknown power counts in the budget."""
+
+
+def unknown_gpu(board_limit_w: float | None = None) -> GpuSpec:
+    """The placeholder a GPU of unknown type is planned as: GPU counts only.
+
+    One clock (``UNKNOWN_CLOCK_MHZ``), so the policy chooses none; no power-limit
+    range, so it sets no cap; and ``P_max`` (``p_max_w``, the budget's per-GPU
+    power) at the GPU's board limit where the node agent reported it, else the
+    catalogue's largest (``LARGEST_P_MAX_W``): a GPU left at its defaults may draw
+    up to its board limit, so the budget counts it at the most it can be.
+    The components write no clock or cap for it (``tunes``).
+    """
+    limit = LARGEST_P_MAX_W if board_limit_w is None else board_limit_w
+    return GpuSpec(
+        name=UNKNOWN_GPU,
+        clocks_mhz=(UNKNOWN_CLOCK_MHZ,),
+        default_clock_mhz=UNKNOWN_CLOCK_MHZ,
+        idle_power_w=round(IDLE_FRACTION * limit, 1),
+        max_power_w=limit,
+        f0_mhz=UNKNOWN_CLOCK_MHZ,
+        reference_power_w=limit,
+        estimated=tuple(ESTIMATION_RULES),
+    )
+
+
+def tunes(spec: GpuSpec) -> bool:
+    """Whether PowerFlow sets clocks and power limits on this type (not the placeholder)."""
+    return spec.name != UNKNOWN_GPU
+
+
+def planned_gpu(product: str | None, discovered: GpuSpec | None = None) -> GpuSpec:
+    """The type a node is planned as: what its agent ``discovered``, else its product
+    label's catalogue type, else ``unknown_gpu`` (GPU counts only). No type is guessed
+    from another, so one type's clocks never reach another's GPUs."""
+    if discovered is not None:
+        return discovered
+    known = gpu_for_product(product)
+    return known if known is not None else unknown_gpu()

@@ -48,7 +48,7 @@ from powerflow.core.jit import njit
 from powerflow.core.models.fitted import FittedModel, as_column
 from powerflow.core.models.fitting import MIN_SAMPLES, FitOptions, fit_with_prior, refit_online
 from powerflow.core.models.params import ModelParams
-from powerflow.core.models.priors import load_prior
+from powerflow.core.models.priors import load_prior, prior_on
 from powerflow.core.models.protocol import FloatArray, PerfModel
 from powerflow.core.models.samples import Samples
 
@@ -198,16 +198,21 @@ class FittedLearner:
         self._gpu = gpu
         self._prior = prior
 
+    def _prior_on_gpu(self, model_name: str) -> ModelParams:
+        """The job's prior carried over to this learner's GPU type (``prior_on``:
+        the shipped priors are the A100's; on an A100 it is the prior itself)."""
+        return prior_on(self._prior(model_name), self._gpu)
+
     def initial(self, model_name: str, truth: PerfModel, samples: Samples | None) -> Knowledge:
-        prior = self._prior(model_name)
+        prior = self._prior_on_gpu(model_name)
         if samples is None or len(samples) < MIN_SAMPLES:
-            return Knowledge(FittedModel(prior), prior)
+            return Knowledge(FittedModel.on(prior, self._gpu), prior)
         seen = placement_counts(samples)
         try:
             params = fit_with_prior(prior, samples, self._gpu, options=self.FIT_OPTIONS)
         except ModelError:
-            return Knowledge(FittedModel(prior), prior, failed_fits=1, seen=seen)
-        return Knowledge(FittedModel(params), params, fits=1, seen=seen)
+            return Knowledge(FittedModel.on(prior, self._gpu), prior, failed_fits=1, seen=seen)
+        return Knowledge(FittedModel.on(params, self._gpu), params, fits=1, seen=seen)
 
     def update(
         self, model_name: str, truth: PerfModel, known: Knowledge, samples: Samples
@@ -224,7 +229,7 @@ class FittedLearner:
             return known
         try:
             params = refit_online(
-                self._prior(model_name),
+                self._prior_on_gpu(model_name),
                 samples,
                 self._gpu,
                 current=known.params,
@@ -232,4 +237,6 @@ class FittedLearner:
             )
         except ModelError:
             return Knowledge(known.model, known.params, known.fits, known.failed_fits + 1, seen)
-        return Knowledge(FittedModel(params), params, known.fits + 1, known.failed_fits, seen)
+        return Knowledge(
+            FittedModel.on(params, self._gpu), params, known.fits + 1, known.failed_fits, seen
+        )

@@ -8,9 +8,9 @@ while a policy module is absent or broken; only building that one fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from powerflow.core.errors import SimulationError
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.policy.snapshot import Budget, Policy
 from powerflow.core.schedulers import (
     DEFAULT_ETAS,
@@ -38,6 +38,7 @@ __all__ = [
     "Configured",
     "Profiling",
     "SchedulerSpec",
+    "clocks_on",
     "scheduler",
 ]
 
@@ -47,7 +48,27 @@ give it the same four minutes PowerFlow spends per GPU count."""
 
 DEFAULT_FREQUENCIES_MHZ = (1020, 1110, 1200, 1305, 1410)
 """The paper's baseline sweep stops at 1020 MHz: lower clocks cost both JCT and
-energy (§6.2)."""
+energy (§6.2). A100 clocks; ``clocks_on`` takes them to another type."""
+
+
+def clocks_on(gpu: GpuSpec, a100_clocks_mhz: Sequence[float]) -> tuple[int, ...]:
+    """A100 clocks on ``gpu``: each at the same fraction of the top clock, snapped
+    to the nearest clock ``gpu`` supports (the lower of two equally near), without
+    repeats; the A100's own clocks come back unchanged.
+
+    Why relative: the ground truth's clock curves are the A100's at the same
+    fraction of the top clock on every type (``powerflow.lab.groundtruth``), so
+    the sweep keeps its meaning (from the least energy's neighbourhood to the top).
+    """
+    top = A100.max_clock_mhz
+    out: list[int] = []
+    for mhz in a100_clocks_mhz:
+        target = mhz / top * gpu.max_clock_mhz
+        snapped = min(gpu.clocks_mhz, key=lambda c: (abs(c - target), c))
+        if snapped not in out:
+            out.append(snapped)
+    return tuple(out)
+
 
 ZEUS_ETA_KNOB = 0.5
 """Zeus's default ``eta_knob`` (Zeus, NSDI'23, §4): what a Zeus run without
@@ -67,10 +88,9 @@ def _no_budget(_: float | None) -> Budget:
     return Budget(eta=1.0)
 
 
-def _clock(value: float | None) -> int:
-    if value is None:
-        raise SimulationError("a frequency is required")
-    return int(value)
+def _clock(value: float | None) -> int | None:
+    """The baseline's clock; None: the cluster's top clock (``fixed_clock``)."""
+    return None if value is None else int(value)
 
 
 def _gandiva(value: float | None) -> Policy:
@@ -98,7 +118,7 @@ def _zeus(
         from powerflow.lab.baselines import ZeusPolicy
 
         return ZeusPolicy(
-            inner=inner(DEFAULT_FREQUENCIES_MHZ[-1]),
+            inner=inner(None),  # the top clock of the cluster's type
             eta_knob=ZEUS_ETA_KNOB if value is None else value,
             knob="clock" if knob == "clock" else "power_limit",
         )

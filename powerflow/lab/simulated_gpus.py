@@ -91,7 +91,9 @@ class _Gpu:
 class SimulatedGpus:
     """``count`` GPUs of type ``gpu`` on one simulated node (satisfies ``GpuDevices``).
 
-    ``node`` makes the UUIDs distinct across simulated nodes; ``seed`` and
+    Each GPU's name is the type's first NVML product name, as a real one of that type
+    reports it (the node agent's GPU report names the type by it). ``node`` makes the
+    UUIDs distinct across simulated nodes; ``seed`` and
     ``noise`` (relative spread of one iteration's time and energy, as in
     ``powerflow.lab.groundtruth.measure``) fix the randomness.
     """
@@ -121,7 +123,7 @@ class SimulatedGpus:
             GpuInfo(
                 i,
                 f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'powerflow-sim:{node}:{i}')}",
-                f"NVIDIA {gpu.name} (simulated)",
+                gpu.nvml_names[0] if gpu.nvml_names else f"NVIDIA {gpu.name}",
             )
             for i in range(count)
         )

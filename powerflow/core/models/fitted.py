@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerflow.core.gpus import GpuSpec, gpu_spec
+from powerflow.core.gpus import GPU_SPECS, GpuSpec, gpu_spec
 from powerflow.core.models import kernels
 from powerflow.core.models.params import ModelParams
 from powerflow.core.models.protocol import ArrayLike, FloatArray
@@ -24,6 +24,13 @@ class FittedModel:
     # The spec of a type not in the catalogue (``powerflow fit
     # --clocks-from-samples``); None: the catalogue's type ``params.gpu``.
     spec: GpuSpec | None = None
+
+    @classmethod
+    def on(cls, params: ModelParams, gpu: GpuSpec) -> FittedModel:
+        """``params`` as fitted on ``gpu``: its spec kept only where the catalogue's type of
+        that name differs (a discovered or estimated type), so a model of a catalogue type
+        is the same value however it was made."""
+        return cls(params, None if GPU_SPECS.get(gpu.name) == gpu else gpu)
 
     @property
     def gpu(self) -> GpuSpec:

@@ -68,6 +68,28 @@ core clock f; "full clock" = 1410 MHz):
    time). At full clock, packed, bs = gb/n, the step time is the table's.
    Energy has an interior minimum over f (near the 1095 MHz voltage knee):
    below it the idle power integrates over longer steps, above it voltage rises.
+
+H100 SXM (``H100-SXM``; SYNTHETIC: no public table measures these models on
+it). The same recipe on the A100's data, changed in three places:
+
+- Full clock: every step time of the A100 table divided by one public
+  training-throughput ratio, 1.85 (``truth.H100_SXM_SPEEDUP``: MLPerf Training
+  v3.0 ResNet-50, two Dell systems alike but for the GPUs, 16 x A100-SXM-80GB
+  in 14.4 min against 16 x H100-SXM5-80GB in 7.8 min). So compute, the fixed
+  overhead and the exposed sync all shrink by the same factor, and placement,
+  batch and GPU-count shapes are the A100's. One ratio for every model: the
+  source gives no like-for-like pair for the others without FP8.
+- Frequency: the A100's curves at the same fraction of the top clock (1980
+  MHz), so the knee moves to 1095/1410 of it (1538 MHz; the catalogue's f0 is
+  1545) and energy is least at the A100's best relative clock (see
+  ``frequency``; ``tests/test_groundtruth_h100.py`` checks both).
+- Power: the catalogue's H100 idle (75 W) and board limit (700 W) with the
+  same Zeus ratios (heavy phases 0.636-0.896, light 0.204 of 700 W).
+
+The A100's P_max rule (``reference_power_w``) on this truth gives 525.2 W,
+the catalogue's estimate (board limit x 300.1/400): both are the A100's
+ratio, as the synthetic powers are the board limit times the A100's ratios,
+so the agreement checks the arithmetic, not the hardware.
 """
 
 from __future__ import annotations

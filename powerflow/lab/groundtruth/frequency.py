@@ -23,6 +23,14 @@ board limit) never enter.
   (flat voltage) to steep (voltage rising with ``f``): a continuous two-slope
   fit of log dynamic power against log ``f``, scanned over the measured clocks.
   It gives 1095 MHz (slopes 0.99 below, 2.55 above), which is ``A100.f0_mhz``.
+
+Another GPU type (one whose top clock is not the sweep's 1410 MHz) has no sweep
+of its own: its curves are the A100's at the same fraction of the top clock
+(``f / f_max``), so its knee sits at the A100's fraction too (1095 / 1410 of
+its top clock: 1538 MHz on an H100 SXM, whose catalogue ``f0`` is the nearest
+supported clock, 1545 MHz). An assumption: no public sweep of another type's
+clock was found, and the A100's shape is what the H100 would show if its
+voltage-frequency curve were the A100's stretched to its clocks.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.core.errors import DataError
-from powerflow.core.gpus import GpuSpec
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.models.protocol import ArrayLike, FloatArray
 from powerflow.lab.groundtruth.sources import perseus_sweep
 
@@ -92,8 +100,25 @@ def _dynamic_power(gpu: GpuSpec) -> tuple[FloatArray, FloatArray]:
     return sweep.freq_mhz, dyn
 
 
+SWEEP_GPU = A100
+"""The type the sweep was measured on; others map onto it by relative clock."""
+
+
+def _measured(gpu: GpuSpec) -> bool:
+    """Whether the sweep ends at ``gpu``'s default clock (else it is mapped)."""
+    return bool(np.isclose(perseus_sweep().freq_mhz[-1], gpu.default_clock_mhz))
+
+
+def _clock_ratio(gpu: GpuSpec) -> float:
+    """``gpu``'s top clock over the sweep GPU's: how the mapped clock axis stretches."""
+    return gpu.default_clock_mhz / SWEEP_GPU.default_clock_mhz
+
+
 def voltage_knee_mhz(gpu: GpuSpec) -> int:
-    """The voltage knee the sweep shows (the ``f0_mhz`` a ``GpuSpec`` should carry)."""
+    """The voltage knee the sweep shows (the ``f0_mhz`` a ``GpuSpec`` should carry);
+    on a mapped type the A100's knee at the same fraction of the top clock."""
+    if not _measured(gpu):
+        return round(_hinge_knee(*_dynamic_power(SWEEP_GPU))[0] * _clock_ratio(gpu))
     freq, dyn = _dynamic_power(gpu)
     return round(_hinge_knee(freq, dyn)[0])
 
@@ -130,11 +155,21 @@ def nondecreasing(values: FloatArray) -> FloatArray:
 
 @functools.cache
 def frequency_curves(gpu: GpuSpec) -> FrequencyCurves:
+    """The relative curves on ``gpu``: measured on the A100 (idle power of ``gpu``
+    subtracted), or on another type the A100's with its clock axis stretched to
+    ``gpu``'s top clock (the relative values, hence the shape, unchanged)."""
+    if not _measured(gpu):
+        a100 = frequency_curves(SWEEP_GPU)
+        return FrequencyCurves(
+            float(gpu.default_clock_mhz),
+            a100.freq_mhz / SWEEP_GPU.default_clock_mhz * gpu.default_clock_mhz,
+            a100.time_rel,
+            a100.dyn_power_rel,
+            a100.compute_bound_share,
+        )
     freq, dyn = _dynamic_power(gpu)
     time = perseus_sweep().time_s
     ref = float(gpu.default_clock_mhz)
-    if not np.isclose(freq[-1], ref):
-        raise DataError(f"frequency sweep does not end at {gpu.name}'s default clock {ref:g}")
     time_rel = time / time[-1]
     # The fit is non-decreasing: flip the clock axis.
     time_rel = nondecreasing(time_rel[::-1])[::-1]

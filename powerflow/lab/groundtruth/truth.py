@@ -24,10 +24,36 @@ from powerflow.lab.groundtruth.shapes import (
 )
 from powerflow.lab.groundtruth.sources import throughput_table
 
-# Where each GPU type's full-clock throughput table lives (the hook for more GPUs).
-THROUGHPUT_FOLDERS: dict[str, str] = {"A100": "a100-throughput"}
 
-GPUS_PER_NODE = 8  # the table was measured on 8-GPU A100 nodes
+@dataclass(frozen=True)
+class ThroughputSource:
+    """Where a GPU type's full-clock throughput comes from: a table folder under
+    ``powerflow/data/profiles`` and the type's training speed-up over that table
+    (1 for the type the table was measured on)."""
+
+    folder: str
+    speedup: float = 1.0
+    synthetic: bool = False
+    """True where the speed-up stands in for a measured table of the type's own."""
+
+
+H100_SXM_SPEEDUP = 14.4 / 7.8
+"""H100 SXM over A100 SXM training throughput, 1.85: MLPerf Training v3.0, ResNet-50,
+Dell's two submissions with the same CPUs and 16 GPUs each, 14.4 min on A100-SXM-80GB
+against 7.8 min on H100-SXM5-80GB (``mlperf-v3-dell`` in ``powerflow/data/README.md``).
+ResNet-50 because it is the source's one pair of like systems on a model of the
+trace that NVIDIA's H100 software does not run in FP8 (its BERT does, through the
+Transformer Engine, which the trace's jobs do not use); one ratio for every model,
+since the source gives no other like-for-like pair for them."""
+
+# Each GPU type with a ground truth: the hook for more types. Only the A100's is
+# measured; the H100 SXM's is the A100's tables divided by the ratio above.
+THROUGHPUT_SOURCES: dict[str, ThroughputSource] = {
+    "A100": ThroughputSource("a100-throughput"),
+    "H100-SXM": ThroughputSource("a100-throughput", H100_SXM_SPEEDUP, synthetic=True),
+}
+
+GPUS_PER_NODE = 8  # the table was measured on 8-GPU A100 nodes; HGX H100 has 8 too
 
 # Evaluations of at most this many rows are remembered (GroundTruth._phases),
 # up to this many distinct inputs per model (then the memo starts afresh).
@@ -295,17 +321,21 @@ def _validate(n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray, per_n
 
 def build(model_name: str, gpu: GpuSpec) -> GroundTruth:
     """Derive every number of the recipe for one model on one GPU type."""
-    folder = THROUGHPUT_FOLDERS.get(gpu.name)
-    if folder is None:
+    source = THROUGHPUT_SOURCES.get(gpu.name)
+    if source is None:
         raise DataError(
-            f"no throughput table for GPU {gpu.name!r}; have {', '.join(THROUGHPUT_FOLDERS)}"
+            f"no ground truth for GPU type {gpu.name!r}; the types with one: "
+            f"{', '.join(THROUGHPUT_SOURCES)}"
         )
-    table = throughput_table(folder, model_name)
+    table = throughput_table(source.folder, model_name)
     gbs = np.array(table.global_batch_sizes, dtype=np.float64)
     counts = np.array(table.gpu_counts, dtype=np.float64)
     if len(gbs) < 2 or counts[0] != 1 or counts[-1] < 2 * GPUS_PER_NODE:
         raise DataError(f"{model_name}: table needs >= 2 batch sizes, 1 GPU to >= 16 GPUs")
-    step = 1.0 / table.its
+    # Every full-clock step time (compute, overhead and exposed sync alike) is
+    # the table's divided by the type's speed-up: the source measured the ratio
+    # end to end, synchronisation included. Dividing by 1 changes no bit.
+    step = 1.0 / table.its / source.speedup
     one_gpu = step[:, 0]
     if np.any(np.isnan(one_gpu)):
         raise DataError(f"{model_name}: 1-GPU column incomplete")

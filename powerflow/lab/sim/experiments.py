@@ -11,6 +11,7 @@ from powerflow.lab.schedulers import (
     SCHEDULERS,
     ZEUS_ETA_KNOB,
     ZEUS_ETA_KNOBS,
+    clocks_on,
 )
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.priors import RECURRING
@@ -81,7 +82,7 @@ def comparison(
         elif spec.knob == "eta_knob":
             values = QUICK_ZEUS_ETA_KNOBS if quick else ZEUS_ETA_KNOBS
         else:
-            values = QUICK_FREQUENCIES if quick else DEFAULT_FREQUENCIES
+            values = clocks_on(config.gpu, QUICK_FREQUENCIES if quick else DEFAULT_FREQUENCIES)
         specs += [RunSpec(spec.name, v, trace, config) for v in values]
     if oracle:
         etas = QUICK_ETAS if quick else ORACLE_ETAS

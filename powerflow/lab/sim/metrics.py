@@ -47,6 +47,8 @@ def reference_work_gpu_s(jobs: Iterable[TraceJob], truth: TruthFn, *, gpus_per_n
     for every scheduler. GPU-hours spent computing (``busy_gpu_s``) would not do: a
     scheduler that spreads a job over more GPUs than it scales to, or slows its
     clock, spends more GPU-hours on the same work and would look cheaper per GPU-hour.
+    The runner measures it with the A100's ground truth on every cluster type
+    (``runner.run_one``), so that the same trace is the same work on every type.
     """
     jobs = tuple(jobs)
     durations = reference_durations_s(jobs, truth, gpus_per_node=gpus_per_node)

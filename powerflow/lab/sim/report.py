@@ -144,7 +144,8 @@ def write_report(
         *_trace_text(trace),
         "",
         *_window_note(trace, rows),
-        f"Cluster: {config.nodes} nodes x {config.gpus_per_node} A100 = {config.total_gpus} GPUs;"
+        f"Cluster: {config.nodes} nodes x {config.gpus_per_node} {config.gpu.name}"
+        f" = {config.total_gpus} GPUs;"
         f" {setting_text(config)}; re-evaluation every {config.interval_s:.0f} s;"
         f" checkpoint-restart {config.restart_s:.0f} s per rescale, migration or resume;"
         f" measurement noise {config.noise:.0%}; seed {config.seed}. Total simulated CPU time"
@@ -246,8 +247,8 @@ def _trace_text(trace: TraceSpec) -> list[str]:
             f"Trace: {trace.describe()}: the 24-hour, 1,901-job window of Microsoft's ITP"
             " traces (ElasticFlow), the public **stand-in for the paper's Alibaba PAI subset**,"
             " which is not public. Jobs keep their real models, global batch sizes and"
-            " iteration counts; progress and energy come from the A100 ground truth"
-            " (`powerflow.lab.groundtruth`)."
+            " iteration counts; progress and energy come from the ground truth"
+            " of the cluster's GPU type (`powerflow.lab.groundtruth`)."
         ]
     if name == PHILLY_TRACE:
         return [

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from powerflow.core.errors import SimulationError
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.learning import FittedLearner
 from powerflow.core.models.priors import load_prior
 from powerflow.core.policy.budget_schedule import BudgetSchedule
@@ -108,10 +109,21 @@ class RunSpec:
         return scheduler(self.scheduler).profiling.fitted_models and not self.oracle
 
     @property
+    def knob_value(self) -> float | None:
+        """The knob's value this run runs at: ``value``, else the scheduler's default,
+        where a clock's default is the top clock of the cluster's GPU type."""
+        if self.value is not None:
+            return self.value
+        spec = scheduler(self.scheduler)
+        if spec.knob == "frequency_mhz":
+            return self.config.gpu.max_clock_mhz
+        return spec.default_value
+
+    @property
     def label(self) -> str:
         spec = scheduler(self.scheduler)
         text = self.scheduler
-        value = spec.default_value if self.value is None else self.value
+        value = self.knob_value
         if spec.knob == "eta":
             text += f" eta={value:g}"
         elif spec.knob == "eta_knob":
@@ -136,8 +148,10 @@ class RunOutcome:
         spec = scheduler(self.spec.scheduler)
         head: dict[str, Any] = {"scheduler": self.spec.scheduler}
         if spec.knob is not None:
-            head[spec.knob] = spec.default_value if self.spec.value is None else self.spec.value
+            head[spec.knob] = self.spec.knob_value
         head["oracle"] = self.spec.oracle
+        if self.spec.config.gpu != A100:
+            head["gpu"] = self.spec.config.gpu.name
         if self.spec.fits_models:
             head["priors"] = self.spec.priors
         head["idle_nodes_off"] = self.spec.config.idle_nodes_off
@@ -162,13 +176,19 @@ class RunOutcome:
 
 
 @functools.cache
-def _world() -> World:
-    return default_world()
+def _world(gpu: GpuSpec = A100) -> World:
+    """The ground truth a run's jobs run on (``gpu``); the A100's also reads the
+    trace (``load_jobs``) and measures its work, whatever the cluster's type."""
+    return default_world(gpu)
 
 
 def load_jobs(
     spec: TraceSpec, config: SimConfig, world: World | None = None
 ) -> tuple[TraceJob, ...]:
+    """The run's jobs. By default read with the A100's ground truth on every GPU
+    type: the trace's durations were measured there, so a Philly job's iterations,
+    the horizon check and ``--max-duration`` are the A100's, and a faster type
+    runs the same iterations in less time."""
     world = world or _world()
     jobs: tuple[TraceJob, ...]
     if spec.synthetic is not None:
@@ -210,7 +230,7 @@ def _cached_jobs(spec: TraceSpec, config: SimConfig) -> tuple[TraceJob, ...]:
 
 def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
     """One run, in this process."""
-    configured = scheduler(spec.scheduler).configure(spec.value, oracle=spec.oracle)
+    configured = scheduler(spec.scheduler).configure(spec.knob_value, oracle=spec.oracle)
     if spec.policy_options:
         configured = with_options(configured, dict(spec.policy_options))
     jobs = (
@@ -225,7 +245,7 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
         jobs,
         configured,
         spec.config,
-        world or _world(),
+        world or _world(spec.config.gpu),
         learner,
         budget_schedule=spec.budget_schedule,
     ).run()
@@ -282,7 +302,7 @@ def run_one(spec: RunSpec) -> RunOutcome:
     result = simulate(spec)
     work = reference_work_gpu_s(
         _cached_jobs(spec.trace, spec.config),
-        _world().truth,
+        _world().truth,  # the A100's on every type: the same trace is the same work
         gpus_per_node=spec.config.gpus_per_node,
     )
     return RunOutcome(

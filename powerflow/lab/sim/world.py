@@ -6,12 +6,14 @@ engine names no ground-truth module directly.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.models.protocol import ArrayLike, PerfModel
 from powerflow.core.models.samples import Samples
 
@@ -54,8 +56,10 @@ class World:
     """(model, global batch) settings a trace without models draws from."""
 
 
-def default_world() -> World:
-    """The project's ground truth (``powerflow.lab.groundtruth``) on A100."""
+def default_world(gpu: GpuSpec = A100) -> World:
+    """The project's ground truth (``powerflow.lab.groundtruth``) on ``gpu``, by
+    default the A100 (a type without one is refused, naming those with one).
+    The pool of settings is the A100 tables' on every type: the jobs are the same."""
     from powerflow.lab import groundtruth as gt
 
     pool = tuple(
@@ -63,4 +67,13 @@ def default_world() -> World:
         for name in gt.MODEL_NAMES
         for bs in gt.ground_truth(name).global_batch_sizes
     )
-    return World(gt.ground_truth, gt.measure, gt.one_gpu_sweep, tuple(gt.MODEL_NAMES), pool)
+    truth = gt.ground_truth if gpu == A100 else functools.partial(_truth_on, gpu=gpu)
+    if gpu != A100:
+        truth(gt.MODEL_NAMES[0])  # refuse a type without a ground truth now
+    return World(truth, gt.measure, gt.one_gpu_sweep, tuple(gt.MODEL_NAMES), pool)
+
+
+def _truth_on(name: str, *, gpu: GpuSpec) -> PerfModel:
+    from powerflow.lab import groundtruth as gt
+
+    return gt.ground_truth(name, gpu)

@@ -1,0 +1,199 @@
+"""What a node agent reads of its GPUs through NVML: the wire format, and the spec it gives.
+
+The agent reads each GPU's product name, supported graphics clocks and
+power-limit constraints once at start and posts them to the operator's ingest
+(``contract.GPUS_PATH``) at start and every few minutes
+(``nodeagent.sender``), so a restarted operator learns them again. The report
+has a path of its own rather than a field of the sample batch: the batch
+parser refuses unknown fields (``telemetry.parse_batch``), so an operator that
+predates reports would refuse every batch that carried one, while a report to
+it only earns a 404 on its own path, which the agent shrugs off.
+
+A report is untrusted input: any process with the node agent's token can
+send one. ``parse_report`` bounds it by physics, and a report past a bound is
+refused whole (``GpuFactsError`` names the first bad field):
+
+- at most ``MAX_GPUS_PER_NODE`` GPUs, each index once, in ``[0, 64)``;
+- a product name of printable characters, at most ``MAX_NAME_CHARS``;
+- graphics clocks strictly increasing, each within ``CLOCK_RANGE_MHZ``, at
+  most ``MAX_CLOCKS`` of them (NVML lists about a hundred);
+- power limits within ``POWER_RANGE_W`` (wider than any board's: the
+  catalogue's run from 70 W, the T4's, to 700 W, the H100 SXM's), with
+  ``min <= default <= max``; all three absent on a board without power
+  management.
+
+``node_spec`` turns an accepted report into the node's ``GpuSpec``: the
+catalogue's type where the name is one of its NVML names, with the discovered
+clocks and limits in place of the catalogue's, else a type estimated from the
+discovered clocks and board limit by ``gpus.estimated_spec``'s rules. It never
+goes past the catalogue's bounds: the board limit is capped at the catalogue's
+largest (``gpus.LARGEST_P_MAX_W``), so a lying report cannot raise the budget
+the policy counts per GPU beyond what any known board draws.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from powerflow.core.errors import DataError, PowerFlowError
+from powerflow.core.gpus import LARGEST_P_MAX_W, GpuSpec, estimated_spec, gpu_spec, knee_clock
+from powerflow.core.telemetry import MAX_GPUS_PER_NODE, TelemetryError, _name, _object, _only
+
+MAX_NAME_CHARS: Final = 96
+"""NVML's product names are at most 96 bytes (``NVML_DEVICE_NAME_V2_BUFFER_SIZE``)."""
+MAX_CLOCKS: Final = 512
+CLOCK_RANGE_MHZ: Final = (100, 3000)
+POWER_RANGE_W: Final = (20.0, 1500.0)
+
+
+class GpuFactsError(PowerFlowError):
+    """A GPU report that cannot be accepted as sent."""
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU as NVML describes it (power limits None: no power management)."""
+
+    index: int
+    name: str
+    clocks_mhz: tuple[int, ...]
+    default_limit_w: float | None = None
+    min_limit_w: float | None = None
+    max_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    node: str
+    gpus: tuple[GpuFacts, ...]
+
+
+def encode_report(report: GpuReport) -> dict[str, Any]:
+    """The JSON object the agent posts."""
+    return {
+        "node": report.node,
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "clocksMhz": list(g.clocks_mhz),
+                "defaultLimitW": g.default_limit_w,
+                "minLimitW": g.min_limit_w,
+                "maxLimitW": g.max_limit_w,
+            }
+            for g in report.gpus
+        ],
+    }
+
+
+def parse_report(obj: object) -> GpuReport:
+    """Validate a decoded JSON body by the module's bounds."""
+    try:
+        body = _object(obj, "body")
+        _only(body, {"node", "gpus"}, "body")
+        node = _name(body.get("node"), "node")
+    except TelemetryError as exc:
+        raise GpuFactsError(str(exc)) from exc
+    raw = body.get("gpus")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_GPUS_PER_NODE:
+        raise GpuFactsError(f"gpus: expected a list of 1 to {MAX_GPUS_PER_NODE} GPUs")
+    gpus = tuple(_gpu(g, f"gpus[{i}]") for i, g in enumerate(raw))
+    if len({g.index for g in gpus}) != len(gpus):
+        raise GpuFactsError("gpus: an index given twice")
+    return GpuReport(node, gpus)
+
+
+def _gpu(obj: object, where: str) -> GpuFacts:
+    if not isinstance(obj, dict):
+        raise GpuFactsError(f"{where}: expected an object")
+    fields = {"index", "name", "clocksMhz", "defaultLimitW", "minLimitW", "maxLimitW"}
+    unknown = sorted(str(k) for k in obj if k not in fields)
+    if unknown:
+        raise GpuFactsError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    index = obj.get("index")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_GPUS_PER_NODE:
+        raise GpuFactsError(f"{where}.index: expected an integer in [0, {MAX_GPUS_PER_NODE})")
+    name = obj.get("name")
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        raise GpuFactsError(f"{where}.name: expected 1 to {MAX_NAME_CHARS} printable characters")
+    clocks = obj.get("clocksMhz")
+    lo, hi = CLOCK_RANGE_MHZ
+    if (
+        not isinstance(clocks, list)
+        or not 1 <= len(clocks) <= MAX_CLOCKS
+        or any(isinstance(c, bool) or not isinstance(c, int) or not lo <= c <= hi for c in clocks)
+        or any(a >= b for a, b in itertools.pairwise(clocks))
+    ):
+        raise GpuFactsError(
+            f"{where}.clocksMhz: expected 1 to {MAX_CLOCKS} strictly increasing integers "
+            f"in [{lo}, {hi}] MHz"
+        )
+    limits = [
+        _watts(obj.get(k), f"{where}.{k}") for k in ("minLimitW", "defaultLimitW", "maxLimitW")
+    ]
+    low, default, high = limits
+    if any(v is None for v in limits) and any(v is not None for v in limits):
+        raise GpuFactsError(f"{where}: power limits are all given or none")
+    if low is not None and default is not None and high is not None and not low <= default <= high:
+        raise GpuFactsError(f"{where}: need minLimitW <= defaultLimitW <= maxLimitW")
+    return GpuFacts(index, name, tuple(clocks), default, low, high)
+
+
+def _watts(value: object, where: str) -> float | None:
+    if value is None:
+        return None
+    lo, hi = POWER_RANGE_W
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise GpuFactsError(f"{where}: expected a number of watts")
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise GpuFactsError(f"{where}: {value!r:.40} outside [{lo:g}, {hi:g}] W")
+    return float(value)
+
+
+def node_spec(gpus: Sequence[GpuFacts]) -> GpuSpec:
+    """The spec the node's GPUs give (module docstring); ``DataError`` when they
+    disagree on their product or give no consistent spec.
+
+    The GPUs of one node are one product (the device plugin advertises one
+    resource); their common clocks and the tightest power range are the node's.
+    """
+    names = {g.name for g in gpus}
+    if len(names) != 1:
+        raise DataError(f"GPUs of several products on one node: {', '.join(sorted(names))}")
+    (name,) = names
+    clocks = sorted(set.intersection(*(set(g.clocks_mhz) for g in gpus)))
+    if not clocks:
+        raise DataError("the node's GPUs share no clock")
+    managed = [g for g in gpus if g.default_limit_w is not None]
+    board = min((g.default_limit_w or 0.0 for g in managed), default=None)
+    low = max((g.min_limit_w or 0.0 for g in managed), default=None)
+    if board is not None:
+        board = min(board, LARGEST_P_MAX_W)
+    if low is not None and board is not None:
+        low = min(low, board)
+    try:
+        known: GpuSpec | None = gpu_spec(name)
+    except DataError:
+        known = None
+    if known is None:
+        if board is None:
+            raise DataError(f"{name}: not in the catalogue and no board limit to plan power by")
+        return estimated_spec(name, clocks, board, min_power_limit_w=low, nvml_names=(name,))
+    board = known.max_power_w if board is None else board
+    f0 = known.f0_mhz if clocks[0] <= known.f0_mhz <= clocks[-1] else knee_clock(clocks)
+    ref = known.reference_power_w
+    return dataclasses.replace(
+        known,
+        clocks_mhz=tuple(clocks),
+        default_clock_mhz=clocks[-1],
+        f0_mhz=f0,
+        max_power_w=board,
+        idle_power_w=min(known.idle_power_w, board / 2),
+        min_power_limit_w=low if managed else known.min_power_limit_w,
+        reference_power_w=None if ref is None else min(ref, board),
+    )
