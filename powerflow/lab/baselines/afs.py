@@ -80,6 +80,7 @@ from powerflow.lab.baselines.common import (
     ModelMemo,
     arrival_order,
     cluster_gpu,
+    decision,
     evaluate,
     finish,
     fixed_clock,
@@ -352,4 +353,4 @@ class AfsPolicy:
         result = place(snapshot.nodes, requests)
         where = {job_id: tuple(got) for job_id, got in result.assignments.items() if got}
         plans = job_plans(snapshot.jobs, where, clock, self.memo)
-        return finish(snapshot, spec, plans, self.memo, result.migrations)
+        return finish(snapshot, spec, decision(snapshot, plans, result.migrations), self.memo)

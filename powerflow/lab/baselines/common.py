@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -357,27 +357,45 @@ def predicted_watts(
     return active + (total - len(sharers)) * spec.idle_power_w
 
 
-def finish(
-    snapshot: Snapshot,
-    spec: GpuSpec,
-    jobs: Sequence[JobPlan],
-    memo: ModelMemo,
-    migrations: Sequence[Migration] = (),
-) -> Plan:
-    """Assemble a plan in the snapshot's job order with its power figures.
+class Decision(NamedTuple):
+    """A baseline's choices before they are priced: job plans in the snapshot's
+    job order, and the moves among them."""
+
+    jobs: tuple[JobPlan, ...]
+    migrations: tuple[Migration, ...]
+
+
+@runtime_checkable
+class Decides(Protocol):
+    """A baseline whose plan is ``finish(decide(...))``: a wrapper that reprices
+    the plan anyway (Zeus) takes the decision and skips the first pricing."""
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        """The plan's jobs and migrations, without its power figures."""
+        ...
+
+
+def decision(
+    snapshot: Snapshot, jobs: Sequence[JobPlan], migrations: Sequence[Migration] = ()
+) -> Decision:
+    """``jobs`` put in the snapshot's job order."""
+    by_id = {jp.job_id: jp for jp in jobs}
+    return Decision(tuple([by_id[job.id] for job in snapshot.jobs]), tuple(migrations))
+
+
+def finish(snapshot: Snapshot, spec: GpuSpec, decided: Decision, memo: ModelMemo) -> Plan:
+    """The plan of a decision, with its power figures.
 
     The limit is the admin's budget as PowerFlow reads it; the baselines only
     report it (none of them is power-capped).
     """
     models = {job.id: job.model for job in snapshot.jobs}
-    by_id = {jp.job_id: jp for jp in jobs}
-    ordered = tuple(by_id[job.id] for job in snapshot.jobs)
     return Plan(
-        jobs=ordered,
+        jobs=decided.jobs,
         limit_watts=limit_watts(snapshot),
-        predicted_watts=predicted_watts(snapshot, ordered, spec, models, memo),
+        predicted_watts=predicted_watts(snapshot, decided.jobs, spec, models, memo),
         powered_down_nodes=(),
-        migrations=tuple(migrations),
+        migrations=decided.migrations,
     )
 
 

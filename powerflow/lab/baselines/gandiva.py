@@ -62,13 +62,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from powerflow.core.errors import SnapshotError
-from powerflow.core.gpus import GpuSpec
 from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 from powerflow.lab.baselines.common import (
+    Decision,
     ModelMemo,
     Pool,
     arrival_order,
     cluster_gpu,
+    decision,
     finish,
     fixed_clock,
     job_plans,
@@ -97,10 +98,12 @@ class GandivaPolicy:
             raise SnapshotError("max_jobs_per_gpu must be at least 1")
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        spec = cluster_gpu(snapshot)
-        clock = fixed_clock(spec, self.frequency_mhz)
+        return finish(snapshot, cluster_gpu(snapshot), self.decide(snapshot), self.memo)
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
         round_ = _Round(snapshot, self.max_jobs_per_gpu, self.grow_shrink)
-        return round_.run(spec, clock, self.memo)
+        return round_.run(clock, self.memo)
 
 
 class _Round:
@@ -166,7 +169,7 @@ class _Round:
                     marks[node] = True
         return marks
 
-    def run(self, spec: GpuSpec, clock: int, memo: ModelMemo) -> Plan:
+    def run(self, clock: int, memo: ModelMemo) -> Decision:
         waiting_jobs = [job for job in self.jobs if job.id not in self.where]
         # 1. FIFO admission onto exclusive GPUs, defragmenting when needed.
         left: list[Job] = []
@@ -193,7 +196,7 @@ class _Round:
         for job in self.jobs:
             if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
                 migrations.append(Migration(job.id, job.placement, self.where[job.id]))
-        return finish(self.snapshot, spec, plans, memo, migrations)
+        return decision(self.snapshot, plans, migrations)
 
     def _grow(self, clock: int, memo: ModelMemo) -> None:
         """Double each exclusive one-node job, oldest first, onto free GPUs of its node.

@@ -94,9 +94,11 @@ from powerflow.core.errors import SnapshotError
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 from powerflow.lab.baselines.common import (
+    Decision,
     ModelMemo,
     Pool,
     cluster_gpu,
+    decision,
     finish,
     fixed_clock,
     job_plans,
@@ -160,8 +162,10 @@ class TiresiasPolicy:
         return sorted(snapshot.jobs, key=key)
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        spec = cluster_gpu(snapshot)
-        clock = fixed_clock(spec, self.frequency_mhz)
+        return finish(snapshot, cluster_gpu(snapshot), self.decide(snapshot), self.memo)
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
         order = self.priority(snapshot)
         biggest = max(node.gpus for node in snapshot.nodes)
         skew = _Skew(biggest, clock, self.skew_slowdown, self.move_gain_s, self.memo)
@@ -171,7 +175,7 @@ class TiresiasPolicy:
             held |= placed.held
             placed = _place(snapshot, _choose(snapshot, order, held), skew)
         plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
-        return finish(snapshot, spec, plans, self.memo, placed.moves)
+        return decision(snapshot, plans, placed.moves)
 
 
 def placement_slowdown(

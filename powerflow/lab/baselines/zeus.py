@@ -77,8 +77,11 @@ import numpy as np
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import FloatArray, PerfModel
+from powerflow.core.policy.budget import limit_watts
 from powerflow.core.policy.snapshot import Job, JobPlan, Plan, Policy, Snapshot
 from powerflow.lab.baselines.common import (
+    Decides,
+    Decision,
     ModelMemo,
     cluster_gpu,
     evaluate,
@@ -210,20 +213,30 @@ class ZeusPolicy:
             raise SnapshotError(f"power-limit step {self.pl_step_w} W must be positive")
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        base = self.inner.plan(snapshot)
+        inner = self.inner
+        # A decision, when the inner policy gives one: its plan's figures would be replaced.
+        base: Plan | Decision = (
+            inner.decide(snapshot) if isinstance(inner, Decides) else inner.plan(snapshot)
+        )
+        base_jobs = base.jobs
         spec = cluster_gpu(snapshot)
-        models = {job.id: job.model for job in snapshot.jobs}
         by_id = {job.id: job for job in snapshot.jobs}
+        models = {job_id: job.model for job_id, job in by_id.items()}
         capping = self.knob == "power_limit"
         run = [
             jp
-            for jp in base.jobs
+            for jp in base_jobs
             if jp.gpus > 0 and not (capping and _profiling(by_id[jp.job_id], jp))
         ]
         settings = self._settings(run, models, spec)
         jobs = []
         runs_at: dict[str, int] = {}  # where a power limit holds the clock below the locked one
-        for jp in base.jobs:
+        # The plan a job got last time, reused while the inner plan object and the
+        # setting are the same: rebuilding ~250 frozen plans per event cost more
+        # than the rest of this method, and an unchanged object lets the engine
+        # skip the job.
+        made = self.memo.last(("zeus_plan", spec, capping))
+        for jp in base_jobs:
             got = settings.get(jp.job_id)
             if got is None:
                 jobs.append(jp)
@@ -233,15 +246,21 @@ class ZeusPolicy:
             if locked == jp.frequency_mhz and cap is None and jp.power_w is None:
                 jobs.append(jp)  # the inner plan's own object: the backend sees it unchanged
             else:
-                jobs.append(
-                    JobPlan(
+                prev = made.get(jp.job_id)
+                if prev is not None and prev[0] is jp and prev[1] == got:
+                    jobs.append(prev[2])
+                else:
+                    ours = JobPlan(
                         jp.job_id, jp.gpus, locked, jp.local_batch_size, jp.placement, None, cap
                     )
-                )
+                    made[jp.job_id] = (jp, got, ours)
+                    jobs.append(ours)
             if clock != locked:
                 runs_at[jp.job_id] = clock
         watts = predicted_watts(snapshot, jobs, spec, models, self.memo, runs_at)
-        return replace(base, jobs=tuple(jobs), predicted_watts=watts)
+        if isinstance(base, Plan):
+            return replace(base, jobs=tuple(jobs), predicted_watts=watts)
+        return Plan(tuple(jobs), limit_watts(snapshot), watts, (), base.migrations)
 
     def _settings(
         self, run: list[JobPlan], models: dict[str, PerfModel], spec: GpuSpec
