@@ -313,9 +313,12 @@ class _Round:
 
     def _consolidate(self) -> None:
         """Move a spread job onto fewer nodes once a consolidated set is free."""
+        where, users = self.where, self.users
         for job in self.jobs:
-            key = self.where.get(job.id)
-            if key is None or job.pinned or len(self.users[key]) != 1:
+            key = where.get(job.id)
+            # A key is sorted, so one node when its ends are: fewest nodes already
+            # (most keys; this spares them the node count).
+            if key is None or key[0][0] == key[-1][0] or job.pinned or len(users[key]) != 1:
                 continue
             if node_count(key) <= self.pool.min_nodes(len(key)):
                 continue
@@ -335,9 +338,13 @@ class _Round:
         step 3 and kept up to date by ``_share``: in step 3 nothing but sharing
         changes the sets, so this is the scan over every set, without the scan.
         """
-        if self.sharable is None:  # first ask: one pass over the sets, all sizes
+        if self.sharable is None:  # first ask: one pass over the sets of the sizes asked
             self.sharable = {}
+            asked = {left.requested_gpus for left in self.jobs if left.id not in self.where}
+            asked.add(job.requested_gpus)
             for key, ids in self.users.items():
+                if len(key) not in asked:
+                    continue
                 newest = self._newest_sharer(key, ids, len(key))
                 if newest is not None:
                     self.sharable.setdefault(len(key), {})[key] = newest
