@@ -69,13 +69,14 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from powerflow.core.policy.placement import PlacementRequest, place
-from powerflow.core.policy.snapshot import Job, Plan, Snapshot
+from powerflow.core.policy.placement import PlacementRequest, PlacementResult, place
+from powerflow.core.policy.snapshot import Job, Node, Plan, Snapshot
 from powerflow.lab.baselines.common import (
     ModelMemo,
     arrival_order,
@@ -327,6 +328,31 @@ class AfsPolicy:
             out.append(ladder)
         return out
 
+    def _place(self, nodes: Sequence[Node], requests: list[PlacementRequest]) -> PlacementResult:
+        """``place``, or last event's result when its inputs are the very same objects.
+
+        Requests are frozen and reused per job while a job's count and GPUs stay
+        put, and the engine keeps its node tuple while no node switches, so at
+        many events (851 of the default trace's 2,028 at 1410 MHz) nothing
+        placement reads has changed; reusing the result saves about 0.3 s of
+        the run's CPU (``afs.place``, 0.78 s at every event). Identity, not
+        equality, is checked: comparing 64 nodes would cost a third of that.
+        """
+        last = self.memo.last("afs_place")
+        prev = last.get("placed")
+        if (
+            prev is not None
+            and prev[0] is nodes
+            and len(prev[1]) == len(requests)
+            and all(map(operator.is_, prev[1], requests))
+        ):
+            result: PlacementResult = prev[2]
+            return result
+        result = place(nodes, requests)
+        if type(nodes) is tuple:  # a list could change before the next call
+            last["placed"] = (nodes, requests, result)
+        return result
+
     def plan(self, snapshot: Snapshot) -> Plan:
         spec = cluster_gpu(snapshot)
         clock = fixed_clock(spec, self.frequency_mhz)
@@ -350,7 +376,7 @@ class AfsPolicy:
                     request = PlacementRequest(job.id, n, job.placement, True)
                     asked[job.id] = (n, job.placement, request)
                     requests.append(request)
-        result = place(snapshot.nodes, requests)
+        result = self._place(snapshot.nodes, requests)
         where = {job_id: tuple(got) for job_id, got in result.assignments.items() if got}
         plans = job_plans(snapshot.jobs, where, clock, self.memo)
         return finish(snapshot, spec, decision(snapshot, plans, result.migrations), self.memo)
