@@ -163,7 +163,9 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
         if best < 0:
             best = _tournament(live, now, first, gain_old, gain_new, trail, valid)
             valid = len(live)
-        valid = min(valid, pos[best])
+        at = pos[best]
+        if at < valid:
+            valid = at
         if level[best] < 0:
             zero.remove(best)
             held.append(best)
@@ -179,10 +181,12 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
             cost[best] = float(c)
             gain_old[best] = (s1 - s0) / s0 / c
             gain_new[best] = (s1 - s0) / s1 / c
-            held_max = max(held_max, gain_old[best])
+            if gain_old[best] > held_max:
+                held_max = gain_old[best]
+            if cost[best] > max_cost:
+                max_cost = cost[best]
         else:
-            cost[best] = inf
-        max_cost = max(max_cost, cost[best])
+            cost[best] = max_cost = inf
         if free_gpus < max_cost:
             kept = [i for i in live if cost[i] <= free_gpus]
             if len(kept) < len(live):
