@@ -123,23 +123,32 @@ class _Round:
         self.sharable: dict[int, dict[tuple[GpuSlot, ...], float]] | None = None
         # Grow-shrink, reactive half: a job waits, so grown jobs give their extra GPUs back.
         self.shrink = grow_shrink and any(not job.placement for job in self.jobs)
-        for job in self.jobs:
-            if job.placement:
-                self._hold(job)
+        self._hold()
 
-    def _hold(self, job: Job) -> None:
-        """Keep a running job where it is (sharers of one GPU set hold it once);
-        a grown job shrinks in place to its first requested GPUs when ``shrink``."""
-        key = tuple(sorted(job.placement))
-        if self.shrink and len(key) > job.requested_gpus and not job.pinned:
-            key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
-        if key in self.users:
-            if len(self.users[key]) >= self.max_share:
-                raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
-        else:
-            self.pool.take(key)
-        self.users[key].append(job.id)
-        self.where[job.id] = key
+    def _hold(self) -> None:
+        """Keep every running job where it is (sharers of one GPU set hold it once);
+        a grown job shrinks in place to its first requested GPUs when ``shrink``.
+
+        One loop with its lookups hoisted: it runs for every running job at every
+        event, a third of a decision.
+        """
+        users, where, take = self.users, self.where, self.pool.take
+        shrink, max_share = self.shrink, self.max_share
+        for job in self.jobs:
+            if not job.placement:
+                continue
+            key = tuple(sorted(job.placement))
+            if shrink and len(key) > job.requested_gpus and not job.pinned:
+                key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
+            ids = users.get(key)
+            if ids is None:
+                take(key)
+                users[key] = [job.id]
+            else:
+                if len(ids) >= max_share:
+                    raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
+                ids.append(job.id)
+            where[job.id] = key
 
     def _relocate(self, job: Job, target: tuple[GpuSlot, ...]) -> None:
         """Record that ``job`` now uses ``target`` (the pool is the caller's business)."""
