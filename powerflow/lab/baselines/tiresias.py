@@ -352,7 +352,7 @@ def _block_after_release(pool: Pool, n: int, own: tuple[GpuSlot, ...]) -> bool:
     ):
         return True
     # whole nodes: the free ones now (none holds one of the job's GPUs) and the job's own
-    whole = sum(size[m] for m, idx in free.items() if len(idx) == size[m] > 0)
+    whole = pool.whole_free_gpus()
     whole += sum(size[m] for m, k in mine.items() if len(free[m]) + k == size[m])
     return whole >= n
 

