@@ -67,11 +67,11 @@ Other simplifications, and why:
 
 from __future__ import annotations
 
-import bisect
 import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -88,6 +88,7 @@ from powerflow.lab.baselines.common import (
     job_plans,
     local_batch,
 )
+from powerflow.lab.baselines.kernels import afs_l_levels
 
 
 @dataclass(frozen=True)
@@ -120,135 +121,22 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
     Each round gives one step to the winner of ``TopPriority``'s tournament
     over the jobs whose next step still fits: the incumbent against each
     challenger in FIFO order. Per job the tournament needs only its remaining
-    time now, the per-GPU gains of its next step and that step's cost.
-
-    Shortcut (exact, and what makes a 100-job round cheap): while no running
-    job's gain over its current speed beats any waiting job's first-step gain,
-    every waiting job beats every running one, so the winner is the waiting
-    job done soonest on its first step (earliest on ties, as the tournament
-    keeps its incumbent on ties). The bounds used to check this are allowed
-    to be stale in the safe direction and are recomputed before falling back
-    to the full tournament.
-
-    Resumed tournaments (exact too): the incumbent after each challenger
-    depends only on the jobs up to it, and a round changes only its winner
-    (and the filter only drops jobs), so a tournament resumes from the last
-    one's incumbent just before the first job changed or dropped since.
+    time now, the per-GPU gains of its next step and that step's cost. The
+    rounds run compiled (``kernels.afs_l_levels``) on the ladders laid end to
+    end.
     """
-    inf = math.inf
-    count = len(ladders)
-    level = [-1] * count
-    now = [inf] * count  # remaining time at the current allocation
-    first = [lad.remaining_s[0] if lad.counts else inf for lad in ladders]
-    cost = [float(lad.counts[0]) if lad.counts else inf for lad in ladders]
-    gain_old = [inf] * count  # (s'/s - 1) per GPU of the next step; s = 0: inf
-    gain_new = [1.0 / c for c in cost]  # (1 - s/s') per GPU of the next step
-    live = [i for i in range(count) if cost[i] <= free_gpus]
-    zero = sorted(live, key=lambda i: (first[i], i))  # live jobs without GPUs
-    held: list[int] = []  # live jobs with GPUs
-    zero_min = min((gain_new[i] for i in zero), default=inf)  # <= the true minimum
-    held_max = -inf  # >= the true maximum
-    max_cost = max((cost[i] for i in live), default=0.0)  # >= every live cost
-    trail: list[tuple[int, int]] = []  # the last tournament's changes of incumbent
-    valid = 0  # no job in live[:valid] changed since: the trail holds up to there
-    pos = {job: k for k, job in enumerate(live)}
-    while live:
-        best = -1
-        if zero:
-            if held_max > zero_min:
-                held_max = max((gain_old[i] for i in held), default=-inf)
-                zero_min = min(gain_new[i] for i in zero)
-            if held_max <= zero_min:
-                best = zero[0]
-        if best < 0:
-            best = _tournament(live, now, first, gain_old, gain_new, trail, valid)
-            valid = len(live)
-        at = pos[best]
-        if at < valid:
-            valid = at
-        if level[best] < 0:
-            zero.remove(best)
-            held.append(best)
-        free_gpus -= int(cost[best])
-        lad = ladders[best]
-        k = level[best] = level[best] + 1
-        now[best] = lad.remaining_s[k]
-        if k + 1 < len(lad.counts):
-            c = lad.counts[k + 1] - lad.counts[k]
-            # Speeds as AFS-L writes them, so that exact ties between jobs
-            # (common with power-of-two ladders) break the same way.
-            s0, s1 = 1.0 / lad.remaining_s[k], 1.0 / lad.remaining_s[k + 1]
-            cost[best] = float(c)
-            gain_old[best] = (s1 - s0) / s0 / c
-            gain_new[best] = (s1 - s0) / s1 / c
-            if gain_old[best] > held_max:
-                held_max = gain_old[best]
-            if cost[best] > max_cost:
-                max_cost = cost[best]
-        else:
-            cost[best] = max_cost = inf
-        if free_gpus < max_cost:
-            kept = [i for i in live if cost[i] <= free_gpus]
-            if len(kept) < len(live):
-                dropped = next(k for k, i in enumerate(live) if cost[i] > free_gpus)
-                valid = min(valid, dropped)
-                pos = {job: k for k, job in enumerate(kept)}
-            live = kept
-            zero = [i for i in zero if cost[i] <= free_gpus]
-            held = [i for i in held if cost[i] <= free_gpus]
-            max_cost = max((cost[i] for i in live), default=0.0)
-    return [ladders[i].counts[lv] if lv >= 0 else 0 for i, lv in enumerate(level)]
-
-
-def _tournament(
-    live: list[int],
-    now: list[float],
-    first: list[float],
-    gain_old: list[float],
-    gain_new: list[float],
-    trail: list[tuple[int, int]] | None = None,
-    start: int = 0,
-) -> int:
-    """``TopPriority``: the incumbent against each challenger, in FIFO order.
-
-    For a pair, the job with the shorter remaining time wins if its gain over
-    its current speed beats the other's gain over its new speed; two jobs
-    without GPUs go by their first-step remaining times. The incumbent's
-    values are held in locals: this loop is the policy's hot spot.
-
-    With ``trail``, every change of incumbent is recorded there as
-    ``(position in live, job)``, and the fold resumes after ``live[start - 1]``
-    from the incumbent it had there (``start`` 0: from the beginning).
-    """
-    inf = math.inf
-    if trail is None:
-        trail = []
-        start = 0
-    if start <= 0:
-        best = live[0]
-        trail.clear()
-        trail.append((0, best))
-        start = 1
-    else:
-        # The last change at or before start - 1 (positions are increasing).
-        cut = bisect.bisect_right(trail, (start - 1, math.inf))
-        del trail[cut:]
-        best = trail[-1][1]
-    b_now, b_old, b_new, b_first = now[best], gain_old[best], gain_new[best], first[best]
-    for k in range(start, len(live)):
-        i = live[k]
-        i_now = now[i]
-        if i_now < b_now:  # the challenger is the shorter job
-            take = gain_old[i] > b_new
-        elif b_now == inf:  # neither has GPUs
-            take = first[i] < b_first
-        else:  # the incumbent is the shorter job
-            take = not b_old > gain_new[i]
-        if take:
-            best = i
-            b_now, b_old, b_new, b_first = i_now, gain_old[i], gain_new[i], first[i]
-            trail.append((k, i))
-    return best
+    sizes = [len(lad.counts) for lad in ladders]
+    start = np.zeros(len(ladders) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=start[1:])
+    total = int(start[-1])
+    counts = np.fromiter(chain.from_iterable(lad.counts for lad in ladders), np.int64, total)
+    remaining = np.fromiter(
+        chain.from_iterable(lad.remaining_s[: len(lad.counts)] for lad in ladders),
+        np.float64,
+        total,
+    )
+    levels = afs_l_levels(counts, remaining, start, free_gpus).tolist()
+    return [lad.counts[k] if k >= 0 else 0 for lad, k in zip(ladders, levels, strict=True)]
 
 
 @dataclass(frozen=True)
