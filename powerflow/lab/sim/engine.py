@@ -59,7 +59,7 @@ from powerflow.core.models.samples import Samples
 from powerflow.core.policy.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.core.policy.power_ratio import RatioWindow
 from powerflow.core.policy.snapshot import GpuSlot, Job, Plan, Snapshot
-from powerflow.lab.groundtruth import measure
+from powerflow.lab.groundtruth.measure import measured_power_w
 from powerflow.lab.schedulers import Configured
 from powerflow.lab.sim import kernels
 from powerflow.lab.sim.config import SimConfig
@@ -608,7 +608,7 @@ class Simulation:
         """One ``MEASURE_WINDOW_S`` window of the job at clock ``f``, with the profiler's
         noise (``powerflow.lab.groundtruth.measure``), as the node agent reports it."""
         iterations = max(1.0, MEASURE_WINDOW_S / job.step_s)
-        sample = measure(
+        job.measured_w = measured_power_w(
             job.truth,
             job.n,
             job.r,
@@ -618,7 +618,6 @@ class Simulation:
             noise=self.cfg.noise,
             iterations=iterations,
         )
-        job.measured_w = float(sample.energy_j[0] / sample.step_time_s[0])
         job.measured_f = f
         self._stale_views.add(job.index)
 
