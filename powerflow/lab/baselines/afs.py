@@ -78,10 +78,10 @@ import numpy as np
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult, place
 from powerflow.core.policy.snapshot import Job, Node, Plan, Snapshot
 from powerflow.lab.baselines.common import (
+    Decision,
     ModelMemo,
     arrival_order,
     cluster_gpu,
-    decision,
     evaluate,
     finish,
     fixed_clock,
@@ -271,4 +271,4 @@ class AfsPolicy:
         result = self._place(snapshot.nodes, requests)
         where = {job_id: tuple(got) for job_id, got in result.assignments.items() if got}
         plans = job_plans(snapshot.jobs, where, clock, self.memo)
-        return finish(snapshot, spec, decision(snapshot, plans, result.migrations), self.memo)
+        return finish(snapshot, spec, Decision(tuple(plans), result.migrations), self.memo)

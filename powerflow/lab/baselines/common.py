@@ -396,7 +396,8 @@ def predicted_watts(
 
 class Decision(NamedTuple):
     """A baseline's choices before they are priced: job plans in the snapshot's
-    job order, and the moves among them."""
+    job order (``job_plans`` over ``snapshot.jobs`` gives them so), and the
+    moves among them."""
 
     jobs: tuple[JobPlan, ...]
     migrations: tuple[Migration, ...]
@@ -410,14 +411,6 @@ class Decides(Protocol):
     def decide(self, snapshot: Snapshot) -> Decision:
         """The plan's jobs and migrations, without its power figures."""
         ...
-
-
-def decision(
-    snapshot: Snapshot, jobs: Sequence[JobPlan], migrations: Sequence[Migration] = ()
-) -> Decision:
-    """``jobs`` put in the snapshot's job order."""
-    by_id = {jp.job_id: jp for jp in jobs}
-    return Decision(tuple([by_id[job.id] for job in snapshot.jobs]), tuple(migrations))
 
 
 def finish(snapshot: Snapshot, spec: GpuSpec, decided: Decision, memo: ModelMemo) -> Plan:

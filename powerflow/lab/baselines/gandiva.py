@@ -69,7 +69,6 @@ from powerflow.lab.baselines.common import (
     Pool,
     arrival_order,
     cluster_gpu,
-    decision,
     finish,
     fixed_clock,
     job_plans,
@@ -201,11 +200,12 @@ class _Round:
         if self.grow_shrink and not left and all(len(ids) == 1 for ids in self.users.values()):
             self._grow(clock, memo)
         migrations: list[Migration] = []
-        plans = job_plans(self.jobs, self.where, clock, memo)
-        for job in self.jobs:
-            if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
-                migrations.append(Migration(job.id, job.placement, self.where[job.id]))
-        return decision(self.snapshot, plans, migrations)
+        plans = job_plans(self.snapshot.jobs, self.where, clock, memo)
+        if self.moves:
+            for job in self.jobs:
+                if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
+                    migrations.append(Migration(job.id, job.placement, self.where[job.id]))
+        return Decision(tuple(plans), tuple(migrations))
 
     def _grow(self, clock: int, memo: ModelMemo) -> None:
         """Double each exclusive one-node job, oldest first, onto free GPUs of its node.
@@ -307,9 +307,7 @@ class _Round:
 
     def _unshare(self) -> None:
         """Give a time-sliced job GPUs of its own as soon as some are free."""
-        for ids in list(self.users.values()):
-            if len(ids) < 2:
-                continue
+        for ids in [ids for ids in self.users.values() if len(ids) > 1]:
             for job_id in sorted(ids, key=lambda i: (self.by_id[i].arrival_s, i))[1:]:
                 job = self.by_id[job_id]
                 if job.pinned:

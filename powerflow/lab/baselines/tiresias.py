@@ -98,7 +98,6 @@ from powerflow.lab.baselines.common import (
     ModelMemo,
     Pool,
     cluster_gpu,
-    decision,
     finish,
     fixed_clock,
     job_plans,
@@ -175,7 +174,7 @@ class TiresiasPolicy:
             held |= placed.held
             placed = _place(snapshot, _choose(snapshot, order, held), skew)
         plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
-        return decision(snapshot, plans, placed.moves)
+        return Decision(tuple(plans), tuple(placed.moves))
 
 
 def placement_slowdown(
