@@ -389,7 +389,10 @@ def predicted_watts(
             config = (jp.gpus, jp.local_batch_size, clocks[i], jp.placement)
             known.remember(jp.job_id, models[jp.job_id], config, watts[i])
             by_plan[jp.job_id] = (models[jp.job_id], jp, clocks[i], watts[i])
-    active = sum(w / sharers[jp.placement[0]] for jp, w in zip(running, watts, strict=True))
+    if sum(map(len, (jp.placement for jp in running))) == len(sharers):
+        active = sum(watts)  # no GPU time-sliced: every share is 1, and w / 1 is w
+    else:
+        active = sum([w / sharers[jp.placement[0]] for jp, w in zip(running, watts, strict=True)])
     total = sum(node.gpus for node in snapshot.nodes)
     return active + (total - len(sharers)) * spec.idle_power_w
 

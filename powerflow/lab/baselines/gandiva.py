@@ -134,9 +134,15 @@ class _Round:
         users, where, take = self.users, self.where, self.pool.take
         shrink, max_share = self.shrink, self.max_share
         for job in self.jobs:
-            if not job.placement:
+            placement = job.placement
+            if not placement:
                 continue
-            key = tuple(sorted(job.placement))
+            # One GPU is sorted already (most jobs of the trace).
+            key = (
+                placement
+                if len(placement) == 1 and type(placement) is tuple
+                else tuple(sorted(placement))
+            )
             if shrink and len(key) > job.requested_gpus and not job.pinned:
                 key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
             ids = users.get(key)

@@ -78,7 +78,7 @@ from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import FloatArray, PerfModel
 from powerflow.core.policy.budget import limit_watts
-from powerflow.core.policy.snapshot import Job, JobPlan, Plan, Policy, Snapshot
+from powerflow.core.policy.snapshot import JobPlan, Plan, Policy, Snapshot
 from powerflow.lab.baselines.common import (
     Decides,
     Decision,
@@ -183,17 +183,6 @@ def _power_limits(
     return [(float(limits[k]), int(spec.clocks_mhz[int(at[i, k])])) for i, k in enumerate(best)]
 
 
-def _profiling(job: Job, jp: JobPlan) -> bool:
-    """A job that profiles on the plan's GPU count: Zeus's profiler owns its limit.
-
-    Not only a job already profiling (pinned): a job the plan starts, resumes or
-    resizes onto a GPU count it has not profiled begins its profiling phase with
-    the plan's cap, so it must get none (Zeus sets the highest limit before it
-    profiles); the limit comes at the first plan after the phase.
-    """
-    return job.profiled_gpus is not None and jp.gpus not in job.profiled_gpus
-
-
 @dataclass(frozen=True)
 class ZeusPolicy:
     """``inner``'s plan with each running job at its Zeus-optimal power limit (or clock)."""
@@ -238,7 +227,14 @@ class ZeusPolicy:
             if jp.gpus == 0:
                 continue
             job = by_id[jp.job_id]
-            if capping and _profiling(job, jp):
+            # A job profiling on the plan's GPU count gets no limit: Zeus's profiler
+            # owns it. Not only a job already profiling (pinned): one the plan
+            # starts, resumes or resizes onto a count it has not profiled begins
+            # its profiling phase with the plan's cap, so it must get none (Zeus
+            # sets the highest limit before it profiles); the limit comes at the
+            # first plan after the phase.
+            profiled = job.profiled_gpus
+            if capping and profiled is not None and jp.gpus not in profiled:
                 continue
             prev = made.get(jp.job_id)
             if prev is not None and prev[0] is jp and prev[1] is job.model:
