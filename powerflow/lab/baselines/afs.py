@@ -131,7 +131,7 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
     total = int(start[-1])
     counts = np.fromiter(chain.from_iterable(lad.counts for lad in ladders), np.int64, total)
     remaining = np.fromiter(
-        chain.from_iterable(lad.remaining_s[: len(lad.counts)] for lad in ladders),
+        chain.from_iterable(lad.remaining_s for lad in ladders),
         np.float64,
         total,
     )
