@@ -158,3 +158,18 @@ def test_small_runs_keep_their_figures(command: str, capsys: pytest.CaptureFixtu
     got = (row["avg_jct_s"], row["makespan_s"], row["total_energy_j"])
     assert got == pytest.approx(SMALL[command][:3], rel=1e-12)
     assert (row["migrations"], row["events"]) == SMALL[command][3:]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_block_after_release_is_what_releasing_finds(seed: int) -> None:
+    """The count Gandiva and Tiresias check before releasing a spread job's GPUs."""
+    rng = random.Random(seed)
+    nodes = tuple(Node(f"n{i}", rng.choice((4, 8, 8)), A100) for i in range(6))
+    for _ in range(100):
+        pool = Pool(nodes)
+        held = [got for n in rng.choices((1, 2, 3, 4, 6, 8), k=12) if (got := pool.take_spread(n))]
+        own = rng.choice(held)
+        n = rng.choice((len(own), 2, 4, 8, 12, 16))
+        said = pool.block_after_release(n, own)
+        pool.release(own)
+        assert said == (pool.take_consolidated(n) is not None)

@@ -165,6 +165,26 @@ class Pool:
             self._whole = sum(size[m] for m, idx in self.free.items() if len(idx) == size[m] > 0)
         return self._whole
 
+    def block_after_release(self, n: int, own: Sequence[GpuSlot]) -> bool:
+        """Whether ``take_consolidated(n)`` would find GPUs once ``own`` is free.
+
+        Counted without releasing: a spread job finds no block at most events
+        (Tiresias's re-consolidation, Gandiva's consolidation), and releasing
+        and taking back its GPUs costs more than the count.
+        """
+        free, size = self.free, self.size
+        mine: dict[str, int] = {}
+        for node, _ in own:
+            mine[node] = mine.get(node, 0) + 1
+        if n <= self.biggest and (
+            max(map(len, free.values())) >= n or any(len(free[m]) + k >= n for m, k in mine.items())
+        ):
+            return True
+        # whole nodes: the free ones now (none holds one of the job's GPUs) and the job's own
+        whole = self.whole_free_gpus()
+        whole += sum(size[m] for m, k in mine.items() if len(free[m]) + k == size[m])
+        return whole >= n
+
     def take(self, slots: Iterable[GpuSlot]) -> None:
         self._whole = None
         free = self.free

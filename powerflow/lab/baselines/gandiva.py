@@ -335,6 +335,8 @@ class _Round:
                 continue
             if node_count(key) <= self.pool.min_nodes(len(key)):
                 continue
+            if not self.pool.block_after_release(len(key), key):
+                continue  # no consolidated set even with its own GPUs free
             self.pool.release(key)
             target = self.pool.take_consolidated(len(key))
             if target is None or node_count(target) >= node_count(key):

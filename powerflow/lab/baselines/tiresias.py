@@ -324,36 +324,16 @@ class _Skew:
         if n <= 1 or node_count(job.placement) <= math.ceil(n / self.per_node):
             return None
         step_s, slowdown = self.profile(job)
-        if slowdown <= self.threshold or not _block_after_release(pool, n, job.placement):
+        if slowdown <= self.threshold or not pool.block_after_release(n, job.placement):
             return None
         saved = job.remaining_iterations * (self._step_s(job, per_node(job.placement)) - step_s)
         if saved < self.move_gain_s:
             return None
         pool.release(job.placement)
         target = pool.take_consolidated(n)
-        if target is None:  # pragma: no cover - _block_after_release said there is one
+        if target is None:  # pragma: no cover - block_after_release said there is one
             pool.take(job.placement)
         return target
-
-
-def _block_after_release(pool: Pool, n: int, own: tuple[GpuSlot, ...]) -> bool:
-    """Whether ``Pool.take_consolidated(n)`` would find a block once ``own`` is free.
-
-    Counted without releasing: most spread jobs find none at most events, and
-    releasing and taking back their GPUs costs more than the count.
-    """
-    free, size = pool.free, pool.size
-    mine: dict[str, int] = {}
-    for node, _ in own:
-        mine[node] = mine.get(node, 0) + 1
-    if n <= pool.biggest and (
-        max(map(len, free.values())) >= n or any(len(free[m]) + k >= n for m, k in mine.items())
-    ):
-        return True
-    # whole nodes: the free ones now (none holds one of the job's GPUs) and the job's own
-    whole = pool.whole_free_gpus()
-    whole += sum(size[m] for m, k in mine.items() if len(free[m]) + k == size[m])
-    return whole >= n
 
 
 def _serve_key(
