@@ -257,7 +257,7 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
             raise SnapshotError(f"no GPUs left for job {job.id}")
         where[job.id] = target
     for job in running:  # re-consolidation, in service order
-        if not job.pinned:
+        if not job.pinned and job.requested_gpus > 1:  # one GPU never moves (``move``)
             target = skew.move(job, pool)
             if target is not None:
                 out.moves.append(Migration(job.id, job.placement, target))
