@@ -101,12 +101,13 @@ def _whole_afresh(pool: Pool) -> int:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_pool_whole_free_count_is_the_count_afresh(seed: int) -> None:
+def test_pool_free_counts_are_the_counts_afresh(seed: int) -> None:
     rng = random.Random(seed)
     pool = Pool(tuple(Node(f"n{i}", 8, A100) for i in range(6)))
     held: list[tuple[tuple[str, int], ...]] = []
     for _ in range(300):
         assert pool.whole_free_gpus() == _whole_afresh(pool)
+        assert pool.most_free() == max(map(len, pool.free.values()))
         roll = rng.random()
         if roll < 0.3:
             got = pool.take_consolidated(rng.choice((1, 2, 4, 8, 16)))

@@ -132,7 +132,8 @@ class Pool:
         self.free: dict[str, list[int]] = {node.name: list(range(node.gpus)) for node in nodes}
         self._count = sum(self.size.values())
         self.biggest = max(self.size.values(), default=0)
-        self._whole: int | None = None  # whole_free_gpus, until the free lists change
+        # (whole_free_gpus, most_free), until the free lists change
+        self._summary: tuple[int, int] | None = None
 
     def copy(self) -> Pool:
         other = Pool.__new__(Pool)
@@ -142,7 +143,7 @@ class Pool:
         other.free = {name: list(idx) for name, idx in self.free.items()}
         other._count = self._count
         other.biggest = self.biggest
-        other._whole = self._whole
+        other._summary = self._summary
         return other
 
     @property
@@ -155,15 +156,23 @@ class Pool:
     def whole_free_gpus(self) -> int:
         """GPUs of the nodes that are entirely free.
 
-        Kept until the free lists change: Tiresias asks once per spread running
-        job at every event, and between its moves the answer stays put
-        (0.25 s of a Tiresias run of the default trace counted the 64 nodes
-        afresh each time).
+        Kept, with ``most_free``, until the free lists change: Tiresias asks
+        once per spread running job at every event, and between its moves the
+        answer stays put (0.25 s of a Tiresias run of the default trace counted
+        the 64 nodes afresh each time).
         """
-        if self._whole is None:
-            size = self.size
-            self._whole = sum(size[m] for m, idx in self.free.items() if len(idx) == size[m] > 0)
-        return self._whole
+        return self._summarise()[0]
+
+    def most_free(self) -> int:
+        """The most free GPUs on one node (0 without nodes)."""
+        return self._summarise()[1]
+
+    def _summarise(self) -> tuple[int, int]:
+        if self._summary is None:
+            size, free = self.size, self.free
+            whole = sum(size[m] for m, idx in free.items() if len(idx) == size[m] > 0)
+            self._summary = (whole, max(map(len, free.values()), default=0))
+        return self._summary
 
     def block_after_release(self, n: int, own: Sequence[GpuSlot]) -> bool:
         """Whether ``take_consolidated(n)`` would find GPUs once ``own`` is free.
@@ -177,7 +186,7 @@ class Pool:
         for node, _ in own:
             mine[node] = mine.get(node, 0) + 1
         if n <= self.biggest and (
-            max(map(len, free.values())) >= n or any(len(free[m]) + k >= n for m, k in mine.items())
+            self.most_free() >= n or any(len(free[m]) + k >= n for m, k in mine.items())
         ):
             return True
         # whole nodes: the free ones now (none holds one of the job's GPUs) and the job's own
@@ -186,7 +195,7 @@ class Pool:
         return whole >= n
 
     def take(self, slots: Iterable[GpuSlot]) -> None:
-        self._whole = None
+        self._summary = None
         free = self.free
         for node, i in slots:
             try:
@@ -196,14 +205,14 @@ class Pool:
             self._count -= 1
 
     def release(self, slots: Iterable[GpuSlot]) -> None:
-        self._whole = None
+        self._summary = None
         for node, i in slots:
             self.free[node].append(i)
             self.free[node].sort()
             self._count += 1
 
     def _grab(self, node: str, k: int) -> tuple[GpuSlot, ...]:
-        self._whole = None
+        self._summary = None
         got = self.free[node][:k]
         del self.free[node][:k]
         self._count -= len(got)
