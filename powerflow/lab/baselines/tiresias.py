@@ -87,6 +87,7 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -238,12 +239,14 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
     pool = Pool(snapshot.nodes)
     out = _Placed()
     where = out.where
-    running = []
-    for job in chosen:
-        if job.placement and (job.pinned or len(job.placement) == job.requested_gpus):
-            pool.take(job.placement)
-            where[job.id] = job.placement
-            running.append(job)
+    running = [
+        job
+        for job in chosen
+        if job.placement and (job.pinned or len(job.placement) == job.requested_gpus)
+    ]
+    pool.take(chain.from_iterable([job.placement for job in running]))  # one call, same order
+    for job in running:
+        where[job.id] = job.placement
     for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
         if job.id in where:
             continue
