@@ -125,18 +125,36 @@ def afs_l(ladders: Sequence[Ladder], free_gpus: int) -> list[int]:
     rounds run compiled (``kernels.afs_l_levels``) on the ladders laid end to
     end.
     """
-    sizes = [len(lad.counts) for lad in ladders]
-    start = np.zeros(len(ladders) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=start[1:])
-    total = int(start[-1])
-    counts = np.fromiter(chain.from_iterable(lad.counts for lad in ladders), np.int64, total)
+    counts = [lad.counts for lad in ladders]
+    total = sum(map(len, counts))
     remaining = np.fromiter(
-        chain.from_iterable(lad.remaining_s for lad in ladders),
-        np.float64,
-        total,
+        chain.from_iterable(lad.remaining_s for lad in ladders), np.float64, total
     )
-    levels = afs_l_levels(counts, remaining, start, free_gpus).tolist()
-    return [lad.counts[k] if k >= 0 else 0 for lad, k in zip(ladders, levels, strict=True)]
+    return _allocate(counts, remaining, free_gpus)
+
+
+def afs_l_steps(
+    steps: Sequence[tuple[tuple[int, ...], Sequence[float]]],
+    remaining_iterations: Sequence[float],
+    free_gpus: int,
+) -> list[int]:
+    """``afs_l`` of ladders given as (counts, step times) and each job's remaining
+    iterations: the remaining times are their products (``Ladder``'s), taken in
+    one array operation rather than as a ``Ladder`` per job at every event."""
+    counts = [c for c, _ in steps]
+    sizes = list(map(len, counts))
+    step = np.fromiter(chain.from_iterable(t for _, t in steps), np.float64, sum(sizes))
+    remaining = np.repeat(np.asarray(remaining_iterations, dtype=np.float64), sizes) * step
+    return _allocate(counts, remaining, free_gpus)
+
+
+def _allocate(counts: list[tuple[int, ...]], remaining: np.ndarray, free_gpus: int) -> list[int]:
+    """The compiled rounds on ladders laid end to end; each job's GPU count."""
+    start = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(list(map(len, counts)), out=start[1:])
+    flat = np.fromiter(chain.from_iterable(counts), np.int64, int(start[-1]))
+    levels = afs_l_levels(flat, remaining, start, free_gpus).tolist()
+    return [c[k] if k >= 0 else 0 for c, k in zip(counts, levels, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -146,15 +164,16 @@ class AfsPolicy:
     frequency_mhz: int | None = None
     memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
 
-    def ladders(
+    def steps(
         self, jobs: Sequence[Job], cluster_gpus: int, per_node: int, clock: int
-    ) -> list[Ladder]:
-        """Every job's useful counts and remaining times on them.
+    ) -> list[tuple[tuple[int, ...], list[float]]]:
+        """Every job's useful counts and its step time on each (its ``Ladder``
+        without its progress: the remaining times are these times its
+        remaining iterations).
 
-        A job's counts and step times depend on its bounds, model and the
-        cluster, not on its progress: they are looked up by job id first
-        (``ModelMemo.last``), and only jobs whose inputs changed build a key.
-        A job's ``Ladder`` is reused while its remaining iterations stay put.
+        They depend on a job's bounds, model and the cluster, not on its
+        progress: they are looked up by job id first (``ModelMemo.last``), and
+        only jobs whose inputs changed build a key.
         """
         last = self.memo.last("afs")
         steps: list[tuple[tuple[int, ...], list[float]] | None] = []
@@ -204,21 +223,7 @@ class AfsPolicy:
                 steps[i] = (cs[:keep], step[:keep])
                 self.memo.put(job.model, key, steps[i])
                 last.remember(job.id, job.model, job_inputs, steps[i])
-        # A waiting job makes no progress: its ladder is the one built last time.
-        built = self.memo.last("afs_ladder")
-        out = []
-        for job, entry in zip(jobs, steps, strict=True):
-            assert entry is not None
-            r = job.remaining_iterations
-            prev = built.get(job.id)
-            if prev is not None and prev[0] is entry and prev[1] == r:
-                out.append(prev[2])
-                continue
-            counts, step = entry
-            ladder = Ladder(counts, tuple([r * x for x in step]))
-            built[job.id] = (entry, r, ladder)
-            out.append(ladder)
-        return out
+        return steps  # type: ignore[return-value]  # every entry is filled now
 
     def _place(self, nodes: Sequence[Node], requests: list[PlacementRequest]) -> PlacementResult:
         """``place``, or last event's result when its inputs are the very same objects.
@@ -254,7 +259,11 @@ class AfsPolicy:
         kept_ids = {job.id for job in kept}
         elastic = [job for job in arrival_order(snapshot.jobs) if job.id not in kept_ids]
         free = total - sum(len(job.placement) for job in kept)
-        counts = afs_l(self.ladders(elastic, total, per_node, clock), free)
+        counts = afs_l_steps(
+            self.steps(elastic, total, per_node, clock),
+            [job.remaining_iterations for job in elastic],
+            free,
+        )
         requests = [
             PlacementRequest(job.id, len(job.placement), job.placement, False) for job in kept
         ]
