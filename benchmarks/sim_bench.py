@@ -10,7 +10,8 @@ plans, event handling, accounting, ground-truth measurement). CPU time
 time counts whatever else the machine runs. ``python -m benchmarks sim`` (the
 full trace takes minutes on a busy machine); ``python benchmarks/sim_bench.py
 --hours 2`` for a quick look, ``--nodes 16`` for a smaller cluster, ``--runs
-gandiva`` for a subset.
+gandiva`` for a subset (``--runs gandiva,tiresias,afs,gandiva+zeus,tiresias+zeus``: the
+baselines).
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def main() -> None:
     parser.add_argument(
         "--runs",
         default="fitted,oracle,gandiva",
-        help="comma-separated subset of fitted, oracle, gandiva",
+        help="comma-separated subset of fitted, oracle, gandiva, tiresias, afs, "
+        "gandiva+zeus, tiresias+zeus (the baselines at 1410 MHz or their Zeus setting)",
     )
     parser.add_argument(
         "--forget",
@@ -133,6 +135,10 @@ def main() -> None:
         "fitted": RunSpec("powerflow", 0.6, trace, config),
         "oracle": RunSpec("powerflow", 0.6, trace, config, oracle=True),
         "gandiva": RunSpec("gandiva", 1410, trace, config),
+        "tiresias": RunSpec("tiresias", 1410, trace, config),
+        "afs": RunSpec("afs", 1410, trace, config),
+        "gandiva+zeus": RunSpec("gandiva+zeus", None, trace, config),
+        "tiresias+zeus": RunSpec("tiresias+zeus", None, trace, config),
     }
     runs = [every[name.strip()] for name in args.runs.split(",")]
     table = Table(title=f"simulator speed, {trace.describe()}, {config.total_gpus} GPUs")

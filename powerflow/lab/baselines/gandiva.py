@@ -62,9 +62,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from powerflow.core.errors import SnapshotError
-from powerflow.core.gpus import GpuSpec
 from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 from powerflow.lab.baselines.common import (
+    Decision,
     ModelMemo,
     Pool,
     arrival_order,
@@ -97,10 +97,12 @@ class GandivaPolicy:
             raise SnapshotError("max_jobs_per_gpu must be at least 1")
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        spec = cluster_gpu(snapshot)
-        clock = fixed_clock(spec, self.frequency_mhz)
+        return finish(snapshot, cluster_gpu(snapshot), self.decide(snapshot), self.memo)
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
         round_ = _Round(snapshot, self.max_jobs_per_gpu, self.grow_shrink)
-        return round_.run(spec, clock, self.memo)
+        return round_.run(clock, self.memo)
 
 
 class _Round:
@@ -120,23 +122,38 @@ class _Round:
         self.sharable: dict[int, dict[tuple[GpuSlot, ...], float]] | None = None
         # Grow-shrink, reactive half: a job waits, so grown jobs give their extra GPUs back.
         self.shrink = grow_shrink and any(not job.placement for job in self.jobs)
-        for job in self.jobs:
-            if job.placement:
-                self._hold(job)
+        self._hold()
 
-    def _hold(self, job: Job) -> None:
-        """Keep a running job where it is (sharers of one GPU set hold it once);
-        a grown job shrinks in place to its first requested GPUs when ``shrink``."""
-        key = tuple(sorted(job.placement))
-        if self.shrink and len(key) > job.requested_gpus and not job.pinned:
-            key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
-        if key in self.users:
-            if len(self.users[key]) >= self.max_share:
-                raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
-        else:
-            self.pool.take(key)
-        self.users[key].append(job.id)
-        self.where[job.id] = key
+    def _hold(self) -> None:
+        """Keep every running job where it is (sharers of one GPU set hold it once);
+        a grown job shrinks in place to its first requested GPUs when ``shrink``.
+
+        One loop with its lookups hoisted: it runs for every running job at every
+        event, a third of a decision.
+        """
+        users, where, take = self.users, self.where, self.pool.take
+        shrink, max_share = self.shrink, self.max_share
+        for job in self.jobs:
+            placement = job.placement
+            if not placement:
+                continue
+            # One GPU is sorted already (most jobs of the trace).
+            key = (
+                placement
+                if len(placement) == 1 and type(placement) is tuple
+                else tuple(sorted(placement))
+            )
+            if shrink and len(key) > job.requested_gpus and not job.pinned:
+                key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
+            ids = users.get(key)
+            if ids is None:
+                take(key)
+                users[key] = [job.id]
+            else:
+                if len(ids) >= max_share:
+                    raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
+                ids.append(job.id)
+            where[job.id] = key
 
     def _relocate(self, job: Job, target: tuple[GpuSlot, ...]) -> None:
         """Record that ``job`` now uses ``target`` (the pool is the caller's business)."""
@@ -166,7 +183,7 @@ class _Round:
                     marks[node] = True
         return marks
 
-    def run(self, spec: GpuSpec, clock: int, memo: ModelMemo) -> Plan:
+    def run(self, clock: int, memo: ModelMemo) -> Decision:
         waiting_jobs = [job for job in self.jobs if job.id not in self.where]
         # 1. FIFO admission onto exclusive GPUs, defragmenting when needed.
         left: list[Job] = []
@@ -189,11 +206,12 @@ class _Round:
         if self.grow_shrink and not left and all(len(ids) == 1 for ids in self.users.values()):
             self._grow(clock, memo)
         migrations: list[Migration] = []
-        plans = job_plans(self.jobs, self.where, clock, memo)
-        for job in self.jobs:
-            if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
-                migrations.append(Migration(job.id, job.placement, self.where[job.id]))
-        return finish(self.snapshot, spec, plans, memo, migrations)
+        plans = job_plans(self.snapshot.jobs, self.where, clock, memo)
+        if self.moves:
+            for job in self.jobs:
+                if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
+                    migrations.append(Migration(job.id, job.placement, self.where[job.id]))
+        return Decision(tuple(plans), tuple(migrations))
 
     def _grow(self, clock: int, memo: ModelMemo) -> None:
         """Double each exclusive one-node job, oldest first, onto free GPUs of its node.
@@ -295,9 +313,7 @@ class _Round:
 
     def _unshare(self) -> None:
         """Give a time-sliced job GPUs of its own as soon as some are free."""
-        for ids in list(self.users.values()):
-            if len(ids) < 2:
-                continue
+        for ids in [ids for ids in self.users.values() if len(ids) > 1]:
             for job_id in sorted(ids, key=lambda i: (self.by_id[i].arrival_s, i))[1:]:
                 job = self.by_id[job_id]
                 if job.pinned:
@@ -310,12 +326,17 @@ class _Round:
 
     def _consolidate(self) -> None:
         """Move a spread job onto fewer nodes once a consolidated set is free."""
+        where, users = self.where, self.users
         for job in self.jobs:
-            key = self.where.get(job.id)
-            if key is None or job.pinned or len(self.users[key]) != 1:
+            key = where.get(job.id)
+            # A key is sorted, so one node when its ends are: fewest nodes already
+            # (most keys; this spares them the node count).
+            if key is None or key[0][0] == key[-1][0] or job.pinned or len(users[key]) != 1:
                 continue
             if node_count(key) <= self.pool.min_nodes(len(key)):
                 continue
+            if not self.pool.block_after_release(len(key), key):
+                continue  # no consolidated set even with its own GPUs free
             self.pool.release(key)
             target = self.pool.take_consolidated(len(key))
             if target is None or node_count(target) >= node_count(key):
@@ -332,9 +353,13 @@ class _Round:
         step 3 and kept up to date by ``_share``: in step 3 nothing but sharing
         changes the sets, so this is the scan over every set, without the scan.
         """
-        if self.sharable is None:  # first ask: one pass over the sets, all sizes
+        if self.sharable is None:  # first ask: one pass over the sets of the sizes asked
             self.sharable = {}
+            asked = {left.requested_gpus for left in self.jobs if left.id not in self.where}
+            asked.add(job.requested_gpus)
             for key, ids in self.users.items():
+                if len(key) not in asked:
+                    continue
                 newest = self._newest_sharer(key, ids, len(key))
                 if newest is not None:
                     self.sharable.setdefault(len(key), {})[key] = newest

@@ -87,6 +87,7 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -94,6 +95,7 @@ from powerflow.core.errors import SnapshotError
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
 from powerflow.lab.baselines.common import (
+    Decision,
     ModelMemo,
     Pool,
     cluster_gpu,
@@ -160,8 +162,10 @@ class TiresiasPolicy:
         return sorted(snapshot.jobs, key=key)
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        spec = cluster_gpu(snapshot)
-        clock = fixed_clock(spec, self.frequency_mhz)
+        return finish(snapshot, cluster_gpu(snapshot), self.decide(snapshot), self.memo)
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
         order = self.priority(snapshot)
         biggest = max(node.gpus for node in snapshot.nodes)
         skew = _Skew(biggest, clock, self.skew_slowdown, self.move_gain_s, self.memo)
@@ -171,7 +175,7 @@ class TiresiasPolicy:
             held |= placed.held
             placed = _place(snapshot, _choose(snapshot, order, held), skew)
         plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
-        return finish(snapshot, spec, plans, self.memo, placed.moves)
+        return Decision(tuple(plans), tuple(placed.moves))
 
 
 def placement_slowdown(
@@ -235,12 +239,14 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
     pool = Pool(snapshot.nodes)
     out = _Placed()
     where = out.where
-    running = []
-    for job in chosen:
-        if job.placement and (job.pinned or len(job.placement) == job.requested_gpus):
-            pool.take(job.placement)
-            where[job.id] = job.placement
-            running.append(job)
+    running = [
+        job
+        for job in chosen
+        if job.placement and (job.pinned or len(job.placement) == job.requested_gpus)
+    ]
+    pool.take(chain.from_iterable([job.placement for job in running]))  # one call, same order
+    for job in running:
+        where[job.id] = job.placement
     for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
         if job.id in where:
             continue
@@ -254,7 +260,7 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
             raise SnapshotError(f"no GPUs left for job {job.id}")
         where[job.id] = target
     for job in running:  # re-consolidation, in service order
-        if not job.pinned:
+        if not job.pinned and job.requested_gpus > 1:  # one GPU never moves (``move``)
             target = skew.move(job, pool)
             if target is not None:
                 out.moves.append(Migration(job.id, job.placement, target))
@@ -321,36 +327,16 @@ class _Skew:
         if n <= 1 or node_count(job.placement) <= math.ceil(n / self.per_node):
             return None
         step_s, slowdown = self.profile(job)
-        if slowdown <= self.threshold or not _block_after_release(pool, n, job.placement):
+        if slowdown <= self.threshold or not pool.block_after_release(n, job.placement):
             return None
         saved = job.remaining_iterations * (self._step_s(job, per_node(job.placement)) - step_s)
         if saved < self.move_gain_s:
             return None
         pool.release(job.placement)
         target = pool.take_consolidated(n)
-        if target is None:  # pragma: no cover - _block_after_release said there is one
+        if target is None:  # pragma: no cover - block_after_release said there is one
             pool.take(job.placement)
         return target
-
-
-def _block_after_release(pool: Pool, n: int, own: tuple[GpuSlot, ...]) -> bool:
-    """Whether ``Pool.take_consolidated(n)`` would find a block once ``own`` is free.
-
-    Counted without releasing: most spread jobs find none at most events, and
-    releasing and taking back their GPUs costs more than the count.
-    """
-    free, size = pool.free, pool.size
-    mine: dict[str, int] = {}
-    for node, _ in own:
-        mine[node] = mine.get(node, 0) + 1
-    if n <= pool.biggest and (
-        max(map(len, free.values())) >= n or any(len(free[m]) + k >= n for m, k in mine.items())
-    ):
-        return True
-    # whole nodes: the free ones now (none holds one of the job's GPUs) and the job's own
-    whole = sum(size[m] for m, idx in free.items() if len(idx) == size[m] > 0)
-    whole += sum(size[m] for m, k in mine.items() if len(free[m]) + k == size[m])
-    return whole >= n
 
 
 def _serve_key(

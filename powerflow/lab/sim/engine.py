@@ -42,6 +42,7 @@ the jobs running as planned over the last hour (``powerflow.core.policy.power_ra
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -58,7 +59,7 @@ from powerflow.core.models.samples import Samples
 from powerflow.core.policy.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.core.policy.power_ratio import RatioWindow
 from powerflow.core.policy.snapshot import GpuSlot, Job, Plan, Snapshot
-from powerflow.lab.groundtruth import measure
+from powerflow.lab.groundtruth.measure import measured_power_w
 from powerflow.lab.schedulers import Configured
 from powerflow.lab.sim import kernels
 from powerflow.lab.sim.config import SimConfig
@@ -330,6 +331,22 @@ class Simulation:
     # ---------------------------------------------------------------- main loop
 
     def run(self) -> RunResult:
+        """Run the trace to its end.
+
+        What exists before the run (trace, ground truth, models, memos) lives
+        through it, so it is frozen out of the garbage collector's passes for
+        the run (``gc.freeze``): the collector then scans only what the run
+        allocates. Collections took about half their CPU time
+        (0.24 -> 0.12 s of a Gandiva run of the default trace, measured with
+        ``gc.callbacks``); no result depends on it.
+        """
+        gc.freeze()
+        try:
+            return self._run()
+        finally:
+            gc.unfreeze()
+
+    def _run(self) -> RunResult:
         started = time.perf_counter()
         ordered = self.jobs
         next_tick = math.inf
@@ -591,7 +608,7 @@ class Simulation:
         """One ``MEASURE_WINDOW_S`` window of the job at clock ``f``, with the profiler's
         noise (``powerflow.lab.groundtruth.measure``), as the node agent reports it."""
         iterations = max(1.0, MEASURE_WINDOW_S / job.step_s)
-        sample = measure(
+        job.measured_w = measured_power_w(
             job.truth,
             job.n,
             job.r,
@@ -601,7 +618,6 @@ class Simulation:
             noise=self.cfg.noise,
             iterations=iterations,
         )
-        job.measured_w = float(sample.energy_j[0] / sample.step_time_s[0])
         job.measured_f = f
         self._stale_views.add(job.index)
 

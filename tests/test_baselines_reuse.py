@@ -1,0 +1,176 @@
+"""What the baselines reuse from one decision to the next never changes a result.
+
+Each reuse (AFS's placement, Zeus's capped plans, the watts of an unchanged
+plan, the pool's count of whole free nodes) is driven here through the path
+that takes it, and its answer compared with the one computed afresh. The
+last test pins the five baselines' figures on a small window of the default
+trace to those they had before these shortcuts existed; a change meant to
+change a baseline's results updates them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+from test_baselines_equivalence import Toy, advance, new_job, toy
+
+import powerflow.lab.baselines.afs as afs
+from powerflow.cli import main
+from powerflow.core.gpus import A100
+from powerflow.core.policy.placement import PlacementRequest, PlacementResult
+from powerflow.core.policy.snapshot import Budget, Node, Snapshot
+from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
+from powerflow.lab.baselines.common import Pool
+
+
+def _start(seed: int, nodes: int = 4, jobs: int = 12) -> tuple[random.Random, list[Toy], Snapshot]:
+    rng = random.Random(seed)
+    shared = [toy(rng) for _ in range(4)]
+    cluster = tuple(Node(f"n{i:02d}", 8, A100) for i in range(nodes))
+    snap = Snapshot(
+        cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(jobs)), Budget(), 0.0
+    )
+    return rng, shared, snap
+
+
+def test_afs_reuses_a_placement_only_for_the_very_same_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    place = afs.place
+
+    def counted(nodes: tuple[Node, ...], requests: list[PlacementRequest]) -> PlacementResult:
+        calls.append(len(requests))
+        return place(nodes, requests)
+
+    monkeypatch.setattr(afs, "place", counted)
+    rng, shared, snap = _start(3)
+    warm = AfsPolicy(frequency_mhz=1410)
+    first = warm.plan(snap)
+    again = warm.plan(replace(snap))  # a new snapshot of the same jobs
+    assert again == first and len(calls) == 1  # placed once
+    # Other nodes (same names and sizes, another tuple): placed afresh.
+    warm.plan(replace(snap, nodes=tuple(replace(node) for node in snap.nodes)))
+    assert len(calls) == 2
+    reused = 0
+    for step in range(40):
+        before = len(calls)
+        got = warm.plan(snap)
+        reused += len(calls) == before
+        assert got == AfsPolicy(frequency_mhz=1410).plan(snap)
+        if step % 4 == 0:
+            snap = advance(rng, snap, got, shared)
+        else:  # a quiet event: the jobs progress where the plan put them
+            jobs = []
+            for job in snap.jobs:
+                jp = got.job(job.id)
+                left = job.remaining_iterations * (0.99 if jp.gpus else 1.0)
+                jobs.append(replace(job, placement=jp.placement, remaining_iterations=left))
+            snap = replace(snap, jobs=tuple(jobs), now_s=snap.now_s + 30.0)
+    assert reused > 0
+
+
+def test_zeus_hands_back_last_events_plans_while_nothing_changed() -> None:
+    for inner in (GandivaPolicy(frequency_mhz=1410), TiresiasPolicy()):
+        rng, shared, snap = _start(4)
+        warm = ZeusPolicy(inner)
+        for _ in range(20):
+            got = warm.plan(snap)
+            assert got == ZeusPolicy(replace(inner)).plan(snap)
+            same = warm.plan(replace(snap))
+            assert same == got
+            assert all(a is b for a, b in zip(same.jobs, got.jobs, strict=True))
+            snap = advance(rng, snap, got, shared)
+
+
+def test_predicted_watts_follow_a_new_model_of_an_unchanged_plan() -> None:
+    rng, _, snap = _start(5)
+    warm = GandivaPolicy(frequency_mhz=1410)
+    warm.plan(snap)
+    refit = replace(snap, jobs=tuple(replace(job, model=toy(rng)) for job in snap.jobs))
+    got = warm.plan(refit)
+    assert got.predicted_watts == GandivaPolicy(frequency_mhz=1410).plan(refit).predicted_watts
+    assert got.predicted_watts != warm.plan(snap).predicted_watts
+
+
+def _whole_afresh(pool: Pool) -> int:
+    return sum(pool.size[m] for m, idx in pool.free.items() if len(idx) == pool.size[m])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pool_free_counts_are_the_counts_afresh(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = Pool(tuple(Node(f"n{i}", 8, A100) for i in range(6)))
+    held: list[tuple[tuple[str, int], ...]] = []
+    for _ in range(300):
+        assert pool.whole_free_gpus() == _whole_afresh(pool)
+        assert pool.most_free() == max(map(len, pool.free.values()))
+        roll = rng.random()
+        if roll < 0.3:
+            got = pool.take_consolidated(rng.choice((1, 2, 4, 8, 16)))
+        elif roll < 0.45:
+            got = pool.take_spread(rng.choice((1, 3, 5)))
+        elif roll < 0.6 and pool.free_count:
+            name = rng.choice([m for m, idx in pool.free.items() if idx])
+            got = ((name, pool.free[name][0]),)
+            pool.take(got)
+        elif roll < 0.7:
+            pool = pool.copy()
+            got = None
+        else:
+            if held:
+                pool.release(held.pop(rng.randrange(len(held))))
+            got = None
+        if got:
+            held.append(got)
+
+
+SMALL = {
+    "gandiva --frequency 1410": (
+        31794.253990621553,
+        390446.96202803904,
+        2489871880.570979,
+        42,
+        917,
+    ),
+    "tiresias --frequency 1410": (
+        25548.525360108102,
+        411975.9396877418,
+        2578006926.1706057,
+        4,
+        941,
+    ),
+    "afs --frequency 1410": (20117.11593158395, 391768.5405165421, 3228899158.205368, 207, 1039),
+    "gandiva+zeus": (34185.21804192994, 400435.3241772377, 2184206750.847487, 45, 985),
+    "tiresias+zeus": (27077.2844639248, 426952.91285998235, 2268468093.3759923, 3, 1008),
+}
+"""(mean JCT, makespan, energy, migrations, events) of each baseline on the
+first 2 hours of the default trace on 8 nodes, as they were before the shortcuts."""
+
+
+@pytest.mark.parametrize("command", sorted(SMALL))
+def test_small_runs_keep_their_figures(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--scheduler", *command.split(), "--hours", "2", "--nodes", "8", "--json"]
+    assert main(args) in (0, None)
+    row = json.loads(capsys.readouterr().out)
+    got = (row["avg_jct_s"], row["makespan_s"], row["total_energy_j"])
+    assert got == pytest.approx(SMALL[command][:3], rel=1e-12)
+    assert (row["migrations"], row["events"]) == SMALL[command][3:]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_block_after_release_is_what_releasing_finds(seed: int) -> None:
+    """The count Gandiva and Tiresias check before releasing a spread job's GPUs."""
+    rng = random.Random(seed)
+    nodes = tuple(Node(f"n{i}", rng.choice((4, 8, 8)), A100) for i in range(6))
+    for _ in range(100):
+        pool = Pool(nodes)
+        held = [got for n in rng.choices((1, 2, 3, 4, 6, 8), k=12) if (got := pool.take_spread(n))]
+        own = rng.choice(held)
+        n = rng.choice((len(own), 2, 4, 8, 12, 16))
+        said = pool.block_after_release(n, own)
+        pool.release(own)
+        assert said == (pool.take_consolidated(n) is not None)
