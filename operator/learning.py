@@ -51,11 +51,13 @@ the A100's, and the clock enters the step time in absolute MHz), refits with
 changed or restored from status, restarts from the prior on the pool's type
 with a ``ModelGpuChanged`` Warning, its params removed from status; when the
 pool's type changes every job's rows go, as their clocks mean another board.
-Until a pass names a type (no pool yet) restored params are kept unjudged. The
-placeholder of an unknown type (``gpus.tunes`` false) plans one clock and
-writes none, so its GPUs run at clocks no plan chose: its jobs keep their A100
-model (the prior, or a fit from when the pool was an A100 one), unfitted, and
-their rows serve the measured power only.
+Until a pass names a type (no pool yet) restored params are kept unjudged. A
+pool of unknown type (``gpus.tunes`` false: no agent's report yet, as for a
+few minutes after the operator restarts, and a label the catalogue lacks)
+names none: the type last named stays and every job keeps what it knows. Its
+placeholder plans one clock and writes none, so its GPUs run at clocks no plan
+chose: no job is fitted meanwhile, and their rows serve the measured power
+only.
 
 Threads. ``add`` only queues rows under a lock (microseconds; the ingest
 calls it on its event loop). ``refresh`` does the rest (sync with the pass's
@@ -288,7 +290,11 @@ class SampleStore:
         """One ``refresh`` at a time: only it touches rows and knowledge."""
         self._learners: dict[GpuSpec, FittedLearner] = {}
         self._pool: GpuSpec | None = None
-        """The type the main pool was last planned as (``refresh``); None until told."""
+        """The type the main pool was last planned as (``refresh``); None until told. A
+        pool of unknown type tells none: the last told stays (``_untuned``)."""
+        self._untuned = False
+        """Whether this pass plans a pool of unknown type (no fits: its GPUs run at
+        their defaults)."""
         self._priors: dict[str | None, FittedModel] = {}
         """Each hint's prior on the models' type: one object each (the policy memoises
         per model object); emptied, as ``_learners``, when the pool's spec changes."""
@@ -370,6 +376,11 @@ class SampleStore:
             self._passes += 1
             notes: list[Note] = []
             with self._lock:
+                if gpu is not None:
+                    # A pool of unknown type (no report yet after a restart, say) says
+                    # nothing of what the jobs' models are of: knowledge is kept.
+                    self._untuned = not tunes(gpu)
+                    gpu = None if self._untuned else gpu
                 retyped = gpu is not None and self._pool is not None and gpu.name != self._pool.name
                 if gpu is not None and gpu != self._pool:
                     self._pool = gpu
@@ -531,7 +542,7 @@ class SampleStore:
         knowledge of another type than the models' (restored before any pool type
         was told): its type is checked first (``_check_type``).
         """
-        if len(rows) < MIN_SAMPLES or (self._pool is not None and not tunes(self._pool)):
+        if len(rows) < MIN_SAMPLES or self._untuned:
             return known
         if known.params is not None and known.params.gpu != self._type_name(entry.model_name):
             return known
@@ -550,8 +561,7 @@ class SampleStore:
         """The type the jobs' models are of: the pool's, or None for the priors' own
         (the A100's) until a type is told and on a pool of unknown type, whose one
         planned clock is the A100's top clock (``gpus.UNKNOWN_CLOCK_MHZ``)."""
-        pool = self._pool
-        return pool if pool is not None and tunes(pool) else None
+        return self._pool
 
     def _type_name(self, model_name: str | None) -> str:
         """The GPU type a job's knowledge must be of to be kept (``_check_type``)."""

@@ -119,18 +119,62 @@ def test_an_unknown_product_is_planned_for_counts_and_named() -> None:
 
 def test_discovered_facts_beat_the_label() -> None:
     discovered = node_spec([h100_facts(0, default_limit_w=500.0)])
+    assert discovered.name == "H100-SXM" and discovered.max_power_w == 500.0
+    # A catalogue label: its nodes' reports of that type count, one node's for the pool.
+    kept, _ = cluster_nodes(
+        [node("a", H100_LABEL), node("b", H100_LABEL)], discovered={"a": discovered}
+    )
+    assert {n.gpu for n in kept} == {discovered}
+    # A label the catalogue lacks: only once every node of the pool has reported.
     kept, _ = cluster_nodes(
         [node("a", UNKNOWN_LABEL), node("b", UNKNOWN_LABEL)], discovered={"a": discovered}
     )
+    assert {tunes(n.gpu) for n in kept} == {False}
+    both = {"a": discovered, "b": discovered}
+    kept, _ = cluster_nodes([node("a", UNKNOWN_LABEL), node("b", UNKNOWN_LABEL)], discovered=both)
     assert {n.gpu for n in kept} == {discovered}
-    assert discovered.name == "H100-SXM" and discovered.max_power_w == 500.0
     assert unknown_gpu_nodes([node("a", UNKNOWN_LABEL)], {"a": discovered}) == []
-    # Agents of one product that disagree: neither's facts count, the label does.
-    other = node_spec([h100_facts(0, default_limit_w=600.0)])
+
+
+def test_one_agent_never_plans_a_pool_beyond_its_types_ranges() -> None:
+    """A report naming a catalogue type is held to that type's clocks and power range,
+    and a report of another type than the label's is ignored: one agent, lying or
+    broken, can neither give the honest nodes clocks their boards lack nor a power
+    floor below the board's own (caps there would plan watts the GPUs cannot reach)."""
+    lying = node_spec(
+        [h100_facts(0, clocks_mhz=(*H100.clocks_mhz, 2500, 3000), min_limit_w=20.0,
+                    default_limit_w=20.0)]
+    )  # fmt: skip
+    assert lying.clocks_mhz[-1] == H100.clocks_mhz[-1]
+    assert lying.min_power_limit_w == H100.min_power_limit_w
+    assert lying.max_power_w >= (H100.min_power_limit_w or 0.0)
+    kept, _ = cluster_nodes([node("a", H100_LABEL), node("b", H100_LABEL)], discovered={"a": lying})
+    for n in kept:
+        assert n.gpu.clocks_mhz[-1] <= H100.clocks_mhz[-1]
+        assert (n.gpu.min_power_limit_w or 0.0) >= (H100.min_power_limit_w or 0.0)
+    other_type = node_spec(
+        [h100_facts(0, name="NVIDIA A100-SXM4-40GB", clocks_mhz=A100.clocks_mhz)]
+    )
     kept, _ = cluster_nodes(
-        [node("a", H100_LABEL), node("b", H100_LABEL)], discovered={"a": discovered, "b": other}
+        [node("a", H100_LABEL), node("b", H100_LABEL)], discovered={"a": other_type}
     )
     assert {n.gpu for n in kept} == {H100}
+
+
+def test_honest_boards_that_differ_a_little_plan_together_on_what_all_allow() -> None:
+    """Two nodes of one unlisted product whose agents report different limits and clock
+    lists: the pool is planned on the clocks both have and the tighter limits."""
+    a = node_spec([h100_facts(0, name="NVIDIA Z900", default_limit_w=600.0, min_limit_w=150.0)])
+    b = node_spec(
+        [h100_facts(0, name="NVIDIA Z900", clocks_mhz=H100.clocks_mhz[2:], default_limit_w=650.0,
+                    min_limit_w=200.0)]
+    )  # fmt: skip
+    kept, _ = cluster_nodes(
+        [node("a", UNKNOWN_LABEL), node("b", UNKNOWN_LABEL)], discovered={"a": a, "b": b}
+    )
+    (gpu,) = {n.gpu for n in kept}
+    assert tunes(gpu) and gpu.clocks_mhz == H100.clocks_mhz[2:]
+    assert gpu.max_power_w == 600.0 and gpu.min_power_limit_w == 200.0
 
 
 def test_samples_are_judged_by_the_discovered_then_the_catalogue_type() -> None:

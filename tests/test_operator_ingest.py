@@ -500,10 +500,11 @@ async def test_an_unknown_gpu_type_gets_no_clock_and_is_told_once_per_node(
 async def test_discovered_facts_beat_the_label_and_a_lying_report_changes_nothing(
     cluster: Cluster,
 ) -> None:
-    """n1's agent reports H100s: the pool (both nodes labelled with a product nothing
-    knows) is planned as H100s, so its workers get their clock again. A report out of
-    physics' bounds, for another node, or too soon is refused, counted, and kept from
-    the plan."""
+    """Both nodes are labelled with a product nothing knows. n1's agent reports H100s:
+    that is not enough for n2, whose GPUs stay unclocked; once n2's agent reports H100s
+    too, the pool is planned as H100s and its workers get their clock again. A report
+    out of physics' bounds, for another node, or too soon is refused, counted, and kept
+    from the plan."""
     await relabel(cluster, "n1", "NVIDIA-Z900")
     await relabel(cluster, "n2", "NVIDIA-Z900")
     assert cluster.metric("powerflow_nodes_unknown_gpu") == 2
@@ -530,12 +531,19 @@ async def test_discovered_facts_beat_the_label_and_a_lying_report_changes_nothin
     assert (again.status_code, again.json()["error"]) == (429, "too_often")
     assert controller.discovered.specs()["n1"].clocks_mhz[-1] == 1980
     await poked_pass(cluster.api, cluster.operator, "resnet")
+    # One agent does not speak for a node that said nothing: n2's GPUs stay unclocked.
+    pods = await pods_of(cluster.api, "resnet")
+    assert frequencies(pods) == {None}
+    assert cluster.metric("powerflow_nodes_unknown_gpu") == 1  # n2 reported nothing
+    answer = await post_report(cluster, h100_report("n2"), token="agent-n2")
+    assert answer.status_code == 200, answer.text
+    await poked_pass(cluster.api, cluster.operator, "resnet")
 
     async def clocked() -> bool:
         return frequencies(await pods_of(cluster.api, "resnet")) == {"1410"}
 
     await eventually(clocked, timeout=10)
-    assert cluster.metric("powerflow_nodes_unknown_gpu") == 1  # n2 reported nothing
+    assert cluster.metric("powerflow_nodes_unknown_gpu") == 0
     fast = await cluster.post(batch("n1", sample(frequency_mhz=2100)))
     assert fast.json()["reasons"] == {"impossible_clock": 1}  # judged by n1's facts
 

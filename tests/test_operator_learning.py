@@ -573,9 +573,28 @@ def test_an_unknown_pool_keeps_the_a100_prior_and_fits_no_clocks() -> None:
     fields = s.status_fields()["ml/job"]
     assert "fits" not in fields and "params" not in fields and fields["samples"] == 42
     assert "ml/job" in s.measured_power()
-    # Known again as an A100: the rows of the unknown GPUs are not fitted.
-    s.refresh([body()], A100)
-    assert s.model(req()) == prior and s.measured_power() == {}
+    # Its type known at last (the agents' reports arrived): the same GPUs, whose rows
+    # measured what they ran; from now on they are fitted on that type.
+    assert s.refresh([body()], A100) == []
+    assert "ml/job" in s.measured_power()
+
+
+def test_a_restart_that_sees_no_report_yet_keeps_the_h100_params() -> None:
+    """After a restart the pool reads as unknown until its agents report (minutes):
+    that tells no type, so the params restored from status are kept (no Warning, no
+    write), and the H100 pool after the reports finds them as they were."""
+    s = store()
+    s.refresh([body()], H100)
+    feed(s, windows(H100_CLOCKS, np.random.default_rng(3), truth=H100_TRUTH))
+    s.refresh([body()], H100)
+    fields = s.status_fields()["ml/job"]
+    again = store()
+    for _ in range(3):
+        assert again.refresh([body(model=fields)], unknown_gpu()) == []
+    assert again.status_fields()["ml/job"] == fields
+    assert again.refresh([body(model=fields)], H100) == []
+    assert again.model(req()).params == s.model(req()).params
+    assert again.status_fields()["ml/job"] == fields
 
 
 def test_an_a100_pool_is_what_the_store_was_without_a_type() -> None:

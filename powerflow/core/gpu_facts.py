@@ -184,7 +184,16 @@ def node_spec(gpus: Sequence[GpuFacts]) -> GpuSpec:
         if board is None:
             raise DataError(f"{name}: not in the catalogue and no board limit to plan power by")
         return estimated_spec(name, clocks, board, min_power_limit_w=low, nvml_names=(name,))
-    board = known.max_power_w if board is None else board
+    # A catalogue type's own ranges bound what its report may say: its clocks within
+    # the type's, its limits within the type's allowed range (an admin may lower the
+    # default limit; no report may claim a floor below the board's own, where caps
+    # would plan watts the GPU cannot go down to).
+    top = known.clocks_mhz
+    clocks = [c for c in clocks if top[0] <= c <= top[-1]] or list(top)
+    floor = known.min_power_limit_w or 0.0
+    board = known.max_power_w if board is None else min(max(board, floor), known.max_power_w)
+    if low is not None:
+        low = min(max(low, floor), board)
     f0 = known.f0_mhz if clocks[0] <= known.f0_mhz <= clocks[-1] else knee_clock(clocks)
     ref = known.reference_power_w
     return dataclasses.replace(
