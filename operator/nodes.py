@@ -36,14 +36,14 @@ planned here.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from powerflow.operator.bodies import NodeBody
 
 from powerflow.core import contract
-from powerflow.core.gpus import GpuSpec, gpu_for_product, knee_clock, planned_gpu
+from powerflow.core.gpu_facts import merged_spec
+from powerflow.core.gpus import GpuSpec, gpu_for_product, planned_gpu
 from powerflow.core.policy.pools import NodeShape, plan_nodes, pools
 from powerflow.core.policy.snapshot import Node
 from powerflow.core.taints import (
@@ -135,7 +135,7 @@ def pool_gpu(product: str, names: Iterable[str], discovered: Mapping[str, GpuSpe
     agents discovered once every node of the pool has reported one type, else
     unknown (``gpu_of``): one agent, honest or not, never speaks for nodes that said
     nothing. Several reports of one type are merged to what all of them allow
-    (``merged_spec``), so honest boards that differ a little still plan together."""
+    (``gpu_facts.merged_spec``), so honest boards that differ a little still plan together."""
     names = list(names)
     label = gpu_for_product(product)
     reports = [discovered[name] for name in names if name in discovered]
@@ -145,31 +145,6 @@ def pool_gpu(product: str, names: Iterable[str], discovered: Mapping[str, GpuSpe
     if not reports or len(reports) < len(names) or len({r.name for r in reports}) != 1:
         return gpu_of(product)
     return merged_spec(reports)
-
-
-def merged_spec(specs: Sequence[GpuSpec]) -> GpuSpec:
-    """One type's reports as one spec: the clocks all of them have, the lowest board
-    limit and reference power, the highest power floor (the first's where they share
-    no clock)."""
-    first = specs[0]
-    if len(specs) == 1:
-        return first
-    clocks = sorted(set.intersection(*(set(s.clocks_mhz) for s in specs)))
-    if not clocks:
-        return first
-    floors = [s.min_power_limit_w for s in specs if s.min_power_limit_w is not None]
-    refs = [s.reference_power_w for s in specs if s.reference_power_w is not None]
-    board = min(s.max_power_w for s in specs)
-    return dataclasses.replace(
-        first,
-        clocks_mhz=tuple(clocks),
-        default_clock_mhz=clocks[-1],
-        f0_mhz=first.f0_mhz if clocks[0] <= first.f0_mhz <= clocks[-1] else knee_clock(clocks),
-        max_power_w=board,
-        idle_power_w=min(s.idle_power_w for s in specs),
-        min_power_limit_w=min(max(floors), board) if floors else None,
-        reference_power_w=min(refs) if refs else None,
-    )
 
 
 def pod_gpus(pod: Any) -> int:

@@ -194,7 +194,7 @@ def node_spec(gpus: Sequence[GpuFacts]) -> GpuSpec:
     board = known.max_power_w if board is None else min(max(board, floor), known.max_power_w)
     if low is not None:
         low = min(max(low, floor), board)
-    f0 = known.f0_mhz if clocks[0] <= known.f0_mhz <= clocks[-1] else knee_clock(clocks)
+    f0 = _knee_within(known.f0_mhz, clocks)
     ref = known.reference_power_w
     return dataclasses.replace(
         known,
@@ -206,3 +206,33 @@ def node_spec(gpus: Sequence[GpuFacts]) -> GpuSpec:
         min_power_limit_w=low if managed else known.min_power_limit_w,
         reference_power_w=None if ref is None else min(ref, board),
     )
+
+
+def merged_spec(specs: Sequence[GpuSpec]) -> GpuSpec:
+    """Several nodes' specs of one type (``node_spec``'s) as one, by ``node_spec``'s own
+    rule across GPUs: the clocks all of them have, the lowest board limit and
+    reference power, the highest power floor (the first's where they share no clock)."""
+    first = specs[0]
+    if len(specs) == 1:
+        return first
+    clocks = sorted(set.intersection(*(set(s.clocks_mhz) for s in specs)))
+    if not clocks:
+        return first
+    floors = [s.min_power_limit_w for s in specs if s.min_power_limit_w is not None]
+    refs = [s.reference_power_w for s in specs if s.reference_power_w is not None]
+    board = min(s.max_power_w for s in specs)
+    return dataclasses.replace(
+        first,
+        clocks_mhz=tuple(clocks),
+        default_clock_mhz=clocks[-1],
+        f0_mhz=_knee_within(first.f0_mhz, clocks),
+        max_power_w=board,
+        idle_power_w=min(s.idle_power_w for s in specs),
+        min_power_limit_w=min(max(floors), board) if floors else None,
+        reference_power_w=min(refs) if refs else None,
+    )
+
+
+def _knee_within(f0_mhz: int, clocks: Sequence[int]) -> int:
+    """The type's voltage knee where ``clocks`` reach it, else the knee of ``clocks``."""
+    return f0_mhz if clocks[0] <= f0_mhz <= clocks[-1] else knee_clock(clocks)
