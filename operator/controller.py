@@ -162,7 +162,9 @@ class Controller:
     progress: ReportedProgress = field(default_factory=ReportedProgress)
     """The jobs' progress the agents reported (the ingest's, shared)."""
     discovered: DiscoveredGpus = field(default_factory=DiscoveredGpus)
-    """The GPU types the agents reported (the ingest's, shared): they beat the labels."""
+    """The GPU types the agents reported (the ingest's, shared): they beat the labels.
+    Each pass first reads back the records of nodes it has none for, and after its
+    writes records the new reports on their nodes (``discovered``)."""
 
     budget: BudgetConfig = DEFAULT
     passes: int = 0
@@ -468,9 +470,10 @@ class Controller:
         started = time.perf_counter()
         read_s = time.time()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
+        self.discovered.keep_only(str(n.get("metadata", {}).get("name")) for n in state.nodes)
+        self.discovered.restore(state.nodes)  # before the ingest judges samples by this view
         self.state, self.state_read_s = state, read_s
         await self._budget(state)
-        self.discovered.keep_only(str(n.get("metadata", {}).get("name")) for n in state.nodes)
         discovered = self.discovered.specs()
         nodes, left_out = cluster_nodes(
             state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations, discovered
@@ -525,6 +528,7 @@ class Controller:
             self._refused = by_job(exc.refusals)
             raise
         self._refused = by_job(refused)
+        await self.kube.record_gpus(self.discovered.unrecorded(state.nodes))
         self._note_progress(actions, now, state)
         self._after(actions)
         self._publish(state, nodes, actions)

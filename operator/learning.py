@@ -56,8 +56,8 @@ those of a type the catalogue lacks (one the agents' reports gave) have no spec
 to predict with until then, so they are held as status has them (written back
 unchanged, neither predicted with nor refitted; the job plans on its prior) and
 taken on the pool's type once it is told, if they are of it. A
-pool of unknown type (``gpus.tunes`` false: no agent's report yet, as for a
-few minutes after the operator restarts, and a label the catalogue lacks)
+pool of unknown type (``gpus.tunes`` false: a label the catalogue lacks and no
+agent's report or record of it yet, as after a restart whose records are gone)
 names none: the type last named stays and every job keeps what it knows. Its
 placeholder plans one clock and writes none, so its GPUs run at clocks no plan
 chose: no job is fitted meanwhile, and their rows serve the measured power
