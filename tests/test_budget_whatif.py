@@ -345,3 +345,5 @@ async def test_a_pool_the_catalogue_lacks_is_predicted_from_its_records_or_refus
         await relabel(api, name, "NVIDIA-Z900", **{contract.GPU_REPORT_ANNOTATION: record})
     out = await what_if(kubeconfig, capsys)
     assert out["gpu"] == "H100-SXM"
+    assert await asyncio.to_thread(main, [*argv, "--gpu", "H100-SXM"]) == 0
+    assert "(--gpu)" not in capsys.readouterr().err  # the pool's own type, as reported

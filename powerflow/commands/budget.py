@@ -342,7 +342,8 @@ def live_queue(
     if any(n.gpus != per_node for n in nodes):
         notes.append(f"nodes differ in GPUs: simulated as {len(nodes)} x {per_node}")
     planned = nodes[0].gpu  # one pool: one type (``nodes.pool_gpu``)
-    gpu = planned if chosen is None else chosen
+    # --gpu naming the pool's own type keeps what its agents reported of it
+    gpu = planned if chosen is None or chosen.name == planned.name else chosen
     if not tunes(gpu):
         label = _products(nodes_raw).get(nodes[0].name) or "none"
         raise WhatIfError(
