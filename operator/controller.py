@@ -53,7 +53,7 @@ from powerflow.operator.budget import (
     describe_in_force,
     parse_budget,
 )
-from powerflow.operator.discovered import DiscoveredGpus
+from powerflow.operator.discovered import DiscoveredGpus, read_records
 from powerflow.operator.jobs import RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
@@ -471,8 +471,11 @@ class Controller:
         read_s = time.time()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
         self.discovered.keep_only(str(n.get("metadata", {}).get("name")) for n in state.nodes)
-        self.discovered.restore(state.nodes)  # before the ingest judges samples by this view
-        self.state, self.state_read_s = state, read_s
+        unread = self.discovered.unread(state.nodes)
+        if unread:  # ~0.3 ms a record (``discovered``): off the event loop
+            now_s = self.discovered.now()
+            self.discovered.take(await asyncio.to_thread(read_records, unread, now_s))
+        self.state, self.state_read_s = state, read_s  # the ingest judges by the records too
         await self._budget(state)
         discovered = self.discovered.specs()
         nodes, left_out = cluster_nodes(

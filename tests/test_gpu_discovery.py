@@ -355,6 +355,31 @@ def test_records_are_read_back_until_the_agent_reports_and_stale_ones_are_not() 
     assert recorded_specs([with_record(node("a", "x"), text)], clock.now) == {}  # the CLI's
 
 
+def test_records_read_once_give_what_reading_them_every_pass_gives() -> None:
+    """The memo of records taken or refused (``DiscoveredGpus.unread``) against parsing
+    every record at every pass (``recorded_specs``), over passes where records change,
+    go bad, come back, and nodes leave."""
+    clock = Clock()
+    kept = DiscoveredGpus(clock)
+    full = h100_facts()
+    fewer = h100_facts(clocks_mhz=H100.clocks_mhz[:40])
+    records = {name: encode_record(GpuReport(name, (full,)), T0) for name in ("a", "b", "c")}
+    passes = [
+        dict(records),
+        {**records, "b": encode_record(GpuReport("b", (fewer,)), T0 + 10)},
+        {**records, "b": "{not json", "c": records["a"]},  # bad, and another node's
+        dict(records),
+        {"a": records["a"]},
+    ]
+    for number, texts in enumerate(passes):
+        clock.now = T0 + 60 * (number + 1)
+        bodies = [with_record(node(n, UNKNOWN_LABEL), t) for n, t in texts.items()]
+        kept.keep_only(texts)
+        for _ in range(2):
+            kept.restore(bodies)
+            assert kept.specs() == recorded_specs(bodies, clock.now), number
+
+
 def test_a_record_that_cannot_be_taken_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     kept = DiscoveredGpus(Clock())
     bad = with_record(node("a", UNKNOWN_LABEL), "{not json")
