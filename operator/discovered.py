@@ -21,18 +21,18 @@ record, so a record is read exactly as a report is accepted
 then ``node_spec``; ``nodes.pool_gpu``'s rules apply to it alike), and one that
 is not acceptable is logged once and ignored; an entry read back is what its
 node's record says, so it goes when the record goes or turns unacceptable. A
-report from the node's agent
-beats the record, which is then rewritten to match. A record is rewritten when
-the report it holds changes or is ``REFRESH_S`` old (one write per node per
-half hour, not one per report), and one older than ``STALE_S`` is not read back.
+report from the node's agent beats the record, which is then rewritten to
+match. A record is rewritten when the report it holds changes or is
+``REFRESH_S`` old (one write per node per half hour, not one per report), and
+one older than ``STALE_S`` is not read back.
+
 A record already taken or refused is not parsed again (a memo: the entry keeps
 the record it stands for, ``_ignored`` the refused ones). Reading 1,000 nodes'
 records of 8 H100s costs 322-355 ms of CPU at the first pass after a restart
 (in a worker thread), and each later pass that finds them unchanged 0.71-0.74 ms
 instead (``python -m benchmarks gpu_records``, best of 5, two runs on a shared
-2-core machine);
-``tests/test_gpu_discovery.py`` checks the memo gives what parsing every
-record again gives.
+2-core machine); ``tests/test_gpu_discovery.py`` checks that the memo gives
+what parsing every record at every pass gives.
 
 A node's entry goes when the node leaves the cluster (``keep_only``) or when its
 agent stops reporting for ``STALE_S`` (a node whose agent was replaced by one
@@ -141,7 +141,7 @@ class DiscoveredGpus:
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._ignored: dict[str, str] = {}
-        """Each node's record that ``restore`` could not take (judged and logged once)."""
+        """Each node's record that ``take`` refused (judged and logged once)."""
 
     def too_soon(self, node: str) -> bool:
         """Whether ``node``'s agent reported less than ``MIN_INTERVAL_S`` ago."""
