@@ -24,7 +24,7 @@ from powerflow.core.gpus import A100
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult
 from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
-from powerflow.lab.baselines.common import Pool, node_count
+from powerflow.lab.baselines.common import ModelMemo, Pool, node_count, predicted_watts
 
 
 def _start(seed: int, nodes: int = 4, jobs: int = 12) -> tuple[random.Random, list[Toy], Snapshot]:
@@ -272,3 +272,26 @@ def test_gandiva_consolidates_the_jobs_a_pass_over_every_job_would(
     assert fast == slow
     moved = sum(node_count(m.target) < node_count(m.source) for p in fast for m in p.migrations)
     assert moved >= 3  # the sequences did consolidate spread jobs
+
+
+@pytest.mark.parametrize("name", ["gandiva", "tiresias", "afs"])
+def test_plans_priced_while_built_are_priced_as_predicted_watts_prices_them(name: str) -> None:
+    """``job_plans`` gathers the running plans' watts as it builds them (``PlanWatts``);
+    the total is ``predicted_watts`` of the finished plan, on a fresh memo."""
+    rng, shared, snap = _start(6, nodes=3, jobs=14)
+    policy = {
+        "gandiva": GandivaPolicy(frequency_mhz=1410),
+        "tiresias": TiresiasPolicy(frequency_mhz=1305),
+        "afs": AfsPolicy(frequency_mhz=1410),
+    }[name]
+    shared_gpus = 0
+    for _ in range(40):
+        got = policy.plan(snap)
+        models = [job.model for job in snap.jobs]
+        assert [jp.job_id for jp in got.jobs] == [job.id for job in snap.jobs]
+        want = predicted_watts(snap, got.jobs, A100, models, ModelMemo())
+        assert got.predicted_watts == want
+        slots = [slot for jp in got.jobs for slot in jp.placement]
+        shared_gpus += len(slots) - len(set(slots))
+        snap = advance(rng, snap, got, shared)
+    assert name != "gandiva" or shared_gpus > 0  # Gandiva's time slices were priced too

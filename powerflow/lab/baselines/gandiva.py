@@ -69,6 +69,7 @@ from powerflow.lab.baselines.common import (
     ARRIVAL_KEY,
     Decision,
     ModelMemo,
+    PlanWatts,
     Pool,
     arrival_order,
     cluster_gpu,
@@ -103,12 +104,16 @@ class GandivaPolicy:
             raise SnapshotError("max_jobs_per_gpu must be at least 1")
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        return finish(snapshot, cluster_gpu(snapshot), self.decide(snapshot), self.memo)
+        decided, priced = self._decide(snapshot, price=True)
+        return finish(snapshot, cluster_gpu(snapshot), decided, self.memo, priced)
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        return self._decide(snapshot, price=False)[0]
+
+    def _decide(self, snapshot: Snapshot, price: bool) -> tuple[Decision, PlanWatts | None]:
         clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
         round_ = _Round(snapshot, self.max_jobs_per_gpu, self.grow_shrink)
-        return round_.run(clock, self.memo)
+        return round_.run(clock, self.memo, price)
 
 
 class _Round:
@@ -203,7 +208,10 @@ class _Round:
                     marks[node] = True
         return marks
 
-    def run(self, clock: int, memo: ModelMemo) -> Decision:
+    def run(
+        self, clock: int, memo: ModelMemo, price: bool = False
+    ) -> tuple[Decision, PlanWatts | None]:
+        """The decision; with ``price``, its running plans gathered for pricing too."""
         # 1. FIFO admission onto exclusive GPUs, defragmenting when needed.
         left: list[Job] = []
         for job in self.waiting:
@@ -225,12 +233,13 @@ class _Round:
         if self.grow_shrink and not left and all(len(ids) == 1 for ids in self.users.values()):
             self._grow(clock, memo)
         migrations: list[Migration] = []
-        plans = job_plans(self.snapshot.jobs, self.where, clock, memo)
+        priced = PlanWatts(memo) if price else None
+        plans = job_plans(self.snapshot.jobs, self.where, clock, memo, priced)
         if self.moves:
             for job in self.jobs:
                 if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
                     migrations.append(Migration(job.id, job.placement, self.where[job.id]))
-        return Decision(tuple(plans), tuple(migrations))
+        return Decision(tuple(plans), tuple(migrations)), priced
 
     def _grow(self, clock: int, memo: ModelMemo) -> None:
         """Double each exclusive one-node job, oldest first, onto free GPUs of its node.
