@@ -471,17 +471,6 @@ class PlanWatts:
         # CPU in a Gandiva+Zeus run of the default trace 0.43 -> 0.32 s).
         self.by_plan = memo.last("watts_by_plan")
 
-    def add(self, jp: JobPlan, model: PerfModel, f: int) -> None:
-        """One more running plan, at clock ``f``."""
-        self.running.append(jp)
-        self.models.append(model)
-        self.clocks.append(f)
-        last = self.by_plan.get(jp.job_id)
-        if last is not None and last[1] is jp and last[0] is model and last[2] == f:
-            self.watts.append(last[3])
-        else:
-            self.watts.append(self.lookup(jp, model, f))
-
     def lookup(self, jp: JobPlan, model: PerfModel, f: int) -> float | None:
         """The watts of ``jp`` at clock ``f`` by ``model`` if the memo has them."""
         last = self.by_plan.get(jp.job_id)
@@ -495,10 +484,15 @@ class PlanWatts:
             self.by_plan[jp.job_id] = (model, jp, f, hit)
         return hit
 
-    def total(self, snapshot: Snapshot, spec: GpuSpec) -> float:
+    def total(self, snapshot: Snapshot, spec: GpuSpec, shared: bool = False) -> float:
         """Cluster watts: every running job's (the missing ones from their models,
         then remembered), each divided by the jobs sharing its first GPU, plus
-        the idle power of the GPUs no job uses."""
+        the idle power of the GPUs no job uses.
+
+        ``shared``: GPUs are likely time-sliced (Gandiva), so the sharers are
+        counted at once rather than after a set finds that some are; the same
+        figure either way (a share of 1 divides by 1), only sooner.
+        """
         running, models, clocks, found = self.running, self.models, self.clocks, self.watts
         miss = [i for i, w in enumerate(found) if w is None]
         if miss:
@@ -518,13 +512,18 @@ class PlanWatts:
         watts: list[float] = found  # type: ignore[assignment]  # every entry is filled now
         placements = list(map(_PLACEMENT, running))
         slots = list(chain.from_iterable(placements))
-        used = len(set(slots))
+        if shared:
+            sharers = Counter(slots)
+            used = len(sharers)
+        else:
+            used = len(set(slots))
         active: float
         if used == len(slots):
             active = sum(watts)  # no GPU time-sliced: every share is 1, and w / 1 is w
         else:
             # w / k for each job, k the sharers of its first GPU, summed in job order
-            sharers = Counter(slots)
+            if not shared:
+                sharers = Counter(slots)
             active = sum(map(truediv, watts, map(sharers.__getitem__, map(_FIRST, placements))))
         total: int = sum(map(_GPUS, snapshot.nodes))
         return active + (total - used) * spec.idle_power_w
@@ -560,9 +559,10 @@ def finish(
     decided: Decision,
     memo: ModelMemo,
     priced: PlanWatts | None = None,
+    shared: bool = False,
 ) -> Plan:
     """The plan of a decision, with its power figures (``priced``: its running
-    plans gathered already, by ``job_plans``).
+    plans gathered already, by ``job_plans``; ``shared``: ``PlanWatts.total``'s).
 
     The limit is the admin's budget as PowerFlow reads it; the baselines only
     report it (none of them is power-capped).
@@ -570,7 +570,7 @@ def finish(
     watts = (
         predicted_watts(snapshot, decided.jobs, spec, job_models(snapshot, decided.jobs), memo)
         if priced is None
-        else priced.total(snapshot, spec)
+        else priced.total(snapshot, spec, shared)
     )
     return Plan(
         jobs=decided.jobs,
@@ -634,6 +634,14 @@ def job_plans(
     waits = memo.last(("waiting", clock))
     runs = memo.last(("running", clock))
     out: list[JobPlan] = []
+    if priced is not None:  # ``PlanWatts.add``, inline below: once per running job
+        runs_p, models_p, clocks_p, watts_p = (
+            priced.running,
+            priced.models,
+            priced.clocks,
+            priced.watts,
+        )
+        seen, lookup = priced.by_plan.get, priced.lookup
     for job in jobs:
         placement = where.get(job.id)
         if placement is None:
@@ -651,6 +659,14 @@ def job_plans(
                 plan = running(job, placement, clock)
                 runs[job.id] = (job.global_batch_size, placement, plan)
             if priced is not None and plan.gpus > 0:
-                priced.add(plan, job.model, plan.frequency_mhz)
+                model, f = job.model, plan.frequency_mhz
+                runs_p.append(plan)
+                models_p.append(model)
+                clocks_p.append(f)
+                last = seen(job.id)
+                if last is not None and last[1] is plan and last[0] is model and last[2] == f:
+                    watts_p.append(last[3])
+                else:
+                    watts_p.append(lookup(plan, model, f))
         out.append(plan)
     return out

@@ -62,6 +62,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
+from typing import ClassVar
 
 from powerflow.core.errors import SnapshotError
 from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapshot
@@ -98,6 +99,8 @@ class GandivaPolicy:
     max_jobs_per_gpu: int = GANDIVA_JOBS_PER_GPU
     grow_shrink: bool = False
     memo: ModelMemo = field(default_factory=ModelMemo, compare=False, repr=False)
+    time_slices: ClassVar[bool] = True
+    """Jobs share GPU sets: a plan's watts count the sharers at once (``PlanWatts.total``)."""
 
     def __post_init__(self) -> None:
         if self.max_jobs_per_gpu < 1:
@@ -105,7 +108,7 @@ class GandivaPolicy:
 
     def plan(self, snapshot: Snapshot) -> Plan:
         decided, priced = self._decide(snapshot, price=True)
-        return finish(snapshot, cluster_gpu(snapshot), decided, self.memo, priced)
+        return finish(snapshot, cluster_gpu(snapshot), decided, self.memo, priced, self.time_slices)
 
     def decide(self, snapshot: Snapshot) -> Decision:
         return self._decide(snapshot, price=False)[0]

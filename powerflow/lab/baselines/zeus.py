@@ -298,7 +298,7 @@ class ZeusPolicy:
                 watts[slot] = lookup(ours, models[jp.job_id], f)
                 made[jp.job_id] = (jp, models[jp.job_id], ours, held, None)
                 priced.append((slot, jp.job_id))
-        total = gathered.total(snapshot, spec)
+        total = gathered.total(snapshot, spec, getattr(inner, "time_slices", False))
         for slot, job_id in priced:
             made[job_id] = (*made[job_id][:4], watts[slot])
         if isinstance(base, Plan):
