@@ -48,7 +48,11 @@ class Curves:
         return self.row_age_s[rows, None] + remaining * t, remaining * e, e / t
 
 
-def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
+def curves_of(
+    tables: Tables, jobs: Sequence[Job], now_s: float, tie_rank: IntArray | None = None
+) -> Curves:
+    """The curves of ``jobs`` at ``now_s``; ``tie_rank``: their ``tie_ranks`` when the
+    caller has them already (``static.py``)."""
     age = np.maximum(0.0, now_s - np.asarray([j.arrival_s for j in jobs], dtype=np.float64))
     remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
     row_job = tables.row_job
@@ -56,7 +60,7 @@ def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
     t_eff, e_eff = tables.efficient_step_time_s, tables.efficient_energy_j
     return Curves(
         tables=tables,
-        tie_rank=tie_ranks([(j.arrival_s, j.id) for j in jobs]),
+        tie_rank=tie_ranks([(j.arrival_s, j.id) for j in jobs]) if tie_rank is None else tie_rank,
         age_s=age,
         row_age_s=row_age,
         row_remaining=row_remaining,

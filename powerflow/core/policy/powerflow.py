@@ -102,12 +102,12 @@ from powerflow.core.policy.power_loop import (
     LoopOptions,
     cappable_gpus,
     caps_w,
-    correction,
     planning_limit_w,
     steady_caps,
 )
 from powerflow.core.policy.returns import floor_of, returns_of
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
+from powerflow.core.policy.static import StaticPart, check_progress, static_inputs, static_part
 from powerflow.core.policy.tables import IntArray, JobRows, build_tables
 from powerflow.core.policy.validate import Cluster, cluster_of, validate_jobs
 
@@ -189,14 +189,30 @@ class PowerFlowPolicy:
 
     def plan(self, snapshot: Snapshot) -> Plan:
         cluster = cluster_of(snapshot)
-        validate_jobs(snapshot, cluster)
-        clocks = self.clocks(cluster.gpu)
-        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.memo)
-        limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
-        curves = curves_of(tables, snapshot.jobs, snapshot.now_s)
+        jobs = snapshot.jobs
         options = self.loop_options()
-        fix = correction(tables, snapshot.jobs, cluster.gpus_per_node, clocks, options.correction)
-        return _Decision(self, snapshot, cluster, clocks, curves, limit, options, fix).run()
+        inputs = static_inputs(jobs)
+        last = self.memo.static
+        if not (isinstance(last, StaticPart) and last.cluster == cluster):
+            last = None
+        if last is not None and last.same_jobs(*inputs):
+            # Only progress changed since the last call (static.py).
+            check_progress(jobs)
+            part = last
+            limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+        else:
+            known = [None] * len(jobs) if last is None else last.known(*inputs)
+            validate_jobs(snapshot, cluster, [k is not None for k in known])
+            clocks = self.clocks(cluster.gpu)
+            rows = [None if k is None else k.rows for k in known]
+            tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, rows)
+            limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+            part = static_part(jobs, cluster, inputs, clocks, tables, known, options.correction)
+            self.memo.static = part
+        curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank)
+        return _Decision(
+            self, snapshot, cluster, part.clocks, curves, limit, options, part.fix
+        ).run()
 
 
 @dataclass
@@ -325,13 +341,20 @@ class _Decision:
         counts = tables.counts[row_idx].tolist()
         chosen = [jobs[i] for i in running]
         ids = [job.id for job in chosen]
-        result = place_columns(
+        memo = self.policy.memo
+        inputs = (
             self.snapshot.nodes,
             ids,
             counts,
             [job.placement for job in chosen],
             [not job.pinned for job in chosen],
         )
+        before = memo.placement
+        if before is not None and before[0] == inputs:
+            result = before[1]  # placement is a pure function of these (memo.py)
+        else:
+            result = place_columns(*inputs)
+            memo.placement = (inputs, result)
         assignments = result.assignments
         gpn = self.cluster.gpus_per_node
         row_gpn = tables.gpus_per_node[row_idx].tolist()

@@ -23,6 +23,7 @@ one sample (``n <= global``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Sequence
@@ -128,6 +129,7 @@ def build_tables(
     clocks_mhz: Sequence[int],
     elastic: bool,
     memo: PolicyMemo[JobRows] | None = None,
+    known: Sequence[JobRows | None] | None = None,
 ) -> Tables:
     """Evaluate every job's grid, one call per model object.
 
@@ -144,7 +146,9 @@ def build_tables(
     built once per distinct key (``JobRows``) and stacked; with a ``memo``
     (``memo.py``) also across calls, so that a replan with unchanged models
     calls no model. The jobs whose key misses are evaluated together, one
-    model call per model object.
+    model call per model object. ``known``: per job, its rows where the caller
+    has them already (``static.py``: built for the same model object, fields,
+    clocks and cluster), else None.
     """
     count = len(jobs)
     context = (
@@ -157,16 +161,22 @@ def build_tables(
         memo = PolicyMemo()
     memo.fit(count)
     tag = memo.tag(context)
-    keys: list[JobKey] = []
+    keys: list[JobKey | None] = []
     entries: list[JobRows | None] = []
     missing: dict[JobKey, int] = {}
     absent: list[int] = []
     mids: list[int] = []
     kept = memo.rows
-    for j, job in enumerate(jobs):
+    if known is None:
+        known = [None] * count
+    for j, (job, entry) in enumerate(zip(jobs, known, strict=True)):
         model = job.model
         mid = id(model)
         mids.append(mid)
+        if entry is not None:
+            keys.append(None)
+            entries.append(entry)
+            continue
         key = (
             mid,
             tag,
@@ -200,7 +210,7 @@ def build_tables(
         if distinct:
             fresh = sorted(missing.values())
         else:
-            fresh = [j for j in job_order if missing.get(keys[j]) == j]
+            fresh = [j for j in job_order if (k := keys[j]) is not None and missing.get(k) == j]
         first_of_model: dict[int, str] = {}
         for j in job_order:
             first_of_model.setdefault(mids[j], jobs[j].id)
@@ -245,7 +255,15 @@ class JobRows:
         """Predicted power on ``n`` GPUs, ``r`` per node, local batch ``bs`` at clock
         ``column``, where one of the rows is that configuration (else None)."""
         k = self.row_of.get((n, r, bs))
-        return None if k is None else float(self.both[k, 1, column] / self.both[k, 0, column])
+        if k is None:
+            return None
+        both = self.both
+        return both.item(k, 1, column) / both.item(k, 0, column)  # the same IEEE division
+
+    @functools.cached_property
+    def counts(self) -> tuple[int, ...]:
+        """Its rows' GPU counts, smallest first."""
+        return tuple(n for n, _, _ in self.row_of)
 
 
 def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:

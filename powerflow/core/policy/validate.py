@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from powerflow.core.errors import SnapshotError
@@ -48,18 +49,30 @@ def cluster_of(snapshot: Snapshot) -> Cluster:
     return Cluster(gpu=nodes[0].gpu, gpus_per_node=nodes[0].gpus, node_names=tuple(names))
 
 
-def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
+def validate_jobs(
+    snapshot: Snapshot, cluster: Cluster, checked: Sequence[bool] | None = None
+) -> None:
     """Field checks that need no model call; see ``_check_job`` for the rules.
 
     The GPUs held are checked as one set against the cluster's, and only on a
     problem slot by slot, so that the error names the first bad slot.
+    ``checked``: per job, whether its fields other than progress passed these
+    checks before on this cluster (``static.py``); only its progress is checked
+    then (the same first failure: the others cannot fail).
     """
     ids = [j.id for j in snapshot.jobs]
     if len(set(ids)) != len(ids):
         raise SnapshotError("job ids are not unique")
     total = cluster.total_gpus
-    for job in snapshot.jobs:
-        _check_job(job, total)
+    if checked is None:
+        for job in snapshot.jobs:
+            _check_job(job, total)
+    else:
+        for job, done in zip(snapshot.jobs, checked, strict=True):
+            if done:
+                check_progress(job)
+            else:
+                _check_job(job, total)
     held = [slot for job in snapshot.jobs for slot in job.placement]
     try:
         distinct = set(held)
@@ -91,29 +104,39 @@ def _check_slots(snapshot: Snapshot, cluster: Cluster) -> None:
             owner[slot] = job.id
 
 
+def check_progress(job: Job) -> None:
+    """``_check_job``'s rules on the fields that change as the job runs, in its order."""
+    remaining = job.remaining_iterations
+    if not math.isfinite(remaining) or remaining < 0:
+        raise bad_job(job, f"remaining iterations {remaining} < 0")
+    if not math.isfinite(job.elapsed_s):
+        raise bad_job(job, "arrival and elapsed time must be finite")
+
+
 def _check_job(job: Job, total_gpus: int) -> None:
     """Every rule for one job's fields; a message is only formatted when one fails
     (this runs for every job at every call)."""
     isfinite = math.isfinite
     if not isfinite(job.remaining_iterations) or job.remaining_iterations < 0:
-        raise _bad(job, f"remaining iterations {job.remaining_iterations} < 0")
+        raise bad_job(job, f"remaining iterations {job.remaining_iterations} < 0")
     if job.global_batch_size < 1:
-        raise _bad(job, f"global batch size {job.global_batch_size} < 1")
+        raise bad_job(job, f"global batch size {job.global_batch_size} < 1")
     if job.requested_gpus < 1:
-        raise _bad(job, f"requested GPUs {job.requested_gpus} < 1")
+        raise bad_job(job, f"requested GPUs {job.requested_gpus} < 1")
     if job.min_gpus < 1:
-        raise _bad(job, f"min GPUs {job.min_gpus} < 1")
+        raise bad_job(job, f"min GPUs {job.min_gpus} < 1")
     if job.max_gpus is not None and job.max_gpus < job.min_gpus:
-        raise _bad(job, f"max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
+        raise bad_job(job, f"max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
     if job.min_gpus > total_gpus:
-        raise _bad(job, f"needs at least {job.min_gpus} GPUs, the cluster has {total_gpus}")
+        raise bad_job(job, f"needs at least {job.min_gpus} GPUs, the cluster has {total_gpus}")
     if job.max_local_batch_size is not None and job.max_local_batch_size < 1:
-        raise _bad(job, f"max local batch size {job.max_local_batch_size} < 1")
+        raise bad_job(job, f"max local batch size {job.max_local_batch_size} < 1")
     if not isfinite(job.arrival_s) or not isfinite(job.elapsed_s):
-        raise _bad(job, "arrival and elapsed time must be finite")
+        raise bad_job(job, "arrival and elapsed time must be finite")
     if job.pinned and not job.placement:
-        raise _bad(job, "pinned but has no GPUs to keep")
+        raise bad_job(job, "pinned but has no GPUs to keep")
 
 
-def _bad(job: Job, problem: str) -> SnapshotError:
+def bad_job(job: Job, problem: str) -> SnapshotError:
+    """The error naming ``job`` and what is wrong with it."""
     return SnapshotError(f"job {job.id!r}: {problem}")
