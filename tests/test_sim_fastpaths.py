@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import math
 from collections import Counter
 from typing import Any
@@ -88,6 +89,18 @@ class ReferenceSimulation(Simulation):
     def _due(self, due: float) -> list[SimJob]:
         return [j for j in self._holders.values() if j.next_event_s <= due]
 
+    def _power_ratio(self) -> float:
+        """Every holder's true power read job by job."""
+        self._ratios.add(
+            self.now,
+            (
+                (job.share * job.power_w, job.plan.power_w)
+                for job in self._holders.values()
+                if job.phase is Phase.RUN and job.plan is not None and job.plan.power_w
+            ),
+        )
+        return self._ratios.ratio(self.now)
+
     def snapshot(self) -> Snapshot:
         """Every view built afresh by the engine's own ``_fresh_view`` (never reused or copied)."""
         jobs = tuple(
@@ -132,6 +145,23 @@ def test_engine_matches_the_plain_reference(name: str, value: float, jobs: int) 
     fast = _run(Simulation, name, value, jobs)
     _same(fast, _run(ReferenceSimulation, name, value, jobs))
     assert fast.events > jobs  # the run did something worth comparing
+
+
+def test_a_run_leaves_the_collector_as_it_found_it() -> None:
+    """``Simulation.run`` freezes what exists and collects less often while it runs;
+    afterwards the thresholds are the caller's again and nothing stays frozen."""
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    class Watching(Simulation):
+        def _run(self) -> RunResult:
+            seen.append(gc.get_threshold())
+            return super()._run()
+
+    _run(Watching, "tiresias", 1410, 6)
+    assert seen and seen[0] != before
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
 
 
 def test_engine_exercised_the_shortcuts() -> None:
