@@ -23,12 +23,12 @@ import pytest
 from powerflow.core.devices import Workload, capped_clock_mhz
 from powerflow.core.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.lab.groundtruth import ground_truth
-from powerflow.lab.groundtruth.measure import measure, one_gpu_sweep, sweep_plan
+from powerflow.lab.groundtruth.measure import measure, measured_power_w, one_gpu_sweep, sweep_plan
 from powerflow.lab.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
 from powerflow.lab.schedulers import scheduler
 from powerflow.lab.sim import kernels
 from powerflow.lab.sim.config import SimConfig
-from powerflow.lab.sim.engine import Simulation, _with_changes
+from powerflow.lab.sim.engine import MEASURE_WINDOW_S, Simulation, _with_changes
 from powerflow.lab.sim.jobs import JobArrays, Phase, SimJob
 from powerflow.lab.sim.metrics import summarise
 from powerflow.lab.sim.rates import TruthRates
@@ -88,6 +88,21 @@ class ReferenceSimulation(Simulation):
 
     def _due(self, due: float) -> list[SimJob]:
         return [j for j in self._holders.values() if j.next_event_s <= due]
+
+    def _measure(self, job: SimJob, f: int) -> None:
+        """The reading evaluates the truth itself."""
+        job.measured_w = measured_power_w(
+            job.truth,
+            job.n,
+            job.r,
+            job.bs,
+            float(f),
+            rng=self._meter,
+            noise=self.cfg.noise,
+            iterations=max(1.0, MEASURE_WINDOW_S / job.step_s),
+        )
+        job.measured_f = f
+        self._stale_views.add(job.index)
 
     def _power_ratio(self) -> float:
         """Every holder's true power read job by job."""

@@ -59,7 +59,7 @@ from powerflow.core.models.samples import Samples
 from powerflow.core.policy.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.core.policy.power_ratio import RatioWindow
 from powerflow.core.policy.snapshot import GpuSlot, Job, Plan, Snapshot
-from powerflow.lab.groundtruth.measure import measured_power_w
+from powerflow.lab.groundtruth.measure import noisy_power_w
 from powerflow.lab.schedulers import Configured
 from powerflow.lab.sim import kernels
 from powerflow.lab.sim.config import SimConfig
@@ -624,8 +624,11 @@ class Simulation:
         """One ``MEASURE_WINDOW_S`` window of the job at clock ``f``, with the profiler's
         noise (``powerflow.lab.groundtruth.measure``), as the node agent reports it."""
         iterations = max(1.0, MEASURE_WINDOW_S / job.step_s)
-        job.measured_w = measured_power_w(
-            job.truth,
+        # The truth there is what ``rate`` just read for the job's rates.
+        step_s, energy_j = self.rates.clean(job.trace.model_name, job.n, job.r, job.bs, f)
+        job.measured_w = noisy_power_w(
+            step_s,
+            energy_j,
             job.n,
             job.r,
             job.bs,
