@@ -459,3 +459,40 @@ def test_a_replan_of_the_same_requests_reuses_the_placement() -> None:
     off = replace(again, nodes=tuple(replace(n, powered_on=False) for n in again.nodes))
     assert policy.plan(off) == cold(policy, off)
     assert policy.memo.placement[1] is not kept
+
+
+@pytest.mark.parametrize("order", ["field first", "progress first"])
+def test_two_faults_raise_the_first_as_a_fresh_policy_does(order: str) -> None:
+    """A changed job with a bad field and an unchanged one with bad progress: a warm
+    policy checks them differently (``validate_jobs``' ``checked``) but must raise the
+    fresh policy's error, the first in job order."""
+    rng = np.random.default_rng(3)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(64, 20, seed=3, eta=0.6, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    jobs = list(progressed(snap, 30.0).jobs)
+    field, progress = (4, 9) if order == "field first" else (9, 4)
+    jobs[field] = replace(jobs[field], global_batch_size=0)
+    jobs[progress] = replace(jobs[progress], remaining_iterations=None)  # type: ignore[arg-type]
+    with pytest.raises((SnapshotError, TypeError)) as fresh:
+        cold(policy, replace(snap, jobs=tuple(jobs)))
+    with pytest.raises(type(fresh.value), match=re.escape(str(fresh.value))):
+        policy.plan(replace(snap, jobs=tuple(jobs)))
+
+
+def test_a_job_moved_onto_anothers_gpus_is_refused_as_a_fresh_policy_does() -> None:
+    """Only the moved job changed; the GPUs it now shares are checked all the same."""
+    rng = np.random.default_rng(8)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(64, 20, seed=8, eta=0.9, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    jobs = list(progressed(snap, 30.0).jobs)
+    placed = [k for k, j in enumerate(jobs) if j.placement and not j.pinned]
+    a, b = placed[0], placed[-1]
+    jobs[a] = replace(jobs[a], placement=jobs[b].placement)
+    with pytest.raises(SnapshotError, match="held by both"):
+        cold(policy, replace(snap, jobs=tuple(jobs)))
+    with pytest.raises(SnapshotError, match="held by both"):
+        policy.plan(replace(snap, jobs=tuple(jobs)))

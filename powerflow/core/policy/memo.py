@@ -22,8 +22,8 @@ policy):
 * **The previous call's static part** (``static``: ``static.StaticPart``):
   the field checks, stacked tables, power correction and tie-break ranks of
   the jobs, which depend on everything but their progress, handed out whole
-  when only progress changed and kept job by job (``static.JobFacts``) for
-  the jobs whose fields did not change; ``static.py`` says exactly what is
+  when only progress changed and kept job by job (``StaticPart.matches``)
+  for the jobs whose fields did not change; ``static.py`` says exactly what is
   compared. Policy CPU of that run 8.3 -> 6.7 s (``python
   benchmarks/sim_bench.py --runs fitted`` with and without ``--clear
   static``, best of 3 on a shared 2-core machine at load average 3-4).

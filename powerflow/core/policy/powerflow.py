@@ -108,7 +108,7 @@ from powerflow.core.policy.power_loop import (
 from powerflow.core.policy.returns import floor_of, returns_of
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.core.policy.static import StaticPart, check_progress, static_inputs, static_part
-from powerflow.core.policy.tables import IntArray, JobRows, build_tables
+from powerflow.core.policy.tables import IntArray, JobRows, Previous, build_tables
 from powerflow.core.policy.validate import Cluster, cluster_of, validate_jobs
 
 
@@ -201,13 +201,15 @@ class PowerFlowPolicy:
             part = last
             limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
         else:
-            known = [None] * len(jobs) if last is None else last.known(*inputs)
-            validate_jobs(snapshot, cluster, [k is not None for k in known])
+            index = None if last is None else last.matches(*inputs)
+            validate_jobs(snapshot, cluster, None if index is None else (index >= 0).tolist())
             clocks = self.clocks(cluster.gpu)
-            rows = [None if k is None else k.rows for k in known]
-            tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, rows)
+            earlier = None if last is None or index is None else Previous(last.tables, index)
+            tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, earlier)
             limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
-            part = static_part(jobs, cluster, inputs, clocks, tables, known, options.correction)
+            part = static_part(
+                jobs, cluster, inputs, clocks, tables, last, index, options.correction
+            )
             self.memo.static = part
         curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank)
         return _Decision(
@@ -415,10 +417,11 @@ class _Decision:
         caps: list[float] | None = None
         if self.options.caps:
             peak = self.fix.peak_w
+            gpus = [counts[k] for k in where]  # each got its count (checked above)
             caps = caps_w(
                 values,
-                [len(placed[running[k]]) for k in where],
-                [float(peak[rows[running[k]]]) for k in where],
+                gpus,
+                peak[row_idx[where_idx]].tolist(),
                 watts,
                 self.limit,
                 self.options.cap_headroom,
@@ -427,8 +430,8 @@ class _Decision:
             if caps is not None:
                 caps = steady_caps(
                     caps,
-                    [w / len(placed[running[k]]) for w, k in zip(values, where, strict=True)],
-                    [jobs[running[k]].power_cap_w for k in where],
+                    [w / n for w, n in zip(values, gpus, strict=True)],
+                    [chosen[k].power_cap_w for k in where],
                     self.cluster.gpu.min_power_limit_w or 0.0,
                     self.cluster.gpu.max_power_w,
                 )

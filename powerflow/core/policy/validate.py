@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
@@ -57,23 +60,35 @@ def validate_jobs(
     The GPUs held are checked as one set against the cluster's, and only on a
     problem slot by slot, so that the error names the first bad slot.
     ``checked``: per job, whether its fields other than progress passed these
-    checks before on this cluster (``static.py``); only its progress is checked
-    then (the same first failure: the others cannot fail).
+    checks on this cluster before, in a snapshot whose every job holding GPUs
+    held distinct ones (``static.py``: the same job with the same fields in the
+    last call). Such a job can only fail on its progress, which is checked for
+    all jobs at once; the others are checked in full, in order, up to the first
+    failure. When every job holding GPUs is such a job, its GPUs were distinct
+    and on the cluster then and are now.
     """
-    ids = [j.id for j in snapshot.jobs]
+    jobs = snapshot.jobs
+    ids = [j.id for j in jobs]
     if len(set(ids)) != len(ids):
         raise SnapshotError("job ids are not unique")
     total = cluster.total_gpus
     if checked is None:
-        for job in snapshot.jobs:
+        for job in jobs:
             _check_job(job, total)
+        new_slots = True
     else:
-        for job, done in zip(snapshot.jobs, checked, strict=True):
-            if done:
-                check_progress(job)
-            else:
-                _check_job(job, total)
-    held = [slot for job in snapshot.jobs for slot in job.placement]
+        unchecked = [i for i, done in enumerate(checked) if not done]
+        bad = _first_bad_progress(jobs)
+        for i in unchecked:
+            if bad is not None and i > bad:
+                break
+            _check_job(jobs[i], total)
+        if bad is not None:
+            check_progress(jobs[bad])
+        new_slots = any(jobs[i].placement for i in unchecked)
+    if not new_slots:
+        return
+    held = [slot for job in jobs for slot in job.placement]
     try:
         distinct = set(held)
         fine = len(distinct) == len(held) and distinct <= _slots_of(cluster)
@@ -81,6 +96,29 @@ def validate_jobs(
         fine = False
     if not fine:
         _check_slots(snapshot, cluster)
+
+
+def _first_bad_progress(jobs: Sequence[Job]) -> int | None:
+    """The first job whose progress fails ``check_progress`` (None: none), from all
+    the jobs' progress at once; anything not a plain number takes the loop."""
+    try:
+        remaining = np.fromiter(map(_REMAINING, jobs), dtype=np.float64, count=len(jobs))
+        elapsed = np.fromiter(map(_ELAPSED, jobs), dtype=np.float64, count=len(jobs))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    else:
+        bad = ~(np.isfinite(remaining) & (remaining >= 0) & np.isfinite(elapsed))
+        return int(np.argmax(bad)) if bad.any() else None
+    for i, job in enumerate(jobs):
+        try:
+            check_progress(job)
+        except Exception:  # the caller raises it again, in order
+            return i
+    return None
+
+
+_REMAINING = operator.attrgetter("remaining_iterations")
+_ELAPSED = operator.attrgetter("elapsed_s")
 
 
 @functools.lru_cache(maxsize=8)
