@@ -81,7 +81,7 @@ import itertools
 import math
 import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -107,7 +107,13 @@ from powerflow.core.policy.power_loop import (
 )
 from powerflow.core.policy.returns import floor_of, returns_of
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
-from powerflow.core.policy.static import StaticPart, check_progress, static_inputs, static_part
+from powerflow.core.policy.static import (
+    StaticPart,
+    check_progress,
+    index_of,
+    static_inputs,
+    static_part,
+)
 from powerflow.core.policy.tables import IntArray, JobRows, Previous, build_tables
 from powerflow.core.policy.validate import Cluster, cluster_of, validate_jobs
 
@@ -201,19 +207,21 @@ class PowerFlowPolicy:
             part = last
             limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
         else:
+            positions = index_of(inputs[0])
             index = None if last is None else last.matches(*inputs)
-            validate_jobs(snapshot, cluster, None if index is None else (index >= 0).tolist())
+            checked = None if index is None else index >= 0
+            validate_jobs(snapshot, cluster, checked, len(positions) == len(jobs))
             clocks = self.clocks(cluster.gpu)
             earlier = None if last is None or index is None else Previous(last.tables, index)
             tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, earlier)
             limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
             part = static_part(
-                jobs, cluster, inputs, clocks, tables, last, index, options.correction
+                jobs, cluster, inputs, clocks, tables, last, index, options.correction, positions
             )
             self.memo.static = part
-        curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank)
+        curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank, part.arrival_s)
         return _Decision(
-            self, snapshot, cluster, part.clocks, curves, limit, options, part.fix
+            self, snapshot, cluster, part.clocks, curves, limit, options, part.fix, part.pinned
         ).run()
 
 
@@ -231,6 +239,8 @@ class _Decision:
     options: LoopOptions
     fix: Correction
     """Predicted power -> the power the plan counts (``power_loop``)."""
+    pinned: list[int]
+    """The pinned jobs' positions."""
     cappable: int | None = None
     """With caps: the most GPUs caps at the board's lowest limit can hold (``run`` sets it)."""
 
@@ -242,7 +252,7 @@ class _Decision:
         plan_limit = planning_limit_w(self.limit, self.snapshot.power_ratio, self.options)
         first = self.curves.tables.start
         eff = self.curves.efficient
-        pinned = [i for i, job in enumerate(jobs) if job.pinned]
+        pinned = self.pinned
         base_w = sum(float(self.curves.power_w[first[i]]) for i in pinned)
         base_gpus = sum(len(jobs[i].placement) for i in pinned)
         free_gpus = self.cluster.total_gpus - base_gpus
@@ -268,9 +278,15 @@ class _Decision:
             base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
             base_power_w=base_w,
         )
-        candidates = [
-            i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
-        ]
+        remaining = self.curves.remaining
+        if remaining is None:
+            candidates: Sequence[int] | IntArray = [
+                i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
+            ]
+        else:
+            unfinished = remaining > 0
+            unfinished[pinned] = False
+            candidates = np.flatnonzero(unfinished)
         budget = self.snapshot.budget
         p_max = budget.p_max_watts or self.cluster.gpu.p_max_w
         eta = self.limit / (self.cluster.total_gpus * p_max)
@@ -307,12 +323,15 @@ class _Decision:
             result = raise_clocks(
                 matrices,
                 [c - low for c in start],
-                [(jobs[i].arrival_s, jobs[i].id) for i in running],
+                None,
                 alloc.power_w,
                 plan_limit,
                 step=self.policy.frequency_step,
                 energy_aware=self.policy.energy_aware,
                 min_ratio=0.0 if returns is None else returns.min_ratio,
+                # The jobs' places in (arrival, id) order among all jobs: the same
+                # comparisons as their places among the running ones.
+                ranks=self.curves.tie_rank[np.asarray(running, dtype=np.int64)],
             )
             columns = list(map(operator.add, result.columns, itertools.repeat(low)))
             # Shifted back by ``low`` only where the undo loop reads one (rarely).

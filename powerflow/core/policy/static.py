@@ -67,6 +67,8 @@ _elapsed_of = operator.attrgetter("elapsed_s")
 _tie_key = operator.itemgetter(_FIELDS.index("arrival_s"), 0)
 """A job's (arrival, id) from its fields: the heaps' tie-break."""
 _id_of = operator.itemgetter(0)
+_arrival_of = operator.itemgetter(_FIELDS.index("arrival_s"))
+_pinned_of = operator.itemgetter(_FIELDS.index("pinned"))
 
 Fields = tuple[object, ...]
 """A job's fields other than progress and model, its id first (``_FIELDS``)."""
@@ -90,6 +92,10 @@ class StaticPart:
     correction)."""
     masks: FloatArray
     """Per table row, whether a run there would sweep (``power_loop.sweep_mask``)."""
+    arrival_s: FloatArray
+    """Per job, its arrival as float64."""
+    pinned: list[int]
+    """The pinned jobs' positions."""
 
     def same_jobs(self, fields: list[Fields], models: list[PerfModel]) -> bool:
         """Whether jobs with these fields and models have exactly these parts (on the
@@ -143,10 +149,12 @@ def static_part(
     last: StaticPart | None,
     index: IntArray | None,
     correct: bool,
+    positions: dict[str, int],
 ) -> StaticPart:
-    """The part of ``jobs`` on ``cluster`` (``inputs``: their ``static_inputs``) from
-    their ``tables``; a job with an ``index`` (>= 0) takes its correction factor and
-    sweep rows from ``last`` (``StaticPart.matches``), the others are derived."""
+    """The part of ``jobs`` on ``cluster`` (``inputs``: their ``static_inputs``;
+    ``positions``: their ``index_of``) from their ``tables``; a job with an ``index``
+    (>= 0) takes its correction factor and sweep rows from ``last``
+    (``StaticPart.matches``), the others are derived."""
     fields, models = inputs
     count = len(jobs)
     entries = tables.job_rows
@@ -171,5 +179,24 @@ def static_part(
     row_scale = scales[tables.row_job]
     fix = Correction(row_scale=row_scale, peak_w=tables.peak_w * masks * row_scale)
     tie = tie_ranks(list(map(_tie_key, fields)))
-    ids = dict(zip(map(_id_of, fields), range(count), strict=True))
-    return StaticPart(cluster, fields, models, tuple(clocks), tables, fix, tie, ids, scales, masks)
+    arrival = np.fromiter(map(_arrival_of, fields), dtype=np.float64, count=count)
+    pinned = [k for k, on in enumerate(map(_pinned_of, fields)) if on]
+    return StaticPart(
+        cluster,
+        fields,
+        models,
+        tuple(clocks),
+        tables,
+        fix,
+        tie,
+        positions,
+        scales,
+        masks,
+        arrival,
+        pinned,
+    )
+
+
+def index_of(fields: list[Fields]) -> dict[str, int]:
+    """Each job's position by id (fewer entries than jobs: an id repeats)."""
+    return dict(zip(map(_id_of, fields), range(len(fields)), strict=True))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
@@ -53,7 +54,10 @@ def cluster_of(snapshot: Snapshot) -> Cluster:
 
 
 def validate_jobs(
-    snapshot: Snapshot, cluster: Cluster, checked: Sequence[bool] | None = None
+    snapshot: Snapshot,
+    cluster: Cluster,
+    checked: Sequence[bool] | npt.NDArray[np.bool_] | None = None,
+    unique: bool | None = None,
 ) -> None:
     """Field checks that need no model call; see ``_check_job`` for the rules.
 
@@ -65,11 +69,14 @@ def validate_jobs(
     last call). Such a job can only fail on its progress, which is checked for
     all jobs at once; the others are checked in full, in order, up to the first
     failure. When every job holding GPUs is such a job, its GPUs were distinct
-    and on the cluster then and are now.
+    and on the cluster then and are now. ``unique``: whether the job ids are
+    distinct, when the caller knows.
     """
     jobs = snapshot.jobs
-    ids = [j.id for j in jobs]
-    if len(set(ids)) != len(ids):
+    if unique is None:
+        ids = [j.id for j in jobs]
+        unique = len(set(ids)) == len(ids)
+    if not unique:
         raise SnapshotError("job ids are not unique")
     total = cluster.total_gpus
     if checked is None:
@@ -77,7 +84,7 @@ def validate_jobs(
             _check_job(job, total)
         new_slots = True
     else:
-        unchecked = [i for i, done in enumerate(checked) if not done]
+        unchecked = np.flatnonzero(~np.asarray(checked, dtype=bool)).tolist()
         bad = _first_bad_progress(jobs)
         for i in unchecked:
             if bad is not None and i > bad:
