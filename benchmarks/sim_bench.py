@@ -11,7 +11,8 @@ time counts whatever else the machine runs. ``python -m benchmarks sim`` (the
 full trace takes minutes on a busy machine); ``python benchmarks/sim_bench.py
 --hours 2`` for a quick look, ``--nodes 16`` for a smaller cluster, ``--runs
 gandiva`` for a subset (``--runs gandiva,tiresias,afs,gandiva+zeus,tiresias+zeus``: the
-baselines).
+baselines); ``--forget`` plans every decision with a fresh policy and ``--clear
+static`` (or ``placement``) empties that part of PowerFlow's memo before each one.
 """
 
 from __future__ import annotations
@@ -46,8 +47,14 @@ class _TimedPolicy:
     inner: Policy
     cpu_s: float = 0.0
     forget: bool = False
+    clear: tuple[str, ...] = ()
+    """Parts of the policy's memo (``memo.py``: ``static``, ``placement``) emptied before
+    every call: what each of them saves."""
 
     def plan(self, snapshot: Snapshot) -> Plan:
+        memo = getattr(self.inner, "memo", None)
+        for part in self.clear:
+            setattr(memo, part, None)
         t0 = time.process_time()
         try:
             fresh = dataclasses.replace(self.inner) if self.forget else self.inner  # type: ignore[type-var]
@@ -92,12 +99,14 @@ class Timing:
         return self.cpu_s - self.policy_cpu_s - self.fit_cpu_s
 
 
-def timed_run(spec: RunSpec, forget: bool = False) -> tuple[dict[str, Any], Timing]:
+def timed_run(
+    spec: RunSpec, forget: bool = False, clear: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], Timing]:
     """One run as ``runner.simulate`` does it, with the policy and the learner
     timed in CPU seconds (loading the trace and the ground truth is not counted)."""
     configured = scheduler(spec.scheduler).configure(spec.value, oracle=spec.oracle)
     jobs = load_jobs(spec.trace, spec.config)
-    policy = _TimedPolicy(configured.policy, forget=forget)
+    policy = _TimedPolicy(configured.policy, forget=forget, clear=clear)
     inner: Learner = (
         FittedLearner(spec.config.gpu, prior=held_out_prior)
         if configured.profiling.fitted_models
@@ -128,7 +137,17 @@ def main() -> None:
         action="store_true",
         help="plan every decision with a fresh policy (nothing kept between calls)",
     )
+    parser.add_argument(
+        "--clear",
+        default="",
+        help="comma-separated parts of PowerFlow's memo to empty before every decision "
+        "(static, placement): what each saves",
+    )
     args = parser.parse_args()
+    clear = tuple(part.strip() for part in args.clear.split(",") if part.strip())
+    unknown = set(clear) - {"static", "placement"}
+    if unknown:
+        parser.error(f"--clear: unknown part(s) {', '.join(sorted(unknown))}")
     trace = TraceSpec(hours=args.hours)
     config = SimConfig() if args.nodes is None else SimConfig(nodes=args.nodes)
     every = {
@@ -156,7 +175,7 @@ def main() -> None:
     ):
         table.add_column(col, justify="right")
     for spec in runs:
-        m, t = timed_run(spec, forget=args.forget)
+        m, t = timed_run(spec, forget=args.forget, clear=clear)
         table.add_row(
             spec.label,
             f"{t.wall_s:.1f}",

@@ -95,6 +95,25 @@ def test_the_compiled_loop_equals_the_heap_loop(step: int, energy_aware: bool) -
     assert raised > 200 and near_limit > 50
 
 
+def test_ranks_among_more_jobs_choose_as_the_rows_own_order() -> None:
+    """The policy hands the running jobs' ranks among all its jobs (``ranks``) instead
+    of their (arrival, id) keys: the same raises, whatever other jobs lie between."""
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        jct, energy, power, start, order, total, limit = _problem(
+            rng, int(rng.integers(1, 12)), int(rng.integers(2, 8)), bumpy=trial % 2 == 0
+        )
+        others = [(float(rng.integers(0, 3)), f"x{k:03d}") for k in range(int(rng.integers(0, 9)))]
+        everyone = sorted(set(order + others))
+        ranks = np.asarray([everyone.index(key) for key in order], dtype=np.int64)
+        kw = {"step": int(rng.integers(1, 3)), "energy_aware": bool(trial % 3)}
+        want = raise_clocks(Matrices(jct, energy, power), start, order, total, limit, **kw)
+        got = raise_clocks(
+            Matrices(jct, energy, power), start, None, total, limit, ranks=ranks, **kw
+        )
+        assert got == want
+
+
 def test_a_raise_that_would_pass_the_limit_is_refused_and_others_go_on() -> None:
     jct = np.array([[10.0, 5.0, 4.0], [10.0, 9.0, 8.5]])
     energy = np.array([[1.0, 2.0, 3.0], [1.0, 1.5, 2.0]])

@@ -337,3 +337,162 @@ def test_measured_jobs_are_scaled_against_what_their_model_predicts_there() -> N
         assert job.measured_power_w is not None
         assert scale == min(hi, max(lo, job.measured_power_w / power))
     assert any(len({node for node, _ in j.placement}) == 2 and len(j.placement) == 2 for j in jobs)
+
+
+def running(snapshot: Snapshot, plan: Plan, rng: np.random.Generator) -> Snapshot:
+    """Every job where ``plan`` put it, the placed ones measured there, some profiled."""
+    jobs = []
+    for job in snapshot.jobs:
+        jp = plan.job(job.id)
+        placed = bool(jp.placement)
+        jobs.append(
+            replace(
+                job,
+                placement=jp.placement,
+                frequency_mhz=jp.frequency_mhz if placed else None,
+                power_cap_w=jp.power_cap_w if placed else None,
+                measured_power_w=(jp.power_w or 1.0) * float(rng.uniform(0.8, 1.2))
+                if placed
+                else None,
+                measured_frequency_mhz=jp.frequency_mhz if placed else None,
+                profiled_gpus=frozenset({jp.gpus}) if placed and rng.random() < 0.5 else None,
+            )
+        )
+    return replace(snapshot, jobs=tuple(jobs))
+
+
+def progressed(snapshot: Snapshot, seconds: float) -> Snapshot:
+    """The same jobs ``seconds`` later: only progress (and the time) changed."""
+    jobs = tuple(
+        replace(
+            j,
+            remaining_iterations=j.remaining_iterations * 0.97,
+            elapsed_s=j.elapsed_s + seconds,
+            attained_gpu_s=j.attained_gpu_s + seconds * len(j.placement),
+        )
+        for j in snapshot.jobs
+    )
+    return replace(snapshot, jobs=jobs, now_s=snapshot.now_s + seconds)
+
+
+def test_only_progress_changed_reuses_the_static_part_and_plans_as_a_fresh_policy() -> None:
+    """``static.py``: the last call's static part is handed out again when the jobs
+    changed only in progress, and the plan equals a fresh policy's."""
+    rng = np.random.default_rng(11)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(128, 40, seed=11, eta=0.5, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    part = policy.memo.static
+    assert part is not None
+    for _ in range(4):
+        snap = progressed(snap, 60.0)
+        warm_and_cold(policy, snap)
+        assert policy.memo.static is part
+
+
+FIELD_CHANGES: tuple[tuple[str, Any], ...] = (
+    ("measured_power_w", lambda j, rng: (j.measured_power_w or 500.0) * 1.3),
+    ("measured_frequency_mhz", lambda j, rng: 1005),
+    ("profiled_gpus", lambda j, rng: frozenset({1, 2, 4, 8, 16, 32, 64, 128})),
+    ("profiled_gpus", lambda j, rng: frozenset()),
+    ("power_cap_w", lambda j, rng: 150.0),
+    ("max_gpus", lambda j, rng: 1),
+    ("min_gpus", lambda j, rng: 2),
+    ("global_batch_size", lambda j, rng: j.global_batch_size * 2),
+    ("max_local_batch_size", lambda j, rng: 16),
+    ("requested_gpus", lambda j, rng: 8),
+    ("arrival_s", lambda j, rng: j.arrival_s - 5000.0),
+    ("pinned", lambda j, rng: bool(j.placement)),
+    ("model", lambda j, rng: synthetic_zoo(1, seed=int(rng.integers(1000)))[0]),
+    ("remaining_iterations", lambda j, rng: float("nan")),
+    ("elapsed_s", lambda j, rng: float("inf")),
+    ("remaining_iterations", lambda j, rng: -1.0),
+)
+
+
+@pytest.mark.parametrize("change", range(len(FIELD_CHANGES)))
+def test_a_changed_field_is_seen_by_a_warm_policy(change: int) -> None:
+    """One job's field changes between two calls (everything else only progresses):
+    the warm policy's plan, or error, equals a fresh policy's (``static.py``'s per-job
+    facts must not hide the change)."""
+    name, value = FIELD_CHANGES[change]
+    rng = np.random.default_rng(change)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(128, 40, seed=change, eta=0.6, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    for k in (0, 7, 19):
+        snap = progressed(snap, 30.0)
+        jobs = list(snap.jobs)
+        jobs[k] = replace(jobs[k], **{name: value(jobs[k], rng)})
+        snap = replace(snap, jobs=tuple(jobs))
+        warm_and_cold(policy, snap)
+
+
+def test_arrivals_and_departures_between_calls_plan_as_a_fresh_policy() -> None:
+    """Jobs come and go (the others keep their facts, at new positions)."""
+    rng = np.random.default_rng(5)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(128, 48, seed=5, eta=0.7, distinct_models=None)
+    later = snap.jobs[36:]
+    snap = replace(snap, jobs=snap.jobs[:36])
+    for step in range(6):
+        plan = warm_and_cold(policy, snap)
+        assert plan is not None
+        snap = progressed(running(snap, plan, rng), 60.0)
+        kept = [j for k, j in enumerate(snap.jobs) if k % 5 != step % 5]
+        snap = replace(snap, jobs=(*kept, *later[2 * step : 2 * step + 2]))
+
+
+def test_a_replan_of_the_same_requests_reuses_the_placement() -> None:
+    """The memo's placement is handed out again for equal inputs (and the plan equals a
+    fresh policy's); nodes switched on or off are other inputs."""
+    policy = PowerFlowPolicy()
+    snap = replanned(synthetic_snapshot(64, 30, seed=2, eta=0.8), policy)
+    policy.plan(snap)
+    assert policy.memo.placement is not None
+    kept = policy.memo.placement[1]
+    again = progressed(snap, 1.0)
+    assert policy.plan(again) == cold(policy, again)
+    assert policy.memo.placement[1] is kept
+    off = replace(again, nodes=tuple(replace(n, powered_on=False) for n in again.nodes))
+    assert policy.plan(off) == cold(policy, off)
+    assert policy.memo.placement[1] is not kept
+
+
+@pytest.mark.parametrize("order", ["field first", "progress first"])
+def test_two_faults_raise_the_first_as_a_fresh_policy_does(order: str) -> None:
+    """A changed job with a bad field and an unchanged one with bad progress: a warm
+    policy checks them differently (``validate_jobs``' ``checked``) but must raise the
+    fresh policy's error, the first in job order."""
+    rng = np.random.default_rng(3)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(64, 20, seed=3, eta=0.6, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    jobs = list(progressed(snap, 30.0).jobs)
+    field, progress = (4, 9) if order == "field first" else (9, 4)
+    jobs[field] = replace(jobs[field], global_batch_size=0)
+    jobs[progress] = replace(jobs[progress], remaining_iterations=None)  # type: ignore[arg-type]
+    with pytest.raises((SnapshotError, TypeError)) as fresh:
+        cold(policy, replace(snap, jobs=tuple(jobs)))
+    with pytest.raises(type(fresh.value), match=re.escape(str(fresh.value))):
+        policy.plan(replace(snap, jobs=tuple(jobs)))
+
+
+def test_a_job_moved_onto_anothers_gpus_is_refused_as_a_fresh_policy_does() -> None:
+    """Only the moved job changed; the GPUs it now shares are checked all the same."""
+    rng = np.random.default_rng(8)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(64, 20, seed=8, eta=0.9, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    jobs = list(progressed(snap, 30.0).jobs)
+    placed = [k for k, j in enumerate(jobs) if j.placement and not j.pinned]
+    a, b = placed[0], placed[-1]
+    jobs[a] = replace(jobs[a], placement=jobs[b].placement)
+    with pytest.raises(SnapshotError, match="held by both"):
+        cold(policy, replace(snap, jobs=tuple(jobs)))
+    with pytest.raises(SnapshotError, match="held by both"):
+        policy.plan(replace(snap, jobs=tuple(jobs)))

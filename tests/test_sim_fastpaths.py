@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import math
 from collections import Counter
 from typing import Any
@@ -22,12 +23,12 @@ import pytest
 from powerflow.core.devices import Workload, capped_clock_mhz
 from powerflow.core.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.lab.groundtruth import ground_truth
-from powerflow.lab.groundtruth.measure import measure, one_gpu_sweep, sweep_plan
+from powerflow.lab.groundtruth.measure import measure, measured_power_w, one_gpu_sweep, sweep_plan
 from powerflow.lab.groundtruth.truth import MEMO_MAX_ROWS, GroundTruth
 from powerflow.lab.schedulers import scheduler
 from powerflow.lab.sim import kernels
 from powerflow.lab.sim.config import SimConfig
-from powerflow.lab.sim.engine import Simulation, _with_changes
+from powerflow.lab.sim.engine import MEASURE_WINDOW_S, Simulation, _with_changes
 from powerflow.lab.sim.jobs import JobArrays, Phase, SimJob
 from powerflow.lab.sim.metrics import summarise
 from powerflow.lab.sim.rates import TruthRates
@@ -88,6 +89,33 @@ class ReferenceSimulation(Simulation):
     def _due(self, due: float) -> list[SimJob]:
         return [j for j in self._holders.values() if j.next_event_s <= due]
 
+    def _measure(self, job: SimJob, f: int) -> None:
+        """The reading evaluates the truth itself."""
+        job.measured_w = measured_power_w(
+            job.truth,
+            job.n,
+            job.r,
+            job.bs,
+            float(f),
+            rng=self._meter,
+            noise=self.cfg.noise,
+            iterations=max(1.0, MEASURE_WINDOW_S / job.step_s),
+        )
+        job.measured_f = f
+        self._stale_views.add(job.index)
+
+    def _power_ratio(self) -> float:
+        """Every holder's true power read job by job."""
+        self._ratios.add(
+            self.now,
+            (
+                (job.share * job.power_w, job.plan.power_w)
+                for job in self._holders.values()
+                if job.phase is Phase.RUN and job.plan is not None and job.plan.power_w
+            ),
+        )
+        return self._ratios.ratio(self.now)
+
     def snapshot(self) -> Snapshot:
         """Every view built afresh by the engine's own ``_fresh_view`` (never reused or copied)."""
         jobs = tuple(
@@ -132,6 +160,23 @@ def test_engine_matches_the_plain_reference(name: str, value: float, jobs: int) 
     fast = _run(Simulation, name, value, jobs)
     _same(fast, _run(ReferenceSimulation, name, value, jobs))
     assert fast.events > jobs  # the run did something worth comparing
+
+
+def test_a_run_leaves_the_collector_as_it_found_it() -> None:
+    """``Simulation.run`` freezes what exists and collects less often while it runs;
+    afterwards the thresholds are the caller's again and nothing stays frozen."""
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    class Watching(Simulation):
+        def _run(self) -> RunResult:
+            seen.append(gc.get_threshold())
+            return super()._run()
+
+    _run(Watching, "tiresias", 1410, 6)
+    assert seen and seen[0] != before
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
 
 
 def test_engine_exercised_the_shortcuts() -> None:

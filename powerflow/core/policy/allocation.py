@@ -121,7 +121,7 @@ class Allocation:
 
 def allocate(
     curves: Curves,
-    candidates: Sequence[int],
+    candidates: Sequence[int] | IntArray,
     power: PowerModel,
     *,
     energy_aware: bool,

@@ -40,6 +40,8 @@ class Curves:
     jct_s: FloatArray
     energy_j: FloatArray
     power_w: FloatArray
+    remaining: FloatArray | None = None
+    """Per job, its remaining iterations (None: not kept)."""
 
     def matrices(self, rows: IntArray, first: int = 0) -> tuple[FloatArray, FloatArray, FloatArray]:
         """JCT, energy and power of ``rows`` at every clock from column ``first`` up."""
@@ -48,15 +50,26 @@ class Curves:
         return self.row_age_s[rows, None] + remaining * t, remaining * e, e / t
 
 
-def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
-    age = np.maximum(0.0, now_s - np.asarray([j.arrival_s for j in jobs], dtype=np.float64))
+def curves_of(
+    tables: Tables,
+    jobs: Sequence[Job],
+    now_s: float,
+    tie_rank: IntArray | None = None,
+    arrival_s: FloatArray | None = None,
+) -> Curves:
+    """The curves of ``jobs`` at ``now_s``; ``tie_rank`` (their ``tie_ranks``) and
+    ``arrival_s`` (their arrivals as float64) when the caller has them already
+    (``static.py``)."""
+    if arrival_s is None:
+        arrival_s = np.asarray([j.arrival_s for j in jobs], dtype=np.float64)
+    age = np.maximum(0.0, now_s - arrival_s)
     remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
     row_job = tables.row_job
     row_age, row_remaining = age[row_job], remaining[row_job]
     t_eff, e_eff = tables.efficient_step_time_s, tables.efficient_energy_j
     return Curves(
         tables=tables,
-        tie_rank=tie_ranks([(j.arrival_s, j.id) for j in jobs]),
+        tie_rank=tie_ranks([(j.arrival_s, j.id) for j in jobs]) if tie_rank is None else tie_rank,
         age_s=age,
         row_age_s=row_age,
         row_remaining=row_remaining,
@@ -64,6 +77,7 @@ def curves_of(tables: Tables, jobs: Sequence[Job], now_s: float) -> Curves:
         jct_s=row_age + row_remaining * t_eff,
         energy_j=row_remaining * e_eff,
         power_w=e_eff / t_eff,
+        remaining=remaining,
     )
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from powerflow.core.policy.curves import tie_ranks
 from powerflow.core.policy.greedy_kernels import Matrices, RaiseRules, heap_arrays, raise_steps
+from powerflow.core.policy.tables import IntArray
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,14 @@ class Clocks:
 def raise_clocks(
     matrices: Matrices,
     start: Sequence[int],
-    order: Sequence[tuple[float, str]],
+    order: Sequence[tuple[float, str]] | None,
     total_w: float,
     limit_w: float,
     *,
     step: int,
     energy_aware: bool,
     min_ratio: float = 0.0,
+    ranks: IntArray | None = None,
 ) -> Clocks:
     """Raise clocks by ``step`` columns at a time while the limit allows.
 
@@ -57,8 +59,14 @@ def raise_clocks(
     its GPU count (columns: clocks); ``order[i]`` is its tie-break (arrival,
     id); ``total_w`` the predicted cluster power at ``start``. ``min_ratio``
     (PowerFlow+): no raise whose ``dJCT / dE`` (s/J) is below it; 0, the
-    paper's rule, takes any.
+    paper's rule, takes any. ``ranks`` in place of ``order``: integers in the
+    same order as the rows' tie-breaks (equal for equal ones), e.g. the jobs'
+    ranks among more jobs (``curves.tie_ranks``); only their comparisons count.
     """
+    if ranks is None:
+        if order is None:
+            raise ValueError("raise_clocks: give the rows' order or their ranks")
+        ranks = tie_ranks(order)
     jct_s, energy_j, power_w = matrices
     width = jct_s.shape[1] if jct_s.ndim == 2 else 0
     if width < 2 or not len(start):
@@ -68,7 +76,7 @@ def raise_clocks(
     # The compiled loop does not check bounds: refuse inconsistent input here.
     if not (
         jct_s.shape == energy_j.shape == power_w.shape == (rows, width)
-        and len(order) == rows
+        and len(ranks) == rows
         and columns.min() >= 0
         and columns.max() < width
     ):
@@ -81,7 +89,7 @@ def raise_clocks(
             np.ascontiguousarray(energy_j, dtype=np.float64),
             np.ascontiguousarray(power_w, dtype=np.float64),
         ),
-        tie_ranks(order),
+        np.ascontiguousarray(ranks, dtype=np.int64),
         float(total_w),
         RaiseRules(float(limit_w), int(step), bool(energy_aware), float(min_ratio)),
         columns,

@@ -349,6 +349,7 @@ def _result(
     unplaced: list[str] = []
     used = bytearray(geo.num_nodes)
     per_node = geo.per_node
+    slots_of = geo.node_blocks.slots.get
     for job_id, current, movable in zip(job_ids, currents, movables, strict=True):
         got = placed.get(job_id)
         if got is None:
@@ -356,7 +357,7 @@ def _result(
             continue
         node, _, size = got
         if size <= per_node:
-            slots = geo.slots(got)
+            slots = slots_of(got) or geo.slots(got)
             assignments[job_id] = slots
             used[node] = 1
             if kept.get(job_id) == got:

@@ -39,9 +39,10 @@ its table rows, and the model is asked only for a configuration no row has.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,7 @@ import numpy as np
 from powerflow.core.errors import SnapshotError
 from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.snapshot import Job
-from powerflow.core.policy.tables import Tables
+from powerflow.core.policy.tables import JobRows, Tables
 
 SCALE_RANGE = (0.5, 2.0)
 """Bounds of a per-job correction: a measurement farther off than this from its
@@ -126,69 +127,105 @@ def cappable_gpus(
 
 
 def job_scales(
-    tables: Tables, jobs: Sequence[Job], gpus_per_node: int, clocks: Sequence[int]
+    tables: Tables,
+    jobs: Sequence[Job],
+    gpus_per_node: int,
+    clocks: Sequence[int],
+    known: Sequence[float | None] | None = None,
 ) -> FloatArray:
     """Per job, ``measured / predicted`` power on its current GPUs (1 where unmeasured).
 
     The prediction is the job's table row of its GPU count where that row is
     the measured configuration (GPUs per node, local batch, a clock the policy
-    plans with), else one model call.
+    plans with), else one model call. ``known``: per job its factor where the
+    caller has it already (``static.py``: the same fields and model as when it
+    was computed), else None.
     """
-    out = np.ones(len(jobs))
     column = {c: k for k, c in enumerate(clocks)}.get
     entries = tables.job_rows
+    if known is None:
+        known = [None] * len(jobs)
+    return np.asarray(
+        [
+            job_scale(job, entries[i], gpus_per_node, column) if scale is None else scale
+            for i, (job, scale) in enumerate(zip(jobs, known, strict=True))
+        ],
+        dtype=np.float64,
+    ).reshape(len(jobs))
+
+
+def job_scale(
+    job: Job, rows: JobRows, gpus_per_node: int, column: Callable[[int], int | None]
+) -> float:
+    """One job's ``measured / predicted`` power (``job_scales``); ``rows``: its table rows,
+    ``column``: the clock column of a clock (None: not one the policy plans with)."""
+    measured, f = job.measured_power_w, job.measured_frequency_mhz
+    if measured is None or f is None or not job.placement:
+        return 1.0
+    if not (math.isfinite(measured) and measured > 0):
+        raise SnapshotError(f"job {job.id!r}: measured power {measured} W")
+    placement = job.placement
+    n = len(placement)
+    nodes = {node for node, _ in placement}
+    if len(nodes) == 1:
+        r = n
+    elif n == len(nodes) * gpus_per_node:
+        r = gpus_per_node  # whole nodes (slots are distinct: ``validate``)
+    else:
+        r = max(Counter(node for node, _ in placement).values())
+    bs = -(-job.global_batch_size // n)
+    k = column(int(f))
+    predicted = None if k is None else rows.power_w(n, r, bs, k)
+    if predicted is None:
+        t = float(job.model.step_time_s(n, r, bs, float(f)))
+        e = float(job.model.energy_per_iter_j(n, r, bs, float(f)))
+        if not (t > 0 and e > 0 and math.isfinite(t) and math.isfinite(e)):
+            raise SnapshotError(f"job {job.id!r}: model predicts nonsense at {(n, r, bs, f)}")
+        predicted = e / t
     lo, hi = SCALE_RANGE
-    for i, job in enumerate(jobs):
-        measured, f = job.measured_power_w, job.measured_frequency_mhz
-        if measured is None or f is None or not job.placement:
-            continue
-        if not (math.isfinite(measured) and measured > 0):
-            raise SnapshotError(f"job {job.id!r}: measured power {measured} W")
-        placement = job.placement
-        n = len(placement)
-        nodes = {node for node, _ in placement}
-        if len(nodes) == 1:
-            r = n
-        elif n == len(nodes) * gpus_per_node:
-            r = gpus_per_node  # whole nodes (slots are distinct: ``validate``)
-        else:
-            r = max(Counter(node for node, _ in placement).values())
-        bs = -(-job.global_batch_size // n)
-        k = column(int(f))
-        predicted = None if k is None else entries[i].power_w(n, r, bs, k)
-        if predicted is None:
-            t = float(job.model.step_time_s(n, r, bs, float(f)))
-            e = float(job.model.energy_per_iter_j(n, r, bs, float(f)))
-            if not (t > 0 and e > 0 and math.isfinite(t) and math.isfinite(e)):
-                raise SnapshotError(f"job {job.id!r}: model predicts nonsense at {(n, r, bs, f)}")
-            predicted = e / t
-        out[i] = min(hi, max(lo, measured / predicted))
+    return min(hi, max(lo, measured / predicted))
+
+
+def sweeping_rows(
+    tables: Tables, jobs: Sequence[Job], masks: Sequence[FloatArray] | None = None
+) -> FloatArray:
+    """Per table row: its highest power over the clocks where a run there would
+    sweep them (its count not yet profiled), else NaN. ``masks``: per job its
+    ``sweep_mask`` where the caller has them already."""
+    if masks is None:
+        entries = tables.job_rows
+        masks = [sweep_mask(job, entries[j]) for j, job in enumerate(jobs)]
+    if not len(masks):
+        return tables.peak_w.copy()
+    # The rows are stacked in the order of the jobs' first rows (``tables._stack``);
+    # a job with no rows adds nothing wherever it falls.
+    order = np.argsort(tables.start, kind="stable").tolist()
+    out: FloatArray = tables.peak_w * np.concatenate([masks[j] for j in order])
     return out
 
 
-def sweeping_rows(tables: Tables, jobs: Sequence[Job]) -> FloatArray:
-    """Per table row: its highest power over the clocks where a run there would
-    sweep them (its count not yet profiled), else NaN."""
-    out = tables.peak_w.copy()
-    known: list[int] = []  # rows of counts profiled, or of jobs that never sweep
-    starts = tables.start.tolist()
-    sizes = tables.sizes.tolist()
-    counts = tables.counts
-    for j, job in enumerate(jobs):
-        profiled = job.profiled_gpus
-        size = sizes[j]
-        if not size or (profiled is not None and not profiled):
-            continue
-        first = starts[j]
-        if profiled is None:
-            known.extend(range(first, first + size))
-        else:
-            known.extend(
-                first + k
-                for k, n in enumerate(counts[first : first + size].tolist())
-                if n in profiled
-            )
-    out[known] = np.nan
+def sweep_mask(job: Job, rows: JobRows) -> FloatArray:
+    """Per row of ``job`` (``rows``): 1.0 where a run there would sweep the clocks
+    (its count not yet profiled), NaN where not (profiled, or a job that never sweeps).
+    Read only: the common answers (none or all rows sweep) are shared arrays."""
+    profiled = job.profiled_gpus
+    if profiled is None:
+        return _mask(rows.size, None, frozenset())
+    try:
+        return _mask(rows.size, rows.counts, profiled)
+    except TypeError:  # an unhashable collection of counts: the same answer, not kept
+        return _mask.__wrapped__(rows.size, rows.counts, profiled)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mask(size: int, counts: tuple[int, ...] | None, profiled: frozenset[int]) -> FloatArray:
+    """``sweep_mask`` of ``size`` rows of these ``counts`` (None: a job that never sweeps),
+    shared and read only: jobs repeat the same few answers."""
+    if counts is None:
+        out = np.full(size, np.nan)
+    else:
+        out = np.asarray([math.nan if n in profiled else 1.0 for n in counts], dtype=np.float64)
+    out.flags.writeable = False
     return out
 
 
@@ -223,11 +260,17 @@ def correction(
     gpus_per_node: int,
     clocks: Sequence[int],
     enabled: bool,
+    scales: FloatArray | None = None,
+    masks: Sequence[FloatArray] | None = None,
 ) -> Correction:
-    """Per-row factors and sweep peaks for ``jobs`` (factors 1 when not ``enabled``)."""
-    scales = job_scales(tables, jobs, gpus_per_node, clocks) if enabled else np.ones(len(jobs))
+    """Per-row factors and sweep peaks for ``jobs`` (factors 1 when not ``enabled``).
+
+    ``scales`` (``job_scales``, or ones when not ``enabled``) and ``masks`` (per job
+    its ``sweep_mask``): where the caller has them already."""
+    if scales is None:
+        scales = job_scales(tables, jobs, gpus_per_node, clocks) if enabled else np.ones(len(jobs))
     row_scale = scales[tables.row_job]
-    return Correction(row_scale=row_scale, peak_w=sweeping_rows(tables, jobs) * row_scale)
+    return Correction(row_scale=row_scale, peak_w=sweeping_rows(tables, jobs, masks) * row_scale)
 
 
 def caps_w(

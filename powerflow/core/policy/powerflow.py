@@ -81,7 +81,7 @@ import itertools
 import math
 import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -102,13 +102,19 @@ from powerflow.core.policy.power_loop import (
     LoopOptions,
     cappable_gpus,
     caps_w,
-    correction,
     planning_limit_w,
     steady_caps,
 )
 from powerflow.core.policy.returns import floor_of, returns_of
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
-from powerflow.core.policy.tables import IntArray, JobRows, build_tables
+from powerflow.core.policy.static import (
+    StaticPart,
+    check_progress,
+    index_of,
+    static_inputs,
+    static_part,
+)
+from powerflow.core.policy.tables import IntArray, JobRows, Previous, build_tables
 from powerflow.core.policy.validate import Cluster, cluster_of, validate_jobs
 
 
@@ -189,14 +195,34 @@ class PowerFlowPolicy:
 
     def plan(self, snapshot: Snapshot) -> Plan:
         cluster = cluster_of(snapshot)
-        validate_jobs(snapshot, cluster)
-        clocks = self.clocks(cluster.gpu)
-        tables = build_tables(snapshot.jobs, cluster, clocks, self.elastic, self.memo)
-        limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
-        curves = curves_of(tables, snapshot.jobs, snapshot.now_s)
+        jobs = snapshot.jobs
         options = self.loop_options()
-        fix = correction(tables, snapshot.jobs, cluster.gpus_per_node, clocks, options.correction)
-        return _Decision(self, snapshot, cluster, clocks, curves, limit, options, fix).run()
+        inputs = static_inputs(jobs)
+        last = self.memo.static
+        if not (isinstance(last, StaticPart) and last.cluster == cluster):
+            last = None
+        if last is not None and last.same_jobs(*inputs):
+            # Only progress changed since the last call (static.py).
+            check_progress(jobs)
+            part = last
+            limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+        else:
+            positions = index_of(inputs[0])
+            index = None if last is None else last.matches(*inputs)
+            checked = None if index is None else index >= 0
+            validate_jobs(snapshot, cluster, checked, len(positions) == len(jobs))
+            clocks = self.clocks(cluster.gpu)
+            earlier = None if last is None or index is None else Previous(last.tables, index)
+            tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, earlier)
+            limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+            part = static_part(
+                jobs, cluster, inputs, clocks, tables, last, index, options.correction, positions
+            )
+            self.memo.static = part
+        curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank, part.arrival_s)
+        return _Decision(
+            self, snapshot, cluster, part.clocks, curves, limit, options, part.fix, part.pinned
+        ).run()
 
 
 @dataclass
@@ -213,6 +239,8 @@ class _Decision:
     options: LoopOptions
     fix: Correction
     """Predicted power -> the power the plan counts (``power_loop``)."""
+    pinned: list[int]
+    """The pinned jobs' positions."""
     cappable: int | None = None
     """With caps: the most GPUs caps at the board's lowest limit can hold (``run`` sets it)."""
 
@@ -224,7 +252,7 @@ class _Decision:
         plan_limit = planning_limit_w(self.limit, self.snapshot.power_ratio, self.options)
         first = self.curves.tables.start
         eff = self.curves.efficient
-        pinned = [i for i, job in enumerate(jobs) if job.pinned]
+        pinned = self.pinned
         base_w = sum(float(self.curves.power_w[first[i]]) for i in pinned)
         base_gpus = sum(len(jobs[i].placement) for i in pinned)
         free_gpus = self.cluster.total_gpus - base_gpus
@@ -250,9 +278,15 @@ class _Decision:
             base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
             base_power_w=base_w,
         )
-        candidates = [
-            i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
-        ]
+        remaining = self.curves.remaining
+        if remaining is None:
+            candidates: Sequence[int] | IntArray = [
+                i for i, job in enumerate(jobs) if not job.pinned and job.remaining_iterations > 0
+            ]
+        else:
+            unfinished = remaining > 0
+            unfinished[pinned] = False
+            candidates = np.flatnonzero(unfinished)
         budget = self.snapshot.budget
         p_max = budget.p_max_watts or self.cluster.gpu.p_max_w
         eta = self.limit / (self.cluster.total_gpus * p_max)
@@ -289,12 +323,15 @@ class _Decision:
             result = raise_clocks(
                 matrices,
                 [c - low for c in start],
-                [(jobs[i].arrival_s, jobs[i].id) for i in running],
+                None,
                 alloc.power_w,
                 plan_limit,
                 step=self.policy.frequency_step,
                 energy_aware=self.policy.energy_aware,
                 min_ratio=0.0 if returns is None else returns.min_ratio,
+                # The jobs' places in (arrival, id) order among all jobs: the same
+                # comparisons as their places among the running ones.
+                ranks=self.curves.tie_rank[np.asarray(running, dtype=np.int64)],
             )
             columns = list(map(operator.add, result.columns, itertools.repeat(low)))
             # Shifted back by ``low`` only where the undo loop reads one (rarely).
@@ -325,13 +362,20 @@ class _Decision:
         counts = tables.counts[row_idx].tolist()
         chosen = [jobs[i] for i in running]
         ids = [job.id for job in chosen]
-        result = place_columns(
+        memo = self.policy.memo
+        inputs = (
             self.snapshot.nodes,
             ids,
             counts,
             [job.placement for job in chosen],
             [not job.pinned for job in chosen],
         )
+        before = memo.placement
+        if before is not None and before[0] == inputs:
+            result = before[1]  # placement is a pure function of these (memo.py)
+        else:
+            result = place_columns(*inputs)
+            memo.placement = (inputs, result)
         assignments = result.assignments
         gpn = self.cluster.gpus_per_node
         row_gpn = tables.gpus_per_node[row_idx].tolist()
@@ -392,10 +436,11 @@ class _Decision:
         caps: list[float] | None = None
         if self.options.caps:
             peak = self.fix.peak_w
+            gpus = [counts[k] for k in where]  # each got its count (checked above)
             caps = caps_w(
                 values,
-                [len(placed[running[k]]) for k in where],
-                [float(peak[rows[running[k]]]) for k in where],
+                gpus,
+                peak[row_idx[where_idx]].tolist(),
                 watts,
                 self.limit,
                 self.options.cap_headroom,
@@ -404,8 +449,8 @@ class _Decision:
             if caps is not None:
                 caps = steady_caps(
                     caps,
-                    [w / len(placed[running[k]]) for w, k in zip(values, where, strict=True)],
-                    [jobs[running[k]].power_cap_w for k in where],
+                    [w / n for w, n in zip(values, gpus, strict=True)],
+                    [chosen[k].power_cap_w for k in where],
                     self.cluster.gpu.min_power_limit_w or 0.0,
                     self.cluster.gpu.max_power_w,
                 )

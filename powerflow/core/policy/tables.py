@@ -23,6 +23,7 @@ one sample (``n <= global``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Sequence
@@ -68,6 +69,9 @@ class Tables:
     """Per job (index as in the snapshot), its rows; row ``start[j] + k`` is its ``k``-th."""
     width: int
     """Clock columns."""
+    vectors: FloatArray | None = None
+    """The stacked ``JobRows.vectors`` the per-row columns were cut from (``build_tables``
+    keeps them: a later call takes an unchanged job's rows from here, ``Previous``)."""
 
     def rows(self, job: int) -> range:
         first = int(self.start[job])
@@ -84,9 +88,11 @@ class Tables:
             owners = self.row_job[rows]
             ks = (rows - self.start[owners]).tolist()
             entries = self.job_rows
+            # Whole rows (views kept per job), then the columns: fewer Python steps
+            # per row than slicing each one.
             both = np.array(
-                [entries[j].both[k, :, first:] for j, k in zip(owners.tolist(), ks, strict=True)]
-            )
+                [entries[j].row_views[k] for j, k in zip(owners.tolist(), ks, strict=True)]
+            )[:, :, first:]
         return both[:, 0], both[:, 1]
 
 
@@ -122,12 +128,34 @@ def allowed_mask(jobs: Sequence[Job], cluster: Cluster, elastic: bool) -> npt.ND
     return out
 
 
+@dataclass(frozen=True)
+class Previous:
+    """Rows a call takes from an earlier call's ``tables`` built with the same clocks,
+    cluster and options: per job of this call, ``index`` is the job of those tables
+    with the very same rows (``JobRows``), or -1 (``static.py`` decides which)."""
+
+    tables: Tables
+    index: IntArray
+
+
+def row_moves(
+    start: IntArray, sizes: IntArray, before: IntArray, index: IntArray
+) -> tuple[IntArray, IntArray]:
+    """Where each row of the jobs with an ``index`` (>= 0) lies now (``start``) and lay
+    in the earlier tables (``before``: their starts there), the jobs' sizes unchanged."""
+    hit = np.flatnonzero(index >= 0)
+    reps = sizes[hit]
+    within = np.arange(int(reps.sum()), dtype=np.int64) - np.repeat(np.cumsum(reps) - reps, reps)
+    return np.repeat(start[hit], reps) + within, np.repeat(before[index[hit]], reps) + within
+
+
 def build_tables(
     jobs: Sequence[Job],
     cluster: Cluster,
     clocks_mhz: Sequence[int],
     elastic: bool,
     memo: PolicyMemo[JobRows] | None = None,
+    previous: Previous | None = None,
 ) -> Tables:
     """Evaluate every job's grid, one call per model object.
 
@@ -144,7 +172,10 @@ def build_tables(
     built once per distinct key (``JobRows``) and stacked; with a ``memo``
     (``memo.py``) also across calls, so that a replan with unchanged models
     calls no model. The jobs whose key misses are evaluated together, one
-    model call per model object.
+    model call per model object. ``previous``: the rows of the jobs an earlier
+    call had with the same rows, taken from its tables (``static.py``: built
+    for the same model object and fields, clocks and cluster) as they are, so
+    that only the other jobs' rows are looked up and stacked one by one.
     """
     count = len(jobs)
     context = (
@@ -157,16 +188,23 @@ def build_tables(
         memo = PolicyMemo()
     memo.fit(count)
     tag = memo.tag(context)
-    keys: list[JobKey] = []
-    entries: list[JobRows | None] = []
     missing: dict[JobKey, int] = {}
     absent: list[int] = []
-    mids: list[int] = []
     kept = memo.rows
-    for j, job in enumerate(jobs):
+    mids = list(map(id, map(_MODEL, jobs)))
+    keys: list[JobKey | None] = [None] * count
+    entries: list[JobRows | None]
+    if previous is None:
+        entries = [None] * count
+        lookup: Sequence[int] = range(count)
+    else:
+        before = previous.tables.job_rows
+        entries = [None if p < 0 else before[p] for p in previous.index.tolist()]
+        lookup = np.flatnonzero(previous.index < 0).tolist()
+    for j in lookup:
+        job = jobs[j]
         model = job.model
-        mid = id(model)
-        mids.append(mid)
+        mid = mids[j]
         key = (
             mid,
             tag,
@@ -177,12 +215,12 @@ def build_tables(
             job.requested_gpus,
             _pinned_shape(job.placement) if job.pinned else None,
         )
-        keys.append(key)
+        keys[j] = key
         hit = kept(key, model)
         if hit is None:
             missing.setdefault(key, j)
             absent.append(j)
-        entries.append(hit)
+        entries[j] = hit
     distinct = len(set(mids)) == count
     if distinct:
         job_order = list(range(count))  # every job its own model object (fitted models)
@@ -200,7 +238,7 @@ def build_tables(
         if distinct:
             fresh = sorted(missing.values())
         else:
-            fresh = [j for j in job_order if missing.get(keys[j]) == j]
+            fresh = [j for j in job_order if (k := keys[j]) is not None and missing.get(k) == j]
         first_of_model: dict[int, str] = {}
         for j in job_order:
             first_of_model.setdefault(mids[j], jobs[j].id)
@@ -211,7 +249,7 @@ def build_tables(
         for j in absent:
             entries[j] = by_key[keys[j]]
     stacked = [e for e in entries if e is not None]
-    return _stack(stacked, job_order, len(clocks_mhz))
+    return _stack(stacked, job_order, len(clocks_mhz), previous)
 
 
 JobKey = tuple[int, int, int, int | None, int | None, int, int, tuple[int, int] | None]
@@ -245,7 +283,20 @@ class JobRows:
         """Predicted power on ``n`` GPUs, ``r`` per node, local batch ``bs`` at clock
         ``column``, where one of the rows is that configuration (else None)."""
         k = self.row_of.get((n, r, bs))
-        return None if k is None else float(self.both[k, 1, column] / self.both[k, 0, column])
+        if k is None:
+            return None
+        both = self.both
+        return both.item(k, 1, column) / both.item(k, 0, column)  # the same IEEE division
+
+    @functools.cached_property
+    def row_views(self) -> tuple[FloatArray, ...]:
+        """``both[k]`` for each row ``k``: (2, clocks) views, made once."""
+        return tuple(self.both)
+
+    @functools.cached_property
+    def counts(self) -> tuple[int, ...]:
+        """Its rows' GPU counts, smallest first."""
+        return tuple(n for n, _, _ in self.row_of)
 
 
 def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
@@ -255,18 +306,46 @@ def _pinned_shape(placement: Sequence[tuple[str, int]]) -> tuple[int, int]:
 
 
 _SIZE = operator.attrgetter("size")
+_MODEL = operator.attrgetter("model")
 
 
-def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tables:
-    """Stack per-job rows, the jobs of each model object adjacent (``job_order``)."""
+def _stack(
+    entries: Sequence[JobRows], job_order: list[int], width: int, previous: Previous | None = None
+) -> Tables:
+    """Stack per-job rows, the jobs of each model object adjacent (``job_order``).
+
+    With ``previous``, the rows of the jobs it has are copied from its stacked
+    vectors in one gather (``row_moves``) and only the others' are copied job by
+    job: the same array, without a Python step and an array per job.
+    """
     count = len(entries)
-    sizes = np.fromiter(map(_SIZE, entries), dtype=np.int64, count=count)
+    earlier = previous.tables if previous is not None else None
+    if previous is None or earlier is None or earlier.vectors is None:
+        sizes = np.fromiter(map(_SIZE, entries), dtype=np.int64, count=count)
+        fresh: Sequence[int] = range(count)
+    else:
+        index = previous.index
+        sizes = np.zeros(count, dtype=np.int64)
+        hit = index >= 0
+        sizes[hit] = earlier.sizes[index[hit]]
+        fresh = np.flatnonzero(~hit).tolist()
+        for j in fresh:
+            sizes[j] = entries[j].size
     order = np.asarray(job_order, dtype=np.int64)
     ordered = sizes[order]
     start = np.empty(count, dtype=np.int64)
     start[order] = np.cumsum(ordered) - ordered
-    parts = [entries[j].vectors for j in job_order]
-    vectors = np.concatenate(parts) if parts else np.zeros((0, 7))
+    if len(fresh) == count:
+        parts = [entries[j].vectors for j in job_order]
+        vectors = np.concatenate(parts) if parts else np.zeros((0, 7))
+    else:
+        assert previous is not None and earlier is not None and earlier.vectors is not None
+        vectors = np.empty((int(ordered.sum()), 7))
+        to, source = row_moves(start, sizes, earlier.start, previous.index)
+        vectors[to] = earlier.vectors[source]
+        for j in fresh:
+            first = int(start[j])
+            vectors[first : first + int(sizes[j])] = entries[j].vectors
     ints = vectors[:, :4].astype(np.int64)
     return Tables(
         start=start,
@@ -281,6 +360,7 @@ def _stack(entries: Sequence[JobRows], job_order: list[int], width: int) -> Tabl
         peak_w=vectors[:, 6].copy(),
         job_rows=tuple(entries),
         width=width,
+        vectors=vectors,
     )
 
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
@@ -48,19 +53,49 @@ def cluster_of(snapshot: Snapshot) -> Cluster:
     return Cluster(gpu=nodes[0].gpu, gpus_per_node=nodes[0].gpus, node_names=tuple(names))
 
 
-def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
+def validate_jobs(
+    snapshot: Snapshot,
+    cluster: Cluster,
+    checked: Sequence[bool] | npt.NDArray[np.bool_] | None = None,
+    unique: bool | None = None,
+) -> None:
     """Field checks that need no model call; see ``_check_job`` for the rules.
 
     The GPUs held are checked as one set against the cluster's, and only on a
     problem slot by slot, so that the error names the first bad slot.
+    ``checked``: per job, whether its fields other than progress passed these
+    checks on this cluster before, in a snapshot whose every job holding GPUs
+    held distinct ones (``static.py``: the same job with the same fields in the
+    last call). Such a job can only fail on its progress, which is checked for
+    all jobs at once; the others are checked in full, in order, up to the first
+    failure. When every job holding GPUs is such a job, its GPUs were distinct
+    and on the cluster then and are now. ``unique``: whether the job ids are
+    distinct, when the caller knows.
     """
-    ids = [j.id for j in snapshot.jobs]
-    if len(set(ids)) != len(ids):
+    jobs = snapshot.jobs
+    if unique is None:
+        ids = [j.id for j in jobs]
+        unique = len(set(ids)) == len(ids)
+    if not unique:
         raise SnapshotError("job ids are not unique")
     total = cluster.total_gpus
-    for job in snapshot.jobs:
-        _check_job(job, total)
-    held = [slot for job in snapshot.jobs for slot in job.placement]
+    if checked is None:
+        for job in jobs:
+            _check_job(job, total)
+        new_slots = True
+    else:
+        unchecked = np.flatnonzero(~np.asarray(checked, dtype=bool)).tolist()
+        bad = _first_bad_progress(jobs)
+        for i in unchecked:
+            if bad is not None and i > bad:
+                break
+            _check_job(jobs[i], total)
+        if bad is not None:
+            check_progress(jobs[bad])
+        new_slots = any(jobs[i].placement for i in unchecked)
+    if not new_slots:
+        return
+    held = [slot for job in jobs for slot in job.placement]
     try:
         distinct = set(held)
         fine = len(distinct) == len(held) and distinct <= _slots_of(cluster)
@@ -68,6 +103,29 @@ def validate_jobs(snapshot: Snapshot, cluster: Cluster) -> None:
         fine = False
     if not fine:
         _check_slots(snapshot, cluster)
+
+
+def _first_bad_progress(jobs: Sequence[Job]) -> int | None:
+    """The first job whose progress fails ``check_progress`` (None: none), from all
+    the jobs' progress at once; anything not a plain number takes the loop."""
+    try:
+        remaining = np.fromiter(map(_REMAINING, jobs), dtype=np.float64, count=len(jobs))
+        elapsed = np.fromiter(map(_ELAPSED, jobs), dtype=np.float64, count=len(jobs))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    else:
+        bad = ~(np.isfinite(remaining) & (remaining >= 0) & np.isfinite(elapsed))
+        return int(np.argmax(bad)) if bad.any() else None
+    for i, job in enumerate(jobs):
+        try:
+            check_progress(job)
+        except Exception:  # the caller raises it again, in order
+            return i
+    return None
+
+
+_REMAINING = operator.attrgetter("remaining_iterations")
+_ELAPSED = operator.attrgetter("elapsed_s")
 
 
 @functools.lru_cache(maxsize=8)
@@ -91,29 +149,39 @@ def _check_slots(snapshot: Snapshot, cluster: Cluster) -> None:
             owner[slot] = job.id
 
 
+def check_progress(job: Job) -> None:
+    """``_check_job``'s rules on the fields that change as the job runs, in its order."""
+    remaining = job.remaining_iterations
+    if not math.isfinite(remaining) or remaining < 0:
+        raise bad_job(job, f"remaining iterations {remaining} < 0")
+    if not math.isfinite(job.elapsed_s):
+        raise bad_job(job, "arrival and elapsed time must be finite")
+
+
 def _check_job(job: Job, total_gpus: int) -> None:
     """Every rule for one job's fields; a message is only formatted when one fails
     (this runs for every job at every call)."""
     isfinite = math.isfinite
     if not isfinite(job.remaining_iterations) or job.remaining_iterations < 0:
-        raise _bad(job, f"remaining iterations {job.remaining_iterations} < 0")
+        raise bad_job(job, f"remaining iterations {job.remaining_iterations} < 0")
     if job.global_batch_size < 1:
-        raise _bad(job, f"global batch size {job.global_batch_size} < 1")
+        raise bad_job(job, f"global batch size {job.global_batch_size} < 1")
     if job.requested_gpus < 1:
-        raise _bad(job, f"requested GPUs {job.requested_gpus} < 1")
+        raise bad_job(job, f"requested GPUs {job.requested_gpus} < 1")
     if job.min_gpus < 1:
-        raise _bad(job, f"min GPUs {job.min_gpus} < 1")
+        raise bad_job(job, f"min GPUs {job.min_gpus} < 1")
     if job.max_gpus is not None and job.max_gpus < job.min_gpus:
-        raise _bad(job, f"max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
+        raise bad_job(job, f"max GPUs {job.max_gpus} < min GPUs {job.min_gpus}")
     if job.min_gpus > total_gpus:
-        raise _bad(job, f"needs at least {job.min_gpus} GPUs, the cluster has {total_gpus}")
+        raise bad_job(job, f"needs at least {job.min_gpus} GPUs, the cluster has {total_gpus}")
     if job.max_local_batch_size is not None and job.max_local_batch_size < 1:
-        raise _bad(job, f"max local batch size {job.max_local_batch_size} < 1")
+        raise bad_job(job, f"max local batch size {job.max_local_batch_size} < 1")
     if not isfinite(job.arrival_s) or not isfinite(job.elapsed_s):
-        raise _bad(job, "arrival and elapsed time must be finite")
+        raise bad_job(job, "arrival and elapsed time must be finite")
     if job.pinned and not job.placement:
-        raise _bad(job, "pinned but has no GPUs to keep")
+        raise bad_job(job, "pinned but has no GPUs to keep")
 
 
-def _bad(job: Job, problem: str) -> SnapshotError:
+def bad_job(job: Job, problem: str) -> SnapshotError:
+    """The error naming ``job`` and what is wrong with it."""
     return SnapshotError(f"job {job.id!r}: {problem}")

@@ -114,7 +114,39 @@ def measured_power_w(
     n_, r_, bs_, f_ = (np.array([x], dtype=np.float64) for x in (n, r, bs, f))
     sigma = np.full(1, noise / np.sqrt(np.float64(iterations)))
     step, energy = _noisy(truth, n_, r_, bs_, f_, sigma, rng)
-    step_s, energy_j = float(step[0]), float(energy[0])
+    return _power(n, r, bs, f, float(step[0]), float(energy[0]))
+
+
+def noisy_power_w(
+    step_s: float,
+    energy_j: float,
+    n: float,
+    r: float,
+    bs: float,
+    f: float,
+    *,
+    rng: np.random.Generator,
+    noise: float,
+    iterations: float,
+) -> float:
+    """``measured_power_w`` of a configuration whose true step time and energy per
+    iteration the caller has already (the very floats the truth gives there): the same
+    draws, arithmetic and checks, without evaluating the truth again. The simulator
+    measures every job that starts running at its planned clock, a configuration whose
+    rates it has just read (``TruthRates.clean``)."""
+    if not noise >= 0:
+        raise DataError("noise must be >= 0")
+    if iterations < 1:
+        raise DataError("each sample averages at least one iteration")
+    sigma = np.full(1, noise / np.sqrt(np.float64(iterations)))
+    half_var = 0.5 * sigma**2  # as _noisy: time's draw first, then energy's
+    step = np.array([step_s], dtype=np.float64) * _factor(rng, sigma, half_var)
+    energy = np.array([energy_j], dtype=np.float64) * _factor(rng, sigma, half_var)
+    return _power(n, r, bs, f, float(step[0]), float(energy[0]))
+
+
+def _power(n: float, r: float, bs: float, f: float, step_s: float, energy_j: float) -> float:
+    """A reading's power, after the checks ``Samples`` makes of its row."""
     values = (float(n), float(r), float(bs), float(f), step_s, energy_j)
     if not all(map(math.isfinite, values)):
         raise DataError("samples contain NaN or infinite values")
