@@ -43,6 +43,7 @@ class Seen:
     placed_on: dict[str, set[str]] = field(default_factory=dict)  # job -> types
     moves: int = 0  # a job holding GPUs of another type than before
     checked_rates: int = 0
+    measured: int = 0
     snapshots: int = 0
     unswept: int = 0  # waiting views not showing counts profiled on the job's last type only
 
@@ -115,6 +116,11 @@ class Checked(Simulation):
             f = capped_clock_mhz(truth, work, gpu.clocks_mhz, job.f, cap)
             step = float(truth.step_time_s(n, r, bs, f))
             watts = float(truth.energy_per_iter_j(n, r, bs, f)) / step
+            if job.measured_f == f and job.measured_w is not None:
+                # measured there, with the profiler's 3 % noise: the H100 draws
+                # about 1.75 times the A100's watts, so the type is unmistakable
+                assert job.measured_w == pytest.approx(watts, rel=0.2)
+                self.seen.measured += 1
         elif job.phase is Phase.PROFILE:
             assert set(job.profile_clocks) <= set(gpu.clocks_mhz)
             if job.cap_w is not None:
@@ -155,7 +161,7 @@ def test_a_mixed_run_plans_each_type_at_its_clocks_on_its_ground_truth(
     result, seen = fitted
     metrics = summarise(result)
     assert metrics["jobs"] == 108 and seen.plans > 100 and seen.snapshots >= seen.plans
-    assert seen.checked_rates > 1000
+    assert seen.checked_rates > 1000 and seen.measured > 100
     assert seen.unswept > 0
     types = {t for placed in seen.placed_on.values() for t in placed}
     assert types == {"A100", "H100-SXM"}
