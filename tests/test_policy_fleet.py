@@ -160,3 +160,18 @@ def test_every_job_is_planned_once_and_within_one_pool() -> None:
     slots = [slot for jp in plan.jobs for slot in jp.placement]
     assert len(slots) == len(set(slots))
     assert plan.predicted_watts <= plan.limit_watts + 1e-6
+
+
+def test_the_watts_handed_out_are_counted_as_the_pools_plan_them_under_a_power_ratio() -> None:
+    """Each pool plans against its limit over the snapshot's ``power_ratio`` (true over
+    planned power): the watts one pool leaves are handed to another at the same ratio,
+    so the pools' planned power stays within the limit over the ratio, and their true
+    power (planned x ratio) within the limit."""
+    cluster = mixed(1, 1)
+    names = ["resnet50", "vgg16", "bert", "gpt2", "inception3", "deepspeech2"]
+    jobs = tuple(truth_job(f"j{i}", model=name, max_gpus=4) for i, name in enumerate(names))
+    for ratio in (1.0, 1.25):
+        snapshot = Snapshot(cluster, jobs, Budget(eta=0.6), now_s=0.0, power_ratio=ratio)
+        plan = FleetPolicy(PowerFlowPolicy).plan(snapshot)
+        assert plan.predicted_watts * ratio <= plan.limit_watts + 1e-6
+        assert plan.predicted_watts * ratio > 0.9 * plan.limit_watts  # the watts are used

@@ -259,13 +259,22 @@ class FleetPolicy:
         A pool is hungry when one of its unfinished jobs waits or runs below
         the type's top clock; the hungriest goes first. A pool that needs
         nothing more keeps its first plan.
+
+        The others' power is counted as each pool plans its own: its predicted
+        watts times the snapshot's ``power_ratio`` (at least 1), since a pool plans
+        against its limit over that ratio (``power_loop.planning_limit_w``).
+        Counted at their predicted watts alone, the pools' plans could sum to
+        the whole limit in planned watts, which is the limit times the ratio in
+        true ones.
         """
+        ratio = max(1.0, snapshot.power_ratio)
         hunger = [_hunger(plans[i], members[p.key], p.gpu) for i, p in enumerate(pools)]
         for i in sorted(range(len(pools)), key=lambda i: (-hunger[i], i)):
             if hunger[i] == 0:
                 continue
-            room = limit - sum(p.predicted_watts for j, p in enumerate(plans) if j != i)
-            if room > plans[i].predicted_watts + 1e-9:
+            others = sum(p.predicted_watts for j, p in enumerate(plans) if j != i)
+            room = limit - ratio * others
+            if room > ratio * plans[i].predicted_watts + 1e-9:
                 plans[i] = self._plan_pool(snapshot, pools[i], members[pools[i].key], room)
         return plans
 
