@@ -72,7 +72,9 @@ PowerFlow+ (``powerflow+`` in ``powerflow.lab.schedulers``) is this policy with
 ``min_return``/``budget_price`` (a floor on the priority of a doubling or a
 clock raise) and ``rescale_cost_s``/``rescale_margin`` (a running job's
 checkpoint-restart inside its doubling priorities) set; ``returns.py`` states
-the rules. All four default to off, the paper's rules above.
+the rules. All four default to off, the paper's rules above, and so does
+``short_first`` (a factor favouring short jobs' doublings, an experiment that
+PowerFlow+ does not use; docs/policy.md, "Short first").
 """
 
 from __future__ import annotations
