@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.curves import tie_ranks
 from powerflow.core.policy.greedy_kernels import Matrices, RaiseRules, heap_arrays, raise_steps
 from powerflow.core.policy.tables import IntArray
@@ -52,6 +53,7 @@ def raise_clocks(
     energy_aware: bool,
     min_ratio: float = 0.0,
     ranks: IntArray | None = None,
+    weight: FloatArray | None = None,
 ) -> Clocks:
     """Raise clocks by ``step`` columns at a time while the limit allows.
 
@@ -62,6 +64,8 @@ def raise_clocks(
     paper's rule, takes any. ``ranks`` in place of ``order``: integers in the
     same order as the rows' tie-breaks (equal for equal ones), e.g. the jobs'
     ranks among more jobs (``curves.tie_ranks``); only their comparisons count.
+    ``weight`` (PowerFlow+'s short-first rule): per
+    row, a factor on its raises' ``dJCT / dE`` (None: 1 for every row).
     """
     if ranks is None:
         if order is None:
@@ -79,6 +83,7 @@ def raise_clocks(
         and len(ranks) == rows
         and columns.min() >= 0
         and columns.max() < width
+        and (weight is None or len(weight) == rows)
     ):
         raise ValueError("raise_clocks: matrices, start columns and order do not match")
     raised_rows = np.empty(rows * (width - 1), dtype=np.int64)
@@ -91,7 +96,13 @@ def raise_clocks(
         ),
         np.ascontiguousarray(ranks, dtype=np.int64),
         float(total_w),
-        RaiseRules(float(limit_w), int(step), bool(energy_aware), float(min_ratio)),
+        RaiseRules(
+            float(limit_w),
+            int(step),
+            bool(energy_aware),
+            float(min_ratio),
+            np.ones(rows) if weight is None else np.asarray(weight, dtype=np.float64),
+        ),
         columns,
         raised_rows,
         raised_from,
