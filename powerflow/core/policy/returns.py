@@ -38,6 +38,7 @@ import numpy as np
 from powerflow.core.policy.allocation import Returns
 from powerflow.core.policy.curves import Curves
 from powerflow.core.policy.snapshot import Job
+from powerflow.core.policy.tables import IntArray
 
 
 def floor_of(min_return: float, budget_price: float, eta: float) -> float:
@@ -61,11 +62,14 @@ def returns_of(
     restart_w: float,
     curves: Curves,
     jobs: Sequence[Job],
+    held: IntArray | None = None,
 ) -> Returns | None:
     """The kernel's inputs for PowerFlow+'s rules, or ``None`` when both are off.
 
     ``floor``: on the cluster-normalised priority (``floor_of``); ``restart_s``:
     the rescale cost with its margin; ``restart_w``: per-GPU power during it.
+    ``held``: per job, the GPUs it holds, when the caller has them already (and
+    the remaining iterations come from ``curves.remaining`` when it has them).
     """
     if floor <= 0 and restart_s <= 0:
         return None
@@ -76,7 +80,8 @@ def returns_of(
         # A job's rows hold its allowed counts, each double the one before, so
         # the row of ``n`` GPUs is ``start + log2(n / first count)`` when that
         # is a whole number within its rows.
-        held = np.asarray([len(job.placement) for job in jobs], dtype=np.int64)
+        if held is None:
+            held = np.asarray([len(job.placement) for job in jobs], dtype=np.int64)
         on = np.flatnonzero((held > 0) & (sizes > 0))
         first = tables.counts[start[on]]
         level = np.log2(held[on] / first)
@@ -85,7 +90,9 @@ def returns_of(
         current[on[ok]] = start[on[ok]] + k[ok]
     min_ratio = 0.0
     if floor > 0:
-        remaining = np.asarray([job.remaining_iterations for job in jobs], dtype=np.float64)
+        remaining = curves.remaining
+        if remaining is None:
+            remaining = np.asarray([job.remaining_iterations for job in jobs], dtype=np.float64)
         rows = start[(remaining > 0) & (sizes > 0)]
         energy = float(curves.energy_j[rows].sum())
         if energy > 0:
