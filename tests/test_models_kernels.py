@@ -48,6 +48,20 @@ def test_predictions_match_the_reference(seed: int) -> None:
         np.testing.assert_array_equal(both[1], got_e)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_the_grid_kernel_gives_the_very_floats_of_the_broadcast_grid(seed: int) -> None:
+    """``predict_grid`` (what the policy's tables call) hoists what a row or a clock
+    shares out of the points; every point must still equal ``predict``'s exactly."""
+    params, (n, r, bs, _) = _random_model(seed)
+    model = FittedModel(params)
+    for clocks in (A100.clocks_mhz, A100.clocks_mhz[::7], (1410,), (210, 1005)):
+        f = np.asarray(clocks, dtype=np.float64)
+        want_t, want_e = model.predict(n[:, None], r[:, None], bs[:, None], f[None, :])
+        got_t, got_e = model.predict_grid(n, r, bs, f)
+        np.testing.assert_array_equal(got_t, want_t)
+        np.testing.assert_array_equal(got_e, want_e)
+
+
 def test_fitted_model_broadcasts_like_numpy() -> None:
     params, _ = _random_model(3)
     model = FittedModel(params)

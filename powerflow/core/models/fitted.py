@@ -64,6 +64,17 @@ class FittedModel:
         t, e = self.predict_columns(*(a.ravel() for a in cols))
         return t.reshape(shape), e.reshape(shape)
 
+    def predict_grid(
+        self, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """``predict`` of the rows ``(n[i], r[i], bs[i])`` (1-D) at every clock ``f[j]``
+        (1-D), as (rows, clocks) arrays: the same floats as ``predict`` of a column
+        and a row, without building the grid of arguments (``kernels.predict_grid``)."""
+        tp, ep = self._vectors
+        return kernels.predict_grid(
+            tp, ep, self._f0_mhz, *(as_column(np.ravel(a)) for a in (n, r, bs, f))
+        )
+
     def predict_columns(
         self, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
     ) -> tuple[FloatArray, FloatArray]:

@@ -152,6 +152,68 @@ def predict(
 
 
 @njit
+def predict_grid(
+    tp: FloatArray,
+    ep: FloatArray,
+    f0_mhz: float,
+    n: FloatArray,
+    r: FloatArray,
+    bs: FloatArray,
+    f: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """``predict`` of every configuration ``(n[i], r[i], bs[i])`` at every clock
+    ``f[j]``, as (rows, clocks) arrays: what the policy's tables ask.
+
+    The very floats ``predict`` gives on the broadcast grid: each point runs the
+    same operations on the same operands in the same order. What depends only on
+    the row (``T_IO``, the clock-free part of ``T_grad``, the synchronisation
+    terms before their clock factor, the batch factor of the energy) or only on
+    the clock (the clock factors) is computed once per row or per clock instead of
+    once per point, which is the same value each time; and no broadcast grid of
+    arguments is built.
+    """
+    rows, cols = n.shape[0], f.shape[0]
+    t_out = np.empty((rows, cols))
+    e_out = np.empty((rows, cols))
+    fg = np.empty(cols)
+    clock = np.empty(cols)
+    k_grad = np.empty(cols)
+    k_sync = np.empty(cols)
+    static = np.empty(cols)
+    for j in range(cols):
+        fg[j] = f[j] / 1000.0
+        clock[j] = (1.0 - tp[8]) + tp[8] / fg[j]
+        # ``_energy``'s clock shapes at ``xr = f/f0 - 1``
+        xr = f[j] / f0_mhz - 1.0
+        xh = xr if xr >= 0.0 else 0.0
+        x2, x3 = xr * xh, xr * xr * xh
+        k_grad[j] = 1.0 + (xr * ep[3] + x2 * ep[4] + x3 * ep[5])
+        k_sync[j] = 1.0 + (xr * ep[7] + x2 * ep[8] + x3 * ep[9])
+        static[j] = 1.0 + ep[11] * xh
+    for i in range(rows):
+        ni, ri, bi = n[i], r[i], bs[i]
+        # ``_terms`` without the clock
+        io = tp[0] + tp[1] * (bi * ri)
+        grad0 = tp[2] + tp[3] * bi
+        base = 0.0
+        if ni > 1.0:
+            local, node, steps, hops = _sync_shape(ni, ri)
+            base = tp[5] * local + tp[6] * node + tp[7] * steps + tp[11] * hops
+        util = 1.0 + ep[1] * math.log(bi + ep[2])
+        for j in range(cols):
+            grad = grad0 + tp[4] * (bi / fg[j])
+            sync = base * clock[j] if ni > 1.0 else 0.0
+            it = _step_time(tp, io, grad, sync, ni)
+            t_out[i, j] = it
+            heavy, light = grad - tp[2], sync + tp[2]
+            g, s, a = ni * heavy, ni * light, ni * it
+            e_out[i, j] = (
+                ep[0] * (g * k_grad[j]) * util + ep[6] * (s * k_sync[j]) + ep[10] * (a * static[j])
+            )
+    return t_out, e_out
+
+
+@njit
 def energy_data(tp: FloatArray, f0_mhz: float, cols: FloatArray) -> FloatArray:
     """The energy stage's ``data`` from the time stage's (rows ``n, r, bs, f``):
     rows ``bs``, ``f/f0 - 1`` and the GPU-seconds GPU-heavy, GPU-light and

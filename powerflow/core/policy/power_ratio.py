@@ -28,6 +28,7 @@ cluster ratio reached 1.007.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 
@@ -58,8 +59,9 @@ class RatioWindow:
         measured = planned = 0.0
         outliers = []
         lo, hi = BELIEVED
+        inf = math.inf
         for i, (m, p) in enumerate(pairs):
-            if not (0 < m < float("inf") and 0 < p < float("inf")):
+            if not (0 < m < inf and 0 < p < inf):
                 continue
             if not lo <= m / p <= hi:
                 outliers.append(i)

@@ -236,7 +236,16 @@ class PowerFlowPolicy:
             self.memo.static = part
         curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank, part.arrival_s)
         return _Decision(
-            self, snapshot, cluster, part.clocks, curves, limit, options, part.fix, part.pinned
+            self,
+            snapshot,
+            cluster,
+            part.clocks,
+            curves,
+            limit,
+            options,
+            part.fix,
+            part.pinned,
+            part.held,
         ).run()
 
 
@@ -256,6 +265,8 @@ class _Decision:
     """Predicted power -> the power the plan counts (``power_loop``)."""
     pinned: list[int]
     """The pinned jobs' positions."""
+    held: IntArray
+    """Per job, the GPUs it holds."""
     cappable: int | None = None
     """With caps: the most GPUs caps at the board's lowest limit can hold (``run`` sets it)."""
 
@@ -311,7 +322,8 @@ class _Decision:
             self.cluster.gpu.idle_power_w,
             self.curves,
             jobs,
-            self.policy.short_first,
+            short_first=self.policy.short_first,
+            held=self.held,
         )
         alloc = allocate(
             self.curves,

@@ -76,12 +76,15 @@ def returns_of(
     curves: Curves,
     jobs: Sequence[Job],
     short_first: float = 0.0,
+    held: IntArray | None = None,
 ) -> Returns | None:
     """The kernel's inputs for PowerFlow+'s rules, or ``None`` when all are off.
 
     ``floor``: on the cluster-normalised priority (``floor_of``); ``restart_s``:
     the rescale cost with its margin; ``restart_w``: per-GPU power during it;
-    ``short_first``: the exponent of the short-first factor.
+    ``short_first``: the exponent of the short-first factor. ``held``: per job,
+    the GPUs it holds, when the caller has them already (and the remaining
+    iterations come from ``curves.remaining`` when it has them).
     """
     if floor <= 0 and restart_s <= 0 and short_first <= 0:
         return None
@@ -92,7 +95,8 @@ def returns_of(
         # A job's rows hold its allowed counts, each double the one before, so
         # the row of ``n`` GPUs is ``start + log2(n / first count)`` when that
         # is a whole number within its rows.
-        held = np.asarray([len(job.placement) for job in jobs], dtype=np.int64)
+        if held is None:
+            held = np.asarray([len(job.placement) for job in jobs], dtype=np.int64)
         on = np.flatnonzero((held > 0) & (sizes > 0))
         first = tables.counts[start[on]]
         level = np.log2(held[on] / first)
@@ -101,7 +105,9 @@ def returns_of(
         current[on[ok]] = start[on[ok]] + k[ok]
     min_ratio = ref_s = 0.0
     if floor > 0 or short_first > 0:
-        remaining = np.asarray([job.remaining_iterations for job in jobs], dtype=np.float64)
+        remaining = curves.remaining
+        if remaining is None:
+            remaining = np.asarray([job.remaining_iterations for job in jobs], dtype=np.float64)
         unfinished = (remaining > 0) & (sizes > 0)
         rows = start[unfinished]
         energy = float(curves.energy_j[rows].sum())

@@ -69,6 +69,7 @@ _tie_key = operator.itemgetter(_FIELDS.index("arrival_s"), 0)
 _id_of = operator.itemgetter(0)
 _arrival_of = operator.itemgetter(_FIELDS.index("arrival_s"))
 _pinned_of = operator.itemgetter(_FIELDS.index("pinned"))
+_placement_of = operator.itemgetter(_FIELDS.index("placement"))
 
 Fields = tuple[object, ...]
 """A job's fields other than progress and model, its id first (``_FIELDS``)."""
@@ -96,6 +97,8 @@ class StaticPart:
     """Per job, its arrival as float64."""
     pinned: list[int]
     """The pinned jobs' positions."""
+    held: IntArray
+    """Per job, the GPUs it holds."""
 
     def same_jobs(self, fields: list[Fields], models: list[PerfModel]) -> bool:
         """Whether jobs with these fields and models have exactly these parts (on the
@@ -181,6 +184,7 @@ def static_part(
     tie = tie_ranks(list(map(_tie_key, fields)))
     arrival = np.fromiter(map(_arrival_of, fields), dtype=np.float64, count=count)
     pinned = [k for k, on in enumerate(map(_pinned_of, fields)) if on]
+    held = np.fromiter(map(len, map(_placement_of, fields)), dtype=np.int64, count=count)
     return StaticPart(
         cluster,
         fields,
@@ -194,6 +198,7 @@ def static_part(
         masks,
         arrival,
         pinned,
+        held,
     )
 
 

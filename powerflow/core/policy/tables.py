@@ -161,7 +161,8 @@ def build_tables(
 
     A model that also offers ``predict(n, r, bs, f) -> (step_time_s,
     energy_per_iter_j)`` (``FittedModel`` does, sharing the step-time terms)
-    is called once instead of twice.
+    is called once instead of twice; one that offers ``predict_grid`` (the same
+    of 1-D rows at a 1-D row of clocks, ``FittedModel`` again) is asked that.
 
     Arguments go to the models as broadcasting columns (rows x 1) and a clock
     row (1 x clocks), so no point grid is materialised, and
@@ -406,9 +407,14 @@ def _evaluate(
         if rows.start == rows.stop:
             continue  # none of these jobs may run on any count now
         args = (n_col[rows], r_col[rows], bs_col[rows], f_row)
+        grid = getattr(model, "predict_grid", None)
         predict = getattr(model, "predict", None)
         job_id = names[id(model)]
-        if callable(predict):
+        if callable(grid):  # the rows at every clock without a grid of arguments
+            both = grid(*(a.ravel() for a in args))
+            t[rows] = _checked_shape(both[0], args, job_id, "step time")
+            e[rows] = _checked_shape(both[1], args, job_id, "energy")
+        elif callable(predict):
             both = predict(*args)
             t[rows] = _checked_shape(both[0], args, job_id, "step time")
             e[rows] = _checked_shape(both[1], args, job_id, "energy")
