@@ -648,7 +648,7 @@ class Simulation:
         """One ``MEASURE_WINDOW_S`` window of the job at clock ``f``, with the profiler's
         noise (``powerflow.lab.groundtruth.measure``), as the node agent reports it."""
         iterations = max(1.0, MEASURE_WINDOW_S / job.step_s)
-        # The truth there is what ``rate`` just read for the job's rates (its GPU type's).
+        # The truth there is what ``rate`` just read for the job's rates (its type's).
         step_s, energy_j = job.on.rates.clean(job.trace.model_name, job.n, job.r, job.bs, f)
         job.measured_w = noisy_power_w(
             step_s,
