@@ -95,7 +95,7 @@ from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.allocation import PowerModel, allocate
 from powerflow.core.policy.budget import resolve_limit_watts
 from powerflow.core.policy.curves import Curves, curves_of
-from powerflow.core.policy.frequency import raise_clocks
+from powerflow.core.policy.frequency import ClockRules, raise_clocks
 from powerflow.core.policy.greedy_kernels import Matrices
 from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.placement import place_columns
@@ -110,6 +110,7 @@ from powerflow.core.policy.power_loop import (
 from powerflow.core.policy.returns import floor_of, returns_of, short_first_weights
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.core.policy.static import (
+    Carried,
     StaticPart,
     check_progress,
     index_of,
@@ -230,8 +231,9 @@ class PowerFlowPolicy:
             earlier = None if last is None or index is None else Previous(last.tables, index)
             tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, earlier)
             limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+            carried = None if last is None or index is None else Carried(last, index)
             part = static_part(
-                jobs, cluster, inputs, clocks, tables, last, index, options.correction, positions
+                jobs, cluster, inputs, clocks, tables, carried, options.correction, positions
             )
             self.memo.static = part
         curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank, part.arrival_s)
@@ -354,18 +356,20 @@ class _Decision:
                 None,
                 alloc.power_w,
                 plan_limit,
-                step=self.policy.frequency_step,
-                energy_aware=self.policy.energy_aware,
-                min_ratio=0.0 if returns is None else returns.min_ratio,
+                rules=ClockRules(
+                    step=self.policy.frequency_step,
+                    energy_aware=self.policy.energy_aware,
+                    min_ratio=0.0 if returns is None else returns.min_ratio,
+                    weight=short_first_weights(
+                        returns if self.policy.short_first_clocks else None,
+                        self.curves,
+                        row_idx,
+                        np.asarray(running, dtype=np.int64),
+                    ),
+                ),
                 # The jobs' places in (arrival, id) order among all jobs: the same
                 # comparisons as their places among the running ones.
                 ranks=self.curves.tie_rank[np.asarray(running, dtype=np.int64)],
-                weight=short_first_weights(
-                    returns if self.policy.short_first_clocks else None,
-                    self.curves,
-                    row_idx,
-                    np.asarray(running, dtype=np.int64),
-                ),
             )
             columns = list(map(operator.add, result.columns, itertools.repeat(low)))
             # Shifted back by ``low`` only where the undo loop reads one (rarely).

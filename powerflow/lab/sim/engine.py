@@ -649,10 +649,9 @@ class Simulation:
         noise (``powerflow.lab.groundtruth.measure``), as the node agent reports it."""
         iterations = max(1.0, MEASURE_WINDOW_S / job.step_s)
         # The truth there is what ``rate`` just read for the job's rates (its type's).
-        step_s, energy_j = job.on.rates.clean(job.trace.model_name, job.n, job.r, job.bs, f)
+        clean = job.on.rates.clean(job.trace.model_name, job.n, job.r, job.bs, f)
         job.measured_w = noisy_power_w(
-            step_s,
-            energy_j,
+            clean,
             job.n,
             job.r,
             job.bs,
