@@ -38,7 +38,7 @@ from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 
 Obj = dict[str, Any]
-SCALE = TimeScale(0.02)
+SCALE = TimeScale(0.01)
 CHECKPOINT_S = 300.0
 """Between two checkpoints of a training worker (trace seconds)."""
 TIMING = Timing(checkpoint_s=CHECKPOINT_S)
