@@ -171,18 +171,11 @@ def test_operator_kills_extender_restarts_and_api_faults_in_one_run_lose_nothing
     ]
     kills: list[tuple[float, str]] = []
     by_kind = api_fault_kinds()
-    # One replica under a stable name (a StatefulSet's pod name, or --leader-identity
-    # given): a restarted operator takes its own Lease back at once, where a new name
-    # waits for a SIGKILLed leader's Lease to expire (60 s here, at every kill).
-    identity = ("--leader-identity", "twin-operator")
+    # The twin's operator runs under a stable --leader-identity (one replica, as a
+    # StatefulSet's pod): started again after a kill, it takes its own Lease back at
+    # once, where a new name waits for a SIGKILLed leader's Lease to expire (60 s here).
     with Twin(
-        tmp_path,
-        nodes=1,
-        gpus_per_node=8,
-        scale=scale,
-        seed=SEED,
-        fault_control=True,
-        operator_args=identity,
+        tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED, fault_control=True
     ) as twin:
         operator, extender = twin.operator, twin.extender
         assert operator is not None and operator.proc is not None

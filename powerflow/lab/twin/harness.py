@@ -212,9 +212,7 @@ class Twin:
     """The twin (see the module docstring). ``scale``: the time scale of everything the
     simulator also times (``timescale``); ``eta``: the budget ConfigMap's ``eta``;
     ``timing``: the run's durations at full size (``Timing``); ``fault_control``: the
-    API server's fault routes open (``apiserver.FaultControl(twin.client)``);
-    ``operator_args``: added to the operator's command line (a fault test's
-    ``--leader-identity``)."""
+    API server's fault routes open (``apiserver.FaultControl(twin.client)``)."""
 
     def __init__(
         self,
@@ -227,7 +225,6 @@ class Twin:
         seed: int = 0,
         timing: Timing = Timing(),
         fault_control: bool = False,
-        operator_args: tuple[str, ...] = (),
     ) -> None:
         self.folder = folder
         self.node_names = tuple(f"node-{i}" for i in range(nodes))
@@ -240,7 +237,6 @@ class Twin:
         may poll too, and ``changes`` must stay in time order."""
         self.nodelife: NodeLifecycle | None = None
         self.fault_control = fault_control
-        self.operator_args = operator_args
         self.api: Process | None = None
         self.url = ""
         self.gpus: dict[str, TwinGpus] = {}
@@ -303,7 +299,6 @@ class Twin:
         self.extender_url = f"http://127.0.0.1:{ext_port}"
         self.extender = extender_process(kubeconfig, self.folder, ext_port)
         self.operator = operator_process(kubeconfig, self.folder, ingest_port, scale=self.scale)
-        self.operator.args += self.operator_args
         for i, name in enumerate(self.node_names):
             gpus = TwinGpus(self.gpus_per_node, node=name, seed=self.seed + i, clock=self.gpu_clock)
             self.gpus[name] = gpus
