@@ -193,10 +193,13 @@ def test_a_job_that_changes_type_restarts_from_its_checkpoint(
     assert fitted[1].moves + oracle[1].moves > 0
 
 
+@pytest.mark.parametrize("run", ["fitted", "oracle"])
 def test_the_budget_is_the_sum_of_each_types_share_and_the_true_power_keeps_it(
-    oracle: tuple[RunResult, Seen],
+    run: str, request: pytest.FixtureRequest
 ) -> None:
-    metrics = summarise(oracle[0])
+    """Fitted too: its jobs start from priors carried to their pool's type, in that
+    type's watts (``prior_on``)."""
+    metrics = summarise(request.getfixturevalue(run)[0])
     limit = ETA * (16 * A100.p_max_w + 16 * H100.p_max_w)
     assert metrics["limit_watts"] == pytest.approx(limit)
     assert metrics["time_above_limit_s"] == 0.0
