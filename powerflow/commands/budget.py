@@ -42,9 +42,9 @@ from rich.table import Table
 from powerflow.commands import checks
 from powerflow.commands.operator import OPERATED
 from powerflow.core import contract
+from powerflow.core.budget_schedule import describe_budget, stops_every_job
 from powerflow.core.errors import BudgetError, PowerFlowError, SimulationError
 from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec, gpu_spec, tunes
-from powerflow.core.policy.budget_schedule import describe_budget, stops_every_job
 from powerflow.core.policy.snapshot import Budget
 from powerflow.lab.schedulers import DEFAULT_ETAS
 from powerflow.lab.sim.config import SimConfig

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from powerflow.commands import checks
+from powerflow.core.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.core.errors import BudgetError, DataError, SimulationError
 from powerflow.core.gpus import A100, GpuSpec, gpu_spec
-from powerflow.core.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.core.policy.snapshot import Budget
 from powerflow.lab.groundtruth.truth import THROUGHPUT_SOURCES
 from powerflow.lab.schedulers import SCHEDULERS, ZEUS_ETA_KNOB, scheduler

@@ -3,7 +3,7 @@
 Simulated time jumps from event to event: arrivals (batched per instant),
 the end of a pre-run, a checkpoint restart or a profiling phase, a
 completion, a periodic re-evaluation, and each edge of a budget schedule
-(``powerflow.core.policy.budget_schedule``, read on the simulated clock: ``t = 0``
+(``powerflow.core.budget_schedule``, read on the simulated clock: ``t = 0``
 is 00:00 of day one), where the policy is called at once, even within
 ``batch_s`` of its last call, so that a lower budget is planned for from
 its first second. Between events every job's rate is
@@ -58,12 +58,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.core.backend import schedule_once
+from powerflow.core.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.core.errors import SimulationError
 from powerflow.core.learning import FittedLearner, Learner, OracleLearner
 from powerflow.core.models.priors import held_out_prior
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.models.samples import Samples
-from powerflow.core.policy.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.core.policy.power_ratio import RatioWindow
 from powerflow.core.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.lab.groundtruth.measure import noisy_power_w

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from powerflow.core.budget_schedule import BudgetSchedule
 from powerflow.core.errors import SimulationError
 from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.learning import FittedLearner
 from powerflow.core.models.priors import load_prior
-from powerflow.core.policy.budget_schedule import BudgetSchedule
 from powerflow.core.profiling import ClockSweep
 from powerflow.lab.schedulers import Configured, Profiling, scheduler
 from powerflow.lab.sim.config import SimConfig
