@@ -18,7 +18,6 @@ the marks would be silently ignored and two twins could run at once.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -42,15 +41,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Twin tests first (stable otherwise): one process runs them first too, and a
     worker's collection order is the order its units are queued in."""
     items.sort(key=lambda item: not starts_a_twin(str(item.path)))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per core, and one more for the twin's unit. Its tests
-    wait on real time most of theirs (a twin's components use a fraction of a core),
-    so with one worker per core the worker that runs them leaves its core mostly idle
-    for the whole length of the unit; the extra worker keeps every core on the rest."""
-    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.hookimpl(optionalhook=True)
