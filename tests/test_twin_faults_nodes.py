@@ -270,7 +270,14 @@ def test_a_node_dies_then_a_gpu_and_every_job_resumes_from_its_checkpoint(tmp_pa
     assert (allocatable[contract.GPU_RESOURCE], capacity[contract.GPU_RESOURCE]) == ("3", "4")
     died = [e for e in later if ", lost " in e[2]]
     assert [e[1] for e in died] == [worker.pod], died
-    assert restarts[worker.job] >= 1
+    # Its job resumed from a checkpoint. The operator counts a restart when it sees the
+    # worker Failed first; when the node's allocatable (3 of 4) reaches its pass first,
+    # it rescales the job off the GPU and deletes the worker itself: no restart counted
+    # (seen in CI under load), the same resumption.
+    resumed = [
+        e for e in later if e[1].startswith(f"{worker.job}-") and e[2].startswith("training from ")
+    ]
+    assert resumed or restarts[worker.job] >= 1, (restarts, later)
     given = [e for e in later if e[2].startswith("started on ")]
     assert given, "no worker started after the GPU fault"
     assert not [e for e in given if e[2] == f"started on {worker.node} GPU {worker.gpu}"]
