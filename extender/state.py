@@ -7,8 +7,10 @@ loop, so no locks: a bind records its pod as *assumed* before it awaits the
 API, and the next filter already counts it.
 
 A gang's block is chosen by the core's placement module (buddy allocation
-with network packing) when its first worker is filtered: within the main node
-pool (``pool_view``: the pool the operator plans on), on nodes among that
+with network packing) when its first worker is filtered: within the node pool
+of the operator's planned block for it (``pool_rank``, ``pool_view``: the
+operator plans every pool of a known GPU type; the main pool for a gang
+without a plan), on nodes among that
 worker's candidates that it may use (Ready, not cordoned, hard taints
 tolerated); a block whose nodes go away or turn unusable before its workers
 hold them is chosen again (``_prune``). It is written on each bound pod's
@@ -43,7 +45,7 @@ from typing import Any, TypeVar
 
 from powerflow.core.errors import PlacementError
 from powerflow.core.policy.buddy import is_power_of_two
-from powerflow.core.policy.pools import NodeShape, Pool, main_pool, serves, taken_by_others
+from powerflow.core.policy.pools import NodeShape, Pool, pools, serves, taken_by_others
 from powerflow.core.policy.snapshot import GpuSlot, Node
 from powerflow.core.taints import (
     GPU_TOLERATIONS,
@@ -282,7 +284,9 @@ class ClusterState:
         none) and GPUs (``status.allocation``; 0 if none)."""
         self._unadopted: set[GangKey] = set()
         """Annotated gangs not adopted for want of their DLJob's view (retried on its news)."""
-        self._view: PoolView | None = None  # the main pool, rebuilt after changes
+        self._views: dict[int, PoolView] = {}  # by pool rank (0: main), rebuilt after changes
+        self._pools: tuple[Pool, ...] | None = None  # ``pools``' answer, rebuilt alike
+        self._ranks: dict[str, int] = {}  # node -> its pool's rank in ``_pools``
         self._epoch = 0  # bumped by every node change: blocks are checked again
         self.synced = False
         self.expired_total = 0
@@ -310,7 +314,7 @@ class ClusterState:
         self._members.clear()
         self._known.clear()
         self._foreign.clear()
-        self._view = None
+        self._forget_pools()
         self._epoch += 1
         for node in nodes:
             self._skip_bad(self.upsert_node, node)
@@ -363,13 +367,13 @@ class ClusterState:
         if self.nodes.get(name) == entry:
             return  # a heartbeat: nothing placement cares about changed
         self.nodes[name] = entry
-        self._view = None
+        self._forget_pools()
         self._epoch += 1
 
     def delete_node(self, body: Any) -> None:
         name = _name_of(body)
         self.nodes.pop(name, None)
-        self._view = None
+        self._forget_pools()
         self._epoch += 1
 
     def _shapes(self) -> list[NodeShape]:
@@ -379,31 +383,57 @@ class ClusterState:
             if e.gpus > 0 and e.pooled(self.pool_tolerations)
         ]
 
-    def pool_view(self) -> PoolView:
-        """Where new gangs go: the nodes that serve the operator's main pool.
+    def _forget_pools(self) -> None:
+        self._views.clear()
+        self._pools = None
 
-        The main pool comes from the same rule and inputs as the operator's
-        inventory (``powerflow.core.policy.pools``: pooled nodes by allocatable GPUs, so
-        others' pods never change which pool it is); every pooled node that
-        ``serves`` it is a member, with others' GPUs counted as taken
-        (``occupied``). No other pool is used: the plan's GPU counts are the main
-        pool's. Rebuilt after a node or a foreign GPU pod changes, at the next new
-        gang.
+    def _all_pools(self) -> tuple[Pool, ...]:
+        if self._pools is None:
+            self._pools = pools(self._shapes())
+            self._ranks = {n: rank for rank, pool in enumerate(self._pools) for n in pool.nodes}
+        return self._pools
+
+    def pool_rank(self, slots: Iterable[GpuSlot]) -> int:
+        """The pool a gang goes to: that of the first node of ``slots`` (its planned
+        block, or the block it holds) among the pools (``pools``' order), else the main
+        pool (0): a gang the operator planned on another pool's nodes is placed there."""
+        first = next(iter(slots), None)
+        if first is None:
+            return 0
+        self._all_pools()
+        return self._ranks.get(first[0], 0)
+
+    def pool_view(self, rank: int = 0) -> PoolView:
+        """Where new gangs go: the nodes of the pool ``rank`` (0: the operator's main
+        pool; ``pool_rank``).
+
+        The pools come from the same rule and inputs as the operator's inventory
+        (``powerflow.core.policy.pools``: pooled nodes by allocatable GPUs, so others'
+        pods never change which pool is which); every pooled node that ``serves`` the
+        main pool is a member of it, with others' GPUs counted as taken (``occupied``);
+        another pool's members are its own nodes. A gang is placed within one pool: the
+        plan's GPU counts are per pool, and each pool is one GPU type. Rebuilt after a
+        node or a foreign GPU pod changes, at the next new gang.
         """
-        if self._view is None:
+        view = self._views.get(rank)
+        if view is None:
             shapes = self._shapes()
-            pool = main_pool(shapes)
-            if pool is None:
-                self._view = PoolView(None, [], frozenset(), {})  # no GPU node
+            found = self._all_pools()
+            if rank >= len(found):
+                view = PoolView(None, [], frozenset(), {})  # no GPU node
             else:
-                members = sorted(s.name for s in shapes if serves(pool, s))
+                pool = found[rank]
+                own = set(pool.nodes)
+                usable = [s for s in shapes if serves(pool, s) and (rank == 0 or s.name in own)]
+                members = sorted(s.name for s in usable)
                 gpu = gpu_spec_for(pool.product)
                 nodes = [Node(name, pool.per_node, gpu) for name in members]
-                taken = {s.name: taken_by_others(pool, s) for s in shapes if serves(pool, s)}
-                self._view = PoolView(
+                taken = {s.name: taken_by_others(pool, s) for s in usable}
+                view = PoolView(
                     pool, nodes, frozenset(members), {n: k for n, k in taken.items() if k}
                 )
-        return self._view
+            self._views[rank] = view
+        return view
 
     def core_nodes(self) -> list[Node]:
         """The main pool's nodes sorted by name: the stable order blocks are aligned in."""
@@ -448,7 +478,7 @@ class ClusterState:
             self._bound_gpus[info.node] = self._bound_gpus.get(info.node, 0) + info.gpus
             if info.gang is None:
                 self._foreign[info.node] = self._foreign.get(info.node, 0) + info.gpus
-                self._view = None
+                self._forget_pools()
             else:
                 self._members.setdefault(info.gang, {})[info.key] = info.node
                 gang = self.gangs.get(info.gang)
@@ -466,7 +496,7 @@ class ClusterState:
         _subtract(self._bound_gpus, old.node, old.gpus)
         if old.gang is None:
             _subtract(self._foreign, old.node, old.gpus)
-            self._view = None
+            self._forget_pools()
         else:
             members = self._members.get(old.gang, {})
             members.pop(key, None)
@@ -608,8 +638,8 @@ class ClusterState:
             held.extend(sorted(s for s in gang.block if s[0] == node)[:gpus])
         return tuple(held)
 
-    def occupied(self) -> dict[str, frozenset[int] | set[int]]:
-        """GPU indices taken on each node of the main pool (``pool_view``), in its geometry.
+    def occupied(self, rank: int = 0) -> dict[str, frozenset[int] | set[int]]:
+        """GPU indices taken on each node of pool ``rank`` (``pool_view``), in its geometry.
 
         Every live block's indices, plus GPUs held outside any live block (pods
         that are not PowerFlow's, as ``pools.taken_by_others`` counts them, and
@@ -618,7 +648,7 @@ class ClusterState:
         when the node served a larger pool) counts as one taken GPU. Nodes
         outside the pool keep their blocks' indices, for the record.
         """
-        view = self.pool_view()
+        view = self.pool_view(rank)
         slots: dict[str, frozenset[int] | set[int]] = dict(self.gangs.held)
         if view.pool is None:
             return slots
@@ -639,11 +669,11 @@ class ClusterState:
             slots[node] = occupied_indices(cap, inside, count) if count else inside
         return slots
 
-    def _allowed(self, info: PodInfo, candidates: Iterable[str] | None) -> set[str]:
-        """The main pool's nodes the pod may get a block on: among the candidates
+    def _allowed(self, info: PodInfo, candidates: Iterable[str] | None, rank: int = 0) -> set[str]:
+        """Pool ``rank``'s nodes the pod may get a block on: among the candidates
         kube-scheduler's own filters passed (all, when ``None``), Ready, not cordoned,
         every hard taint tolerated."""
-        view = self.pool_view()
+        view = self.pool_view(rank)
         names = view.members if candidates is None else view.members.intersection(candidates)
         nodes = self.nodes
         return {n for n in names if not nodes[n].why_not_for(info.tolerations)}
@@ -688,8 +718,9 @@ class ClusterState:
     ) -> Gang | None:
         """The gang's reservation, made now if needed; None when no aligned block is free.
 
-        A new gang reserves ``workers * gpus_per_pod`` GPUs at once, in the main
-        pool, on nodes ``_allowed`` for ``info`` (the worker being filtered) among
+        A new gang reserves ``workers * gpus_per_pod`` GPUs at once, in the pool of
+        its planned block (``pool_rank``; the main pool without one), on nodes
+        ``_allowed`` for ``info`` (the worker being filtered) among
         ``candidates``: the operator's planned block when it is free there
         (``placing.planned_block``), else ``choose_block``'s. A worker of an
         expired gang (its reservation shrank to its bound workers) finds no room
@@ -707,9 +738,10 @@ class ClusterState:
             pod = dataclasses.replace(pod, tolerations=gang.tolerations)
         if gang is None:
             self._drop_superseded(key)
-        view = self.pool_view()
-        occupied = self.occupied()
-        allowed = self._allowed(pod, candidates)
+        rank = self.pool_rank(held or pod.planned)
+        view = self.pool_view(rank)
+        occupied = self.occupied(rank)
+        allowed = self._allowed(pod, candidates, rank)
         if view.pool is not None and len(allowed) < len(view.members):
             full = frozenset(range(view.pool.per_node))
             for name in view.members - allowed:
@@ -780,12 +812,12 @@ class ClusterState:
     def _no_room(self, info: PodInfo, candidates: list[str]) -> FilterAnswer:
         """No block is free for the gang: say, per candidate, whether it ever could be.
 
-        Only the main pool's nodes that the pod may use and whose GPUs other pods
-        hold can host it once pods go away (``FailedNodes``); every other node
-        never can (``FailedAndUnresolvableNodes``), so kube-scheduler's preemption
-        evicts nothing there.
+        Only the nodes of the gang's pool (``pool_rank``) that the pod may use and
+        whose GPUs other pods hold can host it once pods go away (``FailedNodes``);
+        every other node never can (``FailedAndUnresolvableNodes``), so
+        kube-scheduler's preemption evicts nothing there.
         """
-        view = self.pool_view()
+        view = self.pool_view(self.pool_rank(info.planned))
         size = info.workers * info.gpus
         pool = view.pool
         if pool is None:

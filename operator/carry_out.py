@@ -281,16 +281,22 @@ def _migrates(
 
 
 def _converge(
-    actions: Actions, v: _View, now_s: float, profiling: Profiling | None, tuned: bool = True
+    actions: Actions,
+    v: _View,
+    now_s: float,
+    profiling: Profiling | None,
+    tuned: bool = True,
+    pools: Mapping[str, str] | None = None,
 ) -> bool:
     """The job controller's writes for the job (``job_controller.converge``), from the
     allocation the allocator gave it in this pass (``v.granted``, what its status
     gets), into ``actions``: the creations, and each
     annotation patch with the deletions when it only lowers power, else after the
     creations (``_annotate``). ``tuned``: False on a pool of unknown GPU type (no clock
-    written). Always True (a ``_Guard`` step)."""
+    written); ``pools``: each node's pool label (``job_controller.converge``). Always
+    True (a ``_Guard`` step)."""
     assert v.req is not None and v.granted is not None
-    writes = converge(v.req, v.granted, v.current, now_s, profiling, tuned=tuned)
+    writes = converge(v.req, v.granted, v.current, now_s, profiling, tuned=tuned, pools=pools)
     actions.create.extend(writes.create)
     for pod, patch in writes.annotate:
         _annotate(actions, v, pod, patch)

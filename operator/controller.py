@@ -19,7 +19,8 @@ With a ``LeaderElector`` the loop runs passes only while this replica holds
 the Lease; losing it cancels the pass in flight (``leader``).
 
 With a ``SampleStore`` (``learning``), each pass first hands it the DLJobs
-it read and the main pool's GPU type (the models' type), in a worker thread
+it read, the main pool's GPU type (the models' type) and the type of each node
+of the other planned pools (``models_on``: each job's model there), in a worker thread
 (syncing, thinning and refitting must not block the event loop), posts its
 Warnings (bad ``status.model.params``, a model of another type) on their
 jobs, and passes its ``status.model`` fields to ``reconcile``; the models
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,11 +62,11 @@ from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
 from powerflow.operator.learning import MeasuredPower, SampleStore
 from powerflow.operator.metrics import Metrics, job_series
-from powerflow.operator.nodes import cluster_nodes, unknown_gpu_nodes
+from powerflow.operator.nodes import fleet_nodes, unknown_gpu_nodes
 from powerflow.operator.parking import busy_nodes, node_marks
 from powerflow.operator.pass_inputs import DEFAULT_PROFILING_WINDOW_S, PassMemory, PassSettings
 from powerflow.operator.pass_progress import DEFAULT_PROGRESS_INTERVAL_S
-from powerflow.operator.pass_snapshot import ModelFactory
+from powerflow.operator.pass_snapshot import ModelFactory, ModelsOn, TypedModels
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.refusals import Refusal, by_job
 from powerflow.operator.reported_progress import ReportedProgress
@@ -71,6 +74,7 @@ from powerflow.operator.reported_progress import ReportedProgress
 from powerflow.core import contract
 from powerflow.core.errors import ResourceError
 from powerflow.core.gpus import GpuSpec, unknown_gpu
+from powerflow.core.policy.fleet import FleetPolicy
 from powerflow.core.policy.power_ratio import BELIEVED, RatioWindow
 from powerflow.core.policy.snapshot import JobPlan, Node, Policy
 from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
@@ -94,6 +98,26 @@ def default_policy(name: str = "powerflow") -> Policy:
     """The policy of scheduler ``name`` (``powerflow.lab.schedulers``; the operator's
     ``--scheduler`` offers PowerFlow's own)."""
     return scheduler(name).build_policy(None)
+
+
+def fleet_of(policy: Policy) -> Policy:
+    """``policy`` planning every pool of the cluster under one budget (``FleetPolicy``):
+    ``policy`` itself for the first pool planned (with one pool, the plan is its own),
+    a replica for each other (``dataclasses.replace``: the same settings, its own memo
+    for its pool's shape; a policy that is no dataclass is shared, ``copy.copy``)."""
+    if isinstance(policy, FleetPolicy):
+        return policy
+    given = [policy]
+
+    def make() -> Policy:
+        if given:
+            return given.pop()
+        if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
+            replica: Policy = dataclasses.replace(policy)
+            return replica
+        return copy.copy(policy)
+
+    return FleetPolicy(make)
 
 
 @dataclass
@@ -133,6 +157,22 @@ def as_planned(
     return out
 
 
+def _pool_labels(bodies: Sequence[Any], nodes: Sequence[Node]) -> dict[str, str] | None:
+    """Each planned node's GPU product label (empty: none) where the plan spans several
+    pools, which new workers are pinned to (``reconcile``'s ``pools``); None with one."""
+    if len({(n.gpu.name, n.gpus) for n in nodes}) < 2:
+        return None
+    planned = {n.name for n in nodes}
+    out = {}
+    for body in bodies:
+        meta = body.get("metadata", {}) if isinstance(body, dict) else {}
+        name = meta.get("name")
+        if name in planned:
+            label = (meta.get("labels") or {}).get(contract.GPU_PRODUCT_LABEL)
+            out[name] = label if isinstance(label, str) else ""
+    return out
+
+
 def _job_ref(state: ClusterState, key: str) -> dict[str, Any] | None:
     """The DLJob of job key ``namespace/name`` in ``state``, as an Event's object."""
     for observed in state.jobs:
@@ -159,6 +199,9 @@ class Controller:
     """``None``: no leader election, this replica always acts."""
     learning: SampleStore | None = None
     """The online refit (module docstring); ``None``: no ``status.model`` fields."""
+    models_on: ModelsOn | None = None
+    """Each job's model on the types of the other planned pools (the store's
+    ``model_on``); None: ``models`` on every type."""
     progress: ReportedProgress = field(default_factory=ReportedProgress)
     """The jobs' progress the agents reported (the ingest's, shared)."""
     discovered: DiscoveredGpus = field(default_factory=DiscoveredGpus)
@@ -206,6 +249,8 @@ class Controller:
     """The nodes of unknown GPU type already told (one ``UnknownGpu`` Event per node)."""
     state: ClusterState | None = None
     """The cluster as the last pass read it (the ingest judges samples by it)."""
+    _fleet: Policy | None = None
+    """``policy`` over every planned pool (``fleet_of``), made at the first pass."""
     state_read_s: float = 0.0
     """Unix time (``time.time``, the agents' samples' clock, not ``clock``) when the
     read of ``state`` began: the ingest defers a sample that ended after it."""
@@ -478,13 +523,15 @@ class Controller:
         self.state, self.state_read_s = state, read_s  # the ingest judges by the records too
         await self._budget(state)
         discovered = self.discovered.specs()
-        nodes, left_out = cluster_nodes(
+        nodes, left_out = fleet_nodes(
             state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations, discovered
         )
         self._note_unknown(state, discovered)
         if left_out:
             log.warning("nodes of other pools left out: %s", ", ".join(left_out))
-        learned = await self._learn(state, nodes[0].gpu if nodes else None)
+        main = nodes[0].gpu if nodes else None
+        others = {n.name: n.gpu for n in nodes if main is not None and n.gpu.name != main.name}
+        learned = await self._learn(state, main, others)
         now = self.clock()
         self._note_window(state, now)
         measured = self.learning.measured_power() if self.learning is not None else None
@@ -500,8 +547,8 @@ class Controller:
                 nodes,
                 self.budget.at(now),
                 now,
-                self.policy,
-                self.models,
+                self._planner(),
+                self.models if self.models_on is None else TypedModels(self.models, self.models_on),
                 PassMemory(
                     anchors=self._anchors,
                     requests=self._requests,
@@ -516,6 +563,7 @@ class Controller:
                     profiling_window_s=self.config.profiling_window_s,
                     profile_sweep=self.config.profile_sweep,
                     progress_interval_s=self.config.progress_interval_s,
+                    pool_labels=_pool_labels(state.nodes, nodes),
                 ),
             )
         if actions.plan is not None:
@@ -546,6 +594,12 @@ class Controller:
             return actions.wake_at_s
         return edge
 
+    def _planner(self) -> Policy:
+        """The policy each pass plans with: ``policy`` over every planned pool."""
+        if self._fleet is None:
+            self._fleet = fleet_of(self.policy)
+        return self._fleet
+
     def _note_window(self, state: ClusterState, now: float) -> None:
         """Log and post (on the budget ConfigMap) a change of the schedule's window in
         force since the last pass; the first pass only logs it."""
@@ -562,15 +616,16 @@ class Controller:
             self._event(state.budget, "Normal", "BudgetWindow", message)
 
     async def _learn(
-        self, state: ClusterState, gpu: GpuSpec | None
+        self, state: ClusterState, gpu: GpuSpec | None, others: Mapping[str, GpuSpec]
     ) -> dict[str, dict[str, Any]] | None:
         """Sync and refit the store in a worker thread, its models of the main pool's
-        type ``gpu`` (None: no pool); its Warnings; its status fields."""
+        type ``gpu`` (None: no pool) and of the type of each node of the other planned
+        pools (``others``); its Warnings; its status fields."""
         if self.learning is None:
             return None
         bodies = [o.body for o in state.jobs]
         try:
-            notes = await asyncio.to_thread(self.learning.refresh, bodies, gpu)
+            notes = await asyncio.to_thread(self.learning.refresh, bodies, gpu, others)
         except Exception:  # scheduling goes on with the models the store had
             log.exception("online refit failed")
             notes = []

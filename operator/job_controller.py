@@ -19,7 +19,10 @@ What it converges:
   edited it on a pod; none on GPUs of a type PowerFlow does not know
   (``tuned=False``: ``nodes``), whose agent then leaves them at their defaults;
 * ``contract.PROFILE_ANNOTATION``: the sweep plan while the allocation's
-  profiling window runs, for the node agent (``profile_plan``), else none.
+  profiling window runs, for the node agent (``profile_plan``), else none;
+* where several pools are planned, new workers' node affinity: the GPU product of
+  the allocation's block (``workers.pool_affinity``), so a gang runs on the type its
+  clock and model are of.
 
 Each annotation is its own patch, written only where it differs, so the pass can
 send the ones that only lower power first (``Actions.writes``). Deleting the
@@ -77,16 +80,20 @@ def converge(
     profiling: Profiling | None = None,
     *,
     tuned: bool = True,
+    pools: Mapping[str, str] | None = None,
 ) -> PodWrites:
     """The writes that bring ``pods`` (the live pods of ``allocation``'s generation)
     to ``allocation`` (see the module docstring); none when they already are.
-    ``tuned`` False: no clock, cap or sweep plan on the pods (an unknown GPU type)."""
+    ``tuned`` False: no clock, cap or sweep plan on the pods (an unknown GPU type).
+    ``pools``: each planned node's GPU product label where the operator plans several
+    pools: new workers may only run on nodes of their block's label
+    (``workers.pool_affinity``)."""
     if allocation.gpus <= 0 or allocation.stopped:
         return PodWrites()
     cap = cap_annotation(allocation.power_cap_w) if tuned else None
     create: tuple[PodBody | ServiceBody, ...] = ()
     if not allocation.complete:
-        create = _missing(job, allocation, pods, cap, tuned)
+        create = _missing(job, allocation, pods, cap, tuned, pools)
     if not pods:  # a new generation: nothing to annotate
         return PodWrites(create)
     # By key, then by pod: the order the patches are written in within each phase.
@@ -117,6 +124,7 @@ def _missing(
     pods: Sequence[PodBody],
     cap: str | None,
     tuned: bool = True,
+    pools: Mapping[str, str] | None = None,
 ) -> tuple[PodBody | ServiceBody, ...]:
     """The rendezvous Service and the workers of ``allocation`` that ``pods`` lack
     (none: nothing); all of them, built at once, for a new generation."""
@@ -136,5 +144,6 @@ def _missing(
         allocation.clock_mhz if tuned else None,
         cap,
         allocation.block,
+        pools.get(allocation.block[0][0]) if pools and allocation.block else None,
     )
     return (rendezvous_service(job), *worker_pods(job, ws, indices))

@@ -45,12 +45,17 @@ parameters there (edited by hand) fall back to the prior with a Warning
 (``Note``) and are removed from status.
 
 GPU type. Models are of the type the pass plans the main pool as (``refresh``'s
-``gpu``): the prior carried over to it (``prior_on``: the shipped priors are
+``gpu``), and, where several pools are planned, of each other pool's type
+(``refresh``'s ``others``, ``model_on``): a window is of the type of the node that
+sent it, fitted apart (``_Entry.others``; not in status, so a restart starts those
+from the prior). The prior carried over to it (``prior_on``: the shipped priors are
 the A100's, and the clock enters the step time in absolute MHz), refits with
 ``FittedLearner`` on it. Knowledge of another type, fitted before the pool
 changed or restored from status, restarts from the prior on the pool's type
 with a ``ModelGpuChanged`` Warning, its params removed from status; when the
-pool's type changes every job's rows go, as their clocks mean another board.
+pool's type changes every job's rows go, as their clocks mean another board,
+unless the job has knowledge of the new type from its other pool: then the two
+types' knowledge trade places (``_swap``), no Warning.
 Until a pass names a type (no pool yet) restored params are kept unjudged;
 those of a type the catalogue lacks (one the agents' reports gave) have no spec
 to predict with until then, so they are held as status has them (written back
@@ -233,7 +238,9 @@ class _Entry:
         "key",
         "knowledge",
         "last_try",
+        "latest",
         "model_name",
+        "others",
         "pending",
         "received",
         "restored_power",
@@ -260,6 +267,26 @@ class _Entry:
         """Params (and fits) restored from status, of a type the catalogue lacks, before a
         pool type was told: kept as they are, unjudged and unused, until one is
         (``SampleStore._check_type``)."""
+        self.others: dict[str, _Fit] = {}
+        """What the job learnt on each GPU type of the other planned pools, by type name
+        (``SampleStore.model_on``); the fields above are the main pool's type's."""
+        self.latest: str | None = None
+        """The type of the job's latest window when another pool's (None: the main
+        pool's): its measured power is that type's (``_measured``)."""
+
+
+class _Fit:
+    """One job's samples and knowledge on a GPU type of another planned pool than the
+    main one (``_Entry.others``)."""
+
+    __slots__ = ("fresh", "knowledge", "pending", "rows")
+
+    def __init__(self) -> None:
+        self.rows = np.empty((0, 6))
+        self.pending: list[Row] = []
+        self.fresh = False
+        self.knowledge: Knowledge | None = None
+        """None until a pass plans the type (``SampleStore.refresh``)."""
 
 
 class SampleStore:
@@ -304,6 +331,12 @@ class SampleStore:
         self._untuned = False
         """Whether this pass plans a pool of unknown type (no fits: its GPUs run at
         their defaults)."""
+        self._others: dict[str, GpuSpec] = {}
+        """The types of the other planned pools by name (``refresh``'s ``others``)."""
+        self._node_types: dict[str, str] = {}
+        """Their nodes' types: a window from one of these nodes is of that type (``add``)."""
+        self._priors_on: dict[tuple[str | None, GpuSpec], FittedModel] = {}
+        """Each hint's prior on each of those types (``_prior_on``)."""
         self._priors: dict[str | None, FittedModel] = {}
         """Each hint's prior on the models' type: one object each (the policy memoises
         per model object); emptied, as ``_learners``, when the pool's spec changes."""
@@ -336,21 +369,33 @@ class SampleStore:
     def add(self, node: str, samples: Sequence[WindowSample], now_s: float) -> None:
         """Queue validated samples from ``node``'s agent (cheap: no fitting here).
 
-        ``node`` and ``now_s`` are not needed by the refit (rows are ordered
-        by arrival); they are part of the sink's interface for the ingest.
+        ``node`` tells the windows' GPU type: a node of another planned pool than the
+        main one (``refresh``'s ``others``) gives rows of its type (``_Entry.others``),
+        any other node rows of the main pool's. ``now_s`` is not needed by the refit
+        (rows are ordered by arrival); it is part of the sink's interface for the ingest.
         """
         dropped: dict[str, int] = {}
         accepted = 0
         with self._lock:
+            other = self._node_types.get(node)
             for sample in samples:
                 entry = self._jobs.get(f"{sample.namespace}/{sample.job}")
                 row = None if entry is None else model_row(sample)
                 if entry is None or row is None:
                     reason = DROP_REASONS[0] if entry is None else DROP_REASONS[1]
-                elif len(entry.pending) >= self.max_pending or self._queued >= self.max_queued:
+                    dropped[reason] = dropped.get(reason, 0) + 1
+                    continue
+                queue = entry.pending
+                if other is not None:
+                    fit = entry.others.get(other)
+                    if fit is None:
+                        fit = entry.others[other] = _Fit()
+                    queue = fit.pending
+                if len(queue) >= self.max_pending or self._queued >= self.max_queued:
                     reason = DROP_REASONS[2]
                 else:
-                    entry.pending.append(row)
+                    queue.append(row)
+                    entry.latest = other
                     entry.received += 1
                     self._queued += 1
                     accepted += 1
@@ -375,9 +420,34 @@ class SampleStore:
             return model
         return self._prior_model(req.model_name)
 
-    def refresh(self, bodies: Sequence[DLJobBody], gpu: GpuSpec | None = None) -> list[Note]:
+    def model_on(self, req: JobRequest, gpu: GpuSpec) -> FittedModel:
+        """The job's model on ``gpu``, a type of another planned pool than the main one
+        (a ``pass_snapshot.ModelsOn``): fitted on that type's windows when the store has
+        one, else its prior carried over to the type (``prior_on``). The main pool's type
+        (or no type told yet): ``model``. One object until a refit replaces it."""
+        if self._pool is None or gpu.name == self._pool.name or not tunes(gpu):
+            return self.model(req)
+        entry = self._jobs.get(req.key)
+        if entry is not None and entry.uid == req.uid:
+            fit = entry.others.get(gpu.name)
+            if fit is not None and fit.knowledge is not None:
+                model = fit.knowledge.model
+                assert isinstance(model, FittedModel)
+                if model.gpu == gpu:
+                    return model
+        return self._prior_on(req.model_name, gpu)
+
+    def refresh(
+        self,
+        bodies: Sequence[DLJobBody],
+        gpu: GpuSpec | None = None,
+        others: Mapping[str, GpuSpec] | None = None,
+    ) -> list[Note]:
         """Sync with the pass's DLJobs and the main pool's type ``gpu`` (None: no pool
         this pass, the type last told stays), then thin and refit; Warnings to post.
+        ``others``: the type of each node of the other planned pools (a plan of several
+        pools, ``nodes.fleet_nodes``): windows from those nodes are of that type, and each
+        job's knowledge on each such type is refitted on them (``model_on``).
 
         Runs in a worker thread of the pass (module docstring); blocking.
         """
@@ -390,19 +460,30 @@ class SampleStore:
                     # nothing of what the jobs' models are of: knowledge is kept.
                     self._untuned = not tunes(gpu)
                     gpu = None if self._untuned else gpu
-                retyped = gpu is not None and self._pool is not None and gpu.name != self._pool.name
+                old = self._pool
+                retyped = gpu is not None and old is not None and gpu.name != old.name
                 if gpu is not None and gpu != self._pool:
                     self._pool = gpu
                     self._priors.clear()
                     self._learners.clear()
+                self._tell_others(others or {})
                 work = self._sync(bodies, notes)
                 for entry in work:
                     if retyped:
-                        _forget_rows(entry)
+                        assert old is not None and gpu is not None
+                        if not self._swap(entry, old, gpu):
+                            _forget_rows(entry)
                     self._check_type(entry, notes)
                 batches = [(entry, entry.pending) for entry in work]
+                other_batches = [
+                    (entry, name, fit, fit.pending)
+                    for entry in work
+                    for name, fit in entry.others.items()
+                ]
                 for entry in work:
                     entry.pending = []
+                    for fit in entry.others.values():
+                        fit.pending = []
                 self._queued = 0
             deadline = time.perf_counter() + self.refit_budget_s
             # Jobs that waited longest for a fit go first (``refit_budget_s``).
@@ -412,7 +493,81 @@ class SampleStore:
                 except Exception:  # a bug must not stop the others' fits, nor the pass
                     log.exception("online refit of a job failed; it keeps its model")
                     entry.fresh = False  # retried when new samples arrive
+            for entry, name, fit, pending in other_batches:
+                try:
+                    self._update_other(entry, name, fit, pending, deadline)
+                except Exception:
+                    log.exception("online refit of a job on %s failed; it keeps its model", name)
+                    fit.fresh = False
             return notes
+
+    def _tell_others(self, others: Mapping[str, GpuSpec]) -> None:
+        """The other planned pools' types and their nodes (``refresh``), under the lock.
+        Only types PowerFlow tunes, other than the main pool's, count."""
+        main = self._pool.name if self._pool is not None else None
+        kept = {node: spec for node, spec in others.items() if tunes(spec) and spec.name != main}
+        self._node_types = {node: spec.name for node, spec in kept.items()}
+        self._others = {spec.name: spec for spec in kept.values()}
+
+    def _swap(self, entry: _Entry, old: GpuSpec, new: GpuSpec) -> bool:
+        """The main pool's type changed from ``old`` to ``new`` while both are planned
+        (several pools): what the job learnt on ``new`` becomes its main knowledge and
+        what it learnt on ``old`` is kept as another type's. False (nothing moved) unless
+        the job has knowledge of ``new``; then the main rows go (``_forget_rows``)."""
+        fit = entry.others.get(new.name)
+        if fit is None or fit.knowledge is None:
+            return False
+        if old.name in self._others:
+            kept = _Fit()
+            kept.rows, kept.pending, kept.knowledge = entry.rows, entry.pending, entry.knowledge
+            entry.others[old.name] = kept
+        del entry.others[new.name]
+        entry.rows, entry.knowledge = fit.rows, fit.knowledge
+        entry.pending = fit.pending
+        entry.fresh, entry.error_percent, entry.restored_power = fit.fresh, None, None
+        entry.latest = old.name if entry.latest is None else entry.latest
+        if entry.latest == new.name:
+            entry.latest = None
+        return True
+
+    def _update_other(
+        self, entry: _Entry, name: str, fit: _Fit, pending: list[Row], deadline: float
+    ) -> None:
+        """``_update`` for the job's knowledge on another planned pool's type: its rows
+        thinned alike and fitted by that type's learner (its prior carried over to it). A
+        type not planned this pass keeps what it has, unfitted."""
+        spec = self._others.get(name)
+        if spec is None:  # the rows are kept (thinned), for when the type is planned again
+            if pending:
+                rows = np.concatenate([fit.rows, np.asarray(pending, dtype=np.float64)])
+                if fit.knowledge is None:
+                    fit.rows = rows[-self.max_rows :]
+                else:
+                    fit.rows, fit.knowledge = thin(rows, fit.knowledge, self.max_rows)
+                fit.fresh = True
+            return
+        known = fit.knowledge
+        prior = self._prior_on(entry.model_name, spec)
+        if known is None or (known.fits == 0 and known.model is not prior):
+            known = Knowledge(prior, prior.params, seen=known.seen if known else ())
+        rows = fit.rows
+        if pending:
+            rows = np.concatenate([rows, np.asarray(pending, dtype=np.float64)])
+        rows, known = thin(rows, known, self.max_rows)
+        fit.rows = rows
+        fit.fresh = fit.fresh or bool(pending)
+        if fit.fresh and len(rows) >= MIN_SAMPLES and time.perf_counter() < deadline:
+            fit.fresh = False
+            learner = self._learner_on(spec)
+            samples = _samples(rows)
+            hint = entry.model_name or GENERIC
+            t0 = time.perf_counter()
+            if known.fits == 0 and known.failed_fits == 0 and not known.seen:
+                known = learner.initial(hint, known.model, samples)
+            else:
+                known = learner.update(hint, known.model, known, samples)
+            self.refit_seconds.observe(time.perf_counter() - t0)
+        fit.knowledge = known
 
     def _update(self, entry: _Entry, pending: list[Row], deadline: float) -> None:
         """Add the queued rows, thin, and ask the learner if the budget allows."""
@@ -622,11 +777,25 @@ class SampleStore:
 
     def _learner(self, model_name: str | None) -> FittedLearner:
         gpu = self._model_gpu()
-        spec = gpu if gpu is not None else gpu_spec(self._type_name(model_name))
+        return self._learner_on(gpu if gpu is not None else gpu_spec(self._type_name(model_name)))
+
+    def _learner_on(self, spec: GpuSpec) -> FittedLearner:
         learner = self._learners.get(spec)
         if learner is None:
             learner = self._learners[spec] = FittedLearner(spec, prior=self._prior)
         return learner
+
+    def _prior_on(self, model_name: str | None, gpu: GpuSpec) -> FittedModel:
+        """The job's prior carried over to ``gpu`` (another planned pool's type), one
+        object per hint and type (the policy memoises per model object)."""
+        key = (model_name, gpu)
+        model = self._priors_on.get(key)
+        if model is None:
+            if len(self._priors_on) >= 4 * self.max_jobs:  # a bound: types come and go
+                self._priors_on.clear()
+            model = FittedModel.on(prior_on(self._prior(model_name), gpu), gpu)
+            self._priors_on[key] = model
+        return model
 
     def _prior_knowledge(self, model_name: str | None) -> Knowledge:
         """What ``FittedLearner.initial`` knows without samples, sharing one model object
@@ -655,8 +824,12 @@ def _forget_rows(entry: _Entry) -> None:
 
 
 def _measured(entry: _Entry) -> MeasuredPower | None:
-    """The job's measured power (``SampleStore.measured_power``), None without one."""
+    """The job's measured power (``SampleStore.measured_power``), None without one: of
+    the type of its latest window (``_Entry.latest``)."""
     rows = entry.rows
+    fit = entry.others.get(entry.latest) if entry.latest is not None else None
+    if fit is not None and len(fit.rows):
+        rows = fit.rows
     if not len(rows):
         return entry.restored_power
     last = rows[-1, :4]

@@ -24,14 +24,14 @@ the API server's ``ExtendedResourceToleration`` admission gives every pod
 requesting GPUs.
 
 Nodes are pooled by the core's rule (``powerflow.core.policy.pools``), from their
-allocatable GPUs: PowerFlow plans on the main pool and reports the nodes of
-the other pools, so the plan's shape does not change as other pods come and
-go. GPUs held by bound, running pods that are not PowerFlow's (no
-``powerflow.io/job`` label) are taken within their node: the plan needs
-equal nodes, so a node of the main pool whose pool GPUs others hold is left
-out of the plan until they go (``pools.plan_nodes``). The scheduler extender
-applies the same rule to the same inputs, so it places gangs on the pool
-planned here.
+allocatable GPUs, so the pools do not change as other pods come and go. The
+operator plans the main pool and every other pool of a known type, each as its
+type, under one budget (``fleet_nodes``, ``FleetPolicy``), and reports the nodes of
+the pools it leaves out. GPUs held by bound, running pods that are not
+PowerFlow's (no ``powerflow.io/job`` label) are taken within their node: the plan
+needs equal nodes, so a node whose pool GPUs others hold is left out of the plan
+until they go (``pools.plan_nodes``). The scheduler extender applies the same rule
+to the same inputs, so it places each gang in the pool planned for it here.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from powerflow.operator.bodies import NodeBody
 
 from powerflow.core import contract
 from powerflow.core.gpu_facts import merged_spec
-from powerflow.core.gpus import GpuSpec, gpu_for_product, planned_gpu
-from powerflow.core.policy.pools import NodeShape, plan_nodes, pools
+from powerflow.core.gpus import GpuSpec, gpu_for_product, planned_gpu, tunes
+from powerflow.core.policy.pools import NodeShape, Pool, plan_nodes, pools
 from powerflow.core.policy.snapshot import Node
 from powerflow.core.taints import (
     GPU_TOLERATIONS,
@@ -182,6 +182,22 @@ def foreign_gpus(pods: Iterable[Any]) -> dict[str, int]:
     return held
 
 
+def _pooled(
+    bodies: Iterable[NodeBody], foreign_gpu_pods: Iterable[Any], tolerations: Iterable[Any]
+) -> tuple[list[NodeShape], tuple[Pool, ...]]:
+    """The nodes PowerFlow may plan on, as pooling sees them, and their pools (main first)."""
+    allowed = list(tolerations)
+    held = foreign_gpus(foreign_gpu_pods)
+    shapes = []
+    for body in bodies:
+        shape = _shape(body, allowed)
+        if shape is not None:
+            shapes.append(
+                NodeShape(shape.name, shape.product, shape.allocatable, held.get(shape.name, 0))
+            )
+    return shapes, pools(shapes)
+
+
 def cluster_nodes(
     bodies: Iterable[NodeBody],
     foreign_gpu_pods: Iterable[Any] = (),
@@ -196,18 +212,10 @@ def cluster_nodes(
     PowerFlow's pools accept (see the module doc). The names left out are the
     nodes of the other pools (another product, or another capacity); the
     main pool's nodes held in part by others are in neither. ``discovered``: each
-    node's type as its agent reported it (``pool_gpu``).
+    node's type as its agent reported it (``pool_gpu``). What a one-pool view
+    needs (``powerflow budget``'s what-if); the operator plans ``fleet_nodes``.
     """
-    allowed = list(tolerations)
-    held = foreign_gpus(foreign_gpu_pods)
-    shapes = []
-    for body in bodies:
-        shape = _shape(body, allowed)
-        if shape is not None:
-            shapes.append(
-                NodeShape(shape.name, shape.product, shape.allocatable, held.get(shape.name, 0))
-            )
-    found = pools(shapes)
+    shapes, found = _pooled(bodies, foreign_gpu_pods, tolerations)
     if not found:
         return (), ()
     main, others = found[0], found[1:]
@@ -215,3 +223,42 @@ def cluster_nodes(
     kept = tuple(Node(name=name, gpus=main.per_node, gpu=gpu) for name in plan_nodes(main, shapes))
     left = tuple(sorted(name for pool in others for name in pool.nodes))
     return kept, left
+
+
+def fleet_nodes(
+    bodies: Iterable[NodeBody],
+    foreign_gpu_pods: Iterable[Any] = (),
+    tolerations: Iterable[Any] = GPU_TOLERATIONS,
+    discovered: Mapping[str, GpuSpec] = NO_DISCOVERY,
+) -> tuple[tuple[Node, ...], tuple[str, ...]]:
+    """The nodes of every pool the operator plans, pool by pool (the main pool first,
+    each sorted by name), and the names of the pools' nodes it leaves out.
+
+    Arguments as ``cluster_nodes``'. Planned: the main pool, whatever its type, and
+    each other pool whose type is known (``known_gpu``: discovered or catalogue),
+    each with its own type (``pool_gpu``); ``FleetPolicy`` plans them under one
+    budget. Left out: a pool of unknown type beside the main pool (the placeholder
+    plans GPU counts only, and one pass tunes all of its GPUs or none:
+    ``reconcile``); every other pool when the main pool's type is unknown; and a
+    pool of the same type and node size as one planned before it (two product
+    labels of one type, or boards whose reports differ: the policy plans one spec
+    per type and size, and the scheduler extender places a gang within one pool).
+    With one pool this is ``cluster_nodes``.
+    """
+    shapes, found = _pooled(bodies, foreign_gpu_pods, tolerations)
+    kept: list[Node] = []
+    left: list[str] = []
+    planned: set[tuple[str, int]] = set()
+    main_tuned = False
+    for rank, pool in enumerate(found):
+        gpu = pool_gpu(pool.product, pool.nodes, discovered)
+        key = (gpu.name, pool.per_node)
+        if rank == 0:
+            main_tuned = tunes(gpu)
+        elif not (main_tuned and tunes(gpu)) or key in planned:
+            left.extend(pool.nodes)
+            continue
+        planned.add(key)
+        names = plan_nodes(pool, shapes)
+        kept.extend(Node(name=name, gpus=pool.per_node, gpu=gpu) for name in names)
+    return tuple(kept), tuple(sorted(left))

@@ -26,6 +26,10 @@ class PassSettings:
     """The clocks its workers sweep meanwhile (``job_controller.converge``)."""
     progress_interval_s: float = 0.0
     """Progress and energy are written at most this often per job (``_account_all``)."""
+    pool_labels: Mapping[str, str] | None = None
+    """Not from the command line but from the cluster, this pass: each planned node's GPU
+    product label where the pass plans several pools (``nodes.fleet_nodes``), which new
+    workers are pinned to (``job_controller.converge``); None with one pool."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from powerflow.operator.allocation import count as _count
 from powerflow.operator.bodies import (
@@ -21,11 +21,41 @@ from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.pass_inputs import PassMemory, PassSettings
 
 from powerflow.core import contract
+from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.policy.buddy import is_aligned_block
 from powerflow.core.policy.snapshot import GpuSlot, Job, Node, Snapshot
 
 ModelFactory = Callable[[JobRequest], PerfModel]
+ModelsOn = Callable[[JobRequest, GpuSpec], PerfModel]
+"""A job's model on a given GPU type (``learning.SampleStore.model_on``): what a plan of
+several pools reads for each type but the first node's (``Job.models_by_gpu``)."""
+
+
+@dataclass(frozen=True)
+class TypedModels:
+    """A ``ModelFactory`` that also gives each job's model on other GPU types: ``main`` on
+    the first planned node's type, ``on`` on each other planned type (``build_snapshot``).
+    A plain ``ModelFactory`` gives its one model on every type."""
+
+    main: ModelFactory
+    on: ModelsOn
+
+    def __call__(self, req: JobRequest) -> PerfModel:
+        return self.main(req)
+
+
+def pool_nodes(nodes: Sequence[Node]) -> dict[str, tuple[Node, ...]]:
+    """Each node's pool: the nodes of its GPU type and size, in ``nodes``' order (the
+    pools ``FleetPolicy`` plans: ``fleet.fleet_pools``)."""
+    members: dict[tuple[str, int], list[Node]] = {}
+    for node in nodes:
+        members.setdefault((node.gpu.name, node.gpus), []).append(node)
+    out: dict[str, tuple[Node, ...]] = {}
+    for listed in members.values():
+        pool = tuple(listed)
+        out.update(dict.fromkeys((n.name for n in pool), pool))
+    return out
 
 
 def _profiled(v: _View) -> list[int]:
@@ -51,6 +81,7 @@ def _core_job(
     sizes: Mapping[str, int],
     measured: MeasuredPower | None = None,
     window_s: float = 0.0,
+    models_by_gpu: tuple[tuple[str, PerfModel], ...] = (),
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current) and not v.stopping
@@ -84,6 +115,7 @@ def _core_job(
         measured_frequency_mhz=measured.clock_mhz if measured is not None else None,
         profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
         power_cap_w=_current_cap(v.current) if running else None,
+        models_by_gpu=models_by_gpu,
     )
 
 
@@ -123,16 +155,31 @@ def build_snapshot(
     measured_power``), passed to the policy where the job still runs as measured;
     ``settings.profiling_window_s`` > 0: jobs profile new GPU counts
     (``Job.profiled_gpus``); ``memory.power_ratio`` goes to the snapshot.
+    ``nodes`` of several GPU types (pools ``FleetPolicy`` plans): each job's model is
+    ``models(req)`` on the first node's type and, where ``models`` is ``TypedModels``,
+    ``models.on(req, type)`` on each other (``Job.models_by_gpu``; else ``models(req)``
+    on all).
     """
+    models_on = models.on if isinstance(models, TypedModels) else None
     measured = memory.measured or {}
     window_s = settings.profiling_window_s
     sizes = {n.name: n.gpus for n in nodes}
+    types: dict[str, GpuSpec] = {}
+    for node in nodes[1:] if models_on is not None else ():
+        if node.gpu.name != nodes[0].gpu.name:
+            types.setdefault(node.gpu.name, node.gpu)
+    pools = pool_nodes(nodes) if len({(n.gpu.name, n.gpus) for n in nodes}) > 1 else None
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
     for v in views:
         assert v.req is not None
         try:
-            job = _core_job(v, v.req, now_s, models(v.req), sizes, measured.get(v.key), window_s)
+            model = models(v.req)
+            by_gpu: tuple[tuple[str, PerfModel], ...] = ()
+            if types and models_on is not None:
+                main = (nodes[0].gpu.name, model)
+                by_gpu = (main, *((g.name, models_on(v.req, g)) for g in types.values()))
+            job = _core_job(v, v.req, now_s, model, sizes, measured.get(v.key), window_s, by_gpu)
         except Exception as exc:
             if failed is None:
                 raise
@@ -140,7 +187,13 @@ def build_snapshot(
             continue
         if not held.isdisjoint(job.placement):  # two gangs claim a GPU: trust neither's
             job = replace(job, placement=(), pinned=False)
-        elif job.pinned and not is_aligned_block(nodes, job.placement):
+        elif pools is not None and len({pools[node][0].name for node, _ in job.placement}) > 1:
+            # A gang on two pools (the extender places within one): the policy refuses a
+            # job holding GPUs of two types, which would stop the pass for every job.
+            job = replace(job, placement=(), pinned=False)
+        elif job.pinned and not is_aligned_block(
+            nodes if pools is None else pools[job.placement[0][0]], job.placement
+        ):
             # The policy keeps a pinned job's GPUs only as an aligned block of these
             # nodes, and refuses the whole pass otherwise; the gang's nodes can be
             # unaligned here (the plan's nodes change as other pods come and go).

@@ -93,13 +93,16 @@ from powerflow.operator.pass_progress import _account_all, _account_one
 from powerflow.operator.pass_snapshot import (
     ModelFactory,
     build_snapshot,
+    pool_nodes,
 )
 from powerflow.operator.status import merge_diff, set_condition
 
 from powerflow.core.backend import schedule_once
 from powerflow.core.errors import PowerFlowError
-from powerflow.core.gpus import tunes
-from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Policy, Snapshot
+from powerflow.core.gpus import GpuSpec, tunes
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.policy.fleet import model_on
+from powerflow.core.policy.snapshot import Job, JobPlan, Node, Plan, Policy, Snapshot
 from powerflow.core.timefmt import format_time
 
 log = logging.getLogger(__name__)
@@ -192,21 +195,33 @@ def reconcile(
     from what was observed, the ``memory`` the controller keeps between passes and its
     ``settings``. Each job's steps run under a ``_Guard``: one job's failure never
     stops the others.
+
+    ``nodes`` of several pools (``nodes.fleet_nodes``, planned by ``FleetPolicy``):
+    ``models`` as ``TypedModels`` gives each job's model on each type but the first
+    node's (``build_snapshot``), ``settings.pool_labels`` each node's GPU product label,
+    which new workers are pinned to (``job_controller.converge``); a job larger than
+    every pool is too large (a gang runs within one pool).
     """
+    pools = settings.pool_labels
     anchors, requests, refused_of = memory.anchors, memory.requests, memory.refused
     progress_written, learned = memory.progress_written, memory.learned
     agent_progress = memory.agent_progress
     progress_interval_s = settings.progress_interval_s
     # A pool of a type PowerFlow does not know is planned for GPU counts only: no
     # clock, cap or profiling sweep reaches its GPUs (``nodes``' module docstring).
-    tuned = not nodes or tunes(nodes[0].gpu)
+    pool_gpus: dict[tuple[str, int], int] = {}
+    types: dict[str, GpuSpec] = {}
+    for n in nodes:
+        key = (n.gpu.name, n.gpus)
+        pool_gpus[key] = pool_gpus.get(key, 0) + n.gpus
+        types.setdefault(n.gpu.name, n.gpu)
+    tuned = all(tunes(gpu) for gpu in types.values())
     if not tuned:
         settings = replace(settings, profiling_window_s=0.0)
     profiling_window_s, profile_sweep = settings.profiling_window_s, settings.profile_sweep
     actions = Actions()
     guard = _Guard(actions, now_s)
-    cluster_gpus = sum(n.gpus for n in nodes)
-    gpn = max((n.gpus for n in nodes), default=1)
+    cluster_gpus = max(pool_gpus.values(), default=0)  # a gang runs within one pool
     parse = parse_dljob if requests is None else requests.parse
     refused = refused_of or {}
     views = [_View(obs, agent_progress or {}) for obs in observed]
@@ -266,19 +281,27 @@ def reconcile(
                     seen,
                     claimed,
                     leaving,
-                ) and guard.run(v, _converge, actions, v, now_s, sweep, tuned):
+                ) and guard.run(v, _converge, actions, v, now_s, sweep, tuned, pools):
                     held.append((v, jp))
-            job_models = {job.id: job.model for job in snapshot.jobs}
             held = [(v, jp) for v, jp in held if v.key not in guard.failed]
             rate = (progress_interval_s, progress_written)
-            try:  # batched (one model call per model); on a failure, job by job
-                _account_all(actions, held, job_models, gpn, now_s, anchors or {}, *rate)
-            except Exception:  # the guard below names the job at fault
-                for v, jp in held:
-                    one = [(v, jp)]
-                    guard.run(
-                        v, _account_one, actions, one, job_models, gpn, now_s, anchors or {}, *rate
-                    )
+            for gpn, in_pool, job_models in _by_pool(held, snapshot.jobs, nodes, len(pool_gpus)):
+                try:  # batched (one model call per model); on a failure, job by job
+                    _account_all(actions, in_pool, job_models, gpn, now_s, anchors or {}, *rate)
+                except Exception:  # the guard below names the job at fault
+                    for v, jp in in_pool:
+                        one = [(v, jp)]
+                        guard.run(
+                            v,
+                            _account_one,
+                            actions,
+                            one,
+                            job_models,
+                            gpn,
+                            now_s,
+                            anchors or {},
+                            *rate,
+                        )
     for v in views:
         fields = (learned or {}).get(v.key)
         if fields is not None and v.key not in guard.failed:
@@ -286,6 +309,33 @@ def reconcile(
         if not guard.run(v, _finish, actions, v, v.key not in guard.failed, now_s) and v.new:
             actions.status.append((v.ns, v.name, {"conditions": v.new["conditions"]}))
     return actions
+
+
+def _by_pool(
+    held: Sequence[tuple[_View, JobPlan]],
+    jobs: Sequence[Job],
+    nodes: Sequence[Node],
+    pool_count: int,
+) -> list[tuple[int, Sequence[tuple[_View, JobPlan]], dict[str, PerfModel]]]:
+    """The jobs holding GPUs by the pool their plan puts them in, each pool's GPUs per node
+    and each job's model on the pool's type (``fleet.model_on``): progress and energy are
+    predicted with its own pool's node size and type. One pool (``pool_count``): all of
+    them, with their snapshot models (a job planned without placement counts in the
+    first node's pool)."""
+    if pool_count <= 1:
+        gpn = max((n.gpus for n in nodes), default=1)
+        return [(gpn, held, {job.id: job.model for job in jobs})]
+    pool_of = pool_nodes(nodes)
+    first = pool_of[nodes[0].name]
+    groups: dict[str, tuple[tuple[Node, ...], list[tuple[_View, JobPlan]]]] = {}
+    for v, jp in held:
+        pool = pool_of.get(jp.placement[0][0], first) if jp.placement else first
+        groups.setdefault(pool[0].name, (pool, []))[1].append((v, jp))
+    by_id = {job.id: job for job in jobs}
+    return [
+        (pool[0].gpus, in_pool, {v.key: model_on(by_id[v.key], pool[0].gpu) for v, _ in in_pool})
+        for pool, in_pool in groups.values()
+    ]
 
 
 def _learned_model(v: _View, fields: Mapping[str, Any]) -> bool:

@@ -36,6 +36,38 @@ class WorkerSet:
     """``contract.POWER_LIMIT_ANNOTATION``'s value (per-GPU watts), None: no cap."""
     planned: tuple[tuple[str, int], ...] = ()
     """The plan's GPUs for the gang (``contract.PLANNED_BLOCK_ANNOTATION``); empty: none."""
+    pool_product: str | None = None
+    """The GPU product label of the pool the gang is planned on, where the operator
+    plans several pools: the workers may only run on nodes of that label
+    (``pool_affinity``); None: no such constraint (one pool)."""
+
+
+def pool_affinity(affinity: Any, product: str) -> dict[str, Any]:
+    """The template's ``affinity`` with every required node selector term also asking for
+    nodes of GPU product label ``product`` (none: nodes without the label).
+
+    Required terms are ORed, so the expression goes into each (a template without
+    terms gets one): the workers keep the template's own constraints and gain the
+    pool's. A gang planned on one GPU type must never start on another: its clock
+    is one of its type's clocks, and its model and power are its type's.
+    """
+    expression: dict[str, Any] = (
+        {"key": contract.GPU_PRODUCT_LABEL, "operator": "In", "values": [product]}
+        if product
+        else {"key": contract.GPU_PRODUCT_LABEL, "operator": "DoesNotExist"}
+    )
+    out = dict(affinity) if isinstance(affinity, dict) else {}
+    node = dict(out.get("nodeAffinity") or {})
+    required = dict(node.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**term, "matchExpressions": [*(term.get("matchExpressions") or []), expression]}
+        for term in terms
+        if isinstance(term, dict)
+    ] or [{"matchExpressions": [expression]}]
+    node["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    out["nodeAffinity"] = node
+    return out
 
 
 def planned_block_annotation(slots: Iterable[tuple[str, int]]) -> str:
@@ -231,6 +263,8 @@ def worker_pods(
         "hostname": None,
         "subdomain": service_name(name),
     }
+    if ws.pool_product is not None:
+        spec_proto["affinity"] = pool_affinity(spec.get("affinity"), ws.pool_product)
     owners = [owner_reference(job)]
     namespace = job.namespace
     pods: list[PodBody] = []

@@ -497,3 +497,29 @@ def test_a_pod_not_of_the_dljob_drops_no_reservation_of_its_job() -> None:
     state.filter(pod_info(forged), ["n0"])
     assert reserved in state.gangs
     assert len(state.gangs) == 2
+
+
+def test_a_gang_planned_on_another_pool_is_placed_in_that_pool_only() -> None:
+    """The operator plans every pool of a known type: a gang planned on the H100 node goes
+    there (not to the main pool, the A100's), one without a plan to the main pool, and
+    one planned on the H100 pool while it is full waits there rather than start on an
+    A100, whose clocks and power its plan did not choose."""
+    clock = FakeClock()
+    state = ClusterState(ttl_s=60.0, clock=clock)
+    h100 = "NVIDIA-H100-80GB-HBM3"
+    state.replace([node("a0", 8), node("h0", 8, h100), node("h1", 4, h100)], [])
+    on_h0 = [("h0", i) for i in range(4, 8)]
+    placed = [schedule(state, planned(p, *on_h0)) for p in gang("b", 4)]
+    assert placed == ["h0"] * 4
+    assert set(state.gangs[GangKey("default", "b", "")].block) == set(on_h0)
+    assert [schedule(state, p) for p in gang("c", 2)] == ["a0", "a0"]  # no plan: main pool
+    # A block of the 4-GPU H100 pool: its own node, not the 8-GPU pool's.
+    placed = [schedule(state, planned(p, ("h1", 0), ("h1", 1))) for p in gang("d", 2)]
+    assert placed == ["h1", "h1"]
+    # The H100 8-GPU pool has 4 GPUs left: a gang of 8 planned there never goes to a0.
+    waiting = gang("e", 8)
+    info = pod_info(planned(waiting[0], *(("h0", i) for i in range(8))))
+    answer = state.filter(info, sorted(state.nodes))
+    assert answer.admitted == []
+    assert "not in PowerFlow's GPU pool" in answer.unresolvable["a0"]
+    assert set(answer.failed) == {"h0"}  # free again once gang b ends

@@ -677,3 +677,55 @@ def test_a_pool_whose_discovered_clocks_change_plans_the_prior_on_its_spec_now()
     assert s.refresh([body()], fewer) == []
     assert s.model(req()).params == prior_on(wrong_prior(MODEL), fewer)
     assert s.model(req()) is s.model(req("unseen", "u3")) and s.model(req()).gpu == fewer
+
+
+def h100_nodes() -> dict[str, GpuSpec]:
+    """The other planned pool: ``windows``' two nodes are H100 nodes."""
+    return dict.fromkeys(NODES, H100)
+
+
+def test_windows_from_another_pools_nodes_refit_the_jobs_model_on_that_type() -> None:
+    """An A100 main pool beside an H100 pool: windows from the H100 pool's nodes are
+    H100 rows, fitted on the H100 (``model_on``), while the A100 model and status stay
+    the prior's; the job's measured power is its latest windows' type's."""
+    s = store()
+    s.refresh([body()], A100, h100_nodes())
+    carried = s.model_on(req(), H100)
+    assert carried.params == prior_on(wrong_prior(MODEL), H100)
+    assert s.model_on(req(), H100) is carried is s.model_on(req("unseen", "u3"), H100)
+    assert s.model_on(req(), A100) is s.model(req())  # the main type: ``model``
+    feed(s, windows(H100_CLOCKS[:12], np.random.default_rng(0), truth=H100_TRUTH))
+    assert s.refresh([body()], A100, h100_nodes()) == []
+    fitted = s.model_on(req(), H100)
+    assert fitted.params.gpu == "H100-SXM" and fitted.gpu == H100
+    t, e = error_percent(fitted, H100_TRUTH, H100)
+    assert t < 10 and e < 10, (t, e)
+    assert s.model(req()).params == wrong_prior(MODEL)  # nothing learnt on the A100
+    fields = s.status_fields()["ml/job"]
+    assert fields["samples"] == 24 and "params" not in fields
+    (measured,) = s.measured_power().values()
+    assert measured.clock_mhz == H100_CLOCKS[11]
+    # The same windows without the H100 pool told are the main pool's (one pool).
+    one = store()
+    one.refresh([body()], A100)
+    feed(one, windows(H100_CLOCKS[:12], np.random.default_rng(0), truth=H100_TRUTH))
+    one.refresh([body()], A100)
+    assert one.model_on(req(), H100).params == prior_on(wrong_prior(MODEL), H100)
+
+
+def test_when_the_main_pool_changes_type_each_types_knowledge_is_kept() -> None:
+    """The H100 pool becomes the main one (nodes added): the job's H100 fit becomes its
+    main model, no ``ModelGpuChanged``, and its A100 fit is kept as the other type's."""
+    rng = np.random.default_rng(1)
+    s = store()
+    s.refresh([body()], A100, {"h0": H100, "h1": H100})
+    feed(s, windows(CLOCKS, rng))  # n0, n1: the A100 pool
+    h100 = [(f"h{node[-1]}", w) for node, w in windows(H100_CLOCKS[:12], rng, truth=H100_TRUTH)]
+    feed(s, h100)
+    s.refresh([body()], A100, {"h0": H100, "h1": H100})
+    a100_fit, h100_fit = s.model(req()), s.model_on(req(), H100)
+    assert a100_fit.params.gpu == "A100" and h100_fit.params.gpu == "H100-SXM"
+    notes = s.refresh([body()], H100, dict.fromkeys(NODES, A100))
+    assert notes == []
+    assert s.model(req()) is h100_fit and s.model_on(req(), A100) is a100_fit
+    assert s.status_fields()["ml/job"]["params"]["gpu"] == "H100-SXM"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from powerflow.operator.nodes import cluster_nodes, foreign_gpus
+from powerflow.operator.nodes import cluster_nodes, fleet_nodes, foreign_gpus
 
 from powerflow.core import contract
-from powerflow.core.gpus import A100
+from powerflow.core.gpus import A100, gpu_for_product
 from powerflow.core.policy.snapshot import Node
 
 A100_LABEL, H100_LABEL = "NVIDIA-A100-SXM4-40GB", "NVIDIA-H100-80GB-HBM3"
@@ -102,3 +102,39 @@ def test_unreadable_quantities_and_bodies_are_no_gpus() -> None:
     bodies = [node("a", "8"), node("b", "lots"), node("c", True), {"metadata": "x"}, "junk"]
     bodies += [node("d", str(10**400)), node("e", 1 << 20), node("f", "-8")]
     assert cluster_nodes(bodies, ["junk", {"spec": "x"}]) == ((Node("a", 8, A100),), ())  # type: ignore[list-item]
+
+
+def test_fleet_nodes_plan_every_pool_of_a_known_type_the_main_pool_first() -> None:
+    """The operator plans every pool whose type is known (``FleetPolicy``), each with
+    its own type; a pool of unknown type beside it stays out, as every other pool does
+    when the main pool's type is unknown."""
+    bodies = [node("a", "8"), node("b", "8"), node("h", "8", H100_LABEL)]
+    bodies += [node("c", "4"), node("t", "4", "Tesla-T4-Unknown")]
+    kept, left = fleet_nodes(bodies)
+    h100 = gpu_for_product(H100_LABEL)
+    assert kept == (
+        Node("a", 8, A100), Node("b", 8, A100), Node("h", 8, h100), Node("c", 4, A100)
+    )  # fmt: skip
+    assert left == ("t",)
+    # The one-pool view is unchanged: the main pool alone.
+    assert cluster_nodes(bodies) == ((Node("a", 8, A100), Node("b", 8, A100)), ("c", "h", "t"))
+    # A main pool of unknown type is planned alone, for GPU counts only.
+    unknown = [node(n, "8", "Tesla-T4-Unknown") for n in ("u1", "u2")] + [node("a", "8")]
+    kept, left = fleet_nodes(unknown)
+    assert [n.name for n in kept] == ["u1", "u2"] and left == ("a",)
+    # One pool: exactly ``cluster_nodes``.
+    same = [node("a", "8"), node("b", "8")]
+    assert fleet_nodes(same) == cluster_nodes(same)
+    # Others' pods take a pool's node out of the plan, as in the main pool.
+    kept, left = fleet_nodes(bodies, [pod("notebook", "h", 1)])
+    assert "h" not in {n.name for n in kept} and left == ("t",)
+
+
+def test_fleet_nodes_plan_one_pool_per_type_and_size() -> None:
+    """Two product labels of one type and size: the policy plans one spec per (type,
+    size) and the extender a gang within one pool, so the second is left out."""
+    other = "A100-SXM4-40GB"  # the NVML name without its vendor: the A100 too
+    assert gpu_for_product(other) == A100
+    bodies = [node("a", "8"), node("b", "8"), node("p", "8", other)]
+    kept, left = fleet_nodes(bodies)
+    assert [n.name for n in kept] == ["a", "b"] and left == ("p",)

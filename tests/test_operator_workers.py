@@ -9,6 +9,7 @@ annotations or resources shows up as an inequality.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 from typing import Any
@@ -189,3 +190,46 @@ def test_planned_block_annotation_is_json_dumps(slots: list[tuple[Any, Any]]) ->
     block = [[node, index] for node, index in sorted(slots)]
     assert planned_block_annotation(slots) == json.dumps({"block": block})
     assert json.loads(planned_block_annotation(slots)) == {"block": block}
+
+
+def test_workers_of_a_pool_are_pinned_to_its_gpu_product() -> None:
+    """Where several pools are planned, each worker may only run on nodes of its pool's
+    product label, in every one of the template's own required terms (terms are ORed)."""
+    job = random_job(random.Random(3), 0)
+    label = contract.GPU_PRODUCT_LABEL
+    (pod,) = worker_pods(job, WorkerSet(1, 1, 32, 1200, pool_product="NVIDIA-H100-80GB-HBM3"))
+    required = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    expression = {"key": label, "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+    assert required == {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+    # Without a pool (one pool planned): the template's spec as it is.
+    (plain,) = worker_pods(job, WorkerSet(1, 1, 32, 1200))
+    assert "affinity" not in plain["spec"]
+    # The template's own terms keep their expressions and gain the pool's.
+    own = {"key": "zone", "operator": "In", "values": ["z1"]}
+    zone_b = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["x"]}]}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [own]}, zone_b]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}],
+        },
+        "podAntiAffinity": {"x": 1},
+    }
+    spec = {**job.template["spec"], "affinity": affinity}
+    before = copy.deepcopy(affinity)
+    pinned = dataclasses.replace(job, template={**job.template, "spec": spec})
+    (pod,) = worker_pods(pinned, WorkerSet(1, 1, 32, 1200, pool_product=""))
+    unlabelled = {"key": label, "operator": "DoesNotExist"}
+    got = pod["spec"]["affinity"]
+    assert got["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [own, unlabelled]},
+            {**zone_b, "matchExpressions": [unlabelled]},
+        ]
+    }
+    assert got["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [{"weight": 1}]
+    assert got["podAntiAffinity"] == {"x": 1}
+    assert affinity == before  # the template is never written

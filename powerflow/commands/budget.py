@@ -13,13 +13,14 @@ waiting now, with their priors). ``--validate`` measures how far to trust it:
 the prediction against the full simulator (true performance, models fitted
 online) on the default trace.
 
-GPU type. The simulator runs one GPU type, and the operator plans one pool (one
-product): the live queue is predicted on that pool's type as the operator plans
+GPU type. The what-if simulates one pool of one GPU type, the operator's main
+pool: the live queue is predicted on that pool's type as the operator plans
 it (its agents' reports as recorded on the nodes, else the product label's
 catalogue type), or on ``--gpu`` (a catalogue type); the priors are carried
 over to it (``prior_on``) and fitted params of another type give way to them,
-as in the operator. Nodes of other pools are left out, as the operator leaves
-them out, and named. A pool whose type is unknown (a label the catalogue lacks,
+as in the operator. Nodes of other pools are left out and named (the operator
+plans those of a known type too, under the same budget: ``nodes.fleet_nodes``).
+A pool whose type is unknown (a label the catalogue lacks,
 no report recorded) cannot be simulated, since its clocks and power are not
 known: the what-if refuses it unless ``--gpu`` names a type.
 """
@@ -332,8 +333,8 @@ def live_queue(
         products = _products(nodes_raw)
         named = ", ".join(f"{n} ({products.get(n) or 'no product label'})" for n in left_out)
         notes.append(
-            f"nodes of other pools left out (the operator plans one pool, the simulator "
-            f"one GPU type): {named}"
+            f"nodes of other pools left out (the what-if simulates the main pool, of one "
+            f"GPU type): {named}"
         )
     if not nodes:
         raise WhatIfError("the cluster has no GPU nodes PowerFlow schedules on")

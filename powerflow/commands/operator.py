@@ -355,6 +355,7 @@ def serve(
             policy or default_policy(args.scheduler),
             models or learned_models(learning),
             metrics=metrics,
+            models_on=None if models else learning.model_on,
             leader=leader,
             learning=learning,
             progress=progress,

@@ -8,16 +8,18 @@ largest power of two that fits in the GPUs it offers, ``usable_gpus`` of its
 allocatable count); the GPUs above it stay unused by PowerFlow. Each gang is
 placed within one pool.
 
-The policy plans one node shape, so one pool is *the* pool: the one with the
-most GPUs by capacity (ties: larger nodes, then the product name),
-``pools``'s first. Pools are made from allocatable counts only, never from
-what other pods hold right now: a pool chosen by free GPUs would flip to a
-small idle pool whenever others' pods fill the large one, and then the large
-pool's nodes would be reported as never able to host a gang (so preemption
-could never free them), and the plan's shape would change with foreign load.
-The operator plans on the main pool and reports the others; the scheduler
-extender places PowerFlow's gangs only there, so the plan's GPU counts and
-the placements agree (the plan never counts GPUs of another pool, and a gang
+A single-pool policy plans one node shape, so one pool is the main pool: the
+one with the most GPUs by capacity (ties: larger nodes, then the product
+name), ``pools``'s first. Pools are made from allocatable counts only, never
+from what other pods hold right now: a pool chosen by free GPUs would flip to
+a small idle pool whenever others' pods fill the large one, and then the
+large pool's nodes would be reported as never able to host a gang (so
+preemption could never free them), and the plan's shape would change with
+foreign load. The operator plans the main pool and every other pool of a
+known GPU type, one plan per pool under one budget (``fleet.FleetPolicy``);
+the scheduler extender places each gang within the pool its plan names (the
+main pool for a gang without a plan), so the plan's GPU counts and the
+placements agree (a pool's plan never counts GPUs of another pool, and a gang
 on another product would run at speeds and powers the plan did not assume).
 
 GPUs held by pods PowerFlow does not place (``NodeShape.held``) are taken

@@ -13,16 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.lab.simulated_gpus import SimulatedGpus
 
 
 class TwinGpus(SimulatedGpus):
     """``SimulatedGpus`` with active and idle energy totals (joules)."""
 
-    def __init__(self, count: int, *, node: str, seed: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        count: int,
+        *,
+        node: str,
+        seed: int,
+        clock: Callable[[], float],
+        gpu: GpuSpec = A100,
+    ) -> None:
         self.active_j = 0.0
         self.idle_j = 0.0
-        super().__init__(count, node=node, seed=seed, clock=clock)
+        super().__init__(count, gpu=gpu, node=node, seed=seed, clock=clock)
 
     def _run(self, dt: float) -> None:
         # Called by SimulatedGpus with its lock held: the split stays whole.

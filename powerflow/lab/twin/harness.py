@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 from powerflow.core import contract
+from powerflow.core.gpus import A100, GpuSpec
 from powerflow.lab.sim.config import INTERVAL_S, RESTART_S
 from powerflow.lab.twin.agentproc import GpuServer
 from powerflow.lab.twin.apiserver import write_kubeconfig
@@ -171,7 +172,13 @@ def job_state(body: Mapping[str, Any]) -> tuple[str, int]:
     return str(status.get("phase", "")), generation if isinstance(generation, int) else 0
 
 
-def node_body(name: str, gpus: int) -> dict[str, Any]:
+def product_label(gpu: GpuSpec) -> str:
+    """The ``nvidia.com/gpu.product`` label GPU feature discovery writes for ``gpu``: its
+    NVML product name with dashes for spaces."""
+    return (gpu.nvml_names[0] if gpu.nvml_names else f"NVIDIA {gpu.name}").replace(" ", "-")
+
+
+def node_body(name: str, gpus: int, gpu: GpuSpec = A100) -> dict[str, Any]:
     """A GPU node as its kubelet and the NVIDIA device plugin register it."""
     return {
         "apiVersion": "v1",
@@ -179,7 +186,7 @@ def node_body(name: str, gpus: int) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "labels": {
-                contract.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-40GB",
+                contract.GPU_PRODUCT_LABEL: product_label(gpu),
                 "kubernetes.io/hostname": name,
             },
         },
@@ -212,13 +219,15 @@ class Twin:
     """The twin (see the module docstring). ``scale``: the time scale of everything the
     simulator also times (``timescale``); ``eta``: the budget ConfigMap's ``eta``;
     ``timing``: the run's durations at full size (``Timing``); ``fault_control``: the
-    API server's fault routes open (``apiserver.FaultControl(twin.client)``)."""
+    API server's fault routes open (``apiserver.FaultControl(twin.client)``);
+    ``nodes``: how many A100 nodes, or each node's GPU type (its product label and its
+    simulated GPUs')."""
 
     def __init__(
         self,
         folder: Path,
         *,
-        nodes: int = 2,
+        nodes: int | tuple[GpuSpec, ...] = 2,
         gpus_per_node: int = 8,
         scale: TimeScale = DEFAULT,
         eta: float = 1.0,
@@ -226,8 +235,11 @@ class Twin:
         timing: Timing = Timing(),
         fault_control: bool = False,
     ) -> None:
+        types = (A100,) * nodes if isinstance(nodes, int) else nodes
         self.folder = folder
-        self.node_names = tuple(f"node-{i}" for i in range(nodes))
+        self.node_names = tuple(f"node-{i}" for i in range(len(types)))
+        self.gpu_types: dict[str, GpuSpec] = dict(zip(self.node_names, types, strict=True))
+        """Each node's GPU type (its product label and its GPUs' ground truth)."""
         self.gpus_per_node = gpus_per_node
         self.scale = scale
         self.eta, self.seed, self.timing = eta, seed, timing
@@ -287,7 +299,8 @@ class Twin:
             base_url=self.url, timeout=30.0, headers={"User-Agent": USER_AGENT}
         )
         for name in self.node_names:
-            ok = client.post("/api/v1/nodes", json=node_body(name, self.gpus_per_node))
+            body = node_body(name, self.gpus_per_node, self.gpu_types[name])
+            ok = client.post("/api/v1/nodes", json=body)
             ok.raise_for_status()
         client.post(
             "/api/v1/namespaces/powerflow-system/configmaps", json=self.budget_configmap()
@@ -300,7 +313,13 @@ class Twin:
         self.extender = extender_process(kubeconfig, self.folder, ext_port)
         self.operator = operator_process(kubeconfig, self.folder, ingest_port, scale=self.scale)
         for i, name in enumerate(self.node_names):
-            gpus = TwinGpus(self.gpus_per_node, node=name, seed=self.seed + i, clock=self.gpu_clock)
+            gpus = TwinGpus(
+                self.gpus_per_node,
+                node=name,
+                seed=self.seed + i,
+                clock=self.gpu_clock,
+                gpu=self.gpu_types[name],
+            )
             self.gpus[name] = gpus
         self.gpu_server = GpuServer(self.gpus, self.folder / "gpu-server.key").start()
         for name in self.node_names:
