@@ -49,7 +49,7 @@ class PodView:
     """The job's placement: most GPUs of the job on one node, from the extender's
     ``contract.PLACEMENT_ANNOTATION`` (None until bound)."""
     local_batch_size: float | None
-    clock_mhz: int | None
+    frequency_mhz: int | None
     profile: ProfilePlan | None
     power_limit_w: float | None
     model_name: str | None
@@ -117,7 +117,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         n=parse(contract.WORKERS_ANNOTATION, _pos_int),
         gpus_per_node=parse(contract.PLACEMENT_ANNOTATION, _gpus_per_node),
         local_batch_size=_env_batch(containers, problems),
-        clock_mhz=frequency,
+        frequency_mhz=frequency,
         profile=parse(contract.PROFILE_ANNOTATION, parse_profile),
         power_limit_w=power_limit,
         model_name=ann.get(contract.MODEL_ANNOTATION) or None,

@@ -95,7 +95,7 @@ class Clamp:
 class GpuTarget:
     """The settings one GPU should have. ``None``: the GPU's default."""
 
-    clock_mhz: int | None = None
+    frequency_mhz: int | None = None
     power_limit_w: float | None = None
     parked: bool = False
     pod: PodKey | None = None
@@ -105,13 +105,13 @@ class GpuTarget:
     armed_for: tuple[PodKey, ...] = ()
     """The bound PowerFlow pods, GPUs not yet known, this free GPU is armed for."""
     clock_floor_mhz: int | None = None
-    """The lower end of the clock lock (None: ``clock_mhz`` itself): an armed GPU
+    """The lower end of the clock lock (None: ``frequency_mhz`` itself): an armed GPU
     may idle below the clock it is armed with."""
 
     @property
     def device_settings(self) -> tuple[int | None, float | None, int | None]:
         """What is written to the GPU (the diff key: who asked does not matter)."""
-        return (self.clock_mhz, self.power_limit_w, self.clock_floor_mhz)
+        return (self.frequency_mhz, self.power_limit_w, self.clock_floor_mhz)
 
 
 DEFAULT = GpuTarget()
@@ -201,7 +201,7 @@ def _armed(wanted: Sequence[GpuTarget], lim: GpuLimits) -> GpuTarget:
     """The strictest of the pending pods' targets, field by field (None: the default,
     the loosest), locked down to the lowest clock; clamps are reported on the pod
     once its GPUs are known."""
-    clocks = [t.clock_mhz for t in wanted if t.clock_mhz is not None]
+    clocks = [t.frequency_mhz for t in wanted if t.frequency_mhz is not None]
     powers = [t.power_limit_w for t in wanted if t.power_limit_w is not None]
     clock = min(clocks) if clocks else None
     lowest = min(lim.clocks_mhz) if lim.clocks_mhz else None
@@ -217,9 +217,9 @@ def _armed(wanted: Sequence[GpuTarget], lim: GpuLimits) -> GpuTarget:
 def _pod_target(view: PodView, lim: GpuLimits, sweep_mhz: int | None) -> GpuTarget:
     if view.strict:  # an unreadable clock or cap: the strictest settings (``PodView.strict``)
         parked = _parked(lim)
-        return GpuTarget(parked.clock_mhz, parked.power_limit_w, pod=view.key, job=view.job)
+        return GpuTarget(parked.frequency_mhz, parked.power_limit_w, pod=view.key, job=view.job)
     clamps: list[Clamp] = []
-    wanted = sweep_mhz if sweep_mhz is not None else view.clock_mhz
+    wanted = sweep_mhz if sweep_mhz is not None else view.frequency_mhz
     clock: int | None = None
     if wanted is not None:
         clock = clamp_clock_mhz(wanted, lim.clocks_mhz)

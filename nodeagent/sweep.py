@@ -48,7 +48,7 @@ class _Sweep:
     """Each clock's share of the schedule (the plan's, or less: see the module doc)."""
 
     @property
-    def clock_mhz(self) -> int | None:
+    def frequency_mhz(self) -> int | None:
         clocks = self.plan.clocks_mhz
         return clocks[self.index] if 0 <= self.index < len(clocks) else None
 
@@ -92,10 +92,10 @@ class Sweeps:
             return True
         return False
 
-    def clock_mhz(self, job: Hashable) -> int | None:
+    def frequency_mhz(self, job: Hashable) -> int | None:
         """The clock the sweep holds ``job`` at now; None: follow ``frequency-mhz``."""
         sweep = self._sweeps.get(job)
-        return sweep.clock_mhz if sweep is not None else None
+        return sweep.frequency_mhz if sweep is not None else None
 
     def active(self, job: Hashable) -> bool:
         """Whether ``job`` has a sweep that has not finished (started or not)."""

@@ -140,7 +140,7 @@ class Telemetry:
     def clock_for(self, pod: PodKey) -> int | None:
         """The clock a profiling sweep holds ``pod``'s job at; None: ``frequency-mhz``."""
         job = self._job_of.get(pod)
-        return self._sweeps.clock_mhz(job) if job is not None else None
+        return self._sweeps.frequency_mhz(job) if job is not None else None
 
     def progress(self) -> tuple[JobProgress, ...]:
         """Each job's most iterations any of its workers here reported (the worker
@@ -198,7 +198,7 @@ class Telemetry:
             lead,
             job.gpus,
             Reading(now_s, iterations, energy),
-            clock_mhz=clock_before,
+            frequency_mhz=clock_before,
             next_clock_mhz=self._tag(job.gpus) if stepped else clock_before,
             close=stepped,
         )

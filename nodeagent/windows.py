@@ -54,7 +54,7 @@ class _Open:
     shape: JobShape
     lead: Hashable
     gpus: tuple[int, ...]
-    clock_mhz: int | None
+    frequency_mhz: int | None
     start_s: float
     start_iterations: int
     last: Reading
@@ -76,13 +76,13 @@ class Windows:
         gpus: tuple[int, ...],
         reading: Reading,
         *,
-        clock_mhz: int | None,
+        frequency_mhz: int | None,
         next_clock_mhz: int | None,
         close: bool = False,
     ) -> WindowSample | None:
         """A boundary of job ``key``: the sample of the window it closes, if any.
 
-        ``clock_mhz`` is the clock locked on the job's GPUs up to this
+        ``frequency_mhz`` is the clock locked on the job's GPUs up to this
         boundary, ``next_clock_mhz`` the one from it on (they differ when the
         caller steps the clock here, and then ``close`` is True); None means
         the GPUs are not at one known clock, and no window is kept.
@@ -103,7 +103,7 @@ class Windows:
             energy_delta_mj(a, b) for a, b in zip(w.last.energy_mj, reading.energy_mj, strict=True)
         )
         w.last = reading
-        if w.clock_mhz is None or w.clock_mhz != clock_mhz:
+        if w.frequency_mhz is None or w.frequency_mhz != frequency_mhz:
             self._start(key, shape, lead, gpus, reading, next_clock_mhz)
             return None
         iterations = reading.iterations - w.start_iterations
@@ -119,7 +119,7 @@ class Windows:
                 n=shape.n,
                 gpus_per_node=shape.gpus_per_node,
                 local_batch_size=shape.local_batch_size,
-                frequency_mhz=w.clock_mhz,
+                frequency_mhz=w.frequency_mhz,
                 gpus_measured=len(gpus),
                 iterations=iterations,
                 step_time_s=elapsed_s / iterations,
@@ -136,13 +136,13 @@ class Windows:
         lead: Hashable,
         gpus: tuple[int, ...],
         reading: Reading,
-        clock_mhz: int | None,
+        frequency_mhz: int | None,
     ) -> None:
         if len(reading.energy_mj) != len(gpus):
             self._open.pop(key, None)
             return
         self._open[key] = _Open(
-            shape, lead, gpus, clock_mhz, reading.now_s, reading.iterations, reading
+            shape, lead, gpus, frequency_mhz, reading.now_s, reading.iterations, reading
         )
 
     def forget(self, key: Hashable) -> None:

@@ -12,7 +12,7 @@ rewrites nothing.
 ``read_allocation`` is the one reader of ``status.allocation`` (the pass's view of
 a job and the metrics read it): the wire names (``frequencyMHz``, ``localBatchSize``,
 ``powerCapWatts``, ``profilingUntil``, CRD fields a running cluster holds) are
-parsed here, into Python names with their units (``clock_mhz``, ``power_cap_w``,
+parsed here, into Python names with their units (``frequency_mhz``, ``power_cap_w``,
 ``profiling_until_s``), and ``status_fields`` writes them back.
 """
 
@@ -42,7 +42,7 @@ class JobAllocation(NamedTuple):
     gpus: int = 0
     """Workers (one GPU each); 0: the job holds no GPUs."""
     local_batch_size: int = 0
-    clock_mhz: int = 0
+    frequency_mhz: int = 0
     """The GPU clock every worker is locked at."""
     power_cap_w: float | None = None
     """The per-GPU power cap (watts, to a tenth); None: none."""
@@ -88,7 +88,7 @@ def status_fields(allocation: JobAllocation) -> dict[str, Any]:
     ``complete`` and ``stopped``, is bookkeeping it sets as the generation goes)."""
     return {
         "gpus": allocation.gpus,
-        CLOCK_FIELD: allocation.clock_mhz,
+        CLOCK_FIELD: allocation.frequency_mhz,
         "localBatchSize": allocation.local_batch_size,
         "generation": allocation.generation,
         CAP_FIELD: allocation.power_cap_w,

@@ -177,7 +177,7 @@ def _carry_out(
         return True
     # The plan's clock and cap for the running generation, recorded in its status; the
     # job controller brings the workers to them (``_converge``).
-    before = v.allocation.clock_mhz
+    before = v.allocation.frequency_mhz
     if before != jp.frequency_mhz:
         _event(
             actions, v, "Normal", "FrequencyChanged",

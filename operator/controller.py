@@ -151,7 +151,7 @@ def as_planned(
             jp is not None
             and jp.power_w is not None
             and (jp.gpus, jp.local_batch_size, jp.frequency_mhz)
-            == (m.n, m.local_batch_size, m.clock_mhz)
+            == (m.n, m.local_batch_size, m.frequency_mhz)
         ):
             out.append((key, m.watts, jp.power_w))
     return out
@@ -491,7 +491,7 @@ class Controller:
             where = (
                 None
                 if seen is None
-                else (seen.n, seen.gpus_per_node, seen.local_batch_size, seen.clock_mhz)
+                else (seen.n, seen.gpus_per_node, seen.local_batch_size, seen.frequency_mhz)
             )
             noted[key] = where
             if seen is None or self._outliers.get(key) == where:
@@ -499,7 +499,7 @@ class Controller:
             self.metrics.power_outliers.inc()
             lo, hi = BELIEVED
             message = (
-                f"measured {m:.4g} W on {seen.n} GPUs at {seen.clock_mhz} MHz where the "
+                f"measured {m:.4g} W on {seen.n} GPUs at {seen.frequency_mhz} MHz where the "
                 f"plan counted {p:.4g} W: outside {lo:g}-{hi:g}x, not believed (the cluster's "
                 "power ratio leaves it out; a broken or lying node agent, or a broken model)"
             )

@@ -97,7 +97,7 @@ def converge(
     if not pods:  # a new generation: nothing to annotate
         return PodWrites(create)
     # By key, then by pod: the order the patches are written in within each phase.
-    clock = str(allocation.clock_mhz) if tuned else None
+    clock = str(allocation.frequency_mhz) if tuned else None
     annotate: list[tuple[PodBody, dict[str, str | None]]] = [
         (p, {CAP: cap}) for p in pods if _annotation(p, CAP) != cap
     ]
@@ -141,7 +141,7 @@ def _missing(
         allocation.generation,
         allocation.gpus,
         allocation.local_batch_size,
-        allocation.clock_mhz if tuned else None,
+        allocation.frequency_mhz if tuned else None,
         cap,
         allocation.block,
         pools.get(allocation.block[0][0]) if pools and allocation.block else None,

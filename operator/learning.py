@@ -141,13 +141,13 @@ MEASURED_ROWS = 20
 @dataclass(frozen=True)
 class MeasuredPower:
     """A job's power as its latest windows measured it: all ``n`` GPUs together, at
-    ``gpus_per_node`` per node, local batch ``local_batch_size`` and clock ``clock_mhz``
+    ``gpus_per_node`` per node, local batch ``local_batch_size`` and clock ``frequency_mhz``
     (the clock the GPUs ran, which a power cap may hold below the planned one)."""
 
     n: int
     gpus_per_node: int
     local_batch_size: int
-    clock_mhz: int
+    frequency_mhz: int
     watts: float
 
 
@@ -851,7 +851,7 @@ def measured_status(measured: MeasuredPower) -> dict[str, Any]:
         "gpus": measured.n,
         "gpusPerNode": measured.gpus_per_node,
         "localBatchSize": measured.local_batch_size,
-        "frequencyMHz": measured.clock_mhz,
+        "frequencyMHz": measured.frequency_mhz,
         "watts": round(measured.watts, 2),
     }
 

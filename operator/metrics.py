@@ -157,7 +157,7 @@ class Metrics:
             labels = (s.namespace, s.name)
             seen.add(labels)
             self.job_gpus.labels(*labels).set(s.gpus)
-            self.job_frequency.labels(*labels).set(s.clock_mhz * 1e6)
+            self.job_frequency.labels(*labels).set(s.frequency_mhz * 1e6)
             self.job_iterations.labels(*labels).set(s.iterations)
             if s.fit_error_percent is not None:
                 self.job_fit_error.labels(*labels).set(s.fit_error_percent / 100.0)
@@ -177,7 +177,7 @@ class JobSeries:
     namespace: str
     name: str
     gpus: int
-    clock_mhz: int
+    frequency_mhz: int
     iterations: int
     fit_error_percent: float | None
     completion_s: float | None
@@ -217,7 +217,7 @@ def job_series(
                 namespace=key[0],
                 name=key[1],
                 gpus=allocation.gpus,
-                clock_mhz=allocation.clock_mhz,
+                frequency_mhz=allocation.frequency_mhz,
                 iterations=int(_number(progress.get("iterations")) or 0),
                 fit_error_percent=error,
                 completion_s=completion_s,

@@ -85,7 +85,7 @@ def _core_job(
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current) and not v.stopping
-    clock_mhz = (v.allocation.clock_mhz or None) if running else None
+    frequency_mhz = (v.allocation.frequency_mhz or None) if running else None
     placement = _placement(v.current, sizes) if running else ()
     # Measured where it runs now (same GPUs per node and local batch), or not at all.
     if measured is not None and placement:
@@ -107,12 +107,12 @@ def _core_job(
         max_gpus=req.max_gpus,
         max_local_batch_size=req.max_local_batch_size,
         placement=placement,
-        frequency_mhz=clock_mhz,
+        frequency_mhz=frequency_mhz,
         model_name=req.model_name,
         # The policy may only keep GPUs it knows: pinning needs the extender's placement.
         pinned=bool(placement) and _is_profiling(v, now_s),
         measured_power_w=measured.watts if measured is not None else None,
-        measured_frequency_mhz=measured.clock_mhz if measured is not None else None,
+        measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
         profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
         power_cap_w=_current_cap(v.current) if running else None,
         models_by_gpu=models_by_gpu,

@@ -32,7 +32,7 @@ class Running(NamedTuple):
     model: PerfModel
     gpus: int
     local_batch_size: int
-    clock_mhz: int
+    frequency_mhz: int
     iterations_total: int
     iterations_done: int
     joules: float
@@ -63,7 +63,7 @@ def predict(jobs: Sequence[Running], gpus_per_node: int) -> tuple[np.ndarray, np
         n = np.asarray([jobs[i].gpus for i in idx], dtype=np.float64)
         r = np.minimum(n, gpus_per_node)
         bs = np.asarray([jobs[i].local_batch_size for i in idx], dtype=np.float64)
-        f = np.asarray([jobs[i].clock_mhz for i in idx], dtype=np.float64)
+        f = np.asarray([jobs[i].frequency_mhz for i in idx], dtype=np.float64)
         shape = (len(idx),)
         t[idx] = np.broadcast_to(np.asarray(model.step_time_s(n, r, bs, f), float), shape)
         e[idx] = np.broadcast_to(np.asarray(model.energy_per_iter_j(n, r, bs, f), float), shape)

@@ -29,7 +29,7 @@ class WorkerSet:
     generation: int
     gpus: int
     local_batch_size: int
-    clock_mhz: int | None
+    frequency_mhz: int | None
     """The planned clock (``contract.FREQUENCY_ANNOTATION``); None: none, the GPUs keep
     their defaults (a type PowerFlow does not know)."""
     power_cap: str | None = None
@@ -129,7 +129,7 @@ def _env_values(job: JobRequest, ws: WorkerSet) -> dict[str, str]:
         "LOCAL_BATCH_SIZE": ws.local_batch_size,
         "GLOBAL_BATCH_SIZE": job.global_batch_size,
         "POWERFLOW_ITERATIONS": job.iterations,
-        "POWERFLOW_FREQUENCY_MHZ": "" if ws.clock_mhz is None else ws.clock_mhz,
+        "POWERFLOW_FREQUENCY_MHZ": "" if ws.frequency_mhz is None else ws.frequency_mhz,
         "POWERFLOW_JOB": job.name,
         "POWERFLOW_GENERATION": ws.generation,
         "POWERFLOW_AGENT_PORT": contract.AGENT_WORKER_PORT,
@@ -212,7 +212,7 @@ def worker_pods(
         **(meta.get("annotations") or {}),
         contract.WORKERS_ANNOTATION: str(ws.gpus),
     }
-    clock = "" if ws.clock_mhz is None else str(ws.clock_mhz)
+    clock = "" if ws.frequency_mhz is None else str(ws.frequency_mhz)
     if clock:
         annotations[contract.FREQUENCY_ANNOTATION] = clock
     annotations[contract.GENERATION_ANNOTATION] = generation

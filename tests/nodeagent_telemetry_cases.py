@@ -79,11 +79,11 @@ def worker(
     )
 
 
-def truth_per_gpu(view: PodView, clock_mhz: int) -> tuple[float, float]:
+def truth_per_gpu(view: PodView, frequency_mhz: int) -> tuple[float, float]:
     """Ground-truth step time (s) and energy per iteration of ONE of the job's GPUs (J)."""
     assert view.n and view.gpus_per_node and view.local_batch_size
     t = ground_truth(MODEL)
-    args = (view.n, view.gpus_per_node, view.local_batch_size, clock_mhz)
+    args = (view.n, view.gpus_per_node, view.local_batch_size, frequency_mhz)
     return float(t.step_time_s(*args)), float(t.energy_per_iter_j(*args)) / view.n
 
 
@@ -144,7 +144,7 @@ class SimNode:
         if not self.lock:
             return
         for key, view in self.pods.items():
-            clock = self.telemetry.clock_for(key) or view.clock_mhz
+            clock = self.telemetry.clock_for(key) or view.frequency_mhz
             assert clock is not None
             for g in self.gpus_of[key]:
                 if self.locked.get(g) != clock:

@@ -60,7 +60,7 @@ def test_a_worker_pod_reads_as_its_contract() -> None:
         "10.1.2.3",
     )
     assert (v.worker_index, v.n, v.gpus_per_node, v.local_batch_size) == (1, 4, 3, 32.0)
-    assert (v.clock_mhz, v.power_limit_w, v.model_name, v.gpus) == (1410, 250.0, "bert", 1)
+    assert (v.frequency_mhz, v.power_limit_w, v.model_name, v.gpus) == (1410, 250.0, "bert", 1)
     assert v.profile == ProfilePlan((810, 1410), 12.5)
     assert v.active and v.problems == ()
 
@@ -90,7 +90,7 @@ def test_bad_annotations_become_none_with_a_reason_and_keep_the_rest() -> None:
         contract.WORKERS_ANNOTATION: "-4",
     }
     v = pod_view(pod(bad, env=[{"name": "LOCAL_BATCH_SIZE", "value": "0"}]))
-    assert (v.clock_mhz, v.profile, v.power_limit_w, v.gpus_per_node, v.n) == (None,) * 5
+    assert (v.frequency_mhz, v.profile, v.power_limit_w, v.gpus_per_node, v.n) == (None,) * 5
     assert v.local_batch_size is None
     named = " ".join(v.problems)
     for key in (

@@ -21,14 +21,14 @@ BERT = Workload("bert", n=4, gpus_per_node=4, local_batch_size=32)
 RESNET = Workload("resnet50", n=1, gpus_per_node=1, local_batch_size=128)
 
 
-def _true_power_w(w: Workload, clock_mhz: float) -> float:
+def _true_power_w(w: Workload, frequency_mhz: float) -> float:
     truth = ground_truth(w.model_name)
-    return float(truth.power_w(w.n, w.gpus_per_node, w.local_batch_size, clock_mhz)) / w.n
+    return float(truth.power_w(w.n, w.gpus_per_node, w.local_batch_size, frequency_mhz)) / w.n
 
 
-def _true_step_s(w: Workload, clock_mhz: float) -> float:
+def _true_step_s(w: Workload, frequency_mhz: float) -> float:
     truth = ground_truth(w.model_name)
-    return float(truth.step_time_s(w.n, w.gpus_per_node, w.local_batch_size, clock_mhz))
+    return float(truth.step_time_s(w.n, w.gpus_per_node, w.local_batch_size, frequency_mhz))
 
 
 def test_energy_counter_is_monotonic_and_the_integral_of_power() -> None:

@@ -122,7 +122,7 @@ def test_the_node_agent_reads_any_text_as_a_problem_of_its_pod(text: str) -> Non
     assert set(agent.pods) == {("ns", "bad"), ("ns", "good")}
     gpus_of = {("ns", "good"): (2,)}
     targets = desired_settings(agent.pods, gpus_of, agent.limits, now_s=0.0)
-    assert (targets[2].clock_mhz, targets[2].power_limit_w) == (1005, 250.0)
+    assert (targets[2].frequency_mhz, targets[2].power_limit_w) == (1005, 250.0)
     # the worker endpoint's body: a report or one error, nothing else
     with contextlib.suppress(ReportError, untrusted.UntrustedTextError):
         parse_report(untrusted.load_json(text.encode("utf-8", "surrogatepass"), "body"), 0.0)

@@ -76,7 +76,7 @@ def test_pod_gpus_get_its_clock_and_limit_others_default() -> None:
 def test_requests_are_clamped_and_say_so() -> None:
     a = pod("a", frequency_mhz="1400", power_limit_watts="20")
     t = desired_settings({a.key: a}, {a.key: (0,)}, LIMITS)[0]
-    assert (t.clock_mhz, t.power_limit_w) == (1395, 100.0)
+    assert (t.frequency_mhz, t.power_limit_w) == (1395, 100.0)
     assert t.clamps == (Clamp("clock", 1400, 1395), Clamp("power", 20.0, 100.0))
     assert [c.reason for c in t.clamps] == ["ClockClamped", "PowerLimitClamped"]
 
@@ -90,7 +90,7 @@ def test_sweep_clock_overrides_frequency_and_none_follows_it() -> None:
         LIMITS,
         clock_overrides={a.key: 225, b.key: None},
     )
-    assert (targets[0].clock_mhz, targets[1].clock_mhz) == (225, 1410)
+    assert (targets[0].frequency_mhz, targets[1].frequency_mhz) == (225, 1410)
 
 
 def test_pod_without_frequency_or_finished_gets_defaults() -> None:
@@ -107,7 +107,7 @@ def _body(view: PodView) -> dict[str, Any]:
             "namespace": view.namespace,
             "name": view.name,
             "labels": {contract.JOB_LABEL: view.job},
-            "annotations": {contract.FREQUENCY_ANNOTATION: str(view.clock_mhz)},
+            "annotations": {contract.FREQUENCY_ANNOTATION: str(view.frequency_mhz)},
         },
         "spec": {"nodeName": view.node},
     }
@@ -118,7 +118,7 @@ def test_parking_only_on_a_powered_down_node_and_only_gpus_nobody_holds() -> Non
     targets = desired_settings(
         {a.key: a}, {a.key: (0,)}, LIMITS, node_powered_down=True, held=frozenset({0, 3})
     )
-    assert targets[0].clock_mhz == 1395 and not targets[0].parked
+    assert targets[0].frequency_mhz == 1395 and not targets[0].parked
     parked = GpuTarget(210, 100.0, parked=True)
     assert (targets[1], targets[2]) == (parked, parked)
     assert targets[3] == DEFAULT  # a foreign container holds it: never parked
@@ -164,9 +164,9 @@ def test_arming_ends_arm_s_after_the_kubelet_started_the_pod() -> None:
     waiting = pod("w", 1, frequency_mhz="1395")  # not acknowledged by the kubelet yet
     pods = {started.key: started, waiting.key: waiting}
     early = desired_settings(pods, {}, LIMITS, now_s=1000.0 + ARM_S)
-    assert early[0].armed_for == (started.key, waiting.key) and early[0].clock_mhz == 240
+    assert early[0].armed_for == (started.key, waiting.key) and early[0].frequency_mhz == 240
     late = desired_settings(pods, {}, LIMITS, now_s=1000.0 + ARM_S + 1)
-    assert late[0].armed_for == (waiting.key,) and late[0].clock_mhz == 1395
+    assert late[0].armed_for == (waiting.key,) and late[0].frequency_mhz == 1395
 
 
 def test_no_arming_for_pods_without_gpus_or_finished_and_arming_beats_parking() -> None:

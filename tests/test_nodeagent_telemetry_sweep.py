@@ -109,7 +109,7 @@ def test_sweeps_visit_every_clock_in_order_on_the_plans_schedule(
         now += gap
         boundaries.append(now)
         if sweeps.on_boundary("job", now):
-            held.append((len(boundaries) - 1, sweeps.clock_mhz("job")))
+            held.append((len(boundaries) - 1, sweeps.frequency_mhz("job")))
     visited = [c for _, c in held]
     assert visited == ([*clocks, None])[: len(visited)]
     for k in range(1, min(len(held), len(clocks)) + 1):
@@ -162,7 +162,7 @@ def test_late_boundaries_do_not_push_the_sweep_past_the_operators_window() -> No
     now = 0.0
     while sweeps.active("job"):
         if sweeps.on_boundary("job", now):
-            steps.append((now, sweeps.clock_mhz("job")))
+            steps.append((now, sweeps.frequency_mhz("job")))
         now = round(now + 0.3, 6)  # a boundary every 0.3 s: each step up to 0.3 s late
     assert [c for _, c in steps] == [*clocks, None]
     assert steps[-1][0] < len(clocks) * 1.0 + 0.3  # was 25.2 s, timed slice by slice
@@ -180,7 +180,7 @@ def test_a_late_first_iteration_fits_every_clock_before_the_window_ends() -> Non
     now = 12.0  # the first iteration, 12 s into the window (monotonic = wall - 1.8e9)
     while sweeps.active("job"):
         if sweeps.on_boundary("job", now, wall_s=1.8e9 + now):
-            steps.append((now, sweeps.clock_mhz("job")))
+            steps.append((now, sweeps.frequency_mhz("job")))
         now = round(now + 0.05, 6)
     assert [c for _, c in steps] == [*clocks, None]
     assert steps[-1][0] <= 21.0 + 0.05  # every clock measured before the plan goes
@@ -190,4 +190,4 @@ def test_no_time_left_means_no_sweep() -> None:
     sweeps = Sweeps()
     sweeps.sync({"job": ProfilePlan((900, 1410), 5.0, 1.8e9)})
     assert not sweeps.on_boundary("job", 50.0, wall_s=1.8e9 + 1.0)
-    assert sweeps.clock_mhz("job") is None and not sweeps.active("job")
+    assert sweeps.frequency_mhz("job") is None and not sweeps.active("job")

@@ -223,7 +223,7 @@ async def test_windows_from_a_node_of_the_second_type_refit_that_types_model(
         # The measured power is the H100 windows' (the latest configuration's).
         measured = store.measured_power()[key]
         clocks = PAPER_SWEEP.clocks_mhz(H100)
-        assert measured.clock_mhz == clocks[20 % len(clocks)]  # the last window's
+        assert measured.frequency_mhz == clocks[20 % len(clocks)]  # the last window's
 
 
 def test_the_operator_plans_its_policy_over_every_pool_itself_on_the_first() -> None:

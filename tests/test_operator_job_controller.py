@@ -170,17 +170,17 @@ def test_read_allocation_reads_junk_as_absent_and_round_trips() -> None:
 
 
 class ClockPolicy:
-    """Every job on 4 GPUs at ``clock_mhz``, capped at ``cap_w``."""
+    """Every job on 4 GPUs at ``frequency_mhz``, capped at ``cap_w``."""
 
     def __init__(self) -> None:
-        self.clock_mhz = 1410
+        self.frequency_mhz = 1410
         self.cap_w: float | None = None
 
     def plan(self, snapshot: Snapshot) -> Plan:
         plans, free = [], [(n.name, i) for n in snapshot.nodes for i in range(n.gpus)]
         for job in snapshot.jobs:
             block, free = tuple(free[:4]), free[4:]
-            plans.append(JobPlan(job.id, 4, self.clock_mhz, 16, block, power_cap_w=self.cap_w))
+            plans.append(JobPlan(job.id, 4, self.frequency_mhz, 16, block, power_cap_w=self.cap_w))
         return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
 
 
@@ -213,7 +213,7 @@ def assert_pods_follow_status(cluster: FakeCluster) -> None:
         assert len(pods) == alloc.gpus > 0
         for pod in pods:
             notes = annotations(pod)
-            assert notes[contract.FREQUENCY_ANNOTATION] == str(alloc.clock_mhz)
+            assert notes[contract.FREQUENCY_ANNOTATION] == str(alloc.frequency_mhz)
             assert notes.get(contract.POWER_LIMIT_ANNOTATION) == (
                 None if alloc.power_cap_w is None else f"{alloc.power_cap_w:.1f}"
             )
@@ -231,7 +231,7 @@ def test_the_pods_carry_the_clock_and_cap_their_status_holds() -> None:
         {"node": "n1", "gpu": i} for i in range(4)
     ]
     assert_pods_follow_status(cluster)
-    policy.clock_mhz, policy.cap_w = 1005, 212.37
+    policy.frequency_mhz, policy.cap_w = 1005, 212.37
     settle(cluster, policy)
     assert cluster.jobs["a"]["status"]["allocation"]["frequencyMHz"] == 1005
     assert cluster.jobs["a"]["status"]["allocation"]["powerCapWatts"] == 212.3
@@ -243,7 +243,7 @@ def test_a_pass_that_died_after_the_pods_took_the_new_clock_rewrites_no_pod() ->
     cluster, policy = FakeCluster(NODES), ClockPolicy()
     cluster.submit(dljob("a"))
     settle(cluster, policy)
-    policy.clock_mhz = 1005  # a lower clock: the pods' patches go before the status
+    policy.frequency_mhz = 1005  # a lower clock: the pods' patches go before the status
     actions = one_pass(cluster, policy, limit=0)
     flat = [verb for phase in actions.writes() for verb, _ in phase]
     assert flat == ["annotate"] * 4 + ["status"]

@@ -63,7 +63,7 @@ def test_job_series_read_junk_as_zero() -> None:
     junk = body("j", {"allocation": {"gpus": "four", "frequencyMHz": True}, "model": "x"})
     junk["status"]["progress"] = {"iterations": float("inf")}
     (s,) = job_series([junk], [])
-    assert (s.gpus, s.clock_mhz, s.iterations, s.fit_error_percent) == (0, 0, 0, None)
+    assert (s.gpus, s.frequency_mhz, s.iterations, s.fit_error_percent) == (0, 0, 0, None)
 
 
 def sample(op: Operator, name: str, **labels: str) -> float | None:

@@ -410,7 +410,7 @@ def test_measured_power_is_the_latest_configurations_windows() -> None:
     assert s.measured_power() == {}  # nothing until a pass takes the queued windows
     s.refresh([body()])
     m = s.measured_power()["ml/job"]
-    assert (m.n, m.gpus_per_node, m.local_batch_size, m.clock_mhz) == (N, R, int(BS), 1005)
+    assert (m.n, m.gpus_per_node, m.local_batch_size, m.frequency_mhz) == (N, R, int(BS), 1005)
     truth = TRUTH.energy_per_iter_j(N, R, BS, 1005.0) / TRUTH.step_time_s(N, R, BS, 1005.0)
     assert m.watts == pytest.approx(float(truth), rel=0.03)
 
@@ -454,7 +454,7 @@ def test_a_restart_keeps_the_measured_power_until_windows_arrive() -> None:
     assert again.status_fields()["ml/job"] == fields  # nothing to write: no churn
     feed(again, windows([1005.0], rng))
     again.refresh([body(model=fields)])
-    assert again.measured_power()["ml/job"].clock_mhz == 1005
+    assert again.measured_power()["ml/job"].frequency_mhz == 1005
 
 
 @pytest.mark.parametrize(
@@ -704,7 +704,7 @@ def test_windows_from_another_pools_nodes_refit_the_jobs_model_on_that_type() ->
     fields = s.status_fields()["ml/job"]
     assert fields["samples"] == 24 and "params" not in fields
     (measured,) = s.measured_power().values()
-    assert measured.clock_mhz == H100_CLOCKS[11]
+    assert measured.frequency_mhz == H100_CLOCKS[11]
     # The same windows without the H100 pool told are the main pool's (one pool).
     one = store()
     one.refresh([body()], A100)

@@ -97,7 +97,9 @@ def test_measured_power_in_status_validates_and_bad_ones_are_refused(
 ) -> None:
     """``status.model.measuredPower`` as the store writes it is valid; a partial or
     negative one is refused by the API server's schema."""
-    measured = MeasuredPower(n=8, gpus_per_node=4, local_batch_size=32, clock_mhz=1410, watts=2e3)
+    measured = MeasuredPower(
+        n=8, gpus_per_node=4, local_batch_size=32, frequency_mhz=1410, watts=2e3
+    )
     good = {"samples": 3, "measuredPower": measured_status(measured)}
     assert validator.is_valid(example() | {"status": {"model": good}})
     for bad in (

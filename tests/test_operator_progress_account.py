@@ -18,7 +18,7 @@ def running(done: int, reported: int | None) -> Running:
         model=MODEL,
         gpus=4,
         local_batch_size=64,
-        clock_mhz=A100.default_clock_mhz,
+        frequency_mhz=A100.default_clock_mhz,
         iterations_total=1000,
         iterations_done=done,
         joules=0.0,

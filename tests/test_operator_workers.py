@@ -43,7 +43,7 @@ def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
         "LOCAL_BATCH_SIZE": str(ws.local_batch_size),
         "GLOBAL_BATCH_SIZE": str(job.global_batch_size),
         "POWERFLOW_ITERATIONS": str(job.iterations),
-        "POWERFLOW_FREQUENCY_MHZ": str(ws.clock_mhz),
+        "POWERFLOW_FREQUENCY_MHZ": str(ws.frequency_mhz),
         "POWERFLOW_JOB": job.name,
         "POWERFLOW_GENERATION": str(ws.generation),
         "POWERFLOW_AGENT_PORT": str(contract.AGENT_WORKER_PORT),
@@ -84,7 +84,7 @@ def reference_pod(job: JobRequest, ws: WorkerSet, index: int) -> dict[str, Any]:
             "annotations": {
                 **(meta.get("annotations") or {}),
                 contract.WORKERS_ANNOTATION: str(ws.gpus),
-                contract.FREQUENCY_ANNOTATION: str(ws.clock_mhz),
+                contract.FREQUENCY_ANNOTATION: str(ws.frequency_mhz),
                 contract.GENERATION_ANNOTATION: str(ws.generation),
                 **({contract.MODEL_ANNOTATION: job.model_name} if job.model_name else {}),
                 **({contract.POWER_LIMIT_ANNOTATION: ws.power_cap} if ws.power_cap else {}),

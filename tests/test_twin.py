@@ -131,7 +131,7 @@ def test_windows_over_the_twins_gpus_measure_their_power(tmp_path: Path) -> None
         iterations += 1
         reading = Reading(time.monotonic(), iterations, (gpus.total_energy_mj(0),))
         sample = windows.observe(
-            "j", shape, "w0", (0,), reading, clock_mhz=1410, next_clock_mhz=1410
+            "j", shape, "w0", (0,), reading, frequency_mhz=1410, next_clock_mhz=1410
         )
         if sample is not None:
             samples.append(sample)

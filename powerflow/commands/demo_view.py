@@ -35,14 +35,14 @@ PHASE_STYLES = {
 
 @dataclass(frozen=True)
 class JobRow:
-    """One DLJob as its status says (``gpus``/``clock_mhz`` None: no allocation yet)."""
+    """One DLJob as its status says (``gpus``/``frequency_mhz`` None: no allocation yet)."""
 
     name: str
     model: str
     phase: str
     gpus: int | None
     nodes: tuple[str, ...]
-    clock_mhz: int | None
+    frequency_mhz: int | None
     iterations: int
     total: int
 
@@ -105,7 +105,7 @@ def job_row(body: Mapping[str, Any]) -> JobRow:
         phase=phase or "New",
         gpus=None if stopped else gpus,
         nodes=() if stopped or not isinstance(nodes, list) else tuple(map(str, nodes)),
-        clock_mhz=None if stopped else _int(alloc.get("frequencyMHz")),
+        frequency_mhz=None if stopped else _int(alloc.get("frequencyMHz")),
         iterations=min(done, total) if total else done,
         total=total,
     )
@@ -173,7 +173,7 @@ def _jobs_table(frame: Frame, limit: int | None) -> Table:
             Text(j.phase, style=PHASE_STYLES.get(j.phase, "")),
             "-" if j.gpus is None else str(j.gpus),
             ",".join(j.nodes) or "-",
-            "-" if j.clock_mhz is None else str(j.clock_mhz),
+            "-" if j.frequency_mhz is None else str(j.frequency_mhz),
             Group(ProgressBar(total=max(j.total, 1), completed=j.iterations, width=20)),
             f"{j.iterations}/{j.total} ({share:.0%})",
         )

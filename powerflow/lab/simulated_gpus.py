@@ -82,7 +82,7 @@ class _Gpu:
         self.limit_w = limit_w
         self.workload: Workload | None = None
         self.truth: GroundTruth | None = None
-        self.clock_mhz = spec.min_clock_mhz
+        self.frequency_mhz = spec.min_clock_mhz
         self.energy_mj = 0.0
         self.power_w = spec.idle_power_w
         self.iterations = 0.0
@@ -246,7 +246,7 @@ class SimulatedGpus:
 
     @_serialised
     def sm_clock_mhz(self, gpu: int) -> int:
-        return self._state(gpu).clock_mhz
+        return self._state(gpu).frequency_mhz
 
     @_serialised
     def close(self) -> None:
@@ -294,12 +294,13 @@ class SimulatedGpus:
         if w is None or truth is None:
             lo = lock[0] if lock is not None else spec.min_clock_mhz
             ceiling = max([c for c in clocks if c <= hi] or [clocks[0]])
-            state.clock_mhz = min(ceiling, min([c for c in clocks if c >= lo] or [clocks[-1]]))
+            state.frequency_mhz = min(ceiling, min([c for c in clocks if c >= lo] or [clocks[-1]]))
             state.power_w = spec.idle_power_w
             return
-        state.clock_mhz = capped_clock_mhz(truth, w, clocks, hi, state.limit_w)
+        state.frequency_mhz = capped_clock_mhz(truth, w, clocks, hi, state.limit_w)
         state.power_w = (
-            float(truth.power_w(w.n, w.gpus_per_node, w.local_batch_size, state.clock_mhz)) / w.n
+            float(truth.power_w(w.n, w.gpus_per_node, w.local_batch_size, state.frequency_mhz))
+            / w.n
         )
 
     def _run(self, dt: float) -> None:
@@ -314,7 +315,7 @@ class SimulatedGpus:
                 factor = math.exp(sigma * float(self._rng.standard_normal()) - 0.5 * sigma**2)
                 power_w = self._spec.idle_power_w * factor
             else:
-                n, r, bs, f = w.n, w.gpus_per_node, w.local_batch_size, state.clock_mhz
+                n, r, bs, f = w.n, w.gpus_per_node, w.local_batch_size, state.frequency_mhz
                 true_step = float(truth.step_time_s(n, r, bs, f))
                 sample = measure(
                     truth,

@@ -186,7 +186,7 @@ class TiresiasPolicy:
 
 
 def placement_slowdown(
-    model: PerfModel, gpus: int, global_batch_size: int, per_node: int, clock_mhz: int
+    model: PerfModel, gpus: int, global_batch_size: int, per_node: int, frequency_mhz: int
 ) -> tuple[float, float]:
     """(step time consolidated, its slowdown spread over one node more), by the model.
 
@@ -200,7 +200,7 @@ def placement_slowdown(
     spread = r - 1
     while spread > 0 and math.ceil(gpus / spread) == math.ceil(gpus / r):
         spread -= 1
-    rows = [(gpus, r, bs, clock_mhz)] + ([(gpus, spread, bs, clock_mhz)] if spread else [])
+    rows = [(gpus, r, bs, frequency_mhz)] + ([(gpus, spread, bs, frequency_mhz)] if spread else [])
     t = [float(x) for x in model.step_time_s(*np.array(rows, dtype=np.float64).T)]
     return t[0], (t[1] / t[0] - 1.0 if spread else 0.0)
 

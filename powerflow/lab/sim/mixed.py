@@ -103,16 +103,16 @@ def learner_on(learner: Learner, gpu: GpuSpec) -> Learner:
     )
 
 
-def fleet_policy(policy: Policy, clock_mhz: int | None = None) -> Policy:
+def fleet_policy(policy: Policy, frequency_mhz: int | None = None) -> Policy:
     """``policy`` for a mixed cluster: ``FleetPolicy`` with one copy of it per pool
     (copied before any plan, so no pool shares another's memo). A fixed-clock
-    policy's ``clock_mhz`` is an A100 clock, each pool's copy runs its type's clock
+    policy's ``frequency_mhz`` is an A100 clock, each pool's copy runs its type's clock
     at the same fraction of the top clock (``ClockOnType``). A ``FleetPolicy`` is
     kept as it is."""
     if isinstance(policy, FleetPolicy):
         return policy
-    if clock_mhz is not None:
-        return FleetPolicy(lambda: ClockOnType(policy, clock_mhz))
+    if frequency_mhz is not None:
+        return FleetPolicy(lambda: ClockOnType(policy, frequency_mhz))
     return FleetPolicy(lambda: copy.deepcopy(policy))
 
 
@@ -126,11 +126,11 @@ class ClockOnType:
     is every type's top clock.
     """
 
-    def __init__(self, policy: Policy, clock_mhz: int) -> None:
+    def __init__(self, policy: Policy, frequency_mhz: int) -> None:
         if not (is_dataclass(policy) and "frequency_mhz" in {f.name for f in fields(policy)}):
             raise SimulationError(f"{type(policy).__name__} has no clock to set per GPU type")
         self._policy: Policy = policy
-        self._clock: int = clock_mhz
+        self._clock: int = frequency_mhz
         self._inner: Policy | None = None
 
     def plan(self, snapshot: Snapshot) -> Plan:
