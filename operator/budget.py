@@ -24,7 +24,7 @@ stops every job, and with both ``eta`` and ``powerLimitWatts`` the absolute
 limit wins (``Budget``'s precedence); each becomes a Warning Event.
 
 A schedule (keys ``schedule`` and ``timezone``, format in
-``powerflow.core.policy.budget_schedule``) gives time windows budgets of their own;
+``powerflow.core.budget_schedule``) gives time windows budgets of their own;
 the plain keys are the budget outside them. ``BudgetConfig.at(now)`` is the
 plain budget in force, the one a pass plans against, and ``next_edge_s`` the
 next window start or end, at which the controller runs a pass. The record of
@@ -37,8 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from powerflow.core.errors import BudgetError, ResourceError
-from powerflow.core.policy.budget_schedule import (
+from powerflow.core.budget_schedule import (
     BudgetSchedule,
     BudgetWindow,
     describe_budget,
@@ -46,6 +45,7 @@ from powerflow.core.policy.budget_schedule import (
     scheduling_interval_s,
     stops_every_job,
 )
+from powerflow.core.errors import BudgetError, ResourceError
 from powerflow.core.policy.snapshot import Budget
 
 KEYS = (

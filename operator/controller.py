@@ -53,7 +53,7 @@ from powerflow.operator.budget import (
     describe_in_force,
     parse_budget,
 )
-from powerflow.operator.discovered import DiscoveredGpus
+from powerflow.operator.discovered import DiscoveredGpus, read_records
 from powerflow.operator.jobs import RequestCache
 from powerflow.operator.kube import ClusterState, Kube, WritesFailed
 from powerflow.operator.leader import LeaderElector
@@ -162,7 +162,9 @@ class Controller:
     progress: ReportedProgress = field(default_factory=ReportedProgress)
     """The jobs' progress the agents reported (the ingest's, shared)."""
     discovered: DiscoveredGpus = field(default_factory=DiscoveredGpus)
-    """The GPU types the agents reported (the ingest's, shared): they beat the labels."""
+    """The GPU types the agents reported (the ingest's, shared): they beat the labels.
+    Each pass first reads back the records of nodes it has none for, and after its
+    writes records the new reports on their nodes (``discovered``)."""
 
     budget: BudgetConfig = DEFAULT
     passes: int = 0
@@ -468,9 +470,13 @@ class Controller:
         started = time.perf_counter()
         read_s = time.time()
         state = await self.kube.read(self.config.budget_namespace, self.config.budget_name)
-        self.state, self.state_read_s = state, read_s
-        await self._budget(state)
         self.discovered.keep_only(str(n.get("metadata", {}).get("name")) for n in state.nodes)
+        unread = self.discovered.unread(state.nodes)
+        if unread:  # ~0.3 ms a record (``discovered``): off the event loop
+            now_s = self.discovered.now()
+            self.discovered.take(await asyncio.to_thread(read_records, unread, now_s))
+        self.state, self.state_read_s = state, read_s  # the ingest judges by the records too
+        await self._budget(state)
         discovered = self.discovered.specs()
         nodes, left_out = cluster_nodes(
             state.nodes, state.foreign_gpu_pods, self.config.pool_tolerations, discovered
@@ -525,6 +531,7 @@ class Controller:
             self._refused = by_job(exc.refusals)
             raise
         self._refused = by_job(refused)
+        await self.kube.record_gpus(self.discovered.unrecorded(state.nodes))
         self._note_progress(actions, now, state)
         self._after(actions)
         self._publish(state, nodes, actions)

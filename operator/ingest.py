@@ -89,8 +89,9 @@ products, no shared clock, no board limit for a product the catalogue lacks) 422
 ``implausible``. Those refusals are counted in
 ``powerflow_ingest_gpu_reports_refused_total{reason}`` (the report's ``invalid``
 too); an accepted report's spec goes to ``ControllerLink.discovered``, which the
-allocation pass and the physics checks read, and is answered 200 with the type's
-name, its clock count and board limit.
+allocation pass and the physics checks read (and the pass records on the node,
+``discovered``), and is answered 200 with the type's name, its clock count and
+board limit.
 
 The batch's ``power`` reading (after the node check) updates
 ``powerflow_cluster_power_watts``: the latest reading of each node summed,
@@ -362,7 +363,7 @@ class Ingest:
             spec = node_spec(report.gpus)
         except DataError as exc:
             return self._refuse_report(422, "implausible", str(exc)[:300])
-        discovered.record(report.node, spec)
+        discovered.record(report.node, spec, report)
         self.metrics.gpu_reports.inc()
         body_out = {"gpu": spec.name, "clocks": len(spec.clocks_mhz), "boardW": spec.max_power_w}
         return web.Response(body=orjson.dumps(body_out), content_type="application/json")

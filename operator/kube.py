@@ -22,7 +22,9 @@ Errors of writes, by kind (``apply``):
 
 Node marks (powered down, ``parking``) are no job's: a refusal is logged once
 per node and reason, a conflict is re-read and retried (``_mark_node``), and a
-transient error fails the pass like any other.
+transient error fails the pass like any other. GPU records (``record_gpus``,
+``discovered``) are best effort: a failure is logged once per node and reason,
+never fails the pass, and a refused record is not sent again (a newer one is).
 """
 
 from __future__ import annotations
@@ -198,6 +200,8 @@ class Kube:
         """Labelled pods no DLJob owns, as the last pass saw them (``_note_squatters``)."""
         self._node_failures: dict[str, str] = {}
         """Why each node's last mark failed (``_mark_node`` logs each new reason once)."""
+        self._record_failures: dict[str, tuple[str, str, bool]] = {}
+        """Each node's last GPU record that failed: (record, why, refused) (``record_gpus``)."""
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -499,6 +503,39 @@ class Kube:
             log.info("%sed node %s as powered down", what, mark.node)
             return
         log.info("node %s changed under every try to %s it: the next pass retries", mark.node, what)
+
+    def _record_gpu(self, node: str, record: str) -> None:
+        """Write one node's GPU record (``record_gpus``); a node gone (404) needs none."""
+        patch = {"metadata": {"annotations": {contract.GPU_REPORT_ANNOTATION: record}}}
+        try:
+            self._json(self.core.patch_node, node, patch, _content_type=MERGE)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return
+            refused = _refusal(exc, "patch", "Node", "", node, "") is not None
+            self._record_failed(node, record, f"{exc.status} {exc.reason}", refused)
+            return
+        except Exception as exc:  # unreachable, timed out: the next pass tries again
+            self._record_failed(node, record, f"{type(exc).__name__}: {exc}", False)
+            return
+        self._record_failures.pop(node, None)
+
+    def _record_failed(self, node: str, record: str, why: str, refused: bool) -> None:
+        last = self._record_failures.get(node)
+        if last is None or last[1] != why:
+            log.warning("could not record the GPU report of node %s: %s", node, why[:300])
+        self._record_failures[node] = (record, why, refused)
+
+    async def record_gpus(self, records: list[tuple[str, str]]) -> None:
+        """Write ``(node, record)`` GPU records (``discovered``), best effort: a failure is
+        logged once per node and reason and never fails the pass; a record the API server
+        refused (403 without RBAC, 422) is not sent again, a newer one is."""
+        wanted = []
+        for node, record in records:
+            last = self._record_failures.get(node)
+            if last is None or not (last[2] and last[0] == record):
+                wanted.append((node, record))
+        await asyncio.gather(*(asyncio.to_thread(self._record_gpu, n, r) for n, r in wanted))
 
     def _post_event(self, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -51,9 +51,13 @@ the A100's, and the clock enters the step time in absolute MHz), refits with
 changed or restored from status, restarts from the prior on the pool's type
 with a ``ModelGpuChanged`` Warning, its params removed from status; when the
 pool's type changes every job's rows go, as their clocks mean another board.
-Until a pass names a type (no pool yet) restored params are kept unjudged. A
-pool of unknown type (``gpus.tunes`` false: no agent's report yet, as for a
-few minutes after the operator restarts, and a label the catalogue lacks)
+Until a pass names a type (no pool yet) restored params are kept unjudged;
+those of a type the catalogue lacks (one the agents' reports gave) have no spec
+to predict with until then, so they are held as status has them (written back
+unchanged, neither predicted with nor refitted; the job plans on its prior) and
+taken on the pool's type once it is told, if they are of it. A
+pool of unknown type (``gpus.tunes`` false: a label the catalogue lacks and no
+agent's report or record of it yet, as after a restart whose records are gone)
 names none: the type last named stays and every job keeps what it knows. Its
 placeholder plans one clock and writes none, so its GPUs run at clocks no plan
 chose: no job is fitted meanwhile, and their rows serve the measured power
@@ -97,7 +101,7 @@ from powerflow.operator.jobs import JobRequest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from powerflow.core.errors import PowerFlowError
-from powerflow.core.gpus import GpuSpec, gpu_spec, tunes
+from powerflow.core.gpus import GPU_SPECS, GpuSpec, gpu_spec, tunes
 from powerflow.core.learning import FittedLearner, Knowledge, placement_counts
 from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.fitting import MIN_SAMPLES
@@ -225,6 +229,7 @@ class _Entry:
         "bad_params",
         "error_percent",
         "fresh",
+        "held",
         "key",
         "knowledge",
         "last_try",
@@ -251,6 +256,10 @@ class _Entry:
         self.fresh = False
         """Rows arrived that the learner has not been shown yet."""
         self.last_try = -1
+        self.held: tuple[ModelParams, int] | None = None
+        """Params (and fits) restored from status, of a type the catalogue lacks, before a
+        pool type was told: kept as they are, unjudged and unused, until one is
+        (``SampleStore._check_type``)."""
 
 
 class SampleStore:
@@ -417,7 +426,8 @@ class SampleStore:
             entry.last_try = self._passes
             entry.fresh = False
             known = self._learn(entry, known, rows)
-        if (pending or known.model is not entry.knowledge.model) and len(rows):
+        changed = pending or known.model is not entry.knowledge.model
+        if changed and len(rows) and entry.held is None:  # held: status's own error stays
             model = known.model
             assert isinstance(model, FittedModel)
             entry.error_percent = fit_error_percent(model, rows)
@@ -432,7 +442,10 @@ class SampleStore:
             known = entry.knowledge
             prior = self._prior_model(entry.model_name).params
             fields: dict[str, Any] = {"prior": prior.model or GENERIC, "samples": entry.received}
-            if known.fits > 0 and known.params is not None:
+            if entry.held is not None:  # as status has them: nothing to write
+                fields["params"] = params_status(entry.held[0])
+                fields["fits"] = entry.held[1]
+            elif known.fits > 0 and known.params is not None:
                 fields["params"] = params_status(known.params)
                 fields["fits"] = known.fits
             elif entry.bad_params:
@@ -518,8 +531,6 @@ class SampleStore:
         pool = self._model_gpu()
         try:
             params = ModelParams.from_dict(raw)
-            if pool is None or params.gpu != pool.name:  # the pool's may be no catalogue type
-                gpu_spec(params.gpu)
         except PowerFlowError as exc:
             entry.bad_params = True
             entry.error_percent = None
@@ -527,10 +538,15 @@ class SampleStore:
             notes.append(Note(namespace, name, uid, "InvalidModelParams", message[:500]))
             return entry
         fits = max(_count(model_status.get("fits")), 1)
-        on_pool = pool is not None and params.gpu == pool.name
-        model = (
-            FittedModel.on(params, pool) if pool is not None and on_pool else FittedModel(params)
-        )
+        if pool is not None and params.gpu == pool.name:
+            model = FittedModel.on(params, pool)
+        elif params.gpu in GPU_SPECS:
+            model = FittedModel(params)  # of another type than the pool's: ``_check_type``
+        else:
+            # A type only the agents' reports give (the catalogue has no spec to predict
+            # with), or a name no board has: judged by the pool's type once one is told.
+            entry.held = (params, fits)
+            return entry
         entry.knowledge = Knowledge(model, params, fits=fits)
         return entry
 
@@ -542,7 +558,7 @@ class SampleStore:
         knowledge of another type than the models' (restored before any pool type
         was told): its type is checked first (``_check_type``).
         """
-        if len(rows) < MIN_SAMPLES or self._untuned:
+        if len(rows) < MIN_SAMPLES or self._untuned or entry.held is not None:
             return known
         if known.params is not None and known.params.gpu != self._type_name(entry.model_name):
             return known
@@ -571,7 +587,17 @@ class SampleStore:
         """A fit of another type than the models' restarts from the prior on the models'
         type, with a Warning; its rows go with it (their clocks mean another board). A job
         with only its prior gets the prior on the pool's spec now. Nothing is checked
-        until a pool type is told."""
+        until a pool type is told; then params held unjudged (``_Entry.held``) are the
+        job's knowledge if they are of the pool's type, else they go as another type's."""
+        if self._pool is not None and entry.held is not None:
+            params, fits = entry.held
+            entry.held = None
+            model = (  # of another type: any model, replaced by the prior just below
+                FittedModel.on(params, self._pool)
+                if params.gpu == self._pool.name
+                else self._prior_model(entry.model_name)
+            )
+            entry.knowledge = Knowledge(model, params, fits=fits)
         known = entry.knowledge
         if self._pool is None or known.params is None:
             return

@@ -11,7 +11,10 @@ cluster-autoscaler can remove it: README, "Nodes the plan powers down").
 Both go as soon as the plan uses the node again or the node leaves the plan
 (cordoned, NotReady, another pool, a foreign GPU pod arrived).
 
-What is never done: marking a node where a pod that is not PowerFlow's
+What is never done: marking a node of a GPU type PowerFlow does not know
+(``gpus.tunes`` false: the pool is planned for GPU counts only and its GPUs are
+left at their defaults, ``nodes``; parking would lock their clocks and power
+limits all the same), marking a node where a pod that is not PowerFlow's
 holds a GPU (``nodes.cluster_nodes`` already leaves such nodes out of the
 plan; the check is repeated here against the same pods so that a mark can
 never follow from a stale plan), marking a node where a PowerFlow worker is
@@ -41,6 +44,7 @@ from powerflow.operator.bodies import NodeBody, PodBody
 from powerflow.operator.nodes import TERMINAL_PHASES, foreign_gpus
 
 from powerflow.core import contract
+from powerflow.core.gpus import tunes
 from powerflow.core.policy.snapshot import Node, Plan
 
 EFFECT = "PreferNoSchedule"
@@ -146,8 +150,9 @@ def powered_down(
     bodies: Iterable[NodeBody],
     busy: Collection[str],
 ) -> frozenset[str]:
-    """The nodes to be marked after this pass (see the module docstring)."""
-    names = {n.name for n in planned}
+    """The nodes to be marked after this pass (see the module docstring): never one of a
+    GPU type PowerFlow does not tune (``gpus.tunes``)."""
+    names = {n.name for n in planned if tunes(n.gpu)}
     if plan is not None:
         wanted = set(plan.powered_down_nodes)
     else:  # no plan this pass: the last plan's marks stand

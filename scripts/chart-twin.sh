@@ -3,6 +3,7 @@
 # the Helm chart's own pods, run from the built image on the twin, run DLJobs.
 #
 #   scripts/chart-twin.sh [PYTEST ARGS]
+#   scripts/chart-twin.sh --install-only     (what it needs, then exit: CI's first step)
 #
 # Needs root (network namespaces, mounts, chroot), buildah, helm (.tools/helm) and
 # the image localhost/powerflow:dev, which scripts/build-image.sh builds (run it
@@ -16,6 +17,7 @@ if ! command -v ip >/dev/null || ! command -v openssl >/dev/null || ! command -v
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     iproute2 openssl util-linux >/dev/null
 fi
+if [ "${1:-}" = --install-only ]; then exit 0; fi
 if ! buildah --storage-driver vfs inspect --type image localhost/powerflow:dev >/dev/null 2>&1; then
   scripts/build-image.sh
 fi

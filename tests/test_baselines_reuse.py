@@ -18,12 +18,13 @@ import pytest
 from test_baselines_equivalence import Toy, advance, new_job, toy
 
 import powerflow.lab.baselines.afs as afs
+import powerflow.lab.baselines.gandiva as gandiva
 from powerflow.cli import main
 from powerflow.core.gpus import A100
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult
-from powerflow.core.policy.snapshot import Budget, Node, Snapshot
+from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
-from powerflow.lab.baselines.common import Pool
+from powerflow.lab.baselines.common import ModelMemo, Pool, node_count, predicted_watts
 
 
 def _start(seed: int, nodes: int = 4, jobs: int = 12) -> tuple[random.Random, list[Toy], Snapshot]:
@@ -174,3 +175,123 @@ def test_block_after_release_is_what_releasing_finds(seed: int) -> None:
         said = pool.block_after_release(n, own)
         pool.release(own)
         assert said == (pool.take_consolidated(n) is not None)
+
+
+def test_pool_layout_is_reused_only_for_the_very_same_node_tuple() -> None:
+    nodes = tuple(Node(f"n{i}", 8 if i % 3 else 4, A100, powered_on=i % 4 != 1) for i in range(9))
+    first = Pool(nodes)
+    first.take_consolidated(8)
+    again = Pool(nodes)  # the same tuple: the layout is shared, the free lists are new
+    assert again.order is first.order and again.rank is first.rank
+    fresh = Pool(list(nodes))  # a list is never remembered
+    assert fresh.order is not first.order
+    assert (fresh.order, fresh.rank, fresh.size, fresh.biggest) == (
+        again.order,
+        again.rank,
+        again.size,
+        again.biggest,
+    )
+    assert again.free == fresh.free == {n.name: list(range(n.gpus)) for n in nodes}
+    assert again.free_count == fresh.free_count == sum(n.gpus for n in nodes)
+    # Another tuple of the same names, one node switched on: laid out afresh.
+    switched = tuple(replace(n, powered_on=True) for n in nodes)
+    assert Pool(switched).order == [n.name for n in nodes] != again.order
+
+
+def _gandiva_sequence(seed: int, steps: int = 80) -> list[Snapshot]:
+    """Snapshots of a small, crowded cluster (nodes of 4 GPUs, jobs of sizes that
+    fragment it): jobs time-slice, start spread and are consolidated, and the
+    cluster is often full."""
+    rng = random.Random(seed)
+    shared = [toy(rng) for _ in range(3)]
+    cluster = tuple(Node(f"n{i}", 4, A100) for i in range(4))
+
+    def arrive(i: int, now: float) -> Job:
+        return replace(new_job(rng, i, now, shared), requested_gpus=rng.choice((1, 2, 3, 3, 5, 6)))
+
+    snap = Snapshot(cluster, tuple(arrive(i, 0.0) for i in range(10)), Budget(), 0.0)
+    policy = GandivaPolicy(frequency_mhz=1410)
+    out = []
+    for _ in range(steps):
+        out.append(snap)
+        snap = advance(rng, snap, policy.plan(snap), shared)
+        # a tenth of the jobs end, and at most 12 wait or run: blocks free up
+        kept = [job for job in snap.jobs if rng.random() > 0.1][:12]
+        snap = replace(snap, jobs=tuple(kept))
+        if len(snap.jobs) < 8:
+            start = int(snap.jobs[-1].id[1:]) + 1 if snap.jobs else 0
+            more = tuple(arrive(start + k, snap.now_s) for k in range(rng.choice((1, 3, 6))))
+            snap = replace(snap, jobs=snap.jobs + more)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gandiva_skips_unsharing_only_when_no_job_can_move(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snaps = _gandiva_sequence(seed)
+    fast = [GandivaPolicy(frequency_mhz=1410).plan(s) for s in snaps]
+    full = [
+        Pool(s.nodes).free_count - sum(len(set(j.placement)) for j in s.jobs if j.placement)
+        for s in snaps
+    ]
+    # Without the shortcut (no job looks GPU-less to its check): every pass runs.
+    monkeypatch.setattr(gandiva, "_REQUESTED", lambda job: 0)
+    slow = [GandivaPolicy(frequency_mhz=1410).plan(s) for s in snaps]
+    assert fast == slow
+    assert sum(free <= 0 for free in full) > 5  # the cluster was full at many events
+
+
+def _consolidate_every_job(self: gandiva._Round) -> None:
+    """``_Round._consolidate`` as a pass over every job in arrival order."""
+    for job in self.jobs:
+        key = self.where.get(job.id)
+        if key is None or node_count(key) <= 1 or job.pinned or len(self.users[key]) != 1:
+            continue
+        if node_count(key) <= self.pool.min_nodes(len(key)):
+            continue
+        if not self.pool.block_after_release(len(key), key):
+            continue
+        self.pool.release(key)
+        target = self.pool.take_consolidated(len(key))
+        if target is None or node_count(target) >= node_count(key):
+            if target is not None:
+                self.pool.release(target)
+            self.pool.take(key)
+            continue
+        self._relocate(job, target)
+
+
+def test_gandiva_consolidates_the_jobs_a_pass_over_every_job_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    snaps = [s for seed in range(4) for s in _gandiva_sequence(seed, steps=150)]
+    fast = [GandivaPolicy(frequency_mhz=1410).plan(s) for s in snaps]
+    monkeypatch.setattr(gandiva._Round, "_consolidate", _consolidate_every_job)
+    slow = [GandivaPolicy(frequency_mhz=1410).plan(s) for s in snaps]
+    assert fast == slow
+    moved = sum(node_count(m.target) < node_count(m.source) for p in fast for m in p.migrations)
+    assert moved >= 3  # the sequences did consolidate spread jobs
+
+
+@pytest.mark.parametrize("name", ["gandiva", "tiresias", "afs"])
+def test_plans_priced_while_built_are_priced_as_predicted_watts_prices_them(name: str) -> None:
+    """``job_plans`` gathers the running plans' watts as it builds them (``PlanWatts``);
+    the total is ``predicted_watts`` of the finished plan, on a fresh memo."""
+    rng, shared, snap = _start(6, nodes=3, jobs=14)
+    policy = {
+        "gandiva": GandivaPolicy(frequency_mhz=1410),
+        "tiresias": TiresiasPolicy(frequency_mhz=1305),
+        "afs": AfsPolicy(frequency_mhz=1410),
+    }[name]
+    shared_gpus = 0
+    for _ in range(40):
+        got = policy.plan(snap)
+        models = [job.model for job in snap.jobs]
+        assert [jp.job_id for jp in got.jobs] == [job.id for job in snap.jobs]
+        want = predicted_watts(snap, got.jobs, A100, models, ModelMemo())
+        assert got.predicted_watts == want
+        slots = [slot for jp in got.jobs for slot in jp.placement]
+        shared_gpus += len(slots) - len(set(slots))
+        snap = advance(rng, snap, got, shared)
+    assert name != "gandiva" or shared_gpus > 0  # Gandiva's time slices were priced too

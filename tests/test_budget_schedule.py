@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from powerflow.core.errors import BudgetError
-from powerflow.core.policy.budget_schedule import (
+from powerflow.core.budget_schedule import (
     MAX_SCHEDULE_BYTES,
     MAX_WINDOWS,
     BudgetSchedule,
@@ -19,6 +18,7 @@ from powerflow.core.policy.budget_schedule import (
     parse_schedule_data,
     parse_windows,
 )
+from powerflow.core.errors import BudgetError
 from powerflow.core.policy.snapshot import Budget
 
 H = 3600.0

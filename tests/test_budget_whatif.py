@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from support.operator_harness import free_port, write_kubeconfig
 
 from powerflow.cli import main
 from powerflow.core import contract
+from powerflow.core.gpu_facts import GpuFacts, GpuReport, encode_record
+from powerflow.core.gpus import A100, gpu_spec
 from powerflow.core.models.priors import load_prior
 
 NS = "ml"
@@ -90,6 +93,7 @@ def test_a_budget_too_low_for_any_job_is_named_and_the_others_predicted(
         (["--etas", "1.5"], "every eta must be in (0, 1]"),
         (["--watts", "-3"], "every limit must be a positive finite number"),
         (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--gpu", "Z900"], "unknown GPU type 'Z900'; known: A10, A100"),
     ],
 )
 def test_demo_refuses_bad_budgets_in_one_line(
@@ -239,6 +243,12 @@ async def test_a_budget_in_force_that_stops_every_job_is_named_not_predicted(
     assert "the budget in force (powerLimitWatts 0 W) stops every job" in out["stderr"]
 
 
+def test_validate_runs_the_a100_trace_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["budget", "what-if", "--validate", "--gpu", "H100-SXM"]) == 2
+    err = capsys.readouterr().err
+    assert "powerflow simulate --gpu runs another type" in err and err.count("\n") == 1
+
+
 def test_validate_compares_with_the_simulator_run_anyone_can_repeat(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -256,3 +266,84 @@ def test_validate_compares_with_the_simulator_run_anyone_can_repeat(
     assert row["simulated_completion_s"] == run["makespan_s"]
     for what in ("avg_jct_s", "energy_j", "completion_s"):
         assert row[f"predicted_{what}"] > 0
+
+
+# ------------------------------------------------------------------ GPU types
+
+H100 = gpu_spec("H100-SXM")
+H100_LABEL = "NVIDIA-H100-80GB-HBM3"
+
+
+def test_the_demo_predicts_on_the_gpu_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--gpu``: the simulated cluster and the priors on that type, so the budget's
+    ``P_max`` is that type's (here no ``--pmax-watts`` says otherwise)."""
+    argv = ["budget", "what-if", "--demo", "--jobs", "6", "--nodes", "2", "--etas", "1"]
+    limits = {}
+    for gpu in (None, "H100-SXM"):
+        assert main([*argv, "--json", *(["--gpu", gpu] if gpu else [])]) == 0
+        out = json.loads(capsys.readouterr().out)
+        limits[out["gpu"]] = out["predictions"][0]["limit_watts"]
+    assert limits == {"A100": pytest.approx(16 * A100.p_max_w), "H100-SXM": 16 * H100.p_max_w}
+
+
+async def relabel(api: httpx.AsyncClient, node: str, product: str, **annotations: str) -> None:
+    meta: dict[str, Any] = {"labels": {contract.GPU_PRODUCT_LABEL: product}}
+    if annotations:
+        meta["annotations"] = annotations
+    patch = {"metadata": meta}
+    headers = {"Content-Type": "application/merge-patch+json"}
+    assert (await api.patch(f"/api/v1/nodes/{node}", json=patch, headers=headers)).is_success
+
+
+@pytest.mark.kmock(cls=KubeEmulator)
+async def test_the_live_queue_is_predicted_on_the_pools_gpu_type(
+    kmock: KubeEmulator, api: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An H100 cluster is simulated as H100s (its ``P_max``, the priors carried over to
+    it), and a job's params fitted on another type give way to its prior there, as in
+    the operator; a node of another product is left out and named, as the operator
+    plans one pool."""
+    for name in ("n1", "n2"):
+        await relabel(api, name, H100_LABEL)
+    third = node("n3", 2)  # an A100 node: another pool
+    assert (await api.post("/api/v1/nodes", json=third)).status_code == 201
+    a100_fit = {"params": params_status(load_prior("vgg16")), "fits": 3}
+    await add_job(api, dljob("a", "resnet50"), {"model": a100_fit})
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
+    out = await what_if(kubeconfig, capsys)
+    assert (out["nodes"], out["gpus_per_node"], out["gpu"]) == (2, 4, "H100-SXM")
+    by_eta = {p["eta"]: p for p in out["predictions"]}
+    assert by_eta[1.0]["limit_watts"] == pytest.approx(8 * H100.p_max_w)
+    assert "model fitted on A100 GPUs, the pool is now H100-SXM" in out["stderr"]
+    assert "n3 (NVIDIA-A100-SXM4-40GB)" in out["stderr"]
+
+
+@pytest.mark.kmock(cls=KubeEmulator)
+async def test_a_pool_the_catalogue_lacks_is_predicted_from_its_records_or_refused(
+    kmock: KubeEmulator, api: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nodes labelled with a product the catalogue lacks: with the GPU records the
+    operator keeps on them, the pool's discovered type (H100s here); without, the
+    simulator has no clocks or power to run: one line that names ``--gpu``, and with
+    ``--gpu`` the type it names."""
+    for name in ("n1", "n2"):
+        await relabel(api, name, "NVIDIA-Z900")
+    await add_job(api, dljob("a", "resnet50"), {})
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
+    argv = ["budget", "what-if", "--kubeconfig", str(kubeconfig), "--etas", "1", "--json"]
+    assert await asyncio.to_thread(main, argv) == 2
+    err = capsys.readouterr().err
+    assert "GPU type is unknown (product label 'NVIDIA-Z900'" in err and "--gpu" in err
+    assert err.count("\n") == 1
+    assert await asyncio.to_thread(main, [*argv, "--gpu", "L40S"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["gpu"] == "L40S"
+    assert "predicted as L40S (--gpu)" in captured.err
+    facts = GpuFacts(0, "NVIDIA H100 80GB HBM3", H100.clocks_mhz, 700.0, 200.0, 700.0)
+    for name in ("n1", "n2"):
+        record = encode_record(GpuReport(name, (facts,)), time.time())
+        await relabel(api, name, "NVIDIA-Z900", **{contract.GPU_REPORT_ANNOTATION: record})
+    out = await what_if(kubeconfig, capsys)
+    assert out["gpu"] == "H100-SXM"
+    assert await asyncio.to_thread(main, [*argv, "--gpu", "H100-SXM"]) == 0
+    assert "(--gpu)" not in capsys.readouterr().err  # the pool's own type, as reported

@@ -39,11 +39,12 @@ from support.fuzz import (
     FUZZ_TIMEOUT,
     MALFORMED,
     NASTY,
-    SETTINGS,
     Answer,
     Http,
     Pipeline,
     Request,
+    batch_of,
+    batched,
     bodies,
     content_types,
     raw_status,
@@ -168,20 +169,17 @@ async def test_filter_and_prioritize_answer_every_body(extender: ExtenderProcess
     sent: Counter[str] = Counter()
     errors: Counter[bool] = Counter()
 
-    @SETTINGS
-    @given(
-        body=bodies(ARGS, ARGS_PATHS),
-        content_type=content_types,
-        chunked=st.booleans(),
-    )
-    @example(body=b"[" * 100_000 + b"]" * 100_000, content_type=None, chunked=False)
-    @example(body=b'{"Pod":' + b"[" * 900 + b"]" * 900 + b"}", content_type=None, chunked=True)
-    def case(body: bytes, content_type: str | None, chunked: bool) -> None:
-        headers = {} if content_type is None else {"Content-Type": content_type}
-        for verb, check in (("/filter", check_filter), ("/prioritize", check_prioritize)):
-            answer = http.request("POST", verb, body, headers, chunked=chunked)
-            errors[bool(check(answer, content_type))] += 1
-            sent[verb] += 1
+    @batched()
+    @given(cases=batch_of(st.tuples(bodies(ARGS, ARGS_PATHS), content_types, st.booleans())))
+    @example(cases=[(b"[" * 100_000 + b"]" * 100_000, None, False)])
+    @example(cases=[(b'{"Pod":' + b"[" * 900 + b"]" * 900 + b"}", None, True)])
+    def case(cases: list[tuple[bytes, str | None, bool]]) -> None:
+        for body, content_type, chunked in cases:
+            headers = {} if content_type is None else {"Content-Type": content_type}
+            for verb, check in (("/filter", check_filter), ("/prioritize", check_prioritize)):
+                answer = http.request("POST", verb, body, headers, chunked=chunked)
+                errors[bool(check(answer, content_type))] += 1
+                sent[verb] += 1
 
     with Http(extender.port) as http:
         await fuzz(case)
@@ -209,25 +207,25 @@ BINDINGS = [
 async def test_bind_answers_every_body(extender: ExtenderProcess) -> None:
     errors: Counter[bool] = Counter()
 
-    @SETTINGS
-    @given(body=bodies(BINDINGS, BIND_PATHS), content_type=content_types, chunked=st.booleans())
+    @batched()
+    @given(cases=batch_of(st.tuples(bodies(BINDINGS, BIND_PATHS), content_types, st.booleans())))
     # Found by this test: a lone surrogate reached the API path's quoting ("internal error").
-    @example(body=b'{"PodName":"\\ud800","Node":"gpu-0"}', content_type=None, chunked=False)
-    @example(body=b'{"PodName":"new-0","Node":"\\udfff"}', content_type=None, chunked=False)
+    @example(cases=[(b'{"PodName":"\\ud800","Node":"gpu-0"}', None, False)])
+    @example(cases=[(b'{"PodName":"new-0","Node":"\\udfff"}', None, False)])
     # Found by this test: a name of 70,000 characters made the API's URL too long for httpx.
-    @example(body=b'{"PodName":"' + b"a" * 70_000 + b'","Node":"gpu-0"}', content_type=None,
-             chunked=False)  # fmt: skip
-    def case(body: bytes, content_type: str | None, chunked: bool) -> None:
-        headers = {} if content_type is None else {"Content-Type": content_type}
-        answer = http.request("POST", "/bind", body, headers, chunked=chunked)
-        assert answer.status == 200, answer
-        assert answer.headers["content-type"] == "application/json", answer
-        result = answer.json()
-        assert set(result) == {"Error"} and isinstance(result["Error"], str), answer
-        assert not result["Error"].startswith("internal error"), answer
-        if not is_json(content_type):
-            assert result["Error"].startswith("cannot decode the request"), answer
-        errors[bool(result["Error"])] += 1
+    @example(cases=[(b'{"PodName":"' + b"a" * 70_000 + b'","Node":"gpu-0"}', None, False)])
+    def case(cases: list[tuple[bytes, str | None, bool]]) -> None:
+        for body, content_type, chunked in cases:
+            headers = {} if content_type is None else {"Content-Type": content_type}
+            answer = http.request("POST", "/bind", body, headers, chunked=chunked)
+            assert answer.status == 200, answer
+            assert answer.headers["content-type"] == "application/json", answer
+            result = answer.json()
+            assert set(result) == {"Error"} and isinstance(result["Error"], str), answer
+            assert not result["Error"].startswith("internal error"), answer
+            if not is_json(content_type):
+                assert result["Error"].startswith("cannot decode the request"), answer
+            errors[bool(result["Error"])] += 1
 
     with Http(extender.port) as http:
         await fuzz(case)
@@ -318,26 +316,29 @@ def check_page(answer: Answer, method: str, page: str) -> None:
 async def test_every_other_route_answers_any_request(extender: ExtenderProcess) -> None:
     seen: Counter[int] = Counter()
 
-    @SETTINGS
-    @given(
-        method=st.sampled_from(METHODS),
-        query=queries,
-        headers=extra_headers,
-        body=st.sampled_from([b"", b"", b"{}", b"\xff\x00", NASTY[-2].encode()])
+    route_case = st.tuples(
+        st.sampled_from(METHODS),
+        queries,
+        extra_headers,
+        st.sampled_from([b"", b"", b"{}", b"\xff\x00", NASTY[-2].encode()])
         | st.binary(max_size=40),
-        unknown=st.text(max_size=12).map(lambda t: "/" + urllib.parse.quote(t)),
+        st.text(max_size=12).map(lambda t: "/" + urllib.parse.quote(t)),
     )
-    def case(method: str, query: str, headers: dict[str, str], body: bytes, unknown: str) -> None:
-        payload = body if body or method in ("POST", "PUT", "PATCH") else None
-        pages = (*PAGES, unknown)
-        answers = app.send([(method, page + query, payload, headers) for page in pages])
-        for page, answer in zip(pages, answers, strict=True):
-            check_page(answer, method, page)
-            seen[answer.status] += 1
-            if page in ("/healthz", "/version") and method == "GET":
-                assert answer.status == 200, answer
-        answer = scrape.request(method, unknown + query, payload, headers)
-        check_page(answer, method, unknown)
+
+    @batched()
+    @given(cases=batch_of(route_case))
+    def case(cases: list[tuple[str, str, dict[str, str], bytes, str]]) -> None:
+        for method, query, headers, body, unknown in cases:
+            payload = body if body or method in ("POST", "PUT", "PATCH") else None
+            pages = (*PAGES, unknown)
+            answers = app.send([(method, page + query, payload, headers) for page in pages])
+            for page, answer in zip(pages, answers, strict=True):
+                check_page(answer, method, page)
+                seen[answer.status] += 1
+                if page in ("/healthz", "/version") and method == "GET":
+                    assert answer.status == 200, answer
+            answer = scrape.request(method, unknown + query, payload, headers)
+            check_page(answer, method, unknown)
 
     # The app's pages of a case go out pipelined (one round trip for the nine).
     with Pipeline(extender.port) as app, Http(extender.metrics_port) as scrape:

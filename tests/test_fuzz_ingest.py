@@ -23,16 +23,17 @@ from typing import Any
 
 import pytest
 from aiohttp.http_exceptions import HttpProcessingError
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from support.fuzz import (
     CASES,
     CUT_SHORT,
     FUZZ_TIMEOUT,
     MALFORMED,
-    SETTINGS,
     Answer,
     Http,
+    batch_of,
+    batched,
     bodies,
     content_types,
     raw_status,
@@ -132,32 +133,28 @@ def check(ingest: Cluster, answer: Answer, authorization: str | None, sent: byte
 async def test_no_request_gets_a_5xx(cluster: Cluster) -> None:  # noqa: F811
     statuses: Counter[int] = Counter()
 
-    @SETTINGS
-    @given(
-        body=bodies(batches(), BATCH_PATHS),
-        authorization=st.sampled_from(AUTHORIZATIONS),
-        content_type=content_types,
-        chunked=st.booleans(),
-        expect=st.sampled_from([None] * 8 + ["100-continue", "something-else"]),
+    sample_case = st.tuples(
+        bodies(batches(), BATCH_PATHS),
+        st.sampled_from(AUTHORIZATIONS),
+        content_types,
+        st.booleans(),
+        st.sampled_from([None] * 8 + ["100-continue", "something-else"]),
     )
-    @example(body=b"{" * 100_000, authorization="Bearer agent-n1", content_type=None,
-             chunked=False, expect=None)  # fmt: skip
-    def case(
-        body: bytes,
-        authorization: str | None,
-        content_type: str | None,
-        chunked: bool,
-        expect: str | None,
-    ) -> None:
-        headers = _headers(
-            Authorization=authorization, Expect=expect, **{"Content-Type": content_type}
-        )
-        answer = http.request("POST", contract.SAMPLES_PATH, body, headers, chunked=chunked)
-        if expect not in (None, "100-continue"):
-            assert answer.status == 417, answer  # aiohttp's own answer: not ours to shape
-        else:
-            check(cluster, answer, authorization, body)
-        statuses[answer.status] += 1
+
+    @batched()
+    @given(cases=batch_of(sample_case))
+    @example(cases=[(b"{" * 100_000, "Bearer agent-n1", None, False, None)])
+    def case(cases: list[tuple[bytes, str | None, str | None, bool, str | None]]) -> None:
+        for body, authorization, content_type, chunked, expect in cases:
+            headers = _headers(
+                Authorization=authorization, Expect=expect, **{"Content-Type": content_type}
+            )
+            answer = http.request("POST", contract.SAMPLES_PATH, body, headers, chunked=chunked)
+            if expect not in (None, "100-continue"):
+                assert answer.status == 417, answer  # aiohttp's own answer: not ours to shape
+            else:
+                check(cluster, answer, authorization, body)
+            statuses[answer.status] += 1
 
     before = len(cluster.sink.added)
     port = urllib.parse.urlsplit(cluster.url).port
@@ -279,32 +276,33 @@ async def test_no_gpu_report_gets_a_5xx_and_none_plans_beyond_physics(
     controller = cluster.operator.controller
     assert controller is not None
 
-    @settings(SETTINGS, max_examples=max(1, CASES // 5))
-    @given(
-        body=bodies(reports(), REPORT_PATHS),
-        authorization=st.sampled_from(AUTHORIZATIONS),
-        content_type=content_types,
-        chunked=st.booleans(),
+    report_case = st.tuples(
+        bodies(reports(), REPORT_PATHS),
+        st.sampled_from(AUTHORIZATIONS),
+        content_types,
+        st.booleans(),
     )
-    def case(
-        body: bytes, authorization: str | None, content_type: str | None, chunked: bool
-    ) -> None:
-        headers = _headers(Authorization=authorization, **{"Content-Type": content_type})
-        answer = http.request("POST", contract.GPUS_PATH, body, headers, chunked=chunked)
-        statuses[answer.status] += 1
-        assert answer.status < 500, answer
-        if answer.headers["content-type"].startswith("text/plain"):
-            assert answer.status in (400, 431) and answer.body, answer
-            return
-        assert answer.headers["content-type"].startswith("application/json"), answer
-        got = answer.json()
-        if answer.status == 200:
-            assert set(got) == {"gpu", "clocks", "boardW"}, answer
-            node = json.loads(body)["node"]
-            assert (authorization or "").lower() == f"bearer agent-{node}", answer
-            return
-        assert got["error"] in REPORT_REFUSALS[answer.status], answer
-        assert isinstance(got["message"], str) and got["message"], answer
+
+    @batched(CASES // 5)
+    @given(cases=batch_of(report_case))
+    def case(cases: list[tuple[bytes, str | None, str | None, bool]]) -> None:
+        for body, authorization, content_type, chunked in cases:
+            headers = _headers(Authorization=authorization, **{"Content-Type": content_type})
+            answer = http.request("POST", contract.GPUS_PATH, body, headers, chunked=chunked)
+            statuses[answer.status] += 1
+            assert answer.status < 500, answer
+            if answer.headers["content-type"].startswith("text/plain"):
+                assert answer.status in (400, 431) and answer.body, answer
+                continue
+            assert answer.headers["content-type"].startswith("application/json"), answer
+            got = answer.json()
+            if answer.status == 200:
+                assert set(got) == {"gpu", "clocks", "boardW"}, answer
+                node = json.loads(body)["node"]
+                assert (authorization or "").lower() == f"bearer agent-{node}", answer
+                continue
+            assert got["error"] in REPORT_REFUSALS[answer.status], answer
+            assert isinstance(got["message"], str) and got["message"], answer
 
     port = urllib.parse.urlsplit(cluster.url).port
     assert port is not None

@@ -11,6 +11,8 @@ HTTP (reports to the ingest, the ``UnknownGpu`` Event and gauge) is in
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from powerflow.extender.placing import gpu_spec_for
 from powerflow.operator.budget import parse_budget
+from powerflow.operator.discovered import (
+    REFRESH_S,
+    STALE_S,
+    DiscoveredGpus,
+    recorded_specs,
+)
 from powerflow.operator.job_controller import converge
 from powerflow.operator.kube import ClusterState
 from powerflow.operator.nodes import cluster_nodes, unknown_gpu_nodes
@@ -29,11 +37,14 @@ from test_operator_job_controller import allocation, annotations, dljob, request
 from powerflow.core import contract
 from powerflow.core.errors import DataError
 from powerflow.core.gpu_facts import (
+    MAX_RECORD_CHARS,
     GpuFacts,
     GpuFactsError,
     GpuReport,
+    encode_record,
     encode_report,
     node_spec,
+    parse_record,
     parse_report,
 )
 from powerflow.core.gpus import (
@@ -237,6 +248,146 @@ def _gpu(**changes: Any) -> dict[str, Any]:
 def test_a_lying_report_is_refused_whole(gpus: list[Any], field: str) -> None:
     with pytest.raises(GpuFactsError, match=field):
         parse_report({"node": "n1", "gpus": gpus})
+
+
+# -- the record on the node -----------------------------------------------------------
+
+
+def with_record(body: dict[str, Any], text: str) -> dict[str, Any]:
+    return {**body, "metadata": {**body["metadata"], "annotations": {RECORD: text}}}
+
+
+RECORD = contract.GPU_REPORT_ANNOTATION
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_record_round_trips_and_is_never_later_than_now() -> None:
+    report = GpuReport("n1", (h100_facts(0), h100_facts(1)))
+    text = encode_record(report, T0)
+    assert parse_record(text, "n1", T0 + 5) == (report, T0)
+    assert parse_record(text, "n1", T0 - 100) == (report, T0 - 100)  # from the future: now
+
+
+LYING = {"node": "n1", "gpus": [_gpu(clocksMhz=[345, 9000])]}
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("x" * (MAX_RECORD_CHARS + 1), "longer"),
+        ("{not json", "not JSON"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),  # nested past the parser
+        ('"a string"', "reportedAt and report"),
+        ('{"reportedAt": "2027-01-15T08:00:00Z"}', "reportedAt and report"),
+        ('{"reportedAt": "yesterday", "report": {}}', "RFC 3339"),
+        ('{"reportedAt": "2027-01-15T08:00:00Z", "report": {"node": "n1", "gpus": []}}', "gpus"),
+        (encode_record(GpuReport("n2", (h100_facts(),)), T0), "node n2"),
+        (json.dumps({"reportedAt": "2027-01-15T08:00:00Z", "report": LYING}), "clocksMhz"),
+    ],
+)
+def test_a_record_is_held_to_a_reports_bounds(text: str, why: str) -> None:
+    with pytest.raises(GpuFactsError, match=why):
+        parse_record(text, "n1", T0)
+
+
+def test_a_record_that_lies_within_bounds_plans_what_the_same_report_would() -> None:
+    """An edited record of a 1,500 W 'H100' on an H100 node: the type's own board limit,
+    as a report saying so gets (``node_spec``)."""
+    lie = h100_facts(default_limit_w=1500.0, max_limit_w=1500.0)
+    body = with_record(node("a", H100_LABEL), encode_record(GpuReport("a", (lie,)), T0))
+    assert recorded_specs([body], T0) == {"a": node_spec([lie])}
+    assert recorded_specs([body], T0)["a"].max_power_w == H100.max_power_w
+
+
+def test_a_report_is_recorded_once_and_rewritten_when_it_changes_or_ages() -> None:
+    clock = Clock()
+    kept = DiscoveredGpus(clock)
+    report = GpuReport("a", (h100_facts(),))
+    kept.record("a", node_spec(report.gpus), report)
+    ((name, text),) = kept.unrecorded([node("a", H100_LABEL), node("b", H100_LABEL)])
+    assert name == "a" and parse_record(text, "a", T0) == (report, T0)
+    assert kept.unrecorded([with_record(node("a", H100_LABEL), text)]) == []  # written
+    clock.now += 300  # the agent's next report, the same: the same record, no write
+    kept.record("a", node_spec(report.gpus), report)
+    assert kept.unrecorded([with_record(node("a", H100_LABEL), text)]) == []
+    clock.now = T0 + REFRESH_S + 1  # the same again, but the record is getting old
+    kept.record("a", node_spec(report.gpus), report)
+    assert [n for n, _ in kept.unrecorded([with_record(node("a", H100_LABEL), text)])] == ["a"]
+    fewer = GpuReport("a", (h100_facts(clocks_mhz=H100.clocks_mhz[:50]),))
+    clock.now += 300  # another report: rewritten at once
+    kept.record("a", node_spec(fewer.gpus), fewer)
+    ((_, newer),) = kept.unrecorded([with_record(node("a", H100_LABEL), text)])
+    assert parse_record(newer, "a", clock.now)[0] == fewer
+
+
+def test_records_are_read_back_until_the_agent_reports_and_stale_ones_are_not() -> None:
+    clock = Clock()
+    report = GpuReport("a", (h100_facts(),))
+    text = encode_record(report, T0)
+    clock.now = T0 + 600
+    kept = DiscoveredGpus(clock)
+    kept.restore([with_record(node("a", UNKNOWN_LABEL), text), node("b", UNKNOWN_LABEL)])
+    assert kept.specs() == {"a": node_spec(report.gpus)}
+    assert kept.unrecorded([with_record(node("a", UNKNOWN_LABEL), text)]) == []  # read back
+    assert not kept.too_soon("a")  # read back is no report: the agent's next one is taken
+    fewer = GpuReport("a", (h100_facts(clocks_mhz=H100.clocks_mhz[:50]),))
+    kept.record("a", node_spec(fewer.gpus), fewer)
+    assert kept.too_soon("a")
+    kept.restore([with_record(node("a", UNKNOWN_LABEL), text)])  # the report beats it
+    assert kept.specs()["a"] == node_spec(fewer.gpus)
+    assert [n for n, _ in kept.unrecorded([with_record(node("a", UNKNOWN_LABEL), text)])] == ["a"]
+    # Read back with its own time: it goes STALE_S after it was written, as a report would.
+    again = DiscoveredGpus(clock)
+    again.restore([with_record(node("a", UNKNOWN_LABEL), text)])
+    clock.now = T0 + STALE_S + 1
+    assert again.specs() == {}
+    later = DiscoveredGpus(clock)
+    later.restore([with_record(node("a", UNKNOWN_LABEL), text)])
+    assert later.specs() == {}
+    assert recorded_specs([with_record(node("a", "x"), text)], clock.now) == {}  # the CLI's
+
+
+def test_records_read_once_give_what_reading_them_every_pass_gives() -> None:
+    """The memo of records taken or refused (``DiscoveredGpus.unread``) against parsing
+    every record at every pass (``recorded_specs``), over passes where records change,
+    go bad, come back, and nodes leave."""
+    clock = Clock()
+    kept = DiscoveredGpus(clock)
+    full = h100_facts()
+    fewer = h100_facts(clocks_mhz=H100.clocks_mhz[:40])
+    records = {name: encode_record(GpuReport(name, (full,)), T0) for name in ("a", "b", "c")}
+    passes = [
+        dict(records),
+        {**records, "b": encode_record(GpuReport("b", (fewer,)), T0 + 10)},
+        {**records, "b": "{not json", "c": records["a"]},  # bad, and another node's
+        dict(records),
+        {"a": records["a"]},
+    ]
+    for number, texts in enumerate(passes):
+        clock.now = T0 + 60 * (number + 1)
+        bodies = [with_record(node(n, UNKNOWN_LABEL), t) for n, t in texts.items()]
+        kept.keep_only(texts)
+        for _ in range(2):
+            kept.restore(bodies)
+            assert kept.specs() == recorded_specs(bodies, clock.now), number
+
+
+def test_a_record_that_cannot_be_taken_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    kept = DiscoveredGpus(Clock())
+    bad = with_record(node("a", UNKNOWN_LABEL), "{not json")
+    with caplog.at_level(logging.WARNING, logger="powerflow.operator.discovered"):
+        for _ in range(3):
+            kept.restore([bad])
+    assert len(caplog.records) == 1 and "not JSON" in caplog.records[0].getMessage()
+    assert kept.specs() == {}
 
 
 # -- the writes ------------------------------------------------------------------------

@@ -55,15 +55,13 @@ def test_a_reading_from_known_rates_is_the_truths_reading(name: str) -> None:
         ]
     ):
         rates.rate(name, n, r, bs, f)
-        step_s, energy_j = rates.clean(name, n, r, bs, f)
+        clean = rates.clean(name, n, r, bs, f)
         plain, lean = np.random.default_rng(seed), np.random.default_rng(seed)
         want = measured_power_w(truth, n, r, bs, float(f), rng=plain, noise=0.03, iterations=it)
-        got = noisy_power_w(
-            step_s, energy_j, n, r, bs, float(f), rng=lean, noise=0.03, iterations=it
-        )
+        got = noisy_power_w(clean, n, r, bs, float(f), rng=lean, noise=0.03, iterations=it)
         assert got == want
         assert lean.random() == plain.random()
     with pytest.raises(DataError, match="GPUs per node"):
-        noisy_power_w(1.0, 1.0, 2, 4, 32.0, 1410.0, rng=plain, noise=0.03, iterations=1.0)
+        noisy_power_w((1.0, 1.0), 2, 4, 32.0, 1410.0, rng=plain, noise=0.03, iterations=1.0)
     with pytest.raises(DataError, match="at least one iteration"):
-        noisy_power_w(1.0, 1.0, 1, 1, 32.0, 1410.0, rng=plain, noise=0.03, iterations=0.5)
+        noisy_power_w((1.0, 1.0), 1, 1, 32.0, 1410.0, rng=plain, noise=0.03, iterations=0.5)

@@ -10,9 +10,12 @@ import pytest
 from models_synth import TRUE, grid, sample
 
 from powerflow.cli import main
-from powerflow.core.models.fitting import MIN_SAMPLES
+from powerflow.core.gpus import gpu_spec
+from powerflow.core.models.fitting import MIN_SAMPLES, fit_profile
 from powerflow.core.models.params import ModelParams
-from powerflow.core.models.samples import CSV_COLUMNS, write_samples_csv
+from powerflow.core.models.priors import load_prior, prior_on
+from powerflow.core.models.samples import CSV_COLUMNS, read_samples_csv, write_samples_csv
+from powerflow.lab import groundtruth as gt
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +148,25 @@ def test_bad_arguments_are_one_line_and_exit_code_2(
     assert main(["fit", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
+
+
+def test_samples_of_another_type_are_fitted_with_its_prior_as_the_operator_fits_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """H100 samples (the H100 ground truth at a few clocks): the fit is anchored to the
+    ``--model`` prior carried over to the H100 (``prior_on``), the anchor the operator's
+    learner gives a job on an H100 pool, not fitted from the data alone."""
+    h100 = gpu_spec("H100-SXM")
+    truth = gt.ground_truth("resnet50", h100)
+    rng = np.random.default_rng(2)
+    samples = gt.measure(truth, [1, 2, 4], 1, 32.0, np.asarray(h100.clocks_mhz[::11])[:, None],
+                         rng=rng)  # fmt: skip
+    path = tmp_path / "h100.csv"
+    write_samples_csv(samples, path)
+    args = ["fit", "--samples", str(path), "--gpu", "H100-SXM", "--model", "bert", "--out", "-"]
+    assert main(args) == 0
+    params = ModelParams.from_json(capsys.readouterr().out)
+    samples = read_samples_csv(path, gpu=h100)  # as the command read them
+    anchored = fit_profile(samples, h100, prior=prior_on(load_prior("bert"), h100), model="bert")
+    assert params == anchored and params.gpu == "H100-SXM"
+    assert params != fit_profile(samples, h100, model="bert")  # the prior moves the fit

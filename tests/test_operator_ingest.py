@@ -12,7 +12,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from kmock import method as verb
 from operator_cases import (
     JOBS,
     NS,
@@ -48,6 +49,7 @@ from powerflow.core.telemetry import (
     encode_batch,
     parse_batch,
 )
+from powerflow.core.timefmt import format_time
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 
@@ -546,6 +548,136 @@ async def test_discovered_facts_beat_the_label_and_a_lying_report_changes_nothin
     assert cluster.metric("powerflow_nodes_unknown_gpu") == 0
     fast = await cluster.post(batch("n1", sample(frequency_mhz=2100)))
     assert fast.json()["reasons"] == {"impossible_clock": 1}  # judged by n1's facts
+
+
+def writes_to(emulator: KubeEmulator, plural: str, since: int) -> list[Any]:
+    """The PATCHes of ``plural`` the API server received after its ``since``-th request."""
+    return [
+        r
+        for r in list(emulator)[since:]
+        if r.method == verb.PATCH and r.resource is not None and r.resource.plural == plural
+    ]
+
+
+async def unknown_gpu_events(cluster: Cluster) -> int:
+    events = (await cluster.api.get("/api/v1/namespaces/default/events")).json()["items"]
+    return sum(1 for e in events if e["reason"] == "UnknownGpu")
+
+
+@asynccontextmanager
+async def restarted(cluster: Cluster, kubeconfig: Path) -> AsyncIterator[Cluster]:
+    """``cluster``'s operator stopped and a new one started (ingest on another port),
+    as a rolling update or a crash would; returns once its first pass is done."""
+    await cluster.operator.stop()
+    port = free_port()
+    args = operator_args(
+        kubeconfig, "--profiling-window", "0", "--ingest-port", str(port),
+        "--ingest-host", "127.0.0.1",
+    )  # fmt: skip
+    async with Operator(args, ThresholdPolicy(), models, sink=cluster.sink) as op:
+        url = f"http://127.0.0.1:{port}{contract.SAMPLES_PATH}"
+        yield replace(cluster, operator=op, url=url)
+
+
+async def reported_h100_pool(cluster: Cluster) -> None:
+    """Both nodes relabelled to a product the catalogue lacks, both agents report H100s:
+    the workers get their clock back, and each node carries its report's record."""
+    await relabel(cluster, "n1", "NVIDIA-Z900")
+    await relabel(cluster, "n2", "NVIDIA-Z900")
+    for node in ("n1", "n2"):
+        answer = await post_report(cluster, h100_report(node), token=f"agent-{node}")
+        assert answer.status_code == 200, answer.text
+    await poked_pass(cluster.api, cluster.operator, "resnet")
+
+    async def recorded() -> bool:
+        pods = await pods_of(cluster.api, "resnet")
+        nodes = [(await cluster.api.get(f"/api/v1/nodes/{n}")).json() for n in ("n1", "n2")]
+        records = [(n["metadata"].get("annotations") or {}) for n in nodes]
+        return frequencies(pods) == {"1410"} and all(
+            contract.GPU_REPORT_ANNOTATION in r for r in records
+        )
+
+    await eventually(recorded, timeout=10)
+
+
+async def test_a_restarted_operator_plans_the_reported_type_at_once_without_churn(
+    cluster: Cluster, kubeconfig: Path
+) -> None:
+    """A pool whose label the catalogue lacks, planned as H100s from its agents' reports.
+    The restarted operator reads the reports back from the nodes' records: its first
+    pass plans H100s, so it writes no pod (no clock taken off and put back) and posts
+    no ``UnknownGpu``; the agents' next reports are taken (not ``too_often``) and,
+    being the same, cost no node write."""
+    await reported_h100_pool(cluster)
+    told = await unknown_gpu_events(cluster)  # the first operator's, before the reports
+    since = len(list(cluster.emulator))
+    async with restarted(cluster, kubeconfig) as again:
+        assert again.metric("powerflow_nodes_unknown_gpu") == 0
+        for _ in range(2):
+            await poked_pass(again.api, again.operator, "resnet")
+        for node in ("n1", "n2"):
+            answer = await post_report(again, h100_report(node), token=f"agent-{node}")
+            assert answer.status_code == 200, answer.text
+        await poked_pass(again.api, again.operator, "resnet")
+        assert frequencies(await pods_of(again.api, "resnet")) == {"1410"}
+        assert writes_to(again.emulator, "pods", since) == []
+        assert writes_to(again.emulator, "nodes", since) == []
+        assert again.metric("powerflow_nodes_unknown_gpu") == 0
+    assert await unknown_gpu_events(cluster) == told
+
+
+def _out_of_bounds(record: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    record["report"]["gpus"][0]["clocksMhz"] = [345, 9000]
+    return record
+
+
+def _stale(record: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    record["reportedAt"] = format_time(time.time() - 2 * 3600)
+    return record
+
+
+def _another_nodes(record: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    return other
+
+
+@pytest.mark.parametrize("edit", [_out_of_bounds, _stale, _another_nodes])
+async def test_a_record_edited_on_the_node_is_taken_no_more_than_a_report(
+    cluster: Cluster, kubeconfig: Path, edit: Callable[..., dict[str, Any]]
+) -> None:
+    """Anyone who may patch a node may edit its record: a restarted operator reads it as
+    the ingest reads a report. n2's record made one the ingest would refuse (clocks out
+    of bounds, older than the operator keeps a report, n1's report) is not taken, so
+    n2 is unknown and so is the pool, as without records: its workers run at their
+    defaults until n2's agent reports again, and its record is then rewritten."""
+    await reported_h100_pool(cluster)
+    records = {}
+    for node in ("n1", "n2"):
+        body = (await cluster.api.get(f"/api/v1/nodes/{node}")).json()
+        records[node] = json.loads(body["metadata"]["annotations"][contract.GPU_REPORT_ANNOTATION])
+    text = json.dumps(edit(records["n2"], records["n1"]))
+    patch = {"metadata": {"annotations": {contract.GPU_REPORT_ANNOTATION: text}}}
+    edited = await cluster.api.patch("/api/v1/nodes/n2", json=patch, headers=MERGE)
+    assert edited.status_code == 200
+    async with restarted(cluster, kubeconfig) as again:
+        assert again.operator.controller is not None
+        assert set(again.operator.controller.discovered.specs()) == {"n1"}
+        assert again.metric("powerflow_nodes_unknown_gpu") == 1
+
+        async def unclocked() -> bool:
+            return frequencies(await pods_of(again.api, "resnet")) == {None}
+
+        await eventually(unclocked, timeout=10)
+        answer = await post_report(again, h100_report("n2"), token="agent-n2")
+        assert answer.status_code == 200, answer.text
+        await poked_pass(again.api, again.operator, "resnet")
+
+        async def clocked() -> bool:
+            return frequencies(await pods_of(again.api, "resnet")) == {"1410"}
+
+        await eventually(clocked, timeout=10)
+        n2 = (await again.api.get("/api/v1/nodes/n2")).json()
+        record = n2["metadata"]["annotations"][contract.GPU_REPORT_ANNOTATION]
+        assert json.loads(record)["report"] == h100_report("n2")
 
 
 async def test_a_sample_newer_than_the_view_is_resent_until_a_pass_judges_it(

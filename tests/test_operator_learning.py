@@ -316,13 +316,12 @@ def test_a_restart_starts_from_the_params_in_status() -> None:
         },
         {"junk": True},
         "not an object",
-        {**params_status(load_prior(MODEL)), "gpu": "H900"},
         {
             **params_status(load_prior(MODEL)),
             "throughput": {**params_status(load_prior(MODEL))["throughput"], "gamma1": -1},
         },
     ],
-    ids=["incomplete", "version-1", "junk", "string", "unknown-gpu", "out-of-bounds"],
+    ids=["incomplete", "version-1", "junk", "string", "out-of-bounds"],
 )
 def test_bad_params_in_status_fall_back_to_the_prior_with_a_warning(params: Any) -> None:
     s = store()
@@ -623,6 +622,49 @@ def test_a_discovered_type_outside_the_catalogue_is_fitted_and_restored() -> Non
     assert again.refresh([body(model=fields)], board) == []
     assert again.model(req()).params == s.model(req()).params
     assert again.model(req()).gpu == board
+
+
+def test_a_restart_before_any_report_keeps_a_discovered_types_params() -> None:
+    """Params of a type only the agents' reports gave (the catalogue lacks it), read back
+    by a restarted operator before the pool's type is known again (no pool yet, then
+    a pool of unknown type): held as status has them, no Warning, nothing to write; the
+    pool planned as that type again finds them as they were."""
+    board = estimated_spec("NVIDIA X1", tuple(range(300, 2101, 15)), 600.0)
+    s = store()
+    s.refresh([body()], board)
+    truth = gt.ground_truth(MODEL, H100)
+    feed(s, windows(board.clocks_mhz[::12], np.random.default_rng(0), truth=truth))
+    s.refresh([body()], board)
+    fields = s.status_fields()["ml/job"]
+    assert fields["params"]["gpu"] == "NVIDIA X1"
+    again = store()
+    assert again.refresh([body(model=fields)]) == []
+    assert again.refresh([body(model=fields)], unknown_gpu()) == []
+    assert again.status_fields()["ml/job"] == fields  # nothing to write: no churn
+    assert again.model(req()).params == wrong_prior(MODEL)  # planned on its prior meanwhile
+    feed(again, windows(CLOCKS[:12], np.random.default_rng(1)))  # at the GPUs' defaults
+    assert again.refresh([body(model=fields)], unknown_gpu()) == []
+    assert again.status_fields()["ml/job"]["params"] == fields["params"]  # not refitted
+    assert again.refresh([body(model=fields)], board) == []
+    assert again.model(req()).params == s.model(req()).params
+    assert again.model(req()).gpu == board
+    assert again.status_fields()["ml/job"]["params"] == fields["params"]
+
+
+def test_params_of_a_type_no_board_has_go_once_the_pools_type_is_told() -> None:
+    """A name the catalogue lacks is judged by the pool's type once one is told: of
+    another type, so the job restarts from the prior with a Warning, and the params
+    leave status."""
+    params = {**params_status(load_prior(MODEL)), "gpu": "H900"}
+    s = store()
+    assert s.refresh([body(model={"params": params, "fits": 3, "samples": 50})]) == []
+    assert s.status_fields()["ml/job"]["params"] == params
+    notes = s.refresh([body(model={"params": params, "fits": 3, "samples": 50})], A100)
+    assert [n.reason for n in notes] == ["ModelGpuChanged"]
+    assert "H900" in notes[0].message
+    assert s.model(req()).params == wrong_prior(MODEL)
+    fields = s.status_fields()["ml/job"]
+    assert fields["params"] is None and fields["samples"] == 50
 
 
 def test_a_pool_whose_discovered_clocks_change_plans_the_prior_on_its_spec_now() -> None:

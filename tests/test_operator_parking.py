@@ -11,6 +11,7 @@ import asyncio
 import copy
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,12 @@ from powerflow.operator.parking import (
     powered_down,
 )
 from support.kube_emulator import KubeEmulator
+from support.nodeagent_harness import NodeAgent, RecordingGpus, agent_args
+from support.nodeagent_harness import eventually as agent_eventually
 from support.operator_harness import Operator, operator_args
 
 from powerflow.core import contract
-from powerflow.core.gpus import A100
+from powerflow.core.gpus import A100, estimated_spec, unknown_gpu
 from powerflow.core.policy.snapshot import JobPlan, Node, Plan, Snapshot
 from powerflow.core.timefmt import parse_time
 
@@ -135,6 +138,16 @@ def test_only_planned_nodes_no_one_else_uses_are_powered_down() -> None:
     assert powered_down(plan, PLANNED, bodies, busy=()) == {"n2", "n3"}
     assert powered_down(plan, PLANNED, bodies, busy={"n3"}) == {"n2"}
     assert powered_down(plan, PLANNED[:2], bodies, busy=()) == {"n2"}  # n3 left the plan
+
+
+def test_nodes_of_unknown_gpu_type_are_never_marked_and_lose_their_marks() -> None:
+    unknown = tuple(replace(n, gpu=unknown_gpu()) for n in PLANNED)
+    plan = Plan((), 1e9, 0.0, powered_down_nodes=("n2", "n3"))
+    bodies = [body("n1"), body("n2"), marked("n3")]
+    assert powered_down(plan, unknown, bodies, busy=()) == set()
+    assert powered_down(None, unknown, bodies, busy=()) == set()
+    marks = node_marks(bodies, unknown, plan, busy=(), since=SINCE)
+    assert [(m.node, m.powered_down) for m in marks] == [("n3", False)]
 
 
 def test_without_a_plan_the_last_marks_stand_on_planned_nodes() -> None:
@@ -323,6 +336,50 @@ async def test_a_restarted_operator_writes_no_node_again(
         await poked_pass(api, second, "a")
     assert node_patches(kmock) == before
     assert (await node_of(api, "n2"))["metadata"]["annotations"][KEY] == since
+
+
+async def relabel(api: httpx.AsyncClient, product: str) -> None:
+    patch = {"metadata": {"labels": {contract.GPU_PRODUCT_LABEL: product}}}
+    for name in ("n1", "n2"):
+        assert (await api.patch(f"{NODES}/{name}", json=patch, headers=MERGE)).is_success
+
+
+async def test_a_node_of_unknown_gpu_type_is_never_marked_and_its_gpus_keep_their_defaults(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """The operator leaves a pool of unknown GPU type at its defaults (no clock, no cap),
+    so it does not mark its empty nodes powered down either: the agent would park their
+    idle GPUs at NVML's lowest clock and minimum power limit. n2's agent runs on
+    simulated GPUs of a product the catalogue lacks. Labelled as A100s the pool is
+    planned, n2 powered down, marked and parked; relabelled with the unknown product,
+    n2's marks go and its GPUs are back at their defaults, and stay so pass after pass."""
+    z900 = estimated_spec("NVIDIA Z900", tuple(range(300, 2101, 15)), 500.0)
+    gpus = RecordingGpus(gpu=z900)
+    lowest, floor = z900.clocks_mhz[0], z900.min_power_limit_w
+
+    def parked() -> bool:
+        return all(gpus.locked(i) == lowest and gpus.power_limit_w(i) == floor for i in range(4))
+
+    def defaults() -> bool:
+        return all(
+            gpus.locked(i) is None and gpus.power_limit_w(i) == z900.max_power_w for i in range(4)
+        )
+
+    assert (await api.post(JOBS, json=job("a"))).status_code == 201  # on n1: n2 left empty
+    agent = NodeAgent(agent_args(kubeconfig, "--node-name", "n2"), gpus)
+    async with operator(kubeconfig) as op, agent:
+        await eventually(is_down(api, "n2"))
+        await agent_eventually(parked)
+        await relabel(api, "NVIDIA-Z900")
+        await eventually(is_up(api, "n2"))
+        await agent_eventually(defaults)
+        writes = len(gpus.calls)
+        for _ in range(3):
+            await poked_pass(api, op, "a")
+        assert is_marked(await node_of(api, "n2")) is False
+        assert defaults() and gpus.calls[writes:] == []
+        assert op.controller is not None
+        assert op.controller.metrics.registry.get_sample_value("powerflow_nodes_unknown_gpu") == 2
 
 
 @pytest.fixture

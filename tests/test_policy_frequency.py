@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 import pytest
 
-from powerflow.core.policy.frequency import Clocks, raise_clocks
+from powerflow.core.policy.frequency import ClockRules, Clocks, raise_clocks
 from powerflow.core.policy.greedy_kernels import Matrices
 
 
@@ -86,7 +86,7 @@ def test_the_compiled_loop_equals_the_heap_loop(step: int, energy_aware: bool) -
         )
         want = _reference(*problem, step, energy_aware)
         got = raise_clocks(
-            Matrices(*problem[:3]), *problem[3:], step=step, energy_aware=energy_aware
+            Matrices(*problem[:3]), *problem[3:], rules=ClockRules(step, energy_aware)
         )
         assert got == want
         assert got.power_w <= max(problem[-1], problem[-2])
@@ -106,7 +106,7 @@ def test_ranks_among_more_jobs_choose_as_the_rows_own_order() -> None:
         others = [(float(rng.integers(0, 3)), f"x{k:03d}") for k in range(int(rng.integers(0, 9)))]
         everyone = sorted(set(order + others))
         ranks = np.asarray([everyone.index(key) for key in order], dtype=np.int64)
-        kw = {"step": int(rng.integers(1, 3)), "energy_aware": bool(trial % 3)}
+        kw = {"rules": ClockRules(int(rng.integers(1, 3)), bool(trial % 3))}
         want = raise_clocks(Matrices(jct, energy, power), start, order, total, limit, **kw)
         got = raise_clocks(
             Matrices(jct, energy, power), start, None, total, limit, ranks=ranks, **kw
@@ -125,8 +125,7 @@ def test_a_raise_that_would_pass_the_limit_is_refused_and_others_go_on() -> None
         [(0.0, "a"), (0.0, "b")],
         200.0,
         225.0,
-        step=1,
-        energy_aware=True,
+        rules=ClockRules(1, True),
     )
     assert out.columns == (0, 2)
     assert out.power_w == 220.0
@@ -138,7 +137,7 @@ def test_equal_keys_go_by_arrival_then_id() -> None:
     jct = np.array([[10.0, 5.0], [10.0, 5.0]])
     energy = np.array([[1.0, 2.0], [1.0, 2.0]])
     power = np.array([[100.0, 110.0], [100.0, 110.0]])
-    kw = {"step": 1, "energy_aware": True}
+    kw = {"rules": ClockRules(1, True)}
     assert raise_clocks(
         Matrices(jct, energy, power), [0, 0], [(1.0, "a"), (0.0, "b")], 200.0, 210.0, **kw
     ).columns == (0, 1)
@@ -152,7 +151,7 @@ def test_equal_keys_go_by_arrival_then_id() -> None:
 
 def test_inconsistent_input_is_refused_before_the_unchecked_loop() -> None:
     m = np.array([[10.0, 5.0], [10.0, 5.0]])
-    kw = {"step": 1, "energy_aware": True}
+    kw = {"rules": ClockRules(1, True)}
     with pytest.raises(ValueError):
         raise_clocks(Matrices(m, m, m), [0, 0], [(0.0, "a")], 200.0, 210.0, **kw)
     with pytest.raises(ValueError):

@@ -174,9 +174,54 @@ def test_the_rescale_cost_favours_keeping_a_running_job_over_shrinking_it() -> N
     assert (plus.job("early").gpus, plus.job("late").gpus) == (2, 4)
 
 
+def _long_and_short(max_gpus: int | None = None) -> tuple[Job, Job]:
+    """Two jobs of one model (equal ``dJCT / dE`` at every step), the longer one earlier:
+    the paper's tie-break (arrival) serves it first."""
+    kw: dict[str, object] = {} if max_gpus is None else {"max_gpus": max_gpus}
+    return (
+        job("long", model=STEEP, arrival_s=0.0, remaining_iterations=20_000.0, **kw),
+        job("short", model=STEEP, arrival_s=1.0, remaining_iterations=2_000.0, **kw),
+    )
+
+
+def test_short_first_gives_the_one_doubling_left_to_the_shorter_job() -> None:
+    """Pinned jobs hold 5 of 8 GPUs: both jobs start on 1, and one GPU is left for one
+    1 -> 2 doubling. The paper's greedy gives it to the earlier (longer) job; the
+    short-first factor to the shorter."""
+    pinned = (
+        job("p4", model=STEEP, placement=tuple(("n0", g) for g in range(4)), pinned=True,
+            frequency_mhz=A100.max_clock_mhz),
+        job("p1", model=STEEP, placement=(("n0", 4),), pinned=True,
+            frequency_mhz=A100.max_clock_mhz),
+    )  # fmt: skip
+    snapshot = _snapshot(*pinned, *_long_and_short())
+    paper = PowerFlowPolicy().plan(snapshot)
+    assert (paper.job("long").gpus, paper.job("short").gpus) == (2, 1)
+    for exponent in (0.5, 1.0):
+        plus = PowerFlowPolicy(short_first=exponent).plan(snapshot)
+        assert (plus.job("long").gpus, plus.job("short").gpus) == (1, 2)
+
+
+def test_short_first_clocks_raise_the_shorter_job_s_clock_first() -> None:
+    """Two one-GPU jobs under a limit that holds only some raises: the paper's greedy
+    raises both alike; with the factor on raises too, the shorter job's clock goes
+    higher and the longer one's lower, within the same limit."""
+    snapshot = _snapshot(*_long_and_short(max_gpus=1), eta=0.3)
+    paper = PowerFlowPolicy().plan(snapshot)
+    assert paper.job("long").frequency_mhz == paper.job("short").frequency_mhz
+    doublings_only = PowerFlowPolicy(short_first=1.0).plan(snapshot)
+    assert doublings_only == paper  # no doubling here: the same plan
+    plus = PowerFlowPolicy(short_first=1.0, short_first_clocks=True).plan(snapshot)
+    assert plus.job("short").frequency_mhz > paper.job("short").frequency_mhz
+    assert plus.job("long").frequency_mhz < paper.job("long").frequency_mhz
+    assert plus.predicted_watts <= plus.limit_watts
+
+
 @pytest.mark.parametrize(
     "options",
     [
+        {"short_first": -0.5},
+        {"short_first": float("nan")},
         {"min_return": -1.0},
         {"budget_price": float("nan")},
         {"rescale_cost_s": -30.0},
@@ -192,8 +237,10 @@ def test_bad_options_are_refused(options: dict[str, float]) -> None:
 def test_default_options_are_the_paper_s_greedy() -> None:
     """The new options default to off: the paper's plan, field for field."""
     snapshot = _snapshot(job("flat", model=FLAT), job("steep", model=STEEP), count=2)
-    off = PowerFlowPolicy(min_return=0.0, budget_price=0.0, rescale_cost_s=0.0)
+    off = PowerFlowPolicy(min_return=0.0, budget_price=0.0, rescale_cost_s=0.0, short_first=0.0)
     assert off.plan(snapshot) == PowerFlowPolicy().plan(snapshot)
+    clocks_alone = PowerFlowPolicy(short_first_clocks=True)  # nothing without an exponent
+    assert clocks_alone.plan(snapshot) == PowerFlowPolicy().plan(snapshot)
     assert np.isfinite(PowerFlowPolicy().plan(snapshot).predicted_watts)
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from powerflow.cli import main
+from powerflow.core.budget_schedule import parse_schedule_data
 from powerflow.core.gpus import A100
 from powerflow.core.learning import OracleLearner
 from powerflow.core.policy.budget import limit_watts
-from powerflow.core.policy.budget_schedule import parse_schedule_data
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, Plan, Snapshot
 from powerflow.lab.schedulers import ORACLE, Configured

@@ -98,6 +98,21 @@ def test_a_carried_over_prior_predicts_at_the_same_relative_clock() -> None:
         np.testing.assert_allclose(h100, a100, rtol=1e-12)
 
 
+def test_a_carried_over_prior_draws_the_types_watts() -> None:
+    """Power (energy over step time) at the same relative clock scales by the ratio of
+    the types' reference powers: left in A100 watts, an H100 job was predicted at
+    1/1.75 of its power and a fitted mixed cluster went over its limit."""
+    prior = load_prior("resnet50")
+    on_a100, on_h100 = FittedModel.on(prior, A100), FittedModel.on(prior_on(prior, H100), H100)
+    n, r, bs = np.array([1.0, 8.0, 32.0]), np.array([1.0, 8.0, 8.0]), np.full(3, 16.0)
+    ratio = H100.p_max_w / A100.p_max_w
+    assert ratio > 1.5
+    for f_a100, f_h100 in ((1410.0, 1980.0), (A100.f0_mhz, H100.f0_mhz)):
+        a100 = on_a100.energy_per_iter_j(n, r, bs, f_a100) / on_a100.step_time_s(n, r, bs, f_a100)
+        h100 = on_h100.energy_per_iter_j(n, r, bs, f_h100) / on_h100.step_time_s(n, r, bs, f_h100)
+        np.testing.assert_allclose(h100 / a100, ratio, rtol=0.02)
+
+
 def test_fitted_jobs_on_h100_fit_from_the_carried_over_prior() -> None:
     truth = ground_truth("bert", H100)
     samples = one_gpu_sweep(truth, 32.0, rng=np.random.default_rng(0), noise=0.03)

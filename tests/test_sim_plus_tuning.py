@@ -285,3 +285,17 @@ def test_sweep_plus_tuning_grid_profiling_ranks_the_ladders(
     assert set(by_ladder) == {s.label for s in ladders}
     first, second = by_ladder.values()
     assert first != second
+
+
+def test_the_short_first_grid_holds_powerflow_plus_as_it_is_and_builds_each_variant() -> None:
+    grid = plus_tuning.grid_named("short-first")
+    assert grid == plus_tuning.SHORT_FIRST_GRID
+    configured = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6)
+    built = [runner.with_options(configured, dict(s.options)).policy for s in grid]
+    assert built[0] == configured.policy  # exponent 0: PowerFlow+ unchanged, the reference
+    assert [p.short_first for p in built] == [0.0, 0.5, 1.0, 1.0]
+    assert [p.short_first_clocks for p in built] == [False, False, False, True]
+    # the other knobs stay PowerFlow+'s
+    assert {(p.budget_price, p.rescale_margin) for p in built} == {
+        (configured.policy.budget_price, configured.policy.rescale_margin)
+    }

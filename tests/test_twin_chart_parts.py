@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -190,6 +193,27 @@ def test_kube_scheduler_flags_are_kept_for_the_stand_in() -> None:
     assert argv[python + 1 : python + 3] == ["-m", "powerflow.lab.twin.kubescheduler"]
     # the image has no lab: the stand-in's code comes from the twin, first on its path
     assert argv[:python] == ["/usr/bin/env", f"PYTHONPATH={STANDIN_CODE}"]
+
+
+def test_the_stand_in_ends_on_sigterm_as_kube_scheduler_does() -> None:
+    """The kubelet stops a container with SIGTERM, to which a container's PID 1 has no
+    default action: the stand-in's own handler ends its wait (for its lease, or while it
+    schedules), so that a rollout or the chart twin's end does not wait out the pod's
+    30 s grace period."""
+    code = (
+        "from powerflow.lab.twin.kubescheduler import on_sigterm\n"
+        "terminated = on_sigterm()\n"
+        "print('waiting', flush=True)\n"
+        "print('terminated' if terminated.wait(30) else 'not terminated', flush=True)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=10)
+        finally:
+            proc.kill()
+    assert (proc.returncode, out) == (0, "terminated\n")
 
 
 def test_every_kind_the_chart_renders_can_be_applied() -> None:

@@ -3,15 +3,16 @@
 One run of a mini trace takes the process faults and the API server's (one twin
 boot, every fault seeded):
 
-- The operator killed 8 times (SIGKILL and SIGTERM, at seeded random moments) during
-  the trace (``tests/test_operator_restarts.py`` restarts it 20 times against the
-  emulator in a fraction of the time; this one kills the real process, so what only a
-  kill shows is checked: a SIGKILL mid-write, a SIGTERM's shutdown, a kill during
-  start-up, the Lease taken back, workers resumed from their checkpoints): every job
-  completes, no worker pod is created twice for one slot (``JOB-gGEN-wRANK``, from a
-  watch of every pod event), no job's progress goes back
-  (the DLJob's ``status.progress.iterations`` never decreases; every restart of a
-  worker trains from the job's last checkpoint, and no iteration reached is lost).
+- The operator killed 4 times, SIGKILL and SIGTERM each once during its start-up and
+  once at work, in a seeded order at seeded moments, during the trace
+  (``tests/test_operator_restarts.py`` restarts it 20 times against the emulator in a
+  fraction of the time; this one kills the real process, so what only a kill shows is
+  checked: a SIGKILL mid-write, a SIGTERM's shutdown, a kill during start-up, the
+  Lease taken back, workers resumed from their checkpoints): every job completes, no
+  worker pod is created twice for one slot (``JOB-gGEN-wRANK``, from a watch of every
+  pod event), no job's progress goes back (the DLJob's
+  ``status.progress.iterations`` never decreases; every restart of a worker trains
+  from the job's last checkpoint, and no iteration reached is lost).
 - The extender killed while a gang is partly bound (3 times), and started again: the rest of
   the gang goes to the block its first pods were bound to (the reservation rebuilt
   from the cluster), no GPU is held by two gangs at once (the extender's placement
@@ -71,10 +72,17 @@ from powerflow.lab.twin.harness import Twin
 from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import mini_trace
 
-KILLS_EACH = 4
-"""SIGKILLs, and as many SIGTERMs: a crash loop's kills at start-up and kills of an
-operator at work both come up in the seeded order (the emulator's restart test does
-the counting of many restarts)."""
+KILLS = tuple(
+    (sig, moment) for sig in (signal.SIGKILL, signal.SIGTERM) for moment in ("start-up", "work")
+)
+"""The operator's kills: each signal once during its start-up (a crash loop's) and once
+at work (up, its passes running). What only a kill of the real
+process shows needs each kind once; the counting of many restarts is the emulator's
+restart test's (``tests/test_operator_restarts.py``: 20 during 20 jobs)."""
+STARTUP_KILL_S = 1.5
+"""A start-up kill comes 0 to this many seconds after the launch, before the operator
+serves: its start-up (imports, login, the Lease, its first list) took 1.7 s of CPU, so at
+least as long in real time, from launch to serving in a twin's boot."""
 EXTENDER_KILLS = 3
 """The extender's SIGKILLs, each while a gang is partly bound."""
 EXTENDER_SPACING_S = 5.0
@@ -137,33 +145,41 @@ class ExtenderKills:
 def test_operator_kills_extender_restarts_and_api_faults_in_one_run_lose_nothing(
     tmp_path: Path,
 ) -> None:
-    """8 kills of the operator (4 SIGKILL, 4 SIGTERM, seeded order and moments: one in
-    four 0.5-3 s after it serves, the others 0-8 s after it was launched), 3 of the
-    extender (SIGKILL while a gang is partly bound, started again; 5 s apart at least)
-    and the API server's faults (every kind, seeded, from the trace's start to its end)
-    while 8 short jobs of the default trace run on 8 GPUs: all succeed, every slot's pod
-    was created once, no job went back in progress; each gang's pods all carry the one
-    block (its reservation, rebuilt by each new extender from the pods already bound),
-    no two live gangs hold one GPU, every worker got a GPU of its block, no gang stayed
-    partly bound past the reservation's TTL; and every kind of API fault was served to
-    the product (a count per kind)."""
-    scale = TimeScale(0.02)
+    """4 kills of the operator (SIGKILL and SIGTERM each during its start-up, 0-1.5 s
+    after its launch, and at work, 0.5-3 s after it serves; seeded order and moments), 3 of
+    the extender (SIGKILL while a gang is partly bound, started again; 5 s apart at
+    least) and the API server's faults (every kind, seeded, from the trace's start to
+    its end) while 8 short jobs of the default trace run on 8 GPUs: all succeed, every
+    slot's pod was created once, no job went back in progress; each gang's pods all
+    carry the one block (its reservation, rebuilt by each new extender from the pods
+    already bound), no two live gangs hold one GPU, every worker got a GPU of its block,
+    no gang stayed partly bound past the reservation's TTL; and every kind of API fault
+    was served to the product (a count per kind)."""
+    scale = TimeScale(0.01)
     jobs = mini_trace(8, scale, max_duration_s=3000)
     rng = random.Random(SEED)
-    signals = [signal.SIGKILL] * KILLS_EACH + [signal.SIGTERM] * KILLS_EACH
-    rng.shuffle(signals)
+    # At work, then during the start-up of the operator that kill launched, twice; each
+    # moment's two signals in a seeded order.
+    at_work = [sig for sig, moment in KILLS if moment == "work"]
+    at_startup = [sig for sig, moment in KILLS if moment == "start-up"]
+    rng.shuffle(at_work)
+    rng.shuffle(at_startup)
+    order = [
+        kill
+        for work, startup in zip(at_work, at_startup, strict=True)
+        for kill in ((work, "work"), (startup, "start-up"))
+    ]
     kills: list[tuple[float, str]] = []
     by_kind = api_fault_kinds()
+    # The twin's operator runs under a stable --leader-identity (one replica, as a
+    # StatefulSet's pod): started again after a kill, it takes its own Lease back at
+    # once, where a new name waits for a SIGKILLed leader's Lease to expire (60 s here).
     with Twin(
         tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED, fault_control=True
     ) as twin:
         operator, extender = twin.operator, twin.extender
         assert operator is not None and operator.proc is not None
         assert extender is not None and twin.kubelet is not None and twin.client is not None
-        # One replica under a stable name (a StatefulSet's pod name, or --leader-identity
-        # given): a restarted operator takes its own Lease back at once, where a new name
-        # waits for a SIGKILLed leader's Lease to expire (60 s here, at every kill).
-        operator.args += ["--leader-identity", "twin-operator"]
         control = FaultControl(twin.client)
         watch = Watch(twin.url)
         watch.client.headers.update(OBSERVER)  # its first list is done: the rest is spared
@@ -178,18 +194,17 @@ def test_operator_kills_extender_restarts_and_api_faults_in_one_run_lose_nothing
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(twin.run, jobs, timeout_s=700)
             try:
-                for i, sig in enumerate(signals):
-                    if i % 4 == 3:  # an operator at work: up, its passes running
+                for sig, moment in order:
+                    if moment == "work":  # up, its passes running
                         operator.wait_ready(timeout_s=300)
-                        pause = rng.uniform(0.5, 3.0)
-                    else:  # any moment of its life, its start-up included (a crash loop)
-                        pause = rng.uniform(0.0, 8.0)
-                    extender_kills.during(pause)
+                        extender_kills.during(rng.uniform(0.5, 3.0))
+                    else:  # during its start-up, as in a crash loop (nothing else meanwhile)
+                        time.sleep(rng.uniform(0.0, STARTUP_KILL_S))
                     if running.done():
                         break
                     operator.signal(sig)
                     operator.proc.wait(60)
-                    kills.append((time.monotonic(), signal.Signals(sig).name))
+                    kills.append((time.monotonic(), f"{signal.Signals(sig).name} at {moment}"))
                     operator.launch()
                 operator.wait_ready(timeout_s=300)
                 while len(extender_kills.restarts) < EXTENDER_KILLS and not running.done():
@@ -213,15 +228,17 @@ def test_operator_kills_extender_restarts_and_api_faults_in_one_run_lose_nothing
         hits[kind] += sum(answered["hits"] for answered in served[position : position + len(rules)])
         position += len(rules)
     print(
-        f"kills {len(kills)} ({kills_in_run} during the run), run {took:.0f} s, "
+        f"kills {[name for _, name in kills]} ({kills_in_run} during the run), run {took:.0f} s, "
         f"workers started {stats.started}, checkpoints {stats.checkpoints}, "
         f"lost iterations {stats.lost_iterations}, operator starts {operator.starts}; "
         f"extender restarts {len(restarts)}, binds {binds}, gangs {len(watch.blocks)}; "
         f"API faults served {dict(hits)}; longest partly bound gang {partial.longest_s:.1f} s"
     )
     assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
-    assert len(kills) == 2 * KILLS_EACH, f"only {len(kills)} kills before the trace ended"
-    assert {name for _, name in kills} == {"SIGKILL", "SIGTERM"}
+    assert len(kills) == len(KILLS), f"only {len(kills)} kills before the trace ended"
+    assert sorted(name for _, name in kills) == sorted(
+        f"{signal.Signals(sig).name} at {moment}" for sig, moment in KILLS
+    )
     twice = {name: n for name, n in watch.created.items() if n > 1}
     assert not twice, f"pods created more than once: {twice}"
     assert watch.created, "the watch saw no pod"

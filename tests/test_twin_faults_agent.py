@@ -1,8 +1,8 @@
-"""A node agent killed on the twin, with training workers on its node.
+"""A node agent killed on the twin, then the power budget changed, in one run: one node
+of 8 GPUs, two jobs of the default trace training, one twin boot.
 
 The agent runs as a process of its own (``powerflow.lab.twin.agentproc``), so a
-SIGKILL is a kill: nothing of it runs. Checked, on one node of 8 GPUs with two
-jobs of the default trace training:
+SIGKILL is a kill: nothing of it runs. Checked:
 
 - SIGKILL: no GPU setting changes until a new agent starts (the GPUs keep the
   clocks it locked: the driver's journal, ``GpuServer.journal``); SIGTERM: the
@@ -16,6 +16,13 @@ jobs of the default trace training:
   counts no more samples for a job than were posted for it: a recording relay
   between the agent and the operator's ingest sees every batch and the
   operator's answer;
+- then, with the restarted agent, the admin lowers the budget ConfigMap's ``eta``
+  (1 -> 0.4) while the jobs draw more than the lower limit, and raises it back: the
+  GPUs' own power (the twin's ground truth, every GPU of the node, idle ones
+  included, as the budget counts them: ``eta x GPUs x P_max``), read every 0.1 s and
+  judged by its one-second means (``support.twin_budget``), is at most the new limit
+  within one scheduling interval and stays there; after the raise the jobs grow (the
+  power goes above the old, lower limit) and it is never above the new one;
 - the jobs complete, no progress goes back, no iteration is lost.
 
 Plus the relay and the journal on their own (the checks can fail).
@@ -40,6 +47,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from support.twin_budget import TOLERANCE, PowerLog, describe, limit_w, set_eta, settled_after
 from support.twin_checks import POD_NAME, ProgressLog, bad_resumes, eventually, job_progress
 
 from powerflow.core import contract
@@ -48,12 +56,23 @@ from powerflow.core.telemetry import WindowSample, parse_batch
 from powerflow.lab.twin.agentproc import GpuServer, Setting, connect
 from powerflow.lab.twin.components import Agent, free_port
 from powerflow.lab.twin.gpus import TwinGpus
-from powerflow.lab.twin.harness import Twin
+from powerflow.lab.twin.harness import Timing, Twin
 from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 
 SEED = 16
 NODE = "node-0"
+GPUS = 8
+SCALE = TimeScale(0.05)
+"""Longer jobs than the other fault tests' 0.02: each fault needs workers training for a
+while, and the budget's phases an interval each."""
+HIGH, LOW = 1.0, 0.4
+TIMING = Timing(interval_s=200.0)
+"""A scheduling interval of 200 s at full size (10 s at ``SCALE``): the budget's change
+takes effect at the pass its edit triggers, not at the interval's end, so a shorter
+interval asks the same of the operator (power under the new limit within one interval,
+and under it for more than an interval after) in a third of the real time of the
+simulator's 600 s."""
 Obj = dict[str, Any]
 
 
@@ -269,16 +288,21 @@ def _overlaps(posted: list[Posted], slack_s: float = 0.05) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts_nothing(
+def test_agent_killed_and_stopped_then_the_budget_lowered_and_raised_in_one_run(
     tmp_path: Path,
 ) -> None:
     """SIGKILL then SIGTERM of the node's agent while its workers train, each followed by
-    a new agent (module docstring)."""
-    scale = TimeScale(0.05)
-    jobs = mini_trace(2, scale, max_duration_s=3000)
+    a new agent; then eta 1 -> 0.4 while the jobs draw more than 0.4's limit, and back to
+    1 an interval and 10 s later (module docstring)."""
+    jobs = mini_trace(2, SCALE, max_duration_s=3000)
+    interval = SCALE(TIMING.interval_s)
+    low, high = limit_w(LOW, GPUS), limit_w(HIGH, GPUS)
+    lowered = raised = grown = 0.0
     faults: list[tuple[str, int, int]] = []
     """(signal, journal length when it was sent, journal length at the new start)."""
-    with Twin(tmp_path, nodes=1, gpus_per_node=8, scale=scale, seed=SEED) as twin:
+    with Twin(
+        tmp_path, nodes=1, gpus_per_node=GPUS, scale=SCALE, eta=HIGH, seed=SEED, timing=TIMING
+    ) as twin:
         assert twin.gpu_server is not None and twin.kubelet is not None
         agent = twin.agents[NODE]
         journal = twin.gpu_server.journal
@@ -289,10 +313,12 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
         _through(agent, relay.url)
         agent.start()
         progress = ProgressLog(twin)
+        power = PowerLog(twin)
         restarts: list[float] = []
         with ThreadPoolExecutor(1) as pool:
             # The agents are children of this thread (PR_SET_PDEATHSIG): faults from here.
             running = pool.submit(twin.run, jobs, timeout_s=600)
+            began = time.monotonic()
             try:
                 for sig in (signal.SIGKILL, signal.SIGTERM):
                     assert eventually(lambda: _training(twin) or running.done(), 300)
@@ -311,7 +337,7 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
                         assert after == sent, f"settings after SIGKILL: {journal[sent:after]}"
                         assert _clocks(journal, NODE) == locked
                     else:  # its handler reset every GPU
-                        problem = _starts_with_defaults(journal[sent:after], 8)
+                        problem = _starts_with_defaults(journal[sent:after], GPUS)
                         assert problem is None, f"on SIGTERM: {problem}"
                         assert set(_clocks(journal, NODE).values()) == {None}
                     agent.start()
@@ -320,27 +346,45 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
                     assert eventually(_settled(twin, after), 60), (
                         f"clocks not back to the operator's after {signal.Signals(sig).name}"
                     )
+                # The budget, with the agent started last.
+                busy = eventually(lambda: running.done() or power.recent() > low * 1.1, 300)
+                assert busy and not running.done(), "the jobs never drew more than the low limit"
+                lowered = time.monotonic()
+                set_eta(twin, LOW)
+                time.sleep(interval + 10.0)
+                raised = time.monotonic()
+                set_eta(twin, HIGH)
+                assert not running.done(), "the trace ended while the budget was low"
+                time.sleep(interval)
+                eventually(lambda: running.done() or power.recent() > low * 1.05, 6 * interval)
+                grown = time.monotonic()
                 result = running.result()
+                ended = time.monotonic()
             finally:
+                power.close()
                 progress.close()
                 relay.close()
+                print(describe(power, low, high, lowered, raised, grown or time.monotonic()))
         final = job_progress(twin)
         stats = twin.kubelet.stats
         samples = _model_samples(twin)
         events = list(twin.kubelet.stats.events)
         resumes = bad_resumes(twin)
     posted = relay.posted
+    restarted = ", ".join(f"{at - began:.0f}" for at in restarts)
     print(
         f"faults {[f[0] for f in faults]}, journal {len(journal)} settings, "
         f"batches {len(posted)}, samples {sum(len(b.samples) for b in posted)} of "
         f"{sum(s.energy_j * s.iterations for b in posted for s in b.samples):.0f} J "
         f"(the GPUs' active energy {result.active_energy_j:.0f} J), "
-        f"operator's counts {samples}, workers started {stats.started}"
+        f"operator's counts {samples}, workers started {stats.started}; into the run: "
+        f"agent restarted at {restarted} s, budget lowered at {lowered - began:.0f} s, "
+        f"raised at {raised - began:.0f} s, run {ended - began:.0f} s"
     )
     assert [j.phase for j in result.jobs] == ["Succeeded"] * len(jobs)
     assert [f[0] for f in faults] == ["SIGKILL", "SIGTERM"]
     for _, _, start in faults:  # each new agent: defaults first
-        assert _starts_with_defaults(journal[start:], 8) is None
+        assert _starts_with_defaults(journal[start:], GPUS) is None
     assert all(b.status for b in posted), [b.node for b in posted if not b.status]
     for at in restarts:  # samples resume after each restart
         assert any(b.at_s > at and b.samples and b.status == 200 for b in posted)
@@ -364,6 +408,17 @@ def test_agent_killed_and_stopped_mid_training_restores_clocks_and_double_counts
     assert stats.lost_iterations == 0
     assert resumes == []
     assert any(POD_NAME.match(pod) for _, pod, _ in events)
+    # The budget: under the lowered limit within one interval and from then on until the
+    # raise; after it, above the old limit (the jobs grew) and never above the new one.
+    settle_low = settled_after(power, lowered, raised, low)
+    assert max(power.between(lowered - 5.0, lowered)) > low * 1.05, "the lower budget bound nothing"
+    assert settle_low is not None and settle_low <= interval
+    over = [w for w in power.between(lowered + interval, raised) if w > low * (1 + TOLERANCE)]
+    assert over == []
+    assert settled_after(power, raised, ended, high) == 0.0, (
+        "above the raised limit after the raise"
+    )
+    assert max(power.between(raised, grown)) > low * 1.05, "the jobs did not grow when raised"
 
 
 def test_the_journal_and_the_relay_see_what_they_check(tmp_path: Path) -> None:

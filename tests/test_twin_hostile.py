@@ -40,7 +40,7 @@ from extender_bodies import node as extender_node
 from support.twin_checks import eventually
 
 from powerflow.core import contract
-from powerflow.core.policy.budget_schedule import clock_text
+from powerflow.core.budget_schedule import clock_text
 from powerflow.core.telemetry import SampleBatch, WindowSample, encode_batch
 from powerflow.lab.twin.harness import DLJOBS, MERGE, Twin
 from powerflow.lab.twin.timescale import TimeScale

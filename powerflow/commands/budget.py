@@ -6,11 +6,22 @@ JCT, total energy and completion time with the scheduler's current models
 table and, with ``--plot``, a figure. The queue is the live one
 (``--kubeconfig``: the DLJobs not yet done, each with its remaining
 iterations and its ``status.model`` parameters, else its prior; the cluster's
-GPU nodes; the budget ConfigMap's ``pMaxWatts`` and the budget in force,
-marked in the table) or a built-in one (``--demo``: the default trace's first
-``--jobs`` jobs, all waiting now, with their priors). ``--validate`` measures
-how far to trust it: the prediction against the full simulator (true
-performance, models fitted online) on the default trace.
+GPU nodes of the pool the operator plans, and their GPU type; the budget
+ConfigMap's ``pMaxWatts`` and the budget in force, marked in the table) or a
+built-in one (``--demo``: the default trace's first ``--jobs`` jobs, all
+waiting now, with their priors). ``--validate`` measures how far to trust it:
+the prediction against the full simulator (true performance, models fitted
+online) on the default trace.
+
+GPU type. The simulator runs one GPU type, and the operator plans one pool (one
+product): the live queue is predicted on that pool's type as the operator plans
+it (its agents' reports as recorded on the nodes, else the product label's
+catalogue type), or on ``--gpu`` (a catalogue type); the priors are carried
+over to it (``prior_on``) and fitted params of another type give way to them,
+as in the operator. Nodes of other pools are left out, as the operator leaves
+them out, and named. A pool whose type is unknown (a label the catalogue lacks,
+no report recorded) cannot be simulated, since its clocks and power are not
+known: the what-if refuses it unless ``--gpu`` names a type.
 """
 
 from __future__ import annotations
@@ -31,8 +42,9 @@ from rich.table import Table
 from powerflow.commands import checks
 from powerflow.commands.operator import OPERATED
 from powerflow.core import contract
+from powerflow.core.budget_schedule import describe_budget, stops_every_job
 from powerflow.core.errors import BudgetError, PowerFlowError, SimulationError
-from powerflow.core.policy.budget_schedule import describe_budget, stops_every_job
+from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec, gpu_spec, tunes
 from powerflow.core.policy.snapshot import Budget
 from powerflow.lab.schedulers import DEFAULT_ETAS
 from powerflow.lab.sim.config import SimConfig
@@ -94,7 +106,14 @@ def register(subparsers: Any) -> None:
         "--gpus-per-node",
         type=int,
         default=d.gpus_per_node,
-        help=f"A100s per node (1 to {checks.MAX_GPUS_PER_NODE})",
+        help=f"--demo/--validate: GPUs per node (1 to {checks.MAX_GPUS_PER_NODE})",
+    )
+    w.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="--kubeconfig/--demo: the GPU type to predict on, a catalogue type, short or "
+        f"NVML name ({', '.join(sorted(GPU_SPECS))}; default: the type the operator plans "
+        f"the cluster's pool as, {A100.name} for --demo)",
     )
     w.add_argument(
         "--plot",
@@ -129,16 +148,22 @@ def run(args: argparse.Namespace) -> int:
         if args.validate:
             raise WhatIfError("--plot draws the what-if's predictions; --validate draws none")
         check_plot_path(args.plot)
+    if args.gpu is not None and args.validate:
+        raise WhatIfError(
+            "--validate compares with the simulator on the A100 evaluation trace; "
+            "powerflow simulate --gpu runs another type"
+        )
+    chosen = gpu_spec(args.gpu) if args.gpu is not None else None  # a bad name: one line
     level_values(args)  # a bad --etas/--watts before the cluster is read
     if args.validate:
         return _validate(args)
     current: Budget | None = None
     if args.kubeconfig is not None:
-        queue, config, current, p_max, notes = live_queue(args)
+        queue, config, current, p_max, notes = live_queue(args, chosen)
         title = f"the live queue ({len(queue)} DLJobs)"
     else:
         nodes = DEMO_NODES if args.nodes is None else args.nodes
-        queue, config = demo_queue(args.jobs, nodes, args.gpus_per_node)
+        queue, config = demo_queue(args.jobs, nodes, args.gpus_per_node, chosen or A100)
         p_max, notes = None, []
         title = f"demo queue (first {len(queue)} jobs of the default trace)"
     for note in notes:
@@ -151,12 +176,13 @@ def run(args: argparse.Namespace) -> int:
     if current is not None and current not in budgets:
         budgets.append(current)
     predictions = predict_each(queue, budgets, config, args.scheduler)
-    title += f" on {config.nodes} x {config.gpus_per_node} GPUs, {args.scheduler}"
+    title += f" on {config.nodes} x {config.gpus_per_node} {config.gpu.name}, {args.scheduler}"
     if args.json:
         out = {
             "jobs": [q.job_id for q in queue],
             "nodes": config.nodes,
             "gpus_per_node": config.gpus_per_node,
+            "gpu": config.gpu.name,
             "scheduler": args.scheduler,
             "predictions": [_row(p, current) for p in predictions],
         }
@@ -221,38 +247,42 @@ def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]
 # ------------------------------------------------------------------- queues
 
 
-def live_cluster(nodes: int, gpus_per_node: int) -> SimConfig:
+def live_cluster(nodes: int, gpus_per_node: int, gpu: GpuSpec = A100) -> SimConfig:
     """The simulated cluster of a what-if: PowerFlow's operator parks the nodes its
     plan leaves empty (docs/powered-down-nodes.md) and they take jobs again at once,
     so nodes are on unless the plan powers them down, and powering on is free (not
     the simulator's default, where every empty node is off and boots first)."""
-    return SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, idle_nodes_off=False, power_on_s=0.0)
+    return SimConfig(
+        nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, idle_nodes_off=False, power_on_s=0.0
+    )
 
 
-def demo_queue(jobs: int, nodes: int, gpus_per_node: int) -> tuple[list[QueuedJob], SimConfig]:
+def demo_queue(
+    jobs: int, nodes: int, gpus_per_node: int, gpu: GpuSpec = A100
+) -> tuple[list[QueuedJob], SimConfig]:
     """The default trace's first ``jobs`` jobs that fit the cluster, all waiting now, with
-    their priors."""
+    their priors on ``gpu``."""
     from powerflow.lab.sim.runner import TraceSpec, load_jobs
 
     if jobs < 1:
         raise WhatIfError("--jobs must be >= 1")
-    config = live_cluster(nodes, gpus_per_node)
+    config = live_cluster(nodes, gpus_per_node, gpu)
     fits = (j for j in load_jobs(TraceSpec(), SimConfig()) if j.num_gpu <= config.total_gpus)
     trace = list(itertools.islice(fits, jobs))
-    queue = [replace(q, submit_s=0.0) for q in prior_queue(trace)]
+    queue = [replace(q, submit_s=0.0) for q in prior_queue(trace, gpu)]
     return queue, config
 
 
-def prior_queue(trace: Iterable[TraceJob]) -> list[QueuedJob]:
-    """Trace jobs as a queue, each job's prior taken as its model (what the operator knows
-    before any job has run)."""
+def prior_queue(trace: Iterable[TraceJob], gpu: GpuSpec = A100) -> list[QueuedJob]:
+    """Trace jobs as a queue, each job's prior on ``gpu`` taken as its model (what the
+    operator knows before any job has run: the prior carried over to the pool's type)."""
     from powerflow.core.models.fitted import FittedModel
-    from powerflow.core.models.priors import load_prior
+    from powerflow.core.models.priors import load_prior, prior_on
 
     return [
         QueuedJob(
             j.job_id,
-            FittedModel(load_prior(j.model_name)),
+            FittedModel.on(prior_on(load_prior(j.model_name), gpu), gpu),
             j.num_gpu,
             j.global_batch_size,
             j.iterations,
@@ -263,16 +293,18 @@ def prior_queue(trace: Iterable[TraceJob]) -> list[QueuedJob]:
 
 
 def live_queue(
-    args: argparse.Namespace,
+    args: argparse.Namespace, chosen: GpuSpec | None = None
 ) -> tuple[list[QueuedJob], SimConfig, Budget | None, float | None, list[str]]:
-    """The cluster's DLJobs not yet done, its GPU nodes, and the budget ConfigMap's budget in
-    force and ``pMaxWatts``; notes on what was left out."""
+    """The cluster's DLJobs not yet done, its GPU nodes and their type (``chosen``, else
+    the operator's: module docstring), and the budget ConfigMap's budget in force and
+    ``pMaxWatts``; notes on what was left out."""
     import kubernetes
     import urllib3
 
     from powerflow.kubeapi.config import load_configuration, resolve_source
     from powerflow.operator.bodies import DLJobBody
     from powerflow.operator.budget import parse_budget
+    from powerflow.operator.discovered import recorded_specs
     from powerflow.operator.jobs import parse_dljob
     from powerflow.operator.kube import call_json
     from powerflow.operator.learning import SampleStore
@@ -294,21 +326,37 @@ def live_queue(
     finally:
         api.close()
     notes: list[str] = []
-    nodes, left_out = cluster_nodes(nodes_raw)
+    discovered = recorded_specs(nodes_raw, time.time())
+    nodes, left_out = cluster_nodes(nodes_raw, discovered=discovered)
     if left_out:
-        notes.append(f"nodes of other pools left out: {', '.join(left_out)}")
+        products = _products(nodes_raw)
+        named = ", ".join(f"{n} ({products.get(n) or 'no product label'})" for n in left_out)
+        notes.append(
+            f"nodes of other pools left out (the operator plans one pool, the simulator "
+            f"one GPU type): {named}"
+        )
     if not nodes:
         raise WhatIfError("the cluster has no GPU nodes PowerFlow schedules on")
     per_node = max(n.gpus for n in nodes)
     total = sum(n.gpus for n in nodes)
     if any(n.gpus != per_node for n in nodes):
         notes.append(f"nodes differ in GPUs: simulated as {len(nodes)} x {per_node}")
-    config = live_cluster(len(nodes), per_node)
-    others = sorted({n.gpu.name for n in nodes} - {config.gpu.name})
-    if others:
-        notes.append(f"{', '.join(others)} GPUs simulated as {config.gpu.name}")
+    planned = nodes[0].gpu  # one pool: one type (``nodes.pool_gpu``)
+    # --gpu naming the pool's own type keeps what its agents reported of it
+    gpu = planned if chosen is None or chosen.name == planned.name else chosen
+    if not tunes(gpu):
+        label = _products(nodes_raw).get(nodes[0].name) or "none"
+        raise WhatIfError(
+            f"the pool's GPU type is unknown (product label {label!r}, no GPU report "
+            "recorded on its nodes): the simulator needs its clocks and power; "
+            f"name a catalogue type with --gpu ({', '.join(sorted(GPU_SPECS))})"
+        )
+    if gpu != planned:
+        was = planned.name if tunes(planned) else "of unknown type"
+        notes.append(f"the pool's GPUs are {was}: predicted as {gpu.name} (--gpu)")
+    config = live_cluster(len(nodes), per_node, gpu)
     store = SampleStore()
-    for note in store.refresh(bodies):
+    for note in store.refresh(bodies, gpu):
         notes.append(f"{note.namespace}/{note.name}: {note.message}")
     queue = []
     for body in bodies:
@@ -340,6 +388,16 @@ def live_queue(
             current = budget.at(time.time()).budget
             p_max = budget.budget.p_max_watts
     return queue, config, current, p_max, notes
+
+
+def _products(nodes: Iterable[Any]) -> dict[str, str]:
+    """Each node's GPU product label (empty when it has none)."""
+    out = {}
+    for body in nodes:
+        meta = body.get("metadata") or {}
+        label = (meta.get("labels") or {}).get(contract.GPU_PRODUCT_LABEL)
+        out[str(meta.get("name"))] = label if isinstance(label, str) else ""
+    return out
 
 
 def _list_dljobs(api: Any, namespace: str | None) -> list[Any]:

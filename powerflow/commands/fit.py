@@ -10,6 +10,9 @@ Modes (see README "Performance models"):
 * ``--samples FILE.csv``: fit measured samples and write the parameters
   JSON (to ``--out``, default ``FILE.params.json`` beside the CSV, ``-`` for
   stdout); with ``--json`` also the held-out MAPE of a seeded 90/10 split.
+  The fit is anchored to the prior of ``--model`` (generic without one) carried
+  over to ``--gpu`` by relative clock, as the operator's online learner anchors
+  a job on that type.
   ``--gpu`` names a catalogue type (short or NVML name); a type not in the
   catalogue needs ``--clocks-from-samples``: its clocks are the samples'
   frequencies, its board limit the highest per-GPU power in them, and the
@@ -34,7 +37,7 @@ from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.fitting import MIN_SAMPLES, FitOptions, fit_profile
 from powerflow.core.models.metrics import Accuracy, accuracy, split
 from powerflow.core.models.params import ModelParams
-from powerflow.core.models.priors import load_prior, priors_path, write_prior
+from powerflow.core.models.priors import load_prior, prior_on, priors_path, write_prior
 from powerflow.core.models.samples import Samples, read_samples_csv
 
 
@@ -207,12 +210,15 @@ def _run_samples(args: argparse.Namespace) -> int:
 
 
 def _prior_for(model: str | None, gpu: GpuSpec) -> ModelParams | None:
-    """The shipped prior if it is for this GPU type; no anchor otherwise."""
+    """The shipped prior of ``model`` (generic without one) carried over to ``gpu`` by
+    relative clock (``prior_on``; the A100's own on an A100): the anchor the operator's
+    online learner fits the same type's samples with (``FittedLearner``). None without
+    shipped priors (before ``--write-priors`` made them): the data alone decide."""
     try:
         prior = load_prior(model)
-    except ModelError:  # no priors shipped yet: fit from the data alone
+    except ModelError:
         return None
-    return prior if prior.gpu == gpu.name else None
+    return prior_on(prior, gpu)
 
 
 def _run_ground_truth(args: argparse.Namespace, gpu: GpuSpec) -> int:

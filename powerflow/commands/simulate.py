@@ -20,15 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from powerflow.commands import checks
-from powerflow.core.errors import BudgetError, SimulationError
+from powerflow.core.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
+from powerflow.core.errors import BudgetError, DataError, SimulationError
 from powerflow.core.gpus import A100, GpuSpec, gpu_spec
-from powerflow.core.policy.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.core.policy.snapshot import Budget
 from powerflow.lab.groundtruth.truth import THROUGHPUT_SOURCES
 from powerflow.lab.schedulers import SCHEDULERS, ZEUS_ETA_KNOB, scheduler
 from powerflow.lab.sim import experiments, headline, heldout, output
 from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus, zeus_energy
-from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.config import NodePool, SimConfig
 from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING, main_run
 from powerflow.lab.sim.report import setting_label, write_report
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
@@ -71,11 +71,11 @@ def register(subparsers: Any) -> None:
     add_cluster_args(p)
     p.add_argument(
         "--gpu",
-        default=A100.name,
         metavar="NAME",
         help=(
             "the cluster's GPU type, short or NVML name, one with a ground truth: "
-            f"{', '.join(THROUGHPUT_SOURCES)} (default {A100.name}; docs/simulator.md)"
+            f"{', '.join(THROUGHPUT_SOURCES)} (default {A100.name}; docs/simulator.md); "
+            "a mixed cluster names its types in --nodes"
         ),
     )
     p.add_argument(
@@ -207,10 +207,14 @@ def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
         )
         p.add_argument(
             "--nodes",
-            type=int,
+            metavar="NODES",
             help=(
                 f"nodes (default {d.nodes}; {experiments.QUICK_NODES} for the comparison "
-                "with --quick)"
+                "with --quick), or a mixed cluster as TYPE:COUNT pairs, each optionally "
+                "xGPUS per node (default --gpus-per-node), e.g. A100:32,H100-SXM:16x4: "
+                "each type runs on its own ground truth, planned as one pool per type "
+                "and node size under one budget (one --scheduler at a time; "
+                "docs/simulator.md)"
             ),
         )
     p.add_argument(
@@ -237,7 +241,7 @@ def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
 def config_from(args: argparse.Namespace) -> SimConfig:
     """The cluster options as a ``SimConfig``, each refused by its own name when out of
     range (a negative seed would otherwise end in numpy's traceback)."""
-    nodes: int | None = getattr(args, "nodes", None)
+    nodes, pools = cluster_nodes(getattr(args, "nodes", None), getattr(args, "gpu", None))
     checks.cluster(nodes, args.gpus_per_node)
     if not 0 < args.interval < math.inf:
         raise checks.ArgumentError(
@@ -249,6 +253,20 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         )
     if args.seed < 0:
         raise checks.ArgumentError(f"--seed must be >= 0, got {args.seed}")
+    common: dict[str, Any] = {
+        "interval_s": args.interval,
+        "restart_s": args.restart_s,
+        "seed": args.seed,
+        "idle_nodes_off": not args.paper_baselines,
+    }
+    if pools:
+        return SimConfig(
+            pools=tuple(
+                NodePool(gpu, count, per_node or args.gpus_per_node)
+                for gpu, count, per_node in pools
+            ),
+            **common,
+        )
     if nodes is None:
         quick_comparison = getattr(args, "quick", False) and not getattr(args, "scheduler", None)
         nodes = experiments.QUICK_NODES if quick_comparison else SimConfig().nodes
@@ -256,11 +274,60 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         nodes=nodes,
         gpus_per_node=args.gpus_per_node,
         gpu=simulated_gpu(getattr(args, "gpu", None)),
-        interval_s=args.interval,
-        restart_s=args.restart_s,
-        seed=args.seed,
-        idle_nodes_off=not args.paper_baselines,
+        **common,
     )
+
+
+NODES_FORM = "TYPE:COUNT pairs, each optionally xGPUS per node, e.g. A100:32,H100-SXM:16x4"
+
+
+def cluster_nodes(
+    text: str | None, gpu: str | None
+) -> tuple[int | None, tuple[tuple[GpuSpec, int, int | None], ...]]:
+    """``--nodes``: a number of nodes (of ``--gpu``), or a mixed cluster's pools as
+    (type, nodes, GPUs per node or None for ``--gpus-per-node``), each refused in
+    one line: a malformed pair, a count or node size out of range, an unknown type
+    (naming the known ones), a type without a ground truth (naming those with one),
+    a pool given twice, ``--gpu`` beside typed pools."""
+    if text is None:
+        return None, ()
+    text = text.strip()
+    if text.isdigit():
+        return int(text), ()
+    if not text or text.lstrip("+-").isdigit():
+        raise checks.ArgumentError(f"--nodes must be 1 to {checks.MAX_NODES}, got {text}")
+    if gpu is not None:
+        raise checks.ArgumentError(
+            f"--nodes {text} names each pool's GPU type; --gpu is for a cluster of one "
+            "type: drop --gpu"
+        )
+    pools: list[tuple[GpuSpec, int, int | None]] = []
+    for item in text.split(","):
+        name, colon, size = item.strip().rpartition(":")
+        count, x, per_node = size.strip().lower().partition("x")
+        if not colon or not name.strip() or not count.isdigit() or (x and not per_node.isdigit()):
+            raise checks.ArgumentError(
+                f"--nodes {text}: {item.strip()!r} is not one of {NODES_FORM}"
+            )
+        try:
+            spec = gpu_spec(name)
+        except DataError as exc:
+            raise checks.ArgumentError(f"--nodes {text}: {exc}") from None
+        with_truth(spec, f"--nodes {text}")
+        if not 1 <= int(count) <= checks.MAX_NODES:
+            raise checks.ArgumentError(
+                f"--nodes {text}: {spec.name} nodes must be 1 to {checks.MAX_NODES}, got {count}"
+            )
+        gpus = int(per_node) if x else None
+        if gpus is not None and not 1 <= gpus <= MAX_GPUS_PER_NODE:
+            raise checks.ArgumentError(
+                f"--nodes {text}: GPUs per node must be 1 to {MAX_GPUS_PER_NODE}, got {gpus}"
+            )
+        pools.append((spec, int(count), gpus))
+    total = sum(count for _, count, _ in pools)
+    if total > checks.MAX_NODES:
+        raise checks.ArgumentError(f"--nodes must be 1 to {checks.MAX_NODES}, got {total}")
+    return None, tuple(pools)
 
 
 def simulated_gpu(name: str | None) -> GpuSpec:
@@ -268,10 +335,14 @@ def simulated_gpu(name: str | None) -> GpuSpec:
     simulator has a ground truth for it."""
     if name is None:
         return A100
-    gpu = gpu_spec(name)
+    return with_truth(gpu_spec(name), f"--gpu {name}")
+
+
+def with_truth(gpu: GpuSpec, option: str) -> GpuSpec:
+    """``gpu``, refused (by ``option``) unless the simulator has a ground truth for it."""
     if gpu.name not in THROUGHPUT_SOURCES:
         raise checks.ArgumentError(
-            f"--gpu {name}: no ground truth for {gpu.name}; the simulator has one for "
+            f"{option}: no ground truth for {gpu.name}; the simulator has one for "
             f"{', '.join(THROUGHPUT_SOURCES)}"
         )
     return gpu
@@ -310,6 +381,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out is not None:
         checks.output_folder(args.out, "--out")
+    if config.mixed and (args.held_out or not args.scheduler):
+        raise checks.ArgumentError(
+            f"--nodes {config.describe_nodes()}: a mixed cluster runs one --scheduler at a"
+            " time; the comparison and --held-out run on one GPU type"
+        )
     if args.held_out:
         return _held_out(args, config, trace)
     if args.scheduler:
@@ -388,7 +464,9 @@ def _single(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> in
         raise SimulationError(
             f"{spec.name} takes {takes}, not {flag}" if takes else f"{spec.name} takes no {flag}"
         )
-    if spec.knob == "frequency_mhz":
+    if spec.knob == "frequency_mhz" and config.mixed:
+        no_clock_on_mixed(value, config)
+    elif spec.knob == "frequency_mhz":
         value = baseline_clock(value, config.gpu)
     elif value is None:
         value = spec.default_value
@@ -435,6 +513,16 @@ def baseline_clock(value: float | None, gpu: GpuSpec) -> float:
             f"-{gpu.max_clock_mhz} MHz in {gpu.clocks_mhz[1] - gpu.clocks_mhz[0]} MHz steps"
         )
     return value
+
+
+def no_clock_on_mixed(value: float | None, config: SimConfig) -> None:
+    """A baseline on a mixed cluster runs each type at its top clock: one ``--frequency``
+    would be one type's clock only."""
+    if value is not None:
+        raise checks.ArgumentError(
+            f"--frequency {value:g} is one type's clock; on a mixed cluster"
+            f" ({config.describe_nodes()}) each type runs its top clock: drop --frequency"
+        )
 
 
 KNOB_FLAGS = {"eta": "--eta", "frequency_mhz": "--frequency", "eta_knob": "--eta-knob"}

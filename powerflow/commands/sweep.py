@@ -10,7 +10,8 @@ point each. Writes CSV, JSON and one PNG with three panels.
 
 ``plus-tuning``: PowerFlow+'s knob grid on the same windows, each setting scored by
 its average JCT against AFS's at equal energy (``powerflow.lab.sim.plus_tuning``);
-with ``--grid profiling``, its profiling ladders instead of its policy knobs.
+with ``--grid profiling``, its profiling ladders instead of its policy knobs; with
+``--grid short-first``, the short-first factor on its priorities (an experiment).
 
 ``ablation``: the comparison from the paper's setting to this evaluation's, one
 change at a time (``powerflow.lab.sim.ablation``).
@@ -52,7 +53,8 @@ def register(subparsers: Any) -> None:
         "--grid",
         choices=plus_tuning.GRID_NAMES,
         default="knobs",
-        help="plus-tuning: PowerFlow+'s policy knobs (default) or its profiling ladders",
+        help="plus-tuning: PowerFlow+'s policy knobs (default), its profiling ladders or"
+        " the short-first factor on its priorities",
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument(

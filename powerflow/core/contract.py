@@ -75,6 +75,11 @@ POWERED_DOWN_ANNOTATION: Final = f"{GROUP}/powered-down"
 """Node annotation written by the operator on nodes its plan powers down (value:
 when, RFC 3339). The node agent parks the GPUs of such a node that no container
 holds (lowest clock, minimum power limit) until the mark goes."""
+GPU_REPORT_ANNOTATION: Final = f"{GROUP}/gpu-report"
+"""Node annotation written by the operator: the node agent's last accepted GPU report
+(JSON ``{"reportedAt": RFC 3339, "report": <a GPUS_PATH body>}``), so that a restarted
+operator plans the node's type at once. Anyone who may patch the node can edit it: its
+readers validate it as they validate a report (``powerflow.core.gpu_facts``)."""
 POWERED_DOWN_TAINT: Final = f"{GROUP}/powered-down"
 """Node taint key, effect ``PreferNoSchedule``, beside the annotation: steers
 other pods away so an empty node stays empty (and cluster-autoscaler can take

@@ -29,12 +29,20 @@ discovered clocks and board limit by ``gpus.estimated_spec``'s rules. It never
 goes past the catalogue's bounds: the board limit is capped at the catalogue's
 largest (``gpus.LARGEST_P_MAX_W``), so a lying report cannot raise the budget
 the policy counts per GPU beyond what any known board draws.
+
+A *record* (``encode_record``) is an accepted report with the time it was
+accepted, as the operator keeps it on the node (``contract.GPU_REPORT_ANNOTATION``)
+so that a restarted operator plans the node's type at once. Whoever may patch
+the node may edit it, so ``parse_record`` trusts it no more than a report: the
+report inside goes through ``parse_report``'s bounds, it must be the node's own,
+and its time is never later than now.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,12 +51,16 @@ from typing import Any, Final
 from powerflow.core.errors import DataError, PowerFlowError
 from powerflow.core.gpus import LARGEST_P_MAX_W, GpuSpec, estimated_spec, gpu_spec, knee_clock
 from powerflow.core.telemetry import MAX_GPUS_PER_NODE, TelemetryError, _name, _object, _only
+from powerflow.core.timefmt import format_time, parse_time
 
 MAX_NAME_CHARS: Final = 96
 """NVML's product names are at most 96 bytes (``NVML_DEVICE_NAME_V2_BUFFER_SIZE``)."""
 MAX_CLOCKS: Final = 512
 CLOCK_RANGE_MHZ: Final = (100, 3000)
 POWER_RANGE_W: Final = (20.0, 1500.0)
+MAX_RECORD_CHARS: Final = 256 * 1024
+"""The API server's bound on all of an object's annotations together: no longer record
+can be on a node, so a longer text is refused before it is parsed."""
 
 
 class GpuFactsError(PowerFlowError):
@@ -153,6 +165,33 @@ def _watts(value: object, where: str) -> float | None:
     if not math.isfinite(value) or not lo <= value <= hi:
         raise GpuFactsError(f"{where}: {value!r:.40} outside [{lo:g}, {hi:g}] W")
     return float(value)
+
+
+def encode_record(report: GpuReport, at_s: float) -> str:
+    """The record of ``report``, accepted at Unix time ``at_s`` (module docstring)."""
+    body = {"reportedAt": format_time(at_s), "report": encode_report(report)}
+    return json.dumps(body, separators=(",", ":"))
+
+
+def parse_record(text: str, node: str, now_s: float) -> tuple[GpuReport, float]:
+    """A record read back from ``node``: its report and when it was accepted (at most
+    ``now_s``); ``GpuFactsError`` when it is not one ``parse_report`` would accept of
+    that node."""
+    if len(text) > MAX_RECORD_CHARS:
+        raise GpuFactsError(f"record: longer than {MAX_RECORD_CHARS} characters")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser
+        raise GpuFactsError(f"record: not JSON ({type(exc).__name__})") from None
+    if not isinstance(body, dict) or set(body) != {"reportedAt", "report"}:
+        raise GpuFactsError("record: expected an object of reportedAt and report")
+    at = parse_time(body["reportedAt"])
+    if at is None:
+        raise GpuFactsError("record: reportedAt is not an RFC 3339 time")
+    report = parse_report(body["report"])
+    if report.node != node:
+        raise GpuFactsError(f"record: a report of node {report.node}, found on {node}")
+    return report, min(at, now_s)
 
 
 def node_spec(gpus: Sequence[GpuFacts]) -> GpuSpec:

@@ -198,6 +198,11 @@ class FittedLearner:
         self._gpu = gpu
         self._prior = prior
 
+    def on(self, gpu: GpuSpec) -> FittedLearner:
+        """The same learner (the same priors) for jobs on ``gpu``: a mixed cluster
+        learns each job's model per GPU type, each from the prior carried over to it."""
+        return self if gpu == self._gpu else FittedLearner(gpu, prior=self._prior)
+
     def _prior_on_gpu(self, model_name: str) -> ModelParams:
         """The job's prior carried over to this learner's GPU type (``prior_on``:
         the shipped priors are the A100's; on an A100 it is the prior itself)."""

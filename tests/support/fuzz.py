@@ -6,6 +6,8 @@ keep 10,000 cases per endpoint within CI's minutes, each case is cheap:
 
 - one server per test, one keep-alive connection (``Http``: ``http.client``,
   a fifth of httpx's client time per request);
+- ``BATCH`` cases per hypothesis example (``batched``, ``batch_of``), each sent and
+  checked as if alone: hypothesis's own cost per example is shared by the batch;
 - bodies are a valid wire body with a few fields replaced by raw JSON
   fragments (``Fragments``: text spliced in after ``json.dumps``, so NaN,
   numbers of 400 digits, lone surrogates and JSON nested 100,000 deep cost no
@@ -45,6 +47,25 @@ SETTINGS = settings(
     suppress_health_check=list(HealthCheck),
     print_blob=False,
 )
+
+BATCH = 20
+"""Cases per hypothesis example: hypothesis's own cost per example is shared by the
+batch's cases (the four fuzz files took 148 s of CPU one case an example, 126 s twenty:
+docs/verification.md, "Fuzzing every HTTP endpoint"). The cases are the strategy's draws
+either way, and a failing batch shrinks case by case. Each case's requests still go out
+on their own: pipelined across cases, uvicorn's answer to a request its parser refuses
+came ahead of the answers to the requests before it."""
+
+
+def batched(cases: int = CASES) -> settings:
+    """``SETTINGS`` for ``cases`` cases, ``BATCH`` an example (``batch_of``)."""
+    return settings(SETTINGS, max_examples=max(1, -(-cases // BATCH)))
+
+
+def batch_of(case: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
+    """``BATCH`` cases drawn from ``case``: one example."""
+    return st.lists(case, min_size=BATCH, max_size=BATCH)
+
 
 HANG_S = 60.0
 """A request unanswered this long is a hang (the failure), not a slow answer."""

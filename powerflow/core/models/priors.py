@@ -109,8 +109,19 @@ def prior_on(prior: ModelParams, gpu: GpuSpec) -> ModelParams:
     grows by ``rho``. ``T_sync``'s clock factor ``(1 - s) + s / f`` is affine in
     ``1 / f``, so it is exactly ``c`` times the same factor at ``rho f`` with
     ``s' = rho s c``, ``c = 1 / (1 - s + rho s)``, and the sync seconds are
-    divided by ``c``. The prior itself is returned on its own type; a prior of
-    a type the catalogue lacks is refused.
+    divided by ``c``.
+
+    Its watts (``p_grad_w``, ``p_sync_w``, ``p_static_w``) are multiplied by the
+    ratio of the two types' ``p_max_w`` (the budget's reference power: typical
+    training power at the top clock, a catalogue fact). Left in the prior's
+    type's watts, an A100 prior predicted an H100 job at 1/1.75 of its power,
+    and a fitted mixed cluster's plan went over its limit until the jobs'
+    measurements caught up. The power model's clock shape is in ``f / f0`` and
+    each type's knee sits at the same fraction of its top clock, so the shape
+    carries over as it is.
+
+    The prior itself is returned on its own type; a prior of a type the
+    catalogue lacks is refused.
     """
     if prior.gpu == gpu.name:
         return prior
@@ -137,7 +148,15 @@ def _carried_over(prior: ModelParams, gpu: GpuSpec) -> ModelParams:
         sync_step_s=tp.sync_step_s / c,
         sync_hop_s=tp.sync_hop_s / c,
     )
-    return ModelParams(gpu=gpu.name, throughput=throughput, energy=prior.energy, model=prior.model)
+    watts = gpu.p_max_w / source.p_max_w
+    e = prior.energy
+    energy = replace(
+        e,
+        p_grad_w=e.p_grad_w * watts,
+        p_sync_w=e.p_sync_w * watts,
+        p_static_w=max(1.0, e.p_static_w * watts),
+    )
+    return ModelParams(gpu=gpu.name, throughput=throughput, energy=energy, model=prior.model)
 
 
 def write_prior(params: ModelParams, folder: Path) -> Path:

@@ -102,13 +102,17 @@ class Returns:
     none, or a count it may no longer have). ``restart_s``: seconds a job's
     JCT grows when it ends on another count (the checkpoint-restart, with any
     hysteresis margin); ``restart_w``: per-GPU watts during it. ``min_ratio``:
-    the floor on a doubling's ``dJCT / dE`` in s/J (0: none).
+    the floor on a doubling's ``dJCT / dE`` in s/J (0: none). ``short_first``:
+    the exponent of the short-first factor on a doubling's ratio, ``(short_ref_s
+    / remaining) ** short_first`` (0: none; ``returns.py``).
     """
 
     current: IntArray
     restart_s: float = 0.0
     restart_w: float = 0.0
     min_ratio: float = 0.0
+    short_first: float = 0.0
+    short_ref_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ def allocate(
             float(returns.restart_s),
             float(returns.restart_w),
             float(returns.min_ratio),
+            float(returns.short_first),
+            float(returns.short_ref_s),
         ),
         PowerState(
             int(power.free_gpus),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.curves import tie_ranks
 from powerflow.core.policy.greedy_kernels import Matrices, RaiseRules, heap_arrays, raise_steps
 from powerflow.core.policy.tables import IntArray
@@ -41,6 +42,20 @@ class Clocks:
         return tuple(zip(self.raised_rows, self.raised_from, strict=True))
 
 
+@dataclass(frozen=True, eq=False)
+class ClockRules:
+    """How the clock phase raises: ``step`` columns at a time; by ``dJCT / dE`` when
+    ``energy_aware``, else by ``dJCT`` alone; ``min_ratio`` (PowerFlow+): no raise whose
+    ``dJCT / dE`` (s/J) is below it (0, the paper's rule, takes any); ``weight``
+    (PowerFlow+'s short-first rule): per row, a factor on its raises' ``dJCT / dE``
+    (None: 1 for every row)."""
+
+    step: int
+    energy_aware: bool
+    min_ratio: float = 0.0
+    weight: FloatArray | None = None
+
+
 def raise_clocks(
     matrices: Matrices,
     start: Sequence[int],
@@ -48,21 +63,19 @@ def raise_clocks(
     total_w: float,
     limit_w: float,
     *,
-    step: int,
-    energy_aware: bool,
-    min_ratio: float = 0.0,
+    rules: ClockRules,
     ranks: IntArray | None = None,
 ) -> Clocks:
-    """Raise clocks by ``step`` columns at a time while the limit allows.
+    """Raise clocks by ``rules.step`` columns at a time while the limit allows.
 
     Row ``i`` of the ``matrices`` (JCT, energy, power) is one running job at
     its GPU count (columns: clocks); ``order[i]`` is its tie-break (arrival,
-    id); ``total_w`` the predicted cluster power at ``start``. ``min_ratio``
-    (PowerFlow+): no raise whose ``dJCT / dE`` (s/J) is below it; 0, the
-    paper's rule, takes any. ``ranks`` in place of ``order``: integers in the
-    same order as the rows' tie-breaks (equal for equal ones), e.g. the jobs'
-    ranks among more jobs (``curves.tie_ranks``); only their comparisons count.
+    id); ``total_w`` the predicted cluster power at ``start``. ``ranks`` in
+    place of ``order``: integers in the same order as the rows' tie-breaks
+    (equal for equal ones), e.g. the jobs' ranks among more jobs
+    (``curves.tie_ranks``); only their comparisons count.
     """
+    weight = rules.weight
     if ranks is None:
         if order is None:
             raise ValueError("raise_clocks: give the rows' order or their ranks")
@@ -79,6 +92,7 @@ def raise_clocks(
         and len(ranks) == rows
         and columns.min() >= 0
         and columns.max() < width
+        and (weight is None or len(weight) == rows)
     ):
         raise ValueError("raise_clocks: matrices, start columns and order do not match")
     raised_rows = np.empty(rows * (width - 1), dtype=np.int64)
@@ -91,7 +105,13 @@ def raise_clocks(
         ),
         np.ascontiguousarray(ranks, dtype=np.int64),
         float(total_w),
-        RaiseRules(float(limit_w), int(step), bool(energy_aware), float(min_ratio)),
+        RaiseRules(
+            float(limit_w),
+            int(rules.step),
+            bool(rules.energy_aware),
+            float(rules.min_ratio),
+            np.ones(rows) if weight is None else np.asarray(weight, dtype=np.float64),
+        ),
         columns,
         raised_rows,
         raised_from,

@@ -89,7 +89,8 @@ class StepRules(NamedTuple):
     """What allocation may do (``allocation.py``): rank steps by energy, take
     doublings, check the power of every step; a rescale's checkpoint-restart
     seconds and per-GPU watts; the floor on a doubling's ``d_jct /
-    d_energy`` (0: none)."""
+    d_energy`` (0: none); the short-first exponent and reference remaining
+    seconds (``_short_first``; exponent 0: none)."""
 
     energy_aware: bool
     elastic: bool
@@ -97,6 +98,8 @@ class StepRules(NamedTuple):
     restart_s: float
     restart_w: float
     min_ratio: float
+    short_first: float
+    short_ref_s: float
 
 
 class PowerState(NamedTuple):
@@ -126,12 +129,15 @@ class Matrices(NamedTuple):
 
 class RaiseRules(NamedTuple):
     """The clock phase's bounds: the power limit, columns per raise, rank
-    raises by energy, the floor on a raise's ``d_jct / d_energy`` (0: none)."""
+    raises by energy, the floor on a raise's ``d_jct / d_energy`` (0: none),
+    and per row a factor on that ratio (PowerFlow+'s short-first rule)."""
 
     limit_w: float
     step: int
     energy_aware: bool
     min_ratio: float
+    weight: FloatArray
+    """Per row, the factor on a raise's ratio (``_short_first``; all 1: the paper's keys)."""
 
 
 @njit
@@ -153,8 +159,16 @@ def _step_key(d_jct: float, d_energy: float, energy_aware: bool) -> tuple[int, f
 
 
 @njit
+def _short_first(remaining_s: float, ref_s: float, exponent: float) -> float:
+    """PowerFlow+'s factor on a step's ratio for a job with ``remaining_s`` to go:
+    ``(ref_s / remaining_s) ** exponent``, so that of two steps with the same
+    ``dJCT / dE`` the shorter job's is served first (``returns.py``)."""
+    return float((ref_s / max(remaining_s, 1e-9)) ** exponent)
+
+
+@njit
 def _doubling_key(
-    j: int, nxt: int, table: Rows, current: IntArray, rules: StepRules
+    j: int, nxt: int, table: Rows, current: IntArray, age: FloatArray, rules: StepRules
 ) -> tuple[int, float]:
     """``_step_key`` of job ``j``'s step from row ``nxt - 1`` to ``nxt``, rescale cost included.
 
@@ -164,7 +178,9 @@ def _doubling_key(
     restart_w`` joules per GPU it then holds. The step into its current count
     therefore gains one restart (it avoids it), the step out of it loses one;
     other steps pay it on both sides and are unchanged. With ``restart_s`` 0
-    this is ``_step_key`` exactly.
+    this is ``_step_key`` exactly. With ``rules.short_first`` above 0 a ratio
+    (class 2) is multiplied by ``_short_first`` of the job's remaining time on
+    its count before the step (its JCT there less its ``age``).
     """
     eff_jct, eff_energy, counts = table.jct, table.energy, table.counts
     restart_s, restart_w = rules.restart_s, rules.restart_w
@@ -178,7 +194,10 @@ def _doubling_key(
         elif nxt - 1 == cur:
             d_jct -= restart_s
             d_energy += restart_s * restart_w * counts[nxt]
-    return _step_key(d_jct, d_energy, rules.energy_aware)
+    cls, value = _step_key(d_jct, d_energy, rules.energy_aware)
+    if rules.short_first > 0 and cls == 2:
+        value *= _short_first(eff_jct[nxt - 1] - age[j], rules.short_ref_s, rules.short_first)
+    return cls, value
 
 
 @njit
@@ -316,7 +335,7 @@ def allocate_steps(
         nxt = to + 1  # the job's next step replaces this one in the heap
         step_cls, step_value = 3, 0.0
         if elastic and nxt < start[j] + sizes[j]:
-            step_cls, step_value = _doubling_key(j, nxt, table, current, rules)
+            step_cls, step_value = _doubling_key(j, nxt, table, current, ages, rules)
         if step_cls == 3:
             size = _pop(heap, size, cls, value, rank, to_row)
             continue
@@ -349,7 +368,7 @@ def raise_steps(
     ``heap_arrays`` (``tie`` zero).
     """
     jct, energy, power = matrices
-    limit_w, step, energy_aware, min_ratio = rules
+    limit_w, step, energy_aware, min_ratio, weight = rules
     cls, value, tie, heap = scratch
     rows, width = jct.shape
     size = root = int(np.int64(0))  # see ``_sift``
@@ -360,6 +379,8 @@ def raise_steps(
             cls[i], value[i] = _step_key(
                 jct[i, col] - jct[i, up], energy[i, up] - energy[i, col], energy_aware
             )
+            if cls[i] == 2:
+                value[i] *= weight[i]
             if cls[i] < 3:
                 heap[size] = i
                 size += 1
@@ -387,6 +408,8 @@ def raise_steps(
             step_cls, step_value = _step_key(
                 jct[i, up] - jct[i, nxt], energy[i, nxt] - energy[i, up], energy_aware
             )
+            if step_cls == 2:
+                step_value *= weight[i]
         if step_cls == 3:
             size = _pop(heap, size, cls, value, rank, tie)
             continue

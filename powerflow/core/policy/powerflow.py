@@ -72,7 +72,9 @@ PowerFlow+ (``powerflow+`` in ``powerflow.lab.schedulers``) is this policy with
 ``min_return``/``budget_price`` (a floor on the priority of a doubling or a
 clock raise) and ``rescale_cost_s``/``rescale_margin`` (a running job's
 checkpoint-restart inside its doubling priorities) set; ``returns.py`` states
-the rules. All four default to off, the paper's rules above.
+the rules. All four default to off, the paper's rules above, and so does
+``short_first`` (a factor favouring short jobs' doublings, an experiment that
+PowerFlow+ does not use; docs/policy.md, "Short first").
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.allocation import PowerModel, allocate
 from powerflow.core.policy.budget import resolve_limit_watts
 from powerflow.core.policy.curves import Curves, curves_of
-from powerflow.core.policy.frequency import raise_clocks
+from powerflow.core.policy.frequency import ClockRules, raise_clocks
 from powerflow.core.policy.greedy_kernels import Matrices
 from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.placement import place_columns
@@ -105,9 +107,10 @@ from powerflow.core.policy.power_loop import (
     planning_limit_w,
     steady_caps,
 )
-from powerflow.core.policy.returns import floor_of, returns_of
+from powerflow.core.policy.returns import floor_of, returns_of, short_first_weights
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.core.policy.static import (
+    Carried,
     StaticPart,
     check_progress,
     index_of,
@@ -163,15 +166,28 @@ class PowerFlowPolicy:
     rescale_margin: float = 0.0
     """PowerFlow+ hysteresis: the rescale cost is counted ``1 + rescale_margin`` times,
     so a running job changes its count only for a gain that beats it by that margin."""
+    short_first: float = 0.0
+    """PowerFlow+ experiment: the exponent of the short-first factor on a doubling's
+    ``dJCT / dE``, ``(mean remaining / the job's remaining) ** short_first``
+    (``returns.py``); 0: off."""
+    short_first_clocks: bool = False
+    """With ``short_first``: the same factor on the clock raises' ratios."""
 
     def __post_init__(self) -> None:
         if self.frequency_step < 1:
             raise SnapshotError(f"frequency_step {self.frequency_step} < 1")
         self.loop_options()  # validates the options
-        options = (self.min_return, self.budget_price, self.rescale_cost_s, self.rescale_margin)
+        options = (
+            self.min_return,
+            self.budget_price,
+            self.rescale_cost_s,
+            self.rescale_margin,
+            self.short_first,
+        )
         if not all(x >= 0 and math.isfinite(x) for x in options):
             raise SnapshotError(
-                "min_return, budget_price, rescale_cost_s and rescale_margin must be finite, >= 0"
+                "min_return, budget_price, rescale_cost_s, rescale_margin and short_first"
+                " must be finite, >= 0"
             )
         if (self.min_return > 0 or self.budget_price > 0) and not self.energy_aware:
             raise SnapshotError("a floor on returns (dJCT / dE) needs energy_aware")
@@ -215,8 +231,9 @@ class PowerFlowPolicy:
             earlier = None if last is None or index is None else Previous(last.tables, index)
             tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, earlier)
             limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+            carried = None if last is None or index is None else Carried(last, index)
             part = static_part(
-                jobs, cluster, inputs, clocks, tables, last, index, options.correction, positions
+                jobs, cluster, inputs, clocks, tables, carried, options.correction, positions
             )
             self.memo.static = part
         curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank, part.arrival_s)
@@ -307,7 +324,8 @@ class _Decision:
             self.cluster.gpu.idle_power_w,
             self.curves,
             jobs,
-            self.held,
+            short_first=self.policy.short_first,
+            held=self.held,
         )
         alloc = allocate(
             self.curves,
@@ -349,9 +367,17 @@ class _Decision:
                 None,
                 alloc.power_w,
                 plan_limit,
-                step=self.policy.frequency_step,
-                energy_aware=self.policy.energy_aware,
-                min_ratio=0.0 if returns is None else returns.min_ratio,
+                rules=ClockRules(
+                    step=self.policy.frequency_step,
+                    energy_aware=self.policy.energy_aware,
+                    min_ratio=0.0 if returns is None else returns.min_ratio,
+                    weight=short_first_weights(
+                        returns if self.policy.short_first_clocks else None,
+                        self.curves,
+                        row_idx,
+                        np.asarray(running, dtype=np.int64),
+                    ),
+                ),
                 # The jobs' places in (arrival, id) order among all jobs: the same
                 # comparisons as their places among the running ones.
                 ranks=self.curves.tie_rank[np.asarray(running, dtype=np.int64)],

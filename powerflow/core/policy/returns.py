@@ -26,6 +26,18 @@ experiments behind them are in docs/policy.md, section "PowerFlow+".
   cost, the step out of it pays it (``greedy_kernels._doubling_key``), so a
   job grows only for a gain larger than a restart and is shrunk last.
   Counting it ``1 + margin`` times is the hysteresis against thrashing.
+* **Short first** (``short_first``, an exponent; an experiment, off by default
+  and in PowerFlow+: docs/policy.md, "Short first"). The ratio
+  ``dJCT / dE`` of a doubling (and with ``short_first_clocks`` of a raise)
+  does not depend on how long the job has left: for a job that scales the
+  same, doubling it saves a fraction of its remaining time for the same
+  fraction more energy. For the average JCT the shorter job's step is worth
+  more (it frees its GPUs sooner: the SRPT argument, and AFS-L's rule), so
+  the ratio is multiplied by ``(R_ref / R) ** short_first``, ``R`` the job's
+  predicted remaining time on its count before the step and ``R_ref`` the
+  mean over the unfinished jobs on their first counts (one number per
+  decision, so a job of average length keeps its ratio and the floor its
+  meaning for it).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.allocation import Returns
 from powerflow.core.policy.curves import Curves
 from powerflow.core.policy.snapshot import Job
@@ -62,16 +75,18 @@ def returns_of(
     restart_w: float,
     curves: Curves,
     jobs: Sequence[Job],
+    short_first: float = 0.0,
     held: IntArray | None = None,
 ) -> Returns | None:
-    """The kernel's inputs for PowerFlow+'s rules, or ``None`` when both are off.
+    """The kernel's inputs for PowerFlow+'s rules, or ``None`` when all are off.
 
     ``floor``: on the cluster-normalised priority (``floor_of``); ``restart_s``:
-    the rescale cost with its margin; ``restart_w``: per-GPU power during it.
-    ``held``: per job, the GPUs it holds, when the caller has them already (and
-    the remaining iterations come from ``curves.remaining`` when it has them).
+    the rescale cost with its margin; ``restart_w``: per-GPU power during it;
+    ``short_first``: the exponent of the short-first factor. ``held``: per job,
+    the GPUs it holds, when the caller has them already (and the remaining
+    iterations come from ``curves.remaining`` when it has them).
     """
-    if floor <= 0 and restart_s <= 0:
+    if floor <= 0 and restart_s <= 0 and short_first <= 0:
         return None
     tables = curves.tables
     start, sizes = tables.start, tables.sizes
@@ -88,13 +103,29 @@ def returns_of(
         k = np.rint(level).astype(np.int64)
         ok = (np.abs(level - k) < 1e-9) & (k >= 0) & (k < sizes[on])
         current[on[ok]] = start[on[ok]] + k[ok]
-    min_ratio = 0.0
-    if floor > 0:
+    min_ratio = ref_s = 0.0
+    if floor > 0 or short_first > 0:
         remaining = curves.remaining
         if remaining is None:
             remaining = np.asarray([job.remaining_iterations for job in jobs], dtype=np.float64)
-        rows = start[(remaining > 0) & (sizes > 0)]
+        unfinished = (remaining > 0) & (sizes > 0)
+        rows = start[unfinished]
         energy = float(curves.energy_j[rows].sum())
-        if energy > 0:
+        if floor > 0 and energy > 0:
             min_ratio = floor * float(curves.jct_s[rows].sum()) / energy
-    return Returns(current, restart_s, restart_w, min_ratio)
+        if short_first > 0 and rows.size:
+            ref_s = float(np.mean(curves.jct_s[rows] - curves.age_s[unfinished]))
+    return Returns(current, restart_s, restart_w, min_ratio, short_first, ref_s)
+
+
+def short_first_weights(
+    returns: Returns | None, curves: Curves, rows: IntArray, jobs: IntArray
+) -> FloatArray | None:
+    """Per running job (its table row in ``rows``, its index in ``jobs``), the
+    short-first factor on its raises' ratio at its efficient clock; ``None``
+    when the rule is off."""
+    if returns is None or returns.short_first <= 0 or returns.short_ref_s <= 0:
+        return None
+    left = np.maximum(curves.jct_s[rows] - curves.age_s[jobs], 1e-9)
+    out: FloatArray = (returns.short_ref_s / left) ** returns.short_first
+    return out

@@ -69,6 +69,10 @@ class Job:
     measured_frequency_mhz: int | None = None
     profiled_gpus: frozenset[int] | None = None
     power_cap_w: float | None = None
+    models_by_gpu: tuple[tuple[str, PerfModel], ...] = field(default=(), compare=False)
+    """The job's model on each GPU type of a mixed cluster, by type name
+    (``powerflow.core.policy.fleet``); ``model`` serves a type not listed. Empty on
+    a cluster of one type, where ``model`` is the job's model on it."""
 
 
 @dataclass(frozen=True)

@@ -143,21 +143,29 @@ def check_progress(jobs: Sequence[Job]) -> None:
         validate.check_progress(job)
 
 
+@dataclass(frozen=True, eq=False)
+class Carried:
+    """The last call's part and, per job now, its position there (-1: new or changed;
+    ``StaticPart.matches``)."""
+
+    part: StaticPart
+    index: IntArray
+
+
 def static_part(
     jobs: Sequence[Job],
     cluster: Cluster,
     inputs: tuple[list[Fields], list[PerfModel]],
     clocks: Sequence[int],
     tables: Tables,
-    last: StaticPart | None,
-    index: IntArray | None,
+    carried: Carried | None,
     correct: bool,
     positions: dict[str, int],
 ) -> StaticPart:
     """The part of ``jobs`` on ``cluster`` (``inputs``: their ``static_inputs``;
-    ``positions``: their ``index_of``) from their ``tables``; a job with an ``index``
-    (>= 0) takes its correction factor and sweep rows from ``last``
-    (``StaticPart.matches``), the others are derived."""
+    ``positions``: their ``index_of``) from their ``tables``; a job with an index
+    (>= 0) in ``carried`` takes its correction factor and sweep rows from the last
+    part, the others are derived."""
     fields, models = inputs
     count = len(jobs)
     entries = tables.job_rows
@@ -166,7 +174,8 @@ def static_part(
     scales = np.ones(count)
     masks = np.empty(len(tables.row_job))
     fresh: Sequence[int] = range(count)
-    if last is not None and index is not None:
+    if carried is not None:
+        last, index = carried.part, carried.index
         hit = index >= 0
         scales[hit] = last.scales[index[hit]]
         to, source = row_moves(tables.start, tables.sizes, last.tables.start, index)

@@ -80,6 +80,7 @@ from powerflow.core.policy.snapshot import Job, Node, Plan, Snapshot
 from powerflow.lab.baselines.common import (
     Decision,
     ModelMemo,
+    PlanWatts,
     arrival_order,
     cluster_gpu,
     evaluate,
@@ -279,5 +280,7 @@ class AfsPolicy:
                     requests.append(request)
         result = self._place(snapshot.nodes, requests)
         where = {job_id: tuple(got) for job_id, got in result.assignments.items() if got}
-        plans = job_plans(snapshot.jobs, where, clock, self.memo)
-        return finish(snapshot, spec, Decision(tuple(plans), result.migrations), self.memo)
+        priced = PlanWatts(self.memo)
+        plans = job_plans(snapshot.jobs, where, clock, self.memo, priced)
+        decided = Decision(tuple(plans), result.migrations)
+        return finish(snapshot, spec, decided, self.memo, priced)

@@ -12,7 +12,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, itemgetter, truediv
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -66,7 +66,8 @@ def node_count(placement: Sequence[GpuSlot]) -> int:
     return len({node for node, _ in placement})
 
 
-_ARRIVAL_KEY = attrgetter("arrival_s", "id")
+ARRIVAL_KEY = attrgetter("arrival_s", "id")
+"""The FIFO sort key, ``(arrival_s, id)``."""
 
 
 def arrival_order(jobs: Iterable[Job]) -> list[Job]:
@@ -75,7 +76,7 @@ def arrival_order(jobs: Iterable[Job]) -> list[Job]:
     The key is an ``attrgetter`` (the same ``(arrival_s, id)`` tuple a lambda
     would build, at C speed): every decision sorts every job.
     """
-    return sorted(jobs, key=_ARRIVAL_KEY)
+    return sorted(jobs, key=ARRIVAL_KEY)
 
 
 def evaluate(
@@ -109,6 +110,48 @@ def evaluate(
     return t, e
 
 
+class _Layout(NamedTuple):
+    """What a ``Pool`` derives from the nodes alone: their order, rank and sizes.
+
+    Shared, never changed, by every pool of one node tuple: the engine hands
+    the same tuple to decision after decision while no node switches on or
+    off, and deriving it afresh took a sort of every node per decision (0.08 s
+    of the 1.6 s of policy CPU of a Gandiva run of the default trace, replayed
+    with ``benchmarks/replay_bench.py``). Only
+    a tuple is remembered (a list could change in place), and it is held, so
+    the identity check can never match another tuple at a reused address.
+    """
+
+    nodes: Sequence[Node]
+    order: list[str]
+    rank: dict[str, int]
+    size: dict[str, int]
+    gpus: list[tuple[str, range]]
+    total: int
+    biggest: int
+
+    @staticmethod
+    def of(nodes: Sequence[Node]) -> _Layout:
+        last = _LAST_LAYOUT[0]
+        if last is not None and last.nodes is nodes:
+            return last
+        order = [node.name for node in sorted(nodes, key=lambda node: not node.powered_on)]
+        rank: dict[str, int] = {}
+        for i, name in enumerate(order):
+            rank.setdefault(name, i)  # ``order.index``: the first one
+        size = {node.name: node.gpus for node in nodes}
+        gpus = [(node.name, range(node.gpus)) for node in nodes]
+        layout = _Layout(
+            nodes, order, rank, size, gpus, sum(size.values()), max(size.values(), default=0)
+        )
+        if type(nodes) is tuple:
+            _LAST_LAYOUT[0] = layout
+        return layout
+
+
+_LAST_LAYOUT: list[_Layout | None] = [None]
+
+
 class Pool:
     """Free GPUs of the cluster during one ``plan`` call (mutable, never shared).
 
@@ -124,14 +167,13 @@ class Pool:
     """
 
     def __init__(self, nodes: Sequence[Node]) -> None:
-        self.order = [node.name for node in sorted(nodes, key=lambda node: not node.powered_on)]
-        self.rank: dict[str, int] = {}
-        for i, name in enumerate(self.order):
-            self.rank.setdefault(name, i)  # ``order.index``: the first one
-        self.size = {node.name: node.gpus for node in nodes}
-        self.free: dict[str, list[int]] = {node.name: list(range(node.gpus)) for node in nodes}
-        self._count = sum(self.size.values())
-        self.biggest = max(self.size.values(), default=0)
+        layout = _Layout.of(nodes)
+        self.order = layout.order
+        self.rank = layout.rank
+        self.size = layout.size
+        self.free: dict[str, list[int]] = {name: list(gpus) for name, gpus in layout.gpus}
+        self._count = layout.total
+        self.biggest = layout.biggest
         # (whole_free_gpus, most_free), until the free lists change
         self._summary: tuple[int, int] | None = None
 
@@ -369,62 +411,127 @@ def predicted_watts(
     snapshot: Snapshot,
     jobs: Sequence[JobPlan],
     spec: GpuSpec,
-    models: Mapping[str, PerfModel],
+    models: Sequence[PerfModel],
     memo: ModelMemo,
     runs_at: Mapping[str, int] | None = None,
 ) -> float:
     """Cluster power of a plan by the jobs' models, plus idle power of unused GPUs.
 
-    Jobs that time-slice one set of GPUs (Gandiva) each run a ``1/k`` share of
-    the time, so each adds ``1/k`` of its power. ``runs_at``: the clock a job
-    really runs at where it differs from its plan's (a power limit holds it lower).
+    ``models[i]`` is the model of ``jobs[i]``'s job. Jobs that time-slice one
+    set of GPUs (Gandiva) each run a ``1/k`` share of the time, so each adds
+    ``1/k`` of its power. ``runs_at``: the clock a job really runs at where it
+    differs from its plan's (a power limit holds it lower).
     """
-    running = [jp for jp in jobs if jp.gpus > 0]
-    sharers = Counter(chain.from_iterable([jp.placement for jp in running]))
-    known = memo.last("watts")
-    watts: list[float] = []
-    miss: list[int] = []
-    recall = known.recall
-    clock_of = runs_at or {}
-    clocks = [clock_of.get(jp.job_id, jp.frequency_mhz) for jp in running]
-    # Job id -> (model, plan, clock, watts): the very plan object of last time
-    # (the baselines reuse them) at the same clock and model has the same watts,
-    # found without building and comparing its configuration (this function's
-    # CPU in a Gandiva+Zeus run of the default trace 0.43 -> 0.32 s).
-    by_plan = memo.last("watts_by_plan")
-    for jp, f in zip(running, clocks, strict=True):
-        model = models[jp.job_id]
-        last = by_plan.get(jp.job_id)
+    gathered = PlanWatts(memo)
+    running, run_models, clocks, watts = (
+        gathered.running,
+        gathered.models,
+        gathered.clocks,
+        gathered.watts,
+    )
+    lookup = gathered.lookup
+    seen = gathered.by_plan.get
+    for jp, model in zip(jobs, models, strict=True):
+        if not jp.gpus > 0:
+            continue
+        f = jp.frequency_mhz if runs_at is None else runs_at.get(jp.job_id, jp.frequency_mhz)
+        running.append(jp)
+        run_models.append(model)
+        clocks.append(f)
+        last = seen(jp.job_id)  # ``lookup``'s first check, inline: most plans pass it
         if last is not None and last[1] is jp and last[0] is model and last[2] == f:
             watts.append(last[3])
-            continue
-        hit = recall(jp.job_id, model, (jp.gpus, jp.local_batch_size, f, jp.placement))
-        if hit is not None:
-            by_plan[jp.job_id] = (model, jp, f, hit)
-            watts.append(hit)
         else:
-            miss.append(len(watts))
-            watts.append(0.0)
-    if miss:
-        plans = [running[i] for i in miss]
-        t, e = memo.rows(
-            [models[jp.job_id] for jp in plans],
-            [
-                (jp.gpus, per_node(jp.placement), jp.local_batch_size, clocks[i])
-                for i, jp in zip(miss, plans, strict=True)
-            ],
+            watts.append(lookup(jp, model, f))
+    return gathered.total(snapshot, spec)
+
+
+class PlanWatts:
+    """The running jobs of one plan, in plan order, with the watts of each that a
+    memo already knows (None: not yet): ``total`` asks the models for the rest in
+    one grouped call and adds the cluster's power up (``predicted_watts``).
+
+    A wrapper that visits every running job anyway (Zeus) fills these lists in
+    its own pass, with the watts it keeps beside its plans, rather than handing
+    the plan to ``predicted_watts`` for a second pass over the same jobs.
+    """
+
+    __slots__ = ("_known", "_memo", "by_plan", "clocks", "models", "running", "watts")
+
+    def __init__(self, memo: ModelMemo) -> None:
+        self.running: list[JobPlan] = []
+        self.models: list[PerfModel] = []
+        self.clocks: list[int] = []
+        self.watts: list[float | None] = []
+        self._memo = memo
+        self._known = memo.last("watts")
+        # Job id -> (model, plan, clock, watts): the very plan object of last time
+        # (the baselines reuse them) at the same clock and model has the same watts,
+        # found without building and comparing its configuration (this function's
+        # CPU in a Gandiva+Zeus run of the default trace 0.43 -> 0.32 s).
+        self.by_plan = memo.last("watts_by_plan")
+
+    def lookup(self, jp: JobPlan, model: PerfModel, f: int) -> float | None:
+        """The watts of ``jp`` at clock ``f`` by ``model`` if the memo has them."""
+        last = self.by_plan.get(jp.job_id)
+        if last is not None and last[1] is jp and last[0] is model and last[2] == f:
+            w: float = last[3]
+            return w
+        hit: float | None = self._known.recall(
+            jp.job_id, model, (jp.gpus, jp.local_batch_size, f, jp.placement)
         )
-        for i, jp, ti, ei in zip(miss, plans, t, e, strict=True):
-            watts[i] = ei / ti
-            config = (jp.gpus, jp.local_batch_size, clocks[i], jp.placement)
-            known.remember(jp.job_id, models[jp.job_id], config, watts[i])
-            by_plan[jp.job_id] = (models[jp.job_id], jp, clocks[i], watts[i])
-    if sum(map(len, (jp.placement for jp in running))) == len(sharers):
-        active = sum(watts)  # no GPU time-sliced: every share is 1, and w / 1 is w
-    else:
-        active = sum([w / sharers[jp.placement[0]] for jp, w in zip(running, watts, strict=True)])
-    total = sum(node.gpus for node in snapshot.nodes)
-    return active + (total - len(sharers)) * spec.idle_power_w
+        if hit is not None:
+            self.by_plan[jp.job_id] = (model, jp, f, hit)
+        return hit
+
+    def total(self, snapshot: Snapshot, spec: GpuSpec, shared: bool = False) -> float:
+        """Cluster watts: every running job's (the missing ones from their models,
+        then remembered), each divided by the jobs sharing its first GPU, plus
+        the idle power of the GPUs no job uses.
+
+        ``shared``: GPUs are likely time-sliced (Gandiva), so the sharers are
+        counted at once rather than after a set finds that some are; the same
+        figure either way (a share of 1 divides by 1), only sooner.
+        """
+        running, models, clocks, found = self.running, self.models, self.clocks, self.watts
+        miss = [i for i, w in enumerate(found) if w is None]
+        if miss:
+            t, e = self._memo.rows(
+                [models[i] for i in miss],
+                [
+                    (jp.gpus, per_node(jp.placement), jp.local_batch_size, clocks[i])
+                    for i, jp in ((i, running[i]) for i in miss)
+                ],
+            )
+            for i, ti, ei in zip(miss, t, e, strict=True):
+                jp, model = running[i], models[i]
+                found[i] = ei / ti
+                config = (jp.gpus, jp.local_batch_size, clocks[i], jp.placement)
+                self._known.remember(jp.job_id, model, config, found[i])
+                self.by_plan[jp.job_id] = (model, jp, clocks[i], found[i])
+        watts: list[float] = found  # type: ignore[assignment]  # every entry is filled now
+        placements = list(map(_PLACEMENT, running))
+        slots = list(chain.from_iterable(placements))
+        if shared:
+            sharers = Counter(slots)
+            used = len(sharers)
+        else:
+            used = len(set(slots))
+        active: float
+        if used == len(slots):
+            active = sum(watts)  # no GPU time-sliced: every share is 1, and w / 1 is w
+        else:
+            # w / k for each job, k the sharers of its first GPU, summed in job order
+            if not shared:
+                sharers = Counter(slots)
+            active = sum(map(truediv, watts, map(sharers.__getitem__, map(_FIRST, placements))))
+        total: int = sum(map(_GPUS, snapshot.nodes))
+        return active + (total - used) * spec.idle_power_w
+
+
+_PLACEMENT = attrgetter("placement")
+_FIRST = itemgetter(0)
+_GPUS = attrgetter("gpus")
 
 
 class Decision(NamedTuple):
@@ -446,20 +553,55 @@ class Decides(Protocol):
         ...
 
 
-def finish(snapshot: Snapshot, spec: GpuSpec, decided: Decision, memo: ModelMemo) -> Plan:
-    """The plan of a decision, with its power figures.
+def finish(
+    snapshot: Snapshot,
+    spec: GpuSpec,
+    decided: Decision,
+    memo: ModelMemo,
+    priced: PlanWatts | None = None,
+    shared: bool = False,
+) -> Plan:
+    """The plan of a decision, with its power figures (``priced``: its running
+    plans gathered already, by ``job_plans``; ``shared``: ``PlanWatts.total``'s).
 
     The limit is the admin's budget as PowerFlow reads it; the baselines only
     report it (none of them is power-capped).
     """
-    models = {job.id: job.model for job in snapshot.jobs}
+    watts = (
+        predicted_watts(snapshot, decided.jobs, spec, job_models(snapshot, decided.jobs), memo)
+        if priced is None
+        else priced.total(snapshot, spec, shared)
+    )
     return Plan(
         jobs=decided.jobs,
         limit_watts=limit_watts(snapshot),
-        predicted_watts=predicted_watts(snapshot, decided.jobs, spec, models, memo),
+        predicted_watts=watts,
         powered_down_nodes=(),
         migrations=decided.migrations,
     )
+
+
+_MODEL = attrgetter("model")
+_JOB_ID = attrgetter("job_id")
+_ID = attrgetter("id")
+
+
+def plan_jobs(snapshot: Snapshot, plans: Sequence[JobPlan]) -> Sequence[Job]:
+    """The snapshot's job of each plan. ``plans`` are usually in the snapshot's job
+    order (a ``Decision``'s are): that is checked, and then the snapshot's jobs are
+    the answer, without a mapping by id built at every event (with ``PlanWatts``,
+    the policy CPU of a Gandiva+Zeus run of the default trace 2.89 -> 2.58 s,
+    ``python benchmarks/replay_bench.py --runs gandiva+zeus``)."""
+    jobs = snapshot.jobs
+    if len(jobs) == len(plans) and list(map(_ID, jobs)) == list(map(_JOB_ID, plans)):
+        return jobs
+    by_id = {job.id: job for job in jobs}
+    return [by_id[jp.job_id] for jp in plans]
+
+
+def job_models(snapshot: Snapshot, plans: Sequence[JobPlan]) -> list[PerfModel]:
+    """Each plan's job's model (``plan_jobs``)."""
+    return list(map(_MODEL, plan_jobs(snapshot, plans)))
 
 
 def waiting(job: Job, clock: int) -> JobPlan:
@@ -477,16 +619,29 @@ def job_plans(
     where: Mapping[str, tuple[GpuSlot, ...]],
     clock: int,
     memo: ModelMemo,
+    priced: PlanWatts | None = None,
 ) -> list[JobPlan]:
     """``running`` for the jobs in ``where``, ``waiting`` for the others, in order.
 
     The plan object of a job's last round is reused when it would be equal
     (plans are frozen): most jobs' plans do not change between events, and
-    building one costs more than comparing its inputs.
+    building one costs more than comparing its inputs. With ``priced``, each
+    running plan goes into it with its job's model and the watts the memo
+    knows, in the same pass (``finish`` then adds them up): what
+    ``predicted_watts`` would do in a second pass over the plans, which took
+    a tenth of a Gandiva decision.
     """
     waits = memo.last(("waiting", clock))
     runs = memo.last(("running", clock))
     out: list[JobPlan] = []
+    if priced is not None:  # ``PlanWatts.add``, inline below: once per running job
+        runs_p, models_p, clocks_p, watts_p = (
+            priced.running,
+            priced.models,
+            priced.clocks,
+            priced.watts,
+        )
+        seen, lookup = priced.by_plan.get, priced.lookup
     for job in jobs:
         placement = where.get(job.id)
         if placement is None:
@@ -499,9 +654,19 @@ def job_plans(
         else:
             hit = runs.get(job.id)
             if hit is not None and hit[0] == job.global_batch_size and hit[1] == placement:
-                out.append(hit[2])
-                continue
-            plan = running(job, placement, clock)
-            runs[job.id] = (job.global_batch_size, placement, plan)
+                plan = hit[2]
+            else:
+                plan = running(job, placement, clock)
+                runs[job.id] = (job.global_batch_size, placement, plan)
+            if priced is not None and plan.gpus > 0:
+                model, f = job.model, plan.frequency_mhz
+                runs_p.append(plan)
+                models_p.append(model)
+                clocks_p.append(f)
+                last = seen(job.id)
+                if last is not None and last[1] is plan and last[0] is model and last[2] == f:
+                    watts_p.append(last[3])
+                else:
+                    watts_p.append(lookup(plan, model, f))
         out.append(plan)
     return out

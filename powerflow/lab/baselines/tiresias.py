@@ -97,6 +97,7 @@ from powerflow.core.policy.snapshot import GpuSlot, Job, Migration, Plan, Snapsh
 from powerflow.lab.baselines.common import (
     Decision,
     ModelMemo,
+    PlanWatts,
     Pool,
     cluster_gpu,
     finish,
@@ -162,9 +163,14 @@ class TiresiasPolicy:
         return sorted(snapshot.jobs, key=key)
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        return finish(snapshot, cluster_gpu(snapshot), self.decide(snapshot), self.memo)
+        decided, priced = self._decide(snapshot, price=True)
+        return finish(snapshot, cluster_gpu(snapshot), decided, self.memo, priced)
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        return self._decide(snapshot, price=False)[0]
+
+    def _decide(self, snapshot: Snapshot, price: bool) -> tuple[Decision, PlanWatts | None]:
+        """The decision; with ``price``, its running plans gathered for pricing too."""
         clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
         order = self.priority(snapshot)
         biggest = max(node.gpus for node in snapshot.nodes)
@@ -174,8 +180,9 @@ class TiresiasPolicy:
         while placed.held:  # each pass holds back at least one more job: it ends
             held |= placed.held
             placed = _place(snapshot, _choose(snapshot, order, held), skew)
-        plans = job_plans(snapshot.jobs, placed.where, clock, self.memo)
-        return Decision(tuple(plans), tuple(placed.moves))
+        priced = PlanWatts(self.memo) if price else None
+        plans = job_plans(snapshot.jobs, placed.where, clock, self.memo, priced)
+        return Decision(tuple(plans), tuple(placed.moves)), priced
 
 
 def placement_slowdown(
@@ -247,9 +254,10 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
     pool.take(chain.from_iterable([job.placement for job in running]))  # one call, same order
     for job in running:
         where[job.id] = job.placement
-    for job in sorted(chosen, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
-        if job.id in where:
-            continue
+    # Largest first; the running jobs, placed above, are left out before the sort
+    # (a stable sort of the rest orders them as sorting all and skipping those would).
+    starting = [job for job in chosen if job.id not in where]
+    for job in sorted(starting, key=lambda j: (-j.requested_gpus, j.arrival_s, j.id)):
         target = pool.take_consolidated(job.requested_gpus)
         if target is None:
             if skew.waits(job, snapshot.now_s):

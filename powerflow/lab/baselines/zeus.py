@@ -83,10 +83,11 @@ from powerflow.lab.baselines.common import (
     Decides,
     Decision,
     ModelMemo,
+    PlanWatts,
     cluster_gpu,
     evaluate,
     per_node,
-    predicted_watts,
+    plan_jobs,
 )
 
 ZeusKnob = Literal["power_limit", "clock"]
@@ -209,10 +210,10 @@ class ZeusPolicy:
         )
         base_jobs = base.jobs
         spec = cluster_gpu(snapshot)
-        by_id = {job.id: job for job in snapshot.jobs}
-        models = {job_id: job.model for job_id, job in by_id.items()}
+        views = plan_jobs(snapshot, base_jobs)
         capping = self.knob == "power_limit"
-        # Job id -> (inner plan, model, our plan, clock a limit holds it at or None):
+        # Job id -> (inner plan, model, our plan, clock a limit holds it at or None,
+        # the plan's watts once priced):
         # what a job got last time, handed back while the inner plan object and
         # the model are the ones it was set for (its setting depends on nothing
         # else). Looking up ~250 settings and building their frozen plans at
@@ -222,11 +223,25 @@ class ZeusPolicy:
         made = self.memo.last(("zeus_plan", spec, self.eta_knob, self.knob, self.pl_step_w))
         jobs = list(base_jobs)
         runs_at: dict[str, int] = {}  # where a power limit holds the clock below the locked one
-        todo: list[int] = []
-        for k, jp in enumerate(base_jobs):
+        # The plan's watts are gathered in this pass (``PlanWatts``): a job handed
+        # back from ``made`` comes with the watts it was priced at there, so
+        # pricing the plan needs no second pass over its jobs (the policy CPU of a
+        # Gandiva+Zeus run of the default trace 2.41 -> 2.08 s, replayed by
+        # ``benchmarks/replay_bench.py``).
+        gathered = PlanWatts(self.memo)
+        running, run_models, clocks, watts = (
+            gathered.running,
+            gathered.models,
+            gathered.clocks,
+            gathered.watts,
+        )
+        lookup = gathered.lookup
+        todo: list[tuple[int, int]] = []  # (job's index, its slot in ``gathered``)
+        priced: list[tuple[int, str]] = []  # (slot, job id): watts to keep in ``made``
+        for k, (jp, job) in enumerate(zip(base_jobs, views, strict=True)):
             if jp.gpus == 0:
                 continue
-            job = by_id[jp.job_id]
+            model = job.model
             # A job profiling on the plan's GPU count gets no limit: Zeus's profiler
             # owns it. Not only a job already profiling (pinned): one the plan
             # starts, resumes or resizes onto a count it has not profiled begins
@@ -235,17 +250,35 @@ class ZeusPolicy:
             # first plan after the phase.
             profiled = job.profiled_gpus
             if capping and profiled is not None and jp.gpus not in profiled:
+                running.append(jp)
+                run_models.append(model)
+                clocks.append(jp.frequency_mhz)
+                watts.append(lookup(jp, model, jp.frequency_mhz))
                 continue
             prev = made.get(jp.job_id)
-            if prev is not None and prev[0] is jp and prev[1] is job.model:
-                jobs[k] = prev[2]
-                if prev[3] is not None:
-                    runs_at[jp.job_id] = prev[3]
+            if prev is not None and prev[0] is jp and prev[1] is model:
+                ours, held, w = prev[2], prev[3], prev[4]
+                jobs[k] = ours
+                if held is not None:
+                    runs_at[jp.job_id] = held
+                f = ours.frequency_mhz if held is None else held
+                if w is None:
+                    w = lookup(ours, model, f)
+                    priced.append((len(watts), jp.job_id))
+                running.append(ours)
+                run_models.append(model)
+                clocks.append(f)
+                watts.append(w)
             else:
-                todo.append(k)
+                todo.append((k, len(watts)))
+                running.append(jp)  # placeholders, set below
+                run_models.append(model)
+                clocks.append(0)
+                watts.append(None)
         if todo:
-            settings = self._settings([base_jobs[k] for k in todo], models, spec)
-            for k in todo:
+            models = {base_jobs[k].job_id: views[k].model for k, _ in todo}
+            settings = self._settings([base_jobs[k] for k, _ in todo], models, spec)
+            for k, slot in todo:
                 jp = base_jobs[k]
                 clock, cap = settings[jp.job_id]
                 locked = spec.max_clock_mhz if capping else clock
@@ -259,11 +292,18 @@ class ZeusPolicy:
                 if held is not None:
                     runs_at[jp.job_id] = held
                 jobs[k] = ours
-                made[jp.job_id] = (jp, models[jp.job_id], ours, held)
-        watts = predicted_watts(snapshot, jobs, spec, models, self.memo, runs_at)
+                f = ours.frequency_mhz if held is None else held
+                running[slot] = ours
+                clocks[slot] = f
+                watts[slot] = lookup(ours, models[jp.job_id], f)
+                made[jp.job_id] = (jp, models[jp.job_id], ours, held, None)
+                priced.append((slot, jp.job_id))
+        total = gathered.total(snapshot, spec, getattr(inner, "time_slices", False))
+        for slot, job_id in priced:
+            made[job_id] = (*made[job_id][:4], watts[slot])
         if isinstance(base, Plan):
-            return replace(base, jobs=tuple(jobs), predicted_watts=watts)
-        return Plan(tuple(jobs), limit_watts(snapshot), watts, (), base.migrations)
+            return replace(base, jobs=tuple(jobs), predicted_watts=total)
+        return Plan(tuple(jobs), limit_watts(snapshot), total, (), base.migrations)
 
     def _settings(
         self, run: list[JobPlan], models: dict[str, PerfModel], spec: GpuSpec

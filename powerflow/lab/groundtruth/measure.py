@@ -118,8 +118,7 @@ def measured_power_w(
 
 
 def noisy_power_w(
-    step_s: float,
-    energy_j: float,
+    clean: tuple[float, float],
     n: float,
     r: float,
     bs: float,
@@ -130,7 +129,7 @@ def noisy_power_w(
     iterations: float,
 ) -> float:
     """``measured_power_w`` of a configuration whose true step time and energy per
-    iteration the caller has already (the very floats the truth gives there): the same
+    iteration (``clean``) the caller has already (the very floats the truth gives there): the same
     draws, arithmetic and checks, without evaluating the truth again. The simulator
     measures every job that starts running at its planned clock, a configuration whose
     rates it has just read (``TruthRates.clean``)."""
@@ -138,6 +137,7 @@ def noisy_power_w(
         raise DataError("noise must be >= 0")
     if iterations < 1:
         raise DataError("each sample averages at least one iteration")
+    step_s, energy_j = clean
     sigma = np.full(1, noise / np.sqrt(np.float64(iterations)))
     half_var = 0.5 * sigma**2  # as _noisy: time's draw first, then energy's
     step = np.array([step_s], dtype=np.float64) * _factor(rng, sigma, half_var)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from powerflow.core.errors import SimulationError
 from powerflow.core.gpus import A100, GpuSpec
@@ -54,6 +54,28 @@ that the multi-day tail of the trace does not become thousands of calls."""
 
 
 @dataclass(frozen=True)
+class NodePool:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs of type ``gpu``: one pool of a mixed
+    cluster (a job runs in one pool at a time, ``powerflow.core.policy.fleet``)."""
+
+    gpu: GpuSpec
+    nodes: int
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise SimulationError(f"pool {self.describe()}: needs at least one node with one GPU")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def describe(self) -> str:
+        """``TYPE:NODESxGPUS``, as ``powerflow simulate --nodes`` takes it."""
+        return f"{self.gpu.name}:{self.nodes}x{self.gpus_per_node}"
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """How the simulator runs: cluster shape, costs, noise and seed.
 
@@ -69,6 +91,15 @@ class SimConfig:
     node that is off and gets a job first boots for ``power_on_s`` (see
     ``POWER_ON_S``): its GPUs draw idle power meanwhile (the power-on energy)
     and the job starts when the boot ends.
+
+    ``pools``: a mixed cluster, one ``NodePool`` per GPU type and node size, in
+    the order given (the first pool's type runs the offline pre-runs and is
+    ``gpu``). ``nodes``, ``gpus_per_node`` and ``gpu`` are then derived from them
+    (all nodes; the first pool's node size and type); a value given for one that
+    is neither its default nor the derived value is refused. One pool is the
+    plain cluster of one type: it is stored as ``nodes``, ``gpus_per_node`` and
+    ``gpu`` with no pools, so it is the very configuration (and the same run) as
+    giving those three. Empty (default): a cluster of one type.
     """
 
     nodes: int = DEFAULT_NODES
@@ -83,8 +114,11 @@ class SimConfig:
     idle_nodes_off: bool = True
     power_on_s: float = POWER_ON_S
     sample_window_s: float = SAMPLE_WINDOW_S
+    pools: tuple[NodePool, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if self.pools:
+            self._derive_from_pools()
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise SimulationError("the cluster needs at least one node with one GPU")
         if self.interval_s <= 0 or self.restart_s < 0 or self.noise < 0 or self.batch_s < 0:
@@ -94,15 +128,75 @@ class SimConfig:
         if not 0 <= self.power_on_s < math.inf:
             raise SimulationError("power-on time must be a finite number of seconds >= 0")
 
+    def _derive_from_pools(self) -> None:
+        keys = [(p.gpu.name, p.gpus_per_node) for p in self.pools]
+        twice = sorted({f"{k[0]}:x{k[1]}" for k in keys if keys.count(k) > 1})
+        if twice:
+            raise SimulationError(
+                f"pool {twice[0]} is given twice; give each GPU type and node size once"
+            )
+        first = self.pools[0]
+        derived = {
+            "nodes": sum(p.nodes for p in self.pools),
+            "gpus_per_node": first.gpus_per_node,
+            "gpu": first.gpu,
+        }
+        defaults = {"nodes": DEFAULT_NODES, "gpus_per_node": DEFAULT_GPUS_PER_NODE, "gpu": A100}
+        for name, value in derived.items():
+            given = getattr(self, name)
+            if given != value and given != defaults[name]:
+                raise SimulationError(
+                    f"{name}={given} contradicts the pools {self.describe_nodes()}"
+                )
+            object.__setattr__(self, name, value)
+        if len(self.pools) == 1:
+            object.__setattr__(self, "pools", ())
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the cluster has more than one pool (GPU type or node size)."""
+        return len(self.pools) > 1
+
+    @property
+    def node_pools(self) -> tuple[NodePool, ...]:
+        """The cluster's pools: ``pools``, or the one pool of a one-type cluster."""
+        return self.pools or (NodePool(self.gpu, self.nodes, self.gpus_per_node),)
+
+    def describe_nodes(self) -> str:
+        """The pools as ``powerflow simulate --nodes`` takes them: ``A100:2x8,H100-SXM:2x8``."""
+        return ",".join(p.describe() for p in self.node_pools)
+
     @property
     def total_gpus(self) -> int:
+        if self.pools:
+            return sum(p.gpus for p in self.pools)
         return self.nodes * self.gpus_per_node
+
+    @property
+    def max_job_gpus(self) -> int:
+        """The most GPUs one job can hold: the cluster's, or its largest pool's (a job
+        runs in one pool at a time)."""
+        return max(p.gpus for p in self.node_pools)
 
     def node_names(self) -> tuple[str, ...]:
         width = len(str(self.nodes - 1))
         return tuple(f"node-{i:0{width}d}" for i in range(self.nodes))
 
+    def node_types(self) -> tuple[tuple[str, int, GpuSpec], ...]:
+        """Each node's (name, GPUs, type), pools in order."""
+        names = iter(self.node_names())
+        return tuple(
+            (next(names), pool.gpus_per_node, pool.gpu)
+            for pool in self.node_pools
+            for _ in range(pool.nodes)
+        )
+
     def make_nodes(self, powered_down: frozenset[str] = frozenset()) -> tuple[Node, ...]:
+        if self.pools:
+            return tuple(
+                Node(name, gpus, gpu, name not in powered_down)
+                for name, gpus, gpu in self.node_types()
+            )
         return tuple(
             Node(name, self.gpus_per_node, self.gpu, name not in powered_down)
             for name in self.node_names()

@@ -3,7 +3,7 @@
 Simulated time jumps from event to event: arrivals (batched per instant),
 the end of a pre-run, a checkpoint restart or a profiling phase, a
 completion, a periodic re-evaluation, and each edge of a budget schedule
-(``powerflow.core.policy.budget_schedule``, read on the simulated clock: ``t = 0``
+(``powerflow.core.budget_schedule``, read on the simulated clock: ``t = 0``
 is 00:00 of day one), where the policy is called at once, even within
 ``batch_s`` of its last call, so that a lower budget is planned for from
 its first second. Between events every job's rate is
@@ -24,6 +24,13 @@ holding no job after a scheduling decision is off, whatever the scheduler;
 otherwise only the plan's ``powered_down_nodes``. A job placed on a node that
 is off waits ``power_on_s`` for it to boot (``_switch_nodes``, ``_power_on``).
 The offline pre-run's energy is counted apart from the cluster's power series.
+
+A mixed cluster (``SimConfig.pools``: several GPU types or node sizes) is the
+same loop: each job runs on the type of the nodes it holds (``SimJob.on``),
+whose ground truth, clocks, power-limit range, profiling ladder and learner
+it uses; each node's GPUs idle at their type's power; the policy plans inside
+``FleetPolicy``. What spans the types (each job's models on every type, the
+per-type totals) is kept in ``mixed.py``.
 
 Power caps and the budget. A plan's per-GPU ``power_cap_w``, clamped into the
 board's power-limit range as the node agent clamps it, holds the job's
@@ -51,12 +58,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.core.backend import schedule_once
+from powerflow.core.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.core.errors import SimulationError
 from powerflow.core.learning import FittedLearner, Learner, OracleLearner
 from powerflow.core.models.priors import held_out_prior
 from powerflow.core.models.protocol import PerfModel
 from powerflow.core.models.samples import Samples
-from powerflow.core.policy.budget_schedule import DAY_S, BudgetSchedule
 from powerflow.core.policy.power_ratio import RatioWindow
 from powerflow.core.policy.snapshot import GpuSlot, Job, Plan, Snapshot
 from powerflow.lab.groundtruth.measure import noisy_power_w
@@ -64,6 +71,7 @@ from powerflow.lab.schedulers import Configured
 from powerflow.lab.sim import kernels
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.jobs import JobArrays, Phase, SimJob
+from powerflow.lab.sim.mixed import MixedCluster, for_cluster, on_type
 from powerflow.lab.sim.rates import TruthRates
 from powerflow.lab.sim.result import JobRecord, RunResult, Series
 from powerflow.lab.sim.trace import TraceJob
@@ -122,6 +130,7 @@ class Simulation:
         if not trace:
             raise SimulationError("the trace has no jobs")
         self.cfg = config
+        configured = for_cluster(configured, config)  # FleetPolicy on a mixed cluster
         self.configured = configured
         self.profiling = configured.profiling
         self.world = world
@@ -133,16 +142,21 @@ class Simulation:
                 else OracleLearner()
             )
         self.learner = learner
-        too_big = [j.job_id for j in trace if j.num_gpu > config.total_gpus]
+        # Every job starts on the first pool's type; a mixed cluster's other types
+        # and what each job learns on them: ``mixed.py``.
+        self._on = on_type(config.gpu, world, learner, self.profiling.sweep, self.rates)
+        self._fleet = MixedCluster(config, self._on, self.profiling.sweep) if config.mixed else None
+        too_big = [j.job_id for j in trace if j.num_gpu > config.max_job_gpus]
         if too_big:
+            where = "the largest pool" if config.mixed else "the cluster"
             raise SimulationError(
-                f"{len(too_big)} job(s) ask for more GPUs than the cluster's "
-                f"{config.total_gpus} (first: {too_big[0]})"
+                f"{len(too_big)} job(s) ask for more GPUs than {where}'s "
+                f"{config.max_job_gpus} (first: {too_big[0]})"
             )
         ordered = sorted(trace, key=lambda j: (j.submit_s, j.job_id))
         self._arrays = JobArrays(len(ordered))
         self.jobs = [
-            SimJob(i, tj, self.rates.model(tj.model_name), config.seed, self._arrays)
+            SimJob(i, tj, self.rates.model(tj.model_name), config.seed, self._arrays, self._on)
             for i, tj in enumerate(ordered)
         ]
         self._by_id = {j.trace.job_id: j for j in self.jobs}
@@ -270,8 +284,8 @@ class Simulation:
             ):
                 job.plan = jp  # unchanged: the common case at most events
                 continue
-            self._check_slots(job, jp.placement, jp.gpus, down)
-            if jp.frequency_mhz not in self._clocks:
+            clocks = self._check_slots(job, jp.placement, jp.gpus, down)
+            if jp.frequency_mhz not in clocks:
                 raise SimulationError(
                     f"plan sets job {job.trace.job_id} to unsupported clock {jp.frequency_mhz}"
                 )
@@ -494,6 +508,8 @@ class Simulation:
         samples = _joined(job.samples) if job.samples else None
         t0 = time.perf_counter()
         job.knowledge = self.learner.initial(job.trace.model_name, job.truth, samples)
+        if self._fleet is not None:
+            self._fleet.visible(job)
         self._totals.fit_s += time.perf_counter() - t0
         return True
 
@@ -528,13 +544,17 @@ class Simulation:
 
     def _check_slots(
         self, job: SimJob, placement: tuple[GpuSlot, ...], gpus: int, down: frozenset[str]
-    ) -> None:
+    ) -> frozenset[int]:
+        """Refuse a placement the cluster cannot give; the clocks of its GPU type."""
         if len(placement) != gpus or len(set(placement)) != gpus:
             raise SimulationError(
                 f"plan gives job {job.trace.job_id} {gpus} GPU(s) but places it on {placement}"
             )
+        fleet = self._fleet
         for node, index in placement:
-            if node not in self._node_index or not 0 <= index < self.cfg.gpus_per_node:
+            if node not in self._node_index or not 0 <= index < (
+                self.cfg.gpus_per_node if fleet is None else fleet.node_gpus(node)
+            ):
                 raise SimulationError(
                     f"plan places job {job.trace.job_id} on no GPU {node}/{index}"
                 )
@@ -542,6 +562,7 @@ class Simulation:
                 raise SimulationError(
                     f"plan places job {job.trace.job_id} on powered-down node {node}"
                 )
+        return self._clocks if fleet is None else fleet.type_of(job.trace.job_id, placement).clocks
 
     def _release(self, job: SimJob) -> None:
         if not job.holding:
@@ -571,6 +592,8 @@ class Simulation:
                 job.rescales += 1
             else:
                 job.migrations += 1
+        if self._fleet is not None:
+            self._fleet.move(job, placement)  # onto another GPU type: what it learned there
         job.placement = tuple(placement)
         job.n = len(placement)
         per_node: dict[str, int] = {}
@@ -598,7 +621,7 @@ class Simulation:
             job.profilings += 1
             job.profile_start_s = self.now
             job.phase_end_s = self.now + self.profiling.profile_s
-            job.profile_clocks = self._profile_clocks
+            job.profile_clocks = job.on.profile_clocks
         else:
             self._phase(job, Phase.RUN)
             job.phase_end_s = math.inf
@@ -609,13 +632,14 @@ class Simulation:
         a job running at its planned clock is measured there."""
         self._power_dirty = True
         name = job.trace.model_name
+        rates = job.on.rates
         if job.phase is Phase.PROFILE:
             clocks = self._swept_clocks(job)
-            job.step_s, job.power_w = self.rates.sweep(name, job.n, job.r, job.bs, clocks)
-            job.peak_w = self.rates.peak(name, job.n, job.r, job.bs, clocks)
+            job.step_s, job.power_w = rates.sweep(name, job.n, job.r, job.bs, clocks)
+            job.peak_w = rates.peak(name, job.n, job.r, job.bs, clocks)
         else:
-            f = self.rates.capped(name, job.n, job.r, job.bs, job.f, self._board_cap_w(job))
-            job.step_s, job.power_w = self.rates.rate(name, job.n, job.r, job.bs, f)
+            f = rates.capped(name, job.n, job.r, job.bs, job.f, self._board_cap_w(job))
+            job.step_s, job.power_w = rates.rate(name, job.n, job.r, job.bs, f)
             job.peak_w = job.power_w
             if job.phase is Phase.RUN and (job.measured_f != f or job.measured_w is None):
                 self._measure(job, f)
@@ -624,11 +648,10 @@ class Simulation:
         """One ``MEASURE_WINDOW_S`` window of the job at clock ``f``, with the profiler's
         noise (``powerflow.lab.groundtruth.measure``), as the node agent reports it."""
         iterations = max(1.0, MEASURE_WINDOW_S / job.step_s)
-        # The truth there is what ``rate`` just read for the job's rates.
-        step_s, energy_j = self.rates.clean(job.trace.model_name, job.n, job.r, job.bs, f)
+        # The truth there is what ``rate`` just read for the job's rates (its type's).
+        clean = job.on.rates.clean(job.trace.model_name, job.n, job.r, job.bs, f)
         job.measured_w = noisy_power_w(
-            step_s,
-            energy_j,
+            clean,
             job.n,
             job.r,
             job.bs,
@@ -644,7 +667,7 @@ class Simulation:
         """The power limit the job's GPUs really get: the node agent clamps the plan's
         cap into the board's range (``nodeagent.settings.clamp_power_w``), and a board
         without a settable limit (``min_power_limit_w`` None) keeps its default."""
-        gpu = self.cfg.gpu
+        gpu = job.on.gpu
         if job.cap_w is None or gpu.min_power_limit_w is None:
             return None
         return min(max(job.cap_w, gpu.min_power_limit_w), gpu.max_power_w)
@@ -655,7 +678,7 @@ class Simulation:
         if cap is None:
             return job.profile_clocks
         name, n, r, bs = job.trace.model_name, job.n, job.r, job.bs
-        return self.rates.capped_each(name, n, r, bs, job.profile_clocks, cap)
+        return job.on.rates.capped_each(name, n, r, bs, job.profile_clocks, cap)
 
     def _finish_profile(self, job: SimJob, *, complete: bool, refit: bool = True) -> None:
         """Collect the samples of the slices run so far; refit if any arrived
@@ -679,7 +702,7 @@ class Simulation:
         known = job.knowledge
         if known is not None and refit:
             t0 = time.perf_counter()
-            job.knowledge = self.learner.update(
+            job.knowledge = job.on.learner.update(
                 job.trace.model_name, job.truth, known, _joined(job.samples)
             )
             self._totals.fit_s += time.perf_counter() - t0
@@ -762,7 +785,9 @@ class Simulation:
             if self._ready:
                 self._booting(t)
             powered = self._powered_gpus()
-            idle_w = (powered - self._busy_gpus) * self.cfg.gpu.idle_power_w
+            idle_w = self._idle_w(powered)
+            if self._fleet is not None:
+                self._fleet.account(dt, self._fleet.powered(self._off))
             tot.active_j += dt * self._active_w
             tot.idle_j += dt * idle_w
             tot.busy_gpu_s += dt * self._busy_gpus
@@ -787,10 +812,12 @@ class Simulation:
         power (counted with the idle energy, as a node that is on; this is the
         part of it spent booting); nodes ready by ``t`` are done booting."""
         per_node_w = self.cfg.gpus_per_node * self.cfg.gpu.idle_power_w
+        fleet = self._fleet
         done = []
         for name, ready in self._ready.items():
             if ready > self.now:
-                self._totals.power_on_j += (min(t, ready) - self.now) * per_node_w
+                node_w = per_node_w if fleet is None else fleet.boot_w(name)
+                self._totals.power_on_j += (min(t, ready) - self.now) * node_w
             if ready <= t:
                 done.append(name)
         for name in done:
@@ -820,7 +847,15 @@ class Simulation:
         return self._held, self._computing
 
     def _powered_gpus(self) -> int:
+        if self._fleet is not None:
+            return int(self._fleet.powered(self._off).sum())
         return (self.cfg.nodes - len(self._off)) * self.cfg.gpus_per_node
+
+    def _idle_w(self, powered: int) -> float:
+        """What the ``powered`` GPUs on and not computing draw (each type's idle power)."""
+        if self._fleet is not None:
+            return self._fleet.idle_w(self._fleet.powered(self._off))
+        return (powered - self._busy_gpus) * self.cfg.gpu.idle_power_w
 
     def _refresh(self) -> None:
         """Recompute shares, cluster power and every job's next event.
@@ -849,6 +884,8 @@ class Simulation:
             self._power_dirty = True
         if self._power_dirty:
             self._active_w, self._busy_gpus = kernels.draw(computing, a.floats)
+            if self._fleet is not None:
+                self._fleet.draw(self.jobs, computing, self._load)
             jobs = self.jobs
             self._peak_extra_w = sum(
                 jobs[i].share * (jobs[i].peak_w - jobs[i].power_w) for i in self._profiling
@@ -858,7 +895,7 @@ class Simulation:
         self._record()
 
     def _record(self) -> None:
-        idle_w = (self._powered_gpus() - self._busy_gpus) * self.cfg.gpu.idle_power_w
+        idle_w = self._idle_w(self._powered_gpus())
         point = (
             self.now,
             self._active_w + idle_w,
@@ -895,6 +932,8 @@ class Simulation:
                 job.phase in (Phase.RESTART, Phase.PROFILE),
             )
             _measured(view, job, self._profiled_of(job))
+        if self._fleet is not None:  # a fresh object: what it is on every type
+            self._fleet.on_every_type(view, job, knowledge.model)
         return view
 
     def _profiled_of(self, job: SimJob) -> frozenset[int] | None:
@@ -947,7 +986,9 @@ class Simulation:
                 preemptions=j.preemptions,
                 restarts=j.restarts,
                 profilings=j.profilings,
-                fits=j.knowledge.fits if j.knowledge else 0,
+                fits=self._fleet.fits(j)
+                if self._fleet
+                else (j.knowledge.fits if j.knowledge else 0),
             )
             for j in self.jobs
         )
@@ -984,6 +1025,7 @@ class Simulation:
             wall_s=wall_s,
             power_ons=tot.power_ons,
             power_on_energy_j=tot.power_on_j,
+            by_gpu=() if self._fleet is None else self._fleet.totals(),
         )
 
 

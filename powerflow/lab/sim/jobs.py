@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from powerflow.core.models.samples import Samples
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan
 from powerflow.lab.sim import kernels
 from powerflow.lab.sim.trace import TraceJob
+
+if TYPE_CHECKING:
+    from powerflow.lab.sim.mixed import OnType
 
 
 class Phase(enum.Enum):
@@ -99,6 +103,7 @@ class SimJob:
         "measured_f",
         "measured_w",
         "migrations",
+        "on",
         "peak_w",
         "phase",
         "placement",
@@ -137,10 +142,12 @@ class SimJob:
         truth: PerfModel,
         seed: int,
         arrays: JobArrays,
+        on: OnType,
     ) -> None:
         self.index = index
         self.trace = trace
-        self.truth = truth
+        self.truth = truth  # the ground truth on its type, ``on``
+        self.on = on  # the GPU type it runs on (or last ran on, or starts on)
         self.arrays = arrays
         self.iterations = trace.iterations  # read in the engine's hot loops
         arrays.iterations[self.index] = trace.iterations

@@ -137,4 +137,20 @@ def summarise(result: RunResult, *, work_gpu_s: float | None = None) -> dict[str
         "events": result.events,
         "events_per_s": float(result.events / result.wall_s) if result.wall_s > 0 else 0.0,
         "wall_s": float(result.wall_s),
+        **({"by_gpu": by_gpu(result)} if result.by_gpu else {}),
+    }
+
+
+def by_gpu(result: RunResult) -> dict[str, dict[str, float]]:
+    """A mixed cluster's GPU-hours and energy per GPU type (``GpuTypeTotals``)."""
+    return {
+        t.gpu: {
+            "gpus": t.gpus,
+            "busy_gpu_h": t.busy_gpu_s / HOUR_S,
+            "held_gpu_h": t.held_gpu_s / HOUR_S,
+            "energy_j": t.active_energy_j + t.idle_energy_j,
+            "active_energy_j": t.active_energy_j,
+            "idle_energy_j": t.idle_energy_j,
+        }
+        for t in result.by_gpu
     }

@@ -69,12 +69,24 @@ PROFILING_GRID: tuple[Setting, ...] = tuple(
 each ladder (every ``sweep_stride``-th clock from the top, down to ``sweep_lowest`` of
 the top clock) with the paper's 11.5 s slices per clock (``profile_s``), with and without
 the paper's offline pre-run (``prerun_s``). Scored as ``GRID`` is, on the same windows."""
-GRID_NAMES = ("knobs", "profiling")
+SHORT_FIRST_GRID: tuple[Setting, ...] = tuple(
+    Setting(PLUS, options)
+    for options in (
+        (("short_first", 0.0),),  # PowerFlow+ as it is
+        (("short_first", 0.5),),
+        (("short_first", 1.0),),
+        (("short_first", 1.0), ("short_first_clocks", True)),
+    )
+)
+"""PowerFlow+ with the short-first factor on its doublings' ratios (``returns.py``), of
+exponent 0 (off), 0.5 and 1, and on its clock raises too (``--grid short-first``)."""
+GRID_NAMES = ("knobs", "profiling", "short-first")
 
 
 def grid_named(name: str) -> tuple[Setting, ...]:
-    """``GRID`` (``knobs``) or ``PROFILING_GRID`` (``profiling``), read when asked."""
-    return {"knobs": GRID, "profiling": PROFILING_GRID}[name]
+    """``GRID`` (``knobs``), ``PROFILING_GRID`` (``profiling``) or ``SHORT_FIRST_GRID``
+    (``short-first``), read when asked."""
+    return {"knobs": GRID, "profiling": PROFILING_GRID, "short-first": SHORT_FIRST_GRID}[name]
 
 
 TIE = 0.005

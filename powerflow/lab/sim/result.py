@@ -49,6 +49,21 @@ class Series:
 
 
 @dataclass(frozen=True)
+class GpuTypeTotals:
+    """One GPU type's part of a mixed cluster's run: its GPUs, the GPU-seconds they
+    computed (time-sliced GPUs by their busy share) and were held, and the energy
+    they drew computing and idle (boots included); the types' energies add up to
+    the run's ``active_energy_j + idle_energy_j``."""
+
+    gpu: str
+    gpus: int
+    busy_gpu_s: float
+    held_gpu_s: float
+    active_energy_j: float
+    idle_energy_j: float
+
+
+@dataclass(frozen=True)
 class RunResult:
     jobs: tuple[JobRecord, ...]
     series: Series
@@ -79,3 +94,5 @@ class RunResult:
     """Nodes switched on (each boots for ``SimConfig.power_on_s`` first)."""
     power_on_energy_j: float = 0.0
     """The part of ``idle_energy_j`` drawn by nodes while they boot."""
+    by_gpu: tuple[GpuTypeTotals, ...] = ()
+    """A mixed cluster's totals per GPU type (empty on a cluster of one type)."""

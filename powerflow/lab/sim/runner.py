@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from powerflow.core.budget_schedule import BudgetSchedule
 from powerflow.core.errors import SimulationError
 from powerflow.core.gpus import A100, GpuSpec
 from powerflow.core.learning import FittedLearner
 from powerflow.core.models.priors import load_prior
-from powerflow.core.policy.budget_schedule import BudgetSchedule
 from powerflow.core.profiling import ClockSweep
 from powerflow.lab.schedulers import Configured, Profiling, scheduler
 from powerflow.lab.sim.config import SimConfig
@@ -111,12 +111,13 @@ class RunSpec:
     @property
     def knob_value(self) -> float | None:
         """The knob's value this run runs at: ``value``, else the scheduler's default,
-        where a clock's default is the top clock of the cluster's GPU type."""
+        where a clock's default is the top clock of the cluster's GPU type (None on a
+        mixed cluster: each pool's type runs its own top clock)."""
         if self.value is not None:
             return self.value
         spec = scheduler(self.scheduler)
         if spec.knob == "frequency_mhz":
-            return self.config.gpu.max_clock_mhz
+            return None if self.config.mixed else self.config.gpu.max_clock_mhz
         return spec.default_value
 
     @property
@@ -129,7 +130,7 @@ class RunSpec:
         elif spec.knob == "eta_knob":
             text += f" eta_knob={value:g}"
         elif spec.knob == "frequency_mhz":
-            text += f" {value:.0f} MHz"
+            text += " at each type's top clock" if value is None else f" {value:.0f} MHz"
         if self.budget_schedule is not None and self.budget_schedule.windows:
             text += f" (schedule {self.budget_schedule.describe()})"
         if self.oracle:
@@ -150,7 +151,9 @@ class RunOutcome:
         if spec.knob is not None:
             head[spec.knob] = self.spec.knob_value
         head["oracle"] = self.spec.oracle
-        if self.spec.config.gpu != A100:
+        if self.spec.config.mixed:
+            head["nodes"] = self.spec.config.describe_nodes()
+        elif self.spec.config.gpu != A100:
             head["gpu"] = self.spec.config.gpu.name
         if self.spec.fits_models:
             head["priors"] = self.spec.priors
@@ -169,10 +172,16 @@ class RunOutcome:
         rather than trading clock for energy. Its row is reported, but it is no point
         of an equal-energy curve (``compare.curves``)."""
         limit = self.metrics.get("limit_watts")
-        floor = self.spec.config.gpu.min_power_limit_w
+        config = self.spec.config
+        if config.mixed:
+            pools = config.node_pools
+            if limit is None or any(p.gpu.min_power_limit_w is None for p in pools):
+                return False
+            return bool(limit < sum((p.gpu.min_power_limit_w or 0.0) * p.gpus for p in pools))
+        floor = config.gpu.min_power_limit_w
         if limit is None or floor is None:
             return False
-        return bool(limit < floor * self.spec.config.total_gpus)
+        return bool(limit < floor * config.total_gpus)
 
 
 @functools.cache
@@ -197,7 +206,7 @@ def load_jobs(
             world.pool,
             world.truth,
             gpus_per_node=config.gpus_per_node,
-            max_gpus=config.total_gpus,
+            max_gpus=config.max_job_gpus,
         )
     else:
         if spec.window is not None:
@@ -210,7 +219,7 @@ def load_jobs(
             world.pool,
             world.truth,
             seed=spec.seed,
-            cluster=ReplayCluster(config.gpus_per_node, config.total_gpus, config.horizon_s),
+            cluster=ReplayCluster(config.gpus_per_node, config.max_job_gpus, config.horizon_s),
             hours=spec.hours,
         )
     if spec.max_duration_h is not None:

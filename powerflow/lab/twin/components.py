@@ -193,6 +193,11 @@ def operator_process(
         # late enough that the operator stepped down every few seconds.
         "--lease-duration",
         "60",
+        # One replica under a stable name (a StatefulSet's pod name): an operator started
+        # again after a kill takes its own Lease back at once, where a new name would wait
+        # out a SIGKILLed leader's 60 s (tests/test_twin_faults.py kills it 4 times).
+        "--leader-identity",
+        "twin-operator",
     ]
     return Process("operator", args, f"http://127.0.0.1:{live}/healthz", folder / "operator.log")
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -298,8 +299,6 @@ class Twin:
         self.extender_url = f"http://127.0.0.1:{ext_port}"
         self.extender = extender_process(kubeconfig, self.folder, ext_port)
         self.operator = operator_process(kubeconfig, self.folder, ingest_port, scale=self.scale)
-        self.extender.start()
-        self.operator.start()
         for i, name in enumerate(self.node_names):
             gpus = TwinGpus(self.gpus_per_node, node=name, seed=self.seed + i, clock=self.gpu_clock)
             self.gpus[name] = gpus
@@ -316,7 +315,16 @@ class Twin:
                 token_file=token_file,
                 gpu_server=self.gpu_server,
                 folder=self.folder,
-            ).start()
+            )
+        # Every component launched, then each waited for: their start-ups (an
+        # interpreter's imports each, the agents' first passes) overlap instead of
+        # adding up (docs/verification.md, "CI time"). None needs another to be up: an
+        # agent's samples wait in its queue until the operator's ingest answers.
+        launched = [self.extender, self.operator, *(a.process for a in self.agents.values())]
+        for process in launched:
+            process.launch()
+        for process in launched:
+            process.wait_ready()
         checkpoint_s = self.timing.checkpoint_s
         self.kubelet = Kubelet(
             self.url,
@@ -438,11 +446,12 @@ class Twin:
         for part in (self.scheduler, self.kubelet):
             if part is not None:
                 part.stop()
-        for agent in self.agents.values():
-            agent.stop()
-        for proc in (self.operator, self.extender):
-            if proc is not None:
-                proc.stop()
+        processes = [a.process for a in self.agents.values()]
+        processes += [p for p in (self.operator, self.extender) if p is not None]
+        for process in processes:  # all asked to end at once, then each waited for
+            process.signal(signal.SIGTERM)
+        for process in processes:
+            process.stop()
         if self.gpu_server is not None:
             self.gpu_server.stop()
         if self.client is not None:
