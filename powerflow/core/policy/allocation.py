@@ -58,7 +58,7 @@ fits within one node.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -121,6 +121,10 @@ class Allocation:
     """Job index -> its row in the tables (the GPU count it got); absent jobs wait."""
     power_w: float
     gpus: int
+    jobs: IntArray | None = field(default=None, compare=False)
+    """The jobs of ``rows``, in its order (the order they got their first step)."""
+    job_rows: IntArray | None = field(default=None, compare=False)
+    """Their rows, as in ``rows`` (both arrays say what ``rows`` says)."""
 
 
 def allocate(
@@ -174,5 +178,12 @@ def allocate(
         heap_arrays(tables.start.size),
     )
     jobs = order[:n_order]
-    rows = dict(zip(jobs.tolist(), row[jobs].tolist(), strict=True))
-    return Allocation(rows=rows, power_w=power.total_w(jobs_w, allocated), gpus=allocated)
+    job_rows = row[jobs]
+    rows = dict(zip(jobs.tolist(), job_rows.tolist(), strict=True))
+    return Allocation(
+        rows=rows,
+        power_w=power.total_w(jobs_w, allocated),
+        gpus=allocated,
+        jobs=jobs,
+        job_rows=job_rows,
+    )

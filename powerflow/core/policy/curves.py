@@ -63,7 +63,7 @@ def curves_of(
     if arrival_s is None:
         arrival_s = np.asarray([j.arrival_s for j in jobs], dtype=np.float64)
     age = np.maximum(0.0, now_s - arrival_s)
-    remaining = np.asarray([j.remaining_iterations for j in jobs], dtype=np.float64)
+    remaining = np.fromiter(map(_REMAINING, jobs), dtype=np.float64, count=len(jobs))
     row_job = tables.row_job
     row_age, row_remaining = age[row_job], remaining[row_job]
     t_eff, e_eff = tables.efficient_step_time_s, tables.efficient_energy_j
@@ -79,6 +79,9 @@ def curves_of(
         power_w=e_eff / t_eff,
         remaining=remaining,
     )
+
+
+_REMAINING = operator.attrgetter("remaining_iterations")
 
 
 def tie_ranks(keys: Sequence[tuple[float, str]]) -> IntArray:

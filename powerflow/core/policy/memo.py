@@ -89,7 +89,6 @@ class PolicyMemo(Generic[R]):
         self.placement: tuple[tuple[object, ...], PlacementResult] | None = None
         """The previous call's placement: its inputs (``place_columns``' arguments) and
         its result."""
-        """The previous call's ``static.StaticPart`` (None before the first call)."""
 
     def rows(self, key: Hashable, model: object) -> R | None:
         """The rows kept under ``key`` for this very ``model`` object, or None."""

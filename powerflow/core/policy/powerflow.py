@@ -336,9 +336,20 @@ class _Decision:
             strict=self.policy.strict_power,
             returns=returns,
         )
-        rows = {i: int(first[i]) for i in pinned} | alloc.rows
-        running = sorted(rows)
-        row_idx = np.asarray([rows[i] for i in running], dtype=np.int64)
+        # Each job's row (-1: it waits), the pinned ones first, then in allocation order
+        # (the order of the notes of jobs placement leaves out).
+        row_of = np.full(len(jobs), -1, dtype=np.int64)
+        if alloc.jobs is not None and alloc.job_rows is not None:
+            given = alloc.jobs
+            row_of[given] = alloc.job_rows
+        else:
+            given = np.asarray(list(alloc.rows), dtype=np.int64)
+            row_of[given] = list(alloc.rows.values())
+        row_of[pinned] = first[pinned]
+        rows = _Rows(row_of, [*pinned, *given.tolist()])
+        running_at = np.flatnonzero(row_of >= 0)
+        running = running_at.tolist()
+        row_idx = row_of[running_at]
         start = eff[row_idx].tolist()
         # Clocks only go up from the efficient ones, so the columns below the
         # lowest of them are never read: the clock phase and the pricing work
@@ -380,7 +391,7 @@ class _Decision:
 
     def _place(
         self,
-        rows: dict[int, int],
+        rows: _Rows,
         running: list[int],
         row_idx: IntArray,
         power: _Power,
@@ -439,7 +450,7 @@ class _Decision:
             else:
                 r = max(Counter(node for node, _ in slots).values())
             if r != row_gpn[k]:
-                other[k] = self._power_row(i, rows[i], n, r)
+                other[k] = self._power_row(i, int(rows.row[i]), n, r)
         where_idx = np.asarray(where, dtype=np.int64)
         cols = [columns[k] for k in where]
         values: list[float] = power.at(where_idx, np.asarray(cols, dtype=np.int64)).tolist()
@@ -464,7 +475,9 @@ class _Decision:
             watts = idle_w + sum(values)
 
         notes = [
-            f"{jobs[i].id}: placement found no GPUs; it waits" for i in rows if i not in placed
+            f"{jobs[i].id}: placement found no GPUs; it waits"
+            for i in rows.given
+            if i not in placed
         ]
         clocks = self.clocks
         batch = tables.local_batch[row_idx].tolist()
@@ -590,6 +603,15 @@ class _Decision:
         if not (np.all(np.isfinite(t) & (t > 0)) and np.all(np.isfinite(e) & (e > 0))):
             raise SnapshotError(f"job {job.id!r}: model predicts nonsense on {r} GPUs per node")
         return self.fix.row(row, (e / t).tolist())
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Each job's table row (-1: it waits) and the jobs with one, pinned first, then
+    in the order allocation gave them their first step."""
+
+    row: IntArray
+    given: list[int]
 
 
 @dataclass(frozen=True)

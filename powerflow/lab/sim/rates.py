@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from powerflow.core.errors import SimulationError
-from powerflow.core.models.protocol import FloatArray, PerfModel
+from powerflow.core.models.protocol import PerfModel
 
 Key = tuple[str, int, int, float, float]
 
@@ -44,7 +44,7 @@ class TruthRates:
         self._sweeps: dict[tuple[str, int, int, float, tuple[int, ...]], tuple[float, float]] = {}
         self._peaks: dict[tuple[str, int, int, float, tuple[int, ...]], float] = {}
         self._clock_list = [int(c) for c in sorted(self._clocks)]
-        self._powers: dict[tuple[str, int, int, float], tuple[list[int], FloatArray]] = {}
+        self._powers: dict[tuple[str, int, int, float], tuple[list[int], list[float]]] = {}
 
     def model(self, name: str) -> PerfModel:
         found = self._models.get(name)
@@ -142,21 +142,37 @@ class TruthRates:
         A profiling sweep asks this for every slice's clock at each of its
         events (178k of a fitted run's 206k questions): the running maximum
         of the fitting clocks' indices answers all of them at once (index 0,
-        the lowest clock, where none fits).
+        the lowest clock, where none fits). A running job asks for its one
+        clock at every plan that changes it (37k times in a fitted run of the
+        default trace): a scan down the power list from that clock answers it
+        in 0.9 us against 3.7 us for numpy's running maximum on the 81-clock
+        A100 row (``timeit``, best of 7), about 0.1 s of that run's CPU.
         """
         supported, power = self._per_gpu_w(name, n, r, bs)
-        fitting = np.where(power <= cap_w, np.arange(len(supported)), 0)
-        best = np.maximum.accumulate(fitting).tolist()
+        if len(clocks) == 1:
+            # One clock (a running job): scan down from it to the first that fits;
+            # the same answer as the running maximum, without building one.
+            k = bisect.bisect_right(supported, clocks[0]) - 1
+            while k > 0 and not power[k] <= cap_w:
+                k -= 1
+            return (supported[max(k, 0)],)
+        best = []
+        top = 0
+        for k, w in enumerate(power):
+            if w <= cap_w:
+                top = k
+            best.append(top)
         out = []
         for f in clocks:
             k = bisect.bisect_right(supported, f)
             out.append(supported[best[k - 1]] if k else supported[0])
         return tuple(out)
 
-    def _per_gpu_w(self, name: str, n: int, r: int, bs: float) -> tuple[list[int], FloatArray]:
+    def _per_gpu_w(self, name: str, n: int, r: int, bs: float) -> tuple[list[int], list[float]]:
         """The supported clocks (ascending) and the per-GPU power at each, as
         ``capped_clock_mhz`` computes it (elementwise, so one call for all clocks
-        gives each clock's value exactly)."""
+        gives each clock's value exactly), as lists: each question reads a few of
+        them, which a list gives faster than an array."""
         key = (name, n, r, bs)
         hit = self._powers.get(key)
         if hit is None:
@@ -164,6 +180,6 @@ class TruthRates:
             f = self._clock_array
             step = truth.step_time_s(n, r, bs, f)
             energy = truth.energy_per_iter_j(n, r, bs, f)
-            power = np.asarray(energy / (n * step), dtype=np.float64)
+            power = np.asarray(energy / (n * step), dtype=np.float64).tolist()
             hit = self._powers[key] = (self._clock_list, power)
         return hit
