@@ -84,6 +84,7 @@ class ModelStatus(TypedDict, total=False):
     fitErrorPercent: float
     measuredPower: dict[str, Any]
     profiledGpuCounts: list[int]
+    profiledGpuCountsByType: list[dict[str, Any]]
 
 
 class Condition(TypedDict, total=False):

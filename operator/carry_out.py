@@ -26,6 +26,7 @@ from powerflow.operator.job_view import (
     _annotate,
     _annotation,
     _block,
+    _bound_nodes,
     _event,
     _nodes,
     _pod_phase,
@@ -33,7 +34,7 @@ from powerflow.operator.job_view import (
     _View,
 )
 from powerflow.operator.lifecycle import STUCK_TERMINATION_S, _deadline, _delete_all
-from powerflow.operator.pass_snapshot import _profiled
+from powerflow.operator.profiled import BY_TYPE, NodeTypes, profiled_on, with_profiled
 from powerflow.operator.workers import pod_name
 
 from powerflow.core import contract
@@ -45,10 +46,12 @@ ROOM_WAIT_S = 120.0
 (``_wait_for_room``): twice the default grace period, short next to a training job."""
 
 
-def _start(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: float) -> None:
+def _start(
+    actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: float, types: NodeTypes
+) -> None:
     """A new generation: its allocation recorded (the job controller creates its
     workers from it, ``_converge``); Profiling if the job never ran on this GPU count
-    (and profiling is on: ``window_s > 0``)."""
+    on the GPU type of the plan's nodes (and profiling is on: ``window_s > 0``)."""
     granted = JobAllocation(
         v.allocation.generation + 1,
         jp.gpus,
@@ -68,7 +71,8 @@ def _start(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: floa
     v.first = True
     v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
     v.new["roomWaitSince"] = None
-    if window_s > 0 and jp.gpus not in _profiled(v):
+    gpu = types.of(node for node, _ in jp.placement)
+    if window_s > 0 and jp.gpus not in profiled_on(v.status.get("model"), gpu):
         _set_phase(
             actions, v, "Profiling", "Profiling",
             f"profiling on {jp.gpus} GPUs (local batch {jp.local_batch_size}) once all "
@@ -81,8 +85,9 @@ def _start(actions: Actions, v: _View, jp: JobPlan, now_s: float, window_s: floa
         )  # fmt: skip
 
 
-def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
-    """Advance the profiling of the current allocation; True while it goes on."""
+def _profile(actions: Actions, v: _View, now_s: float, window_s: float, types: NodeTypes) -> bool:
+    """Advance the profiling of the current allocation; True while it goes on. Its end
+    records the count as profiled on the GPU type of the workers' nodes (``profiled``)."""
     gpus = v.allocation.gpus
     until = v.allocation.profiling_until_s
     if until is None:
@@ -104,7 +109,8 @@ def _profile(actions: Actions, v: _View, now_s: float, window_s: float) -> bool:
             f"profiling on {gpus} GPUs until {format_time(until)}",
         )  # fmt: skip
         return True
-    v.new["model"] = {"profiledGpuCounts": sorted({*_profiled(v), gpus})}
+    gpu = types.of([*_bound_nodes(v.current), *(node for node, _ in v.allocation.block)])
+    v.new["model"] = {BY_TYPE: with_profiled(v.status.get("model"), gpu, gpus)}
     v.new["allocation"]["profilingUntil"] = None
     v.granted = (v.granted or v.allocation)._replace(profiling_until_s=None)
     _set_phase(actions, v, "Running", "ProfilingFinished", f"profiled on {gpus} GPUs")
@@ -117,12 +123,15 @@ def _carry_out(
     jp: JobPlan,
     now_s: float,
     window_s: float,
+    types: NodeTypes,
     seen: tuple[GpuSlot, ...] = (),
     claimed: Callable[[], Mapping[GpuSlot, str]] | None = None,
     leaving: Callable[[], Mapping[GpuSlot, float]] | None = None,
 ) -> bool:
     """Turn the job's plan into actions; True when it holds GPUs after this pass.
 
+    ``types``: the planned nodes' GPU types, which a profiled count is recorded for
+    (``profiled``).
     ``seen``: the job's GPUs as the snapshot gave them to the policy (empty when
     unknown); ``claimed``: which job the plan gives each GPU, asked for only
     where a job with workers may move (a cold pass's jobs have none). A plan that puts
@@ -173,7 +182,7 @@ def _carry_out(
         return False
     actions.allocated_gpus += jp.gpus
     if starts:
-        _start(actions, v, jp, now_s, window_s)
+        _start(actions, v, jp, now_s, window_s, types)
         return True
     # The plan's clock and cap for the running generation, recorded in its status; the
     # job controller brings the workers to them (``_converge``).
@@ -200,7 +209,7 @@ def _carry_out(
         a.generation, a.gpus, a.local_batch_size, jp.frequency_mhz, cap, a.block,
         a.profiling_until_s, complete, a.stopped,
     )  # fmt: skip
-    if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s):
+    if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s, types):
         return True
     if v.new.get("phase") != "Running":
         _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")

@@ -252,5 +252,10 @@ def _annotate(actions: Actions, v: _View, pod: PodBody, patch: dict[str, str | N
     target.append((v.ns, pod["metadata"]["name"], patch))
 
 
+def _bound_nodes(pods: Sequence[PodBody]) -> list[str]:
+    """The nodes the pods were bound to (their ``spec.nodeName``), in the pods' order."""
+    return [n for p in pods if isinstance(n := p.get("spec", {}).get("nodeName"), str)]
+
+
 def _nodes(slots: Sequence[GpuSlot]) -> str:
     return ",".join(sorted({node for node, _ in slots})) or "?"

@@ -8,17 +8,17 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from powerflow.operator.allocation import count as _count
 from powerflow.operator.bodies import (
     PodBody,
 )
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.job_view import _annotation, _placement, _View
+from powerflow.operator.job_view import _annotation, _bound_nodes, _placement, _View
 from powerflow.operator.jobs import (
     JobRequest,
 )
 from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.pass_inputs import PassMemory, PassSettings
+from powerflow.operator.profiled import NodeTypes, node_types, profiled_everywhere, profiled_on
 
 from powerflow.core import contract
 from powerflow.core.gpus import GpuSpec
@@ -58,11 +58,19 @@ def pool_nodes(nodes: Sequence[Node]) -> dict[str, tuple[Node, ...]]:
     return out
 
 
-def _profiled(v: _View) -> list[int]:
-    raw = (v.status.get("model") or {}).get("profiledGpuCounts")
-    if not raw:  # a new job's: no set to build and sort
-        return []
-    return sorted({_count(n) for n in raw} - {0})
+def _profiled(
+    v: _View, placement: Sequence[GpuSlot], running: bool, types: NodeTypes
+) -> frozenset[int]:
+    """``Job.profiled_gpus``: the counts the job profiled on the type its GPUs are of
+    while it holds GPUs of a planned node; else (it waits, or its GPUs are not known
+    yet) those it profiled on every planned type, since the plan may start it on any
+    (``profiled``)."""
+    model = v.status.get("model")
+    if running:
+        nodes = [node for node, _ in placement] or _bound_nodes(v.current)
+        if any(node in types.of_node for node in nodes):
+            return profiled_on(model, types.of(nodes))
+    return profiled_everywhere(model, types.names)
 
 
 def _is_profiling(v: _View, now_s: float) -> bool:
@@ -82,6 +90,7 @@ def _core_job(
     measured: MeasuredPower | None = None,
     window_s: float = 0.0,
     models_by_gpu: tuple[tuple[str, PerfModel], ...] = (),
+    types: NodeTypes | None = None,
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current) and not v.stopping
@@ -113,7 +122,9 @@ def _core_job(
         pinned=bool(placement) and _is_profiling(v, now_s),
         measured_power_w=measured.watts if measured is not None else None,
         measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
-        profiled_gpus=frozenset(_profiled(v)) if window_s > 0 else None,
+        profiled_gpus=(
+            _profiled(v, placement, running, types) if window_s > 0 and types is not None else None
+        ),
         power_cap_w=_current_cap(v.current) if running else None,
         models_by_gpu=models_by_gpu,
     )
@@ -153,8 +164,8 @@ def build_snapshot(
 
     ``memory.measured``: each job's latest measured power (``learning.SampleStore.
     measured_power``), passed to the policy where the job still runs as measured;
-    ``settings.profiling_window_s`` > 0: jobs profile new GPU counts
-    (``Job.profiled_gpus``); ``memory.power_ratio`` goes to the snapshot.
+    ``settings.profiling_window_s`` > 0: jobs profile GPU counts new on a type
+    (``Job.profiled_gpus``, ``_profiled``); ``memory.power_ratio`` goes to the snapshot.
     ``nodes`` of several GPU types (pools ``FleetPolicy`` plans): each job's model is
     ``models(req)`` on the first node's type and, where ``models`` is ``TypedModels``,
     ``models.on(req, type)`` on each other (``Job.models_by_gpu``; else ``models(req)``
@@ -164,6 +175,7 @@ def build_snapshot(
     measured = memory.measured or {}
     window_s = settings.profiling_window_s
     sizes = {n.name: n.gpus for n in nodes}
+    types_of = node_types(nodes)
     types: dict[str, GpuSpec] = {}
     for node in nodes[1:] if models_on is not None else ():
         if node.gpu.name != nodes[0].gpu.name:
@@ -179,7 +191,9 @@ def build_snapshot(
             if types and models_on is not None:
                 main = (nodes[0].gpu.name, model)
                 by_gpu = (main, *((g.name, models_on(v.req, g)) for g in types.values()))
-            job = _core_job(v, v.req, now_s, model, sizes, measured.get(v.key), window_s, by_gpu)
+            job = _core_job(
+                v, v.req, now_s, model, sizes, measured.get(v.key), window_s, by_gpu, types_of
+            )
         except Exception as exc:
             if failed is None:
                 raise

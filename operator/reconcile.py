@@ -19,12 +19,13 @@ exception for one job is reported on that job and the others proceed.
 All scheduling decisions are the policy's.
 
 Profiling (paper §5): a job that starts on a GPU count it has not run on
-before is ``Profiling`` for ``profiling_window_s`` once all its workers run
-(the node agent slices the window across clocks); meanwhile it is pinned in
-the snapshot (when the extender's placement is known), and the window's end
-is a scheduling event (``Actions.wake_at_s``) after which it is ``Running``
-and the count is in ``status.model.profiledGpuCounts``. While the window
-runs, the workers carry the sweep plan for the node agent
+before on the GPU type of the plan's nodes is ``Profiling`` for
+``profiling_window_s`` once all its workers run (the node agent slices the
+window across clocks); meanwhile it is pinned in the snapshot (when the
+extender's placement is known), and the window's end is a scheduling event
+(``Actions.wake_at_s``) after which it is ``Running`` and the count is in
+``status.model.profiledGpuCountsByType`` under that type (``profiled``). While
+the window runs, the workers carry the sweep plan for the node agent
 (``contract.PROFILE_ANNOTATION``, ``profile_plan``); it is removed when the
 window ends (``job_controller.converge``).
 
@@ -95,6 +96,7 @@ from powerflow.operator.pass_snapshot import (
     build_snapshot,
     pool_nodes,
 )
+from powerflow.operator.profiled import node_types
 from powerflow.operator.status import merge_diff, set_condition
 
 from powerflow.core.backend import schedule_once
@@ -258,6 +260,7 @@ def reconcile(
             held = []
             gpus_of = {n.name: n.gpu for n in nodes}
             sweep = Profiling(profiling_window_s, profile_sweep, gpus_of, nodes[0].gpu)
+            kinds = node_types(nodes)
             # Jobs with workers first, so that a job that starts knows which GPUs this
             # pass frees (``_wait_for_room``); computed once, at the first start: only
             # jobs with workers delete in this loop, and ``_lifecycle`` deleted before it.
@@ -278,6 +281,7 @@ def reconcile(
                     jp,
                     now_s,
                     profiling_window_s,
+                    kinds,
                     seen,
                     claimed,
                     leaving,

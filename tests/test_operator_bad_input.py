@@ -459,6 +459,9 @@ STATUS_JUNK: list[dict[str, Any]] = [
     {"energy": {"joules": 10**400}},
     {"model": {"profiledGpuCounts": ["x", 1e400, None, 4]}},
     {"model": {"profiledGpuCounts": "4"}},
+    {"model": {"profiledGpuCountsByType": "A100"}},
+    {"model": {"profiledGpuCountsByType": [None, {"gpu": 4}, {"gpu": "A100", "gpuCounts": 4}]}},
+    {"model": {"profiledGpuCountsByType": [{"gpu": "A100", "gpuCounts": ["x", 1e400, -4]}]}},
     {"model": 3},
     {"conditions": "x"},
     {"conditions": [1, None, {"type": "Valid"}]},
@@ -516,7 +519,21 @@ ANY_STATUS = st.fixed_dictionaries(
             st.fixed_dictionaries({}, optional={"joules": JSON | st.floats(), "watts": JSON})
         ),
         "model": maybe(
-            st.fixed_dictionaries({}, optional={"profiledGpuCounts": maybe(st.lists(JSON))})
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "profiledGpuCounts": maybe(st.lists(JSON)),
+                    "profiledGpuCountsByType": maybe(
+                        st.lists(
+                            maybe(
+                                st.fixed_dictionaries(
+                                    {}, optional={"gpu": JSON, "gpuCounts": maybe(st.lists(JSON))}
+                                )
+                            )
+                        )
+                    ),
+                },
+            )
         ),
         "conditions": maybe(
             st.lists(maybe(st.fixed_dictionaries({"type": JSON}, optional={"status": JSON})))

@@ -266,7 +266,7 @@ async def test_profiling_pins_then_runs(kubeconfig: Path, api: httpx.AsyncClient
         assert until is not None and before + 0.3 - 0.001 <= until <= seen + 0.3 + 0.001
         status = await eventually(lambda: phase("Running"))
         assert time.time() >= until
-        assert status["model"]["profiledGpuCounts"] == [4]
+        assert status["model"]["profiledGpuCountsByType"] == [{"gpu": "A100", "gpuCounts": [4]}]
         assert "profilingUntil" not in status["allocation"]
         assert any(p.get(f"{NS}/prof") for p in policy.pinned)  # pinned while it profiled
         assert policy.pinned[-1][f"{NS}/prof"] is False
@@ -281,7 +281,7 @@ async def test_profiling_pins_then_runs(kubeconfig: Path, api: httpx.AsyncClient
         await api.patch(BUDGET, json={"data": {"powerLimitWatts": "500"}}, headers=MERGE)
         await eventually(lambda: gen(2, 2))
         status = await eventually(lambda: phase("Profiling"))
-        assert status["model"]["profiledGpuCounts"] == [4]
+        assert status["model"]["profiledGpuCountsByType"] == [{"gpu": "A100", "gpuCounts": [4]}]
 
 
 POD_SECURITY = (

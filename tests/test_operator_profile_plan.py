@@ -171,5 +171,5 @@ def test_a_fit_and_the_profiled_count_share_one_patch() -> None:
         "model": {"profiledGpuCounts": [1]},
     }
     _, patch, _ = one_pass(Observed(body(status), running_pods()), until, learned={"ml/job": FIT})
-    assert patch["model"] == {"profiledGpuCounts": [1, 4], **FIT}
+    assert patch["model"] == {"profiledGpuCountsByType": [{"gpu": "A100", "gpuCounts": [4]}], **FIT}
     assert json.loads(json.dumps(patch))  # plain JSON

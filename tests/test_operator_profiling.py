@@ -140,7 +140,8 @@ def test_window_end_records_the_count_and_unpins() -> None:
 
     actions, patch = one_pass(obs, until, policy)
     assert patch["phase"] == "Running"
-    assert patch["model"] == {"profiledGpuCounts": [1, 4]}
+    # Under the workers' type; the list without a type (read as every type's) stays.
+    assert patch["model"] == {"profiledGpuCountsByType": [{"gpu": "A100", "gpuCounts": [4]}]}
     assert patch["allocation"]["profilingUntil"] is None  # merge patch: delete the field
     assert not policy.snapshots[-1].jobs[0].pinned  # the policy may now move the job
     assert [e.reason for e in actions.events] == ["ProfilingFinished"]
