@@ -83,6 +83,7 @@ class ModelStatus(TypedDict, total=False):
     fits: int
     fitErrorPercent: float
     measuredPower: dict[str, Any]
+    otherGpuTypes: list[dict[str, Any]]
     profiledGpuCounts: list[int]
     profiledGpuCountsByType: list[dict[str, Any]]
 

@@ -47,15 +47,16 @@ parameters there (edited by hand) fall back to the prior with a Warning
 GPU type. Models are of the type the pass plans the main pool as (``refresh``'s
 ``gpu``), and, where several pools are planned, of each other pool's type
 (``refresh``'s ``others``, ``model_on``): a window is of the type of the node that
-sent it, fitted apart (``_Entry.others``; not in status, so a restart starts those
-from the prior). The prior carried over to it (``prior_on``: the shipped priors are
+sent it, fitted apart (``_Entry.others``; in ``status.model.otherGpuTypes``, below).
+The prior carried over to it (``prior_on``: the shipped priors are
 the A100's, and the clock enters the step time in absolute MHz), refits with
 ``FittedLearner`` on it. Knowledge of another type, fitted before the pool
 changed or restored from status, restarts from the prior on the pool's type
 with a ``ModelGpuChanged`` Warning, its params removed from status; when the
 pool's type changes every job's rows go, as their clocks mean another board,
 unless the job has knowledge of the new type from its other pool: then the two
-types' knowledge trade places (``_swap``), no Warning.
+types' knowledge trade places (``_swap``), no Warning; the same at a restart
+whose main pool is of the type of one of the fits in ``otherGpuTypes``.
 Until a pass names a type (no pool yet) restored params are kept unjudged;
 those of a type the catalogue lacks (one the agents' reports gave) have no spec
 to predict with until then, so they are held as status has them (written back
@@ -87,7 +88,15 @@ over its latest windows and the configuration it was measured at
 (``measured_power``). A restarted operator reads ``measuredPower`` back, so its
 first passes correct the job's predicted power (``policy.power_loop``) as the
 previous operator did instead of planning uncorrected until new windows
-arrive; windows that arrive replace it.
+arrive; windows that arrive replace it. ``otherGpuTypes``: the fit on each
+other type, ``{"gpu", "params", "fits"}`` by type name, written at once when one
+changes (``reconcile._learned_model``). A restarted operator holds each entry
+(``_Fit.held``) and takes it as that type's knowledge, with no refit, at the first
+pass that plans the type, so its first plan is the previous operator's; a type not
+planned keeps its entry as status has it. Read as untrusted
+(``_restored_others``): at most ``MAX_TYPES`` entries, of types the catalogue has or
+a planned pool is of, each once, with params of that type; the rest is dropped with
+one ``InvalidModelParams`` Warning.
 """
 
 from __future__ import annotations
@@ -136,6 +145,12 @@ DROP_REASONS = ("unknown_job", "invalid", "backlog")
 """Every reason ``powerflow_model_samples_dropped_total`` counts (``add``)."""
 MEASURED_ROWS = 20
 """Windows averaged into a job's measured power (``SampleStore.measured_power``)."""
+OTHER_TYPES = "otherGpuTypes"
+"""The ``status.model`` field of a job's fits on the other planned pools' types."""
+MAX_TYPES = 16
+"""Entries of ``status.model.otherGpuTypes`` read back (the CRD's ``maxItems``; the
+catalogue has 14 types, and a planned pool of another type is one of them or one the
+agents reported)."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +256,7 @@ class _Entry:
         "latest",
         "model_name",
         "others",
+        "others_written",
         "pending",
         "received",
         "restored_power",
@@ -273,20 +289,35 @@ class _Entry:
         self.latest: str | None = None
         """The type of the job's latest window when another pool's (None: the main
         pool's): its measured power is that type's (``_measured``)."""
+        self.others_written = False
+        """``status.model.otherGpuTypes`` is (or may be) in status: an empty list is
+        written as its removal (``status_fields``)."""
 
 
 class _Fit:
     """One job's samples and knowledge on a GPU type of another planned pool than the
     main one (``_Entry.others``)."""
 
-    __slots__ = ("fresh", "knowledge", "pending", "rows")
+    __slots__ = ("fresh", "held", "knowledge", "pending", "rows")
 
-    def __init__(self) -> None:
+    def __init__(self, held: tuple[ModelParams, int] | None = None) -> None:
         self.rows = np.empty((0, 6))
         self.pending: list[Row] = []
         self.fresh = False
         self.knowledge: Knowledge | None = None
         """None until a pass plans the type (``SampleStore.refresh``)."""
+        self.held = held
+        """Params (and fits) of this type restored from ``status.model.otherGpuTypes``,
+        until a pass plans the type: then they are its knowledge, with no refit
+        (``take_held``); written back as they are meanwhile."""
+
+    def take_held(self, spec: GpuSpec) -> None:
+        """The held params as the knowledge on ``spec`` (their type, planned now)."""
+        if self.held is None or self.knowledge is not None:
+            return
+        params, fits = self.held
+        self.held = None
+        self.knowledge = Knowledge(FittedModel.on(params, spec), params, fits=fits)
 
 
 class SampleStore:
@@ -471,7 +502,7 @@ class SampleStore:
                 for entry in work:
                     if retyped:
                         assert old is not None and gpu is not None
-                        if not self._swap(entry, old, gpu):
+                        if not self._swap(entry, old.name, gpu):
                             _forget_rows(entry)
                     self._check_type(entry, notes)
                 batches = [(entry, entry.pending) for entry in work]
@@ -509,23 +540,26 @@ class SampleStore:
         self._node_types = {node: spec.name for node, spec in kept.items()}
         self._others = {spec.name: spec for spec in kept.values()}
 
-    def _swap(self, entry: _Entry, old: GpuSpec, new: GpuSpec) -> bool:
-        """The main pool's type changed from ``old`` to ``new`` while both are planned
-        (several pools): what the job learnt on ``new`` becomes its main knowledge and
-        what it learnt on ``old`` is kept as another type's. False (nothing moved) unless
-        the job has knowledge of ``new``; then the main rows go (``_forget_rows``)."""
+    def _swap(self, entry: _Entry, old: str, new: GpuSpec) -> bool:
+        """The main knowledge is of type ``old`` and the main pool's type is ``new`` (the
+        pool changed type while both are planned, several pools): what the job learnt on
+        ``new`` becomes its main knowledge and what it learnt on ``old`` is kept as another
+        type's if ``old`` is planned. False (nothing moved) unless the job has knowledge
+        of ``new`` (held ones included); the main rows go with the main knowledge."""
         fit = entry.others.get(new.name)
+        if fit is not None:
+            fit.take_held(new)
         if fit is None or fit.knowledge is None:
             return False
-        if old.name in self._others:
+        if old in self._others:
             kept = _Fit()
             kept.rows, kept.pending, kept.knowledge = entry.rows, entry.pending, entry.knowledge
-            entry.others[old.name] = kept
+            entry.others[old] = kept
         del entry.others[new.name]
         entry.rows, entry.knowledge = fit.rows, fit.knowledge
         entry.pending = fit.pending
         entry.fresh, entry.error_percent, entry.restored_power = fit.fresh, None, None
-        entry.latest = old.name if entry.latest is None else entry.latest
+        entry.latest = old if entry.latest is None else entry.latest
         if entry.latest == new.name:
             entry.latest = None
         return True
@@ -546,6 +580,7 @@ class SampleStore:
                     fit.rows, fit.knowledge = thin(rows, fit.knowledge, self.max_rows)
                 fit.fresh = True
             return
+        fit.take_held(spec)  # restored from status: the type's knowledge, no refit
         known = fit.knowledge
         prior = self._prior_on(entry.model_name, spec)
         if known is None or (known.fits == 0 and known.model is not prior):
@@ -610,7 +645,30 @@ class SampleStore:
             measured = _measured(entry)
             if measured is not None:
                 fields["measuredPower"] = measured_status(measured)
+            others = self._others_status(entry)
+            if others or entry.others_written:
+                fields[OTHER_TYPES] = others or None  # None: a merge patch removes the list
+                entry.others_written = True
             out[key] = fields
+        return out
+
+    def _others_status(self, entry: _Entry) -> list[dict[str, Any]]:
+        """``status.model.otherGpuTypes``: the job's fit on each other type it has one
+        of (held ones as status had them), by type name; the main type's never."""
+        main = self._pool.name if self._pool is not None else None
+        out = []
+        for gpu in sorted(entry.others):
+            fit = entry.others[gpu]
+            known = fit.knowledge
+            if gpu == main:
+                continue
+            if fit.held is not None:
+                params, fits = fit.held
+            elif known is not None and known.fits > 0 and known.params is not None:
+                params, fits = known.params, known.fits
+            else:
+                continue
+            out.append({"gpu": gpu, "params": params_status(params), "fits": fits})
         return out
 
     def measured_power(self) -> dict[str, MeasuredPower]:
@@ -680,19 +738,32 @@ class SampleStore:
         entry.received = _count(model_status.get("samples"))
         entry.error_percent = _percent(model_status.get("fitErrorPercent"))
         entry.restored_power = _restored_power(model_status.get("measuredPower"))
+        entry.others_written = OTHER_TYPES in model_status
+        others = self._restored_others(entry, model_status.get(OTHER_TYPES), notes)
         raw = model_status.get("params")
-        if raw is None:
-            return entry
         pool = self._model_gpu()
-        try:
-            params = ModelParams.from_dict(raw)
-        except PowerFlowError as exc:
-            entry.bad_params = True
-            entry.error_percent = None
-            message = f"status.model.params ignored, starting from the prior: {exc}"
-            notes.append(Note(namespace, name, uid, "InvalidModelParams", message[:500]))
+        main: tuple[ModelParams, int] | None = None
+        if raw is not None:
+            try:
+                main = (ModelParams.from_dict(raw), max(_count(model_status.get("fits")), 1))
+            except PowerFlowError as exc:
+                entry.bad_params = True
+                entry.error_percent = None
+                message = f"status.model.params ignored, starting from the prior: {exc}"
+                notes.append(Note(namespace, name, uid, "InvalidModelParams", message[:500]))
+        if pool is not None and pool.name in others and (main is None or main[0].gpu != pool.name):
+            # The main pool's type changed while no operator ran, and the job has a fit
+            # of the new one: the two trade places, as a running operator's ``_swap``.
+            if main is not None and self._known_type(main[0].gpu):
+                others[main[0].gpu] = main
+            main = others.pop(pool.name)
+            entry.error_percent, entry.restored_power = None, None
+        elif main is not None:
+            others.pop(main[0].gpu, None)  # the main fit's type is no other type
+        entry.others = {gpu: _Fit(held) for gpu, held in others.items()}
+        if main is None:
             return entry
-        fits = max(_count(model_status.get("fits")), 1)
+        params, fits = main
         if pool is not None and params.gpu == pool.name:
             model = FittedModel.on(params, pool)
         elif params.gpu in GPU_SPECS:
@@ -704,6 +775,51 @@ class SampleStore:
             return entry
         entry.knowledge = Knowledge(model, params, fits=fits)
         return entry
+
+    def _restored_others(
+        self, entry: _Entry, raw: Any, notes: list[Note]
+    ) -> dict[str, tuple[ModelParams, int]]:
+        """``status.model.otherGpuTypes`` read back (a restart), as untrusted input: at
+        most ``MAX_TYPES`` entries, each of a type the catalogue has or a planned pool is
+        of (``_known_type``), once, with params that parse and are of that type. The
+        rest is dropped with one ``InvalidModelParams`` Warning, and leaves status."""
+        out: dict[str, tuple[ModelParams, int]] = {}
+        if raw is None:
+            return out
+        if not isinstance(raw, list):
+            raw, ignored = [], ["not a list"]
+        else:
+            past = len(raw) - MAX_TYPES
+            ignored = [f"{past} entries past the first {MAX_TYPES}"] if past > 0 else []
+        items = raw[:MAX_TYPES]
+        for item in items:
+            gpu = item.get("gpu") if isinstance(item, dict) else None
+            if not isinstance(gpu, str) or not self._known_type(gpu):
+                ignored.append(f"type {str(gpu)[:63]!r}")
+                continue
+            if gpu in out:
+                ignored.append(f"{gpu} named again")
+                continue
+            try:
+                params = ModelParams.from_dict(item.get("params"))
+            except PowerFlowError as exc:
+                ignored.append(f"{gpu}: {exc}")
+                continue
+            if params.gpu != gpu:
+                ignored.append(f"{gpu}: params of {params.gpu[:63]!r}")
+                continue
+            out[gpu] = (params, max(_count(item.get("fits")), 1))
+        if ignored:
+            namespace, _, name = entry.key.partition("/")
+            message = f"status.model.otherGpuTypes ignored in part: {'; '.join(ignored)}"
+            notes.append(Note(namespace, name, entry.uid, "InvalidModelParams", message[:500]))
+        return out
+
+    def _known_type(self, gpu: str) -> bool:
+        """A type whose fit a status may carry: the catalogue's, or a planned pool's
+        (one the agents reported)."""
+        pool = self._pool
+        return gpu in GPU_SPECS or gpu in self._others or (pool is not None and gpu == pool.name)
 
     def _learn(self, entry: _Entry, known: Knowledge, rows: np.ndarray) -> Knowledge:
         """One call of the simulator's learner on the job's rows.
@@ -762,7 +878,7 @@ class SampleStore:
                 entry.knowledge = replace(known, model=prior, params=prior.params)
             return
         wanted = prior.params.gpu
-        if known.params.gpu == wanted:
+        if known.params.gpu == wanted or self._swap(entry, known.params.gpu, self._pool):
             return
         entry.knowledge = self._prior_knowledge(entry.model_name)
         _forget_rows(entry)

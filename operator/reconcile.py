@@ -88,6 +88,7 @@ from powerflow.operator.jobs import (
     object_generation,
     parse_dljob,
 )
+from powerflow.operator.learning import OTHER_TYPES
 from powerflow.operator.lifecycle import _lifecycle
 from powerflow.operator.pass_inputs import DEFAULT_SETTINGS, NO_MEMORY, PassMemory, PassSettings
 from powerflow.operator.pass_progress import _account_all, _account_one
@@ -342,17 +343,20 @@ def _by_pool(
     ]
 
 
+_FIT_FIELDS = ("params", "fits", OTHER_TYPES)
+
+
 def _learned_model(v: _View, fields: Mapping[str, Any]) -> bool:
     """Put the online refit's ``status.model`` fields into the job's new status.
 
-    A new fit (``params`` or ``fits`` differ from status, or bad ``params``
-    to remove) is written at once; the sample count and fit error, which
-    change with every window, only ride along with a write the job gets
-    anyway (progress comes every ``progress_interval_s``), so samples cost
-    no status writes of their own. Always True (a ``_Guard`` step).
+    A new fit (``params``, ``fits`` or the fits on other types, ``otherGpuTypes``,
+    differ from status, or bad ones to remove) is written at once; the sample
+    count and fit error, which change with every window, only ride along with a
+    write the job gets anyway (progress comes every ``progress_interval_s``), so
+    samples cost no status writes of their own. Always True (a ``_Guard`` step).
     """
     current: Mapping[str, Any] = v.status.get("model") or {}
-    refit = any(k in fields and current.get(k) != fields[k] for k in ("params", "fits"))
+    refit = any(k in fields and current.get(k) != fields[k] for k in _FIT_FIELDS)
     if refit or merge_diff(v.status, v.new):
         v.new["model"] = {**(v.new.get("model") or {}), **fields}
     return True

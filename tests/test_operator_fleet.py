@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from operator_cases import JOBS, NS, dljob, eventually, pods_of, start_workers
+from operator_cases import JOBS, NS, dljob, eventually, pods_of, start_workers, status_of
 from powerflow.operator.controller import default_policy, fleet_of
-from powerflow.operator.learning import SampleStore
+from powerflow.operator.learning import SampleStore, params_status
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import Operator, operator_args
 
@@ -238,3 +238,57 @@ def test_the_operator_plans_its_policy_over_every_pool_itself_on_the_first() -> 
     assert second.memo is not policy.memo  # type: ignore[attr-defined]
     recording = Recording()
     assert fleet_of(recording) is recording
+
+
+async def test_a_restarted_operator_plans_with_the_fit_on_each_type_from_status(
+    kubeconfig: Path, api: httpx.AsyncClient
+) -> None:
+    """The H100 fit of the job on the H100 node goes to its ``status.model.otherGpuTypes``
+    (the A100 pool is the main one: ``params`` holds its A100 knowledge); a restarted
+    operator plans with it from its first pass, writes no pod and leaves the job's model
+    status as it was (no refit, no churn)."""
+    recording = Recording()
+    args = operator_args(kubeconfig, "--profiling-window", "0")
+    async with Operator(args, recording) as op:
+        for name in ("j1", "j2"):
+            assert (await api.post(JOBS, json=gang(name))).status_code == 201
+
+        async def both() -> dict[str, list[dict[str, Any]]]:
+            gangs = {name: await pods_of(api, name) for name in ("j1", "j2")}
+            return gangs if all(len(p) == 8 for p in gangs.values()) else {}
+
+        gangs = await eventually(both)
+        (job,) = [name for name, pods in gangs.items() if planned_nodes(pods) == {"h1"}]
+        await start_workers(api, gangs[job], "h1")
+        assert op.controller is not None and op.controller.learning is not None
+        op.controller.learning.add("h1", windows(job, 21, H100), 1.0)
+
+        async def written() -> dict[str, Any]:
+            model: dict[str, Any] = (await status_of(api, job)).get("model", {})
+            return model if model.get("otherGpuTypes") else {}
+
+        model = await eventually(written)
+        (entry,) = model["otherGpuTypes"]
+        assert entry["gpu"] == "H100-SXM" and entry["fits"] == 1
+        assert "params" not in model  # nothing learnt on the A100
+        fitted = entry["params"]
+        pods = {
+            p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in await pods_of(api, job)
+        }
+
+    restarted = Recording()
+    async with Operator(args, restarted) as again:
+
+        async def passes() -> bool:
+            return again.passes >= 3
+
+        await eventually(passes)
+        key = f"{NS}/{job}"
+        (first,) = [j for j in restarted.snapshots[0].jobs if j.id == key]
+        h100 = dict(first.models_by_gpu)["H100-SXM"]
+        assert isinstance(h100, FittedModel) and params_status(h100.params) == fitted
+        assert (await status_of(api, job))["model"] == model
+        now = {
+            p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in await pods_of(api, job)
+        }
+        assert now == pods

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from powerflow.operator.jobs import parse_dljob
-from powerflow.operator.learning import SampleStore, model_row, params_status, thin
+from powerflow.operator.learning import MAX_TYPES, SampleStore, model_row, params_status, thin
 from prometheus_client import CollectorRegistry
 
 from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec, estimated_spec, unknown_gpu
@@ -729,3 +729,135 @@ def test_when_the_main_pool_changes_type_each_types_knowledge_is_kept() -> None:
     assert notes == []
     assert s.model(req()) is h100_fit and s.model_on(req(), A100) is a100_fit
     assert s.status_fields()["ml/job"]["params"]["gpu"] == "H100-SXM"
+
+
+def fitted_on_both() -> tuple[SampleStore, dict[str, Any]]:
+    """A store of an A100 main pool beside an H100 pool whose job has a fit on each type
+    (seed 1, 3 % noise), and the job's ``status.model`` fields it writes."""
+    rng = np.random.default_rng(1)
+    s = store()
+    s.refresh([body()], A100, {"h0": H100, "h1": H100})
+    feed(s, windows(CLOCKS, rng))  # n0, n1: the A100 pool
+    feed(s, [(f"h{n[-1]}", w) for n, w in windows(H100_CLOCKS[:12], rng, truth=H100_TRUTH)])
+    s.refresh([body()], A100, {"h0": H100, "h1": H100})
+    return s, s.status_fields()["ml/job"]
+
+
+def refits(s: SampleStore) -> float:
+    """Calls of the learner so far (``powerflow_model_refit_seconds``' count)."""
+    (metric,) = s.refit_seconds.collect()
+    return next(x.value for x in metric.samples if x.name.endswith("_count"))
+
+
+def test_a_restart_restores_each_types_fit_with_no_refit_and_no_write() -> None:
+    """``status.model.otherGpuTypes`` holds the H100 fit beside the A100 one in ``params``:
+    a restarted operator plans the job with both fits at its first pass, without a call
+    of the learner, and has nothing to write."""
+    s, fields = fitted_on_both()
+    h100_fit = s.model_on(req(), H100)
+    assert h100_fit.params.gpu == "H100-SXM" and h100_fit.params != prior_on(
+        wrong_prior(MODEL), H100
+    )
+    assert fields["otherGpuTypes"] == [
+        {"gpu": "H100-SXM", "params": params_status(h100_fit.params), "fits": 1}
+    ]
+    again = store()
+    assert again.refresh([body(model=fields)], A100, {"h0": H100, "h1": H100}) == []
+    assert again.model(req()).params == s.model(req()).params
+    restored = again.model_on(req(), H100)
+    assert restored.params == h100_fit.params and restored.gpu == H100
+    clocks = np.asarray(H100_CLOCKS, dtype=np.float64)
+    assert np.array_equal(
+        restored.energy_per_iter_j(N, R, BS, clocks), h100_fit.energy_per_iter_j(N, R, BS, clocks)
+    )
+    assert refits(again) == 0
+    assert again.status_fields()["ml/job"] == fields  # nothing to write: no churn
+    # Windows from the H100 nodes go to the restored fit: the learner is asked again.
+    more = windows(H100_CLOCKS[:6], np.random.default_rng(2), truth=H100_TRUTH)
+    feed(again, [(f"h{n[-1]}", w) for n, w in more])
+    again.refresh([body(model=fields)], A100, {"h0": H100, "h1": H100})
+    assert refits(again) == 1
+
+
+def test_a_status_of_the_main_type_alone_is_read_as_before() -> None:
+    """A status without ``otherGpuTypes``: the H100 model is its carried-over prior, no
+    Warning, and the field is not written while there is no fit of another type."""
+    s, fields = fitted_on_both()
+    old = {k: v for k, v in fields.items() if k != "otherGpuTypes"}
+    again = store()
+    assert again.refresh([body(model=old)], A100, {"h0": H100, "h1": H100}) == []
+    assert again.model(req()).params == s.model(req()).params
+    assert again.model_on(req(), H100).params == prior_on(wrong_prior(MODEL), H100)
+    assert again.status_fields()["ml/job"] == old
+
+
+def test_a_fit_of_a_type_not_planned_now_is_held_and_written_back() -> None:
+    """A restart that plans the A100 pool alone (the H100 nodes gone for now) keeps the
+    H100 fit as status has it, and takes it up when the H100 pool is planned again."""
+    s, fields = fitted_on_both()
+    again = store()
+    assert again.refresh([body(model=fields)], A100) == []
+    assert again.status_fields()["ml/job"] == fields
+    again.refresh([body(model=fields)], A100, {"h0": H100})
+    assert again.model_on(req(), H100).params == s.model_on(req(), H100).params
+
+
+def test_a_restart_after_the_main_pool_changed_type_swaps_the_fits() -> None:
+    """Written with the A100 pool the main one, read back with the H100 pool the main one
+    (nodes added meanwhile): the H100 fit is the main model, the A100 fit the other
+    type's, no Warning, as a running operator's swap."""
+    s, fields = fitted_on_both()
+    again = store()
+    assert again.refresh([body(model=fields)], H100, dict.fromkeys(NODES, A100)) == []
+    assert again.model(req()).params == s.model_on(req(), H100).params
+    assert again.model_on(req(), A100).params == s.model(req()).params
+    swapped = again.status_fields()["ml/job"]
+    assert swapped["params"] == fields["otherGpuTypes"][0]["params"]
+    assert swapped["otherGpuTypes"] == [{"gpu": "A100", "params": fields["params"], "fits": 1}]
+    # No pool told at the restart's first pass: the swap waits for the pool's type.
+    later = store()
+    assert later.refresh([body(model=fields)]) == []
+    assert later.refresh([body(model=fields)], H100, dict.fromkeys(NODES, A100)) == []
+    assert later.model(req()).params == s.model_on(req(), H100).params
+    assert later.model_on(req(), A100).params == s.model(req()).params
+
+
+def other_entry(**kw: Any) -> dict[str, Any]:
+    params = params_status(prior_on(load_prior(MODEL), H100))
+    return {"gpu": "H100-SXM", "params": params, "fits": 2, **kw}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not a list",
+        [other_entry(gpu="H900")],  # no catalogue type, no planned pool's
+        [other_entry(gpu="A10")],  # a catalogue type, params of another
+        [other_entry(params={"junk": True})],
+        [None, 7, {"params": other_entry()["params"]}],
+        [other_entry(gpu="x" * 5000)],
+    ],
+    ids=["not-a-list", "unknown-type", "params-of-another-type", "bad-params", "junk", "huge"],
+)
+def test_bad_fits_of_other_types_are_dropped_with_one_warning(raw: Any) -> None:
+    s = store()
+    notes = s.refresh([body(model={"otherGpuTypes": raw, "samples": 5})], A100, h100_nodes())
+    assert [n.reason for n in notes] == ["InvalidModelParams"]
+    assert len(notes[0].message) <= 500
+    assert s.model_on(req(), H100).params == prior_on(wrong_prior(MODEL), H100)
+    fields = s.status_fields()["ml/job"]
+    assert fields["otherGpuTypes"] is None and fields["samples"] == 5  # removed from status
+    assert s.refresh([body(model={"otherGpuTypes": raw})], A100, h100_nodes()) == []  # once
+
+
+def test_at_most_max_types_fits_of_other_types_are_read() -> None:
+    """The first ``MAX_TYPES`` entries are read (a type named twice: its first), the rest
+    dropped with a Warning; a good entry among them is kept."""
+    good = other_entry()
+    raw = [good, other_entry(fits=9), *([other_entry(gpu="H900")] * (2 * MAX_TYPES))]
+    s = store()
+    notes = s.refresh([body(model={"otherGpuTypes": raw})], A100, h100_nodes())
+    assert [n.reason for n in notes] == ["InvalidModelParams"]
+    assert f"{MAX_TYPES + 2} entries past the first {MAX_TYPES}" in notes[0].message
+    assert s.status_fields()["ml/job"]["otherGpuTypes"] == [good]
+    assert s.model_on(req(), H100).params == prior_on(load_prior(MODEL), H100)

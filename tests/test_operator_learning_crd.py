@@ -10,13 +10,22 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from powerflow.operator.learning import MeasuredPower, SampleStore, measured_status, params_status
+from powerflow.operator.learning import (
+    MAX_TYPES,
+    MeasuredPower,
+    SampleStore,
+    measured_status,
+    params_status,
+)
+from powerflow.operator.profiled import BY_TYPE, MAX_COUNTS, with_profiled
+from powerflow.operator.profiled import MAX_TYPES as PROFILED_TYPES
 from prometheus_client import CollectorRegistry
 from support.crd_schema import crd_validator
 
 from powerflow.core import contract
+from powerflow.core.gpus import GPU_SPECS
 from powerflow.core.models.params import EnergyParams, ModelParams, ThroughputParams
-from powerflow.core.models.priors import load_prior
+from powerflow.core.models.priors import load_prior, prior_on
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "dljob.yaml"
@@ -108,3 +117,51 @@ def test_measured_power_in_status_validates_and_bad_ones_are_refused(
         {**good["measuredPower"], "gpus": 0},
     ):
         assert not validator.is_valid(example() | {"status": {"model": {"measuredPower": bad}}})
+
+
+def test_the_fits_on_other_types_have_the_params_schema() -> None:
+    model = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["model"]
+    other = model["properties"]["otherGpuTypes"]["items"]["properties"]["params"]
+    assert other == model["properties"]["params"]
+
+
+def test_fits_on_other_types_and_counts_per_type_validate_as_the_operator_writes_them(
+    validator: jsonschema.Draft4Validator,
+) -> None:
+    h100 = GPU_SPECS["H100-SXM"]
+    params = params_status(prior_on(load_prior("resnet50"), h100))
+    others = [{"gpu": "H100-SXM", "params": params, "fits": 3}]
+    counts = with_profiled({BY_TYPE: with_profiled(None, "A100", 4)}, "H100-SXM", 8)
+    model = {"otherGpuTypes": others, BY_TYPE: counts, "profiledGpuCounts": [2]}
+    assert validator.is_valid(example() | {"status": {"model": model}})
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"otherGpuTypes": [{"params": {"gpu": "A100"}}]},
+        {"otherGpuTypes": [{"gpu": "x" * 64, "params": {"gpu": "A100"}}]},
+        {"otherGpuTypes": [{"gpu": f"T{i}", "params": {}} for i in range(MAX_TYPES + 1)]},
+        {"otherGpuTypes": [{"gpu": "A100", "params": {}, "extra": 1}]},
+        {"otherGpuTypes": [{"gpu": "A100", "params": {}, "fits": -1}]},
+        {BY_TYPE: [{"gpu": "A100", "gpuCounts": [0]}]},
+        {BY_TYPE: [{"gpu": "A100"}]},
+        {BY_TYPE: [{"gpu": "A100", "gpuCounts": list(range(1, MAX_COUNTS + 2))}]},
+        {BY_TYPE: [{"gpu": f"T{i}", "gpuCounts": [1]} for i in range(PROFILED_TYPES + 1)]},
+    ],
+    ids=[
+        "no-type",
+        "long-type",
+        "too-many-fits",
+        "unknown-field",
+        "negative-fits",
+        "zero-count",
+        "no-counts",
+        "too-many-counts",
+        "too-many-types",
+    ],
+)
+def test_schema_bounds_what_status_holds_per_type(
+    model: dict[str, Any], validator: jsonschema.Draft4Validator
+) -> None:
+    assert not validator.is_valid(example() | {"status": {"model": model}})
