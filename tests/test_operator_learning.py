@@ -861,3 +861,30 @@ def test_at_most_max_types_fits_of_other_types_are_read() -> None:
     assert f"{MAX_TYPES + 2} entries past the first {MAX_TYPES}" in notes[0].message
     assert s.status_fields()["ml/job"]["otherGpuTypes"] == [good]
     assert s.model_on(req(), H100).params == prior_on(load_prior(MODEL), H100)
+
+
+def test_a_fit_on_a_discovered_type_of_another_pool_is_restored_while_that_pool_is_planned() -> (
+    None
+):
+    """A type the catalogue lacks (estimated from an agent's report) counts as known while
+    a planned pool is of it: its fit in ``otherGpuTypes`` is restored; a restart that plans
+    no pool of it drops the fit with a Warning (the bound on what status may carry)."""
+    board = estimated_spec("NVIDIA X1", tuple(range(300, 2101, 15)), 600.0)
+    nodes = dict.fromkeys(("h0", "h1"), board)
+    s = store()
+    s.refresh([body()], A100, nodes)
+    truth = gt.ground_truth(MODEL, H100)
+    rows = windows(board.clocks_mhz[::12], np.random.default_rng(0), truth=truth)
+    feed(s, [(f"h{n[-1]}", w) for n, w in rows])
+    s.refresh([body()], A100, nodes)
+    fields = s.status_fields()["ml/job"]
+    assert [e["gpu"] for e in fields["otherGpuTypes"]] == ["NVIDIA X1"]
+    again = store()
+    assert again.refresh([body(model=fields)], A100, nodes) == []
+    restored = again.model_on(req(), board)
+    assert restored.params == s.model_on(req(), board).params and restored.gpu == board
+    assert again.status_fields()["ml/job"] == fields
+    gone = store()
+    notes = gone.refresh([body(model=fields)], A100)
+    assert [n.reason for n in notes] == ["InvalidModelParams"] and "NVIDIA X1" in notes[0].message
+    assert gone.status_fields()["ml/job"]["otherGpuTypes"] is None
