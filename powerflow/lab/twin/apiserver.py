@@ -28,6 +28,7 @@ import yaml
 
 from powerflow.core import contract
 from powerflow.lab.twin.emulator import CONTROL, KubeEmulator
+from powerflow.lab.twin.stop_signal import on_sigterm
 
 T = TypeVar("T")
 FAULTS = f"{CONTROL}faults"
@@ -184,7 +185,6 @@ def serve_forever(
     ``enforce_rbac``: see ``KubeEmulator.kubelets``, its ``DefaultTolerationSeconds``
     and ``KubeEmulator.enforce_rbac``."""
     import json
-    import signal
 
     server = ApiServer(
         port,
@@ -202,10 +202,9 @@ def serve_forever(
             entry["audiences"] = tuple(entry["audiences"])
             server.emulator.register_token(**entry)
     print(server.url, flush=True)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    done = on_sigterm()
     with contextlib.suppress(KeyboardInterrupt):
-        while not done.wait(0.5):  # a timed wait: the handler runs between two waits
+        while not done.wait(0.5):
             pass
     server.stop()
 

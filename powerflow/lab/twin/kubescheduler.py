@@ -23,7 +23,6 @@ import datetime
 import http.server
 import logging
 import os
-import signal
 import socket
 import ssl
 import threading
@@ -35,7 +34,9 @@ import httpx
 import yaml
 
 from powerflow.core.timefmt import format_time
+from powerflow.lab.twin import stop_signal
 from powerflow.lab.twin.scheduler import Scheduler, SchedulerConfig
+from powerflow.lab.twin.stop_signal import StopSignal
 
 log = logging.getLogger("kube-scheduler")
 SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -159,14 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def on_sigterm() -> threading.Event:
-    """An event that SIGTERM (the kubelet's stop) sets: kube-scheduler ends on it. A
+def on_sigterm() -> StopSignal:
+    """A stop that SIGTERM (the kubelet's stop) sets: kube-scheduler ends on it. A
     container's PID 1 gets no default action for SIGTERM, so without this handler the
     stand-in ran out its pod's grace period (30 s) at each rollout and at the chart
     twin's end, until the SIGKILL."""
-    terminated = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
-    return terminated
+    return stop_signal.on_sigterm()
 
 
 if __name__ == "__main__":
