@@ -42,6 +42,7 @@ from powerflow.operator.job_view import _annotation
 from powerflow.operator.jobs import JobRequest
 from powerflow.operator.power_order import cap_annotation
 from powerflow.operator.profile_plan import plan_annotation
+from powerflow.operator.records import filled
 from powerflow.operator.workers import WorkerSet, pod_name, rendezvous_service, worker_pods
 
 from powerflow.core import contract
@@ -137,13 +138,17 @@ def _missing(
         ]
         if not indices:
             return ()
-    ws = WorkerSet(
-        allocation.generation,
-        allocation.gpus,
-        allocation.local_batch_size,
-        allocation.frequency_mhz if tuned else None,
-        cap,
-        allocation.block,
-        pools.get(allocation.block[0][0]) if pools and allocation.block else None,
+    block = allocation.block
+    ws = filled(  # ``WorkerSet(...)``, every field given (``records``)
+        WorkerSet,
+        {
+            "generation": allocation.generation,
+            "gpus": allocation.gpus,
+            "local_batch_size": allocation.local_batch_size,
+            "frequency_mhz": allocation.frequency_mhz if tuned else None,
+            "power_cap": cap,
+            "planned": block,
+            "pool_product": pools.get(block[0][0]) if pools and block else None,
+        },
     )
     return (rendezvous_service(job), *worker_pods(job, ws, indices))

@@ -23,6 +23,7 @@ from powerflow.operator.jobs import (
     JobRequest,
 )
 from powerflow.operator.power_order import lowers
+from powerflow.operator.records import filled
 
 from powerflow.core import contract, untrusted
 from powerflow.core.policy.snapshot import GpuSlot
@@ -231,7 +232,9 @@ def _placement(pods: Sequence[PodBody], sizes: Mapping[str, int]) -> tuple[GpuSl
 
 def _event(actions: Actions, v: _View, type_: str, reason: str, message: str) -> None:
     uid = str(v.meta.get("uid", ""))
-    actions.events.append(Event(v.ns, v.name, uid, type_, reason, message))
+    fields = {"namespace": v.ns, "name": v.name, "uid": uid, "type": type_, "reason": reason,
+              "message": message}  # fmt: skip
+    actions.events.append(filled(Event, fields))  # ``Event(...)`` (``records``)
 
 
 def _set_phase(actions: Actions, v: _View, phase: str, reason: str, message: str) -> None:

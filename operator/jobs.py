@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from powerflow.operator.bodies import DLJobBody
+from powerflow.operator.records import filled
 
 from powerflow.core.errors import ResourceError
 from powerflow.core.timefmt import parse_time
@@ -80,7 +81,15 @@ BOUNDS: dict[str, tuple[int, int]] = {
 }
 
 
-_PARTS = {path: tuple(path.split(".")) for path in BOUNDS}
+def _keys(path: str) -> tuple[str, str | None, int, int]:
+    first, _, inner = path.partition(".")
+    assert "." not in inner, path
+    return (first, inner or None, *BOUNDS[path])
+
+
+_PARTS = {path: _keys(path) for path in BOUNDS}
+"""Each path's key, its key within that (None: none) and its bounds, looked up once per
+field per job (``_int``)."""
 
 
 def _int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
@@ -89,20 +98,19 @@ def _int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
     A plain ``int`` within bounds, the common case, returns before the checks
     that explain a refusal: parsing is per job per cold pass.
     """
-    value: Any = spec
-    for part in _PARTS[path]:  # split once, at import
-        value = value.get(part) if isinstance(value, dict) else None
-    if type(value) is int:  # not bool, nor another subclass: those take the checks below
-        low, high = BOUNDS[path]
-        if low <= value <= high:
-            return value
+    first, inner, low, high = _PARTS[path]
+    value: Any = spec.get(first)
+    if inner is not None:
+        value = value.get(inner) if isinstance(value, dict) else None
+    # not bool, nor another subclass: those take the checks below
+    if type(value) is int and low <= value <= high:
+        return value
     if value is None:
         if default is None:
             raise ResourceError("MissingField", f"spec.{path} is required")
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise ResourceError("InvalidField", f"spec.{path} must be an integer, got {_short(value)}")
-    low, high = BOUNDS[path]
     if not low <= value <= high:
         raise ResourceError(
             "InvalidField", f"spec.{path} must be in {low}..{high}, got {_short(value)}"
@@ -191,8 +199,9 @@ def _check_template(template: Any, trainer_name: Any) -> str:
     if resources is not None:
         _optional_dict(resources, f"container {trainer!r}: resources")
         for kind in ("limits", "requests"):
-            if not isinstance(resources.get(kind), dict | None):
-                _optional_dict(resources.get(kind), f"container {trainer!r}: resources.{kind}")
+            value = resources.get(kind)
+            if value is not None and not isinstance(value, dict):
+                _optional_dict(value, f"container {trainer!r}: resources.{kind}")
     return trainer
 
 
@@ -218,8 +227,9 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
         raise ResourceError("InvalidField", "spec must be an object")
     spec: dict[str, Any] = raw_spec or {}  # only read
     for group in ("gpus", "restart"):
-        if not isinstance(spec.get(group), dict | None):
-            _optional_dict(spec.get(group), f"spec.{group}")
+        value = spec.get(group)
+        if value is not None and not isinstance(value, dict):
+            _optional_dict(value, f"spec.{group}")
     global_batch = _int(spec, "globalBatchSize")
     iterations = _int(spec, "iterations")
     requested = _int(spec, "gpus.requested")
@@ -251,45 +261,35 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
                 f"even on {top} GPUs the local batch {global_batch // top} exceeds "
                 f"maxLocalBatchSize {cap}: raise gpus.max or lower globalBatchSize",
             )
-    template = spec.get("template")
+    template: Any = spec.get("template")  # a dict once ``_check_template`` passed
     trainer = _check_template(template, spec.get("trainerContainer"))
     model = spec.get("model")
     if model is not None and not isinstance(model, str):
         raise ResourceError("InvalidField", f"spec.model must be a string, got {_short(model)}")
-    return _request(
-        namespace=namespace,
-        name=name,
-        uid=str(meta.get("uid", "")),
-        generation=object_generation(meta),
-        created_s=parse_time(meta.get("creationTimestamp")) or 0.0,
-        global_batch_size=global_batch,
-        iterations=iterations,
-        requested_gpus=requested,
-        min_gpus=low,
-        max_gpus=high,
-        max_local_batch_size=cap,
-        model_name=model or None,
-        trainer=trainer,
-        master_port=_int(spec, "masterPort", 29500),
-        grace_s=_int(spec, "terminationGracePeriodSeconds", DEFAULT_GRACE_S),
-        restart_limit=_int(spec, "restart.limit", 3),
-        backoff_s=_int(spec, "restart.backoffSeconds", 10),
-        max_backoff_s=_int(spec, "restart.maxBackoffSeconds", 300),
-        template=dict(cast(dict[str, Any], template)),
+    return filled(  # ``JobRequest(...)``, every field given (``records``)
+        JobRequest,
+        {
+            "namespace": namespace,
+            "name": name,
+            "uid": str(meta.get("uid", "")),
+            "generation": object_generation(meta),
+            "created_s": parse_time(meta.get("creationTimestamp")) or 0.0,
+            "global_batch_size": global_batch,
+            "iterations": iterations,
+            "requested_gpus": requested,
+            "min_gpus": low,
+            "max_gpus": high,
+            "max_local_batch_size": cap,
+            "model_name": model or None,
+            "trainer": trainer,
+            "master_port": _int(spec, "masterPort", 29500),
+            "grace_s": _int(spec, "terminationGracePeriodSeconds", DEFAULT_GRACE_S),
+            "restart_limit": _int(spec, "restart.limit", 3),
+            "backoff_s": _int(spec, "restart.backoffSeconds", 10),
+            "max_backoff_s": _int(spec, "restart.maxBackoffSeconds", 300),
+            "template": dict(template),
+        },
     )
-
-
-def _request(**values: Any) -> JobRequest:
-    """``JobRequest(**values)``, every field given, without the frozen dataclass's
-    ``__init__``, which sets each of the 19 fields through ``object.__setattr__``:
-    2.1 µs a request against 0.5 µs filling its ``__dict__`` at once (``timeit``,
-    2-core dev machine), 1.5 ms of a cold pass of 1,024 jobs. The same object
-    either way (``tests/test_operator_parse_fast.py``: every field, equal, the same
-    ``vars``).
-    """
-    request = object.__new__(JobRequest)
-    request.__dict__.update(values)
-    return request
 
 
 def object_generation(meta: Any) -> int:

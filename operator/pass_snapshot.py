@@ -19,6 +19,7 @@ from powerflow.operator.jobs import (
 from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.pass_inputs import PassMemory, PassSettings
 from powerflow.operator.profiled import NodeTypes, node_types, profiled_everywhere, profiled_on
+from powerflow.operator.records import filled
 
 from powerflow.core import contract
 from powerflow.core.gpus import GpuSpec
@@ -104,29 +105,35 @@ def _core_job(
             measured = None
     else:
         measured = None
-    return Job(
-        id=v.key,
-        model=model,
-        remaining_iterations=float(max(req.iterations - progress, 0)),
-        global_batch_size=req.global_batch_size,
-        requested_gpus=req.requested_gpus,
-        arrival_s=req.created_s,
-        elapsed_s=max(now_s - req.created_s, 0.0),
-        min_gpus=req.min_gpus,
-        max_gpus=req.max_gpus,
-        max_local_batch_size=req.max_local_batch_size,
-        placement=placement,
-        frequency_mhz=frequency_mhz,
-        model_name=req.model_name,
-        # The policy may only keep GPUs it knows: pinning needs the extender's placement.
-        pinned=bool(placement) and _is_profiling(v, now_s),
-        measured_power_w=measured.watts if measured is not None else None,
-        measured_frequency_mhz=measured.frequency_mhz if measured is not None else None,
-        profiled_gpus=(
-            _profiled(v, placement, running, types) if window_s > 0 and types is not None else None
-        ),
-        power_cap_w=_current_cap(v.current) if running else None,
-        models_by_gpu=models_by_gpu,
+    return filled(  # ``Job(...)``, every field given (``records``)
+        Job,
+        {
+            "id": v.key,
+            "model": model,
+            "remaining_iterations": float(max(req.iterations - progress, 0)),
+            "global_batch_size": req.global_batch_size,
+            "requested_gpus": req.requested_gpus,
+            "arrival_s": req.created_s,
+            "elapsed_s": max(now_s - req.created_s, 0.0),
+            "min_gpus": req.min_gpus,
+            "max_gpus": req.max_gpus,
+            "max_local_batch_size": req.max_local_batch_size,
+            "placement": placement,
+            "frequency_mhz": frequency_mhz,
+            "attained_gpu_s": 0.0,
+            "model_name": req.model_name,
+            # The policy may only keep GPUs it knows: pinning needs the extender's placement.
+            "pinned": bool(placement) and _is_profiling(v, now_s),
+            "measured_power_w": measured.watts if measured is not None else None,
+            "measured_frequency_mhz": measured.frequency_mhz if measured is not None else None,
+            "profiled_gpus": (
+                _profiled(v, placement, running, types)
+                if window_s > 0 and types is not None
+                else None
+            ),
+            "power_cap_w": _current_cap(v.current) if running else None,
+            "models_by_gpu": models_by_gpu,
+        },
     )
 
 

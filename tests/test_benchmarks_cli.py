@@ -58,3 +58,23 @@ def test_the_ingest_benchmarks_batches_are_all_accepted() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['None']"
+
+
+def test_the_operator_benchmarks_policy_share_is_within_each_pass() -> None:
+    """``operator_bench`` splits each pass's CPU time into the policy's (every ``plan``
+    call of that pass) and the operator's (the rest of that pass): the policy's share
+    is measured inside the pass's interval on the same thread, so it is never more
+    than the pass's CPU and the operator's column is never negative."""
+    check = (
+        "from benchmarks.operator_bench import loop_times\n"
+        "out = loop_times(3, 16, 4)\n"
+        "for label, (wall, cpu, plan) in out.items():\n"
+        "    assert len(cpu) == len(plan) == 3, label\n"
+        "    assert all(0 < p <= c for c, p in zip(cpu, plan, strict=True)), (label, cpu, plan)\n"
+        "print(sorted(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['16 new jobs', '16 running jobs']"

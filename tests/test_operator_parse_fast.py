@@ -1,4 +1,4 @@
-"""``parse_dljob``'s shortcuts (``jobs._int``'s fast path, ``jobs._request``) give what
+"""``parse_dljob``'s shortcuts (``jobs._int``'s fast path, ``records.filled``) give what
 the plain checks and the dataclass's own ``__init__`` give."""
 
 from __future__ import annotations
