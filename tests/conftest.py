@@ -24,8 +24,6 @@ from operator_cases import seed
 from powerflow.operator.kube import Kube
 from support.ci_order import (  # noqa: F401  (pytest hooks)
     pytest_collection_modifyitems,
-    pytest_runtest_setup,
-    pytest_xdist_auto_num_workers,
     pytest_xdist_make_scheduler,
 )
 from support.kube_emulator import KubeEmulator

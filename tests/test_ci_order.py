@@ -8,37 +8,17 @@ workers would run."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from support.ci_order import (
-    BESIDE_TWIN_NICE,
     TWIN_GROUP,
     pytest_collection_modifyitems,
-    pytest_runtest_setup,
-    pytest_xdist_auto_num_workers,
     pytest_xdist_make_scheduler,
     scope_of,
 )
-
-
-def test_auto_starts_a_worker_per_core_and_one_for_the_twin() -> None:
-    assert pytest_xdist_auto_num_workers(SimpleNamespace()) == len(os.sched_getaffinity(0)) + 1
-
-
-def test_a_test_beside_the_twin_runs_nicer_than_the_controller() -> None:
-    """This test is not a twin's: on an xdist worker (README's command) it runs
-    ``BESIDE_TWIN_NICE`` steps nicer than the controller that started the worker; in one
-    process (``-n 0``) the hook leaves the priority alone."""
-    mine = os.getpriority(os.PRIO_PROCESS, 0)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        assert mine - os.getpriority(os.PRIO_PROCESS, os.getppid()) == BESIDE_TWIN_NICE
-    else:
-        pytest_runtest_setup(SimpleNamespace(path=Path("tests/test_cli.py")))
-        assert os.getpriority(os.PRIO_PROCESS, 0) == mine
 
 
 def test_twin_files_are_one_unit_and_the_rest_one_unit_per_test() -> None:

@@ -14,27 +14,15 @@ xdist's own ``loadgroup`` reads ``xdist_group`` marks by appending ``@group`` to
 test id on the workers, which pytest 9.2 does not let it do (its ids are built
 from the collection tree: pytest-dev/pytest-xdist#1386, fix in pytest-xdist#1388), so
 the marks would be silently ignored and two twins could run at once.
-
-``-n auto`` starts one worker per core and one more (``pytest_xdist_auto_num_workers``),
-and every test that is not a twin's runs ``BESIDE_TWIN_NICE`` steps nicer than the
-twin's (``pytest_runtest_setup``): a twin's tests mostly wait on real time, so with one
-worker per core the twin's worker left its core idle most of the unit's length, while
-at equal priority a third worker starved the twin's components (its fault run took
-twice as long, and a rescale raced a failure it was timing). Niced, the other workers
-take what the twin leaves and the twin's processes run as on an idle machine.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 
 TWIN_GROUP = "twin"
-BESIDE_TWIN_NICE = 10
-"""How much nicer than the twin's worker the other workers run (nice 10 weighs 110
-against nice 0's 1,024 in Linux's scheduler)."""
 
 
 def starts_a_twin(path: str) -> bool:
@@ -53,27 +41,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Twin tests first (stable otherwise): one process runs them first too, and a
     worker's collection order is the order its units are queued in."""
     items.sort(key=lambda item: not starts_a_twin(str(item.path)))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker per core, and one for the twin's unit."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
-def nicer_than_the_twin() -> None:
-    """This worker, from its first test that is not a twin's on, ``BESIDE_TWIN_NICE``
-    steps nicer than the controller (the twin's worker runs the twin's unit first, at
-    the controller's priority, and then joins the others)."""
-    controller = os.getpriority(os.PRIO_PROCESS, os.getppid())
-    step = controller + BESIDE_TWIN_NICE - os.getpriority(os.PRIO_PROCESS, 0)
-    if step > 0:
-        os.nice(step)
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER") and not starts_a_twin(str(item.path)):
-        nicer_than_the_twin()
 
 
 @pytest.hookimpl(optionalhook=True)
