@@ -593,15 +593,7 @@ class SampleStore:
         fit.fresh = fit.fresh or bool(pending)
         if fit.fresh and len(rows) >= MIN_SAMPLES and time.perf_counter() < deadline:
             fit.fresh = False
-            learner = self._learner_on(spec)
-            samples = _samples(rows)
-            hint = entry.model_name or GENERIC
-            t0 = time.perf_counter()
-            if known.fits == 0 and known.failed_fits == 0 and not known.seen:
-                known = learner.initial(hint, known.model, samples)
-            else:
-                known = learner.update(hint, known.model, known, samples)
-            self.refit_seconds.observe(time.perf_counter() - t0)
+            known = self._fit(self._learner_on(spec), entry, known, rows)
         fit.knowledge = known
 
     def _update(self, entry: _Entry, pending: list[Row], deadline: float) -> None:
@@ -833,7 +825,13 @@ class SampleStore:
             return known
         if known.params is not None and known.params.gpu != self._type_name(entry.model_name):
             return known
-        learner = self._learner(entry.model_name)
+        return self._fit(self._learner(entry.model_name), entry, known, rows)
+
+    def _fit(
+        self, learner: FittedLearner, entry: _Entry, known: Knowledge, rows: np.ndarray
+    ) -> Knowledge:
+        """The learner's first fit of ``known`` on ``rows`` or its update, timed into
+        ``refit_seconds``."""
         samples = _samples(rows)
         name = entry.model_name or GENERIC  # the learner's prior lookup wants a name
         t0 = time.perf_counter()

@@ -134,20 +134,25 @@ def windows(job: str, count: int, gpu: GpuSpec) -> list[WindowSample]:
     return out
 
 
+async def two_gangs(api: httpx.AsyncClient) -> dict[str, list[dict[str, Any]]]:
+    """Two 8-GPU jobs submitted, and their pods once both gangs are whole."""
+    for name in ("j1", "j2"):
+        assert (await api.post(JOBS, json=gang(name))).status_code == 201
+
+    async def both() -> dict[str, list[dict[str, Any]]]:
+        gangs = {name: await pods_of(api, name) for name in ("j1", "j2")}
+        return gangs if all(len(p) == 8 for p in gangs.values()) else {}
+
+    return await eventually(both)
+
+
 async def test_both_pools_are_planned_under_one_budget_each_gang_pinned_to_its_type(
     kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
     recording = Recording()
     args = operator_args(kubeconfig, "--profiling-window", "0")
     async with Operator(args, recording) as op:
-        for name in ("j1", "j2"):
-            assert (await api.post(JOBS, json=gang(name))).status_code == 201
-
-        async def both() -> dict[str, list[dict[str, Any]]]:
-            gangs = {name: await pods_of(api, name) for name in ("j1", "j2")}
-            return gangs if all(len(p) == 8 for p in gangs.values()) else {}
-
-        gangs = await eventually(both)
+        gangs = await two_gangs(api)
         on = {name: planned_nodes(pods) for name, pods in gangs.items()}
         assert sorted(on.values(), key=sorted) == [{"a1"}, {"h1"}]  # one whole node each
         for pods in gangs.values():
@@ -186,14 +191,7 @@ async def test_windows_from_a_node_of_the_second_type_refit_that_types_model(
     recording = Recording()
     args = operator_args(kubeconfig, "--profiling-window", "0")
     async with Operator(args, recording) as op:
-        for name in ("j1", "j2"):
-            assert (await api.post(JOBS, json=gang(name))).status_code == 201
-
-        async def both() -> dict[str, list[dict[str, Any]]]:
-            gangs = {name: await pods_of(api, name) for name in ("j1", "j2")}
-            return gangs if all(len(p) == 8 for p in gangs.values()) else {}
-
-        gangs = await eventually(both)
+        gangs = await two_gangs(api)
         (job,) = [name for name, pods in gangs.items() if planned_nodes(pods) == {"h1"}]
         await start_workers(api, gangs[job], "h1")
         assert op.controller is not None and op.controller.learning is not None
@@ -250,14 +248,7 @@ async def test_a_restarted_operator_plans_with_the_fit_on_each_type_from_status(
     recording = Recording()
     args = operator_args(kubeconfig, "--profiling-window", "0")
     async with Operator(args, recording) as op:
-        for name in ("j1", "j2"):
-            assert (await api.post(JOBS, json=gang(name))).status_code == 201
-
-        async def both() -> dict[str, list[dict[str, Any]]]:
-            gangs = {name: await pods_of(api, name) for name in ("j1", "j2")}
-            return gangs if all(len(p) == 8 for p in gangs.values()) else {}
-
-        gangs = await eventually(both)
+        gangs = await two_gangs(api)
         (job,) = [name for name, pods in gangs.items() if planned_nodes(pods) == {"h1"}]
         await start_workers(api, gangs[job], "h1")
         assert op.controller is not None and op.controller.learning is not None
