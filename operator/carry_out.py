@@ -34,7 +34,13 @@ from powerflow.operator.job_view import (
     _View,
 )
 from powerflow.operator.lifecycle import STUCK_TERMINATION_S, _deadline, _delete_all
-from powerflow.operator.profiled import BY_TYPE, NodeTypes, profiled_on, with_profiled
+from powerflow.operator.profiled import (
+    BY_TYPE,
+    NodeTypes,
+    ProfileWindow,
+    profiled_on,
+    with_profiled,
+)
 from powerflow.operator.workers import pod_name
 
 from powerflow.core import contract
@@ -122,16 +128,15 @@ def _carry_out(
     v: _View,
     jp: JobPlan,
     now_s: float,
-    window_s: float,
-    types: NodeTypes,
+    profile: ProfileWindow,
     seen: tuple[GpuSlot, ...] = (),
     claimed: Callable[[], Mapping[GpuSlot, str]] | None = None,
     leaving: Callable[[], Mapping[GpuSlot, float]] | None = None,
 ) -> bool:
     """Turn the job's plan into actions; True when it holds GPUs after this pass.
 
-    ``types``: the planned nodes' GPU types, which a profiled count is recorded for
-    (``profiled``).
+    ``profile``: the profiling window and the planned nodes' GPU types, which a
+    profiled count is recorded for (``profiled``).
     ``seen``: the job's GPUs as the snapshot gave them to the policy (empty when
     unknown); ``claimed``: which job the plan gives each GPU, asked for only
     where a job with workers may move (a cold pass's jobs have none). A plan that puts
@@ -182,7 +187,7 @@ def _carry_out(
         return False
     actions.allocated_gpus += jp.gpus
     if starts:
-        _start(actions, v, jp, now_s, window_s, types)
+        _start(actions, v, jp, now_s, profile.seconds, profile.types)
         return True
     # The plan's clock and cap for the running generation, recorded in its status; the
     # job controller brings the workers to them (``_converge``).
@@ -209,7 +214,8 @@ def _carry_out(
         a.generation, a.gpus, a.local_batch_size, jp.frequency_mhz, cap, a.block,
         a.profiling_until_s, complete, a.stopped,
     )  # fmt: skip
-    if v.status.get("phase") == "Profiling" and _profile(actions, v, now_s, window_s, types):
+    profiling = v.status.get("phase") == "Profiling"
+    if profiling and _profile(actions, v, now_s, profile.seconds, profile.types):
         return True
     if v.new.get("phase") != "Running":
         _set_phase(actions, v, "Running", "Running", f"{jp.gpus} GPUs at {jp.frequency_mhz} MHz")

@@ -18,7 +18,13 @@ from powerflow.operator.jobs import (
 )
 from powerflow.operator.learning import MeasuredPower
 from powerflow.operator.pass_inputs import PassMemory, PassSettings
-from powerflow.operator.profiled import NodeTypes, node_types, profiled_everywhere, profiled_on
+from powerflow.operator.profiled import (
+    NodeTypes,
+    ProfileWindow,
+    node_types,
+    profiled_everywhere,
+    profiled_on,
+)
 from powerflow.operator.records import filled
 
 from powerflow.core import contract
@@ -89,9 +95,8 @@ def _core_job(
     model: PerfModel,
     sizes: Mapping[str, int],
     measured: MeasuredPower | None = None,
-    window_s: float = 0.0,
     models_by_gpu: tuple[tuple[str, PerfModel], ...] = (),
-    types: NodeTypes | None = None,
+    profile: ProfileWindow | None = None,
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
     running = bool(v.current) and not v.stopping
@@ -127,8 +132,8 @@ def _core_job(
             "measured_power_w": measured.watts if measured is not None else None,
             "measured_frequency_mhz": measured.frequency_mhz if measured is not None else None,
             "profiled_gpus": (
-                _profiled(v, placement, running, types)
-                if window_s > 0 and types is not None
+                _profiled(v, placement, running, profile.types)
+                if profile is not None and profile.seconds > 0
                 else None
             ),
             "power_cap_w": _current_cap(v.current) if running else None,
@@ -180,9 +185,8 @@ def build_snapshot(
     """
     models_on = models.on if isinstance(models, TypedModels) else None
     measured = memory.measured or {}
-    window_s = settings.profiling_window_s
     sizes = {n.name: n.gpus for n in nodes}
-    types_of = node_types(nodes)
+    profile = ProfileWindow(settings.profiling_window_s, node_types(nodes))
     types: dict[str, GpuSpec] = {}
     for node in nodes[1:] if models_on is not None else ():
         if node.gpu.name != nodes[0].gpu.name:
@@ -198,9 +202,7 @@ def build_snapshot(
             if types and models_on is not None:
                 main = (nodes[0].gpu.name, model)
                 by_gpu = (main, *((g.name, models_on(v.req, g)) for g in types.values()))
-            job = _core_job(
-                v, v.req, now_s, model, sizes, measured.get(v.key), window_s, by_gpu, types_of
-            )
+            job = _core_job(v, v.req, now_s, model, sizes, measured.get(v.key), by_gpu, profile)
         except Exception as exc:
             if failed is None:
                 raise

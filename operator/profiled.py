@@ -55,6 +55,15 @@ class NodeTypes:
         return self.default
 
 
+@dataclass(frozen=True)
+class ProfileWindow:
+    """The pass's profiling window (``--profiling-window``; 0: none) and its planned
+    nodes' types, which a profiled count is recorded and looked up for."""
+
+    seconds: float
+    types: NodeTypes
+
+
 def node_types(nodes: Iterable[Node]) -> NodeTypes:
     """The types of ``nodes`` (a pass's planned nodes, the main pool's first)."""
     of_node = {node.name: node.gpu.name for node in nodes}

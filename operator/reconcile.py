@@ -97,7 +97,7 @@ from powerflow.operator.pass_snapshot import (
     build_snapshot,
     pool_nodes,
 )
-from powerflow.operator.profiled import node_types
+from powerflow.operator.profiled import ProfileWindow, node_types
 from powerflow.operator.status import merge_diff, set_condition
 
 from powerflow.core.backend import schedule_once
@@ -281,8 +281,7 @@ def reconcile(
                     v,
                     jp,
                     now_s,
-                    profiling_window_s,
-                    kinds,
+                    ProfileWindow(profiling_window_s, kinds),
                     seen,
                     claimed,
                     leaving,
