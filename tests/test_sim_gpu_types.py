@@ -100,8 +100,8 @@ def test_a_carried_over_prior_predicts_at_the_same_relative_clock() -> None:
 
 def test_a_carried_over_prior_draws_the_types_watts() -> None:
     """Power (energy over step time) at the same relative clock scales by the ratio of
-    the types' reference powers: left in A100 watts, an H100 job was predicted at
-    1/1.75 of its power and a fitted mixed cluster went over its limit."""
+    the types' reference powers (in A100 watts an H100 job would be predicted at
+    1/1.75 of its power)."""
     prior = load_prior("resnet50")
     on_a100, on_h100 = FittedModel.on(prior, A100), FittedModel.on(prior_on(prior, H100), H100)
     n, r, bs = np.array([1.0, 8.0, 32.0]), np.array([1.0, 8.0, 8.0]), np.full(3, 16.0)

@@ -272,8 +272,8 @@ def test_a_node_dies_then_a_gpu_and_every_job_resumes_from_its_checkpoint(tmp_pa
     assert [e[1] for e in died] == [worker.pod], died
     # Its job resumed from a checkpoint. The operator counts a restart when it sees the
     # worker Failed first; when the node's allocatable (3 of 4) reaches its pass first,
-    # it rescales the job off the GPU and deletes the worker itself: no restart counted
-    # (seen in CI under load), the same resumption.
+    # it rescales the job off the GPU and deletes the worker itself: no restart counted,
+    # the same resumption.
     resumed = [
         e for e in later if e[1].startswith(f"{worker.job}-") and e[2].startswith("training from ")
     ]

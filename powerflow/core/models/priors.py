@@ -113,9 +113,9 @@ def prior_on(prior: ModelParams, gpu: GpuSpec) -> ModelParams:
 
     Its watts (``p_grad_w``, ``p_sync_w``, ``p_static_w``) are multiplied by the
     ratio of the two types' ``p_max_w`` (the budget's reference power: typical
-    training power at the top clock, a catalogue fact). Left in the prior's
-    type's watts, an A100 prior predicted an H100 job at 1/1.75 of its power,
-    and a fitted mixed cluster's plan went over its limit until the jobs'
+    training power at the top clock, a catalogue fact): in the prior's own
+    watts an A100 prior would predict an H100 job at 1/1.75 of its power, and
+    a fitted mixed cluster's plan would pass its limit until the jobs'
     measurements caught up. The power model's clock shape is in ``f / f0`` and
     each type's knee sits at the same fraction of its top clock, so the shape
     carries over as it is.

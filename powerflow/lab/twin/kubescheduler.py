@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
 def on_sigterm() -> StopSignal:
     """A stop that SIGTERM (the kubelet's stop) sets: kube-scheduler ends on it. A
     container's PID 1 gets no default action for SIGTERM, so without this handler the
-    stand-in ran out its pod's grace period (30 s) at each rollout and at the chart
-    twin's end, until the SIGKILL."""
+    stand-in would run out its pod's grace period (30 s) at each rollout and at the
+    chart twin's end, until the SIGKILL."""
     return stop_signal.on_sigterm()
 
 

@@ -3,9 +3,8 @@
 ``threading.Event`` cannot be set from a signal handler. The handler runs in the
 main thread between two bytecodes; if those are inside ``Event.wait``, after it took
 its condition's lock and before the condition's wait released it, ``set()`` waits for
-that lock, which its own thread holds, forever. The twin's kube-scheduler stand-in
-hung so once in CI (SIGTERM sent just as it started to wait), out-waiting its test's
-10 s. A plain attribute takes no lock; the waiter polls it.
+that lock, which its own thread holds, forever: a SIGTERM sent just as a process
+starts to wait would hang it. A plain attribute takes no lock; the waiter polls it.
 """
 
 from __future__ import annotations
