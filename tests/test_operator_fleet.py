@@ -146,6 +146,15 @@ async def two_gangs(api: httpx.AsyncClient) -> dict[str, list[dict[str, Any]]]:
     return await eventually(both)
 
 
+async def training_on_h1(api: httpx.AsyncClient) -> str:
+    """``two_gangs``, then the workers of the one planned on the H100 node started; its
+    name."""
+    gangs = await two_gangs(api)
+    (job,) = [name for name, pods in gangs.items() if planned_nodes(pods) == {"h1"}]
+    await start_workers(api, gangs[job], "h1")
+    return job
+
+
 async def test_both_pools_are_planned_under_one_budget_each_gang_pinned_to_its_type(
     kubeconfig: Path, api: httpx.AsyncClient
 ) -> None:
@@ -191,9 +200,7 @@ async def test_windows_from_a_node_of_the_second_type_refit_that_types_model(
     recording = Recording()
     args = operator_args(kubeconfig, "--profiling-window", "0")
     async with Operator(args, recording) as op:
-        gangs = await two_gangs(api)
-        (job,) = [name for name, pods in gangs.items() if planned_nodes(pods) == {"h1"}]
-        await start_workers(api, gangs[job], "h1")
+        job = await training_on_h1(api)
         assert op.controller is not None and op.controller.learning is not None
         store: SampleStore = op.controller.learning
         store.add("h1", windows(job, 21, H100), 1.0)
@@ -248,9 +255,7 @@ async def test_a_restarted_operator_plans_with_the_fit_on_each_type_from_status(
     recording = Recording()
     args = operator_args(kubeconfig, "--profiling-window", "0")
     async with Operator(args, recording) as op:
-        gangs = await two_gangs(api)
-        (job,) = [name for name, pods in gangs.items() if planned_nodes(pods) == {"h1"}]
-        await start_workers(api, gangs[job], "h1")
+        job = await training_on_h1(api)
         assert op.controller is not None and op.controller.learning is not None
         op.controller.learning.add("h1", windows(job, 21, H100), 1.0)
 
