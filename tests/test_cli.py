@@ -57,6 +57,28 @@ def test_a_simulation_command_starts_without_matplotlib(command: str) -> None:
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+def test_a_json_run_loads_no_drawing_or_cluster_library() -> None:
+    """``powerflow simulate --scheduler ... --json`` as a user runs it, start to end:
+    it prints JSON, so it loads neither rich (its table, the comparison's progress
+    bar) nor matplotlib, and nothing of Kubernetes or the twin; each would be start-up
+    spent on nothing."""
+    probe = (
+        "import json, sys\n"
+        "from contextlib import redirect_stdout\n"
+        "from io import StringIO\n"
+        "from powerflow.cli import main\n"
+        "out = StringIO()\n"
+        "with redirect_stdout(out):\n"
+        "    code = main(['simulate', '--scheduler', 'gandiva', '--frequency', '1410',\n"
+        "                 '--hours', '0.05', '--json'])\n"
+        "assert code == 0 and json.loads(out.getvalue())['jobs'] >= 1\n"
+        "heavy = ('rich', 'matplotlib', 'kubernetes', 'kopf', 'httpx', 'powerflow.lab.twin')\n"
+        "print(sorted({m for m in sys.modules if m.startswith(heavy)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize(
     "argv",
     [["simulate", "--help"], ["--help"], ["bogus"], ["-h", "operator"], ["--help", "simulate"]],

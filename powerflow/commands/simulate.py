@@ -13,11 +13,9 @@ import math
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from powerflow.commands import checks
 from powerflow.core.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
@@ -33,6 +31,14 @@ from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING, main_run
 from powerflow.lab.sim.report import setting_label, write_report
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
 from powerflow.lab.sim.windows import EVALUATION_WINDOWS, window_named
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# rich's console and progress bar only where the comparison draws them (``_stderr``,
+# ``_run_with_progress``): one run prints a table (``output``) or, with ``--json``,
+# no rich at all, and rich's modules are about 40 ms of start-up
+# (``python -X importtime -c "import rich.console, rich.progress"``).
 
 
 def register(subparsers: Any) -> None:
@@ -440,7 +446,7 @@ def _held_out(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -> 
     )
     for trace_spec, run_config in {(s.trace, s.config) for s in specs}:
         load_jobs(trace_spec, run_config)  # a bad window refused here, not in every worker
-    outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
+    outcomes = _run_with_progress(specs, args.workers, _stderr(), quiet=args.json)
     result = heldout.summary(outcomes)
     words = heldout.lines(result)
     rows = [{**o.row(), "window": o.spec.trace.window} for o in outcomes]
@@ -580,7 +586,7 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     )
     for trace_spec, run_config in {(s.trace, s.config) for s in specs}:
         load_jobs(trace_spec, run_config)  # a bad row refused here, not in every worker
-    console = Console(stderr=True)
+    console = _stderr()
     outcomes = _run_with_progress(specs, args.workers, console, quiet=args.json)
     rows = [o.row() for o in outcomes]
     ratios = jct_ratios(rows)
@@ -616,9 +622,24 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     return 0
 
 
+def _stderr() -> Console:
+    """The console the comparison's progress bar draws on."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
 def _run_with_progress(
     specs: list[RunSpec], workers: int, console: Console, *, quiet: bool
 ) -> list[RunOutcome]:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     with Progress(
         TextColumn("[bold]simulating"),
         BarColumn(),

@@ -7,12 +7,17 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from powerflow.lab.sim.priors import run_name
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+# rich is imported by the functions that draw: ``powerflow simulate --json`` prints
+# no table, and rich's console and table modules are about 30 ms of its start-up
+# (``python -X importtime -c "import rich.console, rich.table"``).
 
 TABLE_COLUMNS = (
     ("avg_jct_s", "JCT h", 1 / 3600),
@@ -86,6 +91,8 @@ def results_table(
     parameter a sensitivity row belongs to (``x``). ``columns``: ``TABLE_COLUMNS``, or
     the same keys in other units (``powerflow demo``'s runs last minutes, not days).
     The run's name and setting share one column, which wraps before the numbers do."""
+    from rich.table import Table
+
     table = Table(title=title, caption=TABLE_CAPTION if columns is TABLE_COLUMNS else None)
     if value is not None:
         table.add_column(value[1], justify="right", no_wrap=True)
@@ -117,6 +124,8 @@ def _plain(value: Any) -> str:
 
 
 def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
+    from rich.table import Table
+
     table = Table(
         title="Baseline avg JCT / PowerFlow avg JCT at equal energy (>1: PowerFlow faster)"
     )
@@ -141,6 +150,8 @@ def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
 
 def versus_table(plus: Mapping[str, Mapping[str, float] | None]) -> Table:
     """PowerFlow+'s avg JCT over PowerFlow's at equal energy (``compare.versus``)."""
+    from rich.table import Table
+
     table = Table(
         title="PowerFlow+ avg JCT / PowerFlow avg JCT at equal energy (<1: PowerFlow+ faster)"
     )
@@ -170,6 +181,8 @@ def _fmt(x: float | None) -> str:
 
 def stdout_console() -> Console:
     """Rich's console; 140 columns when piped (its 80-column default truncates the table)."""
+    from rich.console import Console
+
     console = Console()
     return console if console.is_terminal else Console(width=140)
 
