@@ -8,7 +8,6 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 # --no-compile: pip byte-compiles every installed module (numba's, scipy's, matplotlib's
 # ... in full: 40 s of a 79 s install on 2 cores); Python compiles the ones a run
 # imports when it first imports them.

@@ -14,7 +14,7 @@ import pytest
 from powerflow.cli import main
 from powerflow.core import schedulers
 from powerflow.core.errors import SimulationError
-from powerflow.lab.sim import plus_tuning, runner
+from powerflow.lab.sim import experiments, plus_tuning, runner
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.result import Series
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
@@ -186,6 +186,7 @@ def test_sweep_plus_tuning_prints_and_writes_the_ranked_grid(
     monkeypatch.setattr(plus_tuning, "GRID", grid)
     monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:1])
     monkeypatch.setattr(plus_tuning, "DEFAULT_FREQUENCIES_MHZ", (1110, 1410))
+    monkeypatch.setattr(experiments, "QUICK_HOURS", 0.5)  # the command's plumbing, faster
     out = tmp_path / "out"
     args = ["sweep", "plus-tuning", "--quick", "--workers", "1", "--out", str(out)]
     assert main(args) == 0
@@ -266,6 +267,7 @@ def test_sweep_plus_tuning_grid_profiling_ranks_the_ladders(
     monkeypatch.setattr(plus_tuning, "PROFILING_GRID", ladders)
     monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:1])
     monkeypatch.setattr(plus_tuning, "DEFAULT_FREQUENCIES_MHZ", (1110, 1410))
+    monkeypatch.setattr(experiments, "QUICK_HOURS", 0.5)  # the command's plumbing, faster
     out = tmp_path / "out"
     args = ["sweep", "plus-tuning", "--grid", "profiling", "--quick", "--workers", "1"]
     assert main([*args, "--out", str(out)]) == 0

@@ -11,7 +11,7 @@ import pytest
 from powerflow.cli import main
 from powerflow.lab.baselines.gandiva import GANDIVA_JOBS_PER_GPU, GandivaPolicy
 from powerflow.lab.schedulers import scheduler
-from powerflow.lab.sim import tuning
+from powerflow.lab.sim import experiments, tuning
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.result import Series
 from powerflow.lab.sim.runner import RunOutcome
@@ -85,6 +85,7 @@ def test_sweep_tuning_prints_and_writes_the_ranked_grid(
 ) -> None:
     grid = tuple(tuning.Setting("gandiva", (("max_jobs_per_gpu", k),)) for k in (1, 2))
     monkeypatch.setattr(tuning, "GRIDS", {"gandiva": grid})
+    monkeypatch.setattr(experiments, "QUICK_HOURS", 0.5)  # the command's plumbing, faster
     out = tmp_path / "out"
     args = ["sweep", "tuning", "--quick", "--workers", "1", "--out", str(out)]
     assert main([*args, "--json"]) == 0
