@@ -211,11 +211,23 @@ def test_a_node_dies_then_a_gpu_and_every_job_resumes_from_its_checkpoint(tmp_pa
 
                 _until("its node-failure taints gone", untainted, 30)
                 # Then a GPU under a worker past a checkpoint.
-                _until("a worker past a checkpoint", lambda: _checkpointed(twin, watch), 240)
-                worker = _checkpointed(twin, watch)[0]
-                watch.allocatable[worker.node] = GPUS - 1
-                gpu_failed_at = time.monotonic()
-                twin.fail_gpu(worker.node, worker.gpu)
+                failed: list[tuple[float, Any]] = []
+
+                def checkpointed_one() -> Any:
+                    """A worker past a checkpoint, chosen as its GPU fails (the kubelet's
+                    step: chosen first, it may end before the failure on a busy machine)."""
+                    ready = _checkpointed(twin, watch)
+                    if ready:
+                        watch.allocatable[ready[0].node] = GPUS - 1
+                        failed.append((time.monotonic(), ready[0]))
+                    return ready[0] if ready else None
+
+                _until(
+                    "a worker past a checkpoint",
+                    lambda: kubelet.fail_gpu_under(checkpointed_one) is not None,
+                    240,
+                )
+                ((gpu_failed_at, worker),) = failed
                 say(f"GPU {worker.gpu} of {worker.node} failed under {worker.pod}")
                 allocatable = _node(twin, worker.node)["status"]["allocatable"]
                 capacity = _node(twin, worker.node)["status"]["capacity"]

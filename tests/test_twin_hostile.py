@@ -366,6 +366,8 @@ def test_concurrent_huge_bodies_leave_the_extender_bounded_and_serving(twin: Twi
     assert statuses[503] > 0, "no body was ever told to wait: nothing bounds them"
     assert all(a.headers.get("Retry-After") for a in answers if a.status_code == 503)
     assert grown < 400 * 2**20, grown
-    assert max(health) < 2.0, health
+    # The chart's liveness probe gives /healthz 3 s (its urlopen timeout) before the
+    # kubelet counts a failure: within that, on a machine busy with other tests too.
+    assert max(health) < 3.0, health
     submit(twin, "next", 8)
     assert eventually(lambda: training(twin, "next", 8), 120)

@@ -55,7 +55,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -469,6 +469,16 @@ class Kubelet:
                 if phase == "Running" and not pod["metadata"].get("deletionTimestamp"):
                     message = "the container's state is unknown: its node restarted"
                     self._set_phase(pod, "Failed", "ContainerStatusUnknown", message)
+
+    def fail_gpu_under(self, pick: Callable[[], Worker | None]) -> Worker | None:
+        """Fails the GPU of the worker ``pick`` chooses (None: none yet), in one step: no
+        worker ends, starts or takes that GPU between the choice and the failure, as none
+        can between a real GPU's fault and its process's end."""
+        with self._lock:
+            worker = pick()
+            if worker is not None:
+                self.fail_gpu(worker.node, worker.gpu)
+            return worker
 
     def fail_gpu(self, node: str, gpu: int) -> None:
         """The device plugin reports ``gpu`` unhealthy: the node's allocatable drops by
