@@ -8,7 +8,9 @@ order (``pkg/scheduler/schedule_one.go``):
 
 1. pods leave the active queue in order of creation (equal priority);
 2. in-tree filters: the node is Ready and schedulable, its ``NoSchedule`` and
-   ``NoExecute`` taints are tolerated, and ``NodeResourcesFit``: the pod's
+   ``NoExecute`` taints are tolerated, its labels pass the pod's node selector and
+   required node affinity (``NodeAffinity``: ``powerflow.lab.twin.affinity``), and
+   ``NodeResourcesFit``: the pod's
    ``nvidia.com/gpu`` fits the node's allocatable minus what its bound pods,
    and the pods this scheduler assumed on it, request;
 3. no feasible node: unschedulable, retried after the back-off;
@@ -50,6 +52,7 @@ from typing import Any
 import httpx
 
 from powerflow.core import contract
+from powerflow.lab.twin import affinity
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -198,6 +201,8 @@ def feasible(pod: Obj, nodes: list[Obj], used: Mapping[str, int]) -> tuple[list[
             reason = "node(s) were unschedulable or not ready"
         elif not all(tolerated(t, tolerations) for t in taints):
             reason = "node(s) had untolerated taint"
+        elif not affinity.matches(pod, node):
+            reason = affinity.REASON
         elif allocatable - used.get(name, 0) < want:
             reason = f"Insufficient {contract.GPU_RESOURCE}"
         else:
