@@ -192,6 +192,9 @@ class Agent:
         """When a bound pod without ``status.startTime`` was first seen, by UID (``_keep``)."""
         self._unarmed: set[PodKey] = set()
         """Pods whose GPUs are still unknown ``ARM_S`` after they started (warned once)."""
+        self._foreign: set[str] = set()
+        """UIDs of pods with the job label that no DLJob of that name controls (warned
+        once each; forgotten when they go)."""
 
     # -- news from the watches (on the loop) ----------------------------------------------
 
@@ -206,6 +209,8 @@ class Agent:
     def on_pods_listed(self, items: list[Obj]) -> None:
         self.pods.clear()
         self.blocks.clear()
+        listed = {str((b.get("metadata") or {}).get("uid") or "") for b in items}
+        self._foreign &= listed
         for body in items:
             self._keep(body)
         for uid in set(self._first_seen) - {v.uid for v in self.pods.values()}:
@@ -219,6 +224,7 @@ class Agent:
             key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
             gone = self.pods.pop(key, None)
             self.blocks.pop(key, None)
+            self._foreign.discard(str(meta.get("uid") or ""))
             if gone is not None:
                 self._first_seen.pop(gone.uid, None)
         else:
@@ -232,6 +238,18 @@ class Agent:
             log.warning("skipping a pod that cannot be read: %s: %s", type(exc).__name__, exc)
             return
         if view.node != self.node:
+            return
+        if not view.controlled:
+            # The job label without its DLJob as controller: another workload's pod,
+            # whose annotations set nothing and whose reports count for no job.
+            if self.pods.pop(view.key, None) is not None or view.uid not in self._foreign:
+                log.warning(
+                    "pod %s/%s has the job label %r but no DLJob of that name as its "
+                    "controller: not a PowerFlow worker, its annotations are ignored",
+                    view.namespace, view.name, view.job,
+                )  # fmt: skip
+            self._foreign.add(view.uid)
+            self.blocks.pop(view.key, None)
             return
         if view.started_s is None and view.active:
             # No ``status.startTime`` (yet, or unreadable): the arming bound (``ARM_S``)

@@ -63,6 +63,9 @@ class PodView:
     """Its clock or power-limit annotation is there but unreadable: its GPUs run at
     their lowest clock and power limit until the operator writes it again (a garbled
     value must never lift the budget's backstop)."""
+    controlled: bool = True
+    """Its controller is the DLJob its job label names (``controlled_by_its_job``): a
+    PowerFlow worker. Anyone who may create pods can write the label."""
 
     @property
     def key(self) -> PodKey:
@@ -125,6 +128,25 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         problems=tuple(problems),
         started_s=parse_time(status.get("startTime")),
         strict=strict,
+        controlled=controlled_by_its_job(meta),
+    )
+
+
+def controlled_by_its_job(meta: Mapping[str, Any]) -> bool:
+    """Whether the pod's controller ``ownerReference`` is the DLJob its job label names,
+    as the operator creates its workers. The agent cannot read DLJobs, but the API
+    server's garbage collector deletes a pod whose owner does not exist (or lives in
+    another namespace), so a pod that passes is a worker of a DLJob of its own
+    namespace: a tenant can make one only for its own jobs."""
+    job = (meta.get("labels") or {}).get(contract.JOB_LABEL)
+    refs = meta.get("ownerReferences")
+    return bool(job) and any(
+        isinstance(ref, Mapping)
+        and ref.get("controller") is True
+        and ref.get("kind") == contract.KIND
+        and ref.get("apiVersion") == contract.API_VERSION
+        and ref.get("name") == job
+        for ref in (refs if isinstance(refs, list) else ())
     )
 
 

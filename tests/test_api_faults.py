@@ -39,7 +39,15 @@ from powerflow.nodeagent.kube import COMPONENT as AGENT_COMPONENT
 from support.api_faults import Answer, Fault
 from support.extender_process import create, extender_process
 from support.kube_emulator import KubeEmulator
-from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, agent_args, worker_pod
+from support.nodeagent_harness import (
+    DLJOB_RESOURCE,
+    NODE,
+    NodeAgent,
+    RecordingGpus,
+    agent_args,
+    create_worker,
+    worker_pod,
+)
 from support.nodeagent_harness import PODS as AGENT_PODS
 from support.nodeagent_harness import eventually as agent_eventually
 from support.operator_cluster import NODES, cluster, gang_dljob, kubelet, operator
@@ -212,6 +220,7 @@ async def test_the_operator_loses_nothing_under_api_faults(
 @pytest.fixture
 async def agent_api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     kmock.load_builtins()
+    kmock.declare(DLJOB_RESOURCE, contract.KIND)
     async with httpx.AsyncClient(base_url=str(kmock.url), headers=TESTER) as client:
         node = {"metadata": {"name": NODE}, "status": {"allocatable": {contract.GPU_RESOURCE: "4"}}}
         assert (await client.post("/api/v1/nodes", json=node)).status_code == 201
@@ -255,7 +264,7 @@ async def test_the_node_agent_keeps_applying_clocks_through_api_faults(
 
     for name, gpu in (("a", 0), ("b", 1)):
         body = worker_pod(name, gpu, job=name, frequency_mhz="1200")
-        assert (await agent_api.post(AGENT_PODS, json=body)).status_code == 201
+        assert (await create_worker(agent_api, body)).status_code == 201
     async with NodeAgent(agent_args(kubeconfig), gpus):
         await wait(lambda: gpus.locked(0) == 1200 and gpus.locked(1) == 1200)
         for step, mhz in enumerate(("1005", "1395", "900", "1110", "1305", "1200")):
@@ -264,7 +273,7 @@ async def test_the_node_agent_keeps_applying_clocks_through_api_faults(
             await wait(lambda m=mhz: gpus.locked(0) == int(m))
         await wait(lambda: gpus.locked(1) == 1200 - 15 * 6)
         body = worker_pod("c", 2, job="c", frequency_mhz="1005")
-        assert (await agent_api.post(AGENT_PODS, json=body)).status_code == 201
+        assert (await create_worker(agent_api, body)).status_code == 201
         assert (await agent_api.delete(f"{AGENT_PODS}/b")).status_code == 200
         await wait(lambda: gpus.locked(2) == 1005 and gpus.locked(1) is None)
         await annotate("a", "1005")

@@ -54,8 +54,14 @@ from extender_bodies import binding_args, go_json, node, pod
 from operator_cases import JOBS, MERGE, NS, PODS, dljob, eventually, header, models, pods_of, seed
 from powerflow.worker import Worker
 from support.kube_emulator import KubeEmulator
-from support.nodeagent_harness import NODE, NodeAgent, RecordingGpus, worker_pod
-from support.nodeagent_harness import PODS as AGENT_PODS
+from support.nodeagent_harness import (
+    DLJOB_RESOURCE,
+    NODE,
+    NodeAgent,
+    RecordingGpus,
+    create_worker,
+    worker_pod,
+)
 from support.nodeagent_harness import eventually as wait_until
 from support.operator_harness import Operator, free_port, write_kubeconfig
 
@@ -544,11 +550,12 @@ async def test_node_agent_calls_match_its_rules(
     and power limit (both clamped: an Event each) and parks idle GPUs of its node once the
     node is marked powered down."""
     kmock.load_builtins()
+    kmock.declare(DLJOB_RESOURCE, contract.KIND)
     async with client(kmock) as api:
         body = {"metadata": {"name": NODE}, "status": {"allocatable": {contract.GPU_RESOURCE: "4"}}}
         assert (await api.post("/api/v1/nodes", json=body)).status_code == 201
         clamped = worker_pod("a", 0, frequency_mhz="1400", power_limit_watts="40")
-        assert (await api.post(AGENT_PODS, json=clamped)).status_code == 201
+        assert (await create_worker(api, clamped)).status_code == 201
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="agent")
         gpus = RecordingGpus()
         token = tmp_path / "token"
@@ -592,8 +599,9 @@ async def test_the_worker_library_needs_no_role(
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(kmock.url), token="worker")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    kmock.declare(DLJOB_RESOURCE, contract.KIND)
     async with client(kmock) as api:
-        made = await api.post(AGENT_PODS, json=worker_pod("a", 0))
+        made = await create_worker(api, worker_pod("a", 0))
         assert made.status_code == 201, made.text
         env = {
             "POWERFLOW_POD_NAME": "a",

@@ -15,7 +15,7 @@ from operator_cases import clean_env
 from powerflow.nodeagent.metrics import GpuMetrics
 from prometheus_client import generate_latest
 from support.kube_emulator import KubeEmulator
-from support.nodeagent_harness import NODE, PODS, worker_pod
+from support.nodeagent_harness import DLJOB_RESOURCE, NODE, create_worker, worker_pod
 from support.nvml_library import has_nvml_library
 from support.operator_harness import free_port, write_kubeconfig
 
@@ -30,6 +30,7 @@ pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 @pytest.fixture
 async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     kmock.load_builtins()
+    kmock.declare(DLJOB_RESOURCE, contract.KIND)
     async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
         assert (
             await client.post("/api/v1/nodes", json={"metadata": {"name": NODE}})
@@ -46,7 +47,7 @@ async def test_once_applies_prints_and_exits(
     api: httpx.AsyncClient, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     body = worker_pod("a", 2, frequency_mhz="1400")
-    assert (await api.post(PODS, json=body)).status_code == 201
+    assert (await create_worker(api, body)).status_code == 201
     argv = ["nodeagent", "--kubeconfig", str(kubeconfig), "--node-name", NODE]
     argv += ["--simulate", "4", "--once"]
     assert await asyncio.to_thread(main, argv) == 0
@@ -136,7 +137,7 @@ async def test_sigterm_restores_defaults_and_metrics_show_the_locked_clock(
     """The real command in a process of its own: metrics label the pod's GPU with the
     pod and job and show its locked clock; SIGTERM restores defaults and exits 0."""
     assert (
-        await api.post(PODS, json=worker_pod("a", 1, job="j", frequency_mhz="1200"))
+        await create_worker(api, worker_pod("a", 1, job="j", frequency_mhz="1200"))
     ).status_code == 201
     port = free_port()
     proc = await asyncio.create_subprocess_exec(

@@ -23,11 +23,13 @@ from support.kubelet_podresources import FakeKubelet
 from support.kubelet_podresources import pod as kubelet_pod
 from support.kubelet_podresources import serve as serve_kubelet
 from support.nodeagent_harness import (
+    DLJOB_RESOURCE,
     NODE,
     PODS,
     NodeAgent,
     RecordingGpus,
     agent_args,
+    create_worker,
     eventually,
     worker_pod,
 )
@@ -45,6 +47,7 @@ MIN_W, MAX_W = A100.min_power_limit_w, A100.max_power_w
 @pytest.fixture
 async def api(kmock: KubeEmulator) -> AsyncIterator[httpx.AsyncClient]:
     kmock.load_builtins()
+    kmock.declare(DLJOB_RESOURCE, contract.KIND)
     async with httpx.AsyncClient(base_url=str(kmock.url)) as client:
         node = {"metadata": {"name": NODE}, "status": {"allocatable": {contract.GPU_RESOURCE: "4"}}}
         assert (await client.post("/api/v1/nodes", json=node)).status_code == 201
@@ -57,7 +60,7 @@ def kubeconfig(kmock: KubeEmulator, tmp_path: Path) -> Path:
 
 
 async def create(api: httpx.AsyncClient, body: dict[str, Any]) -> None:
-    response = await api.post(PODS, json=body)
+    response = await create_worker(api, body)
     assert response.status_code == 201, response.text
 
 
@@ -71,6 +74,32 @@ async def annotate(api: httpx.AsyncClient, name: str, **annotations: str | None)
 async def events_of(api: httpx.AsyncClient, pod: str) -> list[dict[str, Any]]:
     items = (await api.get("/api/v1/namespaces/ns/events")).json()["items"]
     return [e for e in items if e["involvedObject"]["name"] == pod]
+
+
+async def test_a_labelled_pod_its_job_does_not_control_sets_no_clock(
+    api: httpx.AsyncClient, kubeconfig: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job label is anyone's to write: a pod with it but no controller, and one
+    controlled by a DLJob of another name than its label, are another workload's. Their
+    clock annotations set nothing, whatever GPUs they name; a worker beside them is
+    clocked as ever."""
+    gpus = RecordingGpus()
+    squatter = worker_pod("t", 1, job="x", frequency_mhz="600")
+    del squatter["metadata"]["ownerReferences"]
+    assert (await api.post(PODS, json=squatter)).status_code == 201
+    await create(api, worker_pod("u", 2, job="y", frequency_mhz="600"))
+    relabel = {"metadata": {"labels": {contract.JOB_LABEL: "z"}}}
+    assert (await api.patch(f"{PODS}/u", json=relabel, headers=MERGE)).status_code == 200
+    await create(api, worker_pod("a", 0, frequency_mhz="1200"))
+    async with NodeAgent(agent_args(kubeconfig), gpus):
+        await eventually(lambda: gpus.locked(0) == 1200)
+        assert gpus.locked(1) is None and gpus.locked(2) is None
+        await annotate(api, "u", frequency_mhz="900")  # and no later change does
+        await annotate(api, "a", frequency_mhz="1005")
+        await eventually(lambda: gpus.locked(0) == 1005)
+        assert gpus.locked(1) is None and gpus.locked(2) is None
+    ignored = [r.getMessage() for r in caplog.records if "no DLJob of that name" in r.getMessage()]
+    assert any("ns/t" in m for m in ignored) and any("ns/u" in m for m in ignored)
 
 
 async def test_annotation_change_locks_the_pods_gpu_and_others_stay_default(

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from powerflow.cli import build_parser
 from powerflow.commands.nodeagent import RunControl, serve
@@ -74,6 +77,44 @@ def agent_args(kubeconfig: Path, *options: str) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+DLJOBS = f"/apis/{contract.API_VERSION}/namespaces/ns/{contract.PLURAL}"
+DLJOB_RESOURCE = f"{contract.API_VERSION}/{contract.PLURAL}"
+"""What ``KubeEmulator.declare`` takes to serve DLJobs (``create_worker`` makes them)."""
+
+
+async def create_worker(api: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
+    """Create a worker pod as the operator does: its DLJob first (named by the pod's job
+    label; the emulator's garbage collector, like the real one, deletes a pod whose
+    owner does not exist), then the pod, its controller reference carrying that
+    DLJob's UID. The emulator must serve DLJobs (``DLJOB_RESOURCE``)."""
+    job = body["metadata"]["labels"][contract.JOB_LABEL]
+    got = await api.get(f"{DLJOBS}/{job}")
+    if got.status_code == 404:
+        dljob = {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.KIND,
+            "metadata": {"name": job},
+        }
+        got = await api.post(DLJOBS, json=dljob)
+    assert got.status_code in (200, 201), got.text
+    pod = copy.deepcopy(body)
+    pod["metadata"]["ownerReferences"] = [
+        {**dljob_owner(job), "uid": got.json()["metadata"]["uid"]}
+    ]
+    return await api.post(PODS, json=pod)
+
+
+def dljob_owner(job: str) -> dict[str, Any]:
+    """The controller reference the operator gives its workers (the DLJob ``job``)."""
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
+        "name": job,
+        "uid": f"uid-{job}",
+        "controller": True,
+    }
+
+
 def worker_pod(
     name: str,
     gpu: int | None = None,
@@ -96,6 +137,7 @@ def worker_pod(
             "namespace": "ns",
             "labels": {contract.JOB_LABEL: job, contract.WORKER_INDEX_LABEL: str(index)},
             "annotations": ann,
+            "ownerReferences": [dljob_owner(job)],
         },
         "spec": {
             "nodeName": node,
