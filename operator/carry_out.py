@@ -67,13 +67,12 @@ def _start(
         tuple(sorted(jp.placement)),
     )
     v.granted = granted
-    v.new["allocation"] = {
-        **status_fields(granted),
-        "nodes": sorted({node for node, _ in jp.placement}),
-        "profilingUntil": None,
-        "complete": None,
-        "stopped": None,
-    }
+    fields = status_fields(granted)  # a new dict: the bookkeeping goes on at its end
+    fields["nodes"] = sorted({node for node, _ in jp.placement})
+    fields["profilingUntil"] = None
+    fields["complete"] = None
+    fields["stopped"] = None
+    v.new["allocation"] = fields
     v.first = True
     v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
     v.new["roomWaitSince"] = None
