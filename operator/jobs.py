@@ -215,9 +215,11 @@ def _check_template(template: Any, trainer_name: Any) -> str:
     """
     if not isinstance(template, dict):
         raise ResourceError("InvalidTemplate", "spec.template must be an object")
-    meta = _optional_dict(template.get("metadata"), "spec.template.metadata")
-    _string_map(meta.get("labels"), "spec.template.metadata.labels")
-    _string_map(meta.get("annotations"), "spec.template.metadata.annotations")
+    meta = template.get("metadata")
+    if meta is not None:  # most templates have none: no calls then
+        meta = _optional_dict(meta, "spec.template.metadata")
+        _string_map(meta.get("labels"), "spec.template.metadata.labels")
+        _string_map(meta.get("annotations"), "spec.template.metadata.annotations")
     pod_spec = template.get("spec")
     if not isinstance(pod_spec, dict):
         raise ResourceError("InvalidTemplate", "spec.template.spec must be an object")
