@@ -104,7 +104,8 @@ def cap_w(cap: float | None) -> float | None:
         return None
     if not (math.isfinite(cap) and cap > 0):
         raise ValueError(f"power cap {cap} W must be finite and > 0")
-    return max(1, math.floor(cap * 10 + 1e-9)) / 10
+    tenths = math.floor(cap * 10 + 1e-9)
+    return (tenths if tenths > 1 else 1) / 10  # ``max(1, tenths)``, without the call
 
 
 def block_field(block: Sequence[GpuSlot]) -> list[dict[str, Any]] | None:

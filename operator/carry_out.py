@@ -47,6 +47,10 @@ from powerflow.core import contract
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan
 from powerflow.core.timefmt import format_time, parse_time
 
+_new_tuple = tuple.__new__
+"""A named tuple from a tuple of every field in order, as its generated ``__new__``
+builds it, without that Python frame (a ``JobAllocation`` per job per pass)."""
+
 ROOM_WAIT_S = 120.0
 """The longest a new generation waits for workers being deleted to free its planned GPUs
 (``_wait_for_room``): twice the default grace period, short next to a training job."""
@@ -58,26 +62,31 @@ def _start(
     """A new generation: its allocation recorded (the job controller creates its
     workers from it, ``_converge``); Profiling if the job never ran on this GPU count
     on the GPU type of the plan's nodes (and profiling is on: ``window_s > 0``)."""
-    granted = JobAllocation(
-        v.allocation.generation + 1,
-        jp.gpus,
-        jp.local_batch_size,
-        jp.frequency_mhz,
-        cap_w(jp.power_cap_w),
-        tuple(sorted(jp.placement)),
+    granted = _new_tuple(  # ``JobAllocation(...)`` without its ``__new__``'s frame
+        JobAllocation,
+        (
+            v.allocation.generation + 1,
+            jp.gpus,
+            jp.local_batch_size,
+            jp.frequency_mhz,
+            cap_w(jp.power_cap_w),
+            tuple(sorted(jp.placement)),
+            None,  # profiling_until_s
+            False,  # complete
+            False,  # stopped
+        ),
     )
     v.granted = granted
-    v.new["allocation"] = {
-        **status_fields(granted),
-        "nodes": sorted({node for node, _ in jp.placement}),
-        "profilingUntil": None,
-        "complete": None,
-        "stopped": None,
-    }
+    fields = status_fields(granted)  # a new dict: the bookkeeping goes on at its end
+    fields["nodes"] = sorted({node for node, _ in jp.placement})
+    fields["profilingUntil"] = None
+    fields["complete"] = None
+    fields["stopped"] = None
+    v.new["allocation"] = fields
     v.first = True
     v.new.setdefault("startTime", v.status.get("startTime") or format_time(now_s))
     v.new["roomWaitSince"] = None
-    gpu = types.of(node for node, _ in jp.placement)
+    gpu = types.of_slots(jp.placement)
     if window_s > 0 and jp.gpus not in profiled_on(v.status.get("model"), gpu):
         _set_phase(
             actions, v, "Profiling", "Profiling",
@@ -210,9 +219,12 @@ def _carry_out(
         if complete:  # every worker exists: from now on a missing one is lost
             v.new["allocation"]["complete"] = True
     a = v.allocation  # built whole: ``_replace`` costs twice as much, on every pass
-    v.granted = JobAllocation(
-        a.generation, a.gpus, a.local_batch_size, jp.frequency_mhz, cap, a.block,
-        a.profiling_until_s, complete, a.stopped,
+    v.granted = _new_tuple(  # ``JobAllocation(...)`` without its ``__new__``'s frame
+        JobAllocation,
+        (
+            a.generation, a.gpus, a.local_batch_size, jp.frequency_mhz, cap, a.block,
+            a.profiling_until_s, complete, a.stopped,
+        ),
     )  # fmt: skip
     profiling = v.status.get("phase") == "Profiling"
     if profiling and _profile(actions, v, now_s, profile.seconds, profile.types):

@@ -73,6 +73,11 @@ class PodWrites(NamedTuple):
     annotate: tuple[tuple[PodBody, dict[str, str | None]], ...] = ()
 
 
+_new_tuple = tuple.__new__
+"""A named tuple from a tuple of every field in order, as its generated ``__new__``
+builds it, without that Python frame (a ``PodWrites`` per job per pass)."""
+
+
 def converge(
     job: JobRequest,
     allocation: JobAllocation,
@@ -96,7 +101,7 @@ def converge(
     if not allocation.complete:
         create = _missing(job, allocation, pods, cap, tuned, pools)
     if not pods:  # a new generation: nothing to annotate
-        return PodWrites(create)
+        return _new_tuple(PodWrites, (create, ()))  # ``PodWrites(create)``, no frame
     # By key, then by pod: the order the patches are written in within each phase.
     clock = str(allocation.frequency_mhz) if tuned else None
     annotate: list[tuple[PodBody, dict[str, str | None]]] = [

@@ -118,6 +118,62 @@ def _int(spec: dict[str, Any], path: str, default: int | None = None) -> int:
     return value
 
 
+_GLOBAL_BATCH, _ITERATIONS, _GPUS, _LOCAL_BATCH, _PORT, _GRACE, _RESTARTS, _SECONDS = (
+    BOUNDS["globalBatchSize"], BOUNDS["iterations"], BOUNDS["gpus.requested"],
+    BOUNDS["maxLocalBatchSize"], BOUNDS["masterPort"], BOUNDS["terminationGracePeriodSeconds"],
+    BOUNDS["restart.limit"], BOUNDS["restart.backoffSeconds"],
+)  # fmt: skip
+assert (
+    BOUNDS["gpus.min"] == BOUNDS["gpus.max"] == _GPUS
+    and BOUNDS["restart.maxBackoffSeconds"] == _SECONDS
+)
+_NO_GROUP: dict[str, Any] = {}
+
+
+def _plain_ints(
+    spec: dict[str, Any],
+) -> tuple[int, int, int, int, int, int | None, int, int, int, int, int] | None:
+    """Every integer field of ``spec`` at once (``parse_dljob``'s order: global batch,
+    iterations, GPUs requested, min and max, max local batch or None, master port,
+    grace period, restart limit, backoff and max backoff), where each is a plain
+    ``int`` within ``BOUNDS`` or absent where it has a default, the common DLJob;
+    else None, and ``parse_dljob`` checks field by field (``_int``), in its order,
+    so that a refusal names the same field. The same values as ``_int`` field by
+    field (``tests/test_operator_parse_fast.py``), in one call instead of ten: about
+    a fifth of parsing a DLJob."""
+    gpus = spec.get("gpus")
+    restart = spec.get("restart")
+    if type(gpus) is not dict:
+        return None
+    if restart is None:
+        restart = _NO_GROUP
+    elif type(restart) is not dict:
+        return None
+    get, group = spec.get, restart.get
+    batch, iterations, requested = get("globalBatchSize"), get("iterations"), gpus.get("requested")
+    low, high, cap = gpus.get("min", 1), gpus.get("max"), get("maxLocalBatchSize")
+    port, grace = get("masterPort", 29500), get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+    limit = group("limit", 3)
+    backoff, most = group("backoffSeconds", 10), group("maxBackoffSeconds", 300)
+    if high is None and type(requested) is int and type(low) is int:
+        high = max(requested, low)
+    if not (
+        type(batch) is int and _GLOBAL_BATCH[0] <= batch <= _GLOBAL_BATCH[1]
+        and type(iterations) is int and _ITERATIONS[0] <= iterations <= _ITERATIONS[1]
+        and type(requested) is int and _GPUS[0] <= requested <= _GPUS[1]
+        and type(low) is int and _GPUS[0] <= low <= _GPUS[1]
+        and type(high) is int and _GPUS[0] <= high <= _GPUS[1]
+        and (cap is None or (type(cap) is int and _LOCAL_BATCH[0] <= cap <= _LOCAL_BATCH[1]))
+        and type(port) is int and _PORT[0] <= port <= _PORT[1]
+        and type(grace) is int and _GRACE[0] <= grace <= _GRACE[1]
+        and type(limit) is int and _RESTARTS[0] <= limit <= _RESTARTS[1]
+        and type(backoff) is int and _SECONDS[0] <= backoff <= _SECONDS[1]
+        and type(most) is int and _SECONDS[0] <= most <= _SECONDS[1]
+    ):  # fmt: skip
+        return None
+    return batch, iterations, requested, low, high, cap, port, grace, limit, backoff, most
+
+
 def _short(value: Any, limit: int = 60) -> str:
     """``repr`` for messages, cut short (a body may hold anything, of any size)."""
     try:
@@ -159,9 +215,11 @@ def _check_template(template: Any, trainer_name: Any) -> str:
     """
     if not isinstance(template, dict):
         raise ResourceError("InvalidTemplate", "spec.template must be an object")
-    meta = _optional_dict(template.get("metadata"), "spec.template.metadata")
-    _string_map(meta.get("labels"), "spec.template.metadata.labels")
-    _string_map(meta.get("annotations"), "spec.template.metadata.annotations")
+    meta = template.get("metadata")
+    if meta is not None:  # most templates have none: no calls then
+        meta = _optional_dict(meta, "spec.template.metadata")
+        _string_map(meta.get("labels"), "spec.template.metadata.labels")
+        _string_map(meta.get("annotations"), "spec.template.metadata.annotations")
     pod_spec = template.get("spec")
     if not isinstance(pod_spec, dict):
         raise ResourceError("InvalidTemplate", "spec.template.spec must be an object")
@@ -230,12 +288,18 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
         value = spec.get(group)
         if value is not None and not isinstance(value, dict):
             _optional_dict(value, f"spec.{group}")
-    global_batch = _int(spec, "globalBatchSize")
-    iterations = _int(spec, "iterations")
-    requested = _int(spec, "gpus.requested")
-    low = _int(spec, "gpus.min", 1)
-    high = _int(spec, "gpus.max", max(requested, low))
-    cap = spec.get("maxLocalBatchSize")
+    plain = _plain_ints(spec)
+    if plain is not None:
+        global_batch, iterations, requested, low, high, cap, port, grace, limit, backoff, most = (
+            plain
+        )
+    else:  # each field's checks, in order: the first refusal is the one reported
+        global_batch = _int(spec, "globalBatchSize")
+        iterations = _int(spec, "iterations")
+        requested = _int(spec, "gpus.requested")
+        low = _int(spec, "gpus.min", 1)
+        high = _int(spec, "gpus.max", max(requested, low))
+        cap = spec.get("maxLocalBatchSize")
     if not low <= requested <= high:
         raise ResourceError(
             "InvalidGPURange",
@@ -254,7 +318,8 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
             f"power of two <= gpus.max): workers would train with unequal batches",
         )
     if cap is not None:
-        cap = _int(spec, "maxLocalBatchSize")
+        if plain is None:
+            cap = _int(spec, "maxLocalBatchSize")
         if global_batch // top > cap:
             raise ResourceError(
                 "BatchTooLarge",
@@ -266,6 +331,12 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
     model = spec.get("model")
     if model is not None and not isinstance(model, str):
         raise ResourceError("InvalidField", f"spec.model must be a string, got {_short(model)}")
+    if plain is None:
+        port = _int(spec, "masterPort", 29500)
+        grace = _int(spec, "terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+        limit = _int(spec, "restart.limit", 3)
+        backoff = _int(spec, "restart.backoffSeconds", 10)
+        most = _int(spec, "restart.maxBackoffSeconds", 300)
     return filled(  # ``JobRequest(...)``, every field given (``records``)
         JobRequest,
         {
@@ -282,11 +353,11 @@ def parse_dljob(body: DLJobBody) -> JobRequest:
             "max_local_batch_size": cap,
             "model_name": model or None,
             "trainer": trainer,
-            "master_port": _int(spec, "masterPort", 29500),
-            "grace_s": _int(spec, "terminationGracePeriodSeconds", DEFAULT_GRACE_S),
-            "restart_limit": _int(spec, "restart.limit", 3),
-            "backoff_s": _int(spec, "restart.backoffSeconds", 10),
-            "max_backoff_s": _int(spec, "restart.maxBackoffSeconds", 300),
+            "master_port": port,
+            "grace_s": grace,
+            "restart_limit": limit,
+            "backoff_s": backoff,
+            "max_backoff_s": most,
             "template": dict(template),
         },
     )

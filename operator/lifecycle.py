@@ -380,7 +380,9 @@ def _stuck(actions: Actions, v: _View, now_s: float, now: str) -> bool:
 def _unstuck(v: _View, now: str) -> None:
     """Clear ``WorkersStuck`` once the stuck workers are gone (only if it was set)."""
     conditions = v.new["conditions"]
-    if any(c.get("type") == "WorkersStuck" and c.get("status") == "True" for c in conditions):
-        v.new["conditions"] = set_condition(
-            conditions, "WorkersStuck", False, "WorkersGone", "", now
-        )
+    for c in conditions:  # a loop, not ``any`` over a generator: per job per pass
+        if c.get("type") == "WorkersStuck" and c.get("status") == "True":
+            v.new["conditions"] = set_condition(
+                conditions, "WorkersStuck", False, "WorkersGone", "", now
+            )
+            return

@@ -16,6 +16,12 @@ from powerflow.core.policy.snapshot import JobPlan
 from powerflow.core.timefmt import format_time
 
 DEFAULT_PROGRESS_INTERVAL_S = 30.0
+_format_eta = format_time.__wrapped__
+"""``format_time`` without its memo: each job's completion estimate is its own instant,
+so the memo of the pass's few instants would only miss and evict for it."""
+_new_tuple = tuple.__new__
+"""A named tuple built from a tuple of every field, in order: what its generated
+``__new__`` does, without that Python frame (``progress``' tuples, one per job)."""
 
 
 def _account_all(
@@ -40,17 +46,20 @@ def _account_all(
         assert v.req is not None
         progress = v.status.get("progress") or {}
         jobs.append(
-            Running(  # positional (Running's order): hundreds per pass
-                v.key,
-                models[v.key],
-                jp.gpus,
-                jp.local_batch_size,
-                jp.frequency_mhz,
-                v.req.iterations,
-                int(progress.get("iterations", 0)),
-                float((v.status.get("energy") or {}).get("joules", 0.0)),
-                v.reported,
-                v.running,
+            _new_tuple(  # ``Running(...)`` without its ``__new__``'s frame: per job per pass
+                Running,
+                (
+                    v.key,
+                    models[v.key],
+                    jp.gpus,
+                    jp.local_batch_size,
+                    jp.frequency_mhz,
+                    v.req.iterations,
+                    int(progress.get("iterations", 0)),
+                    float((v.status.get("energy") or {}).get("joules", 0.0)),
+                    v.reported,
+                    v.running,
+                ),
             )
         )
     accounts = account(jobs, gpn, now_s, anchors)
@@ -70,7 +79,7 @@ def _account_all(
             **(v.status.get("progress") or {}),
             "iterations": acc.iterations,
             "throughput": round(acc.throughput, 6),
-            "estimatedCompletion": format_time(acc.eta_s),
+            "estimatedCompletion": _format_eta(acc.eta_s),
             "summary": f"{acc.iterations}/{total}",
         }
         v.new["energy"] = {

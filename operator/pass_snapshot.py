@@ -99,6 +99,8 @@ def _core_job(
     profile: ProfileWindow | None = None,
 ) -> Job:
     progress = int((v.status.get("progress") or {}).get("iterations", 0))
+    remaining = req.iterations - progress
+    elapsed = now_s - req.created_s  # both below: ``max(x, 0)``, without the builtin call
     running = bool(v.current) and not v.stopping
     frequency_mhz = (v.allocation.frequency_mhz or None) if running else None
     placement = _placement(v.current, sizes) if running else ()
@@ -115,11 +117,11 @@ def _core_job(
         {
             "id": v.key,
             "model": model,
-            "remaining_iterations": float(max(req.iterations - progress, 0)),
+            "remaining_iterations": float(0 if remaining < 0 else remaining),
             "global_batch_size": req.global_batch_size,
             "requested_gpus": req.requested_gpus,
             "arrival_s": req.created_s,
-            "elapsed_s": max(now_s - req.created_s, 0.0),
+            "elapsed_s": 0.0 if elapsed < 0.0 else elapsed,
             "min_gpus": req.min_gpus,
             "max_gpus": req.max_gpus,
             "max_local_batch_size": req.max_local_batch_size,

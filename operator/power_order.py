@@ -38,7 +38,8 @@ def cap_annotation(cap_w: float | None) -> str | None:
         return None
     if not (math.isfinite(cap_w) and cap_w > 0):
         raise ValueError(f"power cap {cap_w} W must be finite and > 0")
-    tenths = max(1, math.floor(cap_w * 10 + 1e-9))
+    tenths = math.floor(cap_w * 10 + 1e-9)
+    tenths = tenths if tenths > 1 else 1  # ``max(1, tenths)``, without the call
     return f"{tenths // 10}.{tenths % 10}"
 
 

@@ -54,6 +54,14 @@ class NodeTypes:
                 return found
         return self.default
 
+    def of_slots(self, slots: Iterable[tuple[str, int]]) -> str:
+        """``of`` the slots' nodes, in their order (no generator per call: per job)."""
+        for node, _ in slots:
+            found = self.of_node.get(node)
+            if found is not None:
+                return found
+        return self.default
+
 
 @dataclass(frozen=True)
 class ProfileWindow:

@@ -24,6 +24,8 @@ import numpy as np
 
 from powerflow.core.models.protocol import PerfModel
 
+_new_tuple = tuple.__new__
+
 
 class Running(NamedTuple):
     """One job that holds GPUs after this pass."""
@@ -83,29 +85,39 @@ def account(
         if not (math.isfinite(t) and math.isfinite(e) and t > 0):
             out.append(None)
             continue
+        # ``max(a, b)`` written as ``b if b > a else a`` (what ``max`` returns for two
+        # numbers, NaN included), ``min`` alike: a builtin call per bound cost more than
+        # the arithmetic, for every job of every pass.
         done = job.iterations_done
         anchor: float | None = None
         if job.reported is not None:
             # Progress shown never goes back: a count below what the status holds is a
             # report that lags an estimate (an operator restarted before the agents'
             # next post) or a resumed run redoing iterations done once already.
-            done, anchor = max(job.reported, done), now_s
+            reported = job.reported
+            done, anchor = (done if done > reported else reported), now_s
         elif job.workers_running:
             anchor = anchors.get(job.key, now_s)
-            whole = int(max(now_s - anchor, 0.0) // t)
+            waited = now_s - anchor
+            whole = int((0.0 if waited < 0.0 else waited) // t)
             # Never estimate the job to completion: only the trainer or its pods finish it.
-            whole = max(min(whole, job.iterations_total - 1 - done), 0)
-            done += whole
-            anchor += whole * t
-        gained = max(done - job.iterations_done, 0)
+            left = job.iterations_total - 1 - done
+            whole = left if left < whole else whole
+            done += 0 if whole < 0 else whole
+            anchor += (0 if whole < 0 else whole) * t
+        gained = done - job.iterations_done
+        remaining = job.iterations_total - done
         out.append(
-            Account(
-                iterations=max(done, 0),
-                throughput=1.0 / t,
-                eta_s=now_s + max(job.iterations_total - done, 0) * t,
-                joules=job.joules + gained * e,
-                watts=e / t if job.workers_running else 0.0,
-                anchor_s=anchor if job.workers_running else None,
+            _new_tuple(  # ``Account(...)`` without its ``__new__``'s frame: per job per pass
+                Account,
+                (
+                    0 if done < 0 else done,  # iterations
+                    1.0 / t,  # throughput
+                    now_s + (0 if remaining < 0 else remaining) * t,  # eta_s
+                    job.joules + (0 if gained < 0 else gained) * e,  # joules
+                    e / t if job.workers_running else 0.0,  # watts
+                    anchor if job.workers_running else None,  # anchor_s
+                ),
             )
         )
     return out

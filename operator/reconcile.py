@@ -265,10 +265,10 @@ def reconcile(
             # Jobs with workers first, so that a job that starts knows which GPUs this
             # pass frees (``_wait_for_room``); computed once, at the first start: only
             # jobs with workers delete in this loop, and ``_lifecycle`` deleted before it.
-            pairs = sorted(
-                zip(runnable, snapshot.jobs, strict=True), key=lambda p: not p[0].current
-            )
+            zipped = list(zip(runnable, snapshot.jobs, strict=True))
+            pairs = [p for p in zipped if p[0].current] + [p for p in zipped if not p[0].current]
             leaving = functools.cache(lambda: _leaving(views, actions, now_s))
+            window = ProfileWindow(profiling_window_s, kinds)
             for v, job in pairs:
                 jp = by_id.get(v.key) or JobPlan(v.key, 0, 0, 0)
                 if v.stopping:  # planned, so its GPUs go to no other job; it starts later
@@ -281,7 +281,7 @@ def reconcile(
                     v,
                     jp,
                     now_s,
-                    ProfileWindow(profiling_window_s, kinds),
+                    window,
                     seen,
                     claimed,
                     leaving,
@@ -365,7 +365,9 @@ def _finish(actions: Actions, v: _View, healthy: bool, now_s: float) -> bool:
     """The job's status patch (what changed) and its phase count."""
     if healthy:
         conditions = v.status.get("conditions") or []
-        if any(c.get("type") == "Reconciled" and c.get("status") != "True" for c in conditions):
+        if conditions and any(  # a new job has none: no generator for it
+            c.get("type") == "Reconciled" and c.get("status") != "True" for c in conditions
+        ):
             now = format_time(now_s)
             v.new["conditions"] = set_condition(
                 v.new.get("conditions", conditions), "Reconciled", True, "Reconciled", "", now

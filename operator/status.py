@@ -23,6 +23,17 @@ def set_condition(
     common case on every pass, and cheaper than rebuilding it).
     """
     value = "True" if status else "False"
+    if not conditions:  # a new job's: the one condition, as the loop below would add it
+        only: Condition = {
+            "type": type_,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now,
+        }
+        if generation is not None:
+            only["observedGeneration"] = generation
+        return [only]
     current = next((c for c in conditions or [] if c.get("type") == type_), None)
     if (
         conditions is not None

@@ -103,3 +103,59 @@ def test_request_is_the_dataclass_own(i: int) -> None:
         request.name = "other"  # type: ignore[misc]
     assert hash(request) == hash(plain)
     assert request.key == f"ml/j{i}"
+
+
+FIELDS = [
+    ("globalBatchSize",), ("iterations",), ("gpus", "requested"), ("gpus", "min"),
+    ("gpus", "max"), ("maxLocalBatchSize",), ("masterPort",),
+    ("terminationGracePeriodSeconds",), ("restart", "limit"), ("restart", "backoffSeconds"),
+    ("restart", "maxBackoffSeconds"),
+]  # fmt: skip
+ODD: list[Any] = [None, True, 0, -1, 1, 3, 64, 65535, 65536, 86400, 86401, 1 << 24, (1 << 24) + 1,
+                  10**12, 10**12 + 1, 2.0, "8", Small.ONE, MyInt(2)]  # fmt: skip
+
+
+def odd_body(rng: Any) -> dict[str, Any]:
+    """``body`` with up to three integer fields set to odd values, removed, or their
+    group replaced; a template sometimes broken too (which refusal comes first)."""
+    out = body(rng.randrange(12))
+    spec = out["spec"]
+    for _ in range(rng.randrange(4)):
+        path = rng.choice(FIELDS)
+        where = spec
+        if len(path) == 2:
+            if rng.random() < 0.1:
+                spec[path[0]] = rng.choice([None, 5, "x", MyDict()])
+                continue
+            where = spec.setdefault(path[0], {})
+            if not isinstance(where, dict):
+                continue
+        if rng.random() < 0.2:
+            where.pop(path[-1], None)
+        else:
+            where[path[-1]] = rng.choice(ODD)
+    if rng.random() < 0.1:
+        spec["template"] = {"spec": {"containers": []}}
+    return out
+
+
+class MyDict(dict):  # type: ignore[type-arg]
+    pass
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_integer_fields_at_once_answer_as_field_by_field(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_plain_ints`` (every integer field in one call) gives ``parse_dljob`` the same
+    request, or the same refusal, as ``_int`` field by field."""
+    import random
+
+    rng = random.Random(seed)
+    bodies = [odd_body(rng) for _ in range(400)]
+    fast = [outcome(parse_dljob, b) for b in bodies]
+    monkeypatch.setattr(jobs, "_plain_ints", lambda spec: None)
+    slow = [outcome(parse_dljob, b) for b in bodies]
+    assert fast == slow
+    assert sum(o[0] == "value" for o in fast) > 100  # both kinds of outcome are covered
+    assert sum(o[0] == "refused" for o in fast) > 100

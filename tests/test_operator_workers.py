@@ -184,6 +184,12 @@ def test_pods_do_not_share_per_worker_fields() -> None:
         [("n1", 3), ("n0", 7), ("n0", 1)],
         [('q"uote\\', 0), ("é\u2028\x00", 2), ("a", 10**30), ("a", -1)],
         [("n0", True), ("n0", 2.5)],  # not str/int: json.dumps's own text
+        [("n2", 5), ("n2", 0), ("n2", 3)],  # one node: one join
+        [("n2", 1), ("n2", True)],
+        [("n2", 1), ("n2", 10**30), ("n2", -4)],
+        [('q"é', 0), ('q"é', 1)],
+        [("n", 1), ("n", 2.0)],
+        [(3, 1), (3, 2)],
     ],
 )
 def test_planned_block_annotation_is_json_dumps(slots: list[tuple[Any, Any]]) -> None:
