@@ -1,13 +1,14 @@
-"""Replay a baseline's decisions of the default trace: the policy's CPU alone, repeatably.
+"""Replay a scheduler's decisions of the default trace: the policy's CPU alone, repeatably.
 
-One run of the whole default trace (64 x 8 A100, the baseline at 1410 MHz or
-its Zeus setting) records every snapshot the engine hands the policy and the
-plan it got back; then a fresh policy object (empty memos, as a run starts)
-plans the recorded snapshots again, ``--repeat`` times, and the least CPU time
+One run of the whole default trace (64 x 8 A100, a baseline at 1410 MHz or
+its Zeus setting, PowerFlow and PowerFlow+ at eta 0.6 with fitted models)
+records every snapshot the engine hands the policy and the plan it got
+back; then a fresh policy object (empty memos, as a run starts) plans the
+recorded snapshots again, ``--repeat`` times, and the least CPU time
 (``time.process_time``) of those replays is reported, with the plans checked
 equal to the run's. The engine, the trace and start-up are left out, so the
 figure moves only with the policy's code: the number to compare before and
-after a change to a baseline on a shared machine (``sim_bench`` splits a whole
+after a change to a policy on a shared machine (``sim_bench`` splits a whole
 run instead, and ``main_job_bench`` times it as a user runs it).
 
 ``--window A:B`` replays decisions A to B-1 only (the default trace's busiest
@@ -15,6 +16,7 @@ are about 200:800, some 700 jobs each for Gandiva); the replay starts from
 empty memos at A, as a run does at its first decision.
 
     python benchmarks/replay_bench.py --runs gandiva,gandiva+zeus --repeat 5
+    python benchmarks/replay_bench.py --runs powerflow,powerflow+ --repeat 5
     python -m benchmarks replay
 """
 
@@ -32,11 +34,13 @@ from powerflow.lab.sim.output import stdout_console
 from powerflow.lab.sim.runner import RunSpec, run_one
 
 BASELINES = ("gandiva", "tiresias", "afs", "gandiva+zeus", "tiresias+zeus")
+KNOB_VALUES = {"frequency_mhz": 1410.0, "eta": 0.6}
+"""The knob's value a replayed run uses (a Zeus baseline has no knob: its own setting)."""
 
 
 def record(name: str, lo: int, hi: int) -> tuple[list[Snapshot], list[Plan], RunSpec]:
     """Run ``name`` on the default trace; the snapshots and plans of decisions lo..hi-1."""
-    spec = RunSpec(name, None if scheduler(name).knob != "frequency_mhz" else 1410)
+    spec = RunSpec(name, KNOB_VALUES.get(scheduler(name).knob or ""))
     snapshots: list[Snapshot] = []
     plans: list[Plan] = []
     count = 0
@@ -78,15 +82,19 @@ def replay(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default=",".join(BASELINES), help="comma-separated baselines")
+    parser.add_argument(
+        "--runs",
+        default=",".join(BASELINES),
+        help="comma-separated schedulers (default: the baselines; also powerflow, powerflow+)",
+    )
     parser.add_argument("--repeat", type=int, default=5, help="replays; the least CPU is kept")
     parser.add_argument("--window", default=":", help="decisions A:B (default: all)")
     args = parser.parse_args()
     first, _, last = args.window.partition(":")
     lo, hi = int(first or 0), int(last or 10**9)
-    table = Table(title=f"baselines' decisions replayed (least CPU of {args.repeat})")
-    for col in ("baseline", "decisions", "jobs a decision", "policy CPU (s)", "µs a decision"):
-        table.add_column(col, justify="right" if col != "baseline" else "left")
+    table = Table(title=f"decisions replayed (least CPU of {args.repeat})")
+    for col in ("scheduler", "decisions", "jobs a decision", "policy CPU (s)", "µs a decision"):
+        table.add_column(col, justify="right" if col != "scheduler" else "left")
     for name in args.runs.split(","):
         snapshots, plans, spec = record(name.strip(), lo, hi)
         cpu = replay(name.strip(), spec, snapshots, plans, args.repeat)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 from policy_cases import ZOO, ScaledModel, efficient_clock, job, job_power, nodes
 
-from powerflow.core.errors import SnapshotError
+from powerflow.core.errors import PlacementError, SnapshotError
 from powerflow.core.gpus import A100
+from powerflow.core.policy.placement import PlacementResult
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 from powerflow.lab.scenarios import SMALL_GPU
@@ -261,3 +263,36 @@ def test_clock_raises_are_undone_when_placement_powers_more_gpus_than_estimated(
         plan.job(j.id).frequency_mhz > efficient_clock(j, plan.job(j.id).gpus, 4, A100.clocks_mhz)
         for j in (a, b, c)
     )
+
+
+def test_a_job_placement_cannot_fit_waits_with_a_note_and_the_others_run() -> None:
+    # Pinned 1-GPU jobs on both nodes leave 6 GPUs free but no whole free node:
+    # allocation gives c its 4 GPUs, placement finds no aligned block for them.
+    a = job("a", placement=(("n0", 0),), pinned=True, model=ZOO[1])
+    b = job("b", placement=(("n1", 0),), pinned=True, model=ZOO[2])
+    c = job("c", min_gpus=4, max_gpus=4, model=ZOO[0], arrival_s=1.0)
+    d = job("d", max_gpus=1, model=ZOO[0], arrival_s=2.0)
+    plan = POLICY.plan(snap(nodes(2, 4), a, b, c, d))
+    assert [p.job_id for p in plan.jobs] == ["a", "b", "c", "d"]
+    assert plan.job("c").gpus == 0 and plan.job("c").placement == ()
+    assert "c: placement found no GPUs; it waits" in plan.notes
+    assert plan.job("a").placement == (("n0", 0),) and plan.job("b").placement == (("n1", 0),)
+    assert plan.job("d").gpus == 1
+    assert plan == PowerFlowPolicy().plan(snap(nodes(2, 4), a, b, c, d))
+
+
+def test_placement_answering_another_gpu_count_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The policy checks placement's answer: a job on more or fewer GPUs than planned."""
+    import powerflow.core.policy.powerflow as module
+
+    real = module.place_columns
+
+    def short(*args: Any) -> PlacementResult:
+        result = real(*args)
+        return replace(result, assignments={"a": result.assignments["a"][:-1]})  # 1 of 2
+
+    monkeypatch.setattr(module, "place_columns", short)
+    with pytest.raises(PlacementError, match="placement returned"):
+        PowerFlowPolicy().plan(snap(nodes(2, 4), job("a", min_gpus=2, max_gpus=2)))

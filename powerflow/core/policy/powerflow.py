@@ -82,7 +82,6 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
@@ -425,33 +424,32 @@ class _Decision:
         else:
             result = place_columns(*inputs)
             memo.placement = (inputs, result)
-        assignments = result.assignments
         gpn = self.cluster.gpus_per_node
-        row_gpn = tables.gpus_per_node[row_idx].tolist()
-        # Positions in ``running`` of the placed jobs and their GPUs (sorted, as
-        # ``place`` returns them); ``other``: the power row of a job that got
-        # other GPUs per node than its table row assumed (placement packs, so
-        # this is rare: only when a pinned job's GPUs are not packed).
-        placed: dict[int, tuple[GpuSlot, ...]] = {}
-        where: list[int] = []
+        assigned = result.assignments
+        got = [assigned.get(job_id, ()) for job_id in ids]
+        where: Sequence[int]
+        placed_at: Sequence[int]
+        if all(got) and list(map(len, got)) == counts:
+            # Every running job placed with its count (the usual case): no per-job checks.
+            where, placed_at, placed_got = range(len(ids)), running, got
+            where_idx = np.arange(len(ids), dtype=np.int64)
+        else:
+            where = _checked_places(ids, counts, got)
+            placed_at = [running[k] for k in where]
+            placed_got = [got[k] for k in where]
+            where_idx = np.asarray(where, dtype=np.int64)
+        # Placement gives every job an aligned block (placement.py): a job of at most
+        # one node gets GPUs of one node, a larger one whole nodes, so a job of ``n``
+        # GPUs has ``min(n, gpn)`` per node. ``other``: the power row of a job whose
+        # table row assumed another count per node (only a pinned job on GPUs that
+        # are not packed: rare).
+        per_node = np.minimum(tables.counts[row_idx], gpn)
+        odd = np.flatnonzero(per_node[where_idx] != tables.gpus_per_node[row_idx[where_idx]])
         other: dict[int, list[float]] = {}
-        get = assignments.get
-        for k, (job_id, n) in enumerate(zip(ids, counts, strict=True)):
-            slots = get(job_id, ())
-            if not slots:
-                continue
-            if len(slots) != n:
-                raise PlacementError(f"job {job_id!r}: placement returned {len(slots)} GPUs")
+        for n_placed in odd.tolist():
+            k = where[n_placed]
             i = running[k]
-            placed[i] = slots
-            where.append(k)
-            if n <= gpn and slots[0][0] == slots[-1][0]:
-                r = n  # one node (slots are sorted)
-            else:
-                r = max(Counter(node for node, _ in slots).values())
-            if r != row_gpn[k]:
-                other[k] = self._power_row(i, int(rows.row[i]), n, r)
-        where_idx = np.asarray(where, dtype=np.int64)
+            other[k] = self._power_row(i, int(rows.row[i]), counts[k], int(per_node[k]))
         cols = [columns[k] for k in where]
         values: list[float] = power.at(where_idx, np.asarray(cols, dtype=np.int64)).tolist()
         slot_of = {k: n for n, k in enumerate(where)}
@@ -459,7 +457,8 @@ class _Decision:
             values[slot_of[k]] = row[columns[k]]
         down = set(result.powered_down_nodes)
         nodes_on = sum(1 for name in self.cluster.node_names if name not in down)
-        used = sum(map(len, placed.values()))
+        gpus = [counts[k] for k in where] if len(where) < len(counts) else counts
+        used = sum(gpus)
         idle_w = self.cluster.gpu.idle_power_w * (nodes_on * gpn - used)
 
         watts = idle_w + sum(values)
@@ -472,13 +471,18 @@ class _Decision:
             n = slot_of.get(k)
             if n is not None:
                 values[n] = other[k][columns[k]] if k in other else float(power.at(k, columns[k]))
+                cols[n] = columns[k]
             watts = idle_w + sum(values)
 
-        notes = [
-            f"{jobs[i].id}: placement found no GPUs; it waits"
-            for i in rows.given
-            if i not in placed
-        ]
+        if len(placed_at) < len(rows.given):
+            placed_set = set(placed_at)
+            notes = [
+                f"{jobs[i].id}: placement found no GPUs; it waits"
+                for i in rows.given
+                if i not in placed_set
+            ]
+        else:
+            notes = []  # every job with a row is placed
         clocks = self.clocks
         batch = tables.local_batch[row_idx].tolist()
         last = self.policy.memo.plans
@@ -487,7 +491,6 @@ class _Decision:
         caps: list[float] | None = None
         if self.options.caps:
             peak = self.fix.peak_w
-            gpus = [counts[k] for k in where]  # each got its count (checked above)
             caps = caps_w(
                 values,
                 gpus,
@@ -505,25 +508,33 @@ class _Decision:
                     self.cluster.gpu.min_power_limit_w or 0.0,
                     self.cluster.gpu.max_power_w,
                 )
-        for n_placed, k in enumerate(where):
-            i = running[k]
-            job_id = ids[k]
-            got = placed[i]
-            clock, bs = clocks[columns[k]], batch[k]
-            job_w = values[n_placed]
-            cap = caps[n_placed] if caps is not None else None
-            plan = last.get(job_id)
+        if len(where) < len(batch):
+            batch = [batch[k] for k in where]
+        placed_ids = ids if len(where) == len(ids) else [ids[k] for k in where]
+        get_last = last.get
+        for i, job_id, slots, column, bs, job_w, cap in zip(
+            placed_at,
+            placed_ids,
+            placed_got,
+            cols,
+            batch,
+            values,
+            [None] * len(values) if caps is None else caps,
+            strict=True,
+        ):
+            clock = clocks[column]
+            plan = get_last(job_id)
             if not (
                 plan is not None
-                and plan.placement is got
+                and plan.placement is slots
                 and plan.frequency_mhz == clock
                 and plan.local_batch_size == bs
                 and plan.power_w == job_w
                 and plan.power_cap_w == cap
             ):
-                plan = JobPlan(job_id, len(got), clock, bs, got, job_w, cap)
+                plan = JobPlan(job_id, len(slots), clock, bs, slots, job_w, cap)
             plans[i] = made[job_id] = plan
-        if len(placed) < len(jobs):
+        if len(placed_at) < len(jobs):
             self._waiting(plans, notes, last, made)
         self.policy.memo.plans = made
         return Plan(
@@ -603,6 +614,21 @@ class _Decision:
         if not (np.all(np.isfinite(t) & (t > 0)) and np.all(np.isfinite(e) & (e > 0))):
             raise SnapshotError(f"job {job.id!r}: model predicts nonsense on {r} GPUs per node")
         return self.fix.row(row, (e / t).tolist())
+
+
+def _checked_places(
+    ids: Sequence[str], counts: Sequence[int], got: Sequence[tuple[GpuSlot, ...]]
+) -> list[int]:
+    """Positions of the jobs placement placed (in order); ``PlacementError`` for the first
+    one placed on another number of GPUs than its count."""
+    where: list[int] = []
+    for k, (job_id, n, slots) in enumerate(zip(ids, counts, got, strict=True)):
+        if not slots:
+            continue
+        if len(slots) != n:
+            raise PlacementError(f"job {job_id!r}: placement returned {len(slots)} GPUs")
+        where.append(k)
+    return where
 
 
 @dataclass(frozen=True)
