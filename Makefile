@@ -8,8 +8,6 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-# A current pip first: it installs the packages below in about half the time the pip
-# Python ships takes (27 s against 50 s on 2 idle cores).
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 # --no-compile: pip byte-compiles every installed module (numba's, scipy's, matplotlib's
 # ... in full: 40 s of a 79 s install on 2 cores); Python compiles the ones a run
