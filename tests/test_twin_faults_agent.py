@@ -63,12 +63,12 @@ from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 SEED = 16
 NODE = "node-0"
 GPUS = 8
-SCALE = TimeScale(0.05)
+SCALE = TimeScale(0.035)
 """Longer jobs than the other fault tests' 0.02: each fault needs workers training for a
 while, and the budget's phases an interval each."""
 HIGH, LOW = 1.0, 0.4
 TIMING = Timing(interval_s=200.0)
-"""A scheduling interval of 200 s at full size (10 s at ``SCALE``): the budget's change
+"""A scheduling interval of 200 s at full size (7 s at ``SCALE``): the budget's change
 takes effect at the pass its edit triggers, not at the interval's end, so a shorter
 interval asks the same of the operator (power under the new limit within one interval,
 and under it for more than an interval after) in a third of the real time of the
