@@ -25,7 +25,7 @@ from powerflow.lab.twin.timescale import TimeScale
 from powerflow.lab.twin.trace import NAMESPACE, mini_trace
 
 H100 = GPU_SPECS["H100-SXM"]
-SCALE = TimeScale(0.01)
+SCALE = TimeScale(0.007)
 ETA = 0.5
 JOBS = 10
 TIMEOUT_S = 300
