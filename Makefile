@@ -8,11 +8,10 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
-# --no-compile: pip byte-compiles every installed module (numba's, scipy's, matplotlib's
-# ... in full: 40 s of a 79 s install on 2 cores); Python compiles the ones a run
-# imports when it first imports them.
-	$(BIN)/pip install -q --disable-pip-version-check --no-compile -e '.[test]'
+# uv where it can be had (scripts/venv-install.sh says why), else pip with --no-compile:
+# pip byte-compiles every installed module (numba's, scipy's, matplotlib's ... in full),
+# where Python compiles the ones a run imports when it first imports them.
+	scripts/venv-install.sh $(VENV) -e '.[test]'
 	touch $@
 
 simulate: setup
