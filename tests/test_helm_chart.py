@@ -4,6 +4,8 @@ the values schema, and every component's arguments against its own parser."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import shlex
 import shutil
@@ -59,6 +61,14 @@ def helm() -> Path:
 
 
 def render(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    """``helm template`` of the chart with ``sets``: a fresh copy each call (tests edit
+    what they get) of one rendering per ``sets`` (helm takes about a second a render,
+    and a dozen tests render the defaults)."""
+    return copy.deepcopy(_rendered(helm, sets))
+
+
+@functools.cache
+def _rendered(helm: Path, sets: tuple[str, ...]) -> list[dict[str, Any]]:
     args = [str(helm), "template", "pf", str(CHART), "-n", "powerflow-system", "--include-crds"]
     for s in sets:
         args += ["--set", s]
