@@ -24,16 +24,7 @@ def set_condition(
     """
     value = "True" if status else "False"
     if not conditions:  # a new job's: the one condition, as the loop below would add it
-        only: Condition = {
-            "type": type_,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now,
-        }
-        if generation is not None:
-            only["observedGeneration"] = generation
-        return [only]
+        return [_condition(type_, value, reason, message, now, generation)]
     current = next((c for c in conditions or [] if c.get("type") == type_), None)
     if (
         conditions is not None
@@ -51,28 +42,26 @@ def set_condition(
             out.append(cond)
             continue
         found = True
-        changed = cond.get("status") != value
-        new: Condition = {
-            "type": type_,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now if changed else cond.get("lastTransitionTime", now),
-        }
-        if generation is not None:
-            new["observedGeneration"] = generation
-        out.append(new)
+        since = now if cond.get("status") != value else cond.get("lastTransitionTime", now)
+        out.append(_condition(type_, value, reason, message, since, generation))
     if not found:
-        new = {
-            "type": type_,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now,
-        }
-        if generation is not None:
-            new["observedGeneration"] = generation
-        out.append(new)
+        out.append(_condition(type_, value, reason, message, now, generation))
+    return out
+
+
+def _condition(
+    type_: str, value: str, reason: str, message: str, since: Any, generation: int | None
+) -> Condition:
+    """One condition as ``set_condition`` writes it (``since``: its transition time)."""
+    out: Condition = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+    }
+    if generation is not None:
+        out["observedGeneration"] = generation
     return out
 
 

@@ -39,8 +39,7 @@ def test_a_cluster_component_loads_none_of_the_simulator(command: str) -> None:
         "print(sorted({m.split('.')[0] + ('.sim' if m.startswith('powerflow.lab.sim') else '')\n"
         "    for m in sys.modules if m.startswith(heavy)}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert _last_line(probe) == "[]"
 
 
 @pytest.mark.parametrize("command", ["simulate", "sweep"])
@@ -53,8 +52,7 @@ def test_a_simulation_command_starts_without_matplotlib(command: str) -> None:
         f"build_parser({command!r})\n"
         "print('matplotlib' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert _last_line(probe) == "False"
 
 
 def test_a_json_run_loads_no_drawing_or_cluster_library() -> None:
@@ -75,8 +73,7 @@ def test_a_json_run_loads_no_drawing_or_cluster_library() -> None:
         "heavy = ('rich', 'matplotlib', 'kubernetes', 'kopf', 'httpx', 'powerflow.lab.twin')\n"
         "print(sorted({m for m in sys.modules if m.startswith(heavy)}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert _last_line(probe) == "[]"
 
 
 @pytest.mark.parametrize(
@@ -95,3 +92,9 @@ def test_help_and_unknown_commands_still_list_every_command(
     else:
         for name in ("simulate", "operator", "extender", "nodeagent", "demo"):
             assert name in text
+
+
+def _last_line(probe: str) -> str:
+    """The last line ``probe`` prints, run in a fresh interpreter (its imports its own)."""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
