@@ -94,10 +94,8 @@ so the agreement checks the arithmetic, not the hardware.
 
 from __future__ import annotations
 
-import functools
-
-from powerflow.core.errors import DataError
 from powerflow.core.gpus import A100, GpuSpec
+from powerflow.lab.groundtruth.built import MODEL_NAMES, ground_truth
 from powerflow.lab.groundtruth.measure import (
     dense_configs,
     dense_profile,
@@ -106,17 +104,7 @@ from powerflow.lab.groundtruth.measure import (
     sweep_plan,
 )
 from powerflow.lab.groundtruth.tracecheck import DurationError, trace_duration_error
-from powerflow.lab.groundtruth.truth import GroundTruth, build
-
-MODEL_NAMES: tuple[str, ...] = ("resnet50", "vgg16", "inception3", "gpt2", "bert", "deepspeech2")
-
-
-@functools.cache
-def ground_truth(model_name: str, gpu: GpuSpec = A100) -> GroundTruth:
-    """The ground truth of one trace model on one GPU type (built once, cached)."""
-    if model_name not in MODEL_NAMES:
-        raise DataError(f"unknown model {model_name!r}; known: {', '.join(MODEL_NAMES)}")
-    return build(model_name, gpu)
+from powerflow.lab.groundtruth.truth import GroundTruth
 
 
 def reference_power_w(gpu: GpuSpec = A100) -> float:

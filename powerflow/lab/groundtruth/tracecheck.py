@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.core.models.protocol import FloatArray
+from powerflow.lab.groundtruth.built import ground_truth
 from powerflow.lab.groundtruth.sources import itp_trace
 from powerflow.lab.groundtruth.truth import GroundTruth
 
@@ -33,7 +34,6 @@ class DurationError:
 
 def trace_duration_error(truths: dict[str, GroundTruth] | None = None) -> DurationError:
     """Per-job relative duration error of the ITP trace under the ground truth."""
-    from powerflow.lab.groundtruth import ground_truth  # the package's cached builder
 
     jobs = itp_trace()
     names = np.array(jobs.model_name)

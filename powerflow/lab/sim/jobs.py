@@ -15,7 +15,7 @@ from powerflow.lab.sim import kernels
 from powerflow.lab.sim.trace import TraceJob
 
 if TYPE_CHECKING:
-    from powerflow.lab.sim.mixed import OnType
+    from powerflow.lab.sim.on_type import OnType
 
 
 class Phase(enum.Enum):

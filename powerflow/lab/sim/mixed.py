@@ -52,23 +52,10 @@ from powerflow.core.schedulers import Configured
 from powerflow.lab.schedulers import clocks_on
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.jobs import SimJob
+from powerflow.lab.sim.on_type import OnType
 from powerflow.lab.sim.rates import TruthRates
 from powerflow.lab.sim.result import GpuTypeTotals
 from powerflow.lab.sim.world import World, default_world
-
-
-@dataclass(frozen=True)
-class OnType:
-    """What the engine needs of the GPU type a job runs on."""
-
-    gpu: GpuSpec
-    world: World
-    rates: TruthRates
-    learner: Learner
-    clocks: frozenset[int]
-    """The clocks a plan may set on this type."""
-    profile_clocks: tuple[int, ...]
-    """The ladder a profiling sweep runs on this type."""
 
 
 def on_type(
