@@ -29,7 +29,7 @@ from powerflow.lab.twin.timescale import SAMPLE_WINDOW_S, TimeScale
 from powerflow.lab.twin.trace import mini_trace
 
 NODES, GPUS = 2, 8
-MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.007), 450
+MINI_JOBS, MINI_SCALE, MINI_TIMEOUT_S = 20, TimeScale(0.01), 450
 JCT_TOLERANCE = 1.0
 ENERGY_TOLERANCE = 0.15
 RESTART_TOLERANCE = 0.5
