@@ -10,6 +10,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def printed(check: str, timeout_s: float) -> str:
+    """What ``check`` prints, run in a fresh interpreter in the repository (it must pass)."""
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def benchmarks(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "benchmarks", *args],
@@ -53,11 +62,7 @@ def test_the_ingest_benchmarks_batches_are_all_accepted() -> None:
         "        windows.take('gpu-0', s)\n"
         "print(sorted(why))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['None']"
+    assert printed(check, timeout_s=60) == "['None']"
 
 
 def test_the_operator_benchmarks_policy_share_is_within_each_pass() -> None:
@@ -73,8 +78,4 @@ def test_the_operator_benchmarks_policy_share_is_within_each_pass() -> None:
         "    assert all(0 < p <= c for c, p in zip(cpu, plan, strict=True)), (label, cpu, plan)\n"
         "print(sorted(out))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['16 new jobs', '16 running jobs']"
+    assert printed(check, timeout_s=120) == "['16 new jobs', '16 running jobs']"
