@@ -492,7 +492,8 @@ async def test_extender_calls_match_its_rules(
         port = free_port()
         argv = [sys.executable, "-m", "powerflow"]
         argv += chart_args(chart, "powerflow-scheduler", "extender", "--in-cluster")
-        argv += ["--port", str(port), "--kubeconfig", str(kubeconfig), "--log-level", "warning"]
+        argv += ["--port", str(port), "--metrics-port", str(free_port())]
+        argv += ["--kubeconfig", str(kubeconfig), "--log-level", "warning"]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
@@ -512,7 +513,8 @@ async def test_extender_calls_match_its_rules(
                 bound = (await ext.post("/bind", json=binding_args(plain, "gpu-1"))).json()
                 assert not bound.get("Error"), bound
         finally:
-            proc.terminate()
+            if proc.returncode is None:
+                proc.terminate()
             output = (await proc.communicate())[0].decode()
         assert "Traceback" not in output, output
         stored = (await api.get("/api/v1/namespaces/default/pods/web")).json()
@@ -535,7 +537,11 @@ async def ready(ext: httpx.AsyncClient, proc: asyncio.subprocess.Process) -> Non
             if (await ext.get("/readyz")).status_code == 200:
                 return
         except httpx.TransportError:
-            assert proc.returncode is None, "the extender exited"
+            if proc.returncode is not None:
+                assert proc.stdout is not None
+                output = (await proc.stdout.read()).decode()
+                message = f"the extender exited ({proc.returncode}):\n{output}"
+                raise AssertionError(message) from None
         await asyncio.sleep(0.1)
     raise AssertionError("the extender never became ready")
 
