@@ -300,6 +300,7 @@ def serve(
     from powerflow.operator.learning import SampleStore
     from powerflow.operator.metrics import Metrics
     from powerflow.operator.reported_progress import ReportedProgress
+    from powerflow.operator.stuck_watchers import recancel_stuck_watchers
     from powerflow.operator.tokenreview import TokenReviewer
 
     options = kopf_options(args)
@@ -392,6 +393,7 @@ def serve(
     async def main() -> None:
         """kopf and the ingest server on one event loop."""
         server: IngestServer | None = None
+        recancel: asyncio.Task[None] | None = None
         if args.ingest_port:
             try:
                 server = await start(ingest, args.ingest_host, args.ingest_port, tls)
@@ -403,10 +405,14 @@ def serve(
             live = liveness_address(args.liveness)
             if live is not None:  # after the ingest's bind, which may take the same port
                 await check_listen("--liveness", live)
+            # Before kopf starts: kopf leaves the tasks it finds running alone.
+            recancel = asyncio.create_task(recancel_stuck_watchers(), name="powerflow-recancel")
             await kopf.operator(
                 registry=registry, stop_flag=stop_flag, ready_flag=ready_flag, **options
             )
         finally:
+            if recancel is not None:
+                recancel.cancel()
             if server is not None:
                 await server.stop()
 

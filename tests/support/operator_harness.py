@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import logging
 import sys
 import threading
@@ -79,6 +81,25 @@ def stacks() -> str:
     return "\n".join(out)
 
 
+def task_stacks(loop: asyncio.AbstractEventLoop | None) -> str:
+    """Where every task of the operator's event loop waits: a stop that does not finish
+    waits on one of them (read from another thread, so it may miss a task that changes
+    meanwhile; it is a diagnosis, not a check)."""
+    if loop is None:
+        return "(no event loop seen)"
+    tasks: set[asyncio.Task[object]] = set()
+    for _ in range(5):  # the loop's task set may change while it is read
+        with contextlib.suppress(RuntimeError):
+            tasks = asyncio.all_tasks(loop)
+            break
+    out = []
+    for task in tasks:
+        text = io.StringIO()
+        task.print_stack(limit=12, file=text)
+        out.append(f"--- {task.get_name()} ({task.get_coro()!r}):\n{text.getvalue()}")
+    return "\n".join(out)
+
+
 class Operator:
     """``async with Operator(args):`` runs ``serve(args)`` until the block ends."""
 
@@ -99,6 +120,7 @@ class Operator:
         self.sink = sink
         self.store = store
         self.controller: Controller | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -106,6 +128,8 @@ class Operator:
 
     def _started(self, controller: Controller) -> None:
         self.controller = controller
+        with contextlib.suppress(RuntimeError):  # called outside the loop: nothing to see
+            self.loop = asyncio.get_running_loop()
 
     def _main(self) -> None:
         try:
@@ -153,6 +177,7 @@ class Operator:
         await asyncio.to_thread(self._thread.join, STOP_GRACE_S)
         if self._thread.is_alive():
             message = f"the operator did not stop within {STOP_GRACE_S} s\n{stacks()}"
+            message += f"\nits tasks:\n{task_stacks(self.loop)}"
             if not failing:
                 raise AssertionError(message)
             log.error("%s (while the test failed)", message)
