@@ -18,10 +18,10 @@ from powerflow.core.contract import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     JOB_LABEL,
-    KIND,
     PLACEMENT_ANNOTATION,
     PLANNED_BLOCK_ANNOTATION,
     WORKERS_ANNOTATION,
+    dljob_controller,
 )
 from powerflow.core.errors import PlacementError
 from powerflow.core.policy.snapshot import GpuSlot
@@ -232,16 +232,12 @@ def pod_info(pod: Any) -> PodInfo:
 
 
 def dljob_owner(pod: Any) -> str:
-    """The UID of the pod's controller when that is a DLJob (as the operator creates its
-    workers), else "". The API server's garbage collector deletes a pod whose owner
-    does not exist, so a UID here names a DLJob that exists or did a moment ago."""
-    refs = _dict(_dict(pod).get("metadata")).get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else ():
-        ref = _dict(ref)
-        uid = ref.get("uid")
-        if ref.get("kind") == KIND and ref.get("controller") is True and isinstance(uid, str):
-            return uid
-    return ""
+    """The UID of the pod's controller when that is a DLJob
+    (``contract.dljob_controller``), else "": a UID here names a DLJob that exists or
+    did a moment ago."""
+    ref = dljob_controller(_dict(_dict(pod).get("metadata")))
+    uid = None if ref is None else ref.get("uid")
+    return uid if isinstance(uid, str) else ""
 
 
 def describe(body: Any) -> str:

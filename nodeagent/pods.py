@@ -133,20 +133,17 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
 
 
 def controlled_by_its_job(meta: Mapping[str, Any]) -> bool:
-    """Whether the pod's controller ``ownerReference`` is the DLJob its job label names,
-    as the operator creates its workers. The agent cannot read DLJobs, but the API
-    server's garbage collector deletes a pod whose owner does not exist (or lives in
-    another namespace), so a pod that passes is a worker of a DLJob of its own
-    namespace: a tenant can make one only for its own jobs."""
+    """Whether the pod's controller (``contract.dljob_controller``) is the DLJob its job
+    label names. The agent cannot read DLJobs, but the garbage collector keeps no pod
+    whose owner is missing or in another namespace, so a pod that passes is a worker
+    of a DLJob of its own namespace: a tenant can make one only for its own jobs."""
     job = (meta.get("labels") or {}).get(contract.JOB_LABEL)
-    refs = meta.get("ownerReferences")
-    return bool(job) and any(
-        isinstance(ref, Mapping)
-        and ref.get("controller") is True
-        and ref.get("kind") == contract.KIND
+    ref = contract.dljob_controller(meta)
+    return (
+        bool(job)
+        and ref is not None
         and ref.get("apiVersion") == contract.API_VERSION
         and ref.get("name") == job
-        for ref in (refs if isinstance(refs, list) else ())
     )
 
 

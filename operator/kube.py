@@ -135,19 +135,9 @@ def requests_gpus(pod: PodBody) -> bool:
 
 def owned_by(pod: PodBody, uid: object) -> bool:
     """Whether ``pod`` is a worker of the DLJob with ``uid``: its controller is that
-    DLJob, as the operator creates them (``workers.owner_reference``). The job label
-    alone is anyone's to write; the owner's UID is the API server's truth (the garbage
-    collector deletes a pod whose owner does not exist)."""
-    if not isinstance(uid, str) or not uid:
-        return False
-    refs = (pod.get("metadata") or {}).get("ownerReferences")
-    return isinstance(refs, list) and any(
-        isinstance(ref, dict)
-        and ref.get("uid") == uid
-        and ref.get("kind") == contract.KIND
-        and ref.get("controller") is True
-        for ref in refs
-    )
+    DLJob (``contract.dljob_controller``)."""
+    ref = contract.dljob_controller(pod.get("metadata") or {})
+    return ref is not None and isinstance(uid, str) and bool(uid) and ref.get("uid") == uid
 
 
 def holds_gpus(pod: PodBody) -> bool:

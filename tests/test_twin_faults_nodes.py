@@ -11,7 +11,7 @@ on 2 nodes of 4 GPUs, a node dies, comes back, then a GPU dies.
   checkpoints). An admin fences the node (``node.kubernetes.io/out-of-service``):
   the pods are force-deleted, the job restarts from its last checkpoint on the
   healthy node; the node then comes back.
-- Then a GPU becomes unhealthy under a worker (``Twin.fail_gpu``): its node's
+- Then a GPU becomes unhealthy under a worker (``Kubelet.fail_gpu_under``): its node's
   allocatable drops from 4 to 3, the worker dies and its pod is ``Failed``; the job
   restarts from its last checkpoint, no pod is ever given the bad GPU, no more than 3
   GPUs' worth of pods are ever bound to the node after it (the kubelet's admission

@@ -7,7 +7,8 @@ Kubernetes client.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 GROUP: Final = "powerflow.io"
 VERSION: Final = "v1alpha1"
@@ -108,3 +109,16 @@ AGENT_ACCOUNT: Final = "system:serviceaccount:powerflow-system:powerflow-nodeage
 GPUS_PATH: Final = "/v1/gpus"
 """Agent -> operator: POST a ``powerflow.core.gpu_facts`` report of the node's GPUs (what
 NVML says of them), with the same token as ``SAMPLES_PATH``."""
+
+
+def dljob_controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A pod's controller ``ownerReference`` (``metadata`` given) when it is a DLJob, as
+    the operator creates its workers; else None. The job label alone is anyone's to
+    write; the owner is the API server's truth: its garbage collector deletes a pod
+    whose owner does not exist, or lives in another namespace. Untrusted shapes are
+    read as no owner."""
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == KIND:
+            return ref
+    return None

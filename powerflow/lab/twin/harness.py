@@ -453,11 +453,6 @@ class Twin:
         }
         self.client.patch(f"/api/v1/nodes/{node}", json=patch, headers=MERGE).raise_for_status()
 
-    def fail_gpu(self, node: str, gpu: int) -> None:
-        """GPU ``gpu`` of ``node`` becomes unhealthy (``Kubelet.fail_gpu``)."""
-        assert self.kubelet is not None
-        self.kubelet.fail_gpu(node, gpu)
-
     def stop(self) -> None:
         self._stopped.set()
         if self.nodelife is not None:
