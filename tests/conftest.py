@@ -24,6 +24,9 @@ from operator_cases import seed
 from powerflow.operator.kube import Kube
 from support.ci_order import (  # noqa: F401  (pytest hooks)
     pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_terminal_summary,
+    pytest_testnodedown,
     pytest_xdist_make_scheduler,
 )
 from support.kube_emulator import KubeEmulator

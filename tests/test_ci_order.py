@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from support.ci_order import (
     TWIN_GROUP,
     pytest_collection_modifyitems,
@@ -23,7 +24,7 @@ from support.ci_order import (
 
 def test_twin_files_are_one_unit_and_the_rest_one_unit_per_test() -> None:
     assert scope_of("tests/test_twin_faults.py::test_x") == TWIN_GROUP
-    assert scope_of("tests/test_demo.py::test_y[a-b]") == TWIN_GROUP
+    assert scope_of("tests/test_demo.py::test_y[a-b]") == "tests/test_demo.py::test_y[a-b]"
     assert scope_of("tests/test_cli.py::test_z") == "tests/test_cli.py::test_z"
     assert scope_of("tests/test_twinkle_free.py::t") == TWIN_GROUP  # named so: it joins
 
@@ -70,7 +71,6 @@ def test_two_workers_run_every_twin_test_on_one_of_them_first() -> None:
     """xdist's own loadgroup on pytest 9.2 spread marked tests over both workers
     (pytest-dev/pytest-xdist#1386); this scheduler must not."""
     twin = [f"tests/test_twin_{k}.py::test_{j}" for k in "ab" for j in range(3)]
-    twin += ["tests/test_demo.py::test_demo"]
     other = [f"tests/test_{k}.py::test_{j}" for k in ("cli", "policy", "sim") for j in range(4)]
     collection = _collected([*other[:5], *twin[:3], *other[5:], *twin[3:]])
     assert collection[: len(twin)] == sorted(collection[: len(twin)], key=collection.index)
@@ -96,3 +96,33 @@ def test_two_workers_run_every_twin_test_on_one_of_them_first() -> None:
     assert {ran[t] for t in other} >= {"gw0", "gw1"} - {twin_worker} != set()
     first = next(w for w in workers if w.name == twin_worker).sent[: len(twin)]
     assert {collection[i] for i in first} == set(twin)  # the twin unit came first there
+
+
+def test_the_summary_says_when_each_worker_ran_out_and_which_ran_the_twin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller's hooks as xdist calls them: a report from each worker, then each
+    worker going down; the summary line names both and marks the twin's."""
+    from support import ci_order
+
+    monkeypatch.setattr(ci_order, "_workers_done", {})
+    monkeypatch.setattr(ci_order, "_twin_workers", set())
+    clock = iter([100.0, 350.0, 610.0])
+    monkeypatch.setattr(ci_order.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(ci_order, "_began", 100.0)
+
+    def node(name: str) -> SimpleNamespace:
+        return SimpleNamespace(gateway=SimpleNamespace(id=name))
+
+    ci_order.pytest_runtest_logreport(
+        SimpleNamespace(node=node("gw0"), nodeid="tests/test_twin_a.py::t")  # type: ignore[arg-type]
+    )
+    ci_order.pytest_runtest_logreport(
+        SimpleNamespace(node=node("gw1"), nodeid="tests/test_cli.py::t")  # type: ignore[arg-type]
+    )
+    assert next(clock) == 100.0  # the reports read no clock
+    ci_order.pytest_testnodedown(node("gw1"), None)
+    ci_order.pytest_testnodedown(node("gw0"), None)
+    lines: list[str] = []
+    ci_order.pytest_terminal_summary(SimpleNamespace(write_line=lines.append))
+    assert lines == ["workers done: gw0 (twin) at 510 s, gw1 at 250 s"]

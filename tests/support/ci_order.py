@@ -18,6 +18,7 @@ the marks would be silently ignored and two twins could run at once.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -26,10 +27,13 @@ TWIN_GROUP = "twin"
 
 
 def starts_a_twin(path: str) -> bool:
-    """By file: tests/test_twin*.py and tests/test_demo.py (``powerflow demo`` runs the
-    twin). A new twin test file named so joins the group by itself."""
+    """By file: tests/test_twin*.py. A new twin test file named so joins the group by
+    itself. ``tests/test_demo.py`` runs a twin too (``powerflow demo``) but stays out:
+    it bounds no time and no count that load could move (the view and the summary are
+    checked, the agreement only printed), so it runs beside the group as any busy test
+    does, and the group, the suite's longest unit, is the shorter for it."""
     name = path.rsplit("/", 1)[-1]
-    return name.startswith("test_twin") or name == "test_demo.py"
+    return name.startswith("test_twin")
 
 
 def scope_of(nodeid: str) -> str:
@@ -56,3 +60,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return scope_of(nodeid)
 
     return TwinFirstScheduling(config, log)
+
+
+_began = time.monotonic()
+_workers_done: dict[str, float] = {}
+_twin_workers: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On xdist's controller: which worker runs the twin's unit."""
+    node = getattr(report, "node", None)
+    if node is not None and starts_a_twin(report.nodeid.split("::", 1)[0]):
+        _twin_workers.add(str(node.gateway.id))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """When each xdist worker ran out of work, from the start of the run: whether the
+    twin's unit or the rest sets how long the suite takes."""
+    _workers_done[str(node.gateway.id)] = time.monotonic() - _began
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _workers_done:
+        ends = ", ".join(
+            f"{name}{' (twin)' if name in _twin_workers else ''} at {s:.0f} s"
+            for name, s in sorted(_workers_done.items())
+        )
+        terminalreporter.write_line(f"workers done: {ends}")
