@@ -8,6 +8,7 @@ requests themselves go through httpx.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -25,6 +26,14 @@ from powerflow.core.contract import GROUP, PLURAL, VERSION
 from powerflow.core.errors import PowerFlowError
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_TRIES = 10
+"""A read answered 429, or 5xx, with a ``Retry-After`` is asked again after the seconds
+it names, up to this many times, as client-go's REST client does (``maxRetries``,
+``checkWait``): the API server's priority and fairness says when to come back, and the
+mirror's own back-off (up to 30 s, for failures that do not say) is not spent on it."""
+RETRY_AFTER_MAX_S = 30
+"""The longest one ``Retry-After`` wait: a header asking for more is read as this."""
 
 NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/pods"
@@ -109,6 +118,19 @@ def load_connection(kubeconfig: str | None = None, in_cluster: bool = False) -> 
     return Connection(host=cfg.host.rstrip("/"), ssl_context=context, token=token)
 
 
+def retry_after_s(response: httpx.Response) -> int | None:
+    """The whole seconds a 429 or 5xx answer's ``Retry-After`` asks to wait (bounded by
+    ``RETRY_AFTER_MAX_S``), or None: another status, no header, or not a number of
+    seconds (an HTTP date, which kube-apiserver never sends, is not waited for)."""
+    status = response.status_code
+    if status != 429 and status // 100 != 5:
+        return None
+    raw = response.headers.get("Retry-After", "").strip()
+    if not raw.isdigit():
+        return None
+    return min(int(raw), RETRY_AFTER_MAX_S)
+
+
 def _message(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -151,6 +173,16 @@ class KubeApi:
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         response = await self._request(method, path, **kwargs)
+        tries = 1
+        # Reads only: a write answered 5xx may have been committed (the bind reads the
+        # pod back to tell), and is not sent twice here.
+        while method == "GET" and tries < RETRY_AFTER_TRIES:
+            wait_s = retry_after_s(response)
+            if wait_s is None:
+                break
+            await asyncio.sleep(wait_s)
+            response = await self._request(method, path, **kwargs)
+            tries += 1
         if response.status_code >= 400:
             raise ApiError(
                 f"{method} {path}: {response.status_code} {_message(response)}",
