@@ -1,6 +1,6 @@
 """Watch streams that kopf cancels but that go on watching.
 
-kopf (1.45.2, the newest release) ends a watch stream's ``streaming_block`` by
+kopf (1.45.2) ends a watch stream's ``streaming_block`` by
 cancelling its pause waiter and awaiting it under ``contextlib.suppress(CancelledError)``.
 A cancellation of the watcher itself that lands on that await is swallowed there: the
 watcher opens its next stream as if nothing happened, and kopf's shutdown, which
@@ -45,10 +45,8 @@ async def recancel_stuck_watchers(*, stuck_s: float = STUCK_S, every_s: float = 
             for task in asyncio.all_tasks(loop)
             if task.get_name().startswith(WATCHER_PREFIX) and task.cancelling() and not task.done()
         }
-        for task in [t for t in since if t not in stuck]:
-            del since[task]
-        for task in stuck:
-            first = since.setdefault(task, now)
+        since = {task: since.get(task, now) for task in stuck}
+        for task, first in since.items():
             if now - first >= stuck_s:
                 log.warning(
                     "%s did not end %.1f s after its cancellation (kopf swallowed it): "
