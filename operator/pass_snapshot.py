@@ -12,7 +12,7 @@ from powerflow.operator.bodies import (
     PodBody,
 )
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.job_view import _annotation, _bound_nodes, _placement, _View
+from powerflow.operator.job_view import _annotation, _block, _bound_nodes, _placement, _View
 from powerflow.operator.jobs import (
     JobRequest,
 )
@@ -80,6 +80,25 @@ def _profiled(
     return profiled_everywhere(model, types.names)
 
 
+def _committed_gpu(pods: Sequence[PodBody], types: NodeTypes) -> str | None:
+    """``Job.committed_gpu``: the type of the nodes the job's current workers are bound
+    to, else of the block the plan gave them (their node affinity asks for that type:
+    ``workers.pool_affinity``); None where neither names a planned node."""
+    nodes = _bound_nodes(pods)
+    if not nodes:
+        for pod in pods:
+            raw = _annotation(pod, contract.PLANNED_BLOCK_ANNOTATION)
+            block = _block(raw) if raw else ()
+            if block:
+                nodes = [node for node, _ in block]
+                break
+    for node in nodes:
+        found = types.of_node.get(node)
+        if found is not None:
+            return found
+    return None
+
+
 def _is_profiling(v: _View, now_s: float) -> bool:
     """The current allocation is profiling and its window has not ended."""
     if not v.current or v.status.get("phase") != "Profiling":
@@ -140,6 +159,11 @@ def _core_job(
             ),
             "power_cap_w": _current_cap(v.current) if running else None,
             "models_by_gpu": models_by_gpu,
+            "committed_gpu": (
+                _committed_gpu(v.current, profile.types)
+                if running and profile is not None and len(profile.types.names) > 1
+                else None
+            ),
         },
     )
 

@@ -107,6 +107,20 @@ def test_a_running_job_stays_in_its_pool() -> None:
     assert pools_of(plan.jobs, cluster) == {"a": {"A100"}}
 
 
+def test_a_job_committed_to_a_type_without_known_gpus_stays_in_its_pools() -> None:
+    """It would start on the H100 (its best pool, as above); committed to the A100 it
+    is planned there, at an A100 clock, even when the H100 pool is idle. A type the
+    cluster lacks commits it to nothing."""
+    cluster = mixed(1, 1)
+    for committed, kind in (("A100", "A100"), ("H100-SXM", "H100-SXM"), ("V100", "H100-SXM")):
+        j = truth_job("a", max_gpus=1, committed_gpu=committed)
+        budget = Budget(eta=1.0)
+        plan = FleetPolicy(PowerFlowPolicy).plan(Snapshot(cluster, (j,), budget, now_s=0.0))
+        assert pools_of(plan.jobs, cluster) == {"a": {kind}}, committed
+        gpu = A100 if kind == "A100" else H100
+        assert plan.job("a").frequency_mhz in gpu.clocks_mhz, committed
+
+
 def test_an_idle_pools_watts_go_to_the_busy_one_and_the_sum_stays_under_the_limit() -> None:
     cluster = mixed(1, 1)
     # Four jobs running on the H100 node, none for the A100 one: its node goes down.

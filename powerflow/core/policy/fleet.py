@@ -9,8 +9,10 @@ the pools cannot decide alone:
 * **Which pool serves a job.** A job runs in one pool at a time: a running
   job stays in the pool its GPUs are in (moving it is a checkpoint-restart on
   another type, which the per-pool greedy already prices as a rescale inside a
-  pool but cannot compare across them). A waiting job ranks the pools by its
-  energy-delay product there, ``T_iter x E_iter`` at its first allowed GPU
+  pool but cannot compare across them), and a job whose workers exist but
+  whose GPUs are not known yet in the pools of their type
+  (``Job.committed_gpu``). A waiting job ranks the pools by its energy-delay
+  product there, ``T_iter x E_iter`` at its first allowed GPU
   count and its most energy-efficient clock: the state PowerFlow's greedy
   starts a job from, read off the job's model *for that GPU type*
   (``Job.models_by_gpu``). The product is the cluster-wide quantity
@@ -285,7 +287,11 @@ def _on(job: Job, gpu: GpuSpec) -> Job:
 
 
 def _preference(job: Job, pools: Sequence[FleetPool]) -> tuple[PoolKey, ...]:
-    """The pools the job can run in, best energy-delay product first (ties: pool order)."""
+    """The pools the job can run in, best energy-delay product first (ties: pool order):
+    those of its ``Job.committed_gpu`` only, where the cluster has that type."""
+    own = job.committed_gpu
+    if own is not None and any(pool.gpu.name == own for pool in pools):
+        pools = [pool for pool in pools if pool.gpu.name == own]
     scored = [(energy_delay(job, pool), i, pool.key) for i, pool in enumerate(pools)]
     return tuple(key for value, _, key in sorted(scored) if math.isfinite(value))
 

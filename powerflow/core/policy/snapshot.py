@@ -73,6 +73,12 @@ class Job:
     """The job's model on each GPU type of a mixed cluster, by type name
     (``powerflow.core.policy.fleet``); ``model`` serves a type not listed. Empty on
     a cluster of one type, where ``model`` is the job's model on it."""
+    committed_gpu: str | None = None
+    """The GPU type (``GpuSpec.name``) the job's current workers can only run on while
+    ``placement`` is not known yet (a gang created, not bound: its pods' node affinity
+    is their planned type's), on a cluster of several types: the plan keeps the job
+    in that type's pools (``fleet``), since a plan elsewhere would hand those workers
+    another type's clock and count them at its watts. ``None``: any type."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""A gang created in one pool of a mixed cluster and not bound yet stays planned in that
+pool (pure, one pass: ``reconcile`` with the operator's own policy over both pools).
+
+Its workers carry the node affinity of their planned block's GPU type
+(``workers.pool_affinity``), so they can only ever run on that type; until they are
+bound the job has no known GPUs, and a plan that read it as waiting could start it in
+the other pool. The operator keeps the generation (its shape unchanged, nothing to
+migrate) and records the plan's clock: a clock of the other type, which the workers'
+node agent would be asked to lock on GPUs of this one, with the budget counted at the
+other type's watts. ``Job.committed_gpu`` keeps such a job in its type's pools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from powerflow.operator.actions import Observed
+from powerflow.operator.allocation import CLOCK_FIELD
+from powerflow.operator.budget import parse_budget
+from powerflow.operator.controller import default_policy, fleet_of
+from powerflow.operator.jobs import JobRequest, parse_dljob
+from powerflow.operator.pass_snapshot import TypedModels
+from powerflow.operator.reconcile import reconcile
+from powerflow.operator.workers import WorkerSet, worker_pods
+from support.operator_pass import pass_inputs
+
+from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
+from powerflow.core.models.fitted import FittedModel
+from powerflow.core.models.priors import load_prior, prior_on
+from powerflow.core.models.protocol import PerfModel
+from powerflow.core.policy.snapshot import Node, Plan, Policy, Snapshot
+
+H100 = GPU_SPECS["H100-SXM"]
+NODES = (
+    *(Node(f"a{i}", 8, A100) for i in range(2)),
+    Node("h0", 8, H100),
+)
+A100_MODEL = FittedModel(load_prior("resnet50"))
+H100_MODEL = FittedModel.on(prior_on(load_prior("resnet50"), H100), H100)
+BATCH, GPUS = 256, 4
+
+
+class Recorded:
+    """The operator's policy, keeping the last plan it made."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.plan_made: Plan | None = None
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        self.plan_made = self.policy.plan(snapshot)
+        return self.plan_made
+
+
+def body(name: str, status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"u-{name}", "generation": 1},
+        "spec": {
+            "globalBatchSize": BATCH,
+            "iterations": 100_000,
+            "gpus": {"requested": GPUS, "min": GPUS, "max": GPUS},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
+        },
+        "status": status,
+    }
+
+
+def unbound_gang(name: str, node: str, gpu: GpuSpec, bound: int) -> Observed:
+    """A job whose generation 1 the operator created on ``node``'s block at ``gpu``'s top
+    clock, every worker created (the generation complete), ``bound`` of them bound by
+    the extender (no placement annotation on any: the job's GPUs are not known)."""
+    status = {
+        "phase": "Running",
+        "allocation": {
+            "gpus": GPUS,
+            "frequencyMHz": gpu.max_clock_mhz,
+            "localBatchSize": BATCH // GPUS,
+            "generation": 1,
+            "complete": True,
+        },
+        "progress": {"iterations": 0},
+    }
+    req = parse_dljob(body(name, status))
+    block = tuple((node, i) for i in range(GPUS))
+    ws = WorkerSet(1, GPUS, BATCH // GPUS, gpu.max_clock_mhz, planned=block, pool_product="x")
+    pods = []
+    for i, pod in enumerate(worker_pods(req, ws)):
+        spec = {**pod["spec"], "nodeName": node} if i < bound else pod["spec"]
+        pods.append({**pod, "spec": spec, "status": {"phase": "Pending"}})
+    return Observed(body(name, status), tuple(pods))
+
+
+def main_model(_req: JobRequest) -> PerfModel:
+    return A100_MODEL
+
+
+def model_on(_req: JobRequest, gpu: GpuSpec) -> PerfModel:
+    assert gpu == H100
+    return H100_MODEL
+
+
+def one_pass(observed: Observed) -> tuple[Plan, dict[str, Any]]:
+    policy = Recorded(fleet_of(default_policy()))
+    actions = reconcile(
+        [observed],
+        NODES,
+        parse_budget({"eta": "1"}),
+        1000.0,
+        policy,
+        TypedModels(main_model, model_on),
+        **pass_inputs(profiling_window_s=0.0),
+    )
+    assert policy.plan_made is not None
+    patches = {name: patch for _, name, patch in actions.status_first + actions.status}
+    return policy.plan_made, patches
+
+
+def test_a_waiting_job_of_the_same_shape_starts_on_the_a100s() -> None:
+    """The premise: the policy ranks the A100 pool first for this job (the H100's
+    carried prior is as fast at the same fraction of its top clock, for more watts), so
+    read as waiting the job would leave the H100 pool."""
+    status = {"phase": "Pending"}
+    plan, _ = one_pass(Observed(body("new", status), ()))
+    assert {node for node, _ in plan.job("ml/new").placement} <= {"a0", "a1"}
+
+
+def test_an_unbound_gang_on_the_h100_stays_planned_there_at_an_h100_clock() -> None:
+    for bound in (0, 2):  # none bound yet, or part of the gang
+        plan, patches = one_pass(unbound_gang("late", "h0", H100, bound))
+        planned = plan.job("ml/late")
+        assert planned.gpus == GPUS, bound
+        assert {node for node, _ in planned.placement} == {"h0"}, bound
+        # The status keeps the generation's clock unless the plan changed it.
+        recorded = (patches.get("late") or {}).get("allocation") or {}
+        clock = recorded.get(CLOCK_FIELD, H100.max_clock_mhz)
+        assert clock == planned.frequency_mhz and clock in H100.clocks_mhz, bound
+
+
+def test_an_unbound_gang_on_the_a100s_stays_planned_there() -> None:
+    plan, _ = one_pass(unbound_gang("early", "a1", A100, 0))
+    assert {node for node, _ in plan.job("ml/early").placement} <= {"a0", "a1"}
