@@ -22,7 +22,7 @@ from powerflow.operator.jobs import JobRequest, parse_dljob
 from powerflow.operator.pass_snapshot import TypedModels
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
-from support.operator_pass import pass_inputs
+from support.operator_pass import dljob_body, pass_inputs
 
 from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
 from powerflow.core.models.fitted import FittedModel
@@ -53,16 +53,7 @@ class Recorded:
 
 
 def body(name: str, status: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "ml", "uid": f"u-{name}", "generation": 1},
-        "spec": {
-            "globalBatchSize": BATCH,
-            "iterations": 100_000,
-            "gpus": {"requested": GPUS, "min": GPUS, "max": GPUS},
-            "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
-        },
-        "status": status,
-    }
+    return dljob_body(name, status, gpus=GPUS, batch=BATCH)
 
 
 def unbound_gang(name: str, node: str, gpu: GpuSpec, bound: int) -> Observed:

@@ -14,7 +14,7 @@ from powerflow.operator.jobs import JobRequest, parse_dljob
 from powerflow.operator.pass_snapshot import TypedModels
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
-from support.operator_pass import pass_inputs
+from support.operator_pass import dljob_body, pass_inputs
 
 from powerflow.core import contract
 from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
@@ -37,16 +37,7 @@ BATCH = 256
 
 
 def body(name: str, status: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "ml", "uid": f"u-{name}", "generation": 1},
-        "spec": {
-            "globalBatchSize": BATCH,
-            "iterations": 100_000,
-            "gpus": {"requested": 8, "min": 8, "max": 8},
-            "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
-        },
-        "status": status,
-    }
+    return dljob_body(name, status, gpus=8, batch=BATCH)
 
 
 def gang(name: str, nodes: tuple[str, ...], per_node: int, gpu: GpuSpec) -> Observed:

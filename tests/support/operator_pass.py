@@ -16,3 +16,18 @@ def pass_inputs(**kw: Any) -> dict[str, Any]:
         fields = {f.name for f in dataclasses.fields(cls)}
         groups[name] = cls(**{k: kw.pop(k) for k in list(kw) if k in fields})
     return {**kw, **groups}
+
+
+def dljob_body(name: str, status: dict[str, Any], *, gpus: int, batch: int) -> dict[str, Any]:
+    """A DLJob in namespace ``ml`` of exactly ``gpus`` GPUs (requested, least and most),
+    global batch ``batch``, 100,000 iterations and one trainer container, with ``status``."""
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"u-{name}", "generation": 1},
+        "spec": {
+            "globalBatchSize": batch,
+            "iterations": 100_000,
+            "gpus": {"requested": gpus, "min": gpus, "max": gpus},
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "x"}]}},
+        },
+        "status": status,
+    }
