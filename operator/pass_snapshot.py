@@ -12,7 +12,7 @@ from powerflow.operator.bodies import (
     PodBody,
 )
 from powerflow.operator.budget import BudgetConfig
-from powerflow.operator.job_view import _annotation, _block, _bound_nodes, _placement, _View
+from powerflow.operator.job_view import _annotation, _bound_nodes, _placement, _View
 from powerflow.operator.jobs import (
     JobRequest,
 )
@@ -80,23 +80,50 @@ def _profiled(
     return profiled_everywhere(model, types.names)
 
 
-def _committed_gpu(pods: Sequence[PodBody], types: NodeTypes) -> str | None:
+def _committed_gpu(
+    pods: Sequence[PodBody], types: NodeTypes, product_types: Mapping[str, str]
+) -> str | None:
     """``Job.committed_gpu``: the type of the nodes the job's current workers are bound
-    to, else of the block the plan gave them (their node affinity asks for that type:
-    ``workers.pool_affinity``); None where neither names a planned node."""
-    nodes = _bound_nodes(pods)
-    if not nodes:
-        for pod in pods:
-            raw = _annotation(pod, contract.PLANNED_BLOCK_ANNOTATION)
-            block = _block(raw) if raw else ()
-            if block:
-                nodes = [node for node, _ in block]
-                break
-    for node in nodes:
+    to, else the type their node affinity requires (``workers.pool_affinity``: the GPU
+    product label of their planned block's pool, ``product_types`` mapping a planned
+    pool's label to its type). The affinity is part of the pod's spec, which nobody can
+    change once the pod exists, where an annotation (the planned block) a tenant who may
+    patch its pods could rewrite. None where neither names a planned type."""
+    for node in _bound_nodes(pods):
         found = types.of_node.get(node)
         if found is not None:
             return found
+    for pod in pods:
+        product = _required_product(pod)
+        if product is not None:
+            return product_types.get(product)
     return None
+
+
+def _required_product(pod: PodBody) -> str | None:
+    """The GPU product label the pod's required node affinity asks for (the last such
+    ``In`` expression of its first term: ``pool_affinity`` appends its own to each term),
+    or None. Read as untrusted: anything not of the API's shape is no requirement."""
+    node: object = (pod.get("spec") or {}).get("affinity")
+    for key in ("nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
+        node = node.get(key) if isinstance(node, dict) else None
+    terms = node.get("nodeSelectorTerms") if isinstance(node, dict) else None
+    first = terms[0] if isinstance(terms, list) and terms else None
+    found = None
+    expressions = first.get("matchExpressions") if isinstance(first, dict) else None
+    for expression in expressions if isinstance(expressions, list) else ():
+        if not isinstance(expression, dict):
+            continue
+        values = expression.get("values")
+        if (
+            expression.get("key") == contract.GPU_PRODUCT_LABEL
+            and expression.get("operator") == "In"
+            and isinstance(values, list)
+            and len(values) == 1
+            and isinstance(values[0], str)
+        ):
+            found = values[0]
+    return found
 
 
 def _is_profiling(v: _View, now_s: float) -> bool:
@@ -159,11 +186,7 @@ def _core_job(
             ),
             "power_cap_w": _current_cap(v.current) if running else None,
             "models_by_gpu": models_by_gpu,
-            "committed_gpu": (
-                _committed_gpu(v.current, profile.types)
-                if running and profile is not None and len(profile.types.names) > 1
-                else None
-            ),
+            "committed_gpu": None,  # set by ``build_snapshot`` where pools are planned
         },
     )
 
@@ -207,7 +230,9 @@ def build_snapshot(
     ``nodes`` of several GPU types (pools ``FleetPolicy`` plans): each job's model is
     ``models(req)`` on the first node's type and, where ``models`` is ``TypedModels``,
     ``models.on(req, type)`` on each other (``Job.models_by_gpu``; else ``models(req)``
-    on all).
+    on all), and a job with workers the type they can only run on
+    (``Job.committed_gpu``, ``_committed_gpu``; ``settings.pool_labels`` gives each
+    pool's product label).
     """
     models_on = models.on if isinstance(models, TypedModels) else None
     measured = memory.measured or {}
@@ -218,6 +243,13 @@ def build_snapshot(
         if node.gpu.name != nodes[0].gpu.name:
             types.setdefault(node.gpu.name, node.gpu)
     pools = pool_nodes(nodes) if len({(n.gpu.name, n.gpus) for n in nodes}) > 1 else None
+    labels = settings.pool_labels
+    of_node = profile.types.of_node
+    product_types = (
+        {label: of_node[node] for node, label in labels.items() if node in of_node}
+        if labels and len(profile.types.names) > 1
+        else None
+    )
     jobs: list[Job] = []
     held: set[GpuSlot] = set()
     for v in views:
@@ -229,6 +261,10 @@ def build_snapshot(
                 main = (nodes[0].gpu.name, model)
                 by_gpu = (main, *((g.name, models_on(v.req, g)) for g in types.values()))
             job = _core_job(v, v.req, now_s, model, sizes, measured.get(v.key), by_gpu, profile)
+            if product_types is not None and v.current and not v.stopping:
+                committed = _committed_gpu(v.current, profile.types, product_types)
+                if committed is not None:
+                    job = replace(job, committed_gpu=committed)
         except Exception as exc:
             if failed is None:
                 raise

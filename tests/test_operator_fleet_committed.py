@@ -7,7 +7,9 @@ bound the job has no known GPUs, and a plan that read it as waiting could start 
 the other pool. The operator keeps the generation (its shape unchanged, nothing to
 migrate) and records the plan's clock: a clock of the other type, which the workers'
 node agent would be asked to lock on GPUs of this one, with the budget counted at the
-other type's watts. ``Job.committed_gpu`` keeps such a job in its type's pools.
+other type's watts. ``Job.committed_gpu`` keeps such a job in its type's pools: the type
+of the nodes its workers are bound to, else of their node affinity (never of an
+annotation, which a tenant may rewrite).
 """
 
 from __future__ import annotations
@@ -56,10 +58,22 @@ def body(name: str, status: dict[str, Any]) -> dict[str, Any]:
     return dljob_body(name, status, gpus=GPUS, batch=BATCH)
 
 
-def unbound_gang(name: str, node: str, gpu: GpuSpec, bound: int) -> Observed:
-    """A job whose generation 1 the operator created on ``node``'s block at ``gpu``'s top
-    clock, every worker created (the generation complete), ``bound`` of them bound by
-    the extender (no placement annotation on any: the job's GPUs are not known)."""
+LABELS = {
+    "a0": "NVIDIA-A100-SXM4-40GB",
+    "a1": "NVIDIA-A100-SXM4-40GB",
+    "h0": "NVIDIA-H100-80GB-HBM3",
+}
+"""Each node's ``nvidia.com/gpu.product`` label, as the pass is given them with several
+pools (``PassSettings.pool_labels``)."""
+
+
+def unbound_gang(
+    name: str, gpu: GpuSpec, block_node: str, bound_node: str, bound: int, pinned: str | None
+) -> Observed:
+    """A job whose generation 1 the operator created on ``block_node``'s block at ``gpu``'s
+    top clock, every worker created (the generation complete), ``bound`` of them bound to
+    ``bound_node`` by the extender (no placement annotation on any: the job's GPUs are not
+    known), each with a required node affinity on product label ``pinned`` (None: none)."""
     status = {
         "phase": "Running",
         "allocation": {
@@ -72,11 +86,11 @@ def unbound_gang(name: str, node: str, gpu: GpuSpec, bound: int) -> Observed:
         "progress": {"iterations": 0},
     }
     req = parse_dljob(body(name, status))
-    block = tuple((node, i) for i in range(GPUS))
-    ws = WorkerSet(1, GPUS, BATCH // GPUS, gpu.max_clock_mhz, planned=block, pool_product="x")
+    block = tuple((block_node, i) for i in range(GPUS))
+    ws = WorkerSet(1, GPUS, BATCH // GPUS, gpu.max_clock_mhz, planned=block, pool_product=pinned)
     pods = []
     for i, pod in enumerate(worker_pods(req, ws)):
-        spec = {**pod["spec"], "nodeName": node} if i < bound else pod["spec"]
+        spec = {**pod["spec"], "nodeName": bound_node} if i < bound else pod["spec"]
         pods.append({**pod, "spec": spec, "status": {"phase": "Pending"}})
     return Observed(body(name, status), tuple(pods))
 
@@ -99,7 +113,7 @@ def one_pass(observed: Observed) -> tuple[Plan, dict[str, Any]]:
         1000.0,
         policy,
         TypedModels(main_model, model_on),
-        **pass_inputs(profiling_window_s=0.0),
+        **pass_inputs(profiling_window_s=0.0, pool_labels=LABELS),
     )
     assert policy.plan_made is not None
     patches = {name: patch for _, name, patch in actions.status_first + actions.status}
@@ -116,17 +130,27 @@ def test_a_waiting_job_of_the_same_shape_starts_on_the_a100s() -> None:
 
 
 def test_an_unbound_gang_on_the_h100_stays_planned_there_at_an_h100_clock() -> None:
-    for bound in (0, 2):  # none bound yet, or part of the gang
-        plan, patches = one_pass(unbound_gang("late", "h0", H100, bound))
+    h100 = LABELS["h0"]
+    cases = {
+        "none bound, pinned by its affinity": ("h0", "h0", 0, h100),
+        "half bound": ("h0", "h0", 2, h100),
+        "half bound, no affinity (created with one pool planned)": ("h0", "h0", 2, None),
+        "its planned-block annotation rewritten to an A100": ("a1", "h0", 0, h100),
+    }
+    for case, (block_node, bound_node, bound, pinned) in cases.items():
+        gang = unbound_gang("late", H100, block_node, bound_node, bound, pinned)
+        plan, patches = one_pass(gang)
         planned = plan.job("ml/late")
-        assert planned.gpus == GPUS, bound
-        assert {node for node, _ in planned.placement} == {"h0"}, bound
+        assert planned.gpus == GPUS, case
+        assert {node for node, _ in planned.placement} == {"h0"}, case
         # The status keeps the generation's clock unless the plan changed it.
         recorded = (patches.get("late") or {}).get("allocation") or {}
         clock = recorded.get(CLOCK_FIELD, H100.max_clock_mhz)
-        assert clock == planned.frequency_mhz and clock in H100.clocks_mhz, bound
+        assert clock == planned.frequency_mhz and clock in H100.clocks_mhz, case
 
 
 def test_an_unbound_gang_on_the_a100s_stays_planned_there() -> None:
-    plan, _ = one_pass(unbound_gang("early", "a1", A100, 0))
+    """The control: the A100 pool is the job's first choice anyway."""
+    gang = unbound_gang("early", A100, "a1", "a1", 0, LABELS["a1"])
+    plan, _ = one_pass(gang)
     assert {node for node, _ in plan.job("ml/early").placement} <= {"a0", "a1"}

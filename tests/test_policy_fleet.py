@@ -121,6 +121,16 @@ def test_a_job_committed_to_a_type_without_known_gpus_stays_in_its_pools() -> No
         assert plan.job("a").frequency_mhz in gpu.clocks_mhz, committed
 
 
+def test_a_committed_job_that_no_pool_of_its_type_can_hold_is_planned_as_any_other() -> None:
+    """8 GPUs do not fit the A100 pool of 4: committed to the A100 (its nodes gone but
+    one), the job is planned where it fits, the H100 pool, as if uncommitted; the pass
+    is not refused for it (a pool's policy refuses a job larger than the pool)."""
+    cluster = mixed(1, 2)
+    j = truth_job("a", min_gpus=8, max_gpus=8, committed_gpu="A100")
+    plan = FleetPolicy(PowerFlowPolicy).plan(Snapshot(cluster, (j,), Budget(eta=1.0), now_s=0.0))
+    assert pools_of(plan.jobs, cluster) == {"a": {"H100-SXM"}}
+
+
 def test_an_idle_pools_watts_go_to_the_busy_one_and_the_sum_stays_under_the_limit() -> None:
     cluster = mixed(1, 1)
     # Four jobs running on the H100 node, none for the A100 one: its node goes down.

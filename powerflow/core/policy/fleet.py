@@ -288,12 +288,14 @@ def _on(job: Job, gpu: GpuSpec) -> Job:
 
 def _preference(job: Job, pools: Sequence[FleetPool]) -> tuple[PoolKey, ...]:
     """The pools the job can run in, best energy-delay product first (ties: pool order):
-    those of its ``Job.committed_gpu`` only, where the cluster has that type."""
-    own = job.committed_gpu
-    if own is not None and any(pool.gpu.name == own for pool in pools):
-        pools = [pool for pool in pools if pool.gpu.name == own]
-    scored = [(energy_delay(job, pool), i, pool.key) for i, pool in enumerate(pools)]
-    return tuple(key for value, _, key in sorted(scored) if math.isfinite(value))
+    those of its ``Job.committed_gpu`` only, where one of them can hold it. Where none
+    can (its type's nodes left), every pool: its workers cannot run anyway, and a plan
+    elsewhere is the one way on (a later generation there)."""
+    scored = [(energy_delay(job, pool), i, pool) for i, pool in enumerate(pools)]
+    own = [entry for entry in scored if entry[2].gpu.name == job.committed_gpu]
+    if any(math.isfinite(value) for value, _, _ in own):
+        scored = own
+    return tuple(pool.key for value, _, pool in sorted(scored) if math.isfinite(value))
 
 
 def _assign(

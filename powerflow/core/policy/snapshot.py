@@ -74,11 +74,11 @@ class Job:
     (``powerflow.core.policy.fleet``); ``model`` serves a type not listed. Empty on
     a cluster of one type, where ``model`` is the job's model on it."""
     committed_gpu: str | None = None
-    """The GPU type (``GpuSpec.name``) the job's current workers can only run on while
-    ``placement`` is not known yet (a gang created, not bound: its pods' node affinity
-    is their planned type's), on a cluster of several types: the plan keeps the job
-    in that type's pools (``fleet``), since a plan elsewhere would hand those workers
-    another type's clock and count them at its watts. ``None``: any type."""
+    """The GPU type (``GpuSpec.name``) the job's current workers can only run on, on a
+    cluster of several types (where they are bound, else their node affinity's). A
+    job without a known ``placement`` (a gang created, not bound yet) is planned in
+    that type's pools (``fleet``): a plan elsewhere would hand those workers another
+    type's clock and count them at its watts. ``None``: any type."""
 
 
 @dataclass(frozen=True)
