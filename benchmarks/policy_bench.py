@@ -273,7 +273,7 @@ def optimality_table(instances: int) -> Table:
     for _ in range(instances):
         snapshot = small_instance(rng)
         plan = policy.plan(snapshot)
-        cap = max(plan.limit_watts, plan.predicted_watts)
+        cap = max(plan.limit_w, plan.predicted_w)
         ratios.append(plan_average_jct(snapshot, plan) / optimal_average_jct(snapshot, cap))
     r = np.asarray(ratios)
     table = Table(title=f"greedy / exhaustive average JCT, {instances} small instances")

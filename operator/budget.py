@@ -116,16 +116,16 @@ def budget_warnings(config: BudgetConfig) -> list[tuple[str, str]]:
 
 def _warnings(budget: Budget, where: str) -> list[tuple[str, str]]:
     out = []
-    if budget.limit_watts is not None and budget.eta is not None:
+    if budget.limit_w is not None and budget.eta is not None:
         out.append(
             (
                 "BudgetKeysConflict",
                 f"{where}both eta and powerLimitWatts are set: powerLimitWatts "
-                f"({budget.limit_watts:g} W) is in force, eta ({budget.eta:g}) is ignored",
+                f"({budget.limit_w:g} W) is in force, eta ({budget.eta:g}) is ignored",
             )
         )
     if stops_every_job(budget):
-        key = "powerLimitWatts" if budget.limit_watts == 0 else "eta"
+        key = "powerLimitWatts" if budget.limit_w == 0 else "eta"
         out.append(
             ("BudgetStopsAllJobs", f"{where}{key} is 0: every job is stopped until it is raised")
         )

@@ -674,7 +674,7 @@ class Controller:
             }
             self._event(ref, ev.type, ev.reason, ev.message)
         if actions.plan is not None:
-            self.metrics.budget_watts.set(actions.plan.limit_watts)
-            self.metrics.predicted_watts.set(actions.plan.predicted_watts)
+            self.metrics.budget_watts.set(actions.plan.limit_w)
+            self.metrics.predicted_w.set(actions.plan.predicted_w)
         self.metrics.allocated_gpus.set(actions.allocated_gpus)
         self.metrics.set_phases(actions.phases)

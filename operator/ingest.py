@@ -195,7 +195,7 @@ class ClusterPower:
         if old is None or power.at_s >= old[1] or now - old[2] > self.staleness_s:
             self._readings[node] = (power.watts, power.at_s, now)
 
-    def total_watts(self) -> float:
+    def total_w(self) -> float:
         now = self._clock()
         for node in [n for n, r in self._readings.items() if now - r[2] > self.staleness_s]:
             del self._readings[node]
@@ -266,7 +266,7 @@ class Ingest:
         series never exported is no data, and the dashboard would read "No data")."""
         for why in sample_checks.REASONS:
             metrics.ingest_refused.labels(reason=why)
-        metrics.cluster_power_watts.set_function(power.total_watts)
+        metrics.cluster_power_watts.set_function(power.total_w)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)

@@ -33,7 +33,7 @@ class Metrics:
             "Cluster power limit the policy planned for.",
             registry=r,
         )
-        self.predicted_watts = Gauge(
+        self.predicted_w = Gauge(
             "powerflow_predicted_power_watts",
             "Predicted cluster GPU power of the plan.",
             registry=r,

@@ -31,7 +31,7 @@ class ThresholdPolicy:
     follow a plan; the real policy is tested in the core."""
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        limit = snapshot.budget.limit_watts
+        limit = snapshot.budget.limit_w
         generous = limit is None or limit >= 1000
         free = sum(n.gpus for n in snapshot.nodes)
         plans = []
@@ -41,7 +41,7 @@ class ThresholdPolicy:
             free -= n
             bs = -(-job.global_batch_size // n) if n else 0
             plans.append(JobPlan(job.id, n, 1410 if generous else 1005, bs))
-        return Plan(tuple(plans), limit_watts=limit or 1e9, predicted_watts=100.0 * len(plans))
+        return Plan(tuple(plans), limit_w=limit or 1e9, predicted_w=100.0 * len(plans))
 
 
 def models(job: JobRequest) -> SyntheticModel:

@@ -88,8 +88,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         )
     budget = draw(
         st.builds(Budget, eta=st.floats(0.0, 1.0))
-        | st.builds(Budget, limit_watts=st.floats(0.0, total * gpu.max_power_w))
-        | st.builds(Budget, eta=st.floats(0.0, 1.0), p_max_watts=st.floats(50.0, 400.0))
+        | st.builds(Budget, limit_w=st.floats(0.0, total * gpu.max_power_w))
+        | st.builds(Budget, eta=st.floats(0.0, 1.0), p_max_w=st.floats(50.0, 400.0))
     )
     return Snapshot(nodes=cluster, jobs=tuple(jobs), budget=budget, now_s=1000.0)
 

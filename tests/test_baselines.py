@@ -19,7 +19,7 @@ from powerflow.core.devices import Workload, capped_clock_mhz
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import A100
 from powerflow.core.models.protocol import ArrayLike, FloatArray
-from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Node, Plan, Policy, Snapshot
 from powerflow.lab.baselines import (
     AfsPolicy,
@@ -603,7 +603,7 @@ def test_zeus_clock_variant_only_changes_clocks_of_the_inner_plan(inner: Policy)
     base, zeus = inner.plan(s), ZeusPolicy(inner, eta_knob=0.5, knob="clock").plan(s)
     strip = [replace(jp, frequency_mhz=0) for jp in base.jobs]
     assert [replace(jp, frequency_mhz=0) for jp in zeus.jobs] == strip
-    assert (zeus.migrations, zeus.limit_watts) == (base.migrations, base.limit_watts)
+    assert (zeus.migrations, zeus.limit_w) == (base.migrations, base.limit_w)
     for jp in zeus.jobs:
         if jp.gpus:
             nodes_used = [node for node, _ in jp.placement]
@@ -612,7 +612,7 @@ def test_zeus_clock_variant_only_changes_clocks_of_the_inner_plan(inner: Policy)
             assert isinstance(model, Amdahl)
             want = brute_force_clock(model, jp.gpus, r, jp.local_batch_size, 0.5)
             assert jp.frequency_mhz == want
-    assert zeus.predicted_watts < base.predicted_watts
+    assert zeus.predicted_w < base.predicted_w
 
 
 def test_zeus_power_limits_are_zeus_profiling_range() -> None:
@@ -680,7 +680,7 @@ def test_zeus_caps_power_and_leaves_the_clock_unlocked(inner: Policy) -> None:
     busy = sum(jp.gpus for jp in zeus.jobs)  # no time-slicing in this snapshot
     assert len({slot for jp in zeus.jobs for slot in jp.placement}) == busy
     idle = (sum(n.gpus for n in s.nodes) - busy) * A100.idle_power_w
-    assert zeus.predicted_watts == pytest.approx(watts + idle)  # at the clocks the caps give
+    assert zeus.predicted_w == pytest.approx(watts + idle)  # at the clocks the caps give
 
 
 def test_zeus_leaves_a_profiling_job_uncapped() -> None:
@@ -832,7 +832,7 @@ def _check_valid(s: Snapshot, plan: Plan, max_share: int, elastic: bool = False)
     for m in plan.migrations:
         assert m.source == by_id[m.job_id].placement
         assert sorted(m.target) == sorted(plan.job(m.job_id).placement)
-    assert plan.predicted_watts > 0 and plan.limit_watts > 0
+    assert plan.predicted_w > 0 and plan.limit_w > 0
     assert not plan.powered_down_nodes
 
 
@@ -884,14 +884,14 @@ def test_unsupported_clock_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "budget",
-    [Budget(), Budget(eta=0.5), Budget(eta=0.5, p_max_watts=250.0), Budget(limit_watts=9e3)],
+    [Budget(), Budget(eta=0.5), Budget(eta=0.5, p_max_w=250.0), Budget(limit_w=9e3)],
 )
 def test_limit_is_the_budget_rule(budget: Budget) -> None:
     s = replace(_random_snapshot(random.Random(1), nodes(2, 4), 6), budget=budget)
-    assert TiresiasPolicy().plan(s).limit_watts == pytest.approx(limit_watts(s), rel=1e-12)
+    assert TiresiasPolicy().plan(s).limit_w == pytest.approx(limit_w(s), rel=1e-12)
 
 
-def test_predicted_watts_count_time_slices_once_and_idle_gpus() -> None:
+def test_predicted_w_count_time_slices_once_and_idle_gpus() -> None:
     shared = on("n0", 0, 1)
     a = job("a", 2, placement=shared, model=Amdahl(dynamic_w=100.0))
     b = job("b", 2, arrival=1.0, placement=shared, model=Amdahl(dynamic_w=300.0), pinned=True)
@@ -903,4 +903,4 @@ def test_predicted_watts_count_time_slices_once_and_idle_gpus() -> None:
         return float(model.energy_per_iter_j(*args) / model.step_time_s(*args))
 
     want = (power(a.model) + power(b.model)) / 2 + 2 * A100.idle_power_w  # type: ignore[arg-type]
-    assert plan.predicted_watts == pytest.approx(want)
+    assert plan.predicted_w == pytest.approx(want)

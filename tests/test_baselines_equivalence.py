@@ -135,7 +135,7 @@ def test_warm_plans_equal_cold_plans(name: str, seed: int) -> None:
     rng = random.Random(seed)
     shared = [toy(rng) for _ in range(4)]
     cluster = tuple(Node(f"n{i:02d}", 8, A100) for i in range(rng.choice((2, 4, 8))))
-    budget = rng.choice((Budget(eta=0.8), Budget(limit_watts=20_000.0), Budget()))
+    budget = rng.choice((Budget(eta=0.8), Budget(limit_w=20_000.0), Budget()))
     snap = Snapshot(cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(12)), budget, 0.0)
     warm = POLICIES[name]()
     busy = 0

@@ -24,7 +24,7 @@ from powerflow.core.gpus import A100
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult
 from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
-from powerflow.lab.baselines.common import ModelMemo, Pool, node_count, predicted_watts
+from powerflow.lab.baselines.common import ModelMemo, Pool, node_count, predicted_w
 
 
 def _start(seed: int, nodes: int = 4, jobs: int = 12) -> tuple[random.Random, list[Toy], Snapshot]:
@@ -87,14 +87,14 @@ def test_zeus_hands_back_last_events_plans_while_nothing_changed() -> None:
             snap = advance(rng, snap, got, shared)
 
 
-def test_predicted_watts_follow_a_new_model_of_an_unchanged_plan() -> None:
+def test_predicted_w_follow_a_new_model_of_an_unchanged_plan() -> None:
     rng, _, snap = _start(5)
     warm = GandivaPolicy(frequency_mhz=1410)
     warm.plan(snap)
     refit = replace(snap, jobs=tuple(replace(job, model=toy(rng)) for job in snap.jobs))
     got = warm.plan(refit)
-    assert got.predicted_watts == GandivaPolicy(frequency_mhz=1410).plan(refit).predicted_watts
-    assert got.predicted_watts != warm.plan(snap).predicted_watts
+    assert got.predicted_w == GandivaPolicy(frequency_mhz=1410).plan(refit).predicted_w
+    assert got.predicted_w != warm.plan(snap).predicted_w
 
 
 def _whole_afresh(pool: Pool) -> int:
@@ -275,9 +275,9 @@ def test_gandiva_consolidates_the_jobs_a_pass_over_every_job_would(
 
 
 @pytest.mark.parametrize("name", ["gandiva", "tiresias", "afs"])
-def test_plans_priced_while_built_are_priced_as_predicted_watts_prices_them(name: str) -> None:
+def test_plans_priced_while_built_are_priced_as_predicted_w_prices_them(name: str) -> None:
     """``job_plans`` gathers the running plans' watts as it builds them (``PlanWatts``);
-    the total is ``predicted_watts`` of the finished plan, on a fresh memo."""
+    the total is ``predicted_w`` of the finished plan, on a fresh memo."""
     rng, shared, snap = _start(6, nodes=3, jobs=14)
     policy = {
         "gandiva": GandivaPolicy(frequency_mhz=1410),
@@ -289,8 +289,8 @@ def test_plans_priced_while_built_are_priced_as_predicted_watts_prices_them(name
         got = policy.plan(snap)
         models = [job.model for job in snap.jobs]
         assert [jp.job_id for jp in got.jobs] == [job.id for job in snap.jobs]
-        want = predicted_watts(snap, got.jobs, A100, models, ModelMemo())
-        assert got.predicted_watts == want
+        want = predicted_w(snap, got.jobs, A100, models, ModelMemo())
+        assert got.predicted_w == want
         slots = [slot for jp in got.jobs for slot in jp.placement]
         shared_gpus += len(slots) - len(set(slots))
         snap = advance(rng, snap, got, shared)

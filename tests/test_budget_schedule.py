@@ -44,14 +44,14 @@ def test_a_configmap_schedule_parses_into_sorted_windows_with_inherited_p_max() 
             ' {"start": "8:00", "end": "20:00:30", "powerLimitWatts": "300000"}]',
         }
     )
-    assert schedule.default == Budget(eta=0.6, p_max_watts=300.0)
+    assert schedule.default == Budget(eta=0.6, p_max_w=300.0)
     assert schedule.timezone == "UTC"
     first, second = schedule.windows
     assert (first.start_s, first.end_s) == (8 * 3600, 20 * 3600 + 30)
-    assert first.budget == Budget(limit_watts=300000.0, p_max_watts=300.0)
+    assert first.budget == Budget(limit_w=300000.0, p_max_w=300.0)
     assert first.label == "08:00-20:00:30"
     assert (second.start_s, second.end_s) == (22 * 3600, 6 * 3600)
-    assert second.budget == Budget(eta=1.0, p_max_watts=300.0)
+    assert second.budget == Budget(eta=1.0, p_max_w=300.0)
 
 
 def test_a_window_ending_at_midnight_and_one_starting_there_do_not_overlap() -> None:
@@ -199,9 +199,9 @@ def test_overlaps_are_found_among_many_windows_and_named() -> None:
 
 def test_the_budget_in_force_and_the_next_edge_around_the_day() -> None:
     schedule = peak_and_night()
-    plain = Budget(eta=0.6, p_max_watts=300.0)
-    peak = Budget(limit_watts=300000.0, p_max_watts=300.0)
-    night = Budget(eta=1.0, p_max_watts=250.0)
+    plain = Budget(eta=0.6, p_max_w=300.0)
+    peak = Budget(limit_w=300000.0, p_max_w=300.0)
+    night = Budget(eta=1.0, p_max_w=250.0)
     day = 5 * 24 * H  # any day: the windows recur
     expected = [
         (0.0, night, 6 * H),  # midnight, inside the wrapping window
@@ -219,7 +219,7 @@ def test_the_budget_in_force_and_the_next_edge_around_the_day() -> None:
 
 def test_without_windows_the_default_is_always_in_force_and_nothing_changes() -> None:
     schedule = parse_schedule_data({"powerLimitWatts": "5000"})
-    assert schedule.budget_at(12345.0) == Budget(limit_watts=5000.0)
+    assert schedule.budget_at(12345.0) == Budget(limit_w=5000.0)
     assert schedule.window_at(12345.0) is None
     assert schedule.next_edge_s(12345.0) is None
 
@@ -229,7 +229,7 @@ def test_a_timezone_moves_the_edges_with_the_wall_clock_and_daylight_saving() ->
     summer = dt.datetime(2026, 7, 1, tzinfo=dt.UTC).timestamp()  # CEST, UTC+2
     winter = dt.datetime(2026, 1, 15, tzinfo=dt.UTC).timestamp()  # CET, UTC+1
     assert schedule.next_edge_s(summer + 5 * H) == summer + 6 * H  # 08:00 in Paris
-    assert schedule.budget_at(summer + 6 * H).limit_watts == 300000.0
+    assert schedule.budget_at(summer + 6 * H).limit_w == 300000.0
     assert schedule.budget_at(summer + 6 * H - 1).eta == 0.6
     assert schedule.next_edge_s(winter + 5 * H) == winter + 7 * H
     assert schedule.budget_at(winter + 6.5 * H).eta == 0.6

@@ -42,8 +42,8 @@ def test_demo_predicts_each_budget_as_a_table_json_and_a_plot(
     assert len(out["jobs"]) == 12 and (out["nodes"], out["gpus_per_node"]) == (2, 8)
     low, high = out["predictions"]
     # eta * G * P_max: the budget the simulator planned against
-    assert low["limit_watts"] == pytest.approx(0.3 * 16 * 300)
-    assert high["limit_watts"] == pytest.approx(1.0 * 16 * 300)
+    assert low["limit_w"] == pytest.approx(0.3 * 16 * 300)
+    assert high["limit_w"] == pytest.approx(1.0 * 16 * 300)
     # a lower budget: less energy, longer jobs, a later end
     assert low["total_energy_j"] < high["total_energy_j"]
     assert low["avg_jct_s"] > high["avg_jct_s"]
@@ -204,7 +204,7 @@ async def test_the_live_queue_uses_the_cluster_the_budget_in_force_and_status_mo
     by_eta = {p["eta"]: p for p in out["predictions"]}
     assert set(by_eta) == {0.4, 1.0, 0.5}
     assert by_eta[0.5]["in_force"] and not by_eta[0.4]["in_force"]
-    assert by_eta[0.4]["limit_watts"] == pytest.approx(0.4 * 8 * 300)
+    assert by_eta[0.4]["limit_w"] == pytest.approx(0.4 * 8 * 300)
 
     slower = {"params": {**params_status(load_prior("vgg16")), "model": "vgg16"}, "fits": 3}
     url = f"{JOBS}/b/status"
@@ -282,7 +282,7 @@ def test_the_demo_predicts_on_the_gpu_asked_for(capsys: pytest.CaptureFixture[st
     for gpu in (None, "H100-SXM"):
         assert main([*argv, "--json", *(["--gpu", gpu] if gpu else [])]) == 0
         out = json.loads(capsys.readouterr().out)
-        limits[out["gpu"]] = out["predictions"][0]["limit_watts"]
+        limits[out["gpu"]] = out["predictions"][0]["limit_w"]
     assert limits == {"A100": pytest.approx(16 * A100.p_max_w), "H100-SXM": 16 * H100.p_max_w}
 
 
@@ -313,7 +313,7 @@ async def test_the_live_queue_is_predicted_on_the_pools_gpu_type(
     out = await what_if(kubeconfig, capsys)
     assert (out["nodes"], out["gpus_per_node"], out["gpu"]) == (2, 4, "H100-SXM")
     by_eta = {p["eta"]: p for p in out["predictions"]}
-    assert by_eta[1.0]["limit_watts"] == pytest.approx(8 * H100.p_max_w)
+    assert by_eta[1.0]["limit_w"] == pytest.approx(8 * H100.p_max_w)
     assert "model fitted on A100 GPUs, the pool is now H100-SXM" in out["stderr"]
     assert "n3 (NVIDIA-A100-SXM4-40GB)" in out["stderr"]
 

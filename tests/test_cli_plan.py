@@ -9,7 +9,7 @@ import pytest
 
 from powerflow.cli import main
 from powerflow.commands.plan import DEMO_QUEUE, demo_snapshot
-from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.power_loop import CAP_SLACK_W, CAP_STEP_W
 from powerflow.core.policy.snapshot import Budget
 
@@ -23,7 +23,7 @@ def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 def test_json_plan_is_complete_and_consistent(capsys: pytest.CaptureFixture[str]) -> None:
     out = plan_json(capsys)
     assert out["cluster_gpus"] == 32
-    assert out["limit_watts"] == pytest.approx(limit_watts(demo_snapshot(Budget(eta=0.6))))
+    assert out["limit_w"] == pytest.approx(limit_w(demo_snapshot(Budget(eta=0.6))))
     assert [j["id"] for j in out["jobs"]] == [q[0] for q in DEMO_QUEUE]
     slots = [tuple(s) for j in out["jobs"] for s in j["placement"]]
     assert len(slots) == len(set(slots)) == sum(j["gpus"] for j in out["jobs"])
@@ -35,15 +35,15 @@ def test_json_plan_is_complete_and_consistent(capsys: pytest.CaptureFixture[str]
             assert j["local_batch_size"] == -(-batch // j["gpus"])
     busy = {node for node, _ in slots}
     assert not busy & set(out["powered_down_nodes"])
-    assert {"predicted_watts", "migrations", "notes"} <= out.keys()
+    assert {"predicted_w", "migrations", "notes"} <= out.keys()
 
 
 def test_absolute_limit_wins_and_strict_power_respects_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = plan_json(capsys, "--eta", "0.9", "--limit-watts", "2000", "--strict-power")
-    assert out["limit_watts"] == 2000.0
-    assert out["predicted_watts"] <= 2000.0
+    assert out["limit_w"] == 2000.0
+    assert out["predicted_w"] <= 2000.0
     assert out["powered_down_nodes"]  # 2 kW cannot keep all four nodes busy
     assert plan_json(capsys, "--eta", "0.9", "--limit-watts", "2000") == out  # the default
     # little room left: each running job is capped at what the plan counted for it plus

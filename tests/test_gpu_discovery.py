@@ -428,7 +428,7 @@ def _planned(labels: list[str], policy: PowerFlowPolicy, **kw: Any) -> FakeClust
         cluster.now_s += 10
     assert cluster.pods, "the jobs run"
     assert actions.plan is not None  # eta 0.9 of G x P_max, P_max the pool type's
-    assert actions.plan.limit_watts == pytest.approx(0.9 * 8 * nodes[0].gpu.p_max_w)
+    assert actions.plan.limit_w == pytest.approx(0.9 * 8 * nodes[0].gpu.p_max_w)
     return cluster
 
 

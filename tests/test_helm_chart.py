@@ -284,8 +284,8 @@ def test_the_budget_configmap_reads_as_the_values_say(helm: Path) -> None:
     parsed = parse_budget({**budget["data"], "schedule": schedule})
     assert parsed.schedule is not None and parsed.schedule.timezone == "Europe/Paris"
     (window,) = parsed.schedule.windows
-    assert (window.label, window.budget.limit_watts) == ("08:00-20:00", 9000.0)
-    assert window.budget.p_max_watts == 350.0
+    assert (window.label, window.budget.limit_w) == ("08:00-20:00", 9000.0)
+    assert window.budget.p_max_w == 350.0
 
 
 @pytest.mark.parametrize("sets", [[], NON_DEFAULT], ids=["default", "non-default"])
@@ -484,7 +484,7 @@ def test_a_zero_power_limit_reaches_the_operator_as_zero(helm: Path) -> None:
         if d["metadata"]["name"] == "powerflow-budget"
     )
     assert budget["data"]["powerLimitWatts"] == "0"
-    assert parse_budget(budget["data"]).budget.limit_watts == 0.0
+    assert parse_budget(budget["data"]).budget.limit_w == 0.0
 
 
 def test_the_agent_rolls_out_node_by_node_once_its_clocks_are_applied(helm: Path) -> None:

@@ -308,7 +308,7 @@ class RbacPolicy:
     Nodes no job needs (jobs packed on whole nodes, in name order) are powered down."""
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        limit = snapshot.budget.limit_watts
+        limit = snapshot.budget.limit_w
         watts = 1e9 if limit is None else limit
         nodes = sorted(snapshot.nodes, key=lambda n: n.name)
         free = sum(n.gpus for n in nodes)
@@ -323,7 +323,7 @@ class RbacPolicy:
         per_node = nodes[0].gpus if nodes else 1
         needed = -(-used // per_node)
         down = tuple(n.name for n in nodes[needed:])
-        return Plan(tuple(plans), limit_watts=watts, predicted_watts=1.0, powered_down_nodes=down)
+        return Plan(tuple(plans), limit_w=watts, predicted_w=1.0, powered_down_nodes=down)
 
 
 async def set_budget(api: httpx.AsyncClient, watts: int | str) -> None:
@@ -438,7 +438,7 @@ async def test_operator_calls_match_its_rules(
     await set_budget(api, "lots")
     restart = chart_operator(chart, kubeconfig, free_port())
     async with Operator(restart, RbacPolicy(), models) as again:
-        assert again.controller is not None and again.controller.budget.budget.limit_watts == 300
+        assert again.controller is not None and again.controller.budget.budget.limit_w == 300
     check("the operator", calls_of(kmock, "operator"), account_grants(chart, "powerflow-operator"))
 
 

@@ -38,13 +38,13 @@ class ThresholdPolicy:
     limit is the budget's (1e9 without one), as the metric shows."""
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        limit = snapshot.budget.limit_watts
+        limit = snapshot.budget.limit_w
         generous = limit is None or limit >= 1000
         plans = []
         for job in snapshot.jobs:
             n = job.requested_gpus if generous else job.min_gpus
             plans.append(JobPlan(job.id, n, 1410, job.global_batch_size // n))
-        return Plan(tuple(plans), limit_watts=1e9 if limit is None else limit, predicted_watts=1.0)
+        return Plan(tuple(plans), limit_w=1e9 if limit is None else limit, predicted_w=1.0)
 
 
 def models(job: JobRequest) -> SyntheticModel:

@@ -176,8 +176,8 @@ async def test_both_pools_are_planned_under_one_budget_each_gang_pinned_to_its_t
         snapshot, plan = recording.snapshots[-1], recording.plans[-1]
         assert {n.name: n.gpu for n in snapshot.nodes} == TYPES
         limit = ETA * 8 * (A100.p_max_w + H100.p_max_w)
-        assert plan.limit_watts == pytest.approx(limit)
-        assert plan.predicted_watts <= limit + 1e-6
+        assert plan.limit_w == pytest.approx(limit)
+        assert plan.predicted_w <= limit + 1e-6
         controller = op.controller
         assert controller is not None
 

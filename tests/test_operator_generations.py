@@ -33,7 +33,7 @@ class ThresholdPolicy:
     """Requested GPUs (first come) when the limit is at least 1 kW, else min GPUs."""
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        limit = snapshot.budget.limit_watts
+        limit = snapshot.budget.limit_w
         generous = limit is None or limit >= 1000
         free = sum(n.gpus for n in snapshot.nodes)
         plans = []
@@ -42,7 +42,7 @@ class ThresholdPolicy:
             n = want if want <= free else 0
             free -= n
             plans.append(JobPlan(job.id, n, 1410 if generous else 1005, -(-64 // n) if n else 0))
-        return Plan(tuple(plans), limit_watts=limit or 1e9, predicted_watts=1.0)
+        return Plan(tuple(plans), limit_w=limit or 1e9, predicted_w=1.0)
 
 
 def dljob(name: str, uid: str, requested: int = 4, low: int = 2, high: int = 4) -> dict[str, Any]:
@@ -291,7 +291,7 @@ class MovePolicy:
         plans = tuple(
             JobPlan(j.id, 2, 1410, 32, where[j.id] if self.placed else ()) for j in snapshot.jobs
         )
-        return Plan(plans, limit_watts=1e9, predicted_watts=1.0)
+        return Plan(plans, limit_w=1e9, predicted_w=1.0)
 
 
 def test_a_move_only_to_pack_jobs_is_not_carried_out() -> None:
@@ -344,7 +344,7 @@ class WantsPolicy:
             n = want if want <= free else 0
             free -= n
             plans.append(JobPlan(job.id, n, 1410, -(-64 // n) if n else 0))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=1.0)
 
 
 def test_a_job_whose_old_workers_stop_keeps_its_gpus_in_the_plan() -> None:
@@ -388,7 +388,7 @@ class WherePolicy:
             slots = self.where.get(job.id, ())
             n = len(slots)
             plans.append(JobPlan(job.id, n, 1410, -(-64 // n) if n else 0, slots))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=1.0)
 
 
 def _slots(node: str, *indices: int) -> tuple[tuple[str, int], ...]:

@@ -891,15 +891,15 @@ def test_a_nodes_reading_is_dropped_once_stale_and_old_retries_do_not_win() -> N
     power = ClusterPower(staleness_s=60.0, clock=lambda: now[0])
     power.record("n1", NodePower(400.0, at_s=990.0))
     power.record("n2", NodePower(250.0, at_s=995.0))
-    assert power.total_watts() == 650.0
+    assert power.total_w() == 650.0
     power.record("n1", NodePower(999.0, at_s=980.0))  # a retried older batch
-    assert power.total_watts() == 650.0
+    assert power.total_w() == 650.0
     now[0] = 1030.0
     power.record("n2", NodePower(200.0, at_s=1029.0))
     now[0] = 1061.0  # n1 last heard 61 s ago, n2 31 s ago
-    assert power.total_watts() == 200.0
+    assert power.total_w() == 200.0
     now[0] = 1100.0
-    assert power.total_watts() == 0.0
+    assert power.total_w() == 0.0
 
 
 def test_a_stale_reading_gives_way_to_one_from_an_agent_whose_clock_went_back() -> None:
@@ -910,4 +910,4 @@ def test_a_stale_reading_gives_way_to_one_from_an_agent_whose_clock_went_back() 
     power.record("n1", NodePower(400.0, at_s=990.0))
     now[0] = 1100.0  # nothing read the total meanwhile
     power.record("n1", NodePower(100.0, at_s=500.0))
-    assert power.total_watts() == 100.0
+    assert power.total_w() == 100.0

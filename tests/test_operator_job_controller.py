@@ -181,7 +181,7 @@ class ClockPolicy:
         for job in snapshot.jobs:
             block, free = tuple(free[:4]), free[4:]
             plans.append(JobPlan(job.id, 4, self.frequency_mhz, 16, block, power_cap_w=self.cap_w))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=1.0)
 
 
 def settle(cluster: FakeCluster, policy: ClockPolicy) -> None:

@@ -63,7 +63,7 @@ class PackPolicy:
             used += need if n else 0
             plans.append(JobPlan(job.id, n, 1410, -(-job.global_batch_size // n) if n else 0))
         down = tuple(n.name for n in nodes[used:])
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0, powered_down_nodes=down)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=1.0, powered_down_nodes=down)
 
 
 # -- pure -----------------------------------------------------------------------------------

@@ -154,7 +154,7 @@ def test_writes_of_a_cold_then_steady_pass_on_one_pool() -> None:
     )
     pods = sum(b["kind"] == "Pod" for b in cold.create)
     assert pods > 1000 and cold.status_first and cold.events  # the case covers the builders
-    assert digest(cold) == "b2b1f8deda43b5ca24c47a6bff0f172e6b110c272f998a02cae0d648efb65ba9", (
+    assert digest(cold) == "6f8380ec8fe58cf4fcc99dd12dfc2c30acc4e674c8985a4a6762d4b4e2d00324", (
         digest(cold)
     )
     steady = reconcile(
@@ -166,7 +166,7 @@ def test_writes_of_a_cold_then_steady_pass_on_one_pool() -> None:
         model,
         PassMemory(anchors=cold.anchors, requests=RequestCache()),
     )
-    assert digest(steady) == "a9535920d6744666d10fd51e55782089b03f2fc7108a06f6693dd6bcb1d80453", (
+    assert digest(steady) == "93d1d4b3fcbfe798feb22346b9fb361901e8bb47168de2c175339ad22c90b8c4", (
         digest(steady)
     )
 
@@ -190,7 +190,7 @@ def test_writes_of_a_cold_pass_on_two_pools() -> None:
         PassSettings(pool_labels=labels),
     )
     assert any("affinity" in b["spec"] for b in actions.create if b["kind"] == "Pod")
-    assert digest(actions) == "ad73d5c9bec464611e1764f6b77e431832f2ee01f482bdfc7a8fd04daaae9089", (
+    assert digest(actions) == "6588f86b2d4fc3a555d8152eb8b6d7bca29568d27ac547b147a57190169ed662", (
         digest(actions)
     )
 

@@ -51,7 +51,7 @@ class SwapPolicy:
     comes first in a pass, so only the ordering puts ``b``'s writes first)."""
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        limit = snapshot.budget.limit_watts or 1e9
+        limit = snapshot.budget.limit_w or 1e9
         high = limit >= 3000
         settings = {"b": (1410, None), "a": (1005, 150.0)} if high else {
             "b": (1005, 120.0), "a": (1410, None)
@@ -60,7 +60,7 @@ class SwapPolicy:
         for job in snapshot.jobs:
             clock, cap = settings[job.id.split("/")[1]]
             plans.append(JobPlan(job.id, 2, clock, 32, power_w=500.0, power_cap_w=cap))
-        return Plan(tuple(plans), limit_watts=limit, predicted_watts=1000.0)
+        return Plan(tuple(plans), limit_w=limit, predicted_w=1000.0)
 
 
 def operator(kubeconfig: Path) -> Operator:

@@ -40,7 +40,7 @@ class KeepPolicy:
             n = len(job.placement) if job.pinned else job.requested_gpus
             slots = job.placement or tuple(("n0", i) for i in range(n))
             plans.append(JobPlan(job.id, n, 1410, job.global_batch_size // n, slots))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=0.0)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=0.0)
 
 
 def body(status: dict[str, Any] | None = None, gpus: int = 4) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class PutOn:
             slots = job.placement or tuple((self.node, i) for i in range(n))
             clock = CLOCK[slots[0][0]]
             plans.append(JobPlan(job.id, n, clock, job.global_batch_size // n, slots))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=0.0)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=0.0)
 
 
 def body(status: dict[str, Any] | None = None) -> dict[str, Any]:

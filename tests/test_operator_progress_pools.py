@@ -82,7 +82,7 @@ class Keep:
         for job in snapshot.jobs:
             clock = CLOCK[types[job.placement[0][0]]]
             jobs.append(JobPlan(job.id, 8, clock, BATCH // 8, job.placement))
-        return Plan(tuple(jobs), limit_watts=1e9, predicted_watts=0.0)
+        return Plan(tuple(jobs), limit_w=1e9, predicted_w=0.0)
 
 
 def main_model(_req: JobRequest) -> PerfModel:

@@ -70,8 +70,8 @@ def test_parse_refuses_long_names() -> None:
 
 def test_budget() -> None:
     cfg = parse_budget({"eta": "0.5", "pMaxWatts": "300", "schedulingIntervalSeconds": "30"})
-    assert (cfg.budget.eta, cfg.budget.p_max_watts, cfg.interval_s) == (0.5, 300.0, 30.0)
-    assert parse_budget({"powerLimitWatts": "9000"}).budget.limit_watts == 9000.0
+    assert (cfg.budget.eta, cfg.budget.p_max_w, cfg.interval_s) == (0.5, 300.0, 30.0)
+    assert parse_budget({"powerLimitWatts": "9000"}).budget.limit_w == 9000.0
     for bad in ({}, {"eta": "2"}, {"eta": "x"}, {"powerLimitWatts": "-1"}, {"etta": "0.5"}):
         with pytest.raises(ResourceError):
             parse_budget(bad)
@@ -88,7 +88,7 @@ def test_budget_schedule_in_the_configmap() -> None:
         }
     )
     assert cfg.budget.eta == 0.7 and cfg.schedule is not None
-    assert cfg.at(8 * 3600.0).budget.limit_watts == 300.0
+    assert cfg.at(8 * 3600.0).budget.limit_w == 300.0
     assert cfg.at(8 * 3600.0).schedule is None
     assert cfg.at(20 * 3600.0).budget.eta == 0.7
     assert cfg.next_edge_s(9 * 3600.0) == 20 * 3600.0

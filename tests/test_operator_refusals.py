@@ -42,7 +42,7 @@ class Requested:
             n = job.requested_gpus
             slots = tuple((f"n{node}", i) for i in range(n))
             plans.append(JobPlan(job.id, n, 1410, job.global_batch_size // n, slots))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=0.0)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=0.0)
 
 
 def body(name: str, status: dict[str, Any] | None = None, generation: int = 1) -> dict[str, Any]:

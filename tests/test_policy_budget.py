@@ -10,7 +10,7 @@ from policy_cases import ZOO, job, nodes
 
 from powerflow.core.errors import DataError, SnapshotError
 from powerflow.core.gpus import A100
-from powerflow.core.policy.budget import limit_watts, resolve_limit_watts
+from powerflow.core.policy.budget import limit_w, resolve_limit_w
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, Snapshot
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy
@@ -18,30 +18,30 @@ from powerflow.lab.groundtruth import reference_power_w
 
 
 def test_absolute_limit_wins_over_eta() -> None:
-    assert resolve_limit_watts(Budget(eta=0.5, limit_watts=1234.0), 16, 300.0) == 1234.0
+    assert resolve_limit_w(Budget(eta=0.5, limit_w=1234.0), 16, 300.0) == 1234.0
 
 
 def test_eta_uses_all_gpus_and_the_given_p_max() -> None:
-    assert resolve_limit_watts(Budget(eta=0.5, p_max_watts=200.0), 16, 999.0) == 1600.0
-    assert resolve_limit_watts(Budget(eta=0.25), 8, 300.0) == 600.0
+    assert resolve_limit_w(Budget(eta=0.5, p_max_w=200.0), 16, 999.0) == 1600.0
+    assert resolve_limit_w(Budget(eta=0.25), 8, 300.0) == 600.0
 
 
 def test_no_eta_means_eta_one() -> None:
-    assert resolve_limit_watts(Budget(), 4, 250.0) == 1000.0
+    assert resolve_limit_w(Budget(), 4, 250.0) == 1000.0
 
 
 @pytest.mark.parametrize("eta", [-0.1, 1.01, math.nan])
 def test_eta_outside_unit_interval_is_refused(eta: float) -> None:
     with pytest.raises(SnapshotError, match="eta"):
-        resolve_limit_watts(Budget(eta=eta), 8, 300.0)
+        resolve_limit_w(Budget(eta=eta), 8, 300.0)
 
 
 @pytest.mark.parametrize(
-    "budget", [Budget(limit_watts=-1.0), Budget(limit_watts=math.inf), Budget(p_max_watts=0.0)]
+    "budget", [Budget(limit_w=-1.0), Budget(limit_w=math.inf), Budget(p_max_w=0.0)]
 )
 def test_nonsense_budgets_are_refused(budget: Budget) -> None:
     with pytest.raises(SnapshotError):
-        resolve_limit_watts(budget, 8, 300.0)
+        resolve_limit_w(budget, 8, 300.0)
 
 
 def test_reference_power_is_recomputed_from_the_shipped_profiles() -> None:
@@ -62,16 +62,16 @@ def test_p_max_is_the_gpu_types_constant_whatever_the_models_and_jobs() -> None:
     expected = 0.7 * 16 * A100.reference_power_w
     for jobs in queues:
         snap = Snapshot(nodes(2, 8), jobs, Budget(eta=0.7), now_s=0.0)
-        assert limit_watts(snap) == pytest.approx(expected, rel=1e-12)
-        assert PowerFlowPolicy().plan(snap).limit_watts == pytest.approx(expected, rel=1e-12)
+        assert limit_w(snap) == pytest.approx(expected, rel=1e-12)
+        assert PowerFlowPolicy().plan(snap).limit_w == pytest.approx(expected, rel=1e-12)
         for policy in (TiresiasPolicy(), GandivaPolicy(), AfsPolicy()):
-            assert policy.plan(snap).limit_watts == pytest.approx(expected, rel=1e-12)
+            assert policy.plan(snap).limit_w == pytest.approx(expected, rel=1e-12)
 
 
 def test_p_max_watts_overrides_the_reference_power() -> None:
-    snap = Snapshot(nodes(3, 4), (), Budget(eta=0.5, p_max_watts=250.0), now_s=0.0)
-    assert limit_watts(snap) == 0.5 * 12 * 250.0
-    assert PowerFlowPolicy().plan(snap).limit_watts == 0.5 * 12 * 250.0
+    snap = Snapshot(nodes(3, 4), (), Budget(eta=0.5, p_max_w=250.0), now_s=0.0)
+    assert limit_w(snap) == 0.5 * 12 * 250.0
+    assert PowerFlowPolicy().plan(snap).limit_w == 0.5 * 12 * 250.0
 
 
 def test_a_gpu_without_reference_power_uses_its_board_limit() -> None:
@@ -84,5 +84,5 @@ def test_a_gpu_without_reference_power_uses_its_board_limit() -> None:
 def test_powered_down_nodes_still_count_in_g() -> None:
     on = nodes(2, 4)
     off = tuple(type(n)(n.name, n.gpus, n.gpu, powered_on=False) for n in on)
-    budget = Budget(eta=0.5, p_max_watts=100.0)
-    assert limit_watts(Snapshot(off, (), budget, 0.0)) == limit_watts(Snapshot(on, (), budget, 0.0))
+    budget = Budget(eta=0.5, p_max_w=100.0)
+    assert limit_w(Snapshot(off, (), budget, 0.0)) == limit_w(Snapshot(on, (), budget, 0.0))

@@ -59,7 +59,7 @@ def test_a_tight_limit_runs_only_as_many_gpus_as_floor_caps_can_hold() -> None:
     plan = PowerFlowPolicy().plan(snapshot)
     # the models alone would fit all eight (about 55 W each): caps at 100 W could not
     assert sum(jp.gpus for jp in plan.jobs) == 8
-    assert _floor_w(snapshot, plan) <= plan.limit_watts
+    assert _floor_w(snapshot, plan) <= plan.limit_w
     # without caps (the paper's mode) nothing holds it anyway: no change there
     paper = PowerFlowPolicy(power_caps=False).plan(snapshot)
     assert sum(jp.gpus for jp in paper.jobs) == 16
@@ -79,7 +79,7 @@ def test_a_job_larger_than_floor_caps_can_hold_waits_and_says_why() -> None:
         and "(8 GPUs)" in note
         for note in plan.notes
     )
-    assert _floor_w(snapshot, plan) <= plan.limit_watts
+    assert _floor_w(snapshot, plan) <= plan.limit_w
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)
@@ -99,4 +99,4 @@ def test_floor_caps_and_idle_gpus_never_pass_the_limit(
     )
     plan = PowerFlowPolicy().plan(snapshot)
     if any(jp.gpus for jp in plan.jobs):
-        assert _floor_w(snapshot, plan) <= plan.limit_watts * (1 + 1e-9)
+        assert _floor_w(snapshot, plan) <= plan.limit_w * (1 + 1e-9)

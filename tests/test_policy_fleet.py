@@ -10,8 +10,8 @@ from policy_cases import ZOO, job, snapshots
 
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import A100, gpu_spec
-from powerflow.core.policy.budget import resolve_limit_watts
-from powerflow.core.policy.fleet import FleetPolicy, energy_delay, fleet_limit_watts, fleet_pools
+from powerflow.core.policy.budget import resolve_limit_w
+from powerflow.core.policy.fleet import FleetPolicy, energy_delay, fleet_limit_w, fleet_pools
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 from powerflow.lab.groundtruth import ground_truth
@@ -64,14 +64,14 @@ def test_pools_split_by_type_and_node_size_in_a_fixed_order() -> None:
 
 def test_the_limit_sums_each_types_g_times_p_max() -> None:
     pools = fleet_pools(mixed(2, 1))
-    limit, shares = fleet_limit_watts(Budget(eta=0.5), pools)
+    limit, shares = fleet_limit_w(Budget(eta=0.5), pools)
     assert limit == pytest.approx(0.5 * (8 * A100.p_max_w + 4 * H100.p_max_w))
     assert sum(shares) == pytest.approx(limit)
     assert H100.p_max_w > A100.p_max_w
-    fixed, parts = fleet_limit_watts(Budget(limit_watts=3000.0), pools)
+    fixed, parts = fleet_limit_w(Budget(limit_w=3000.0), pools)
     assert fixed == 3000.0 and sum(parts) == pytest.approx(3000.0)
     # Each part is what the same eta gives that pool alone.
-    assert shares[-1] == pytest.approx(resolve_limit_watts(Budget(eta=0.5), 4, H100.p_max_w))
+    assert shares[-1] == pytest.approx(resolve_limit_w(Budget(eta=0.5), 4, H100.p_max_w))
 
 
 def test_a_waiting_job_starts_on_the_type_with_the_lower_energy_delay_product() -> None:
@@ -141,17 +141,17 @@ def test_an_idle_pools_watts_go_to_the_busy_one_and_the_sum_stays_under_the_limi
     budget = Budget(eta=0.3)
     plan = FleetPolicy(PowerFlowPolicy).plan(Snapshot(cluster, jobs, budget, now_s=0.0))
     pools = fleet_pools(cluster)
-    limit, shares = fleet_limit_watts(budget, pools)
+    limit, shares = fleet_limit_w(budget, pools)
     h100_share = shares[[p.gpu for p in pools].index(H100)]
-    assert plan.limit_watts == pytest.approx(limit)
+    assert plan.limit_w == pytest.approx(limit)
     assert plan.powered_down_nodes == ("a0",)
-    assert h100_share < plan.predicted_watts <= limit + 1e-6
+    assert h100_share < plan.predicted_w <= limit + 1e-6
     # Planned alone with its share, the H100 pool would run its jobs slower.
     alone = PowerFlowPolicy().plan(
         Snapshot(
             cluster[1:],
             tuple(replace(j, model=j.models_by_gpu[1][1]) for j in jobs),
-            Budget(limit_watts=h100_share),
+            Budget(limit_w=h100_share),
             now_s=0.0,
         )
     )
@@ -183,7 +183,7 @@ def test_every_job_is_planned_once_and_within_one_pool() -> None:
         assert len({sizes[node] for node, _ in jp.placement}) <= 1
     slots = [slot for jp in plan.jobs for slot in jp.placement]
     assert len(slots) == len(set(slots))
-    assert plan.predicted_watts <= plan.limit_watts + 1e-6
+    assert plan.predicted_w <= plan.limit_w + 1e-6
 
 
 def test_the_watts_handed_out_are_counted_as_the_pools_plan_them_under_a_power_ratio() -> None:
@@ -197,5 +197,5 @@ def test_the_watts_handed_out_are_counted_as_the_pools_plan_them_under_a_power_r
     for ratio in (1.0, 1.25):
         snapshot = Snapshot(cluster, jobs, Budget(eta=0.6), now_s=0.0, power_ratio=ratio)
         plan = FleetPolicy(PowerFlowPolicy).plan(snapshot)
-        assert plan.predicted_watts * ratio <= plan.limit_watts + 1e-6
-        assert plan.predicted_watts * ratio > 0.9 * plan.limit_watts  # the watts are used
+        assert plan.predicted_w * ratio <= plan.limit_w + 1e-6
+        assert plan.predicted_w * ratio > 0.9 * plan.limit_w  # the watts are used

@@ -21,7 +21,7 @@ def test_greedy_average_jct_is_close_to_the_exhaustive_optimum(
         plan = policy.plan(snapshot)
         # The optimum may use as much power as the greedy did (the greedy may
         # exceed the limit by its stated slack), so the ratio is never below 1.
-        cap = max(plan.limit_watts, plan.predicted_watts)
+        cap = max(plan.limit_w, plan.predicted_w)
         ratios.append(plan_average_jct(snapshot, plan) / optimal_average_jct(snapshot, cap))
     r = np.asarray(ratios)
     summary = (

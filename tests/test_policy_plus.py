@@ -214,7 +214,7 @@ def test_short_first_clocks_raise_the_shorter_job_s_clock_first() -> None:
     plus = PowerFlowPolicy(short_first=1.0, short_first_clocks=True).plan(snapshot)
     assert plus.job("short").frequency_mhz > paper.job("short").frequency_mhz
     assert plus.job("long").frequency_mhz < paper.job("long").frequency_mhz
-    assert plus.predicted_watts <= plus.limit_watts
+    assert plus.predicted_w <= plus.limit_w
 
 
 @pytest.mark.parametrize(
@@ -241,7 +241,7 @@ def test_default_options_are_the_paper_s_greedy() -> None:
     assert off.plan(snapshot) == PowerFlowPolicy().plan(snapshot)
     clocks_alone = PowerFlowPolicy(short_first_clocks=True)  # nothing without an exponent
     assert clocks_alone.plan(snapshot) == PowerFlowPolicy().plan(snapshot)
-    assert np.isfinite(PowerFlowPolicy().plan(snapshot).predicted_watts)
+    assert np.isfinite(PowerFlowPolicy().plan(snapshot).predicted_w)
 
 
 def test_the_registry_builds_powerflow_plus_from_the_same_policy() -> None:

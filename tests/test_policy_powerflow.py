@@ -18,7 +18,7 @@ from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 from powerflow.lab.scenarios import SMALL_GPU
 
 POLICY = PowerFlowPolicy()
-AMPLE = Budget(limit_watts=1e9)
+AMPLE = Budget(limit_w=1e9)
 
 
 def snap(cluster: tuple[Node, ...], *jobs: Job, budget: Budget = AMPLE) -> Snapshot:
@@ -31,10 +31,10 @@ def test_a_job_starts_at_its_most_energy_efficient_clock() -> None:
     # Exactly the power of the job at its efficient clock plus three idle GPUs:
     # any raise would exceed the limit.
     limit = float(job_power(j, 1, 4, f_eff)) + 3 * A100.idle_power_w
-    plan = POLICY.plan(snap(nodes(1, 4), j, budget=Budget(limit_watts=limit)))
+    plan = POLICY.plan(snap(nodes(1, 4), j, budget=Budget(limit_w=limit)))
     assert A100.min_clock_mhz < f_eff < A100.max_clock_mhz
     assert (plan.job("a").gpus, plan.job("a").frequency_mhz) == (1, f_eff)
-    assert plan.predicted_watts == pytest.approx(limit)
+    assert plan.predicted_w == pytest.approx(limit)
 
 
 def test_ample_power_uses_gpus_while_they_help_and_the_top_clock() -> None:
@@ -52,14 +52,14 @@ def test_ample_power_uses_gpus_while_they_help_and_the_top_clock() -> None:
             nxt = j.model.step_time_s(m, min(m, 4), -(-j.global_batch_size // m), f_m)
             # A doubling that would have helped was left out only for want of GPUs.
             assert nxt >= now or n > free
-    assert plan.predicted_watts <= plan.limit_watts
+    assert plan.predicted_w <= plan.limit_w
 
 
 def test_zero_budget_runs_nothing_and_powers_everything_down() -> None:
     plan = POLICY.plan(snap(nodes(2, 4), job("a"), job("b"), budget=Budget(eta=0.0)))
     assert [jp.gpus for jp in plan.jobs] == [0, 0]
     assert plan.powered_down_nodes == ("n0", "n1")
-    assert plan.predicted_watts == 0.0
+    assert plan.predicted_w == 0.0
 
 
 def test_unused_nodes_are_powered_down_and_cost_nothing() -> None:
@@ -68,7 +68,7 @@ def test_unused_nodes_are_powered_down_and_cost_nothing() -> None:
     assert len(plan.powered_down_nodes) == 3
     jp = plan.job("a")
     busy = float(job_power(job("a"), 2, 8, jp.frequency_mhz))
-    assert plan.predicted_watts == pytest.approx(busy + 6 * A100.idle_power_w)
+    assert plan.predicted_w == pytest.approx(busy + 6 * A100.idle_power_w)
 
 
 def test_pinned_job_keeps_its_gpus_and_is_counted_first() -> None:
@@ -254,10 +254,10 @@ def test_clock_raises_are_undone_when_placement_powers_more_gpus_than_estimated(
         + 2 * A100.idle_power_w
     )
     limit = estimate + 500.0
-    plan = POLICY.plan(snap(nodes(3, 4), a, b, c, budget=Budget(limit_watts=limit)))
+    plan = POLICY.plan(snap(nodes(3, 4), a, b, c, budget=Budget(limit_w=limit)))
     assert plan.job("c").placement == tuple(("n2", i) for i in range(4))
     assert plan.powered_down_nodes == ()
-    assert plan.predicted_watts <= limit
+    assert plan.predicted_w <= limit
     # 500 W of head room minus 4 more idle GPUs: some raises survive.
     assert any(
         plan.job(j.id).frequency_mhz > efficient_clock(j, plan.job(j.id).gpus, 4, A100.clocks_mhz)

@@ -70,13 +70,13 @@ def test_counts_respect_min_max_memory_and_batch(
 @given(snapshots())
 def test_power_stays_within_the_stated_guarantee(snapshot: Snapshot) -> None:
     plan = PAPER.plan(snapshot)
-    slack = 1e-6 * max(1.0, plan.limit_watts)
+    slack = 1e-6 * max(1.0, plan.limit_w)
     if raised_any(snapshot, plan):
         # The clock phase only commits raises that keep the power within the limit.
-        assert plan.predicted_watts <= plan.limit_watts + slack
+        assert plan.predicted_w <= plan.limit_w + slack
     else:
-        bound = plan.limit_watts + fill_slack_w(snapshot)
-        assert plan.predicted_watts <= bound + slack
+        bound = plan.limit_w + fill_slack_w(snapshot)
+        assert plan.predicted_w <= bound + slack
 
 
 @FAST
@@ -111,14 +111,14 @@ def test_predicted_power_is_jobs_plus_idle_gpus_on_powered_nodes(snapshot: Snaps
             jobs_w += float(job.model.energy_per_iter_j(*args) / job.model.step_time_s(*args))
     on = len(snapshot.nodes) - len(plan.powered_down_nodes)
     idle = gpu.idle_power_w * (on * gpn - sum(jp.gpus for jp in plan.jobs))
-    assert abs(plan.predicted_watts - (jobs_w + idle)) <= 1e-6 * max(1.0, jobs_w + idle)
+    assert abs(plan.predicted_w - (jobs_w + idle)) <= 1e-6 * max(1.0, jobs_w + idle)
 
 
 @FAST
 @given(snapshots())
 def test_strict_power_never_exceeds_the_limit(snapshot: Snapshot) -> None:
     plan = STRICT.plan(snapshot)
-    assert plan.predicted_watts <= plan.limit_watts * (1 + 1e-9) + 1e-6
+    assert plan.predicted_w <= plan.limit_w * (1 + 1e-9) + 1e-6
 
 
 def _running(snapshot: Snapshot, plan: Plan, pin: Callable[[int], bool]) -> Snapshot:
@@ -213,9 +213,9 @@ def test_strict_power_with_measured_power_keeps_the_true_power_within_the_limit(
         for job in measured.jobs
         if plan.job(job.id).gpus
     )
-    target = plan.limit_watts / max(1.0, ratio) * (1 - margin)
+    target = plan.limit_w / max(1.0, ratio) * (1 - margin)
     assert true_w <= target * (1 + 1e-9) + 1e-6
-    assert abs(plan.predicted_watts - true_w) <= 1e-6 * max(1.0, true_w)  # it counted them
+    assert abs(plan.predicted_w - true_w) <= 1e-6 * max(1.0, true_w)  # it counted them
 
 
 @FAST
@@ -228,26 +228,26 @@ def test_caps_and_idle_gpus_sum_to_the_limit_and_cover_what_the_plan_counted(
     placed = [jp for jp in plan.jobs if jp.gpus]
     assert all(jp.power_w is not None for jp in placed)
     counted = sum(jp.power_w or 0.0 for jp in placed) + _idle_w(snapshot, plan)
-    assert abs(counted - plan.predicted_watts) <= 1e-6 * max(1.0, counted)
+    assert abs(counted - plan.predicted_w) <= 1e-6 * max(1.0, counted)
     capped = [jp for jp in placed if jp.power_cap_w is not None]
     if not capped:
-        left = plan.limit_watts - plan.predicted_watts
-        assert not placed or left >= headroom * plan.limit_watts
+        left = plan.limit_w - plan.predicted_w
+        assert not placed or left >= headroom * plan.limit_w
         return
     assert capped == placed  # all or none
     total = sum(jp.power_cap_w * jp.gpus for jp in capped if jp.power_cap_w)
     low = snapshot.nodes[0].gpu.min_power_limit_w or 0.0
     assert min(jp.power_cap_w or 0 for jp in capped) >= low  # what the node agent applies
     floors = sum(max(low * jp.gpus, jp.power_w or 0.0) for jp in capped)
-    if floors + _idle_w(snapshot, plan) <= plan.limit_watts:  # the boards allow the sum
+    if floors + _idle_w(snapshot, plan) <= plan.limit_w:  # the boards allow the sum
         # at most the limit, short of it only by the steps caps are rounded down to
         summed = total + _idle_w(snapshot, plan)
-        assert summed <= plan.limit_watts * (1 + 1e-9)
+        assert summed <= plan.limit_w * (1 + 1e-9)
         high = snapshot.nodes[0].gpu.max_power_w  # nor above the board's highest limit
         assert max(jp.power_cap_w or 0 for jp in capped) <= high
         if all((jp.power_cap_w or 0) < high for jp in capped):
             steps = (CAP_STEP_W + CAP_SLACK_W) * sum(jp.gpus for jp in capped)
-            assert summed >= plan.limit_watts - steps - 1e-6
+            assert summed >= plan.limit_w - steps - 1e-6
         assert all(
             # no cap held yet in these snapshots: at least what was counted, or the
             # board's highest limit

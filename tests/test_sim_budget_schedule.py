@@ -14,7 +14,7 @@ from powerflow.cli import main
 from powerflow.core.budget_schedule import parse_schedule_data
 from powerflow.core.gpus import A100
 from powerflow.core.learning import OracleLearner
-from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, Plan, Snapshot
 from powerflow.lab.schedulers import ORACLE, Configured
@@ -55,8 +55,8 @@ def test_the_simulator_plans_against_the_window_in_force_and_changes_at_its_edge
     # every plan was made against the budget in force at its time
     for snapshot, plan in policy.calls:
         assert snapshot.budget == schedule.budget_at(snapshot.now_s)
-        assert plan.limit_watts == pytest.approx(limit_watts(snapshot))
-        assert plan.predicted_watts <= plan.limit_watts * (1 + 1e-9)
+        assert plan.limit_w == pytest.approx(limit_w(snapshot))
+        assert plan.predicted_w <= plan.limit_w * (1 + 1e-9)
     # a call at each edge of the run, even within batch_s of the one before
     times = [s.now_s for s, _ in policy.calls]
     end = result.series.t_s[-1]
@@ -68,8 +68,8 @@ def test_the_simulator_plans_against_the_window_in_force_and_changes_at_its_edge
         assert edge in times
     # the series' limit follows the windows: low from 01:00, back up at 03:00
     series = result.series
-    low = [p.limit_watts for s, p in policy.calls if 1 * H <= s.now_s < 3 * H]
-    high = [p.limit_watts for s, p in policy.calls if 0.5 * H <= s.now_s < 1 * H]
+    low = [p.limit_w for s, p in policy.calls if 1 * H <= s.now_s < 3 * H]
+    high = [p.limit_w for s, p in policy.calls if 0.5 * H <= s.now_s < 1 * H]
     assert low and high and max(low) < 0.31 * min(high)
     at = {float(t): float(w) for t, w in zip(series.t_s, series.limit_w, strict=True)}
     assert at[1 * H] == pytest.approx(max(low)) and at[3 * H] > 3 * at[1 * H]
@@ -108,7 +108,7 @@ def test_simulate_cli_takes_a_schedule_file(
     row = json.loads(capsys.readouterr().out)
     assert row["eta"] == 0.9 and row["jobs"] > 0
     assert row["budget_schedule"] == "00:10-00:40 eta 0.3 (UTC)"
-    assert row["limit_watts"] == pytest.approx(0.3 * 64 * A100.p_max_w)  # the lowest
+    assert row["limit_w"] == pytest.approx(0.3 * 64 * A100.p_max_w)  # the lowest
 
 
 def test_simulate_cli_takes_the_budget_configmaps_data_as_kubectl_prints_it(
@@ -129,7 +129,7 @@ def test_simulate_cli_takes_the_budget_configmaps_data_as_kubectl_prints_it(
     assert main([*argv, "--oracle", "--json", "--budget-schedule", str(path)]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["budget_schedule"] == "00:10-00:40 eta 0.3 (UTC)"
-    assert row["limit_watts"] == pytest.approx(0.3 * 64 * 300)
+    assert row["limit_w"] == pytest.approx(0.3 * 64 * 300)
     path.write_text(json.dumps({**data, "schedulingIntervalSeconds": "0"}))
     assert main([*argv, "--budget-schedule", str(path)]) == 2
     assert "schedulingIntervalSeconds 0 must be > 0" in capsys.readouterr().err

@@ -243,7 +243,7 @@ def test_powerflow_keeps_the_budget_where_the_papers_check_passes_it(
     before = json.loads(capsys.readouterr().out)
     assert main(args) == 0
     after = json.loads(capsys.readouterr().out)
-    assert before["limit_watts"] == after["limit_watts"] == pytest.approx(0.6 * 4 * 300.1)
+    assert before["limit_w"] == after["limit_w"] == pytest.approx(0.6 * 4 * 300.1)
     assert before["time_above_limit_s"] > 3600 and before["max_overshoot_w"] > 0
     assert after["time_above_limit_s"] == 0.0 and after["max_overshoot_w"] == 0.0
     assert after["jobs"] == before["jobs"] == 6

@@ -222,7 +222,7 @@ def test_a_budget_below_the_cap_floor_is_listed_but_no_point_of_a_curve() -> Non
 
     series = Series(*(np.zeros(2) for _ in range(7)))
     flags = {
-        limit: RunOutcome(RunSpec("powerflow", 0.3), {"limit_watts": limit}, series).row()[
+        limit: RunOutcome(RunSpec("powerflow", 0.3), {"limit_w": limit}, series).row()[
             "below_cap_floor"
         ]
         for limit in (46_095.0, 51_199.0, 51_200.0, 61_460.0, None)

@@ -148,7 +148,7 @@ def test_power_above_the_limit_is_measured_in_time_energy_and_peak() -> None:
     res = _run([_job(0, 100.0, 2, 1000.0)], FixedPolicy(limit_w=500.0))
     over = 2 * POWER + 2 * IDLE - 500.0
     m = summarise(res)
-    assert m["limit_watts"] == 500.0
+    assert m["limit_w"] == 500.0
     assert m["time_above_limit_s"] == pytest.approx(500.0)
     assert m["energy_above_limit_j"] == pytest.approx(500.0 * over)
     assert m["max_overshoot_w"] == pytest.approx(over)
@@ -156,7 +156,7 @@ def test_power_above_the_limit_is_measured_in_time_energy_and_peak() -> None:
     within = summarise(_run([_job(0, 100.0, 2, 1000.0)], FixedPolicy(limit_w=700.0)))
     assert within["time_above_limit_s"] == 0.0
     assert within["energy_above_limit_j"] == within["max_overshoot_w"] == 0.0
-    assert summarise(_run([_job(0, 0.0, 1, 10.0)], FixedPolicy()))["limit_watts"] is None
+    assert summarise(_run([_job(0, 0.0, 1, 10.0)], FixedPolicy()))["limit_w"] is None
 
 
 def test_lower_clock_slows_the_job_in_proportion() -> None:

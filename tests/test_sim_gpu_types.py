@@ -64,8 +64,8 @@ def test_powerflow_on_h100_plans_h100_clocks_and_holds_the_budget(oracle: bool) 
     assert clocks <= set(H100.clocks_mhz)
     # the H100's range above the A100's top clock is used
     assert max(clocks) > A100.max_clock_mhz
-    assert metrics["limit_watts"] == pytest.approx(0.6 * CONFIG.total_gpus * H100.p_max_w)
-    assert metrics["peak_power_w"] <= metrics["limit_watts"]
+    assert metrics["limit_w"] == pytest.approx(0.6 * CONFIG.total_gpus * H100.p_max_w)
+    assert metrics["peak_power_w"] <= metrics["limit_w"]
     assert metrics["time_above_limit_s"] == 0.0
 
 

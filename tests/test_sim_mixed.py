@@ -201,7 +201,7 @@ def test_the_budget_is_the_sum_of_each_types_share_and_the_true_power_keeps_it(
     type's watts (``prior_on``)."""
     metrics = summarise(request.getfixturevalue(run)[0])
     limit = ETA * (16 * A100.p_max_w + 16 * H100.p_max_w)
-    assert metrics["limit_watts"] == pytest.approx(limit)
+    assert metrics["limit_w"] == pytest.approx(limit)
     assert metrics["time_above_limit_s"] == 0.0
     assert metrics["peak_power_w"] <= limit
 

@@ -58,7 +58,7 @@ class CappedPolicy(FixedPolicy):
         plan = super().plan(snapshot)
         cap = self.cap_w
         jobs = tuple(replace(jp, power_cap_w=cap if jp.gpus else None) for jp in plan.jobs)
-        return Plan(jobs, plan.limit_watts, plan.predicted_watts, plan.powered_down_nodes)
+        return Plan(jobs, plan.limit_w, plan.predicted_w, plan.powered_down_nodes)
 
 
 def _run(jobs: list[TraceJob], policy: FixedPolicy, profiling: Profiling = ORACLE) -> RunResult:

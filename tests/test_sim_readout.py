@@ -225,8 +225,8 @@ def test_na_without_dominance_says_no_run_dominates() -> None:
 
 def test_closing_lines_print_the_bound_the_window_budgets_and_one_line_per_baseline() -> None:
     rows = [
-        {**_row("powerflow", 10, 4.0, eta=0.4), "limit_watts": 61440.0, "window_s": 83000.0},
-        {**_row("powerflow", 20, 2.0, eta=1.0), "limit_watts": 153600.0, "window_s": 83000.0},
+        {**_row("powerflow", 10, 4.0, eta=0.4), "limit_w": 61440.0, "window_s": 83000.0},
+        {**_row("powerflow", 20, 2.0, eta=1.0), "limit_w": 153600.0, "window_s": 83000.0},
         _row("gandiva", 12, 9.0, frequency_mhz=1020),
         _row("tiresias", 50, 9.0, frequency_mhz=1020),
     ]

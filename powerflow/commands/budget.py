@@ -241,8 +241,8 @@ def level_values(args: argparse.Namespace) -> list[float]:
 def budget_levels(args: argparse.Namespace, p_max: float | None) -> list[Budget]:
     values = level_values(args)
     if args.watts is not None:
-        return [Budget(limit_watts=v, p_max_watts=p_max) for v in values]
-    return [Budget(eta=v, p_max_watts=p_max) for v in values]
+        return [Budget(limit_w=v, p_max_w=p_max) for v in values]
+    return [Budget(eta=v, p_max_w=p_max) for v in values]
 
 
 # ------------------------------------------------------------------- queues
@@ -387,7 +387,7 @@ def live_queue(
             notes.append(f"the budget ConfigMap is invalid ({exc}): no budget in force shown")
         else:
             current = budget.at(time.time()).budget
-            p_max = budget.budget.p_max_watts
+            p_max = budget.budget.p_max_w
     return queue, config, current, p_max, notes
 
 
@@ -461,8 +461,8 @@ def _row(p: Prediction, current: Budget | None) -> dict[str, Any]:
     return {
         "budget": p.label,
         "eta": p.budget.eta,
-        "power_limit_w": p.budget.limit_watts,
-        "limit_watts": p.limit_watts,
+        "power_limit_w": p.budget.limit_w,
+        "limit_w": p.limit_w,
         "avg_jct_s": p.avg_jct_s,
         "total_energy_j": p.total_energy_j,
         "completion_s": p.completion_s,
@@ -474,16 +474,16 @@ def prediction_table(
     predictions: Sequence[Prediction], title: str, current: Budget | None = None
 ) -> Table:
     """One row per budget; JCT and energy also relative to the most generous budget."""
-    base = max(predictions, key=lambda p: p.limit_watts)
+    base = max(predictions, key=lambda p: p.limit_w)
     table = Table(title=title)
     for name in ("budget", "limit (kW)", "avg JCT (h)", "vs top", "energy (kWh)", "vs top"):
         table.add_column(name, justify="right")
     table.add_column("queue done in (h)", justify="right")
-    for p in sorted(predictions, key=lambda p: p.limit_watts):
+    for p in sorted(predictions, key=lambda p: p.limit_w):
         label = p.label + (" (in force)" if p.budget == current else "")
         table.add_row(
             label,
-            f"{p.limit_watts / 1e3:,.1f}",
+            f"{p.limit_w / 1e3:,.1f}",
             f"{p.avg_jct_s / HOUR:.2f}",
             f"{(p.avg_jct_s / base.avg_jct_s - 1) * 100:+.1f}%",
             f"{p.total_energy_j / KWH:,.0f}",
@@ -502,8 +502,8 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ordered = sorted(predictions, key=lambda p: p.limit_watts)
-    x = [p.limit_watts / 1e3 for p in ordered]
+    ordered = sorted(predictions, key=lambda p: p.limit_w)
+    x = [p.limit_w / 1e3 for p in ordered]
     panels = (
         ("average JCT (h)", [p.avg_jct_s / HOUR for p in ordered], "tab:red"),
         ("total energy (kWh)", [p.total_energy_j / KWH for p in ordered], "tab:blue"),

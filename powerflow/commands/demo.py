@@ -69,7 +69,7 @@ SUMMARY_COLUMNS = (
     ("p99_jct_s", "p99 s", 1.0),
     ("total_energy_j", "energy MJ", 1e-6),
     ("idle_energy_j", "idle MJ", 1e-6),
-    ("limit_watts", "budget W", 1.0),
+    ("limit_w", "budget W", 1.0),
     ("rescales", "rescales", 1.0),
     ("restarts", "restarts", 1.0),
     ("wall_s", "wall s", 1.0),
@@ -206,10 +206,10 @@ def logs_to(path: Path) -> Iterator[None]:
 
 def budget_w(eta: float, nodes: int) -> float:
     """The operator's limit for the budget ConfigMap's ``eta`` (``policy.budget``)."""
-    from powerflow.core.policy.budget import resolve_limit_watts
+    from powerflow.core.policy.budget import resolve_limit_w
     from powerflow.core.policy.snapshot import Budget
 
-    return resolve_limit_watts(Budget(eta=eta), nodes * GPUS_PER_NODE, A100.p_max_w)
+    return resolve_limit_w(Budget(eta=eta), nodes * GPUS_PER_NODE, A100.p_max_w)
 
 
 def node_rows(gpus: Mapping[str, TwinGpus]) -> tuple[NodeRow, ...]:
@@ -319,7 +319,7 @@ def summary_rows(
         "total_energy_j": twin.active_energy_j + twin.idle_energy_j,
         "active_energy_j": twin.active_energy_j,
         "idle_energy_j": twin.idle_energy_j,
-        "limit_watts": limit_w if math.isfinite(limit_w) else None,
+        "limit_w": limit_w if math.isfinite(limit_w) else None,
         "restarts": twin.restarts,
         "wall_s": wall_s,
     }

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         raise checks.ArgumentError(
             f"--limit-watts must be > 0 and finite, got {args.limit_watts:g}"
         )
-    snapshot = demo_snapshot(Budget(eta=args.eta, limit_watts=args.limit_watts))
+    snapshot = demo_snapshot(Budget(eta=args.eta, limit_w=args.limit_watts))
     policy = PowerFlowPolicy(
         frequency_scaling=not args.no_frequency_scaling,
         elastic=not args.no_elastic,
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
 def plan_json(snapshot: Snapshot, plan: Plan) -> dict[str, Any]:
     return {
-        "limit_watts": plan.limit_watts,
-        "predicted_watts": plan.predicted_watts,
+        "limit_w": plan.limit_w,
+        "predicted_w": plan.predicted_w,
         "cluster_gpus": sum(n.gpus for n in snapshot.nodes),
         "jobs": [
             {
@@ -176,9 +176,9 @@ def print_plan(snapshot: Snapshot, plan: Plan, console: Console) -> None:
     console.print(table)
     used = sum(jp.gpus for jp in plan.jobs)
     total = sum(n.gpus for n in snapshot.nodes)
-    share = plan.predicted_watts / plan.limit_watts if plan.limit_watts else float("inf")
+    share = plan.predicted_w / plan.limit_w if plan.limit_w else float("inf")
     console.print(
-        f"predicted power {plan.predicted_watts:,.0f} W of limit {plan.limit_watts:,.0f} W "
+        f"predicted power {plan.predicted_w:,.0f} W of limit {plan.limit_w:,.0f} W "
         f"({share:.0%}); {used}/{total} GPUs busy"
     )
     down = ", ".join(plan.powered_down_nodes) or "none"

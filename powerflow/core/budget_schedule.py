@@ -148,8 +148,8 @@ class BudgetSchedule:
 
 
 def describe_budget(budget: Budget) -> str:
-    if budget.limit_watts is not None:
-        return f"powerLimitWatts {budget.limit_watts:g} W"
+    if budget.limit_w is not None:
+        return f"powerLimitWatts {budget.limit_w:g} W"
     if budget.eta is not None:
         return f"eta {budget.eta:g}"
     return "the default (eta 1, no power saving)"
@@ -157,7 +157,7 @@ def describe_budget(budget: Budget) -> str:
 
 def stops_every_job(budget: Budget) -> bool:
     """A zero budget (``powerLimitWatts`` 0, or ``eta`` 0 without it): valid, nothing runs."""
-    return budget.limit_watts == 0 or (budget.limit_watts is None and budget.eta == 0)
+    return budget.limit_w == 0 or (budget.limit_w is None and budget.eta == 0)
 
 
 def clock_text(second_of_day: int) -> str:
@@ -189,10 +189,10 @@ def check_budget(budget: Budget, where: str = "") -> None:
     """The ranges ``Budget``'s users rely on (``policy.budget``)."""
     if budget.eta is not None and not 0.0 <= budget.eta <= 1.0:
         raise BudgetError(f"{where}eta {budget.eta:g} outside [0, 1]")
-    if budget.limit_watts is not None and budget.limit_watts < 0:
-        raise BudgetError(f"{where}powerLimitWatts {budget.limit_watts:g} < 0")
-    if budget.p_max_watts is not None and budget.p_max_watts <= 0:
-        raise BudgetError(f"{where}pMaxWatts {budget.p_max_watts:g} must be > 0")
+    if budget.limit_w is not None and budget.limit_w < 0:
+        raise BudgetError(f"{where}powerLimitWatts {budget.limit_w:g} < 0")
+    if budget.p_max_w is not None and budget.p_max_w <= 0:
+        raise BudgetError(f"{where}pMaxWatts {budget.p_max_w:g} must be > 0")
 
 
 def parse_schedule_data(
@@ -210,9 +210,9 @@ def parse_schedule_data(
     if eta is None and limit is None:
         if default is None:
             raise BudgetError("set eta or powerLimitWatts")
-        base = default if p_max is None else replace(default, p_max_watts=p_max)
+        base = default if p_max is None else replace(default, p_max_w=p_max)
     else:
-        base = Budget(eta=eta, limit_watts=limit, p_max_watts=p_max)
+        base = Budget(eta=eta, limit_w=limit, p_max_w=p_max)
     check_budget(base)
     timezone = data.get("timezone", UTC)
     if not isinstance(timezone, str):
@@ -313,7 +313,7 @@ def _window(index: int, item: Any, default: Budget) -> BudgetWindow:
     if (eta is None) == (limit is None):
         raise BudgetError(f"{where}set exactly one of eta or powerLimitWatts")
     p_max = number(item, "pMaxWatts", where)
-    budget = Budget(eta, limit, default.p_max_watts if p_max is None else p_max)
+    budget = Budget(eta, limit, default.p_max_w if p_max is None else p_max)
     check_budget(budget, where)
     return BudgetWindow(start, end, budget)
 

@@ -97,4 +97,4 @@ def small_instance(rng: np.random.Generator) -> Snapshot:
         low += float(energy[best] / j.model.step_time_s(1, 1, j.global_batch_size, clocks[best]))
     high = gpus * SMALL_GPU.max_power_w
     limit = float(rng.uniform(low + layout[1] * SMALL_GPU.idle_power_w, high))
-    return Snapshot(nodes=nodes, jobs=jobs, budget=Budget(limit_watts=limit), now_s=600.0)
+    return Snapshot(nodes=nodes, jobs=jobs, budget=Budget(limit_w=limit), now_s=600.0)

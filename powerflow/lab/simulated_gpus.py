@@ -76,10 +76,10 @@ def _serialised(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatena
 class _Gpu:
     """Mutable state of one simulated GPU (private to ``SimulatedGpus``)."""
 
-    def __init__(self, info: GpuInfo, spec: GpuSpec, limit_w: float | None) -> None:
+    def __init__(self, info: GpuInfo, spec: GpuSpec, power_limit_w: float | None) -> None:
         self.info = info
         self.lock: tuple[int, int] | None = None
-        self.limit_w = limit_w
+        self.power_limit_w = power_limit_w
         self.workload: Workload | None = None
         self.truth: GroundTruth | None = None
         self.frequency_mhz = spec.min_clock_mhz
@@ -127,7 +127,7 @@ class SimulatedGpus:
             )
             for i in range(count)
         )
-        self._gpus = [_Gpu(info, gpu, self._default_limit_w()) for info in self._infos]
+        self._gpus = [_Gpu(info, gpu, self._default_power_limit_w()) for info in self._infos]
         self._closed = False
         for state in self._gpus:
             self._settle(state)
@@ -184,7 +184,7 @@ class SimulatedGpus:
         for state in self._gpus:
             state.energy_mj = 0.0
             state.lock = None
-            state.limit_w = self._default_limit_w()
+            state.power_limit_w = self._default_power_limit_w()
             self._settle(state)
 
     # -- GpuDevices ----------------------------------------------------------
@@ -216,8 +216,8 @@ class SimulatedGpus:
     def power_limit_w(self, gpu: int) -> float:
         state = self._state(gpu)
         self._range(state)
-        assert state.limit_w is not None
-        return state.limit_w
+        assert state.power_limit_w is not None
+        return state.power_limit_w
 
     @_serialised
     def power_limit_range_w(self, gpu: int) -> PowerLimitRangeW:
@@ -227,13 +227,13 @@ class SimulatedGpus:
     def set_power_limit_w(self, gpu: int, watts: float) -> None:
         state = self._state(gpu)
         check_power_limit(state.info.label, watts, self._range(state))
-        state.limit_w = round(watts * 1000.0) / 1000.0  # NVML takes whole mW
+        state.power_limit_w = round(watts * 1000.0) / 1000.0  # NVML takes whole mW
         self._settle(state)
 
     @_serialised
     def reset_power_limit(self, gpu: int) -> None:
         state = self._state(gpu)
-        state.limit_w = self._range(state).default_w
+        state.power_limit_w = self._range(state).default_w
         self._settle(state)
 
     @_serialised
@@ -260,7 +260,7 @@ class SimulatedGpus:
 
     # -- internals -----------------------------------------------------------
 
-    def _default_limit_w(self) -> float | None:
+    def _default_power_limit_w(self) -> float | None:
         return self._spec.max_power_w if self._spec.min_power_limit_w is not None else None
 
     def _range(self, state: _Gpu) -> PowerLimitRangeW:
@@ -297,7 +297,7 @@ class SimulatedGpus:
             state.frequency_mhz = min(ceiling, min([c for c in clocks if c >= lo] or [clocks[-1]]))
             state.power_w = spec.idle_power_w
             return
-        state.frequency_mhz = capped_clock_mhz(truth, w, clocks, hi, state.limit_w)
+        state.frequency_mhz = capped_clock_mhz(truth, w, clocks, hi, state.power_limit_w)
         state.power_w = (
             float(truth.power_w(w.n, w.gpus_per_node, w.local_batch_size, state.frequency_mhz))
             / w.n

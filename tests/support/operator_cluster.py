@@ -40,7 +40,7 @@ class FirstComePolicy:
             n = job.requested_gpus if job.requested_gpus <= free else 0
             free -= n
             plans.append(JobPlan(job.id, n, 1410, -(-job.global_batch_size // n) if n else 0))
-        return Plan(tuple(plans), limit_watts=1e9, predicted_watts=1.0)
+        return Plan(tuple(plans), limit_w=1e9, predicted_w=1.0)
 
 
 def models(job: JobRequest) -> SyntheticModel:

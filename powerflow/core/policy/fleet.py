@@ -22,8 +22,8 @@ the pools cannot decide alone:
   first; if it is still waiting there, to the next pool that has GPUs left
   after its own jobs, and so on.
 * **How the budget splits.** The admin sets one limit for the cluster:
-  ``limit_watts``, or ``eta x sum over pools of G_pool x P_max(type)`` (each
-  type's reference power, ``budget.resolve_limit_watts`` per pool, so the same
+  ``limit_w``, or ``eta x sum over pools of G_pool x P_max(type)`` (each
+  type's reference power, ``budget.resolve_limit_w`` per pool, so the same
   ``eta`` is the same watts as on each pool alone). Each pool is first planned
   with its share (its ``G x P_max`` part of the limit); then the watts a pool
   left unused go to the others, one pool at a time, each re-planned with the
@@ -51,7 +51,7 @@ import numpy as np
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import PerfModel
-from powerflow.core.policy.budget import resolve_limit_watts
+from powerflow.core.policy.budget import resolve_limit_w
 from powerflow.core.policy.snapshot import Budget, Job, JobPlan, Node, Plan, Policy, Snapshot
 
 PoolKey = tuple[str, int]
@@ -137,23 +137,19 @@ def energy_delay(job: Job, pool: FleetPool) -> float:
     return value if math.isfinite(value) and value > 0 else math.inf
 
 
-def fleet_limit_watts(
-    budget: Budget, pools: Sequence[FleetPool]
-) -> tuple[float, tuple[float, ...]]:
+def fleet_limit_w(budget: Budget, pools: Sequence[FleetPool]) -> tuple[float, tuple[float, ...]]:
     """The cluster's limit and each pool's share of it.
 
-    ``limit_watts`` is the limit as given; otherwise each pool's part is
-    ``resolve_limit_watts`` on that pool alone (``eta x G x P_max`` of its
-    type, or ``budget.p_max_watts`` when the admin set one for all). The
+    ``limit_w`` is the limit as given; otherwise each pool's part is
+    ``resolve_limit_w`` on that pool alone (``eta x G x P_max`` of its
+    type, or ``budget.p_max_w`` when the admin set one for all). The
     shares split the limit in proportion to ``G x P_max``.
     """
-    parts = [
-        resolve_limit_watts(replace(budget, limit_watts=None), p.gpus, p.gpu.p_max_w) for p in pools
-    ]
-    if budget.limit_watts is None:
+    parts = [resolve_limit_w(replace(budget, limit_w=None), p.gpus, p.gpu.p_max_w) for p in pools]
+    if budget.limit_w is None:
         return sum(parts), tuple(parts)
-    limit = resolve_limit_watts(budget, 0, 1.0)
-    weights = [p.gpus * (budget.p_max_watts or p.gpu.p_max_w) for p in pools]
+    limit = resolve_limit_w(budget, 0, 1.0)
+    weights = [p.gpus * (budget.p_max_w or p.gpu.p_max_w) for p in pools]
     total = sum(weights)
     return limit, tuple(limit * w / total for w in weights)
 
@@ -176,7 +172,7 @@ class FleetPolicy:
         if len(pools) <= 1:
             key = pools[0].key if pools else ("", 0)
             return self._policy(key).plan(snapshot)
-        limit, shares = fleet_limit_watts(snapshot.budget, pools)
+        limit, shares = fleet_limit_w(snapshot.budget, pools)
         prefs = {j.id: _preference(j, pools) for j in snapshot.jobs if not j.placement}
         members = _assign(snapshot.jobs, pools, prefs)
         plans = self._plan_all(snapshot, pools, members, shares)
@@ -203,7 +199,7 @@ class FleetPolicy:
         sub = Snapshot(
             nodes=pool.nodes,
             jobs=tuple(_on(job, pool.gpu) for job in jobs),
-            budget=Budget(limit_watts=max(0.0, limit_w)),
+            budget=Budget(limit_w=max(0.0, limit_w)),
             now_s=snapshot.now_s,
             power_ratio=snapshot.power_ratio,
         )
@@ -274,9 +270,9 @@ class FleetPolicy:
         for i in sorted(range(len(pools)), key=lambda i: (-hunger[i], i)):
             if hunger[i] == 0:
                 continue
-            others = sum(p.predicted_watts for j, p in enumerate(plans) if j != i)
+            others = sum(p.predicted_w for j, p in enumerate(plans) if j != i)
             room = limit - ratio * others
-            if room > ratio * plans[i].predicted_watts + 1e-9:
+            if room > ratio * plans[i].predicted_w + 1e-9:
                 plans[i] = self._plan_pool(snapshot, pools[i], members[pools[i].key], room)
         return plans
 
@@ -336,8 +332,8 @@ def _joined(plans: Sequence[Plan], limit: float) -> Plan:
     jobs: list[JobPlan] = [jp for plan in plans for jp in plan.jobs]
     return Plan(
         jobs=tuple(jobs),
-        limit_watts=limit,
-        predicted_watts=sum(plan.predicted_watts for plan in plans),
+        limit_w=limit,
+        predicted_w=sum(plan.predicted_w for plan in plans),
         powered_down_nodes=tuple(n for plan in plans for n in plan.powered_down_nodes),
         migrations=tuple(m for plan in plans for m in plan.migrations),
         notes=tuple(note for plan in plans for note in plan.notes),

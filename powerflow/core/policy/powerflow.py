@@ -16,13 +16,13 @@ One decision, start to finish:
 5. Placement (``placement.place_columns``: ``place`` on columns): exact GPUs
    with network packing, buddy blocks and stability; nodes to power down;
    migrations. A job placement cannot fit waits.
-6. The plan's ``predicted_watts`` is recomputed from the actual placement:
+6. The plan's ``predicted_w`` is recomputed from the actual placement:
    the placed jobs' ``E_iter / T_iter`` at their clocks (on the GPUs per node
    they actually got) plus idle power for every unallocated GPU on a node that
    is not powered down; powered-down nodes count zero.
 
 Power-limit guarantee for the returned plan (``L`` the limit, ``P`` its
-``predicted_watts``, ``g`` GPUs per node):
+``predicted_w``, ``g`` GPUs per node):
 
 * if the clock phase raised any job above its most energy-efficient clock,
   ``P <= L`` (with ``frequency_scaling`` off there is no clock phase and
@@ -45,7 +45,7 @@ Keeping the budget with wrong models (``power_loop.py``): all power above is
 the *counted* power, each job's prediction times its measured correction
 (``Job.measured_power_w``), and ``L`` the *planning* limit,
 ``limit / max(1, Snapshot.power_ratio) * (1 - power_margin)``; the plan's
-``limit_watts`` stays the admin's limit. Each placed job's ``JobPlan.power_w``
+``limit_w`` stays the admin's limit. Each placed job's ``JobPlan.power_w``
 is its counted power, and when the plan leaves less than ``cap_headroom`` of
 the admin's limit free (profiling sweeps at their peak), every placed job
 gets a per-GPU ``power_cap_w``, the caps and idle GPUs summing to the limit
@@ -92,7 +92,7 @@ from powerflow.core.errors import PlacementError, SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import FloatArray
 from powerflow.core.policy.allocation import PowerModel, allocate
-from powerflow.core.policy.budget import resolve_limit_watts
+from powerflow.core.policy.budget import resolve_limit_w
 from powerflow.core.policy.curves import Curves, curves_of
 from powerflow.core.policy.frequency import ClockRules, raise_clocks
 from powerflow.core.policy.greedy_kernels import Matrices
@@ -220,7 +220,7 @@ class PowerFlowPolicy:
             # Only progress changed since the last call (static.py).
             check_progress(jobs)
             part = last
-            limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+            limit_w = resolve_limit_w(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
         else:
             positions = index_of(inputs[0])
             index = None if last is None else last.matches(*inputs)
@@ -229,7 +229,7 @@ class PowerFlowPolicy:
             clocks = self.clocks(cluster.gpu)
             earlier = None if last is None or index is None else Previous(last.tables, index)
             tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, earlier)
-            limit = resolve_limit_watts(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
+            limit_w = resolve_limit_w(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
             carried = None if last is None or index is None else Carried(last, index)
             part = static_part(
                 jobs, cluster, inputs, clocks, tables, carried, options.correction, positions
@@ -242,7 +242,7 @@ class PowerFlowPolicy:
             cluster,
             part.clocks,
             curves,
-            limit,
+            limit_w,
             options,
             part.fix,
             part.pinned,
@@ -259,8 +259,8 @@ class _Decision:
     cluster: Cluster
     clocks: tuple[int, ...]
     curves: Curves
-    limit: float
-    """The admin's limit (the plan's ``limit_watts``)."""
+    limit_w: float
+    """The admin's limit (the plan's ``limit_w``)."""
     options: LoopOptions
     fix: Correction
     """Predicted power -> the power the plan counts (``power_loop``)."""
@@ -276,7 +276,7 @@ class _Decision:
         # Allocation and the clock phase work with the counted power (each job's
         # prediction times its measured correction) against the planning limit.
         self.curves = replace(self.curves, power_w=self.fix.efficient(self.curves.power_w))
-        plan_limit = planning_limit_w(self.limit, self.snapshot.power_ratio, self.options)
+        plan_limit_w = planning_limit_w(self.limit_w, self.snapshot.power_ratio, self.options)
         first = self.curves.tables.start
         eff = self.curves.efficient
         pinned = self.pinned
@@ -288,7 +288,7 @@ class _Decision:
             # caps at that floor can hold within the admin's limit (power_loop).
             gpu = self.cluster.gpu
             most = cappable_gpus(
-                self.limit,
+                self.limit_w,
                 gpu.min_power_limit_w or 0.0,
                 gpu.idle_power_w,
                 self.cluster.gpus_per_node,
@@ -299,7 +299,7 @@ class _Decision:
         power = PowerModel(
             gpus_per_node=self.cluster.gpus_per_node,
             idle_w=self.cluster.gpu.idle_power_w,
-            limit_w=plan_limit,
+            limit_w=plan_limit_w,
             free_gpus=free_gpus,
             base_gpus=base_gpus,
             base_nodes=len({node for i in pinned for node, _ in jobs[i].placement}),
@@ -315,8 +315,8 @@ class _Decision:
             unfinished[pinned] = False
             candidates = np.flatnonzero(unfinished)
         budget = self.snapshot.budget
-        p_max = budget.p_max_watts or self.cluster.gpu.p_max_w
-        eta = self.limit / (self.cluster.total_gpus * p_max)
+        p_max = budget.p_max_w or self.cluster.gpu.p_max_w
+        eta = self.limit_w / (self.cluster.total_gpus * p_max)
         returns = returns_of(
             floor_of(self.policy.min_return, self.policy.budget_price, eta),
             self.policy.rescale_cost_s * (1.0 + self.policy.rescale_margin),
@@ -365,7 +365,7 @@ class _Decision:
                 [c - low for c in start],
                 None,
                 alloc.power_w,
-                plan_limit,
+                plan_limit_w,
                 rules=ClockRules(
                     step=self.policy.frequency_step,
                     energy_aware=self.policy.energy_aware,
@@ -386,7 +386,7 @@ class _Decision:
             raises = (result.raised_rows, result.raised_from)
             predicted = result.power_w
         priced = _Power(matrices.power, low)
-        return self._place(rows, running, row_idx, priced, columns, raises, predicted, plan_limit)
+        return self._place(rows, running, row_idx, priced, columns, raises, predicted, plan_limit_w)
 
     def _place(
         self,
@@ -397,7 +397,7 @@ class _Decision:
         columns: list[int],
         raises: tuple[tuple[int, ...], tuple[int, ...]],
         predicted: float,
-        plan_limit: float,
+        plan_limit_w: float,
     ) -> Plan:
         """Place, price the placement, undo raises if it costs more.
 
@@ -462,7 +462,7 @@ class _Decision:
         idle_w = self.cluster.gpu.idle_power_w * (nodes_on * gpn - used)
 
         watts = idle_w + sum(values)
-        target = max(plan_limit, predicted)
+        target = max(plan_limit_w, predicted)
         undo = len(raises[0])
         while watts > target and undo:
             undo -= 1
@@ -496,7 +496,7 @@ class _Decision:
                 gpus,
                 peak[row_idx[where_idx]].tolist(),
                 watts,
-                self.limit,
+                self.limit_w,
                 self.options.cap_headroom,
                 self.cluster.gpu.min_power_limit_w or 0.0,
             )
@@ -539,8 +539,8 @@ class _Decision:
         self.policy.memo.plans = made
         return Plan(
             jobs=cast(tuple[JobPlan, ...], tuple(plans)),  # every job got one above
-            limit_watts=self.limit,
-            predicted_watts=watts,
+            limit_w=self.limit_w,
+            predicted_w=watts,
             powered_down_nodes=tuple(sorted(down)),
             migrations=tuple(result.migrations),
             notes=tuple(notes),
@@ -587,7 +587,7 @@ class _Decision:
                 ):
                     notes.append(
                         f"{job.id}: its smallest count, {smallest} GPUs, is more than caps at"
-                        f" the GPUs' lowest power limit can hold within the {self.limit:.0f} W"
+                        f" the GPUs' lowest power limit can hold within the {self.limit_w:.0f} W"
                         f" limit ({self.cappable} GPUs); it waits"
                     )
             plan = last.get(job.id)

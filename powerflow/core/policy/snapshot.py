@@ -85,16 +85,16 @@ class Job:
 class Budget:
     """The admin's power budget.
 
-    Precedence: an absolute ``limit_watts`` wins over ``eta``. With ``eta``
-    the limit is ``eta * G * p_max_watts`` (paper §5.2), ``G`` all GPUs of the
-    cluster; ``p_max_watts`` defaults to the GPU type's reference power
+    Precedence: an absolute ``limit_w`` wins over ``eta``. With ``eta``
+    the limit is ``eta * G * p_max_w`` (paper §5.2), ``G`` all GPUs of the
+    cluster; ``p_max_w`` defaults to the GPU type's reference power
     (``GpuSpec.p_max_w``). ``powerflow.core.policy.budget`` states the exact rule
     (neither given: ``eta = 1``).
     """
 
     eta: float | None = None
-    limit_watts: float | None = None
-    p_max_watts: float | None = None
+    limit_w: float | None = None
+    p_max_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,15 +147,15 @@ class Migration:
 class Plan:
     """A policy's decision for the whole cluster.
 
-    ``predicted_watts`` (PowerFlow): the placed jobs' predicted
+    ``predicted_w`` (PowerFlow): the placed jobs' predicted
     ``E_iter / T_iter`` at their clocks plus idle power for every unallocated
     GPU on a node not in ``powered_down_nodes``; powered-down nodes count zero.
-    ``limit_watts`` is the budget resolved by ``powerflow.core.policy.budget``.
+    ``limit_w`` is the budget resolved by ``powerflow.core.policy.budget``.
     """
 
     jobs: tuple[JobPlan, ...]
-    limit_watts: float
-    predicted_watts: float
+    limit_w: float
+    predicted_w: float
     powered_down_nodes: tuple[str, ...] = ()
     migrations: tuple[Migration, ...] = ()
     notes: tuple[str, ...] = field(default=())

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import FloatArray, PerfModel
-from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.snapshot import GpuSlot, Job, JobPlan, Migration, Node, Plan, Snapshot
 
 
@@ -407,7 +407,7 @@ class ModelMemo:
         return t, e
 
 
-def predicted_watts(
+def predicted_w(
     snapshot: Snapshot,
     jobs: Sequence[JobPlan],
     spec: GpuSpec,
@@ -449,11 +449,11 @@ def predicted_watts(
 class PlanWatts:
     """The running jobs of one plan, in plan order, with the watts of each that a
     memo already knows (None: not yet): ``total`` asks the models for the rest in
-    one grouped call and adds the cluster's power up (``predicted_watts``).
+    one grouped call and adds the cluster's power up (``predicted_w``).
 
     A wrapper that visits every running job anyway (Zeus) fills these lists in
     its own pass, with the watts it keeps beside its plans, rather than handing
-    the plan to ``predicted_watts`` for a second pass over the same jobs.
+    the plan to ``predicted_w`` for a second pass over the same jobs.
     """
 
     __slots__ = ("_known", "_memo", "by_plan", "clocks", "models", "running", "watts")
@@ -568,14 +568,14 @@ def finish(
     report it (none of them is power-capped).
     """
     watts = (
-        predicted_watts(snapshot, decided.jobs, spec, job_models(snapshot, decided.jobs), memo)
+        predicted_w(snapshot, decided.jobs, spec, job_models(snapshot, decided.jobs), memo)
         if priced is None
         else priced.total(snapshot, spec, shared)
     )
     return Plan(
         jobs=decided.jobs,
-        limit_watts=limit_watts(snapshot),
-        predicted_watts=watts,
+        limit_w=limit_w(snapshot),
+        predicted_w=watts,
         powered_down_nodes=(),
         migrations=decided.migrations,
     )
@@ -628,7 +628,7 @@ def job_plans(
     building one costs more than comparing its inputs. With ``priced``, each
     running plan goes into it with its job's model and the watts the memo
     knows, in the same pass (``finish`` then adds them up): what
-    ``predicted_watts`` would do in a second pass over the plans, which took
+    ``predicted_w`` would do in a second pass over the plans, which took
     a tenth of a Gandiva decision.
     """
     waits = memo.last(("waiting", clock))

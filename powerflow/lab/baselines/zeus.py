@@ -77,7 +77,7 @@ import numpy as np
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import FloatArray, PerfModel
-from powerflow.core.policy.budget import limit_watts
+from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.snapshot import JobPlan, Plan, Policy, Snapshot
 from powerflow.lab.baselines.common import (
     Decides,
@@ -302,8 +302,8 @@ class ZeusPolicy:
         for slot, job_id in priced:
             made[job_id] = (*made[job_id][:4], watts[slot])
         if isinstance(base, Plan):
-            return replace(base, jobs=tuple(jobs), predicted_watts=total)
-        return Plan(tuple(jobs), limit_watts(snapshot), total, (), base.migrations)
+            return replace(base, jobs=tuple(jobs), predicted_w=total)
+        return Plan(tuple(jobs), limit_w(snapshot), total, (), base.migrations)
 
     def _settings(
         self, run: list[JobPlan], models: dict[str, PerfModel], spec: GpuSpec

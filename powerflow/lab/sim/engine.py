@@ -299,7 +299,7 @@ class Simulation:
             raise SimulationError(f"plan names job(s) not schedulable now: {sorted(planned)[:3]}")
         self._powered_down = down
         self._switch_nodes(down)
-        self._limit_w = plan.limit_watts if math.isfinite(plan.limit_watts) else math.inf
+        self._limit_w = plan.limit_w if math.isfinite(plan.limit_w) else math.inf
         self._totals.lowest_limit_w = min(self._totals.lowest_limit_w, self._limit_w)
 
     def _switch_nodes(self, down: frozenset[str]) -> None:

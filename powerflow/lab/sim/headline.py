@@ -185,9 +185,9 @@ def headlines(
 def budget_line(rows: Sequence[Mapping[str, Any]]) -> str | None:
     """PowerFlow's power budget of each run, in watts (None without a PowerFlow run)."""
     parts = [
-        f"{knob_text(r)}: {r['limit_watts']:,.0f} W"
+        f"{knob_text(r)}: {r['limit_w']:,.0f} W"
         for r in rows
-        if r["scheduler"] == REFERENCE and main_run(r) and r.get("limit_watts") is not None
+        if r["scheduler"] == REFERENCE and main_run(r) and r.get("limit_w") is not None
     ]
     if not parts:
         return None

@@ -115,7 +115,7 @@ def summarise(result: RunResult, *, work_gpu_s: float | None = None) -> dict[str
         "prerun_energy_j": float(result.prerun_energy_j),
         "avg_power_w": float(cluster_j / makespan) if makespan > 0 else 0.0,
         "peak_power_w": float(power.max()),
-        "limit_watts": float(result.limit_w) if math.isfinite(result.limit_w) else None,
+        "limit_w": float(result.limit_w) if math.isfinite(result.limit_w) else None,
         "time_above_limit_s": float(result.above_limit_s),
         "max_overshoot_w": float(result.max_overshoot_w),
         "max_overshoot_pct": float(result.max_overshoot_pct),

@@ -36,7 +36,7 @@ COLUMNS = (
     ("prerun_energy_j", "pre-run (GJ)", 1e-9, 3),
     ("avg_power_w", "avg power (kW)", 1e-3, 1),
     ("peak_power_w", "peak power (kW)", 1e-3, 1),
-    ("limit_watts", "budget (W)", 1.0, 0),
+    ("limit_w", "budget (W)", 1.0, 0),
     ("time_above_limit_s", "above limit (h)", 1 / 3600, 2),
     ("max_overshoot_pct", "max over (%)", 1.0, 2),
     ("energy_above_limit_j", "over (MJ)", 1e-6, 1),

@@ -171,7 +171,7 @@ class RunOutcome:
         budget cannot keep the cluster's GPUs computing, so the run queues by design
         rather than trading clock for energy. Its row is reported, but it is no point
         of an equal-energy curve (``compare.curves``)."""
-        limit = self.metrics.get("limit_watts")
+        limit = self.metrics.get("limit_w")
         config = self.spec.config
         if config.mixed:
             pools = config.node_pools

@@ -53,10 +53,10 @@ class QueuedJob:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What the queue costs at one budget (``limit_watts``: the plan's, at the start)."""
+    """What the queue costs at one budget (``limit_w``: the plan's, at the start)."""
 
     budget: Budget
-    limit_watts: float
+    limit_w: float
     avg_jct_s: float
     total_energy_j: float
     completion_s: float
@@ -69,8 +69,8 @@ class Prediction:
 
 def budget_label(budget: Budget) -> str:
     """A budget as the what-if's table names it: ``60000 W`` or ``eta 0.6``."""
-    if budget.limit_watts is not None:
-        return f"{budget.limit_watts:g} W"
+    if budget.limit_w is not None:
+        return f"{budget.limit_w:g} W"
     return f"eta {1.0 if budget.eta is None else budget.eta:g}"
 
 
