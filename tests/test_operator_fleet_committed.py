@@ -25,12 +25,13 @@ from powerflow.operator.pass_snapshot import TypedModels
 from powerflow.operator.reconcile import reconcile
 from powerflow.operator.workers import WorkerSet, worker_pods
 from support.operator_pass import dljob_body, pass_inputs
+from support.plan_recorder import Recorder
 
 from powerflow.core.gpus import A100, GPU_SPECS, GpuSpec
 from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.priors import load_prior, prior_on
 from powerflow.core.models.protocol import PerfModel
-from powerflow.core.policy.snapshot import Node, Plan, Policy, Snapshot
+from powerflow.core.policy.snapshot import Node, Plan
 
 H100 = GPU_SPECS["H100-SXM"]
 NODES = (
@@ -40,18 +41,6 @@ NODES = (
 A100_MODEL = FittedModel(load_prior("resnet50"))
 H100_MODEL = FittedModel.on(prior_on(load_prior("resnet50"), H100), H100)
 BATCH, GPUS = 256, 4
-
-
-class Recorded:
-    """The operator's policy, keeping the last plan it made."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.plan_made: Plan | None = None
-
-    def plan(self, snapshot: Snapshot) -> Plan:
-        self.plan_made = self.policy.plan(snapshot)
-        return self.plan_made
 
 
 def body(name: str, status: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +94,7 @@ def model_on(_req: JobRequest, gpu: GpuSpec) -> PerfModel:
 
 
 def one_pass(observed: Observed) -> tuple[Plan, dict[str, Any]]:
-    policy = Recorded(fleet_of(default_policy()))
+    policy = Recorder(fleet_of(default_policy()))
     actions = reconcile(
         [observed],
         NODES,
@@ -115,9 +104,9 @@ def one_pass(observed: Observed) -> tuple[Plan, dict[str, Any]]:
         TypedModels(main_model, model_on),
         **pass_inputs(profiling_window_s=0.0, pool_labels=LABELS),
     )
-    assert policy.plan_made is not None
+    assert policy.plans
     patches = {name: patch for _, name, patch in actions.status_first + actions.status}
-    return policy.plan_made, patches
+    return policy.plans[-1], patches
 
 
 def test_a_waiting_job_of_the_same_shape_starts_on_the_a100s() -> None:
