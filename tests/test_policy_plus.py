@@ -29,6 +29,7 @@ from powerflow.core.schedulers import (
     PLUS_PROFILING,
     PLUS_RESCALE_COST_S,
     PLUS_RESCALE_MARGIN,
+    PLUS_SHORT_FIRST,
 )
 from powerflow.lab.schedulers import scheduler
 
@@ -261,6 +262,7 @@ def test_the_registry_builds_powerflow_plus_from_the_same_policy() -> None:
         budget_price=PLUS_BUDGET_PRICE,
         rescale_cost_s=PLUS_RESCALE_COST_S,
         rescale_margin=PLUS_RESCALE_MARGIN,
+        short_first=PLUS_SHORT_FIRST,
     )
     assert paper.configure(0.6).policy == PowerFlowPolicy()  # the paper's, untouched
 

@@ -167,13 +167,24 @@ def test_each_ratio_keeps_its_windows_column_and_equal_restarts_go_by_score(
     assert row[f"afs_over_plus_{TUNING_WINDOWS[0].name}_total_energy_j"] is None
 
 
-def test_the_defaults_are_the_setting_tuning_chose() -> None:
-    chosen = {
+def test_the_defaults_are_the_settings_the_three_grids_chose_in_turn() -> None:
+    # the knobs grid chose the price (with the margin that the short-first grid's
+    # reference keeps), the short-first grid the exponent and the final margin
+    reference = dict(plus_tuning.SHORT_FIRST_GRID[0].options)
+    first = {
         "budget_price": schedulers.PLUS_BUDGET_PRICE,
+        "rescale_margin": reference["rescale_margin"],
+        "short_first": reference["short_first"],
+    }
+    assert Setting("powerflow+", tuple(first.items())) in plus_tuning.GRID
+    last = {
+        "short_first": schedulers.PLUS_SHORT_FIRST,
         "rescale_margin": schedulers.PLUS_RESCALE_MARGIN,
     }
-    assert Setting("powerflow+", tuple(chosen.items())) in plus_tuning.GRID
+    assert Setting("powerflow+", tuple(last.items())) in plus_tuning.SHORT_FIRST_GRID
+    assert last["short_first"] > 0  # the factor is on in PowerFlow+
     policy = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6).policy
+    chosen = {"budget_price": schedulers.PLUS_BUDGET_PRICE, **last}
     assert {k: getattr(policy, k) for k in chosen} == chosen
 
 
@@ -206,12 +217,17 @@ def test_the_profiling_grid_runs_each_ladder_with_the_chosen_knobs_on_the_tuning
     assert len(plus) == len(plus_tuning.PROFILING_GRID) * len(plus_tuning.ETAS) * len(
         TUNING_WINDOWS
     )
-    # only profiling options: the policy's knobs stay the chosen ones
-    assert {k for s in plus for k, _ in s.policy_options} == set(runner.PROFILING_OPTIONS)
+    # profiling options, and the knobs the first grid chose (the short-first factor
+    # came after the ladder); the budget price stays PowerFlow+'s
+    reference = plus_tuning.SHORT_FIRST_GRID[0].options
+    for spec in plus:
+        profiling = {k for k, _ in spec.policy_options if k in runner.PROFILING_OPTIONS}
+        assert profiling == set(runner.PROFILING_OPTIONS)
+        assert {o for o in spec.policy_options if o[0] not in profiling} == set(reference)
     # today's PowerFlow+ profiling is one of the candidates, so the grid can confirm it
     current = schedulers.PLUS_PROFILING
     assert any(
-        dict(s.options)
+        {k: v for k, v in s.options if k in runner.PROFILING_OPTIONS}
         == {
             "prerun_s": current.prerun_s,
             "profile_s": current.profile_s,
@@ -289,15 +305,16 @@ def test_sweep_plus_tuning_grid_profiling_ranks_the_ladders(
     assert first != second
 
 
-def test_the_short_first_grid_holds_powerflow_plus_as_it_is_and_builds_each_variant() -> None:
+def test_the_short_first_grid_holds_powerflow_plus_and_its_reference_and_builds_each() -> None:
     grid = plus_tuning.grid_named("short-first")
     assert grid == plus_tuning.SHORT_FIRST_GRID
     configured = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6)
     built = [runner.with_options(configured, dict(s.options)).policy for s in grid]
-    assert built[0] == configured.policy  # exponent 0: PowerFlow+ unchanged, the reference
-    assert [p.short_first for p in built] == [0.0, 0.5, 1.0, 1.0]
-    assert [p.short_first_clocks for p in built] == [False, False, False, True]
-    # the other knobs stay PowerFlow+'s
-    assert {(p.budget_price, p.rescale_margin) for p in built} == {
-        (configured.policy.budget_price, configured.policy.rescale_margin)
-    }
+    # the reference: the factor off, at the first grid's margin
+    assert (built[0].short_first, built[0].rescale_margin) == (0.0, 2.0)
+    assert configured.policy in built  # PowerFlow+ as it runs is one of the settings
+    assert [p.short_first for p in built] == [0.0, 0.5, 0.5, 0.5, 1.0, 1.0]
+    assert [p.rescale_margin for p in built] == [2.0, 2.0, 4.0, 8.0, 2.0, 2.0]
+    assert [p.short_first_clocks for p in built] == [False] * 5 + [True]
+    # the budget price stays PowerFlow+'s
+    assert {p.budget_price for p in built} == {configured.policy.budget_price}

@@ -11,7 +11,8 @@ point each. Writes CSV, JSON and one PNG with three panels.
 ``plus-tuning``: PowerFlow+'s knob grid on the same windows, each setting scored by
 its average JCT against AFS's at equal energy (``powerflow.lab.sim.plus_tuning``);
 with ``--grid profiling``, its profiling ladders instead of its policy knobs; with
-``--grid short-first``, the short-first factor on its priorities (an experiment).
+``--grid short-first``, the short-first factor on its priorities and the rescale
+margin with it (the three grids run in that order, each with the earlier choices).
 
 ``ablation``: the comparison from the paper's setting to this evaluation's, one
 change at a time (``powerflow.lab.sim.ablation``).
@@ -54,7 +55,7 @@ def register(subparsers: Any) -> None:
         choices=plus_tuning.GRID_NAMES,
         default="knobs",
         help="plus-tuning: PowerFlow+'s policy knobs (default), its profiling ladders or"
-        " the short-first factor on its priorities",
+        " the short-first factor on its priorities (with the rescale margin)",
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument(

@@ -119,13 +119,19 @@ def _powerflow(**options: bool) -> Callable[[float | None], Policy]:
 
 PLUS_BUDGET_PRICE = 0.05
 """PowerFlow+'s floor on a step's priority grows by this times ``1 / eta - 1``
-(chosen on the tuning windows, as ``PLUS_RESCALE_MARGIN``)."""
+(chosen on the tuning windows first: ``powerflow sweep plus-tuning``; docs/policy.md,
+"Chosen on the tuning windows")."""
 PLUS_RESCALE_COST_S = 30.0
 """PowerFlow+'s checkpoint-restart estimate: the simulator's default ``restart_s``."""
-PLUS_RESCALE_MARGIN = 2.0
-"""PowerFlow+'s hysteresis: a rescale must gain three times its cost. With
-``PLUS_BUDGET_PRICE``, chosen on the tuning windows (``powerflow sweep plus-tuning``,
-``powerflow.lab.sim.plus_tuning``; docs/policy.md, "Chosen on the tuning windows")."""
+PLUS_RESCALE_MARGIN = 8.0
+"""PowerFlow+'s hysteresis: a rescale must gain nine times its cost. Chosen on the
+tuning windows with ``PLUS_SHORT_FIRST`` (``powerflow sweep plus-tuning --grid
+short-first``): the margins 2, 4 and 8 tie on the score and 8 restarts jobs least
+(docs/policy.md, "Short first")."""
+PLUS_SHORT_FIRST = 0.5
+"""The exponent of PowerFlow+'s short-first factor on a doubling's ``dJCT / dE``
+(``returns.py``): the best of 0, 0.5 and 1 on the tuning windows, after the budget
+price (chosen first, ``powerflow sweep plus-tuning``) and the profiling ladder."""
 
 
 def _powerflow_plus(_: float | None) -> Policy:
@@ -136,6 +142,7 @@ def _powerflow_plus(_: float | None) -> Policy:
         budget_price=PLUS_BUDGET_PRICE,
         rescale_cost_s=PLUS_RESCALE_COST_S,
         rescale_margin=PLUS_RESCALE_MARGIN,
+        short_first=PLUS_SHORT_FIRST,
     )
 
 

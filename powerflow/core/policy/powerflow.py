@@ -70,11 +70,10 @@ ablation isolates the energy term of the priority rather than the budget.
 
 PowerFlow+ (``powerflow+`` in ``powerflow.lab.schedulers``) is this policy with
 ``min_return``/``budget_price`` (a floor on the priority of a doubling or a
-clock raise) and ``rescale_cost_s``/``rescale_margin`` (a running job's
-checkpoint-restart inside its doubling priorities) set; ``returns.py`` states
-the rules. All four default to off, the paper's rules above, and so does
-``short_first`` (a factor favouring short jobs' doublings, an experiment that
-PowerFlow+ does not use; docs/policy.md, "Short first").
+clock raise), ``rescale_cost_s``/``rescale_margin`` (a running job's
+checkpoint-restart inside its doubling priorities) and ``short_first`` (a factor
+favouring short jobs' doublings) set; ``returns.py`` states the rules. All five
+default to off, the paper's rules above.
 """
 
 from __future__ import annotations
@@ -166,7 +165,7 @@ class PowerFlowPolicy:
     """PowerFlow+ hysteresis: the rescale cost is counted ``1 + rescale_margin`` times,
     so a running job changes its count only for a gain that beats it by that margin."""
     short_first: float = 0.0
-    """PowerFlow+ experiment: the exponent of the short-first factor on a doubling's
+    """PowerFlow+: the exponent of the short-first factor on a doubling's
     ``dJCT / dE``, ``(mean remaining / the job's remaining) ** short_first``
     (``returns.py``); 0: off."""
     short_first_clocks: bool = False

@@ -26,8 +26,8 @@ experiments behind them are in docs/policy.md, section "PowerFlow+".
   cost, the step out of it pays it (``greedy_kernels._doubling_key``), so a
   job grows only for a gain larger than a restart and is shrunk last.
   Counting it ``1 + margin`` times is the hysteresis against thrashing.
-* **Short first** (``short_first``, an exponent; an experiment, off by default
-  and in PowerFlow+: docs/policy.md, "Short first"). The ratio
+* **Short first** (``short_first``, an exponent; off by default, 0.5 in
+  PowerFlow+: docs/policy.md, "Short first"). The ratio
   ``dJCT / dE`` of a doubling (and with ``short_first_clocks`` of a raise)
   does not depend on how long the job has left: for a job that scales the
   same, doubling it saves a fraction of its remaining time for the same

@@ -16,11 +16,13 @@ a JCT-only objective at a fixed budget would not do: it never pays for less ener
 
     powerflow sweep plus-tuning              # the grid on the four tuning windows
     powerflow sweep plus-tuning --grid profiling   # its profiling ladders (PROFILING_GRID)
+    powerflow sweep plus-tuning --grid short-first # the short-first factor (SHORT_FIRST_GRID)
     powerflow sweep plus-tuning --quick      # the first 2 h of each, 8 nodes
 
 The chosen values are PowerFlow+'s defaults (``powerflow.core.schedulers``:
-``PLUS_BUDGET_PRICE``, ``PLUS_RESCALE_MARGIN``; ``PLUS_PROFILING``); docs/policy.md
-holds the tables these commands printed.
+``PLUS_BUDGET_PRICE``, ``PLUS_PROFILING``, ``PLUS_SHORT_FIRST`` and
+``PLUS_RESCALE_MARGIN``, chosen in that order, each grid with the earlier choices);
+docs/policy.md holds the tables these commands printed.
 """
 
 from __future__ import annotations
@@ -45,13 +47,15 @@ ETAS = (0.6, 1.0)
 BUDGET_PRICES = (0.0, 0.05, 0.1, 0.2)
 RESCALE_MARGINS = (0.0, 1.0, 2.0)
 GRID: tuple[Setting, ...] = tuple(
-    Setting(PLUS, (("budget_price", price), ("rescale_margin", margin)))
+    Setting(PLUS, (("budget_price", price), ("rescale_margin", margin), ("short_first", 0.0)))
     for price in BUDGET_PRICES
     for margin in RESCALE_MARGINS
 )
+"""PowerFlow+'s policy knobs, tuned first, without the short-first factor (chosen last,
+``SHORT_FIRST_GRID``)."""
 PROFILING_GRID: tuple[Setting, ...] = tuple(
     Setting(PLUS, options)
-    for options in (
+    for ladder in (
         # the paper's: a 240 s pre-run, then 240 s over 21 clocks from the bottom
         (("prerun_s", 240.0), ("profile_s", 240.0), ("sweep_stride", 4), ("sweep_lowest", 0.0)),
         # the paper's ladder without the pre-run
@@ -64,22 +68,28 @@ PROFILING_GRID: tuple[Setting, ...] = tuple(
         (("prerun_s", 0.0), ("profile_s", 69.0), ("sweep_stride", 8), ("sweep_lowest", 0.5)),
         (("prerun_s", 0.0), ("profile_s", 34.5), ("sweep_stride", 16), ("sweep_lowest", 0.5)),
     )
+    for options in ((*ladder, ("rescale_margin", 2.0), ("short_first", 0.0)),)
 )
-"""PowerFlow+'s profiling (``--grid profiling``), its policy knobs at their chosen values:
+"""PowerFlow+'s profiling (``--grid profiling``), tuned second: its budget price at its
+chosen value, the rescale margin and short-first factor as ``GRID`` chose them then:
 each ladder (every ``sweep_stride``-th clock from the top, down to ``sweep_lowest`` of
 the top clock) with the paper's 11.5 s slices per clock (``profile_s``), with and without
 the paper's offline pre-run (``prerun_s``). Scored as ``GRID`` is, on the same windows."""
 SHORT_FIRST_GRID: tuple[Setting, ...] = tuple(
     Setting(PLUS, options)
     for options in (
-        (("short_first", 0.0),),  # PowerFlow+ as it is
-        (("short_first", 0.5),),
-        (("short_first", 1.0),),
-        (("short_first", 1.0), ("short_first_clocks", True)),
+        (("short_first", 0.0), ("rescale_margin", 2.0)),  # the first two grids' choice
+        (("short_first", 0.5), ("rescale_margin", 2.0)),
+        (("short_first", 0.5), ("rescale_margin", 4.0)),
+        (("short_first", 0.5), ("rescale_margin", 8.0)),
+        (("short_first", 1.0), ("rescale_margin", 2.0)),
+        (("short_first", 1.0), ("rescale_margin", 2.0), ("short_first_clocks", True)),
     )
 )
-"""PowerFlow+ with the short-first factor on its doublings' ratios (``returns.py``), of
-exponent 0 (off), 0.5 and 1, and on its clock raises too (``--grid short-first``)."""
+"""PowerFlow+ with the short-first factor on its doublings' ratios (``returns.py``), tuned
+last: exponent 0 (off), 0.5 and 1, and on its clock raises too, at the rescale margin
+the first grid chose; and 0.5 with larger margins, which damp the rescales it adds
+(``--grid short-first``; the budget price and the profiling at their chosen values)."""
 GRID_NAMES = ("knobs", "profiling", "short-first")
 
 
