@@ -14,6 +14,7 @@ import pytest
 from powerflow.cli import main
 from powerflow.core import schedulers
 from powerflow.core.errors import SimulationError
+from powerflow.lab.schedulers import scheduler
 from powerflow.lab.sim import experiments, plus_tuning, runner
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.result import Series
@@ -318,3 +319,44 @@ def test_the_short_first_grid_holds_powerflow_plus_and_its_reference_and_builds_
     assert [p.short_first_clocks for p in built] == [False] * 5 + [True]
     # the budget price stays PowerFlow+'s
     assert {p.budget_price for p in built} == {configured.policy.budget_price}
+
+
+def test_powerflow_plus_counts_the_run_s_own_restart_cost() -> None:
+    plus = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6)
+    assert plus.policy.rescale_cost_s == SimConfig().restart_s  # the default: as built
+    assert runner.with_restart_estimate(plus, plus.policy.rescale_cost_s) is plus
+    dear = runner.with_restart_estimate(plus, 120.0)
+    assert dear.policy.rescale_cost_s == 120.0
+    assert dear.policy == runner.with_options(plus, {"rescale_cost_s": 120.0}).policy
+    assert dear.profiling == plus.profiling
+    # a study of a wrong estimate keeps its own
+    wrong = runner.with_options(plus, {"rescale_cost_s": 10.0})
+    assert runner.with_restart_estimate(wrong, 120.0, (("rescale_cost_s", 10.0),)) is wrong
+    # a policy that counts no restart (the paper's) and a baseline stay as they are
+    paper = schedulers.POWERFLOW_SCHEDULERS["powerflow"].configure(0.6)
+    assert runner.with_restart_estimate(paper, 120.0) is paper
+    afs = scheduler("afs").configure(1410.0)
+    assert runner.with_restart_estimate(afs, 120.0) is afs
+
+
+def test_a_run_with_dear_restarts_plans_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[float] = []
+    real = runner.Simulation
+
+    def recording(jobs: Any, configured: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(configured.policy.rescale_cost_s)
+        return real(jobs, configured, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "Simulation", recording)
+    config = SimConfig(nodes=2, restart_s=120.0)
+    runner.simulate(RunSpec("powerflow+", 0.6, TraceSpec(hours=0.05), config))
+    runner.simulate(
+        RunSpec(
+            "powerflow+",
+            0.6,
+            TraceSpec(hours=0.05),
+            config,
+            policy_options=(("rescale_cost_s", 5.0),),
+        )
+    )
+    assert seen == [120.0, 5.0]

@@ -230,7 +230,12 @@ def add_cluster_args(p: argparse.ArgumentParser, *, trace: bool = True) -> None:
         help=f"GPUs per node (1 to {MAX_GPUS_PER_NODE}; default {d.gpus_per_node})",
     )
     p.add_argument("--interval", type=float, default=d.interval_s, help="re-evaluation (s)")
-    p.add_argument("--restart-s", type=float, default=d.restart_s, help="checkpoint-restart (s)")
+    p.add_argument(
+        "--restart-s",
+        type=float,
+        default=d.restart_s,
+        help="checkpoint-restart (s), which PowerFlow+ also counts in its priorities",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="seed of noise and model draws")
     p.add_argument(
         "--paper-baselines",

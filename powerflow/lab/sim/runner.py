@@ -242,6 +242,7 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
     configured = scheduler(spec.scheduler).configure(spec.knob_value, oracle=spec.oracle)
     if spec.policy_options:
         configured = with_options(configured, dict(spec.policy_options))
+    configured = with_restart_estimate(configured, spec.config.restart_s, spec.policy_options)
     jobs = (
         load_jobs(spec.trace, spec.config, world)
         if world
@@ -258,6 +259,22 @@ def simulate(spec: RunSpec, world: World | None = None) -> RunResult:
         learner,
         budget_schedule=spec.budget_schedule,
     ).run()
+
+
+def with_restart_estimate(
+    configured: Configured, restart_s: float, options: tuple[tuple[str, Any], ...] = ()
+) -> Configured:
+    """``configured`` with a policy that counts checkpoint-restarts in its priorities
+    (PowerFlow+'s ``rescale_cost_s``) counting the run's own cost, ``restart_s``: an
+    operator is configured for its cluster, and a run with ``--restart-s`` should not
+    leave the policy believing the default. A ``rescale_cost_s`` in ``options`` (a study
+    of a wrong estimate) is kept, and a policy that counts none stays as it is."""
+    policy = configured.policy
+    cost = getattr(policy, "rescale_cost_s", 0.0)
+    if not cost or cost == restart_s or any(name == "rescale_cost_s" for name, _ in options):
+        return configured
+    rebuilt = dataclasses.replace(policy, rescale_cost_s=restart_s)  # type: ignore[type-var]
+    return dataclasses.replace(configured, policy=rebuilt)
 
 
 PROFILING_OPTIONS = ("prerun_s", "profile_s", "sweep_stride", "sweep_lowest")
