@@ -1,6 +1,6 @@
 """PowerFlow+'s settings scored on the tuning windows when a checkpoint-restart costs more.
 
-``powerflow sweep plus-tuning`` scores with the simulator's 30 s restart, the low end
+``powerflow sweep plus-tuning`` scores with the simulator's 30 s restart, the lower middle
 of published costs (Pollux: 15-120 s). A setting that restarts jobs more often (the
 short-first factor does) might win only because restarts are cheap there. This runs
 settings of the short-first grid (``plus_tuning.SHORT_FIRST_GRID``: by default the
