@@ -61,8 +61,10 @@ class RecordingPolicy(ThresholdPolicy):
         self.measured: list[dict[str, float | None]] = []
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        self.params.append({j.id: j.model.params for j in snapshot.jobs})  # type: ignore[attr-defined]
+        # The operator's thread appends while a test reads: measured first, so that a
+        # pass whose params a test sees has its measured power recorded too (same index).
         self.measured.append({j.id: j.measured_power_w for j in snapshot.jobs})
+        self.params.append({j.id: j.model.params for j in snapshot.jobs})  # type: ignore[attr-defined]
         return super().plan(snapshot)
 
 
@@ -168,7 +170,9 @@ async def test_the_fitted_model_is_in_status_and_a_restart_schedules_with_it(
             return policy.params[-1].get(f"{NS}/fit") == params
 
         await eventually(scheduled_with_fit)
-        watts = policy.measured[-1][f"{NS}/fit"]
+        # the first pass planned with the fit (a later one may be appending meanwhile)
+        first = next(i for i, p in enumerate(policy.params) if p.get(f"{NS}/fit") == params)
+        watts = policy.measured[first][f"{NS}/fit"]
         assert watts is not None and model["measuredPower"]["watts"] == round(watts, 2)
 
     restarted = RecordingPolicy()
