@@ -177,7 +177,14 @@ def test_the_defaults_are_the_settings_the_three_grids_chose_in_turn() -> None:
         "rescale_margin": reference["rescale_margin"],
         "short_first": reference["short_first"],
     }
-    assert Setting("powerflow+", tuple(first.items())) in plus_tuning.GRID
+    first_grid = Setting("powerflow+", (*first.items(), *plus_tuning.FIRST_LADDER))
+    assert first_grid in plus_tuning.GRID
+    # the first grid's ladder is one the profiling grid weighs against PowerFlow+'s own
+    ladders = [
+        tuple(o for o in s.options if o[0] in runner.PROFILING_OPTIONS)
+        for s in plus_tuning.PROFILING_GRID
+    ]
+    assert plus_tuning.FIRST_LADDER in ladders
     last = {
         "short_first": schedulers.PLUS_SHORT_FIRST,
         "rescale_margin": schedulers.PLUS_RESCALE_MARGIN,

@@ -122,7 +122,8 @@ PLUS_BUDGET_PRICE = 0.05
 (chosen on the tuning windows first: ``powerflow sweep plus-tuning``; docs/policy.md,
 "Chosen on the tuning windows")."""
 PLUS_RESCALE_COST_S = 30.0
-"""PowerFlow+'s checkpoint-restart estimate: the simulator's default ``restart_s``."""
+"""PowerFlow+'s checkpoint-restart estimate: the simulator's default ``restart_s`` (a
+simulated run counts its own ``restart_s`` instead: ``runner.with_restart_estimate``)."""
 PLUS_RESCALE_MARGIN = 8.0
 """PowerFlow+'s hysteresis: a rescale must gain nine times its cost. Chosen on the
 tuning windows with ``PLUS_SHORT_FIRST`` (``powerflow sweep plus-tuning --grid

@@ -46,13 +46,24 @@ ETAS = (0.6, 1.0)
 """Two budgets: PowerFlow+'s curve on each window spans the energies between them."""
 BUDGET_PRICES = (0.0, 0.05, 0.1, 0.2)
 RESCALE_MARGINS = (0.0, 1.0, 2.0)
+FIRST_LADDER: tuple[tuple[str, Any], ...] = (
+    ("prerun_s", 0.0),
+    ("profile_s", 69.0),
+    ("sweep_stride", 8),
+    ("sweep_lowest", 0.5),
+)
+"""The profiling ``GRID`` runs with: six clocks from 810 MHz over 69 s, no pre-run (the
+profiling grid, tuned second, chose ``PLUS_PROFILING`` among ladders including this)."""
 GRID: tuple[Setting, ...] = tuple(
-    Setting(PLUS, (("budget_price", price), ("rescale_margin", margin), ("short_first", 0.0)))
+    Setting(
+        PLUS,
+        (("budget_price", price), ("rescale_margin", margin), ("short_first", 0.0), *FIRST_LADDER),
+    )
     for price in BUDGET_PRICES
     for margin in RESCALE_MARGINS
 )
-"""PowerFlow+'s policy knobs, tuned first, without the short-first factor (chosen last,
-``SHORT_FIRST_GRID``)."""
+"""PowerFlow+'s policy knobs, tuned first: without the short-first factor (tuned last,
+``SHORT_FIRST_GRID``) and with ``FIRST_LADDER`` (the profiling is tuned second)."""
 PROFILING_GRID: tuple[Setting, ...] = tuple(
     Setting(PLUS, options)
     for ladder in (
@@ -71,7 +82,7 @@ PROFILING_GRID: tuple[Setting, ...] = tuple(
     for options in ((*ladder, ("rescale_margin", 2.0), ("short_first", 0.0)),)
 )
 """PowerFlow+'s profiling (``--grid profiling``), tuned second: its budget price at its
-chosen value, the rescale margin and short-first factor as ``GRID`` chose them then:
+chosen value, and ``GRID``'s choice of margin 2 with the factor off:
 each ladder (every ``sweep_stride``-th clock from the top, down to ``sweep_lowest`` of
 the top clock) with the paper's 11.5 s slices per clock (``profile_s``), with and without
 the paper's offline pre-run (``prerun_s``). Scored as ``GRID`` is, on the same windows."""

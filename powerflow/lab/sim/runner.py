@@ -265,10 +265,12 @@ def with_restart_estimate(
     configured: Configured, restart_s: float, options: tuple[tuple[str, Any], ...] = ()
 ) -> Configured:
     """``configured`` with a policy that counts checkpoint-restarts in its priorities
-    (PowerFlow+'s ``rescale_cost_s``) counting the run's own cost, ``restart_s``: an
-    operator is configured for its cluster, and a run with ``--restart-s`` should not
-    leave the policy believing the default. A ``rescale_cost_s`` in ``options`` (a study
-    of a wrong estimate) is kept, and a policy that counts none stays as it is."""
+    (PowerFlow+'s ``rescale_cost_s``) counting the simulated cluster's own cost,
+    ``restart_s``: a run with ``--restart-s`` should not leave the policy believing the
+    default. At 0 it counts none (its margin multiplies the cost, so no hysteresis
+    either). A ``rescale_cost_s`` in ``options`` (a study of a wrong estimate) is kept,
+    and a policy that counts none stays as it is. The operator's PowerFlow+ counts
+    ``PLUS_RESCALE_COST_S``."""
     policy = configured.policy
     cost = getattr(policy, "rescale_cost_s", 0.0)
     if not cost or cost == restart_s or any(name == "rescale_cost_s" for name, _ in options):
