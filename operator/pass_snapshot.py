@@ -26,6 +26,7 @@ from powerflow.operator.profiled import (
     profiled_on,
 )
 from powerflow.operator.records import filled
+from powerflow.operator.workers import pool_product_of
 
 from powerflow.core import contract
 from powerflow.core.gpus import GpuSpec
@@ -94,36 +95,10 @@ def _committed_gpu(
         if found is not None:
             return found
     for pod in pods:
-        product = _required_product(pod)
+        product = pool_product_of(pod)
         if product is not None:
             return product_types.get(product)
     return None
-
-
-def _required_product(pod: PodBody) -> str | None:
-    """The GPU product label the pod's required node affinity asks for (the last such
-    ``In`` expression of its first term: ``pool_affinity`` appends its own to each term),
-    or None. Read as untrusted: anything not of the API's shape is no requirement."""
-    node: object = (pod.get("spec") or {}).get("affinity")
-    for key in ("nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
-        node = node.get(key) if isinstance(node, dict) else None
-    terms = node.get("nodeSelectorTerms") if isinstance(node, dict) else None
-    first = terms[0] if isinstance(terms, list) and terms else None
-    found = None
-    expressions = first.get("matchExpressions") if isinstance(first, dict) else None
-    for expression in expressions if isinstance(expressions, list) else ():
-        if not isinstance(expression, dict):
-            continue
-        values = expression.get("values")
-        if (
-            expression.get("key") == contract.GPU_PRODUCT_LABEL
-            and expression.get("operator") == "In"
-            and isinstance(values, list)
-            and len(values) == 1
-            and isinstance(values[0], str)
-        ):
-            found = values[0]
-    return found
 
 
 def _is_profiling(v: _View, now_s: float) -> bool:

@@ -81,6 +81,33 @@ def pool_affinity(affinity: Any, product: str) -> dict[str, Any]:
     return out
 
 
+def pool_product_of(pod: PodBody) -> str | None:
+    """``pool_affinity`` read back: the GPU product label the pod's required node
+    affinity asks for (the last such ``In`` expression of its first term:
+    ``pool_affinity`` appends its own to each term), or None. Read as untrusted:
+    anything not of the API's shape is no requirement."""
+    node: object = (pod.get("spec") or {}).get("affinity")
+    for key in ("nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"):
+        node = node.get(key) if isinstance(node, dict) else None
+    terms = node.get("nodeSelectorTerms") if isinstance(node, dict) else None
+    first = terms[0] if isinstance(terms, list) and terms else None
+    found = None
+    expressions = first.get("matchExpressions") if isinstance(first, dict) else None
+    for expression in expressions if isinstance(expressions, list) else ():
+        if not isinstance(expression, dict):
+            continue
+        values = expression.get("values")
+        if (
+            expression.get("key") == contract.GPU_PRODUCT_LABEL
+            and expression.get("operator") == "In"
+            and isinstance(values, list)
+            and len(values) == 1
+            and isinstance(values[0], str)
+        ):
+            found = values[0]
+    return found
+
+
 def planned_block_annotation(slots: Iterable[tuple[str, int]]) -> str:
     """``contract.PLANNED_BLOCK_ANNOTATION``'s value: the placement annotation's form.
 

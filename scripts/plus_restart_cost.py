@@ -6,9 +6,9 @@ short-first factor does) might win only because restarts are cheap there. This r
 settings of the short-first grid (``plus_tuning.SHORT_FIRST_GRID``: by default the
 factor off, as the knobs grid chose, and PowerFlow+ as it runs) with ``--restart-s``
 seconds per restart, on the cluster and in PowerFlow+'s own estimate
-(``rescale_cost_s``), with AFS's clock sweep at the same cost, and scores them as the
-sweep does (``plus_tuning.score``). docs/policy.md, section "Short first", shows the
-command and its numbers.
+(``rescale_cost_s``, set by ``runner.with_restart_estimate``), with AFS's clock sweep
+at the same cost, and scores them as the sweep does (``plus_tuning.score``).
+docs/policy.md, section "Short first", shows the command and its numbers.
 
     .venv/bin/python scripts/plus_restart_cost.py --restart-s 120 --workers 2
 """
@@ -20,7 +20,6 @@ import argparse
 from powerflow.lab.sim import plus_tuning
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import run_many
-from powerflow.lab.sim.tuning import Setting
 
 
 def main() -> None:
@@ -33,10 +32,7 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2, help="processes")
     args = parser.parse_args()
-    picked = [plus_tuning.SHORT_FIRST_GRID[int(k)] for k in args.settings.split(",")]
-    grid = tuple(
-        Setting(s.scheduler, (*s.options, ("rescale_cost_s", args.restart_s))) for s in picked
-    )
+    grid = tuple(plus_tuning.SHORT_FIRST_GRID[int(k)] for k in args.settings.split(","))
     specs = plus_tuning.specs(SimConfig(restart_s=args.restart_s), grid=grid)
     outcomes = run_many(specs, workers=args.workers)
     print(f"restart {args.restart_s:g} s: AFS's average JCT over PowerFlow+'s at equal energy")
