@@ -226,3 +226,17 @@ def test_every_scheduler_has_one_colour_and_marker_across_every_figure(
     for name in ("powerflow", "gandiva", "gandiva+zeus-clock"):
         color, marker, _ = plots.STYLE[name]
         assert seen[name] == {(to_hex(color), marker)}
+
+
+def test_a_long_title_stays_inside_the_figure(figures: list[Figure]) -> None:
+    title = (
+        "elasticflow-itp-24h-1901jobs.csv without jobs longer than 24 h on 64 x 8 A100,"
+        " idle nodes off for all"
+    )
+    fig = plots.jct_vs_energy_figure(CROWDED, title)
+    figures.append(fig)
+    fig.canvas.draw()
+    box = fig.axes[0].title.get_window_extent()
+    frame = fig.bbox
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1
+    assert " ".join(fig.axes[0].get_title().split()).endswith(title)  # all of it, wrapped

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,8 @@ def jct_vs_energy_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figur
     models (held-out priors) and one per scheduler the oracle ran (dashed); the runs
     from their own models' priors are Fig. 10's."""
     fig, ax = plt.subplots(figsize=(11, 6), dpi=DPI)
-    ax.set_title(f"Average JCT against total energy: {title}", fontsize=10)
+    # Wrapped: on one line a long trace description runs off the figure's edge.
+    ax.set_title(textwrap.fill(f"Average JCT against total energy: {title}", 100), fontsize=10)
     _curves(ax, rows, ("fitted", "oracle"))
     return fig
 
