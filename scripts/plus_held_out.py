@@ -1,8 +1,8 @@
-"""AFS's average JCT over PowerFlow+'s at equal energy on the evaluation windows, with
-PowerFlow+'s policy options changed: the AFS row of ``powerflow simulate --held-out``
-for a PowerFlow+ variant, without the other baselines' runs.
+"""A baseline's average JCT over PowerFlow+'s at equal energy on the evaluation windows,
+with PowerFlow+'s policy options changed: the rows of ``powerflow simulate --held-out``
+for a PowerFlow+ variant, for the baselines ``--rivals`` names (AFS by default).
 
-Per evaluation window, AFS's clock sweep and PowerFlow+'s eta sweep (as ``--held-out``
+Per evaluation window, each rival's clock sweep and PowerFlow+'s eta sweep (as ``--held-out``
 runs them), and the ratio's mean over the energies both curves cover
 (``compare.jct_ratios``), at equal total and at equal in-window energy; then each
 run's average JCT, total and in-window energy and energy above the limit.
@@ -30,14 +30,22 @@ def main() -> None:
     parser.add_argument(
         "--option", action="append", default=[], help="a PowerFlow+ option, name=value (JSON)"
     )
+    parser.add_argument(
+        "--rivals", default="afs", help="baselines, comma-separated, each with its clock sweep"
+    )
     parser.add_argument("--workers", type=int, default=2, help="processes")
     args = parser.parse_args()
     options = tuple((k, json.loads(v)) for k, v in (o.split("=", 1) for o in args.option))
+    rivals = [r.strip() for r in args.rivals.split(",") if r.strip()]
     config = SimConfig()
     specs = []
     for window in EVALUATION_WINDOWS:
         trace = TraceSpec(window=window.name)
-        specs += [RunSpec("afs", float(f), trace, config) for f in DEFAULT_FREQUENCIES_MHZ]
+        specs += [
+            RunSpec(rival, float(f), trace, config)
+            for rival in rivals
+            for f in DEFAULT_FREQUENCIES_MHZ
+        ]
         specs += [
             RunSpec(PLUS, eta, trace, config, policy_options=options)
             for eta in scheduler(PLUS).sweep
@@ -46,10 +54,10 @@ def main() -> None:
     for window in EVALUATION_WINDOWS:
         mine = [o for o in outcomes if o.spec.trace.window == window.name]
         rows = [o.row() for o in mine]
-        ratios = {
-            e: jct_ratios(rows, e, reference=PLUS).get("afs", {}).get("mean") for e in ENERGIES
-        }
-        print(window.name, "AFS over PowerFlow+:", ratios, flush=True)
+        found = {e: jct_ratios(rows, e, reference=PLUS) for e in ENERGIES}
+        for rival in rivals:
+            ratios = {e: found[e].get(rival, {}).get("mean") for e in ENERGIES}
+            print(window.name, f"{rival} over PowerFlow+:", ratios, flush=True)
         for o in mine:
             m = o.metrics
             print(
