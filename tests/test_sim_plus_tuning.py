@@ -328,6 +328,18 @@ def test_the_short_first_grid_holds_powerflow_plus_and_its_reference_and_builds_
     assert {p.budget_price for p in built} == {configured.policy.budget_price}
 
 
+def test_the_tournament_grid_holds_powerflow_plus_and_builds_each() -> None:
+    grid = plus_tuning.grid_named("tournament")
+    assert grid == plus_tuning.TOURNAMENT_GRID
+    configured = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6)
+    built = [runner.with_options(configured, dict(s.options)).policy for s in grid]
+    assert built[0] == configured.policy  # the reference: PowerFlow+ as it runs
+    assert [p.tournament for p in built] == [False, True, True, True]
+    assert [p.short_first for p in built[1:]] == [0.0] * 3
+    assert [p.rescale_margin for p in built[1:]] == [2.0, 8.0, 32.0]
+    assert {p.budget_price for p in built} == {configured.policy.budget_price}
+
+
 def test_powerflow_plus_counts_the_run_s_own_restart_cost() -> None:
     plus = schedulers.POWERFLOW_SCHEDULERS["powerflow+"].configure(0.6)
     assert plus.policy.rescale_cost_s == SimConfig().restart_s  # the default: as built

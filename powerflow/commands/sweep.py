@@ -12,7 +12,8 @@ point each. Writes CSV, JSON and one PNG with three panels.
 its average JCT against AFS's at equal energy (``powerflow.lab.sim.plus_tuning``);
 with ``--grid profiling``, its profiling ladders instead of its policy knobs; with
 ``--grid short-first``, the short-first factor on its priorities and the rescale
-margin with it (the three grids run in that order, each with the earlier choices).
+margin with it (the three grids run in that order, each with the earlier choices);
+with ``--grid tournament``, AFS-L's tournament in place of its heap (an experiment).
 
 ``ablation``: the comparison from the paper's setting to this evaluation's, one
 change at a time (``powerflow.lab.sim.ablation``).
@@ -54,8 +55,9 @@ def register(subparsers: Any) -> None:
         "--grid",
         choices=plus_tuning.GRID_NAMES,
         default="knobs",
-        help="plus-tuning: PowerFlow+'s policy knobs (default), its profiling ladders or"
-        " the short-first factor on its priorities (with the rescale margin)",
+        help="plus-tuning: PowerFlow+'s policy knobs (default), its profiling ladders,"
+        " the short-first factor on its priorities (with the rescale margin) or AFS-L's"
+        " tournament in place of its heap",
     )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument(

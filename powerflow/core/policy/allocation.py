@@ -70,6 +70,8 @@ from powerflow.core.policy.greedy_kernels import (
     StepRules,
     allocate_steps,
     heap_arrays,
+    tournament_arrays,
+    tournament_steps,
 )
 from powerflow.core.policy.tables import IntArray
 
@@ -136,11 +138,16 @@ def allocate(
     elastic: bool,
     strict: bool = False,
     returns: Returns | None = None,
+    tournament: bool = False,
 ) -> Allocation:
     """Run the greedy over the ``candidates`` (job indices: unfinished, not pinned).
 
     ``returns`` (PowerFlow+) adds the rescale cost to the doubling keys and a
-    floor on their return; ``None`` is the paper's greedy.
+    floor on their return; ``None`` is the paper's greedy. ``tournament``: the
+    steps go to the winners of AFS-L's pairwise tournament instead of the heap's
+    (``greedy_kernels.tournament_steps``; elastic only, and the short-first
+    factor, a heap key, is not used), with the same power checks, floor and
+    rescale cost.
     """
     tables = curves.tables
     if returns is None:
@@ -150,33 +157,41 @@ def allocate(
         raise ValueError("allocate: a candidate is not a job of the tables")  # no bounds checks
     row = np.full(tables.start.size, -1, dtype=np.int64)
     order = np.empty(cand.size, dtype=np.int64)
-    n_order, allocated, jobs_w = allocate_steps(
-        Rows(tables.counts, curves.jct_s, curves.energy_j, curves.power_w),
-        JobSteps(tables.start, tables.sizes, curves.age_s, curves.tie_rank, returns.current),
-        cand,
-        StepRules(
-            bool(energy_aware),
-            bool(elastic),
-            bool(strict),
-            float(returns.restart_s),
-            float(returns.restart_w),
-            float(returns.min_ratio),
-            float(returns.short_first),
-            float(returns.short_ref_s),
-        ),
-        PowerState(
-            int(power.free_gpus),
-            int(power.base_gpus),
-            float(power.base_power_w),  # an int 0 without pinned jobs: one compiled signature
-            int(power.gpus_per_node),
-            int(power.base_nodes),
-            float(power.idle_w),
-            float(power.limit_w),
-        ),
-        row,
-        order,
-        heap_arrays(tables.start.size),
+    if tournament:
+        if not elastic:
+            raise ValueError("allocate: the tournament needs elastic allocation")
+        cand = cand[np.argsort(curves.tie_rank[cand], kind="stable")]  # FIFO
+    table = Rows(tables.counts, curves.jct_s, curves.energy_j, curves.power_w)
+    steps = JobSteps(tables.start, tables.sizes, curves.age_s, curves.tie_rank, returns.current)
+    rules = StepRules(
+        bool(energy_aware),
+        bool(elastic),
+        bool(strict),
+        float(returns.restart_s),
+        float(returns.restart_w),
+        float(returns.min_ratio),
+        float(returns.short_first),
+        float(returns.short_ref_s),
     )
+    state = PowerState(
+        int(power.free_gpus),
+        int(power.base_gpus),
+        float(power.base_power_w),  # an int 0 without pinned jobs: one compiled signature
+        int(power.gpus_per_node),
+        int(power.base_nodes),
+        float(power.idle_w),
+        float(power.limit_w),
+    )
+    if tournament:
+        scratch = tournament_arrays(cand.size)
+        n_order, allocated, jobs_w = tournament_steps(
+            table, steps, cand, rules, state, row, order, scratch
+        )
+    else:
+        heap = heap_arrays(tables.start.size)
+        n_order, allocated, jobs_w = allocate_steps(
+            table, steps, cand, rules, state, row, order, heap
+        )
     jobs = order[:n_order]
     job_rows = row[jobs]
     rows = dict(zip(jobs.tolist(), job_rows.tolist(), strict=True))

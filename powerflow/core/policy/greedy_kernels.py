@@ -344,6 +344,162 @@ def allocate_steps(
     return n_order, allocated, jobs_w
 
 
+class Tournament(NamedTuple):
+    """``tournament_steps``' scratch, per candidate (``tournament_arrays``): its
+    remaining time on the count it holds and on its first step, the GPUs of its
+    next step (``inf``: none left), and the two sides of AFS-L's inequality for
+    that step, per GPU."""
+
+    now: FloatArray
+    first: FloatArray
+    cost: FloatArray
+    gain_old: FloatArray
+    gain_new: FloatArray
+
+
+def tournament_arrays(n: int) -> Tournament:
+    """Scratch for ``tournament_steps`` over ``n`` candidates (see ``heap_arrays``)."""
+    return Tournament(np.empty(n), np.empty(n), np.empty(n), np.empty(n), np.empty(n))
+
+
+@njit
+def _left_s(j: int, r: int, table: Rows, jobs: JobSteps, restart_s: float) -> float:
+    """Job ``j``'s remaining time on row ``r``: its JCT there less its age, plus a
+    checkpoint-restart when it runs now on another count (``_doubling_key``'s cost)."""
+    left = table.jct[r] - jobs.age[j]
+    cur = jobs.current[j]
+    if restart_s > 0 and cur >= 0 and r != cur:
+        left += restart_s
+    return float(max(left, 1e-9))
+
+
+@njit
+def _next_step(
+    k: int,
+    j: int,
+    to: int,
+    table: Rows,
+    jobs: JobSteps,
+    rules: StepRules,
+    scratch: Tournament,
+) -> None:
+    """Candidate ``k`` (job ``j``, now on row ``to``)'s next doubling in ``scratch``:
+    its GPUs and AFS-L's gains per GPU, or no step (cost ``inf``) at its last row, for
+    a doubling that does not shorten its JCT, or one below the floor on ``dJCT / dE``
+    (``_doubling_key``: the rescale cost counted, the short-first factor not)."""
+    now, _, cost, gain_old, gain_new = scratch
+    nxt = to + 1
+    cost[k] = np.inf
+    if not rules.elastic or nxt >= jobs.start[j] + jobs.sizes[j]:
+        return
+    plain = StepRules(
+        rules.energy_aware,
+        rules.elastic,
+        rules.strict,
+        rules.restart_s,
+        rules.restart_w,
+        rules.min_ratio,
+        0.0,
+        0.0,
+    )
+    cls, value = _doubling_key(j, nxt, table, jobs.current, jobs.age, plain)
+    if cls == 3 or (rules.min_ratio > 0 and cls == 2 and -value < rules.min_ratio):
+        return
+    c = float(table.counts[nxt] - table.counts[to])
+    # Speeds as AFS-L writes them (``lab/baselines/kernels.afs_l_levels``).
+    s0 = 1.0 / now[k]
+    s1 = 1.0 / _left_s(j, nxt, table, jobs, rules.restart_s)
+    cost[k] = c
+    gain_old[k] = (s1 - s0) / s0 / c
+    gain_new[k] = (s1 - s0) / s1 / c
+
+
+@njit
+def tournament_steps(
+    table: Rows,
+    jobs: JobSteps,
+    candidates: IntArray,
+    rules: StepRules,
+    power: PowerState,
+    row: IntArray,
+    order: IntArray,
+    scratch: Tournament,
+) -> tuple[int, int, float]:
+    """Allocation by AFS-L's tournament (``allocation.py``, ``tournament``): the same
+    inputs, power checks and outputs as ``allocate_steps``, ``candidates`` in FIFO
+    (tie-rank) order.
+
+    Each round the incumbent meets every candidate whose next step fits the free
+    GPUs, in order: of two jobs, ``l`` the one with less time left on the count
+    it holds (none: infinite; equal: the incumbent) and ``h`` the other, ``l``
+    wins iff ``(s'_l - s_l) / s_l / c_l > (s'_h - s_h) / s'_h / c_h`` (``s``
+    its speed now, ``s'`` after the step of ``c`` GPUs); two jobs without GPUs:
+    the one that finishes sooner on its first step. The winner's step is taken
+    if the power check passes (as in ``allocate_steps``), else the job takes no
+    more steps. A doubling below ``rules.min_ratio`` (or that does not shorten
+    the JCT) ends the job's steps; first steps are never refused by the floor.
+    """
+    counts, power_w = table.counts, table.power
+    start, sizes = jobs.start, jobs.sizes
+    strict = rules.strict
+    free, allocated, jobs_w, gpn, base_nodes, idle_w, limit_w = power
+    now, first, cost, gain_old, gain_new = scratch
+    inf = np.inf
+    n = len(candidates)
+    for k in range(n):
+        j = candidates[k]
+        now[k] = inf
+        first[k] = inf
+        cost[k] = inf
+        gain_old[k] = inf
+        gain_new[k] = 0.0
+        if sizes[j] > 0:
+            first[k] = _left_s(j, start[j], table, jobs, rules.restart_s)
+            cost[k] = float(counts[start[j]])
+            gain_new[k] = 1.0 / cost[k]
+    n_order = 0
+    nodes = max(-(-allocated // gpn), base_nodes)
+    while free > 0:
+        best = -1
+        b_now = b_old = b_new = b_first = inf
+        for k in range(n):
+            if cost[k] > free:
+                continue
+            if best < 0:
+                take = True
+            elif now[k] < b_now:  # the challenger is the shorter job
+                take = gain_old[k] > b_new
+            elif b_now == inf:  # neither has GPUs
+                take = first[k] < b_first
+            else:  # the incumbent is the shorter job
+                take = not b_old > gain_new[k]
+            if take:
+                best = k
+                b_now, b_old, b_new, b_first = now[k], gain_old[k], gain_new[k], first[k]
+        if best < 0:
+            break
+        j = candidates[best]
+        frm = row[j]
+        to = frm + 1 if frm >= 0 else start[j]
+        step = counts[to] - (counts[frm] if frm >= 0 else 0)
+        new_jobs_w = jobs_w + power_w[to] - (power_w[frm] if frm >= 0 else 0.0)
+        new_allocated = allocated + step
+        new_nodes = max(-(-new_allocated // gpn), base_nodes)
+        if (strict or new_nodes > nodes) and (
+            new_jobs_w + idle_w * (new_nodes * gpn - new_allocated) > limit_w
+        ):
+            cost[best] = inf  # the job takes no more steps; a smaller one may still fit
+            continue
+        if frm < 0:
+            order[n_order] = j
+            n_order += 1
+        row[j], allocated, free, jobs_w = to, new_allocated, free - step, new_jobs_w
+        nodes = new_nodes
+        now[best] = _left_s(j, to, table, jobs, rules.restart_s)
+        _next_step(best, j, to, table, jobs, rules, scratch)
+    return n_order, allocated, jobs_w
+
+
 @njit
 def raise_steps(
     matrices: Matrices,

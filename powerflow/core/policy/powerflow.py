@@ -170,6 +170,12 @@ class PowerFlowPolicy:
     (``returns.py``); 0: off."""
     short_first_clocks: bool = False
     """With ``short_first``: the same factor on the clock raises' ratios."""
+    tournament: bool = False
+    """GPU steps go to the winners of AFS-L's pairwise tournament (shorter remaining
+    time first unless the longer job gains much more per GPU) instead of the heap
+    on ``dJCT / dE`` (``allocation.allocate``); the power checks, the floor and the
+    rescale cost stay, then the clock phase as always. Needs ``elastic``, and
+    excludes ``short_first`` (a heap key)."""
 
     def __post_init__(self) -> None:
         if self.frequency_step < 1:
@@ -189,6 +195,8 @@ class PowerFlowPolicy:
             )
         if (self.min_return > 0 or self.budget_price > 0) and not self.energy_aware:
             raise SnapshotError("a floor on returns (dJCT / dE) needs energy_aware")
+        if self.tournament and (not self.elastic or self.short_first > 0):
+            raise SnapshotError("the tournament needs elastic and no short_first")
 
     def loop_options(self) -> LoopOptions:
         return LoopOptions(
@@ -333,6 +341,7 @@ class _Decision:
             elastic=self.policy.elastic,
             strict=self.policy.strict_power,
             returns=returns,
+            tournament=self.policy.tournament,
         )
         # Each job's row (-1: it waits), the pinned ones first, then in allocation order
         # (the order of the notes of jobs placement leaves out).

@@ -17,6 +17,7 @@ a JCT-only objective at a fixed budget would not do: it never pays for less ener
     powerflow sweep plus-tuning              # the grid on the four tuning windows
     powerflow sweep plus-tuning --grid profiling   # its profiling ladders (PROFILING_GRID)
     powerflow sweep plus-tuning --grid short-first # the short-first factor (SHORT_FIRST_GRID)
+    powerflow sweep plus-tuning --grid tournament  # AFS-L's tournament (TOURNAMENT_GRID)
     powerflow sweep plus-tuning --quick      # the first 2 h of each, 8 nodes
 
 The chosen values are PowerFlow+'s defaults (``powerflow.core.schedulers``:
@@ -101,13 +102,29 @@ SHORT_FIRST_GRID: tuple[Setting, ...] = tuple(
 last: exponent 0 (off), 0.5 and 1, and on its clock raises too, at the rescale margin
 the first grid chose; and 0.5 with larger margins, which damp the rescales it adds
 (``--grid short-first``; the budget price and the profiling at their chosen values)."""
-GRID_NAMES = ("knobs", "profiling", "short-first")
+TOURNAMENT_GRID: tuple[Setting, ...] = (
+    Setting(PLUS, (("short_first", 0.5), ("rescale_margin", 8.0))),  # PowerFlow+ as it runs
+    *(
+        Setting(PLUS, (("tournament", True), ("short_first", 0.0), ("rescale_margin", margin)))
+        for margin in (2.0, 8.0, 32.0)
+    ),
+)
+"""PowerFlow+ with its GPU steps handed out by AFS-L's tournament instead of its heap
+(``PowerFlowPolicy.tournament``; the short-first factor, a heap key, off), at three
+rescale margins, against PowerFlow+ as it runs (``--grid tournament``: an experiment
+after the three grids above, with their choices; not adopted, docs/policy.md)."""
+GRID_NAMES = ("knobs", "profiling", "short-first", "tournament")
 
 
 def grid_named(name: str) -> tuple[Setting, ...]:
-    """``GRID`` (``knobs``), ``PROFILING_GRID`` (``profiling``) or ``SHORT_FIRST_GRID``
-    (``short-first``), read when asked."""
-    return {"knobs": GRID, "profiling": PROFILING_GRID, "short-first": SHORT_FIRST_GRID}[name]
+    """``GRID`` (``knobs``), ``PROFILING_GRID`` (``profiling``), ``SHORT_FIRST_GRID``
+    (``short-first``) or ``TOURNAMENT_GRID`` (``tournament``), read when asked."""
+    return {
+        "knobs": GRID,
+        "profiling": PROFILING_GRID,
+        "short-first": SHORT_FIRST_GRID,
+        "tournament": TOURNAMENT_GRID,
+    }[name]
 
 
 TIE = 0.005
