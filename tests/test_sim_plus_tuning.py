@@ -328,6 +328,29 @@ def test_the_short_first_grid_holds_powerflow_plus_and_its_reference_and_builds_
     assert {p.budget_price for p in built} == {configured.policy.budget_price}
 
 
+def test_sweep_plus_tuning_oracle_scores_powerflow_plus_with_the_ground_truth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--oracle``: PowerFlow+ schedules with the ground truth (no profiling) and its
+    oracle runs are the setting's curve, scored against AFS as the grid scores."""
+    monkeypatch.setattr(plus_tuning, "TOURNAMENT_GRID", plus_tuning.TOURNAMENT_GRID[:1])
+    monkeypatch.setattr(plus_tuning, "WINDOWS", TUNING_WINDOWS[:1])
+    monkeypatch.setattr(plus_tuning, "DEFAULT_FREQUENCIES_MHZ", (1110, 1410))
+    monkeypatch.setattr(experiments, "QUICK_HOURS", 0.5)
+    out = tmp_path / "out"
+    args = ["sweep", "plus-tuning", "--grid", "tournament", "--oracle", "--quick"]
+    assert main([*args, "--workers", "1", "--out", str(out)]) == 0
+    assert "tournament, oracle" in capsys.readouterr().out
+    with (out / "runs.csv").open() as f:
+        runs = [r for r in csv.DictReader(f) if r["scheduler"] == "powerflow+"]
+    assert len(runs) == len(plus_tuning.ETAS)
+    assert {(r["oracle"], r["profiling_phases"]) for r in runs} == {("True", "0")}
+    (row,) = json.loads((out / "plus_tuning.json").read_text())
+    assert row["score"] is not None  # the oracle runs were scored, not set apart
+    assert main(["sweep", "tuning", "--oracle", "--quick", "--out", str(tmp_path / "x")]) == 2
+    assert "--oracle is plus-tuning's, not tuning's" in capsys.readouterr().err
+
+
 def test_the_tournament_grid_holds_powerflow_plus_and_builds_each() -> None:
     grid = plus_tuning.grid_named("tournament")
     assert grid == plus_tuning.TOURNAMENT_GRID

@@ -59,6 +59,12 @@ def register(subparsers: Any) -> None:
         " the short-first factor on its priorities (with the rescale margin) or AFS-L's"
         " tournament in place of its heap",
     )
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="plus-tuning: PowerFlow+ schedules with the ground truth, as the baselines do"
+        " (what better models could gain at most)",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument(
         "--out",
@@ -76,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise checks.ArgumentError(f"--workers must be at least 1, got {args.workers}")
     if args.grid != "knobs" and args.study != "plus-tuning":
         raise checks.ArgumentError(f"--grid is plus-tuning's; {args.study} has one grid")
+    if args.oracle and args.study != "plus-tuning":
+        raise checks.ArgumentError(f"--oracle is plus-tuning's, not {args.study}'s")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     default_out = Path("results") / f"{args.study}-{stamp}"
     out = checks.output_folder(args.out or default_out, "--out" if args.out else "--out (default)")
@@ -155,7 +163,7 @@ def _tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
 def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     hours = experiments.QUICK_HOURS if args.quick else None
     grid = plus_tuning.grid_named(args.grid)
-    specs = plus_tuning.specs(config, hours=hours, grid=grid)
+    specs = plus_tuning.specs(config, hours=hours, grid=grid, oracle=args.oracle)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     output.write_csv(
         [{**o.row(), "setting": Setting(o.spec.scheduler, o.spec.policy_options).label}
@@ -173,7 +181,8 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     windows = ", ".join(w.name for w in plus_tuning.WINDOWS)
     etas = " and ".join(f"{e:g}" for e in plus_tuning.ETAS)
     table = Table(
-        title=f"powerflow+ ({args.grid}) at eta {etas} on the tuning windows ({windows}): "
+        title=f"powerflow+ ({args.grid}{', oracle' if args.oracle else ''}) at eta {etas}"
+        f" on the tuning windows ({windows}): "
         "AFS's average JCT over PowerFlow+'s at equal total | in-window energy"
     )
     table.add_column("setting")

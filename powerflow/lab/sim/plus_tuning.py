@@ -136,10 +136,16 @@ WINDOWS = TUNING_WINDOWS
 
 
 def specs(
-    config: SimConfig, *, hours: float | None = None, grid: Sequence[Setting] | None = None
+    config: SimConfig,
+    *,
+    hours: float | None = None,
+    grid: Sequence[Setting] | None = None,
+    oracle: bool = False,
 ) -> list[RunSpec]:
     """Every setting of ``grid`` at every eta, and AFS's clock sweep, on every tuning
-    window (``GRID`` by default); tagged (no comparison counts them)."""
+    window (``GRID`` by default); tagged (no comparison counts them). ``oracle``:
+    PowerFlow+ schedules with the ground truth, as the baselines do, and profiles
+    nothing (what better models could gain at most)."""
     grid = GRID if grid is None else grid
     out: list[RunSpec] = []
     for window in WINDOWS:
@@ -148,7 +154,7 @@ def specs(
             RunSpec(RIVAL, float(mhz), trace, config, tag=TAG) for mhz in DEFAULT_FREQUENCIES_MHZ
         ]
         out += [
-            RunSpec(PLUS, eta, trace, config, tag=TAG, policy_options=s.options)
+            RunSpec(PLUS, eta, trace, config, tag=TAG, policy_options=s.options, oracle=oracle)
             for s in grid
             for eta in ETAS
         ]
@@ -176,7 +182,9 @@ def score(outcomes: Sequence[RunOutcome], grid: Sequence[Setting] | None = None)
     mine: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for o in outcomes:
         window = o.spec.trace.window or ""
-        row = {**o.row(), "tag": ""}  # untagged, so that ``compare`` counts it
+        # Untagged, so that ``compare`` counts it; an oracle run (``specs(oracle=True)``)
+        # is the setting's curve here, so it is not set apart as one.
+        row = {**o.row(), "tag": "", "oracle": False}
         if o.spec.scheduler == RIVAL:
             rows.setdefault(window, []).append(row)
         elif o.spec.scheduler == PLUS:
