@@ -13,6 +13,8 @@ from powerflow.core.policy.curves import Curves, tie_ranks
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.tables import Tables
 from powerflow.lab.baselines.kernels import afs_l_levels
+from powerflow.lab.sim.config import SimConfig
+from powerflow.lab.sim.runner import RunSpec, TraceSpec, run_one
 
 
 def _curves(
@@ -88,8 +90,9 @@ def _levels(curves: Curves, candidates: list[int], power: PowerModel, **kw: obje
 
 
 def test_where_nothing_else_binds_the_tournament_is_afs_l() -> None:
-    """Random ladders (ties in remaining time included), GPUs short or plenty: each
-    job's level is what the AFS baseline's compiled rounds give it."""
+    """Random ladders (ties in remaining time included), first steps of 1, 2 or 4
+    GPUs, GPUs short or plenty: each job's level is what the AFS baseline's compiled
+    rounds give it on the same remaining times (the tables' JCT less the job's age)."""
     rng = np.random.default_rng(0)
     for _ in range(300):
         jobs = int(rng.integers(1, 12))
@@ -102,7 +105,9 @@ def test_where_nothing_else_binds_the_tournament_is_afs_l() -> None:
                 times.append(times[-1] * float(rng.choice([0.5, 0.6, rng.uniform(0.5, 0.99)])))
             ladders.append(times)
         free = int(rng.integers(1, 40))
-        curves = _curves(ladders)
+        first = [int(rng.choice([1, 1, 2, 4])) for _ in range(jobs)]
+        age = [float(rng.choice([0.0, rng.uniform(0, 500)])) for _ in range(jobs)]
+        curves = _curves(ladders, first=first, age=age)
         tables = curves.tables
         remaining = curves.jct_s - curves.age_s[tables.row_job]
         bounds = np.append(tables.start, tables.counts.size)
@@ -120,6 +125,10 @@ def test_a_step_over_the_power_limit_ends_that_job_and_others_go_on() -> None:
     # draw 650 W.
     assert _levels(curves, [0, 1], _power(8, limit_w=1e12)) == [2, 0]
     assert _levels(curves, [0, 1], _power(8, limit_w=560.0)) == [1, 0]
+    # After the refusal the rounds go on: the second job's doubling (to 2 GPUs, 600 W
+    # with the others) still fits under 660 W, and the third job's first step does not.
+    three = _curves([[100.0, 50.0, 25.0], [1000.0, 600.0], [2000.0]], power_per_gpu=100.0)
+    assert _levels(three, [0, 1, 2], _power(8, limit_w=660.0)) == [1, 1, 0]
 
 
 def test_the_floor_ends_a_job_s_doublings_but_never_refuses_a_first_step() -> None:
@@ -136,15 +145,26 @@ def test_the_floor_ends_a_job_s_doublings_but_never_refuses_a_first_step() -> No
 
 
 def test_the_rescale_cost_keeps_a_running_job_on_its_count() -> None:
-    """Job 0 runs on 2 GPUs (row 1). With 6 GPUs, AFS-L alone would move it to 4 and
-    give job 1 two; a restart of 300 s makes the move to 4 (and job 1's start on
-    2) lose against staying."""
+    """Job 0 runs on 2 GPUs (row 1). With 6 GPUs, AFS-L alone would move it to 4; a
+    restart of 300 s makes the move (its doubling from 2 to 4 now saves less than the
+    restart) lose against staying on 2."""
     ladders = [[1000.0, 600.0, 400.0], [1000.0, 600.0]]
     curves = _curves(ladders)
     assert _levels(curves, [0, 1], _power(6)) == [2, 1]
     current = np.asarray([1, -1], dtype=np.int64)
     rules = Returns(current, restart_s=300.0, restart_w=50.0)
     assert _levels(curves, [0, 1], _power(6), returns=rules) == [1, 1]
+
+
+def test_a_restart_counts_in_the_remaining_times_the_rounds_compare() -> None:
+    """One free GPU, two first steps: job 0 (1,000 s left on 1 GPU) would win it over
+    job 1 (1,050 s), but it runs on 2 GPUs now, so on 1 it first pays a 100 s restart
+    and job 1, the shorter then, wins."""
+    curves = _curves([[1000.0, 600.0], [1050.0]])
+    assert _levels(curves, [0, 1], _power(1)) == [0, -1]
+    current = np.asarray([1, -1], dtype=np.int64)
+    rules = Returns(current, restart_s=100.0, restart_w=50.0)
+    assert _levels(curves, [0, 1], _power(1), returns=rules) == [-1, 0]
 
 
 def test_the_option_needs_elastic_allocation_and_no_short_first() -> None:
@@ -156,3 +176,18 @@ def test_the_option_needs_elastic_allocation_and_no_short_first() -> None:
     curves = _curves([[10.0]])
     with pytest.raises(ValueError, match="tournament"):
         allocate(curves, [0], _power(8), energy_aware=True, elastic=False, tournament=True)
+
+
+def test_powerflow_plus_runs_with_the_tournament_and_it_changes_its_plans() -> None:
+    """The option reaches the allocation: PowerFlow+ with the tournament (as
+    ``plus-tuning --grid tournament`` runs it) schedules the same jobs otherwise than
+    with its heap, within its limit."""
+    trace, config = TraceSpec(hours=1.0), SimConfig(nodes=4)
+    heap = (("short_first", 0.0),)
+    rows = [
+        run_one(RunSpec("powerflow+", 0.6, trace, config, policy_options=options)).row()
+        for options in (heap, (*heap, ("tournament", True)))
+    ]
+    assert rows[0]["jobs"] == rows[1]["jobs"] > 0
+    assert rows[0]["avg_jct_s"] != rows[1]["avg_jct_s"]
+    assert [r["time_above_limit_s"] for r in rows] == [0.0, 0.0]

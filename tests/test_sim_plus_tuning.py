@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -340,7 +341,9 @@ def test_sweep_plus_tuning_oracle_scores_powerflow_plus_with_the_ground_truth(
     out = tmp_path / "out"
     args = ["sweep", "plus-tuning", "--grid", "tournament", "--oracle", "--quick"]
     assert main([*args, "--workers", "1", "--out", str(out)]) == 0
-    assert "tournament, oracle" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "tournament, oracle" in printed
+    assert "with the ground truth: best" in printed and "chosen" not in printed
     with (out / "runs.csv").open() as f:
         runs = [r for r in csv.DictReader(f) if r["scheduler"] == "powerflow+"]
     assert len(runs) == len(plus_tuning.ETAS)
@@ -349,6 +352,17 @@ def test_sweep_plus_tuning_oracle_scores_powerflow_plus_with_the_ground_truth(
     assert row["score"] is not None  # the oracle runs were scored, not set apart
     assert main(["sweep", "tuning", "--oracle", "--quick", "--out", str(tmp_path / "x")]) == 2
     assert "--oracle is plus-tuning's, not tuning's" in capsys.readouterr().err
+
+
+def test_score_refuses_oracle_and_fitted_runs_of_powerflow_plus_together() -> None:
+    trace = TraceSpec(window=TUNING_WINDOWS[0].name)
+
+    def run(oracle: bool) -> Any:
+        spec = RunSpec(plus_tuning.PLUS, 0.6, trace, SimConfig(), oracle=oracle)
+        return SimpleNamespace(spec=spec, row=lambda: {"restarts": 0})
+
+    with pytest.raises(ValueError, match="all oracle runs or none"):
+        plus_tuning.score([run(True), run(False)])
 
 
 def test_the_tournament_grid_holds_powerflow_plus_and_builds_each() -> None:

@@ -199,7 +199,9 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
         score = "n/a" if s.score is None else f"{s.score:.3f}"
         table.add_row(s.setting.label, score, f"{s.restarts:,}", *cells)
     console.print(table)
-    if scored:
+    if scored and args.oracle:
+        console.print(f"powerflow+ with the ground truth: best {scored[0].setting.label}")
+    elif scored:
         console.print(f"powerflow+: chosen {scored[0].setting.label}")
     console.print(f"wrote 3 files to {out}/")
     return 0

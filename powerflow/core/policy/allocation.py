@@ -158,8 +158,8 @@ def allocate(
     row = np.full(tables.start.size, -1, dtype=np.int64)
     order = np.empty(cand.size, dtype=np.int64)
     if tournament:
-        if not elastic:
-            raise ValueError("allocate: the tournament needs elastic allocation")
+        if not elastic or returns.short_first > 0:
+            raise ValueError("allocate: the tournament needs elastic allocation, no short first")
         cand = cand[np.argsort(curves.tie_rank[cand], kind="stable")]  # FIFO
     table = Rows(tables.counts, curves.jct_s, curves.energy_j, curves.power_w)
     steps = JobSteps(tables.start, tables.sizes, curves.age_s, curves.tie_rank, returns.current)

@@ -386,23 +386,14 @@ def _next_step(
     """Candidate ``k`` (job ``j``, now on row ``to``)'s next doubling in ``scratch``:
     its GPUs and AFS-L's gains per GPU, or no step (cost ``inf``) at its last row, for
     a doubling that does not shorten its JCT, or one below the floor on ``dJCT / dE``
-    (``_doubling_key``: the rescale cost counted, the short-first factor not)."""
+    (``_doubling_key``, the rescale cost counted; ``rules.short_first`` is 0 here,
+    ``allocation.allocate`` sees to it)."""
     now, _, cost, gain_old, gain_new = scratch
     nxt = to + 1
     cost[k] = np.inf
     if not rules.elastic or nxt >= jobs.start[j] + jobs.sizes[j]:
         return
-    plain = StepRules(
-        rules.energy_aware,
-        rules.elastic,
-        rules.strict,
-        rules.restart_s,
-        rules.restart_w,
-        rules.min_ratio,
-        0.0,
-        0.0,
-    )
-    cls, value = _doubling_key(j, nxt, table, jobs.current, jobs.age, plain)
+    cls, value = _doubling_key(j, nxt, table, jobs.current, jobs.age, rules)
     if cls == 3 or (rules.min_ratio > 0 and cls == 2 and -value < rules.min_ratio):
         return
     c = float(table.counts[nxt] - table.counts[to])

@@ -176,8 +176,10 @@ class Scored:
 def score(outcomes: Sequence[RunOutcome], grid: Sequence[Setting] | None = None) -> list[Scored]:
     """``grid``'s settings from best to worst: those tied with the best score (``TIE``) by
     their restarts, then the others by score, a setting without any ratio last
-    (``GRID`` by default)."""
+    (``GRID`` by default). PowerFlow+'s runs are all oracle runs (``specs(oracle=True)``,
+    each setting's curve then) or none: mixed, a setting's curve would mix both."""
     grid = GRID if grid is None else grid
+    oracle = any(o.spec.oracle for o in outcomes if o.spec.scheduler == PLUS)
     rows: dict[str, list[dict[str, Any]]] = {}
     mine: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for o in outcomes:
@@ -188,6 +190,8 @@ def score(outcomes: Sequence[RunOutcome], grid: Sequence[Setting] | None = None)
         if o.spec.scheduler == RIVAL:
             rows.setdefault(window, []).append(row)
         elif o.spec.scheduler == PLUS:
+            if o.spec.oracle != oracle:
+                raise ValueError("score: PowerFlow+'s runs are all oracle runs or none")
             mine.setdefault(o.spec.policy_options, {}).setdefault(window, []).append(row)
     windows = [w.name for w in WINDOWS]  # every one, so each ratio keeps its column
     scored = []
