@@ -59,3 +59,41 @@ def test_the_shipped_kernels_import_and_run_without_a_cache_location(tmp_path: P
     ok, solution = json.loads(done.stdout)
     assert ok is True
     assert solution == pytest.approx([1.25, 1.5], rel=1e-12)
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_numba_finds_no_blas_yet_scipy_imports_afterwards() -> None:
+    """numba's BLAS probe is refused scipy.linalg, as in the image (no scipy), and
+    nothing of the refusal stays behind."""
+    done = _python(
+        "import sys\n"
+        "import powerflow.core.jit\n"
+        "import numba.np.arraymath as m\n"
+        "print(m._HAVE_BLAS, 'scipy.linalg' in sys.modules)\n"
+        "import scipy.linalg\n"
+        "print(scipy.linalg.cho_solve.__name__)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "cho_solve"]
+    # a process that imported scipy.linalg first keeps numba's BLAS
+    first = _python(
+        "import scipy.linalg\nimport powerflow.core.jit\n"
+        "import numba.np.arraymath as m\nprint(m._HAVE_BLAS)\n"
+    )
+    assert first.stdout.split() == ["True"], first.stderr
+
+
+def test_a_kernel_with_linear_algebra_still_compiles_taking_scipy_then() -> None:
+    done = _python(
+        "import sys\n"
+        "import numpy as np\n"
+        "from powerflow.core.jit import njit\n"
+        "@njit\ndef norm2(a):\n    return np.dot(a, a)\n"
+        "before = 'scipy.linalg' in sys.modules\n"
+        "print(before, norm2(np.arange(4.0)), 'scipy.linalg' in sys.modules)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "14.0", "True"]

@@ -19,12 +19,20 @@ function, not of the files its callees live in, so a helper edited in another
 file would leave stale machine code behind. The kernels therefore live in one
 file per package (``models/kernels.py``, ``policy/greedy_kernels.py``,
 ``lab/sim/kernels.py``; ``core/learning.py`` has two self-contained ones).
+
+No kernel uses numba's linear algebra (``np.dot``, ``@``, ``np.linalg``), which
+needs scipy's BLAS (the components' image has no scipy), so numba's import-time
+probe for it is skipped (``_array_math_without_blas``).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import TypeVar, cast
 
 import numba
@@ -32,6 +40,49 @@ import numba
 F = TypeVar("F", bound=Callable[..., object])
 
 log = logging.getLogger(__name__)
+
+
+class _NoScipyLinalg(importlib.abc.MetaPathFinder):
+    """Refuses ``scipy.linalg`` (only while ``_array_math_without_blas`` imports)."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "scipy.linalg":
+            raise ImportError("scipy.linalg is not for numba's BLAS probe (powerflow.core.jit)")
+        return None
+
+
+def _array_math_without_blas() -> None:
+    """Import ``numba.np.arraymath`` with scipy's linear algebra hidden from its probe.
+
+    Why: at import, numba probes for BLAS by importing ``scipy.linalg``, about
+    0.2 s of CPU in every process (``python -c "import numba.np.arraymath"``,
+    0.69-0.75 s, against 0.47-0.52 s for ``python -c "import powerflow.core.jit"``,
+    which imports it without the probe; 2-core machine, 5 runs each), for linear
+    algebra no kernel uses. What the probe's answer decides: only
+    whether ``np.correlate`` and ``np.convolve`` in a kernel take BLAS or
+    numba's own loop (no kernel uses them); a kernel with linear algebra still
+    compiles, importing scipy's BLAS then (``tests/test_jit.py``), and fails
+    where scipy is missing, as in the image, either way. Only that one import
+    is refused, while numba imports the module (a process that imported
+    ``scipy.linalg`` before keeps the probe's answer), and a failed import
+    leaves nothing behind, so ``import scipy.linalg`` works afterwards.
+    """
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    finder = _NoScipyLinalg()
+    sys.meta_path.insert(0, finder)
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        sys.meta_path.remove(finder)
+
+
+_array_math_without_blas()
 
 
 def njit(fn: F) -> F:
