@@ -182,7 +182,7 @@ def test_powerflow_plus_runs_with_the_tournament_and_it_changes_its_plans() -> N
     """The option reaches the allocation: PowerFlow+ with the tournament (as
     ``plus-tuning --grid tournament`` runs it) schedules the same jobs otherwise than
     with its heap, within its limit."""
-    trace, config = TraceSpec(hours=1.0), SimConfig(nodes=4)
+    trace, config = TraceSpec(hours=0.25), SimConfig(nodes=2)
     heap = (("short_first", 0.0),)
     rows = [
         run_one(RunSpec("powerflow+", 0.6, trace, config, policy_options=options)).row()
