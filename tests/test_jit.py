@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -70,8 +71,11 @@ def test_numba_finds_no_blas_yet_scipy_imports_afterwards() -> None:
     nothing of the refusal stays behind."""
     done = _python(
         "import sys\n"
+        "import numpy as np\n"
         "import powerflow.core.jit\n"
         "import numba.np.arraymath as m\n"
+        "from powerflow.lab.sim import kernels\n"
+        "kernels.draw(np.arange(1), np.ones((11, 1)))\n"  # numba's CPU target set up
         "print(m._HAVE_BLAS, 'scipy.linalg' in sys.modules)\n"
         "import scipy.linalg\n"
         "print(scipy.linalg.cho_solve.__name__)\n"
@@ -97,3 +101,32 @@ def test_a_kernel_with_linear_algebra_still_compiles_taking_scipy_then() -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "14.0", "True"]
+
+
+def test_no_kernel_uses_what_numba_s_blas_probe_decides() -> None:
+    """The probe's answer picks BLAS or numba's own loop for ``np.correlate`` and
+    ``np.convolve`` only; no compiled kernel may use them, so that refusing the probe
+    changes no result (and no cached machine code depends on it)."""
+    root = Path(__file__).resolve().parent.parent / "powerflow"
+    jit = root / "core" / "jit.py"  # defines njit and says all this
+    kernels = [p for p in root.rglob("*.py") if p != jit and "njit" in p.read_text()]
+    assert len(kernels) >= 5
+    for path in kernels:
+        text = path.read_text()
+        assert "correlate" not in text and "convolve" not in text, path
+
+
+def test_only_the_importing_thread_is_refused_scipy_linalg() -> None:
+    """While ``core.jit`` imports numba's array math, another thread importing scipy
+    is not refused (``sys.meta_path`` is the whole process's)."""
+    from powerflow.core.jit import _NoScipyLinalg
+
+    finder = _NoScipyLinalg()
+    with pytest.raises(ImportError, match="numba's BLAS probe"):
+        finder.find_spec("scipy.linalg", None)
+    assert finder.find_spec("scipy.optimize", None) is None
+    seen: list[object] = []
+    other = threading.Thread(target=lambda: seen.append(finder.find_spec("scipy.linalg", None)))
+    other.start()
+    other.join()
+    assert seen == [None]

@@ -22,7 +22,8 @@ file per package (``models/kernels.py``, ``policy/greedy_kernels.py``,
 
 No kernel uses numba's linear algebra (``np.dot``, ``@``, ``np.linalg``), which
 needs scipy's BLAS (the components' image has no scipy), so numba's import-time
-probe for it is skipped (``_array_math_without_blas``).
+probe for it is refused ``scipy.linalg`` and fails at once
+(``_array_math_without_blas``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TypeVar, cast
@@ -43,7 +45,12 @@ log = logging.getLogger(__name__)
 
 
 class _NoScipyLinalg(importlib.abc.MetaPathFinder):
-    """Refuses ``scipy.linalg`` (only while ``_array_math_without_blas`` imports)."""
+    """Refuses ``scipy.linalg`` to the thread that made it (only while
+    ``_array_math_without_blas`` imports): another thread importing scipy meanwhile
+    is not refused."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
 
     def find_spec(
         self,
@@ -51,7 +58,7 @@ class _NoScipyLinalg(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname == "scipy.linalg":
+        if fullname == "scipy.linalg" and threading.get_ident() == self._thread:
             raise ImportError("scipy.linalg is not for numba's BLAS probe (powerflow.core.jit)")
         return None
 
@@ -60,7 +67,9 @@ def _array_math_without_blas() -> None:
     """Import ``numba.np.arraymath`` with scipy's linear algebra hidden from its probe.
 
     Why: at import, numba probes for BLAS by importing ``scipy.linalg``, about
-    0.2 s of CPU in every process (``python -c "import numba.np.arraymath"``,
+    0.2 s of CPU in every process where scipy is installed (the lab's; in the
+    image, which has none, the probe fails at once either way;
+    ``python -c "import numba.np.arraymath"``,
     0.69-0.75 s, against 0.47-0.52 s for ``python -c "import powerflow.core.jit"``,
     which imports it without the probe; 2-core machine, 5 runs each), for linear
     algebra no kernel uses. What the probe's answer decides: only
