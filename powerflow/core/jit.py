@@ -81,7 +81,7 @@ def _array_math_without_blas() -> None:
     ``scipy.linalg`` before keeps the probe's answer), and a failed import
     leaves nothing behind, so ``import scipy.linalg`` works afterwards.
     """
-    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+    if "numba.np.arraymath" in sys.modules:
         return
     finder = _NoScipyLinalg()
     sys.meta_path.insert(0, finder)

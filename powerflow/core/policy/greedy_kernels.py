@@ -263,6 +263,32 @@ def _pop(
 
 
 @njit
+def _after_step(
+    frm: int,
+    to: int,
+    gpus: int,
+    table: Rows,
+    allocated: int,
+    jobs_w: float,
+    nodes: int,
+    strict: bool,
+    power: PowerState,
+) -> tuple[bool, int, float, int]:
+    """A job's step from row ``frm`` (-1: it holds none) to ``to``, ``gpus`` more GPUs,
+    against the power model (``PowerModel.nodes_on``/``total_w`` inlined, the same
+    arithmetic): whether it passes the check (every step with ``strict``, else one
+    that switches a node on), and the GPUs allocated, the jobs' power and the nodes
+    on after it. The one power rule of ``allocate_steps`` and ``tournament_steps``."""
+    watts = table.power
+    gpn = power.gpus_per_node
+    new_jobs_w = jobs_w + watts[to] - (watts[frm] if frm >= 0 else 0.0)
+    new_allocated = allocated + gpus
+    new_nodes = max(-(-new_allocated // gpn), power.base_nodes)
+    over = new_jobs_w + power.idle_w * (new_nodes * gpn - new_allocated) > power.limit_w
+    return not ((strict or new_nodes > nodes) and over), new_allocated, new_jobs_w, new_nodes
+
+
+@njit
 def allocate_steps(
     table: Rows,
     jobs: JobSteps,
@@ -289,10 +315,16 @@ def allocate_steps(
     and free wins are never refused by it. ``scratch``: ``heap_arrays``, its
     ``tie`` holding each entry's row of the step.
     """
-    counts, eff_jct, eff_power = table.counts, table.jct, table.power
+    counts, eff_jct = table.counts, table.jct
     start, sizes, ages, rank, current = jobs
     elastic, strict, min_ratio = rules.elastic, rules.strict, rules.min_ratio
-    free, allocated, jobs_w, gpn, base_nodes, idle_w, limit_w = power
+    free, allocated, jobs_w, gpn, base_nodes = (
+        power.free,
+        power.allocated,
+        power.jobs_w,
+        power.gpus_per_node,
+        power.base_nodes,
+    )
     cls, value, to_row, heap = scratch
     size = root = int(np.int64(0))  # see ``_sift``
     for j in candidates:
@@ -319,12 +351,10 @@ def allocate_steps(
         if cost > free:
             size = _pop(heap, size, cls, value, rank, to_row)
             continue
-        new_jobs_w = jobs_w + eff_power[to] - (eff_power[frm] if frm >= 0 else 0.0)
-        new_allocated = allocated + cost
-        new_nodes = max(-(-new_allocated // gpn), base_nodes)
-        if (strict or new_nodes > nodes) and (
-            new_jobs_w + idle_w * (new_nodes * gpn - new_allocated) > limit_w
-        ):
+        fits, new_allocated, new_jobs_w, new_nodes = _after_step(
+            frm, to, cost, table, allocated, jobs_w, nodes, strict, power
+        )
+        if not fits:
             size = _pop(heap, size, cls, value, rank, to_row)
             continue
         if frm < 0:
@@ -435,10 +465,16 @@ def tournament_steps(
     this one with nothing binding it took 386 µs a decision of 250 jobs on 512
     GPUs against 231 µs (the same levels), a few percent of an AFS run.
     """
-    counts, power_w = table.counts, table.power
+    counts = table.counts
     start, sizes = jobs.start, jobs.sizes
     strict = rules.strict
-    free, allocated, jobs_w, gpn, base_nodes, idle_w, limit_w = power
+    free, allocated, jobs_w, gpn, base_nodes = (
+        power.free,
+        power.allocated,
+        power.jobs_w,
+        power.gpus_per_node,
+        power.base_nodes,
+    )
     now, first, cost, gain_old, gain_new = scratch
     inf = np.inf
     n = len(candidates)
@@ -478,12 +514,10 @@ def tournament_steps(
         frm = row[j]
         to = frm + 1 if frm >= 0 else start[j]
         step = counts[to] - (counts[frm] if frm >= 0 else 0)
-        new_jobs_w = jobs_w + power_w[to] - (power_w[frm] if frm >= 0 else 0.0)
-        new_allocated = allocated + step
-        new_nodes = max(-(-new_allocated // gpn), base_nodes)
-        if (strict or new_nodes > nodes) and (
-            new_jobs_w + idle_w * (new_nodes * gpn - new_allocated) > limit_w
-        ):
+        fits, new_allocated, new_jobs_w, new_nodes = _after_step(
+            frm, to, step, table, allocated, jobs_w, nodes, strict, power
+        )
+        if not fits:
             cost[best] = inf  # the job takes no more steps; a smaller one may still fit
             continue
         if frm < 0:
