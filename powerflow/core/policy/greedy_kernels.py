@@ -266,7 +266,6 @@ def _pop(
 def _after_step(
     frm: int,
     to: int,
-    gpus: int,
     table: Rows,
     allocated: int,
     jobs_w: float,
@@ -274,15 +273,15 @@ def _after_step(
     strict: bool,
     power: PowerState,
 ) -> tuple[bool, int, float, int]:
-    """A job's step from row ``frm`` (-1: it holds none) to ``to``, ``gpus`` more GPUs,
-    against the power model (``PowerModel.nodes_on``/``total_w`` inlined, the same
-    arithmetic): whether it passes the check (every step with ``strict``, else one
-    that switches a node on), and the GPUs allocated, the jobs' power and the nodes
-    on after it. The one power rule of ``allocate_steps`` and ``tournament_steps``."""
-    watts = table.power
+    """A job's step from row ``frm`` (-1: it holds none) to ``to`` against the power
+    model (``PowerModel.nodes_on``/``total_w`` inlined, the same arithmetic): whether
+    it passes the check (every step with ``strict``, else one that switches a node
+    on), and the GPUs allocated, the jobs' power and the nodes on after it. The one
+    power rule of ``allocate_steps`` and ``tournament_steps``."""
+    counts, watts = table.counts, table.power
     gpn = power.gpus_per_node
     new_jobs_w = jobs_w + watts[to] - (watts[frm] if frm >= 0 else 0.0)
-    new_allocated = allocated + gpus
+    new_allocated = allocated + (counts[to] - (counts[frm] if frm >= 0 else 0))
     new_nodes = max(-(-new_allocated // gpn), power.base_nodes)
     over = new_jobs_w + power.idle_w * (new_nodes * gpn - new_allocated) > power.limit_w
     return not ((strict or new_nodes > nodes) and over), new_allocated, new_jobs_w, new_nodes
@@ -352,7 +351,7 @@ def allocate_steps(
             size = _pop(heap, size, cls, value, rank, to_row)
             continue
         fits, new_allocated, new_jobs_w, new_nodes = _after_step(
-            frm, to, cost, table, allocated, jobs_w, nodes, strict, power
+            frm, to, table, allocated, jobs_w, nodes, strict, power
         )
         if not fits:
             size = _pop(heap, size, cls, value, rank, to_row)
@@ -515,7 +514,7 @@ def tournament_steps(
         to = frm + 1 if frm >= 0 else start[j]
         step = counts[to] - (counts[frm] if frm >= 0 else 0)
         fits, new_allocated, new_jobs_w, new_nodes = _after_step(
-            frm, to, step, table, allocated, jobs_w, nodes, strict, power
+            frm, to, table, allocated, jobs_w, nodes, strict, power
         )
         if not fits:
             cost[best] = inf  # the job takes no more steps; a smaller one may still fit
