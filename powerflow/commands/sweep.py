@@ -1,4 +1,4 @@
-"""``powerflow sweep sensitivity|tuning|plus-tuning|ablation``: parameter studies.
+"""``powerflow sweep sensitivity|tuning|plus-tuning|clock-bound|ablation``: parameter studies.
 
 ``sensitivity``: the three sensitivity studies of paper §6.4, 100-job
 synthetic traces (Gavel's generator) along the mean arrival interval, the
@@ -14,6 +14,9 @@ with ``--grid profiling``, its profiling ladders instead of its policy knobs; wi
 ``--grid short-first``, the short-first factor on its priorities and the rescale
 margin with it (the three grids run in that order, each with the earlier choices);
 with ``--grid tournament``, AFS-L's tournament in place of its heap (an experiment).
+
+``clock-bound``: what a clock per job can add to AFS's allocation at equal energy, on
+the same windows (``powerflow.lab.sim.clock_bound``).
 
 ``ablation``: the comparison from the paper's setting to this evaluation's, one
 change at a time (``powerflow.lab.sim.ablation``).
@@ -32,7 +35,7 @@ from rich.table import Table
 
 from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
-from powerflow.lab.sim import ablation, experiments, output, plus_tuning, tuning
+from powerflow.lab.sim import ablation, clock_bound, experiments, output, plus_tuning, tuning
 from powerflow.lab.sim.compare import ENERGIES
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import TraceSpec
@@ -43,7 +46,9 @@ from powerflow.lab.sim.windows import TUNING_WINDOWS
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="parameter studies (sensitivity, paper Fig. 11)")
     p.add_argument(
-        "study", choices=["sensitivity", "tuning", "plus-tuning", "ablation"], help="which study"
+        "study",
+        choices=["sensitivity", "tuning", "plus-tuning", "clock-bound", "ablation"],
+        help="which study",
     )
     add_cluster_args(p, trace=False)  # each study sets its own traces and cluster sizes
     p.add_argument(
@@ -91,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         return _tuning(args, config, out)
     if args.study == "plus-tuning":
         return _plus_tuning(args, config, out)
+    if args.study == "clock-bound":
+        return _clock_bound(args, config, out)
     if args.study == "ablation":
         return _ablation(args, config, out)
     specs = experiments.sensitivity(config, quick=args.quick)
@@ -157,6 +164,38 @@ def _tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
         console.print(table)
         console.print(f"{name}: chosen {scored[0].setting.label}")
     console.print(f"wrote 2 files to {out}/")
+    return 0
+
+
+def _clock_bound(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
+    hours = experiments.QUICK_HOURS if args.quick else None
+    specs = clock_bound.specs(config, hours=hours)
+    outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
+    output.write_csv([o.row() for o in outcomes], out / "runs.csv")
+    bounds = clock_bound.score(outcomes)
+    rows = clock_bound.rows(bounds)
+    output.write_csv(rows, out / "clock_bound.csv")
+    output.write_json(rows, out / "clock_bound.json")
+    if args.json:
+        print(output.to_json(rows))
+        return 0
+    console = output.stdout_console()
+    windows = ", ".join(w.name for w in clock_bound.WINDOWS)
+    table = Table(
+        title=f"per-job clocks on AFS's allocation, tuning windows ({windows}):"
+        " AFS's average JCT over the variant's at equal energy"
+    )
+    for column in ("variant", "energy"):
+        table.add_column(column)
+    for column in ("geomean", *(w.name for w in clock_bound.WINDOWS)):
+        table.add_column(column, justify="right")
+    per = len(ENERGIES)
+    for b in bounds:
+        for k, energy in enumerate(ENERGIES.values()):
+            cells = (b.geomean[k], *b.ratios[k::per])
+            table.add_row(b.variant, energy, *("n/a" if r is None else f"{r:.3f}" for r in cells))
+    console.print(table)
+    console.print(f"wrote 3 files to {out}/")
     return 0
 
 

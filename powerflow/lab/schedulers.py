@@ -191,6 +191,24 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
                 _zeus(_tiresias, "clock"),
                 compared=False,
             ),
+            _zeus_spec(
+                "afs+zeus",
+                "AFS with each job at Zeus's optimal GPU power limit",
+                _zeus(_afs),
+                compared=False,
+            ),
+            SchedulerSpec(
+                "afs+clock-bound",
+                "AFS with each job at the locked clock of least Zeus cost, known without"
+                " profiling: what per-job clocks can add to AFS's allocation",
+                "eta_knob",
+                _zeus(_afs, "clock"),
+                _no_budget,
+                ORACLE,
+                ZEUS_ETA_KNOBS,
+                compared=False,
+                default=ZEUS_ETA_KNOB,
+            ),
             SchedulerSpec(
                 "afs",
                 "AFS: elastic, marginal-throughput allocation; fixed clock",
