@@ -27,7 +27,7 @@ from powerflow.lab.sim.metrics import (
     reference_work_gpu_s,
     summarise,
 )
-from powerflow.lab.sim.output import results_table
+from powerflow.lab.sim.output import VERSUS_ROWS, ratio_table, results_table, versus_table
 from powerflow.lab.sim.result import JobRecord, RunResult, Series
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_one
 
@@ -221,6 +221,7 @@ def test_na_without_dominance_says_no_run_dominates() -> None:
     ]
     text = headlines(jct_ratios(rows), rows)[0]
     assert "all below PowerFlow's" in text and "Dominance (n/a)" in text
+    assert "than an AFS run" in text
 
 
 def test_closing_lines_print_the_bound_the_window_budgets_and_one_line_per_baseline() -> None:
@@ -286,6 +287,29 @@ def test_a_comparisons_terminal_table_fits_80_columns() -> None:
     text = "\n".join(lines)
     for cell in ("123.45", "42.58", "40.00", "2.70", "0.87", "11.12"):
         assert cell in text  # no number cut to fit
+
+
+def test_the_ratio_tables_fit_80_columns_as_piped_and_cut_no_name_or_number() -> None:
+    """As the comparison prints them piped (140 columns: ``stdout_console``) and on an
+    80-column terminal: every line within 80, every baseline's name and figure whole."""
+    wide = {"max": 12.34, "min": 10.5, "at_zeus_energy": 11.11, "dominance": 13.57}
+    span = {"energy_lo_j": 123.45 * GJ, "energy_hi_j": 678.9 * GJ}
+    names = ("gandiva", "tiresias", "gandiva+zeus", "tiresias+zeus", "afs")
+    ratios = {name: {**wide, **span} for name in names}
+    plus = {key: {"mean": 0.75, "best": 0.55, "worst": 10.97, **span} for key, _ in VERSUS_ROWS}
+    for width in (140, 80):
+        for table, cells in (
+            (ratio_table(ratios), (*names, "12.34x", "10.50x", "11.11x", "13.57x")),
+            (versus_table(plus), (*(label for _, label in VERSUS_ROWS), "10.97x")),
+        ):
+            console = Console(record=True, width=width)
+            console.print(table)
+            lines = console.export_text().splitlines()
+            assert max(len(line) for line in lines) <= 80
+            text = "\n".join(lines)
+            assert "…" not in text
+            for cell in (*cells, "123.45-678.90"):
+                assert cell in text
 
 
 def test_jct_vs_energy_labels_every_point_with_distinct_styles() -> None:

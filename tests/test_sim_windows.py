@@ -135,3 +135,25 @@ def test_the_report_summarises_the_held_out_windows_where_they_were_written(
     section = _held_out(folder)
     assert section[0] == "## Held-out windows"
     assert all(w in section for w in words)
+
+
+def test_the_held_out_lines_count_the_windows_a_spread_was_taken_over() -> None:
+    from powerflow.lab.sim import heldout
+    from powerflow.lab.sim.compare import ENERGIES
+
+    entry: dict[str, object] = {"jobs": 10}
+    spread: dict[str, object] = {}
+    for energy in ENERGIES:
+        for mine in heldout.SCHEDULERS:
+            entry[f"{mine}@{energy}"] = {"afs": 1.1, "gandiva": None}
+        entry[f"powerflow+_vs_powerflow@{energy}"] = 0.9
+    windows = {"d28": entry, "d14": {**entry}}
+    for key in entry:
+        if key != "jobs" and not key.startswith("powerflow+_vs"):
+            spread[key] = {
+                "afs": heldout._spread([1.1, 1.3]),
+                "gandiva": heldout._spread([1.2, None]),
+            }
+    words = "\n".join(heldout.lines({"windows": windows, "spread": spread}))
+    assert "1.10-1.30x over 2 windows" in words
+    assert "1.20-1.20x over 1 window)" in words and "1 windows" not in words

@@ -152,19 +152,77 @@ def _tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
         print(output.to_json(rows))
         return 0
     console = output.stdout_console()
-    windows = ", ".join(w.name for w in TUNING_WINDOWS)
     for name, scored in result.items():
-        table = Table(title=f"{name} at {tuning.CLOCK_MHZ:g} MHz on the tuning windows ({windows})")
-        table.add_column("setting")
-        table.add_column("score", justify="right")
-        for w in TUNING_WINDOWS:
-            table.add_column(f"{w.name} avg JCT h", justify="right")
-        for s in scored:
-            table.add_row(s.setting.label, f"{s.score:.3f}", *(f"{h:.2f}" for h in s.jct_h))
+        table = tuning_table(name, scored)
         console.print(table)
         console.print(f"{name}: chosen {scored[0].setting.label}")
     console.print(f"wrote 2 files to {out}/")
     return 0
+
+
+SETTING_WIDTH = 26
+"""The plus-tuning table's setting column wraps at this width (the tuning tables', with
+fewer columns, at 36), so that the table fits 80 columns whatever the labels' length;
+its numbers never wrap."""
+
+
+def tuning_table(name: str, scored: list[tuning.Scored]) -> Table:
+    """One baseline's grid, best first, in 80 columns."""
+    table = Table(
+        title=f"{name} at {tuning.CLOCK_MHZ:g} MHz on the tuning windows:"
+        " average JCT (h) per window",
+        caption="score: the mean over the windows of the setting's average JCT over the"
+        " best setting's (1: the best on every window)",
+    )
+    table.add_column("setting", max_width=36, overflow="fold")
+    table.add_column("score", justify="right", no_wrap=True)
+    for w in TUNING_WINDOWS:
+        table.add_column(w.name, justify="right", no_wrap=True)
+    for s in scored:
+        cells = (f"{s.score:.3f}", *(f"{h:.2f}" for h in s.jct_h))
+        table.add_row(s.setting.label, *cells, end_section=True)
+    return table
+
+
+def plus_tuning_table(grid: str, scored: list[plus_tuning.Scored]) -> Table:
+    """PowerFlow+'s settings, best first, in 80 columns: each window's two ratios (equal
+    total, then in-window energy) one above the other."""
+    etas = " and ".join(f"{e:g}" for e in plus_tuning.ETAS)
+    table = Table(
+        title=f"powerflow+ ({grid}) at eta {etas} on the tuning windows:"
+        " AFS's average JCT over PowerFlow+'s at equal energy",
+        caption="each window: at equal total energy, then at equal in-window energy",
+    )
+    table.add_column("setting", max_width=SETTING_WIDTH, overflow="fold")
+    for column in ("score", "restarts", *(w.name for w in plus_tuning.WINDOWS)):
+        table.add_column(column, justify="right", no_wrap=True)
+    per = len(ENERGIES)
+    for s in scored:
+        cells = [
+            "\n".join("n/a" if r is None else f"{r:.2f}" for r in s.ratios[k : k + per])
+            for k in range(0, len(s.ratios), per)
+        ]
+        score = "n/a" if s.score is None else f"{s.score:.3f}"
+        table.add_row(s.setting.label, score, f"{s.restarts:,}", *cells, end_section=True)
+    return table
+
+
+def clock_bound_table(bounds: list[clock_bound.Bound]) -> Table:
+    """Each variant's ratios against AFS, one row per energy, in 80 columns."""
+    table = Table(
+        title="per-job clocks on AFS's allocation, tuning windows:"
+        " AFS's average JCT over the variant's at equal energy"
+    )
+    for column in ("variant", "energy"):
+        table.add_column(column, no_wrap=True)
+    for column in ("geomean", *(w.name for w in clock_bound.WINDOWS)):
+        table.add_column(column, justify="right", no_wrap=True)
+    per = len(ENERGIES)
+    for b in bounds:
+        for k, energy in enumerate(ENERGIES.values()):
+            cells = (b.geomean[k], *b.ratios[k::per])
+            table.add_row(b.variant, energy, *("n/a" if r is None else f"{r:.3f}" for r in cells))
+    return table
 
 
 def _clock_bound(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
@@ -180,20 +238,7 @@ def _clock_bound(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
         print(output.to_json(rows))
         return 0
     console = output.stdout_console()
-    windows = ", ".join(w.name for w in clock_bound.WINDOWS)
-    table = Table(
-        title=f"per-job clocks on AFS's allocation, tuning windows ({windows}):"
-        " AFS's average JCT over the variant's at equal energy"
-    )
-    for column in ("variant", "energy"):
-        table.add_column(column)
-    for column in ("geomean", *(w.name for w in clock_bound.WINDOWS)):
-        table.add_column(column, justify="right")
-    per = len(ENERGIES)
-    for b in bounds:
-        for k, energy in enumerate(ENERGIES.values()):
-            cells = (b.geomean[k], *b.ratios[k::per])
-            table.add_row(b.variant, energy, *("n/a" if r is None else f"{r:.3f}" for r in cells))
+    table = clock_bound_table(bounds)
     console.print(table)
     console.print(f"wrote 3 files to {out}/")
     return 0
@@ -217,26 +262,8 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
         print(output.to_json(rows))
         return 0
     console = output.stdout_console()
-    windows = ", ".join(w.name for w in plus_tuning.WINDOWS)
-    etas = " and ".join(f"{e:g}" for e in plus_tuning.ETAS)
-    table = Table(
-        title=f"powerflow+ ({args.grid}{', oracle' if args.oracle else ''}) at eta {etas}"
-        f" on the tuning windows ({windows}): "
-        "AFS's average JCT over PowerFlow+'s at equal total | in-window energy"
-    )
-    table.add_column("setting")
-    table.add_column("score", justify="right")
-    table.add_column("restarts", justify="right")
-    for w in plus_tuning.WINDOWS:
-        table.add_column(w.name, justify="right")
-    per = len(ENERGIES)
-    for s in scored:
-        cells = [
-            " | ".join("n/a" if r is None else f"{r:.2f}" for r in s.ratios[k : k + per])
-            for k in range(0, len(s.ratios), per)
-        ]
-        score = "n/a" if s.score is None else f"{s.score:.3f}"
-        table.add_row(s.setting.label, score, f"{s.restarts:,}", *cells)
+    label = f"{args.grid}{', oracle' if args.oracle else ''}"
+    table = plus_tuning_table(label, scored)
     console.print(table)
     if scored and args.oracle:
         console.print(f"powerflow+ with the ground truth: best {scored[0].setting.label}")

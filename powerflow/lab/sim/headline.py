@@ -154,8 +154,9 @@ def _missing(
     dom = r.get("dominance")
     if dom is None:
         return (
-            f"{why} Dominance (n/a): no PowerFlow run spends no more energy than a"
-            f" {shown} run and finishes jobs faster on average."
+            f"{why} Dominance (n/a): no PowerFlow run spends no more energy than"
+            f" {'an' if shown[:1] in 'AEIOU' else 'a'} {shown} run and finishes jobs faster"
+            " on average."
         )
     mine = _run_named(rows, REFERENCE, r.get("dominance_powerflow_j"), energy)
     theirs = _run_named(rows, name, r.get("dominance_baseline_j"), energy)

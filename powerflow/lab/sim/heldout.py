@@ -92,13 +92,17 @@ def lines(result: Mapping[str, Any]) -> list[str]:
                 span = (
                     "n/a"
                     if s["lowest"] is None
-                    else f"{s['lowest']:.2f}-{s['highest']:.2f}x over {s['windows']} windows"
+                    else f"{s['lowest']:.2f}-{s['highest']:.2f}x over {_windows(s['windows'])}"
                 )
                 out.append(f"- {mine} vs {baseline}, {label}: {each} (spread {span})")
         key = f"powerflow+_vs_powerflow@{energy}"
         each = ", ".join(_fmt(windows[n].get(key)) for n in names)
         out.append(f"- powerflow+ JCT / powerflow JCT, {label}: {each}")
     return out
+
+
+def _windows(count: int) -> str:
+    return "1 window" if count == 1 else f"{count} windows"
 
 
 def _fmt(value: float | None) -> str:

@@ -123,18 +123,25 @@ def _plain(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float | int) else str(value)
 
 
+RATIO_CAPTION = (
+    "max, min: of the ratio over the energies both sweeps reach (common GJ); Zeus E: at"
+    " the Zeus variant's energy at eta_knob 0.5; dominance: the largest ratio of a"
+    " PowerFlow run spending no more energy than the baseline's run."
+)
+
+
 def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
+    """Each baseline's equal-energy ratios (``compare.jct_ratios``), in 80 columns: short
+    headers, explained in the caption, so that no name or number is cut."""
     from rich.table import Table
 
     table = Table(
-        title="Baseline avg JCT / PowerFlow avg JCT at equal energy (>1: PowerFlow faster)"
+        title="Baseline avg JCT / PowerFlow avg JCT at equal energy (>1: PowerFlow faster)",
+        caption=RATIO_CAPTION,
     )
-    table.add_column("baseline")
-    table.add_column("max over common energy", justify="right")
-    table.add_column("min", justify="right")
-    table.add_column("common energy GJ", justify="right")
-    table.add_column("at Zeus energy", justify="right")
-    table.add_column("dominance (PowerFlow at <= energy)", justify="right")
+    table.add_column("baseline", no_wrap=True)
+    for header in ("max", "min", "common GJ", "Zeus E", "dominance"):
+        table.add_column(header, justify="right", no_wrap=True)
     for name, r in ratios.items():
         lo, hi = r.get("energy_lo_j"), r.get("energy_hi_j")
         table.add_row(
@@ -148,27 +155,32 @@ def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> Table:
     return table
 
 
+VERSUS_ROWS = (
+    ("powerflow+_vs_powerflow", "fitted, held-out priors"),
+    ("powerflow+_vs_powerflow_recurring", "fitted, own prior"),
+    ("powerflow+_vs_powerflow_oracle", "oracle"),
+    ("powerflow+_vs_powerflow_window", "held-out, in-window E"),
+)
+"""``versus_table``'s rows: the ``compare.versus`` figure and its label; the recurring-job
+case is the job's own model's prior, the last row at equal in-window energy."""
+
+
 def versus_table(plus: Mapping[str, Mapping[str, float] | None]) -> Table:
-    """PowerFlow+'s avg JCT over PowerFlow's at equal energy (``compare.versus``)."""
+    """PowerFlow+'s avg JCT over PowerFlow's at equal energy (``compare.versus``), in 80
+    columns."""
     from rich.table import Table
 
     table = Table(
-        title="PowerFlow+ avg JCT / PowerFlow avg JCT at equal energy (<1: PowerFlow+ faster)"
+        title="PowerFlow+ avg JCT / PowerFlow avg JCT at equal energy (<1: PowerFlow+ faster)",
+        caption="own prior: the recurring job, whose model ran before; E: energy",
     )
-    table.add_column("models")
-    table.add_column("mean", justify="right")
-    table.add_column("best", justify="right")
-    table.add_column("worst", justify="right")
-    table.add_column("energy range (GJ)", justify="right")
-    for key, label in (
-        ("powerflow+_vs_powerflow", "fitted, held-out priors"),
-        ("powerflow+_vs_powerflow_recurring", "fitted, own model's prior (recurring)"),
-        ("powerflow+_vs_powerflow_oracle", "oracle"),
-        ("powerflow+_vs_powerflow_window", "fitted, held-out priors, in-window energy"),
-    ):
+    table.add_column("models", no_wrap=True)
+    for header in ("mean", "best", "worst", "common GJ"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for key, label in VERSUS_ROWS:
         r = plus.get(key)
         if r is None:
-            table.add_row(label, "n/a", "n/a", "n/a", "no common range")
+            table.add_row(label, "n/a", "n/a", "n/a", "none")
             continue
         span = f"{r['energy_lo_j'] / 1e9:.2f}-{r['energy_hi_j'] / 1e9:.2f}"
         table.add_row(label, _fmt(r["mean"]), _fmt(r["best"]), _fmt(r["worst"]), span)
