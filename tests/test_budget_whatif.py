@@ -52,7 +52,9 @@ def test_demo_predicts_each_budget_as_a_table_json_and_a_plot(
     watts = ["budget", "what-if", "--demo", "--jobs", "12", "--nodes", "2", "--watts", "1500"]
     assert main(watts) == 0
     table = capsys.readouterr().out
-    assert "1500 W" in table and "avg JCT (h)" in table
+    assert "1500 W" in table and "JCT h" in table
+    rows = [line for line in table.splitlines() if line[:1] in "┏┃┡│└"]
+    assert rows and max(map(len, rows)) <= 80  # piped: 140 columns, the table in 80
 
 
 def test_the_scheduler_the_operator_runs_is_the_one_predicted(
@@ -347,3 +349,22 @@ async def test_a_pool_the_catalogue_lacks_is_predicted_from_its_records_or_refus
     assert out["gpu"] == "H100-SXM"
     assert await asyncio.to_thread(main, [*argv, "--gpu", "H100-SXM"]) == 0
     assert "(--gpu)" not in capsys.readouterr().err  # the pool's own type, as reported
+
+
+def test_the_validation_table_fits_80_columns_with_large_figures() -> None:
+    from rich.console import Console
+
+    from powerflow.commands.budget import validation_table
+
+    row = {"eta": 0.55}
+    for what, value in (("avg_jct_s", 99.99 * 3600), ("energy_j", 123_456 * 3.6e6)):
+        row |= {f"predicted_{what}": value, f"simulated_{what}": value * 1.25}
+    row |= {"predicted_completion_s": 999.9 * 3600, "simulated_completion_s": 888.8 * 3600}
+    for width in (140, 80):
+        console = Console(record=True, width=width)
+        console.print(validation_table([row], "validation on the default trace"))
+        text = console.export_text()
+        assert max(map(len, text.splitlines())) <= 80
+        for cell in ("99.99", "124.99", "123,456", "154,320", "999.9", "888.8", "+12.5%"):
+            assert cell in text
+        assert text.count("-20.0%") == 2

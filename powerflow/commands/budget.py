@@ -475,10 +475,14 @@ def prediction_table(
 ) -> Table:
     """One row per budget; JCT and energy also relative to the most generous budget."""
     base = max(predictions, key=lambda p: p.limit_w)
-    table = Table(title=title)
-    for name in ("budget", "limit (kW)", "avg JCT (h)", "vs top", "energy (kWh)", "vs top"):
-        table.add_column(name, justify="right")
-    table.add_column("queue done in (h)", justify="right")
+    table = Table(
+        title=title,
+        caption="kW: the limit; JCT: average; kWh: energy; done: the queue's last job;"
+        " vs top: against the most generous budget",
+    )
+    table.add_column("budget", justify="right", max_width=12)
+    for name in ("kW", "JCT h", "vs top", "kWh", "vs top", "done h"):
+        table.add_column(name, justify="right", no_wrap=True)
     for p in sorted(predictions, key=lambda p: p.limit_w):
         label = p.label + (" (in force)" if p.budget == current else "")
         table.add_row(
@@ -582,18 +586,21 @@ def _validate(args: argparse.Namespace) -> int:
 
 def validation_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for name in ("eta", "avg JCT (h)", "err", "energy (kWh)", "err", "done in (h)", "err"):
-        table.add_column(name, justify="right")
+    for name in ("eta", "JCT h", "err", "kWh", "err", "done h", "err"):
+        table.add_column(name, justify="right", no_wrap=True)
 
     def pair(r: dict[str, Any], what: str, unit: float, fmt: str) -> tuple[str, str]:
         p, s = r[f"predicted_{what}"], r[f"simulated_{what}"]
-        return f"{p / unit:{fmt}} / {s / unit:{fmt}}", f"{(p / s - 1) * 100:+.1f}%"
+        return f"{p / unit:{fmt}}\n{s / unit:{fmt}}", f"{(p / s - 1) * 100:+.1f}%"
 
     for r in rows:
         cells = [f"{r['eta']:g}"]
         cells += pair(r, "avg_jct_s", HOUR, ".2f")
         cells += pair(r, "energy_j", KWH, ",.0f")
         cells += pair(r, "completion_s", HOUR, ".1f")
-        table.add_row(*cells)
-    table.caption = "each cell: predicted / simulated (ground truth, fitted models); err: relative"
+        table.add_row(*cells, end_section=True)
+    table.caption = (
+        "each cell: predicted above simulated (ground truth, fitted models); err: relative;"
+        " JCT: average; kWh: energy; done: the queue's last job"
+    )
     return table
