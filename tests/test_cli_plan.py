@@ -70,6 +70,31 @@ def test_table_shows_jobs_and_power(capsys: pytest.CaptureFixture[str]) -> None:
     assert "PowerFlow plan" in text
     assert all(q[0] in text for q in DEMO_QUEUE)
     assert "W of limit" in text
+    rows = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+    assert rows and max(map(len, rows)) <= 80
+
+
+def test_a_placement_across_nodes_wraps_between_nodes_and_is_never_cut() -> None:
+    from rich.console import Console
+
+    from powerflow.commands.plan import print_plan
+    from powerflow.core.policy.snapshot import JobPlan, Plan
+
+    snapshot = demo_snapshot(Budget(eta=0.6))
+    nodes = [n.name for n in snapshot.nodes]
+    slots = tuple((node, i) for node in nodes for i in range(8))
+    first = snapshot.jobs[0]
+    jobs = [JobPlan(first.id, len(slots), 1410, 1, slots)]
+    jobs += [JobPlan(job.id, 0, 1410, 1) for job in snapshot.jobs[1:]]
+    plan = Plan(tuple(jobs), 1e4, 5e3)
+    for width in (200, 80):
+        console = Console(record=True, width=width)
+        print_plan(snapshot, plan, console)
+        text = console.export_text()
+        rows = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+        assert max(map(len, rows)) <= 80 and "…" not in text
+        for node in nodes:
+            assert f"{node}:0-7" in text
 
 
 @pytest.mark.parametrize("args", [["plan"], ["plan", "--demo", "--eta", "1.5"]])

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(plan_json(snapshot, plan), sys.stdout, indent=2)
         print()
     else:
-        print_plan(snapshot, plan, Console(width=max(Console().width, 100)))
+        print_plan(snapshot, plan, Console())
     return 0
 
 
@@ -157,11 +157,22 @@ def _slots(slots: tuple[GpuSlot, ...]) -> str:
     return " ".join(parts) or "-"
 
 
+PLACEMENT_WIDTH = 10
+"""The placement columns wrap at this width (one of the demo's nodes' blocks,
+``node-3:0-7``; a longer one folds), so that the table fits 80 columns."""
+
+
 def print_plan(snapshot: Snapshot, plan: Plan, console: Console) -> None:
-    table = Table(title="PowerFlow plan")
-    for col in ("job", "model", "GPUs", "MHz", "batch/GPU", "placement", "ran on"):
-        left = col in ("job", "model", "placement", "ran on")
+    table = Table(
+        title="PowerFlow plan",
+        caption="batch: local batch per GPU; placement, ran on: node:GPUs, now and before",
+    )
+    for col in ("job", "model", "GPUs", "MHz", "batch"):
+        left = col in ("job", "model")
         table.add_column(col, justify="left" if left else "right", no_wrap=True)
+    for col in ("placement", "ran on"):
+        # A job on several nodes lists each: wrapped between nodes, never cut.
+        table.add_column(col, max_width=PLACEMENT_WIDTH, overflow="fold")
     for job in snapshot.jobs:
         jp = plan.job(job.id)
         table.add_row(
