@@ -378,6 +378,12 @@ def test_allocation_power_has_a_title_the_budget_line_and_names() -> None:
         "baselines' limit (all GPUs at full power)",
     ]
     assert dashed[0].get_ydata()[0] == pytest.approx(92.16)
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    fig.tight_layout()
+    for ax in (top, bottom):  # each legend beside its axes, over no line
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.x0 > ax.get_window_extent(renderer).x1
+        assert legend.x1 <= fig.bbox.x1  # and inside the figure
     import matplotlib.pyplot as plt
 
     plt.close(fig)

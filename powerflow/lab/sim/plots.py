@@ -246,7 +246,7 @@ def allocation_and_power_figure(outcomes: Sequence[RunOutcome]) -> Figure:
     """Fig. 9: GPUs computing and cluster power over time, one run per scheduler, with
     each power limit as a dashed line: PowerFlow's budget per run, and the baselines'
     one limit (every GPU at full power) once."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, dpi=DPI)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11.5, 7), sharex=True, dpi=DPI)
     styles = _styles(o.spec.scheduler for o in outcomes)
     baseline_limit = False
     window_h = max((o.metrics.get("window_s") or 0.0 for o in outcomes), default=0.0) / HOUR
@@ -281,8 +281,12 @@ def allocation_and_power_figure(outcomes: Sequence[RunOutcome]) -> Figure:
         fontsize=9,
     )
     bottom.set_xlabel("time since the first submission (h)")
-    top.legend(fontsize=7, title="scheduler (run)", title_fontsize=7)
-    bottom.legend(fontsize=7, title="power limits", title_fontsize=7)
+    # Beside the axes, never over the lines (a run at the top of the cluster for days
+    # runs where a legend inside would sit).
+    for ax, name in ((top, "scheduler (run)"), (bottom, "power limits")):
+        ax.legend(
+            fontsize=7, title=name, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+        )
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     fig.suptitle(
