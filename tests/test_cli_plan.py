@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -81,6 +82,8 @@ def test_a_placement_across_nodes_wraps_between_nodes_and_is_never_cut() -> None
     from powerflow.core.policy.snapshot import JobPlan, Plan
 
     snapshot = demo_snapshot(Budget(eta=0.6))
+    long_id = "a-training-job-with-a-very-long-name-from-a-pipeline"
+    snapshot = replace(snapshot, jobs=(replace(snapshot.jobs[0], id=long_id), *snapshot.jobs[1:]))
     nodes = [n.name for n in snapshot.nodes]
     slots = tuple((node, i) for node in nodes for i in range(8))
     first = snapshot.jobs[0]
@@ -95,6 +98,9 @@ def test_a_placement_across_nodes_wraps_between_nodes_and_is_never_cut() -> None
         assert max(map(len, rows)) <= 80 and "…" not in text
         for node in nodes:
             assert f"{node}:0-7" in text
+        assert "1410" in text and "32" in text  # the numbers whole
+        cells = [line.split("│")[1].strip() for line in rows if line.startswith("│")]
+        assert "".join(cells).startswith(long_id)  # the name folded, whole
 
 
 @pytest.mark.parametrize("args", [["plan"], ["plan", "--demo", "--eta", "1.5"]])

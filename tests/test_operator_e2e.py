@@ -89,8 +89,14 @@ async def test_dljob_gets_worker_pods_and_status(kubeconfig: Path, api: httpx.As
         assert status["allocation"]["gpus"] == 4
         assert status["allocation"]["frequencyMHz"] == 1410
         assert status["observedGeneration"] == 1
-        events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
-        assert any(e.get("reason") == "Profiling" for e in events)
+
+        async def profiling_event() -> bool:
+            # Written in the same pass as the status, after it: a reader may see the
+            # status first.
+            events = (await api.get(f"/api/v1/namespaces/{NS}/events")).json()["items"]
+            return any(e.get("reason") == "Profiling" for e in events)
+
+        assert await eventually(profiling_event)
 
 
 async def test_budget_change_reallocates(kubeconfig: Path, api: httpx.AsyncClient) -> None:

@@ -217,6 +217,8 @@ def test_sweep_plus_tuning_prints_and_writes_the_ranked_grid(
     assert f"powerflow+: chosen {rows[0]['setting']}" in printed
     runs = (out / "runs.csv").read_text().splitlines()
     assert len(runs) == 1 + 2 + 2 * len(plus_tuning.ETAS)
+    window = TUNING_WINDOWS[0].name
+    assert runs[0].startswith("window,") and all(r.startswith(f"{window},") for r in runs[1:])
 
 
 def test_the_profiling_grid_runs_each_ladder_with_the_chosen_knobs_on_the_tuning_windows() -> None:

@@ -7,8 +7,8 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from powerflow.commands.sweep import clock_bound_table, plus_tuning_table, tuning_table
-from powerflow.lab.sim import clock_bound, plus_tuning, tuning
+from powerflow.commands.sweep import job_clocks_table, plus_tuning_table, tuning_table
+from powerflow.lab.sim import job_clocks, plus_tuning, tuning
 from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 OPTIONS = (
@@ -61,12 +61,12 @@ def test_the_plus_tuning_table_fits_80_columns_with_both_ratios_of_each_window(
 
 
 @pytest.mark.parametrize("width", [140, 80])
-def test_the_clock_bound_table_fits_80_columns(width: int) -> None:
+def test_the_job_clocks_table_fits_80_columns(width: int) -> None:
     ratios = tuple(1.111 + k / 1000 for k in range(2 * len(TUNING_WINDOWS)))
-    bounds = [clock_bound.Bound(name, ratios, (1.014, 0.967)) for name in clock_bound.VARIANTS]
-    lines = _lines(clock_bound_table(bounds), width)
+    scored = [job_clocks.Versus(name, ratios, (1.014, 0.967)) for name in job_clocks.VARIANTS]
+    lines = _lines(job_clocks_table(scored), width)
     assert max(map(len, lines)) <= 80
     text = "\n".join(lines)
     assert "…" not in text and "in-window energy" in text
-    for cell in (*clock_bound.VARIANTS, *(f"{r:.3f}" for r in ratios), "1.014", "0.967"):
+    for cell in (*job_clocks.VARIANTS, *(f"{r:.3f}" for r in ratios), "1.014", "0.967"):
         assert cell in text

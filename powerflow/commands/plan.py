@@ -167,9 +167,10 @@ def print_plan(snapshot: Snapshot, plan: Plan, console: Console) -> None:
         title="PowerFlow plan",
         caption="batch: local batch per GPU; placement, ran on: node:GPUs, now and before",
     )
-    for col in ("job", "model", "GPUs", "MHz", "batch"):
-        left = col in ("job", "model")
-        table.add_column(col, justify="left" if left else "right", no_wrap=True)
+    for col, width in (("job", 13), ("model", 11)):  # the demo's longest; a longer one folds
+        table.add_column(col, max_width=width, overflow="fold")
+    for col in ("GPUs", "MHz", "batch"):
+        table.add_column(col, justify="right", no_wrap=True)
     for col in ("placement", "ran on"):
         # A job on several nodes lists each: wrapped between nodes, never cut.
         table.add_column(col, max_width=PLACEMENT_WIDTH, overflow="fold")

@@ -1,4 +1,4 @@
-"""``powerflow sweep sensitivity|tuning|plus-tuning|clock-bound|ablation``: parameter studies.
+"""``powerflow sweep sensitivity|tuning|plus-tuning|job-clocks|ablation``: parameter studies.
 
 ``sensitivity``: the three sensitivity studies of paper §6.4, 100-job
 synthetic traces (Gavel's generator) along the mean arrival interval, the
@@ -15,8 +15,8 @@ with ``--grid profiling``, its profiling ladders instead of its policy knobs; wi
 margin with it (the three grids run in that order, each with the earlier choices);
 with ``--grid tournament``, AFS-L's tournament in place of its heap (an experiment).
 
-``clock-bound``: what a clock per job can add to AFS's allocation at equal energy, on
-the same windows (``powerflow.lab.sim.clock_bound``).
+``job-clocks``: what a clock per job can add to AFS's allocation at equal energy, on
+the same windows (``powerflow.lab.sim.job_clocks``).
 
 ``ablation``: the comparison from the paper's setting to this evaluation's, one
 change at a time (``powerflow.lab.sim.ablation``).
@@ -35,10 +35,10 @@ from rich.table import Table
 
 from powerflow.commands import checks
 from powerflow.commands.simulate import _run_with_progress, add_cluster_args, config_from
-from powerflow.lab.sim import ablation, clock_bound, experiments, output, plus_tuning, tuning
+from powerflow.lab.sim import ablation, experiments, job_clocks, output, plus_tuning, tuning
 from powerflow.lab.sim.compare import ENERGIES
 from powerflow.lab.sim.config import SimConfig
-from powerflow.lab.sim.runner import TraceSpec
+from powerflow.lab.sim.runner import RunOutcome, TraceSpec
 from powerflow.lab.sim.tuning import Setting
 from powerflow.lab.sim.windows import TUNING_WINDOWS
 
@@ -47,14 +47,15 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="parameter studies (sensitivity, paper Fig. 11)")
     p.add_argument(
         "study",
-        choices=["sensitivity", "tuning", "plus-tuning", "clock-bound", "ablation"],
+        choices=["sensitivity", "tuning", "plus-tuning", "job-clocks", "ablation"],
         help="which study",
     )
     add_cluster_args(p, trace=False)  # each study sets its own traces and cluster sizes
     p.add_argument(
         "--quick",
         action="store_true",
-        help="every other point of each axis; tuning: the first 2 h of each window, 8 nodes",
+        help="every other point of each axis; tuning, plus-tuning and job-clocks: the first"
+        " 2 h of each window, 8 nodes",
     )
     p.add_argument(
         "--grid",
@@ -96,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         return _tuning(args, config, out)
     if args.study == "plus-tuning":
         return _plus_tuning(args, config, out)
-    if args.study == "clock-bound":
-        return _clock_bound(args, config, out)
+    if args.study == "job-clocks":
+        return _job_clocks(args, config, out)
     if args.study == "ablation":
         return _ablation(args, config, out)
     specs = experiments.sensitivity(config, quick=args.quick)
@@ -207,7 +208,7 @@ def plus_tuning_table(grid: str, scored: list[plus_tuning.Scored]) -> Table:
     return table
 
 
-def clock_bound_table(bounds: list[clock_bound.Bound]) -> Table:
+def job_clocks_table(scored: list[job_clocks.Versus]) -> Table:
     """Each variant's ratios against AFS, one row per energy, in 80 columns."""
     table = Table(
         title="per-job clocks on AFS's allocation, tuning windows:"
@@ -215,30 +216,35 @@ def clock_bound_table(bounds: list[clock_bound.Bound]) -> Table:
     )
     for column in ("variant", "energy"):
         table.add_column(column, no_wrap=True)
-    for column in ("geomean", *(w.name for w in clock_bound.WINDOWS)):
+    for column in ("geomean", *(w.name for w in job_clocks.WINDOWS)):
         table.add_column(column, justify="right", no_wrap=True)
     per = len(ENERGIES)
-    for b in bounds:
+    for v in scored:
         for k, energy in enumerate(ENERGIES.values()):
-            cells = (b.geomean[k], *b.ratios[k::per])
-            table.add_row(b.variant, energy, *("n/a" if r is None else f"{r:.3f}" for r in cells))
+            cells = (v.geomean[k], *v.ratios[k::per])
+            table.add_row(v.variant, energy, *("n/a" if r is None else f"{r:.3f}" for r in cells))
     return table
 
 
-def _clock_bound(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
+def _with_window(outcome: RunOutcome) -> dict[str, Any]:
+    """A run's row with the window it ran on first, so that the CSV says which."""
+    return {"window": outcome.spec.trace.window, **outcome.row()}
+
+
+def _job_clocks(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     hours = experiments.QUICK_HOURS if args.quick else None
-    specs = clock_bound.specs(config, hours=hours)
+    specs = job_clocks.specs(config, hours=hours)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
-    output.write_csv([o.row() for o in outcomes], out / "runs.csv")
-    bounds = clock_bound.score(outcomes)
-    rows = clock_bound.rows(bounds)
-    output.write_csv(rows, out / "clock_bound.csv")
-    output.write_json(rows, out / "clock_bound.json")
+    output.write_csv([_with_window(o) for o in outcomes], out / "runs.csv")
+    scored = job_clocks.score(outcomes)
+    rows = job_clocks.rows(scored)
+    output.write_csv(rows, out / "job_clocks.csv")
+    output.write_json(rows, out / "job_clocks.json")
     if args.json:
         print(output.to_json(rows))
         return 0
     console = output.stdout_console()
-    table = clock_bound_table(bounds)
+    table = job_clocks_table(scored)
     console.print(table)
     console.print(f"wrote 3 files to {out}/")
     return 0
@@ -250,7 +256,7 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     specs = plus_tuning.specs(config, hours=hours, grid=grid, oracle=args.oracle)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     output.write_csv(
-        [{**o.row(), "setting": Setting(o.spec.scheduler, o.spec.policy_options).label}
+        [{**_with_window(o), "setting": Setting(o.spec.scheduler, o.spec.policy_options).label}
          for o in outcomes],
         out / "runs.csv",
     )  # fmt: skip

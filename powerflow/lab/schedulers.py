@@ -198,7 +198,7 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
                 compared=False,
             ),
             SchedulerSpec(
-                "afs+clock-bound",
+                "afs+job-clocks",
                 "AFS with each job at the locked clock of least Zeus cost, known without"
                 " profiling: what per-job clocks can add to AFS's allocation",
                 "eta_knob",

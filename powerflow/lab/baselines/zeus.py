@@ -11,10 +11,11 @@ times the job's world size, so here, per iteration of a job on ``n`` GPUs::
 
 with ``P_max`` the GPU's board power limit (``GpuSpec.max_power_w``) and
 ``f`` the clock the job's GPUs run at. The wrapped scheduler (Gandiva or
-Tiresias) decides who runs where; ``ZeusPolicy`` only sets each running
-job's GPU knob, so apart from that and the predicted power its plan is the
-inner plan. Zeus is energy-aware but not elastic, and it does not enforce the
-cluster's power limit either (it has none).
+Tiresias in the comparison; AFS in ``afs+zeus`` and ``afs+job-clocks``, which
+``powerflow sweep job-clocks`` runs) decides who runs where and on how many GPUs;
+``ZeusPolicy`` only sets each running job's GPU knob, so apart from that and the
+predicted power its plan is the inner plan. Zeus itself is energy-aware but not
+elastic, and it does not enforce the cluster's power limit either (it has none).
 
 Faithful:
 
@@ -31,8 +32,10 @@ Faithful:
 - The ``ZeusCost`` formula, its ``MAXPOWER`` (board limit x world size) and
   ``eta_knob`` default.
 - Just-in-time profiling during the job's first minutes: the simulator
-  charges Zeus a profiling phase on each job's first run
-  (``powerflow.lab.schedulers.ZEUS_PROFILING``). A job planned onto a GPU count
+  charges Zeus a profiling phase on each job's first run on a GPU count
+  (``powerflow.lab.schedulers.ZEUS_PROFILING``): once per job under Tiresias and
+  Gandiva (whose grow-shrink, which would resize jobs, is off by default); at every
+  new count under AFS. A job planned onto a GPU count
   not yet in its ``profiled_gpus`` (profiling, or about to: starting, resumed
   or resized there) is left uncapped: Zeus's profiler sets the limits itself,
   from the highest down. The simulator runs that phase as its clock sweep

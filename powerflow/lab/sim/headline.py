@@ -155,8 +155,7 @@ def _missing(
     if dom is None:
         return (
             f"{why} Dominance (n/a): no PowerFlow run spends no more energy than"
-            f" {'an' if shown[:1] in 'AEIOU' else 'a'} {shown} run and finishes jobs faster"
-            " on average."
+            f" {_article(shown)} {shown} run and finishes jobs faster on average."
         )
     mine = _run_named(rows, REFERENCE, r.get("dominance_powerflow_j"), energy)
     theirs = _run_named(rows, name, r.get("dominance_baseline_j"), energy)
@@ -241,3 +240,9 @@ def closing_lines(
             ]
             lines += [f"- {text}" for text in headlines(window, rows, WINDOW)]
     return lines
+
+
+def _article(name: str) -> str:
+    """The article before ``name``: "an" where it is said with a vowel first (AFS is
+    said "ay-ef-es"), else "a"."""
+    return "an" if name[:1].upper() in tuple("AEIOU") else "a"

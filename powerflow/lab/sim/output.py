@@ -125,7 +125,8 @@ def _plain(value: Any) -> str:
 
 RATIO_CAPTION = (
     "max, min: of the ratio over the energies both sweeps reach (common GJ); Zeus E: at"
-    " the Zeus variant's energy at eta_knob 0.5; dominance: the largest ratio of a"
+    " the energy of the Zeus variant at eta_knob 0.5 (Gandiva+Zeus's for Gandiva and AFS,"
+    " Tiresias+Zeus's for Tiresias); dominance: the largest ratio of a"
     " PowerFlow run spending no more energy than the baseline's run."
 )
 

@@ -39,7 +39,7 @@ STYLE = {
     "gandiva+zeus-clock": ("tab:brown", "v", "-"),
     "tiresias+zeus-clock": ("tab:pink", "<", "-"),
     "afs+zeus": ("navy", "p", "-"),
-    "afs+clock-bound": ("darkgoldenrod", "8", "-"),
+    "afs+job-clocks": ("darkgoldenrod", "8", "-"),
 }
 """Colour, marker and line of every scheduler the lab runs, the same in every figure:
 no two share a colour or a marker (line styles say what a run knew: ``KINDS``)."""

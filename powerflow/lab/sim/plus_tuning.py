@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ
+from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ, clocks_on
 from powerflow.lab.sim.compare import ENERGIES, jct_ratios
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
@@ -151,7 +151,8 @@ def specs(
     for window in WINDOWS:
         trace = TraceSpec(window=window.name, hours=hours)
         out += [
-            RunSpec(RIVAL, float(mhz), trace, config, tag=TAG) for mhz in DEFAULT_FREQUENCIES_MHZ
+            RunSpec(RIVAL, float(mhz), trace, config, tag=TAG)
+            for mhz in clocks_on(config.gpu, DEFAULT_FREQUENCIES_MHZ)  # the GPU type's own
         ]
         out += [
             RunSpec(PLUS, eta, trace, config, tag=TAG, policy_options=s.options, oracle=oracle)
