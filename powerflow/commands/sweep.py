@@ -146,11 +146,7 @@ def _tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     specs = tuning.tuning_specs(config, hours=experiments.QUICK_HOURS if args.quick else None)
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     result = tuning.score(outcomes)
-    rows = tuning.rows(result)
-    output.write_csv(rows, out / "tuning.csv")
-    output.write_json(rows, out / "tuning.json")
-    if args.json:
-        print(output.to_json(rows))
+    if _written(tuning.rows(result), out / "tuning", as_json=args.json):
         return 0
     console = output.stdout_console()
     for name, scored in result.items():
@@ -226,6 +222,16 @@ def job_clocks_table(scored: list[job_clocks.Versus]) -> Table:
     return table
 
 
+def _written(rows: list[dict[str, Any]], stem: Path, *, as_json: bool) -> bool:
+    """A study's rows as ``stem``.csv and .json; with ``as_json`` also printed, and
+    True: the command is done (no table)."""
+    output.write_csv(rows, stem.with_suffix(".csv"))
+    output.write_json(rows, stem.with_suffix(".json"))
+    if as_json:
+        print(output.to_json(rows))
+    return as_json
+
+
 def _with_window(outcome: RunOutcome) -> dict[str, Any]:
     """A run's row with the window it ran on first, so that the CSV says which."""
     return {"window": outcome.spec.trace.window, **outcome.row()}
@@ -237,15 +243,10 @@ def _job_clocks(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
     outcomes = _run_with_progress(specs, args.workers, Console(stderr=True), quiet=args.json)
     output.write_csv([_with_window(o) for o in outcomes], out / "runs.csv")
     scored = job_clocks.score(outcomes)
-    rows = job_clocks.rows(scored)
-    output.write_csv(rows, out / "job_clocks.csv")
-    output.write_json(rows, out / "job_clocks.json")
-    if args.json:
-        print(output.to_json(rows))
+    if _written(job_clocks.rows(scored), out / "job_clocks", as_json=args.json):
         return 0
     console = output.stdout_console()
-    table = job_clocks_table(scored)
-    console.print(table)
+    console.print(job_clocks_table(scored))
     console.print(f"wrote 3 files to {out}/")
     return 0
 
@@ -261,11 +262,7 @@ def _plus_tuning(args: argparse.Namespace, config: SimConfig, out: Path) -> int:
         out / "runs.csv",
     )  # fmt: skip
     scored = plus_tuning.score(outcomes, grid)
-    rows = plus_tuning.rows(scored)
-    output.write_csv(rows, out / "plus_tuning.csv")
-    output.write_json(rows, out / "plus_tuning.json")
-    if args.json:
-        print(output.to_json(rows))
+    if _written(plus_tuning.rows(scored), out / "plus_tuning", as_json=args.json):
         return 0
     console = output.stdout_console()
     label = f"{args.grid}{', oracle' if args.oracle else ''}"
