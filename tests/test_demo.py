@@ -67,10 +67,13 @@ def test_demo_shows_the_live_view_then_the_summary(capsys: pytest.CaptureFixture
     full = len(shown) == EVENTS_SHOWN
     assert full or "j00-gpt2  applied (gpt2)" in view
     assert full or re.search(r"j00-gpt2  Profiling: profiling on \d+ GPUs", view)
+    assert f"{title}; budget 4,802 W" in summary
     for row in ("powerflow (twin)", "powerflow (simulate)"):
         (cells,) = [x for x in summary.splitlines() if row in x]
-        assert "eta 1" in cells and "4,802" in cells
-    assert "avg JCT s" in summary and "energy MJ" in summary
+        assert "eta 1" in cells
+    assert "JCT s" in summary and "MJ" in summary and "restarts" in summary
+    table = [x for x in summary.splitlines() if x[:1] in "┏┃┡│└"]
+    assert table and max(map(len, table)) <= 80  # piped: 140 columns, the table in 80
     assert re.search(r"agreement with simulate: average JCT: twin \d+ s, simulate \d+ s", summary)
 
 

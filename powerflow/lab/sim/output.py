@@ -86,14 +86,18 @@ def results_table(
     *,
     value: tuple[str, str] | None = None,
     columns: Sequence[tuple[str, str, float]] = TABLE_COLUMNS,
+    caption: str | None = None,
 ) -> Table:
     """One line per run. ``value``: a (row key, header) column shown first, the
     parameter a sensitivity row belongs to (``x``). ``columns``: ``TABLE_COLUMNS``, or
-    the same keys in other units (``powerflow demo``'s runs last minutes, not days).
-    The run's name and setting share one column, which wraps before the numbers do."""
+    the same keys in other units (``powerflow demo``'s runs last minutes, not days),
+    with their ``caption``. The run's name and setting share one column, which wraps
+    before the numbers do."""
     from rich.table import Table
 
-    table = Table(title=title, caption=TABLE_CAPTION if columns is TABLE_COLUMNS else None)
+    if columns is TABLE_COLUMNS:
+        caption = TABLE_CAPTION
+    table = Table(title=title, caption=caption)
     if value is not None:
         table.add_column(value[1], justify="right", no_wrap=True)
     table.add_column("run")
