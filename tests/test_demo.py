@@ -55,7 +55,7 @@ def test_demo_shows_the_live_view_then_the_summary(capsys: pytest.CaptureFixture
     assert "DLJobs (1/1 done)" in view
     (line,) = [x for x in view.splitlines() if "j00-gpt2" in x and "Succeeded" in x]
     iterations = mini_trace(1, TimeScale(1 / 500))[0].job.iterations
-    assert f"{iterations}/{iterations} (100%)" in line
+    assert f"{iterations}/{iterations} 100%" in line
     assert "GPUs (# training, . idle)" in view
     assert re.search(r"node-0 .* [#.]{8} ", view) and re.search(r"node-1 .* [#.]{8} ", view)
     assert re.search(r"cluster power .* W of a 4,802 W budget \(\d+%\)", view)
@@ -199,11 +199,28 @@ def test_the_view_shows_jobs_gpus_power_and_the_newest_events() -> None:
     text = console.export_text()
     assert "DLJobs (0/4 done)" in text
     assert "3 more to be submitted" in text
-    assert "50/200 (25%)" in text and "1200" in text
+    assert "50/200 25%" in text and "1200" in text
     assert "##." in text
     assert "5,100 W of a 4,800 W budget (106%)" in text
     assert "event 11" in text and "event 4" in text and "event 3" not in text
     assert frame.power_w == 5100.0 and frame.done == 0
+
+
+def test_on_an_80_column_terminal_the_view_cuts_no_number() -> None:
+    """Names and nodes wrap; GPUs, clocks and iterations stay whole."""
+    jobs = tuple(
+        JobRow(f"j{i:02d}-deepspeech2", "deepspeech2", phase, 16, ("node-0", "node-1"), 1275,
+               12345, 45678)
+        for i, phase in enumerate(("Running", "Rescaling", "Succeeded"))
+    )  # fmt: skip
+    node = NodeRow("node-0", (True,) * 6 + (False,) * 2, (1275,) * 8, 2345.0)
+    frame = Frame("PowerFlow twin: 20 jobs", 123.4, jobs, 5, (node,), 4802.0, ("e",))
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(render(frame))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    assert text.count("12345/45678 27%") == 3 and text.count(" 1275 ") >= 3
+    assert all(phase in text for phase in ("Running", "Rescaling", "Succeeded"))
 
 
 def test_on_a_short_terminal_the_ended_jobs_give_way() -> None:

@@ -156,15 +156,24 @@ def shown_jobs(jobs: tuple[JobRow, ...], limit: int | None) -> tuple[JobRow, ...
     return tuple(j for j in jobs if id(j) in keep)
 
 
+JOB_WIDTH = 16
+NODES_WIDTH = 8
+BAR_WIDTH = 8
+"""The jobs' table's widths: with its numbers (a trace's job names, ``node-N`` nodes,
+iterations to 100,000) it fits 80 columns."""
+
+
 def _jobs_table(frame: Frame, limit: int | None) -> Table:
     table = Table(title=f"DLJobs ({frame.done}/{len(frame.jobs) + frame.waiting} done)")
-    table.add_column("job", no_wrap=True)
+    # Within 80 columns: a job's name and its nodes wrap (one node a line), its
+    # numbers never do.
+    table.add_column("job", max_width=JOB_WIDTH, overflow="fold")
     table.add_column("phase", no_wrap=True)
-    table.add_column("GPUs", justify="right")
-    table.add_column("nodes", no_wrap=True)
-    table.add_column("clock MHz", justify="right")
+    table.add_column("GPUs", justify="right", no_wrap=True)
+    table.add_column("nodes", max_width=NODES_WIDTH, overflow="fold")
+    table.add_column("MHz", justify="right", no_wrap=True)
     table.add_column("progress", no_wrap=True)
-    table.add_column("iterations", justify="right")
+    table.add_column("iterations", justify="right", no_wrap=True)
     shown = shown_jobs(frame.jobs, limit)
     for j in shown:
         share = j.iterations / j.total if j.total else 0.0
@@ -172,10 +181,10 @@ def _jobs_table(frame: Frame, limit: int | None) -> Table:
             j.name,
             Text(j.phase, style=PHASE_STYLES.get(j.phase, "")),
             "-" if j.gpus is None else str(j.gpus),
-            ",".join(j.nodes) or "-",
+            " ".join(j.nodes) or "-",
             "-" if j.frequency_mhz is None else str(j.frequency_mhz),
-            Group(ProgressBar(total=max(j.total, 1), completed=j.iterations, width=20)),
-            f"{j.iterations}/{j.total} ({share:.0%})",
+            Group(ProgressBar(total=max(j.total, 1), completed=j.iterations, width=BAR_WIDTH)),
+            f"{j.iterations}/{j.total} {share:.0%}",
         )
     notes = []
     if len(shown) < len(frame.jobs):
