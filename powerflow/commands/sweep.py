@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     output.write_csv(rows, out / "sensitivity.csv")
     output.write_json(studies, out / "sensitivity.json")
     labels = {s.name: s.label for s in experiments.STUDIES}
+    # The title says what the parameter is; its column is headed by the study's name.
     from powerflow.lab.sim import plots  # matplotlib only where a plot is drawn
 
     plots.sensitivity(studies, labels, out / "sensitivity.png")
@@ -117,9 +118,7 @@ def run(args: argparse.Namespace) -> int:
         console = output.stdout_console()
         for name, study_rows in studies.items():
             console.print(
-                output.results_table(
-                    study_rows, f"sensitivity: {labels[name]}", value=("x", labels[name])
-                )
+                output.results_table(study_rows, f"sensitivity: {labels[name]}", value=("x", name))
             )
         console.print(f"wrote 3 files to {out}/")
     return 0

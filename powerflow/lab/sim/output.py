@@ -80,6 +80,10 @@ def knob_text(row: Mapping[str, Any]) -> str:
     return "-"
 
 
+VALUE_RUN_WIDTH = 15
+"""``results_table``'s run column wraps here when a ``value`` column comes first."""
+
+
 def results_table(
     rows: Sequence[Mapping[str, Any]],
     title: str,
@@ -89,10 +93,11 @@ def results_table(
     caption: str | None = None,
 ) -> Table:
     """One line per run. ``value``: a (row key, header) column shown first, the
-    parameter a sensitivity row belongs to (``x``). ``columns``: ``TABLE_COLUMNS``, or
-    the same keys in other units (``powerflow demo``'s runs last minutes, not days),
-    with their ``caption``. The run's name and setting share one column, which wraps
-    before the numbers do."""
+    parameter a sensitivity row belongs to (``x``), with a short header (the title
+    says what it is). ``columns``: ``TABLE_COLUMNS``, or the same keys in other units
+    (``powerflow demo``'s runs last minutes, not days), with their ``caption``. The
+    run's name and setting share one column, which wraps before the numbers do (with
+    a ``value`` column, at ``VALUE_RUN_WIDTH``: the table in 80 columns)."""
     from rich.table import Table
 
     if columns is TABLE_COLUMNS:
@@ -100,7 +105,7 @@ def results_table(
     table = Table(title=title, caption=caption)
     if value is not None:
         table.add_column(value[1], justify="right", no_wrap=True)
-    table.add_column("run")
+    table.add_column("run", max_width=None if value is None else VALUE_RUN_WIDTH)
     for _, label, _ in columns:
         table.add_column(label, justify="right", no_wrap=True)
     for row in rows:
