@@ -99,3 +99,27 @@ def test_the_timeline_picks_runs_near_zeus_default_not_the_first_zeus_run() -> N
     ]
     chosen = {o.spec.scheduler: o.spec.value for o in pick_for_timeline(outcomes)}
     assert chosen == {"gandiva+zeus": 0.5, "gandiva": 1410.0}
+
+
+def test_the_timeline_passes_over_a_budget_below_the_cap_floor_where_it_can() -> None:
+    """PowerFlow's eta 0.3 is nearest Gandiva+Zeus's energy, but its budget is below
+    every GPU at its lowest power cap (64 x 8 A100: 100 W each, 51.2 kW): the
+    comparison does not compare it, so the figure shows eta 0.6. A scheduler with no
+    other run keeps its only one."""
+    limits = {0.3: 46_000.0, 0.6: 92_000.0}
+    outcomes = [
+        _outcome("gandiva+zeus", 0.5, 20.0),
+        *(
+            RunOutcome(
+                RunSpec("powerflow", eta),
+                {"total_energy_j": energy, "avg_jct_s": 1.0, "limit_w": limits[eta]},
+                Series(*(np.zeros(2) for _ in range(7))),
+            )
+            for eta, energy in ((0.3, 20.0), (0.6, 30.0))
+        ),
+    ]
+    assert [o.below_cap_floor for o in outcomes[1:]] == [True, False]
+    chosen = {o.spec.scheduler: o.spec.value for o in pick_for_timeline(outcomes)}
+    assert chosen == {"gandiva+zeus": 0.5, "powerflow": 0.6}
+    only = {o.spec.value for o in pick_for_timeline(outcomes[:2])}
+    assert only == {0.5, 0.3}

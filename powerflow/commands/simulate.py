@@ -700,11 +700,17 @@ def write_outputs(
 
 def pick_for_timeline(outcomes: list[RunOutcome]) -> list[RunOutcome]:
     """Fig. 9's choice: per scheduler, the run whose energy is closest to Gandiva+Zeus's
-    at Zeus's default ``eta_knob`` (``compare.zeus_energy``)."""
+    at Zeus's default ``eta_knob`` (``compare.zeus_energy``), among the runs the
+    comparison compares: a budget below every GPU at its lowest power cap
+    (``RunOutcome.below_cap_floor``) queues jobs by design, so such a run stands for
+    its scheduler only where it has no other."""
     fitted = [o for o in outcomes if main_run(o.row())]
     target = zeus_energy([o.row() for o in fitted], "gandiva+zeus")
+    compared = {o.spec.scheduler for o in fitted if not o.below_cap_floor}
     chosen: dict[str, RunOutcome] = {}
     for o in fitted:
+        if o.below_cap_floor and o.spec.scheduler in compared:
+            continue
         best = chosen.get(o.spec.scheduler)
         if target is None:
             if best is None:
