@@ -130,16 +130,22 @@ ZEUS_PROFILING = Profiling(profile_s=ZEUS_PROFILE_S)
 
 
 def _zeus_spec(
-    name: str, description: str, build: Callable[[float | None], Policy], *, compared: bool = True
+    name: str,
+    description: str,
+    build: Callable[[float | None], Policy],
+    *,
+    compared: bool = True,
+    profiling: Profiling = ZEUS_PROFILING,
 ) -> SchedulerSpec:
-    """A Zeus variant: its knob is ``eta_knob``, swept over ``ZEUS_ETA_KNOBS``."""
+    """A Zeus variant: its knob is ``eta_knob``, swept over ``ZEUS_ETA_KNOBS``; it pays
+    Zeus's profiling unless ``profiling`` says otherwise."""
     return SchedulerSpec(
         name,
         description,
         "eta_knob",
         build,
         _no_budget,
-        ZEUS_PROFILING,
+        profiling,
         ZEUS_ETA_KNOBS,
         compared=compared,
         default=ZEUS_ETA_KNOB,
@@ -197,17 +203,13 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
                 _zeus(_afs),
                 compared=False,
             ),
-            SchedulerSpec(
+            _zeus_spec(
                 "afs+job-clocks",
                 "AFS with each job at the locked clock of least Zeus cost, known without"
                 " profiling: what per-job clocks can add to AFS's allocation",
-                "eta_knob",
                 _zeus(_afs, "clock"),
-                _no_budget,
-                ORACLE,
-                ZEUS_ETA_KNOBS,
                 compared=False,
-                default=ZEUS_ETA_KNOB,
+                profiling=ORACLE,
             ),
             SchedulerSpec(
                 "afs",

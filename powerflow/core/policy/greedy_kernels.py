@@ -462,7 +462,10 @@ def tournament_steps(
     The rounds are the AFS baseline's (``lab/baselines/kernels.afs_l_levels``)
     with these rules inside them. The baseline keeps its own loop: run through
     this one with nothing binding it took 386 µs a decision of 250 jobs on 512
-    GPUs against 231 µs (the same levels), a few percent of an AFS run.
+    GPUs against 231 µs (the same levels), a few percent of an AFS run; and a
+    kernel calls compiled helpers only from its own file (``core/jit.py``: numba's
+    cache would miss a change to another file's), so the rounds' winner cannot be
+    one helper of both.
     """
     counts = table.counts
     start, sizes = jobs.start, jobs.sizes

@@ -27,6 +27,7 @@ PowerFlow's range it is one as long as more energy would not make PowerFlow slow
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -209,6 +210,32 @@ def jct_ratios(
             "powerflow_hi_j": ref.hi,
         }
     return out
+
+
+def ratios_by_window(
+    base: Mapping[str, Sequence[Mapping[str, Any]]],
+    ref: Mapping[str, Sequence[Mapping[str, Any]]],
+    windows: Sequence[str],
+    base_name: str,
+    ref_name: str,
+) -> tuple[float | None, ...]:
+    """Per window, then per energy (``ENERGIES``' order): ``base_name``'s average JCT over
+    ``ref_name``'s at equal energy (``jct_ratios``' mean over the energies both reach),
+    from each one's rows by window; None where the curves do not meet. How a study on
+    several windows scores one scheduler against another."""
+    return tuple(
+        jct_ratios([*base.get(w, ()), *ref.get(w, ())], energy, ref_name)
+        .get(base_name, {})
+        .get("mean")
+        for w in windows
+        for energy in ENERGIES
+    )
+
+
+def geomean(values: Iterable[float | None]) -> float | None:
+    """The geometric mean of the values that exist, None without any."""
+    have = [v for v in values if v is not None]
+    return math.exp(sum(map(math.log, have)) / len(have)) if have else None
 
 
 def versus(

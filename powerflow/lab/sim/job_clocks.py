@@ -28,13 +28,12 @@ energy by that factor.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ, clocks_on
-from powerflow.lab.sim.compare import ENERGIES, jct_ratios
+from powerflow.lab.sim.compare import ENERGIES, geomean, ratios_by_window
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
 from powerflow.lab.sim.windows import TUNING_WINDOWS
@@ -81,25 +80,16 @@ def score(outcomes: Sequence[RunOutcome]) -> list[Versus]:
         row = {**o.row(), "tag": "", "oracle": False}
         rows.setdefault(o.spec.scheduler, {}).setdefault(o.spec.trace.window or "", []).append(row)
     afs = rows.get(RIVAL, {})
+    windows = [w.name for w in WINDOWS]
+    per = len(ENERGIES)
     out = []
     for name in VARIANTS:
         mine = rows.get(name)
         if mine is None:
             continue
-        ratios: list[float | None] = []
-        for w in WINDOWS:
-            for energy in ENERGIES:
-                found = jct_ratios(afs.get(w.name, []) + mine.get(w.name, []), energy, name)
-                ratios.append(found.get(RIVAL, {}).get("mean"))
-        per = len(ENERGIES)
-        means = tuple(_geomean(ratios[k::per]) for k in range(per))
-        out.append(Versus(name, tuple(ratios), means))
+        ratios = ratios_by_window(afs, mine, windows, RIVAL, name)
+        out.append(Versus(name, ratios, tuple(geomean(ratios[k::per]) for k in range(per))))
     return out
-
-
-def _geomean(values: Sequence[float | None]) -> float | None:
-    have = [v for v in values if v is not None]
-    return math.exp(sum(map(math.log, have)) / len(have)) if have else None
 
 
 def rows(scored: Sequence[Versus]) -> list[dict[str, Any]]:

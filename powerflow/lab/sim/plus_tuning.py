@@ -28,13 +28,12 @@ docs/policy.md holds the tables these commands printed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from powerflow.lab.schedulers import DEFAULT_FREQUENCIES_MHZ, clocks_on
-from powerflow.lab.sim.compare import ENERGIES, jct_ratios
+from powerflow.lab.sim.compare import ENERGIES, geomean, ratios_by_window
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
 from powerflow.lab.sim.tuning import Setting
@@ -201,14 +200,8 @@ def score(outcomes: Sequence[RunOutcome], grid: Sequence[Setting] | None = None)
         if runs is None:
             continue
         restarts = sum(int(r.get("restarts") or 0) for found in runs.values() for r in found)
-        ratios: list[float | None] = []
-        for w in windows:
-            for energy in ENERGIES:
-                found = jct_ratios(rows.get(w, []) + runs.get(w, []), energy, reference=PLUS)
-                ratios.append(found.get(RIVAL, {}).get("mean"))
-        have = [r for r in ratios if r is not None]
-        value = math.exp(sum(map(math.log, have)) / len(have)) if have else None
-        scored.append(Scored(setting, value, tuple(ratios), restarts))
+        ratios = ratios_by_window(rows, runs, windows, RIVAL, PLUS)
+        scored.append(Scored(setting, geomean(ratios), ratios, restarts))
     best = max((s.score for s in scored if s.score is not None), default=None)
 
     def rank(s: Scored) -> tuple[int, float, float, str]:
