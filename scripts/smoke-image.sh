@@ -10,8 +10,10 @@ ctr=$(buildah "${STORE[@]}" from -q "$TAG")
 trap 'buildah "${STORE[@]}" rm "$ctr" >/dev/null' EXIT
 run() { buildah "${STORE[@]}" run --isolation chroot "$ctr" -- "$@"; }
 fail() { echo "smoke test failed: $*" >&2; exit 1; }
+# Text is searched with a here-string, never piped into grep -q: grep quits at the first
+# match, and under pipefail the writer's SIGPIPE would fail the check it just passed.
 
-run powerflow --version | grep -q '^powerflow ' || fail "powerflow --version"
+grep -q '^powerflow ' <<< "$(run powerflow --version)" || fail "powerflow --version"
 [ "$(run id -u)" = 10001 ] || fail "the image does not run as user 10001"
 
 # The operator gets as far as its login: a missing kubeconfig is one line, exit 2.
@@ -27,7 +29,7 @@ run sh -c 'printf "%s\n" "apiVersion: v1" "kind: Config" \
   "users: [{name: u, user: {token: t}}]" \
   "contexts: [{name: x, context: {cluster: c, user: u}}]" "current-context: x" > /tmp/kubeconfig'
 out=$(run sh -c 'powerflow nodeagent --node-name n1 --kubeconfig /tmp/kubeconfig 2>&1; echo "exit $?"')
-printf '%s\n' "$out" | grep -q 'NVML' || fail "nodeagent without a GPU: $out"
+grep -q 'NVML' <<< "$out" || fail "nodeagent without a GPU: $out"
 for agent_args in "--node-name n1 --kubeconfig /tmp/kubeconfig" \
                   "--simulate 2 --node-name n1 --once --kubeconfig /nonexistent"; do
   out=$(run sh -c "powerflow nodeagent $agent_args 2>&1; echo \"exit \$?\"")
@@ -73,9 +75,9 @@ for lib in sorted(p for p in pathlib.Path(sys.prefix, "lib").rglob("*.so*") if p
 # it, as the operator does, compiles nothing (the cache is hit; NUMBA_DEBUG_CACHE
 # prints each load and each save).
 out=$(run env NUMBA_DEBUG_CACHE=1 python3 - < "$(dirname "$0")/image-kernels.py" 2>&1)
-printf '%s\n' "$out" | grep -q '^planned ' || fail "kernels: $(printf '%s\n' "$out" | tail -5)"
-printf '%s\n' "$out" | grep -q '\[cache\] data loaded' || fail "no numba cache hit: $(printf '%s\n' "$out" | tail -5)"
-if printf '%s\n' "$out" | grep -q '\[cache\] data saved'; then
+grep -q '^planned ' <<< "$out" || fail "kernels: $(printf '%s\n' "$out" | tail -5)"
+grep -q '\[cache\] data loaded' <<< "$out" || fail "no numba cache hit: $(printf '%s\n' "$out" | tail -5)"
+if grep -q '\[cache\] data saved' <<< "$out"; then
   fail "numba compiled kernels at run time: $(printf '%s\n' "$out" | grep 'data saved' | head -3)"
 fi
 
@@ -83,7 +85,7 @@ fi
 # pip or setuptools; the licence and notice travel with it, and OCI labels name it.
 out=$(run sh -c 'powerflow simulate --hours 1 2>&1; echo "exit $?"')
 [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "simulate in the image: $out"
-printf '%s\n' "$out" | grep -q "pip install 'powerflow\[lab\]'" || fail "simulate in the image: $out"
+grep -q "pip install 'powerflow\[lab\]'" <<< "$out" || fail "simulate in the image: $out"
 run python3 -c '
 import importlib.util as u
 present = [m for m in ("scipy", "matplotlib", "adjustText", "rich", "kmock", "PIL", "fontTools", "pip", "setuptools",
@@ -92,7 +94,7 @@ assert not present, present' || fail "the image holds the lab or pip"
 run test -s /usr/share/doc/powerflow/LICENSE || fail "no LICENSE in the image"
 run test -s /usr/share/doc/powerflow/NOTICE || fail "no NOTICE in the image"
 for label in title version revision licenses; do
-  buildah "${STORE[@]}" inspect --format "{{index .ImageAnnotations \"org.opencontainers.image.$label\"}}{{index .OCIv1.Config.Labels \"org.opencontainers.image.$label\"}}" "$TAG" \
-    | grep -q . || fail "no OCI label org.opencontainers.image.$label"
+  value=$(buildah "${STORE[@]}" inspect --format "{{index .ImageAnnotations \"org.opencontainers.image.$label\"}}{{index .OCIv1.Config.Labels \"org.opencontainers.image.$label\"}}" "$TAG")
+  [ -n "$value" ] || fail "no OCI label org.opencontainers.image.$label"
 done
 echo "smoke tests passed: $TAG"
