@@ -23,7 +23,7 @@ comparisons, the HTTP rate) counts whatever else the machine runs, so measure
 on a quiet one. The scale run (``python -m benchmarks scale``, 12 minutes) has
 no target and is not repeated here.
 
-    python -m benchmarks targets                              # about 8 minutes
+    python -m benchmarks targets                              # about 5 minutes
     python -m benchmarks.targets_bench --no-comparison        # without the 42-run comparison
 """
 
