@@ -82,15 +82,17 @@ def test_the_operator_benchmarks_policy_share_is_within_each_pass() -> None:
 
 
 def test_the_targets_table_says_met_or_missed_for_ceilings_and_floors() -> None:
-    """A time is met at or below its limit, a rate at or above it, and the table says
-    which, with the limit's direction and the benchmark that measures it."""
+    """A time is met at or below its limit, a rate at or above it (with no call failed),
+    and the table says which, with the limit's direction and the benchmark that
+    measures it."""
     check = (
         "from rich.console import Console\n"
         "from benchmarks.targets_bench import Target, table\n"
         "rows = [Target('run: CPU', 5.0, 5.0, 's', 'main_job'),\n"
         "        Target('run2: CPU', 5.01, 5.0, 's', 'c'),\n"
         "        Target('calls', 2999.0, 3000.0, '/s', 'c', at_least=True),\n"
-        "        Target('calls2', 3000.0, 3000.0, '/s', 'c', at_least=True)]\n"
+        "        Target('calls2', 3000.0, 3000.0, '/s', 'c', at_least=True),\n"
+        "        Target('errors', 9000.0, 3000.0, '/s', 'c', at_least=True, failed=3)]\n"
         "print([t.met for t in rows])\n"
         "console = Console(width=200, record=True)\n"
         "console.print(table(rows))\n"
@@ -98,10 +100,11 @@ def test_the_targets_table_says_met_or_missed_for_ceilings_and_floors() -> None:
     )
     out = printed(check, 60)
     first, *lines = out.splitlines()
-    assert first == "[True, False, False, True]"
+    assert first == "[True, False, False, True, False]"
     row = {line.split("│")[1].strip(): line for line in lines if line.count("│") > 4}
     assert "met" in row["run: CPU"] and "<= 5 s" in row["run: CPU"]
     assert row["run: CPU"].split("│")[-2].strip() == "main_job"
     assert "MISSED" in row["run2: CPU"] and "5.01 s" in row["run2: CPU"]
     assert "MISSED" in row["calls"] and ">= 3,000 /s" in row["calls"]
     assert "met" in row["calls2"] and "MISSED" not in row["calls2"]
+    assert "MISSED (3 failed)" in row["errors"]  # a fast error is no rate
