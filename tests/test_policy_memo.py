@@ -391,6 +391,28 @@ def test_only_progress_changed_reuses_the_static_part_and_plans_as_a_fresh_polic
         assert policy.memo.static is part
 
 
+def test_new_caps_and_clocks_on_every_job_keep_the_static_part() -> None:
+    """Nothing in the static part reads a job's clock or power cap (``static.UNREAD``):
+    a plan that moves every cap and clock (as the caps move together) keeps the part,
+    and the next plan, which reads the new caps, equals a fresh policy's."""
+    rng = np.random.default_rng(12)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(128, 40, seed=12, eta=0.5, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    part = policy.memo.static
+    assert part is not None
+    for step, (cap, clock) in enumerate(((150.0, 1005), (260.0, 1410), (None, None))):
+        jobs = tuple(
+            replace(j, power_cap_w=cap, frequency_mhz=clock) if j.placement else j
+            for j in progressed(snap, 60.0 * (step + 1)).jobs
+        )
+        moved = replace(snap, jobs=jobs, now_s=snap.now_s + 60.0 * (step + 1))
+        assert any(j.power_cap_w != k.power_cap_w for j, k in zip(jobs, snap.jobs, strict=True))
+        warm_and_cold(policy, moved)
+        assert policy.memo.static is part
+
+
 FIELD_CHANGES: tuple[tuple[str, Any], ...] = (
     ("measured_power_w", lambda j, rng: (j.measured_power_w or 500.0) * 1.3),
     ("measured_frequency_mhz", lambda j, rng: 1005),

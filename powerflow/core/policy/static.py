@@ -3,11 +3,12 @@
 The field checks (``validate.py``), the tables (``tables.py``), the power
 correction (``power_loop``: each job's factor, which rows would sweep) and
 the heaps' tie-break ranks read every field of every job except its progress
-(``PROGRESS``: remaining iterations, time and GPU-seconds held), and its
-model only as an object. Between two events a job's other fields rarely
-change: over the whole default trace (fitted PowerFlow at eta 0.6) 19 of 177
-jobs per decision on average, and the decisions with many jobs (up to 795)
-carry nearly all the work. So the policy's memo (``memo.py``) keeps the last
+(``PROGRESS``: remaining iterations, time and GPU-seconds held) and its clock
+and power cap (``UNREAD``), and its model only as an object. Between two
+events a job's other fields rarely change: over the whole default trace
+(fitted PowerFlow at eta 0.6) 11 of 177 jobs per decision on average (19 with
+the clock and cap), and the decisions with many jobs (up to 795) carry nearly
+all the work. So the policy's memo (``memo.py``) keeps the last
 call's ``StaticPart``:
 
 * when every job's other fields equal the last call's, job for job in the
@@ -23,9 +24,9 @@ call's ``StaticPart``:
   (``tables.row_moves``); the other jobs are derived as without a memo.
 
 Exact: every input of what is kept is in what is compared (all of ``Job``'s
-fields but ``PROGRESS`` and ``model``, read from the dataclass, so a field
-added later is compared too; the model by identity; the cluster's GPU type,
-node shape and names), what is kept is a pure function of those inputs and
+fields but ``PROGRESS``, ``UNREAD`` and ``model``, read from the dataclass, so a
+field added later is compared too; the model by identity; the cluster's GPU
+type, node shape and names), what is kept is a pure function of those inputs and
 the policy's options, which are fixed for one memo (``dataclasses.replace``
 gives a copy with an empty one), and the arrays are copied value for value.
 ``tests/test_policy_memo.py`` plans sequences where only progress changes,
@@ -55,9 +56,16 @@ from powerflow.core.policy.validate import Cluster
 PROGRESS = frozenset({"remaining_iterations", "elapsed_s", "attained_gpu_s"})
 """The fields of a job that change at every event while it runs."""
 
+UNREAD = frozenset({"frequency_mhz", "power_cap_w"})
+"""Fields no part of a ``StaticPart`` reads: the clock a job runs now (the policy reads
+it nowhere) and its power cap (read from the jobs at every call, where the caps are set:
+``powerflow._Decision._place``). A plan that moves the caps moves them on many jobs at
+once, and with them their clocks; compared, each such job would have its part derived
+again."""
+
 _FIELDS = (
     "id",
-    *(f.name for f in dataclasses.fields(Job) if f.name not in {*PROGRESS, "model", "id"}),
+    *(f.name for f in dataclasses.fields(Job) if f.name not in {*PROGRESS, *UNREAD, "model", "id"}),
 )
 _fields_of = operator.attrgetter(*_FIELDS)
 _model_of = operator.attrgetter("model")
