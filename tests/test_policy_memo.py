@@ -375,16 +375,23 @@ def progressed(snapshot: Snapshot, seconds: float) -> Snapshot:
     return replace(snapshot, jobs=jobs, now_s=snapshot.now_s + seconds)
 
 
-def test_only_progress_changed_reuses_the_static_part_and_plans_as_a_fresh_policy() -> None:
-    """``static.py``: the last call's static part is handed out again when the jobs
-    changed only in progress, and the plan equals a fresh policy's."""
-    rng = np.random.default_rng(11)
+def warmed(seed: int) -> tuple[PowerFlowPolicy, Snapshot, object]:
+    """A policy that planned a snapshot of running jobs, the snapshot, and the static
+    part its memo kept."""
+    rng = np.random.default_rng(seed)
     policy = PowerFlowPolicy()
-    snap = synthetic_snapshot(128, 40, seed=11, eta=0.5, distinct_models=None)
+    snap = synthetic_snapshot(128, 40, seed=seed, eta=0.5, distinct_models=None)
     snap = running(snap, policy.plan(snap), rng)
     warm_and_cold(policy, snap)
     part = policy.memo.static
     assert part is not None
+    return policy, snap, part
+
+
+def test_only_progress_changed_reuses_the_static_part_and_plans_as_a_fresh_policy() -> None:
+    """``static.py``: the last call's static part is handed out again when the jobs
+    changed only in progress, and the plan equals a fresh policy's."""
+    policy, snap, part = warmed(11)
     for _ in range(4):
         snap = progressed(snap, 60.0)
         warm_and_cold(policy, snap)
@@ -395,13 +402,7 @@ def test_new_caps_and_clocks_on_every_job_keep_the_static_part() -> None:
     """Nothing in the static part reads a job's clock or power cap (``static.UNREAD``):
     a plan that moves every cap and clock (as the caps move together) keeps the part,
     and the next plan, which reads the new caps, equals a fresh policy's."""
-    rng = np.random.default_rng(12)
-    policy = PowerFlowPolicy()
-    snap = synthetic_snapshot(128, 40, seed=12, eta=0.5, distinct_models=None)
-    snap = running(snap, policy.plan(snap), rng)
-    warm_and_cold(policy, snap)
-    part = policy.memo.static
-    assert part is not None
+    policy, snap, part = warmed(12)
     for step, (cap, clock) in enumerate(((150.0, 1005), (260.0, 1410), (None, None))):
         jobs = tuple(
             replace(j, power_cap_w=cap, frequency_mhz=clock) if j.placement else j
