@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sweep_cases import assert_tuning_windows_only
 
 from powerflow.cli import main
 from powerflow.core.gpus import A100
@@ -22,7 +23,7 @@ from powerflow.lab.sim import experiments, job_clocks
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.result import Series
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
-from powerflow.lab.sim.windows import EVALUATION_WINDOWS, TUNING_WINDOWS
+from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 
 @pytest.fixture(autouse=True)
@@ -32,9 +33,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_afs_and_both_variants_run_on_every_tuning_window_only() -> None:
     specs = job_clocks.specs(SimConfig())
-    evaluation = {w.name for w in EVALUATION_WINDOWS}
-    assert {s.trace.window for s in specs} == {w.name for w in TUNING_WINDOWS}
-    assert not any(s.trace.window in evaluation for s in specs)
+    assert_tuning_windows_only(specs)
     assert all(s.tag == job_clocks.TAG for s in specs)
     for window in TUNING_WINDOWS:
         mine = [s for s in specs if s.trace.window == window.name]

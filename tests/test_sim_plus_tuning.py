@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sweep_cases import assert_tuning_windows_only
 
 from powerflow.cli import main
 from powerflow.core import schedulers
@@ -21,7 +22,7 @@ from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.result import Series
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
 from powerflow.lab.sim.tuning import Setting
-from powerflow.lab.sim.windows import EVALUATION_WINDOWS, TUNING_WINDOWS
+from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 
 @pytest.fixture(autouse=True)
@@ -31,9 +32,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_setting_and_afs_run_on_every_tuning_window_only() -> None:
     specs = plus_tuning.specs(SimConfig())
-    evaluation = {w.name for w in EVALUATION_WINDOWS}
-    assert {s.trace.window for s in specs} == {w.name for w in TUNING_WINDOWS}
-    assert not any(s.trace.window in evaluation for s in specs)
+    assert_tuning_windows_only(specs)
     assert all(s.tag == plus_tuning.TAG for s in specs)
     plus = [s for s in specs if s.scheduler == "powerflow+"]
     afs = [s for s in specs if s.scheduler == "afs"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sweep_cases import assert_tuning_windows_only
 
 from powerflow.cli import main
 from powerflow.lab.baselines.gandiva import GANDIVA_JOBS_PER_GPU, GandivaPolicy
@@ -15,7 +16,7 @@ from powerflow.lab.sim import experiments, tuning
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.result import Series
 from powerflow.lab.sim.runner import RunOutcome
-from powerflow.lab.sim.windows import EVALUATION_WINDOWS, TUNING_WINDOWS
+from powerflow.lab.sim.windows import TUNING_WINDOWS
 
 
 @pytest.fixture(autouse=True)
@@ -25,9 +26,7 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_setting_runs_on_every_tuning_window_and_never_on_an_evaluation_one() -> None:
     specs = tuning.tuning_specs(SimConfig())
-    evaluation = {w.name for w in EVALUATION_WINDOWS}
-    assert {s.trace.window for s in specs} == {w.name for w in TUNING_WINDOWS}
-    assert not any(s.trace.window in evaluation for s in specs)
+    assert_tuning_windows_only(specs)
     assert all(s.tag == "tune" and s.value == tuning.CLOCK_MHZ for s in specs)
     settings = {(s.scheduler, s.policy_options) for s in specs}
     assert settings == {(g.scheduler, g.options) for grid in tuning.GRIDS.values() for g in grid}
