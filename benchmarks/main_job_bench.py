@@ -25,6 +25,7 @@ import os
 import resource
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -78,15 +79,18 @@ def timed(args: list[str]) -> Measured:
 
 
 def compile_bytecode() -> None:
-    """Write the package's bytecode before timing, as a user's runs have it: pip
-    compiles an installed package, and an editable install's first run writes it.
-    Where ``PYTHONDONTWRITEBYTECODE`` is set (this project's shells have it) nothing
-    writes it, and every run would compile the project's modules from source again:
-    0.15-0.2 s of CPU a run that no user pays (``/usr/bin/time -f %U+%S powerflow
-    simulate --scheduler gandiva --frequency 1410 --hours 0.05 --json`` after
-    ``find powerflow -name '*.pyc' -delete``, then after ``python -m compileall
-    powerflow``)."""
+    """Write the bytecode of the package and of the environment it runs in before timing,
+    as a user's runs have it: an installed package's first import writes it (pip also
+    compiles at install, uv does not). Where ``PYTHONDONTWRITEBYTECODE`` is set (this
+    project's shells have it) nothing writes it, and every run would compile from source
+    again every module it imports: 1.0-1.2 s of CPU a run (numba's modules most) that no
+    user pays (``/usr/bin/time -f %U+%S powerflow simulate --scheduler tiresias
+    --frequency 1410 --json``, once with ``PYTHONPYCACHEPREFIX`` set to an empty folder,
+    once as it is). Files that do not compile under this Python (a test module of some
+    package written for a newer one) are left alone, as their import would leave them."""
     compileall.compile_dir(os.path.dirname(powerflow.__file__), quiet=1)
+    for folder in {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}:
+        compileall.compile_dir(folder, quiet=2, workers=0)
 
 
 def verdict(value: float, target: float) -> str:
