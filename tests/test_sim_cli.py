@@ -294,3 +294,27 @@ def test_powerflow_pays_the_same_power_on_as_the_baselines(tiny: Path) -> None:
     free = simulate(replace(spec, config=replace(spec.config, power_on_s=0.0)))
     assert free.power_on_energy_j == 0.0
     assert next(j for j in free.jobs if j.job_id == "a").jct_s < first.jct_s
+
+
+def test_figures_drawn_in_another_process_are_the_same_files(tiny: Path, tmp_path: Path) -> None:
+    """With workers, Fig. 8 is drawn in a process of its own: the same bytes, the same
+    list of files in the same order."""
+    from powerflow.commands.simulate import write_outputs
+    from powerflow.lab.sim import experiments
+    from powerflow.lab.sim.runner import run_many
+
+    cfg = SimConfig(nodes=1, gpus_per_node=4)
+    specs = experiments.comparison(TraceSpec(str(tiny)), cfg, quick=True)
+    outcomes = run_many(specs, workers=1)
+    made = {
+        workers: write_outputs(tmp_path / str(workers), outcomes, {}, "tiny", workers=workers)
+        for workers in (1, 2)
+    }
+    assert [p.name for p in made[1]] == [p.name for p in made[2]]
+    assert [p.name for p in made[1]][2:] == [
+        "jct_vs_energy.png",
+        "allocation_power.png",
+        "fitted_vs_oracle.png",
+    ]
+    for one, two in zip(made[1], made[2], strict=True):
+        assert one.read_bytes() == two.read_bytes(), one.name

@@ -8,9 +8,11 @@ to a results folder. With ``--scheduler`` it runs one configuration.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import math
 import os
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -602,7 +604,9 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
         f" {setting_label(config)}"
     )
     lines = headline.closing_lines(rows, ratios, specs[0].trace)
-    files = write_outputs(out, outcomes, ratios, title, {**plus, "headline": lines})
+    files = write_outputs(
+        out, outcomes, ratios, title, {**plus, "headline": lines}, workers=args.workers
+    )
     if args.report:
         write_report(args.report, outcomes, ratios, config, specs[0].trace, out, args)
         files.append(args.report)
@@ -679,7 +683,13 @@ def write_outputs(
     ratios: dict[str, Any],
     title: str,
     plus: dict[str, Any] | None = None,
+    *,
+    workers: int = 1,
 ) -> list[Path]:
+    """The CSV, the JSON and the figures; with ``workers`` above 1, Fig. 8 (the slowest
+    to draw: its labels are placed one by one) in a process of its own while this one
+    draws the others, which takes a third off the time after the last run (5.4 s to
+    about 3.6 s on 2 cores, ``py-spy record --idle`` of ``powerflow simulate``)."""
     # Matplotlib only where plots are drawn: it is a third of a single run's start-up.
     from powerflow.lab.sim import plots
 
@@ -690,11 +700,20 @@ def write_outputs(
             {"title": title, "runs": rows, "jct_ratio_at_equal_energy": ratios, **(plus or {})},
             out / "results.json",
         ),
-        plots.jct_vs_energy(rows, out / "jct_vs_energy.png", title),
-        plots.allocation_and_power(pick_for_timeline(outcomes), out / "allocation_power.png"),
     ]
-    if any(o.spec.oracle for o in outcomes):
-        files.append(plots.fitted_vs_oracle(rows, out / "fitted_vs_oracle.png"))
+    with contextlib.ExitStack() as stack:
+        fig8: Future[Path] | None = None
+        if workers > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=1))
+            fig8 = pool.submit(plots.jct_vs_energy, rows, out / "jct_vs_energy.png", title)
+        else:
+            files.append(plots.jct_vs_energy(rows, out / "jct_vs_energy.png", title))
+        timeline = pick_for_timeline(outcomes)
+        files.append(plots.allocation_and_power(timeline, out / "allocation_power.png"))
+        if any(o.spec.oracle for o in outcomes):
+            files.append(plots.fitted_vs_oracle(rows, out / "fitted_vs_oracle.png"))
+        if fig8 is not None:
+            files.insert(2, fig8.result())
     return files
 
 
