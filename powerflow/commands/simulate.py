@@ -688,8 +688,9 @@ def write_outputs(
 ) -> list[Path]:
     """The CSV, the JSON and the figures; with ``workers`` above 1, Fig. 8 (the slowest
     to draw: its labels are placed one by one) in a process of its own while this one
-    draws the others, which takes a third off the time after the last run (5.4 s to
-    about 3.6 s on 2 cores, ``py-spy record --idle`` of ``powerflow simulate``)."""
+    draws the others: about a fifth off the time after the last run (4.97-4.98 s to
+    3.87-4.28 s on 2 cores: this function on the default comparison's outcomes, with
+    workers 1 and 2, alternated, twice each)."""
     # Matplotlib only where plots are drawn: it is a third of a single run's start-up.
     from powerflow.lab.sim import plots
 
