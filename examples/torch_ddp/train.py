@@ -87,6 +87,10 @@ def main() -> None:
                 optimizer.step()
         save()
     print(f"rank {rank}: {worker.iterations} iterations, loss {loss.item():.4f}", flush=True)
+    # Every rank reaches the end before any tears the group down: a rank that destroys
+    # it while its peer is still on its way out can hang there, on a loaded machine for
+    # minutes after its last iteration (pytorch/pytorch#75097).
+    dist.barrier()
     dist.destroy_process_group()
 
 
