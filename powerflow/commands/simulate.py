@@ -688,9 +688,10 @@ def write_outputs(
 ) -> list[Path]:
     """The CSV, the JSON and the figures; with ``workers`` above 1, Fig. 8 (the slowest
     to draw: its labels are placed one by one) in a process of its own while this one
-    draws the others: about a fifth off the time after the last run (4.97-4.98 s to
-    3.87-4.28 s on 2 cores: this function on the default comparison's outcomes, with
-    workers 1 and 2, alternated, twice each)."""
+    draws the others: about a fifth off the time after the last run (4.75-5.06 s to
+    3.56-4.28 s on 2 cores: this function on the default comparison's outcomes, with
+    workers 1 and 2, alternated, twice each, in two runs; docs/simulator.md, "Speed",
+    has the command)."""
     # Matplotlib only where plots are drawn: it is a third of a single run's start-up.
     from powerflow.lab.sim import plots
 
