@@ -27,7 +27,7 @@ operator's 256-job passes and reaction time, the ingest's samples a second, the
 models' fit and prediction times, the node agent's). ``python -m benchmarks``
 (every benchmark) runs this one too: its rows are measured a second time there.
 
-    python -m benchmarks targets                              # about 5 minutes
+    python -m benchmarks targets                              # 3-5 minutes
     python -m benchmarks.targets_bench --no-comparison        # without the 42-run comparison
 """
 

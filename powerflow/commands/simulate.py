@@ -703,20 +703,21 @@ def write_outputs(
             out / "results.json",
         ),
     ]
+    fig8_args = (rows, out / "jct_vs_energy.png", title)
     with contextlib.ExitStack() as stack:
-        fig8: Future[Path] | None = None
+        fig8: Future[Path] | Path
         if workers > 1:
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=1))
-            fig8 = pool.submit(plots.jct_vs_energy, rows, out / "jct_vs_energy.png", title)
+            fig8 = pool.submit(plots.jct_vs_energy, *fig8_args)
         else:
-            files.append(plots.jct_vs_energy(rows, out / "jct_vs_energy.png", title))
-        timeline = pick_for_timeline(outcomes)
-        files.append(plots.allocation_and_power(timeline, out / "allocation_power.png"))
+            fig8 = plots.jct_vs_energy(*fig8_args)
+        others = [
+            plots.allocation_and_power(pick_for_timeline(outcomes), out / "allocation_power.png")
+        ]
         if any(o.spec.oracle for o in outcomes):
-            files.append(plots.fitted_vs_oracle(rows, out / "fitted_vs_oracle.png"))
-        if fig8 is not None:
-            files.insert(2, fig8.result())
-    return files
+            others.append(plots.fitted_vs_oracle(rows, out / "fitted_vs_oracle.png"))
+        files.append(fig8 if isinstance(fig8, Path) else fig8.result())
+    return [*files, *others]
 
 
 def pick_for_timeline(outcomes: list[RunOutcome]) -> list[RunOutcome]:
