@@ -39,7 +39,6 @@ its table rows, and the model is asked only for a configuration no row has.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -206,27 +205,11 @@ def sweeping_rows(
 
 def sweep_mask(job: Job, rows: JobRows) -> FloatArray:
     """Per row of ``job`` (``rows``): 1.0 where a run there would sweep the clocks
-    (its count not yet profiled), NaN where not (profiled, or a job that never sweeps).
-    Read only: the common answers (none or all rows sweep) are shared arrays."""
+    (its count not yet profiled), NaN where not (profiled, or a job that never sweeps)."""
     profiled = job.profiled_gpus
     if profiled is None:
-        return _mask(rows.size, None, frozenset())
-    try:
-        return _mask(rows.size, rows.counts, profiled)
-    except TypeError:  # an unhashable collection of counts: the same answer, not kept
-        return _mask.__wrapped__(rows.size, rows.counts, profiled)
-
-
-@functools.lru_cache(maxsize=4096)
-def _mask(size: int, counts: tuple[int, ...] | None, profiled: frozenset[int]) -> FloatArray:
-    """``sweep_mask`` of ``size`` rows of these ``counts`` (None: a job that never sweeps),
-    shared and read only: jobs repeat the same few answers."""
-    if counts is None:
-        out = np.full(size, np.nan)
-    else:
-        out = np.asarray([math.nan if n in profiled else 1.0 for n in counts], dtype=np.float64)
-    out.flags.writeable = False
-    return out
+        return np.full(rows.size, np.nan)
+    return np.asarray([math.nan if n in profiled else 1.0 for n in rows.counts], dtype=np.float64)
 
 
 @dataclass(frozen=True)
