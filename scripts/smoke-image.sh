@@ -5,20 +5,22 @@
 #   scripts/smoke-image.sh TAG
 set -euo pipefail
 TAG=$1
-STORE=(--storage-driver vfs)
+# shellcheck source=scripts/in-image.sh
+source "$(dirname "$0")/in-image.sh"  # run, fail, capture
 ctr=$(buildah "${STORE[@]}" from -q "$TAG")
 trap 'buildah "${STORE[@]}" rm "$ctr" >/dev/null' EXIT
-run() { buildah "${STORE[@]}" run --isolation chroot "$ctr" -- "$@"; }
-fail() { echo "smoke test failed: $*" >&2; exit 1; }
 # Text is searched with a here-string, never piped into grep -q: grep quits at the first
 # match, and under pipefail the writer's SIGPIPE would fail the check it just passed.
+# Output is read through `capture`, whose last line is the command's exit status, read
+# inside the container (buildah adds its own lines).
 
-grep -q '^powerflow ' <<< "$(run powerflow --version)" || fail "powerflow --version"
-[ "$(run id -u)" = 10001 ] || fail "the image does not run as user 10001"
+out=$(capture 'powerflow --version')
+grep -q '^powerflow ' <<< "$out" || fail "powerflow --version: $out"
+[ "$(capture 'id -u')" = "10001
+exit 0" ] || fail "the image does not run as user 10001"
 
 # The operator gets as far as its login: a missing kubeconfig is one line, exit 2.
-# (The exit status is read inside the container: buildah adds its own lines.)
-out=$(run sh -c 'powerflow operator --kubeconfig /nonexistent 2>&1; echo "exit $?"')
+out=$(capture 'powerflow operator --kubeconfig /nonexistent 2>&1')
 [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "operator without a cluster: $out"
 [ "$(printf '%s\n' "$out" | wc -l)" = 2 ] || fail "operator's error is not one line: $out"
 
@@ -28,11 +30,11 @@ run sh -c 'printf "%s\n" "apiVersion: v1" "kind: Config" \
   "clusters: [{name: c, cluster: {server: \"http://127.0.0.1:1\"}}]" \
   "users: [{name: u, user: {token: t}}]" \
   "contexts: [{name: x, context: {cluster: c, user: u}}]" "current-context: x" > /tmp/kubeconfig'
-out=$(run sh -c 'powerflow nodeagent --node-name n1 --kubeconfig /tmp/kubeconfig 2>&1; echo "exit $?"')
+out=$(capture 'powerflow nodeagent --node-name n1 --kubeconfig /tmp/kubeconfig 2>&1')
 grep -q 'NVML' <<< "$out" || fail "nodeagent without a GPU: $out"
 for agent_args in "--node-name n1 --kubeconfig /tmp/kubeconfig" \
                   "--simulate 2 --node-name n1 --once --kubeconfig /nonexistent"; do
-  out=$(run sh -c "powerflow nodeagent $agent_args 2>&1; echo \"exit \$?\"")
+  out=$(capture "powerflow nodeagent $agent_args 2>&1")
   [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "nodeagent $agent_args: $out"
   [ "$(printf '%s\n' "$out" | wc -l)" = 2 ] || fail "nodeagent $agent_args: not one line: $out"
 done
@@ -61,20 +63,21 @@ set -e
 # Every shared object of the environment still loads after the build stripped them
 # (one that needs a library the image has not, as numba's optional OpenMP and TBB
 # threading layers do, fails the same way unstripped).
-out=$(run python3 -c '
+out=$(capture "python3 -c '
 import ctypes, pathlib, sys
-for lib in sorted(p for p in pathlib.Path(sys.prefix, "lib").rglob("*.so*") if p.is_file()):
+for lib in sorted(p for p in pathlib.Path(sys.prefix, \"lib\").rglob(\"*.so*\") if p.is_file()):
     try:
         ctypes.CDLL(str(lib))
     except OSError as e:
-        if "cannot open shared object file" not in str(e):
-            print(e)') || fail "loading the shared objects: $out"
-[ -z "$out" ] || fail "a shared object does not load: $out"
+        if \"cannot open shared object file\" not in str(e):
+            print(e)'")
+[ "$out" = "exit 0" ] || fail "a shared object does not load: $out"
 
 # Numba's kernels were compiled at build time: fitting a model and planning with
 # it, as the operator does, compiles nothing (the cache is hit; NUMBA_DEBUG_CACHE
 # prints each load and each save).
-out=$(run env NUMBA_DEBUG_CACHE=1 python3 - < "$(dirname "$0")/image-kernels.py" 2>&1)
+out=$(capture 'env NUMBA_DEBUG_CACHE=1 python3 - 2>&1' "$(dirname "$0")/image-kernels.py")
+[ "$(printf '%s\n' "$out" | tail -1)" = "exit 0" ] || fail "kernels: $(printf '%s\n' "$out" | tail -5)"
 grep -q '^planned ' <<< "$out" || fail "kernels: $(printf '%s\n' "$out" | tail -5)"
 grep -q '\[cache\] data loaded' <<< "$out" || fail "no numba cache hit: $(printf '%s\n' "$out" | tail -5)"
 if grep -q '\[cache\] data saved' <<< "$out"; then
@@ -83,7 +86,7 @@ fi
 
 # The runtime only: no lab (a lab command says what to install, in one line), no
 # pip or setuptools; the licence and notice travel with it, and OCI labels name it.
-out=$(run sh -c 'powerflow simulate --hours 1 2>&1; echo "exit $?"')
+out=$(capture 'powerflow simulate --hours 1 2>&1')
 [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "simulate in the image: $out"
 grep -q "pip install 'powerflow\[lab\]'" <<< "$out" || fail "simulate in the image: $out"
 run python3 -c '
