@@ -9,8 +9,11 @@
 # Why `capture`: on a loaded CI machine, one `buildah run --isolation chroot` of a
 # command whose shell always ends by printing its exit status returned status 0 and
 # no output at all. The exit line tells such a loss from any answer the image gives:
-# `capture` runs CMD again, at most three times in all, only while that line is
-# missing, so every check reads what the image answered, never a lost answer.
+# while `buildah run` returns 0 without that line, `capture` runs CMD again, at most
+# three times in all; a non-zero status of `buildah run` itself fails at once. So a
+# check that reads output through `capture` reads what the image answered, never a
+# lost answer; a command that changes the container can therefore run more than once
+# (smoke-image.sh checks numba's cache by its files, not only by what a run printed).
 
 STORE=(--storage-driver vfs)
 
@@ -19,16 +22,26 @@ run() { buildah "${STORE[@]}" run --isolation chroot "$ctr" -- "$@"; }
 fail() { echo "smoke test failed: $*" >&2; exit 1; }
 
 capture() {
-  local cmd=$1 input=${2:-/dev/null} out attempt
+  local cmd=$1 input=${2:-/dev/null} out last body status attempt
+  # The exit line is printed after a newline of its own, so that output without a
+  # trailing newline cannot hide it; that newline is taken out again below.
   for attempt in 1 2 3; do
-    out=$(run sh -c 'sh -c "$1"; echo "exit $?"' capture "$cmd" < "$input") || out=""
-    case "$(printf '%s\n' "$out" | tail -1)" in
+    status=0
+    out=$(run sh -c 'sh -c "$1"; printf "\nexit %s\n" "$?"' capture "$cmd" < "$input") \
+      || status=$?
+    [ "$status" = 0 ] || fail "buildah run exited $status for '${cmd%%$'\n'*}': $out"
+    last=${out##*$'\n'}
+    case "$last" in
       "exit "[0-9]*)
-        printf '%s\n' "$out"
+        body=""
+        [ "$out" = "$last" ] || body=${out%$'\n'"$last"}
+        body=${body%$'\n'}
+        [ -z "$body" ] || printf '%s\n' "$body"
+        printf '%s\n' "$last"
         return 0
         ;;
     esac
-    echo "smoke: attempt $attempt of '$cmd' came back without its exit line" >&2
+    echo "smoke: attempt $attempt of '${cmd%%$'\n'*}' came back without its exit line" >&2
   done
-  fail "buildah run lost the output of '$cmd' three times"
+  fail "buildah run lost the output of '${cmd%%$'\n'*}' three times"
 }

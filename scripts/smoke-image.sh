@@ -16,8 +16,9 @@ trap 'buildah "${STORE[@]}" rm "$ctr" >/dev/null' EXIT
 
 out=$(capture 'powerflow --version')
 grep -q '^powerflow ' <<< "$out" || fail "powerflow --version: $out"
-[ "$(capture 'id -u')" = "10001
-exit 0" ] || fail "the image does not run as user 10001"
+out=$(capture 'id -u')
+[ "$out" = "10001
+exit 0" ] || fail "the image does not run as user 10001: $out"
 
 # The operator gets as far as its login: a missing kubeconfig is one line, exit 2.
 out=$(capture 'powerflow operator --kubeconfig /nonexistent 2>&1')
@@ -75,7 +76,12 @@ for lib in sorted(p for p in pathlib.Path(sys.prefix, \"lib\").rglob(\"*.so*\") 
 
 # Numba's kernels were compiled at build time: fitting a model and planning with
 # it, as the operator does, compiles nothing (the cache is hit; NUMBA_DEBUG_CACHE
-# prints each load and each save).
+# prints each load and each save), and the cache's files are the image's after it
+# (which also holds if `capture` ran the script more than once).
+cache_files='find "$NUMBA_CACHE_DIR" -type f -exec cksum {} + | sort'
+cached=$(capture "$cache_files")
+[ "$(printf '%s\n' "$cached" | tail -1)" = "exit 0" ] && [ "$(printf '%s\n' "$cached" | wc -l)" -gt 1 ] \
+  || fail "no numba cache in the image: $cached"
 out=$(capture 'env NUMBA_DEBUG_CACHE=1 python3 - 2>&1' "$(dirname "$0")/image-kernels.py")
 [ "$(printf '%s\n' "$out" | tail -1)" = "exit 0" ] || fail "kernels: $(printf '%s\n' "$out" | tail -5)"
 grep -q '^planned ' <<< "$out" || fail "kernels: $(printf '%s\n' "$out" | tail -5)"
@@ -83,6 +89,7 @@ grep -q '\[cache\] data loaded' <<< "$out" || fail "no numba cache hit: $(printf
 if grep -q '\[cache\] data saved' <<< "$out"; then
   fail "numba compiled kernels at run time: $(printf '%s\n' "$out" | grep 'data saved' | head -3)"
 fi
+[ "$(capture "$cache_files")" = "$cached" ] || fail "numba's cache changed at run time"
 
 # The runtime only: no lab (a lab command says what to install, in one line), no
 # pip or setuptools; the licence and notice travel with it, and OCI labels name it.
