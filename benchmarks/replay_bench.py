@@ -15,8 +15,13 @@ run instead, and ``main_job_bench`` times it as a user runs it).
 are about 200:800, some 700 jobs each for Gandiva); the replay starts from
 empty memos at A, as a run does at its first decision.
 
+``--by-size`` adds one more replay, each decision's CPU summed by the size of its
+snapshot (jobs): where a policy's time goes, the many small decisions or the few
+large ones (``by_size``).
+
     python benchmarks/replay_bench.py --runs gandiva,gandiva+zeus --repeat 5
     python benchmarks/replay_bench.py --runs powerflow,powerflow+ --repeat 5
+    python benchmarks/replay_bench.py --runs powerflow --repeat 1 --by-size
     python -m benchmarks replay
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 from rich.table import Table
 
@@ -80,6 +86,62 @@ def replay(
     return best
 
 
+SIZES = (50, 100, 200, 400)
+"""Where ``--by-size`` splits snapshot sizes (jobs)."""
+
+
+def timed(name: str, spec: RunSpec, snapshots: list[Snapshot]) -> list[float]:
+    """Each decision's CPU seconds in one replay by a fresh policy object."""
+    policy = scheduler(name).configure(spec.knob_value, oracle=False).policy
+    spent = []
+    for snapshot in snapshots:
+        t0 = time.process_time()
+        policy.plan(snapshot)
+        spent.append(time.process_time() - t0)
+    return spent
+
+
+def by_size(
+    spent: Sequence[float],
+    jobs: Sequence[int],
+    running: Sequence[int],
+    bounds: Sequence[int] = SIZES,
+) -> list[tuple[str, int, float, float, float]]:
+    """Per range of snapshot sizes (``jobs``, split at ``bounds``): its label, its
+    decisions, their mean CPU seconds, their mean jobs holding GPUs (``running``) and
+    their CPU seconds in all; ranges without a decision are left out."""
+    highs: list[int | None] = [*bounds, None]
+    rows = []
+    for lo, hi in zip([0, *bounds], highs, strict=True):
+        picked = [k for k, n in enumerate(jobs) if n >= lo and (hi is None or n < hi)]
+        if not picked:
+            continue
+        label = f"under {hi}" if lo == 0 else f"{lo} and more" if hi is None else f"{lo}-{hi - 1}"
+        total = sum(spent[k] for k in picked)
+        mean_running = sum(running[k] for k in picked) / len(picked)
+        rows.append((label, len(picked), total / len(picked), mean_running, total))
+    return rows
+
+
+def size_table(name: str, spec: RunSpec, snapshots: list[Snapshot]) -> Table:
+    spent = timed(name, spec, snapshots)
+    jobs = [len(s.jobs) for s in snapshots]
+    running = [sum(1 for job in s.jobs if job.placement) for s in snapshots]
+    table = Table(title=f"{name}: one replay's CPU by snapshot size ({sum(spent):.2f} s)")
+    for col in ("jobs", "decisions", "ms a decision", "jobs holding GPUs", "CPU (s)", "share"):
+        table.add_column(col, justify="right" if col != "jobs" else "left")
+    for label, count, mean, held, total in by_size(spent, jobs, running):
+        table.add_row(
+            label,
+            f"{count:,}",
+            f"{mean * 1e3:.2f}",
+            f"{held:.0f}",
+            f"{total:.2f}",
+            f"{total / max(sum(spent), 1e-12):.0%}",
+        )
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -89,15 +151,23 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=5, help="replays; the least CPU is kept")
     parser.add_argument("--window", default=":", help="decisions A:B (default: all)")
+    parser.add_argument(
+        "--by-size",
+        action="store_true",
+        help="also one replay's CPU by snapshot size (jobs), per scheduler",
+    )
     args = parser.parse_args()
     first, _, last = args.window.partition(":")
     lo, hi = int(first or 0), int(last or 10**9)
     table = Table(title=f"decisions replayed (least CPU of {args.repeat})")
     for col in ("scheduler", "decisions", "jobs a decision", "policy CPU (s)", "µs a decision"):
         table.add_column(col, justify="right" if col != "scheduler" else "left")
+    sizes = []
     for name in args.runs.split(","):
         snapshots, plans, spec = record(name.strip(), lo, hi)
         cpu = replay(name.strip(), spec, snapshots, plans, args.repeat)
+        if args.by_size:
+            sizes.append(size_table(name.strip(), spec, snapshots))
         n = max(len(snapshots), 1)
         table.add_row(
             name,
@@ -107,6 +177,8 @@ def main() -> None:
             f"{cpu / n * 1e6:.0f}",
         )
     stdout_console().print(table)
+    for part in sizes:
+        stdout_console().print(part)
 
 
 if __name__ == "__main__":

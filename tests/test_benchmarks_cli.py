@@ -108,3 +108,18 @@ def test_the_targets_table_says_met_or_missed_for_ceilings_and_floors() -> None:
     assert "MISSED" in row["calls"] and ">= 3,000 /s" in row["calls"]
     assert "met" in row["calls2"] and "MISSED" not in row["calls2"]
     assert "MISSED (3 failed)" in row["errors"]  # a fast error is no rate
+
+
+def test_the_replay_split_by_snapshot_size_puts_each_decision_in_its_range() -> None:
+    check = (
+        "from benchmarks.replay_bench import by_size\n"
+        "rows = by_size([1.0, 2.0, 3.0, 4.0, 5.0], [10, 60, 60, 450, 49], [1, 5, 7, 400, 3])\n"
+        "print(rows)\n"
+    )
+    assert printed(check, 60) == repr(
+        [
+            ("under 50", 2, 3.0, 2.0, 6.0),
+            ("50-99", 2, 2.5, 6.0, 5.0),
+            ("400 and more", 1, 4.0, 400.0, 4.0),
+        ]
+    )
