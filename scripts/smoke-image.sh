@@ -8,7 +8,8 @@ TAG=$1
 # shellcheck source=scripts/in-image.sh
 source "$(dirname "$0")/in-image.sh"  # run, fail, capture
 ctr=$(buildah "${STORE[@]}" from -q "$TAG")
-trap 'buildah "${STORE[@]}" rm "$ctr" >/dev/null' EXIT
+programs=$(mktemp -d)  # Python programs the checks feed to the image's python3
+trap 'buildah "${STORE[@]}" rm "$ctr" >/dev/null; rm -rf "$programs"' EXIT
 # Text is searched with a here-string, never piped into grep -q: grep quits at the first
 # match, and under pipefail the writer's SIGPIPE would fail the check it just passed.
 # Output is read through `capture`, whose last line is the command's exit status, read
@@ -27,10 +28,11 @@ out=$(capture 'powerflow operator --kubeconfig /nonexistent 2>&1')
 
 # The node agent: without a GPU (NVML absent) and without a cluster, each a
 # one-line error and exit 2; the worker library imports without torch or numpy.
-run sh -c 'printf "%s\n" "apiVersion: v1" "kind: Config" \
+out=$(capture 'printf "%s\n" "apiVersion: v1" "kind: Config" \
   "clusters: [{name: c, cluster: {server: \"http://127.0.0.1:1\"}}]" \
   "users: [{name: u, user: {token: t}}]" \
-  "contexts: [{name: x, context: {cluster: c, user: u}}]" "current-context: x" > /tmp/kubeconfig'
+  "contexts: [{name: x, context: {cluster: c, user: u}}]" "current-context: x" > /tmp/kubeconfig')
+[ "$out" = "exit 0" ] || fail "writing a kubeconfig in the image: $out"
 out=$(capture 'powerflow nodeagent --node-name n1 --kubeconfig /tmp/kubeconfig 2>&1')
 grep -q 'NVML' <<< "$out" || fail "nodeagent without a GPU: $out"
 for agent_args in "--node-name n1 --kubeconfig /tmp/kubeconfig" \
@@ -39,12 +41,11 @@ for agent_args in "--node-name n1 --kubeconfig /tmp/kubeconfig" \
   [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "nodeagent $agent_args: $out"
   [ "$(printf '%s\n' "$out" | wc -l)" = 2 ] || fail "nodeagent $agent_args: not one line: $out"
 done
-run python3 -c 'import sys, powerflow.worker; assert "numpy" not in sys.modules' \
-  || fail "powerflow.worker imports something heavy"
+out=$(capture "python3 -c 'import sys, powerflow.worker; assert \"numpy\" not in sys.modules' 2>&1")
+[ "$out" = "exit 0" ] || fail "powerflow.worker imports something heavy: $out"
 
 # The extender serves /readyz and says why it is not ready without a cluster.
-set +e
-out=$(run timeout 30 python3 -c '
+cat > "$programs/extender.py" <<'PY'
 import subprocess, sys, time, urllib.request, urllib.error
 p = subprocess.Popen(["powerflow", "extender", "--kubeconfig", "/nonexistent", "--port", "8888"],
                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -57,9 +58,9 @@ for _ in range(100):
     except OSError:
         time.sleep(0.2)
 p.terminate(); print(p.stderr.read().decode()[-400:]); sys.exit(1)
-' 2>&1); rc=$?
-set -e
-[ "$rc" = 0 ] || fail "extender: $out"
+PY
+out=$(capture 'timeout 30 python3 - 2>&1' "$programs/extender.py")
+[ "$(printf '%s\n' "$out" | tail -1)" = "exit 0" ] || fail "extender: $out"
 
 # Every shared object of the environment still loads after the build stripped them
 # (one that needs a library the image has not, as numba's optional OpenMP and TBB
@@ -96,13 +97,17 @@ fi
 out=$(capture 'powerflow simulate --hours 1 2>&1')
 [ "$(printf '%s\n' "$out" | tail -1)" = "exit 2" ] || fail "simulate in the image: $out"
 grep -q "pip install 'powerflow\[lab\]'" <<< "$out" || fail "simulate in the image: $out"
-run python3 -c '
+cat > "$programs/no-lab.py" <<'PY'
 import importlib.util as u
 present = [m for m in ("scipy", "matplotlib", "adjustText", "rich", "kmock", "PIL", "fontTools", "pip", "setuptools",
                        "powerflow.lab") if u.find_spec(m)]
-assert not present, present' || fail "the image holds the lab or pip"
-run test -s /usr/share/doc/powerflow/LICENSE || fail "no LICENSE in the image"
-run test -s /usr/share/doc/powerflow/NOTICE || fail "no NOTICE in the image"
+assert not present, present
+PY
+out=$(capture 'python3 - 2>&1' "$programs/no-lab.py")
+[ "$out" = "exit 0" ] || fail "the image holds the lab or pip: $out"
+for doc in LICENSE NOTICE; do
+  [ "$(capture "test -s /usr/share/doc/powerflow/$doc")" = "exit 0" ] || fail "no $doc in the image"
+done
 for label in title version revision licenses; do
   value=$(buildah "${STORE[@]}" inspect --format "{{index .ImageAnnotations \"org.opencontainers.image.$label\"}}{{index .OCIv1.Config.Labels \"org.opencontainers.image.$label\"}}" "$TAG")
   [ -n "$value" ] || fail "no OCI label org.opencontainers.image.$label"
