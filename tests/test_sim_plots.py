@@ -16,6 +16,7 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.transforms import Bbox
 
 from powerflow.lab.schedulers import SCHEDULERS
 from powerflow.lab.sim import plots
@@ -130,6 +131,27 @@ def test_no_point_label_overlaps_another_or_a_point_where_points_crowd(
     assert all(inside.contains(b.x0, b.y0) and inside.contains(b.x1, b.y1) for b in boxes)
     points = [ax.transData.transform(xy) for ln in ax.get_lines() for xy in ln.get_xydata()]
     assert not any(b.contains(x, y) for b in boxes for x, y in points)
+    # nor over any part of a marker (half its width: markersize points at the figure's dpi)
+    marked = [ln for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "", " ")]
+    markers = [
+        Bbox.from_extents(x - r, y - r, x + r, y + r)
+        for ln in marked
+        for r in [ln.get_markersize() * fig.dpi / 144]
+        for x, y in ax.transData.transform(ln.get_xydata())
+    ]
+    assert markers
+    assert [(b, m) for b in boxes for m in markers if b.overlaps(m)] == []
+
+
+def test_point_labels_are_backed_so_lines_do_not_cross_them_out(figures: list[Figure]) -> None:
+    fig = plots.jct_vs_energy_figure(CROWDED, "t")
+    figures.append(fig)
+    labels = [t for t in fig.axes[0].texts if t.get_text()]
+    assert labels
+    for text in labels:
+        patch = text.get_bbox_patch()
+        assert patch is not None and patch.get_facecolor()[:3] == (1.0, 1.0, 1.0)
+        assert text.get_zorder() > max(ln.get_zorder() for ln in fig.axes[0].get_lines())
 
 
 def _curve(fig: Figure, label: str) -> Line2D:

@@ -71,6 +71,8 @@ LABEL_ITERATIONS = 2000
 would draw a figure differently on a busy machine. It stops sooner only once no label,
 widened a little, touches another or a marker, which crowded figures seldom reach;
 ``_place`` settles what it leaves."""
+BACKING = {"boxstyle": "square,pad=0.05", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+"""Behind each point label: a line that runs under it does not cross its text out."""
 
 
 def _styles(names: Iterable[str]) -> dict[str, tuple[str, str, str]]:
@@ -138,7 +140,7 @@ def _curves(ax: Axes, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -
                 label=f"{name}, {words}",
             )
             for r, xi, yi in zip(mine, x, y, strict=True):
-                texts.append(ax.text(xi, yi, point_label(r), fontsize=7, color=color))
+                texts.append(ax.text(xi, yi, point_label(r), fontsize=7, color=color, bbox=BACKING))
                 marks.append((xi, yi, MARKER_SIZE))
                 if _over(r):
                     ax.plot([xi], [yi], **RING)
@@ -168,8 +170,8 @@ def _curves(ax: Axes, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -
 def _place(ax: Axes, texts: list[Text], marks: list[tuple[float, float, float]]) -> None:
     """Moves the labels apart and off the markers (``marks``: x, y and the marker's size
     in points), then draws a grey line from each label that left its point back to it.
-    adjustText does the placing; where it leaves a label over another or over a point
-    (it stops after ``LABEL_ITERATIONS``), ``_free_spot`` moves it. Placing works in
+    adjustText does the placing; where it leaves a label over another or over any part
+    of a marker (it stops after ``LABEL_ITERATIONS``), ``_free_spot`` moves it. Placing works in
     pixels, so it runs on the figure's final layout, with the axes' limits frozen: the
     lines would otherwise widen them and shift every label against its point."""
     fig = ax.get_figure(root=True)
@@ -198,7 +200,7 @@ def _place(ax: Axes, texts: list[Text], marks: list[tuple[float, float, float]])
     placed: list[Bbox] = []
     for text, (x, y) in zip(texts, anchors, strict=True):
         box = text.get_window_extent(renderer)
-        covers = any(box.contains(*m.get_points().mean(axis=0)) for m in markers)
+        covers = any(box.overlaps(m) for m in markers)
         if covers or any(box.overlaps(other.padded(GAP)) for other in placed):
             box = _free_spot(box, [*placed, *markers], frame)
             cx, cy = to_data.transform(box.get_points().mean(axis=0))
