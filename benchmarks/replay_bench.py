@@ -71,13 +71,18 @@ def record(name: str, lo: int, hi: int) -> tuple[list[Snapshot], list[Plan], Run
     return snapshots, plans, spec
 
 
+def fresh_policy(name: str, spec: RunSpec) -> Policy:
+    """The run's policy as a run starts it: a new object, empty memos."""
+    return scheduler(name).configure(spec.knob_value, oracle=False).policy
+
+
 def replay(
     name: str, spec: RunSpec, snapshots: list[Snapshot], plans: list[Plan], repeat: int
 ) -> float:
     """Least CPU seconds of ``repeat`` replays, each by a fresh policy object."""
     best = float("inf")
     for _ in range(repeat):
-        policy = scheduler(name).configure(spec.knob_value, oracle=False).policy
+        policy = fresh_policy(name, spec)
         t0 = time.process_time()
         got = [policy.plan(s) for s in snapshots]
         best = min(best, time.process_time() - t0)
@@ -92,7 +97,7 @@ SIZES = (50, 100, 200, 400)
 
 def timed(name: str, spec: RunSpec, snapshots: list[Snapshot]) -> list[float]:
     """Each decision's CPU seconds in one replay by a fresh policy object."""
-    policy = scheduler(name).configure(spec.knob_value, oracle=False).policy
+    policy = fresh_policy(name, spec)
     spent = []
     for snapshot in snapshots:
         t0 = time.process_time()
@@ -127,7 +132,8 @@ def size_table(name: str, spec: RunSpec, snapshots: list[Snapshot]) -> Table:
     spent = timed(name, spec, snapshots)
     jobs = [len(s.jobs) for s in snapshots]
     running = [sum(1 for job in s.jobs if job.placement) for s in snapshots]
-    table = Table(title=f"{name}: one replay's CPU by snapshot size ({sum(spent):.2f} s)")
+    total_s = sum(spent)
+    table = Table(title=f"{name}: one replay's CPU by snapshot size ({total_s:.2f} s)")
     for col in ("jobs", "decisions", "ms a decision", "jobs holding GPUs", "CPU (s)", "share"):
         table.add_column(col, justify="right" if col != "jobs" else "left")
     for label, count, mean, held, total in by_size(spent, jobs, running):
@@ -137,7 +143,7 @@ def size_table(name: str, spec: RunSpec, snapshots: list[Snapshot]) -> Table:
             f"{mean * 1e3:.2f}",
             f"{held:.0f}",
             f"{total:.2f}",
-            f"{total / max(sum(spent), 1e-12):.0%}",
+            f"{total / max(total_s, 1e-12):.0%}",
         )
     return table
 

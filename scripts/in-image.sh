@@ -6,9 +6,9 @@
 # caller's; CMD can redirect it with 2>&1), then a last line "exit N" with CMD's exit
 # status.
 #
-# Why `capture`: on a loaded CI machine, one `buildah run --isolation chroot` of a
-# command whose shell always ends by printing its exit status returned status 0 and
-# no output at all. The exit line tells such a loss from any answer the image gives:
+# Why `capture`: on a loaded machine, `buildah run --isolation chroot` can return
+# status 0 and none of a command's output, even from a shell that always ends by
+# printing its exit status. The exit line tells such a loss from any answer the image gives:
 # while `buildah run` returns 0 without that line, `capture` runs CMD again, at most
 # three times in all; a non-zero status of `buildah run` itself fails at once. So a
 # check that reads output through `capture` reads what the image answered, never a

@@ -3,8 +3,8 @@ the command's own output and exit status, the command run again only when ``buil
 run`` lost its output (status 0 and no exit line), never when the command failed.
 
 ``buildah`` is a stand-in on ``PATH`` that runs the command on this machine and loses
-the output of its first ``LOSE`` runs (status 0, nothing printed), as a loaded CI
-machine's ``buildah run`` once did; with ``FAIL`` set it fails as buildah itself would.
+the output of its first ``LOSE`` runs (status 0, nothing printed), as ``buildah run``
+can on a loaded machine; with ``FAIL`` set it fails as buildah itself would.
 """
 
 from __future__ import annotations
