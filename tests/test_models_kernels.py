@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -75,6 +77,29 @@ def test_fitted_model_broadcasts_like_numpy() -> None:
     np.testing.assert_allclose(e.ravel(), want_e, rtol=1e-13)
     assert model.step_time_s(1, 1, 32, 1410).shape == ()
     assert float(model.energy_per_iter_j(1, 1, 32, 1410)) == pytest.approx(float(e[0, -1]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_step_time_fit_evaluates_the_predictions_floats(seed: int) -> None:
+    """The fit's log step times are the logs of ``predict``'s, bit for bit, and a
+    row that repeats the one before it (copied, not evaluated) is what it would
+    be evaluated: precomputing the rows' factors changes no float of a fit."""
+    params, cols = _random_model(seed)
+    rng = np.random.default_rng(seed)
+    repeats = rng.integers(1, 4, len(cols[0]))  # runs of one to three equal rows
+    n, r, bs, f = (np.repeat(c, repeats) for c in cols)
+    data = kernels.time_data(np.stack([n, r, bs, f]))
+    assert data[10].sum() == len(n) - len(cols[0])
+    empty = np.empty(0)
+    x = params.throughput.to_vector()
+    pred, jac = kernels.residuals((kernels.TIME, data, np.zeros(len(n)), empty, empty), x)
+    every = data.copy()
+    every[10] = 0.0
+    want, want_jac = kernels.residuals((kernels.TIME, every, np.zeros(len(n)), empty, empty), x)
+    np.testing.assert_array_equal(pred, want)
+    np.testing.assert_array_equal(jac, want_jac)
+    t, _ = kernels.predict(x, params.energy.to_vector(), float(A100.f0_mhz), n, r, bs, f)
+    np.testing.assert_array_equal(pred, [math.log(v) for v in t])  # libm's, as compiled
 
 
 def test_energy_stage_data_are_the_step_time_terms() -> None:

@@ -182,7 +182,8 @@ def _solve(
 def _time_problem(prior: FloatArray | None, opts: FitOptions) -> ProblemFactory:
     def make(s: Samples) -> _Problem:
         log_t = np.log(s.step_time_s)
-        return _Problem(kernels.TIME, s.configurations, log_t, prior, _T_FLOOR, opts.prior_weight)
+        data = kernels.time_data(s.configurations)
+        return _Problem(kernels.TIME, data, log_t, prior, _T_FLOOR, opts.prior_weight)
 
     return make
 
