@@ -102,6 +102,23 @@ def test_step_time_fit_evaluates_the_predictions_floats(seed: int) -> None:
     np.testing.assert_array_equal(pred, [math.log(v) for v in t])  # libm's, as compiled
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_repeated_configurations_get_the_floats_of_their_evaluation(seed: int) -> None:
+    """``predict_rows`` and ``energy_data`` copy a configuration that repeats the
+    one before it: the same floats as ``predict`` and as each configuration
+    evaluated on its own."""
+    params, cols = _random_model(seed)
+    repeats = np.random.default_rng(seed).integers(1, 4, len(cols[0]))
+    n, r, bs, f = (np.repeat(c, repeats) for c in cols)
+    tp, ep, f0 = params.throughput.to_vector(), params.energy.to_vector(), float(A100.f0_mhz)
+    t, e = kernels.predict(tp, ep, f0, n, r, bs, f)
+    rows = np.stack([n, r, bs, f])
+    np.testing.assert_array_equal(kernels.predict_rows(tp, ep, f0, rows, False), t)
+    np.testing.assert_array_equal(kernels.predict_rows(tp, ep, f0, rows, True), e)
+    once = kernels.energy_data(tp, f0, np.stack(cols))
+    np.testing.assert_array_equal(kernels.energy_data(tp, f0, rows), np.repeat(once, repeats, 1))
+
+
 def test_energy_stage_data_are_the_step_time_terms() -> None:
     params, (n, r, bs, f) = _random_model(4)
     tp = params.throughput

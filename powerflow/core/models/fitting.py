@@ -392,15 +392,15 @@ def _rescaled(prior: ModelParams, samples: Samples, gpu: GpuSpec) -> tuple[Float
         raise ModelError(f"prior is for {prior.gpu}, samples are for {gpu.name}")
     x_t, x_e = _prior_vectors(prior)
     s = samples
-    n, r, bs, f = s.configurations
+    cols = s.configurations
     f0 = float(gpu.f0_mhz)
-    pred_t, _ = kernels.predict(x_t, x_e, f0, n, r, bs, f)
+    pred_t = kernels.predict_rows(x_t, x_e, f0, cols, False)
     # Compute and input terms scale with the job; synchronisation stays in
     # seconds: it is set by the gradient size and the interconnect, not by
     # how fast this job computes (leave-one-out on the ground truth: keeping
     # it absolute more than halves the multi-GPU error of the generic prior).
     x_t = np.where(_TIMED, x_t * _median(s.step_time_s / pred_t), x_t)
-    _, pred_e = kernels.predict(x_t, x_e, f0, n, r, bs, f)
+    pred_e = kernels.predict_rows(x_t, x_e, f0, cols, True)
     scaled = np.maximum(x_e * _median(s.energy_j / pred_e), _E_BOUNDS[0])
     return x_t, np.where(_POWERS, scaled, x_e)
 

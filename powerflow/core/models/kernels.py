@@ -215,13 +215,54 @@ def predict_grid(
 
 
 @njit
+def _repeats(cols: FloatArray, k: int) -> bool:
+    """Whether configuration ``k`` of ``cols`` (rows ``n, r, bs, f``) is the one before it."""
+    if k == 0:
+        return False
+    same = cols[0, k] == cols[0, k - 1] and cols[1, k] == cols[1, k - 1]
+    return bool(same and cols[2, k] == cols[2, k - 1] and cols[3, k] == cols[3, k - 1])
+
+
+@njit
+def predict_rows(
+    tp: FloatArray, ep: FloatArray, f0_mhz: float, cols: FloatArray, energy: bool
+) -> FloatArray:
+    """``predict``'s step times, or with ``energy`` its energies, of the
+    configurations ``cols`` (rows ``n, r, bs, f``): the prior's rescaling
+    needs one of the two at a time. A configuration that repeats the one
+    before it (a profile measures each clock several times) gets a copy of
+    its value, which is what evaluating it would give."""
+    m = cols.shape[1]
+    out = np.empty(m)
+    for k in range(m):
+        if _repeats(cols, k):
+            out[k] = out[k - 1]
+            continue
+        n, r, bs, f = cols[0, k], cols[1, k], cols[2, k], cols[3, k]
+        io, grad, sync = _terms(tp, n, r, bs, f / 1000.0)
+        it = _step_time(tp, io, grad, sync, n)
+        if not energy:
+            out[k] = it
+            continue
+        xr = f / f0_mhz - 1.0
+        heavy, light = grad - tp[2], sync + tp[2]
+        out[k] = _energy(ep, bs, xr, n * heavy, n * light, n * it)[0]
+    return out
+
+
+@njit
 def energy_data(tp: FloatArray, f0_mhz: float, cols: FloatArray) -> FloatArray:
     """The energy stage's ``data`` from the time stage's (rows ``n, r, bs, f``):
     rows ``bs``, ``f/f0 - 1`` and the GPU-seconds GPU-heavy, GPU-light and
-    in all under the step-time parameters ``tp`` (``throughput.power_phases``)."""
+    in all under the step-time parameters ``tp`` (``throughput.power_phases``);
+    a configuration that repeats the one before it gets a copy of its column."""
     m = cols.shape[1]
     out = np.empty((5, m))
     for k in range(m):
+        if _repeats(cols, k):
+            for j in range(5):
+                out[j, k] = out[j, k - 1]
+            continue
         n, r, bs, f = cols[0, k], cols[1, k], cols[2, k], cols[3, k]
         io, grad, sync = _terms(tp, n, r, bs, f / 1000.0)
         out[0, k] = bs
@@ -264,10 +305,8 @@ def time_data(cols: FloatArray) -> FloatArray:
         out[5, k] = 1.0 / fg - 1.0
         if n > 1.0:
             out[6, k], out[7, k], out[8, k], out[9, k] = _sync_shape(n, r)
-        if k > 0:
-            same = n == cols[0, k - 1] and r == cols[1, k - 1]
-            if same and bs == cols[2, k - 1] and f == cols[3, k - 1]:
-                out[10, k] = 1.0
+        if _repeats(cols, k):
+            out[10, k] = 1.0
     return out
 
 
