@@ -628,6 +628,8 @@ def solve(
             res, res_new = res_new, res
             jac, jac_new = jac_new, jac
             cost = cost_new
+            if small or nfev >= max_nfev:
+                break  # done at this point: its normal equations would go unused
             # a = J'J and g = J'r row by row: each entry sums over the rows in
             # order, the inner loop runs along a row of J, and zero entries
             # (sync columns of one-GPU rows, the prior's off-diagonal) add
@@ -651,8 +653,6 @@ def solve(
                 for i in range(p):
                     top = max(top, a[i, i])
                 mu = 1e-3 * max(top, 1e-12)
-            if small:
-                break
         else:
             mu, nu = mu * nu, nu * 2.0
         if nfev >= max_nfev:
