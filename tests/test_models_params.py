@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -108,3 +109,21 @@ def test_non_object_json_is_refused(text: str) -> None:
 def test_vector_of_wrong_length_is_refused() -> None:
     with pytest.raises(ModelError):
         ThroughputParams.from_vector(np.ones(3))
+
+
+@pytest.mark.parametrize("cls", [ThroughputParams, EnergyParams])
+def test_names_and_checks_are_the_fields_and_bounds(
+    cls: type[ThroughputParams] | type[EnergyParams],
+) -> None:
+    """The field names and bounds looked up once per class are the dataclass's,
+    in order, and every field is checked, at every validation."""
+    assert cls.names() == tuple(f.name for f in dataclasses.fields(cls))
+    x = cls(**{name: lo for name, (lo, _) in cls.BOUNDS.items()}).to_vector()
+    for _ in range(2):
+        for j, name in enumerate(cls.names()):
+            lo, hi = cls.BOUNDS[name]
+            for bad in (lo - 1.0, hi * 2.0 if math.isfinite(hi) else math.inf, math.nan):
+                y = x.copy()
+                y[j] = bad
+                with pytest.raises(ModelError, match=rf"\.{name}="):
+                    cls.from_vector(y).validate()

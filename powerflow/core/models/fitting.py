@@ -441,7 +441,7 @@ def fit_with_prior(
     _check(samples)
     t_anchor, e_anchor = _rescaled(prior, samples, gpu)
     t_start, e_start = (t_anchor, e_anchor) if warm_start is None else warm_start.vectors()
-    if np.any(samples.n > 1):
+    if samples.n.max() > 1.0:
         # A term at its bound of 0 cannot leave it: the solver's bounded
         # coordinates are flat there (``kernels.to_free``). Priors fitted to
         # dense profiles leave some sync terms at 0 (those profiles span

@@ -54,7 +54,7 @@ class Samples:
         what the compiled fits and predictions take, built once per samples
         (``cached_property`` writes the instance's ``__dict__``, which a
         frozen dataclass allows)."""
-        return np.stack([self.n, self.r, self.bs, self.f]).astype(np.float64, copy=False)
+        return np.array((self.n, self.r, self.bs, self.f), dtype=np.float64)
 
     @classmethod
     def _trusted(cls, *cols: FloatArray) -> Samples:
