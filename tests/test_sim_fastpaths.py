@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from powerflow.core.devices import Workload, capped_clock_mhz
+from powerflow.core.policy.power_ratio import BELIEVED, RatioWindow
 from powerflow.core.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.lab.groundtruth import ground_truth
 from powerflow.lab.groundtruth.measure import measure, measured_power_w, one_gpu_sweep, sweep_plan
@@ -234,6 +235,37 @@ def test_kernels_do_what_a_loop_over_the_jobs_does() -> None:
             assert np.array_equal(getattr(a, col), getattr(b, col)), col
     a.phase_end[held[0]] = np.nan  # the last (largest) case's first holder
     assert math.isnan(kernels.next_events(held, held[:0], 0.0, a.floats, a.flags))
+
+
+def test_ratio_sums_are_the_sums_the_window_forms() -> None:
+    """``kernels.ratio_sums`` keeps the pairs ``RatioWindow.add`` keeps (running
+    jobs, finite positive powers, ratios inside ``BELIEVED``) and adds them in
+    ``held`` order: the window records the very same sample."""
+    rng = np.random.default_rng(6)
+    lo, hi = BELIEVED
+    for size in (0, 1, 9, 300, 2000):
+        rows = size + 2
+        a = JobArrays(rows)
+        a.share[:] = rng.choice([1.0, 0.5, 1 / 3], rows)
+        a.power[:] = rng.uniform(50.0, 3000.0, rows) * 10.0 ** rng.uniform(-3, 3, rows)
+        a.planned[:] = a.power * rng.uniform(0.3, 1.8, rows)  # outliers both ways
+        bad = rng.random(rows) < 0.1
+        a.planned[bad] = rng.choice([0.0, -5.0, np.nan, np.inf], int(bad.sum()))
+        a.power[rng.random(rows) < 0.05] = rng.choice([np.nan, np.inf, 0.0])
+        a.running[:] = rng.random(rows) < 0.7
+        held = rng.permutation(rows)[:size].astype(np.intp)
+        plain, fast = RatioWindow(), RatioWindow()
+        plain.add(
+            0.0,
+            [
+                (float(a.share[i] * a.power[i]), float(a.planned[i]))
+                for i in held.tolist()
+                if a.running[i] and a.planned[i]
+            ],
+        )
+        fast.add_sums(0.0, *kernels.ratio_sums(held, lo, hi, a.floats, a.flags))
+        assert list(fast._samples) == list(plain._samples)
+        assert size < 9 or plain._samples  # a sample was recorded to compare
 
 
 def test_progress_rows_are_what_a_rebuilt_view_shows() -> None:

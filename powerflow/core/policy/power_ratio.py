@@ -68,9 +68,15 @@ class RatioWindow:
                 continue
             measured += m
             planned += p
-        if planned > 0:
-            self._samples.append((now_s, measured / planned))
+        self.add_sums(now_s, measured, planned)
         return outliers
+
+    def add_sums(self, now_s: float, measured_w: float, planned_w: float) -> None:
+        """Record ``measured_w / planned_w``, the sums ``add`` forms of the pairs it
+        keeps (nothing when ``planned_w`` is not positive): for a backend that sums
+        them itself (the simulator, over arrays of its jobs)."""
+        if planned_w > 0:
+            self._samples.append((now_s, measured_w / planned_w))
 
     def ratio(self, now_s: float) -> float:
         """The largest ratio of the last ``window_s`` (1.0 with none), at most

@@ -61,8 +61,10 @@ class JobArrays:
         self.iterations = f[kernels.ITERATIONS]
         self.phase_end = f[kernels.PHASE_END]
         self.next_event = f[kernels.NEXT_EVENT]
+        self.planned = f[kernels.PLANNED]  # W its plan counts for it (0: none)
         self.completion = self.flags[kernels.COMPLETION]  # the next event is its completion
         self.computing = self.flags[kernels.COMPUTING]
+        self.running = self.flags[kernels.RUNNING]  # in phase RUN
         self.share[:] = 1.0
         self.step[:] = np.inf
         self.phase_end[:] = np.inf
@@ -212,3 +214,10 @@ class SimJob:
         self.holding = phase in HOLDING
         self.computing = phase in COMPUTING
         self.arrays.computing[self.index] = self.computing
+        self.arrays.running[self.index] = phase is Phase.RUN
+
+    def set_plan(self, plan: JobPlan | None) -> None:
+        """Hold ``plan``; the power it counts goes to the arrays (0 for none), where
+        the engine's power ratio reads it (``kernels.ratio_sums``)."""
+        self.plan = plan
+        self.arrays.planned[self.index] = (plan.power_w or 0.0) if plan is not None else 0.0

@@ -27,11 +27,24 @@ import numpy as np
 from powerflow.core.jit import njit
 
 # Rows of JobArrays.floats.
-DONE, ENERGY, ATTAINED, RUN_S, SHARE, STEP, POWER, N, ITERATIONS, PHASE_END, NEXT_EVENT = range(11)
-FLOAT_ROWS = 11
+(
+    DONE,
+    ENERGY,
+    ATTAINED,
+    RUN_S,
+    SHARE,
+    STEP,
+    POWER,
+    N,
+    ITERATIONS,
+    PHASE_END,
+    NEXT_EVENT,
+    PLANNED,
+) = range(12)
+FLOAT_ROWS = 12
 # Rows of JobArrays.flags.
-COMPLETION, COMPUTING = range(2)
-FLAG_ROWS = 2
+COMPLETION, COMPUTING, RUNNING = range(3)
+FLAG_ROWS = 3
 
 
 @njit
@@ -111,3 +124,30 @@ def progress_rows(held: np.ndarray, floats: np.ndarray) -> np.ndarray:
         out[1, k] = run_s[i]
         out[2, k] = attained[i]
     return out
+
+
+@njit
+def ratio_sums(
+    held: np.ndarray, lo: float, hi: float, floats: np.ndarray, flags: np.ndarray
+) -> tuple[float, float]:
+    """(measured, planned) watts that ``RatioWindow.add`` sums over the holders
+    running as planned, in ``held`` order: each one's true power (its share of
+    its GPUs' power) against its plan's, a pair left out unless both are finite
+    and positive and their ratio lies in ``[lo, hi]`` (``BELIEVED``); a job
+    whose plan counts no power has 0 planned watts, so it is left out too."""
+    share, power, planned_w = floats[SHARE], floats[POWER], floats[PLANNED]
+    running = flags[RUNNING]
+    measured = 0.0
+    planned = 0.0
+    for i in held:
+        if not running[i]:
+            continue
+        m = share[i] * power[i]
+        p = planned_w[i]
+        if not (0.0 < m < math.inf and 0.0 < p < math.inf):
+            continue
+        if not lo <= m / p <= hi:
+            continue
+        measured += m
+        planned += p
+    return measured, planned
