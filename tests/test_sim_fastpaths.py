@@ -424,6 +424,31 @@ def test_rates_filled_for_every_clock_equal_one_clock_at_a_time(model: str) -> N
     assert len(batched._cache) > len(single._cache)  # the fill really happened
 
 
+@pytest.mark.parametrize("model", ["resnet50", "bert", "deepspeech2", "gpt2"])
+def test_sweeps_read_from_the_filled_cache_equal_one_evaluation(model: str) -> None:
+    """A sweep of supported clocks takes each clock's step time and energy from
+    the filled cache; its effective rates must be the very floats one evaluation
+    of the truth at all its clocks gives (clocks repeated, unsupported ones too)."""
+    truth = ground_truth(model)
+    clocks = truth.gpu.clocks_mhz
+    cached = TruthRates(lambda name: _fresh(truth), clocks)
+    plain = TruthRates(lambda name: _fresh(truth))  # no clocks: every sweep evaluated
+    rng = np.random.default_rng(9)
+    for _ in range(30):
+        n = int(2 ** rng.integers(0, 7))
+        r = min(n, int(2 ** rng.integers(0, 4)))
+        bs = float(rng.choice([1.0, 8.0, 24.0, 32.0, 100.0, 512.0, 3000.0]))
+        for sweep in (
+            tuple(clocks[::4]),
+            tuple(sorted(rng.choice(clocks, size=15).tolist())),
+            (clocks[3],) * 5 + (clocks[-1],) * 2,
+            (clocks[0] - 15, clocks[10]),
+        ):
+            want = plain.sweep(model, n, r, bs, sweep)
+            assert cached.sweep(model, n, r, bs, sweep) == want
+    assert cached._clean and not plain._clean  # the cached one read the cache
+
+
 @pytest.mark.parametrize("model", ["resnet50", "bert", "gpt2"])
 def test_capped_clock_equals_the_device_rule(model: str) -> None:
     """``TruthRates.capped`` and ``capped_each`` read one per-GPU power row per
