@@ -10,6 +10,7 @@ exactly what evaluating afresh answers.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 import gc
@@ -32,7 +33,7 @@ from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.engine import MEASURE_WINDOW_S, Simulation, _with_changes
 from powerflow.lab.sim.jobs import JobArrays, Phase, SimJob
 from powerflow.lab.sim.metrics import summarise
-from powerflow.lab.sim.rates import TruthRates
+from powerflow.lab.sim.rates import PowerRow, TruthRates
 from powerflow.lab.sim.result import RunResult
 from powerflow.lab.sim.runner import TraceSpec, load_jobs
 from powerflow.lab.sim.synthetic import SyntheticSpec
@@ -477,6 +478,50 @@ def test_capped_clock_equals_the_device_rule(model: str) -> None:
             assert got == wants
             each = rates.capped_each(model, n, r, bs, [int(hi) for hi in ceilings], float(cap))
             assert list(each) == wants
+
+
+def test_capped_each_matches_a_pass_over_the_row_at_every_power() -> None:
+    """``capped_each`` finds the first clock that does not fit by bisection of
+    the running maximum and then looks only at the dips; at caps equal to each
+    clock's power and one ulp either side (and NaN and the infinities) it must
+    answer what the plain pass (the running maximum of fitting indices) does,
+    on rows with dips and on a row holding a NaN."""
+
+    def plain(supported: list[int], power: list[float], clocks: Any, cap: float) -> tuple[int, ...]:
+        best, top = [], 0
+        for k, w in enumerate(power):
+            top = k if w <= cap else top
+            best.append(top)
+        return tuple(
+            supported[best[k - 1]] if (k := bisect.bisect_right(supported, f)) else supported[0]
+            for f in clocks
+        )
+
+    truth = ground_truth("resnet50")
+    clocks = truth.gpu.clocks_mhz
+    rates = TruthRates(lambda name: truth, clocks)
+    rng = np.random.default_rng(12)
+    dips = 0
+    for n, bs in ((1, 8.0), (8, 8.0), (4, 64.0), (16, 300.0)):
+        row = rates._per_gpu_w("resnet50", n, min(n, 8), bs)
+        dips += bool(row.dips)
+        nan = list(row.power)
+        nan[30] = math.nan  # a NaN at a clock: the plain pass answers
+        for power in (row.power, nan) if n == 4 else (row.power,):
+            supported = row.clocks
+            rates._powers["resnet50", n, min(n, 8), bs] = PowerRow(supported, row.index, power)
+            caps = [*power, *np.nextafter(power, 0.0), *np.nextafter(power, np.inf)]
+            caps += [math.nan, math.inf, -math.inf, 0.0]
+            sweeps = (
+                tuple(clocks[::4]),
+                tuple(sorted(rng.choice(clocks, size=9).tolist())),
+                (clocks[0] - 15, clocks[40], clocks[-1] + 15),
+            )
+            for cap in caps:
+                for sweep in sweeps:
+                    got = rates.capped_each("resnet50", n, min(n, 8), bs, sweep, float(cap))
+                    assert got == plain(supported, power, sweep, float(cap)), (n, bs, cap)
+    assert dips  # rows whose power falls somewhere were tried
 
 
 def _measure_by_broadcasting(
