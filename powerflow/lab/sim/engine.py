@@ -219,6 +219,7 @@ class Simulation:
         held, _ = self._slots()
         views = self._views
         stale = self._stale_views
+        progress: dict[int, tuple[float, float, float]] = {}  # stale holders' (for _view)
         if len(held):
             # remaining is max(max(left, 0), 1e-9), as SimJob.remaining and _view have it
             remaining, run_s, attained_s = kernels.progress_rows(held, a.floats).tolist()
@@ -228,6 +229,7 @@ class Simulation:
                 held.tolist(), remaining, run_s, attained_s, strict=True
             ):
                 if i in stale:
+                    progress[i] = (rem, elapsed, attained)
                     continue
                 # dataclasses.replace(view, ...) for the progress fields, the
                 # way _with_changes does it (inline: 300k times a run); a
@@ -245,7 +247,7 @@ class Simulation:
             for i in stale:
                 job = jobs[i]
                 if i in views and job.phase is not prerun:  # active, visible
-                    views[i] = self._view(job)
+                    views[i] = self._view(job, progress.get(i))
             stale.clear()
         # None marks the jobs still in their pre-run; a Job is never false
         jobs_seen = tuple(filter(None, views.values()))
@@ -910,23 +912,28 @@ class Simulation:
 
     # ------------------------------------------------------------------- output
 
-    def _view(self, job: SimJob) -> Job:
+    def _view(self, job: SimJob, progress: tuple[float, float, float] | None = None) -> Job:
         """The job's view anew: ``_fresh_view``'s fields set on a copy of its
-        last view (``_with_changes``), or ``_fresh_view`` for its first."""
+        last view (``_with_changes``), or ``_fresh_view`` for its first.
+        ``progress``: its remaining iterations, seconds and GPU-seconds held as
+        ``kernels.progress_rows`` gave them for a holder (else read from the job)."""
         knowledge = job.knowledge
         assert knowledge is not None
         old = self._views[job.index]
         if old is None:
             view = self._fresh_view(job)
         else:
+            if progress is None:
+                progress = (max(job.remaining, 1e-9), job.run_s, job.attained_gpu_s)
+            remaining, run_s, attained_s = progress
             view = _with_changes(
                 old,
                 knowledge.model,
-                max(job.remaining, 1e-9),
-                job.run_s,
+                remaining,
+                run_s,
                 job.placement,
                 job.f if job.holding else None,
-                job.attained_gpu_s,
+                attained_s,
                 job.phase in (Phase.RESTART, Phase.PROFILE),
             )
             _measured(view, job, self._profiled_of(job))
