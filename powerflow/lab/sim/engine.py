@@ -578,7 +578,8 @@ class Simulation:
 
     def _assign(self, job: SimJob, placement: tuple[GpuSlot, ...], f: int, bs: float) -> None:
         self._stale_views.add(job.index)  # its clock or placement changes
-        if job.holding and set(placement) == set(job.placement):
+        # the same GPUs (the same tuple, as a plan with a new clock or cap has it)
+        if job.holding and (placement == job.placement or set(placement) == set(job.placement)):
             job.f = f
             job.bs = bs
             if job.computing:
