@@ -381,6 +381,29 @@ def test_memo_keys_on_values_whatever_their_type() -> None:
     assert len(truth._memo) == 4  # scalars as one, 0-d, int and float arrays
 
 
+@pytest.mark.parametrize("model", ["resnet50", "bert", "deepspeech2"])
+def test_rows_remembered_by_clock_are_what_a_whole_evaluation_gives(model: str) -> None:
+    """Profiles measured with more and more slices done (prefixes of the same
+    clocks, each repeated) and other orders of them reuse rows remembered clock
+    by clock: every output must be the very floats of evaluating the whole
+    input at once."""
+    truth = _fresh(ground_truth(model))
+    clocks = np.asarray(truth.gpu.clocks_mhz[::4], dtype=np.float64)
+    rng = np.random.default_rng(13)
+    for n, r, bs in ((1, 1, 32.0), (8, 8, 4.0), (16, 8, 64.0), (4, 2, 512.0)):
+        for f in (
+            *(np.repeat(clocks[:k], 2) for k in range(1, len(clocks) + 1)),
+            rng.permutation(clocks),
+            np.asarray(rng.choice(truth.gpu.clocks_mhz, 9), dtype=np.float64),
+        ):
+            args = (np.full(f.size, float(n)), np.full(f.size, float(r)), np.full(f.size, bs), f)
+            want = _fresh(truth)._compute_phases(*(a.copy() for a in args))
+            got = truth._phases(*args)
+            for w, g in zip(want, got, strict=True):
+                assert np.array_equal(w, g)
+    assert truth._clock_rows  # the rows were remembered and reused
+
+
 def test_memo_skips_large_inputs_and_still_validates() -> None:
     truth = _fresh(ground_truth("resnet50"))
     big = np.full(MEMO_MAX_ROWS + 1, 1410.0)

@@ -110,6 +110,10 @@ class GroundTruth:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """``_phases`` of small inputs by their exact bytes (see ``_phases``)."""
+    _clock_rows: dict[
+        tuple[float, float, float], dict[float, tuple[float, float, float, float]]
+    ] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """(heavy s, light s, heavy W, light W) by (n, r, bs) and clock (``_by_clock``)."""
     _plans: dict[tuple[float, float, GpuSpec | None], tuple[FloatArray, FloatArray]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -218,14 +222,52 @@ class GroundTruth:
         n_, r_, bs_, f_ = (np.asarray(x, dtype=np.float64) for x in cols)
         if key is None or n_.size > MEMO_MAX_ROWS:
             return self._compute_phases(n_, r_, bs_, f_)
-        out = self._compute_phases(n_.copy(), r_, bs_, f_)
+        out = self._by_clock(n_, r_, bs_, f_)
         for a in out:
             if isinstance(a, np.ndarray):
                 a.flags.writeable = False
         if len(self._memo) >= MEMO_MAX_ENTRIES:
             self._memo.clear()
+            self._clock_rows.clear()
         self._memo[key] = out
         return out
+
+    def _by_clock(self, n_: FloatArray, r_: FloatArray, bs_: FloatArray, f_: FloatArray) -> _Phases:
+        """``_compute_phases`` of a few rows, from rows remembered clock by clock
+        where they are all of one (n, r, bs).
+
+        A profile is measured again and again with more of its slices done
+        (another prefix of the same clocks), each a new input to the memo but
+        rows it has seen: each row is the very floats it is in any evaluation
+        (the ground truth is elementwise), so only clocks not seen at that
+        configuration are evaluated, together. A fitted run of the default
+        trace evaluates clocks for 89 of its 638 such inputs then: ``_phases``
+        takes 0.073-0.077 s of its CPU against 0.121-0.125 s (``process_time``
+        inside ``run_one(RunSpec("powerflow", 0.6))``, 3 runs each, alternated).
+        """
+        if not (
+            n_.ndim == 1
+            and n_.size
+            and (n_ == n_[0]).all()
+            and (r_ == r_[0]).all()
+            and (bs_ == bs_[0]).all()
+        ):
+            return self._compute_phases(n_.copy(), r_, bs_, f_)
+        n0, r0, bs0 = float(n_[0]), float(r_[0]), float(bs_[0])
+        rows = self._clock_rows.setdefault((n0, r0, bs0), {})
+        clocks = f_.tolist()
+        missing = [c for c in dict.fromkeys(clocks) if c not in rows]
+        if missing:
+            k = len(missing)
+            _, heavy, light, p_heavy, p_light = self._compute_phases(
+                np.full(k, n0), np.full(k, r0), np.full(k, bs0), np.array(missing)
+            )
+            found = zip(
+                heavy.tolist(), light.tolist(), p_heavy.tolist(), p_light.tolist(), strict=True
+            )
+            rows.update(zip(missing, found, strict=True))
+        cols = np.array([rows[c] for c in clocks], dtype=np.float64).T.copy()
+        return n_.copy(), cols[0], cols[1], cols[2], cols[3]
 
     def _compute_phases(
         self, n_: FloatArray, r_: FloatArray, bs_: FloatArray, f_: FloatArray
