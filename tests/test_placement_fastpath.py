@@ -75,6 +75,7 @@ def test_place_with_the_shortcut_equals_place_without_it(
     ]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(placement, "_kept_block", lambda *_: None)
+        mp.setattr(placement, "_node_blocks_of", lambda _, currents: [None] * len(currents))
         slow, slow_again = place(nodes, requests), place(nodes, again)
     assert fast == slow
     assert place(nodes, again) == slow_again
