@@ -19,7 +19,14 @@ import pytest
 
 from powerflow.core.policy import packing
 from powerflow.core.policy.buddy import Block, Geometry
-from powerflow.core.policy.packing import Cluster, Item, allocate, in_sort_order, sort_key
+from powerflow.core.policy.packing import (
+    Cluster,
+    Item,
+    Metrics,
+    allocate,
+    in_sort_order,
+    sort_key,
+)
 
 
 def place_big_scan(
@@ -202,3 +209,30 @@ def test_allocate_is_unchanged_by_the_fast_searches(
     monkeypatch.setattr(packing, "_fill_holes", packing._fill_by_heaps)
     want = [allocate(c.copy(), items) for c, items in cases]
     assert got == want
+
+
+def keep_sorted_by_occupying(
+    cluster: Cluster, items: list[Item]
+) -> tuple[dict[str, Block], Metrics]:
+    """``packing._keep_sorted`` as the rule says it: on a copy of the cluster, every
+    preferred block in ``sort_key`` order that is still free is occupied."""
+    state = cluster.copy()
+    kept: dict[str, Block] = {}
+    for it in sorted(items, key=sort_key):
+        if it.pref is not None and state.is_free(it.pref):
+            state.occupy(it.pref)
+            kept[it.job_id] = it.pref
+    return kept, packing._metrics(state, items, kept)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_keep_sorted_keeps_what_occupying_in_sort_order_keeps(seed: int) -> None:
+    """Free, taken and colliding preferred blocks, with and without immovable jobs."""
+    rng = random.Random(300 + seed)
+    for _ in range(400):
+        cluster, items = random_case(rng)
+        if rng.random() < 0.3:
+            cluster = Cluster(cluster.geo)
+        got = packing._keep_sorted(cluster, items)
+        assert list(got[0].items()) == list(keep_sorted_by_occupying(cluster, items)[0].items())
+        assert got == keep_sorted_by_occupying(cluster, items)
