@@ -429,11 +429,23 @@ def _place_small(
     stayers: dict[int, list[Item]] = {}
     stay_size: dict[int, int] = {}
     for node, its in by_node.items():
-        stay = _stayers(occ[node], its)
-        if len(stay) < len(its):
-            staying = {id(it) for it in stay}
-            homeless.extend(it for it in its if id(it) not in staying)
-        size = sum([it.size for it in stay])
+        # ``_stayers``' first pass inline, summing the sizes on the way: without a
+        # collision (the usual node) every job stays. Placing the fitted default-trace
+        # runs' 2,811 placements again (see ``_keep_sorted``): 1.31 -> 1.27 s CPU.
+        mask = bytearray(occ[node])
+        size = 0
+        for it in its:
+            o, s = it.pref.offset, it.size  # type: ignore[union-attr]  # all have one here
+            if mask.find(1, o, o + s) != -1:
+                stay = _stayers(occ[node], its)
+                staying = {id(it) for it in stay}
+                homeless.extend(it for it in its if id(it) not in staying)
+                size = sum([it.size for it in stay])
+                break
+            mask[o : o + s] = _ONES[:s]
+            size += s
+        else:
+            stay = its
         if fill[node] + size == n:
             # They and the immovable jobs fill the node: the same as occupying
             # each job's block in turn.
