@@ -24,7 +24,14 @@ from powerflow.core.gpus import A100
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult
 from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
-from powerflow.lab.baselines.common import ModelMemo, Pool, node_count, predicted_w
+from powerflow.lab.baselines.common import (
+    ARRIVAL_KEY,
+    ModelMemo,
+    Pool,
+    arrival_order,
+    node_count,
+    predicted_w,
+)
 
 
 def _start(seed: int, nodes: int = 4, jobs: int = 12) -> tuple[random.Random, list[Toy], Snapshot]:
@@ -160,6 +167,28 @@ def test_small_runs_keep_their_figures(command: str, capsys: pytest.CaptureFixtu
     got = (row["avg_jct_s"], row["makespan_s"], row["total_energy_j"])
     assert got == pytest.approx(SMALL[command][:3], rel=1e-12)
     assert (row["migrations"], row["events"]) == SMALL[command][3:]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_arrival_order_keeps_an_ordered_list_only_where_sorting_would(seed: int) -> None:
+    """Ordered lists (the engine's), ties by id, out-of-order ones, NaN arrivals."""
+    rng = random.Random(seed)
+    _, _, snap = _start(seed, jobs=1)
+    base = snap.jobs[0]
+    for _ in range(50):
+        times = [float(rng.choice((0, 1, 2, 3, 5))) for _ in range(rng.randrange(8))]
+        if rng.random() < 0.1 and times:
+            times[rng.randrange(len(times))] = float("nan")
+        ids = rng.sample([f"j{k}" for k in range(20)], len(times))
+        jobs = [replace(base, id=i, arrival_s=t) for i, t in zip(ids, times, strict=True)]
+        if rng.random() < 0.7:
+            jobs.sort(key=ARRIVAL_KEY)
+            if rng.random() < 0.3 and len(jobs) > 1:  # one neighbour pair swapped
+                k = rng.randrange(len(jobs) - 1)
+                jobs[k], jobs[k + 1] = jobs[k + 1], jobs[k]
+        got = arrival_order(tuple(jobs))
+        want = sorted(jobs, key=ARRIVAL_KEY)
+        assert list(map(id, got)) == list(map(id, want))
 
 
 @pytest.mark.parametrize("seed", range(5))
