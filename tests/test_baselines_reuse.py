@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 from test_baselines_equivalence import Toy, advance, new_job, toy
@@ -22,7 +22,7 @@ import powerflow.lab.baselines.gandiva as gandiva
 from powerflow.cli import main
 from powerflow.core.gpus import A100
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult
-from powerflow.core.policy.snapshot import Budget, Job, Node, Snapshot
+from powerflow.core.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
 from powerflow.lab.baselines.common import (
     ARRIVAL_KEY,
@@ -227,10 +227,10 @@ def test_pool_layout_is_reused_only_for_the_very_same_node_tuple() -> None:
     assert Pool(switched).order == [n.name for n in nodes] != again.order
 
 
-def _gandiva_sequence(seed: int, steps: int = 80) -> list[Snapshot]:
+def _gandiva_sequence(seed: int, steps: int = 80, policy: Policy | None = None) -> list[Snapshot]:
     """Snapshots of a small, crowded cluster (nodes of 4 GPUs, jobs of sizes that
     fragment it): jobs time-slice, start spread and are consolidated, and the
-    cluster is often full."""
+    cluster is often full (``policy``: what plans them, Gandiva by default)."""
     rng = random.Random(seed)
     shared = [toy(rng) for _ in range(3)]
     cluster = tuple(Node(f"n{i}", 4, A100) for i in range(4))
@@ -239,7 +239,7 @@ def _gandiva_sequence(seed: int, steps: int = 80) -> list[Snapshot]:
         return replace(new_job(rng, i, now, shared), requested_gpus=rng.choice((1, 2, 3, 3, 5, 6)))
 
     snap = Snapshot(cluster, tuple(arrive(i, 0.0) for i in range(10)), Budget(), 0.0)
-    policy = GandivaPolicy(frequency_mhz=1410)
+    policy = policy or GandivaPolicy(frequency_mhz=1410)
     out = []
     for _ in range(steps):
         out.append(snap)
@@ -324,3 +324,31 @@ def test_plans_priced_while_built_are_priced_as_predicted_w_prices_them(name: st
         shared_gpus += len(slots) - len(set(slots))
         snap = advance(rng, snap, got, shared)
     assert name != "gandiva" or shared_gpus > 0  # Gandiva's time slices were priced too
+
+
+@dataclass(frozen=True)
+class _PlansOnly:
+    """``inner`` without its ``decide``: Zeus matches its plans to jobs by id."""
+
+    inner: Policy
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        return self.inner.plan(snapshot)
+
+
+@pytest.mark.parametrize("inner", ["gandiva", "tiresias"])
+def test_zeus_reads_a_decisions_jobs_as_the_snapshots(inner: str) -> None:
+    """Zeus takes a decision's plans to be in the snapshot's job order (``Decision``):
+    the decisions are, and its plans are those of its inner plans matched by id."""
+    make = {"gandiva": GandivaPolicy, "tiresias": TiresiasPolicy}[inner]
+    snaps = [
+        s
+        for seed in range(2)
+        for s in _gandiva_sequence(seed, steps=60, policy=make(frequency_mhz=1410))
+    ]
+    for snap in snaps:
+        decided = make(frequency_mhz=1410).decide(snap)
+        assert [jp.job_id for jp in decided.jobs] == [job.id for job in snap.jobs]
+    fast = ZeusPolicy(make(frequency_mhz=1410))
+    slow = ZeusPolicy(_PlansOnly(make(frequency_mhz=1410)))
+    assert [fast.plan(s) for s in snaps] == [slow.plan(s) for s in snaps]
