@@ -130,12 +130,14 @@ class _Round:
         self.pool = Pool(snapshot.nodes)
         self.where: dict[str, tuple[GpuSlot, ...]] = {}
         self.users: dict[tuple[GpuSlot, ...], list[str]] = defaultdict(list)
-        self.by_id = {job.id: job for job in self.jobs}
+        self.by_id: dict[str, Job] = {}  # filled by ``_hold``'s pass over the jobs
         self.moves: dict[str, tuple[GpuSlot, ...]] = {}
         # Step 3's GPU sets open to sharing, by job size: set -> newest sharer's arrival.
         self.sharable: dict[int, dict[tuple[GpuSlot, ...], float]] | None = None
         # Jobs with no GPUs after ``_hold``, in arrival order: step 1's queue.
         self.waiting: list[Job] = []
+        # Step 1's jobs that found no GPUs: step 3's, the only jobs without GPUs there.
+        self.left: list[Job] = []
         # Jobs whose GPUs may span nodes: ``_hold``'s spread ones, and every job
         # started or moved since (``_consolidate`` looks at these only).
         self.maybe_spread: dict[str, Job] = {}
@@ -151,9 +153,11 @@ class _Round:
         event, a third of a decision.
         """
         users, where, waiting, spread = self.users, self.where, self.waiting, self.maybe_spread
+        by_id = self.by_id
         shrink, max_share = self.shrink, self.max_share
         held: list[tuple[GpuSlot, ...]] = []  # each set once, taken in one call at the end
         for job in self.jobs:
+            by_id[job.id] = job  # here rather than in a pass of its own
             placement = job.placement
             if not placement:
                 waiting.append(job)
@@ -216,7 +220,7 @@ class _Round:
     ) -> tuple[Decision, PlanWatts | None]:
         """The decision; with ``price``, its running plans gathered for pricing too."""
         # 1. FIFO admission onto exclusive GPUs, defragmenting when needed.
-        left: list[Job] = []
+        left = self.left
         for job in self.waiting:
             target = self._exclusive(job)
             if target is None:
@@ -402,7 +406,9 @@ class _Round:
         """
         if self.sharable is None:  # first ask: one pass over the sets of the sizes asked
             self.sharable = {}
-            asked = {left.requested_gpus for left in self.jobs if left.id not in self.where}
+            # The jobs without GPUs are step 1's ``left`` (``job`` among them): no
+            # pass over every job to find them.
+            asked = {left.requested_gpus for left in self.left}
             asked.add(job.requested_gpus)
             for key, ids in self.users.items():
                 if len(key) not in asked:
