@@ -216,8 +216,8 @@ class ZeusPolicy:
         spec = cluster_gpu(snapshot)
         # A decision lists its plans in the snapshot's job order (``Decision``), so
         # the snapshot's jobs are the plans' jobs without ``plan_jobs``'s check of
-        # every id (0.04 s of a Gandiva+Zeus replay of the default trace,
-        # ``python benchmarks/replay_bench.py --runs gandiva+zeus``).
+        # every id (0.04 s of CPU over the snapshots ``python
+        # benchmarks/replay_bench.py --runs gandiva`` records of the default trace).
         views: Sequence[Job] = (
             snapshot.jobs
             if isinstance(base, Decision) and len(base_jobs) == len(snapshot.jobs)
