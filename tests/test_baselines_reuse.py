@@ -26,6 +26,7 @@ from powerflow.core.policy.snapshot import Budget, Job, Node, Plan, Policy, Snap
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
 from powerflow.lab.baselines.common import (
     ARRIVAL_KEY,
+    Decision,
     ModelMemo,
     Pool,
     arrival_order,
@@ -352,3 +353,36 @@ def test_zeus_reads_a_decisions_jobs_as_the_snapshots(inner: str) -> None:
     fast = ZeusPolicy(make(frequency_mhz=1410))
     slow = ZeusPolicy(_PlansOnly(make(frequency_mhz=1410)))
     assert [fast.plan(s) for s in snaps] == [slow.plan(s) for s in snaps]
+
+
+@dataclass
+class _Reversed:
+    """``inner`` whose decisions list their plans last job first: not the snapshot's
+    order, which Zeus must notice."""
+
+    inner: GandivaPolicy
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        decided = self.inner.decide(snapshot)
+        return Decision(tuple(reversed(decided.jobs)), decided.migrations)
+
+    def plan(self, snapshot: Snapshot) -> Plan:
+        return self.inner.plan(snapshot)
+
+
+def test_zeus_pairs_a_decision_in_another_order_by_id() -> None:
+    """A decision whose plans are not in the snapshot's order gets each plan's own
+    job (by id), as a plain plan does: the same plans, reversed."""
+    snaps = [
+        s
+        for seed in range(2)
+        for s in _gandiva_sequence(seed, steps=60, policy=GandivaPolicy(frequency_mhz=1410))
+    ]
+    assert any(len(s.jobs) > 1 for s in snaps)
+    reordered = ZeusPolicy(_Reversed(GandivaPolicy(frequency_mhz=1410)))
+    plain = ZeusPolicy(_PlansOnly(GandivaPolicy(frequency_mhz=1410)))
+    for s in snaps:
+        got, want = reordered.plan(s), plain.plan(s)
+        assert sorted(got.jobs, key=lambda jp: jp.job_id) == sorted(
+            want.jobs, key=lambda jp: jp.job_id
+        )

@@ -317,3 +317,15 @@ def test_lm_reaches_the_optimum_of_trf() -> None:
         ).predict(*cols)
         for a, b in zip(lm, trf, strict=True):
             assert np.max(np.abs(a / b - 1)) < 0.005
+
+
+def test_solve_refuses_a_start_of_another_width() -> None:
+    """The residual kernels and the normal equations index ``PARAMS`` columns without
+    bounds checks: a shorter start vector is an error, not a read past its end."""
+    problem, x, (lo, hi) = _energy_stage(6)
+    scale = np.abs(x) + 1.0
+    free = (lo, hi, scale, True, 0.05)
+    x_out, _ = kernels.solve(problem.stage, free, np.ascontiguousarray(x), 5, 1e-3)
+    assert x_out.shape == x.shape == (kernels.PARAMS,)
+    with pytest.raises(ValueError, match="PARAMS"):
+        kernels.solve(problem.stage, free, np.ascontiguousarray(x[:-1]), 5, 1e-3)

