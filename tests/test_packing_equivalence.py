@@ -214,7 +214,7 @@ def test_allocate_is_unchanged_by_the_fast_searches(
 def keep_sorted_by_occupying(
     cluster: Cluster, items: list[Item]
 ) -> tuple[dict[str, Block], Metrics]:
-    """``packing._keep_sorted`` as the rule says it: on a copy of the cluster, every
+    """``packing._keep`` as the rule says it: on a copy of the cluster, every
     preferred block in ``sort_key`` order that is still free is occupied."""
     state = cluster.copy()
     kept: dict[str, Block] = {}
@@ -226,13 +226,17 @@ def keep_sorted_by_occupying(
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_keep_sorted_keeps_what_occupying_in_sort_order_keeps(seed: int) -> None:
-    """Free, taken and colliding preferred blocks, with and without immovable jobs."""
+def test_keep_keeps_what_occupying_in_sort_order_keeps(seed: int) -> None:
+    """Free, taken and colliding preferred blocks, with and without immovable jobs:
+    the sorted pass keeps the same blocks in the same order, and ``_keep`` (input
+    order first) the same blocks."""
     rng = random.Random(300 + seed)
     for _ in range(400):
         cluster, items = random_case(rng)
         if rng.random() < 0.3:
             cluster = Cluster(cluster.geo)
-        got = packing._keep_sorted(cluster, items)
-        assert list(got[0].items()) == list(keep_sorted_by_occupying(cluster, items)[0].items())
-        assert got == keep_sorted_by_occupying(cluster, items)
+        want = keep_sorted_by_occupying(cluster, items)
+        got = packing._keep_in_order(cluster, items, ordered=True)
+        assert list(got[0].items()) == list(want[0].items())
+        assert got == want
+        assert packing._keep(cluster, items) == want

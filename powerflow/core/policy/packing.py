@@ -223,66 +223,46 @@ def _keep(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metric
     When no two preferred blocks overlap (the usual replan) the order decides
     nothing, so the blocks are first taken in input order, on one flat
     occupancy map and the fill counts (all the metrics need), without sorting
-    or copying the cluster; only a collision falls back to the sorted pass.
+    or copying the cluster; only a collision starts again in sorted order.
+    """
+    return _keep_in_order(cluster, items, ordered=False)
+
+
+def _keep_in_order(
+    cluster: Cluster, items: list[Item], *, ordered: bool
+) -> tuple[dict[str, Block], Metrics]:
+    """``_keep``'s pass: in input order (``ordered`` False), which gives up at the
+    first collision for the pass in ``in_sort_order``; in that order (True), each
+    preferred block taken when still free.
+
+    On one flat occupancy map and the fill counts (a node is busy exactly when one
+    of its GPUs is taken, so a group of whole nodes is free exactly when its GPUs
+    are): the answer of copying the cluster and occupying block by block in
+    ``sorted(items, key=sort_key)``, without either
+    (``tests/test_packing_equivalence.py`` checks it against that). Placing again
+    the 2,811 placements of the default trace's fitted powerflow and powerflow+ runs
+    (``place_columns``' arguments as ``benchmarks/replay_bench.py``'s ``record`` sees
+    them; 913 reach the sorted pass): 1.41 -> 1.32 s CPU against copying and
+    occupying, best of 5, 3 alternations.
     """
     n = cluster.geo.per_node
     flat = bytearray().join(cluster.occ)
     fill = list(cluster.fill)
     kept: dict[str, Block] = {}
-    for it in items:
+    for it in in_sort_order(it for it in items if it.pref is not None) if ordered else items:
         pref = it.pref
         if pref is None:
             continue
         node, offset, size = pref
+        lo = node * n + offset if size <= n else node * n
+        if flat.find(1, lo, lo + size) != -1:
+            if not ordered:
+                return _keep_in_order(cluster, items, ordered=True)
+            continue
         if size <= n:
-            lo = node * n + offset
-            if flat.find(1, lo, lo + size) != -1:
-                return _keep_sorted(cluster, items)
             flat[lo : lo + size] = _ONES[:size]
             fill[node] += size
         else:
-            lo = node * n
-            if flat.find(1, lo, lo + size) != -1:
-                return _keep_sorted(cluster, items)
-            flat[lo : lo + size] = _ONES[:size] if size <= len(_ONES) else b"\x01" * size
-            fill[node : node + size // n] = [n] * (size // n)
-        kept[it.job_id] = pref
-    partial = sum(1 for f in fill if 0 < f < n)
-    used = sum(1 for f in fill if f)
-    return kept, (len(items) - len(kept), used, partial)
-
-
-def _keep_sorted(cluster: Cluster, items: list[Item]) -> tuple[dict[str, Block], Metrics]:
-    """``_keep`` after a collision: the preferred blocks in ``sort_key`` order, each
-    taken when still free.
-
-    On the same flat occupancy map and fill counts as ``_keep`` (a node is busy
-    exactly when one of its GPUs is taken, so a group of whole nodes is free exactly
-    when its GPUs are), in ``in_sort_order``: the answer of copying the cluster and
-    occupying block by block in ``sorted(items, key=sort_key)``, without either
-    (``tests/test_packing_equivalence.py`` checks it against that). Placing again the
-    2,811 placements of the default trace's fitted powerflow and powerflow+ runs
-    (``place_columns``' arguments as ``benchmarks/replay_bench.py``'s ``record`` sees
-    them; 913 reach this): 1.41 -> 1.32 s CPU, best of 5, 3 alternations.
-    """
-    n = cluster.geo.per_node
-    flat = bytearray().join(cluster.occ)
-    fill = list(cluster.fill)
-    kept: dict[str, Block] = {}
-    for it in in_sort_order(it for it in items if it.pref is not None):
-        pref = it.pref
-        assert pref is not None
-        node, offset, size = pref
-        if size <= n:
-            lo = node * n + offset
-            if flat.find(1, lo, lo + size) != -1:
-                continue
-            flat[lo : lo + size] = _ONES[:size]
-            fill[node] += size
-        else:
-            lo = node * n
-            if flat.find(1, lo, lo + size) != -1:
-                continue
             flat[lo : lo + size] = _ONES[:size] if size <= len(_ONES) else b"\x01" * size
             fill[node : node + size // n] = [n] * (size // n)
         kept[it.job_id] = pref
@@ -431,7 +411,7 @@ def _place_small(
     for node, its in by_node.items():
         # ``_stayers``' first pass inline, summing the sizes on the way: without a
         # collision (the usual node) every job stays. Placing the fitted default-trace
-        # runs' 2,811 placements again (see ``_keep_sorted``): 1.31 -> 1.27 s CPU.
+        # runs' 2,811 placements again (see ``_keep_in_order``): 1.31 -> 1.27 s CPU.
         mask = bytearray(occ[node])
         size = 0
         for it in its:
