@@ -151,3 +151,53 @@ def test_cholesky_reports_what_it_cannot_factor(bad: str) -> None:
     a = np.diag([2.0, 1.0, 3.0])
     a[1, 1] = {"indefinite": -1.0, "singular": 0.0, "nan": np.nan}[bad]
     assert not kernels.cholesky_solve(a, np.ones(3), np.empty((3, 3)), np.empty(3))
+
+
+def _log_time_from_terms(x: np.ndarray, cols: tuple[np.ndarray, ...]) -> tuple[list, np.ndarray]:
+    """``log T_iter`` and its Jacobian row by row from ``_terms`` and ``_sync_shape``
+    themselves, every product in the order of the formula: what ``_log_time`` gives
+    from ``time_data``'s precomputed factors."""
+    n_, r_, bs_, f_ = cols
+    pred, jac = [], np.zeros((len(n_), 12))
+    for k, (n, r, bs, f) in enumerate(zip(n_, r_, bs_, f_, strict=True)):
+        fg = f / 1000.0
+        io, grad, sync = kernels._terms(x, n, r, bs, fg)
+        inner, d_io, d_grad, dlog_g1 = kernels._pnorm_d(io, grad, x[9])
+        if n <= 1.0:
+            total, w = inner, 1.0 / inner
+        else:
+            total, d_inner, d_sync, dlog_g2 = kernels._pnorm_d(inner, sync, x[10])
+            w, ds = d_inner / total, d_sync / total
+            local, node, steps, hops = kernels._sync_shape(n, r)
+            clock = (1.0 - x[8]) + x[8] / fg
+            base = x[5] * local + x[6] * node + x[7] * steps + x[11] * hops
+            jac[k, 5] = ds * (local * clock)
+            jac[k, 6] = ds * (node * clock)
+            jac[k, 7] = ds * (steps * clock)
+            jac[k, 8] = ds * (base * (1.0 / fg - 1.0))
+            jac[k, 10] = dlog_g2
+            jac[k, 11] = ds * (hops * clock)
+        jac[k, 0] = w * d_io
+        jac[k, 1] = (bs * r) * (w * d_io)
+        jac[k, 2] = w * d_grad
+        jac[k, 3] = bs * (w * d_grad)
+        jac[k, 4] = (bs / fg) * (w * d_grad)
+        jac[k, 9] = w * inner * dlog_g1
+        pred.append(math.log(total))
+    return pred, jac
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_step_time_jacobian_is_the_formulas_bit_for_bit(seed: int) -> None:
+    """The step-time stage's residuals and Jacobian from ``time_data`` are the
+    floats the formula gives from ``_terms`` row by row, repeated rows included."""
+    params, cols = _random_model(seed)
+    repeats = np.random.default_rng(seed).integers(1, 3, len(cols[0]))
+    cols = tuple(np.repeat(c, repeats) for c in cols)
+    data = kernels.time_data(np.stack(cols))
+    empty = np.empty(0)
+    x = params.throughput.to_vector()
+    pred, jac = kernels.residuals((kernels.TIME, data, np.zeros(len(cols[0])), empty, empty), x)
+    want, want_jac = _log_time_from_terms(x, cols)
+    np.testing.assert_array_equal(pred, want)
+    np.testing.assert_array_equal(jac, want_jac)
