@@ -611,3 +611,23 @@ def test_measure_shortcuts_give_the_plain_samples() -> None:
         for name in ("n", "r", "bs", "f", "step_time_s", "energy_j"):
             assert np.array_equal(getattr(fresh, name), getattr(again, name)), name
     assert truth._plans
+
+
+def test_the_planned_power_column_follows_every_jobs_plan() -> None:
+    """``kernels.ratio_sums`` reads each job's planned watts from the arrays, which
+    ``SimJob.set_plan`` keeps: at every decision of a run that rescales, profiles
+    and preempts, each job's column is its plan's power (0 without one)."""
+    checked: list[int] = []
+
+    class Checking(Simulation):
+        def _power_ratio(self) -> float:
+            planned = self._arrays.planned
+            for job in self.jobs:
+                plan = job.plan
+                want = (plan.power_w or 0.0) if plan is not None else 0.0
+                assert planned[job.index] == want, job.trace.job_id
+            checked.append(sum(job.plan is not None for job in self.jobs))
+            return super()._power_ratio()
+
+    _run(Checking, "powerflow", 0.6, 12)
+    assert len(checked) > 10 and max(checked) > 0
