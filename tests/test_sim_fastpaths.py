@@ -430,6 +430,20 @@ def test_measurements_do_not_depend_on_the_memo() -> None:
     assert np.array_equal(a.f, b.f) and np.array_equal(a.energy_j, b.energy_j)
 
 
+BATCHES = (1.0, 8.0, 24.0, 32.0, 100.0, 512.0, 3000.0)
+"""Local batches the rate tests draw from: small, odd and beyond the tables."""
+
+
+def _configuration(
+    rng: np.random.Generator, count_bits: int, batches: tuple[float, ...]
+) -> tuple[int, int, float]:
+    """A random (GPUs, GPUs per node, local batch): a power of two below
+    ``2**count_bits`` GPUs, at most 8 per node."""
+    n = int(2 ** rng.integers(0, count_bits))
+    r = min(n, int(2 ** rng.integers(0, 4)))
+    return n, r, float(rng.choice(list(batches)))
+
+
 @pytest.mark.parametrize("model", ["resnet50", "bert", "deepspeech2", "gpt2"])
 def test_rates_filled_for_every_clock_equal_one_clock_at_a_time(model: str) -> None:
     """A miss fills the rate cache for all clocks from one array evaluation;
@@ -440,9 +454,7 @@ def test_rates_filled_for_every_clock_equal_one_clock_at_a_time(model: str) -> N
     single = TruthRates(lambda name: _fresh(truth))  # no clocks: every miss alone
     rng = np.random.default_rng(8)
     for _ in range(30):
-        n = int(2 ** rng.integers(0, 7))
-        r = min(n, int(2 ** rng.integers(0, 4)))
-        bs = float(rng.choice([1.0, 8.0, 24.0, 32.0, 100.0, 512.0, 3000.0]))
+        n, r, bs = _configuration(rng, 7, BATCHES)
         for f in rng.choice(clocks, size=4).tolist():
             assert batched.rate(model, n, r, bs, f) == single.rate(model, n, r, bs, f)
     assert len(batched._cache) > len(single._cache)  # the fill really happened
@@ -460,9 +472,7 @@ def test_sweeps_read_from_the_filled_cache_equal_one_evaluation(model: str) -> N
     # either (the truth's rows clock by clock included) answers any part of it.
     rng = np.random.default_rng(9)
     for _ in range(30):
-        n = int(2 ** rng.integers(0, 7))
-        r = min(n, int(2 ** rng.integers(0, 4)))
-        bs = float(rng.choice([1.0, 8.0, 24.0, 32.0, 100.0, 512.0, 3000.0]))
+        n, r, bs = _configuration(rng, 7, BATCHES)
         for sweep in (
             tuple(clocks[::4]),
             tuple(sorted(rng.choice(clocks, size=15).tolist())),
@@ -485,9 +495,7 @@ def test_capped_clock_equals_the_device_rule(model: str) -> None:
     rates = TruthRates(lambda name: _fresh(truth), clocks)
     rng = np.random.default_rng(11)
     for _ in range(40):
-        n = int(2 ** rng.integers(0, 6))
-        r = min(n, int(2 ** rng.integers(0, 4)))
-        bs = float(rng.choice([1.0, 16.0, 32.0, 200.0]))
+        n, r, bs = _configuration(rng, 6, (1.0, 16.0, 32.0, 200.0))
         work = Workload(model, n, r, bs)
         f = np.asarray(clocks, dtype=np.float64)
         per_gpu = truth.energy_per_iter_j(n, r, bs, f) / (n * truth.step_time_s(n, r, bs, f))
