@@ -318,3 +318,24 @@ def test_figures_drawn_in_another_process_are_the_same_files(tiny: Path, tmp_pat
     ]
     for one, two in zip(made[1], made[2], strict=True):
         assert one.read_bytes() == two.read_bytes(), one.name
+
+
+def test_the_comparison_starts_its_longest_runs_first() -> None:
+    """Workers take the fitted runs first, then the same schedulers on the ground truth,
+    then the baselines: the oracle runs, costing about twice a baseline's, never start
+    last (one core would sit idle at the end while the other ran one)."""
+    from powerflow.lab.schedulers import scheduler
+    from powerflow.lab.sim.experiments import comparison
+    from powerflow.lab.sim.runner import start_order
+
+    specs = comparison(TraceSpec(), SimConfig())
+
+    def kind(spec: RunSpec) -> int:
+        if not scheduler(spec.scheduler).profiling.fitted_models:
+            return 2
+        return 1 if spec.oracle else 0
+
+    kinds = [kind(specs[i]) for i in start_order(specs)]
+    assert kinds == sorted(kinds)
+    assert set(kinds) == {0, 1, 2}
+    assert sorted(start_order(specs)) == list(range(len(specs)))
