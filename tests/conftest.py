@@ -65,3 +65,16 @@ async def kube(kmock: KubeEmulator) -> AsyncIterator[Kube]:
         yield Kube(api, None)
     finally:
         api.close()
+
+
+@pytest.fixture(scope="session")
+def compiled_placement() -> None:
+    """The placement kernel compiled (``placement_kernels.place``) before a test times
+    anything: with a cold numba cache its first call compiles for seconds, which a
+    hypothesis strategy that places (``test_placement.scenarios``) would count as slow
+    input generation."""
+    from powerflow.core.gpus import A100
+    from powerflow.core.policy.placement import place_columns
+    from powerflow.core.policy.snapshot import Node
+
+    place_columns([Node("n0", 2, A100)], ["a"], [1], [()], [True])

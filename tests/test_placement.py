@@ -20,6 +20,8 @@ from powerflow.core.policy.placement import (
 )
 from powerflow.core.policy.snapshot import GpuSlot, Node
 
+pytestmark = pytest.mark.usefixtures("compiled_placement")
+
 
 def cluster(count: int, per_node: int = 8, off: Sequence[int] = ()) -> list[Node]:
     return [Node(f"n{i}", per_node, A100, powered_on=i not in off) for i in range(count)]

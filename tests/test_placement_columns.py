@@ -17,6 +17,8 @@ from powerflow.core.policy import placement
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult
 from powerflow.core.policy.snapshot import Node
 
+pytestmark = pytest.mark.usefixtures("compiled_placement")
+
 
 def fields(result: PlacementResult) -> tuple[object, ...]:
     """A placement result as plain data, the assignments' order included."""

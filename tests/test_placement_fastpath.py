@@ -14,6 +14,8 @@ from powerflow.core.policy.buddy import geometry
 from powerflow.core.policy.placement import PlacementRequest, _kept_block, _preferred, place
 from powerflow.core.policy.snapshot import GpuSlot, Node
 
+pytestmark = pytest.mark.usefixtures("compiled_placement")
+
 
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[list[Node], tuple[GpuSlot, ...], int]:

@@ -76,6 +76,11 @@ class Geometry:
         """Every aligned group of whole nodes, both ways (shared by equal geometries)."""
         return _node_groups(self.names, self.per_node)
 
+    @functools.cached_property
+    def block_table(self) -> BlockTable:
+        """Every aligned block by an integer id (shared by equal geometries)."""
+        return aligned_blocks(self.names, self.per_node)
+
     def slots(self, block: Block) -> tuple[GpuSlot, ...]:
         """The block's GPUs as (node name, index), sorted by node order then index."""
         if block.size <= self.per_node:
@@ -115,6 +120,58 @@ class NodeGroups:
 
     by_slots: Mapping[tuple[GpuSlot, ...], Block]
     slots: Mapping[Block, tuple[GpuSlot, ...]]
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """Every aligned block (inside one node or a group of whole nodes) by an integer id
+    (``block_id``), for the compiled placement (``placement_kernels.place``).
+
+    ``ids`` maps the slots of a block, as ``NodeBlocks`` and ``NodeGroups`` list them,
+    to its id, and ``()`` to -2; ``node``, ``offset`` and ``size`` are the blocks by id
+    (size 0: no block has that id) and ``slots`` their slots (None: no block).
+    ``by_identity`` is ``ids`` keyed by ``id()`` of these very tuples (and of ``()``):
+    placement hands out these tuples, a running job hands them back, and an ``id`` is
+    an integer to hash where the tuple would be hashed slot by slot (a ``slots``
+    tuple is alive as long as the table, so its ``id`` names it and no other object).
+    """
+
+    ids: Mapping[tuple[GpuSlot, ...], int]
+    by_identity: Mapping[int, int]
+    node: tuple[int, ...]
+    offset: tuple[int, ...]
+    size: tuple[int, ...]
+    slots: tuple[tuple[GpuSlot, ...] | None, ...]
+
+
+def block_id(block: Block, nodes: int, per_node: int) -> int:
+    """The id of an aligned block: inside one node, ``node * 2N`` plus its place in the
+    node's buddy tree (``N / size + offset / size``, 1 to ``2N - 1``); a group of
+    ``g = 2**k`` whole nodes (``k >= 1``), ``nodes * 2N + k * nodes + node / g``
+    (``placement_kernels.block_id`` computes the same)."""
+    node, offset, size = block
+    if size <= per_node:
+        return node * 2 * per_node + per_node // size + offset // size
+    g = size // per_node
+    return nodes * 2 * per_node + (g.bit_length() - 1) * nodes + node // g
+
+
+@functools.lru_cache(maxsize=16)
+def aligned_blocks(names: tuple[str, ...], per_node: int) -> BlockTable:
+    """Built once per cluster shape from ``_node_blocks`` and ``_node_groups``."""
+    nodes = len(names)
+    total = nodes * 2 * per_node + nodes.bit_length() * nodes
+    node, offset, size = [0] * total, [0] * total, [0] * total
+    slots: list[tuple[GpuSlot, ...] | None] = [None] * total
+    ids: dict[tuple[GpuSlot, ...], int] = {(): -2}
+    for part in (_node_blocks(names, per_node), _node_groups(names, per_node)):
+        for run, block in part.by_slots.items():
+            k = block_id(block, nodes, per_node)
+            node[k], offset[k], size[k] = block
+            slots[k] = run
+            ids[run] = k
+    by_identity = {id(run): k for run, k in ids.items()}
+    return BlockTable(ids, by_identity, tuple(node), tuple(offset), tuple(size), tuple(slots))
 
 
 @functools.lru_cache(maxsize=16)
