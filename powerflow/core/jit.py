@@ -9,15 +9,17 @@ an order of magnitude faster with the same IEEE arithmetic (no fastmath).
 ``cache=True`` keeps the machine code next to the sources (or in the user's
 cache folder when that is read-only), so only the first process on a machine
 pays the compilation. ``NUMBA_DISABLE_JIT=1`` runs every kernel as plain
-Python, e.g. for a debugger. A cold cache costs about 8 s of CPU once
+Python, e.g. for a debugger. A cold cache costs about 25 s of CPU once
 (``powerflow simulate --quick --workers 1``, which compiles every kernel, with
-``NUMBA_CACHE_DIR`` an empty folder: 16.0 s, then 8.2 s with the same folder).
+``NUMBA_CACHE_DIR`` an empty folder: 33.6 s, then 8.4 s with the same folder; the
+placement kernel, ``policy/placement_kernels.py``, is about 18 s of it).
 
 One rule follows from the cache: a kernel calls compiled helpers only from
 its own file. Numba checks the timestamp of the file that holds a cached
 function, not of the files its callees live in, so a helper edited in another
 file would leave stale machine code behind. The kernels therefore live in one
-file per package (``models/kernels.py``, ``policy/greedy_kernels.py``,
+file per part, none calling into another (``models/kernels.py``,
+``policy/greedy_kernels.py``, ``policy/placement_kernels.py``,
 ``lab/sim/kernels.py``; ``core/learning.py`` has two self-contained ones).
 
 No kernel uses numba's linear algebra (``np.dot``, ``@``, ``np.linalg``), which
