@@ -29,7 +29,7 @@ from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.power_loop import SCALE_RANGE, job_scales
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
-from powerflow.core.policy.tables import JobRows, build_tables
+from powerflow.core.policy.tables import UID, JobRows, build_tables
 from powerflow.core.policy.validate import cluster_of
 from powerflow.lab.scenarios import synthetic_snapshot
 from powerflow.lab.synthetic import synthetic_zoo
@@ -261,7 +261,7 @@ def test_a_gpu_with_another_top_clock_is_a_miss_at_a_fixed_frequency() -> None:
         warm = build_tables(snap.jobs, cluster, clocks, policy.elastic, memo)
         fresh = build_tables(snap.jobs, cluster, clocks, policy.elastic)
         for w, f in zip(warm.job_rows, fresh.job_rows, strict=True):
-            np.testing.assert_array_equal(w.vectors, f.vectors)
+            np.testing.assert_array_equal(w.vectors[:, :UID], f.vectors[:, :UID])  # not serials
             np.testing.assert_array_equal(w.both, f.both)
         assert policy.plan(snap) == cold(policy, snap)
 
@@ -519,3 +519,34 @@ def test_a_job_moved_onto_anothers_gpus_is_refused_as_a_fresh_policy_does() -> N
         cold(policy, replace(snap, jobs=tuple(jobs)))
     with pytest.raises(SnapshotError, match="held by both"):
         policy.plan(replace(snap, jobs=tuple(jobs)))
+
+
+def test_gathered_rows_are_the_rows_asked_for_whatever_the_last_call_gathered() -> None:
+    """``Tables.values`` with a memo takes the rows the last call gathered by their
+    serials: over tables where the same row numbers hold other values (a refitted model,
+    a job gone), with shuffled, repeated and new rows, every answer equals a gather
+    without the memo, and a call for the rows of the last one hands its rows back."""
+    rng = np.random.default_rng(7)
+    snap = synthetic_snapshot(64, 40, seed=3, eta=0.5)
+    cluster = cluster_of(snap)
+    memo: PolicyMemo[JobRows] = PolicyMemo()
+    jobs = list(snap.jobs)
+    zoo = synthetic_zoo(4, seed=9)
+    for step in range(12):
+        if step % 3 == 1:  # a refit: the job's rows keep their numbers, not their values
+            k = int(rng.integers(len(jobs)))
+            jobs[k] = replace(jobs[k], model=zoo[step % len(zoo)])
+        elif step % 3 == 2:  # a job leaves: the rows after its own move up
+            jobs.pop(int(rng.integers(len(jobs))))
+        tables = build_tables(jobs, cluster, A100.clocks_mhz, True, memo)
+        rows = rng.choice(len(tables.row_job), size=int(rng.integers(1, 60)))
+        first = int(rng.integers(0, tables.width))
+        t, e = tables.values(rows, first, memo)
+        want_t, want_e = tables.values(rows, first)
+        np.testing.assert_array_equal(t, want_t)
+        np.testing.assert_array_equal(e, want_e)
+        kept = memo.gathered
+        again_t, _ = tables.values(rows, first, memo)
+        assert memo.gathered is kept and np.shares_memory(again_t, t)
+        back_t, _ = tables.values(rows[::-1], 0, memo)
+        np.testing.assert_array_equal(back_t[::-1, first:], want_t)

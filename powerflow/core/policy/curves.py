@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerflow.core.models.protocol import FloatArray
+from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.snapshot import Job
-from powerflow.core.policy.tables import IntArray, Tables
+from powerflow.core.policy.tables import IntArray, JobRows, Tables
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,12 @@ class Curves:
     remaining: FloatArray | None = None
     """Per job, its remaining iterations (None: not kept)."""
 
-    def matrices(self, rows: IntArray, first: int = 0) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """JCT, energy and power of ``rows`` at every clock from column ``first`` up."""
-        t, e = self.tables.values(rows, first)
+    def matrices(
+        self, rows: IntArray, first: int = 0, memo: PolicyMemo[JobRows] | None = None
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """JCT, energy and power of ``rows`` at every clock from column ``first`` up
+        (``memo``: see ``Tables.values``)."""
+        t, e = self.tables.values(rows, first, memo)
         remaining = self.row_remaining[rows, None]
         return self.row_age_s[rows, None] + remaining * t, remaining * e, e / t
 

@@ -362,7 +362,7 @@ class _Decision:
         # lowest of them are never read: the clock phase and the pricing work
         # on columns ``low ..`` (the same floats, shifted; see raise_clocks).
         low = min(start, default=0)
-        jct_m, energy_m, power_m = self.curves.matrices(row_idx, low)
+        jct_m, energy_m, power_m = self.curves.matrices(row_idx, low, self.policy.memo)
         matrices = Matrices(jct_m, energy_m, self.fix.matrix(row_idx, power_m))
         columns = start
         raises: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
