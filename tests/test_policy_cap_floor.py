@@ -9,14 +9,16 @@ hold (docs/policy.md, "Below the boards' lowest power limit").
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import ScaledModel, job, nodes, snapshots
 
 from powerflow.core.gpus import A100
-from powerflow.core.policy.power_loop import MIN_CAP_W, cappable_gpus
+from powerflow.core.policy.power_loop import MIN_CAP_W, _floored, cappable_gpus, caps_w
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, Plan, Snapshot
 
@@ -47,6 +49,22 @@ def test_cappable_gpus_leave_room_for_floor_caps_and_a_partly_used_node() -> Non
     assert cappable_gpus(500.0, 100.0, 52.5, 8, 16) == 1  # 2: 200 + 6 x 52.5 > 500
     assert cappable_gpus(99.0, 100.0, 52.5, 8, 16) == 0
     assert cappable_gpus(float("inf"), 100.0, 52.5, 8, 16) == 16
+
+
+def test_kept_answers_of_cappable_gpus_are_the_functions_own() -> None:
+    """``cappable_gpus`` keeps its answers per arguments: each, asked in any order and
+    again, is what the function computes for exactly those arguments."""
+    compute = cappable_gpus.__wrapped__
+    cases = [
+        (eta * gpus * A100.p_max_w, floor, idle, gpn, gpus)
+        for eta in (0.2, 0.3, 0.6)
+        for floor in (0.0, 100.0)
+        for idle in (0.0, 52.5, 150.0)
+        for gpn, gpus in ((8, 16), (4, 16), (8, 512))
+    ]
+    for args in [*cases, *reversed(cases)]:
+        assert cappable_gpus(*args) == compute(*args)
+    assert len({cappable_gpus(*args) for args in cases}) > 5
 
 
 def test_a_tight_limit_runs_only_as_many_gpus_as_floor_caps_can_hold() -> None:
@@ -100,3 +118,49 @@ def test_floor_caps_and_idle_gpus_never_pass_the_limit(
     plan = PowerFlowPolicy().plan(snapshot)
     if any(jp.gpus for jp in plan.jobs):
         assert _floor_w(snapshot, plan) <= plan.limit_w * (1 + 1e-9)
+
+
+def _caps_job_by_job(
+    power: list[float],
+    gpus: list[int],
+    peak: list[float],
+    planned: float,
+    limit: float,
+    headroom: float,
+    low: float,
+) -> list[float] | None:
+    """``caps_w``'s rules written out one job at a time: what its arrays must give."""
+    extra = [p - w if p > w else 0.0 for p, w in zip(peak, power, strict=True)]
+    need, left = sum(extra), limit - planned
+    if not sum(gpus) or not math.isfinite(limit) or left - need >= headroom * limit:
+        return None
+    if left <= 0:
+        sweep, share = 0.0, left / sum(gpus)
+    elif need <= left:
+        sweep, share = 1.0, (left - need) / sum(gpus)
+    else:
+        sweep, share = left / need, 0.0
+    caps = [(w + sweep * x) / n + share for w, x, n in zip(power, extra, gpus, strict=True)]
+    floor = max(MIN_CAP_W, low)
+    counted = [max(floor, w / n) for w, n in zip(power, gpus, strict=True)]
+    return _floored(caps, gpus, floor, counted)
+
+
+def test_caps_are_the_job_by_job_rules_to_the_last_bit() -> None:
+    """``caps_w`` works on arrays: every answer (none, shares of a negative or positive
+    room, sweeps scaled down, caps raised to the floor) equals the rules applied job by
+    job, float for float (random powers, so that summing in another order shows)."""
+    rng = np.random.default_rng(11)
+    seen = set()
+    for case in range(300):
+        count = int(rng.integers(1, 40))
+        power = rng.uniform(40.0, 3000.0, count).tolist()
+        gpus = rng.choice((1, 2, 4, 8, 16), count).tolist()
+        peak = np.where(rng.random(count) < 0.5, np.nan, rng.uniform(40.0, 3500.0, count))
+        planned = sum(power) + 52.5 * 3
+        limit = planned * float(rng.uniform(0.5, 1.2))
+        low = (0.0, 100.0, 250.0)[case % 3]
+        got = caps_w(power, gpus, peak.tolist(), planned, limit, 0.1, low)
+        assert got == _caps_job_by_job(power, gpus, peak.tolist(), planned, limit, 0.1, low)
+        seen.add("none" if got is None else "floored" if min(got) <= low else "caps")
+    assert seen == {"none", "floored", "caps"}
