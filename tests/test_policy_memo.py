@@ -29,7 +29,7 @@ from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.power_loop import SCALE_RANGE, job_scales
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
-from powerflow.core.policy.tables import UID, JobRows, build_tables
+from powerflow.core.policy.tables import UID, JobRows, Previous, build_tables
 from powerflow.core.policy.validate import cluster_of
 from powerflow.lab.scenarios import synthetic_snapshot
 from powerflow.lab.synthetic import synthetic_zoo
@@ -550,3 +550,33 @@ def test_gathered_rows_are_the_rows_asked_for_whatever_the_last_call_gathered() 
         assert memo.gathered is kept and np.shares_memory(again_t, t)
         back_t, _ = tables.values(rows[::-1], 0, memo)
         np.testing.assert_array_equal(back_t[::-1, first:], want_t)
+
+
+def test_tables_built_on_an_earlier_calls_rows_equal_tables_built_afresh() -> None:
+    """``build_tables`` with ``Previous`` (the kept jobs' rows taken from an earlier
+    call's stacked vectors) gives the tables it gives without: kept, new and gone jobs,
+    jobs with no allowed count, and an earlier call whose jobs had no rows at all."""
+    snap = synthetic_snapshot(64, 30, seed=5, eta=0.5)
+    cluster = cluster_of(snap)
+    clocks = A100.clocks_mhz
+    memo: PolicyMemo[JobRows] = PolicyMemo()
+    none = [
+        replace(job, id=f"{job.id}-none", global_batch_size=4096, max_local_batch_size=1)
+        for job in snap.jobs[:3]
+    ]
+    sequences = [
+        (list(snap.jobs[:20]), [*snap.jobs[5:12], *snap.jobs[22:], *snap.jobs[:3]]),
+        (none, [*none[1:], *snap.jobs[:4]]),
+        ([*none, *snap.jobs[:6]], [snap.jobs[7], *snap.jobs[:6], none[0]]),
+    ]
+    for before, after in sequences:
+        earlier = build_tables(before, cluster, clocks, True, memo)
+        where = {job.id: k for k, job in enumerate(before)}
+        index = np.asarray([where.get(job.id, -1) for job in after], dtype=np.int64)
+        got = build_tables(after, cluster, clocks, True, memo, Previous(earlier, index))
+        want = build_tables(after, cluster, clocks, True, memo)
+        assert got.vectors is not None and want.vectors is not None
+        np.testing.assert_array_equal(got.vectors, want.vectors)
+        for name in ("start", "sizes", "row_job", "counts", "efficient", "peak_w"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+        assert got.job_rows == want.job_rows
