@@ -51,22 +51,6 @@ def test_cappable_gpus_leave_room_for_floor_caps_and_a_partly_used_node() -> Non
     assert cappable_gpus(float("inf"), 100.0, 52.5, 8, 16) == 16
 
 
-def test_kept_answers_of_cappable_gpus_are_the_functions_own() -> None:
-    """``cappable_gpus`` keeps its answers per arguments: each, asked in any order and
-    again, is what the function computes for exactly those arguments."""
-    compute = cappable_gpus.__wrapped__
-    cases = [
-        (eta * gpus * A100.p_max_w, floor, idle, gpn, gpus)
-        for eta in (0.2, 0.3, 0.6)
-        for floor in (0.0, 100.0)
-        for idle in (0.0, 52.5, 150.0)
-        for gpn, gpus in ((8, 16), (4, 16), (8, 512))
-    ]
-    for args in [*cases, *reversed(cases)]:
-        assert cappable_gpus(*args) == compute(*args)
-    assert len({cappable_gpus(*args) for args in cases}) > 5
-
-
 def test_a_tight_limit_runs_only_as_many_gpus_as_floor_caps_can_hold() -> None:
     snapshot = Snapshot(
         nodes=nodes(2, 8),

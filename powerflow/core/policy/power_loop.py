@@ -39,7 +39,6 @@ its table rows, and the model is asked only for a configuration no row has.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -95,7 +94,6 @@ def planning_limit_w(limit_w: float, power_ratio: float, options: LoopOptions) -
     return limit_w / ratio * (1.0 - options.margin)
 
 
-@functools.lru_cache(maxsize=64)
 def cappable_gpus(
     limit_w: float, floor_w: float, idle_w: float, gpus_per_node: int, total_gpus: int
 ) -> int:
@@ -110,13 +108,6 @@ def cappable_gpus(
     this bound the policy would run up to 416 GPUs on 30.7 kW at eta 0.2, every
     cap at the floor, and a model error or a profiling sweep on a new job would
     pass the limit with nothing to stop it.
-
-    Kept per argument tuple (``lru_cache``: a pure function of them, the same at
-    every decision of a run): a loop over the nodes costs 17 µs a call at 64
-    nodes, a hit 0.05 µs (``timeit``); 0.048 -> 0.005 s of CPU over the 2,314
-    decisions of a fitted run's replay (process_time around it, least of 3,
-    alternated). ``tests/test_policy_cap_floor.py`` checks the kept answers
-    against the function itself.
     """
     if not math.isfinite(limit_w):
         return total_gpus
