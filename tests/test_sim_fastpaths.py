@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import gc
 import math
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -639,3 +640,35 @@ def test_the_planned_power_column_follows_every_jobs_plan() -> None:
 
     _run(Checking, "powerflow", 0.6, 12)
     assert len(checked) > 10 and max(checked) > 0
+
+
+def _progress(snapshot: Snapshot) -> list[tuple[float, float, float]]:
+    return [(j.remaining_iterations, j.elapsed_s, j.attained_gpu_s) for j in snapshot.jobs]
+
+
+def test_a_view_someone_keeps_never_changes() -> None:
+    """``snapshot`` updates a holder's last view in place only when ``_views`` alone
+    holds it. Every other decision's snapshot is kept: its views still show what
+    they showed when planned. The others' holders are watched through weak
+    references (which hold nothing): the next snapshot shows those very objects."""
+    kept: list[tuple[Snapshot, list[tuple[float, float, float]]]] = []
+    loose: list[weakref.ref[Job]] = []
+    reused = 0
+
+    class Keeping(Simulation):
+        def snapshot(self) -> Snapshot:
+            nonlocal reused
+            snap = super().snapshot()
+            shown = {id(j) for j in snap.jobs}
+            reused += sum(id(ref()) in shown for ref in loose)
+            loose.clear()
+            if self._totals.policy_calls % 2:
+                loose.extend(weakref.ref(j) for j in snap.jobs if j.placement)
+            else:
+                kept.append((snap, _progress(snap)))
+            return snap
+
+    _run(Keeping, "gandiva", 1410, 40)
+    assert reused > 100
+    for snap, progress in kept:
+        assert _progress(snap) == progress
