@@ -26,6 +26,7 @@ import pytest
 from test_baselines import reference_afs_l
 
 import powerflow.lab.baselines.afs as afs
+import powerflow.lab.baselines.gandiva as gandiva
 from powerflow.core.gpus import A100
 from powerflow.core.models.protocol import ArrayLike, FloatArray
 from powerflow.core.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
@@ -189,3 +190,56 @@ def test_afs_l_matches_the_literal_tournament_on_tied_ladders(seed: int) -> None
     ladders = random_ladders(rng, rng.randint(1, 120))
     for free in (rng.randint(0, 16), rng.randint(16, 64), rng.randint(64, 512)):
         assert afs.afs_l(ladders, free) == reference_afs_l(ladders, free)
+
+
+def test_gandiva_kept_affinity_is_what_the_sets_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node affinity a Gandiva round answers, kept or not, is the one its GPU
+    sets give at that moment (nodes running a job of the size asked), over seeded
+    sequences that start, move, defragment and grow jobs."""
+    asked = kept = 0
+    answer = gandiva._Round._affinity
+
+    def checked(self: gandiva._Round, size: int) -> dict[str, bool]:
+        nonlocal asked, kept
+        kept += size in self.marks
+        got = answer(self, size)
+        fresh = {
+            node
+            for key, ids in self.users.items()
+            if any(self.by_id[i].requested_gpus == size for i in ids)
+            for node, _ in key
+        }
+        assert set(got) == fresh and all(got.values())
+        asked += 1
+        return got
+
+    monkeypatch.setattr(gandiva._Round, "_affinity", checked)
+    for seed, policy in enumerate((GandivaPolicy(), GandivaPolicy(grow_shrink=True)) * 2):
+        rng = random.Random(seed)
+        shared = [toy(rng) for _ in range(4)]
+        cluster = tuple(Node(f"n{i}", 8, A100) for i in range(4))
+        snap = Snapshot(
+            cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(30)), Budget(), 0.0
+        )
+        for _ in range(60):
+            snap = advance(rng, snap, policy.plan(snap), shared)
+    assert asked > 50 and kept > 10  # 70 and 35
+
+
+def test_gandiva_affinity_forgets_a_node_a_job_leaves() -> None:
+    """A kept affinity is dropped when a job leaves its GPUs (``_relocate``): its old
+    node no longer runs a job of its size."""
+    cluster = (Node("n0", 8, A100), Node("n1", 8, A100))
+    job = Job(
+        id="a",
+        model=Toy(1.0, 0.1, 1.5, 0.2, 200.0),
+        remaining_iterations=10.0,
+        global_batch_size=64,
+        requested_gpus=1,
+        arrival_s=0.0,
+        placement=(("n0", 0),),
+    )
+    round_ = gandiva._Round(Snapshot(cluster, (job,), Budget(), 0.0), 3)
+    assert round_._affinity(1) == {"n0": True}
+    round_._relocate(job, (("n1", 0),))
+    assert round_._affinity(1) == {"n1": True}
