@@ -243,3 +243,40 @@ def test_gandiva_affinity_forgets_a_node_a_job_leaves() -> None:
     assert round_._affinity(1) == {"n0": True}
     round_._relocate(job, (("n1", 0),))
     assert round_._affinity(1) == {"n1": True}
+
+
+def test_gandiva_open_sets_are_what_newest_sharer_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sets open to time-slicing that a round's first partner search collects
+    (one-job sets read inline) are those ``_newest_sharer`` admits, with its latest
+    arrival, over seeded sequences with pinned jobs, shared sets and no sharing."""
+    built = 0
+    partner = gandiva._Round._partner
+
+    def checked(self: gandiva._Round, job: Job) -> tuple[tuple[str, int], ...] | None:
+        nonlocal built
+        first = self.sharable is None
+        got = partner(self, job)
+        if first:
+            asked = {left.requested_gpus for left in self.left} | {job.requested_gpus}
+            expected: dict[int, dict[tuple[tuple[str, int], ...], float]] = {}
+            for key, ids in self.users.items():
+                newest = self._newest_sharer(key, ids, len(key))
+                if len(key) in asked and newest is not None:
+                    expected.setdefault(len(key), {})[key] = newest
+            assert self.sharable == expected
+            built += bool(expected)
+        return got
+
+    monkeypatch.setattr(gandiva._Round, "_partner", checked)
+    # seeds 5 and 7 meet pinned jobs alone on a set of a size asked for
+    runs = [(seed, GandivaPolicy()) for seed in range(8)]
+    for seed, policy in [*runs, (0, GandivaPolicy(max_jobs_per_gpu=1))]:
+        rng = random.Random(seed)
+        shared = [toy(rng) for _ in range(4)]
+        cluster = tuple(Node(f"n{i}", 8, A100) for i in range(2))
+        snap = Snapshot(
+            cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(40)), Budget(), 0.0
+        )
+        for _ in range(30):
+            snap = advance(rng, snap, policy.plan(snap), shared)
+    assert built > 20

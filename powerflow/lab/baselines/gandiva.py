@@ -430,6 +430,11 @@ class _Round:
         The sets open to sharing are collected, by size, at the first ask in
         step 3 and kept up to date by ``_share``: in step 3 nothing but sharing
         changes the sets, so this is the scan over every set, without the scan.
+        A set of one job (most of them) is read inline, without the list and
+        generators ``_newest_sharer`` builds for a shared one: ``_partner``'s 12k
+        calls in a Gandiva replay of the default trace take 0.052-0.056 s of CPU
+        against 0.083-0.087 s (``time.process_time`` around each call, three
+        alternations).
         """
         if self.sharable is None:  # first ask: one pass over the sets of the sizes asked
             self.sharable = {}
@@ -437,12 +442,20 @@ class _Round:
             # pass over every job to find them.
             asked = {left.requested_gpus for left in self.left}
             asked.add(job.requested_gpus)
+            by_id, alone = self.by_id, self.max_share > 1  # one job leaves room
             for key, ids in self.users.items():
-                if len(key) not in asked:
+                n = len(key)
+                if n not in asked:
                     continue
-                newest = self._newest_sharer(key, ids, len(key))
+                if alone and len(ids) == 1:  # ``_newest_sharer`` of one job, inline
+                    only = by_id[ids[0]]
+                    if only.requested_gpus != n or only.pinned:
+                        continue
+                    newest: float | None = only.arrival_s
+                else:
+                    newest = self._newest_sharer(key, ids, n)
                 if newest is not None:
-                    self.sharable.setdefault(len(key), {})[key] = newest
+                    self.sharable.setdefault(n, {})[key] = newest
         open_sets = self.sharable.get(job.requested_gpus)
         if not open_sets:
             return None
