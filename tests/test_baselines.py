@@ -30,6 +30,7 @@ from powerflow.lab.baselines import (
     zeus_power_limit,
 )
 from powerflow.lab.baselines.afs import Ladder, afs_l, ladder_counts
+from powerflow.lab.baselines.common import cluster_gpu
 from powerflow.lab.baselines.gandiva import GANDIVA_JOBS_PER_GPU
 from powerflow.lab.baselines.zeus import power_limits_w
 from powerflow.lab.schedulers import scheduler
@@ -904,3 +905,20 @@ def test_predicted_w_count_time_slices_once_and_idle_gpus() -> None:
 
     want = (power(a.model) + power(b.model)) / 2 + 2 * A100.idle_power_w  # type: ignore[arg-type]
     assert plan.predicted_w == pytest.approx(want)
+
+
+def test_cluster_gpu_is_checked_for_each_node_tuple() -> None:
+    """``cluster_gpu`` reads the type its nodes' layout found once per node tuple: an
+    equal spec on every node passes, another type on any node refuses, whichever
+    tuple was asked before."""
+    same = tuple(Node(f"n{i}", 8, replace(A100)) for i in range(3))
+    mixed = (*same, Node("x", 8, replace(A100, name="other")))
+    for nodes in (same, mixed, same, mixed[::-1], same):
+        snapshot = Snapshot(nodes, (), Budget(), 0.0)
+        if nodes is same:
+            assert cluster_gpu(snapshot) == A100
+        else:
+            with pytest.raises(SnapshotError, match="one GPU type"):
+                cluster_gpu(snapshot)
+    with pytest.raises(SnapshotError, match="no nodes"):
+        cluster_gpu(Snapshot((), (), Budget(), 0.0))

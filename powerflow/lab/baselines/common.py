@@ -29,8 +29,11 @@ def cluster_gpu(snapshot: Snapshot) -> GpuSpec:
     """The cluster's GPU type; the baselines, like their papers, assume one type."""
     if not snapshot.nodes:
         raise SnapshotError("snapshot has no nodes")
-    spec = snapshot.nodes[0].gpu
-    if any(node.gpu is not spec and node.gpu != spec for node in snapshot.nodes):
+    # Checked once per node tuple (``_Layout``), not at each call: a Gandiva replay of
+    # the default trace asks 5,090 times, 0.009 s of CPU against 0.017 s
+    # (``time.process_time`` around each call, three alternations).
+    spec = _Layout.of(snapshot.nodes).gpu
+    if spec is None:
         raise SnapshotError("the baselines need a cluster of one GPU type")
     return spec
 
@@ -127,7 +130,8 @@ def evaluate(
 
 
 class _Layout(NamedTuple):
-    """What a ``Pool`` derives from the nodes alone: their order, rank and sizes.
+    """What a ``Pool`` derives from the nodes alone: their order, rank and sizes,
+    and their one GPU type (``cluster_gpu``; None: several, or no node).
 
     Shared, never changed, by every pool of one node tuple: the engine hands
     the same tuple to decision after decision while no node switches on or
@@ -145,6 +149,7 @@ class _Layout(NamedTuple):
     gpus: list[tuple[str, range]]
     total: int
     biggest: int
+    gpu: GpuSpec | None
 
     @staticmethod
     def of(nodes: Sequence[Node]) -> _Layout:
@@ -157,8 +162,11 @@ class _Layout(NamedTuple):
             rank.setdefault(name, i)  # ``order.index``: the first one
         size = {node.name: node.gpus for node in nodes}
         gpus = [(node.name, range(node.gpus)) for node in nodes]
+        spec: GpuSpec | None = nodes[0].gpu if nodes else None
+        if any(node.gpu is not spec and node.gpu != spec for node in nodes):
+            spec = None
         layout = _Layout(
-            nodes, order, rank, size, gpus, sum(size.values()), max(size.values(), default=0)
+            nodes, order, rank, size, gpus, sum(size.values()), max(size.values(), default=0), spec
         )
         if type(nodes) is tuple:
             _LAST_LAYOUT[0] = layout
