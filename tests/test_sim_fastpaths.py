@@ -642,33 +642,41 @@ def test_the_planned_power_column_follows_every_jobs_plan() -> None:
     assert len(checked) > 10 and max(checked) > 0
 
 
-def _progress(snapshot: Snapshot) -> list[tuple[float, float, float]]:
-    return [(j.remaining_iterations, j.elapsed_s, j.attained_gpu_s) for j in snapshot.jobs]
+def _progress_of(job: Job) -> tuple[float, float, float]:
+    return (job.remaining_iterations, job.elapsed_s, job.attained_gpu_s)
 
 
 def test_a_view_someone_keeps_never_changes() -> None:
     """``snapshot`` updates a holder's last view in place only when ``_views`` alone
-    holds it. Every other decision's snapshot is kept: its views still show what
-    they showed when planned. The others' holders are watched through weak
-    references (which hold nothing): the next snapshot shows those very objects."""
+    holds it. Decisions take turns: one's snapshot is kept, the next one's views are
+    held by weak references only, the next one's not at all. Kept views still show
+    what they showed when planned, and so does every weakly held view still alive;
+    the views nobody held are the very objects the next snapshot shows (a copy is
+    built while the view it copies lives, so it never has that view's ``id``)."""
     kept: list[tuple[Snapshot, list[tuple[float, float, float]]]] = []
-    loose: list[weakref.ref[Job]] = []
+    weak: list[tuple[weakref.ref[Job], tuple[float, float, float]]] = []
+    loose: dict[str, int] = {}
     reused = 0
 
     class Keeping(Simulation):
         def snapshot(self) -> Snapshot:
             nonlocal reused
             snap = super().snapshot()
-            shown = {id(j) for j in snap.jobs}
-            reused += sum(id(ref()) in shown for ref in loose)
+            reused += sum(loose.get(j.id) == id(j) for j in snap.jobs)
             loose.clear()
-            if self._totals.policy_calls % 2:
-                loose.extend(weakref.ref(j) for j in snap.jobs if j.placement)
+            for ref, progress in weak:
+                view = ref()
+                assert view is None or _progress_of(view) == progress
+            turn = self._totals.policy_calls % 3
+            if turn == 0:
+                kept.append((snap, [_progress_of(j) for j in snap.jobs]))
+            elif turn == 1:
+                weak.extend((weakref.ref(j), _progress_of(j)) for j in snap.jobs if j.placement)
             else:
-                kept.append((snap, _progress(snap)))
+                loose.update((j.id, id(j)) for j in snap.jobs if j.placement)
             return snap
 
     _run(Keeping, "gandiva", 1410, 40)
     assert reused > 100
     for snap, progress in kept:
-        assert _progress(snap) == progress
+        assert [_progress_of(j) for j in snap.jobs] == progress

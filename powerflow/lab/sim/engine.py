@@ -54,6 +54,7 @@ import heapq
 import math
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -215,7 +216,7 @@ class Simulation:
         iterations, time and GPU-seconds held), which comes from the arrays
         for all holders at once. It is set on a copy (as ``_with_changes``
         copies) when anything besides ``_views`` still holds the last view (a
-        policy's memo, a kept snapshot), else on the last view itself
+        policy's memo, a kept snapshot, a weak reference), else on the last view itself
         (``_unshared``): nothing can see that view change, and updating its
         three fields spares building one object and freeing another.
         """
@@ -231,6 +232,7 @@ class Simulation:
             set_dict = _set_view_dict
             unshared = _UNSHARED_REFS
             refs = _refcount
+            weak = weakref.getweakrefcount
             for i, rem, elapsed, attained in zip(
                 held.tolist(), remaining, run_s, attained_s, strict=True
             ):
@@ -238,7 +240,8 @@ class Simulation:
                     progress[i] = (rem, elapsed, attained)
                     continue
                 # a holder not stale has had a view since it was placed
-                if refs(views[i]) == unshared:  # only _views holds it (_unshared)
+                # only _views holds it (_unshared), and no weak reference sees it
+                if refs(views[i]) == unshared and not weak(views[i]):
                     fields = views[i].__dict__
                     fields["remaining_iterations"] = rem
                     fields["elapsed_s"] = elapsed
@@ -1070,10 +1073,11 @@ def _unshared() -> int:
 
     ``snapshot`` updates a holder's last view in place when its count says only
     ``_views`` holds it, rather than copying it: in a Gandiva run of the default
-    trace (566k holder views) ``snapshot`` takes 0.150-0.174 s against 0.271-0.276 s
+    trace (566k holder views) ``snapshot`` takes 0.15-0.23 s against 0.27-0.33 s
     copying each (``process_time`` around it inside ``simulate(RunSpec("gandiva",
-    1410.0))``, three runs each, alternated), the whole run 2.02-2.09 s of CPU against
-    2.14-2.21 s; a fitted PowerFlow run's 0.22-0.24 s against 0.28-0.34 s.
+    1410.0))``, six runs each, alternated, on a shared machine), the whole run
+    2.02-2.09 s of CPU against 2.14-2.21 s; a fitted PowerFlow run's 0.22-0.24 s
+    against 0.28-0.34 s. Asking for weak references too costs no measurable time.
     tests/test_sim_fastpaths.py checks that a view a policy keeps never changes, that
     views nobody keeps are reused, and that runs match fresh views bit for bit.
     """
