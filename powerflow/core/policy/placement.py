@@ -335,17 +335,11 @@ def _place_compiled(
             pref[k] = block_id(block, geo.num_nodes, geo.per_node)
     rank = np.empty(m, dtype=np.int64)
     rank[sorted(range(m), key=job_ids.__getitem__)] = np.arange(m)
+    requests = pk.Requests(
+        size, fixed, admitted.view(np.uint8), pref, kept.view(np.uint8), cur_arr, rank
+    )
     got, flags, idle = pk.place(
-        blocks,
-        np.array(geo.powered_on, dtype=np.uint8),
-        geo.per_node,
-        size,
-        fixed,
-        admitted.view(np.uint8),
-        pref,
-        kept.view(np.uint8),
-        cur_arr,
-        rank,
+        blocks, np.array(geo.powered_on, dtype=np.uint8), geo.per_node, requests
     )
     if got.shape[0] != m:
         return None  # immovable jobs overlap: ``_place_python`` says which

@@ -4,21 +4,28 @@ Why: PowerFlow places every running job at every decision, and placement's
 Python passes (the steps of ``packing.py``, a dozen per job) were about 40 % of
 its policy's CPU in a fitted run of the default trace. ``packing.py`` stays the
 readable specification; this file is that algorithm step by step. ``place``
-takes the requests as columns (``placement._place_compiled`` builds them: every
-aligned block is an integer, ``buddy.block_id``), occupies the immovable
-blocks, runs ``_allocate`` (``packing.allocate``) on the admitted movable jobs
-over
+takes the requests as columns (``Requests``, which ``placement._place_compiled``
+builds: every aligned block is an integer, ``buddy.block_id``), occupies the
+immovable blocks, runs ``_allocate`` (``packing.allocate``) on the admitted
+movable jobs over
 
-- the cluster's occupancy: ``occ`` (nodes x GPUs, uint8), ``fill`` (GPUs used
-  per node), ``busy`` (``fill > 0``) and ``on`` (powered on, 0/1);
+- the cluster's occupancy, ``Occupancy``: ``occ`` (nodes x GPUs, uint8),
+  ``fill`` (GPUs used per node), ``busy`` (``fill > 0``) and ``on`` (powered
+  on, 0/1);
 - the movable items in request order: ``size``, the preferred block's node and
   offset (``pref_node``/``pref_off``, -1: none) and ``rank``, the job's place
-  among the job ids in sorted order (``sort_key``'s last key),
+  among the job ids in sorted order (``sort_key``'s last key), from which
+  ``_item_keys`` makes the steps' ``key``; the steps take ``size``,
+  ``pref_node``, ``pref_off`` and ``key`` together, as ``Items``,
 
-and returns each request's block, migration flag, and the idle nodes. Where
-``packing.py`` keys a dict by job id, this indexes an array by item; where it
-sorts by a tuple or keeps tuples in a heap, this uses one integer that orders
-the same (``key_bounds`` says when such integers would not fit in 63 bits, and
+and returns each request's block, migration flag, and the idle nodes. The
+steps write their answer into ``Placed`` (each item's node and offset). These
+groups are ``NamedTuple``s: numba passes one as a struct of its fields, so a
+kernel reads them as it would separate arguments.
+
+Where ``packing.py`` keys a dict by job id, this indexes an array by item;
+where it sorts by a tuple or keeps tuples in a heap, this uses one integer that
+orders the same (``key_bounds`` says when such integers would not fit in 63 bits, and
 the caller then runs ``packing.py``). Lists are arrays with a count, heaps are
 arrays sifted here (``_push``, ``_pop``): numba compiles those in a fraction of
 the time its typed lists take. Two shortcuts of ``packing.py`` are left out
@@ -44,6 +51,36 @@ from powerflow.core.jit import njit
 IntArray = npt.NDArray[np.int64]
 ByteArray = npt.NDArray[np.uint8]
 Metrics = tuple[int, int, int]
+
+
+class Occupancy(NamedTuple):
+    """The cluster as the steps see it: ``occ`` (nodes x GPUs, 1: taken), ``fill``
+    (GPUs taken per node), ``busy`` (``fill > 0``), all three updated in place by the
+    steps (or copied for a try), and ``on`` (powered on, 0/1), only read."""
+
+    occ: ByteArray
+    fill: IntArray
+    busy: ByteArray
+    on: ByteArray
+
+
+class Items(NamedTuple):
+    """The movable items' columns, in request order: ``size``, the preferred block's
+    node and offset (``pref_node``/``pref_off``, -1: none) and ``key``, the integer
+    that orders the items as ``sort_key`` (``_item_keys``)."""
+
+    size: IntArray
+    pref_node: IntArray
+    pref_off: IntArray
+    key: IntArray
+
+
+class Placed(NamedTuple):
+    """The answer being built, per item: its block's node and offset (-1: unplaced),
+    written in place by the steps."""
+
+    node: IntArray
+    off: IntArray
 
 
 def key_bounds(nodes: int, per_node: int, size: IntArray) -> bool:
@@ -292,16 +329,11 @@ def _sorted_by(items: IntArray, key: IntArray) -> IntArray:
 
 
 @njit
-def _keep(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
-    size: IntArray,
-    pref_node: IntArray,
-    pref_off: IntArray,
-    key: IntArray,
-) -> tuple[IntArray, IntArray, Metrics]:
-    """Step 0: every preferred block that is free, bigger jobs first (``packing._keep``)."""
+def _keep(cluster: Occupancy, items: Items) -> tuple[IntArray, IntArray, Metrics]:
+    """Step 0: every preferred block that is free, bigger jobs first (``packing._keep``);
+    the items' nodes and offsets (-1: unplaced) and the metrics."""
+    occ, fill, busy = cluster.occ, cluster.fill, cluster.busy
+    size, pref_node, pref_off, key = items
     m = size.shape[0]
     s_occ, s_fill, s_busy = occ.copy(), fill.copy(), busy.copy()
     out_n = np.full(m, -1, dtype=np.int64)
@@ -325,23 +357,16 @@ def _group_free(busy: ByteArray, s: int, g: int) -> bool:
 
 @njit
 def _place_big(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
-    on: ByteArray,
-    size: IntArray,
-    pref_node: IntArray,
-    pref_off: IntArray,
-    big: IntArray,
-    weight: IntArray,
-    out_n: IntArray,
-    out_o: IntArray,
+    cluster: Occupancy, items: Items, big: IntArray, weight: IntArray, out: Placed
 ) -> ByteArray:
-    """``packing._place_big``: whole aligned node groups, largest first; returns the
-    nodes taken. A node's heap key is (powered off, weight, node) and a group's
-    (powered-off nodes, weight, first node), each as one integer; ``_FreeGroups`` of
-    ``g`` nodes is the heap row ``level[g]``, made when a job of ``g`` nodes first
-    needs it."""
+    """``packing._place_big``: the items ``big`` (whole aligned node groups), largest
+    first, into ``cluster`` and ``out``; returns the nodes taken. A node's heap key is
+    (powered off, weight, node) and a group's (powered-off nodes, weight, first node),
+    each as one integer; ``_FreeGroups`` of ``g`` nodes is the heap row ``level[g]``,
+    made when a job of ``g`` nodes first needs it."""
+    occ, fill, busy, on = cluster
+    size, pref_node, pref_off = items.size, items.pref_node, items.pref_off
+    out_n, out_o = out
     nodes, n = occ.shape
     wb = 1  # weights only fall: every key's weight is below this
     for w in weight:
@@ -431,21 +456,14 @@ def _place_big(
 
 @njit
 def _place_small(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
-    on: ByteArray,
-    size: IntArray,
-    pref_node: IntArray,
-    pref_off: IntArray,
-    key: IntArray,
-    items: IntArray,
-    taken: ByteArray,
-    out_n: IntArray,
-    out_o: IntArray,
-) -> tuple[ByteArray, IntArray, ByteArray]:
-    """``packing._place_small``: steps 2-4 for the jobs smaller than a node. Returns the
-    occupancy it leaves (the chosen try's arrays, as ``Cluster.take`` adopts them)."""
+    cluster: Occupancy, cols: Items, items: IntArray, taken: ByteArray, out: Placed
+) -> Occupancy:
+    """``packing._place_small``: steps 2-4 for the jobs smaller than a node (``items``),
+    off the nodes ``taken``, into ``cluster`` and ``out``. Returns the occupancy it
+    leaves (the chosen try's arrays, as ``Cluster.take`` adopts them)."""
+    occ, fill, busy, on = cluster
+    size, pref_node, pref_off, key = cols
+    out_n, out_o = out
     nodes, n = occ.shape
     m = size.shape[0]
     fixed = fill > 0
@@ -578,10 +596,12 @@ def _place_small(
                 first[n_first] = i
                 n_first += 1
         first = first[:n_first]
-        leftover = _fill_holes(st_occ, st_fill, st_busy, size, homeless, first, got_n, got_o, wh)
+        st = Occupancy(st_occ, st_fill, st_busy, on)
+        got = Placed(got_n, got_o)
+        leftover = _fill_holes(st, size, homeless, first, got, wh)
         if slack >= 0 and leftover.shape[0]:
             only = np.full(1, slack, dtype=np.int64)
-            leftover = _fill_holes(st_occ, st_fill, st_busy, size, leftover, only, got_n, got_o, wh)
+            leftover = _fill_holes(st, size, leftover, only, got, wh)
         partly = 0
         for i in kept:
             if 0 < st_fill[i] < n:
@@ -607,7 +627,7 @@ def _place_small(
             is_partial[i] = True
             partial_count += 1
     if partial_count <= 1 and not best_left.shape[0]:
-        return occ, fill, busy
+        return Occupancy(occ, fill, busy, on)
     redo = np.empty(m, dtype=np.int64)
     redo_count = 0
     for i in best_left:
@@ -651,11 +671,11 @@ def _place_small(
         chosen_nodes[chosen_count] = i
         chosen_count += 1
         room += n
+    result = Occupancy(occ, fill, busy, on)
     _best_fit(
-        occ, fill, busy, on, size, pref_node, pref_off,
-        _sorted_by(redo[:redo_count], key), _sorted(chosen_nodes[:chosen_count]), out_n, out_o,
-    )  # fmt: skip
-    return occ, fill, busy
+        result, cols, _sorted_by(redo[:redo_count], key), _sorted(chosen_nodes[:chosen_count]), out
+    )
+    return result
 
 
 @njit
@@ -688,18 +708,16 @@ def _slack_nodes(fill: IntArray, on: ByteArray, kept: IntArray, demand: int, n: 
 
 @njit
 def _fill_holes(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
+    cluster: Occupancy,
     size: IntArray,
     items: IntArray,
     nodes: IntArray,
-    out_n: IntArray,
-    out_o: IntArray,
+    out: Placed,
     where: IntArray,
 ) -> IntArray:
     """``packing._fill_holes``: best fit by free room on ``nodes``, largest item first;
-    returns what found no hole."""
+    returns what found no hole (``where``: each placed item's node)."""
+    occ, fill = cluster.occ, cluster.fill
     n = occ.shape[1]
     decreasing = not items.shape[0] or size[items[0]] < n
     for k in range(1, items.shape[0]):
@@ -712,24 +730,23 @@ def _fill_holes(
             empty = False
             break
     if decreasing and empty:
-        return _fill_in_order(occ, fill, busy, size, items, nodes, out_n, out_o, where)
-    return _fill_by_heaps(occ, fill, busy, size, items, nodes, out_n, out_o, where)
+        return _fill_in_order(cluster, size, items, nodes, out, where)
+    return _fill_by_heaps(cluster, size, items, nodes, out, where)
 
 
 @njit
 def _fill_by_heaps(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
+    cluster: Occupancy,
     size: IntArray,
     items: IntArray,
     nodes: IntArray,
-    out_n: IntArray,
-    out_o: IntArray,
+    out: Placed,
     where: IntArray,
 ) -> IntArray:
     """``packing._fill_by_heaps``: per block size, a heap of (room, node, version) as one
     integer; a node's entries of an older version are stale."""
+    occ, fill, busy = cluster.occ, cluster.fill, cluster.busy
+    out_n, out_o = out
     total, n = occ.shape
     levels = _bit_length(n)
     vb = items.shape[0] + 1  # versions stay below this
@@ -788,17 +805,16 @@ def _sorted(values: IntArray) -> IntArray:
 
 @njit
 def _fill_in_order(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
+    cluster: Occupancy,
     size: IntArray,
     items: IntArray,
     nodes: IntArray,
-    out_n: IntArray,
-    out_o: IntArray,
+    out: Placed,
     where: IntArray,
 ) -> IntArray:
     """``packing._fill_in_order``: empty nodes, items in decreasing size."""
+    occ, fill, busy = cluster.occ, cluster.fill, cluster.busy
+    out_n, out_o = out
     n = occ.shape[1]
     order = _sorted(nodes)
     opened = 0
@@ -839,21 +855,14 @@ def _close(
 
 @njit
 def _best_fit(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
-    on: ByteArray,
-    size: IntArray,
-    pref_node: IntArray,
-    pref_off: IntArray,
-    items: IntArray,
-    nodes: IntArray,
-    out_n: IntArray,
-    out_o: IntArray,
+    cluster: Occupancy, cols: Items, items: IntArray, nodes: IntArray, out: Placed
 ) -> None:
-    """``packing._best_fit``: decreasing-size best fit over ``nodes`` (sorted). The open
-    nodes of each fill are a sorted row of ``bucket``; the empty ones a heap of
-    (powered off, -weight, node) as one integer."""
+    """``packing._best_fit``: decreasing-size best fit of ``items`` over ``nodes``
+    (sorted), into ``cluster`` and ``out``. The open nodes of each fill are a sorted row
+    of ``bucket``; the empty ones a heap of (powered off, -weight, node) as one integer."""
+    occ, fill, busy, on = cluster
+    size, pref_node, pref_off = cols.size, cols.pref_node, cols.pref_off
+    out_n, out_o = out
     total, n = occ.shape
     in_set = np.zeros(total, dtype=np.bool_)
     for i in nodes:
@@ -1001,29 +1010,35 @@ def block_id(node: int, offset: int, size: int, nodes: int, per_node: int) -> in
     return nodes * 2 * per_node + (_bit_length(g) - 1) * nodes + node // g
 
 
+class Requests(NamedTuple):
+    """The requests' columns, per request ``k``: its GPU count ``size[k]``, the
+    immovable block ``fixed[k]`` (-1: movable), whether it is ``admitted`` (0/1), its
+    preferred block ``pref[k]`` (-1: none), whether that is the block it ``kept``
+    (0/1), what its current GPUs are (``cur[k]``: a block's id, -1 not one block, -2
+    none) and ``rank[k]``, the job's place among the job ids in sorted order."""
+
+    size: IntArray
+    fixed: IntArray
+    admitted: ByteArray
+    pref: IntArray
+    kept: ByteArray
+    cur: IntArray
+    rank: IntArray
+
+
 @njit
 def place(
-    blocks: Blocks,
-    on: ByteArray,
-    per_node: int,
-    size: IntArray,
-    fixed: IntArray,
-    admitted: ByteArray,
-    pref: IntArray,
-    kept: ByteArray,
-    cur: IntArray,
-    rank: IntArray,
+    blocks: Blocks, on: ByteArray, per_node: int, requests: Requests
 ) -> tuple[IntArray, ByteArray, ByteArray]:
-    """``placement._place`` after its checks, per request ``k``: the immovable block
-    ``fixed[k]`` (-1: movable), whether it is ``admitted``, its preferred block
-    ``pref[k]`` (-1: none), whether that is the block it ``kept``, and what its
-    current GPUs are (``cur[k]``: a block's id, -1 not one block, -2 none).
+    """``placement._place`` after its checks, over the ``requests`` on nodes ``on``
+    (powered on, 0/1) of ``per_node`` GPUs each.
 
     Returns per request the id of its block (-1: unplaced) and its migration flag
     (1: a migration; 2: its current GPUs are not one block, Python decides with
     ``is_migration``), and per node whether it ends with no GPU assigned; all three
     empty when two immovable blocks overlap.
     """
+    size, fixed, admitted, pref, kept, cur, rank = requests
     nodes = on.shape[0]
     n = per_node
     jobs = size.shape[0]
@@ -1057,7 +1072,7 @@ def place(
             it_rank[j] = rank[k]
             j += 1
     if count:
-        out_n, out_o = _allocate(occ, fill, busy, on, it_size, it_node, it_off, it_rank)
+        out_n, out_o = _allocate(Occupancy(occ, fill, busy, on), it_size, it_node, it_off, it_rank)
         for j in range(count):
             if out_n[j] >= 0:
                 got[items[j]] = block_id(out_n[j], out_o[j], it_size[j], nodes, n)
@@ -1086,19 +1101,14 @@ def place(
 
 @njit
 def _allocate(
-    occ: ByteArray,
-    fill: IntArray,
-    busy: ByteArray,
-    on: ByteArray,
-    size: IntArray,
-    pref_node: IntArray,
-    pref_off: IntArray,
-    rank: IntArray,
+    cluster: Occupancy, size: IntArray, pref_node: IntArray, pref_off: IntArray, rank: IntArray
 ) -> tuple[IntArray, IntArray]:
-    """``packing.allocate``: ``packing._once`` (step 0 unless steps 1-4 do better)
-    iterated to the fixed point, in one function (numba optimises a function together
-    with every function it calls, so each level of calls costs its whole subtree's
-    compilation again)."""
+    """``packing.allocate`` of the items (``size``, preferred ``pref_node``/``pref_off``,
+    ``rank``) on ``cluster``, left as it is: ``packing._once`` (step 0 unless steps 1-4
+    do better) iterated to the fixed point, in one function (numba optimises a function
+    together with every function it calls, so each level of calls costs its whole
+    subtree's compilation again)."""
+    occ, fill, busy, on = cluster
     nodes, n = occ.shape
     m = size.shape[0]
     best_n = pref_node
@@ -1108,6 +1118,7 @@ def _allocate(
     while True:
         # ``_once`` with the preferences ``pref_node``/``pref_off``:
         key = _item_keys(size, pref_node, rank)
+        cols = Items(size, pref_node, pref_off, key)
         new_jobs = 0
         for i in range(m):
             if pref_node[i] < 0:
@@ -1117,14 +1128,15 @@ def _allocate(
         kept_m = (0, 0, 0)
         have_kept = False
         if not new_jobs:
-            kept_n, kept_o, kept_m = _keep(occ, fill, busy, size, pref_node, pref_off, key)
+            kept_n, kept_o, kept_m = _keep(cluster, cols)
             have_kept = True
         if have_kept and kept_m[0] == 0 and kept_m[2] <= 1:
             out_n, out_o, metrics = kept_n, kept_o, kept_m
         else:
-            s_occ, s_fill, s_busy = occ.copy(), fill.copy(), busy.copy()
+            s = Occupancy(occ.copy(), fill.copy(), busy.copy(), on)
             out_n = np.full(m, -1, dtype=np.int64)
             out_o = np.full(m, -1, dtype=np.int64)
+            out = Placed(out_n, out_o)
             big = np.empty(m, dtype=np.int64)
             small = np.empty(m, dtype=np.int64)
             n_big = 0
@@ -1148,17 +1160,11 @@ def _allocate(
                     else:
                         for j in range(node, node + size[i] // n):
                             weight[j] += n
-                taken = _place_big(
-                    s_occ, s_fill, s_busy, on, size, pref_node, pref_off,
-                    _sorted_by(big[:n_big], key), weight, out_n, out_o,
-                )  # fmt: skip
-            s_occ, s_fill, s_busy = _place_small(
-                s_occ, s_fill, s_busy, on, size, pref_node, pref_off, key, small[:n_small],
-                taken, out_n, out_o,
-            )  # fmt: skip
-            metrics = _metrics(s_fill, n, m, out_n)
+                taken = _place_big(s, cols, _sorted_by(big[:n_big], key), weight, out)
+            s = _place_small(s, cols, small[:n_small], taken, out)
+            metrics = _metrics(s.fill, n, m, out_n)
             if not have_kept and metrics[0] >= new_jobs:
-                kept_n, kept_o, kept_m = _keep(occ, fill, busy, size, pref_node, pref_off, key)
+                kept_n, kept_o, kept_m = _keep(cluster, cols)
                 have_kept = True
             if have_kept and not _less(metrics, kept_m):
                 out_n, out_o, metrics = kept_n, kept_o, kept_m
