@@ -192,6 +192,20 @@ def test_afs_l_matches_the_literal_tournament_on_tied_ladders(seed: int) -> None
         assert afs.afs_l(ladders, free) == reference_afs_l(ladders, free)
 
 
+def play(policy: Policy, seed: int, *, nodes: int, jobs: int, steps: int) -> None:
+    """``policy`` plans a seeded sequence: ``jobs`` new jobs on ``nodes`` nodes of 8
+    GPUs, then ``steps`` decisions, each advanced by ``advance`` (what a test checks
+    is patched into the policy)."""
+    rng = random.Random(seed)
+    shared = [toy(rng) for _ in range(4)]
+    cluster = tuple(Node(f"n{i}", 8, A100) for i in range(nodes))
+    snap = Snapshot(
+        cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(jobs)), Budget(), 0.0
+    )
+    for _ in range(steps):
+        snap = advance(rng, snap, policy.plan(snap), shared)
+
+
 def test_gandiva_kept_affinity_is_what_the_sets_say(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every node affinity a Gandiva round answers, kept or not, is the one its GPU
     sets give at that moment (nodes running a job of the size asked), over seeded
@@ -215,14 +229,7 @@ def test_gandiva_kept_affinity_is_what_the_sets_say(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(gandiva._Round, "_affinity", checked)
     for seed, policy in enumerate((GandivaPolicy(), GandivaPolicy(grow_shrink=True)) * 2):
-        rng = random.Random(seed)
-        shared = [toy(rng) for _ in range(4)]
-        cluster = tuple(Node(f"n{i}", 8, A100) for i in range(4))
-        snap = Snapshot(
-            cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(30)), Budget(), 0.0
-        )
-        for _ in range(60):
-            snap = advance(rng, snap, policy.plan(snap), shared)
+        play(policy, seed, nodes=4, jobs=30, steps=60)
     assert asked > 50 and kept > 10  # 70 and 35
 
 
@@ -271,12 +278,5 @@ def test_gandiva_open_sets_are_what_newest_sharer_says(monkeypatch: pytest.Monke
     # seeds 5 and 7 meet pinned jobs alone on a set of a size asked for
     runs = [(seed, GandivaPolicy()) for seed in range(8)]
     for seed, policy in [*runs, (0, GandivaPolicy(max_jobs_per_gpu=1))]:
-        rng = random.Random(seed)
-        shared = [toy(rng) for _ in range(4)]
-        cluster = tuple(Node(f"n{i}", 8, A100) for i in range(2))
-        snap = Snapshot(
-            cluster, tuple(new_job(rng, i, 0.0, shared) for i in range(40)), Budget(), 0.0
-        )
-        for _ in range(30):
-            snap = advance(rng, snap, policy.plan(snap), shared)
+        play(policy, seed, nodes=2, jobs=40, steps=30)
     assert built > 20
