@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_cases import ScaledModel, job, nodes, snapshots
@@ -148,3 +149,12 @@ def test_caps_are_the_job_by_job_rules_to_the_last_bit() -> None:
         assert got == _caps_job_by_job(power, gpus, peak.tolist(), planned, limit, 0.1, low)
         seen.add("none" if got is None else "floored" if min(got) <= low else "caps")
     assert seen == {"none", "floored", "caps"}
+
+
+def test_caps_w_refuses_a_job_without_gpus_or_columns_of_other_lengths() -> None:
+    """A cap is watts per GPU: a placed job with no GPU is an error, not an inf or NaN
+    cap; nor may the columns differ in length."""
+    with pytest.raises(ValueError, match="no GPU"):
+        caps_w([300.0, 200.0], [1, 0], [400.0, 250.0], 600.0, 500.0, 0.1, 100.0)
+    with pytest.raises(ValueError, match="differ in length"):
+        caps_w([300.0], [1, 2], [400.0], 600.0, 500.0, 0.1, 100.0)

@@ -285,6 +285,8 @@ def caps_w(
     """
     if not len(job_power_w) == len(job_gpus) == len(job_peak_w):
         raise ValueError("caps_w: power, GPUs and peaks differ in length")
+    if len(job_gpus) and min(job_gpus) < 1:  # a cap is watts per GPU: none for no GPU
+        raise ValueError("caps_w: a placed job has no GPU")
     # Each job's arithmetic as one array operation (the same IEEE operations per job),
     # the sums in job order: 0.055 s of CPU against 0.088 s for a loop per job over
     # the 2,314 calls of a fitted run's replay (process_time around it, least of 3,
