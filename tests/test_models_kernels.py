@@ -64,6 +64,22 @@ def test_the_grid_kernel_gives_the_very_floats_of_the_broadcast_grid(seed: int) 
         np.testing.assert_array_equal(got_e, want_e)
 
 
+def test_several_models_in_one_grid_call_give_each_models_own_grid() -> None:
+    """``predict_grids`` (the policy's tables evaluate a decision's new models in
+    one call) gives each model's rows exactly what its own ``predict_grid`` gives,
+    a model with no rows included."""
+    models = [FittedModel(_random_model(seed)[0]) for seed in range(4)]
+    _, (n, r, bs, _) = _random_model(9)
+    f = np.asarray(A100.clocks_mhz[::3], dtype=np.float64)
+    bounds = [0, 30, 30, 55, 80]
+    got_t, got_e = FittedModel.predict_grids(models, bounds, n, r, bs, f)
+    for k, model in enumerate(models):
+        rows = slice(bounds[k], bounds[k + 1])
+        want_t, want_e = model.predict_grid(n[rows], r[rows], bs[rows], f)
+        np.testing.assert_array_equal(got_t[rows], want_t)
+        np.testing.assert_array_equal(got_e[rows], want_e)
+
+
 def test_fitted_model_broadcasts_like_numpy() -> None:
     params, _ = _random_model(3)
     model = FittedModel(params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,29 @@ class FittedModel:
         tp, ep = self._vectors
         return kernels.predict_grid(
             tp, ep, self._f0_mhz, *(as_column(np.ravel(a)) for a in (n, r, bs, f))
+        )
+
+    @staticmethod
+    def predict_grids(
+        models: Sequence[FittedModel],
+        bounds: Sequence[int],
+        n: FloatArray,
+        r: FloatArray,
+        bs: FloatArray,
+        f: FloatArray,
+    ) -> tuple[FloatArray, FloatArray]:
+        """``predict_grid`` of several models at once: ``models[k]`` predicts the rows
+        ``bounds[k]`` to ``bounds[k + 1] - 1`` of ``n``, ``r``, ``bs`` (1-D) at every
+        clock of ``f``. The same floats as one ``predict_grid`` per model
+        (``kernels.predict_grids``), in one compiled call: the policy's tables
+        evaluate the few new models of a decision together."""
+        vectors = [m._vectors for m in models]
+        return kernels.predict_grids(
+            np.array([v[0] for v in vectors]).reshape(len(models), -1),
+            np.array([v[1] for v in vectors]).reshape(len(models), -1),
+            np.array([m._f0_mhz for m in models], dtype=np.float64),
+            np.asarray(bounds, dtype=np.int64),
+            *(as_column(np.ravel(a)) for a in (n, r, bs, f)),
         )
 
     def predict_columns(

@@ -29,11 +29,15 @@ the Cholesky solve reports failure as a flag.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from powerflow.core.jit import njit
 from powerflow.core.models.protocol import FloatArray
+
+IntArray = npt.NDArray[np.int64]
 
 TIME = 0
 """``kind`` of the step-time stage: ``data`` from ``time_data``."""
@@ -154,6 +158,18 @@ def predict(
     return t_out, e_out
 
 
+class GridRows(NamedTuple):
+    """Rows ``(n[i], r[i], bs[i])`` (1-D) at the clocks ``f`` (1-D), and the
+    (rows, clocks) arrays their step times and energies go to (``_grid_rows``)."""
+
+    n: FloatArray
+    r: FloatArray
+    bs: FloatArray
+    f: FloatArray
+    t_out: FloatArray
+    e_out: FloatArray
+
+
 @njit
 def predict_grid(
     tp: FloatArray,
@@ -175,9 +191,50 @@ def predict_grid(
     once per point, which is the same value each time; and no broadcast grid of
     arguments is built.
     """
-    rows, cols = n.shape[0], f.shape[0]
-    t_out = np.empty((rows, cols))
-    e_out = np.empty((rows, cols))
+    grid = GridRows(
+        n, r, bs, f, np.empty((n.shape[0], f.shape[0])), np.empty((n.shape[0], f.shape[0]))
+    )
+    _grid_rows(tp, ep, f0_mhz, grid, 0, n.shape[0])
+    return grid.t_out, grid.e_out
+
+
+@njit
+def predict_grids(
+    tps: FloatArray,
+    eps: FloatArray,
+    f0s_mhz: FloatArray,
+    bounds: IntArray,
+    n: FloatArray,
+    r: FloatArray,
+    bs: FloatArray,
+    f: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """``predict_grid`` of several models in one call: model ``k`` (row ``k`` of
+    ``tps``, ``eps`` and ``f0s_mhz``) predicts rows ``bounds[k]`` to
+    ``bounds[k + 1] - 1``, with the same code (``_grid_rows``), so the same floats
+    as one ``predict_grid`` call per model. The policy's tables ask this of the
+    few models of the jobs a decision evaluates, one call per decision instead of
+    one per model."""
+    grid = GridRows(
+        n, r, bs, f, np.empty((n.shape[0], f.shape[0])), np.empty((n.shape[0], f.shape[0]))
+    )
+    for k in range(tps.shape[0]):
+        _grid_rows(tps[k], eps[k], f0s_mhz[k], grid, bounds[k], bounds[k + 1])
+    return grid.t_out, grid.e_out
+
+
+@njit
+def _grid_rows(
+    tp: FloatArray,
+    ep: FloatArray,
+    f0_mhz: float,
+    grid: GridRows,
+    lo: int,
+    hi: int,
+) -> None:
+    """Rows ``lo`` to ``hi - 1`` of ``predict_grid``, written into ``grid``'s outputs."""
+    n, r, bs, f, t_out, e_out = grid
+    cols = f.shape[0]
     fg = np.empty(cols)
     clock = np.empty(cols)
     k_grad = np.empty(cols)
@@ -193,7 +250,7 @@ def predict_grid(
         k_grad[j] = 1.0 + (xr * ep[3] + x2 * ep[4] + x3 * ep[5])
         k_sync[j] = 1.0 + (xr * ep[7] + x2 * ep[8] + x3 * ep[9])
         static[j] = 1.0 + ep[11] * xh
-    for i in range(rows):
+    for i in range(lo, hi):
         ni, ri, bi = n[i], r[i], bs[i]
         # ``_terms`` without the clock
         io = tp[0] + tp[1] * (bi * ri)
@@ -213,7 +270,6 @@ def predict_grid(
             e_out[i, j] = (
                 ep[0] * (g * k_grad[j]) * util + ep[6] * (s * k_sync[j]) + ep[10] * (a * static[j])
             )
-    return t_out, e_out
 
 
 @njit

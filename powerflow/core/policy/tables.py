@@ -24,11 +24,11 @@ one sample (``n <= global``).
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -73,6 +73,9 @@ class Tables:
     vectors: FloatArray | None = None
     """The stacked ``JobRows.vectors`` the per-row columns were cut from (``build_tables``
     keeps them: a later call takes an unchanged job's rows from here, ``Previous``)."""
+    moved: tuple[IntArray, IntArray] | None = None
+    """With ``Previous``: where the rows taken from its tables lie here and lay there
+    (``row_moves``), for the arrays kept per row with those tables (``static.py``)."""
 
     def rows(self, job: int) -> range:
         first = int(self.start[job])
@@ -322,9 +325,11 @@ def build_tables(
             fresh = sorted(missing.values())
         else:
             fresh = [j for j in job_order if (k := keys[j]) is not None and missing.get(k) == j]
-        first_of_model: dict[int, str] = {}
-        for j in job_order:
-            first_of_model.setdefault(mids[j], jobs[j].id)
+
+        def first_of_model(mid: int) -> str:
+            """The first job of the model ``mid`` (the one an error names)."""
+            return jobs[mids.index(mid)].id
+
         made = _evaluate([jobs[j] for j in fresh], cluster, clocks_mhz, elastic, first_of_model)
         for j, rows in zip(fresh, made, strict=True):
             memo.keep(keys[j], rows)
@@ -418,6 +423,7 @@ def _stack(
     ordered = sizes[order]
     start = np.empty(count, dtype=np.int64)
     start[order] = np.cumsum(ordered) - ordered
+    moved = None
     if len(fresh) == count:
         parts = [entries[j].vectors for j in job_order]
         vectors = np.concatenate(parts) if parts else np.zeros((0, UID + 1))
@@ -426,7 +432,7 @@ def _stack(
         # Every row taken from the earlier vectors in one ``take`` (the fresh jobs'
         # from row 0, written over below): 3 µs against 14 µs assigning the kept rows
         # through an index at 900 rows (``timeit``).
-        to, source = row_moves(start, sizes, earlier.start, previous.index)
+        moved = to, source = row_moves(start, sizes, earlier.start, previous.index)
         taken = np.zeros(int(ordered.sum()), dtype=np.int64)
         taken[to] = source
         if len(earlier.vectors):
@@ -438,6 +444,7 @@ def _stack(
             vectors[first : first + int(sizes[j])] = entries[j].vectors
     ints = vectors[:, :4].astype(np.int64)
     return Tables(
+        moved=moved,
         start=start,
         sizes=sizes,
         row_job=np.repeat(order, ordered),
@@ -459,11 +466,13 @@ def _evaluate(
     cluster: Cluster,
     clocks_mhz: Sequence[int],
     elastic: bool,
-    names: dict[int, str],
+    names: Callable[[int], str],
 ) -> list[JobRows]:
-    """Rows of ``jobs`` (each model object's jobs adjacent), one model call per model.
+    """Rows of ``jobs`` (each model object's jobs adjacent), one model call per model,
+    or one call for all of them where their type offers ``predict_grids``
+    (``_grids_of``).
 
-    ``names`` maps a model's id to the job named when that model's output has
+    ``names`` gives, for a model's id, the job named when that model's output has
     the wrong shape.
     """
     gpn = cluster.gpus_per_node
@@ -486,19 +495,30 @@ def _evaluate(
     bs = ceil_div(batch[ext_job], counts)
 
     n_col, r_col, bs_col = (a.astype(np.float64)[:, None] for a in (counts, r, bs))
-    t = np.empty((ext_job.size, f_row.shape[1]))
-    e = np.empty_like(t)
     first_row = ext_start.tolist()
     bounds = [0, *(j for j in range(1, count) if jobs[j].model is not jobs[j - 1].model), count]
-    for lo, hi in itertools.pairwise(bounds):
-        model: PerfModel = jobs[lo].model
-        rows = slice(first_row[lo], first_row[hi] if hi < count else ext_job.size)
+    models = [jobs[lo].model for lo in bounds[:-1]]
+    row_bounds = [*(first_row[lo] for lo in bounds[:-1]), ext_job.size]
+    together = _grids_of(models)
+    if together is not None:
+        t, e = together(models, row_bounds, n_col, r_col, bs_col, f_row)
+        args = (n_col, r_col, bs_col, f_row)
+        t = _checked_shape(t, args, lambda: names(id(models[0])), "step time")
+        e = _checked_shape(e, args, lambda: names(id(models[0])), "energy")
+    else:
+        t = np.empty((ext_job.size, f_row.shape[1]))
+        e = np.empty_like(t)
+    for k, model in enumerate(models if together is None else ()):
+        rows = slice(row_bounds[k], row_bounds[k + 1])
         if rows.start == rows.stop:
             continue  # none of these jobs may run on any count now
         args = (n_col[rows], r_col[rows], bs_col[rows], f_row)
         grid = getattr(model, "predict_grid", None)
         predict = getattr(model, "predict", None)
-        job_id = names[id(model)]
+
+        def job_id(model: PerfModel = model) -> str:
+            return names(id(model))
+
         if callable(grid):  # the rows at every clock without a grid of arguments
             both = grid(*(a.ravel() for a in args))
             t[rows] = _checked_shape(both[0], args, job_id, "step time")
@@ -525,30 +545,55 @@ def _evaluate(
     )
     both_all = np.stack([t, e], axis=1)
     shapes = list(zip(counts.tolist(), r.tolist(), bs.tolist(), strict=True))
+    # Each job's arrays are views of the call's: its rows are contiguous, and the
+    # jobs of one call are evaluated, kept and dropped together.
     out = []
-    for j, (lo, size) in enumerate(zip(first_row, sizes.tolist(), strict=True)):
-        rows = slice(lo, lo + size)
-        both = both_all[rows].copy()
+    for job, lo, hi in zip(jobs, first_row, [*first_row[1:], ext_job.size], strict=True):
         out.append(
             JobRows(
-                model=jobs[j].model,
-                both=both,
-                vectors=vectors[rows].copy(),
-                size=size,
-                row_of={shape: k for k, shape in enumerate(shapes[rows])},
+                model=job.model,
+                both=both_all[lo:hi],
+                vectors=vectors[lo:hi],
+                size=hi - lo,
+                row_of=dict(zip(shapes[lo:hi], range(hi - lo), strict=True)),
             )
         )
     return out
 
 
+GridsCall = Callable[
+    [Sequence[PerfModel], Sequence[int], FloatArray, FloatArray, FloatArray, FloatArray],
+    tuple[FloatArray, FloatArray],
+]
+"""``predict_grids``' signature (``_grids_of``)."""
+
+
+def _grids_of(models: Sequence[PerfModel]) -> GridsCall | None:
+    """The ``predict_grids`` of ``models``' type when they are all of one type that
+    offers it (``FittedModel``: every model a fitted run makes), else None.
+
+    ``predict_grids(models, bounds, n, r, bs, f)``: ``predict_grid`` of each
+    ``models[k]`` on rows ``bounds[k]`` to ``bounds[k + 1] - 1``, (rows, clocks)
+    arrays. A decision evaluates about 5 new models; one call for all of them
+    spares the Python steps of a call per model (``_evaluate``).
+    """
+    kind = type(models[0]) if models else None
+    grids = getattr(kind, "predict_grids", None)
+    if not callable(grids) or not all(type(m) is kind for m in models):
+        return None
+    return cast(GridsCall, grids)
+
+
 def _checked_shape(
-    values: object, args: tuple[FloatArray, ...], job_id: str, what: str
+    values: object, args: tuple[FloatArray, ...], job_id: Callable[[], str], what: str
 ) -> FloatArray:
+    """``values`` as float64, refused unless (rows of ``args``, clocks); ``job_id``: the
+    job the error names (looked up only then)."""
     out = np.asarray(values, dtype=np.float64)
     shape = (args[0].shape[0], args[3].shape[1])
     if out.shape != shape:
         raise SnapshotError(
-            f"job {job_id!r}: model returned {what} of shape {out.shape}, expected {shape} "
+            f"job {job_id()!r}: model returned {what} of shape {out.shape}, expected {shape} "
             "(PerfModel arguments broadcast)"
         )
     return out
