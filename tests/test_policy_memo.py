@@ -25,6 +25,8 @@ from powerflow.core.errors import PlacementError, SnapshotError
 from powerflow.core.gpus import A100
 from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.priors import shipped_priors
+from powerflow.core.policy import static
+from powerflow.core.policy.curves import tie_ranks
 from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.power_loop import SCALE_RANGE, job_scales
 from powerflow.core.policy.powerflow import PowerFlowPolicy
@@ -580,3 +582,45 @@ def test_tables_built_on_an_earlier_calls_rows_equal_tables_built_afresh() -> No
         for name in ("start", "sizes", "row_job", "counts", "efficient", "peak_w"):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
         assert got.job_rows == want.job_rows
+
+
+def test_the_cluster_is_kept_only_for_the_very_same_nodes() -> None:
+    """The memo hands out the last cluster for the very same nodes tuple; any other
+    nodes (here half of them) are read again, and plan as a fresh policy does."""
+    snap = synthetic_snapshot(64, 20, seed=3, eta=0.7, distinct_models=None)
+    policy = PowerFlowPolicy()
+    warm_and_cold(policy, snap)
+    kept = policy.memo.cluster
+    assert kept is not None and kept[0] is snap.nodes
+    warm_and_cold(policy, replace(snap, now_s=snap.now_s + 1.0))
+    assert policy.memo.cluster is kept
+    jobs = tuple(replace(j, placement=(), pinned=False) for j in snap.jobs)
+    fewer = replace(snap, nodes=snap.nodes[: len(snap.nodes) // 2], jobs=jobs)
+    plan = warm_and_cold(policy, fewer)
+    assert plan is not None
+    assert policy.memo.cluster is not None and policy.memo.cluster[0] is fewer.nodes
+    assert {node for jp in plan.jobs for node, _ in jp.placement} <= {n.name for n in fewer.nodes}
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [(0.0, "a"), (1.0, "b"), (2.0, "c")],  # increasing arrivals
+        [(0.0, "a"), (0.0, "b"), (1.0, "a"), (1.0, "c")],  # ties in id order
+        [(0.0, "b"), (0.0, "a"), (1.0, "c")],  # a tie out of id order
+        [(2.0, "a"), (1.0, "b"), (3.0, "c")],  # arrivals out of order
+        [(-0.0, "b"), (0.0, "a")],  # equal floats of two signs
+        [(1, "a"), (1.0, "b"), (2**60 + 1, "c"), (2**60, "d")],  # ints, one rounding
+        [(0.0, "a")],
+        [],
+    ],
+)
+def test_tie_ranks_from_arrivals_equal_the_ranks_of_the_keys(keys: list[Any]) -> None:
+    """``static._tie_ranks`` answers from float64 arrivals where they increase and
+    compares only tied pairs' keys: the same ranks as ``curves.tie_ranks``."""
+    width = len(static._FIELDS)
+    at = static._FIELDS.index("arrival_s")
+    fields = [tuple(i if k == 0 else a if k == at else None for k in range(width)) for a, i in keys]
+    arrival = np.asarray([float(a) for a, _ in keys], dtype=np.float64)
+    got = static._tie_ranks(fields, arrival)
+    np.testing.assert_array_equal(got, tie_ranks(keys))

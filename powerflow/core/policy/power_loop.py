@@ -206,10 +206,15 @@ def sweeping_rows(
 def sweep_mask(job: Job, rows: JobRows) -> FloatArray:
     """Per row of ``job`` (``rows``): 1.0 where a run there would sweep the clocks
     (its count not yet profiled), NaN where not (profiled, or a job that never sweeps)."""
+    return np.asarray(sweep_values(job, rows), dtype=np.float64).reshape(rows.size)
+
+
+def sweep_values(job: Job, rows: JobRows) -> list[float]:
+    """``sweep_mask`` as a list (``static.py`` writes several jobs' into one array)."""
     profiled = job.profiled_gpus
     if profiled is None:
-        return np.full(rows.size, np.nan)
-    return np.asarray([math.nan if n in profiled else 1.0 for n in rows.counts], dtype=np.float64)
+        return [math.nan] * rows.size
+    return [math.nan if n in profiled else 1.0 for n in rows.counts]
 
 
 @dataclass(frozen=True)

@@ -216,12 +216,19 @@ class PowerFlowPolicy:
         return (fixed,)
 
     def plan(self, snapshot: Snapshot) -> Plan:
-        cluster = cluster_of(snapshot)
+        kept = self.memo.cluster
+        if kept is not None and kept[0] is snapshot.nodes:
+            cluster = cast(Cluster, kept[1])  # the very nodes of the last call (memo.py)
+        else:
+            cluster = cluster_of(snapshot)
+            self.memo.cluster = (snapshot.nodes, cluster)
         jobs = snapshot.jobs
         options = self.loop_options()
         inputs = static_inputs(jobs)
         last = self.memo.static
-        if not (isinstance(last, StaticPart) and last.cluster == cluster):
+        if not (
+            isinstance(last, StaticPart) and (last.cluster is cluster or last.cluster == cluster)
+        ):
             last = None
         if last is not None and last.same_jobs(*inputs):
             # Only progress changed since the last call (static.py).
