@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -624,3 +624,37 @@ def test_tie_ranks_from_arrivals_equal_the_ranks_of_the_keys(keys: list[Any]) ->
     arrival = np.asarray([float(a) for a, _ in keys], dtype=np.float64)
     got = static._tie_ranks(fields, arrival)
     np.testing.assert_array_equal(got, tie_ranks(keys))
+
+
+@pytest.mark.parametrize("move", ["onto a job gone", "two changed onto one", "off the cluster"])
+def test_changed_jobs_gpus_are_checked_against_the_kept_ones_as_a_fresh_policy_does(
+    move: str,
+) -> None:
+    """A warm call checks only the changed jobs' GPUs, against those the unchanged
+    jobs kept (``static.kept_owners``): GPUs a departed job held are free again,
+    two changed jobs on one GPU and a GPU off the cluster are refused, each
+    exactly as a fresh policy does; the owners kept equal a fresh policy's."""
+    rng = np.random.default_rng(9)
+    policy = PowerFlowPolicy()
+    snap = synthetic_snapshot(64, 20, seed=9, eta=0.9, distinct_models=None)
+    snap = running(snap, policy.plan(snap), rng)
+    warm_and_cold(policy, snap)
+    jobs = list(progressed(snap, 30.0).jobs)
+    placed = [k for k, j in enumerate(jobs) if j.placement and not j.pinned]
+    a, b = placed[0], placed[-1]
+    if move == "onto a job gone":
+        jobs[b] = replace(jobs[b], id="newcomer")  # b left; a new job has its GPUs
+    elif move == "two changed onto one":
+        slot = jobs[a].placement[0]
+        jobs[b] = replace(jobs[b], placement=(*jobs[b].placement, slot), min_gpus=1)
+        jobs[a] = replace(jobs[a], max_gpus=64)
+    else:
+        jobs[a] = replace(jobs[a], placement=(*jobs[a].placement, ("nowhere", 0)))
+    later = replace(snap, jobs=tuple(jobs))
+    assert warm_and_cold(policy, later) is not None or move != "onto a job gone"
+    if move == "onto a job gone":
+        part = policy.memo.static
+        fresh = replace(policy)
+        fresh.plan(later)
+        assert isinstance(part, static.StaticPart) and part.owners is not None
+        assert part.owners == cast(static.StaticPart, fresh.memo.static).owners

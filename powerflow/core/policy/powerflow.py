@@ -109,9 +109,11 @@ from powerflow.core.policy.returns import floor_of, returns_of, short_first_weig
 from powerflow.core.policy.snapshot import GpuSlot, JobPlan, Plan, Snapshot
 from powerflow.core.policy.static import (
     Carried,
+    Checked,
     StaticPart,
     check_progress,
     index_of,
+    kept_owners,
     static_inputs,
     static_part,
 )
@@ -239,14 +241,22 @@ class PowerFlowPolicy:
             positions = index_of(inputs[0])
             index = None if last is None else last.matches(*inputs)
             checked = None if index is None else index >= 0
-            validate_jobs(snapshot, cluster, checked, len(positions) == len(jobs))
+            taken = None if last is None or index is None else kept_owners(last, index)
+            owners = validate_jobs(snapshot, cluster, checked, len(positions) == len(jobs), taken)
             clocks = self.clocks(cluster.gpu)
             earlier = None if last is None or index is None else Previous(last.tables, index)
             tables = build_tables(jobs, cluster, clocks, self.elastic, self.memo, earlier)
             limit_w = resolve_limit_w(snapshot.budget, cluster.total_gpus, cluster.gpu.p_max_w)
             carried = None if last is None or index is None else Carried(last, index)
             part = static_part(
-                jobs, cluster, inputs, clocks, tables, carried, options.correction, positions
+                jobs,
+                cluster,
+                inputs,
+                clocks,
+                tables,
+                carried,
+                options.correction,
+                Checked(positions, owners),
             )
             self.memo.static = part
         curves = curves_of(part.tables, jobs, snapshot.now_s, part.tie_rank, part.arrival_s)

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
-from powerflow.core.policy.snapshot import Job, Snapshot
+from powerflow.core.policy.snapshot import GpuSlot, Job, Snapshot
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,17 @@ def cluster_of(snapshot: Snapshot) -> Cluster:
     return Cluster(gpu=nodes[0].gpu, gpus_per_node=nodes[0].gpus, node_names=tuple(names))
 
 
+Owners = dict[GpuSlot, str]
+"""Each GPU held and the id of the job holding it."""
+
+
 def validate_jobs(
     snapshot: Snapshot,
     cluster: Cluster,
     checked: Sequence[bool] | npt.NDArray[np.bool_] | None = None,
     unique: bool | None = None,
-) -> None:
+    taken: Owners | None = None,
+) -> Owners | None:
     """Field checks that need no model call; see ``_check_job`` for the rules.
 
     The GPUs held are checked as one set against the cluster's, and only on a
@@ -68,9 +73,13 @@ def validate_jobs(
     held distinct ones (``static.py``: the same job with the same fields in the
     last call). Such a job can only fail on its progress, which is checked for
     all jobs at once; the others are checked in full, in order, up to the first
-    failure. When every job holding GPUs is such a job, its GPUs were distinct
-    and on the cluster then and are now. ``unique``: whether the job ids are
-    distinct, when the caller knows.
+    failure. ``taken`` (with ``checked``): the GPUs the checked jobs hold, by
+    owner, which they held then too, distinct and on the cluster; only the other
+    jobs' GPUs are then checked, against it and the cluster, and added to it
+    (``taken`` is the caller's to give up: it becomes the answer). ``unique``:
+    whether the job ids are distinct, when the caller knows.
+
+    Returns every GPU held and its owner (None where not known: unhashable slots).
     """
     jobs = snapshot.jobs
     if unique is None:
@@ -82,7 +91,6 @@ def validate_jobs(
     if checked is None:
         for job in jobs:
             _check_job(job, total)
-        new_slots = True
     else:
         unchecked = np.flatnonzero(~np.asarray(checked, dtype=bool)).tolist()
         bad = _first_bad_progress(jobs)
@@ -92,17 +100,37 @@ def validate_jobs(
             _check_job(jobs[i], total)
         if bad is not None:
             check_progress(jobs[bad])
-        new_slots = any(jobs[i].placement for i in unchecked)
-    if not new_slots:
-        return
-    held = [slot for job in jobs for slot in job.placement]
+        if taken is not None:
+            if _add_owners(taken, [jobs[i] for i in unchecked], _slots_of(cluster)):
+                return taken
+            _check_slots(snapshot, cluster)
+            return None
+        if not any(jobs[i].placement for i in unchecked):
+            return None  # the checked jobs' GPUs were distinct and on the cluster
     try:
-        distinct = set(held)
-        fine = len(distinct) == len(held) and distinct <= _slots_of(cluster)
+        owners = {slot: job.id for job in jobs for slot in job.placement}
+        fine = len(owners) == sum(len(job.placement) for job in jobs)
+        fine = fine and owners.keys() <= _slots_of(cluster)
     except TypeError:  # unhashable slots: the loop below decides
         fine = False
     if not fine:
         _check_slots(snapshot, cluster)
+        return None
+    return owners
+
+
+def _add_owners(owners: Owners, jobs: Sequence[Job], slots: frozenset[GpuSlot]) -> bool:
+    """Add ``jobs``' GPUs to ``owners``; False (``owners`` then half done) where one is
+    held already, by a job there or one before it, or is not one of ``slots``."""
+    try:
+        for job in jobs:
+            for slot in job.placement:
+                if slot in owners or slot not in slots:
+                    return False
+                owners[slot] = job.id
+    except TypeError:  # an unhashable slot: the caller's loop decides
+        return False
+    return True
 
 
 def _first_bad_progress(jobs: Sequence[Job]) -> int | None:
@@ -129,7 +157,7 @@ _ELAPSED = operator.attrgetter("elapsed_s")
 
 
 @functools.lru_cache(maxsize=8)
-def _slots_of(cluster: Cluster) -> frozenset[tuple[str, int]]:
+def _slots_of(cluster: Cluster) -> frozenset[GpuSlot]:
     """Every GPU of the cluster, built once per cluster shape (a pure function of it):
     0.18 ms of CPU at 64 nodes and 11 ms at 2,048 that every decision would pay again."""
     n = cluster.gpus_per_node
