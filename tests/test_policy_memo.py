@@ -31,7 +31,14 @@ from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.power_loop import SCALE_RANGE, job_scales
 from powerflow.core.policy.powerflow import PowerFlowPolicy
 from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
-from powerflow.core.policy.tables import UID, JobRows, Previous, build_tables
+from powerflow.core.policy.tables import (
+    UID,
+    JobRows,
+    Previous,
+    allowed_mask,
+    build_tables,
+    counts_of,
+)
 from powerflow.core.policy.validate import cluster_of
 from powerflow.lab.scenarios import synthetic_snapshot
 from powerflow.lab.synthetic import synthetic_zoo
@@ -658,3 +665,31 @@ def test_changed_jobs_gpus_are_checked_against_the_kept_ones_as_a_fresh_policy_d
         fresh.plan(later)
         assert isinstance(part, static.StaticPart) and part.owners is not None
         assert part.owners == cast(static.StaticPart, fresh.memo.static).owners
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_counts_of_allows_the_counts_of_allowed_mask(elastic: bool) -> None:
+    """``tables.counts_of`` (one job's counts, as ``_evaluate`` builds its rows) gives
+    the counts of the job's row of ``allowed_mask``, the spec, on seeded random jobs."""
+    rng = np.random.default_rng(11)
+    cluster = cluster_of(synthetic_snapshot(64, 4, seed=1, eta=0.7))
+    base = synthetic_snapshot(64, 4, seed=1, eta=0.7).jobs[0]
+    jobs = []
+    for _ in range(300):
+        jobs.append(
+            replace(
+                base,
+                global_batch_size=int(rng.integers(1, 600)),
+                requested_gpus=int(rng.integers(1, 80)),
+                min_gpus=int(rng.integers(1, 70)),
+                max_gpus=[None, 0, int(rng.integers(1, 90))][int(rng.integers(3))],
+                max_local_batch_size=[None, int(rng.integers(1, 300))][int(rng.integers(2))],
+                pinned=bool(rng.random() < 0.1),
+                placement=(("n0", 0),),
+            )
+        )
+    mask = allowed_mask(jobs, cluster, elastic)
+    powers = 1 << np.arange(mask.shape[1])
+    for job, row in zip(jobs, mask, strict=True):
+        assert counts_of(job, cluster.total_gpus, elastic) == powers[row].tolist()
+    assert mask.any(axis=1).sum() > 100  # most jobs may run somewhere
