@@ -21,7 +21,9 @@ call's ``StaticPart``:
   alone: its checks (only progress is checked, for all jobs at once), its
   table rows and their stacked vectors, its correction factor and its sweep
   rows, all taken from the last part's arrays in one gather per array
-  (``tables.row_moves``); the other jobs are derived as without a memo.
+  (``tables.row_moves``), and the GPUs it holds, which only the other jobs'
+  are checked against (``kept_owners``); the other jobs are derived as without
+  a memo.
 
 Exact: every input of what is kept is in what is compared (all of ``Job``'s
 fields but ``PROGRESS``, ``UNREAD`` and ``model``, read from the dataclass, so a
