@@ -346,12 +346,8 @@ class _Decision:
         # Each job's row (-1: it waits), the pinned ones first, then in allocation order
         # (the order of the notes of jobs placement leaves out).
         row_of = np.full(len(jobs), -1, dtype=np.int64)
-        if alloc.jobs is not None and alloc.job_rows is not None:
-            given = alloc.jobs
-            row_of[given] = alloc.job_rows
-        else:
-            given = np.asarray(list(alloc.rows), dtype=np.int64)
-            row_of[given] = list(alloc.rows.values())
+        given = alloc.jobs
+        row_of[given] = alloc.job_rows
         row_of[pinned] = first[pinned]
         rows = _Rows(row_of, [*pinned, *given.tolist()])
         running_at = np.flatnonzero(row_of >= 0)
