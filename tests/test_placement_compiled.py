@@ -166,3 +166,15 @@ def test_block_ids_are_distinct_and_name_their_blocks() -> None:
             block = (table.node[k], table.offset[k], table.size[k])
             assert k == block_id(block, 6, 4)  # type: ignore[arg-type]
             assert table.slots[k] == run
+
+
+def test_the_same_nodes_tuple_gets_its_geometry_again_and_another_its_own() -> None:
+    up = tuple(Node(f"n{i}", 8, A100) for i in range(4))
+    down = (*up[:3], Node("n3", 8, A100, powered_on=False))
+    first = placement._geometry(up)
+    assert placement._geometry(up) is first and first == geometry(up)
+    assert placement._geometry(down) == geometry(down) != first  # numbered anew
+    assert placement._geometry(list(up)) == first  # a list may change: never reused
+    for nodes in (up, down, up):  # the placement follows the nodes handed in
+        got = placement.place_columns(nodes, ["a"], [8], [()], [True])
+        assert got == placement._place_python(geometry(nodes), ["a"], [8], [()], [True])

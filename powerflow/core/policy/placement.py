@@ -243,12 +243,32 @@ def _place(
     currents: Sequence[Sequence[GpuSlot]],
     movables: Sequence[bool],
 ) -> PlacementResult:
-    geo = geometry(nodes)
+    geo = _geometry(nodes)
     _no_duplicates(job_ids)
     done = _place_compiled(geo, job_ids, gpus, currents, movables)
     if done is not None:
         return done
     return _place_python(geo, job_ids, gpus, currents, movables)
+
+
+def _geometry(nodes: Sequence[Node]) -> Geometry:
+    """``geometry(nodes)``, or the previous call's answer when ``nodes`` is the same tuple.
+
+    Why: a run hands the policy the same tuple of nodes until one changes (1,390
+    of a fitted run's 1,424 placements), and a tuple of frozen nodes cannot
+    change, so the same object has the same geometry; numbering 64 nodes costs
+    12 µs (timeit), about 17 ms of the run. Any other sequence is numbered anew.
+    """
+    last = _LAST_GEOMETRY[0]
+    if last is not None and last[0] is nodes:
+        return last[1]
+    geo = geometry(nodes)
+    if type(nodes) is tuple:
+        _LAST_GEOMETRY[0] = (nodes, geo)  # holding it: its id cannot be reused
+    return geo
+
+
+_LAST_GEOMETRY: list[tuple[Sequence[Node], Geometry] | None] = [None]
 
 
 def _no_duplicates(job_ids: Sequence[str]) -> None:
