@@ -52,6 +52,14 @@ def test_cappable_gpus_leave_room_for_floor_caps_and_a_partly_used_node() -> Non
     assert cappable_gpus(float("inf"), 100.0, 52.5, 8, 16) == 16
 
 
+def test_cappable_gpus_cached_answers_are_the_loops() -> None:
+    for limit in (500.0, 960.3, 0.2 * 512 * A100.p_max_w, 12_000.0):
+        for floor, idle, gpn, total in ((100.0, 52.5, 8, 512), (30.0, 60.0, 4, 16)):
+            args = (limit, floor, idle, gpn, total)
+            want = cappable_gpus.__wrapped__(*args)
+            assert cappable_gpus(*args) == cappable_gpus(*args) == want
+
+
 def test_a_tight_limit_runs_only_as_many_gpus_as_floor_caps_can_hold() -> None:
     snapshot = Snapshot(
         nodes=nodes(2, 8),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -27,8 +27,8 @@ from powerflow.core.models.fitted import FittedModel
 from powerflow.core.models.priors import shipped_priors
 from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.power_loop import SCALE_RANGE, job_scales
-from powerflow.core.policy.powerflow import PowerFlowPolicy
-from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
+from powerflow.core.policy.powerflow import PowerFlowPolicy, _job_plan
+from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, JobPlan, Plan, Snapshot
 from powerflow.core.policy.tables import UID, JobRows, Previous, build_tables
 from powerflow.core.policy.validate import cluster_of
 from powerflow.lab.scenarios import synthetic_snapshot
@@ -580,3 +580,13 @@ def test_tables_built_on_an_earlier_calls_rows_equal_tables_built_afresh() -> No
         for name in ("start", "sizes", "row_job", "counts", "efficient", "peak_w"):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
         assert got.job_rows == want.job_rows
+
+
+def test_job_plans_built_at_once_equal_the_constructor_s() -> None:
+    names = ("job_id", "gpus", "frequency_mhz", "local_batch_size", "placement", "power_w")
+    assert tuple(f.name for f in fields(JobPlan)) == (*names, "power_cap_w")
+    slots = (("n0", 0), ("n0", 1))
+    for args in (("a", 2, 1410, 16, slots, 412.5, 180.0), ("b", 0, 1005, 32, (), None, None)):
+        plan = _job_plan(*args)
+        assert type(plan) is JobPlan and plan == JobPlan(*args)
+        assert vars(plan) == vars(JobPlan(*args)) and hash(plan) == hash(JobPlan(*args))
