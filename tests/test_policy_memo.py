@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, cast
 
 import numpy as np
@@ -29,8 +29,8 @@ from powerflow.core.policy import static
 from powerflow.core.policy.curves import tie_ranks
 from powerflow.core.policy.memo import PolicyMemo
 from powerflow.core.policy.power_loop import SCALE_RANGE, job_scales
-from powerflow.core.policy.powerflow import PowerFlowPolicy
-from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, Plan, Snapshot
+from powerflow.core.policy.powerflow import PowerFlowPolicy, _job_plan
+from powerflow.core.policy.snapshot import Budget, GpuSlot, Job, JobPlan, Plan, Snapshot
 from powerflow.core.policy.tables import (
     UID,
     JobRows,
@@ -693,3 +693,13 @@ def test_counts_of_allows_the_counts_of_allowed_mask(elastic: bool) -> None:
     for job, row in zip(jobs, mask, strict=True):
         assert counts_of(job, cluster.total_gpus, elastic) == powers[row].tolist()
     assert mask.any(axis=1).sum() > 100  # most jobs may run somewhere
+
+
+def test_job_plans_built_at_once_equal_the_constructor_s() -> None:
+    names = ("job_id", "gpus", "frequency_mhz", "local_batch_size", "placement", "power_w")
+    assert tuple(f.name for f in fields(JobPlan)) == (*names, "power_cap_w")
+    slots = (("n0", 0), ("n0", 1))
+    for args in (("a", 2, 1410, 16, slots, 412.5, 180.0), ("b", 0, 1005, 32, (), None, None)):
+        plan = _job_plan(*args)
+        assert type(plan) is JobPlan and plan == JobPlan(*args)
+        assert vars(plan) == vars(JobPlan(*args)) and hash(plan) == hash(JobPlan(*args))

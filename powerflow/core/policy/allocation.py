@@ -57,8 +57,9 @@ fits within one node.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -117,16 +118,21 @@ class Returns:
     short_ref_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Allocation:
-    rows: dict[int, int]
-    """Job index -> its row in the tables (the GPU count it got); absent jobs wait."""
+    jobs: IntArray
+    """The jobs given GPUs, in the order they got their first step; the others wait."""
+    job_rows: IntArray
+    """Their rows in the tables (the GPU count each got)."""
     power_w: float
     gpus: int
-    jobs: IntArray | None = field(default=None, compare=False)
-    """The jobs of ``rows``, in its order (the order they got their first step)."""
-    job_rows: IntArray | None = field(default=None, compare=False)
-    """Their rows, as in ``rows`` (both arrays say what ``rows`` says)."""
+
+    @functools.cached_property
+    def rows(self) -> dict[int, int]:
+        """Job index -> its row, in ``jobs``' order. Built on first use only: the
+        policy reads the arrays (the dict of 160 jobs costs 5 µs, timeit: 12 ms of
+        a fitted run's 2,314 decisions)."""
+        return dict(zip(self.jobs.tolist(), self.job_rows.tolist(), strict=True))
 
 
 def allocate(
@@ -193,12 +199,9 @@ def allocate(
             table, steps, cand, rules, state, row, order, heap
         )
     jobs = order[:n_order]
-    job_rows = row[jobs]
-    rows = dict(zip(jobs.tolist(), job_rows.tolist(), strict=True))
     return Allocation(
-        rows=rows,
+        jobs=jobs,
+        job_rows=row[jobs],
         power_w=power.total_w(jobs_w, allocated),
         gpus=allocated,
-        jobs=jobs,
-        job_rows=job_rows,
     )
