@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from powerflow.core.devices import Workload, capped_clock_mhz
+from powerflow.core.errors import DataError
 from powerflow.core.policy.power_ratio import BELIEVED, RatioWindow
 from powerflow.core.policy.snapshot import GpuSlot, Job, Snapshot
 from powerflow.lab.groundtruth import ground_truth
@@ -620,6 +621,35 @@ def test_measure_shortcuts_give_the_plain_samples() -> None:
         for name in ("n", "r", "bs", "f", "step_time_s", "energy_j"):
             assert np.array_equal(getattr(fresh, name), getattr(again, name)), name
     assert truth._plans
+
+
+def test_remembered_rows_give_the_plain_draws() -> None:
+    """A ground truth's measured rows are kept and only the noise is drawn again
+    (time's and energy's factors from one draw): every sample, and the generator
+    after it, is what the plain path through the bare PerfModel gives, and rows
+    that ``Samples`` refuses are refused the same way."""
+    truth = _fresh(ground_truth("bert"))
+    plain = _NotAGroundTruth(truth)
+    f = np.repeat(np.array(truth.gpu.clocks_mhz[-4:], dtype=np.float64), 3)
+    fast, slow = _rng(6), _rng(6)
+    for _ in range(3):
+        for n, r, bs, clocks, iters in ((2, 2, 16.0, f, 1), (1, 1, 32, f[:5], 7.5)):
+            got = measure(truth, n, r, bs, clocks, rng=fast, noise=0.03, iterations=iters)
+            want = measure(plain, n, r, bs, clocks, rng=slow, noise=0.03, iterations=iters)
+            for name in ("n", "r", "bs", "f", "step_time_s", "energy_j"):
+                assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        got = one_gpu_sweep(truth, 32, rng=fast)
+        want = one_gpu_sweep(plain, 32, rng=slow)
+        assert np.array_equal(got.step_time_s, want.step_time_s)
+        assert np.array_equal(got.energy_j, want.energy_j)
+        assert got.n.flags.writeable and got.step_time_s.flags.writeable
+    assert fast.random() == slow.random()
+    assert len(truth._measured) == 3
+    for bad in (np.array([np.inf]), np.array([1410.0, np.nan]), np.array([1410.0, -5.0])):
+        with pytest.raises(DataError) as caught:
+            measure(plain, 2, 2, 16.0, bad, rng=slow)
+        with pytest.raises(DataError, match=str(caught.value)):
+            measure(truth, 2, 2, 16.0, bad, rng=fast)
 
 
 def test_the_planned_power_column_follows_every_jobs_plan() -> None:

@@ -118,6 +118,10 @@ class GroundTruth:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """``measure.sweep_plan`` by (batch, duration, GPU): one per batch size in a run."""
+    _measured: dict[tuple[object, ...], object] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """What ``measure`` reads from the truth before its noise, by its inputs (``measured``)."""
 
     def sweep_plan(
         self,
@@ -137,6 +141,17 @@ class GroundTruth:
         if plan is None:
             plan = self._plans[key] = make(self, bs, duration_s, gpu)
         return plan[0].copy(), plan[1].copy()
+
+    def measured(self, key: tuple[object, ...], make: Callable[[], object]) -> object:
+        """``make()`` once per ``key``, kept with the truth (``measure._clean_rows``: the
+        rows a profiler measures and their true values, the same at every measurement
+        of them); up to ``MEMO_MAX_ENTRIES`` keys, then the memo starts afresh."""
+        hit = self._measured.get(key)
+        if hit is None:
+            if len(self._measured) >= MEMO_MAX_ENTRIES:
+                self._measured.clear()
+            hit = self._measured[key] = make()
+        return hit
 
     # -- full-clock pieces ---------------------------------------------------
 

