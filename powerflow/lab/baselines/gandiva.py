@@ -127,7 +127,7 @@ class _Round:
         self.jobs = arrival_order(snapshot.jobs)
         self.max_share = max_share
         self.grow_shrink = grow_shrink
-        self.pool = Pool(snapshot.nodes)
+        self.nodes = snapshot.nodes
         self.where: dict[str, tuple[GpuSlot, ...]] = {}
         self.users: dict[tuple[GpuSlot, ...], list[str]] = defaultdict(list)
         # Filled by ``_hold``'s pass over the jobs; with step 3 asking ``left`` (below)
@@ -183,13 +183,13 @@ class _Round:
             else:
                 if len(ids) >= max_share:
                     # the sets before it are taken first, as a take per set would have
-                    self.pool.take(chain.from_iterable(held))
+                    self.pool = Pool(self.nodes, chain.from_iterable(held))
                     raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
                 ids.append(job.id)
             where[job.id] = key
             if not key or key[0][0] != key[-1][0]:  # sorted: one node when its ends are
                 spread[job.id] = job
-        self.pool.take(chain.from_iterable(held))
+        self.pool = Pool(self.nodes, chain.from_iterable(held))
 
     def _relocate(self, job: Job, target: tuple[GpuSlot, ...]) -> None:
         """Record that ``job`` now uses ``target`` (the pool is the caller's business)."""

@@ -81,13 +81,13 @@ import numpy as np
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import FloatArray, PerfModel
-from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.snapshot import Job, JobPlan, Plan, Policy, Snapshot
 from powerflow.lab.baselines.common import (
     Decides,
     Decision,
     ModelMemo,
     PlanWatts,
+    budget_limit_w,
     cluster_gpu,
     evaluate,
     per_node,
@@ -323,7 +323,7 @@ class ZeusPolicy:
             made[job_id] = (*made[job_id][:4], watts[slot])
         if isinstance(base, Plan):
             return replace(base, jobs=tuple(jobs), predicted_w=total)
-        return Plan(tuple(jobs), limit_w(snapshot), total, (), base.migrations)
+        return Plan(tuple(jobs), budget_limit_w(snapshot), total, (), base.migrations)
 
     def _settings(
         self, run: list[JobPlan], models: dict[str, PerfModel], spec: GpuSpec
