@@ -432,3 +432,25 @@ def test_plan_limit_is_limit_w_for_the_very_same_nodes_and_budget() -> None:
     ):
         assert budget_limit_w(other) == limit_w(other) != limit_w(snap)
         assert budget_limit_w(snap) == limit_w(snap)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gandiva_keeps_a_sorted_key_only_for_the_very_same_placement(seed: int) -> None:
+    """Placements given unsorted, the same tuple object while a job keeps its GPUs:
+    a policy that keeps their sorted keys from event to event plans as a fresh one."""
+    reversed_of: dict[int, tuple[tuple[str, int], ...]] = {}
+    held = []  # the originals, so that no id above is reused
+    snaps = []
+    for snap in _gandiva_sequence(seed, steps=120):
+        jobs = []
+        for job in snap.jobs:
+            if len(job.placement) > 1:
+                held.append(job.placement)
+                flipped = reversed_of.setdefault(id(job.placement), job.placement[::-1])
+                job = replace(job, placement=flipped)
+            jobs.append(job)
+        snaps.append(replace(snap, jobs=tuple(jobs)))
+    warm = GandivaPolicy(frequency_mhz=1410)
+    got = [warm.plan(s) for s in snaps]
+    assert got == [GandivaPolicy(frequency_mhz=1410).plan(s) for s in snaps]
+    assert len(warm.memo.last("gandiva-keys")) >= 5  # keys were kept

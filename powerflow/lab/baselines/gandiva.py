@@ -59,6 +59,7 @@ JCT-energy curve sweeps it); the power limit is reported, not enforced.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -115,15 +116,26 @@ class GandivaPolicy:
 
     def _decide(self, snapshot: Snapshot, price: bool) -> tuple[Decision, PlanWatts | None]:
         clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
-        round_ = _Round(snapshot, self.max_jobs_per_gpu, self.grow_shrink)
+        round_ = _Round(
+            snapshot, self.max_jobs_per_gpu, self.grow_shrink, self.memo.last("gandiva-keys")
+        )
         return round_.run(clock, self.memo, price)
 
 
 class _Round:
     """The mutable state of one Gandiva decision (never outlives ``plan``)."""
 
-    def __init__(self, snapshot: Snapshot, max_share: int, grow_shrink: bool = False) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        max_share: int,
+        grow_shrink: bool = False,
+        keys: dict[Hashable, tuple[object, ...]] | None = None,
+    ) -> None:
         self.snapshot = snapshot
+        # Job id -> (placement, its GPUs sorted): ``_hold``'s key of a job whose
+        # placement is the very tuple of the last decision (see there).
+        self.keys = {} if keys is None else keys
         self.jobs = arrival_order(snapshot.jobs)
         self.max_share = max_share
         self.grow_shrink = grow_shrink
@@ -159,7 +171,7 @@ class _Round:
         event, a third of a decision.
         """
         users, where, waiting, spread = self.users, self.where, self.waiting, self.maybe_spread
-        by_id = self.by_id
+        by_id, keys = self.by_id, self.keys
         shrink, max_share = self.shrink, self.max_share
         held: list[tuple[GpuSlot, ...]] = []  # each set once, taken in one call at the end
         for job in self.jobs:
@@ -168,12 +180,22 @@ class _Round:
             if not placement:
                 waiting.append(job)
                 continue
-            # One GPU is sorted already (most jobs of the trace).
-            key = (
-                placement
-                if len(placement) == 1 and type(placement) is tuple
-                else tuple(sorted(placement))
-            )
+            # One GPU is sorted already (most jobs of the trace). A job keeps its
+            # placement tuple from event to event, so its sorted GPUs are kept
+            # beside it and found by identity rather than sorted at every event
+            # (Gandiva replays of the default trace, old and new code alternated
+            # in one process: 0.985 -> 0.959 s of CPU, best of 7).
+            key: tuple[GpuSlot, ...]
+            if len(placement) == 1 and type(placement) is tuple:
+                key = placement
+            else:
+                seen = keys.get(job.id)
+                if seen is not None and seen[0] is placement:
+                    key = seen[1]  # type: ignore[assignment]
+                else:
+                    key = tuple(sorted(placement))
+                    if type(placement) is tuple:  # held: its address is never reused
+                        keys[job.id] = (placement, key)
             if shrink and len(key) > job.requested_gpus and not job.pinned:
                 key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
             ids = users.get(key)
