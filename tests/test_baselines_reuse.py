@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import pytest
@@ -454,3 +455,20 @@ def test_gandiva_keeps_a_sorted_key_only_for_the_very_same_placement(seed: int) 
     got = [warm.plan(s) for s in snaps]
     assert got == [GandivaPolicy(frequency_mhz=1410).plan(s) for s in snaps]
     assert len(warm.memo.last("gandiva-keys")) >= 5  # keys were kept
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gandiva_sharing_is_what_counting_every_gpu_finds(seed: int) -> None:
+    """``Sharing`` (read by ``PlanWatts.total``) against the plans' GPUs counted."""
+    policy = GandivaPolicy(frequency_mhz=1410)
+    shared = 0
+    for snap in _gandiva_sequence(seed, steps=100):
+        decided = policy.decide(snap)
+        assert decided.sharing is not None
+        running = [jp for jp in decided.jobs if jp.gpus > 0]
+        slots = Counter(slot for jp in running for slot in jp.placement)
+        sharers = {jp.job_id: slots[jp.placement[0]] for jp in running}
+        assert decided.sharing.used == len(slots)
+        assert decided.sharing.sharers == {i: k for i, k in sharers.items() if k > 1}
+        shared += len(decided.sharing.sharers)
+    assert shared > 0  # the sequences time-slice

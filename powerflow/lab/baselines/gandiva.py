@@ -73,6 +73,7 @@ from powerflow.lab.baselines.common import (
     ModelMemo,
     PlanWatts,
     Pool,
+    Sharing,
     arrival_order,
     cluster_gpu,
     finish,
@@ -294,7 +295,16 @@ class _Round:
             for job in self.jobs:
                 if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
                     migrations.append(Migration(job.id, job.placement, self.where[job.id]))
-        return Decision(tuple(plans), tuple(migrations)), priced
+        # Every GPU set is disjoint from the others (the pool hands each GPU out
+        # once), so its jobs are the sharers of each of its GPUs.
+        users = self.users
+        sharing = Sharing(
+            sum(map(len, filter(users.get, users))),  # the sets that hold a job
+            {i: len(ids) for ids in users.values() if len(ids) > 1 for i in ids},
+        )
+        if priced is not None:
+            priced.sharing = sharing
+        return Decision(tuple(plans), tuple(migrations), sharing), priced
 
     def _grow(self, clock: int, memo: ModelMemo) -> None:
         """Double each exclusive one-node job, oldest first, onto free GPUs of its node.

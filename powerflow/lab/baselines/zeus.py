@@ -249,6 +249,8 @@ class ZeusPolicy:
         # Gandiva+Zeus run of the default trace 2.41 -> 2.08 s, replayed by
         # ``benchmarks/replay_bench.py``).
         gathered = PlanWatts(self.memo)
+        if isinstance(base, Decision):
+            gathered.sharing = base.sharing
         running, run_models, clocks, watts = (
             gathered.running,
             gathered.models,
