@@ -176,42 +176,46 @@ class _Round:
         shrink, max_share = self.shrink, self.max_share
         held: list[tuple[GpuSlot, ...]] = []  # each set once, taken in one call at the end
         for job in self.jobs:
-            by_id[job.id] = job  # here rather than in a pass of its own
+            jid = job.id
+            by_id[jid] = job  # here rather than in a pass of its own
             placement = job.placement
             if not placement:
                 waiting.append(job)
                 continue
-            # One GPU is sorted already (most jobs of the trace). A job keeps its
-            # placement tuple from event to event, so its sorted GPUs are kept
-            # beside it and found by identity rather than sorted at every event
-            # (Gandiva replays of the default trace, old and new code alternated
-            # in one process: 0.985 -> 0.959 s of CPU, best of 7).
+            # One GPU is sorted already (most jobs of the trace), and on one node. A
+            # job keeps its placement tuple from event to event, so its sorted GPUs
+            # are kept beside it and found by identity rather than sorted at every
+            # event (Gandiva replays of the default trace, old and new code
+            # alternated in one process: 0.985 -> 0.959 s of CPU, best of 7).
             key: tuple[GpuSlot, ...]
             if len(placement) == 1 and type(placement) is tuple:
                 key = placement
+                one_node = True
             else:
-                seen = keys.get(job.id)
+                seen = keys.get(jid)
                 if seen is not None and seen[0] is placement:
                     key = seen[1]  # type: ignore[assignment]
                 else:
                     key = tuple(sorted(placement))
                     if type(placement) is tuple:  # held: its address is never reused
-                        keys[job.id] = (placement, key)
+                        keys[jid] = (placement, key)
+                one_node = key[0][0] == key[-1][0]  # sorted: one node when its ends are
             if shrink and len(key) > job.requested_gpus and not job.pinned:
                 key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
+                one_node = bool(key) and key[0][0] == key[-1][0]
             ids = users.get(key)
             if ids is None:
                 held.append(key)
-                users[key] = [job.id]
+                users[key] = [jid]
             else:
                 if len(ids) >= max_share:
                     # the sets before it are taken first, as a take per set would have
                     self.pool = Pool(self.nodes, chain.from_iterable(held))
-                    raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
-                ids.append(job.id)
-            where[job.id] = key
-            if not key or key[0][0] != key[-1][0]:  # sorted: one node when its ends are
-                spread[job.id] = job
+                    raise SnapshotError(f"GPUs of job {jid} are shared by too many jobs")
+                ids.append(jid)
+            where[jid] = key
+            if not one_node:
+                spread[jid] = job
         self.pool = Pool(self.nodes, chain.from_iterable(held))
 
     def _relocate(self, job: Job, target: tuple[GpuSlot, ...]) -> None:
