@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import pytest
@@ -20,7 +21,9 @@ from test_baselines_equivalence import Toy, advance, new_job, toy
 import powerflow.lab.baselines.afs as afs
 import powerflow.lab.baselines.gandiva as gandiva
 from powerflow.cli import main
+from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import A100
+from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.placement import PlacementRequest, PlacementResult
 from powerflow.core.policy.snapshot import Budget, Job, Node, Plan, Policy, Snapshot
 from powerflow.lab.baselines import AfsPolicy, GandivaPolicy, TiresiasPolicy, ZeusPolicy
@@ -30,6 +33,7 @@ from powerflow.lab.baselines.common import (
     ModelMemo,
     Pool,
     arrival_order,
+    budget_limit_w,
     node_count,
     predicted_w,
 )
@@ -386,3 +390,85 @@ def test_zeus_pairs_a_decision_in_another_order_by_id() -> None:
         assert sorted(got.jobs, key=lambda jp: jp.job_id) == sorted(
             want.jobs, key=lambda jp: jp.job_id
         )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pool_of_held_gpus_is_the_pool_that_takes_them(seed: int) -> None:
+    """Set-built free lists (most GPUs held) against taking them one by one, errors too."""
+    rng = random.Random(seed)
+    nodes = tuple(Node(f"n{i}", rng.choice((4, 8, 8)), A100) for i in range(6))
+    every = [(n.name, i) for n in nodes for i in range(n.gpus)]
+    for _ in range(60):
+        held = rng.sample(every, rng.randrange(len(every) + 1))
+        roll = rng.random()
+        if roll < 0.15 and held:
+            held.append(rng.choice(held))  # one GPU twice
+        elif roll < 0.3:
+            held.append(("n9", 0))  # no such node
+        elif roll < 0.4:
+            held.append((nodes[0].name, 8))  # no such GPU
+        rng.shuffle(held)
+        taken = Pool(nodes)
+        try:
+            taken.take(held)
+        except SnapshotError as err:
+            with pytest.raises(SnapshotError, match=str(err)):
+                Pool(nodes, iter(held))
+            continue
+        got = Pool(nodes, iter(held))
+        assert got.free == taken.free and list(got.free) == list(taken.free)
+        assert got.free_count == taken.free_count
+        assert got.whole_free_gpus() == taken.whole_free_gpus()
+
+
+def test_plan_limit_is_limit_w_for_the_very_same_nodes_and_budget() -> None:
+    nodes = tuple(Node(f"n{i}", 8, A100) for i in range(4))
+    snap = Snapshot(nodes, (), Budget(eta=0.5), 0.0)
+    assert budget_limit_w(snap) == limit_w(snap)
+    for other in (
+        replace(snap, budget=Budget(eta=0.7)),
+        replace(snap, nodes=nodes[:2]),
+        replace(snap, nodes=list(nodes[:3])),  # type: ignore[arg-type]
+        replace(snap, budget=Budget(limit_w=1234.0)),
+    ):
+        assert budget_limit_w(other) == limit_w(other) != limit_w(snap)
+        assert budget_limit_w(snap) == limit_w(snap)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gandiva_keeps_a_sorted_key_only_for_the_very_same_placement(seed: int) -> None:
+    """Placements given unsorted, the same tuple object while a job keeps its GPUs:
+    a policy that keeps their sorted keys from event to event plans as a fresh one."""
+    reversed_of: dict[int, tuple[tuple[str, int], ...]] = {}
+    held = []  # the originals, so that no id above is reused
+    snaps = []
+    for snap in _gandiva_sequence(seed, steps=120):
+        jobs = []
+        for job in snap.jobs:
+            if len(job.placement) > 1:
+                held.append(job.placement)
+                flipped = reversed_of.setdefault(id(job.placement), job.placement[::-1])
+                job = replace(job, placement=flipped)
+            jobs.append(job)
+        snaps.append(replace(snap, jobs=tuple(jobs)))
+    warm = GandivaPolicy(frequency_mhz=1410)
+    got = [warm.plan(s) for s in snaps]
+    assert got == [GandivaPolicy(frequency_mhz=1410).plan(s) for s in snaps]
+    assert len(warm.memo.last("gandiva-keys")) >= 5  # keys were kept
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gandiva_sharing_is_what_counting_every_gpu_finds(seed: int) -> None:
+    """``Sharing`` (read by ``PlanWatts.total``) against the plans' GPUs counted."""
+    policy = GandivaPolicy(frequency_mhz=1410)
+    shared = 0
+    for snap in _gandiva_sequence(seed, steps=100):
+        decided = policy.decide(snap)
+        assert decided.sharing is not None
+        running = [jp for jp in decided.jobs if jp.gpus > 0]
+        slots = Counter(slot for jp in running for slot in jp.placement)
+        sharers = {jp.job_id: slots[jp.placement[0]] for jp in running}
+        assert decided.sharing.used == len(slots)
+        assert decided.sharing.sharers == {i: k for i, k in sharers.items() if k > 1}
+        shared += len(decided.sharing.sharers)
+    assert shared > 0  # the sequences time-slice

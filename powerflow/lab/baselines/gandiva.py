@@ -59,6 +59,7 @@ JCT-energy curve sweeps it); the power limit is reported, not enforced.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -72,6 +73,7 @@ from powerflow.lab.baselines.common import (
     ModelMemo,
     PlanWatts,
     Pool,
+    Sharing,
     arrival_order,
     cluster_gpu,
     finish,
@@ -115,19 +117,30 @@ class GandivaPolicy:
 
     def _decide(self, snapshot: Snapshot, price: bool) -> tuple[Decision, PlanWatts | None]:
         clock = fixed_clock(cluster_gpu(snapshot), self.frequency_mhz)
-        round_ = _Round(snapshot, self.max_jobs_per_gpu, self.grow_shrink)
+        round_ = _Round(
+            snapshot, self.max_jobs_per_gpu, self.grow_shrink, self.memo.last("gandiva-keys")
+        )
         return round_.run(clock, self.memo, price)
 
 
 class _Round:
     """The mutable state of one Gandiva decision (never outlives ``plan``)."""
 
-    def __init__(self, snapshot: Snapshot, max_share: int, grow_shrink: bool = False) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        max_share: int,
+        grow_shrink: bool = False,
+        keys: dict[Hashable, tuple[object, ...]] | None = None,
+    ) -> None:
         self.snapshot = snapshot
+        # Job id -> (placement, its GPUs sorted): ``_hold``'s key of a job whose
+        # placement is the very tuple of the last decision (see there).
+        self.keys = {} if keys is None else keys
         self.jobs = arrival_order(snapshot.jobs)
         self.max_share = max_share
         self.grow_shrink = grow_shrink
-        self.pool = Pool(snapshot.nodes)
+        self.nodes = snapshot.nodes
         self.where: dict[str, tuple[GpuSlot, ...]] = {}
         self.users: dict[tuple[GpuSlot, ...], list[str]] = defaultdict(list)
         # Filled by ``_hold``'s pass over the jobs; with step 3 asking ``left`` (below)
@@ -159,37 +172,51 @@ class _Round:
         event, a third of a decision.
         """
         users, where, waiting, spread = self.users, self.where, self.waiting, self.maybe_spread
-        by_id = self.by_id
+        by_id, keys = self.by_id, self.keys
         shrink, max_share = self.shrink, self.max_share
         held: list[tuple[GpuSlot, ...]] = []  # each set once, taken in one call at the end
         for job in self.jobs:
-            by_id[job.id] = job  # here rather than in a pass of its own
+            jid = job.id
+            by_id[jid] = job  # here rather than in a pass of its own
             placement = job.placement
             if not placement:
                 waiting.append(job)
                 continue
-            # One GPU is sorted already (most jobs of the trace).
-            key = (
-                placement
-                if len(placement) == 1 and type(placement) is tuple
-                else tuple(sorted(placement))
-            )
+            # One GPU is sorted already (most jobs of the trace), and on one node. A
+            # job keeps its placement tuple from event to event, so its sorted GPUs
+            # are kept beside it and found by identity rather than sorted at every
+            # event (Gandiva replays of the default trace, old and new code
+            # alternated in one process: 0.985 -> 0.959 s of CPU, best of 7).
+            key: tuple[GpuSlot, ...]
+            if len(placement) == 1 and type(placement) is tuple:
+                key = placement
+                one_node = True
+            else:
+                seen = keys.get(jid)
+                if seen is not None and seen[0] is placement:
+                    key = seen[1]  # type: ignore[assignment]
+                else:
+                    key = tuple(sorted(placement))
+                    if type(placement) is tuple:  # held: its address is never reused
+                        keys[jid] = (placement, key)
+                one_node = key[0][0] == key[-1][0]  # sorted: one node when its ends are
             if shrink and len(key) > job.requested_gpus and not job.pinned:
                 key = key[: job.requested_gpus]  # a resize within its GPUs, not a migration
+                one_node = bool(key) and key[0][0] == key[-1][0]
             ids = users.get(key)
             if ids is None:
                 held.append(key)
-                users[key] = [job.id]
+                users[key] = [jid]
             else:
                 if len(ids) >= max_share:
                     # the sets before it are taken first, as a take per set would have
-                    self.pool.take(chain.from_iterable(held))
-                    raise SnapshotError(f"GPUs of job {job.id} are shared by too many jobs")
-                ids.append(job.id)
-            where[job.id] = key
-            if not key or key[0][0] != key[-1][0]:  # sorted: one node when its ends are
-                spread[job.id] = job
-        self.pool.take(chain.from_iterable(held))
+                    self.pool = Pool(self.nodes, chain.from_iterable(held))
+                    raise SnapshotError(f"GPUs of job {jid} are shared by too many jobs")
+                ids.append(jid)
+            where[jid] = key
+            if not one_node:
+                spread[jid] = job
+        self.pool = Pool(self.nodes, chain.from_iterable(held))
 
     def _relocate(self, job: Job, target: tuple[GpuSlot, ...]) -> None:
         """Record that ``job`` now uses ``target`` (the pool is the caller's business)."""
@@ -272,7 +299,16 @@ class _Round:
             for job in self.jobs:
                 if job.id in self.moves:  # its final GPUs: a moved job may also have grown (4.)
                     migrations.append(Migration(job.id, job.placement, self.where[job.id]))
-        return Decision(tuple(plans), tuple(migrations)), priced
+        # Every GPU set is disjoint from the others (the pool hands each GPU out
+        # once), so its jobs are the sharers of each of its GPUs.
+        users = self.users
+        sharing = Sharing(
+            sum(map(len, filter(users.get, users))),  # the sets that hold a job
+            {i: len(ids) for ids in users.values() if len(ids) > 1 for i in ids},
+        )
+        if priced is not None:
+            priced.sharing = sharing
+        return Decision(tuple(plans), tuple(migrations), sharing), priced
 
     def _grow(self, clock: int, memo: ModelMemo) -> None:
         """Double each exclusive one-node job, oldest first, onto free GPUs of its node.

@@ -243,7 +243,6 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
     placement-sensitive job that finds no block and still waits for one is in
     ``held`` of the result, and the caller chooses again without it.
     """
-    pool = Pool(snapshot.nodes)
     out = _Placed()
     where = out.where
     running = [
@@ -251,7 +250,7 @@ def _place(snapshot: Snapshot, chosen: list[Job], skew: _Skew) -> _Placed:
         for job in chosen
         if job.placement and (job.pinned or len(job.placement) == job.requested_gpus)
     ]
-    pool.take(chain.from_iterable([job.placement for job in running]))  # one call, same order
+    pool = Pool(snapshot.nodes, list(chain.from_iterable([job.placement for job in running])))
     for job in running:
         where[job.id] = job.placement
     # Largest first; the running jobs, placed above, are left out before the sort

@@ -81,13 +81,13 @@ import numpy as np
 from powerflow.core.errors import SnapshotError
 from powerflow.core.gpus import GpuSpec
 from powerflow.core.models.protocol import FloatArray, PerfModel
-from powerflow.core.policy.budget import limit_w
 from powerflow.core.policy.snapshot import Job, JobPlan, Plan, Policy, Snapshot
 from powerflow.lab.baselines.common import (
     Decides,
     Decision,
     ModelMemo,
     PlanWatts,
+    budget_limit_w,
     cluster_gpu,
     evaluate,
     per_node,
@@ -249,6 +249,8 @@ class ZeusPolicy:
         # Gandiva+Zeus run of the default trace 2.41 -> 2.08 s, replayed by
         # ``benchmarks/replay_bench.py``).
         gathered = PlanWatts(self.memo)
+        if isinstance(base, Decision):
+            gathered.sharing = base.sharing
         running, run_models, clocks, watts = (
             gathered.running,
             gathered.models,
@@ -323,7 +325,7 @@ class ZeusPolicy:
             made[job_id] = (*made[job_id][:4], watts[slot])
         if isinstance(base, Plan):
             return replace(base, jobs=tuple(jobs), predicted_w=total)
-        return Plan(tuple(jobs), limit_w(snapshot), total, (), base.migrations)
+        return Plan(tuple(jobs), budget_limit_w(snapshot), total, (), base.migrations)
 
     def _settings(
         self, run: list[JobPlan], models: dict[str, PerfModel], spec: GpuSpec
