@@ -652,6 +652,29 @@ def test_remembered_rows_give_the_plain_draws() -> None:
             measure(truth, 2, 2, 16.0, bad, rng=fast)
 
 
+def test_remembered_rows_are_per_configuration_and_their_own() -> None:
+    """The memo holds one entry per configuration whatever the iterations (a simulated
+    GPU's readings average a different count each time), and keeps its own copy of
+    the columns: a caller that changes its array later changes no later sample."""
+    truth = _fresh(ground_truth("bert"))
+    plain = _NotAGroundTruth(truth)
+    fast, slow = _rng(8), _rng(8)
+    f = np.array(truth.gpu.clocks_mhz[-2:], dtype=np.float64)
+    for k in range(50):
+        iters = 1.0 + k / 7.0
+        got = measure(truth, 1, 1, 32, f, rng=fast, noise=0.03, iterations=iters)
+        want = measure(plain, 1, 1, 32, f, rng=slow, noise=0.03, iterations=iters)
+        assert np.array_equal(got.step_time_s, want.step_time_s)
+        assert np.array_equal(got.energy_j, want.energy_j)
+    assert len(truth._measured) == 1
+    kept = f.copy()
+    f[0] = truth.gpu.clocks_mhz[0]  # the caller reuses its buffer
+    again = measure(truth, 1, 1, 32, kept, rng=fast, noise=0.03)
+    want = measure(plain, 1, 1, 32, kept, rng=slow, noise=0.03)
+    assert np.array_equal(again.f, kept)
+    assert np.array_equal(again.step_time_s, want.step_time_s)
+
+
 def test_the_planned_power_column_follows_every_jobs_plan() -> None:
     """``kernels.ratio_sums`` reads each job's planned watts from the arrays, which
     ``SimJob.set_plan`` keeps: at every decision of a run that rescales, profiles

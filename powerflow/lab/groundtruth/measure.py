@@ -55,18 +55,18 @@ def measure(
     if isinstance(iterations, (int, float)):  # one count for every sample
         if iterations < 1:
             raise DataError("each sample averages at least one iteration")
+        # the value noise / np.sqrt(it_) has in every row (sqrt and division
+        # are correctly rounded, on a number as on an array)
+        each = noise / np.sqrt(np.float64(iterations))
         key = _memo_key(n, r, bs, f) if isinstance(truth, GroundTruth) else None
         if key is not None:
             assert isinstance(truth, GroundTruth)
-            count = iterations
-            make = lambda: _clean_rows(truth, n, r, bs, f, noise, count)  # noqa: E731
-            rows = cast(_Clean | None, truth.measured((*key, float(count), float(noise)), make))
+            make = lambda: _clean(truth, *_columns(n, r, bs, f))  # noqa: E731
+            rows = cast(_Clean | None, truth.measured(key, make))
             if rows is not None:
-                return _noisy_rows(rows, rng)
+                return _noisy_rows(rows, np.full(2 * len(rows.n), each), rng)
         n_, r_, bs_, f_ = _columns(n, r, bs, f)
-        # the value noise / np.sqrt(it_) has in every row (sqrt and division
-        # are correctly rounded, on a number as on an array)
-        sigma = np.full(len(n_), noise / np.sqrt(np.float64(iterations)))
+        sigma = np.full(len(n_), each)
     else:
         n_, r_, bs_, f_, it_ = _columns(n, r, bs, f, iterations)
         if np.any(it_ < 1):
@@ -77,69 +77,48 @@ def measure(
 
 
 class _Clean(NamedTuple):
-    """A measurement's rows before its noise: the configuration columns, and for
-    time's rows then energy's (2k values) each one's sigma, half its variance and
-    its true value. Both factors come from one draw of 2k normals: the very numbers
-    that a draw of k for time and then one of k for energy give, as ``_noisy``
-    draws them (tests/test_sim_fastpaths.py checks it).
+    """A measurement's rows before its noise: the configuration columns (copies: the
+    caller's arrays may change later) and the true values, time's rows then energy's
+    (2k values). Both factors come from one draw of 2k normals: the very numbers that
+    a draw of k for time and then one of k for energy give, as ``_noisy`` draws them
+    (tests/test_sim_fastpaths.py checks it).
 
-    Kept with the truth per input (``GroundTruth.measured``), so that a measurement
-    of rows seen before is its draws alone: 6.7 us against 34 us for a profile's 12
-    rows, 7.2 us against 33 us for a pre-run (``timeit``); the simulator's
-    ``measure`` and ``one_gpu_sweep`` take 0.069 s and 0.035 s of a fitted run of the
-    default trace against 0.135 s and 0.100 s (``process_time`` around each inside
-    ``run_one(RunSpec("powerflow", 0.6))``, best of 6 runs each, alternated)."""
+    Kept with the truth per configuration (``GroundTruth.measured``; the noise, which
+    depends on how many iterations a sample averages, is worked out per measurement),
+    so that a measurement of rows seen before is its draws alone: 6.7 us against 34 us
+    for a profile's 12 rows, 7.2 us against 33 us for a pre-run (``timeit``); the
+    simulator's ``measure`` and ``one_gpu_sweep`` take 0.069 s and 0.035 s of a fitted
+    run of the default trace against 0.135 s and 0.100 s (``process_time`` around each
+    inside ``run_one(RunSpec("powerflow", 0.6))``, best of 6 runs each, alternated)."""
 
     n: FloatArray
     r: FloatArray
     bs: FloatArray
     f: FloatArray
-    sigma: FloatArray
-    half_var: FloatArray
     truth: FloatArray
 
 
-def _clean_rows(
-    truth: GroundTruth,
-    n: ArrayLike,
-    r: ArrayLike,
-    bs: ArrayLike,
-    f: ArrayLike,
-    noise: float,
-    iterations: float,
-) -> _Clean | None:
-    """``measure``'s rows for one count of iterations, before its draws."""
-    n_, r_, bs_, f_ = _columns(n, r, bs, f)
-    sigma = np.full(len(n_), noise / np.sqrt(np.float64(iterations)))
-    return _clean(truth, n_, r_, bs_, f_, sigma)
-
-
 def _clean(
-    truth: GroundTruth,
-    n: FloatArray,
-    r: FloatArray,
-    bs: FloatArray,
-    f: FloatArray,
-    sigma: FloatArray,
+    truth: GroundTruth, n: FloatArray, r: FloatArray, bs: FloatArray, f: FloatArray
 ) -> _Clean | None:
-    """The rows, their sigmas and the truth there; None for no rows, or rows that
-    ``Samples`` refuses (``measure``'s own path then reports them)."""
+    """The rows and the truth there; None for no rows, or rows that ``Samples``
+    refuses (``measure``'s own path then reports them)."""
     step, energy = truth.step_and_energy(n, r, bs, f)
     config = np.array((n, r, bs, f), dtype=np.float64)
     if not (config.size and np.isfinite(config).all() and (config > 0).all() and not np.any(r > n)):
         return None
-    sigma2 = np.concatenate((sigma, sigma))
-    rows = _Clean(n, r, bs, f, sigma2, 0.5 * sigma2**2, np.concatenate((step, energy)))
+    rows = _Clean(config[0], config[1], config[2], config[3], np.concatenate((step, energy)))
     for column in rows:
         column.flags.writeable = False
     return rows
 
 
-def _noisy_rows(rows: _Clean, rng: np.random.Generator) -> Samples:
-    """``measure``'s samples of ``rows``: ``_noisy``'s draws and arithmetic, and the
-    checks ``Samples`` makes (of the noisy values: the rows' own passed once)."""
+def _noisy_rows(rows: _Clean, sigma: FloatArray, rng: np.random.Generator) -> Samples:
+    """``measure``'s samples of ``rows`` with noise ``sigma`` (2k values, time's rows
+    then energy's): ``_noisy``'s draws and arithmetic, and the checks ``Samples``
+    makes (of the noisy values: the rows' own passed once)."""
     k = len(rows.n)
-    noisy = rows.truth * np.exp(rows.sigma * rng.standard_normal(2 * k) - rows.half_var)
+    noisy = rows.truth * np.exp(sigma * rng.standard_normal(2 * k) - 0.5 * sigma**2)
     step, energy = noisy[:k], noisy[k:]
     cols = (rows.n.copy(), rows.r.copy(), rows.bs.copy(), rows.f.copy(), step, energy)
     if not (noisy.min() > 0.0 and noisy.max() < math.inf):
@@ -353,20 +332,25 @@ def one_gpu_sweep(
         # truth is kept with it, and only the draws are new.
         make = lambda: _sweep_rows(truth, bs, duration_s, gpu, noise)  # noqa: E731
         key = ("one_gpu_sweep", float(bs), float(duration_s), gpu, float(noise))
-        rows = cast(_Clean | None, truth.measured(key, make))
-        if rows is not None:
-            return _noisy_rows(rows, rng)
+        kept = cast(tuple[_Clean, FloatArray] | None, truth.measured(key, make))
+        if kept is not None:
+            return _noisy_rows(*kept, rng)
     clocks, iters = sweep_plan(truth, bs, duration_s, gpu=gpu)
     return measure(truth, 1, 1, bs, clocks, rng=rng, noise=noise, iterations=iters)
 
 
 def _sweep_rows(
     truth: GroundTruth, bs: float, duration_s: float, gpu: GpuSpec | None, noise: float
-) -> _Clean | None:
-    """``one_gpu_sweep``'s rows before its draws: ``measure``'s, one count of
-    iterations per clock (None where ``measure`` would refuse them)."""
+) -> tuple[_Clean, FloatArray] | None:
+    """``one_gpu_sweep``'s rows before its draws, and their noise (time's rows then
+    energy's): ``measure``'s, one count of iterations per clock (None where ``measure``
+    would refuse them)."""
     clocks, iters = sweep_plan(truth, bs, duration_s, gpu=gpu)
     n_, r_, bs_, f_, it_ = _columns(1, 1, bs, clocks, iters)
     if np.any(it_ < 1):
         return None
-    return _clean(truth, n_, r_, bs_, f_, noise / np.sqrt(it_))
+    rows = _clean(truth, n_, r_, bs_, f_)
+    if rows is None:
+        return None
+    sigma = noise / np.sqrt(it_)
+    return rows, np.concatenate((sigma, sigma))
