@@ -299,7 +299,7 @@ def test_powerflow_pays_the_same_power_on_as_the_baselines(tiny: Path) -> None:
 def test_figures_drawn_in_another_process_are_the_same_files(tiny: Path, tmp_path: Path) -> None:
     """With workers, Fig. 8 is drawn in a process of its own: the same bytes, the same
     list of files in the same order."""
-    from powerflow.commands.simulate import write_outputs
+    from powerflow.commands.comparison_files import write_outputs
     from powerflow.lab.sim import experiments
     from powerflow.lab.sim.runner import run_many
 
@@ -317,6 +317,26 @@ def test_figures_drawn_in_another_process_are_the_same_files(tiny: Path, tmp_pat
         "fitted_vs_oracle.png",
     ]
     for one, two in zip(made[1], made[2], strict=True):
+        assert one.read_bytes() == two.read_bytes(), one.name
+    # Drawn ahead: Fig. 8 and 9 start once every run they show has ended (here in
+    # the order the workers take them), before the recurring runs end; the same bytes.
+    from powerflow.commands.comparison_files import FiguresAhead, only_in_fig10
+    from powerflow.lab.sim.plots import _kind
+
+    assert [only_in_fig10(o.spec) for o in outcomes] == [
+        _kind(o.row()) == "recurring" for o in outcomes
+    ]
+    assert any(only_in_fig10(s) for s in specs)
+    with FiguresAhead(specs, tmp_path / "ahead", "tiny") as ahead:
+        (tmp_path / "ahead").mkdir()
+        order = ahead.order()
+        for k, i in enumerate(order):
+            assert (ahead.drawn is None) == any(not only_in_fig10(specs[j]) for j in order[k:])
+            ahead.done(i, outcomes[i])
+        assert ahead.drawn is not None
+        early = write_outputs(tmp_path / "ahead", outcomes, {}, "tiny", workers=2, ahead=ahead)
+    assert [p.name for p in early] == [p.name for p in made[1]]
+    for one, two in zip(made[1], early, strict=True):
         assert one.read_bytes() == two.read_bytes(), one.name
 
 
@@ -339,3 +359,28 @@ def test_the_comparison_starts_its_longest_runs_first() -> None:
     assert kinds == sorted(kinds)
     assert set(kinds) == {0, 1, 2}
     assert sorted(start_order(specs)) == list(range(len(specs)))
+
+
+def test_the_comparison_starts_the_runs_only_fig10_shows_last(tmp_path: Path) -> None:
+    """With figures drawn ahead, the recurring runs go last, the rest longest first."""
+    from powerflow.commands.comparison_files import FiguresAhead, only_in_fig10
+    from powerflow.lab.sim.experiments import comparison
+    from powerflow.lab.sim.runner import start_order
+
+    specs = comparison(TraceSpec(), SimConfig())
+    order = FiguresAhead(specs, tmp_path, "t").order()
+    assert sorted(order) == list(range(len(specs)))
+    last = [only_in_fig10(specs[i]) for i in order]
+    assert last == sorted(last) and 0 < sum(last) < len(specs)
+    rest = [i for i in start_order(specs) if not only_in_fig10(specs[i])]
+    assert order[: len(rest)] == rest
+
+
+def test_run_many_refuses_an_order_that_is_not_each_run_once(tiny: Path) -> None:
+    from powerflow.core.errors import SimulationError
+    from powerflow.lab.sim.runner import run_many
+
+    specs = [_spec(tiny, "gandiva", 1410), _spec(tiny, "tiresias", 1410)]
+    for order in ([0, 0], [0], [1, 2]):
+        with pytest.raises(SimulationError, match="is not each of 2 runs once"):
+            run_many(specs, workers=2, order=order)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from powerflow.cli import main
-from powerflow.commands.simulate import pick_for_timeline
+from powerflow.commands.comparison_files import pick_for_timeline
 from powerflow.lab.schedulers import ZEUS_ETA_KNOB, ZEUS_ETA_KNOBS, scheduler
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.output import knob_text

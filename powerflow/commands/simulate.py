@@ -12,7 +12,7 @@ import contextlib
 import datetime as dt
 import math
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from powerflow.commands import checks
+from powerflow.commands.comparison_files import FiguresAhead, write_outputs
 from powerflow.core.budget_schedule import BudgetSchedule, schedule_document, yaml_problem
 from powerflow.core.errors import BudgetError, DataError, SimulationError
 from powerflow.core.gpus import A100, GpuSpec, gpu_spec
@@ -27,9 +28,9 @@ from powerflow.core.policy.snapshot import Budget
 from powerflow.lab.groundtruth.truth import THROUGHPUT_SOURCES
 from powerflow.lab.schedulers import SCHEDULERS, ZEUS_ETA_KNOB, scheduler
 from powerflow.lab.sim import experiments, headline, heldout, output
-from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus, zeus_energy
+from powerflow.lab.sim.compare import WINDOW, jct_ratios, versus
 from powerflow.lab.sim.config import NodePool, SimConfig
-from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING, main_run
+from powerflow.lab.sim.priors import HELD_OUT, PRIORS, RECURRING
 from powerflow.lab.sim.report import setting_label, write_report
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec, load_jobs, run_many, run_one
 from powerflow.lab.sim.windows import EVALUATION_WINDOWS, window_named
@@ -594,18 +595,49 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
     for trace_spec, run_config in {(s.trace, s.config) for s in specs}:
         load_jobs(trace_spec, run_config)  # a bad row refused here, not in every worker
     console = _stderr()
-    outcomes = _run_with_progress(specs, args.workers, console, quiet=args.json)
-    rows = [o.row() for o in outcomes]
-    ratios = jct_ratios(rows)
-    plus = {"jct_ratio_at_equal_window_energy": jct_ratios(rows, WINDOW), **plus_versus(rows)}
     title = (
         f"{specs[0].trace.describe()} on {config.nodes} x {config.gpus_per_node}"
         f" {config.gpu.name},"
         f" {setting_label(config)}"
     )
+    with contextlib.ExitStack() as stack:
+        ahead = None
+        if args.workers > 1:
+            ahead = stack.enter_context(FiguresAhead(specs, out, title))
+        outcomes = _run_with_progress(
+            specs,
+            args.workers,
+            console,
+            quiet=args.json,
+            on_done=None if ahead is None else ahead.done,
+            order=None if ahead is None else ahead.order(),
+        )
+        _finish(args, specs, config, out, outcomes, title, ahead)
+    return 0
+
+
+def _finish(
+    args: argparse.Namespace,
+    specs: list[RunSpec],
+    config: SimConfig,
+    out: Path,
+    outcomes: list[RunOutcome],
+    title: str,
+    ahead: FiguresAhead | None,
+) -> None:
+    """The comparison's files, tables and closing lines, from its runs' outcomes."""
+    rows = [o.row() for o in outcomes]
+    ratios = jct_ratios(rows)
+    plus = {"jct_ratio_at_equal_window_energy": jct_ratios(rows, WINDOW), **plus_versus(rows)}
     lines = headline.closing_lines(rows, ratios, specs[0].trace)
     files = write_outputs(
-        out, outcomes, ratios, title, {**plus, "headline": lines}, workers=args.workers
+        out,
+        outcomes,
+        ratios,
+        title,
+        {**plus, "headline": lines},
+        workers=args.workers,
+        ahead=ahead,
     )
     if args.report:
         write_report(args.report, outcomes, ratios, config, specs[0].trace, out, args)
@@ -628,7 +660,6 @@ def _comparison(args: argparse.Namespace, config: SimConfig, trace: TraceSpec) -
         stdout.print()
         for line in lines:
             stdout.print(line, markup=False, highlight=False, soft_wrap=True)
-    return 0
 
 
 def _stderr() -> Console:
@@ -639,7 +670,13 @@ def _stderr() -> Console:
 
 
 def _run_with_progress(
-    specs: list[RunSpec], workers: int, console: Console, *, quiet: bool
+    specs: list[RunSpec],
+    workers: int,
+    console: Console,
+    *,
+    quiet: bool,
+    on_done: Callable[[int, RunOutcome], None] | None = None,
+    order: Sequence[int] | None = None,
 ) -> list[RunOutcome]:
     from rich.progress import (
         BarColumn,
@@ -661,10 +698,12 @@ def _run_with_progress(
     ) as progress:
         task = progress.add_task("", total=len(specs))
 
-        def done(o: RunOutcome) -> None:
+        def done(index: int, o: RunOutcome) -> None:
             progress.update(task, advance=1, description=f"last: {o.spec.label}")
+            if on_done is not None:
+                on_done(index, o)
 
-        return run_many(specs, workers=workers, on_done=done)
+        return run_many(specs, workers=workers, on_done=done, order=order)
 
 
 def plus_versus(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -675,70 +714,3 @@ def plus_versus(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "powerflow+_vs_powerflow_oracle": versus(rows, "powerflow+", oracle=True),
         "powerflow+_vs_powerflow_window": versus(rows, "powerflow+", energy=WINDOW),
     }
-
-
-def write_outputs(
-    out: Path,
-    outcomes: list[RunOutcome],
-    ratios: dict[str, Any],
-    title: str,
-    plus: dict[str, Any] | None = None,
-    *,
-    workers: int = 1,
-) -> list[Path]:
-    """The CSV, the JSON and the figures; with ``workers`` above 1, Fig. 8 (the slowest
-    to draw: its labels are placed one by one) in a process of its own while this one
-    draws the others: about a fifth off the time after the last run (4.75-5.06 s to
-    3.56-4.28 s on 2 cores: this function on the default comparison's outcomes, with
-    workers 1 and 2, alternated, twice each, in two runs; docs/simulator.md, "Speed",
-    has the command)."""
-    # Matplotlib only where plots are drawn: it is a third of a single run's start-up.
-    from powerflow.lab.sim import plots
-
-    rows = [o.row() for o in outcomes]
-    files = [
-        output.write_csv(rows, out / "runs.csv"),
-        output.write_json(
-            {"title": title, "runs": rows, "jct_ratio_at_equal_energy": ratios, **(plus or {})},
-            out / "results.json",
-        ),
-    ]
-    fig8_args = (rows, out / "jct_vs_energy.png", title)
-    with contextlib.ExitStack() as stack:
-        fig8: Future[Path] | Path
-        if workers > 1:
-            pool = stack.enter_context(ProcessPoolExecutor(max_workers=1))
-            fig8 = pool.submit(plots.jct_vs_energy, *fig8_args)
-        else:
-            fig8 = plots.jct_vs_energy(*fig8_args)
-        others = [
-            plots.allocation_and_power(pick_for_timeline(outcomes), out / "allocation_power.png")
-        ]
-        if any(o.spec.oracle for o in outcomes):
-            others.append(plots.fitted_vs_oracle(rows, out / "fitted_vs_oracle.png"))
-        files.append(fig8 if isinstance(fig8, Path) else fig8.result())
-    return [*files, *others]
-
-
-def pick_for_timeline(outcomes: list[RunOutcome]) -> list[RunOutcome]:
-    """Fig. 9's choice: per scheduler, the run whose energy is closest to Gandiva+Zeus's
-    at Zeus's default ``eta_knob`` (``compare.zeus_energy``), among the runs the
-    comparison compares: a budget below every GPU at its lowest power cap
-    (``RunOutcome.below_cap_floor``) queues jobs by design, so such a run stands for
-    its scheduler only where it has no other."""
-    fitted = [o for o in outcomes if main_run(o.row())]
-    target = zeus_energy([o.row() for o in fitted], "gandiva+zeus")
-    compared = {o.spec.scheduler for o in fitted if not o.below_cap_floor}
-    chosen: dict[str, RunOutcome] = {}
-    for o in fitted:
-        if o.below_cap_floor and o.spec.scheduler in compared:
-            continue
-        best = chosen.get(o.spec.scheduler)
-        if target is None:
-            if best is None:
-                chosen[o.spec.scheduler] = o
-            continue
-        gap = abs(o.metrics["total_energy_j"] - target)
-        if best is None or gap < abs(best.metrics["total_energy_j"] - target):
-            chosen[o.spec.scheduler] = o
-    return list(chosen.values())

@@ -355,29 +355,37 @@ def run_many(
     specs: Sequence[RunSpec],
     *,
     workers: int | None = None,
-    on_done: Callable[[RunOutcome], None] | None = None,
+    on_done: Callable[[int, RunOutcome], None] | None = None,
+    order: Sequence[int] | None = None,
 ) -> list[RunOutcome]:
-    """Every spec, in worker processes (default: one per core), in input order."""
+    """Every spec, in worker processes (default: one per core), in input order.
+
+    ``on_done`` hears of each run as it ends, with its index in ``specs``; ``order`` is
+    the order workers take the runs in (default ``start_order``)."""
     workers = workers or os.cpu_count() or 1
     if workers <= 1 or len(specs) <= 1:
         out = []
-        for spec in specs:
+        for index, spec in enumerate(specs):
             outcome = run_one(spec)
             if on_done:
-                on_done(outcome)
+                on_done(index, outcome)
             out.append(outcome)
         return out
     results: dict[int, RunOutcome] = {}
-    order = start_order(specs)
+    if order is None:
+        order = start_order(specs)
+    elif sorted(order) != list(range(len(specs))):
+        raise SimulationError(f"run order {list(order)} is not each of {len(specs)} runs once")
     # Never more processes than runs: a fork-started pool forks all of them at once
     # (--workers 10000 forked ten thousand copies for a 40-run comparison).
     with ProcessPoolExecutor(max_workers=min(workers, len(specs))) as pool:
         futures = {pool.submit(run_one, specs[i]): i for i in order}
         for future in as_completed(futures):
             outcome = future.result()
-            results[futures[future]] = outcome
+            index = futures[future]
+            results[index] = outcome
             if on_done:
-                on_done(outcome)
+                on_done(index, outcome)
     return [results[i] for i in range(len(specs))]
 
 
