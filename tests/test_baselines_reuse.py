@@ -394,7 +394,8 @@ def test_zeus_pairs_a_decision_in_another_order_by_id() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_pool_of_held_gpus_is_the_pool_that_takes_them(seed: int) -> None:
-    """Set-built free lists (most GPUs held) against taking them one by one, errors too."""
+    """Set-built free lists (most GPUs held) against taking them one by one, errors too;
+    slots given as lists (as JSON reads them) too."""
     rng = random.Random(seed)
     nodes = tuple(Node(f"n{i}", rng.choice((4, 8, 8)), A100) for i in range(6))
     every = [(n.name, i) for n in nodes for i in range(n.gpus)]
@@ -415,10 +416,10 @@ def test_pool_of_held_gpus_is_the_pool_that_takes_them(seed: int) -> None:
             with pytest.raises(SnapshotError, match=str(err)):
                 Pool(nodes, iter(held))
             continue
-        got = Pool(nodes, iter(held))
-        assert got.free == taken.free and list(got.free) == list(taken.free)
-        assert got.free_count == taken.free_count
-        assert got.whole_free_gpus() == taken.whole_free_gpus()
+        for got in (Pool(nodes, iter(held)), Pool(nodes, [list(s) for s in held])):
+            assert got.free == taken.free and list(got.free) == list(taken.free)
+            assert got.free_count == taken.free_count
+            assert got.whole_free_gpus() == taken.whole_free_gpus()
 
 
 def test_plan_limit_is_limit_w_for_the_very_same_nodes_and_budget() -> None:

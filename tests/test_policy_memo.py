@@ -633,14 +633,17 @@ def test_tie_ranks_from_arrivals_equal_the_ranks_of_the_keys(keys: list[Any]) ->
     np.testing.assert_array_equal(got, tie_ranks(keys))
 
 
-@pytest.mark.parametrize("move", ["onto a job gone", "two changed onto one", "off the cluster"])
+@pytest.mark.parametrize(
+    "move", ["onto a job gone", "onto a kept job", "two changed onto one", "off the cluster"]
+)
 def test_changed_jobs_gpus_are_checked_against_the_kept_ones_as_a_fresh_policy_does(
     move: str,
 ) -> None:
     """A warm call checks only the changed jobs' GPUs, against those the unchanged
-    jobs kept (``static.kept_owners``): GPUs a departed job held are free again,
-    two changed jobs on one GPU and a GPU off the cluster are refused, each
-    exactly as a fresh policy does; the owners kept equal a fresh policy's."""
+    jobs kept (``static.kept_owners``): GPUs a departed job held are free again;
+    a changed job on a GPU an unchanged job keeps, two changed jobs on one GPU and
+    a GPU off the cluster are refused, each with a fresh policy's error; the owners
+    kept equal a fresh policy's."""
     rng = np.random.default_rng(9)
     policy = PowerFlowPolicy()
     snap = synthetic_snapshot(64, 20, seed=9, eta=0.9, distinct_models=None)
@@ -651,6 +654,9 @@ def test_changed_jobs_gpus_are_checked_against_the_kept_ones_as_a_fresh_policy_d
     a, b = placed[0], placed[-1]
     if move == "onto a job gone":
         jobs[b] = replace(jobs[b], id="newcomer")  # b left; a new job has its GPUs
+    elif move == "onto a kept job":
+        jobs[b] = replace(jobs[b], placement=(*jobs[b].placement, jobs[a].placement[0]))
+        jobs[b] = replace(jobs[b], min_gpus=1, max_gpus=64)  # jobs[a] stays as it was
     elif move == "two changed onto one":
         slot = jobs[a].placement[0]
         jobs[b] = replace(jobs[b], placement=(*jobs[b].placement, slot), min_gpus=1)
@@ -658,7 +664,8 @@ def test_changed_jobs_gpus_are_checked_against_the_kept_ones_as_a_fresh_policy_d
     else:
         jobs[a] = replace(jobs[a], placement=(*jobs[a].placement, ("nowhere", 0)))
     later = replace(snap, jobs=tuple(jobs))
-    assert warm_and_cold(policy, later) is not None or move != "onto a job gone"
+    refused = warm_and_cold(policy, later) is None  # both raised the same error
+    assert refused == (move != "onto a job gone")
     if move == "onto a job gone":
         part = policy.memo.static
         fresh = replace(policy)

@@ -103,9 +103,9 @@ def write_outputs(
     Fig. 8 and Fig. 9 come from ``ahead`` where it drew them. Otherwise, with
     ``workers`` above 1, Fig. 8 is drawn in a process of its own while this one draws
     the others: about a fifth off the time after the last run (4.75-5.06 s to
-    3.56-4.28 s on 2 cores: this function on the default comparison's outcomes, with
-    workers 1 and 2, alternated, twice each, in two runs; docs/simulator.md, "Speed",
-    has the command)."""
+    3.56-4.28 s on 2 cores: this function on the default comparison's outcomes,
+    ``run_many(comparison(TraceSpec(), SimConfig()))``, timed with workers 1 and 2,
+    alternated, twice each, in two runs)."""
     # Matplotlib only where plots are drawn: it is a third of a single run's start-up.
     from powerflow.lab.sim import plots
 

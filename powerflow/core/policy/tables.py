@@ -577,8 +577,9 @@ def _evaluate(
     )
     both_all = np.stack([t, e], axis=1)
     shapes = list(zip(n_rows, r_rows, bs_rows, strict=True))
-    # Each job's arrays are views of the call's: its rows are contiguous, and the
-    # jobs of one call are evaluated, kept and dropped together.
+    # Each job's arrays are views of the call's (its rows are contiguous), not
+    # copies: a call's arrays stay alive until the last of its jobs' rows is
+    # dropped, so memory is at most the rows of the calls whose jobs are still kept.
     out = []
     for job, lo, hi in zip(jobs, first_row, ends, strict=True):
         out.append(
