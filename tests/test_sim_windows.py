@@ -157,3 +157,61 @@ def test_the_held_out_lines_count_the_windows_a_spread_was_taken_over() -> None:
     words = "\n".join(heldout.lines({"windows": windows, "spread": spread}))
     assert "1.10-1.30x over 2 windows" in words
     assert "1.20-1.20x over 1 window)" in words and "1 windows" not in words
+
+
+def _outcome(window: str, scheduler: str, energy_gj: float, jct_h: float) -> object:
+    from types import SimpleNamespace
+
+    row = {
+        "scheduler": scheduler,
+        "jobs": 10,
+        "avg_jct_s": jct_h * 3600.0,
+        "total_energy_j": energy_gj * 1e9,
+        "window_energy_j": energy_gj * 0.25e9,
+        "oracle": False,
+        "below_cap_floor": False,
+    }
+    return SimpleNamespace(
+        spec=SimpleNamespace(trace=SimpleNamespace(window=window)), row=lambda: row
+    )
+
+
+def test_held_out_ratios_keep_the_energies_they_were_taken_over() -> None:
+    """Each window's ratio names the energies where both sweeps meet (those of
+    ``compare.jct_ratios``), in the summary and in its lines; PowerFlow+'s ratio is
+    held against the paper's factor, window by window."""
+    from powerflow.lab.sim import heldout
+    from powerflow.lab.sim.compare import TOTAL, jct_ratios
+
+    curves = {  # (energy GJ, avg JCT h) per scheduler; AFS meets PowerFlow+ over 30-40 GJ
+        "powerflow": [(25.0, 8.0), (35.0, 5.0)],
+        "powerflow+": [(20.0, 7.0), (30.0, 4.0), (40.0, 3.0)],
+        "afs": [(30.0, 6.0), (45.0, 4.0)],
+        "gandiva": [(28.0, 20.0), (34.0, 14.0)],
+    }
+    outcomes = [
+        _outcome(w, name, e, t)
+        for w in ("d28", "d14")
+        for name, pts in curves.items()
+        for e, t in pts
+    ]
+    result = heldout.summary(outcomes)  # type: ignore[arg-type]
+    d28 = result["windows"]["d28"]
+    rows = [o.row() for o in outcomes[: len(outcomes) // 2]]  # type: ignore[attr-defined]
+    want = jct_ratios(rows, TOTAL, reference="powerflow+")["afs"]
+    assert (
+        d28[heldout.RANGES][f"powerflow+@{TOTAL}"]["afs"]
+        == [
+            want["energy_lo_j"],
+            want["energy_hi_j"],
+        ]
+        == [30e9, 40e9]
+    )
+    assert d28[f"powerflow+@{TOTAL}"]["afs"] == want["mean"]
+    words = "\n".join(heldout.lines(result))
+    assert f"{want['mean']:.2f} (30.00-40.00 GJ)" in words
+    line = next(w for w in words.splitlines() if w.startswith("- powerflow+ vs gandiva, total"))
+    assert line.endswith("the paper's 3.39x reached on 2 of 2"), line  # 14/3 h at 34 GJ
+    line = next(w for w in words.splitlines() if w.startswith("- powerflow+ vs afs, total"))
+    assert line.endswith("the paper's 1.57x reached on 0 of 2"), line
+    assert "paper" not in next(w for w in words.splitlines() if w.startswith("- powerflow vs afs"))

@@ -26,8 +26,8 @@ the runs queue jobs by design; no equal-energy ratio is taken at them
 energies no longer reach the baselines' cheapest runs (1020 MHz, idle nodes off),
 and the headline says so instead of extrapolating (``headline``)."""
 PLUS_ETAS = (0.4, 0.6, 0.8, 1.0)
-"""PowerFlow+ is compared with PowerFlow (``compare.versus``), not with the baselines;
-its energies already reach down to 23 GJ at 0.4."""
+"""PowerFlow+'s sweep: compared with PowerFlow (``compare.versus``) and with the
+baselines (``heldout``); its energies already reach down to 23 GJ at 0.4."""
 ETAS_OF = {"powerflow": DEFAULT_ETAS, "powerflow+": PLUS_ETAS}
 DEFAULT_FREQUENCIES = DEFAULT_FREQUENCIES_MHZ
 """The baselines' clocks, from the lowest efficient one up (``schedulers``' sweep):

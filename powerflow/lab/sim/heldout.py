@@ -5,8 +5,9 @@ next day. ``powerflow simulate --held-out`` runs the default comparison (no
 oracle or recurring-job runs) on each of ``windows.EVALUATION_WINDOWS`` and
 reports, per window and at equal total and in-window energy, how many times
 lower PowerFlow's and PowerFlow+'s average JCT is than each baseline's (the
-ratio's mean over the energies both sweeps reach, ``compare.jct_ratios``), and
-across the windows the lowest and highest of each: the spread. A figure that
+ratio's mean over the energies both sweeps reach, ``compare.jct_ratios``, and
+those energies), and across the windows the lowest and highest of each: the
+spread; PowerFlow+'s ratios also by how many windows reach the paper's factor. A figure that
 does not exist on a window (the sweeps' energies do not meet there) is counted,
 not guessed.
 """
@@ -20,10 +21,14 @@ from typing import Any
 from powerflow.lab.sim.compare import CHALLENGERS, ENERGIES, REFERENCE, jct_ratios, versus
 from powerflow.lab.sim.config import SimConfig
 from powerflow.lab.sim.experiments import comparison
+from powerflow.lab.sim.report import PAPER_RATIOS
 from powerflow.lab.sim.runner import RunOutcome, RunSpec, TraceSpec
 from powerflow.lab.sim.windows import EVALUATION_WINDOWS
 
 SCHEDULERS = (REFERENCE, *CHALLENGERS)
+RANGES = "energies_j"
+"""A window's key for the energies (J, lowest and highest) each of its ratios' means
+was taken over, by the same keys as the ratios."""
 
 
 def held_out_specs(trace: TraceSpec, config: SimConfig, *, quick: bool = False) -> list[RunSpec]:
@@ -44,16 +49,21 @@ def summary(outcomes: Sequence[RunOutcome]) -> dict[str, Any]:
     windows: dict[str, Any] = {}
     for name, rows in by_window.items():
         entry: dict[str, Any] = {"jobs": rows[0]["jobs"]}
+        ranges: dict[str, Any] = {}
         for energy in ENERGIES:
             for mine in SCHEDULERS:
                 ratios = jct_ratios(rows, energy, reference=mine)
                 entry[f"{mine}@{energy}"] = {b: r["mean"] for b, r in ratios.items()}
+                ranges[f"{mine}@{energy}"] = {b: _range(r) for b, r in ratios.items()}
             plus = versus(rows, "powerflow+", energy=energy)
-            entry[f"powerflow+_vs_powerflow@{energy}"] = None if plus is None else plus["mean"]
+            key = f"powerflow+_vs_powerflow@{energy}"
+            entry[key] = None if plus is None else plus["mean"]
+            ranges[key] = None if plus is None else _range(plus)
+        entry[RANGES] = ranges
         windows[name] = entry
     spread: dict[str, Any] = {}
     for key in next(iter(windows.values()), {}):
-        if key == "jobs" or key.startswith("powerflow+_vs"):
+        if key in ("jobs", RANGES) or key.startswith("powerflow+_vs"):
             continue
         baselines = {b for w in windows.values() for b in w[key]}
         spread[key] = {b: _spread([w[key].get(b) for w in windows.values()]) for b in baselines}
@@ -61,6 +71,12 @@ def summary(outcomes: Sequence[RunOutcome]) -> dict[str, Any]:
         key = f"powerflow+_vs_powerflow@{energy}"
         spread[key] = _spread([w.get(key) for w in windows.values()])
     return {"windows": windows, "spread": spread}
+
+
+def _range(ratio: Mapping[str, Any]) -> list[float] | None:
+    """The energies (J) a ratio's mean was taken over: where both sweeps reach."""
+    lo, hi = ratio.get("energy_lo_j"), ratio.get("energy_hi_j")
+    return None if lo is None or hi is None or ratio.get("mean") is None else [lo, hi]
 
 
 def _spread(values: Sequence[float | None]) -> dict[str, float | int | None]:
@@ -84,26 +100,54 @@ def lines(result: Mapping[str, Any]) -> list[str]:
     windows = result["windows"]
     names = list(windows)
     out.append("windows: " + ", ".join(f"{n} ({windows[n]['jobs']} jobs)" for n in names))
+    out.append(
+        "each window's ratio is followed by the energies (GJ) its mean was taken over;"
+        " the paper's factor, where it names one, by how many windows reach it"
+    )
     for energy, label in ENERGIES.items():
         for mine in SCHEDULERS:
             key = f"{mine}@{energy}"
             for baseline, s in sorted(result["spread"][key].items()):
-                each = ", ".join(_fmt(windows[n][key].get(baseline)) for n in names)
+                each = ", ".join(
+                    _fmt(windows[n][key].get(baseline), _range_of(windows[n], key, baseline))
+                    for n in names
+                )
                 span = (
                     "n/a"
                     if s["lowest"] is None
                     else f"{s['lowest']:.2f}-{s['highest']:.2f}x over {_windows(s['windows'])}"
                 )
-                out.append(f"- {mine} vs {baseline}, {label}: {each} (spread {span})")
+                paper = _paper(mine, baseline, [windows[n][key].get(baseline) for n in names])
+                out.append(f"- {mine} vs {baseline}, {label}: {each} (spread {span}){paper}")
         key = f"powerflow+_vs_powerflow@{energy}"
-        each = ", ".join(_fmt(windows[n].get(key)) for n in names)
+        each = ", ".join(_fmt(windows[n].get(key), _range_of(windows[n], key)) for n in names)
         out.append(f"- powerflow+ JCT / powerflow JCT, {label}: {each}")
     return out
+
+
+def _range_of(entry: Mapping[str, Any], key: str, baseline: str | None = None) -> Any:
+    """The energies of a window's ratio, where the summary kept them."""
+    ranges = entry.get(RANGES, {}).get(key)
+    return ranges if baseline is None or ranges is None else ranges.get(baseline)
+
+
+def _paper(mine: str, baseline: str, values: Sequence[float | None]) -> str:
+    """PowerFlow+'s ratios against the paper's factor for that baseline: how many
+    windows reach it (the paper's factors are PowerFlow's maxima on its own trace)."""
+    factor = PAPER_RATIOS.get(baseline)
+    if mine != "powerflow+" or factor is None:
+        return ""
+    reached = sum(1 for v in values if v is not None and v >= factor)
+    return f"; the paper's {factor:.2f}x reached on {reached} of {len(values)}"
 
 
 def _windows(count: int) -> str:
     return "1 window" if count == 1 else f"{count} windows"
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+def _fmt(value: float | None, energies: Sequence[float] | None = None) -> str:
+    if value is None:
+        return "n/a"
+    if energies is None:
+        return f"{value:.2f}"
+    return f"{value:.2f} ({energies[0] / 1e9:.2f}-{energies[1] / 1e9:.2f} GJ)"
