@@ -290,3 +290,29 @@ def test_no_zeus_level_without_a_run_at_zeus_default() -> None:
     ]
     assert zeus_energy(rows, "gandiva+zeus") is None
     assert jct_ratios(rows)["gandiva+zeus"]["at_zeus_energy"] is None
+
+
+def test_the_report_holds_powerflow_plus_against_the_baselines_on_both_energies() -> None:
+    """PowerFlow+ as the reference of ``jct_ratios``, at equal total and in-window
+    energy, each ratio with the energies it was taken over and the paper's factor."""
+    from powerflow.lab.sim.report import _plus_vs_baselines
+
+    rows = [
+        _row("powerflow", 10e9, 4.0, window_energy_j=2e9, eta=0.6),
+        _row("powerflow", 20e9, 2.0, window_energy_j=4e9, eta=1.0),
+        _row("powerflow+", 10e9, 2.0, window_energy_j=2e9, eta=0.6),
+        _row("powerflow+", 20e9, 1.0, window_energy_j=4e9, eta=1.0),
+        _row("gandiva", 10e9, 8.0, window_energy_j=3e9, frequency_mhz=1110),
+        _row("gandiva", 20e9, 4.0, window_energy_j=5e9, frequency_mhz=1410),
+    ]
+    total = jct_ratios(rows, reference="powerflow+")["gandiva"]
+    window = jct_ratios(rows, WINDOW, reference="powerflow+")["gandiva"]
+    assert total["mean"] == pytest.approx(4.0)  # 8/2 and 4/1 at either end, 4x between
+    section = "\n".join(_plus_vs_baselines(rows))
+    assert "## PowerFlow+ against the baselines" in section
+    total_table, window_table = section.split("At equal in-window energy:")
+    assert "| gandiva | 4.00x | 4.00x | 4.00x | 10.00-20.00 | 3.39x |" in total_table
+    assert window["energy_lo_j"] == 3e9 and window["energy_hi_j"] == 4e9
+    assert f"| gandiva | {window['mean']:.2f}x |" in window_table
+    assert "| 3.00-4.00 | 3.39x |" in window_table
+    assert _plus_vs_baselines(rows[:2] + rows[4:]) == []  # no PowerFlow+ runs: no section

@@ -173,6 +173,7 @@ def write_report(
         " it still reads when the energy ranges do not meet.",
         "",
         *_losses(ratios),
+        *_plus_vs_baselines(rows),
         *_plus_section(rows),
         *_fastest(rows),
         *_observations(rows),
@@ -379,6 +380,47 @@ def _losses(ratios: Mapping[str, Mapping[str, float | None]]) -> list[str]:
     if not losing:
         return ["By the equal-energy rule, no baseline is faster than PowerFlow here.", ""]
     return ["Where PowerFlow is slower at equal energy (ratio below 1):", "", *losing, ""]
+
+
+def _plus_vs_baselines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each baseline's average JCT over PowerFlow+'s at equal total and in-window
+    energy (``compare.jct_ratios`` with PowerFlow+ as the reference), if it ran."""
+    from powerflow.lab.sim.compare import ENERGIES, jct_ratios
+
+    tables = []
+    for energy, label in ENERGIES.items():
+        ratios = jct_ratios(rows, energy, reference="powerflow+")
+        if not ratios:
+            return []
+        tables += [
+            f"At equal {label}:",
+            "",
+            "| baseline | mean over common energy range | max | min | common energy (GJ)"
+            " | paper's PowerFlow (max) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, r in ratios.items():
+            lo, hi = r.get("energy_lo_j"), r.get("energy_hi_j")
+            cells = [
+                name,
+                _ratio(r.get("mean")),
+                _ratio(r.get("max")),
+                _ratio(r.get("min")),
+                "none" if lo is None or hi is None else f"{lo / 1e9:.2f}-{hi / 1e9:.2f}",
+                _ratio(PAPER_RATIOS.get(name)),
+            ]
+            tables.append("| " + " | ".join(cells) + " |")
+        tables.append("")
+    return [
+        "## PowerFlow+ against the baselines",
+        "",
+        "Each baseline's average JCT over PowerFlow+'s at equal energy (above 1: PowerFlow+"
+        " is faster), over the energies both sweeps reach, PowerFlow+'s eta sweep"
+        " interpolated as PowerFlow's is above; the paper's factors are PowerFlow's"
+        " maxima on its own trace:",
+        "",
+        *tables,
+    ]
 
 
 def _plus_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
