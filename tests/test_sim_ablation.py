@@ -54,7 +54,9 @@ def _outcome(
 ) -> RunOutcome:
     spec = replace(comparison(TraceSpec(), SimConfig(), oracle=False)[0], tag=spec_tag)
     spec = replace(spec, scheduler=name, value=value)
-    metrics = {"total_energy_j": energy, "avg_jct_s": jct}
+    # in-window energy: a tenth of the total, but PowerFlow+'s runs spend half as much
+    window = energy / (20 if name == "powerflow+" else 10)
+    metrics = {"total_energy_j": energy, "window_energy_j": window, "avg_jct_s": jct}
     return RunOutcome(spec, metrics, Series(*(np.zeros(2) for _ in range(7))))
 
 
@@ -78,9 +80,20 @@ def test_the_toughest_baseline_is_the_lowest_ratio_and_a_missing_one_is_not_coun
     assert entry["powerflow+_vs_best"] == {"baseline": "afs", "ratio": pytest.approx(2.5)}
     empty = next(e for e in ablation.summary(outcomes) if e["row"] == 1)
     assert empty["powerflow_vs_best"] is None
+    # in window, PowerFlow's energies are the others' over ten; PowerFlow+'s (0.5-1.0)
+    # meet AFS's (1.0-2.0) at one point, 1.0: AFS 5.0 h against PowerFlow+'s 1.0 h
+    assert entry["powerflow_vs_best@window_energy_j"] == entry["powerflow_vs_best"]
+    assert entry["powerflow+@window_energy_j"]["afs"] == pytest.approx(5.0)
+    assert entry["powerflow+_vs_best@window_energy_j"] == {
+        "baseline": "afs",
+        "ratio": pytest.approx(5.0),
+    }
     words = ablation.lines(ablation.summary(outcomes))
-    assert "powerflow 1.25x vs afs; powerflow+ 2.50x vs afs" in words[2]
-    assert "powerflow n/a" in words[1]
+    assert (
+        "powerflow 1.25x vs afs, in window 1.25x vs afs;"
+        " powerflow+ 2.50x vs afs, in window 5.00x vs afs" in words[2]
+    )
+    assert "powerflow n/a, in window n/a" in words[1]
 
 
 def test_the_report_embeds_the_ablation_where_it_was_written(tmp_path: Path) -> None:
