@@ -229,7 +229,15 @@ def closing_lines(
     if budget is not None:
         lines.append(budget)
     if ratios:
-        lines += ["", "Headline (average JCT at equal total energy, PowerFlow's eta sweep):"]
+        plus = any(r["scheduler"] == "powerflow+" for r in rows)
+        lines += [
+            "",
+            "Headline (average JCT at equal total energy, PowerFlow's eta sweep: the paper's"
+            f" algorithm{'; PowerFlow+ has its own section' if plus else ''}). Total energy"
+            " first, as the paper measures it: what the cluster draws for the trace's whole"
+            " work; the same at in-window energy follows, which the long jobs' drain cannot"
+            " decide:",
+        ]
         lines += [f"- {text}" for text in headlines(ratios, rows)]
         window = jct_ratios(rows, WINDOW)
         if window:
