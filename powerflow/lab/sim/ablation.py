@@ -119,9 +119,7 @@ def summary(outcomes: Sequence[RunOutcome]) -> list[dict[str, Any]]:
         for energy in (TOTAL, WINDOW):
             at = "" if energy == TOTAL else f"@{energy}"
             for mine in (REFERENCE, *CHALLENGERS):
-                ratios = {
-                    b: r["mean"] for b, r in jct_ratios(rows, energy, reference=mine).items()
-                }
+                ratios = {b: r["mean"] for b, r in jct_ratios(rows, energy, reference=mine).items()}
                 entry[f"{mine}{at}"] = ratios
                 have = {b: v for b, v in ratios.items() if v is not None}
                 best = min(have, key=lambda b: have[b]) if have else None
