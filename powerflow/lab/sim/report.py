@@ -92,12 +92,11 @@ def ratios_markdown(ratios: Mapping[str, Mapping[str, float | None]]) -> list[st
         "|---|---|---|---|---|---|---|",
     ]
     for name, r in ratios.items():
-        lo, hi = r.get("energy_lo_j"), r.get("energy_hi_j")
         cells = [
             name,
             _ratio(r.get("max")),
             _ratio(r.get("min")),
-            "none" if lo is None or hi is None else f"{lo / 1e9:.2f}-{hi / 1e9:.2f}",
+            _common_energy(r),
             _ratio(r.get("at_zeus_energy")),
             _ratio(r.get("dominance")),
             _ratio(PAPER_RATIOS.get(name)),
@@ -108,6 +107,12 @@ def ratios_markdown(ratios: Mapping[str, Mapping[str, float | None]]) -> list[st
 
 def _ratio(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}x"
+
+
+def _common_energy(r: Mapping[str, float | None]) -> str:
+    """The energies (GJ) both sweeps reach, where a ratio was taken."""
+    lo, hi = r.get("energy_lo_j"), r.get("energy_hi_j")
+    return "none" if lo is None or hi is None else f"{lo / 1e9:.2f}-{hi / 1e9:.2f}"
 
 
 def write_report(
@@ -400,13 +405,12 @@ def _plus_vs_baselines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             "|---|---|---|---|---|---|",
         ]
         for name, r in ratios.items():
-            lo, hi = r.get("energy_lo_j"), r.get("energy_hi_j")
             cells = [
                 name,
                 _ratio(r.get("mean")),
                 _ratio(r.get("max")),
                 _ratio(r.get("min")),
-                "none" if lo is None or hi is None else f"{lo / 1e9:.2f}-{hi / 1e9:.2f}",
+                _common_energy(r),
                 _ratio(PAPER_RATIOS.get(name)),
             ]
             tables.append("| " + " | ".join(cells) + " |")
