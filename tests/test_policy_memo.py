@@ -513,16 +513,22 @@ def test_two_faults_raise_the_first_as_a_fresh_policy_does(order: str) -> None:
         policy.plan(replace(snap, jobs=tuple(jobs)))
 
 
-def test_a_job_moved_onto_anothers_gpus_is_refused_as_a_fresh_policy_does() -> None:
-    """Only the moved job changed; the GPUs it now shares are checked all the same."""
-    rng = np.random.default_rng(8)
+def _two_placed(seed: int) -> tuple[PowerFlowPolicy, Snapshot, list[Job], int, int]:
+    """A warm policy, the snapshot it planned (jobs running as planned), that snapshot's
+    jobs 30 s later and the positions of its first and last placed unpinned jobs."""
+    rng = np.random.default_rng(seed)
     policy = PowerFlowPolicy()
-    snap = synthetic_snapshot(64, 20, seed=8, eta=0.9, distinct_models=None)
+    snap = synthetic_snapshot(64, 20, seed=seed, eta=0.9, distinct_models=None)
     snap = running(snap, policy.plan(snap), rng)
     warm_and_cold(policy, snap)
     jobs = list(progressed(snap, 30.0).jobs)
     placed = [k for k, j in enumerate(jobs) if j.placement and not j.pinned]
-    a, b = placed[0], placed[-1]
+    return policy, snap, jobs, placed[0], placed[-1]
+
+
+def test_a_job_moved_onto_anothers_gpus_is_refused_as_a_fresh_policy_does() -> None:
+    """Only the moved job changed; the GPUs it now shares are checked all the same."""
+    policy, snap, jobs, a, b = _two_placed(8)
     jobs[a] = replace(jobs[a], placement=jobs[b].placement)
     with pytest.raises(SnapshotError, match="held by both"):
         cold(policy, replace(snap, jobs=tuple(jobs)))
@@ -644,14 +650,7 @@ def test_changed_jobs_gpus_are_checked_against_the_kept_ones_as_a_fresh_policy_d
     a changed job on a GPU an unchanged job keeps, two changed jobs on one GPU and
     a GPU off the cluster are refused, each with a fresh policy's error; the owners
     kept equal a fresh policy's."""
-    rng = np.random.default_rng(9)
-    policy = PowerFlowPolicy()
-    snap = synthetic_snapshot(64, 20, seed=9, eta=0.9, distinct_models=None)
-    snap = running(snap, policy.plan(snap), rng)
-    warm_and_cold(policy, snap)
-    jobs = list(progressed(snap, 30.0).jobs)
-    placed = [k for k, j in enumerate(jobs) if j.placement and not j.pinned]
-    a, b = placed[0], placed[-1]
+    policy, snap, jobs, a, b = _two_placed(9)
     if move == "onto a job gone":
         jobs[b] = replace(jobs[b], id="newcomer")  # b left; a new job has its GPUs
     elif move == "onto a kept job":
