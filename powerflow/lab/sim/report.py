@@ -274,7 +274,8 @@ def _metrics_note() -> list[str]:
         " plus the pre-runs), so the trace's longest jobs, which run for days after it, do"
         " not decide it; **Wh per work GPU-h** is the total energy over the trace's work,"
         " each job's GPU-hours at its requested GPUs and full clock (the trace's own"
-        " duration x GPUs; the same for every scheduler, so it reads across traces);"
+        " duration x GPUs; the same for every scheduler, so it reads across traces, and"
+        " a ratio at equal energy per work GPU-hour is the ratio at equal total energy);"
         " **p50/p90/p99** are the JCT's percentiles (`powerflow/lab/sim/metrics.py`).",
         "",
     ]
