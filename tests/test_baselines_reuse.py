@@ -415,11 +415,24 @@ def test_pool_of_held_gpus_is_the_pool_that_takes_them(seed: int) -> None:
         except SnapshotError as err:
             with pytest.raises(SnapshotError, match=str(err)):
                 Pool(nodes, iter(held))
+            with pytest.raises(SnapshotError):  # as lists: refused too (named as lists)
+                Pool(nodes, [list(s) for s in held])
             continue
         for got in (Pool(nodes, iter(held)), Pool(nodes, [list(s) for s in held])):
             assert got.free == taken.free and list(got.free) == list(taken.free)
             assert got.free_count == taken.free_count
             assert got.whole_free_gpus() == taken.whole_free_gpus()
+
+
+def test_a_pool_refuses_bad_slots_given_as_lists_as_it_refuses_tuples() -> None:
+    """As many slots as the cluster has GPUs, one repeated and one off the cluster:
+    lists cannot take the set difference's shortcut, and are refused one by one."""
+    nodes = (Node("n0", 4, A100), Node("n1", 4, A100))
+    held = [("n0", 0)] * 7 + [("n9", 5)]
+    with pytest.raises(SnapshotError, match="used twice or does not exist"):
+        Pool(nodes, held)
+    with pytest.raises(SnapshotError, match="used twice or does not exist"):
+        Pool(nodes, [list(slot) for slot in held])
 
 
 def test_plan_limit_is_limit_w_for_the_very_same_nodes_and_budget() -> None:

@@ -665,6 +665,10 @@ def test_changed_jobs_gpus_are_checked_against_the_kept_ones_as_a_fresh_policy_d
     later = replace(snap, jobs=tuple(jobs))
     refused = warm_and_cold(policy, later) is None  # both raised the same error
     assert refused == (move != "onto a job gone")
+    if refused:  # the error a fresh policy raised, which the warm one matched
+        why = "unknown GPU" if move == "off the cluster" else "held by both"
+        with pytest.raises(SnapshotError, match=why):
+            replace(policy).plan(later)
     if move == "onto a job gone":
         part = policy.memo.static
         fresh = replace(policy)

@@ -237,12 +237,13 @@ class Pool:
         self.free: dict[str, list[int]]
         slots = held if isinstance(held, list | tuple) else list(held)
         if layout.slots is not None and 2 * len(slots) > layout.total:
+            left: frozenset[GpuSlot] | None
             try:
                 left = layout.slots.difference(slots)
             except TypeError:  # slots not hashable (lists): taken one by one below
-                left = frozenset()
+                left = None
             # every slot distinct and the cluster's exactly when this many are left
-            if len(left) == layout.total - len(slots):
+            if left is not None and len(left) == layout.total - len(slots):
                 free: dict[str, list[int]] = {name: [] for name in layout.size}
                 for node, i in left:
                     free[node].append(i)

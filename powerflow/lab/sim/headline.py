@@ -230,16 +230,23 @@ def closing_lines(
         lines.append(budget)
     if ratios:
         plus = any(r["scheduler"] == "powerflow+" for r in rows)
+        window = jct_ratios(rows, WINDOW)
         lines += [
             "",
             "Headline (average JCT at equal total energy, PowerFlow's eta sweep: the paper's"
-            f" algorithm{'; PowerFlow+ has its own section' if plus else ''}). Total energy"
-            " first, as the paper measures it: what the cluster draws for the trace's whole"
-            " work; the same at in-window energy follows, which the long jobs' drain cannot"
-            " decide:",
+            " algorithm"
+            + ("; PowerFlow+ against the baselines is a section of the report" if plus else "")
+            + "). Total energy, as the paper measures it: what the cluster draws for the"
+            " trace's whole work"
+            + (
+                "; then in-window energy, which the long jobs draining after the last"
+                " submission do not decide"
+                if window
+                else ""
+            )
+            + ":",
         ]
         lines += [f"- {text}" for text in headlines(ratios, rows)]
-        window = jct_ratios(rows, WINDOW)
         if window:
             lines += [
                 "",
