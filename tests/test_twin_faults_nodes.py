@@ -270,7 +270,9 @@ def test_a_node_dies_then_a_gpu_and_every_job_resumes_from_its_checkpoint(tmp_pa
     assert set(on_it) <= set(life.force_deleted)
     twice = {name: n for name, n in watch.created.items() if n > 1}
     assert not twice, f"pods created more than once: {twice}"
-    assert watch.overlaps == []
+    assert not watch.overlaps, "GPUs held by two gangs at once:\n" + "\n".join(
+        list(dict.fromkeys(watch.overlaps))[:8]
+    )
     assert stats.died >= len(on_it)
     assert stats.lost_iterations == 0
     assert bad_resumes(twin) == [], "a restart trained from before its job's last checkpoint"

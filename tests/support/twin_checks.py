@@ -107,7 +107,7 @@ class Watch:
         self._check()
 
     def _check(self) -> None:
-        held: dict[tuple[str, int], tuple[str, str]] = {}
+        held: dict[tuple[str, int], tuple[tuple[str, str], Obj]] = {}
         bound: dict[tuple[str, str], list[Obj]] = {}
         for name, pod in self.live.items():
             match = POD_NAME.match(name)
@@ -118,13 +118,30 @@ class Watch:
             raw = (pod["metadata"].get("annotations") or {}).get(contract.PLACEMENT_ANNOTATION)
             self.blocks.setdefault(gang, set()).add(str(raw))
             for gpu in block(pod) or []:
-                other = held.setdefault(gpu, gang)
+                other, first = held.setdefault(gpu, (gang, pod))
                 if other != gang:
-                    self.overlaps.append(f"{gpu} held by {other} and {gang}")
+                    # Both pods' story, for a failure that does not come back on demand: the
+                    # operator's planned block, the extender's placement, the versions.
+                    self.overlaps.append(
+                        f"{gpu} held by {other} and {gang}: {_story(first)}; {_story(pod)}"
+                    )
         if any(0 < len(pods) < world(pods[0]) for pods in bound.values()):
             self.partial.set()
         else:
             self.partial.clear()
+
+
+def _story(pod: Obj) -> str:
+    """A pod's name, resource version and phase, and the blocks the operator planned
+    and the extender placed it on."""
+    meta = pod["metadata"]
+    notes = meta.get("annotations") or {}
+    phase = (pod.get("status") or {}).get("phase", "Pending")
+    return (
+        f"{meta['name']} v{meta.get('resourceVersion')} {phase} on {pod['spec'].get('nodeName')}"
+        f" planned {notes.get(contract.PLANNED_BLOCK_ANNOTATION)}"
+        f" placed {notes.get(contract.PLACEMENT_ANNOTATION)}"
+    )
 
 
 def job_progress(twin: Twin) -> dict[str, int]:
