@@ -284,6 +284,11 @@ class ClusterState:
         none) and GPUs (``status.allocation``; 0 if none)."""
         self._unadopted: set[GangKey] = set()
         """Annotated gangs not adopted for want of their DLJob's view (retried on its news)."""
+        self._strays: set[GangKey] = set()
+        """Reserved gangs with a bound worker whose placement names GPUs outside the
+        reservation: a bind an earlier extender sent, landing after this one, which did
+        not see it, reserved another block for the gang (killed mid-bind, a slow API).
+        ``occupied`` counts those workers' blocks too, or they would go to another gang."""
         self._views: dict[int, PoolView] = {}  # by pool rank (0: main), rebuilt after changes
         self._pools: tuple[Pool, ...] | None = None  # ``pools``' answer, rebuilt alike
         self._ranks: dict[str, int] = {}  # node -> its pool's rank in ``_pools``
@@ -310,6 +315,7 @@ class ClusterState:
             self._skip_bad(self._put_job, job)
         self.nodes.clear()
         self.pods.clear()
+        self._strays.clear()  # found again as the listing's bound workers are put
         self._bound_gpus.clear()
         self._members.clear()
         self._known.clear()
@@ -486,6 +492,21 @@ class ClusterState:
                     self._unassume(gang, info.key)
                     gang.started = True
                     gang.settled = gang.settled or self._complete(gang)
+                    if (
+                        info.block
+                        and info.block != gang.block
+                        and not set(info.block) <= set(gang.block)
+                    ):
+                        if info.gang not in self._strays:
+                            log.warning(
+                                "%s/%s is bound to block %s, outside its gang's reservation "
+                                "%s: both stay taken",
+                                info.namespace,
+                                info.name,
+                                list(info.block),
+                                list(gang.block),
+                            )
+                        self._strays.add(info.gang)
 
     def _drop_pod(self, key: PodKey) -> None:
         old = self.pods.pop(key, None)
@@ -644,12 +665,22 @@ class ClusterState:
         Every live block's indices, plus GPUs held outside any live block (pods
         that are not PowerFlow's, as ``pools.taken_by_others`` counts them, and
         PowerFlow's bound workers of a gang no longer reserved) on the lowest
-        free indices. A block index beyond the pool's count (a block chosen
+        free indices, plus the blocks of workers bound outside their gang's
+        reservation (``_strays``). A block index beyond the pool's count (a block chosen
         when the node served a larger pool) counts as one taken GPU. Nodes
         outside the pool keep their blocks' indices, for the record.
         """
         view = self.pool_view(rank)
         slots: dict[str, frozenset[int] | set[int]] = dict(self.gangs.held)
+        for key in list(self._strays):  # workers bound outside their reservation (rare)
+            members = self._members.get(key)
+            if not members or key not in self.gangs:
+                self._strays.discard(key)  # gone, or counted below as a gang not reserved
+                continue
+            for pod in members:
+                for name, index in self.pods[pod].block:
+                    if index not in slots.get(name, ()):
+                        slots[name] = {*slots.get(name, ()), index}
         if view.pool is None:
             return slots
         cap = view.pool.per_node

@@ -15,9 +15,11 @@ import pytest
 from extender_bodies import node, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from powerflow.extender.objects import pod_info
+from powerflow.extender.objects import placement_annotation, pod_info
 from powerflow.extender.placing import occupied_indices
 from powerflow.extender.state import ClusterState
+
+from powerflow.core.contract import PLACEMENT_ANNOTATION
 
 NODES = [node(f"n{i}", 8) for i in range(6)]
 
@@ -155,3 +157,40 @@ def test_changes_that_would_bypass_the_union_are_refused() -> None:
     assert state.occupied() == slot_by_slot(state) != {}
     assert state.gangs.pop(gang.key) is gang and state.gangs.pop(gang.key, None) is None
     assert state.occupied() == {}
+
+
+def test_a_worker_bound_outside_its_gangs_reservation_keeps_its_block_taken() -> None:
+    """An extender restarted while its bind was in flight: it lists the gang's workers
+    unbound and reserves the gang a block; the earlier bind then lands, on another
+    block of the same node. Both blocks are held by the gang's workers, and a new
+    gang gets neither (it was handed the landed one: two gangs on one GPU), after a
+    relist too."""
+    state = ClusterState()
+    bodies = [pod(f"k-{i}", job="k", workers=4, gpus=1, index=i) for i in range(4)]
+    state.replace(NODES, bodies)
+    second = pod_info(bodies[1])
+    where = state.filter(second, sorted(state.nodes)).admitted[0]
+    state.begin_bind(second, where)
+    state.end_bind(second, where)
+    assert second.gang is not None
+    reserved = state.gangs[second.gang].block
+    landed = tuple((where, i) for i in range(8) if (where, i) not in reserved)[:4]
+    meta = bodies[0]["metadata"]
+    notes = {**meta["annotations"], PLACEMENT_ANNOTATION: placement_annotation(where, landed)}
+    first = {
+        **bodies[0],
+        "metadata": {**meta, "annotations": notes},
+        "spec": {**bodies[0]["spec"], "nodeName": where},
+    }
+    both = {i for _, i in reserved + landed}
+    for relist in (False, True):
+        if relist:
+            state.replace(NODES, [first, *bodies[1:]])
+        else:
+            state.upsert_pod(first)
+        assert state.occupied()[where] >= both
+        newcomer = pod_info(pod(f"l{relist:d}-0", job=f"l{relist:d}", workers=4, index=0))
+        assert state.filter(newcomer, sorted(state.nodes)).admitted
+        assert newcomer.gang is not None
+        given = set(state.gangs.pop(newcomer.gang).block)
+        assert not given & set(reserved + landed), (relist, given)
