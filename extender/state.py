@@ -284,11 +284,14 @@ class ClusterState:
         none) and GPUs (``status.allocation``; 0 if none)."""
         self._unadopted: set[GangKey] = set()
         """Annotated gangs not adopted for want of their DLJob's view (retried on its news)."""
-        self._strays: set[GangKey] = set()
-        """Reserved gangs with a bound worker whose placement names GPUs outside the
-        reservation: a bind an earlier extender sent, landing after this one, which did
-        not see it, reserved another block for the gang (killed mid-bind, a slow API).
-        ``occupied`` counts those workers' blocks too, or they would go to another gang."""
+        self._strays: set[PodKey] = set()
+        """Bound workers whose placement may name GPUs of their node that no reservation
+        of their gang covers: their gang is not reserved (not adopted yet, or expired),
+        or a bind an earlier extender sent landed after this one, which did not see it,
+        reserved the gang another block (killed mid-bind, a slow API). ``occupied``
+        counts those GPUs exactly, checking each worker again at every call (one whose
+        reservation covers it drops out), or they would go to another gang. Workers are
+        added where a reservation is made, shrunk or dropped while they are bound."""
         self._views: dict[int, PoolView] = {}  # by pool rank (0: main), rebuilt after changes
         self._pools: tuple[Pool, ...] | None = None  # ``pools``' answer, rebuilt alike
         self._ranks: dict[str, int] = {}  # node -> its pool's rank in ``_pools``
@@ -492,12 +495,8 @@ class ClusterState:
                     self._unassume(gang, info.key)
                     gang.started = True
                     gang.settled = gang.settled or self._complete(gang)
-                    if (
-                        info.block
-                        and info.block != gang.block
-                        and not set(info.block) <= set(gang.block)
-                    ):
-                        if info.gang not in self._strays:
+                    if info.block and info.block != gang.block and _outside(info, gang):
+                        if info.key not in self._strays:
                             log.warning(
                                 "%s/%s is bound to block %s, outside its gang's reservation "
                                 "%s: both stay taken",
@@ -506,7 +505,9 @@ class ClusterState:
                                 list(info.block),
                                 list(gang.block),
                             )
-                        self._strays.add(info.gang)
+                        self._strays.add(info.key)
+                elif info.block:
+                    self._strays.add(info.key)  # its GPUs exactly, not the lowest free ones
 
     def _drop_pod(self, key: PodKey) -> None:
         old = self.pods.pop(key, None)
@@ -569,6 +570,7 @@ class ClusterState:
             gang.tolerations = tolerations.get(key, ())
             gang.settled = self._complete(gang)
             self.gangs[key] = gang
+            self._strays.update(self._members.get(key, ()))  # a block of several
         new = waiting - set(found) - self._unadopted
         for key in sorted(new):
             log.warning(
@@ -623,6 +625,7 @@ class ClusterState:
             if len(held) == len(gang.block):
                 continue
             expired.append(key)
+            self._strays.update(self._members.get(key, ()))  # their block shrinks or goes
             if held:
                 self.gangs.reblock(gang, held)
                 gang.expired = True
@@ -659,40 +662,65 @@ class ClusterState:
             held.extend(sorted(s for s in gang.block if s[0] == node)[:gpus])
         return tuple(held)
 
+    def _count_strays(
+        self, slots: dict[str, frozenset[int] | set[int]]
+    ) -> tuple[set[PodKey], set[str]]:
+        """Add to ``slots`` the GPUs of their node that ``_strays``' workers hold and no
+        reservation of their gang covers. Returns the workers of gangs not reserved
+        counted so (``occupied`` counts them no other way) and the nodes whose slots
+        changed. A worker gone, or covered, drops out."""
+        counted: set[PodKey] = set()
+        touched: set[str] = set()
+        for key in list(self._strays):
+            info = self.pods.get(key)
+            gang = None if info is None or info.gang is None else self.gangs.get(info.gang)
+            if info is None or not info.bound or info.gang is None:
+                self._strays.discard(key)
+                continue
+            if gang is not None and not _outside(info, gang):
+                self._strays.discard(key)  # its reservation covers it (again)
+                continue
+            own = {index for name, index in info.block if name == info.node}
+            if not own:
+                self._strays.discard(key)
+                continue
+            if gang is None:
+                counted.add(key)
+            held = slots.get(info.node, frozenset())
+            if not own <= held:
+                slots[info.node] = {*held, *own}
+                touched.add(info.node)
+        return counted, touched
+
     def occupied(self, rank: int = 0) -> dict[str, frozenset[int] | set[int]]:
         """GPU indices taken on each node of pool ``rank`` (``pool_view``), in its geometry.
 
         Every live block's indices, plus GPUs held outside any live block (pods
         that are not PowerFlow's, as ``pools.taken_by_others`` counts them, and
         PowerFlow's bound workers of a gang no longer reserved) on the lowest
-        free indices, plus the blocks of workers bound outside their gang's
-        reservation (``_strays``). A block index beyond the pool's count (a block chosen
+        free indices; but the GPUs of their node that bound workers' placements
+        name where no reservation of their gang covers them (``_strays``) are
+        counted exactly. A block index beyond the pool's count (a block chosen
         when the node served a larger pool) counts as one taken GPU. Nodes
         outside the pool keep their blocks' indices, for the record.
         """
         view = self.pool_view(rank)
         slots: dict[str, frozenset[int] | set[int]] = dict(self.gangs.held)
-        for key in list(self._strays):  # workers bound outside their reservation (rare)
-            members = self._members.get(key)
-            if not members or key not in self.gangs:
-                self._strays.discard(key)  # gone, or counted below as a gang not reserved
-                continue
-            for pod in members:
-                for name, index in self.pods[pod].block:
-                    if index not in slots.get(name, ()):
-                        slots[name] = {*slots.get(name, ()), index}
+        counted, touched = self._count_strays(slots)
         if view.pool is None:
             return slots
         cap = view.pool.per_node
         extra = dict(view.taken)
         for key in self._members.keys() - self.gangs.keys():  # bound, no longer reserved
             for pod, node in self._members[key].items():
-                extra[node] = extra.get(node, 0) + self.pods[pod].gpus
+                if pod not in counted:  # no placement to read: counted on the lowest free
+                    extra[node] = extra.get(node, 0) + self.pods[pod].gpus
         wide: set[str] = set()
         if self.gangs.span > cap:  # some block was chosen when nodes served a larger pool
             wide = {
                 n for n, held in self.gangs.held.items() if n in view.members and max(held) >= cap
             }
+        wide |= {n for n in touched if n in view.members and max(slots[n]) >= cap}
         for node in (extra.keys() & view.members) | wide:
             held = slots.get(node, frozenset())
             inside = {i for i in held if i < cap} if node in wide else held
@@ -993,6 +1021,13 @@ class ClusterState:
             "gangs": len(self.gangs),
             "pending_gangs": sum(1 for g in self.gangs.values() if not self._complete(g)),
         }
+
+
+def _outside(info: PodInfo, gang: Gang) -> bool:
+    """Whether a bound worker's placement names GPUs of its node and none of them is in
+    its gang's reservation (a shrunk reservation keeps some: that is not outside)."""
+    own = {index for name, index in info.block if name == info.node}
+    return bool(own) and own.isdisjoint(index for name, index in gang.block if name == info.node)
 
 
 def _in_order(candidates: list[str], chosen: set[str], distinct: bool) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from extender_bodies import node, pod
+from extender_bodies import dljob, node, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from powerflow.extender.objects import placement_annotation, pod_info
@@ -159,6 +159,25 @@ def test_changes_that_would_bypass_the_union_are_refused() -> None:
     assert state.occupied() == {}
 
 
+def bound(body: dict[str, Any], where: str, block: tuple[tuple[str, int], ...]) -> dict[str, Any]:
+    """``body`` bound to ``where`` with ``block`` as its placement annotation."""
+    meta = body["metadata"]
+    notes = {**meta["annotations"], PLACEMENT_ANNOTATION: placement_annotation(where, block)}
+    return {
+        **body,
+        "metadata": {**meta, "annotations": notes},
+        "spec": {**body["spec"], "nodeName": where},
+    }
+
+
+def newcomer_block(state: ClusterState, name: str) -> set[tuple[str, int]]:
+    """The block a new 4-GPU gang ``name`` is given (its reservation dropped again)."""
+    info = pod_info(pod(f"{name}-0", job=name, workers=4, index=0))
+    assert state.filter(info, sorted(state.nodes)).admitted
+    assert info.gang is not None
+    return set(state.gangs.pop(info.gang).block)
+
+
 def test_a_worker_bound_outside_its_gangs_reservation_keeps_its_block_taken() -> None:
     """An extender restarted while its bind was in flight: it lists the gang's workers
     unbound and reserves the gang a block; the earlier bind then lands, on another
@@ -175,13 +194,7 @@ def test_a_worker_bound_outside_its_gangs_reservation_keeps_its_block_taken() ->
     assert second.gang is not None
     reserved = state.gangs[second.gang].block
     landed = tuple((where, i) for i in range(8) if (where, i) not in reserved)[:4]
-    meta = bodies[0]["metadata"]
-    notes = {**meta["annotations"], PLACEMENT_ANNOTATION: placement_annotation(where, landed)}
-    first = {
-        **bodies[0],
-        "metadata": {**meta, "annotations": notes},
-        "spec": {**bodies[0]["spec"], "nodeName": where},
-    }
+    first = bound(bodies[0], where, landed)
     both = {i for _, i in reserved + landed}
     for relist in (False, True):
         if relist:
@@ -189,8 +202,72 @@ def test_a_worker_bound_outside_its_gangs_reservation_keeps_its_block_taken() ->
         else:
             state.upsert_pod(first)
         assert state.occupied()[where] >= both
-        newcomer = pod_info(pod(f"l{relist:d}-0", job=f"l{relist:d}", workers=4, index=0))
-        assert state.filter(newcomer, sorted(state.nodes)).admitted
-        assert newcomer.gang is not None
-        given = set(state.gangs.pop(newcomer.gang).block)
+        given = newcomer_block(state, f"l{relist:d}")
         assert not given & set(reserved + landed), (relist, given)
+
+
+def test_a_restart_after_the_stray_bind_landed_keeps_both_blocks_taken() -> None:
+    """A fresh extender lists a gang whose workers sit on two blocks of one node (one
+    worker bound by a bind that landed late): it adopts the gang on one block, and the
+    other stays taken too."""
+    job = dljob("k", gpus=4)
+    bodies = [pod(f"k-{i}", job="k", workers=4, index=i, owner=job) for i in range(4)]
+    low, high = tuple(("n0", i) for i in range(4)), tuple(("n0", i) for i in range(4, 8))
+    listed = [bound(bodies[0], "n0", high), *(bound(b, "n0", low) for b in bodies[1:])]
+    for order in (listed, listed[::-1]):
+        state = ClusterState()
+        state.replace(NODES, order, [job])
+        assert len(state.gangs) == 1  # adopted, on one of the two blocks
+        assert state.occupied()["n0"] == set(range(8))
+        assert not newcomer_block(state, "l") & set(low + high)
+
+
+def test_a_stray_worker_of_an_expired_gang_keeps_its_gpus() -> None:
+    """A gang reserved on one node whose only bound worker landed on another: expiry
+    finds no bound worker in the reservation and drops it; the worker's GPUs, named by
+    its placement, stay taken exactly (not one GPU on the lowest free index)."""
+    clock = Clock()
+    state = ClusterState(ttl_s=30.0, clock=clock)
+    bodies = [pod(f"k-{i}", job="k", workers=4, gpus=1, index=i) for i in range(4)]
+    state.replace(NODES, bodies)
+    second = pod_info(bodies[1])
+    state.filter(second, sorted(state.nodes))
+    assert second.gang is not None
+    reserved = state.gangs[second.gang].block
+    elsewhere = next(
+        n["metadata"]["name"] for n in NODES if n["metadata"]["name"] != reserved[0][0]
+    )
+    landed = tuple((elsewhere, i) for i in range(4, 8))
+    state.upsert_pod(bound(bodies[0], elsewhere, landed))
+    clock.now += 60.0
+    assert state.expire() == [second.gang] and second.gang not in state.gangs
+    assert state.occupied()[elsewhere] >= {4, 5, 6, 7}
+    taken = set(landed)
+    for name in ("l", "m"):  # two more gangs: neither on the stray's GPUs
+        info = pod_info(pod(f"{name}-0", job=name, workers=4, index=0))
+        assert state.filter(info, sorted(state.nodes)).admitted
+        assert info.gang is not None
+        block = set(state.gangs[info.gang].block)
+        assert not block & taken, block
+        taken |= block
+
+
+def test_a_shrunk_reservation_is_no_stray() -> None:
+    """Expiry shrank a gang's block to its bound worker's GPU; a relist then reads that
+    worker's placement, the whole first block: the GPUs expiry freed stay free."""
+    clock = Clock()
+    state = ClusterState(ttl_s=30.0, clock=clock)
+    bodies = [pod(f"k-{i}", job="k", workers=4, gpus=1, index=i) for i in range(4)]
+    state.replace(NODES, bodies)
+    first = pod_info(bodies[0])
+    where = state.filter(first, sorted(state.nodes)).admitted[0]
+    assert first.gang is not None
+    block = state.gangs[first.gang].block
+    state.begin_bind(first, where)
+    state.end_bind(first, where)
+    clock.now += 60.0
+    state.expire()
+    kept = state.gangs[first.gang].block
+    assert len(kept) == 1
+    state.replace(NODES, [bound(bodies[0], where, block), *bodies[1:]])
+    assert state.occupied()[where] == {i for _, i in kept}
