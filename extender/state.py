@@ -495,7 +495,12 @@ class ClusterState:
                     self._unassume(gang, info.key)
                     gang.started = True
                     gang.settled = gang.settled or self._complete(gang)
-                    if info.block and info.block != gang.block and _outside(info, gang):
+                    if (
+                        info.block
+                        and info.block != gang.block
+                        and _outside(info, gang)
+                        and self._adoptable(info)
+                    ):
                         if info.key not in self._strays:
                             log.warning(
                                 "%s/%s is bound to block %s, outside its gang's reservation "
@@ -506,7 +511,7 @@ class ClusterState:
                                 list(gang.block),
                             )
                         self._strays.add(info.key)
-                elif info.block:
+                elif info.block and self._adoptable(info):
                     self._strays.add(info.key)  # its GPUs exactly, not the lowest free ones
 
     def _drop_pod(self, key: PodKey) -> None:
@@ -674,22 +679,29 @@ class ClusterState:
         for key in list(self._strays):
             info = self.pods.get(key)
             gang = None if info is None or info.gang is None else self.gangs.get(info.gang)
-            if info is None or not info.bound or info.gang is None:
+            # Only the operator's own workers (``_adoptable``, as adoption trusts them): a
+            # placement anyone who may create a pod can write takes no GPU of its naming.
+            if info is None or not info.bound or info.gang is None or not self._adoptable(info):
                 self._strays.discard(key)
                 continue
             if gang is not None and not _outside(info, gang):
                 self._strays.discard(key)  # its reservation covers it (again)
                 continue
-            own = {index for name, index in info.block if name == info.node}
+            entry = self.nodes.get(info.node)
+            size = 0 if entry is None else entry.gpus
+            own = {i for name, i in info.block if name == info.node and 0 <= i < size}
+            if len(own) > info.workers * info.gpus:  # never more than its gang holds
+                own = set(sorted(own)[: info.workers * info.gpus])
+            held = slots.get(info.node, frozenset())
             if not own:
                 self._strays.discard(key)
                 continue
+            if own <= held:  # taken already: a worker of a gang not reserved is then
+                continue  # counted as one without a placement (``extra``), never less
             if gang is None:
                 counted.add(key)
-            held = slots.get(info.node, frozenset())
-            if not own <= held:
-                slots[info.node] = {*held, *own}
-                touched.add(info.node)
+            slots[info.node] = {*held, *own}
+            touched.add(info.node)
         return counted, touched
 
     def occupied(self, rank: int = 0) -> dict[str, frozenset[int] | set[int]]:

@@ -185,8 +185,9 @@ def test_a_worker_bound_outside_its_gangs_reservation_keeps_its_block_taken() ->
     gang gets neither (it was handed the landed one: two gangs on one GPU), after a
     relist too."""
     state = ClusterState()
-    bodies = [pod(f"k-{i}", job="k", workers=4, gpus=1, index=i) for i in range(4)]
-    state.replace(NODES, bodies)
+    job = dljob("k", gpus=4)
+    bodies = [pod(f"k-{i}", job="k", workers=4, index=i, owner=job) for i in range(4)]
+    state.replace(NODES, bodies, [job])
     second = pod_info(bodies[1])
     where = state.filter(second, sorted(state.nodes)).admitted[0]
     state.begin_bind(second, where)
@@ -198,7 +199,7 @@ def test_a_worker_bound_outside_its_gangs_reservation_keeps_its_block_taken() ->
     both = {i for _, i in reserved + landed}
     for relist in (False, True):
         if relist:
-            state.replace(NODES, [first, *bodies[1:]])
+            state.replace(NODES, [first, *bodies[1:]], [job])
         else:
             state.upsert_pod(first)
         assert state.occupied()[where] >= both
@@ -228,8 +229,9 @@ def test_a_stray_worker_of_an_expired_gang_keeps_its_gpus() -> None:
     its placement, stay taken exactly (not one GPU on the lowest free index)."""
     clock = Clock()
     state = ClusterState(ttl_s=30.0, clock=clock)
-    bodies = [pod(f"k-{i}", job="k", workers=4, gpus=1, index=i) for i in range(4)]
-    state.replace(NODES, bodies)
+    job = dljob("k", gpus=4)
+    bodies = [pod(f"k-{i}", job="k", workers=4, index=i, owner=job) for i in range(4)]
+    state.replace(NODES, bodies, [job])
     second = pod_info(bodies[1])
     state.filter(second, sorted(state.nodes))
     assert second.gang is not None
@@ -271,3 +273,21 @@ def test_a_shrunk_reservation_is_no_stray() -> None:
     assert len(kept) == 1
     state.replace(NODES, [bound(bodies[0], where, block), *bodies[1:]])
     assert state.occupied()[where] == {i for _, i in kept}
+
+
+def test_a_placement_a_tenant_wrote_takes_no_gpus_of_its_naming() -> None:
+    """A pod with the job label and a placement naming a whole node, but no DLJob's
+    worker (no owner, no generation): counted as the one GPU it requests, on the
+    lowest free index, as before; not as the eight its placement names."""
+    state = ClusterState()
+    state.replace(NODES, [])
+    forged = bound(
+        pod("x-0", job="x", workers=1, index=0), "n0", tuple(("n0", i) for i in range(8))
+    )
+    state.upsert_pod(forged)
+    assert len(state.occupied().get("n0", ())) == 1
+    wide = bound(
+        pod("y-0", job="y", workers=1, index=0), "n1", tuple(("n1", i) for i in range(200))
+    )
+    state.upsert_pod(wide)
+    assert len(state.occupied().get("n1", ())) == 1
