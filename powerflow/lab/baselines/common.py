@@ -758,44 +758,18 @@ def job_plans(
     running plan goes into it with its job's model and the watts the memo
     knows, in the same pass (``finish`` then adds them up): what
     ``predicted_w`` would do in a second pass over the plans, which took
-    a tenth of a Gandiva decision. The loop is written once without and once
-    with ``priced``, each job's id read once, and every plan's clock taken as
-    ``clock`` (the memos are the clock's): a Gandiva replay of the default trace
-    0.871 -> 0.841 s of CPU, Tiresias 0.777 -> 0.760 s (best of 5, old and new
-    code alternated in one process).
+    a tenth of a Gandiva decision. Each job's id is read once, and every plan's
+    clock is taken as ``clock`` (the memos are the clock's).
     """
     waits = memo.last(("waiting", clock))
     runs = memo.last(("running", clock))
     out: list[JobPlan] = []
-    if priced is None:
-        for job in jobs:
-            jid = job.id
-            placement = where.get(jid)
-            if placement is None:
-                hit = waits.get(jid)
-                if (
-                    hit is not None
-                    and hit[0] == job.global_batch_size
-                    and hit[1] == job.requested_gpus
-                ):
-                    out.append(hit[2])
-                    continue
-                plan = waiting(job, clock)
-                waits[jid] = (job.global_batch_size, job.requested_gpus, plan)
-            else:
-                hit = runs.get(jid)
-                if hit is not None and hit[0] == job.global_batch_size and hit[1] == placement:
-                    plan = hit[2]
-                else:
-                    plan = running(job, placement, clock)
-                    runs[jid] = (job.global_batch_size, placement, plan)
-            out.append(plan)
-        return out
-    # ``PlanWatts``'s lists, filled inline below: once per running job. Every plan
-    # here is at ``clock`` (the memos are the clock's), and a running plan has GPUs
-    # exactly when its placement is not empty.
-    runs_p, models_p, watts_p = priced.running, priced.models, priced.watts
-    seen, lookup = priced.by_plan.get, priced.lookup
+    if priced is not None:
+        # ``PlanWatts``'s lists, filled inline below: once per running job. Every plan
+        # here is at ``clock`` (the memos are the clock's), and a running plan has GPUs
+        # exactly when its placement is not empty.
+        runs_p, models_p, watts_p = priced.running, priced.models, priced.watts
+        seen, lookup = priced.by_plan.get, priced.lookup
     for job in jobs:
         jid = job.id
         placement = where.get(jid)
@@ -813,7 +787,7 @@ def job_plans(
             else:
                 plan = running(job, placement, clock)
                 runs[jid] = (job.global_batch_size, placement, plan)
-            if placement:
+            if placement and priced is not None:
                 model = job.model
                 runs_p.append(plan)
                 models_p.append(model)
@@ -823,5 +797,6 @@ def job_plans(
                 else:
                     watts_p.append(lookup(plan, model, clock))
         out.append(plan)
-    priced.clocks.extend(repeat(clock, len(runs_p) - len(priced.clocks)))
+    if priced is not None:
+        priced.clocks.extend(repeat(clock, len(runs_p) - len(priced.clocks)))
     return out
