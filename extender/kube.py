@@ -24,6 +24,7 @@ import yaml
 from powerflow import __version__
 from powerflow.core.contract import GROUP, PLURAL, VERSION
 from powerflow.core.errors import PowerFlowError
+from powerflow.kubeapi import backoff
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,6 @@ RETRY_AFTER_TRIES = 10
 it names, up to this many times, as client-go's REST client does (``maxRetries``,
 ``checkWait``): the API server's priority and fairness says when to come back, and the
 mirror's own back-off (up to 30 s, for failures that do not say) is not spent on it."""
-RETRY_AFTER_MAX_S = 30
-"""The longest one ``Retry-After`` wait: a header asking for more is read as this."""
 
 NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/pods"
@@ -119,16 +118,9 @@ def load_connection(kubeconfig: str | None = None, in_cluster: bool = False) -> 
 
 
 def retry_after_s(response: httpx.Response) -> int | None:
-    """The whole seconds a 429 or 5xx answer's ``Retry-After`` asks to wait (bounded by
-    ``RETRY_AFTER_MAX_S``), or None: another status, no header, or not a number of
-    seconds (an HTTP date, which kube-apiserver never sends, is not waited for)."""
-    status = response.status_code
-    if status != 429 and status // 100 != 5:
-        return None
-    raw = response.headers.get("Retry-After", "").strip()
-    if not raw.isdigit():
-        return None
-    return min(int(raw), RETRY_AFTER_MAX_S)
+    """The whole seconds a 429 or 5xx answer's ``Retry-After`` asks to wait
+    (``powerflow.kubeapi.backoff.retry_after_s``: bounded, seconds only), or None."""
+    return backoff.retry_after_s(response.status_code, response.headers.get("Retry-After"))
 
 
 def _message(response: httpx.Response) -> str:

@@ -81,6 +81,7 @@ from powerflow.core.profiling import PAPER_SWEEP, ClockSweep
 from powerflow.core.schedulers import scheduler
 from powerflow.core.taints import GPU_TOLERATIONS
 from powerflow.core.timefmt import format_time
+from powerflow.kubeapi.backoff import Backoff, asked_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,23 @@ def _pool_labels(bodies: Sequence[Any], nodes: Sequence[Node]) -> dict[str, str]
     return out
 
 
+def _one_line(exc: Exception) -> str:
+    """``exc`` in one line, the same for the same failure: an ``ApiException``'s own text
+    spans lines and carries the answer's ``Date`` header (``WritesFailed``: its first
+    error)."""
+    errors = getattr(exc, "errors", None)
+    errors = errors if isinstance(errors, list) else []
+    inner = errors[0] if errors else exc
+    status = getattr(inner, "status", None)
+    if isinstance(status, int):
+        what = f"{type(inner).__name__} {status} {getattr(inner, 'reason', '') or ''}".rstrip()
+    else:
+        what = f"{type(inner).__name__}: {inner}"
+    if inner is exc:
+        return what
+    return f"{type(exc).__name__}: {len(errors)} write(s) failed, the first {what}"
+
+
 def _job_ref(state: ClusterState, key: str) -> dict[str, Any] | None:
     """The DLJob of job key ``namespace/name`` in ``state``, as an Event's object."""
     for observed in state.jobs:
@@ -254,6 +272,11 @@ class Controller:
     state_read_s: float = 0.0
     """Unix time (``time.time``, the agents' samples' clock, not ``clock``) when the
     read of ``state`` began: the ingest defers a sample that ended after it."""
+    retry: Backoff = field(default_factory=lambda: Backoff(first_s=1.0, max_s=30.0))
+    """When a failed pass is tried again: 1 s, doubling to 30 s, or the API server's
+    ``Retry-After`` if longer; events meanwhile wait for it (``run``)."""
+    _failure: str | None = None
+    """The error of the last failed pass since the last one that went through."""
 
     def trigger(self, reason: str = "", *, immediate: bool = False) -> None:
         """A scheduling event; ``immediate`` skips the debounce (a new DLJob waits
@@ -278,26 +301,64 @@ class Controller:
                 await asyncio.gather(task, return_exceptions=True)
 
     async def run(self) -> None:
+        """Passes, each when an event or its wake-up time comes (module docstring).
+
+        A pass that fails is tried again after ``retry``'s back-off, and no event
+        starts one sooner: every pass lists the cluster, and an API server that
+        fails because it is overloaded (or a pass that fails on something in the
+        cluster) would otherwise get a pass per event, 20 ms apart. A pass that
+        read the cluster and failed only in some writes (``WritesFailed``) waits
+        the first step every time (or its ``Retry-After``): no back-off grows for
+        one object's write.
+        """
         wake_at: float | None = None
         while True:
             if self.leader is not None and not self.leader.is_leader:
                 await self.leader.wait_leading()
                 self.trigger("became leader", immediate=True)
-            timeout = self.budget.interval_s
-            if wake_at is not None:
-                timeout = min(timeout, max(wake_at - self.clock(), 0.0))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):  # not wait_for: see pyproject's ruff
-                    await self._wake.wait()
-            if not self._immediate:
-                await asyncio.sleep(self.config.debounce_s)
+            if self.retry.failures and wake_at is not None:
+                await asyncio.sleep(max(wake_at - self.clock(), 0.0))
+            else:
+                timeout = self.budget.interval_s
+                if wake_at is not None:
+                    timeout = min(timeout, max(wake_at - self.clock(), 0.0))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):  # not wait_for: see pyproject's ruff
+                        await self._wake.wait()
+                if not self._immediate:
+                    await asyncio.sleep(self.config.debounce_s)
             self._wake.clear()
             self._immediate = False
             try:
                 wake_at = await self._pass()
-            except Exception:  # keep serving: the next event or tick retries
-                log.exception("allocation pass failed")
-                wake_at = self.clock() + 1.0
+            except Exception as exc:  # keep serving: retried after the back-off
+                wake_at = self.clock() + self._pass_failed(exc)
+            else:
+                self.retry.succeeded()
+                self._failure = None
+
+    def _pass_failed(self, exc: Exception) -> float:
+        """Count and log a failed pass (its traceback when it fails otherwise than the
+        last one did); the seconds until the next try."""
+        if isinstance(exc, WritesFailed):
+            # The pass read the cluster and sent every write: the failed ones are one
+            # object's, or a throttled server's (its Retry-After is waited out), and no
+            # other job should wait 30 s for them.
+            self.retry.succeeded()
+        wait = self.retry.failed(asked_wait_s(exc))
+        self.metrics.pass_failures.inc()
+        what = _one_line(exc)
+        if what != self._failure:
+            log.error("allocation pass failed; next try in %.1f s", wait, exc_info=exc)
+        else:
+            log.warning(
+                "allocation pass failed again (%d in a row): %s; next try in %.1f s",
+                self.retry.failures,
+                what,
+                wait,
+            )
+        self._failure = what
+        return wait
 
     async def _pass(self) -> float | None:
         """``run_once``, cancelled the moment leadership is lost."""

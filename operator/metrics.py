@@ -48,6 +48,12 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=r,
         )
+        self.pass_failures = Counter(
+            "powerflow_allocation_pass_failures",
+            "Allocation passes that failed; each is tried again after a back-off (1 s "
+            "doubling to 30 s, or the API server's Retry-After): the log has the error.",
+            registry=r,
+        )
         self.invalid_budget = Counter(
             "powerflow_invalid_budget", "Budget ConfigMap updates refused as invalid.", registry=r
         )

@@ -15,6 +15,8 @@ from powerflow.extender.kube import PODS_PATH, ApiError, Connection, KubeApi, re
 from support.api_faults import Answer
 from support.kube_emulator import KubeEmulator
 
+from powerflow.kubeapi import backoff
+
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
 EXT_AGENT = {"user_agent": "powerflow-extender/*"}
 
@@ -25,7 +27,7 @@ EXT_AGENT = {"user_agent": "powerflow-extender/*"}
         (429, "2", 2),
         (503, "1", 1),
         (500, "0", 0),
-        (429, "3600", kube.RETRY_AFTER_MAX_S),  # bounded
+        (429, "3600", backoff.RETRY_AFTER_MAX_S),  # bounded
         (429, None, None),
         (429, "Wed, 21 Oct 2026 07:28:00 GMT", None),  # a date: not waited for
         (429, "-1", None),

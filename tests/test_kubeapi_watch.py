@@ -1,11 +1,13 @@
 """The shared LIST+WATCH thread (``powerflow/kubeapi/watch.py``) against the emulator over
 real HTTP: the LIST (paginated) then the events of the selection, a resumed watch that
-replays nothing, a relist after ``410 Gone``, and ``stop``."""
+replays nothing, a relist after ``410 Gone``, the back-off after other failures, and
+``stop``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,9 +16,11 @@ import kubernetes
 import pytest
 from operator_cases import eventually
 from support import kube_emulator
+from support.api_faults import Answer
 from support.kube_emulator import KubeEmulator
 
 from powerflow.kubeapi import watch as watch_module
+from powerflow.kubeapi.backoff import Backoff
 from powerflow.kubeapi.watch import ListWatch
 
 pytestmark = pytest.mark.kmock(cls=KubeEmulator)
@@ -239,3 +243,60 @@ async def test_the_thread_ends_when_its_event_loop_has_closed(
 
     await eventually(ended, timeout=10)
     assert lists == [0]
+
+
+async def test_a_failing_list_is_tried_again_after_a_wait_that_doubles(
+    kmock: KubeEmulator, api: httpx.AsyncClient, core: Any
+) -> None:
+    """Not each second: a thousand agents must not keep an overloaded API server down."""
+    rule = kmock.faults.inject("list", "pods", Answer(status=500), times=4)
+    seen = Seen()
+    w: ListWatch[dict[str, Any]] = ListWatch(
+        "test",
+        core.list_pod_for_all_namespaces,
+        seen.on_list,
+        seen.on_event,
+        selection=SELECTED,
+        backoff=Backoff(first_s=0.1, max_s=0.4),
+    )
+    began = time.monotonic()
+    w.start()
+    try:
+        await seen.lists_made(1)
+        took = time.monotonic() - began
+        assert rule.hits == 4 and w.lists == 1
+        assert took >= 0.1 + 0.2 + 0.4 + 0.4  # 1, 2, 4 tenths, then the ceiling
+        assert w.backoff.failures == 0  # the LIST went through: the next failure waits 0.1 s
+    finally:
+        w.stop()
+
+
+def test_the_default_back_off_starts_at_a_second_and_spreads_the_agents(core: Any) -> None:
+    waits = []
+    for _ in range(20):
+        w: ListWatch[dict[str, Any]] = ListWatch(
+            "test", core.list_pod_for_all_namespaces, lambda items: None, lambda k, o: None
+        )
+        waits.append([w.backoff.failed() for _ in range(7)])
+    assert all(1.0 <= first <= 1.5 for first, *_ in waits)
+    assert all(30.0 <= last <= 45.0 for *_, last in waits)
+    assert len({first for first, *_ in waits}) == 20  # not all back together
+
+
+async def test_a_failure_after_a_long_good_try_waits_the_first_wait_again(core: Any) -> None:
+    """A stream cut after hours of events is a first failure, not the nth in a row."""
+    w: ListWatch[dict[str, Any]] = ListWatch(
+        "test",
+        core.list_pod_for_all_namespaces,
+        lambda items: None,
+        lambda k, o: None,
+        backoff=Backoff(first_s=0.01, max_s=0.04),
+    )
+    for _ in range(5):
+        w._failed(time.monotonic(), "stream cut", None)
+    assert w.backoff.failures == 5
+    w._failed(time.monotonic() - 1.0, "stream cut", None)  # it had run 1 s > 0.04 s
+    assert w.backoff.failures == 1
+    asked = time.monotonic()
+    w._failed(time.monotonic(), "throttled", 1)
+    assert time.monotonic() - asked >= 1.0  # a Retry-After longer than the wait is waited out

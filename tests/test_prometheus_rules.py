@@ -50,7 +50,7 @@ def run_tests(promtool: str, tmp_path: Path, rules: Path, tests: list[dict[str, 
 def test_the_alert_rules_are_valid_prometheus_rules(promtool: str) -> None:
     run = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "6 rules found" in run.stdout
+    assert "7 rules found" in run.stdout
 
 
 def operator(instance: str, leader: int, **gauges: str) -> list[dict[str, str]]:
@@ -164,6 +164,34 @@ def test_each_alert_fires_on_its_series_and_not_on_their_neighbours(
                     "PowerFlowOperatorNotLeading", "10m", [{"exp_labels": {"severity": "critical"}}]
                 )
             ],
+        },
+        {
+            # The leader's passes all fail; a follower's failures are no one's concern.
+            "input_series": [
+                *operator(
+                    LEADER,
+                    1,
+                    allocation_pass_failures_total="0+3x30",
+                    allocation_loop_seconds_count="5x30",
+                ),
+                *operator(FOLLOWER, 0, allocation_pass_failures_total="0+3x30"),
+            ],
+            "alert_rule_test": [
+                alert("PowerFlowAllocationFailing", "3m", []),
+                alert(
+                    "PowerFlowAllocationFailing", "20m", [{"exp_labels": {"severity": "critical"}}]
+                ),
+            ],
+        },
+        {
+            # Some passes fail, others go through: the back-off rides it out.
+            "input_series": operator(
+                LEADER,
+                1,
+                allocation_pass_failures_total="0+1x30",
+                allocation_loop_seconds_count="0+20x30",
+            ),
+            "alert_rule_test": [alert("PowerFlowAllocationFailing", "20m", [])],
         },
         {
             "input_series": errors,

@@ -7,8 +7,12 @@
 - a ``410 Gone`` (the version is older than the server's history, as an
   HTTP status or an ``ERROR`` event in the stream) relists, at most once a
   second whatever the server answers;
-- other errors (unreachable, stream cut, 5xx) are logged and retried after a
-  second from where the watch was;
+- other errors (unreachable, stream cut, 5xx, 429) are logged and retried from
+  where the watch was after a back-off (``backoff.Backoff``: 1 s doubling to 30 s,
+  jittered, or the answer's ``Retry-After`` if longer), not each second: a
+  thousand nodes' agents must not keep an overloaded API server down; a LIST or
+  a watch that went through, or a try that lasted longer than the longest wait,
+  starts the back-off over;
 - a server that ends watches at once costs at most one watch a second.
 
 The ``kubernetes`` client is synchronous: the watch streams in a daemon
@@ -33,6 +37,8 @@ from typing import Any, Generic, TypeVar, cast
 
 import kubernetes
 from kubernetes.watch.watch import iter_resp_lines
+
+from powerflow.kubeapi.backoff import Backoff, asked_wait_s
 
 log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 300
@@ -67,8 +73,11 @@ class ListWatch(Generic[T]):
         selection: Mapping[str, str] | None = None,
         lister: Callable[[], tuple[list[T], str]] | None = None,
         timeout_s: int = WATCH_TIMEOUT_S,
+        backoff: Backoff | None = None,
     ) -> None:
         self.name = name
+        self.backoff = backoff or Backoff(first_s=1.0, max_s=30.0, jitter=0.5)
+        """The waits after errors (see the module)."""
         self._call = call
         self._selection = dict(selection or {})
         self._lister = lister or self._list_pages
@@ -113,6 +122,7 @@ class ListWatch(Generic[T]):
         version: str | None = None
         listed = -1.0
         while self._alive():
+            began = time.monotonic()
             try:
                 if version is None:
                     # At most one LIST a second, whatever the server answers the watch.
@@ -120,22 +130,29 @@ class ListWatch(Generic[T]):
                     listed = time.monotonic()
                     items, version = self._lister()
                     self.lists += 1
+                    self.backoff.succeeded()
                     self._post(self._on_list, items)
                 began = time.monotonic()
                 version = self._watch(version)
+                self.backoff.succeeded()
                 if version is not None:  # a server that ends watches at once: no busy loop
                     self._stopped.wait(max(0.0, 1.0 - (time.monotonic() - began)))
             except kubernetes.client.ApiException as exc:
                 if exc.status == 410:
                     version = None
                     continue
-                if not self._stopped.is_set():
-                    log.warning("watch %s: %s %s", self.name, exc.status, exc.reason)
-                self._stopped.wait(1.0)
+                self._failed(began, f"{exc.status} {exc.reason}", asked_wait_s(exc))
             except Exception as exc:  # unreachable, stream cut: retry from where it was
-                if not self._stopped.is_set():
-                    log.warning("watch %s: %s: %s", self.name, type(exc).__name__, exc)
-                self._stopped.wait(1.0)
+                self._failed(began, f"{type(exc).__name__}: {exc}", None)
+
+    def _failed(self, began: float, what: str, asked_s: int | None) -> None:
+        """Log a failed try (begun at ``began``) and wait out the back-off."""
+        if time.monotonic() - began > self.backoff.max_s:
+            self.backoff.succeeded()  # it worked for a while: a first failure, not the nth
+        wait = self.backoff.failed(asked_s)
+        if not self._stopped.is_set():
+            log.warning("watch %s: %s; trying again in %.1f s", self.name, what, wait)
+        self._stopped.wait(wait)
 
     def _list_pages(self) -> tuple[list[T], str]:
         """The LIST, page by page; a continue token the server forgot is 410: relist."""
