@@ -28,6 +28,7 @@ from powerflow.nodeagent.apply import PodEvent
 from powerflow import __version__
 from powerflow.core import contract
 from powerflow.kubeapi import config
+from powerflow.kubeapi.client import TimedApiClient
 from powerflow.kubeapi.config import KubeConfigError
 from powerflow.kubeapi.watch import ListWatch, Obj
 
@@ -49,7 +50,7 @@ class AgentKube:
 
     def __init__(self, cfg: kubernetes.client.Configuration, node: str) -> None:
         self.node = node
-        self.api = kubernetes.client.ApiClient(cfg)
+        self.api = TimedApiClient(cfg)  # every call times out (powerflow.kubeapi.client)
         self.api.user_agent = f"{COMPONENT}/{__version__} ({node})"
         self.core = kubernetes.client.CoreV1Api(self.api)
 

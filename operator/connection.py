@@ -19,6 +19,7 @@ from __future__ import annotations
 import kopf
 import kubernetes
 
+from powerflow.kubeapi.client import TimedApiClient
 from powerflow.kubeapi.config import KubeConfigError as ConnectionConfigError
 from powerflow.kubeapi.config import Source, load_configuration, resolve_source
 
@@ -37,7 +38,7 @@ def api_client(
 ) -> kubernetes.client.ApiClient:
     """The ``kubernetes`` client of the allocation loop; ``user_agent`` names the replica
     (API audit logs and the emulator's request log tell replicas apart by it)."""
-    api = kubernetes.client.ApiClient(cfg)
+    api = TimedApiClient(cfg)  # every call times out (powerflow.kubeapi.client)
     api.user_agent = user_agent
     return api
 

@@ -174,21 +174,35 @@ def _pool_labels(bodies: Sequence[Any], nodes: Sequence[Node]) -> dict[str, str]
     return out
 
 
-def _one_line(exc: Exception) -> str:
-    """``exc`` in one line, the same for the same failure: an ``ApiException``'s own text
-    spans lines and carries the answer's ``Date`` header (``WritesFailed``: its first
-    error)."""
+def _failure_of(exc: Exception) -> tuple[str, str]:
+    """What a failed pass's error is, as a key that is the same for the same failure, and
+    in one line for the log. An ``ApiException``'s own text spans lines and carries the
+    answer's ``Date`` header, and a connection error names the URL of whichever list
+    failed first, so the key is the error's type and HTTP status (``WritesFailed``:
+    those of its first error)."""
     errors = getattr(exc, "errors", None)
-    errors = errors if isinstance(errors, list) else []
-    inner = errors[0] if errors else exc
+    inner = errors[0] if isinstance(errors, list) and errors else exc
     status = getattr(inner, "status", None)
     if isinstance(status, int):
-        what = f"{type(inner).__name__} {status} {getattr(inner, 'reason', '') or ''}".rstrip()
+        reason = str(getattr(inner, "reason", "") or "").splitlines()
+        key = f"{type(inner).__name__} {status}"
+        line = f"{key} {reason[0] if reason else ''}".rstrip()
     else:
-        what = f"{type(inner).__name__}: {inner}"
-    if inner is exc:
-        return what
-    return f"{type(exc).__name__}: {len(errors)} write(s) failed, the first {what}"
+        key = type(inner).__name__
+        text = str(inner).splitlines()
+        line = f"{key}: {text[0] if text else ''}"
+    if inner is not exc:
+        key, line = f"{type(exc).__name__}: {key}", f"{type(exc).__name__}: the first {line}"
+    return key, line
+
+
+WRITES_RETRY_MAX_S = 5.0
+"""The longest wait after a pass that read the cluster and failed only in some of its
+writes (``WritesFailed``), unless a ``Retry-After`` asks for more: such a pass is one
+object's bad write as often as a server's (a webhook that fails one job's status), and
+the other jobs' new work should not wait ``Controller.retry``'s 30 s for it; a
+server that fails every write (etcd over its quota) is still asked only every 5 s.
+A pass some of whose writes went through made progress: its back-off starts over."""
 
 
 def _job_ref(state: ClusterState, key: str) -> dict[str, Any] | None:
@@ -272,11 +286,19 @@ class Controller:
     state_read_s: float = 0.0
     """Unix time (``time.time``, the agents' samples' clock, not ``clock``) when the
     read of ``state`` began: the ingest defers a sample that ended after it."""
-    retry: Backoff = field(default_factory=lambda: Backoff(first_s=1.0, max_s=30.0))
-    """When a failed pass is tried again: 1 s, doubling to 30 s, or the API server's
-    ``Retry-After`` if longer; events meanwhile wait for it (``run``)."""
+    retry: Backoff = field(default_factory=lambda: Backoff(first_s=0.5, max_s=30.0))
+    """When a failed pass is tried again: 0.5 s, doubling to 30 s for failures in a row
+    (``WRITES_RETRY_MAX_S`` for a pass that failed in its writes), or the API server's
+    ``Retry-After`` if longer (``run``). Half a second first: one failure is often one
+    request's bad luck, and one operator coming back soon loads no server; the node
+    agents' watches, a thousand of them, start at 1 s (``powerflow.kubeapi.watch``)."""
     _failure: str | None = None
-    """The error of the last failed pass since the last one that went through."""
+    """The key of the last failed pass's error (``_failure_of``), since the last pass
+    that went through."""
+    _hold: bool = False
+    """No event starts the next pass before its retry time (``run``)."""
+    _in_a_row: int = 0
+    """Passes failed since the last one that went through (the log's count)."""
 
     def trigger(self, reason: str = "", *, immediate: bool = False) -> None:
         """A scheduling event; ``immediate`` skips the debounce (a new DLJob waits
@@ -285,6 +307,7 @@ class Controller:
         self._wake.set()
 
     def start(self) -> None:
+        self.metrics.last_pass.set(time.time())  # the time without a pass counts from here
         leader = self.leader  # read at every scrape: never a stale 1 after the Lease is lost
         self.metrics.leader.set_function(lambda: 1.0 if leader is None or leader.is_leader else 0.0)
         self.kube.watch_foreign(self.trigger)
@@ -303,20 +326,19 @@ class Controller:
     async def run(self) -> None:
         """Passes, each when an event or its wake-up time comes (module docstring).
 
-        A pass that fails is tried again after ``retry``'s back-off, and no event
-        starts one sooner: every pass lists the cluster, and an API server that
-        fails because it is overloaded (or a pass that fails on something in the
-        cluster) would otherwise get a pass per event, 20 ms apart. A pass that
-        read the cluster and failed only in some writes (``WritesFailed``) waits
-        the first step every time (or its ``Retry-After``): no back-off grows for
-        one object's write.
+        A pass that fails is tried again after ``retry``'s back-off. After the first
+        failure the next event may start it sooner (one failure is often one
+        request's bad luck); from the second in a row, or when the API server asked
+        for a wait (``Retry-After``), no event does: every pass lists the cluster,
+        and with the 20 ms debounce a failing pass would run again at every event
+        of a busy cluster.
         """
         wake_at: float | None = None
         while True:
             if self.leader is not None and not self.leader.is_leader:
                 await self.leader.wait_leading()
                 self.trigger("became leader", immediate=True)
-            if self.retry.failures and wake_at is not None:
+            if self._hold and wake_at is not None:
                 await asyncio.sleep(max(wake_at - self.clock(), 0.0))
             else:
                 timeout = self.budget.interval_s
@@ -332,32 +354,46 @@ class Controller:
             try:
                 wake_at = await self._pass()
             except Exception as exc:  # keep serving: retried after the back-off
-                wake_at = self.clock() + self._pass_failed(exc)
+                try:
+                    wait = self._pass_failed(exc)
+                except Exception:  # never lose the loop to its own error handling
+                    log.exception("allocation pass failed, and so did handling it")
+                    wait, self._hold = self.retry.max_s, True
+                wake_at = self.clock() + wait
             else:
                 self.retry.succeeded()
-                self._failure = None
+                self._failure, self._hold, self._in_a_row = None, False, 0
 
     def _pass_failed(self, exc: Exception) -> float:
-        """Count and log a failed pass (its traceback when it fails otherwise than the
-        last one did); the seconds until the next try."""
+        """Count and log a failed pass; the seconds until the next try.
+
+        The log has the traceback when the pass fails otherwise than the last one
+        did, and the same failure again as one line at the 2nd, 4th, 8th... in a row
+        (a failure that lasts a day logs some 20 lines, not one a second).
+        """
+        asked = asked_wait_s(exc)
+        if isinstance(exc, WritesFailed) and exc.written:
+            self.retry.succeeded()  # some writes went through: progress, no back-off
+        wait = self.retry.failed()
         if isinstance(exc, WritesFailed):
-            # The pass read the cluster and sent every write: the failed ones are one
-            # object's, or a throttled server's (its Retry-After is waited out), and no
-            # other job should wait 30 s for them.
-            self.retry.succeeded()
-        wait = self.retry.failed(asked_wait_s(exc))
+            wait = min(wait, WRITES_RETRY_MAX_S)
+        if asked is not None:
+            wait = max(wait, float(asked))
+        self._hold = self.retry.failures > 1 or asked is not None
         self.metrics.pass_failures.inc()
-        what = _one_line(exc)
-        if what != self._failure:
+        key, line = _failure_of(exc)
+        self._in_a_row += 1
+        count = self._in_a_row
+        if key != self._failure:
             log.error("allocation pass failed; next try in %.1f s", wait, exc_info=exc)
-        else:
+        elif count & (count - 1) == 0:  # a power of two
             log.warning(
                 "allocation pass failed again (%d in a row): %s; next try in %.1f s",
-                self.retry.failures,
-                what,
+                count,
+                line,
                 wait,
             )
-        self._failure = what
+        self._failure = key
         return wait
 
     async def _pass(self) -> float | None:
@@ -647,6 +683,7 @@ class Controller:
         events, self._events = self._events, []
         await self.kube.post_events(events)
         self.metrics.loop_seconds.observe(time.perf_counter() - started)
+        self.metrics.last_pass.set(time.time())
         self.passes += 1
         if any(r.verb == "create" for r in refused):
             return now  # report the refusals and start the backoff at once

@@ -17,7 +17,8 @@ does, the operator lists them once and then watches:
 - the watch (``powerflow.kubeapi.watch.ListWatch``, shared with the node
   agent) resumes from the last ``resourceVersion`` seen (bookmarks included)
   when the server ends it (``timeoutSeconds``); a ``410 Gone`` (too old)
-  relists; other errors retry after a second;
+  relists; other errors are tried again after a back-off (1 s doubling to 30 s,
+  jittered, or the answer's ``Retry-After``);
 - a foreign GPU pod arriving or leaving the set is a scheduling event
   (``on_change``); other pods' changes are not.
 

@@ -58,12 +58,14 @@ WORKER = re.compile(r"^(?P<job>.+)-g\d+-w\d+$")
 
 class WritesFailed(Exception):
     """Some writes of a pass failed transiently (the first error is the cause); the
-    refusals of the same pass ride along so that they are reported all the same."""
+    refusals of the same pass ride along so that they are reported all the same, and
+    ``written`` counts the writes that went through (the pass made progress)."""
 
-    def __init__(self, errors: list[Exception], refusals: list[Refusal]) -> None:
+    def __init__(self, errors: list[Exception], refusals: list[Refusal], written: int = 0) -> None:
         super().__init__(f"{len(errors)} write(s) failed; first: {errors[0]}")
         self.errors = errors
         self.refusals = refusals
+        self.written = written
 
 
 def _refusal(
@@ -574,6 +576,7 @@ class Kube:
         """
         refusals: list[Refusal] = []
         errors: list[Exception] = []
+        written = 0
         verbs: dict[str, Callable[..., object]] = {
             "status": self._status,
             "delete": self._delete_pod,
@@ -605,13 +608,14 @@ class Kube:
                 elif isinstance(result, BaseException):  # cancellation: stop now
                     raise result
                 else:
+                    written += 1
                     continue
                 if number == 0:
                     unrecorded.add((args[0], args[1]))
         if errors:
             for extra in errors[1:]:
                 log.warning("write failed as well: %s", extra)
-            raise WritesFailed(errors, refusals) from errors[0]
+            raise WritesFailed(errors, refusals, written) from errors[0]
         return refusals
 
 

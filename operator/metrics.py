@@ -48,9 +48,16 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=r,
         )
+        self.last_pass = Gauge(
+            "powerflow_allocation_last_pass_timestamp_seconds",
+            "Unix time when the last allocation pass went through (at start: when the "
+            "operator started): how long nothing was planned, failed passes and hung "
+            "ones alike.",
+            registry=r,
+        )
         self.pass_failures = Counter(
             "powerflow_allocation_pass_failures",
-            "Allocation passes that failed; each is tried again after a back-off (1 s "
+            "Allocation passes that failed; each is tried again after a back-off (0.5 s "
             "doubling to 30 s, or the API server's Retry-After): the log has the error.",
             registry=r,
         )

@@ -67,6 +67,9 @@ def test_nonsense_settings_are_refused(first_s: float, max_s: float, jitter: flo
         (429, None, None),
         (429, "Wed, 21 Oct 2026 07:28:00 GMT", None),
         (429, "1.5", None),
+        (429, "\u00b2", None),  # a digit to isdigit, not a number to int
+        (429, "9" * 5000, None),  # beyond int's 4,300 digits
+        (429, "1234567890", None),
         (404, "2", None),
         (None, "2", None),
     ],
@@ -101,3 +104,6 @@ async def test_the_clients_exception_of_a_throttled_list_carries_the_wait(
     assert asked_wait_s(failed) is None  # a 500 that names no wait
     assert asked_wait_s(WritesFailed([failed, throttled], [])) == 1  # the operator's
     assert asked_wait_s(ValueError("no answer")) is None
+    longer = kubernetes.client.ApiException(status=503, reason="Service Unavailable")
+    longer.headers = {"Retry-After": "7"}
+    assert asked_wait_s(WritesFailed([throttled, longer], [])) == 7  # the longest asked

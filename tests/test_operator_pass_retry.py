@@ -1,7 +1,8 @@
-"""A failed allocation pass is tried again after a back-off, and events do not start one
-sooner (``Controller.run``): each pass lists the cluster, and a pass that failed was
-tried again at every event, 20 ms apart, or each second without one. Against the
-emulator over HTTP, its faults on the pass's DLJob list."""
+"""A failed allocation pass is tried again after a back-off, and from the second failure
+in a row (or a ``Retry-After``) events do not start one sooner (``Controller.run``):
+each pass lists the cluster, and with the 20 ms debounce a failing pass would run
+again at every event. Against the emulator over HTTP, its faults on the pass's DLJob
+list and status writes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import httpx
 import operator_cases
 import pytest
 from operator_cases import eventually
+from powerflow.operator import controller as controller_module
 from powerflow.operator.controller import (
     Controller,
     OperatorConfig,
@@ -57,65 +59,89 @@ async def test_a_failing_pass_backs_off_whatever_events_arrive(
         while time.monotonic() - began < 1.5:  # an event every 20 ms, as a busy cluster
             op.trigger("a pod changed")
             await asyncio.sleep(0.02)
-        # Tries at 0, 0.1, 0.3, 0.7, 1.1, 1.5 s at most (1.5 s of events against 20 ms
-        # apart: about 70 passes).
-        assert 3 <= rule.hits <= 6
-        assert op.retry.failures == rule.hits == op.metrics.pass_failures._value.get()
-        assert op.passes == 0
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    # The second try may follow the first at the next event; then waits of 0.2, 0.4,
+    # 0.4... s: at most 7 tries in 1.5 s (against one every 20 ms or so).
+    assert 3 <= rule.hits <= 7
+    assert op.retry.failures == rule.hits == op.metrics.pass_failures._value.get()
+    assert op.passes == 0
+    failed = [r for r in caplog.records if "allocation pass failed" in r.getMessage()]
+    # The first failure logs its traceback; the same again one line at the 2nd and 4th.
+    assert failed[0].levelno == logging.ERROR and failed[0].exc_info is not None
+    assert [r.getMessage().split(":")[0] for r in failed[1:]] == [
+        "allocation pass failed again (2 in a row)",
+        "allocation pass failed again (4 in a row)",
+    ]
+    assert all(r.levelno == logging.WARNING and not r.exc_info for r in failed[1:])
 
-        kmock.faults.remove(rule)  # the API server is back
+
+async def test_the_api_server_back_ends_the_back_off(kube: Kube, kmock: KubeEmulator) -> None:
+    rule = kmock.faults.inject("list", contract.PLURAL, Answer(status=500), times=3)
+    op = controller(kube, Backoff(first_s=0.1, max_s=0.4))
+    loop = asyncio.create_task(op.run())
+    try:
+        op.trigger("start", immediate=True)
 
         async def passed() -> bool:
             return op.passes >= 1
 
         await eventually(passed, timeout=10)
-        assert op.retry.failures == 0
+        assert rule.hits == 3 and op.retry.failures == 0
+        assert op.metrics.last_pass._value.get() > time.time() - 10
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
-    failed = [r for r in caplog.records if "allocation pass failed" in r.getMessage()]
-    # The first failure logs its traceback; the same error again is one line.
-    assert failed[0].levelno == logging.ERROR and failed[0].exc_info is not None
-    assert all(r.levelno == logging.WARNING and not r.exc_info for r in failed[1:])
-    assert "in a row" in failed[-1].getMessage()
 
 
-async def test_a_throttled_pass_waits_the_api_servers_retry_after(
+async def two_jobs(kmock: KubeEmulator) -> None:
+    """A node and DLJobs ``a`` and ``b``: a pass writes each job's status."""
+    async with httpx.AsyncClient(base_url=str(kmock.url), headers=TESTER) as api:
+        assert (await api.post("/api/v1/nodes", json=operator_cases.node("n0", 8))).is_success
+        for name in ("a", "b"):
+            assert (await api.post(JOBS, json=gang_dljob(name, 100))).status_code == 201
+
+
+async def test_a_throttled_pass_waits_the_api_servers_retry_after_whatever_events_arrive(
     kube: Kube, kmock: KubeEmulator
 ) -> None:
-    # Four 429s: the client waits out three of them (urllib3), then the pass fails with
-    # the fourth's Retry-After (2 s), longer than the back-off's 0.05 s.
-    rule = kmock.faults.inject("list", contract.PLURAL, Answer(status=429), times=4)
+    # A PATCH is never sent twice by the client itself: the pass fails at once, with the
+    # answer's Retry-After (3 s) far beyond the back-off's 0.05 s.
+    await two_jobs(kmock)
+    rule = kmock.faults.inject(
+        "patch", f"{contract.PLURAL}/status", Answer(status=429, retry_after_s=3), times=1
+    )
     op = controller(kube, Backoff(first_s=0.05, max_s=0.4))
     loop = asyncio.create_task(op.run())
     try:
         op.trigger("start", immediate=True)
 
         async def throttled() -> bool:
-            return rule.hits == 4
+            return rule.hits == 1
 
         await eventually(throttled, timeout=20)
         failed_at = time.monotonic()
-
-        async def passed() -> bool:
-            return op.passes >= 1
-
-        await eventually(passed, timeout=20)
-        assert time.monotonic() - failed_at >= 0.9  # Retry-After: 1 s, not 0.05 s
+        while op.passes == 0 and time.monotonic() - failed_at < 20:
+            op.trigger("a pod changed")
+            await asyncio.sleep(0.02)
+        assert op.passes >= 1
+        assert time.monotonic() - failed_at >= 2.9
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
 
 
 async def test_a_pass_failing_in_one_jobs_write_is_tried_again_without_growing_waits(
-    kube: Kube, kmock: KubeEmulator
+    kube: Kube,
+    kmock: KubeEmulator,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The pass read the cluster and sent every write; one job's status write fails each
-    time (a broken webhook, say): the other jobs must not wait 30 s for it."""
-    async with httpx.AsyncClient(base_url=str(kmock.url), headers=TESTER) as api:
-        assert (await api.post("/api/v1/nodes", json=operator_cases.node("n0", 8))).is_success
-        for name in ("a", "b"):
-            assert (await api.post(JOBS, json=gang_dljob(name, 100))).status_code == 201
+    time (a broken webhook, say): the other jobs' new work must not wait 30 s for it."""
+    monkeypatch.setattr(controller_module, "WRITES_RETRY_MAX_S", 0.1)
+    await two_jobs(kmock)
     rule = kmock.faults.inject("patch", f"{contract.PLURAL}/status", Answer(status=500), name="a")
     op = controller(kube, Backoff(first_s=0.1, max_s=0.4))
     loop = asyncio.create_task(op.run())
@@ -123,12 +149,13 @@ async def test_a_pass_failing_in_one_jobs_write_is_tried_again_without_growing_w
         op.trigger("start", immediate=True)
 
         async def failed_often() -> bool:
-            return rule.hits >= 6
+            return rule.hits >= 4
 
         await eventually(failed_often, timeout=20)
-        # Each failure waited the first step: growing, six tries would take 1.9 s at least.
-        assert op.retry.failures == 1
-        assert op.metrics.pass_failures._value.get() >= 6
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+    again = [r.getMessage() for r in caplog.records if "failed again" in r.getMessage()]
+    # Growing, the 2nd and 4th would wait 0.2 and 0.4 s.
+    assert [m.split("next try in ")[1] for m in again[:2]] == ["0.1 s", "0.1 s"]
+    assert "(4 in a row)" in again[1] and "WritesFailed: the first" in again[1]

@@ -166,32 +166,26 @@ def test_each_alert_fires_on_its_series_and_not_on_their_neighbours(
             ],
         },
         {
-            # The leader's passes all fail; a follower's failures are no one's concern.
+            # The leader's last pass at 0 s (promtool's clock starts at 0); a follower's
+            # last passes are recent, and no one's concern.
             "input_series": [
-                *operator(
-                    LEADER,
-                    1,
-                    allocation_pass_failures_total="0+3x30",
-                    allocation_loop_seconds_count="5x30",
-                ),
-                *operator(FOLLOWER, 0, allocation_pass_failures_total="0+3x30"),
+                *operator(LEADER, 1, allocation_last_pass_timestamp_seconds="0x30"),
+                *operator(FOLLOWER, 0, allocation_last_pass_timestamp_seconds="0+60x30"),
             ],
             "alert_rule_test": [
-                alert("PowerFlowAllocationFailing", "3m", []),
+                alert("PowerFlowAllocationStalled", "12m", []),
                 alert(
-                    "PowerFlowAllocationFailing", "20m", [{"exp_labels": {"severity": "critical"}}]
+                    "PowerFlowAllocationStalled", "16m", [{"exp_labels": {"severity": "critical"}}]
                 ),
             ],
         },
         {
-            # Some passes fail, others go through: the back-off rides it out.
-            "input_series": operator(
-                LEADER,
-                1,
-                allocation_pass_failures_total="0+1x30",
-                allocation_loop_seconds_count="0+20x30",
-            ),
-            "alert_rule_test": [alert("PowerFlowAllocationFailing", "20m", [])],
+            # The leader passes every minute; a follower's stale record is not the leader's.
+            "input_series": [
+                *operator(LEADER, 1, allocation_last_pass_timestamp_seconds="0+60x30"),
+                *operator(FOLLOWER, 0, allocation_last_pass_timestamp_seconds="0x30"),
+            ],
+            "alert_rule_test": [alert("PowerFlowAllocationStalled", "20m", [])],
         },
         {
             "input_series": errors,

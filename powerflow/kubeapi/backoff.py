@@ -9,8 +9,9 @@ reflector: 800 ms doubling to 30 s, with jitter) and its REST client waits out
 a ``Retry-After``; ``Backoff`` does both for the loops that use the
 ``kubernetes`` client here (the shared watch, the operator's allocation pass).
 That client (urllib3's default ``Retry``) already waits out the ``Retry-After`` of
-up to three 429 or 503 answers within one call; what it raises after carries the
-last answer's, which ``asked_wait_s`` reads.
+up to three 413, 429 or 503 answers within one GET, PUT or DELETE (not a PATCH or
+a POST, which it never sends twice); what it raises after carries the last
+answer's, which ``asked_wait_s`` reads.
 """
 
 from __future__ import annotations
@@ -30,26 +31,28 @@ def retry_after_s(status: int | None, header: str | None) -> int | None:
     if status is None or (status != 429 and status // 100 != 5):
         return None
     raw = (header or "").strip()
-    if not raw.isdigit():
+    # ASCII digits only, and few: ``isdigit`` takes "²", and ``int`` refuses 5,000 digits.
+    if not (raw.isascii() and raw.isdecimal() and len(raw) <= 9):
         return None
     return min(int(raw), RETRY_AFTER_MAX_S)
 
 
 def asked_wait_s(exc: BaseException) -> int | None:
     """The ``Retry-After`` of the API server's answer that ``exc`` carries (a
-    ``kubernetes`` client ``ApiException``: its ``status`` and ``headers``), or of the
-    first such error among an ``errors`` list it carries (the operator's
+    ``kubernetes`` client ``ApiException``: its ``status`` and ``headers``), or the
+    longest among the errors of an ``errors`` list it carries (the operator's
     ``WritesFailed``); None when none asks."""
     errors = getattr(exc, "errors", None)
+    asked: list[int] = []
     for one in [exc, *(errors if isinstance(errors, list) else ())]:
         headers = getattr(one, "headers", None)
         status = getattr(one, "status", None)
         if headers is None or not isinstance(status, int):
             continue
-        asked = retry_after_s(status, headers.get("Retry-After"))
-        if asked is not None:
-            return asked
-    return None
+        wait = retry_after_s(status, headers.get("Retry-After"))
+        if wait is not None:
+            asked.append(wait)
+    return max(asked, default=None)
 
 
 @dataclass

@@ -11,8 +11,8 @@
   where the watch was after a back-off (``backoff.Backoff``: 1 s doubling to 30 s,
   jittered, or the answer's ``Retry-After`` if longer), not each second: a
   thousand nodes' agents must not keep an overloaded API server down; a LIST or
-  a watch that went through, or a try that lasted longer than the longest wait,
-  starts the back-off over;
+  a watch that went through, or a try that lasted longer than the back-off's
+  ceiling (30 s), starts it over;
 - a server that ends watches at once costs at most one watch a second.
 
 The ``kubernetes`` client is synchronous: the watch streams in a daemon
@@ -127,7 +127,7 @@ class ListWatch(Generic[T]):
                 if version is None:
                     # At most one LIST a second, whatever the server answers the watch.
                     self._stopped.wait(max(0.0, listed + 1.0 - time.monotonic()))
-                    listed = time.monotonic()
+                    listed = began = time.monotonic()
                     items, version = self._lister()
                     self.lists += 1
                     self.backoff.succeeded()
