@@ -202,7 +202,8 @@ writes (``WritesFailed``), unless a ``Retry-After`` asks for more: such a pass i
 object's bad write as often as a server's (a webhook that fails one job's status), and
 the other jobs' new work should not wait ``Controller.retry``'s 30 s for it; a
 server that fails every write (etcd over its quota) is still asked only every 5 s.
-A pass some of whose writes went through made progress: its back-off starts over."""
+A pass some of whose writes the server answered without an error (``WritesFailed.written``)
+finds it up: its back-off starts over."""
 
 
 def _job_ref(state: ClusterState, key: str) -> dict[str, Any] | None:
@@ -292,9 +293,9 @@ class Controller:
     ``Retry-After`` if longer (``run``). Half a second first: one failure is often one
     request's bad luck, and one operator coming back soon loads no server; the node
     agents' watches, a thousand of them, start at 1 s (``powerflow.kubeapi.watch``)."""
-    _failure: str | None = None
-    """The key of the last failed pass's error (``_failure_of``), since the last pass
-    that went through."""
+    _failures: set[str] = field(default_factory=set)
+    """The keys of the failed passes' errors (``_failure_of``) since the last pass that
+    went through."""
     _hold: bool = False
     """No event starts the next pass before its retry time (``run``)."""
     _in_a_row: int = 0
@@ -337,6 +338,8 @@ class Controller:
         while True:
             if self.leader is not None and not self.leader.is_leader:
                 await self.leader.wait_leading()
+                # A follower's passes went nowhere: the time without one counts from here.
+                self.metrics.last_pass.set(time.time())
                 self.trigger("became leader", immediate=True)
             if self._hold and wake_at is not None:
                 await asyncio.sleep(max(wake_at - self.clock(), 0.0))
@@ -362,18 +365,20 @@ class Controller:
                 wake_at = self.clock() + wait
             else:
                 self.retry.succeeded()
-                self._failure, self._hold, self._in_a_row = None, False, 0
+                self._failures.clear()
+                self._hold, self._in_a_row = False, 0
 
     def _pass_failed(self, exc: Exception) -> float:
         """Count and log a failed pass; the seconds until the next try.
 
-        The log has the traceback when the pass fails otherwise than the last one
-        did, and the same failure again as one line at the 2nd, 4th, 8th... in a row
-        (a failure that lasts a day logs some 20 lines, not one a second).
+        The log has the traceback of each error not seen since the last pass that
+        went through, and a failure seen before as one line at the 2nd, 4th, 8th...
+        failure in a row (a failure that lasts a day logs about a dozen lines, not
+        one a second; two that alternate, two tracebacks).
         """
         asked = asked_wait_s(exc)
         if isinstance(exc, WritesFailed) and exc.written:
-            self.retry.succeeded()  # some writes went through: progress, no back-off
+            self.retry.succeeded()  # the server answered some writes: it is up, no back-off
         wait = self.retry.failed()
         if isinstance(exc, WritesFailed):
             wait = min(wait, WRITES_RETRY_MAX_S)
@@ -384,7 +389,7 @@ class Controller:
         key, line = _failure_of(exc)
         self._in_a_row += 1
         count = self._in_a_row
-        if key != self._failure:
+        if key not in self._failures:
             log.error("allocation pass failed; next try in %.1f s", wait, exc_info=exc)
         elif count & (count - 1) == 0:  # a power of two
             log.warning(
@@ -393,7 +398,7 @@ class Controller:
                 line,
                 wait,
             )
-        self._failure = key
+        self._failures.add(key)
         return wait
 
     async def _pass(self) -> float | None:
@@ -470,6 +475,7 @@ class Controller:
         (recorded or not: a failed write is retried on every pass)."""
         self.budget = config
         self._decided = True
+        self.metrics.scheduling_interval.set(config.interval_s)
         record = (version, dict(data))
         changed = record != self._in_force_source
         self._in_force_source = record

@@ -18,7 +18,7 @@ does, the operator lists them once and then watches:
   agent) resumes from the last ``resourceVersion`` seen (bookmarks included)
   when the server ends it (``timeoutSeconds``); a ``410 Gone`` (too old)
   relists; other errors are tried again after a back-off (1 s doubling to 30 s,
-  jittered, or the answer's ``Retry-After``);
+  each wait up to half longer at random, or the answer's ``Retry-After``);
 - a foreign GPU pod arriving or leaving the set is a scheduling event
   (``on_change``); other pods' changes are not.
 

@@ -59,7 +59,8 @@ WORKER = re.compile(r"^(?P<job>.+)-g\d+-w\d+$")
 class WritesFailed(Exception):
     """Some writes of a pass failed transiently (the first error is the cause); the
     refusals of the same pass ride along so that they are reported all the same, and
-    ``written`` counts the writes that went through (the pass made progress)."""
+    ``written`` counts the writes the API server answered without an error (one that
+    found its work done, a pod already there or gone, counts: the server is up)."""
 
     def __init__(self, errors: list[Exception], refusals: list[Refusal], written: int = 0) -> None:
         super().__init__(f"{len(errors)} write(s) failed; first: {errors[0]}")

@@ -50,15 +50,22 @@ class Metrics:
         )
         self.last_pass = Gauge(
             "powerflow_allocation_last_pass_timestamp_seconds",
-            "Unix time when the last allocation pass went through (at start: when the "
-            "operator started): how long nothing was planned, failed passes and hung "
-            "ones alike.",
+            "Unix time when the last allocation pass went through (at start, and when "
+            "this replica took the Lease: then): how long nothing was planned, failed "
+            "passes and hung ones alike.",
+            registry=r,
+        )
+        self.scheduling_interval = Gauge(
+            "powerflow_scheduling_interval_seconds",
+            "The budget's schedulingIntervalSeconds in force: the longest an idle cluster "
+            "goes without a pass (the stalled-allocation alert allows for it).",
             registry=r,
         )
         self.pass_failures = Counter(
             "powerflow_allocation_pass_failures",
             "Allocation passes that failed; each is tried again after a back-off (0.5 s "
-            "doubling to 30 s, or the API server's Retry-After): the log has the error.",
+            "doubling to 30 s, 5 s at most after failed writes, or the API server's "
+            "Retry-After): the log has the error.",
             registry=r,
         )
         self.invalid_budget = Counter(

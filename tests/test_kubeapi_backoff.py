@@ -68,8 +68,8 @@ def test_nonsense_settings_are_refused(first_s: float, max_s: float, jitter: flo
         (429, "Wed, 21 Oct 2026 07:28:00 GMT", None),
         (429, "1.5", None),
         (429, "\u00b2", None),  # a digit to isdigit, not a number to int
-        (429, "9" * 5000, None),  # beyond int's 4,300 digits
-        (429, "1234567890", None),
+        (429, "9" * 5000, RETRY_AFTER_MAX_S),  # beyond int's 4,300 digits: long
+        (429, "1234567890", RETRY_AFTER_MAX_S),
         (404, "2", None),
         (None, "2", None),
     ],

@@ -166,26 +166,57 @@ def test_each_alert_fires_on_its_series_and_not_on_their_neighbours(
             ],
         },
         {
-            # The leader's last pass at 0 s (promtool's clock starts at 0); a follower's
-            # last passes are recent, and no one's concern.
+            # The leader's last pass at 0 s (promtool's clock starts at 0), its interval
+            # 60 s; a follower's last passes are recent, and no one's concern.
             "input_series": [
-                *operator(LEADER, 1, allocation_last_pass_timestamp_seconds="0x30"),
+                *operator(
+                    LEADER,
+                    1,
+                    allocation_last_pass_timestamp_seconds="0x30",
+                    scheduling_interval_seconds="60x30",
+                ),
                 *operator(FOLLOWER, 0, allocation_last_pass_timestamp_seconds="0+60x30"),
             ],
             "alert_rule_test": [
-                alert("PowerFlowAllocationStalled", "12m", []),
+                alert("PowerFlowAllocationStalled", "13m", []),
                 alert(
-                    "PowerFlowAllocationStalled", "16m", [{"exp_labels": {"severity": "critical"}}]
+                    "PowerFlowAllocationStalled", "17m", [{"exp_labels": {"severity": "critical"}}]
                 ),
             ],
         },
         {
             # The leader passes every minute; a follower's stale record is not the leader's.
             "input_series": [
-                *operator(LEADER, 1, allocation_last_pass_timestamp_seconds="0+60x30"),
-                *operator(FOLLOWER, 0, allocation_last_pass_timestamp_seconds="0x30"),
+                *operator(
+                    LEADER,
+                    1,
+                    allocation_last_pass_timestamp_seconds="0+60x30",
+                    scheduling_interval_seconds="60x30",
+                ),
+                *operator(
+                    FOLLOWER,
+                    0,
+                    allocation_last_pass_timestamp_seconds="0x30",
+                    scheduling_interval_seconds="60x30",
+                ),
             ],
             "alert_rule_test": [alert("PowerFlowAllocationStalled", "20m", [])],
+        },
+        {
+            # An idle cluster on a 20-minute interval passes every 20 minutes: 19 minutes
+            # without a pass at 39m is no stall (without the interval it would fire at 35m).
+            "input_series": [
+                {"series": f"powerflow_operator_leader{{{LEADER}}}", "values": "1x50"},
+                {
+                    "series": f"powerflow_allocation_last_pass_timestamp_seconds{{{LEADER}}}",
+                    "values": "0x19 1200x19 2400x10",
+                },
+                {
+                    "series": f"powerflow_scheduling_interval_seconds{{{LEADER}}}",
+                    "values": "1200x50",
+                },
+            ],
+            "alert_rule_test": [alert("PowerFlowAllocationStalled", "39m", [])],
         },
         {
             "input_series": errors,

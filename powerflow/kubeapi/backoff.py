@@ -31,9 +31,10 @@ def retry_after_s(status: int | None, header: str | None) -> int | None:
     if status is None or (status != 429 and status // 100 != 5):
         return None
     raw = (header or "").strip()
-    # ASCII digits only, and few: ``isdigit`` takes "²", and ``int`` refuses 5,000 digits.
-    if not (raw.isascii() and raw.isdecimal() and len(raw) <= 9):
+    if not (raw.isascii() and raw.isdecimal()):  # ``isdigit`` would take "²"
         return None
+    if len(raw) > 9:  # more than ``RETRY_AFTER_MAX_S``, and ``int`` refuses 5,000 digits
+        return RETRY_AFTER_MAX_S
     return min(int(raw), RETRY_AFTER_MAX_S)
 
 

@@ -17,8 +17,10 @@ import kubernetes
 
 REQUEST_TIMEOUT_S: tuple[float, float] = (10.0, 60.0)
 """(connect, read) seconds of a call that names no timeout: the read limit is on each
-wait for bytes, not the whole answer, so a LIST of a large cluster that streams its
-pages is not cut."""
+wait for bytes, not the whole answer (a LIST page of 500 objects is one answer; 60 s is
+the API server's own ``--request-timeout``). urllib3 sends a GET, PUT or DELETE that
+timed out again, up to three times: a server that stops answering fails a read after
+at most four minutes, a PATCH or POST after one."""
 
 
 class TimedApiClient(kubernetes.client.ApiClient):

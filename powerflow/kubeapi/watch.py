@@ -9,7 +9,8 @@
   second whatever the server answers;
 - other errors (unreachable, stream cut, 5xx, 429) are logged and retried from
   where the watch was after a back-off (``backoff.Backoff``: 1 s doubling to 30 s,
-  jittered, or the answer's ``Retry-After`` if longer), not each second: a
+  each wait up to half longer at random, or the answer's ``Retry-After`` if longer),
+  not each second: a
   thousand nodes' agents must not keep an overloaded API server down; a LIST or
   a watch that went through, or a try that lasted longer than the back-off's
   ceiling (30 s), starts it over;
