@@ -303,3 +303,26 @@ async def test_a_failure_after_a_long_good_try_waits_the_first_wait_again(core: 
     asked = time.monotonic()
     w._failed(time.monotonic(), "throttled", 1)
     assert time.monotonic() - asked >= 1.0  # a Retry-After longer than the wait is waited out
+
+
+async def test_relists_after_410s_in_a_row_back_off(
+    kmock: KubeEmulator, api: httpx.AsyncClient, core: Any
+) -> None:
+    """A server whose every watch ends in 410 Gone (a watch cache that keeps failing)
+    is relisted after 1, 2, 4... s (each up to half longer), not each second: every
+    node's agent relists, and a relist may go to etcd."""
+    rule = kmock.faults.inject("watch", "pods", Answer(status=410, after_events=0))
+    seen = Seen()
+    w: ListWatch[dict[str, Any]] = ListWatch(
+        "test", core.list_pod_for_all_namespaces, seen.on_list, seen.on_event, selection=SELECTED
+    )
+    w.start()
+    try:
+        await seen.lists_made(1)
+        await asyncio.sleep(6.0)
+    finally:
+        w.stop()
+    # Lists at 0, 1-1.5, 3-4.5 (then 7-10.5) s: three in 6 s, where one a second would
+    # be seven.
+    assert 2 <= w.lists <= 4 and rule.hits >= 2
+    assert w.relists.failures >= 2

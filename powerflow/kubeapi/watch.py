@@ -6,14 +6,16 @@
   ``resourceVersion`` seen, bookmarks included: no relist, no replay;
 - a ``410 Gone`` (the version is older than the server's history, as an
   HTTP status or an ``ERROR`` event in the stream) relists, at most once a
-  second whatever the server answers;
+  second; a relist within 30 s of the last one (the server's history keeps
+  nothing, a watch cache that keeps failing) waits the same back-off as an
+  error, from 1 s up, so that relists, which the API server may serve from
+  etcd, do not come once a second from every node;
 - other errors (unreachable, stream cut, 5xx, 429) are logged and retried from
   where the watch was after a back-off (``backoff.Backoff``: 1 s doubling to 30 s,
-  each wait up to half longer at random, or the answer's ``Retry-After`` if longer),
-  not each second: a
-  thousand nodes' agents must not keep an overloaded API server down; a LIST or
-  a watch that went through, or a try that lasted longer than the back-off's
-  ceiling (30 s), starts it over;
+  each wait up to half longer at random, or the answer's ``Retry-After`` if
+  longer), not each second: a thousand nodes' agents must not keep an
+  overloaded API server down; a LIST or a watch that went through, or a try that
+  lasted longer than the back-off's ceiling (30 s), starts it over;
 - a server that ends watches at once costs at most one watch a second.
 
 The ``kubernetes`` client is synchronous: the watch streams in a daemon
@@ -79,6 +81,10 @@ class ListWatch(Generic[T]):
         self.name = name
         self.backoff = backoff or Backoff(first_s=1.0, max_s=30.0, jitter=0.5)
         """The waits after errors (see the module)."""
+        self.relists = Backoff(
+            first_s=self.backoff.first_s, max_s=self.backoff.max_s, jitter=self.backoff.jitter
+        )
+        """The waits between relists in a row (see the module)."""
         self._call = call
         self._selection = dict(selection or {})
         self._lister = lister or self._list_pages
@@ -122,12 +128,13 @@ class ListWatch(Generic[T]):
     def _run(self) -> None:
         version: str | None = None
         listed = -1.0
+        relist_s = 1.0
         while self._alive():
             began = time.monotonic()
             try:
                 if version is None:
-                    # At most one LIST a second, whatever the server answers the watch.
-                    self._stopped.wait(max(0.0, listed + 1.0 - time.monotonic()))
+                    # At most one LIST a second; relists after 410s in a row back off.
+                    self._stopped.wait(max(0.0, listed + relist_s - time.monotonic()))
                     listed = began = time.monotonic()
                     items, version = self._lister()
                     self.lists += 1
@@ -136,15 +143,27 @@ class ListWatch(Generic[T]):
                 began = time.monotonic()
                 version = self._watch(version)
                 self.backoff.succeeded()
+                if version is None:  # an ERROR event: 410 Gone
+                    relist_s = self._relist_s(listed)
                 if version is not None:  # a server that ends watches at once: no busy loop
                     self._stopped.wait(max(0.0, 1.0 - (time.monotonic() - began)))
             except kubernetes.client.ApiException as exc:
                 if exc.status == 410:
                     version = None
+                    relist_s = self._relist_s(listed)
                     continue
                 self._failed(began, f"{exc.status} {exc.reason}", asked_wait_s(exc))
             except Exception as exc:  # unreachable, stream cut: retry from where it was
                 self._failed(began, f"{type(exc).__name__}: {exc}", None)
+
+    def _relist_s(self, listed: float) -> float:
+        """The least time between the last LIST (at ``listed``) and the relist a 410
+        asks for: a second, or a back-off when the last LIST was a relist too recent
+        for its watch to have done its work (see the module)."""
+        if time.monotonic() - listed < self.relists.max_s:
+            return max(1.0, self.relists.failed())
+        self.relists.succeeded()
+        return 1.0
 
     def _failed(self, began: float, what: str, asked_s: int | None) -> None:
         """Log a failed try (begun at ``began``) and wait out the back-off."""
