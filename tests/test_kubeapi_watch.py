@@ -88,7 +88,7 @@ def core(kmock: KubeEmulator) -> Any:
 
 @contextlib.asynccontextmanager
 async def watching(
-    core: Any, seen: Seen, timeout_s: int = 300
+    core: Any, seen: Seen, timeout_s: int = 300, backoff: Backoff | None = None
 ) -> AsyncIterator[ListWatch[dict[str, Any]]]:
     """A started watch of the ``app=a`` pods, once its first LIST arrived; stopped after."""
     w: ListWatch[dict[str, Any]] = ListWatch(
@@ -98,6 +98,7 @@ async def watching(
         seen.on_event,
         selection=SELECTED,
         timeout_s=timeout_s,
+        backoff=backoff,
     )
     w.start()
     try:
@@ -251,22 +252,10 @@ async def test_a_failing_list_is_tried_again_after_a_wait_that_doubles(
     """Not each second: a thousand agents must not keep an overloaded API server down."""
     rule = kmock.faults.inject("list", "pods", Answer(status=500), times=4)
     seen = Seen()
-    w: ListWatch[dict[str, Any]] = ListWatch(
-        "test",
-        core.list_pod_for_all_namespaces,
-        seen.on_list,
-        seen.on_event,
-        selection=SELECTED,
-        backoff=Backoff(first_s=0.1, max_s=0.4),
-    )
     began = time.monotonic()
-    w.start()
-    try:
-        await seen.lists_made(1)
-        took = time.monotonic() - began
+    async with watching(core, seen, backoff=Backoff(first_s=0.1, max_s=0.4)) as w:
+        took = time.monotonic() - began  # to the first LIST that went through
         assert w.backoff.failures == 0  # the LIST went through: the next failure waits 0.1 s
-    finally:
-        w.stop()
     assert rule.hits == 4 and w.lists == 1
     waits = [r.getMessage().split("trying again in ")[1] for r in caplog.records
              if "trying again" in r.getMessage()]  # fmt: skip

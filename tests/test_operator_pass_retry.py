@@ -7,8 +7,10 @@ list and status writes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 import operator_cases
@@ -47,14 +49,24 @@ def controller(kube: Kube, retry: Backoff | None = None) -> Controller:
     return made
 
 
+@contextlib.asynccontextmanager
+async def running(op: Controller) -> AsyncIterator[asyncio.Task[None]]:
+    """``op``'s allocation loop, woken for a first pass; cancelled after."""
+    loop = asyncio.create_task(op.run())
+    try:
+        op.trigger("start", immediate=True)
+        yield loop
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
 async def test_a_failing_pass_backs_off_whatever_events_arrive(
     kube: Kube, kmock: KubeEmulator, caplog: pytest.LogCaptureFixture
 ) -> None:
     rule = kmock.faults.inject("list", contract.PLURAL, Answer(status=500))
     op = controller(kube, Backoff(first_s=0.1, max_s=0.4))
-    loop = asyncio.create_task(op.run())
-    try:
-        op.trigger("start", immediate=True)
+    async with running(op):
         began = time.monotonic()
         while time.monotonic() - began < 1.5:  # an event every 20 ms, as a busy cluster
             op.trigger("a pod changed")
@@ -65,9 +77,6 @@ async def test_a_failing_pass_backs_off_whatever_events_arrive(
             return op.metrics.pass_failures._value.get() >= rule.hits
 
         await eventually(counted, timeout=10)
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
     # The second try may follow the first at the next event; then waits of 0.2, 0.4,
     # 0.4... s: 4 to 7 tries in 1.5 s (against one every 20 ms or so).
     assert 4 <= hits <= 7
@@ -86,9 +95,7 @@ async def test_a_failing_pass_backs_off_whatever_events_arrive(
 async def test_the_api_server_back_ends_the_back_off(kube: Kube, kmock: KubeEmulator) -> None:
     rule = kmock.faults.inject("list", contract.PLURAL, Answer(status=500), times=3)
     op = controller(kube, Backoff(first_s=0.1, max_s=0.4))
-    loop = asyncio.create_task(op.run())
-    try:
-        op.trigger("start", immediate=True)
+    async with running(op):
 
         async def passed() -> bool:
             return op.passes >= 1
@@ -96,9 +103,6 @@ async def test_the_api_server_back_ends_the_back_off(kube: Kube, kmock: KubeEmul
         await eventually(passed, timeout=10)
         assert rule.hits == 3 and op.retry.failures == 0
         assert op.metrics.last_pass._value.get() > time.time() - 10
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
 
 
 async def two_jobs(kmock: KubeEmulator) -> None:
@@ -119,9 +123,7 @@ async def test_a_throttled_pass_waits_the_api_servers_retry_after_whatever_event
         "patch", f"{contract.PLURAL}/status", Answer(status=429, retry_after_s=3), times=1
     )
     op = controller(kube, Backoff(first_s=0.05, max_s=0.4))
-    loop = asyncio.create_task(op.run())
-    try:
-        op.trigger("start", immediate=True)
+    async with running(op):
 
         async def throttled() -> bool:
             return rule.hits == 1
@@ -133,9 +135,6 @@ async def test_a_throttled_pass_waits_the_api_servers_retry_after_whatever_event
             await asyncio.sleep(0.02)
         assert op.passes >= 1
         assert time.monotonic() - failed_at >= 2.9
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
 
 
 async def test_a_pass_failing_in_one_jobs_write_is_tried_again_without_growing_waits(
@@ -150,17 +149,12 @@ async def test_a_pass_failing_in_one_jobs_write_is_tried_again_without_growing_w
     await two_jobs(kmock)
     rule = kmock.faults.inject("patch", f"{contract.PLURAL}/status", Answer(status=500), name="a")
     op = controller(kube, Backoff(first_s=0.1, max_s=0.4))
-    loop = asyncio.create_task(op.run())
-    try:
-        op.trigger("start", immediate=True)
+    async with running(op):
 
         async def failed_often() -> bool:
             return op.metrics.pass_failures._value.get() >= 4
 
         await eventually(failed_often, timeout=20)
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
     assert rule.hits >= 4
     again = [r.getMessage() for r in caplog.records if "failed again" in r.getMessage()]
     # Growing, the 2nd and 4th would wait 0.2 and 0.4 s.
@@ -194,8 +188,7 @@ async def test_a_follower_that_takes_the_lease_counts_the_time_without_a_pass_fr
     lease = Lease()
     op.leader = lease  # type: ignore[assignment]
     op.metrics.last_pass.set(0.0)  # as a follower that started long ago
-    loop = asyncio.create_task(op.run())
-    try:
+    async with running(op):
         await asyncio.sleep(0.2)
         assert op.metrics.last_pass._value.get() == 0.0  # a follower plans nothing
         took = time.time()
@@ -206,9 +199,6 @@ async def test_a_follower_that_takes_the_lease_counts_the_time_without_a_pass_fr
 
         await eventually(stamped, timeout=10)
         assert op.passes == 0
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
 
 
 async def test_an_error_in_handling_a_failed_pass_does_not_end_the_loop(
@@ -223,16 +213,11 @@ async def test_an_error_in_handling_a_failed_pass_does_not_end_the_loop(
     monkeypatch.setattr(controller_module, "asked_wait_s", broken)
     rule = kmock.faults.inject("list", contract.PLURAL, Answer(status=500), times=2)
     op = controller(kube, Backoff(first_s=0.05, max_s=0.2))
-    loop = asyncio.create_task(op.run())
-    try:
-        op.trigger("start", immediate=True)
+    async with running(op) as loop:
 
         async def passed() -> bool:
             return op.passes >= 1
 
         await eventually(passed, timeout=10)  # tried again after max_s each time
         assert rule.hits == 2 and not loop.done()
-    finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
     assert any("and so did handling it" in r.getMessage() for r in caplog.records)
