@@ -15,6 +15,7 @@ import httpx
 import pytest
 from operator_cases import node
 from powerflow.operator.learning import params_status
+from support.api_faults import Answer
 from support.kube_emulator import KubeEmulator
 from support.operator_harness import free_port, write_kubeconfig
 
@@ -23,6 +24,7 @@ from powerflow.core import contract
 from powerflow.core.gpu_facts import GpuFacts, GpuReport, encode_record
 from powerflow.core.gpus import A100, gpu_spec
 from powerflow.core.models.priors import load_prior
+from powerflow.kubeapi import client as client_module
 
 NS = "ml"
 SYSTEM = "powerflow-system"
@@ -226,6 +228,24 @@ def test_an_unreachable_cluster_is_one_line(
     assert main(["budget", "what-if", "--kubeconfig", str(kubeconfig)]) == 2
     err = capsys.readouterr().err
     assert f"cannot reach the API server at {server}" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.kmock(cls=KubeEmulator)
+async def test_a_cluster_that_does_not_answer_is_one_line_not_a_hang(
+    kmock: KubeEmulator,
+    api: httpx.AsyncClient,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(client_module, "REQUEST_TIMEOUT_S", (1.0, 0.2))
+    kmock.faults.inject("list", "nodes", Answer(delay_s=30.0))  # as a hung API server
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", str(kmock.url))
+    argv = ["budget", "what-if", "--kubeconfig", str(kubeconfig)]
+    code = await asyncio.wait_for(asyncio.to_thread(main, argv), 20)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"cannot reach the API server at {kmock.url}".rstrip("/") in err, err
+    assert "timed out" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.kmock(cls=KubeEmulator)

@@ -302,6 +302,7 @@ def live_queue(
     import kubernetes
     import urllib3
 
+    from powerflow.kubeapi.client import TimedApiClient
     from powerflow.kubeapi.config import load_configuration, resolve_source
     from powerflow.operator.bodies import DLJobBody
     from powerflow.operator.budget import parse_budget
@@ -311,7 +312,7 @@ def live_queue(
     from powerflow.operator.learning import SampleStore
     from powerflow.operator.nodes import cluster_nodes
 
-    api = kubernetes.client.ApiClient(load_configuration(resolve_source(args.kubeconfig)))
+    api = TimedApiClient(load_configuration(resolve_source(args.kubeconfig)))  # no hang
     try:
         bodies: list[DLJobBody] = _list_dljobs(api, args.namespace)
         core = kubernetes.client.CoreV1Api(api)
