@@ -40,11 +40,13 @@ DLJOBS_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
 
 class ApiError(PowerFlowError):
-    """The API server refused a request (``status`` is its HTTP code)."""
+    """The API server refused a request (``status`` is its HTTP code; ``retry_after_s``
+    the wait its ``Retry-After`` asked for, if any)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class ApiUnreachable(ApiError):
@@ -179,6 +181,7 @@ class KubeApi:
             raise ApiError(
                 f"{method} {path}: {response.status_code} {_message(response)}",
                 response.status_code,
+                retry_after_s(response),
             )
         body = response.json()
         return body if isinstance(body, dict) else {}
@@ -216,6 +219,7 @@ class KubeApi:
                     raise ApiError(
                         f"watch {path}: {response.status_code} {_message(response)}",
                         response.status_code,
+                        retry_after_s(response),
                     )
                 async for line in response.aiter_lines():
                     if not line.strip():

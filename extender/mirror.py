@@ -2,11 +2,21 @@
 
 The informer pattern without client-go: list DLJobs, nodes and pods, replace
 the state, then watch all three from the lists' resourceVersions; a watch that the
-server ends is resumed from the last version seen, a 410 or a broken
-connection leads to a fresh list. While the API cannot be reached the state
-is marked not synced (``/readyz`` fails and PowerFlow pods get an ``Error``).
-An object that cannot be applied is logged by name and skipped, never fatal:
-one poisoned pod must not keep the whole cache unsynced.
+server ends is resumed from the last version seen (at most one a second per
+resource), a 410 or a broken connection leads to a fresh list. While the API
+cannot be reached the state is marked not synced (``/readyz`` fails and PowerFlow
+pods get an ``Error``). An object that cannot be applied is logged by name and
+skipped, never fatal: one poisoned pod must not keep the whole cache unsynced.
+
+Each relist reads every node, DLJob and pod of the cluster, so relists back off
+as client-go's reflector does (``powerflow.kubeapi.backoff``): after a failure,
+0.5 s doubling to 30 s (each wait up to half longer at random), or the answer's
+``Retry-After`` if longer; the first 410 after a good run relists at once, 410s
+in a row wait as failures do. A run of list and watches whose watches brought an
+event, or that lasted longer than the longest wait, starts the back-off over;
+one that a watch ended at once (a watch that the server or a proxy refuses,
+throttles or cuts, a watch cache that answers every watch with 410) does not,
+so it cannot relist the cluster twice a second.
 """
 
 from __future__ import annotations
@@ -15,6 +25,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from powerflow.kubeapi.backoff import Backoff
 
 from .kube import DLJOBS_PATH, NODES_PATH, PODS_PATH, ApiError, KubeApi, WatchExpired
 from .objects import describe
@@ -28,6 +40,9 @@ CRD_POLL_S = 30.0
 installed after the extender (``crds.install=false`` and the CRD applied later) is
 mirrored within this, not at the next relist, which a quiet cluster may not need for
 hours."""
+WATCH_REOPEN_S = 1.0
+"""The least time between two watches of one resource: a server (or proxy) that ends
+every watch at once gets one a second, not one per round trip."""
 
 
 class CrdAppeared(Exception):
@@ -43,40 +58,46 @@ class Mirror:
         state: ClusterState,
         *,
         watch_timeout_s: int = 300,
-        backoff_s: tuple[float, float] = (0.5, 30.0),
+        backoff: Backoff | None = None,
     ) -> None:
         self.api = api
         self.state = state
         self.watch_timeout_s = watch_timeout_s
-        self.backoff_s = backoff_s
+        self.backoff = backoff or Backoff(first_s=0.5, max_s=30.0, jitter=0.5)
+        """The waits between relists (see the module)."""
         self.relists = 0
         self._told_no_crd = False
+        self._events = 0
+        """Events the watches of the current run of list and watches brought."""
 
     async def run(self) -> None:
         """Mirror forever; cancel the task to stop."""
-        delay = self.backoff_s[0]
+        clock = asyncio.get_running_loop().time
         while True:
-            listed = self.relists
+            began = clock()
             try:
                 await self._list_and_watch()
             except Exception as exc:
                 first = _first(exc)
-                if isinstance(first, WatchExpired):
-                    log.info("watch expired; relisting")
-                    continue
                 if isinstance(first, CrdAppeared):
                     log.info("the DLJob resource exists now; relisting")
                     self._told_no_crd = False
                     continue
+                if self._events or clock() - began > self.backoff.max_s:
+                    self.backoff.succeeded()  # it worked: a first failure, not the nth
+                if isinstance(first, WatchExpired) and not self.backoff.failures:
+                    self.backoff.failed()  # the next 410 soon after waits
+                    log.info("watch expired; relisting")
+                    continue
+                asked = first.retry_after_s if isinstance(first, ApiError) else None
+                delay = self.backoff.failed(asked)
                 reason = str(first) if isinstance(first, ApiError) else f"{first!r}"
                 self.state.mark_unsynced(reason)
-                log.warning("Kubernetes API: %s; retrying in %.1f s", reason, delay)
-            if self.relists != listed:
-                delay = self.backoff_s[0]
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.backoff_s[1])
+                log.warning("Kubernetes API: %s; relisting in %.1f s", reason, delay)
+                await asyncio.sleep(delay)
 
     async def _list_and_watch(self) -> None:
+        self._events = 0
         # DLJobs first: a pod's gang is adopted only as the worker of a DLJob it knows.
         jobs, job_version = await self._dljobs()
         nodes, node_version = await self.api.list(NODES_PATH)
@@ -130,8 +151,13 @@ class Mirror:
             raise CrdAppeared
 
     async def _watch(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
+        clock = asyncio.get_running_loop().time
+        opened = -WATCH_REOPEN_S
         while True:
+            await asyncio.sleep(max(0.0, opened + WATCH_REOPEN_S - clock()))
+            opened = clock()
             async for kind, obj in self.api.watch(path, version, self.watch_timeout_s):
+                self._events += 1
                 meta = obj.get("metadata")
                 seen = meta.get("resourceVersion") if isinstance(meta, dict) else None
                 version = str(seen or version)

@@ -1,0 +1,124 @@
+"""The extender's mirror relists the cluster (every node, DLJob and pod) with a back-off
+(``extender/mirror.py``): a watch that fails at once, 410s in a row and a server that
+ends every watch at once cost a relist or a watch now and then, not a loop as fast as
+the round trip. Against the emulator over HTTP, its faults aimed at the extender."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from powerflow.extender.kube import Connection, KubeApi
+from powerflow.extender.mirror import Mirror
+from powerflow.extender.state import ClusterState
+from support.api_faults import Answer
+from support.kube_emulator import KubeEmulator
+
+from powerflow.core.contract import GROUP, KIND, PLURAL, VERSION
+
+pytestmark = pytest.mark.kmock(cls=KubeEmulator)
+EXT_AGENT = {"user_agent": "powerflow-extender/*"}
+
+
+@contextlib.asynccontextmanager
+async def mirroring(kmock: KubeEmulator, **options: Any) -> AsyncIterator[Mirror]:
+    kmock.load_builtins()
+    kmock.declare(f"{GROUP}/{VERSION}/{PLURAL}", KIND)
+    api = KubeApi(Connection(host=str(kmock.url)))
+    mirror = Mirror(api, ClusterState(), **options)
+    task = asyncio.create_task(mirror.run())
+    try:
+        yield mirror
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.aclose()
+
+
+def requests(kmock: KubeEmulator, path: str, watch: bool) -> int:
+    return sum(
+        1
+        for r in kmock
+        if r.method == "GET"
+        and str(r.url.path) == path
+        and (r.params.get("watch") == "true") == watch
+    )
+
+
+async def test_a_watch_that_fails_at_once_relists_after_a_growing_wait(
+    kmock: KubeEmulator,
+) -> None:
+    kmock.faults.inject("watch", "pods", Answer(status=500), **EXT_AGENT)
+    async with mirroring(kmock) as mirror:
+        await asyncio.sleep(3.0)
+    lists = requests(kmock, "/api/v1/pods", watch=False)
+    # Relists at 0, 0.5-0.75, 1.5-2.25 (then 3.5-5.25) s: at most 3 in 3 s, where a
+    # back-off started over by each good LIST relisted every 0.5 s (7).
+    assert 2 <= lists <= 3 and mirror.relists == lists
+    assert not mirror.state.synced and "500" in mirror.state.unsynced_reason
+
+
+async def test_410s_in_a_row_relist_after_a_growing_wait(kmock: KubeEmulator) -> None:
+    """The first 410 relists at once (compaction happens), the next ones wait: a watch
+    cache that answers every watch with 410 gets a relist now and then, not a loop."""
+    kmock.faults.inject("watch", "pods", Answer(status=410, after_events=0), **EXT_AGENT)
+    async with mirroring(kmock) as mirror:
+        await asyncio.sleep(3.0)
+    lists = requests(kmock, "/api/v1/pods", watch=False)
+    assert 2 <= lists <= 4, lists  # 0, at once, then 1-1.5 and 2-3 s later
+    assert mirror.backoff.failures >= 2
+
+
+async def test_a_server_that_ends_every_watch_at_once_gets_one_a_second(
+    kmock: KubeEmulator,
+) -> None:
+    async with mirroring(kmock, watch_timeout_s=0) as mirror:  # each watch ends at once
+        await asyncio.sleep(2.5)
+        assert mirror.state.synced
+    for path in ("/api/v1/pods", "/api/v1/nodes", f"/apis/{GROUP}/{VERSION}/{PLURAL}"):
+        assert 2 <= requests(kmock, path, watch=True) <= 3, path  # at 0, 1 and 2 s
+    assert mirror.relists == 1
+
+
+async def test_a_throttled_watch_relists_after_the_retry_after(kmock: KubeEmulator) -> None:
+    kmock.faults.inject("watch", "pods", Answer(status=429, retry_after_s=2), times=1, **EXT_AGENT)
+    async with mirroring(kmock) as mirror:
+        await asyncio.sleep(1.5)
+        assert requests(kmock, "/api/v1/pods", watch=False) == 1  # not after 0.5-0.75 s
+        for _ in range(100):
+            if mirror.state.synced and mirror.relists == 2:
+                break
+            await asyncio.sleep(0.05)
+    assert mirror.relists == 2 and mirror.state.synced
+
+
+async def test_lists_that_fail_after_a_good_run_wait_longer_each_time(
+    kmock: KubeEmulator,
+) -> None:
+    """A run whose watches brought events starts the back-off over; the failed LISTs
+    after it do not."""
+    async with mirroring(kmock) as mirror, httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        for _ in range(100):  # listed, and watching
+            if mirror.state.synced:
+                break
+            await asyncio.sleep(0.05)
+        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        assert (await api.post("/api/v1/namespaces/default/pods", json=pod)).is_success
+        for _ in range(100):  # the watch brought it
+            if mirror._events:
+                break
+            await asyncio.sleep(0.05)
+        kmock.faults.inject("list", "pods", Answer(status=500), **EXT_AGENT)
+        kmock.faults.inject("watch", "pods", Answer(status=410), **EXT_AGENT)
+        pod["metadata"]["name"] = "q"  # its event meets the 410
+        assert (await api.post("/api/v1/namespaces/default/pods", json=pod)).is_success
+        await asyncio.sleep(3.0)
+        # Relisted at once after the 410 (it followed an event), then 0.5-0.75, 1-1.5
+        # and 2-3 s apart: 3 failed LISTs in 3 s.
+        lists = requests(kmock, "/api/v1/pods", watch=False)
+        assert 3 <= lists <= 1 + 3, lists
+        assert mirror.backoff.failures >= 2 and not mirror.state.synced
