@@ -29,14 +29,18 @@ The Lease's ``spec`` is the election record: ``holderIdentity``,
 - On a clean shutdown the leader releases the Lease (empty holder, duration
   1 s), so a successor takes over without waiting for the expiry.
 
-Calls of the synchronous ``kubernetes`` client run in worker threads; a call
-that outlives the renew deadline cannot be interrupted, but the loop stops
-acting regardless.
+Calls of the synchronous ``kubernetes`` client run in a thread of the elector's
+own (one try at a time), not in asyncio's shared pool: a pass's writes (hundreds of
+pod creations behind a slow admission webhook) fill that pool, and a renewal queued
+behind them would miss its deadline and step a healthy leader down. A call that
+outlives the renew deadline cannot be interrupted, but the loop stops acting
+regardless.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime
 import logging
@@ -45,11 +49,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import kubernetes
 from powerflow.operator.kube import call_json as _json
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -99,6 +104,10 @@ class LeaderElector:
         self._leading = asyncio.Event()
         self._following = asyncio.Event()
         self._following.set()
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="powerflow-lease"
+        )
+        """Where the Lease's calls run (see the module): never behind other work."""
         self._observed: tuple[Any, float] | None = None  # (record, when first seen)
 
     @property
@@ -112,6 +121,10 @@ class LeaderElector:
         await self._following.wait()
 
     # -- the loop --------------------------------------------------------------------------
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in the elector's own thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
 
     async def run(self) -> None:
         cfg = self.config
@@ -128,7 +141,7 @@ class LeaderElector:
                     if attempt is not None and late:  # ended after its deadline, unread
                         self._outcome(attempt)
                     started = self.clock()
-                    attempt = asyncio.ensure_future(asyncio.to_thread(self._try_acquire_or_renew))
+                    attempt = asyncio.ensure_future(self._in_thread(self._try_acquire_or_renew))
                 # A leader waits only for the time its last renewal still covers, not for
                 # a whole deadline from this try's start (as client-go's renew context).
                 left = (
@@ -163,7 +176,7 @@ class LeaderElector:
                 if not attempt.cancelled():
                     attempt.exception()  # retrieved: its failure was logged or is moot
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self._release)
+                await self._in_thread(self._release)
 
     def _outcome(self, attempt: asyncio.Future[bool]) -> bool:
         """A finished try's answer; its failure logged in one line (the API is

@@ -12,6 +12,7 @@ import datetime
 import gc
 import http.server
 import json
+import os
 import signal
 import threading
 import time
@@ -230,6 +231,36 @@ async def test_racing_candidates_elect_one_leader_at_a_time(
         client.close()
     assert not any(e.is_leader for e in electors)
     assert (await api.get(f"{LEASES}/race")).json()["spec"].get("holderIdentity", "") == ""
+
+
+async def test_a_leader_renews_while_other_work_fills_asyncios_thread_pool(
+    api: httpx.AsyncClient, kubeconfig: Path
+) -> None:
+    """A pass's writes run in asyncio's shared thread pool (hundreds of pod creations
+    behind a slow admission webhook fill it); the Lease's renewals have a thread of their
+    own, so a healthy leader keeps the Lease meanwhile."""
+    client = kubernetes.client.ApiClient(load_configuration(Source(str(kubeconfig))))
+    elector = LeaderElector(client, LeaseConfig.scaled("powerflow-system", "busy", "a", 3))
+    task = asyncio.create_task(elector.run())
+    try:
+
+        async def leading() -> bool:
+            return elector.is_leader
+
+        await eventually(leading, timeout=10)
+        # Every thread of the shared pool (asyncio's default: min(32, cores + 4)) busy for
+        # 3.5 s, longer than the 2 s renew deadline.
+        threads = min(32, (os.cpu_count() or 1) + 4)
+        busy = asyncio.gather(*(asyncio.to_thread(time.sleep, 3.5) for _ in range(threads)))
+        for _ in range(30):
+            await asyncio.sleep(0.1)
+            assert elector.is_leader, "stepped down while the shared pool was busy"
+        await busy
+        assert elector.transitions == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        client.close()
 
 
 async def _n_pods(api: httpx.AsyncClient, job: str, n: int) -> bool:
