@@ -34,6 +34,9 @@ it names, up to this many times, as client-go's REST client does (``maxRetries``
 ``checkWait``): the API server's priority and fairness says when to come back, and the
 mirror's own back-off (up to 30 s, for failures that do not say) is not spent on it."""
 
+LIST_PAGE = 500
+"""Objects per page of a LIST (kubectl's and the operator's ``limit``)."""
+
 NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/pods"
 DLJOBS_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
@@ -187,11 +190,21 @@ class KubeApi:
         return body if isinstance(body, dict) else {}
 
     async def list(self, path: str) -> tuple[list[dict[str, Any]], str]:
-        """All objects at ``path`` and the list's resourceVersion to watch from."""
-        body = await self._json("GET", path)
-        items = body.get("items") or []
-        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        return [i for i in items if isinstance(i, dict)], version
+        """All objects at ``path`` and the list's resourceVersion to watch from, page by
+        page (``LIST_PAGE``): one answer with every pod of a large cluster may not start
+        within the client's 10 s, and is held in memory whole; a continue token the
+        server has forgotten is a 410 (``ApiError``: the mirror lists again)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            params = {"limit": str(LIST_PAGE), **({"continue": token} if token else {})}
+            body = await self._json("GET", path, params=params)
+            items.extend(i for i in body.get("items") or [] if isinstance(i, dict))
+            meta = body.get("metadata") or {}
+            token = meta.get("continue") if isinstance(meta, dict) else None
+            if not token:
+                version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                return items, str(version or "")
 
     async def watch(
         self, path: str, resource_version: str, timeout_s: int = 300

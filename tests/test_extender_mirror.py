@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from powerflow.extender import kube as kube_module
 from powerflow.extender.kube import Connection, KubeApi
 from powerflow.extender.mirror import Mirror
 from powerflow.extender.state import ClusterState
@@ -122,3 +123,27 @@ async def test_lists_that_fail_after_a_good_run_wait_longer_each_time(
         lists = requests(kmock, "/api/v1/pods", watch=False)
         assert 3 <= lists <= 1 + 3, lists
         assert mirror.backoff.failures >= 2 and not mirror.state.synced
+
+
+async def test_lists_come_page_by_page(
+    kmock: KubeEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One answer with every pod of a large cluster may not start within the client's
+    10 s: the mirror lists page by page, as the operator does."""
+    monkeypatch.setattr(kube_module, "LIST_PAGE", 2)
+    kmock.load_builtins()
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        for i in range(5):
+            pod = {"metadata": {"name": f"p{i}"}, "spec": {"containers": [{"name": "c"}]}}
+            assert (await api.post("/api/v1/namespaces/default/pods", json=pod)).is_success
+    async with mirroring(kmock) as mirror:
+        for _ in range(100):
+            if mirror.state.synced:
+                break
+            await asyncio.sleep(0.05)
+        assert mirror.state.synced
+    pages = [
+        r for r in kmock if str(r.url.path) == "/api/v1/pods" and r.params.get("watch") != "true"
+    ]
+    assert len(pages) == 3 and all(r.params.get("limit") == "2" for r in pages)
+    assert [bool(r.params.get("continue")) for r in pages] == [False, True, True]
