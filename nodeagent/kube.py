@@ -45,6 +45,11 @@ def load_configuration(
     return config.load_configuration(config.resolve_source(kubeconfig, environ))
 
 
+EVENT_TIMEOUT_S = 5.0
+"""The longest an Event post may take (connect and answer): an Event is worth less
+than the clocks the pass that waits for it would apply meanwhile."""
+
+
 class AgentKube:
     """The API calls of one node's agent."""
 
@@ -80,7 +85,9 @@ class AgentKube:
         )
 
     def post_event(self, event: PodEvent, uid: str) -> None:
-        """Create the Event (best effort: a failure is logged, never raised)."""
+        """Create the Event (best effort: a failure is logged, never raised), within
+        ``EVENT_TIMEOUT_S``: the agent's pass waits for its Events before it applies
+        anything more, and the client's own limit for a call is a minute."""
         now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         namespace, name = event.pod
         body: Any = {
@@ -106,7 +113,7 @@ class AgentKube:
         }
         try:
             response: Any = self.core.create_namespaced_event(
-                namespace, body, _preload_content=False
+                namespace, body, _preload_content=False, _request_timeout=EVENT_TIMEOUT_S
             )
             response.release_conn()
         except Exception as exc:  # events are best effort

@@ -55,3 +55,26 @@ def test_the_operator_and_the_node_agent_talk_through_it() -> None:
     finally:
         operator_api.close()
         agent.api.close()
+
+
+async def test_the_agents_event_post_gives_up_after_its_own_limit(
+    kmock: KubeEmulator, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's pass waits for its Events: a server slow to take one holds it for
+    ``EVENT_TIMEOUT_S``, not the client's minute."""
+    from powerflow.nodeagent import kube as agent_kube
+    from powerflow.nodeagent.apply import PodEvent
+    from powerflow.nodeagent.kube import AgentKube
+
+    monkeypatch.setattr(agent_kube, "EVENT_TIMEOUT_S", 0.3)
+    kmock.load_builtins()
+    kmock.faults.inject("create", "events", Answer(delay_s=5.0))
+    agent = AgentKube(kubernetes.client.Configuration(host=str(kmock.url)), "n0")
+    try:
+        event = PodEvent(("ml", "w-0"), "Warning", "ClockClamped", "1410 MHz is not supported")
+        began = time.monotonic()
+        await asyncio.to_thread(agent.post_event, event, "uid-0")
+        assert time.monotonic() - began < 2.0  # a POST is never sent twice
+    finally:
+        agent.close()
+    assert any("could not post event ClockClamped" in r.getMessage() for r in caplog.records)
