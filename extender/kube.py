@@ -192,8 +192,8 @@ class KubeApi:
     async def list(self, path: str) -> tuple[list[dict[str, Any]], str]:
         """All objects at ``path`` and the list's resourceVersion to watch from, page by
         page (``LIST_PAGE``): one answer with every pod of a large cluster may not start
-        within the client's 10 s, and is held in memory whole; a continue token the
-        server has forgotten is a 410 (``ApiError``: the mirror lists again)."""
+        within the client's 10 s; a continue token the server has forgotten is a 410
+        (``ApiError``: the mirror lists again after its back-off)."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:

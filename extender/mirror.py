@@ -12,11 +12,13 @@ Each relist reads every node, DLJob and pod of the cluster, so relists back off
 as client-go's reflector does (``powerflow.kubeapi.backoff``): after a failure,
 0.5 s doubling to 30 s (each wait up to half longer at random), or the answer's
 ``Retry-After`` if longer; the first 410 after a good run relists at once, 410s
-in a row wait as failures do. A run of list and watches whose watches brought an
-event, or that lasted longer than the longest wait, starts the back-off over;
-one that a watch ended at once (a watch that the server or a proxy refuses,
-throttles or cuts, a watch cache that answers every watch with 410) does not,
-so it cannot relist the cluster twice a second.
+in a row wait as failures do, and mark the mirror unsynced meanwhile (no watch
+is open). A run of list and watches that ended with a watch that had brought an
+event, or whose watches ran longer than the longest wait, starts the back-off
+over; one that a watch ended at once (a watch that the server or a proxy
+refuses, throttles or cuts, a watch cache that answers every watch with 410)
+does not, whatever the other watches brought, so it cannot relist the cluster
+twice a second.
 """
 
 from __future__ import annotations
@@ -67,14 +69,17 @@ class Mirror:
         """The waits between relists (see the module)."""
         self.relists = 0
         self._told_no_crd = False
-        self._events = 0
-        """Events the watches of the current run of list and watches brought."""
+        self._watching_since: float | None = None
+        """When the current run's watches started (None: still listing)."""
+        self._ended: tuple[str, int] | None = None
+        """The watch that ended the current run, and how many events it had brought."""
+        self._brought: dict[str, int] = {}
+        """Events each watch of the current run brought."""
 
     async def run(self) -> None:
         """Mirror forever; cancel the task to stop."""
         clock = asyncio.get_running_loop().time
         while True:
-            began = clock()
             try:
                 await self._list_and_watch()
             except Exception as exc:
@@ -83,7 +88,10 @@ class Mirror:
                     log.info("the DLJob resource exists now; relisting")
                     self._told_no_crd = False
                     continue
-                if self._events or clock() - began > self.backoff.max_s:
+                since, ended = self._watching_since, self._ended
+                if (ended is not None and ended[1] > 0) or (
+                    since is not None and clock() - since > self.backoff.max_s
+                ):
                     self.backoff.succeeded()  # it worked: a first failure, not the nth
                 if isinstance(first, WatchExpired) and not self.backoff.failures:
                     self.backoff.failed()  # the next 410 soon after waits
@@ -97,13 +105,15 @@ class Mirror:
                 await asyncio.sleep(delay)
 
     async def _list_and_watch(self) -> None:
-        self._events = 0
+        self._watching_since, self._ended = None, None
+        self._brought.clear()
         # DLJobs first: a pod's gang is adopted only as the worker of a DLJob it knows.
         jobs, job_version = await self._dljobs()
         nodes, node_version = await self.api.list(NODES_PATH)
         pods, pod_version = await self.api.list(PODS_PATH)
         self.state.replace(nodes, pods, jobs)
         self.relists += 1
+        self._watching_since = asyncio.get_running_loop().time()
         async with asyncio.TaskGroup() as group:
             if job_version is not None:
                 group.create_task(
@@ -151,13 +161,24 @@ class Mirror:
             raise CrdAppeared
 
     async def _watch(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
+        """Watch ``path`` for ever; the first watch to fail records how many events it
+        brought (``run``: one that brought some worked, one that failed at once did not,
+        whatever the other watches brought)."""
+        try:
+            await self._watch_events(path, version, upsert, delete)
+        except Exception:  # a cancel (another watch failed) is no BaseException's here
+            if self._ended is None:
+                self._ended = (path, self._brought.get(path, 0))
+            raise
+
+    async def _watch_events(self, path: str, version: str, upsert: Apply, delete: Apply) -> None:
         clock = asyncio.get_running_loop().time
         opened = -WATCH_REOPEN_S
         while True:
             await asyncio.sleep(max(0.0, opened + WATCH_REOPEN_S - clock()))
             opened = clock()
             async for kind, obj in self.api.watch(path, version, self.watch_timeout_s):
-                self._events += 1
+                self._brought[path] = self._brought.get(path, 0) + 1
                 meta = obj.get("metadata")
                 seen = meta.get("resourceVersion") if isinstance(meta, dict) else None
                 version = str(seen or version)

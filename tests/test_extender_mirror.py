@@ -97,31 +97,80 @@ async def test_a_throttled_watch_relists_after_the_retry_after(kmock: KubeEmulat
     assert mirror.relists == 2 and mirror.state.synced
 
 
+async def synced(mirror: Mirror) -> None:
+    for _ in range(200):
+        if mirror.state.synced:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never synced: {mirror.state.unsynced_reason}")
+
+
+POD = {"spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+
+async def test_a_watch_that_brought_events_then_410_relists_at_once_whatever_the_back_off(
+    kmock: KubeEmulator,
+) -> None:
+    async with mirroring(kmock) as mirror, httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        await synced(mirror)
+        mirror.backoff.failures = 4  # as after failures: the next one would wait 8-12 s
+        kmock.faults.inject("watch", "pods", Answer(status=410, after_events=1), **EXT_AGENT)
+        pods = "/api/v1/namespaces/default/pods"
+        for name in ("p", "q"):  # p reaches the mirror; q's event meets the 410
+            assert (await api.post(pods, json={**POD, "metadata": {"name": name}})).is_success
+        for _ in range(40):
+            if mirror.relists == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert mirror.relists == 2  # within 2 s: the watch had worked, the back-off started over
+
+
+async def test_a_busy_clusters_other_watches_do_not_reset_the_back_off(
+    kmock: KubeEmulator,
+) -> None:
+    """The nodes watch brings events all the time (a busy cluster); the pods watch ends in
+    410 at once each time: its relists still back off."""
+    kmock.load_builtins()
+    async with httpx.AsyncClient(base_url=str(kmock.url)) as api:
+        node = {"metadata": {"name": "n0", "labels": {"x": "0"}}}
+        assert (await api.post("/api/v1/nodes", json=node)).is_success
+        kmock.faults.inject("watch", "pods", Answer(status=410, after_events=0), **EXT_AGENT)
+        async with mirroring(kmock) as mirror:
+            began = asyncio.get_running_loop().time()
+            i = 0
+            while asyncio.get_running_loop().time() - began < 3.0:
+                i += 1
+                patch = {"metadata": {"labels": {"x": str(i)}}}
+                headers = {"Content-Type": "application/merge-patch+json"}
+                await api.patch("/api/v1/nodes/n0", json=patch, headers=headers)
+                await asyncio.sleep(0.02)
+    lists = requests(kmock, "/api/v1/pods", watch=False)
+    # 0, at once, then 1-1.5 and 2-3 s later: 4 at most (one relist a round trip without).
+    assert 2 <= lists <= 4, lists
+    assert mirror.backoff.failures >= 2
+
+
 async def test_lists_that_fail_after_a_good_run_wait_longer_each_time(
     kmock: KubeEmulator,
 ) -> None:
-    """A run whose watches brought events starts the back-off over; the failed LISTs
-    after it do not."""
+    """The 410 that ends a run whose pods watch brought an event relists at once; the
+    LISTs that fail after it wait 1-1.5 s, then 2-3 s (the relist at once took the first
+    step), where a back-off started over at each of them would try every 0.5 s."""
     async with mirroring(kmock) as mirror, httpx.AsyncClient(base_url=str(kmock.url)) as api:
-        for _ in range(100):  # listed, and watching
-            if mirror.state.synced:
-                break
-            await asyncio.sleep(0.05)
-        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
-        assert (await api.post("/api/v1/namespaces/default/pods", json=pod)).is_success
+        await synced(mirror)
+        pods = "/api/v1/namespaces/default/pods"
+        assert (await api.post(pods, json={**POD, "metadata": {"name": "p"}})).is_success
         for _ in range(100):  # the watch brought it
-            if mirror._events:
+            if mirror._brought.get("/api/v1/pods"):
                 break
             await asyncio.sleep(0.05)
         kmock.faults.inject("list", "pods", Answer(status=500), **EXT_AGENT)
         kmock.faults.inject("watch", "pods", Answer(status=410), **EXT_AGENT)
-        pod["metadata"]["name"] = "q"  # its event meets the 410
-        assert (await api.post("/api/v1/namespaces/default/pods", json=pod)).is_success
-        await asyncio.sleep(3.0)
-        # Relisted at once after the 410 (it followed an event), then 0.5-0.75, 1-1.5
-        # and 2-3 s apart: 3 failed LISTs in 3 s.
-        lists = requests(kmock, "/api/v1/pods", watch=False)
-        assert 3 <= lists <= 1 + 3, lists
+        before = requests(kmock, "/api/v1/pods", watch=False)
+        assert (await api.post(pods, json={**POD, "metadata": {"name": "q"}})).is_success
+        await asyncio.sleep(2.5)
+        # At once, then 1-1.5 s later (the next at 3 s at the earliest): 2 failed LISTs.
+        assert requests(kmock, "/api/v1/pods", watch=False) - before == 2
         assert mirror.backoff.failures >= 2 and not mirror.state.synced
 
 
