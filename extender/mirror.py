@@ -10,11 +10,11 @@ skipped, never fatal: one poisoned pod must not keep the whole cache unsynced.
 
 Each relist reads every node, DLJob and pod of the cluster, so relists back off
 as client-go's reflector does (``powerflow.kubeapi.backoff``): after a failure,
-0.5 s doubling to 30 s (each wait up to half longer at random), or the answer's
+0.5 s doubling to 10 s (each wait up to half longer at random), or the answer's
 ``Retry-After`` if longer; the first 410 after a good run relists at once, 410s
 in a row wait as failures do, and mark the mirror unsynced meanwhile (no watch
 is open). A run of list and watches that ended with a watch that had brought an
-event, or whose watches ran longer than the longest wait, starts the back-off
+event, or whose watches ran longer than the longest wait (10 s), starts the back-off
 over; one that a watch ended at once (a watch that the server or a proxy
 refuses, throttles or cuts, a watch cache that answers every watch with 410)
 does not, whatever the other watches brought, so it cannot relist the cluster
@@ -65,8 +65,10 @@ class Mirror:
         self.api = api
         self.state = state
         self.watch_timeout_s = watch_timeout_s
-        self.backoff = backoff or Backoff(first_s=0.5, max_s=30.0, jitter=0.5)
-        """The waits between relists (see the module)."""
+        self.backoff = backoff or Backoff(first_s=0.5, max_s=10.0, jitter=0.5)
+        """The waits between relists (see the module). A ceiling of 10 s, not the node
+        agents' 30 s: one or a few extenders relist, not a thousand agents, and while
+        the mirror waits no PowerFlow pod is scheduled."""
         self.relists = 0
         self._told_no_crd = False
         self._watching_since: float | None = None
