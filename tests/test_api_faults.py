@@ -330,8 +330,10 @@ async def filter_and_bind(ext: httpx.AsyncClient, worker: dict[str, Any]) -> dic
 
 
 async def scheduled(ext: httpx.AsyncClient, worker: dict[str, Any]) -> str:
-    """Cycles until the pod is bound, as kube-scheduler retries with back-off."""
-    for _ in range(100):
+    """Cycles until the pod is bound, as kube-scheduler retries with back-off: for a
+    minute at most, as the extender's mirror waits up to 10 s (15 s with its jitter)
+    between relists after failures in a row."""
+    for _ in range(300):
         answer = await filter_and_bind(ext, worker)
         if not answer.get("Error"):
             return str(answer["host"])
